@@ -1,1 +1,116 @@
-fn main() {}
+//! `agentrun`: run untrusted code in kernel-enforced sandboxes.
+//!
+//! A thin binary: it parses arguments and calls the library crates (`agentrun-runtime`,
+//! `agentrun-image`, `agentrun-policy`, `agentrun-telemetry`).
+
+mod exec;
+mod image;
+mod info;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for agentrun's own failures (DESIGN.md).
+pub const EXIT_AGENTRUN_ERROR: u8 = 125;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentrun",
+    version,
+    about = "Run untrusted, AI-generated code in kernel-enforced sandboxes",
+    long_about = None
+)]
+struct Cli {
+    /// Persistent data (images).
+    #[arg(
+        long,
+        global = true,
+        env = "AGENTRUN_ROOT",
+        default_value = "/var/lib/agentrun"
+    )]
+    root: PathBuf,
+    /// Runtime state (live sandboxes).
+    #[arg(
+        long,
+        global = true,
+        env = "AGENTRUN_STATE_DIR",
+        default_value = "/run/agentrun"
+    )]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command in a fresh sandbox and tear it down afterwards.
+    Exec(Box<exec::ExecArgs>),
+    /// Show what this host can enforce.
+    Info(info::InfoArgs),
+    /// Manage images.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+    /// Remove what killed runs left behind (processes, mounts, cgroups, state dirs).
+    Gc,
+}
+
+/// Global paths, shared by the subcommands.
+pub struct Paths {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                EXIT_AGENTRUN_ERROR
+            } else {
+                0
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let paths = Paths {
+        root: cli.root,
+        state_dir: cli.state_dir,
+    };
+    let result = match cli.command {
+        Command::Exec(args) => return exec::run(*args, &paths),
+        Command::Info(args) => info::run(args, &paths),
+        Command::Image(cmd) => image::run(cmd, &paths),
+        Command::Gc => gc(&paths),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentrun: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(EXIT_AGENTRUN_ERROR)
+        }
+    }
+}
+
+fn gc(paths: &Paths) -> anyhow::Result<()> {
+    let report =
+        agentrun_runtime::gc::collect(&agentrun_runtime::RuntimePaths::new(&paths.state_dir));
+    for id in &report.removed {
+        println!("removed {id}");
+    }
+    for (id, why) in &report.failed {
+        eprintln!("agentrun: could not remove {id}: {why}");
+    }
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{} sandbox(es) could not be removed", report.failed.len())
+    }
+}
+
+/// Errors are printed on one line.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,1 +1,378 @@
-//! agentrun policy
+//! Sandbox profiles: policy as code.
+//!
+//! A [`Profile`] says what a sandbox may do: which paths it may write, whether it has a network,
+//! which resources it gets, which environment it starts with and which seccomp baseline applies.
+//! Profiles are TOML files (`bundles/*.toml` ships the built-in ones). This crate is pure: it
+//! parses and validates, and the runtime translates the result into kernel mechanisms.
+
+mod units;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
+
+/// Errors from loading or validating a profile.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("unknown profile {0:?} (built-in profiles: {1})")]
+    UnknownProfile(String, String),
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid profile {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("invalid profile {origin}: field `{field}`: {message}")]
+    Invalid {
+        origin: String,
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Built-in profiles, embedded from `bundles/`.
+const BUILTIN: &[(&str, &str)] = &[
+    ("default", include_str!("../../../bundles/default.toml")),
+    ("strict", include_str!("../../../bundles/strict.toml")),
+];
+
+/// Network access granted to a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// Own network namespace with only loopback: nothing outside is reachable.
+    #[default]
+    None,
+}
+
+/// Resource limits, all enforced by cgroups or rlimits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resources {
+    /// Memory limit in bytes (swap is not allowed on top of it).
+    pub memory_bytes: u64,
+    /// Maximum number of tasks (processes + threads).
+    pub pids: u32,
+    /// CPU quota in cores (1.5 = 150 ms per 100 ms period).
+    pub cpus: f64,
+    /// Size cap of the tmpfs that holds the rootfs's writable layer.
+    pub tmpfs_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub nofile: u64,
+    /// Wall-clock limit of a run.
+    pub timeout: Option<Duration>,
+}
+
+/// A validated profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub name: String,
+    /// Paths inside the sandbox, besides the workspace and rw mounts, that may be written.
+    pub writable_paths: Vec<PathBuf>,
+    pub network: NetworkMode,
+    pub resources: Resources,
+    /// Environment every sandboxed process starts with (the host's is never inherited).
+    pub env_defaults: BTreeMap<String, String>,
+    /// Seccomp baseline name; `default` is the Docker-like deny list in [`seccomp_denied_syscalls`].
+    pub seccomp_baseline: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: Option<String>,
+    #[serde(default)]
+    filesystem: RawFilesystem,
+    #[serde(default)]
+    network: RawNetwork,
+    #[serde(default)]
+    resources: RawResources,
+    #[serde(default)]
+    env: RawEnv,
+    #[serde(default)]
+    seccomp: RawSeccomp,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFilesystem {
+    #[serde(default)]
+    writable: Vec<PathBuf>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    #[serde(default)]
+    mode: NetworkMode,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawResources {
+    memory: Option<String>,
+    pids: Option<u32>,
+    cpus: Option<f64>,
+    tmpfs_size: Option<String>,
+    nofile: Option<u64>,
+    timeout: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEnv {
+    #[serde(default)]
+    defaults: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSeccomp {
+    baseline: Option<String>,
+}
+
+impl Profile {
+    /// Loads a built-in profile by name, or a profile file if `name_or_path` contains a `/` or
+    /// ends in `.toml`.
+    pub fn load(name_or_path: &str) -> Result<Self, PolicyError> {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            let path = Path::new(name_or_path);
+            let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            return Self::parse(&text, &path.display().to_string());
+        }
+        Self::builtin(name_or_path)
+    }
+
+    /// A built-in profile by name.
+    pub fn builtin(name: &str) -> Result<Self, PolicyError> {
+        let (_, text) = BUILTIN.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+            let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+            PolicyError::UnknownProfile(name.to_owned(), names.join(", "))
+        })?;
+        Self::parse(text, name)
+    }
+
+    /// Names of the built-in profiles.
+    pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+        BUILTIN.iter().map(|(n, _)| *n)
+    }
+
+    /// Parses and validates profile TOML; `origin` names the source in error messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, PolicyError> {
+        let raw: RawProfile = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            origin: origin.to_owned(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        let invalid = |field: &'static str, message: String| PolicyError::Invalid {
+            origin: origin.to_owned(),
+            field,
+            message,
+        };
+        let bytes = |field: &'static str, v: Option<String>, default: u64| match v {
+            Some(s) => parse_bytes(&s).map_err(|e| invalid(field, e.to_string())),
+            None => Ok(default),
+        };
+        let r = raw.resources;
+        let resources = Resources {
+            memory_bytes: bytes("resources.memory", r.memory, 1 << 30)?,
+            pids: r.pids.unwrap_or(512),
+            cpus: r.cpus.unwrap_or(2.0),
+            tmpfs_bytes: bytes("resources.tmpfs_size", r.tmpfs_size, 256 << 20)?,
+            nofile: r.nofile.unwrap_or(1024),
+            timeout: r
+                .timeout
+                .map(|s| {
+                    parse_duration(&s).map_err(|e| invalid("resources.timeout", e.to_string()))
+                })
+                .transpose()?,
+        };
+        validate_resources(&resources).map_err(|(f, m)| invalid(f, m))?;
+        for p in &raw.filesystem.writable {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    "filesystem.writable",
+                    format!("{} is not an absolute path", p.display()),
+                ));
+            }
+        }
+        let baseline = raw.seccomp.baseline.unwrap_or_else(|| "default".into());
+        if baseline != "default" {
+            return Err(invalid(
+                "seccomp.baseline",
+                format!("unknown baseline {baseline:?} (known: default)"),
+            ));
+        }
+        for key in raw.env.defaults.keys() {
+            validate_env_key(key).map_err(|m| invalid("env.defaults", m))?;
+        }
+        Ok(Profile {
+            name: raw.name.unwrap_or_else(|| origin.to_owned()),
+            writable_paths: raw.filesystem.writable,
+            network: raw.network.mode,
+            resources,
+            env_defaults: raw.env.defaults,
+            seccomp_baseline: baseline,
+        })
+    }
+}
+
+/// Checks that resource values are usable; returns the offending field and why.
+pub fn validate_resources(r: &Resources) -> Result<(), (&'static str, String)> {
+    if r.memory_bytes < 4 << 20 {
+        return Err(("resources.memory", "must be at least 4M".into()));
+    }
+    if r.pids < 8 {
+        return Err(("resources.pids", "must be at least 8".into()));
+    }
+    if !(r.cpus > 0.0 && r.cpus <= 1024.0) {
+        return Err(("resources.cpus", "must be > 0 and <= 1024".into()));
+    }
+    if r.tmpfs_bytes < 1 << 20 {
+        return Err(("resources.tmpfs_size", "must be at least 1M".into()));
+    }
+    if r.nofile < 16 {
+        return Err(("resources.nofile", "must be at least 16".into()));
+    }
+    Ok(())
+}
+
+/// Validates an environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn validate_env_key(key: &str) -> Result<(), String> {
+    let mut chars = key.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid environment variable name {key:?}"))
+    }
+}
+
+/// Syscalls the `default` seccomp baseline denies with EPERM, in the spirit of Docker's default
+/// profile: kernel-module and kexec loading, mounts and namespace changes, tracing, keyrings,
+/// BPF, perf, userfaultfd, handle-based opens, clock/time changes, swap, reboot, accounting,
+/// personality tricks and obsolete or dangerous calls.
+pub fn seccomp_denied_syscalls() -> &'static [&'static str] {
+    &[
+        "acct",
+        "add_key",
+        "bpf",
+        "clock_adjtime",
+        "clock_settime",
+        "create_module",
+        "delete_module",
+        "finit_module",
+        "fsconfig",
+        "fsmount",
+        "fsopen",
+        "fspick",
+        "get_kernel_syms",
+        "get_mempolicy",
+        "init_module",
+        "ioperm",
+        "iopl",
+        "kcmp",
+        "kexec_file_load",
+        "kexec_load",
+        "keyctl",
+        "lookup_dcookie",
+        "mbind",
+        "mount",
+        "mount_setattr",
+        "move_mount",
+        "move_pages",
+        "name_to_handle_at",
+        "nfsservctl",
+        "open_by_handle_at",
+        "open_tree",
+        "perf_event_open",
+        "pivot_root",
+        "process_vm_readv",
+        "process_vm_writev",
+        "ptrace",
+        "query_module",
+        "quotactl",
+        "quotactl_fd",
+        "reboot",
+        "request_key",
+        "set_mempolicy",
+        "setns",
+        "settimeofday",
+        "swapoff",
+        "swapon",
+        "syslog",
+        "umount",
+        "umount2",
+        "unshare",
+        "uselib",
+        "userfaultfd",
+        "ustat",
+        "vhangup",
+        "vm86",
+        "vm86old",
+        "_sysctl",
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_parse() {
+        for name in Profile::builtin_names() {
+            let p = Profile::builtin(name).unwrap();
+            assert_eq!(p.name, name);
+            assert_eq!(p.network, NetworkMode::None);
+            assert!(p.env_defaults.contains_key("PATH"));
+        }
+        let d = Profile::builtin("default").unwrap();
+        assert_eq!(d.resources.memory_bytes, 1 << 30);
+        assert_eq!(d.resources.timeout, None);
+        let s = Profile::builtin("strict").unwrap();
+        assert_eq!(s.resources.timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn unknown_profile_names_the_known_ones() {
+        let e = Profile::load("nope").unwrap_err().to_string();
+        assert!(e.contains("default") && e.contains("strict"), "{e}");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let e = Profile::parse("[resources]\nmemory = \"lots\"\n", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("resources.memory"), "{e}");
+        let e = Profile::parse("[resources]\nmemry = \"1G\"\n", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("memry"), "{e}");
+        let e = Profile::parse("[filesystem]\nwritable = [\"tmp\"]\n", "t").unwrap_err();
+        assert!(e.to_string().contains("absolute"), "{e}");
+        let e = Profile::parse("[env]\ndefaults = { \"A-B\" = \"x\" }\n", "t").unwrap_err();
+        assert!(e.to_string().contains("A-B"), "{e}");
+        let e = Profile::parse("[network]\nmode = \"all\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("mode"), "{e}");
+    }
+
+    #[test]
+    fn denylist_covers_the_dangerous_calls() {
+        let d = seccomp_denied_syscalls();
+        for s in [
+            "ptrace",
+            "mount",
+            "unshare",
+            "setns",
+            "bpf",
+            "keyctl",
+            "kexec_load",
+        ] {
+            assert!(d.contains(&s), "{s}");
+        }
+    }
+}

@@ -1,1 +1,28 @@
+//! agentrun's runtime: everything that touches the kernel.
+//!
+//! A sandbox is an OCI bundle run by youki's libcontainer with agentrun's own [`executor`]:
+//! an overlay rootfs on a size-capped tmpfs ([`rootfs`]), idmapped mounts ([`idmap`]), user,
+//! mount, pid, ipc, uts, net and cgroup namespaces and cgroup limits ([`spec`], [`cgroup`]),
+//! seccomp compiled with seccompiler ([`seccomp`]), Landlock ([`landlock`]), loopback-only
+//! networking ([`net`]). [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
+//! [`host`] says what this host enforces.
 
+pub mod cgroup;
+mod error;
+pub mod executor;
+pub mod gc;
+pub mod host;
+pub mod idmap;
+pub mod landlock;
+pub mod net;
+pub mod rootfs;
+pub mod sandbox;
+pub mod seccomp;
+pub mod spec;
+
+pub use error::RuntimeError;
+pub use host::HostInfo;
+pub use sandbox::{
+    Enforcement, RunOutcome, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder,
+    SandboxStdio,
+};

@@ -1,0 +1,402 @@
+//! `agentrun exec -- CMD`: the cold path. One sandbox is built, run and torn down.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agentrun_image::ImageStore;
+use agentrun_policy::{format_bytes, parse_bytes, parse_duration, validate_env_key, Profile};
+use agentrun_runtime::rootfs::UserMount;
+use agentrun_runtime::{HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxConfig, SandboxStdio};
+use agentrun_telemetry::RunSpan;
+use anyhow::{bail, Context};
+use clap::Args;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use crate::{one_line, Paths, EXIT_AGENTRUN_ERROR};
+
+/// The longest command line recorded on a span.
+const SPAN_COMMAND_MAX: usize = 256;
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Image to run (`host`: the host's programs read-only, no download).
+    #[arg(long, default_value = "host")]
+    image: String,
+    /// Profile: a built-in name (default, strict) or a TOML file.
+    #[arg(long, default_value = "default")]
+    profile: String,
+    /// Host directory mounted read-write at /workspace (the default working directory).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Extra read-only mount, HOST[:SANDBOX] (repeatable).
+    #[arg(long = "ro", value_name = "HOST[:SANDBOX]")]
+    ro: Vec<String>,
+    /// Extra read-write mount, HOST[:SANDBOX] (repeatable).
+    #[arg(long = "rw", value_name = "HOST[:SANDBOX]")]
+    rw: Vec<String>,
+    /// Set an environment variable, KEY=VALUE (or KEY to pass the host's value) (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Read KEY=VALUE lines from a file (repeatable).
+    #[arg(long, value_name = "FILE")]
+    env_file: Vec<PathBuf>,
+    /// Kill the sandbox after this long (e.g. 500ms, 2s, 1m); exit code 124.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Memory limit (e.g. 64M, 1G); no swap on top.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// Maximum number of processes and threads.
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
+    /// CPU quota in cores (e.g. 0.5, 2).
+    #[arg(long, value_name = "CORES")]
+    cpus: Option<f64>,
+    /// Size cap of the sandbox's writable layer (tmpfs).
+    #[arg(long, value_name = "SIZE")]
+    tmpfs_size: Option<String>,
+    /// Working directory inside the sandbox (default /workspace).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// Keep the generated OCI config.json and print where it is.
+    #[arg(long)]
+    keep_bundle: bool,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Everything exec needs, validated.
+struct Plan {
+    image: String,
+    profile: Profile,
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    workspace: Option<PathBuf>,
+    mounts: Vec<UserMount>,
+    cwd: Option<PathBuf>,
+    timeout: Option<Duration>,
+    memory_bytes: u64,
+}
+
+impl Plan {
+    fn sandbox_config(&self, image: agentrun_image::Image) -> SandboxConfig {
+        let mut b = SandboxConfig::builder(image, self.profile.clone(), self.command.clone())
+            .workspace(self.workspace.clone())
+            .cwd(self.cwd.clone());
+        for (k, v) in &self.env {
+            b = b.env(k.clone(), v.clone());
+        }
+        for m in &self.mounts {
+            b = b.mount(m.clone());
+        }
+        b.build()
+    }
+}
+
+pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
+    let mut span = RunSpan::start("sandbox.exec", std::env::var("TRACEPARENT").ok().as_deref());
+    span.set_attribute("openinference.span.kind", "TOOL");
+    span.set_attribute("sandbox.pool_hit", false);
+    span.set_attribute("container.image.name", args.image.clone());
+    span.set_attribute("sandbox.profile", args.profile.clone());
+    record_command(&mut span, &args.command);
+    let keep_bundle = args.keep_bundle;
+    let code = match plan(args, &span) {
+        Ok(plan) => execute(plan, paths, keep_bundle, &mut span),
+        Err(e) => fail(&mut span, "invalid_input", &e),
+    };
+    span.set_attribute("process.exit.code", i64::from(code));
+    span.finish();
+    ExitCode::from(code as u8)
+}
+
+fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
+    let msg = one_line(&format!("{e:#}"));
+    eprintln!("agentrun: {msg}");
+    span.set_error(kind, &msg);
+    i32::from(EXIT_AGENTRUN_ERROR)
+}
+
+fn record_command(span: &mut RunSpan, command: &[String]) {
+    let Some(first) = command.first() else { return };
+    let exe = Path::new(first)
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| first.clone());
+    span.set_attribute("process.executable.name", exe);
+    let mut line = command.join(" ");
+    if line.len() > SPAN_COMMAND_MAX {
+        let mut cut = SPAN_COMMAND_MAX;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    span.set_attribute("process.command_line", line);
+}
+
+/// Parses and checks everything before any sandbox exists, so bad input costs nothing.
+fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
+    let mut profile = Profile::load(&args.profile)?;
+    let r = &mut profile.resources;
+    if let Some(m) = &args.memory {
+        r.memory_bytes = parse_bytes(m).context("--memory")?;
+    }
+    if let Some(p) = args.pids {
+        r.pids = p;
+    }
+    if let Some(c) = args.cpus {
+        r.cpus = c;
+    }
+    if let Some(t) = &args.tmpfs_size {
+        r.tmpfs_bytes = parse_bytes(t).context("--tmpfs-size")?;
+    }
+    if let Some(t) = &args.timeout {
+        r.timeout = Some(parse_duration(t).context("--timeout")?);
+    }
+    agentrun_policy::validate_resources(r).map_err(|(field, why)| {
+        let flag = field.trim_start_matches("resources.").replace('_', "-");
+        anyhow::anyhow!("--{flag}: {why}")
+    })?;
+
+    let workspace = match &args.workspace {
+        Some(dir) => Some(check_dir(dir, true, "--workspace")?),
+        None => None,
+    };
+    let mut mounts = Vec::new();
+    for (spec, writable) in args
+        .ro
+        .iter()
+        .map(|s| (s, false))
+        .chain(args.rw.iter().map(|s| (s, true)))
+    {
+        let flag = if writable { "--rw" } else { "--ro" };
+        let (host, target) = match spec.split_once(':') {
+            Some((h, t)) => (PathBuf::from(h), PathBuf::from(t)),
+            None => (PathBuf::from(spec), PathBuf::from(spec)),
+        };
+        let source = check_path(&host, writable, flag)?;
+        if !target.is_absolute() {
+            bail!("{flag} {spec}: the sandbox path must be absolute");
+        }
+        mounts.push(UserMount {
+            source,
+            target,
+            writable,
+        });
+    }
+
+    let mut env: Vec<(String, String)> = Vec::new();
+    for file in &args.env_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("--env-file {}", file.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let kv = parse_env(line)
+                .with_context(|| format!("--env-file {}:{}", file.display(), n + 1))?;
+            env.push(kv);
+        }
+    }
+    for e in &args.env {
+        env.push(parse_env(e).context("-e")?);
+    }
+    // The sandboxed process continues this trace under the sandbox.exec span.
+    env.push(("TRACEPARENT".into(), span.traceparent()));
+
+    Ok(Plan {
+        image: args.image,
+        timeout: profile.resources.timeout,
+        memory_bytes: profile.resources.memory_bytes,
+        profile,
+        command: args.command,
+        env,
+        workspace,
+        mounts,
+        cwd: args.cwd,
+    })
+}
+
+fn parse_env(s: &str) -> anyhow::Result<(String, String)> {
+    let (k, v) = match s.split_once('=') {
+        Some((k, v)) => (k.to_string(), v.to_string()),
+        None => (
+            s.to_string(),
+            std::env::var(s).with_context(|| format!("{s} is not set on the host"))?,
+        ),
+    };
+    validate_env_key(&k).map_err(anyhow::Error::msg)?;
+    Ok((k, v))
+}
+
+fn check_path(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
+    let abs = std::fs::canonicalize(p)
+        .with_context(|| format!("{flag} {}: cannot access", p.display()))?;
+    if writable {
+        nix::unistd::access(&abs, nix::unistd::AccessFlags::W_OK)
+            .with_context(|| format!("{flag} {}: not writable", p.display()))?;
+    }
+    Ok(abs)
+}
+
+fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
+    let abs = check_path(p, writable, flag)?;
+    if !abs.is_dir() {
+        bail!("{flag} {}: not a directory", p.display());
+    }
+    Ok(abs)
+}
+
+fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+    let image = ImageStore::open(&paths.root).and_then(|s| s.resolve(&plan.image));
+    let config = match image {
+        Ok(img) => plan.sandbox_config(img),
+        Err(e) => {
+            let kind = if matches!(e, agentrun_image::ImageError::NotFound(_)) {
+                "image_not_found"
+            } else {
+                "image"
+            };
+            return fail(span, kind, &e.into());
+        }
+    };
+    let runtime_paths = RuntimePaths::new(&paths.state_dir);
+    // Clean up after runs that were killed; cheap when there is nothing to do.
+    let _ = agentrun_runtime::gc::collect(&runtime_paths);
+    let host = HostInfo::probe();
+
+    // Signals are taken synchronously from here on so the sandbox is always torn down.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        mask.add(s);
+    }
+    let signals = mask
+        .thread_block()
+        .ok()
+        .and_then(|_| SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).ok());
+
+    let stdin = match stdin_fd() {
+        Ok(fd) => fd,
+        Err(e) => return fail(span, "io", &e),
+    };
+    let mut sandbox = match Sandbox::create(&config, &runtime_paths, &host, SandboxStdio { stdin })
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let kind = e.kind();
+            return fail(
+                span,
+                kind,
+                &anyhow::Error::new(e).context("creating sandbox"),
+            );
+        }
+    };
+    span.set_attribute("sandbox.id", sandbox.id().to_string());
+    span.set_attribute("container.id", sandbox.id().to_string());
+    record_enforcement(span, &sandbox);
+    if keep_bundle {
+        match sandbox.keep_bundle() {
+            Ok(dir) => eprintln!("agentrun: bundle kept at {}", dir.display()),
+            Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
+        }
+    }
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let result = sandbox.run(
+        &mut stdout.lock(),
+        &mut stderr.lock(),
+        plan.timeout,
+        signals.as_ref(),
+    );
+    let destroyed = sandbox.destroy();
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            return fail(
+                span,
+                e.kind(),
+                &anyhow::Error::new(e).context("running sandbox"),
+            )
+        }
+    };
+    if let Err(e) = destroyed {
+        eprintln!("agentrun: warning: cleanup incomplete ({e}); `agentrun gc` will retry");
+    }
+    report(&outcome, &plan, span);
+    outcome.exit_code
+}
+
+/// The command's stdin: ours, duplicated (or /dev/null when we have none).
+fn stdin_fd() -> anyhow::Result<OwnedFd> {
+    use std::os::fd::AsFd;
+    match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => Ok(fd),
+        Err(_) => Ok(std::fs::File::open("/dev/null")?.into()),
+    }
+}
+
+fn record_enforcement(span: &mut RunSpan, sandbox: &Sandbox) {
+    let e = sandbox.enforcement();
+    span.set_attribute("sandbox.enforce.landlock", e.landlock.clone());
+    span.set_attribute("sandbox.enforce.landlock_abi", i64::from(e.landlock_abi));
+    span.set_attribute("sandbox.enforce.seccomp", e.seccomp);
+    span.set_attribute("sandbox.enforce.user_namespace", e.user_namespace);
+    span.set_attribute("sandbox.enforce.idmapped_mounts", e.idmapped_mounts);
+    span.set_attribute("sandbox.enforce.cgroup", e.cgroup.clone());
+    span.set_attribute("sandbox.enforce.no_swap", e.swap_limited);
+    span.set_attribute("sandbox.enforce.loopback", e.loopback);
+}
+
+fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan) {
+    let mut err = std::io::stderr().lock();
+    if o.timed_out {
+        let t = plan.timeout.unwrap_or_default();
+        let _ = writeln!(err, "agentrun: timed out after {}", human_duration(t));
+        span.set_error("timeout", "timed out");
+    } else if o.oom_killed && o.exit_code == 137 {
+        let _ = writeln!(
+            err,
+            "agentrun: out of memory (limit {})",
+            format_bytes(plan.memory_bytes)
+        );
+        span.set_error("oom", "out of memory");
+    } else if let Some(sig) = o.signal {
+        span.set_attribute("process.signal", i64::from(sig));
+    }
+    span.set_attribute("process.pid", i64::from(o.init_pid));
+    span.set_attribute("sandbox.timed_out", o.timed_out);
+    span.set_attribute("sandbox.oom_killed", o.oom_killed);
+    span.set_attribute("sandbox.duration_ms", o.run_duration.as_secs_f64() * 1000.0);
+    span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
+    span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);
+    if let Some(peak) = o.stats.peak_memory_bytes {
+        span.set_attribute("sandbox.memory_peak_bytes", peak as i64);
+    }
+    if !o.stderr_preview.is_empty() {
+        span.set_attribute(
+            "sandbox.stderr_preview",
+            String::from_utf8_lossy(&o.stderr_preview).into_owned(),
+        );
+    }
+}
+
+fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}

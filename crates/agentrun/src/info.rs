@@ -1,0 +1,73 @@
+//! `agentrun info`: what this host enforces.
+
+use agentrun_runtime::HostInfo;
+use clap::Args;
+use serde_json::json;
+
+use crate::Paths;
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&paths.root)?;
+    let host = HostInfo::probe_full(&paths.root);
+    let caps: Vec<String> = host.bounding_caps.iter().map(|c| c.to_string()).collect();
+    let missing: Vec<String> = caps::all()
+        .into_iter()
+        .filter(|c| !host.bounding_caps.contains(c))
+        .map(|c| c.to_string())
+        .collect();
+    let cgroup = host.cgroup.map(|c| c.as_str()).unwrap_or("none");
+    let idmapped = host.idmapped_mounts.unwrap_or(false);
+    if args.json {
+        let v = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "kernel": host.kernel,
+            "landlock_abi": host.landlock_abi,
+            "landlock": host.landlock_enforcement(),
+            "seccomp": host.seccomp,
+            "user_namespaces": host.user_namespaces,
+            "idmapped_mounts": idmapped,
+            "cgroup": cgroup,
+            "swap_limit": host.swap_limit,
+            "bounding_capabilities_missing": missing,
+            "root": paths.root,
+            "state_dir": paths.state_dir,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let yes = |b: bool| if b { "yes" } else { "NO" };
+    println!("agentrun {}", env!("CARGO_PKG_VERSION"));
+    println!("kernel:            {}", host.kernel);
+    println!(
+        "landlock:          {} (ABI {})",
+        host.landlock_enforcement(),
+        host.landlock_abi
+    );
+    println!("seccomp:           {}", yes(host.seccomp));
+    println!("user namespaces:   {}", yes(host.user_namespaces));
+    println!(
+        "idmapped mounts:   {}{}",
+        yes(idmapped),
+        if idmapped {
+            ""
+        } else {
+            " (workspace files are owned by the sandbox uid on the host)"
+        }
+    );
+    println!("cgroups:           {cgroup}");
+    println!("no-swap limit:     {}", yes(host.swap_limit));
+    if !missing.is_empty() {
+        println!("caps not in bounding set: {}", missing.join(", "));
+    }
+    println!("capabilities:      {} in bounding set", caps.len());
+    println!("root:              {}", paths.root.display());
+    println!("state dir:         {}", paths.state_dir.display());
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! The built-in `host` image: a read-only view of the host's programs with a synthesized `/etc`.
+//!
+//! The rootfs holds only what is safe to show a sandbox: mount points, symlinks that mirror the
+//! host's merged-/usr layout, and an `/etc` made of generated files (`passwd`, `group`, `hosts`,
+//! `resolv.conf`, ...) plus an allowlist of public host files the dynamic linker and common
+//! runtimes need (`ld.so.cache`, `alternatives/`, CA certificates, ...). The host's `/usr` (and
+//! any of `/bin`, `/sbin`, `/lib*` that are real directories) is bind-mounted read-only on top.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::{HostBind, Image, ImageError};
+
+/// Bumped whenever the synthesized layout changes, so old caches are rebuilt.
+const LAYOUT_VERSION: u32 = 1;
+
+/// Top-level host directories that carry programs and libraries.
+const PROGRAM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Public `/etc` entries copied from the host when present (never credentials or keys).
+const ETC_ALLOWLIST: &[&str] = &[
+    "alternatives",
+    "ca-certificates.conf",
+    "debian_version",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "mime.types",
+    "os-release",
+    "protocols",
+    "services",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "timezone",
+    "bash.bashrc",
+    "profile",
+];
+
+/// Generated `/etc` files: (path, mode, contents).
+const ETC_GENERATED: &[(&str, u32, &str)] = &[
+    (
+        "passwd",
+        0o644,
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    ),
+    ("group", 0o644, "root:x:0:\nnogroup:x:65534:\n"),
+    ("hostname", 0o644, "sandbox\n"),
+    (
+        "hosts",
+        0o644,
+        "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    ),
+    (
+        "resolv.conf",
+        0o644,
+        "# agentrun: this sandbox has no network\n",
+    ),
+    (
+        "nsswitch.conf",
+        0o644,
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
+    ),
+];
+
+/// Resolves the `host` image, (re)building its small rootfs under `dir` when missing or stale.
+pub fn ensure(dir: &Path) -> Result<Image, ImageError> {
+    let rootfs = dir.join("rootfs");
+    let stamp = dir.join("layout");
+    let want = stamp_value();
+    if fs::read_to_string(&stamp).ok().as_deref() != Some(want.as_str()) {
+        build(dir, &want)?;
+    }
+    Ok(Image {
+        name: "host".into(),
+        rootfs,
+        host_binds: host_binds(),
+    })
+}
+
+/// The stamp records the layout version and the host's linker cache, so an updated host
+/// rebuilds the copy of `/etc` on next use.
+fn stamp_value() -> String {
+    let cache = fs::metadata("/etc/ld.so.cache")
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{LAYOUT_VERSION} {cache}\n")
+}
+
+/// The host directories bound into the sandbox: each program dir that is a real directory.
+fn host_binds() -> Vec<HostBind> {
+    PROGRAM_DIRS
+        .iter()
+        .map(|d| Path::new("/").join(d))
+        .filter(|p| fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false))
+        .map(|p| HostBind {
+            target: p.clone(),
+            source: p,
+        })
+        .collect()
+}
+
+/// Builds the rootfs in a temporary directory and renames it into place, so concurrent users
+/// never see a half-built image.
+fn build(dir: &Path, stamp: &str) -> Result<(), ImageError> {
+    fs::create_dir_all(dir).map_err(ImageError::io("create", dir))?;
+    let tmp = dir.join(format!("rootfs.tmp.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    populate(&tmp)?;
+    let rootfs = dir.join("rootfs");
+    let old = dir.join(format!("rootfs.old.{}", std::process::id()));
+    if rootfs.exists() {
+        // Running sandboxes keep their overlay on the old tree: move it aside, not delete it
+        // under them; it is removed once nothing has it open (best effort right away).
+        fs::rename(&rootfs, &old).map_err(ImageError::io("rename", &rootfs))?;
+    }
+    fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename", &tmp))?;
+    let _ = fs::remove_dir_all(&old);
+    fs::write(dir.join("layout"), stamp).map_err(ImageError::io("write", dir.join("layout")))
+}
+
+fn populate(root: &Path) -> Result<(), ImageError> {
+    let mkdir = |rel: &str, mode: u32| -> Result<(), ImageError> {
+        let p = root.join(rel);
+        fs::create_dir_all(&p).map_err(ImageError::io("create", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+            .map_err(ImageError::io("chmod", &p))
+    };
+    mkdir("", 0o755)?;
+    for d in [
+        "proc",
+        "sys",
+        "dev",
+        "run",
+        "etc",
+        "var",
+        "var/lib",
+        "var/cache",
+        "opt",
+        "mnt",
+    ] {
+        mkdir(d, 0o755)?;
+    }
+    mkdir("workspace", 0o755)?;
+    mkdir("root", 0o700)?;
+    mkdir("tmp", 0o1777)?;
+    mkdir("var/tmp", 0o1777)?;
+    // Mirror the host's layout: symlinks stay symlinks, directories become mount points.
+    for d in PROGRAM_DIRS {
+        let host = Path::new("/").join(d);
+        let Ok(meta) = fs::symlink_metadata(&host) else {
+            continue;
+        };
+        let target = root.join(d);
+        if meta.file_type().is_symlink() {
+            let link = fs::read_link(&host).map_err(ImageError::io("readlink", &host))?;
+            symlink(&link, &target).map_err(ImageError::io("symlink", &target))?;
+        } else if meta.is_dir() {
+            mkdir(d, 0o755)?;
+        }
+    }
+    for (rel, mode, text) in ETC_GENERATED {
+        let p = root.join("etc").join(rel);
+        fs::write(&p, text).map_err(ImageError::io("write", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(*mode))
+            .map_err(ImageError::io("chmod", &p))?;
+    }
+    for rel in ETC_ALLOWLIST {
+        let src = Path::new("/etc").join(rel);
+        if fs::symlink_metadata(&src).is_ok() {
+            copy_public(&src, &root.join("etc").join(rel))?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a file, symlink or directory tree of world-readable host files. Anything not
+/// world-readable is skipped: the allowlist is for public files, and this keeps a key that
+/// ends up in an allowed directory out of the image.
+fn copy_public(src: &Path, dst: &Path) -> Result<(), ImageError> {
+    let meta = fs::symlink_metadata(src).map_err(ImageError::io("stat", src))?;
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent).map_err(ImageError::io("create", parent))?;
+    }
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let link = fs::read_link(src).map_err(ImageError::io("readlink", src))?;
+        symlink(&link, dst).map_err(ImageError::io("symlink", dst))?;
+    } else if ft.is_dir() {
+        if meta.permissions().mode() & 0o005 != 0o005 {
+            return Ok(());
+        }
+        fs::create_dir_all(dst).map_err(ImageError::io("create", dst))?;
+        for entry in fs::read_dir(src).map_err(ImageError::io("read", src))? {
+            let entry = entry.map_err(ImageError::io("read", src))?;
+            copy_public(&entry.path(), &dst.join(entry.file_name()))?;
+        }
+    } else if ft.is_file() && meta.permissions().mode() & 0o004 != 0 {
+        fs::copy(src, dst).map_err(ImageError::io("copy", src))?;
+    }
+    Ok(())
+}
+
+/// Host paths a sandbox of the `host` image must never see; used by tests and `agentrun info`.
+pub fn hidden_host_paths() -> Vec<PathBuf> {
+    [
+        "/etc/shadow",
+        "/etc/gshadow",
+        "/root",
+        "/home",
+        "/run",
+        "/etc/ssl/private",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_image_has_no_secrets_and_a_usable_etc() {
+        let dir = std::env::temp_dir().join(format!("agentrun-host-image-{}", std::process::id()));
+        let img = ensure(&dir).unwrap();
+        let etc = img.rootfs.join("etc");
+        assert!(etc.join("passwd").is_file());
+        assert!(!etc.join("shadow").exists());
+        assert!(!etc.join("ssl/private").exists());
+        assert!(!etc.join("sudoers").exists());
+        assert!(fs::read_dir(img.rootfs.join("root"))
+            .unwrap()
+            .next()
+            .is_none());
+        assert!(!img.rootfs.join("home").exists());
+        assert!(img.host_binds.iter().any(|b| b.target == Path::new("/usr")));
+        // Idempotent: a second call keeps the same tree.
+        let again = ensure(&dir).unwrap();
+        assert_eq!(again, img);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

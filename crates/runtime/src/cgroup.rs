@@ -1,0 +1,155 @@
+//! cgroups: where a sandbox's cgroup lives and what it reports after a run.
+//!
+//! libcontainer's libcgroups creates the cgroup, applies `linux.resources` and removes it on
+//! delete; this module only reads results back (peak memory, OOM kills) and finds what a killed
+//! run left behind. One manager per cgroup: nothing here writes limits. Works on v1, v2 and
+//! hybrid hosts (hybrid = v1 controllers plus a cgroup2 mount, managed as v1).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{get_cgroup_setup, CgroupSetup};
+
+/// Root of the cgroup filesystem(s).
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Parent cgroup of every sandbox: `/agentrun/<sandbox-id>`.
+pub const PARENT: &str = "agentrun";
+
+/// How this host mounts cgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    V1,
+    V2,
+    Hybrid,
+}
+
+impl CgroupMode {
+    /// Detects the host's cgroup layout.
+    pub fn detect() -> Option<Self> {
+        match get_cgroup_setup().ok()? {
+            CgroupSetup::Legacy => Some(CgroupMode::V1),
+            CgroupSetup::Hybrid => Some(CgroupMode::Hybrid),
+            CgroupSetup::Unified => Some(CgroupMode::V2),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupMode::V1 => "v1",
+            CgroupMode::V2 => "v2",
+            CgroupMode::Hybrid => "hybrid",
+        }
+    }
+
+    fn unified(self) -> bool {
+        self == CgroupMode::V2
+    }
+
+    /// The directory of `controller` (ignored on v2) for the sandbox cgroup `id`.
+    pub fn dir(self, controller: &str, id: &str) -> PathBuf {
+        if self.unified() {
+            Path::new(CGROUP_ROOT).join(PARENT).join(id)
+        } else {
+            Path::new(CGROUP_ROOT)
+                .join(controller)
+                .join(PARENT)
+                .join(id)
+        }
+    }
+
+    /// The `linux.cgroupsPath` of a sandbox (absolute, so libcontainer uses it as is).
+    pub fn spec_path(id: &str) -> PathBuf {
+        Path::new("/").join(PARENT).join(id)
+    }
+
+    /// Whether memory+swap can be limited (v1 needs swap accounting).
+    pub fn swap_limit_supported(self) -> bool {
+        if self.unified() {
+            true
+        } else {
+            Path::new(CGROUP_ROOT)
+                .join("memory/memory.memsw.limit_in_bytes")
+                .exists()
+        }
+    }
+
+    /// Reads peak memory and the OOM-kill count of a sandbox cgroup.
+    pub fn stats(self, id: &str) -> CgroupStats {
+        let mem = self.dir("memory", id);
+        let read_u64 = |f: &str| {
+            fs::read_to_string(mem.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        let (peak, events) = if self.unified() {
+            (read_u64("memory.peak"), "memory.events")
+        } else {
+            (read_u64("memory.max_usage_in_bytes"), "memory.oom_control")
+        };
+        let oom_kills = fs::read_to_string(mem.join(events))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill "))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0);
+        CgroupStats {
+            peak_memory_bytes: peak,
+            oom_kills,
+        }
+    }
+
+    /// The pids of every process in a sandbox cgroup.
+    pub fn pids(self, id: &str) -> Vec<i32> {
+        fs::read_to_string(self.dir("pids", id).join("cgroup.procs"))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Sandbox ids that have a cgroup (in any controller), for garbage collection.
+    pub fn sandbox_ids(self) -> Vec<String> {
+        let parents: Vec<PathBuf> = if self.unified() {
+            vec![Path::new(CGROUP_ROOT).join(PARENT)]
+        } else {
+            fs::read_dir(CGROUP_ROOT)
+                .map(|rd| rd.flatten().map(|e| e.path().join(PARENT)).collect())
+                .unwrap_or_default()
+        };
+        let mut ids: Vec<String> = parents
+            .iter()
+            .filter_map(|p| fs::read_dir(p).ok())
+            .flat_map(|rd| rd.flatten())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// Removes a sandbox's (empty) cgroup directories in every controller.
+    pub fn remove(self, id: &str) {
+        if self.unified() {
+            let _ = fs::remove_dir(self.dir("", id));
+            return;
+        }
+        if let Ok(rd) = fs::read_dir(CGROUP_ROOT) {
+            for e in rd.flatten() {
+                let d = e.path().join(PARENT).join(id);
+                if d.is_dir() {
+                    let _ = fs::remove_dir(&d);
+                }
+            }
+        }
+    }
+}
+
+/// What a sandbox's cgroup recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// High-water mark of memory use, when the kernel reports it.
+    pub peak_memory_bytes: Option<u64>,
+    /// Processes killed by the OOM killer inside the cgroup.
+    pub oom_kills: u64,
+}

@@ -1,0 +1,72 @@
+//! Garbage collection: removes what runs killed with SIGKILL left behind.
+//!
+//! A sandbox's state dir records its owner (`pid starttime`). A sandbox whose owner is gone is
+//! dead: its processes are killed (they usually died with the owner through PDEATHSIG), and
+//! its cgroups, mounts, container state and state dir removed. Cgroups under `agentrun/`
+//! without a state dir are removed too. Run by `agentrun gc` and at the start of every run.
+
+use std::fs;
+use std::time::{Duration, SystemTime};
+
+use crate::cgroup::CgroupMode;
+use crate::error::RuntimeError;
+use crate::sandbox::{destroy_leftovers, owner_stamp, RuntimePaths};
+
+/// A state dir without an owner file younger than this may still be being created.
+const CREATION_GRACE: Duration = Duration::from_secs(30);
+
+/// What a collection removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GcReport {
+    pub removed: Vec<String>,
+    pub failed: Vec<(String, String)>,
+}
+
+fn owner_alive(stamp: &str) -> bool {
+    let Some(pid) = stamp.split(' ').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    owner_stamp(pid).as_deref() == Some(stamp.trim())
+}
+
+/// Collects dead sandboxes.
+pub fn collect(paths: &RuntimePaths) -> GcReport {
+    let cgroup = CgroupMode::detect();
+    let mut report = GcReport::default();
+    let mut seen = Vec::new();
+    if let Ok(rd) = fs::read_dir(paths.sandboxes()) {
+        for entry in rd.flatten() {
+            let Ok(id) = entry.file_name().into_string() else {
+                continue;
+            };
+            seen.push(id.clone());
+            let dead = match fs::read_to_string(entry.path().join("owner")) {
+                Ok(stamp) => !owner_alive(&stamp),
+                Err(_) => entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| SystemTime::now().duration_since(t).ok())
+                    .is_some_and(|age| age > CREATION_GRACE),
+            };
+            if dead {
+                record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
+            }
+        }
+    }
+    if let Some(cg) = cgroup {
+        for id in cg.sandbox_ids() {
+            if !seen.contains(&id) {
+                record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
+            }
+        }
+    }
+    report
+}
+
+fn record(report: &mut GcReport, id: &str, r: Result<(), RuntimeError>) {
+    match r {
+        Ok(()) => report.removed.push(id.to_owned()),
+        Err(e) => report.failed.push((id.to_owned(), e.to_string())),
+    }
+}

@@ -1,0 +1,224 @@
+//! ID mapping: user namespaces made only to carry a mapping, and idmapped mounts.
+//!
+//! The sandbox's root is an unprivileged host uid (`UID_BASE`). Files it reads from the image
+//! and host directories must still look root-owned inside, and files it writes into the
+//! workspace must land on the host owned by the workspace's owner. Both come from idmapped
+//! mounts (`mount_setattr(MOUNT_ATTR_IDMAP)`), which take a user namespace fd describing the
+//! mapping. nix does not wrap `open_tree`/`mount_setattr`/`move_mount`, so they are called
+//! through `libc::syscall` here.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::wait::waitpid;
+use nix::unistd::{fork, pipe2, ForkResult};
+
+use crate::error::RuntimeError;
+
+/// First host uid/gid of the sandbox range: sandbox uid N is host uid `UID_BASE + N`.
+pub const UID_BASE: u32 = 100_000_000;
+/// Number of uids/gids mapped into a sandbox.
+pub const UID_COUNT: u32 = 65_536;
+
+/// A user namespace kept alive by an fd, used only as the mapping of idmapped mounts.
+pub struct MappingNamespace {
+    fd: OwnedFd,
+}
+
+impl MappingNamespace {
+    /// The sandbox mapping: sandbox ids 0..UID_COUNT are host ids UID_BASE.., so image files
+    /// owned by host root appear owned by the sandbox's root.
+    pub fn sandbox_range() -> Result<Self, RuntimeError> {
+        let map = format!("0 {UID_BASE} {UID_COUNT}\n");
+        Self::new(&map, &map)
+    }
+
+    /// Maps one host owner to the sandbox's root: files the sandbox's root creates are stored
+    /// owned by `uid:gid` on the host.
+    pub fn owner(uid: u32, gid: u32) -> Result<Self, RuntimeError> {
+        Self::new(
+            &format!("{uid} {UID_BASE} 1\n"),
+            &format!("{gid} {UID_BASE} 1\n"),
+        )
+    }
+
+    fn new(uid_map: &str, gid_map: &str) -> Result<Self, RuntimeError> {
+        let sys = |what: &'static str| move |e: nix::Error| RuntimeError::sys(what, e);
+        let (ready_r, ready_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+        let (done_r, done_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+        // SAFETY: the caller is single-threaded while sandboxes are created (the runtime's
+        // documented contract), and the child only makes raw syscalls before `_exit`.
+        match unsafe { fork() }.map_err(sys("fork"))? {
+            ForkResult::Child => {
+                drop(ready_r);
+                drop(done_w);
+                let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+                let _ = nix::unistd::write(&ready_w, if ok { b"1" } else { b"0" });
+                let mut buf = [0u8; 1];
+                // Blocks until the parent has opened our namespace and closed its end.
+                let _ = nix::unistd::read(done_r.as_raw_fd(), &mut buf);
+                // SAFETY: _exit is async-signal-safe and skips the parent's atexit handlers.
+                unsafe { libc::_exit(0) }
+            }
+            ForkResult::Parent { child } => {
+                drop(ready_w);
+                drop(done_r);
+                let result = (|| {
+                    let mut ready = File::from(ready_r);
+                    let mut buf = [0u8; 1];
+                    ready
+                        .read_exact(&mut buf)
+                        .map_err(|e| RuntimeError::io("user namespace helper", "pipe", e))?;
+                    if buf[0] != b'1' {
+                        return Err(RuntimeError::Unsupported(
+                            "cannot create user namespaces on this host".into(),
+                        ));
+                    }
+                    let proc = format!("/proc/{child}");
+                    for (file, map) in [("uid_map", uid_map), ("gid_map", gid_map)] {
+                        let path = format!("{proc}/{file}");
+                        File::options()
+                            .write(true)
+                            .open(&path)
+                            .and_then(|mut f| f.write_all(map.as_bytes()))
+                            .map_err(|e| RuntimeError::io("write", path.clone(), e))?;
+                    }
+                    let ns = format!("{proc}/ns/user");
+                    let f = File::open(&ns).map_err(|e| RuntimeError::io("open", ns, e))?;
+                    Ok(MappingNamespace { fd: f.into() })
+                })();
+                drop(done_w);
+                let _ = waitpid(child, None);
+                result
+            }
+        }
+    }
+}
+
+/// `struct mount_attr` from <linux/mount.h>.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+fn cpath(p: &Path) -> Result<CString, RuntimeError> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| RuntimeError::InvalidInput(format!("path contains NUL: {}", p.display())))
+}
+
+/// Attaches at `target` a clone of the mount tree at `source`, idmapped through `ns` when
+/// given (a plain bind otherwise), read-only when asked, always nosuid+nodev.
+pub fn attach_clone(
+    source: &Path,
+    target: &Path,
+    ns: Option<&MappingNamespace>,
+    readonly: bool,
+) -> Result<(), RuntimeError> {
+    let src = cpath(source)?;
+    let dst = cpath(target)?;
+    let empty = c"";
+    // SAFETY: open_tree with a valid NUL-terminated path; the returned fd is owned below.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            src.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(RuntimeError::io(
+            "open_tree",
+            source,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: fd was just returned by open_tree and is not owned elsewhere.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    if readonly {
+        attr.attr_set |= MOUNT_ATTR_RDONLY;
+    }
+    if let Some(ns) = ns {
+        attr.attr_set |= MOUNT_ATTR_IDMAP;
+        attr.userns_fd = ns.fd.as_raw_fd() as u64;
+    }
+    // SAFETY: mount_setattr on our detached tree fd with a properly sized mount_attr.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(RuntimeError::io(
+            if ns.is_some() {
+                "idmapped mount of"
+            } else {
+                "mount_setattr"
+            },
+            source,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: move_mount of our detached tree onto an existing directory path.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(RuntimeError::io(
+            "move_mount to",
+            target,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this host can make idmapped mounts of `dir`'s filesystem.
+pub fn idmap_supported(dir: &Path) -> bool {
+    let Ok(ns) = MappingNamespace::sandbox_range() else {
+        return false;
+    };
+    let probe = std::env::temp_dir().join(format!("agentrun-idmap-probe-{}", std::process::id()));
+    if std::fs::create_dir_all(&probe).is_err() {
+        return false;
+    }
+    let ok = attach_clone(dir, &probe, Some(&ns), true).is_ok();
+    if ok {
+        let _ = nix::mount::umount2(&probe, nix::mount::MntFlags::MNT_DETACH);
+    }
+    let _ = std::fs::remove_dir(&probe);
+    ok
+}

@@ -1,0 +1,107 @@
+//! Landlock: the filesystem view of the sandboxed process, enforced by the kernel.
+//!
+//! Read and execute everywhere under the sandbox root; write only under the workspace, the
+//! profile's writable paths and the rw mounts; plus the few device files programs write to.
+//! Scoped (ABI 6+) so the process cannot signal or reach abstract sockets outside its domain,
+//! which also keeps it from ptrace-style access to agentrun's init. Best effort by ABI: the
+//! host's ABI is probed up front ([`abi`]) and reported, and [`restrict`] fails if the kernel
+//! enforces less than that ABI promised.
+
+use std::path::PathBuf;
+
+use landlock::{
+    path_beneath_rules, Access, AccessFs, RestrictionStatus, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+
+/// The newest ABI whose rights agentrun asks for.
+const TARGET_ABI: ABI = ABI::V6;
+
+/// Device files every program may write (and use terminal ioctls on).
+const WRITABLE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+    "/dev/shm",
+];
+
+/// Paths a sandboxed process may write (inside the sandbox's root).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LandlockRules {
+    pub writable: Vec<PathBuf>,
+}
+
+/// Errors applying Landlock.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("landlock: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("landlock: the kernel enforced less than expected ({0:?})")]
+    NotEnforced(RulesetStatus),
+}
+
+/// The Landlock ABI this kernel supports (0: none).
+pub fn abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as u32
+    }
+}
+
+/// Restricts the calling process (and its future children). Requires no_new_privs.
+pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatus, LandlockError> {
+    let abi = TARGET_ABI;
+    let existing = |paths: Vec<PathBuf>| paths.into_iter().filter(|p| p.exists());
+    let writable = existing(rules.writable.clone());
+    let devices = existing(WRITABLE_DEVICES.iter().map(PathBuf::from).collect());
+    let status = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))?
+        .scope(Scope::from_all(abi))?
+        .create()?
+        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
+        .add_rules(path_beneath_rules(writable, AccessFs::from_all(abi)))?
+        .add_rules(path_beneath_rules(
+            devices,
+            AccessFs::from_read(abi) | AccessFs::from_write(abi),
+        ))?
+        .restrict_self()?;
+    let expected = if host_abi == 0 {
+        RulesetStatus::NotEnforced
+    } else if host_abi >= TARGET_ABI as u32 {
+        RulesetStatus::FullyEnforced
+    } else {
+        RulesetStatus::PartiallyEnforced
+    };
+    if host_abi > 0 && status.ruleset == RulesetStatus::NotEnforced {
+        return Err(LandlockError::NotEnforced(status.ruleset));
+    }
+    if expected == RulesetStatus::FullyEnforced && status.ruleset != RulesetStatus::FullyEnforced {
+        return Err(LandlockError::NotEnforced(status.ruleset));
+    }
+    Ok(status)
+}
+
+/// How Landlock is enforced on a host with `host_abi`: "full", "partial (ABI n)" or "none".
+pub fn describe(host_abi: u32) -> String {
+    match host_abi {
+        0 => "none".into(),
+        n if n >= TARGET_ABI as u32 => "full".into(),
+        n => format!("partial (ABI {n})"),
+    }
+}

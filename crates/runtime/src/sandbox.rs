@@ -1,0 +1,675 @@
+//! A sandbox's life: create (state dir, rootfs, bundle, libcontainer container), run (stdio
+//! pumped live, timeout, signal forwarding), and destroy (nothing left behind).
+//!
+//! Contract: [`Sandbox::create`] must be called while the process is single-threaded
+//! (libcontainer clones and keeps running Rust in the child). The CLI calls it before any
+//! thread exists; the daemon will call it from a single-threaded helper process.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentrun_image::Image;
+use agentrun_policy::Profile;
+use caps::Capability;
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::cgroup::{CgroupMode, CgroupStats};
+use crate::error::RuntimeError;
+use crate::executor::SandboxExecutor;
+use crate::host::HostInfo;
+use crate::landlock::LandlockRules;
+use crate::rootfs::{self, UserMount};
+use crate::spec::{self, SpecInput};
+
+/// Capabilities the sandboxed command keeps (all confined to its user namespace).
+const COMMAND_CAPS: &[Capability] = &[
+    Capability::CAP_CHOWN,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_FOWNER,
+    Capability::CAP_FSETID,
+    Capability::CAP_KILL,
+    Capability::CAP_SETGID,
+    Capability::CAP_SETUID,
+    Capability::CAP_NET_BIND_SERVICE,
+];
+/// Extra capabilities only the init holds, to bring up loopback, then drops.
+const INIT_ONLY_CAPS: &[Capability] = &[Capability::CAP_NET_ADMIN, Capability::CAP_SETPCAP];
+
+/// Where agentrun keeps runtime state (`AGENTRUN_STATE_DIR`, default `/run/agentrun`).
+#[derive(Debug, Clone)]
+pub struct RuntimePaths {
+    pub state_dir: PathBuf,
+}
+
+impl RuntimePaths {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        RuntimePaths {
+            state_dir: state_dir.into(),
+        }
+    }
+    /// One directory per live sandbox.
+    pub fn sandboxes(&self) -> PathBuf {
+        self.state_dir.join("sandboxes")
+    }
+    /// libcontainer's container state root.
+    pub fn containers(&self) -> PathBuf {
+        self.state_dir.join("containers")
+    }
+    /// Bundles kept on request (`--keep-bundle`).
+    pub fn kept(&self) -> PathBuf {
+        self.state_dir.join("kept")
+    }
+}
+
+/// Everything a sandbox is made from.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    pub image: Image,
+    pub profile: Profile,
+    pub args: Vec<String>,
+    /// Extra environment (`-e`, `--env-file`, TRACEPARENT), over the profile's defaults.
+    pub env: Vec<(String, String)>,
+    pub workspace: Option<PathBuf>,
+    pub mounts: Vec<UserMount>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// Builder for [`SandboxConfig`].
+#[derive(Debug)]
+pub struct SandboxConfigBuilder {
+    config: SandboxConfig,
+}
+
+impl SandboxConfig {
+    pub fn builder(image: Image, profile: Profile, args: Vec<String>) -> SandboxConfigBuilder {
+        SandboxConfigBuilder {
+            config: SandboxConfig {
+                image,
+                profile,
+                args,
+                env: Vec::new(),
+                workspace: None,
+                mounts: Vec::new(),
+                cwd: None,
+            },
+        }
+    }
+}
+
+impl SandboxConfigBuilder {
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.env.push((key.into(), value.into()));
+        self
+    }
+    pub fn workspace(mut self, dir: Option<PathBuf>) -> Self {
+        self.config.workspace = dir;
+        self
+    }
+    pub fn mount(mut self, m: UserMount) -> Self {
+        self.config.mounts.push(m);
+        self
+    }
+    pub fn cwd(mut self, cwd: Option<PathBuf>) -> Self {
+        self.config.cwd = cwd;
+        self
+    }
+    pub fn build(self) -> SandboxConfig {
+        self.config
+    }
+}
+
+/// The result of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOutcome {
+    /// The code `agentrun exec` exits with (see DESIGN.md's conventions).
+    pub exit_code: i32,
+    /// Signal that ended the command, when the init reported 128+N or was killed.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stats: CgroupStats,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// The first bytes of stderr, for the span.
+    pub stderr_preview: Vec<u8>,
+    /// Host pid of the sandbox's init.
+    pub init_pid: i32,
+    /// Time from start to exit.
+    pub run_duration: Duration,
+}
+
+/// What enforcement a sandbox got on this host (recorded on the span).
+#[derive(Debug, Clone, Default)]
+pub struct Enforcement {
+    pub landlock: String,
+    pub landlock_abi: u32,
+    pub seccomp: bool,
+    pub user_namespace: bool,
+    pub idmapped_mounts: bool,
+    pub cgroup: String,
+    pub swap_limited: bool,
+    pub loopback: bool,
+}
+
+/// A created sandbox. Dropping it destroys it.
+pub struct Sandbox {
+    id: String,
+    state: PathBuf,
+    paths: RuntimePaths,
+    container: Option<Container>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    cgroup: Option<CgroupMode>,
+    enforcement: Enforcement,
+    destroyed: bool,
+}
+
+/// Stdio for the sandboxed command.
+pub struct SandboxStdio {
+    /// Passed to the command as its stdin.
+    pub stdin: OwnedFd,
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 6];
+    let _ =
+        fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("ar-{hex}")
+}
+
+/// `pid starttime` of this process: identifies the owner of a state dir for `gc`.
+pub(crate) fn owner_stamp(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; starttime is field 22 overall.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let start = after.split(' ').nth(19)?;
+    Some(format!("{pid} {start}"))
+}
+
+impl Sandbox {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn enforcement(&self) -> &Enforcement {
+        &self.enforcement
+    }
+
+    /// Path of the bundle's `config.json`.
+    pub fn config_path(&self) -> PathBuf {
+        self.state.join("bundle").join("config.json")
+    }
+
+    /// Creates the sandbox; its command is ready to [`run`](Self::run).
+    pub fn create(
+        config: &SandboxConfig,
+        paths: &RuntimePaths,
+        host: &HostInfo,
+        stdio: SandboxStdio,
+    ) -> Result<Sandbox, RuntimeError> {
+        let id = random_id();
+        let state = paths.sandboxes().join(&id);
+        for d in [paths.sandboxes(), paths.containers()] {
+            fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
+            let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
+        }
+        fs::create_dir(&state).map_err(|e| RuntimeError::io("create", &state, e))?;
+        let mut sandbox = Sandbox {
+            id: id.clone(),
+            state: state.clone(),
+            paths: paths.clone(),
+            container: None,
+            stdout: None,
+            stderr: None,
+            cgroup: host.cgroup,
+            enforcement: Enforcement::default(),
+            destroyed: false,
+        };
+        // From here on, dropping `sandbox` cleans up whatever exists.
+        let owner = owner_stamp(std::process::id()).unwrap_or_default();
+        fs::write(state.join("owner"), owner).map_err(|e| RuntimeError::io("write", &state, e))?;
+        sandbox.build(config, host, stdio)?;
+        Ok(sandbox)
+    }
+
+    fn build(
+        &mut self,
+        config: &SandboxConfig,
+        host: &HostInfo,
+        stdio: SandboxStdio,
+    ) -> Result<(), RuntimeError> {
+        if !host.user_namespaces {
+            return Err(RuntimeError::Unsupported(
+                "user namespaces are disabled (/proc/sys/user/max_user_namespaces is 0)".into(),
+            ));
+        }
+        let Some(cgroup) = host.cgroup else {
+            return Err(RuntimeError::Unsupported(
+                "no cgroup filesystem found".into(),
+            ));
+        };
+        if config.args.is_empty() {
+            return Err(RuntimeError::InvalidInput("no command given".into()));
+        }
+        let profile = &config.profile;
+        let mut mounts = Vec::new();
+        if let Some(ws) = &config.workspace {
+            mounts.push(UserMount {
+                source: ws.clone(),
+                target: "/workspace".into(),
+                writable: true,
+            });
+        }
+        mounts.extend(config.mounts.iter().cloned());
+        for m in &mounts {
+            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
+                return Err(RuntimeError::InvalidInput(format!(
+                    "mount target {} must be an absolute path without '..'",
+                    m.target.display()
+                )));
+            }
+        }
+        let prepared = rootfs::prepare(
+            &self.state,
+            &config.image,
+            profile.resources.tmpfs_bytes,
+            &mounts,
+        )?;
+
+        let has = |c: &Capability| host.bounding_caps.contains(c);
+        let command_caps: Vec<Capability> = COMMAND_CAPS.iter().copied().filter(has).collect();
+        let loopback = INIT_ONLY_CAPS.iter().all(has);
+        let mut init_caps = command_caps.clone();
+        if loopback {
+            init_caps.extend_from_slice(INIT_ONLY_CAPS);
+        }
+
+        let mut env = profile.env_defaults.clone();
+        for (k, v) in &config.env {
+            env.insert(k.clone(), v.clone());
+        }
+        let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let cwd = config
+            .cwd
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/workspace"));
+        let spec = spec::build(&SpecInput {
+            sandbox_id: self.id.clone(),
+            image_name: config.image.name.clone(),
+            args: config.args.clone(),
+            env,
+            cwd,
+            resources: profile.resources.clone(),
+            binds: prepared.binds.clone(),
+            seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())?,
+            init_caps,
+            host_nofile_max: nix::sys::resource::getrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+            )
+            .map(|(_, hard)| hard)
+            .unwrap_or(1024),
+            swap_limit: host.swap_limit,
+        })?;
+        let config_path = self.config_path();
+        spec.save(&config_path).map_err(|e| {
+            RuntimeError::Container(format!("writing {}: {e}", config_path.display()))
+        })?;
+
+        let mut writable: Vec<PathBuf> = profile.writable_paths.clone();
+        writable.extend(
+            mounts
+                .iter()
+                .filter(|m| m.writable)
+                .map(|m| m.target.clone()),
+        );
+        writable.push("/workspace".into());
+        writable.sort();
+        writable.dedup();
+        let executor = SandboxExecutor {
+            landlock: (host.landlock_abi > 0).then_some(LandlockRules { writable }),
+            landlock_abi: host.landlock_abi,
+            command_caps,
+            loopback,
+            program: "agentrun".into(),
+        };
+        self.enforcement = Enforcement {
+            landlock: host.landlock_enforcement(),
+            landlock_abi: host.landlock_abi,
+            seccomp: host.seccomp,
+            user_namespace: true,
+            idmapped_mounts: prepared.idmapped,
+            cgroup: cgroup.as_str().into(),
+            swap_limited: host.swap_limit,
+            loopback,
+        };
+
+        let (out_r, out_w) = cloexec_pipe()?;
+        let (err_r, err_w) = cloexec_pipe()?;
+        let container = ContainerBuilder::new(self.id.clone(), SyscallType::default())
+            .with_root_path(self.paths.containers())
+            .map_err(|e| RuntimeError::Container(e.to_string()))?
+            .with_executor(executor)
+            .with_stdin(stdio.stdin)
+            .with_stdout(out_w)
+            .with_stderr(err_w)
+            .validate_id()
+            .map_err(|e| RuntimeError::Container(e.to_string()))?
+            .as_init(self.state.join("bundle"))
+            .with_systemd(false)
+            .with_detach(true)
+            .build()
+            .map_err(|e| RuntimeError::Container(e.to_string()))?;
+        self.container = Some(container);
+        self.stdout = Some(out_r);
+        self.stderr = Some(err_r);
+        Ok(())
+    }
+
+    /// Starts the command and pumps its output to `out`/`err` until it exits, the timeout
+    /// passes (the whole sandbox is killed: exit 124), or a signal arrives on `signals`
+    /// (forwarded; a second one kills the sandbox).
+    pub fn run(
+        &mut self,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+        timeout: Option<Duration>,
+        signals: Option<&SignalFd>,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let container = self
+            .container
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Container("sandbox was not created".into()))?;
+        let started = Instant::now();
+        container
+            .start()
+            .map_err(|e| RuntimeError::Container(e.to_string()))?;
+        let init = container
+            .pid()
+            .ok_or_else(|| RuntimeError::Container("container has no init pid".into()))?;
+        let pidfd = pidfd_open(init)?;
+        let deadline = timeout.map(|t| started + t);
+        let mut outcome = RunOutcome {
+            init_pid: init.as_raw(),
+            ..Default::default()
+        };
+        let mut streams = [
+            Stream::new(self.stdout.take()),
+            Stream::new(self.stderr.take()),
+        ];
+        let mut status: Option<WaitStatus> = None;
+        let mut exited_at: Option<Instant> = None;
+        let mut signals_seen = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let open = streams.iter().any(|s| s.fd.is_some());
+            if status.is_some() && !open {
+                break;
+            }
+            // Output must reach EOF soon after the init is gone (its pid namespace is dead);
+            // never hang on a pipe someone else might hold.
+            if exited_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+                break;
+            }
+            let now = Instant::now();
+            let wait_ms = match (status.is_some(), deadline) {
+                (true, _) => 100,
+                (false, Some(d)) if d <= now => {
+                    if !outcome.timed_out {
+                        outcome.timed_out = true;
+                        let _ = kill(init, Signal::SIGKILL);
+                    }
+                    100
+                }
+                (false, Some(d)) => (d - now).as_millis().min(60_000) as i32 + 1,
+                (false, None) => 60_000,
+            };
+            let mut fds: Vec<PollFd> = Vec::with_capacity(4);
+            let mut which: Vec<usize> = Vec::with_capacity(4);
+            for (i, s) in streams.iter().enumerate() {
+                if let Some(fd) = &s.fd {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    which.push(i);
+                }
+            }
+            let pid_slot = if status.is_none() {
+                fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+                Some(fds.len() - 1)
+            } else {
+                None
+            };
+            let sig_slot = signals.map(|s| {
+                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(RuntimeError::sys("poll", e)),
+            }
+            let ready = |i: usize| {
+                fds[i].revents().is_some_and(|r| {
+                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                })
+            };
+            let ready_streams: Vec<usize> = (0..which.len())
+                .filter(|i| ready(*i))
+                .map(|i| which[i])
+                .collect();
+            let pid_ready = pid_slot.is_some_and(ready);
+            let sig_ready = sig_slot.is_some_and(ready);
+            drop(fds);
+            for i in ready_streams {
+                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
+                streams[i].pump(&mut buf, sink);
+            }
+            if sig_ready {
+                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
+                    signals_seen += 1;
+                    let sig = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
+                    let _ = kill(
+                        init,
+                        if signals_seen > 1 {
+                            Signal::SIGKILL
+                        } else {
+                            sig
+                        },
+                    );
+                }
+            }
+            if pid_ready {
+                match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => {}
+                    Ok(s) => {
+                        status = Some(s);
+                        exited_at = Some(Instant::now());
+                        outcome.run_duration = started.elapsed();
+                    }
+                    Err(e) => return Err(RuntimeError::sys("waitpid", e)),
+                }
+            }
+        }
+        outcome.stdout_bytes = streams[0].bytes;
+        outcome.stderr_bytes = streams[1].bytes;
+        outcome.stderr_preview = std::mem::take(&mut streams[1].preview);
+        let _ = out.flush();
+        let _ = err.flush();
+        if let Some(cg) = self.cgroup {
+            outcome.stats = cg.stats(&self.id);
+        }
+        outcome.oom_killed = outcome.stats.oom_kills > 0;
+        let (code, signal) = match status {
+            Some(WaitStatus::Exited(_, c)) if c > 128 && c < 128 + 65 => (c, Some(c - 128)),
+            Some(WaitStatus::Exited(_, c)) => (c, None),
+            Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
+            _ => (125, None),
+        };
+        outcome.signal = signal;
+        outcome.exit_code = if outcome.timed_out {
+            124
+        } else if outcome.oom_killed && signal == Some(libc::SIGKILL) {
+            137
+        } else {
+            code
+        };
+        Ok(outcome)
+    }
+
+    /// Keeps a copy of the bundle's config.json under the state dir's `kept/`; returns it.
+    pub fn keep_bundle(&self) -> Result<PathBuf, RuntimeError> {
+        let dir = self.paths.kept().join(&self.id);
+        fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        let dst = dir.join("config.json");
+        fs::copy(self.config_path(), &dst).map_err(|e| RuntimeError::io("copy", &dst, e))?;
+        Ok(dir)
+    }
+
+    /// Kills whatever still runs and removes the container, cgroups, mounts and state dir.
+    pub fn destroy(mut self) -> Result<(), RuntimeError> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<(), RuntimeError> {
+        if self.destroyed {
+            return Ok(());
+        }
+        self.destroyed = true;
+        self.stdout = None;
+        self.stderr = None;
+        let mut first_err = None;
+        if let Some(mut c) = self.container.take() {
+            if let Some(pid) = c.pid() {
+                let _ = kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+            }
+            if let Err(e) = c.delete(true) {
+                first_err.get_or_insert(RuntimeError::Container(format!("delete: {e}")));
+            }
+        }
+        if let Err(e) = destroy_leftovers(&self.paths, &self.id, self.cgroup) {
+            first_err.get_or_insert(e);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+    }
+}
+
+/// Removes everything a sandbox may have left: processes in its cgroup, the cgroups, mounts
+/// under its state dir, the state dir and libcontainer's container dir. Idempotent.
+pub(crate) fn destroy_leftovers(
+    paths: &RuntimePaths,
+    id: &str,
+    cgroup: Option<CgroupMode>,
+) -> Result<(), RuntimeError> {
+    if let Some(cg) = cgroup {
+        for _ in 0..50 {
+            let pids = cg.pids(id);
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cg.remove(id);
+    }
+    let state = paths.sandboxes().join(id);
+    rootfs::unmount_all(&state)?;
+    remove_dir(&state)?;
+    remove_dir(&paths.containers().join(id))?;
+    Ok(())
+}
+
+fn remove_dir(p: &Path) -> Result<(), RuntimeError> {
+    match fs::remove_dir_all(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::io("remove", p, e)),
+    }
+}
+
+/// One output stream of the sandbox, pumped to a sink.
+struct Stream {
+    fd: Option<OwnedFd>,
+    bytes: u64,
+    preview: Vec<u8>,
+    sink_closed: bool,
+}
+
+const PREVIEW_BYTES: usize = 512;
+
+impl Stream {
+    fn new(fd: Option<OwnedFd>) -> Self {
+        Stream {
+            fd,
+            bytes: 0,
+            preview: Vec::new(),
+            sink_closed: false,
+        }
+    }
+
+    /// Reads what is available and writes it on. EOF closes the stream; a closed sink closes
+    /// it too, so the writer inside gets SIGPIPE as it would writing to that sink directly.
+    fn pump(&mut self, buf: &mut [u8], sink: &mut dyn Write) {
+        let Some(fd) = &self.fd else { return };
+        match nix::unistd::read(fd.as_raw_fd(), buf) {
+            Ok(0) => self.fd = None,
+            Ok(n) => {
+                self.bytes += n as u64;
+                if self.preview.len() < PREVIEW_BYTES {
+                    let take = n.min(PREVIEW_BYTES - self.preview.len());
+                    self.preview.extend_from_slice(&buf[..take]);
+                }
+                if !self.sink_closed
+                    && (sink.write_all(&buf[..n]).is_err() || sink.flush().is_err())
+                {
+                    self.sink_closed = true;
+                    self.fd = None;
+                }
+            }
+            Err(nix::Error::EINTR) | Err(nix::Error::EAGAIN) => {}
+            Err(_) => self.fd = None,
+        }
+    }
+}
+
+fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::sys("pipe", e))
+}
+
+fn pidfd_open(pid: Pid) -> Result<OwnedFd, RuntimeError> {
+    // SAFETY: pidfd_open(pid, 0) returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(RuntimeError::io(
+            "pidfd_open",
+            format!("/proc/{pid}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: the fd was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}

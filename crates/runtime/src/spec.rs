@@ -1,0 +1,192 @@
+//! The per-run OCI runtime spec (`config.json`), generated with `oci-spec` from the profile and
+//! the run's options.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use agentrun_policy::Resources;
+use caps::Capability;
+use oci_spec::runtime::{
+    get_default_maskedpaths, get_default_mounts, get_default_readonly_paths, Capability as OciCap,
+    LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder,
+    LinuxSeccomp, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder,
+    RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+
+use crate::cgroup::CgroupMode;
+use crate::error::RuntimeError;
+use crate::idmap::{UID_BASE, UID_COUNT};
+
+/// CPU quota period (µs).
+const CPU_PERIOD: u64 = 100_000;
+
+/// A bind mount into the sandbox, from a host path agentrun prepared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub writable: bool,
+}
+
+/// Everything the spec is generated from.
+#[derive(Debug, Clone)]
+pub struct SpecInput {
+    pub sandbox_id: String,
+    pub image_name: String,
+    pub args: Vec<String>,
+    /// `KEY=VALUE` entries: the whole environment of the process.
+    pub env: Vec<String>,
+    pub cwd: PathBuf,
+    pub resources: Resources,
+    pub binds: Vec<BindMount>,
+    pub seccomp: LinuxSeccomp,
+    /// Capabilities of the init (the command's set is narrowed from these by the executor).
+    pub init_caps: Vec<Capability>,
+    /// RLIMIT_NOFILE hard limit allowed by the host (lowering is always possible).
+    pub host_nofile_max: u64,
+    pub swap_limit: bool,
+}
+
+/// The OCI name of a capability (`CAP_CHOWN`); oci-spec's serde names are the OCI ones.
+fn oci_cap(c: Capability) -> Result<OciCap, RuntimeError> {
+    serde_json::from_value(serde_json::Value::String(c.to_string()))
+        .map_err(|_| RuntimeError::InvalidInput(format!("unknown capability {c}")))
+}
+
+/// Builds the spec. The rootfs is `<bundle>/rootfs`.
+pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
+    let caps = input
+        .init_caps
+        .iter()
+        .map(|c| oci_cap(*c))
+        .collect::<Result<std::collections::HashSet<OciCap>, _>>()?;
+    let nofile = input.resources.nofile.min(input.host_nofile_max);
+    let rlimits = vec![
+        PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNofile)
+            .soft(nofile)
+            .hard(nofile)
+            .build()?,
+        PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNproc)
+            .soft(u64::from(input.resources.pids))
+            .hard(u64::from(input.resources.pids))
+            .build()?,
+        PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitCore)
+            .soft(0u64)
+            .hard(0u64)
+            .build()?,
+    ];
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build()?)
+        .args(input.args.clone())
+        .env(input.env.clone())
+        .cwd(input.cwd.clone())
+        .no_new_privileges(true)
+        .capabilities(
+            oci_spec::runtime::LinuxCapabilitiesBuilder::default()
+                .bounding(caps.clone())
+                .effective(caps.clone())
+                .permitted(caps.clone())
+                .inheritable(std::collections::HashSet::new())
+                .ambient(std::collections::HashSet::new())
+                .build()?,
+        )
+        .rlimits(rlimits)
+        .build()?;
+
+    let mut mounts: Vec<Mount> = get_default_mounts()
+        .into_iter()
+        .filter(|m| m.destination() != &PathBuf::from("/sys/fs/cgroup"))
+        .collect();
+    for b in &input.binds {
+        let mut options = vec!["rbind".to_string(), "nosuid".into(), "nodev".into()];
+        options.push(if b.writable { "rw" } else { "ro" }.into());
+        mounts.push(
+            MountBuilder::default()
+                .destination(b.target.clone())
+                .typ("bind")
+                .source(b.source.clone())
+                .options(options)
+                .build()?,
+        );
+    }
+
+    let namespaces = [
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Network,
+        LinuxNamespaceType::Cgroup,
+        LinuxNamespaceType::User,
+    ]
+    .into_iter()
+    .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+    .collect::<Result<Vec<_>, _>>()?;
+    let mapping = LinuxIdMappingBuilder::default()
+        .container_id(0u32)
+        .host_id(UID_BASE)
+        .size(UID_COUNT)
+        .build()?;
+
+    let r = &input.resources;
+    let memory = r.memory_bytes as i64;
+    let mut mem = LinuxMemoryBuilder::default();
+    mem = mem.limit(memory);
+    if input.swap_limit {
+        // OCI's swap is memory+swap: equal to the limit means no swap at all.
+        mem = mem.swap(memory);
+    }
+    let resources = LinuxResourcesBuilder::default()
+        .memory(mem.build()?)
+        .pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::from(r.pids))
+                .build()?,
+        )
+        .cpu(
+            LinuxCpuBuilder::default()
+                .quota((r.cpus * CPU_PERIOD as f64).round() as i64)
+                .period(CPU_PERIOD)
+                .build()?,
+        )
+        .build()?;
+
+    let linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .uid_mappings(vec![mapping])
+        .gid_mappings(vec![mapping])
+        .cgroups_path(CgroupMode::spec_path(&input.sandbox_id))
+        .resources(resources)
+        .seccomp(input.seccomp.clone())
+        .masked_paths(get_default_maskedpaths())
+        .readonly_paths(get_default_readonly_paths())
+        .build()?;
+
+    let annotations: HashMap<String, String> = [
+        ("run.agentrun.sandbox.id", input.sandbox_id.clone()),
+        ("run.agentrun.image", input.image_name.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+
+    Ok(SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(false)
+                .build()?,
+        )
+        .hostname("sandbox")
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .annotations(annotations)
+        .build()?)
+}
