@@ -379,7 +379,7 @@ fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan) {
     span.set_attribute("process.pid", i64::from(o.init_pid));
     span.set_attribute("sandbox.timed_out", o.timed_out);
     span.set_attribute("sandbox.oom_killed", o.oom_killed);
-    span.set_attribute("sandbox.duration_ms", o.run_duration.as_secs_f64() * 1000.0);
+    span.set_attribute("sandbox.duration_ms", o.run_duration.as_millis() as i64);
     span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
     span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);
     if let Some(peak) = o.stats.peak_memory_bytes {
