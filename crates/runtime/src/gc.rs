@@ -26,7 +26,12 @@ fn owner_alive(stamp: &str) -> bool {
     let Some(pid) = stamp.split(' ').next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
-    owner_stamp(pid).as_deref() == Some(stamp.trim())
+    // A zombie owner is dead too: it was killed and only waits for its parent to reap it.
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').and_then(|i| s[i + 2..].chars().next()))
+        == Some('Z');
+    !zombie && owner_stamp(pid).as_deref() == Some(stamp.trim())
 }
 
 /// Collects dead sandboxes.
@@ -56,7 +61,9 @@ pub fn collect(paths: &RuntimePaths) -> GcReport {
     }
     if let Some(cg) = cgroup {
         for id in cg.sandbox_ids() {
-            if !seen.contains(&id) {
+            // A sandbox's state dir exists before its cgroup and outlives it: check it now,
+            // not against the listing above, or a run created meanwhile would look orphaned.
+            if !seen.contains(&id) && !paths.sandboxes().join(&id).exists() {
                 record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
             }
         }

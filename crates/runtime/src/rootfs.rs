@@ -111,6 +111,13 @@ pub fn prepare(
         Some(opts.as_str()),
     )
     .map_err(|e| RuntimeError::sys("mount overlay rootfs", e))?;
+    // /workspace is the default working directory: every image has one (in the upper layer
+    // when the image lacks it), owned by the sandbox's root.
+    let ws = rootfs.join("workspace");
+    if fs::symlink_metadata(&ws).is_err() {
+        mkdir(&ws)?;
+        chown(&ws, Some(UID_BASE), Some(UID_BASE)).map_err(|e| RuntimeError::io("chown", &ws, e))?;
+    }
 
     let mut binds = Vec::new();
     let mut owners: HashMap<(u32, u32), MappingNamespace> = HashMap::new();
