@@ -65,14 +65,14 @@ pub struct Paths {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                EXIT_AGENTRUN_ERROR
-            } else {
-                0
-            };
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("agentrun: {}", clap_error_line(&e));
+            return ExitCode::from(EXIT_AGENTRUN_ERROR);
         }
     };
     let paths = Paths {
@@ -113,4 +113,23 @@ fn gc(paths: &Paths) -> anyhow::Result<()> {
 /// Errors are printed on one line.
 pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// clap's error as one line, like every other agentrun error (its usage block is noise here).
+fn clap_error_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    let detail = lines
+        .find(|l| !l.starts_with("Usage:") && !l.starts_with("For more"))
+        .map(|l| {
+            let sep = if first.ends_with(':') { " " } else { "; " };
+            format!("{sep}{}", l.trim_start_matches("tip: "))
+        })
+        .unwrap_or_default();
+    format!("{first}{detail} (see --help)")
 }
