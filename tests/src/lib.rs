@@ -1,1 +1,1268 @@
 //! Shared helpers for the end-to-end tests.
+//!
+//! The e2e tests drive the real `agentrun` binary (`$AGENTRUN_BIN`, else
+//! `<workspace>/target/debug/agentrun`) and assert what a user sees: exit codes, output, files
+//! on the host, and what is left behind on the host (processes, mounts, cgroups, state dirs).
+//!
+//! Rules every e2e test follows:
+//! - every process it spawns runs under a deadline ([`run_with_timeout`], [`Running`]);
+//! - tests that need root call [`require_root`] first: not root fails the test unless
+//!   `AGENTRUN_E2E_ALLOW_SKIP=1`;
+//! - every test holds the e2e lock: [`shared_lock`] for ordinary runs, [`exclusive_lock`] for
+//!   tests that look at host-wide state (leftover processes, mounts, cgroups), so those never
+//!   see another test's sandbox, whatever the test runner's parallelism (cargo test threads or
+//!   nextest processes).
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+pub mod otlp;
+
+/// First host uid of the sandbox user namespace mapping: sandbox uid 0 is host uid
+/// `SANDBOX_UID_BASE` (or above); nothing else on a test host runs with such uids.
+pub const SANDBOX_UID_BASE: u32 = 100_000_000;
+
+/// Default deadline for one `agentrun` invocation in the tests.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The cargo workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The agentrun binary under test: `$AGENTRUN_BIN`, else `<workspace>/target/debug/agentrun`
+/// (honouring `$CARGO_TARGET_DIR`).
+pub fn agentrun_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGENTRUN_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("debug").join("agentrun")
+}
+
+/// agentrun's runtime state dir (`$AGENTRUN_STATE_DIR`, default `/run/agentrun`).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("AGENTRUN_STATE_DIR")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/agentrun"))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Call first in every test that needs root (all sandbox tests do). Returns true when the test
+/// should go on. Not root: panics, unless `AGENTRUN_E2E_ALLOW_SKIP=1`, then prints a skip
+/// notice and returns false.
+pub fn require_root() -> bool {
+    if is_root() {
+        return true;
+    }
+    if std::env::var("AGENTRUN_E2E_ALLOW_SKIP").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: this e2e test needs root (AGENTRUN_E2E_ALLOW_SKIP=1)");
+        return false;
+    }
+    panic!("this e2e test needs root; run as root, or set AGENTRUN_E2E_ALLOW_SKIP=1 to skip it");
+}
+
+/// Panics with a clear message when the binary is missing.
+pub fn require_bin() {
+    let bin = agentrun_bin();
+    assert!(
+        bin.is_file(),
+        "agentrun binary not found at {}: build it with `cargo build -p agentrun` or set AGENTRUN_BIN",
+        bin.display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Locks
+
+/// A held e2e lock (flock on a file in the temp dir); released on drop.
+pub struct TestLock {
+    _file: File,
+}
+
+fn lock(kind: libc::c_int) -> TestLock {
+    let path = std::env::temp_dir().join("agentrun-e2e.lock");
+    // flock works on a read-only fd too: a non-root test can share a root-made lock file.
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .or_else(|_| File::open(&path))
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    loop {
+        // SAFETY: flock on an fd we own.
+        let r = unsafe { libc::flock(file.as_raw_fd(), kind) };
+        if r == 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            panic!("flock {}: {err}", path.display());
+        }
+    }
+    TestLock { _file: file }
+}
+
+/// Held by every ordinary e2e test: many may run at once.
+pub fn shared_lock() -> TestLock {
+    lock(libc::LOCK_SH)
+}
+
+/// Held by tests that inspect host-wide state (leftover processes, mounts, cgroups, state
+/// dirs): no other e2e test runs a sandbox meanwhile.
+pub fn exclusive_lock() -> TestLock {
+    lock(libc::LOCK_EX)
+}
+
+/// The usual prologue: `let Some(_lock) = setup() else { return };`
+/// Checks root (see [`require_root`]) and the binary, then takes the shared lock.
+pub fn setup() -> Option<TestLock> {
+    if !require_root() {
+        return None;
+    }
+    require_bin();
+    Some(shared_lock())
+}
+
+/// Like [`setup`] with the exclusive lock.
+pub fn setup_exclusive() -> Option<TestLock> {
+    if !require_root() {
+        return None;
+    }
+    require_bin();
+    Some(exclusive_lock())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running processes with deadlines
+
+#[derive(Default)]
+struct Stream {
+    data: Vec<u8>,
+    /// (time since spawn, total bytes received by then), one entry per read.
+    times: Vec<(Duration, usize)>,
+}
+
+/// What a finished process did.
+#[derive(Clone)]
+pub struct RunOutput {
+    pub argv: String,
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// (time since spawn, cumulative stdout bytes) for each chunk read.
+    pub stdout_times: Vec<(Duration, usize)>,
+    /// Spawn to exit of the process (not of its pipes).
+    pub elapsed: Duration,
+    /// Its stdout/stderr were still held open by some other process 5 s after it exited
+    /// (a leaked sandbox process, usually).
+    pub pipes_left_open: bool,
+}
+
+impl RunOutput {
+    /// Exit code; panics (with the output) when it was killed by a signal.
+    pub fn code(&self) -> i32 {
+        match self.status.code() {
+            Some(c) => c,
+            None => panic!(
+                "{} was killed by signal {:?}\n{self}",
+                self.argv,
+                self.status.signal()
+            ),
+        }
+    }
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    /// Asserts exit code 0 and returns stdout.
+    pub fn success(&self) -> String {
+        assert_eq!(self.status.code(), Some(0), "expected success\n{self}");
+        self.stdout()
+    }
+    /// Asserts the exit code.
+    pub fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.status.code(),
+            Some(code),
+            "expected exit code {code}\n{self}"
+        );
+        self
+    }
+    /// Asserts exit 125 with a one-line `agentrun: ...` message on stderr.
+    pub fn assert_agentrun_error(&self) -> &Self {
+        self.assert_code(125);
+        let err = self.stderr();
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "expected a one-line error on stderr\n{self}"
+        );
+        assert!(
+            lines[0].starts_with("agentrun: "),
+            "expected stderr to start with 'agentrun: '\n{self}"
+        );
+        self
+    }
+}
+
+fn clip(b: &[u8]) -> String {
+    const MAX: usize = 4000;
+    let s = String::from_utf8_lossy(b);
+    if s.len() > MAX {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}... [{} bytes in all]", &s[..end], b.len())
+    } else {
+        s.into_owned()
+    }
+}
+
+impl fmt::Display for RunOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "command: {}", self.argv)?;
+        match (self.status.code(), self.status.signal()) {
+            (Some(c), _) => writeln!(f, "exit code: {c}")?,
+            (_, Some(s)) => writeln!(f, "killed by signal {s}")?,
+            _ => writeln!(f, "status: {:?}", self.status)?,
+        }
+        writeln!(f, "elapsed: {:.3}s", self.elapsed.as_secs_f64())?;
+        if self.pipes_left_open {
+            writeln!(
+                f,
+                "NOTE: stdout/stderr still open by another process after exit"
+            )?;
+        }
+        writeln!(f, "--- stdout ---\n{}", clip(&self.stdout))?;
+        write!(f, "--- stderr ---\n{}", clip(&self.stderr))
+    }
+}
+
+impl fmt::Debug for RunOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        let k = k.to_string_lossy();
+        if k.starts_with("AGENTRUN") || k == "OPENAI_API_KEY" || k == "TRACEPARENT" {
+            match v {
+                Some(v) => s.push_str(&format!("{k}={} ", v.to_string_lossy())),
+                None => s.push_str(&format!("-u {k} ")),
+            }
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        let a = a.to_string_lossy();
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$;|&<>()*?".contains(c)) {
+            s.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
+        } else {
+            s.push(' ');
+            s.push_str(&a);
+        }
+    }
+    s
+}
+
+/// A spawned process with its stdout/stderr collected by threads. Dropping a `Running` that
+/// has not finished sends it SIGTERM, then SIGKILL after 3 s, and reaps it.
+pub struct Running {
+    child: Child,
+    argv: String,
+    start: Instant,
+    out: Arc<Mutex<Stream>>,
+    err: Arc<Mutex<Stream>>,
+    readers_done: Receiver<()>,
+    readers: Vec<JoinHandle<()>>,
+    readers_pending: usize,
+    status: Option<(ExitStatus, Duration)>,
+}
+
+impl Running {
+    /// Spawns `cmd` with piped stdout/stderr; stdin gets `stdin` (then EOF), or /dev/null.
+    pub fn spawn(mut cmd: Command, stdin: Option<Vec<u8>>) -> Running {
+        let argv = describe(&cmd);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let start = Instant::now();
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {argv}: {e}"));
+        if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // Detached: it ends when the data is written or the reader closes the pipe.
+            thread::spawn(move || {
+                let _ = pipe.write_all(&data);
+            });
+        }
+        let (tx, readers_done) = mpsc::channel();
+        let out = Arc::new(Mutex::new(Stream::default()));
+        let err = Arc::new(Mutex::new(Stream::default()));
+        let mut readers = Vec::new();
+        type Pipe = (Box<dyn Read + Send>, Arc<Mutex<Stream>>);
+        let pipes: [Pipe; 2] = [
+            (Box::new(child.stdout.take().unwrap()), out.clone()),
+            (Box::new(child.stderr.take().unwrap()), err.clone()),
+        ];
+        for (mut pipe, stream) in pipes {
+            let tx = tx.clone();
+            readers.push(thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match pipe.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            let mut s = stream.lock().unwrap();
+                            s.data.extend_from_slice(&buf[..n]);
+                            let total = s.data.len();
+                            s.times.push((start.elapsed(), total));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = tx.send(());
+            }));
+        }
+        Running {
+            child,
+            argv,
+            start,
+            out,
+            err,
+            readers_done,
+            readers_pending: readers.len(),
+            readers,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn argv(&self) -> &str {
+        &self.argv
+    }
+
+    pub fn stdout_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.out.lock().unwrap().data).into_owned()
+    }
+
+    pub fn stderr_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.err.lock().unwrap().data).into_owned()
+    }
+
+    /// Has it exited? (reaps it if so)
+    pub fn exited(&mut self) -> bool {
+        self.poll_exit();
+        self.status.is_some()
+    }
+
+    fn poll_exit(&mut self) {
+        if self.status.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.status = Some((st, self.start.elapsed()));
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit. None: still running (left running).
+    pub fn wait_for(&mut self, timeout: Duration) -> Option<RunOutput> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.poll_exit();
+            if self.status.is_some() {
+                return Some(self.collect());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits up to `timeout`; past that stops the process (SIGTERM, SIGKILL) and panics with
+    /// what it printed.
+    pub fn wait_or_kill(&mut self, timeout: Duration) -> RunOutput {
+        if let Some(out) = self.wait_for(timeout) {
+            return out;
+        }
+        self.stop();
+        let out = self.collect();
+        panic!(
+            "timed out after {:.1}s (the process was stopped)\n{out}",
+            timeout.as_secs_f64()
+        );
+    }
+
+    /// Sends a signal to the process (not to its children).
+    pub fn signal(&mut self, sig: libc::c_int) {
+        self.poll_exit();
+        if self.status.is_none() {
+            // SAFETY: kill on our own unreaped child's pid.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// SIGTERM, up to 3 s grace, SIGKILL; reaps it.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        if self.wait_for(Duration::from_secs(3)).is_none() {
+            self.signal(libc::SIGKILL);
+            let st = self.child.wait().expect("wait");
+            self.status = Some((st, self.start.elapsed()));
+        }
+    }
+
+    /// SIGKILL and reap, no grace.
+    pub fn kill9(&mut self) -> ExitStatus {
+        self.signal(libc::SIGKILL);
+        let st = self.child.wait().expect("wait");
+        if self.status.is_none() {
+            self.status = Some((st, self.start.elapsed()));
+        }
+        self.status.unwrap().0
+    }
+
+    fn collect(&mut self) -> RunOutput {
+        let (status, elapsed) = self.status.expect("collect before exit");
+        // Wait for the pipes to reach EOF (both readers), at most 5 s.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut pipes_left_open = false;
+        // Each reader sends one message when its pipe reaches EOF.
+        while !self.readers.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.readers_done.recv_timeout(left) {
+                Ok(()) => {
+                    self.readers_pending -= 1;
+                    if self.readers_pending == 0 {
+                        for h in self.readers.drain(..) {
+                            let _ = h.join();
+                        }
+                    }
+                }
+                Err(_) => {
+                    pipes_left_open = true;
+                    // Leave the threads; they end when the last writer goes away.
+                    self.readers.clear();
+                    break;
+                }
+            }
+        }
+        let out = self.out.lock().unwrap();
+        let err = self.err.lock().unwrap();
+        RunOutput {
+            argv: self.argv.clone(),
+            status,
+            stdout: out.data.clone(),
+            stderr: err.data.clone(),
+            stdout_times: out.times.clone(),
+            elapsed,
+            pipes_left_open,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.poll_exit();
+        if self.status.is_none() {
+            self.stop();
+        }
+    }
+}
+
+/// Runs `cmd` to completion with a deadline; see [`Running::wait_or_kill`].
+pub fn run_with_timeout(cmd: Command, stdin: Option<Vec<u8>>, timeout: Duration) -> RunOutput {
+    Running::spawn(cmd, stdin).wait_or_kill(timeout)
+}
+
+/// Runs a host command (not in a sandbox) with a deadline.
+pub fn host<I, S>(program: &str, args: I) -> RunOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    run_with_timeout(cmd, None, Duration::from_secs(30))
+}
+
+/// An `agentrun` invocation being set up.
+pub struct Agentrun {
+    args: Vec<OsString>,
+    envs: Vec<(OsString, Option<OsString>)>,
+    stdin: Option<Vec<u8>>,
+    timeout: Duration,
+}
+
+/// `agentrun ARGS...`
+pub fn agentrun<I, S>(args: I) -> Agentrun
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Agentrun {
+        args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
+        envs: Vec::new(),
+        stdin: None,
+        timeout: DEFAULT_TIMEOUT,
+    }
+}
+
+/// `agentrun exec -- CMD...`
+pub fn exec<I, S>(cmd: I) -> Agentrun
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    exec_with::<[&str; 0], &str, I, S>([], cmd)
+}
+
+/// `agentrun exec OPTS... -- CMD...`
+pub fn exec_with<O, OS, I, S>(opts: O, cmd: I) -> Agentrun
+where
+    O: IntoIterator<Item = OS>,
+    OS: AsRef<OsStr>,
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut args: Vec<OsString> = vec!["exec".into()];
+    args.extend(opts.into_iter().map(|a| a.as_ref().to_owned()));
+    args.push("--".into());
+    args.extend(cmd.into_iter().map(|a| a.as_ref().to_owned()));
+    agentrun(args)
+}
+
+impl Agentrun {
+    pub fn env(mut self, key: impl AsRef<OsStr>, val: impl AsRef<OsStr>) -> Self {
+        self.envs
+            .push((key.as_ref().to_owned(), Some(val.as_ref().to_owned())));
+        self
+    }
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
+        self.envs.push((key.as_ref().to_owned(), None));
+        self
+    }
+    /// Runs with `AGENTRUN_ROOT=root` (e.g. [`busybox_root`]).
+    pub fn root(self, root: impl AsRef<Path>) -> Self {
+        self.env("AGENTRUN_ROOT", root.as_ref())
+    }
+    pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(data.into());
+        self
+    }
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(agentrun_bin());
+        cmd.args(&self.args);
+        // Keep the tests' own trace context out unless a test sets one.
+        cmd.env_remove("TRACEPARENT");
+        for (k, v) in &self.envs {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        cmd
+    }
+    /// Runs to completion (panics past the deadline, 60 s unless set).
+    pub fn run(self) -> RunOutput {
+        let cmd = self.command();
+        run_with_timeout(cmd, self.stdin, self.timeout)
+    }
+    /// Starts it in the background (in its own process group).
+    pub fn spawn(self) -> Running {
+        let mut cmd = self.command();
+        cmd.process_group(0);
+        Running::spawn(cmd, self.stdin)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Temp dirs and images
+
+/// A fresh temp dir (removed on drop) named agentrun-e2e-*.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("agentrun-e2e-")
+        .tempdir()
+        .expect("create temp dir")
+}
+
+static BUSYBOX_ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static ROOTS_TO_REMOVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+extern "C" fn remove_roots_at_exit() {
+    if let Ok(roots) = ROOTS_TO_REMOVE.lock() {
+        for r in roots.iter() {
+            let _ = fs::remove_dir_all(r);
+        }
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes AGENTRUN_ROOTs of e2e test binaries that died before their at-exit cleanup.
+fn remove_stale_roots() {
+    let Ok(rd) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if let Some(pid) = name.strip_prefix("agentrun-e2e-root.") {
+            if let Ok(pid) = pid.parse::<i32>() {
+                if !pid_alive(pid) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+}
+
+/// An AGENTRUN_ROOT, private to this test binary, holding the `busybox` image built by
+/// `images/busybox/build.sh` and imported with `agentrun image add`. Built once per test
+/// binary; removed when the binary exits.
+pub fn busybox_root() -> PathBuf {
+    BUSYBOX_ROOT
+        .get_or_init(build_busybox_root)
+        .clone()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn build_busybox_root() -> Result<PathBuf, String> {
+    remove_stale_roots();
+    let dir = std::env::temp_dir().join(format!("agentrun-e2e-root.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    {
+        let mut roots = ROOTS_TO_REMOVE.lock().unwrap();
+        if roots.is_empty() {
+            // SAFETY: registering a plain extern "C" fn.
+            unsafe { libc::atexit(remove_roots_at_exit) };
+        }
+        roots.push(dir.clone());
+    }
+    let rootfs = dir.join("busybox-rootfs");
+    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
+    build.arg(&rootfs);
+    let out = run_with_timeout(build, None, Duration::from_secs(120));
+    if out.status.code() != Some(0) {
+        return Err(format!("building the busybox image failed\n{out}"));
+    }
+    let root = dir.join("root");
+    let out = agentrun([
+        "image".as_ref(),
+        "add".as_ref(),
+        "busybox".as_ref(),
+        rootfs.as_os_str(),
+    ])
+    .root(&root)
+    .timeout(Duration::from_secs(120))
+    .run();
+    if out.status.code() != Some(0) {
+        return Err(format!("agentrun image add busybox failed\n{out}"));
+    }
+    let _ = fs::remove_dir_all(&rootfs);
+    Ok(root)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host inspection
+
+/// One process, as /proc shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcInfo {
+    pub pid: i32,
+    /// Real uid (first field of the Uid: line).
+    pub uid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub cgroup: String,
+    /// The State: letter (R, S, D, Z, ...).
+    pub state: char,
+}
+
+impl fmt::Display for ProcInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pid {} uid {} state {} ({}) {:?} cgroup {}",
+            self.pid,
+            self.uid,
+            self.state,
+            self.comm,
+            self.cmdline,
+            self.cgroup.replace('\n', " ")
+        )
+    }
+}
+
+pub fn proc_info(pid: i32) -> Option<ProcInfo> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let state = status
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .and_then(|s| s.trim().chars().next())
+        .unwrap_or('?');
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim_end()
+        .to_string();
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    Some(ProcInfo {
+        pid,
+        uid,
+        comm,
+        cmdline,
+        cgroup,
+        state,
+    })
+}
+
+pub fn all_processes() -> Vec<ProcInfo> {
+    let mut v: Vec<ProcInfo> = fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(proc_info)
+        .collect();
+    v.sort();
+    v
+}
+
+/// Does this process belong to a sandbox? (sandbox uid range, or an agentrun cgroup)
+/// Zombies do not count: they hold nothing but a pid, and one whose parent (a killed CLI)
+/// died is reaped by the host's init, on its own schedule.
+pub fn is_sandbox_process(p: &ProcInfo) -> bool {
+    p.state != 'Z' && is_sandbox_process_or_zombie(p)
+}
+
+fn is_sandbox_process_or_zombie(p: &ProcInfo) -> bool {
+    p.uid >= SANDBOX_UID_BASE
+        || p.cgroup.lines().any(|l| {
+            l.split(':')
+                .nth(2)
+                .is_some_and(|path| path.contains("/agentrun/") || path == "/agentrun")
+        })
+}
+
+pub fn sandbox_processes() -> Vec<ProcInfo> {
+    all_processes()
+        .into_iter()
+        .filter(is_sandbox_process)
+        .collect()
+}
+
+/// Cgroup mode of this host as agentrun should report it: "v2" (unified), "hybrid" (v1
+/// controllers plus a cgroup2 mount at /sys/fs/cgroup/unified) or "v1".
+pub fn host_cgroup_mode() -> &'static str {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    fn fs_type(p: &str) -> Option<i64> {
+        let c = std::ffi::CString::new(p).unwrap();
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid path and out pointer.
+        let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+        (r == 0).then_some(st.f_type as i64)
+    }
+    if fs_type("/sys/fs/cgroup") == Some(CGROUP2_SUPER_MAGIC) {
+        "v2"
+    } else if fs_type("/sys/fs/cgroup/unified") == Some(CGROUP2_SUPER_MAGIC) {
+        "hybrid"
+    } else {
+        "v1"
+    }
+}
+
+/// The Landlock ABI version the kernel offers (0: none).
+pub fn host_landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns a number.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        0
+    } else {
+        r as i64
+    }
+}
+
+/// Directories that can hold agentrun's cgroups: `<mount>/agentrun` for each cgroup mount.
+fn agentrun_cgroup_parents() -> Vec<PathBuf> {
+    let mut parents = Vec::new();
+    let base = Path::new("/sys/fs/cgroup");
+    parents.push(base.join("agentrun"));
+    if let Ok(rd) = fs::read_dir(base) {
+        for e in rd.flatten() {
+            parents.push(e.path().join("agentrun"));
+        }
+    }
+    let mut seen = Vec::new();
+    parents
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .filter(|p| {
+            let c = fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            if seen.contains(&c) {
+                false
+            } else {
+                seen.push(c);
+                true
+            }
+        })
+        .collect()
+}
+
+/// What agentrun left on the host: sandbox processes, mounts under its state dir, cgroups
+/// under `agentrun/`, and sandbox state dirs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    pub processes: Vec<ProcInfo>,
+    /// mountinfo lines whose mount point is in agentrun's state dir or an agentrun dir.
+    pub mounts: Vec<String>,
+    pub cgroups: Vec<PathBuf>,
+    pub state_dirs: Vec<PathBuf>,
+}
+
+impl Leftovers {
+    pub fn snapshot() -> Leftovers {
+        let state = state_dir();
+        let state_s = state.to_string_lossy().into_owned();
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .expect("read mountinfo")
+            .lines()
+            .filter(|l| {
+                let mp = l.split(' ').nth(4).unwrap_or("");
+                mp.starts_with(&state_s) || mp.contains("/agentrun/")
+            })
+            .map(str::to_string)
+            .collect();
+        let mut cgroups = Vec::new();
+        for parent in agentrun_cgroup_parents() {
+            if let Ok(rd) = fs::read_dir(&parent) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        cgroups.push(e.path());
+                    }
+                }
+            }
+        }
+        cgroups.sort();
+        let mut state_dirs: Vec<PathBuf> = fs::read_dir(state.join("sandboxes"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        state_dirs.sort();
+        Leftovers {
+            processes: sandbox_processes(),
+            mounts,
+            cgroups,
+            state_dirs,
+        }
+    }
+
+    /// What is in `self` and not in `before` (mounts compared as a multiset).
+    pub fn new_since(&self, before: &Leftovers) -> Leftovers {
+        let mut counts: BTreeMap<&String, usize> = BTreeMap::new();
+        for m in &before.mounts {
+            *counts.entry(m).or_default() += 1;
+        }
+        let mut mounts = Vec::new();
+        for m in &self.mounts {
+            match counts.get_mut(m) {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => mounts.push(m.clone()),
+            }
+        }
+        Leftovers {
+            processes: self
+                .processes
+                .iter()
+                .filter(|p| !before.processes.iter().any(|b| b.pid == p.pid))
+                .cloned()
+                .collect(),
+            mounts,
+            cgroups: self
+                .cgroups
+                .iter()
+                .filter(|c| !before.cgroups.contains(c))
+                .cloned()
+                .collect(),
+            state_dirs: self
+                .state_dirs
+                .iter()
+                .filter(|c| !before.state_dirs.contains(c))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+            && self.mounts.is_empty()
+            && self.cgroups.is_empty()
+            && self.state_dirs.is_empty()
+    }
+}
+
+impl fmt::Display for Leftovers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return write!(f, "nothing");
+        }
+        for p in &self.processes {
+            writeln!(f, "  process: {p}")?;
+        }
+        for m in &self.mounts {
+            writeln!(f, "  mount: {m}")?;
+        }
+        for c in &self.cgroups {
+            writeln!(f, "  cgroup: {}", c.display())?;
+        }
+        for d in &self.state_dirs {
+            writeln!(f, "  state dir: {}", d.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Asserts that nothing new is left since `before`, allowing `grace` for asynchronous
+/// teardown. Call with the exclusive lock held.
+pub fn assert_no_new_leftovers(before: &Leftovers, grace: Duration, context: &str) {
+    let deadline = Instant::now() + grace;
+    loop {
+        let new = Leftovers::snapshot().new_since(before);
+        if new.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{context}: agentrun left behind (after {:.1}s grace):\n{new}",
+                grace.as_secs_f64()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Removes by force what is new since `before`: kills processes, detaches mounts, removes
+/// cgroups and state dirs. So that one failing test does not poison the next.
+pub fn force_cleanup(before: &Leftovers) {
+    for _ in 0..20 {
+        let new = Leftovers::snapshot().new_since(before);
+        if new.is_empty() {
+            return;
+        }
+        for p in &new.processes {
+            // SAFETY: plain kill; these are sandbox processes started by this test.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        }
+        for m in new.mounts.iter().rev() {
+            if let Some(mp) = m.split(' ').nth(4) {
+                let mp = unescape_mountinfo(mp);
+                if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
+                    // SAFETY: valid C string.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(100));
+        for c in &new.cgroups {
+            remove_cgroup_tree(c);
+        }
+        for d in &new.state_dirs {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn remove_cgroup_tree(p: &Path) {
+    if let Ok(rd) = fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(p);
+}
+
+fn unescape_mountinfo(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsStr::from_bytes(&out))
+}
+
+/// Runs [`force_cleanup`] on drop if the test is panicking.
+pub struct CleanupOnPanic {
+    pub before: Leftovers,
+}
+
+impl Drop for CleanupOnPanic {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            force_cleanup(&self.before);
+        }
+    }
+}
+
+/// Waits until `f` returns Some, polling every 20 ms, at most `timeout`.
+pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Network
+
+/// A TCP server on the host that accepts and counts connections (writing a greeting). Stops
+/// on drop.
+pub struct TcpServer {
+    pub addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TcpServer {
+    /// Listens on `ip:0` (e.g. "127.0.0.1", "0.0.0.0").
+    pub fn start(ip: &str) -> TcpServer {
+        let listener = TcpListener::bind((ip, 0)).expect("bind test server");
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (accepted.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        a.fetch_add(1, Ordering::SeqCst);
+                        let _ = conn.write_all(b"hello from the host\n");
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        TcpServer {
+            addr,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connects from the host and reads the greeting: proves the server is reachable.
+    pub fn check_reachable_from_host(&self, ip: &str) {
+        let addr: SocketAddr = format!("{ip}:{}", self.port()).parse().unwrap();
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            .unwrap_or_else(|e| panic!("host cannot reach its own test server at {addr}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf)
+            .unwrap_or_else(|e| panic!("no greeting from test server at {addr}: {e}"));
+        assert_eq!(&buf, b"hello");
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The host's non-loopback IPv4 addresses.
+pub fn host_ipv4_addrs() -> Vec<std::net::Ipv4Addr> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs/freeifaddrs pair; we only read the list in between.
+    unsafe {
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut p = ifap;
+        while !p.is_null() {
+            let a = (*p).ifa_addr;
+            if !a.is_null() && (*a).sa_family as i32 == libc::AF_INET {
+                let sin = &*(a as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() && !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_with_timeout_collects_output_and_code() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let out = run_with_timeout(cmd, None, Duration::from_secs(10));
+        assert_eq!(out.code(), 3);
+        assert_eq!(out.stdout(), "out\n");
+        assert_eq!(out.stderr(), "err\n");
+        assert!(!out.pipes_left_open);
+    }
+
+    #[test]
+    fn run_with_timeout_feeds_stdin() {
+        let mut cmd = Command::new("wc");
+        cmd.arg("-c");
+        let out = run_with_timeout(cmd, Some(b"data\n".to_vec()), Duration::from_secs(10));
+        assert_eq!(out.stdout().trim(), "5");
+    }
+
+    #[test]
+    fn run_with_timeout_stops_and_panics_past_deadline() {
+        let start = Instant::now();
+        let r = std::panic::catch_unwind(|| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("30");
+            run_with_timeout(cmd, None, Duration::from_millis(200))
+        });
+        assert!(r.is_err());
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn pipes_held_by_a_grandchild_are_reported() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 7 & echo started"]);
+        let start = Instant::now();
+        let out = run_with_timeout(cmd, None, Duration::from_secs(10));
+        assert!(out.pipes_left_open);
+        assert_eq!(out.stdout(), "started\n");
+        assert!(start.elapsed() < Duration::from_secs(7));
+    }
+
+    #[test]
+    fn host_probes_answer() {
+        assert!(["v1", "v2", "hybrid"].contains(&host_cgroup_mode()));
+        assert!(host_landlock_abi() >= 0);
+        let l = Leftovers::snapshot();
+        assert!(l.new_since(&l).is_empty());
+    }
+
+    #[test]
+    fn tcp_server_counts_connections() {
+        let s = TcpServer::start("127.0.0.1");
+        s.check_reachable_from_host("127.0.0.1");
+        assert_eq!(s.accepted(), 1);
+    }
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), PathBuf::from("/a b"));
+        assert_eq!(unescape_mountinfo("/x\\"), PathBuf::from("/x\\"));
+    }
+}

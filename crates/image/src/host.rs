@@ -76,7 +76,8 @@ pub fn ensure(dir: &Path) -> Result<Image, ImageError> {
         // Concurrent first runs: one builds, the others wait and then see its stamp.
         fs::create_dir_all(dir).map_err(ImageError::io("create", dir))?;
         let lock_path = dir.join("lock");
-        let lock_file = fs::File::create(&lock_path).map_err(ImageError::io("create", &lock_path))?;
+        let lock_file =
+            fs::File::create(&lock_path).map_err(ImageError::io("create", &lock_path))?;
         let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| ImageError::io("lock", &lock_path)(e.into()))?;
         if current().as_deref() != Some(want.as_str()) {

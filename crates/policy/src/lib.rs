@@ -257,7 +257,7 @@ pub fn validate_env_key(key: &str) -> Result<(), String> {
 
 /// Syscalls the `default` seccomp baseline denies with EPERM, in the spirit of Docker's default
 /// profile: kernel-module and kexec loading, mounts and namespace changes, tracing, keyrings,
-/// BPF, perf, userfaultfd, handle-based opens, clock/time changes, swap, reboot, accounting,
+/// BPF, perf, userfaultfd, io_uring (it bypasses seccomp's per-syscall view), handle-based opens, clock/time changes, swap, reboot, accounting,
 /// personality tricks and obsolete or dangerous calls.
 pub fn seccomp_denied_syscalls() -> &'static [&'static str] {
     &[
@@ -277,6 +277,9 @@ pub fn seccomp_denied_syscalls() -> &'static [&'static str] {
         "get_mempolicy",
         "init_module",
         "ioperm",
+        "io_uring_enter",
+        "io_uring_register",
+        "io_uring_setup",
         "iopl",
         "kcmp",
         "kexec_file_load",

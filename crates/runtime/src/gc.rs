@@ -46,8 +46,9 @@ pub fn collect(paths: &RuntimePaths) -> GcReport {
             };
             seen.push(id.clone());
             let dead = match fs::read_to_string(entry.path().join("owner")) {
-                Ok(stamp) => !owner_alive(&stamp),
-                Err(_) => entry
+                Ok(stamp) if !stamp.trim().is_empty() => !owner_alive(&stamp),
+                // No stamp yet: being created, unless it has been like that for a while.
+                _ => entry
                     .metadata()
                     .and_then(|m| m.modified())
                     .ok()

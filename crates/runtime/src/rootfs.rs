@@ -116,7 +116,8 @@ pub fn prepare(
     let ws = rootfs.join("workspace");
     if fs::symlink_metadata(&ws).is_err() {
         mkdir(&ws)?;
-        chown(&ws, Some(UID_BASE), Some(UID_BASE)).map_err(|e| RuntimeError::io("chown", &ws, e))?;
+        chown(&ws, Some(UID_BASE), Some(UID_BASE))
+            .map_err(|e| RuntimeError::io("chown", &ws, e))?;
     }
 
     let mut binds = Vec::new();

@@ -238,8 +238,12 @@ impl Sandbox {
             destroyed: false,
         };
         // From here on, dropping `sandbox` cleans up whatever exists.
+        // Written whole then renamed: `gc` in a concurrent run must never read a partial stamp.
         let owner = owner_stamp(std::process::id()).unwrap_or_default();
-        fs::write(state.join("owner"), owner).map_err(|e| RuntimeError::io("write", &state, e))?;
+        let tmp = state.join("owner.tmp");
+        fs::write(&tmp, owner)
+            .and_then(|()| fs::rename(&tmp, state.join("owner")))
+            .map_err(|e| RuntimeError::io("write", &state, e))?;
         sandbox.build(config, host, stdio)?;
         Ok(sandbox)
     }

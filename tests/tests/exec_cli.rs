@@ -1,0 +1,241 @@
+//! The CLI around `exec`: `info`, `image add/ls/rm`, and how bad input is reported.
+
+use std::ffi::CString;
+use std::fs;
+use std::process::Command;
+use std::time::Duration;
+
+use agentrun_e2e::*;
+
+/// Checks the binary and takes the shared lock; no root needed (argument errors).
+fn setup_noroot() -> TestLock {
+    require_bin();
+    shared_lock()
+}
+
+#[test]
+fn info_human_readable() {
+    let Some(_l) = setup() else { return };
+    let out = agentrun(["info"]).run();
+    let stdout = out.success();
+    assert!(
+        stdout.to_lowercase().contains("landlock"),
+        "info mentions Landlock\n{out}"
+    );
+    assert!(stdout.to_lowercase().contains("cgroup"), "{out}");
+    assert!(stdout.to_lowercase().contains("seccomp"), "{out}");
+}
+
+#[test]
+fn info_json_matches_host() {
+    let Some(_l) = setup() else { return };
+    let out = agentrun(["info", "--json"]).run();
+    let stdout = out.success();
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("info --json: {e}\n{out}"));
+    for key in [
+        "landlock_abi",
+        "user_namespaces",
+        "cgroup",
+        "seccomp",
+        "idmapped_mounts",
+    ] {
+        assert!(v.get(key).is_some(), "info --json lacks {key:?}\n{out}");
+    }
+    let abi = v["landlock_abi"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("landlock_abi is a number\n{out}"));
+    assert!(abi >= 1, "landlock_abi >= 1 on this kernel\n{out}");
+    assert_eq!(
+        abi,
+        host_landlock_abi(),
+        "landlock_abi must be what the kernel reports"
+    );
+    assert_eq!(
+        v["cgroup"].as_str(),
+        Some(host_cgroup_mode()),
+        "cgroup mode must match /sys/fs/cgroup\n{out}"
+    );
+}
+
+#[test]
+fn image_add_ls_run_rm() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let root = dir.path().join("root");
+    let rootfs = dir.path().join("rootfs");
+    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
+    build.arg(&rootfs);
+    run_with_timeout(build, None, Duration::from_secs(120)).success();
+
+    let add = |name: &str| {
+        agentrun([
+            "image".as_ref(),
+            "add".as_ref(),
+            name.as_ref(),
+            rootfs.as_os_str(),
+        ])
+        .root(&root)
+        .run()
+    };
+    add("mybox").assert_code(0);
+    // The store holds a copy: removing the source does not break the image.
+    fs::remove_dir_all(&rootfs).unwrap();
+    let out = agentrun(["image", "ls"]).root(&root).run();
+    assert!(
+        out.success()
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("mybox")),
+        "image ls lists mybox\n{out}"
+    );
+    let out = exec_with(["--image", "mybox"], ["cat", "/etc/os-release"])
+        .root(&root)
+        .run();
+    assert!(out.success().contains("agentrun busybox"), "{out}");
+    agentrun(["image", "rm", "mybox"])
+        .root(&root)
+        .run()
+        .assert_code(0);
+    let out = agentrun(["image", "ls"]).root(&root).run();
+    assert!(
+        !out.success()
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("mybox")),
+        "image rm removed mybox\n{out}"
+    );
+    exec_with(["--image", "mybox"], ["true"])
+        .root(&root)
+        .run()
+        .assert_agentrun_error();
+    // Adding a directory that does not exist is an error.
+    add("ghost").assert_agentrun_error();
+}
+
+#[test]
+fn unknown_flag_is_125() {
+    let _l = setup_noroot();
+    let out = agentrun(["exec", "--no-such-flag", "--", "true"]).run();
+    out.assert_code(125);
+    assert!(
+        out.stderr().starts_with("agentrun: "),
+        "stderr must start with 'agentrun: '\n{out}"
+    );
+}
+
+#[test]
+fn bad_option_values_are_125() {
+    let _l = setup_noroot();
+    for (opt, val) in [
+        ("--timeout", "soon"),
+        ("--memory", "lots"),
+        ("--pids", "-3"),
+        ("--cpus", "fast"),
+        ("-e", "NOEQUALS"),
+    ] {
+        let out = agentrun(["exec", opt, val, "--", "true"]).run();
+        out.assert_code(125);
+        assert!(
+            out.stderr().starts_with("agentrun: "),
+            "{opt} {val}: stderr must start with 'agentrun: '\n{out}"
+        );
+    }
+}
+
+#[test]
+fn missing_image_is_125() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    exec_with(["--image", "nope"], ["true"])
+        .root(dir.path())
+        .run()
+        .assert_agentrun_error();
+}
+
+#[test]
+fn nonexistent_workspace_is_125() {
+    let Some(_l) = setup() else { return };
+    exec_with(["--workspace", "/nonexistent/agentrun-e2e/ws"], ["true"])
+        .run()
+        .assert_agentrun_error();
+}
+
+#[test]
+fn workspace_that_is_a_file_is_125() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let f = dir.path().join("file");
+    fs::write(&f, "x").unwrap();
+    exec_with(["--workspace".as_ref(), f.as_os_str()], ["true"])
+        .run()
+        .assert_agentrun_error();
+}
+
+/// A read-only bind mount of a temp dir; unmounted on drop.
+struct RoMount(std::path::PathBuf);
+
+impl RoMount {
+    fn new(src: &std::path::Path, dst: &std::path::Path) -> RoMount {
+        let s = CString::new(src.to_str().unwrap()).unwrap();
+        let d = CString::new(dst.to_str().unwrap()).unwrap();
+        // SAFETY: valid C strings, no data argument.
+        unsafe {
+            let r = libc::mount(
+                s.as_ptr(),
+                d.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            );
+            assert_eq!(r, 0, "bind mount: {}", std::io::Error::last_os_error());
+            let m = RoMount(dst.to_path_buf());
+            let r = libc::mount(
+                std::ptr::null(),
+                d.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                std::ptr::null(),
+            );
+            assert_eq!(r, 0, "remount ro: {}", std::io::Error::last_os_error());
+            m
+        }
+    }
+}
+
+impl Drop for RoMount {
+    fn drop(&mut self) {
+        let d = CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: valid C string.
+        unsafe { libc::umount2(d.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn unwritable_workspace_is_125() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let src = dir.path().join("src");
+    let ws = dir.path().join("ws");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&ws).unwrap();
+    let _m = RoMount::new(&src, &ws);
+    exec_with(["--workspace".as_ref(), ws.as_os_str()], ["true"])
+        .run()
+        .assert_agentrun_error();
+}
+
+#[test]
+fn exec_without_command_is_usage_error() {
+    let _l = setup_noroot();
+    for args in [&["exec"][..], &["exec", "--"][..]] {
+        let out = agentrun(args).run();
+        assert_ne!(out.status.code(), Some(0), "{out}");
+        let err = out.stderr().to_lowercase();
+        assert!(
+            ["usage", "required", "missing", "<cmd>"]
+                .iter()
+                .any(|w| err.contains(w)),
+            "a usage error naming the missing command expected\n{out}"
+        );
+        assert!(!out.pipes_left_open, "{out}");
+    }
+}
