@@ -190,3 +190,97 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
         .annotations(annotations)
         .build()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> SpecInput {
+        let profile = agentrun_policy::Profile::builtin("default").unwrap();
+        SpecInput {
+            sandbox_id: "ar-test".into(),
+            image_name: "host".into(),
+            args: vec!["true".into()],
+            env: vec!["PATH=/usr/bin".into()],
+            cwd: "/workspace".into(),
+            resources: agentrun_policy::Resources {
+                memory_bytes: 64 << 20,
+                ..profile.resources
+            },
+            binds: vec![BindMount {
+                source: "/run/agentrun/sandboxes/ar-test/mnt/0".into(),
+                target: "/usr".into(),
+                writable: false,
+            }],
+            seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())
+                .unwrap(),
+            init_caps: vec![Capability::CAP_KILL, Capability::CAP_NET_ADMIN],
+            host_nofile_max: 512,
+            swap_limit: true,
+        }
+    }
+
+    #[test]
+    fn spec_isolates_and_limits() {
+        let spec = build(&input()).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        let ns: Vec<_> = linux
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|n| n.typ())
+            .collect();
+        for t in [
+            LinuxNamespaceType::User,
+            LinuxNamespaceType::Network,
+            LinuxNamespaceType::Pid,
+            LinuxNamespaceType::Mount,
+            LinuxNamespaceType::Cgroup,
+        ] {
+            assert!(ns.contains(&t), "{t:?}");
+        }
+        let map = &linux.uid_mappings().as_ref().unwrap()[0];
+        assert_eq!((map.container_id(), map.host_id()), (0, UID_BASE));
+        assert_eq!(
+            linux.cgroups_path().as_deref(),
+            Some(std::path::Path::new("/agentrun/ar-test"))
+        );
+        let mem = linux
+            .resources()
+            .as_ref()
+            .unwrap()
+            .memory()
+            .as_ref()
+            .unwrap();
+        assert_eq!(mem.limit(), Some(64 << 20));
+        assert_eq!(mem.swap(), Some(64 << 20), "memory+swap == memory: no swap");
+        assert!(linux.seccomp().is_some());
+        let process = spec.process().as_ref().unwrap();
+        assert_eq!(process.no_new_privileges(), Some(true));
+        let rl = process.rlimits().as_ref().unwrap();
+        assert!(rl
+            .iter()
+            .any(|r| r.typ() == PosixRlimitType::RlimitNofile && r.hard() == 512));
+        assert!(rl
+            .iter()
+            .any(|r| r.typ() == PosixRlimitType::RlimitCore && r.hard() == 0));
+        let bounding = process
+            .capabilities()
+            .as_ref()
+            .unwrap()
+            .bounding()
+            .as_ref()
+            .unwrap();
+        assert_eq!(bounding.len(), 2);
+        let mounts = spec.mounts().as_ref().unwrap();
+        assert!(!mounts
+            .iter()
+            .any(|m| m.destination() == std::path::Path::new("/sys/fs/cgroup")));
+        let usr = mounts
+            .iter()
+            .find(|m| m.destination() == std::path::Path::new("/usr"))
+            .unwrap();
+        assert!(usr.options().as_ref().unwrap().contains(&"ro".to_string()));
+    }
+}
