@@ -239,3 +239,19 @@ fn exec_without_command_is_usage_error() {
         assert!(!out.pipes_left_open, "{out}");
     }
 }
+
+#[test]
+fn state_dir_under_private_parent_is_125_and_says_why() {
+    let Some(_l) = setup() else { return };
+    // Like `mktemp -d`: mode 0700, so the sandbox's unprivileged uid cannot search it.
+    let dir = tempdir();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let out = exec(["true"])
+        .env("AGENTRUN_STATE_DIR", dir.path().join("state"))
+        .run();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("not searchable"), "{out}");
+}

@@ -225,6 +225,7 @@ impl Sandbox {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
         }
+        check_searchable(&paths.sandboxes())?;
         fs::create_dir(&state).map_err(|e| RuntimeError::io("create", &state, e))?;
         let mut sandbox = Sandbox {
             id: id.clone(),
@@ -604,6 +605,25 @@ pub(crate) fn destroy_leftovers(
     rootfs::unmount_all(&state)?;
     remove_dir(&state)?;
     remove_dir(&paths.containers().join(id))?;
+    Ok(())
+}
+
+/// The container's init sets up mounts as the sandbox's unprivileged uid, so every directory
+/// above the state dir must be searchable by others (a `mktemp -d` parent, mode 0700, is not).
+fn check_searchable(dir: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    for d in dir.ancestors() {
+        let Ok(meta) = fs::metadata(d) else { continue };
+        if meta.mode() & 0o001 == 0 {
+            return Err(RuntimeError::InvalidInput(format!(
+                "state dir {} is not usable: {} (mode {:o}) is not searchable by the sandbox's \
+                 uid; use a directory whose parents are world-searchable (chmod o+x)",
+                dir.display(),
+                d.display(),
+                meta.mode() & 0o7777
+            )));
+        }
+    }
     Ok(())
 }
 
