@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use oci_spec::runtime::{
-    LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder,
+    LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArg, LinuxSeccompArgBuilder, LinuxSeccompBuilder,
     LinuxSeccompOperator, LinuxSyscall, LinuxSyscallBuilder,
 };
 use seccompiler::{
@@ -59,32 +59,19 @@ const CLONE_NS_FLAGS: &[u64] = &[
 /// namespace-creating `clone` (EPERM), `clone3` (ENOSYS, so libc falls back to `clone`, whose
 /// flags a filter can inspect), and the terminal-injection ioctls TIOCSTI/TIOCLINUX (EPERM).
 pub fn default_profile(denied: &[&str]) -> Result<LinuxSeccomp, SeccompError> {
-    let errno_rule = |names: Vec<String>, errno: u32| {
-        LinuxSyscallBuilder::default()
-            .names(names)
-            .action(LinuxSeccompAction::ScmpActErrno)
-            .errno_ret(errno)
-            .build()
-    };
     let mut syscalls: Vec<LinuxSyscall> = vec![
-        errno_rule(denied.iter().map(|s| s.to_string()).collect(), EPERM)?,
-        errno_rule(vec!["clone3".into()], ENOSYS)?,
+        errno_rule(denied, EPERM, None)?,
+        errno_rule(&["clone3"], ENOSYS, None)?,
     ];
     for flag in CLONE_NS_FLAGS {
+        // (flags & FLAG) == FLAG
         let arg = LinuxSeccompArgBuilder::default()
             .index(0usize)
             .value(*flag)
             .value_two(*flag)
             .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
             .build()?;
-        syscalls.push(
-            LinuxSyscallBuilder::default()
-                .names(vec!["clone".to_string()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(EPERM)
-                .args(vec![arg])
-                .build()?,
-        );
+        syscalls.push(errno_rule(&["clone"], EPERM, Some(arg))?);
     }
     for req in [libc::TIOCSTI, libc::TIOCLINUX] {
         let arg = LinuxSeccompArgBuilder::default()
@@ -92,19 +79,28 @@ pub fn default_profile(denied: &[&str]) -> Result<LinuxSeccomp, SeccompError> {
             .value(req)
             .op(LinuxSeccompOperator::ScmpCmpEq)
             .build()?;
-        syscalls.push(
-            LinuxSyscallBuilder::default()
-                .names(vec!["ioctl".to_string()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(EPERM)
-                .args(vec![arg])
-                .build()?,
-        );
+        syscalls.push(errno_rule(&["ioctl"], EPERM, Some(arg))?);
     }
     Ok(LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActAllow)
         .syscalls(syscalls)
         .build()?)
+}
+
+/// A rule failing `names` with `errno`, when `arg` matches if one is given.
+fn errno_rule(
+    names: &[&str],
+    errno: u32,
+    arg: Option<LinuxSeccompArg>,
+) -> Result<LinuxSyscall, SeccompError> {
+    let mut b = LinuxSyscallBuilder::default()
+        .names(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(errno);
+    if let Some(arg) = arg {
+        b = b.args(vec![arg]);
+    }
+    Ok(b.build()?)
 }
 
 fn action(a: LinuxSeccompAction, errno: Option<u32>) -> Result<SeccompAction, SeccompError> {
