@@ -8,7 +8,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -226,7 +226,11 @@ impl Sandbox {
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
         }
         check_searchable(&paths.sandboxes())?;
-        fs::create_dir(&state).map_err(|e| RuntimeError::io("create", &state, e))?;
+        // Searchable (the sandbox uid walks it to its rootfs and mounts), not listable.
+        fs::DirBuilder::new()
+            .mode(0o711)
+            .create(&state)
+            .map_err(|e| RuntimeError::io("create", &state, e))?;
         let mut sandbox = Sandbox {
             id: id.clone(),
             state: state.clone(),
@@ -331,6 +335,9 @@ impl Sandbox {
         spec.save(&config_path).map_err(|e| {
             RuntimeError::Container(format!("writing {}: {e}", config_path.display()))
         })?;
+        // It holds the environment (-e values can be secrets): root only.
+        fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))
+            .map_err(|e| RuntimeError::io("chmod", &config_path, e))?;
 
         let mut writable: Vec<PathBuf> = profile.writable_paths.clone();
         writable.extend(
@@ -537,7 +544,11 @@ impl Sandbox {
     /// Keeps a copy of the bundle's config.json under the state dir's `kept/`; returns it.
     pub fn keep_bundle(&self) -> Result<PathBuf, RuntimeError> {
         let dir = self.paths.kept().join(&self.id);
-        fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| RuntimeError::io("create", &dir, e))?;
         let dst = dir.join("config.json");
         fs::copy(self.config_path(), &dst).map_err(|e| RuntimeError::io("copy", &dst, e))?;
         Ok(dir)
