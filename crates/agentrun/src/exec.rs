@@ -7,9 +7,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agentrun_image::ImageStore;
-use agentrun_policy::{format_bytes, parse_bytes, parse_duration, validate_env_key, Profile};
+use agentrun_policy::{
+    format_bytes, parse_bytes, parse_duration, validate_env_key, Profile, ResourceOverrides,
+};
+use agentrun_pool::client::DaemonClient;
+use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
+use agentrun_pool::PoolError;
 use agentrun_runtime::rootfs::UserMount;
-use agentrun_runtime::{HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxConfig, SandboxStdio};
+use agentrun_runtime::{Enforcement, HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxStdio};
 use agentrun_telemetry::RunSpan;
 use anyhow::{bail, Context};
 use clap::Args;
@@ -71,31 +76,10 @@ pub struct ExecArgs {
 }
 
 /// Everything exec needs, validated.
-struct Plan {
-    image: String,
-    profile: Profile,
-    command: Vec<String>,
-    env: Vec<(String, String)>,
-    workspace: Option<PathBuf>,
-    mounts: Vec<UserMount>,
-    cwd: Option<PathBuf>,
-    timeout: Option<Duration>,
-    memory_bytes: u64,
-}
-
-impl Plan {
-    fn sandbox_config(&self, image: agentrun_image::Image) -> SandboxConfig {
-        let mut b = SandboxConfig::builder(image, self.profile.clone(), self.command.clone())
-            .workspace(self.workspace.clone())
-            .cwd(self.cwd.clone());
-        for (k, v) in &self.env {
-            b = b.env(k.clone(), v.clone());
-        }
-        for m in &self.mounts {
-            b = b.mount(m.clone());
-        }
-        b.build()
-    }
+pub(crate) struct Plan {
+    pub(crate) request: ExecRequest,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) memory_bytes: u64,
 }
 
 pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
@@ -115,7 +99,7 @@ pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
     ExitCode::from(code as u8)
 }
 
-fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
+pub(crate) fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
     let msg = one_line(&format!("{e:#}"));
     eprintln!("agentrun: {msg}");
     span.set_error(kind, &msg);
@@ -143,27 +127,35 @@ fn record_command(span: &mut RunSpan, command: &[String]) {
 
 /// Parses and checks everything before any sandbox exists, so bad input costs nothing.
 fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
-    let mut profile = Profile::load(&args.profile)?;
-    let r = &mut profile.resources;
-    if let Some(m) = &args.memory {
-        r.memory_bytes = parse_bytes(m).context("--memory")?;
-    }
-    if let Some(p) = args.pids {
-        r.pids = p;
-    }
-    if let Some(c) = args.cpus {
-        r.cpus = c;
-    }
-    if let Some(t) = &args.tmpfs_size {
-        r.tmpfs_bytes = parse_bytes(t).context("--tmpfs-size")?;
-    }
-    if let Some(t) = &args.timeout {
-        r.timeout = Some(parse_duration(t).context("--timeout")?);
-    }
-    agentrun_policy::validate_resources(r).map_err(|(field, why)| {
-        let flag = field.trim_start_matches("resources.").replace('_', "-");
-        anyhow::anyhow!("--{flag}: {why}")
-    })?;
+    let overrides = ResourceOverrides {
+        memory_bytes: args
+            .memory
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()
+            .context("--memory")?,
+        pids: args.pids,
+        cpus: args.cpus,
+        tmpfs_bytes: args
+            .tmpfs_size
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()
+            .context("--tmpfs-size")?,
+        timeout_ms: args
+            .timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .context("--timeout")?
+            .map(|d| d.as_millis() as u64),
+    };
+    let profile = Profile::load(&args.profile)?
+        .with_overrides(&overrides)
+        .map_err(|(field, why)| {
+            let flag = field.trim_start_matches("resources.").replace('_', "-");
+            anyhow::anyhow!("--{flag}: {why}")
+        })?;
 
     let workspace = match &args.workspace {
         Some(dir) => Some(check_dir(dir, true, "--workspace")?),
@@ -213,15 +205,20 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
     env.push(("TRACEPARENT".into(), span.traceparent()));
 
     Ok(Plan {
-        image: args.image,
         timeout: profile.resources.timeout,
         memory_bytes: profile.resources.memory_bytes,
-        profile,
-        command: args.command,
-        env,
-        workspace,
-        mounts,
-        cwd: args.cwd,
+        request: ExecRequest {
+            recipe: SandboxRecipe {
+                image: args.image,
+                profile: args.profile,
+                overrides,
+                workspace,
+                mounts,
+            },
+            args: args.command,
+            env,
+            cwd: args.cwd,
+        },
     })
 }
 
@@ -256,44 +253,53 @@ fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
-    let image = ImageStore::open(&paths.root).and_then(|s| s.resolve(&plan.image));
-    let config = match image {
-        Ok(img) => plan.sandbox_config(img),
-        Err(e) => {
-            let kind = if matches!(e, agentrun_image::ImageError::NotFound(_)) {
-                "image_not_found"
-            } else {
-                "image"
-            };
-            return fail(span, kind, &e.into());
+    let socket = agentrun_pool::daemon::default_socket(&paths.state_dir);
+    let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
+    if !no_daemon && !keep_bundle {
+        if let Some(client) = DaemonClient::connect(&socket) {
+            return crate::warm::execute(&client, &plan, span);
         }
+    }
+    execute_cold(plan, paths, keep_bundle, span)
+}
+
+/// The cold path: build, run and destroy one sandbox in this process.
+fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+    let store = match ImageStore::open(&paths.root) {
+        Ok(s) => s,
+        Err(e) => return fail(span, "image", &e.into()),
     };
+    let req = &plan.request;
+    let config =
+        match req
+            .recipe
+            .to_config(&store, req.args.clone(), req.env.clone(), req.cwd.clone())
+        {
+            Ok(c) => c,
+            Err(e) => {
+                let kind = match &e {
+                    PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
+                    _ => "invalid_input",
+                };
+                return fail(span, kind, &e.into());
+            }
+        };
     let runtime_paths = RuntimePaths::new(&paths.state_dir);
     // Clean up after runs that were killed; cheap when there is nothing to do.
     let _ = agentrun_runtime::gc::collect(&runtime_paths);
     let host = HostInfo::probe();
 
-    // Signals are taken synchronously from here on so the sandbox is always torn down.
-    let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        mask.add(s);
-    }
-    let signals = mask
-        .thread_block()
-        .ok()
-        .and_then(|_| SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).ok());
-
+    let signals = block_signals();
     let stdin = match stdin_fd() {
         Ok(fd) => fd,
         Err(e) => return fail(span, "io", &e),
     };
-    let mut sandbox = match Sandbox::create(&config, &runtime_paths, &host, SandboxStdio { stdin })
-    {
+    let mut sandbox = match Sandbox::create(
+        &config,
+        &runtime_paths,
+        &host,
+        SandboxStdio::Piped { stdin },
+    ) {
         Ok(s) => s,
         Err(e) => {
             let kind = e.kind();
@@ -306,7 +312,7 @@ fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> 
     };
     span.set_attribute("sandbox.id", sandbox.id().to_string());
     span.set_attribute("container.id", sandbox.id().to_string());
-    record_enforcement(span, &sandbox);
+    record_enforcement(span, sandbox.enforcement());
     if keep_bundle {
         match sandbox.keep_bundle() {
             Ok(dir) => eprintln!("agentrun: bundle kept at {}", dir.display()),
@@ -335,8 +341,25 @@ fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> 
     if let Err(e) = destroyed {
         eprintln!("agentrun: warning: cleanup incomplete ({e}); `agentrun gc` will retry");
     }
-    report(&outcome, &plan, span);
+    report(&outcome, &plan, span, true);
     outcome.exit_code
+}
+
+/// Takes SIGINT/SIGTERM/SIGHUP/SIGQUIT synchronously from here on, so they are forwarded to
+/// the sandbox and the sandbox is always torn down.
+pub(crate) fn block_signals() -> Option<SignalFd> {
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        mask.add(s);
+    }
+    mask.thread_block()
+        .ok()
+        .and_then(|_| SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).ok())
 }
 
 /// The command's stdin: ours, duplicated (or /dev/null when we have none).
@@ -348,8 +371,7 @@ fn stdin_fd() -> anyhow::Result<OwnedFd> {
     }
 }
 
-fn record_enforcement(span: &mut RunSpan, sandbox: &Sandbox) {
-    let e = sandbox.enforcement();
+pub(crate) fn record_enforcement(span: &mut RunSpan, e: &Enforcement) {
     span.set_attribute("sandbox.enforce.landlock", e.landlock.clone());
     span.set_attribute("sandbox.enforce.landlock_abi", i64::from(e.landlock_abi));
     span.set_attribute("sandbox.enforce.seccomp", e.seccomp);
@@ -360,7 +382,9 @@ fn record_enforcement(span: &mut RunSpan, sandbox: &Sandbox) {
     span.set_attribute("sandbox.enforce.loopback", e.loopback);
 }
 
-fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan) {
+/// Tells the user why a run ended when agentrun ended it, and records the outcome on the span.
+/// `output_counted`: the bytes went through agentrun (cold path), so the counts are real.
+pub(crate) fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan, output_counted: bool) {
     let mut err = std::io::stderr().lock();
     if o.timed_out {
         let t = plan.timeout.unwrap_or_default();
@@ -380,8 +404,10 @@ fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan) {
     span.set_attribute("sandbox.timed_out", o.timed_out);
     span.set_attribute("sandbox.oom_killed", o.oom_killed);
     span.set_attribute("sandbox.duration_ms", o.run_duration.as_millis() as i64);
-    span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
-    span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);
+    if output_counted {
+        span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
+        span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);
+    }
     if let Some(peak) = o.stats.peak_memory_bytes {
         span.set_attribute("sandbox.memory_peak_bytes", peak as i64);
     }

@@ -6,6 +6,8 @@
 mod exec;
 mod image;
 mod info;
+mod serve;
+mod warm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,6 +56,17 @@ enum Command {
     Image(image::ImageCommand),
     /// Remove what killed runs left behind (processes, mounts, cgroups, state dirs).
     Gc,
+    /// Run the daemon: a warm pool of ready sandboxes that `agentrun exec` uses.
+    Serve(serve::ServeArgs),
+    /// List the daemon's sandboxes.
+    Ps {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The daemon's pool.
+    #[command(subcommand)]
+    Pool(serve::PoolCommand),
 }
 
 /// Global paths, shared by the subcommands.
@@ -84,6 +97,9 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(args, &paths),
         Command::Image(cmd) => image::run(cmd, &paths),
         Command::Gc => gc(&paths),
+        Command::Serve(args) => serve::serve(args, &paths),
+        Command::Ps { json } => serve::ps(json, &paths),
+        Command::Pool(cmd) => serve::pool(cmd, &paths),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
@@ -220,6 +220,61 @@ impl Profile {
             env_defaults: raw.env.defaults,
             seccomp_baseline: baseline,
         })
+    }
+}
+
+/// Per-run changes to a profile's resources (command-line flags, API fields).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceOverrides {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+    pub cpus: Option<f64>,
+    pub tmpfs_bytes: Option<u64>,
+    pub timeout_ms: Option<u64>,
+}
+
+impl ResourceOverrides {
+    /// True when nothing that shapes the sandbox itself is overridden (a timeout is enforced
+    /// from outside, so it does not count).
+    pub fn shapes_nothing(&self) -> bool {
+        self.memory_bytes.is_none()
+            && self.pids.is_none()
+            && self.cpus.is_none()
+            && self.tmpfs_bytes.is_none()
+    }
+}
+
+impl Profile {
+    /// A process's whole environment (`KEY=VALUE`): the profile's defaults, then `extra`
+    /// (later entries win). Nothing comes from the host.
+    pub fn environment(&self, extra: &[(String, String)]) -> Vec<String> {
+        let mut env = self.env_defaults.clone();
+        for (k, v) in extra {
+            env.insert(k.clone(), v.clone());
+        }
+        env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    /// The profile with `o` applied, validated; errors name the field (`resources.memory`).
+    pub fn with_overrides(mut self, o: &ResourceOverrides) -> Result<Self, (&'static str, String)> {
+        let r = &mut self.resources;
+        if let Some(v) = o.memory_bytes {
+            r.memory_bytes = v;
+        }
+        if let Some(v) = o.pids {
+            r.pids = v;
+        }
+        if let Some(v) = o.cpus {
+            r.cpus = v;
+        }
+        if let Some(v) = o.tmpfs_bytes {
+            r.tmpfs_bytes = v;
+        }
+        if let Some(v) = o.timeout_ms {
+            r.timeout = Some(Duration::from_millis(v));
+        }
+        validate_resources(r)?;
+        Ok(self)
     }
 }
 

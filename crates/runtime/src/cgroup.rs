@@ -107,6 +107,12 @@ impl CgroupMode {
             .unwrap_or_default()
     }
 
+    /// How long ago a sandbox's cgroup was created (its pids-controller dir's mtime).
+    pub fn age(self, id: &str) -> Option<std::time::Duration> {
+        let modified = fs::metadata(self.dir("pids", id)).ok()?.modified().ok()?;
+        std::time::SystemTime::now().duration_since(modified).ok()
+    }
+
     /// Sandbox ids that have a cgroup (in any controller), for garbage collection.
     pub fn sandbox_ids(self) -> Vec<String> {
         let parents: Vec<PathBuf> = if self.unified() {

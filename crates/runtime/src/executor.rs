@@ -17,25 +17,35 @@
 
 use std::ffi::CString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use caps::{CapSet, Capability, CapsHashSet};
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, pipe2, setpgid, ForkResult, Pid};
 use oci_spec::runtime::Spec;
 
+use crate::control::{self, InitRequest, InitResult, INIT_CONTROL_FD};
 use crate::landlock::{self, LandlockRules};
 use crate::seccomp;
 
 /// Exit code when the sandbox could not be set up around the command.
 pub const EXIT_SETUP_FAILED: i32 = 125;
 
+/// How the init gets its command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InitMode {
+    /// Run the spec's `process` (args, env, cwd) on the container's own stdio.
+    Spec,
+    /// Pooled: wait for one [`InitRequest`] on [`INIT_CONTROL_FD`], run it on the fds that
+    /// came with it, answer with an [`InitResult`].
+    Serve,
+}
+
 /// What the executor enforces besides what the spec says.
 #[derive(Clone, Debug)]
 pub struct SandboxExecutor {
+    pub mode: InitMode,
     /// Landlock rules for the command; `None` in OCI mode without a profile annotation.
     pub landlock: Option<LandlockRules>,
     /// The host's Landlock ABI (probed before the container was created).
@@ -69,20 +79,70 @@ impl Executor for SandboxExecutor {
     }
 }
 
+/// A command ready to fork: C strings prepared before forking.
+struct Command {
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    /// stdin, stdout, stderr for the command (`None`: the init's own).
+    stdio: Option<[OwnedFd; 3]>,
+}
+
+fn cstrings(v: &[String]) -> Result<Vec<CString>, ExecutorError> {
+    v.iter()
+        .map(|a| CString::new(a.as_bytes()).map_err(|_| ExecutorError::InvalidArg))
+        .collect()
+}
+
+impl Command {
+    fn from_spec(spec: &Spec) -> Result<Self, ExecutorError> {
+        let process = spec.process().as_ref().ok_or(ExecutorError::InvalidArg)?;
+        let args = process.args().clone().unwrap_or_default();
+        // libcontainer already set the spec's environment on this process.
+        let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+        Command::new(&args, &env, &process.cwd().to_string_lossy(), None)
+    }
+
+    fn from_request(req: InitRequest, fds: Vec<OwnedFd>) -> Result<Self, ExecutorError> {
+        let stdio: [OwnedFd; 3] = fds
+            .try_into()
+            .map_err(|_| ExecutorError::Other("a run needs exactly 3 fds (stdio)".into()))?;
+        Command::new(&req.argv, &req.env, &req.cwd, Some(stdio))
+    }
+
+    fn new(
+        args: &[String],
+        env: &[String],
+        cwd: &str,
+        stdio: Option<[OwnedFd; 3]>,
+    ) -> Result<Self, ExecutorError> {
+        if args.is_empty() {
+            return Err(ExecutorError::InvalidArg);
+        }
+        Ok(Command {
+            argv: cstrings(args)?,
+            env: cstrings(env)?,
+            cwd: CString::new(cwd).map_err(|_| ExecutorError::InvalidArg)?,
+            stdio,
+        })
+    }
+
+    /// Where the init writes messages about this command (its stderr).
+    fn stderr(&self) -> RawFd {
+        self.stdio.as_ref().map_or(2, |s| s[2].as_raw_fd())
+    }
+}
+
 impl SandboxExecutor {
     /// Sets up, forks the command and supervises it; returns only on a setup error.
     fn start(&self, spec: &Spec) -> Result<(), ExecutorError> {
         let fail = |msg: String| ExecutorError::Other(msg);
-        let args = spec
-            .process()
-            .as_ref()
-            .and_then(|p| p.args().clone())
-            .filter(|a| !a.is_empty())
-            .ok_or(ExecutorError::InvalidArg)?;
-        let argv: Vec<CString> = args
-            .iter()
-            .map(|a| CString::new(a.as_bytes()).map_err(|_| ExecutorError::InvalidArg))
-            .collect::<Result<_, _>>()?;
+        let control = self.mode == InitMode::Serve;
+        // Nothing of the creating process may stay open in the sandbox: libcontainer only
+        // marks these close-on-exec, and this process never execs.
+        let first_closed = if control { INIT_CONTROL_FD + 1 } else { 3 };
+        // SAFETY: close_range on fds this process owns; none of them is used past this point.
+        unsafe { libc::close_range(first_closed as u32, u32::MAX, 0) };
         // Compile before forking, so a bad profile fails the setup, not the command.
         let filters = match spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) {
             Some(section) => seccomp::compile(section).map_err(|e| fail(e.to_string()))?,
@@ -96,6 +156,22 @@ impl SandboxExecutor {
         // credential change (they clear it): if agentrun dies, the sandbox dies with it.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
 
+        let (command, control_fd) = if control {
+            // SAFETY: fd 3 was preserved by libcontainer for us and nothing else owns it.
+            let fd = unsafe { OwnedFd::from_raw_fd(INIT_CONTROL_FD) };
+            let _ = nix::fcntl::fcntl(
+                fd.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            );
+            let (req, fds) = control::recv_json::<InitRequest>(fd.as_fd())
+                .map_err(|e| fail(e.to_string()))?
+                // The host closed the channel: this sandbox is not wanted any more.
+                .ok_or_else(|| fail("control channel closed".into()))?;
+            (Command::from_request(req, fds)?, Some(fd))
+        } else {
+            (Command::from_spec(spec)?, None)
+        };
+
         let all = SigSet::all();
         sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None)
             .map_err(|e| fail(format!("sigprocmask: {e}")))?;
@@ -106,14 +182,17 @@ impl SandboxExecutor {
         match unsafe { fork() }.map_err(|e| fail(format!("fork: {e}")))? {
             ForkResult::Child => {
                 drop(err_r);
-                let code = self.run_command(&argv, &filters, err_w);
+                let code = self.run_command(&command, &filters, err_w);
                 // SAFETY: leave without running the parent's exit handlers.
                 unsafe { libc::_exit(code) }
             }
             ForkResult::Parent { child } => {
                 drop(err_w);
-                let code = supervise(child, err_r, &args[0]);
-                std::process::exit(code)
+                let result = supervise(child, err_r, &command);
+                if let Some(fd) = control_fd {
+                    let _ = control::send_json(fd.as_fd(), &result, &[]);
+                }
+                std::process::exit(result.exit_code)
             }
         }
     }
@@ -121,16 +200,31 @@ impl SandboxExecutor {
     /// In the forked child: confine, then exec. Returns an exit code only on failure.
     fn run_command(
         &self,
-        argv: &[CString],
+        command: &Command,
         filters: &[seccompiler::BpfProgram],
         err_w: OwnedFd,
     ) -> i32 {
         let report = |msg: String| {
-            let _ = writeln!(std::io::stderr(), "{}: {msg}", self.program);
+            let line = format!("{}: {msg}\n", self.program);
+            // SAFETY: write(2) of a buffer we own to the command's stderr fd.
+            let _ = unsafe { libc::write(command.stderr(), line.as_ptr().cast(), line.len()) };
             EXIT_SETUP_FAILED
         };
         let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
         reset_signals();
+        if let Some(stdio) = &command.stdio {
+            for (target, fd) in stdio.iter().enumerate() {
+                if let Err(e) = nix::unistd::dup2(fd.as_raw_fd(), target as RawFd) {
+                    return report(format!("stdio: {e}"));
+                }
+            }
+        }
+        if let Err(e) = nix::unistd::chdir(command.cwd.as_c_str()) {
+            return report(format!(
+                "cannot enter {}: {e}",
+                command.cwd.to_string_lossy()
+            ));
+        }
         if let Some(rules) = &self.landlock {
             if let Err(e) = landlock::restrict(rules, self.landlock_abi) {
                 return report(e.to_string());
@@ -139,7 +233,7 @@ impl SandboxExecutor {
         if let Err(e) = seccomp::install(filters) {
             return report(e.to_string());
         }
-        let err = nix::unistd::execvp(&argv[0], argv).unwrap_err();
+        let err = nix::unistd::execvpe(&command.argv[0], &command.argv, &command.env).unwrap_err();
         let _ = nix::unistd::write(&err_w, &(err as i32).to_ne_bytes());
         match err {
             nix::Error::ENOENT | nix::Error::ENOTDIR => 127,
@@ -184,8 +278,8 @@ fn reset_signals() {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
-/// The init loop: forward signals, reap, and return the command's exit code.
-fn supervise(child: Pid, err_r: OwnedFd, program: &str) -> i32 {
+/// The init loop: forward signals, reap, and return how the command ended.
+fn supervise(child: Pid, err_r: OwnedFd, command: &Command) -> InitResult {
     let mut buf = [0u8; 4];
     let exec_errno = match nix::unistd::read(err_r.as_raw_fd(), &mut buf) {
         Ok(4) => Some(nix::Error::from_raw(i32::from_ne_bytes(buf))),
@@ -197,7 +291,10 @@ fn supervise(child: Pid, err_r: OwnedFd, program: &str) -> i32 {
             nix::Error::ENOENT => "command not found".to_string(),
             e => e.desc().to_lowercase(),
         };
-        let _ = writeln!(std::io::stderr(), "agentrun: {program}: {what}");
+        let program = command.argv[0].to_string_lossy();
+        let line = format!("agentrun: {program}: {what}\n");
+        // SAFETY: write(2) of a buffer we own to the command's stderr fd.
+        let _ = unsafe { libc::write(command.stderr(), line.as_ptr().cast(), line.len()) };
     }
     let all = SigSet::all();
     loop {
@@ -212,24 +309,34 @@ fn supervise(child: Pid, err_r: OwnedFd, program: &str) -> i32 {
             }
             continue;
         }
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == child => return code,
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => return 128 + sig as i32,
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => continue,
+        while let Some((pid, status, usage)) = reap_one() {
+            if pid != child.as_raw() {
+                continue;
             }
+            let (exit_code, signal) = if libc::WIFSIGNALED(status) {
+                let s = libc::WTERMSIG(status);
+                (128 + s, Some(s))
+            } else {
+                (libc::WEXITSTATUS(status), None)
+            };
+            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+            return InitResult {
+                exit_code,
+                signal,
+                user_us: us(usage.ru_utime),
+                system_us: us(usage.ru_stime),
+                max_rss_kb: usage.ru_maxrss as u64,
+            };
         }
     }
 }
 
-/// The in-sandbox paths that are writable, from the profile's list plus mounts.
-pub fn writable_paths(
-    profile: &[PathBuf],
-    extra: impl IntoIterator<Item = PathBuf>,
-) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = profile.iter().cloned().chain(extra).collect();
-    v.sort();
-    v.dedup();
-    v
+/// Reaps one exited child without blocking: (pid, wait status, rusage).
+fn reap_one() -> Option<(i32, i32, libc::rusage)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; wait4 fills it for the reaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 with valid out-pointers.
+    let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
+    (pid > 0).then_some((pid, status, usage))
 }

@@ -2,8 +2,9 @@
 //!
 //! A sandbox's state dir records its owner (`pid starttime`). A sandbox whose owner is gone is
 //! dead: its processes are killed (they usually died with the owner through PDEATHSIG), and
-//! its cgroups, mounts, container state and state dir removed. Cgroups under `agentrun/`
-//! without a state dir are removed too. Run by `agentrun gc` and at the start of every run.
+//! its cgroups, mounts, container state and state dir removed. Empty, old cgroups under
+//! `agentrun/` without a state dir are removed too (one with processes may be another state
+//! dir's live sandbox and is left alone). Run by `agentrun gc` and at the start of every run.
 
 use std::fs;
 use std::time::{Duration, SystemTime};
@@ -62,10 +63,17 @@ pub fn collect(paths: &RuntimePaths) -> GcReport {
     }
     if let Some(cg) = cgroup {
         for id in cg.sandbox_ids() {
-            // A sandbox's state dir exists before its cgroup and outlives it: check it now,
-            // not against the listing above, or a run created meanwhile would look orphaned.
-            if !seen.contains(&id) && !paths.sandboxes().join(&id).exists() {
-                record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
+            // Cgroups are host-wide while state dirs are per AGENTRUN_STATE_DIR: a cgroup
+            // without a state dir here may belong to another agentrun (a daemon, a test).
+            // Only an empty one that has been so for a while is an orphan. A sandbox's state
+            // dir exists before its cgroup and outlives it: check it now, not against the
+            // listing above, or a run created meanwhile would look orphaned.
+            if seen.contains(&id) || paths.sandboxes().join(&id).exists() {
+                continue;
+            }
+            if cg.pids(&id).is_empty() && cg.age(&id).is_some_and(|a| a > CREATION_GRACE) {
+                cg.remove(&id);
+                report.removed.push(id);
             }
         }
     }

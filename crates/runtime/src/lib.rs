@@ -8,6 +8,7 @@
 //! [`host`] says what this host enforces.
 
 pub mod cgroup;
+pub mod control;
 mod error;
 pub mod executor;
 pub mod gc;

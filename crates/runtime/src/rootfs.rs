@@ -25,7 +25,7 @@ use crate::idmap::{attach_clone, MappingNamespace, UID_BASE};
 use crate::spec::BindMount;
 
 /// A host path the user asked to mount into the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct UserMount {
     pub source: PathBuf,
     pub target: PathBuf,

@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 
 use crate::cgroup::{CgroupMode, CgroupStats};
 use crate::error::RuntimeError;
-use crate::executor::SandboxExecutor;
+use crate::executor::{InitMode, SandboxExecutor};
 use crate::host::HostInfo;
 use crate::landlock::LandlockRules;
 use crate::rootfs::{self, UserMount};
@@ -150,7 +150,7 @@ pub struct RunOutcome {
 }
 
 /// What enforcement a sandbox got on this host (recorded on the span).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Enforcement {
     pub landlock: String,
     pub landlock_abi: u32,
@@ -170,16 +170,26 @@ pub struct Sandbox {
     container: Option<Container>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// Host end of a pooled sandbox's control channel.
+    control: Option<OwnedFd>,
     cgroup: Option<CgroupMode>,
     enforcement: Enforcement,
     destroyed: bool,
 }
 
-/// Stdio for the sandboxed command.
-pub struct SandboxStdio {
-    /// Passed to the command as its stdin.
-    pub stdin: OwnedFd,
+/// How the sandbox's command gets its stdio.
+pub enum SandboxStdio {
+    /// Cold path: the spec's command runs at [`Sandbox::run`] with this stdin, its output
+    /// pumped to the caller's writers.
+    Piped { stdin: OwnedFd },
+    /// Pooled: the init waits for one request on a control channel ([`Sandbox::take_control`],
+    /// see [`crate::control`]) that brings the command and its stdio fds.
+    Pooled,
 }
+
+/// Placeholder `process.args` of a pooled sandbox: its command comes later, over the control
+/// channel.
+const POOLED_ARGS: &str = "agentrun-init";
 
 fn random_id() -> String {
     let mut b = [0u8; 6];
@@ -238,6 +248,7 @@ impl Sandbox {
             container: None,
             stdout: None,
             stderr: None,
+            control: None,
             cgroup: host.cgroup,
             enforcement: Enforcement::default(),
             destroyed: false,
@@ -269,7 +280,8 @@ impl Sandbox {
                 "no cgroup filesystem found".into(),
             ));
         };
-        if config.args.is_empty() {
+        let pooled = matches!(stdio, SandboxStdio::Pooled);
+        if config.args.is_empty() && !pooled {
             return Err(RuntimeError::InvalidInput("no command given".into()));
         }
         let profile = &config.profile;
@@ -305,11 +317,7 @@ impl Sandbox {
             init_caps.extend_from_slice(INIT_ONLY_CAPS);
         }
 
-        let mut env = profile.env_defaults.clone();
-        for (k, v) in &config.env {
-            env.insert(k.clone(), v.clone());
-        }
-        let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let env = profile.environment(&config.env);
         let cwd = config
             .cwd
             .clone()
@@ -317,7 +325,11 @@ impl Sandbox {
         let spec = spec::build(&SpecInput {
             sandbox_id: self.id.clone(),
             image_name: config.image.name.clone(),
-            args: config.args.clone(),
+            args: if pooled {
+                vec![POOLED_ARGS.to_string()]
+            } else {
+                config.args.clone()
+            },
             env,
             cwd,
             resources: profile.resources.clone(),
@@ -350,6 +362,11 @@ impl Sandbox {
         writable.sort();
         writable.dedup();
         let executor = SandboxExecutor {
+            mode: if pooled {
+                InitMode::Serve
+            } else {
+                InitMode::Spec
+            },
             landlock: (host.landlock_abi > 0).then_some(LandlockRules { writable }),
             landlock_abi: host.landlock_abi,
             command_caps,
@@ -367,26 +384,78 @@ impl Sandbox {
             loopback,
         };
 
-        let (out_r, out_w) = cloexec_pipe()?;
-        let (err_r, err_w) = cloexec_pipe()?;
-        let container = ContainerBuilder::new(self.id.clone(), SyscallType::default())
+        let builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
             .with_root_path(self.paths.containers())
             .map_err(|e| RuntimeError::Container(e.to_string()))?
-            .with_executor(executor)
-            .with_stdin(stdio.stdin)
-            .with_stdout(out_w)
-            .with_stderr(err_w)
-            .validate_id()
-            .map_err(|e| RuntimeError::Container(e.to_string()))?
-            .as_init(self.state.join("bundle"))
-            .with_systemd(false)
-            .with_detach(true)
-            .build()
-            .map_err(|e| RuntimeError::Container(e.to_string()))?;
+            .with_executor(executor);
+        let container = match stdio {
+            SandboxStdio::Piped { stdin } => {
+                let (out_r, out_w) = cloexec_pipe()?;
+                let (err_r, err_w) = cloexec_pipe()?;
+                self.stdout = Some(out_r);
+                self.stderr = Some(err_r);
+                build_container(
+                    builder
+                        .with_stdin(stdin)
+                        .with_stdout(out_w)
+                        .with_stderr(err_w),
+                    &self.state,
+                )?
+            }
+            SandboxStdio::Pooled => {
+                let (host_end, init_end) = crate::control::seqpacket_pair()?;
+                let log_path = self.state.join("init.log");
+                // Every fd the builder gets is opened while the control end sits at fd 3,
+                // so none of them can be (or alias) fd 3.
+                let container = with_fd_at(init_end, crate::control::INIT_CONTROL_FD, || {
+                    // The init's own messages (setup failures) go to a log in the state dir.
+                    let log = fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&log_path)
+                        .map_err(|e| RuntimeError::io("create", &log_path, e))?;
+                    let log2 = log
+                        .try_clone()
+                        .map_err(|e| RuntimeError::io("dup", &log_path, e))?;
+                    let null = fs::File::open("/dev/null")
+                        .map_err(|e| RuntimeError::io("open", "/dev/null", e))?;
+                    let builder = builder
+                        .with_stdin(OwnedFd::from(null))
+                        .with_stdout(OwnedFd::from(log2))
+                        .with_stderr(OwnedFd::from(log))
+                        .with_preserved_fds(1);
+                    build_container(builder, &self.state)
+                })??;
+                self.control = Some(host_end);
+                container
+            }
+        };
         self.container = Some(container);
-        self.stdout = Some(out_r);
-        self.stderr = Some(err_r);
         Ok(())
+    }
+
+    /// The host end of a pooled sandbox's control channel (once).
+    pub fn take_control(&mut self) -> Option<OwnedFd> {
+        self.control.take()
+    }
+
+    /// Host pid of the sandbox's init, once started.
+    pub fn init_pid(&self) -> Option<i32> {
+        self.container
+            .as_ref()
+            .and_then(|c| c.pid())
+            .map(|p| p.as_raw())
+    }
+
+    /// Lets the init proceed: a pooled init then waits for its request.
+    pub fn start(&mut self) -> Result<(), RuntimeError> {
+        let container = self
+            .container
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Container("sandbox was not created".into()))?;
+        container
+            .start()
+            .map_err(|e| RuntimeError::Container(e.to_string()))
     }
 
     /// Starts the command and pumps its output to `out`/`err` until it exits, the timeout
@@ -399,16 +468,11 @@ impl Sandbox {
         timeout: Option<Duration>,
         signals: Option<&SignalFd>,
     ) -> Result<RunOutcome, RuntimeError> {
-        let container = self
-            .container
-            .as_mut()
-            .ok_or_else(|| RuntimeError::Container("sandbox was not created".into()))?;
         let started = Instant::now();
-        container
-            .start()
-            .map_err(|e| RuntimeError::Container(e.to_string()))?;
-        let init = container
-            .pid()
+        self.start()?;
+        let init = self
+            .init_pid()
+            .map(Pid::from_raw)
             .ok_or_else(|| RuntimeError::Container("container has no init pid".into()))?;
         let pidfd = pidfd_open(init)?;
         let deadline = timeout.map(|t| started + t);
@@ -566,6 +630,7 @@ impl Sandbox {
         self.destroyed = true;
         self.stdout = None;
         self.stderr = None;
+        self.control = None;
         let mut first_err = None;
         if let Some(mut c) = self.container.take() {
             if let Some(pid) = c.pid() {
@@ -689,6 +754,47 @@ impl Stream {
             Err(_) => self.fd = None,
         }
     }
+}
+
+fn build_container(
+    builder: libcontainer::container::builder::ContainerBuilder,
+    state: &Path,
+) -> Result<Container, RuntimeError> {
+    builder
+        .validate_id()
+        .map_err(|e| RuntimeError::Container(e.to_string()))?
+        .as_init(state.join("bundle"))
+        .with_systemd(false)
+        .with_detach(true)
+        .build()
+        .map_err(|e| RuntimeError::Container(e.to_string()))
+}
+
+/// Runs `f` with `fd` installed at number `at` (libcontainer passes fds by number), then puts
+/// back whatever was there. The caller must be single-threaded (see the module doc), and must
+/// not use an fd it already owns at number `at` inside `f`; fds that `f` opens never get `at`.
+fn with_fd_at<T>(fd: OwnedFd, at: RawFd, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    // Keep what occupies `at` aside, above it.
+    let saved = match fcntl(at, FcntlArg::F_DUPFD_CLOEXEC(at + 1)) {
+        // SAFETY: F_DUPFD_CLOEXEC returned a new fd that we own.
+        Ok(n) => Some(unsafe { OwnedFd::from_raw_fd(n) }),
+        Err(_) => None,
+    };
+    // dup2 clears close-on-exec on the target, which is what passing it on needs.
+    nix::unistd::dup2(fd.as_raw_fd(), at).map_err(|e| RuntimeError::sys("dup2", e))?;
+    drop(fd);
+    let out = f();
+    match saved {
+        Some(s) => {
+            let _ = nix::unistd::dup2(s.as_raw_fd(), at);
+            let _ = fcntl(at, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+        }
+        None => {
+            let _ = nix::unistd::close(at);
+        }
+    }
+    Ok(out)
 }
 
 fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {

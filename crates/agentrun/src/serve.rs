@@ -1,0 +1,160 @@
+//! `agentrun serve`, `agentrun ps`, `agentrun pool status`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentrun_pool::client::DaemonClient;
+use agentrun_pool::daemon::{self, DaemonOptions};
+use agentrun_pool::pool::PoolLimits;
+use agentrun_pool::protocol::{ClientMessage, DaemonReply};
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde::Deserialize;
+
+use crate::Paths;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Control socket (root-only); default $AGENTRUN_STATE_DIR/agentrun.sock.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Ready sandboxes kept for the default recipe (image `host`, profile `default`).
+    #[arg(long, value_name = "N")]
+    pool_size: Option<usize>,
+    /// Most sandboxes that may exist at once (ready + running).
+    #[arg(long, value_name = "N")]
+    max_sandboxes: Option<usize>,
+    /// How long SIGTERM waits for running commands before killing them.
+    #[arg(long, value_name = "DURATION")]
+    drain: Option<String>,
+    /// TOML file with `pool_size`, `max_sandboxes`, `drain` (flags win).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// `agentrun serve --config FILE`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    pool_size: Option<usize>,
+    max_sandboxes: Option<usize>,
+    drain: Option<String>,
+}
+
+const DEFAULT_POOL_SIZE: usize = 4;
+const DEFAULT_MAX_SANDBOXES: usize = 64;
+const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
+
+pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
+    let file: ServeConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--config {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?
+        }
+        None => ServeConfig::default(),
+    };
+    let target = args
+        .pool_size
+        .or(file.pool_size)
+        .unwrap_or(DEFAULT_POOL_SIZE);
+    let max = args
+        .max_sandboxes
+        .or(file.max_sandboxes)
+        .unwrap_or(DEFAULT_MAX_SANDBOXES);
+    if max == 0 || target > max {
+        bail!("--pool-size ({target}) must be at most --max-sandboxes ({max}), which must be > 0");
+    }
+    let drain = match args.drain.as_deref().or(file.drain.as_deref()) {
+        Some(d) => agentrun_policy::parse_duration(d).context("--drain")?,
+        None => DEFAULT_DRAIN,
+    };
+    let opts = DaemonOptions {
+        socket: args
+            .socket
+            .unwrap_or_else(|| daemon::default_socket(&paths.state_dir)),
+        root: paths.root.clone(),
+        state_dir: paths.state_dir.clone(),
+        limits: PoolLimits {
+            target,
+            max_sandboxes: max,
+        },
+        drain,
+    };
+    daemon::run(&opts)?;
+    Ok(())
+}
+
+fn call(paths: &Paths, msg: &ClientMessage) -> anyhow::Result<DaemonReply> {
+    let socket = daemon::default_socket(&paths.state_dir);
+    let client = DaemonClient::connect(&socket).with_context(|| {
+        format!(
+            "no daemon answers on {} (start `agentrun serve`)",
+            socket.display()
+        )
+    })?;
+    Ok(client.call(msg)?)
+}
+
+pub fn ps(json: bool, paths: &Paths) -> anyhow::Result<()> {
+    let DaemonReply::Ps { sandboxes } = call(paths, &ClientMessage::Ps)? else {
+        bail!("unexpected reply from the daemon");
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&sandboxes)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<8} {:>8} {:<10} {:<10} {:>8}",
+        "ID", "STATE", "PID", "IMAGE", "PROFILE", "AGE"
+    );
+    for s in sandboxes {
+        println!(
+            "{:<16} {:<8} {:>8} {:<10} {:<10} {:>7.1}s",
+            s.id,
+            s.state,
+            s.pid,
+            s.image,
+            s.profile,
+            s.age_ms as f64 / 1000.0
+        );
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    /// Ready sandboxes and counters of the daemon's pool.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
+    let PoolCommand::Status { json } = cmd;
+    let reply = call(paths, &ClientMessage::PoolStatus)?;
+    let DaemonReply::PoolStatus {
+        pools,
+        running,
+        max_sandboxes,
+    } = reply
+    else {
+        bail!("unexpected reply from the daemon");
+    };
+    if json {
+        let v =
+            serde_json::json!({"pools": pools, "running": running, "max_sandboxes": max_sandboxes});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for p in &pools {
+        println!(
+            "{} / {}: {} ready of {}; {} hits, {} misses; {} created, {} failed",
+            p.image, p.profile, p.ready, p.target, p.hits, p.misses, p.created, p.create_failures
+        );
+    }
+    println!("running: {running}; max sandboxes: {max_sandboxes}");
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! The CLI's side of the daemon protocol.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use agentrun_runtime::control;
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+
+use crate::protocol::{ClientMessage, DaemonReply};
+use crate::PoolError;
+
+/// A connection to `agentrun serve`.
+pub struct DaemonClient {
+    sock: OwnedFd,
+}
+
+impl DaemonClient {
+    /// Connects if a daemon answers on `path`.
+    pub fn connect(path: &Path) -> Option<Self> {
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .ok()?;
+        let addr = UnixAddr::new(path).ok()?;
+        connect(sock.as_raw_fd(), &addr).ok()?;
+        Some(DaemonClient { sock })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    pub fn send(&self, msg: &ClientMessage, fds: &[RawFd]) -> Result<(), PoolError> {
+        Ok(control::send_json(self.sock.as_fd(), msg, fds)?)
+    }
+
+    /// The daemon's answer; an error if it hung up.
+    pub fn recv(&self) -> Result<DaemonReply, PoolError> {
+        control::recv_json::<DaemonReply>(self.sock.as_fd())?
+            .map(|(r, _)| r)
+            .ok_or_else(|| PoolError::Factory("the daemon closed the connection".into()))
+    }
+
+    /// One request, one answer.
+    pub fn call(&self, msg: &ClientMessage) -> Result<DaemonReply, PoolError> {
+        self.send(msg, &[])?;
+        self.recv()
+    }
+}

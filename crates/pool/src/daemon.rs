@@ -1,0 +1,310 @@
+//! `agentrun serve`: the daemon. One process: the factory is forked first (while single-
+//! threaded), then a thread refills the pool, the main thread accepts clients on the control
+//! socket and waits for SIGTERM/SIGINT, and each client gets a thread for its run.
+//!
+//! Shutdown (SIGTERM/SIGINT): stop accepting, remove the socket, wait up to `drain` for running
+//! runs, destroy the pool, end the factory (which destroys anything left). After SIGKILL the
+//! next start collects the leftovers with [`agentrun_runtime::gc`].
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrun_runtime::cgroup::CgroupMode;
+use agentrun_runtime::control::{self, InitRequest};
+use agentrun_runtime::RuntimePaths;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{
+    accept4, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+};
+
+use crate::factory::{FactoryClient, FactoryPaths};
+use crate::pool::{Pool, PoolLimits};
+use crate::protocol::{ClientMessage, DaemonReply, ExecReply};
+use crate::recipe::ExecRequest;
+use crate::PoolError;
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub socket: PathBuf,
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+    pub limits: PoolLimits,
+    /// How long SIGTERM waits for running runs before killing them.
+    pub drain: Duration,
+}
+
+/// The default socket path under a state dir.
+pub fn default_socket(state_dir: &Path) -> PathBuf {
+    state_dir.join("agentrun.sock")
+}
+
+struct Shared {
+    pool: Pool,
+    cgroup: Option<CgroupMode>,
+}
+
+/// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
+pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
+    if crate::client::DaemonClient::connect(&opts.socket).is_some() {
+        return Err(PoolError::Invalid(format!(
+            "a daemon already serves {}",
+            opts.socket.display()
+        )));
+    }
+    let paths = RuntimePaths::new(&opts.state_dir);
+    // What a killed daemon left behind goes first.
+    let report = agentrun_runtime::gc::collect(&paths);
+    if !report.removed.is_empty() {
+        eprintln!(
+            "agentrun: removed {} leftover sandbox(es)",
+            report.removed.len()
+        );
+    }
+    // Signals are taken synchronously; blocking them before any thread or the factory starts
+    // makes all of them inherit the mask. The factory thus never dies of a SIGTERM meant for
+    // the daemon (e.g. `pkill`, or a service manager signalling the whole cgroup): it ends
+    // when the daemon closes its channel, after destroying what it made.
+    let mut mask = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        mask.add(s);
+    }
+    mask.thread_block()
+        .map_err(|e| PoolError::Sys("sigprocmask", e))?;
+    let factory = FactoryClient::spawn(FactoryPaths {
+        root: opts.root.clone(),
+        state_dir: opts.state_dir.clone(),
+    })?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| PoolError::Sys("signalfd", e))?;
+
+    let listener = listen_on(&opts.socket)?;
+    let shared = Arc::new(Shared {
+        pool: Pool::new(factory, opts.limits),
+        cgroup: CgroupMode::detect(),
+    });
+    let refill = {
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("pool-refill".into())
+            .spawn(move || s.pool.refill_loop())
+            .map_err(|e| PoolError::Io("spawn thread", e))?
+    };
+    eprintln!(
+        "agentrun: serving on {} (pool {} ready, at most {} sandboxes)",
+        opts.socket.display(),
+        opts.limits.target,
+        opts.limits.max_sandboxes
+    );
+    loop {
+        let mut fds = [
+            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(PoolError::Sys("poll", e)),
+        }
+        let sig = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let conn = fds[0].revents().is_some_and(|r| !r.is_empty());
+        if sig {
+            let _ = signals.read_signal();
+            break;
+        }
+        if conn {
+            match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                Ok(fd) => {
+                    // SAFETY: accept4 returned a new fd that we own.
+                    let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+                    let s = shared.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("client".into())
+                        .spawn(move || serve_client(&s, conn));
+                }
+                Err(nix::Error::EINTR) | Err(nix::Error::ECONNABORTED) => {}
+                Err(e) => eprintln!("agentrun: accept: {e}"),
+            }
+        }
+    }
+    eprintln!("agentrun: shutting down");
+    drop(listener);
+    let _ = std::fs::remove_file(&opts.socket);
+    shared.pool.shutdown(opts.drain);
+    let _ = refill.join();
+    // Client threads still holding `shared` only finish replies; the factory ends with us.
+    match Arc::try_unwrap(shared) {
+        Ok(s) => s.pool.into_factory().shutdown(),
+        Err(_) => {
+            // A client thread is still finishing: give it a moment, then go (the factory
+            // sees EOF when this process exits and destroys what is left).
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(())
+}
+
+fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| PoolError::Io("create socket dir", e))?;
+    }
+    // A stale socket of a dead daemon (we checked that nobody answers).
+    let _ = std::fs::remove_file(path);
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| PoolError::Sys("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| PoolError::Sys("socket path", e))?;
+    // Root-only from the first moment: umask while binding, chmod to be sure.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = bind(fd.as_raw_fd(), &addr);
+    nix::sys::stat::umask(old);
+    bound.map_err(|e| PoolError::Sys("bind", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| PoolError::Io("chmod socket", e))?;
+    listen(&fd, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
+        .map_err(|e| PoolError::Sys("listen", e))?;
+    Ok(fd)
+}
+
+fn reply(conn: BorrowedFd<'_>, r: &DaemonReply) {
+    let _ = control::send_json(conn, r, &[]);
+}
+
+fn serve_client(shared: &Shared, conn: OwnedFd) {
+    let msg = match control::recv_json::<ClientMessage>(conn.as_fd()) {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => {
+            reply(
+                conn.as_fd(),
+                &DaemonReply::Error {
+                    message: e.to_string(),
+                },
+            );
+            return;
+        }
+    };
+    match msg {
+        (
+            ClientMessage::Exec {
+                request,
+                timeout_ms,
+            },
+            fds,
+        ) => exec(shared, conn.as_fd(), *request, timeout_ms, fds),
+        (ClientMessage::Ps, _) => reply(
+            conn.as_fd(),
+            &DaemonReply::Ps {
+                sandboxes: shared.pool.sandboxes(),
+            },
+        ),
+        (ClientMessage::PoolStatus, _) => {
+            let (pools, running, max_sandboxes) = shared.pool.status();
+            reply(
+                conn.as_fd(),
+                &DaemonReply::PoolStatus {
+                    pools,
+                    running,
+                    max_sandboxes,
+                },
+            )
+        }
+        (ClientMessage::Signal { .. }, _) => reply(
+            conn.as_fd(),
+            &DaemonReply::Error {
+                message: "no run to signal".into(),
+            },
+        ),
+    }
+}
+
+fn exec(
+    shared: &Shared,
+    conn: BorrowedFd<'_>,
+    request: ExecRequest,
+    timeout_ms: Option<u64>,
+    stdio: Vec<OwnedFd>,
+) {
+    let fail = |message: String| {
+        reply(
+            conn,
+            &DaemonReply::Exec(ExecReply {
+                exit_code: 125,
+                error: Some(message),
+                ..Default::default()
+            }),
+        )
+    };
+    if stdio.len() != 3 {
+        return fail("exec needs stdin, stdout and stderr".into());
+    }
+    let profile = match request.recipe.profile() {
+        Ok(p) => p,
+        Err(e) => return fail(e.to_string()),
+    };
+    let (sandbox, hit) = match shared.pool.acquire(&request.recipe) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("creating sandbox: {e}")),
+    };
+    let init_req = InitRequest {
+        argv: request.args.clone(),
+        env: request.environment(&profile),
+        cwd: request.working_dir(),
+    };
+    let timeout = timeout_ms
+        .map(Duration::from_millis)
+        .or(profile.resources.timeout);
+    let result = crate::run::run(&sandbox, &init_req, &stdio, timeout, conn, shared.cgroup);
+    // The client's stdio must not stay open here: it would hold the client's pipes open.
+    drop(stdio);
+    let mut out = ExecReply {
+        sandbox_id: sandbox.id.clone(),
+        pool_hit: hit,
+        init_pid: sandbox.init_pid,
+        enforcement: sandbox.enforcement.clone(),
+        memory_limit_bytes: profile.resources.memory_bytes,
+        ..Default::default()
+    };
+    match result {
+        Ok(r) => {
+            out.duration_ms = r.duration.as_millis() as u64;
+            out.timed_out = r.timed_out;
+            out.peak_memory_bytes = r.stats.peak_memory_bytes;
+            out.oom_killed = r.stats.oom_kills > 0;
+            match r.init {
+                Some(init) => {
+                    out.exit_code = init.exit_code;
+                    out.signal = init.signal;
+                }
+                None if r.timed_out => out.exit_code = 124,
+                None => {
+                    out.exit_code = 125;
+                    out.error = Some("the sandbox's init died before reporting".into());
+                }
+            }
+            if r.timed_out {
+                out.exit_code = 124;
+            } else if out.oom_killed && out.signal == Some(libc::SIGKILL) {
+                out.exit_code = 137;
+            }
+            if !r.client_gone {
+                reply(conn, &DaemonReply::Exec(out));
+            }
+        }
+        Err(e) => {
+            out.exit_code = 125;
+            out.error = Some(format!("running sandbox: {e}"));
+            reply(conn, &DaemonReply::Exec(out));
+        }
+    }
+    shared.pool.release(sandbox);
+}

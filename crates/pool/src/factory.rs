@@ -1,0 +1,234 @@
+//! The sandbox factory: a single-threaded child process that owns every libcontainer call.
+//!
+//! libcontainer clones and keeps running Rust in the child, which is unsound in a
+//! multi-threaded process (a lock held by another thread at fork time stays held forever). The
+//! daemon therefore forks this process before it starts any thread; the factory creates,
+//! starts and destroys sandboxes on request over a SEQPACKET socketpair and hands the host end
+//! of each pooled sandbox's control channel back with `SCM_RIGHTS`. Container inits are its
+//! children (it reaps them on destroy) and die with it (PDEATHSIG). When the daemon goes away
+//! (EOF), the factory destroys everything it made and exits.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use agentrun_image::ImageStore;
+use agentrun_runtime::control::{self, recv_json, send_json};
+use agentrun_runtime::{Enforcement, HostInfo, RuntimePaths, Sandbox, SandboxStdio};
+use nix::sys::wait::waitpid;
+use nix::unistd::{fork, ForkResult, Pid};
+use serde::{Deserialize, Serialize};
+
+use crate::recipe::SandboxRecipe;
+use crate::PoolError;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum FactoryRequest {
+    Create { recipe: SandboxRecipe },
+    Destroy { id: String },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+enum FactoryReply {
+    /// The control channel's host end travels with this message.
+    Created {
+        id: String,
+        init_pid: i32,
+        enforcement: Enforcement,
+    },
+    Destroyed,
+    Error {
+        message: String,
+    },
+}
+
+/// A started sandbox whose init waits for its command.
+#[derive(Debug)]
+pub struct PooledSandbox {
+    pub id: String,
+    pub init_pid: i32,
+    /// Host end of the init's control channel.
+    pub control: OwnedFd,
+    /// pidfd of the init (opened while the factory cannot have reaped it yet).
+    pub pidfd: OwnedFd,
+    pub enforcement: Enforcement,
+    pub created: std::time::Instant,
+}
+
+/// The daemon's handle on the factory process. Requests are serialized.
+pub struct FactoryClient {
+    sock: Mutex<OwnedFd>,
+    pid: Pid,
+}
+
+/// Where the factory finds images and keeps state.
+#[derive(Debug, Clone)]
+pub struct FactoryPaths {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+impl FactoryClient {
+    /// Forks the factory. Must be called while the process is single-threaded.
+    pub fn spawn(paths: FactoryPaths) -> Result<Self, PoolError> {
+        let (ours, theirs) = control::seqpacket_pair()?;
+        // SAFETY: documented precondition: no other thread exists yet, so the child may run
+        // ordinary Rust code.
+        match unsafe { fork() }.map_err(|e| PoolError::Sys("fork", e))? {
+            ForkResult::Child => {
+                drop(ours);
+                let code = match serve(theirs, &paths) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("agentrun: sandbox factory: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code)
+            }
+            ForkResult::Parent { child } => {
+                drop(theirs);
+                Ok(FactoryClient {
+                    sock: Mutex::new(ours),
+                    pid: child,
+                })
+            }
+        }
+    }
+
+    fn call(&self, req: &FactoryRequest) -> Result<(FactoryReply, Vec<OwnedFd>), PoolError> {
+        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        send_json(sock.as_fd(), req, &[])?;
+        recv_json::<FactoryReply>(sock.as_fd())?
+            .ok_or_else(|| PoolError::Factory("the sandbox factory exited".into()))
+    }
+
+    /// Creates and starts a sandbox; its init waits on the returned control channel.
+    pub fn create(&self, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
+        let (reply, mut fds) = self.call(&FactoryRequest::Create {
+            recipe: recipe.clone(),
+        })?;
+        match reply {
+            FactoryReply::Created {
+                id,
+                init_pid,
+                enforcement,
+            } => {
+                let control = fds
+                    .pop()
+                    .ok_or_else(|| PoolError::Factory("no control channel received".into()))?;
+                let pidfd = pidfd_open(init_pid)?;
+                Ok(PooledSandbox {
+                    id,
+                    init_pid,
+                    control,
+                    pidfd,
+                    enforcement,
+                    created: std::time::Instant::now(),
+                })
+            }
+            FactoryReply::Error { message } => Err(PoolError::Factory(message)),
+            other => Err(PoolError::Factory(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Destroys a sandbox (kills what runs in it, removes cgroups, mounts, state).
+    pub fn destroy(&self, id: &str) -> Result<(), PoolError> {
+        match self.call(&FactoryRequest::Destroy { id: id.to_owned() })?.0 {
+            FactoryReply::Destroyed => Ok(()),
+            FactoryReply::Error { message } => Err(PoolError::Factory(message)),
+            other => Err(PoolError::Factory(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Closes the channel (the factory destroys what is left and exits) and reaps it.
+    pub fn shutdown(self) {
+        drop(self.sock);
+        let _ = waitpid(self.pid, None);
+    }
+}
+
+fn pidfd_open(pid: i32) -> Result<OwnedFd, PoolError> {
+    // SAFETY: pidfd_open(pid, 0) returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(PoolError::Sys("pidfd_open", nix::Error::last()));
+    }
+    // SAFETY: the fd was just created and is owned by nobody else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+}
+
+/// The factory's loop.
+fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
+    let store = ImageStore::open(&paths.root)?;
+    let runtime_paths = RuntimePaths::new(&paths.state_dir);
+    let host = HostInfo::probe();
+    let mut live: HashMap<String, Sandbox> = HashMap::new();
+    loop {
+        let Some((req, _)) = recv_json::<FactoryRequest>(sock.as_fd())? else {
+            break;
+        };
+        let (reply, fds) = match req {
+            FactoryRequest::Create { recipe } => {
+                match create(&store, &runtime_paths, &host, &recipe) {
+                    Ok((sandbox, control)) => {
+                        let reply = FactoryReply::Created {
+                            id: sandbox.id().to_owned(),
+                            init_pid: sandbox.init_pid().unwrap_or(0),
+                            enforcement: sandbox.enforcement().clone(),
+                        };
+                        live.insert(sandbox.id().to_owned(), sandbox);
+                        (reply, Some(control))
+                    }
+                    Err(e) => (
+                        FactoryReply::Error {
+                            message: e.to_string(),
+                        },
+                        None,
+                    ),
+                }
+            }
+            FactoryRequest::Destroy { id } => match live.remove(&id) {
+                Some(sandbox) => match sandbox.destroy() {
+                    Ok(()) => (FactoryReply::Destroyed, None),
+                    Err(e) => (
+                        FactoryReply::Error {
+                            message: e.to_string(),
+                        },
+                        None,
+                    ),
+                },
+                None => (
+                    FactoryReply::Error {
+                        message: format!("no sandbox {id}"),
+                    },
+                    None,
+                ),
+            },
+        };
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        send_json(sock.as_fd(), &reply, &raw)?;
+    }
+    for (_, sandbox) in live.drain() {
+        let _ = sandbox.destroy();
+    }
+    Ok(())
+}
+
+fn create(
+    store: &ImageStore,
+    paths: &RuntimePaths,
+    host: &HostInfo,
+    recipe: &SandboxRecipe,
+) -> Result<(Sandbox, OwnedFd), PoolError> {
+    let config = recipe.to_config(store, Vec::new(), Vec::new(), None)?;
+    let mut sandbox = Sandbox::create(&config, paths, host, SandboxStdio::Pooled)?;
+    sandbox.start()?;
+    let control = sandbox
+        .take_control()
+        .ok_or_else(|| PoolError::Factory("pooled sandbox without control channel".into()))?;
+    Ok((sandbox, control))
+}

@@ -1,0 +1,39 @@
+//! The warm pool and the daemon around it.
+//!
+//! - [`factory`]: the single-threaded process that makes and destroys sandboxes (the only
+//!   place libcontainer is called in the daemon).
+//! - [`pool`]: ready sandboxes of the default recipe, refilled in the background; one-shot.
+//! - [`run`]: a run over a pooled init's control channel (stdio fds passed, not copied).
+//! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
+//! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
+
+pub mod client;
+pub mod daemon;
+pub mod factory;
+pub mod pool;
+pub mod protocol;
+pub mod recipe;
+pub mod run;
+
+/// Errors of the pool and daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Runtime(#[from] agentrun_runtime::RuntimeError),
+    #[error(transparent)]
+    Image(#[from] agentrun_image::ImageError),
+    #[error(transparent)]
+    Policy(#[from] agentrun_policy::PolicyError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("sandbox factory: {0}")]
+    Factory(String),
+    #[error("{0}: {1}")]
+    Sys(&'static str, nix::Error),
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error("too many sandboxes (max {0}); try again later")]
+    Busy(usize),
+}

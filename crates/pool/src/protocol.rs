@@ -1,0 +1,88 @@
+//! The local daemon protocol: JSON messages on a `SOCK_SEQPACKET` unix socket (root-only).
+//!
+//! A client sends one [`ClientMessage`]. For `exec`, its stdin, stdout and stderr travel along
+//! as `SCM_RIGHTS`: the sandboxed command writes straight to the client's terminal or pipes.
+//! While the run lasts the client may send `signal` messages (forwarded to the command's
+//! process group); closing the connection kills the run. The daemon answers with one
+//! [`DaemonReply`].
+
+use agentrun_runtime::Enforcement;
+use serde::{Deserialize, Serialize};
+
+use crate::recipe::ExecRequest;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// Run a command (3 fds attached: stdin, stdout, stderr).
+    Exec {
+        request: Box<ExecRequest>,
+        timeout_ms: Option<u64>,
+    },
+    /// Forward a signal to the running command.
+    Signal { signal: i32 },
+    /// List sandboxes.
+    Ps,
+    /// Pool counters.
+    PoolStatus,
+}
+
+/// The result of an `exec`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ExecReply {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub sandbox_id: String,
+    pub pool_hit: bool,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub memory_limit_bytes: u64,
+    pub peak_memory_bytes: Option<u64>,
+    pub init_pid: i32,
+    pub duration_ms: u64,
+    pub enforcement: Enforcement,
+    /// Set when agentrun itself failed (exit 125); one line.
+    pub error: Option<String>,
+}
+
+/// One sandbox as `agentrun ps` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub id: String,
+    /// `ready` (pooled, idle) or `running`.
+    pub state: String,
+    pub pid: i32,
+    pub image: String,
+    pub profile: String,
+    pub age_ms: u64,
+}
+
+/// Counters of one pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolInfo {
+    pub image: String,
+    pub profile: String,
+    pub ready: usize,
+    pub target: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub created: u64,
+    pub create_failures: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum DaemonReply {
+    Exec(ExecReply),
+    Ps {
+        sandboxes: Vec<SandboxInfo>,
+    },
+    PoolStatus {
+        pools: Vec<PoolInfo>,
+        running: usize,
+        max_sandboxes: usize,
+    },
+    Error {
+        message: String,
+    },
+}

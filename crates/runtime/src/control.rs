@@ -1,0 +1,186 @@
+//! The control channel between the host and a pooled sandbox's init, and fd passing.
+//!
+//! A pooled sandbox's init holds one end of a `SOCK_SEQPACKET` socketpair (fd 3 in the
+//! container, [`INIT_CONTROL_FD`]). A run is one [`InitRequest`] message carrying the
+//! command's stdin/stdout/stderr as `SCM_RIGHTS`, so output goes straight to the client's fds
+//! with no copy through agentrun. The init answers with one [`InitResult`] when the command
+//! has exited, then exits itself. Message boundaries come from SEQPACKET; payloads are JSON.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::RuntimeError;
+
+/// The control fd's number inside the sandbox (libcontainer preserves fds 3..3+n).
+pub const INIT_CONTROL_FD: RawFd = 3;
+/// Largest message accepted (argv + env of a run).
+pub const MAX_MESSAGE: usize = 1 << 20;
+/// Most fds one message may carry.
+const MAX_FDS: usize = 8;
+
+/// A command for a pooled sandbox's init. The fds (stdin, stdout, stderr) travel alongside.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InitRequest {
+    pub argv: Vec<String>,
+    /// The whole environment, `KEY=VALUE`.
+    pub env: Vec<String>,
+    pub cwd: String,
+}
+
+/// What the init reports once the command has exited.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InitResult {
+    /// Exit code, or 128+N for signal N.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub user_us: u64,
+    pub system_us: u64,
+    pub max_rss_kb: u64,
+}
+
+/// A connected SEQPACKET pair (close-on-exec).
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| RuntimeError::sys("socketpair", e))
+}
+
+/// Sends one message with `fds` attached.
+pub fn send(sock: BorrowedFd<'_>, payload: &[u8], fds: &[RawFd]) -> Result<(), RuntimeError> {
+    let iov = [std::io::IoSlice::new(payload)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(_) => return Ok(()),
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(RuntimeError::sys("sendmsg", e)),
+        }
+    }
+}
+
+/// Sends a value as JSON.
+pub fn send_json<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    value: &T,
+    fds: &[RawFd],
+) -> Result<(), RuntimeError> {
+    let bytes = serde_json::to_vec(value).expect("protocol types serialize");
+    send(sock, &bytes, fds)
+}
+
+/// A received message: its bytes and the fds that came with it.
+pub type Message = (Vec<u8>, Vec<OwnedFd>);
+
+/// Receives one message; `None` at EOF. Attached fds come back owned (close-on-exec).
+pub fn recv(sock: BorrowedFd<'_>) -> Result<Option<Message>, RuntimeError> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(RuntimeError::sys("recvmsg", e)),
+        };
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(|e| RuntimeError::sys("recvmsg", e))? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel just installed these fds for us; nobody else owns them.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        let n = msg.bytes;
+        if n == 0 && fds.is_empty() {
+            return Ok(None);
+        }
+        if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+            return Err(RuntimeError::InvalidInput(
+                "control message too large".into(),
+            ));
+        }
+        buf.truncate(n);
+        return Ok(Some((buf, fds)));
+    }
+}
+
+/// Receives one JSON message; `None` at EOF.
+pub fn recv_json<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> Result<Option<(T, Vec<OwnedFd>)>, RuntimeError> {
+    match recv(sock)? {
+        None => Ok(None),
+        Some((bytes, fds)) => {
+            let v = serde_json::from_slice(&bytes)
+                .map_err(|e| RuntimeError::InvalidInput(format!("bad control message: {e}")))?;
+            Ok(Some((v, fds)))
+        }
+    }
+}
+
+/// Waits until `fd` is readable (or hung up); false on timeout.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<bool, RuntimeError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let t = match timeout {
+        Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
+            .unwrap_or(PollTimeout::MAX),
+        None => PollTimeout::NONE,
+    };
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, t) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(RuntimeError::sys("poll", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn request_and_fds_round_trip() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let req = InitRequest {
+            argv: vec!["echo".into(), "hi".into()],
+            env: vec!["A=1".into()],
+            cwd: "/workspace".into(),
+        };
+        send_json(a.as_fd(), &req, &[w.as_raw_fd()]).unwrap();
+        drop(w);
+        let (got, fds): (InitRequest, _) = recv_json(b.as_fd()).unwrap().unwrap();
+        assert_eq!(got, req);
+        assert_eq!(fds.len(), 1);
+        nix::unistd::write(&fds[0], b"x").unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(nix::unistd::read(r.as_raw_fd(), &mut buf).unwrap(), 1);
+        drop(a);
+        assert!(
+            recv(b.as_fd()).unwrap().is_none(),
+            "EOF after the peer closed"
+        );
+    }
+}
