@@ -27,7 +27,10 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for running commands before killing them.
     #[arg(long, value_name = "DURATION")]
     drain: Option<String>,
-    /// TOML file with `pool_size`, `max_sandboxes`, `drain` (flags win).
+    /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
+    #[arg(long, value_name = "N")]
+    factories: Option<usize>,
+    /// TOML file with `pool_size`, `max_sandboxes`, `drain`, `factories` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -39,6 +42,7 @@ struct ServeConfig {
     pool_size: Option<usize>,
     max_sandboxes: Option<usize>,
     drain: Option<String>,
+    factories: Option<usize>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -80,6 +84,11 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             max_sandboxes: max,
         },
         drain,
+        factories: args
+            .factories
+            .or(file.factories)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, 64),
     };
     daemon::run(&opts)?;
     Ok(())

@@ -35,6 +35,8 @@ pub struct DaemonOptions {
     pub root: PathBuf,
     pub state_dir: PathBuf,
     pub limits: PoolLimits,
+    /// Factory processes (parallel sandbox creation).
+    pub factories: usize,
     /// How long SIGTERM waits for running runs before killing them.
     pub drain: Duration,
 }
@@ -76,25 +78,31 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
     }
     mask.thread_block()
         .map_err(|e| PoolError::Sys("sigprocmask", e))?;
-    let factory = FactoryClient::spawn(FactoryPaths {
-        root: opts.root.clone(),
-        state_dir: opts.state_dir.clone(),
-    })?;
+    let factories = (0..opts.factories.max(1))
+        .map(|_| {
+            FactoryClient::spawn(FactoryPaths {
+                root: opts.root.clone(),
+                state_dir: opts.state_dir.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| PoolError::Sys("signalfd", e))?;
 
     let listener = listen_on(&opts.socket)?;
     let shared = Arc::new(Shared {
-        pool: Pool::new(factory, opts.limits),
+        pool: Pool::new(factories, opts.limits),
         cgroup: CgroupMode::detect(),
     });
-    let refill = {
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("pool-refill".into())
-            .spawn(move || s.pool.refill_loop())
-            .map_err(|e| PoolError::Io("spawn thread", e))?
-    };
+    let refills = (0..shared.pool.factory_count())
+        .map(|n| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name("pool-refill".into())
+                .spawn(move || s.pool.refill_loop(n))
+                .map_err(|e| PoolError::Io("spawn thread", e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     eprintln!(
         "agentrun: serving on {} (pool {} ready, at most {} sandboxes)",
         opts.socket.display(),
@@ -136,10 +144,16 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
     drop(listener);
     let _ = std::fs::remove_file(&opts.socket);
     shared.pool.shutdown(opts.drain);
-    let _ = refill.join();
+    for r in refills {
+        let _ = r.join();
+    }
     // Client threads still holding `shared` only finish replies; the factory ends with us.
     match Arc::try_unwrap(shared) {
-        Ok(s) => s.pool.into_factory().shutdown(),
+        Ok(s) => {
+            for f in s.pool.into_factories() {
+                f.shutdown();
+            }
+        }
         Err(_) => {
             // A client thread is still finishing: give it a moment, then go (the factory
             // sees EOF when this process exits and destroys what is left).

@@ -56,6 +56,8 @@ pub struct PooledSandbox {
     pub pidfd: OwnedFd,
     pub enforcement: Enforcement,
     pub created: std::time::Instant,
+    /// Index of the factory that made it (and must destroy it).
+    pub factory: usize,
 }
 
 /// The daemon's handle on the factory process. Requests are serialized.
@@ -128,6 +130,7 @@ impl FactoryClient {
                     pidfd,
                     enforcement,
                     created: std::time::Instant::now(),
+                    factory: 0,
                 })
             }
             FactoryReply::Error { message } => Err(PoolError::Factory(message)),

@@ -48,20 +48,52 @@ impl State {
 }
 
 pub struct Pool {
-    factory: FactoryClient,
+    /// One or more factory processes; sandbox creation is spread over them (each is
+    /// single-threaded, so one factory caps creation at one core).
+    factories: Vec<FactoryClient>,
+    next_factory: std::sync::atomic::AtomicUsize,
     limits: PoolLimits,
     state: Mutex<State>,
     changed: Condvar,
 }
 
 impl Pool {
-    pub fn new(factory: FactoryClient, limits: PoolLimits) -> Self {
+    pub fn new(factories: Vec<FactoryClient>, limits: PoolLimits) -> Self {
+        assert!(!factories.is_empty(), "a pool needs a factory");
         Pool {
-            factory,
+            factories,
+            next_factory: std::sync::atomic::AtomicUsize::new(0),
             limits,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         }
+    }
+
+    /// Number of factory processes (= refill threads to run).
+    pub fn factory_count(&self) -> usize {
+        self.factories.len()
+    }
+
+    /// Creates on the next factory in turn.
+    fn create(&self, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
+        let n = self
+            .next_factory
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % self.factories.len();
+        self.create_on(n, recipe)
+    }
+
+    fn create_on(&self, n: usize, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
+        let mut sb = self.factories[n].create(recipe)?;
+        sb.factory = n;
+        Ok(sb)
+    }
+
+    /// Destroys on the factory that made the sandbox.
+    fn destroy(&self, sb: PooledSandbox) {
+        let (n, id) = (sb.factory, sb.id.clone());
+        drop(sb);
+        let _ = self.factories[n].destroy(&id);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -90,7 +122,7 @@ impl Pool {
             // Room comes from a finished run, or from a ready sandbox we may sacrifice.
             if let Some(sb) = st.ready.pop_back() {
                 drop(st);
-                let _ = self.factory.destroy(&sb.id);
+                self.destroy(sb);
                 st = self.lock();
                 continue;
             }
@@ -106,7 +138,7 @@ impl Pool {
         }
         st.creating += 1;
         drop(st);
-        let made = self.factory.create(recipe);
+        let made = self.create(recipe);
         let mut st = self.lock();
         st.creating -= 1;
         let result = match made {
@@ -128,14 +160,14 @@ impl Pool {
     /// Destroys a sandbox after its run; the refill loop notices the room.
     pub fn release(&self, sb: PooledSandbox) {
         let id = sb.id.clone();
-        drop(sb);
-        let _ = self.factory.destroy(&id);
+        self.destroy(sb);
         self.lock().running.remove(&id);
         self.changed.notify_all();
     }
 
-    /// Keeps `target` ready sandboxes until shutdown. Run on its own thread.
-    pub fn refill_loop(&self) {
+    /// Keeps `target` ready sandboxes until shutdown, creating on factory `n`. Run one thread
+    /// per factory.
+    pub fn refill_loop(&self, n: usize) {
         let recipe = SandboxRecipe::default();
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -151,7 +183,7 @@ impl Pool {
             }
             st.creating += 1;
             drop(st);
-            let made = self.factory.create(&recipe);
+            let made = self.create_on(n, &recipe);
             let mut st = self.lock();
             st.creating -= 1;
             match made {
@@ -159,7 +191,7 @@ impl Pool {
                     st.created += 1;
                     if st.shutting_down {
                         drop(st);
-                        let _ = self.factory.destroy(&sb.id);
+                        self.destroy(sb);
                         return;
                     }
                     st.ready.push_back(sb);
@@ -186,7 +218,7 @@ impl Pool {
         drop(st);
         self.changed.notify_all();
         for sb in ready {
-            let _ = self.factory.destroy(&sb.id);
+            self.destroy(sb);
         }
         let deadline = Instant::now() + drain;
         let mut st = self.lock();
@@ -203,9 +235,9 @@ impl Pool {
         }
     }
 
-    /// Ends the factory (it destroys whatever is left).
-    pub fn into_factory(self) -> FactoryClient {
-        self.factory
+    /// The factories, to end them (each destroys whatever it still has).
+    pub fn into_factories(self) -> Vec<FactoryClient> {
+        self.factories
     }
 
     pub fn sandboxes(&self) -> Vec<SandboxInfo> {

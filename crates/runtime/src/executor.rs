@@ -5,15 +5,18 @@
 //! the spec's capabilities. From there agentrun takes over:
 //! 1. brings up loopback in the sandbox's (otherwise empty) network namespace, then drops the
 //!    capabilities that needed (CAP_NET_ADMIN, CAP_SETPCAP) from every set, bounding included;
-//! 2. forks the command: the child gets its own process group, default signal dispositions,
-//!    Landlock and the spec's seccomp section (compiled with seccompiler: libcontainer without
-//!    libseccomp ignores it), then execs;
+//! 2. confines itself with Landlock and the spec's seccomp section (compiled with seccompiler:
+//!    libcontainer without libseccomp ignores it), then forks the command (pooled: once its
+//!    request has come), which inherits both and gets its own process group, default signal
+//!    dispositions, its stdio and working directory, then execs;
 //! 3. stays as a minimal init: forwards signals to the command's process group, reaps
 //!    orphans, and exits with the command's status (128+N for signal N). Its exit tears down
 //!    the pid namespace, so nothing the command started survives it.
 //!
-//! Landlock and seccomp are applied to the command only, so the init can keep serving later
-//! requests (pool mode), and the Landlock signal scope keeps the command from signalling it.
+//! Confining the init rather than each child keeps the per-run cost to a fork+exec. The init
+//! is non-dumpable and the command lacks CAP_SYS_PTRACE, so sharing its Landlock domain gives
+//! the command no hold on it; SIGKILL from inside the pid namespace cannot reach it, and other
+//! signals are only forwarded back to the command.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -22,12 +25,13 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use caps::{CapSet, Capability, CapsHashSet};
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
-use nix::unistd::{fork, pipe2, setpgid, ForkResult, Pid};
+use nix::unistd::Pid;
 use oci_spec::runtime::Spec;
 
 use crate::control::{self, InitRequest, InitResult, INIT_CONTROL_FD};
 use crate::landlock::{self, LandlockRules};
 use crate::seccomp;
+use crate::spawn::SpawnSpec;
 
 /// Exit code when the sandbox could not be set up around the command.
 pub const EXIT_SETUP_FAILED: i32 = 125;
@@ -56,6 +60,8 @@ pub struct SandboxExecutor {
     pub loopback: bool,
     /// Program name for messages.
     pub program: String,
+    /// Working directory of a spec-mode command (the spec's `process.cwd` stays `/`).
+    pub cwd: String,
 }
 
 impl Executor for SandboxExecutor {
@@ -79,57 +85,107 @@ impl Executor for SandboxExecutor {
     }
 }
 
-/// A command ready to fork: C strings prepared before forking.
-struct Command {
-    argv: Vec<CString>,
-    env: Vec<CString>,
-    cwd: CString,
+/// The command a sandbox runs, from the spec or from a pooled request.
+struct Run {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
     /// stdin, stdout, stderr for the command (`None`: the init's own).
     stdio: Option<[OwnedFd; 3]>,
 }
 
-fn cstrings(v: &[String]) -> Result<Vec<CString>, ExecutorError> {
-    v.iter()
-        .map(|a| CString::new(a.as_bytes()).map_err(|_| ExecutorError::InvalidArg))
-        .collect()
-}
-
-impl Command {
-    fn from_spec(spec: &Spec) -> Result<Self, ExecutorError> {
+impl Run {
+    fn from_spec(spec: &Spec, cwd: &str) -> Result<Self, ExecutorError> {
         let process = spec.process().as_ref().ok_or(ExecutorError::InvalidArg)?;
-        let args = process.args().clone().unwrap_or_default();
         // libcontainer already set the spec's environment on this process.
-        let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
-        Command::new(&args, &env, &process.cwd().to_string_lossy(), None)
+        Run::new(
+            process.args().clone().unwrap_or_default(),
+            std::env::vars().collect(),
+            cwd.to_owned(),
+            None,
+        )
     }
 
     fn from_request(req: InitRequest, fds: Vec<OwnedFd>) -> Result<Self, ExecutorError> {
         let stdio: [OwnedFd; 3] = fds
             .try_into()
             .map_err(|_| ExecutorError::Other("a run needs exactly 3 fds (stdio)".into()))?;
-        Command::new(&req.argv, &req.env, &req.cwd, Some(stdio))
+        let env = req
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Run::new(req.argv, env, req.cwd, Some(stdio))
     }
 
     fn new(
-        args: &[String],
-        env: &[String],
-        cwd: &str,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: String,
         stdio: Option<[OwnedFd; 3]>,
     ) -> Result<Self, ExecutorError> {
-        if args.is_empty() {
+        if argv.is_empty() || argv.iter().chain([&cwd]).any(|a| a.contains('\0')) {
             return Err(ExecutorError::InvalidArg);
         }
-        Ok(Command {
-            argv: cstrings(args)?,
-            env: cstrings(env)?,
-            cwd: CString::new(cwd).map_err(|_| ExecutorError::InvalidArg)?,
+        Ok(Run {
+            argv,
+            env,
+            cwd,
             stdio,
         })
     }
 
     /// Where the init writes messages about this command (its stderr).
-    fn stderr(&self) -> RawFd {
+    fn message_fd(&self) -> RawFd {
         self.stdio.as_ref().map_or(2, |s| s[2].as_raw_fd())
+    }
+
+    /// Writes `agentrun: <msg>` on the command's stderr.
+    fn say(&self, msg: &str) {
+        let line = format!("agentrun: {msg}\n");
+        // SAFETY: write(2) of a buffer we own to an fd we hold.
+        let _ = unsafe { libc::write(self.message_fd(), line.as_ptr().cast(), line.len()) };
+    }
+
+    /// Starts the command (see [`crate::spawn`]). On failure, says why on the command's
+    /// stderr and returns the exit code a shell would give.
+    fn spawn(&self) -> Result<Pid, i32> {
+        let cstr = |v: &str| CString::new(v).unwrap_or_default();
+        let argv: Vec<CString> = self.argv.iter().map(|a| cstr(a)).collect();
+        let env: Vec<CString> = self
+            .env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}")))
+            .collect();
+        // posix_spawnp looks the program up in *our* PATH: make it the command's.
+        match self.env.iter().find(|(k, _)| k == "PATH") {
+            Some((_, path)) => std::env::set_var("PATH", path),
+            None => std::env::remove_var("PATH"),
+        }
+        let cwd = cstr(&self.cwd);
+        if !std::path::Path::new(&self.cwd).is_dir() {
+            self.say(&format!("cannot enter {}: no such directory", self.cwd));
+            return Err(EXIT_SETUP_FAILED);
+        }
+        let stdio = self
+            .stdio
+            .as_ref()
+            .map(|s| [s[0].as_raw_fd(), s[1].as_raw_fd(), s[2].as_raw_fd()]);
+        crate::spawn::spawn(&SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio,
+        })
+        .map_err(|errno| {
+            let (what, code) = match errno {
+                nix::Error::ENOENT | nix::Error::ENOTDIR => ("command not found".into(), 127),
+                e => (e.desc().to_lowercase(), 126),
+            };
+            self.say(&format!("{}: {what}", self.argv[0]));
+            code
+        })
     }
 }
 
@@ -143,7 +199,7 @@ impl SandboxExecutor {
         let first_closed = if control { INIT_CONTROL_FD + 1 } else { 3 };
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
         unsafe { libc::close_range(first_closed as u32, u32::MAX, 0) };
-        // Compile before forking, so a bad profile fails the setup, not the command.
+        // Compile before anything runs, so a bad profile fails the setup, not the command.
         let filters = match spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) {
             Some(section) => seccomp::compile(section).map_err(|e| fail(e.to_string()))?,
             None => Vec::new(),
@@ -155,8 +211,15 @@ impl SandboxExecutor {
         // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process. Set after every
         // credential change (they clear it): if agentrun dies, the sandbox dies with it.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        // Confine the init itself: the command inherits Landlock and seccomp when it is
+        // spawned, so a pooled run pays for neither. The init needs nothing either forbids
+        // (recvmsg, clone without namespace flags, wait4, kill, execve of the command).
+        if let Some(rules) = &self.landlock {
+            landlock::restrict(rules, self.landlock_abi).map_err(|e| fail(e.to_string()))?;
+        }
+        seccomp::install(&filters).map_err(|e| fail(e.to_string()))?;
 
-        let (command, control_fd) = if control {
+        let (run, control_fd) = if control {
             // SAFETY: fd 3 was preserved by libcontainer for us and nothing else owns it.
             let fd = unsafe { OwnedFd::from_raw_fd(INIT_CONTROL_FD) };
             let _ = nix::fcntl::fcntl(
@@ -167,78 +230,27 @@ impl SandboxExecutor {
                 .map_err(|e| fail(e.to_string()))?
                 // The host closed the channel: this sandbox is not wanted any more.
                 .ok_or_else(|| fail("control channel closed".into()))?;
-            (Command::from_request(req, fds)?, Some(fd))
+            (Run::from_request(req, fds)?, Some(fd))
         } else {
-            (Command::from_spec(spec)?, None)
+            (Run::from_spec(spec, &self.cwd)?, None)
         };
 
+        // The init takes every signal synchronously (and forwards it); the command gets
+        // default dispositions and an empty mask from the spawn.
         let all = SigSet::all();
         sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None)
             .map_err(|e| fail(format!("sigprocmask: {e}")))?;
-        let (err_r, err_w) =
-            pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail(format!("pipe: {e}")))?;
-        // SAFETY: the container init is single-threaded (libcontainer clones it without
-        // threads), so the child may keep running Rust code until exec.
-        match unsafe { fork() }.map_err(|e| fail(format!("fork: {e}")))? {
-            ForkResult::Child => {
-                drop(err_r);
-                let code = self.run_command(&command, &filters, err_w);
-                // SAFETY: leave without running the parent's exit handlers.
-                unsafe { libc::_exit(code) }
-            }
-            ForkResult::Parent { child } => {
-                drop(err_w);
-                let result = supervise(child, err_r, &command);
-                if let Some(fd) = control_fd {
-                    let _ = control::send_json(fd.as_fd(), &result, &[]);
-                }
-                std::process::exit(result.exit_code)
-            }
-        }
-    }
-
-    /// In the forked child: confine, then exec. Returns an exit code only on failure.
-    fn run_command(
-        &self,
-        command: &Command,
-        filters: &[seccompiler::BpfProgram],
-        err_w: OwnedFd,
-    ) -> i32 {
-        let report = |msg: String| {
-            let line = format!("{}: {msg}\n", self.program);
-            // SAFETY: write(2) of a buffer we own to the command's stderr fd.
-            let _ = unsafe { libc::write(command.stderr(), line.as_ptr().cast(), line.len()) };
-            EXIT_SETUP_FAILED
+        let result = match run.spawn() {
+            Ok(child) => supervise(child),
+            Err(code) => InitResult {
+                exit_code: code,
+                ..Default::default()
+            },
         };
-        let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
-        reset_signals();
-        if let Some(stdio) = &command.stdio {
-            for (target, fd) in stdio.iter().enumerate() {
-                if let Err(e) = nix::unistd::dup2(fd.as_raw_fd(), target as RawFd) {
-                    return report(format!("stdio: {e}"));
-                }
-            }
+        if let Some(fd) = control_fd {
+            let _ = control::send_json(fd.as_fd(), &result, &[]);
         }
-        if let Err(e) = nix::unistd::chdir(command.cwd.as_c_str()) {
-            return report(format!(
-                "cannot enter {}: {e}",
-                command.cwd.to_string_lossy()
-            ));
-        }
-        if let Some(rules) = &self.landlock {
-            if let Err(e) = landlock::restrict(rules, self.landlock_abi) {
-                return report(e.to_string());
-            }
-        }
-        if let Err(e) = seccomp::install(filters) {
-            return report(e.to_string());
-        }
-        let err = nix::unistd::execvpe(&command.argv[0], &command.argv, &command.env).unwrap_err();
-        let _ = nix::unistd::write(&err_w, &(err as i32).to_ne_bytes());
-        match err {
-            nix::Error::ENOENT | nix::Error::ENOTDIR => 127,
-            _ => 126,
-        }
+        std::process::exit(result.exit_code)
     }
 }
 
@@ -265,37 +277,8 @@ fn narrow_capabilities(keep: &[Capability]) -> Result<(), caps::errors::CapsErro
     caps::set(None, CapSet::Permitted, &permitted)
 }
 
-/// Restores default dispositions and an empty mask: ignored signals survive exec otherwise
-/// (Rust ignores SIGPIPE, and that would leak into the command).
-fn reset_signals() {
-    for sig in Signal::iterator() {
-        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
-            continue;
-        }
-        // SAFETY: installing SIG_DFL is always sound.
-        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
-    }
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-}
-
 /// The init loop: forward signals, reap, and return how the command ended.
-fn supervise(child: Pid, err_r: OwnedFd, command: &Command) -> InitResult {
-    let mut buf = [0u8; 4];
-    let exec_errno = match nix::unistd::read(err_r.as_raw_fd(), &mut buf) {
-        Ok(4) => Some(nix::Error::from_raw(i32::from_ne_bytes(buf))),
-        _ => None,
-    };
-    drop(err_r);
-    if let Some(errno) = exec_errno {
-        let what = match errno {
-            nix::Error::ENOENT => "command not found".to_string(),
-            e => e.desc().to_lowercase(),
-        };
-        let program = command.argv[0].to_string_lossy();
-        let line = format!("agentrun: {program}: {what}\n");
-        // SAFETY: write(2) of a buffer we own to the command's stderr fd.
-        let _ = unsafe { libc::write(command.stderr(), line.as_ptr().cast(), line.len()) };
-    }
+fn supervise(child: Pid) -> InitResult {
     let all = SigSet::all();
     loop {
         let sig = match all.wait() {

@@ -19,6 +19,7 @@ pub mod net;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
+pub mod spawn;
 pub mod spec;
 
 pub use error::RuntimeError;

@@ -331,7 +331,9 @@ impl Sandbox {
                 config.args.clone()
             },
             env,
-            cwd,
+            // The init enters the working directory itself when it spawns the command, so a
+            // missing one is the command's error (a clear message), not a container failure.
+            cwd: PathBuf::from("/"),
             resources: profile.resources.clone(),
             binds: prepared.binds.clone(),
             seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())?,
@@ -372,6 +374,7 @@ impl Sandbox {
             command_caps,
             loopback,
             program: "agentrun".into(),
+            cwd: cwd.to_string_lossy().into_owned(),
         };
         self.enforcement = Enforcement {
             landlock: host.landlock_enforcement(),
