@@ -1,0 +1,287 @@
+#!/usr/bin/python3
+"""hack/bench's helpers for the warm pool daemon (`agentrun serve`).
+
+    pool.py wait-socket SOCKET PID SECS     # 0 once SOCKET accepts a connection; 1 if PID died
+                                            # or SECS passed (reason on stdout)
+    pool.py status BIN                      # pool counters as JSON {ready,target,hits,misses,...}
+                                            # summed over pools ({} when unavailable)
+    pool.py ready BIN STATE_DIR             # JSON list of idle pooled sandboxes [{id,pid}]
+    pool.py wait-full BIN STATE_DIR SECS    # waits until the pool is full and idle; prints count
+    pool.py mem BIN STATE_DIR DAEMON_PID    # markdown: host memory per idle pooled sandbox
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+CG = "/sys/fs/cgroup"
+
+
+def run_json(bin_, *args):
+    try:
+        p = subprocess.run([bin_, *args], capture_output=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
+    if p.returncode != 0:
+        return None
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return None
+
+
+def status(bin_):
+    """Pool counters summed over pools (the `pools` list of `agentrun pool status --json`,
+    or any list of objects with `ready` and `target`)."""
+    data = run_json(bin_, "pool", "status", "--json")
+    if data is None:
+        return {}
+    pools = data.get("pools", []) if isinstance(data, dict) else data
+    if isinstance(data, dict) and "ready" in data:
+        pools = [data]
+    out = {}
+    for p in pools if isinstance(pools, list) else []:
+        for k, v in p.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    if isinstance(data, dict):
+        for k in ("running", "max_sandboxes"):
+            if isinstance(data.get(k), int):
+                out[k] = data[k]
+    return out
+
+
+def cgroup_dirs():
+    """Parent dirs of sandbox cgroups: the v1 pids controller (v1 and hybrid) or v2."""
+    if os.path.isdir(f"{CG}/pids/agentrun"):
+        return f"{CG}/pids/agentrun"
+    return f"{CG}/agentrun"
+
+
+def ready(bin_, state_dir):
+    """Idle pooled sandboxes: from `agentrun ps --json` (state "ready"); without it, every
+    sandbox cgroup whose state dir is ours (the daemon's pool, when nothing runs)."""
+    data = run_json(bin_, "ps", "--json")
+    if isinstance(data, dict):
+        data = data.get("sandboxes", [])
+    if isinstance(data, list):
+        return [{"id": s.get("id"), "pid": s.get("pid")} for s in data
+                if isinstance(s, dict) and s.get("state") == "ready"]
+    out, parent = [], cgroup_dirs()
+    for id_ in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        if os.path.isdir(os.path.join(state_dir, "sandboxes", id_)):
+            out.append({"id": id_, "pid": None})
+    return out
+
+
+def wait_full(bin_, state_dir, secs):
+    """Full: the pool's ready count reached its target (when `pool status` says so), else the
+    ready count stayed the same, and non-zero, for 2 s."""
+    deadline = time.monotonic() + secs
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        st = status(bin_)
+        n = len(ready(bin_, state_dir))
+        if st.get("target") and st.get("ready", 0) >= st["target"] and n >= st["target"]:
+            time.sleep(0.5)  # let the last one settle (page faults of a fresh init)
+            return n, "full"
+        if n != last:
+            last, since = n, time.monotonic()
+        elif n and time.monotonic() - since >= 2 and not st.get("target"):
+            return n, "stable"
+        time.sleep(0.2)
+    return last or 0, "timeout"
+
+
+def procs_of(pid, id_):
+    """All processes of a sandbox: its init's cgroup (pids controller, or v2), else the cgroup
+    named after its id."""
+    paths = []
+    if pid:
+        try:
+            for line in open(f"/proc/{pid}/cgroup"):
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                if "pids" in ctrls.split(","):
+                    paths.insert(0, f"{CG}/pids{path}")
+                elif ctrls == "" and not os.path.isdir(f"{CG}/pids"):
+                    paths.append(f"{CG}{path}")
+        except OSError:
+            pass
+    paths.append(os.path.join(cgroup_dirs(), id_ or ""))
+    for p in paths:
+        try:
+            pids = [int(x) for x in open(os.path.join(p, "cgroup.procs")).read().split()]
+            if pids:
+                return pids, p
+        except (OSError, ValueError):
+            continue
+    return ([pid] if pid else []), None
+
+
+def mem_of(pid):
+    """(RSS, PSS) in bytes from /proc/PID/smaps_rollup."""
+    rss = pss = 0
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            k, _, v = line.partition(":")
+            if k == "Rss":
+                rss = int(v.split()[0]) * 1024
+            elif k == "Pss":
+                pss = int(v.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return rss, pss
+
+
+def descendants(root):
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def tmpfs_used(daemon_pid, state_dir, id_):
+    """Bytes used on tmpfs mounts under the sandbox's state dir, seen from the daemon's mount
+    namespace (or ours)."""
+    prefix = os.path.join(state_dir, "sandboxes", id_) + "/"
+    for ns_pid in (daemon_pid, "self"):
+        total, seen = 0, False
+        try:
+            lines = open(f"/proc/{ns_pid}/mountinfo").read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            mnt, fstype = f[4], f[f.index("-") + 1]
+            if fstype == "tmpfs" and (mnt + "/").startswith(prefix):
+                root = f"/proc/{ns_pid}/root" if ns_pid != "self" else ""
+                try:
+                    s = os.statvfs(root + mnt)
+                    total += (s.f_blocks - s.f_bfree) * s.f_frsize
+                    seen = True
+                except OSError:
+                    pass
+        if seen:
+            return total
+    return None
+
+
+def mem_cgroup(path_pids, id_):
+    for p in (path_pids and path_pids.replace("/pids/", "/memory/"),
+              f"{CG}/memory/agentrun/{id_}", f"{CG}/agentrun/{id_}"):
+        for f in ("memory.usage_in_bytes", "memory.current"):
+            try:
+                return int(open(os.path.join(p, f)).read())
+            except (OSError, ValueError, TypeError):
+                continue
+    return None
+
+
+def mib(b):
+    return f"{b / 2**20:.2f}"
+
+
+def mem(bin_, state_dir, daemon_pid):
+    sbs = ready(bin_, state_dir)
+    if not sbs:
+        print("unavailable: no idle pooled sandbox found")
+        return
+    rows, in_sandboxes = [], set()
+    tot = {"rss": 0, "pss": 0, "tmpfs": 0, "cg": 0, "procs": 0}
+    tmpfs_missing = cg_missing = 0
+    for sb in sbs:
+        pids, cg = procs_of(sb["pid"], sb["id"])
+        in_sandboxes.update(pids)
+        rss = pss = 0
+        for p in pids:
+            r, s = mem_of(p)
+            rss, pss = rss + r, pss + s
+        t = tmpfs_used(daemon_pid, state_dir, sb["id"])
+        c = mem_cgroup(cg, sb["id"])
+        tmpfs_missing += t is None
+        cg_missing += c is None
+        tot["rss"] += rss
+        tot["pss"] += pss
+        tot["tmpfs"] += t or 0
+        tot["cg"] += c or 0
+        tot["procs"] += len(pids)
+    n = len(sbs)
+    host = [p for p in descendants(daemon_pid) if p not in in_sandboxes]
+    hrss = hpss = 0
+    for p in host:
+        r, s = mem_of(p)
+        hrss, hpss = hrss + r, hpss + s
+    print(f"{n} idle pooled sandboxes, {tot['procs']} processes in them "
+          f"({tot['procs'] / n:.1f} per sandbox).\n")
+    print("| per idle pooled sandbox | MiB |")
+    print("|---|---:|")
+    print(f"| RSS of its processes | {mib(tot['rss'] / n)} |")
+    print(f"| PSS of its processes (shared pages split) | {mib(tot['pss'] / n)} |")
+    print(f"| tmpfs (writable layer) used | "
+          f"{'n/a' if tmpfs_missing == n else mib(tot['tmpfs'] / n)} |")
+    print(f"| **PSS + tmpfs** | **{mib((tot['pss'] + tot['tmpfs']) / n)}** |")
+    print(f"| RSS + tmpfs | {mib((tot['rss'] + tot['tmpfs']) / n)} |")
+    if cg_missing < n:
+        print(f"| memory cgroup usage (kernel's charge: incl. page cache, kernel memory) | "
+              f"{mib(tot['cg'] / n)} |")
+    print(f"\nHost side, not per sandbox: the daemon and its helpers ({len(host)} processes) "
+          f"RSS {mib(hrss)} MiB, PSS {mib(hpss)} MiB.")
+
+
+def wait_socket(path, pid, secs):
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    raise ProcessLookupError
+        except (ProcessLookupError, OSError):
+            print("agentrun serve exited")
+            return 1
+        for kind in (socket.SOCK_SEQPACKET, socket.SOCK_STREAM):
+            s = socket.socket(socket.AF_UNIX, kind)
+            try:
+                s.settimeout(1)
+                s.connect(path)
+                return 0
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    print(f"socket {path} did not answer within {secs} s")
+    return 1
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "wait-socket":
+        sys.exit(wait_socket(args[0], int(args[1]), float(args[2])))
+    elif cmd == "status":
+        print(json.dumps(status(args[0])))
+    elif cmd == "ready":
+        print(json.dumps(ready(args[0], args[1])))
+    elif cmd == "wait-full":
+        n, how = wait_full(args[0], args[1], float(args[2]))
+        print(n, how)
+    elif cmd == "mem":
+        mem(args[0], args[1], int(args[2]))
+    else:
+        sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()
