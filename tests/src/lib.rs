@@ -1266,3 +1266,768 @@ mod tests {
         assert_eq!(unescape_mountinfo("/x\\"), PathBuf::from("/x\\"));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The daemon (`agentrun serve`) and what it reports (`ps`, `pool status`)
+
+impl Leftovers {
+    /// Like [`Leftovers::snapshot`] for the state dir `state` (instead of `$AGENTRUN_STATE_DIR`).
+    /// Processes and cgroups are host-wide (sandbox uids, `agentrun/` cgroups) whatever the
+    /// state dir.
+    pub fn snapshot_in(state: &Path) -> Leftovers {
+        let state_s = state.to_string_lossy().into_owned();
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .expect("read mountinfo")
+            .lines()
+            .filter(|l| {
+                let mp = l.split(' ').nth(4).unwrap_or("");
+                mp.starts_with(&state_s) || mp.contains("/agentrun/")
+            })
+            .map(str::to_string)
+            .collect();
+        let mut cgroups = Vec::new();
+        for parent in agentrun_cgroup_parents() {
+            if let Ok(rd) = fs::read_dir(&parent) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        cgroups.push(e.path());
+                    }
+                }
+            }
+        }
+        cgroups.sort();
+        let mut state_dirs: Vec<PathBuf> = fs::read_dir(state.join("sandboxes"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        state_dirs.sort();
+        Leftovers {
+            processes: sandbox_processes(),
+            mounts,
+            cgroups,
+            state_dirs,
+        }
+    }
+}
+
+/// Ids of sandboxes that have a state dir in another agentrun state dir than `mine`: the
+/// default `/run/agentrun` and the runner's `$AGENTRUN_STATE_DIR` (a developer's daemon, say).
+/// A sandbox's state dir exists before its cgroup and outlives it, so a cgroup or process of
+/// such an id belongs to that other agentrun, not to `mine`.
+pub fn foreign_sandbox_ids(mine: &Path) -> std::collections::BTreeSet<String> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut dirs = vec![PathBuf::from("/run/agentrun"), state_dir()];
+    dirs.extend(agentrun_state_dirs_in_use());
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        if dir == mine {
+            continue;
+        }
+        if let Ok(rd) = fs::read_dir(dir.join("sandboxes")) {
+            for e in rd.flatten() {
+                ids.insert(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    ids
+}
+
+/// State dirs of the agentrun processes running on the host (root-owned processes whose
+/// program is named `agentrun`): their `--state-dir`, else `AGENTRUN_STATE_DIR`, else
+/// `/run/agentrun`.
+pub fn agentrun_state_dirs_in_use() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for p in all_processes() {
+        let is_agentrun = p
+            .cmdline
+            .first()
+            .is_some_and(|a| Path::new(a).file_name() == Some(OsStr::new("agentrun")));
+        if p.uid != 0 || !is_agentrun {
+            continue;
+        }
+        let from_args = p
+            .cmdline
+            .iter()
+            .position(|a| a == "--state-dir")
+            .and_then(|i| p.cmdline.get(i + 1).cloned())
+            .or_else(|| {
+                p.cmdline
+                    .iter()
+                    .find_map(|a| a.strip_prefix("--state-dir=").map(str::to_string))
+            });
+        let from_env = || {
+            fs::read(format!("/proc/{}/environ", p.pid))
+                .ok()?
+                .split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(b"AGENTRUN_STATE_DIR=").map(|v| v.to_vec()))
+                .filter(|v| !v.is_empty())
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+        };
+        let dir = from_args
+            .or_else(from_env)
+            .unwrap_or_else(|| "/run/agentrun".into());
+        let dir = PathBuf::from(dir);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
+}
+
+/// The sandbox id of a process, from its `agentrun/<id>` cgroup.
+fn sandbox_id_of(p: &ProcInfo) -> Option<String> {
+    p.cgroup.lines().find_map(|l| {
+        let path = l.split(':').nth(2)?;
+        let rest = path.split("/agentrun/").nth(1)?;
+        rest.split('/').next().map(str::to_string)
+    })
+}
+
+impl Leftovers {
+    /// Without the processes and cgroups of sandboxes `ids`.
+    pub fn without_ids(&self, ids: &std::collections::BTreeSet<String>) -> Leftovers {
+        Leftovers {
+            processes: self
+                .processes
+                .iter()
+                .filter(|p| !sandbox_id_of(p).is_some_and(|id| ids.contains(&id)))
+                .cloned()
+                .collect(),
+            mounts: self.mounts.clone(),
+            cgroups: self
+                .cgroups
+                .iter()
+                .filter(|c| {
+                    !c.file_name()
+                        .is_some_and(|n| ids.contains(n.to_string_lossy().as_ref()))
+                })
+                .cloned()
+                .collect(),
+            state_dirs: self.state_dirs.clone(),
+        }
+    }
+
+    /// [`Leftovers::snapshot_in`] `state`, leaving out the sandboxes of other state dirs
+    /// ([`foreign_sandbox_ids`], listed before and after the snapshot).
+    pub fn snapshot_own(state: &Path) -> Leftovers {
+        let mut foreign = foreign_sandbox_ids(state);
+        let snap = Leftovers::snapshot_in(state);
+        foreign.extend(foreign_sandbox_ids(state));
+        snap.without_ids(&foreign)
+    }
+}
+
+/// [`force_cleanup`] for the state dir `state` (sparing other state dirs' sandboxes).
+pub fn force_cleanup_in(state: &Path, before: &Leftovers) {
+    for _ in 0..20 {
+        let new = Leftovers::snapshot_own(state).new_since(before);
+        if new.is_empty() {
+            return;
+        }
+        for p in &new.processes {
+            // SAFETY: plain kill; these are sandbox processes started by this test.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        }
+        for m in new.mounts.iter().rev() {
+            if let Some(mp) = m.split(' ').nth(4) {
+                let mp = unescape_mountinfo(mp);
+                if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
+                    // SAFETY: valid C string.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(100));
+        for c in &new.cgroups {
+            remove_cgroup_tree(c);
+        }
+        for d in &new.state_dirs {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Mount points (deepest last) at or under `dir`, from this process's mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|mp| mp.starts_with(dir))
+        .collect()
+}
+
+/// Paths of the `agentrun/<id>` cgroups of sandbox `id` (in every controller).
+pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
+    agentrun_cgroup_parents()
+        .into_iter()
+        .map(|p| p.join(id))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// Live (non-zombie) processes in the sandbox uid range whose command line is `cmdline`.
+pub fn sandboxed_processes_running(cmdline: &[&str]) -> Vec<ProcInfo> {
+    all_processes()
+        .into_iter()
+        .filter(|p| p.state != 'Z' && p.uid >= SANDBOX_UID_BASE && p.cmdline == cmdline)
+        .collect()
+}
+
+/// Waits (at most `timeout`) until no sandboxed process runs `cmdline`; panics naming the
+/// survivors otherwise.
+pub fn assert_no_sandboxed_process(cmdline: &[&str], timeout: Duration, context: &str) {
+    if wait_until(timeout, || {
+        sandboxed_processes_running(cmdline)
+            .is_empty()
+            .then_some(())
+    })
+    .is_none()
+    {
+        let left: Vec<String> = sandboxed_processes_running(cmdline)
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        panic!(
+            "{context}: {cmdline:?} still runs on the host after {:.1}s:\n  {}",
+            timeout.as_secs_f64(),
+            left.join("\n  ")
+        );
+    }
+}
+
+/// One entry of `agentrun ps --json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PsEntry {
+    pub id: String,
+    /// "ready" or "running".
+    pub state: String,
+    /// Host pid of the sandbox's init.
+    pub pid: i32,
+    pub image: String,
+    pub profile: String,
+    /// The whole JSON object.
+    pub raw: serde_json::Value,
+}
+
+/// The counters of one pool in `agentrun pool status --json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub image: String,
+    pub profile: String,
+    pub ready: u64,
+    pub target: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+fn json_str(v: &serde_json::Value, key: &str, ctx: &str) -> String {
+    v.get(key)
+        .and_then(|x| x.as_str())
+        .unwrap_or_else(|| panic!("{ctx}: no string {key:?} in {v}"))
+        .to_string()
+}
+
+fn json_u64(v: &serde_json::Value, key: &str, ctx: &str) -> u64 {
+    v.get(key)
+        .and_then(|x| x.as_u64())
+        .unwrap_or_else(|| panic!("{ctx}: no unsigned integer {key:?} in {v}"))
+}
+
+/// Parses `agentrun ps --json` output.
+pub fn parse_ps(json: &str) -> Vec<PsEntry> {
+    let v: serde_json::Value = serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("`agentrun ps --json` is not JSON ({e}): {json:?}"));
+    let arr = v
+        .as_array()
+        .unwrap_or_else(|| panic!("`agentrun ps --json` is not an array: {v}"));
+    arr.iter()
+        .map(|e| {
+            let ctx = "agentrun ps --json";
+            let pid = e
+                .get("pid")
+                .and_then(|p| p.as_i64())
+                .unwrap_or_else(|| panic!("{ctx}: no integer \"pid\" in {e}"));
+            PsEntry {
+                id: json_str(e, "id", ctx),
+                state: json_str(e, "state", ctx),
+                pid: pid as i32,
+                image: json_str(e, "image", ctx),
+                profile: json_str(e, "profile", ctx),
+                raw: e.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Parses `agentrun pool status --json` output: the entries of its "pools" array.
+pub fn parse_pool_status(json: &str) -> Vec<PoolCounts> {
+    let v: serde_json::Value = serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("`agentrun pool status --json` is not JSON ({e}): {json:?}"));
+    let pools = v
+        .get("pools")
+        .and_then(|p| p.as_array())
+        .unwrap_or_else(|| panic!("`agentrun pool status --json` has no \"pools\" array: {v}"));
+    pools
+        .iter()
+        .map(|p| {
+            let ctx = "agentrun pool status --json";
+            PoolCounts {
+                image: json_str(p, "image", ctx),
+                profile: json_str(p, "profile", ctx),
+                ready: json_u64(p, "ready", ctx),
+                target: json_u64(p, "target", ctx),
+                hits: json_u64(p, "hits", ctx),
+                misses: json_u64(p, "misses", ctx),
+            }
+        })
+        .collect()
+}
+
+/// A private `AGENTRUN_STATE_DIR` and, once started, an `agentrun serve` using it.
+///
+/// The state dir is `<tmp>/agentrun-e2e-XXXX/state`, every parent searchable (0755) as the
+/// sandbox's unprivileged uid needs. Every client made through the daemon ([`Daemon::exec`],
+/// [`Daemon::agentrun`]) gets the same `AGENTRUN_STATE_DIR` (so it finds the daemon's
+/// default socket `$AGENTRUN_STATE_DIR/agentrun.sock`), the daemon's extra env, no
+/// `AGENTRUN_NO_DAEMON` and none of the runner's `OTEL_*` variables.
+///
+/// Dropping it stops the daemon (SIGTERM, 20 s grace, SIGKILL), runs `agentrun gc` on the state
+/// dir, removes by force whatever is still left if the test is failing (sandbox processes,
+/// mounts under the state dir, new cgroups, state dirs), then unmounts what is left under the
+/// state dir and removes it. Tests using a daemon hold the exclusive e2e lock: garbage
+/// collection (a daemon's start, any cold run) looks at every `agentrun/` cgroup on the host,
+/// whatever its state dir, and the tests count host-wide leftovers.
+pub struct Daemon {
+    root: Option<tempfile::TempDir>,
+    state: PathBuf,
+    env: Vec<(OsString, OsString)>,
+    proc: Option<Running>,
+    before: Leftovers,
+}
+
+/// How long a daemon is given to come up (socket answering) after it was spawned.
+pub const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Daemon {
+    /// A private state dir, no daemon yet.
+    pub fn unstarted() -> Daemon {
+        let root = tempdir();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755))
+                .expect("chmod 755 the state dir's parent");
+        }
+        let state = root.path().join("state");
+        let before = Leftovers::snapshot_in(&state);
+        Daemon {
+            root: Some(root),
+            state,
+            env: Vec::new(),
+            proc: None,
+            before,
+        }
+    }
+
+    /// `agentrun serve --pool-size N`, up and answering (not necessarily with a full pool).
+    pub fn start(pool_size: usize) -> Daemon {
+        let mut d = Daemon::unstarted();
+        d.launch(["--pool-size".to_string(), pool_size.to_string()]);
+        d
+    }
+
+    /// Adds a variable for the daemon and every client made through it (call before
+    /// [`Daemon::launch`]).
+    pub fn with_env(mut self, key: impl AsRef<OsStr>, val: impl AsRef<OsStr>) -> Daemon {
+        self.env
+            .push((key.as_ref().to_owned(), val.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds a variable for the daemon and every client made through it.
+    pub fn set_env(&mut self, key: impl AsRef<OsStr>, val: impl AsRef<OsStr>) {
+        self.env
+            .push((key.as_ref().to_owned(), val.as_ref().to_owned()));
+    }
+
+    /// The private `AGENTRUN_STATE_DIR`.
+    pub fn state(&self) -> &Path {
+        &self.state
+    }
+
+    /// The daemon's default socket, `$AGENTRUN_STATE_DIR/agentrun.sock`.
+    pub fn socket(&self) -> PathBuf {
+        self.state.join("agentrun.sock")
+    }
+
+    /// What was on the host (in this state dir's terms) before anything ran in it.
+    pub fn before(&self) -> &Leftovers {
+        &self.before
+    }
+
+    /// `agentrun ARGS...` with this state dir and env.
+    pub fn agentrun<I, S>(&self, args: I) -> Agentrun
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut a = agentrun(args)
+            .env("AGENTRUN_STATE_DIR", &self.state)
+            .env_remove("AGENTRUN_NO_DAEMON");
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("OTEL_") {
+                a = a.env_remove(k);
+            }
+        }
+        for (k, v) in &self.env {
+            a = a.env(k, v);
+        }
+        a
+    }
+
+    /// `agentrun exec -- CMD...` as a client of this daemon.
+    pub fn exec<I, S>(&self, cmd: I) -> Agentrun
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.exec_with::<[&str; 0], &str, I, S>([], cmd)
+    }
+
+    /// `agentrun exec OPTS... -- CMD...` as a client of this daemon.
+    pub fn exec_with<O, OS, I, S>(&self, opts: O, cmd: I) -> Agentrun
+    where
+        O: IntoIterator<Item = OS>,
+        OS: AsRef<OsStr>,
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut args: Vec<OsString> = vec!["exec".into()];
+        args.extend(opts.into_iter().map(|a| a.as_ref().to_owned()));
+        args.push("--".into());
+        args.extend(cmd.into_iter().map(|a| a.as_ref().to_owned()));
+        self.agentrun(args)
+    }
+
+    /// Spawns `agentrun serve ARGS...` and waits until its socket answers
+    /// (`agentrun pool status --json` exits 0), at most [`DAEMON_START_TIMEOUT`]. Panics with
+    /// the daemon's output if it exits or never answers.
+    pub fn launch<I, S>(&mut self, args: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        assert!(self.proc.is_none(), "daemon already running");
+        let mut all: Vec<OsString> = vec!["serve".into()];
+        all.extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self.proc = Some(self.agentrun(all).spawn());
+        let deadline = Instant::now() + DAEMON_START_TIMEOUT;
+        loop {
+            if let Some(p) = self.proc.as_mut() {
+                if p.exited() {
+                    let out = self
+                        .proc
+                        .take()
+                        .unwrap()
+                        .wait_or_kill(Duration::from_secs(5));
+                    panic!("`agentrun serve` exited while starting\n{out}");
+                }
+            }
+            if self.socket().exists() {
+                let out = self
+                    .agentrun(["pool", "status", "--json"])
+                    .timeout(Duration::from_secs(30))
+                    .run();
+                if out.status.code() == Some(0) {
+                    return;
+                }
+            }
+            if Instant::now() >= deadline {
+                let mut p = self.proc.take().unwrap();
+                p.stop();
+                let out = p.wait_or_kill(Duration::from_secs(5));
+                panic!(
+                    "`agentrun serve` did not answer on {} within {:.0}s\n{out}",
+                    self.socket().display(),
+                    DAEMON_START_TIMEOUT.as_secs_f64()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Is the daemon process still running?
+    pub fn is_running(&mut self) -> bool {
+        match self.proc.as_mut() {
+            Some(p) => !p.exited(),
+            None => false,
+        }
+    }
+
+    /// The daemon's host pid.
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("daemon not started").pid()
+    }
+
+    /// The daemon's stdout and stderr so far (for failure messages).
+    pub fn log(&self) -> String {
+        match &self.proc {
+            Some(p) => format!(
+                "--- daemon ({}) stdout ---\n{}\n--- daemon stderr ---\n{}",
+                p.argv(),
+                clip(p.stdout_so_far().as_bytes()),
+                clip(p.stderr_so_far().as_bytes())
+            ),
+            None => "(daemon not running)".into(),
+        }
+    }
+
+    /// `agentrun pool status --json`, parsed.
+    pub fn pool_status(&self) -> Vec<PoolCounts> {
+        let out = self
+            .agentrun(["pool", "status", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "agentrun pool status --json\n{out}\n{}",
+            self.log()
+        );
+        parse_pool_status(&out.stdout())
+    }
+
+    /// The pool for the default key (image `host`, profile `default`).
+    pub fn default_pool(&self) -> PoolCounts {
+        let pools = self.pool_status();
+        pools
+            .iter()
+            .find(|p| p.image == "host" && p.profile == "default")
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no pool for image host, profile default in `pool status`: {pools:#?}\n{}",
+                    self.log()
+                )
+            })
+    }
+
+    /// `agentrun ps --json`, parsed.
+    pub fn ps(&self) -> Vec<PsEntry> {
+        let out = self
+            .agentrun(["ps", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "agentrun ps --json\n{out}\n{}",
+            self.log()
+        );
+        parse_ps(&out.stdout())
+    }
+
+    /// Waits until the default pool is full (ready == target, and `ps` shows that many ready
+    /// sandboxes), at most `timeout`; returns its counters.
+    pub fn wait_pool_full(&self, timeout: Duration) -> PoolCounts {
+        let mut last = None;
+        let full = wait_until(timeout, || {
+            let p = self.default_pool();
+            let ps = self.ps();
+            let ready = ps.iter().filter(|e| e.state == "ready").count() as u64;
+            let full = p.ready == p.target && p.target > 0 && ready >= p.target;
+            last = Some((p.clone(), ps));
+            full.then_some(p)
+        });
+        full.unwrap_or_else(|| {
+            panic!(
+                "the pool did not fill within {:.0}s; last status and ps: {last:#?}\n{}",
+                timeout.as_secs_f64(),
+                self.log()
+            )
+        })
+    }
+
+    /// SIGTERM to the daemon; waits up to `timeout` for it to exit and returns what it did.
+    /// Panics (after SIGKILL) if it does not exit in time.
+    pub fn terminate(&mut self, timeout: Duration) -> RunOutput {
+        let mut p = self.proc.take().expect("daemon not started");
+        p.signal(libc::SIGTERM);
+        match p.wait_for(timeout) {
+            Some(out) => out,
+            None => {
+                let tree = process_tree(p.pid() as i32);
+                p.kill9();
+                let out = p.wait_or_kill(Duration::from_secs(5));
+                panic!(
+                    "`agentrun serve` did not exit within {:.0}s of SIGTERM (killed); its \
+                     processes before the kill:\n{tree}{out}",
+                    timeout.as_secs_f64()
+                );
+            }
+        }
+    }
+
+    /// SIGKILL to the daemon (reaped); nothing is cleaned up.
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill9();
+        }
+    }
+}
+
+/// `pid` and its descendants, one line per thread with its state and kernel wait channel
+/// (for reports about hangs).
+pub fn process_tree(pid: i32) -> String {
+    fn ppid(pid: i32) -> Option<i32> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split(' ').nth(1)?.parse().ok()
+    }
+    let all: Vec<ProcInfo> = all_processes();
+    let mut out = String::new();
+    let mut stack = vec![(pid, 0usize)];
+    while let Some((p, depth)) = stack.pop() {
+        let Some(info) = all.iter().find(|i| i.pid == p) else {
+            continue;
+        };
+        out.push_str(&format!("{}{info}\n", "  ".repeat(depth + 1)));
+        if let Ok(rd) = fs::read_dir(format!("/proc/{p}/task")) {
+            for t in rd.flatten() {
+                let t = t.path();
+                let read = |f: &str| {
+                    fs::read_to_string(t.join(f))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()
+                };
+                let state = read("status")
+                    .lines()
+                    .find_map(|l| l.strip_prefix("State:").map(|s| s.trim().to_string()))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "{}  thread {} ({}) {state} wchan={}\n",
+                    "  ".repeat(depth + 1),
+                    t.file_name().unwrap_or_default().to_string_lossy(),
+                    read("comm"),
+                    read("wchan")
+                ));
+            }
+        }
+        for c in all.iter().filter(|c| ppid(c.pid) == Some(p)) {
+            stack.push((c.pid, depth + 1));
+        }
+    }
+    out
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.signal(libc::SIGTERM);
+            if p.wait_for(Duration::from_secs(20)).is_none() {
+                eprintln!("agentrun serve did not exit within 20 s of SIGTERM: killing it");
+                p.kill9();
+            }
+        }
+        // What is left is agentrun's own to clean (its gc is scoped to this state dir); the
+        // forced cleanup (which kills every sandbox process new since the daemon's creation,
+        // whoever made it) only when the test failed.
+        if self.state.exists() {
+            let mut gc = self.agentrun(["gc"]).spawn();
+            if gc.wait_for(Duration::from_secs(30)).is_none() {
+                gc.kill9();
+            }
+        }
+        if thread::panicking() {
+            force_cleanup_in(&self.state, &self.before);
+        }
+        if let Some(root) = self.root.take() {
+            let dir = root.path().to_path_buf();
+            for mp in mounts_under(&dir).iter().rev() {
+                if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
+                    // SAFETY: valid C string.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            }
+            if mounts_under(&dir).is_empty() {
+                drop(root);
+            } else {
+                // Never recurse into something still mounted (it could be a workspace).
+                eprintln!(
+                    "leaving {} behind: still mounted: {:?}",
+                    dir.display(),
+                    mounts_under(&dir)
+                );
+                let _ = root.keep();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod daemon_helper_tests {
+    use super::*;
+
+    #[test]
+    fn ps_and_pool_status_json_parse() {
+        let ps = parse_ps(
+            r#"[{"id":"ar-1","state":"ready","pid":12,"image":"host","profile":"default","age_ms":3}]"#,
+        );
+        assert_eq!(ps.len(), 1);
+        assert_eq!(
+            (ps[0].id.as_str(), ps[0].state.as_str(), ps[0].pid),
+            ("ar-1", "ready", 12)
+        );
+        let pools = parse_pool_status(
+            r#"{"pools":[{"image":"host","profile":"default","ready":2,"target":3,"hits":4,"misses":5}],"running":0}"#,
+        );
+        assert_eq!(
+            pools,
+            vec![PoolCounts {
+                image: "host".into(),
+                profile: "default".into(),
+                ready: 2,
+                target: 3,
+                hits: 4,
+                misses: 5
+            }]
+        );
+    }
+
+    #[test]
+    fn foreign_sandboxes_are_left_out() {
+        let p = |pid, cgroup: &str| ProcInfo {
+            pid,
+            uid: SANDBOX_UID_BASE,
+            comm: "x".into(),
+            cmdline: vec![],
+            cgroup: cgroup.into(),
+            state: 'S',
+        };
+        let l = Leftovers {
+            processes: vec![
+                p(1, "4:memory:/agentrun/ar-foreign\n0::/"),
+                p(2, "0::/agentrun/ar-mine"),
+                p(3, "0::/"),
+            ],
+            mounts: vec![],
+            cgroups: vec![
+                PathBuf::from("/sys/fs/cgroup/memory/agentrun/ar-foreign"),
+                PathBuf::from("/sys/fs/cgroup/memory/agentrun/ar-mine"),
+            ],
+            state_dirs: vec![],
+        };
+        let ids = ["ar-foreign".to_string()].into_iter().collect();
+        let kept = l.without_ids(&ids);
+        assert_eq!(
+            kept.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert_eq!(
+            kept.cgroups,
+            vec![PathBuf::from("/sys/fs/cgroup/memory/agentrun/ar-mine")]
+        );
+    }
+}

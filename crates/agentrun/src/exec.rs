@@ -253,7 +253,7 @@ fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
-    let socket = agentrun_pool::daemon::default_socket(&paths.state_dir);
+    let socket = paths.socket();
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
     if !no_daemon && !keep_bundle {
         if let Some(client) = DaemonClient::connect(&socket) {

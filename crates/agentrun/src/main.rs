@@ -41,6 +41,9 @@ struct Cli {
         default_value = "/run/agentrun"
     )]
     state_dir: PathBuf,
+    /// The daemon's socket (default: <state dir>/agentrun.sock).
+    #[arg(long, global = true, env = "AGENTRUN_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -73,6 +76,16 @@ enum Command {
 pub struct Paths {
     pub root: PathBuf,
     pub state_dir: PathBuf,
+    socket: Option<PathBuf>,
+}
+
+impl Paths {
+    /// Where `agentrun serve` listens and clients connect.
+    pub fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| agentrun_pool::daemon::default_socket(&self.state_dir))
+    }
 }
 
 fn main() -> ExitCode {
@@ -91,6 +104,7 @@ fn main() -> ExitCode {
     let paths = Paths {
         root: cli.root,
         state_dir: cli.state_dir,
+        socket: cli.socket,
     };
     let result = match cli.command {
         Command::Exec(args) => return exec::run(*args, &paths),

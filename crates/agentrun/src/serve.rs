@@ -15,9 +15,6 @@ use crate::Paths;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Control socket (root-only); default $AGENTRUN_STATE_DIR/agentrun.sock.
-    #[arg(long, value_name = "PATH")]
-    socket: Option<PathBuf>,
     /// Ready sandboxes kept for the default recipe (image `host`, profile `default`).
     #[arg(long, value_name = "N")]
     pool_size: Option<usize>,
@@ -74,9 +71,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         None => DEFAULT_DRAIN,
     };
     let opts = DaemonOptions {
-        socket: args
-            .socket
-            .unwrap_or_else(|| daemon::default_socket(&paths.state_dir)),
+        socket: paths.socket(),
         root: paths.root.clone(),
         state_dir: paths.state_dir.clone(),
         limits: PoolLimits {
@@ -95,7 +90,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
 }
 
 fn call(paths: &Paths, msg: &ClientMessage) -> anyhow::Result<DaemonReply> {
-    let socket = daemon::default_socket(&paths.state_dir);
+    let socket = paths.socket();
     let client = DaemonClient::connect(&socket).with_context(|| {
         format!(
             "no daemon answers on {} (start `agentrun serve`)",

@@ -53,6 +53,9 @@ struct Shared {
 
 /// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
 pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
+    // One daemon per state dir, for its whole life (a daemon that is still shutting down has
+    // removed its socket but not yet its sandboxes).
+    let _lock = lock_state_dir(&opts.state_dir)?;
     if crate::client::DaemonClient::connect(&opts.socket).is_some() {
         return Err(PoolError::Invalid(format!(
             "a daemon already serves {}",
@@ -149,11 +152,7 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
     }
     // Client threads still holding `shared` only finish replies; the factory ends with us.
     match Arc::try_unwrap(shared) {
-        Ok(s) => {
-            for f in s.pool.into_factories() {
-                f.shutdown();
-            }
-        }
+        Ok(s) => FactoryClient::shutdown_all(s.pool.into_factories()),
         Err(_) => {
             // A client thread is still finishing: give it a moment, then go (the factory
             // sees EOF when this process exits and destroys what is left).
@@ -161,6 +160,24 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
         }
     }
     Ok(())
+}
+
+/// Takes `<state dir>/daemon.lock` (flock), or says who has it.
+fn lock_state_dir(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, PoolError> {
+    std::fs::create_dir_all(state_dir).map_err(|e| PoolError::Io("create state dir", e))?;
+    let path = state_dir.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| PoolError::Io("open daemon.lock", e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        PoolError::Invalid(format!(
+            "another agentrun serve is running on state dir {}",
+            state_dir.display()
+        ))
+    })
 }
 
 fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {

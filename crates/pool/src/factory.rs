@@ -82,6 +82,15 @@ impl FactoryClient {
         match unsafe { fork() }.map_err(|e| PoolError::Sys("fork", e))? {
             ForkResult::Child => {
                 drop(ours);
+                // Forked, not exec'd: close-on-exec does nothing here, so close every fd but
+                // stdio and our channel. Otherwise a later factory keeps an earlier one's
+                // channel open, and that one never sees the daemon hang up.
+                let keep = theirs.as_raw_fd() as u32;
+                // SAFETY: close_range on fds of this fresh process; nothing here uses them.
+                unsafe {
+                    libc::close_range(3, keep.saturating_sub(1), 0);
+                    libc::close_range(keep + 1, u32::MAX, 0);
+                }
                 let code = match serve(theirs, &paths) {
                     Ok(()) => 0,
                     Err(e) => {
@@ -147,10 +156,14 @@ impl FactoryClient {
         }
     }
 
-    /// Closes the channel (the factory destroys what is left and exits) and reaps it.
-    pub fn shutdown(self) {
-        drop(self.sock);
-        let _ = waitpid(self.pid, None);
+    /// Closes every factory's channel (each destroys what it still has and exits), then
+    /// reaps them: all are told before any is waited for.
+    pub fn shutdown_all(factories: Vec<FactoryClient>) {
+        let pids: Vec<Pid> = factories.iter().map(|f| f.pid).collect();
+        drop(factories);
+        for pid in pids {
+            let _ = waitpid(pid, None);
+        }
     }
 }
 
