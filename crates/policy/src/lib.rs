@@ -150,13 +150,27 @@ impl Profile {
         Self::builtin(name_or_path)
     }
 
-    /// A built-in profile by name.
+    /// A built-in profile by name (parsed once per process: the daemon asks for one per run).
     pub fn builtin(name: &str) -> Result<Self, PolicyError> {
-        let (_, text) = BUILTIN.iter().find(|(n, _)| *n == name).ok_or_else(|| {
-            let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
-            PolicyError::UnknownProfile(name.to_owned(), names.join(", "))
-        })?;
-        Self::parse(text, name)
+        static PARSED: std::sync::OnceLock<Vec<(&'static str, Profile)>> =
+            std::sync::OnceLock::new();
+        let parsed = PARSED.get_or_init(|| {
+            BUILTIN
+                .iter()
+                .map(|(n, text)| {
+                    let p = Self::parse(text, n).expect("built-in profiles are valid (tested)");
+                    (*n, p)
+                })
+                .collect()
+        });
+        parsed
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| p.clone())
+            .ok_or_else(|| {
+                let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+                PolicyError::UnknownProfile(name.to_owned(), names.join(", "))
+            })
     }
 
     /// Names of the built-in profiles.
