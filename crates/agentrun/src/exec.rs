@@ -408,6 +408,11 @@ pub(crate) fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan, output_cou
         span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
         span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);
     }
+    if let Some(u) = &o.usage {
+        span.set_attribute("sandbox.cpu_user_ms", (u.user_us / 1000) as i64);
+        span.set_attribute("sandbox.cpu_system_ms", (u.system_us / 1000) as i64);
+        span.set_attribute("sandbox.max_rss_kb", u.max_rss_kb as i64);
+    }
     if let Some(peak) = o.stats.peak_memory_bytes {
         span.set_attribute("sandbox.memory_peak_bytes", peak as i64);
     }

@@ -92,6 +92,7 @@ fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan) -> i32 {
         },
         init_pid: r.init_pid,
         run_duration: Duration::from_millis(r.duration_ms),
+        usage: r.usage,
         ..Default::default()
     };
     report(&outcome, plan, span, false);

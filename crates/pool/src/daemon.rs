@@ -315,6 +315,7 @@ fn exec(
                 Some(init) => {
                     out.exit_code = init.exit_code;
                     out.signal = init.signal;
+                    out.usage = Some(init.usage);
                 }
                 None if r.timed_out => out.exit_code = 124,
                 None => {

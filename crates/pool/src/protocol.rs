@@ -40,6 +40,7 @@ pub struct ExecReply {
     pub peak_memory_bytes: Option<u64>,
     pub init_pid: i32,
     pub duration_ms: u64,
+    pub usage: Option<agentrun_runtime::control::ResourceUsage>,
     pub enforcement: Enforcement,
     /// Set when agentrun itself failed (exit 125); one line.
     pub error: Option<String>,

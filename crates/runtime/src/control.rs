@@ -39,9 +39,26 @@ pub struct InitResult {
     /// Exit code, or 128+N for signal N.
     pub exit_code: i32,
     pub signal: Option<i32>,
+    pub usage: ResourceUsage,
+}
+
+/// CPU time and peak RSS of a command and the children it waited for (`getrusage`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResourceUsage {
     pub user_us: u64,
     pub system_us: u64,
     pub max_rss_kb: u64,
+}
+
+impl From<&libc::rusage> for ResourceUsage {
+    fn from(r: &libc::rusage) -> Self {
+        let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+        ResourceUsage {
+            user_us: us(r.ru_utime),
+            system_us: us(r.ru_stime),
+            max_rss_kb: r.ru_maxrss as u64,
+        }
+    }
 }
 
 /// A connected SEQPACKET pair (close-on-exec).

@@ -302,13 +302,10 @@ fn supervise(child: Pid) -> InitResult {
             } else {
                 (libc::WEXITSTATUS(status), None)
             };
-            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
             return InitResult {
                 exit_code,
                 signal,
-                user_us: us(usage.ru_utime),
-                system_us: us(usage.ru_stime),
-                max_rss_kb: usage.ru_maxrss as u64,
+                usage: (&usage).into(),
             };
         }
     }

@@ -21,7 +21,7 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::signalfd::SignalFd;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::cgroup::{CgroupMode, CgroupStats};
@@ -147,6 +147,8 @@ pub struct RunOutcome {
     pub init_pid: i32,
     /// Time from start to exit.
     pub run_duration: Duration,
+    /// CPU time and peak RSS of everything that ran in the sandbox.
+    pub usage: Option<crate::control::ResourceUsage>,
 }
 
 /// What enforcement a sandbox got on this host (recorded on the span).
@@ -571,14 +573,24 @@ impl Sandbox {
                 }
             }
             if pid_ready {
-                match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::StillAlive) => {}
-                    Ok(s) => {
-                        status = Some(s);
-                        exited_at = Some(Instant::now());
-                        outcome.run_duration = started.elapsed();
-                    }
-                    Err(e) => return Err(RuntimeError::sys("waitpid", e)),
+                let mut raw = 0;
+                // SAFETY: rusage is plain old data that wait4 fills in.
+                let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+                // SAFETY: wait4 on our own child with valid out-pointers.
+                let pid =
+                    unsafe { libc::wait4(init.as_raw(), &mut raw, libc::WNOHANG, &mut usage) };
+                if pid < 0 {
+                    return Err(RuntimeError::sys("wait4", nix::Error::last()));
+                }
+                if pid > 0 {
+                    status = Some(
+                        WaitStatus::from_raw(init, raw)
+                            .map_err(|e| RuntimeError::sys("wait4", e))?,
+                    );
+                    // The init's usage includes the command's and every child it reaped.
+                    outcome.usage = Some((&usage).into());
+                    exited_at = Some(Instant::now());
+                    outcome.run_duration = started.elapsed();
                 }
             }
         }
