@@ -1798,6 +1798,17 @@ impl Daemon {
         parse_pool_status(&out.stdout())
     }
 
+    /// The top-level `unpooled` counter: runs no kept pool could serve (made on demand).
+    pub fn unpooled(&self) -> u64 {
+        let out = self
+            .agentrun(["pool", "status", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run();
+        let v: serde_json::Value = serde_json::from_str(&out.stdout())
+            .unwrap_or_else(|e| panic!("`agentrun pool status --json` is not JSON ({e}): {out}"));
+        json_u64(&v, "unpooled", "agentrun pool status --json")
+    }
+
     /// The pool for the default key (image `host`, profile `default`).
     pub fn default_pool(&self) -> PoolCounts {
         let pools = self.pool_status();

@@ -15,7 +15,8 @@
 //! - A pooled sandbox is one-shot: destroyed after its run; the pool is refilled in the
 //!   background.
 //! - `ps --json`: array of {"id","state" ("ready"|"running"),"pid","image","profile",...};
-//!   `pool status --json`: {"pools":[{"image","profile","ready","target","hits","misses"}]}.
+//!   `pool status --json`: {"pools":[{"image","profile","ready","target","hits","misses"}],
+//!   "unpooled", "created", "create_failures", "running", "max_sandboxes"}.
 //! - The `sandbox.exec` span of a pool hit has `sandbox.pool_hit=true`.
 //!
 //! Every test holds the exclusive e2e lock: they count host-wide things (sandbox processes,
@@ -38,9 +39,14 @@ const FILL: Duration = Duration::from_secs(60);
 /// How long the daemon may take to notice and clean up after a run (client gone, init killed).
 const CLEANUP: Duration = Duration::from_secs(15);
 
-/// Total runs the daemon says it served: hits + misses over every pool.
+/// Total runs the daemon says it served: hits + misses over every pool, plus the runs no pool
+/// could serve.
 fn served(d: &Daemon) -> u64 {
-    d.pool_status().iter().map(|p| p.hits + p.misses).sum()
+    d.pool_status()
+        .iter()
+        .map(|p| p.hits + p.misses)
+        .sum::<u64>()
+        + d.unpooled()
 }
 
 fn ready_ids(d: &Daemon) -> BTreeSet<String> {
@@ -242,7 +248,7 @@ fn runs_the_pool_cannot_serve_are_created_on_demand() {
     assert_eq!(
         served(&d),
         n0 + 1,
-        "the --workspace run must go through the daemon (hits + misses + 1)\n{}",
+        "the --workspace run must go through the daemon (hits + misses + unpooled + 1)\n{}",
         d.log()
     );
 
@@ -273,7 +279,7 @@ fn runs_the_pool_cannot_serve_are_created_on_demand() {
     assert_eq!(
         served(&d),
         n0 + 2,
-        "the --memory runs must go through the daemon (hits + misses + 2)\n{}",
+        "the --memory runs must go through the daemon (hits + misses + unpooled + 2)\n{}",
         d.log()
     );
 
@@ -1076,4 +1082,65 @@ fn sigterm_with_a_run_that_outlasts_the_drain_still_exits_cleanly() {
     );
     assert_daemon_left_nothing(&d, Duration::from_secs(2), "after SIGTERM with a long run");
     assert!(!d.socket().exists(), "socket left");
+}
+
+#[test]
+fn a_pool_kept_for_another_image_serves_its_runs() {
+    let Some(_l) = setup_exclusive() else { return };
+    let root = busybox_root();
+    let mut d = Daemon::unstarted().with_env("AGENTRUN_ROOT", &root);
+    d.launch(["--pool", "host:default=1", "--pool", "busybox=2"]);
+    // Both pools fill: 1 host + 2 busybox sandboxes ready.
+    let deadline = std::time::Instant::now() + FILL;
+    loop {
+        let pools = d.pool_status();
+        let ready = |img: &str| pools.iter().find(|p| p.image == img).map(|p| p.ready);
+        if ready("host") == Some(1) && ready("busybox") == Some(2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pools did not fill: {pools:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let busybox_ready: BTreeSet<String> = d
+        .ps()
+        .into_iter()
+        .filter(|e| e.state == "ready" && e.image == "busybox")
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(busybox_ready.len(), 2, "{}", d.log());
+
+    let out = d
+        .exec_with(
+            ["--image", "busybox"],
+            ["/bin/sh", "-c", "cat /etc/os-release"],
+        )
+        .run();
+    assert!(
+        out.success().contains("agentrun busybox test image"),
+        "busybox image expected\n{out}"
+    );
+    let busybox = d
+        .pool_status()
+        .into_iter()
+        .find(|p| p.image == "busybox")
+        .expect("busybox pool");
+    assert_eq!((busybox.hits, busybox.misses), (1, 0), "{busybox:?}");
+    assert_eq!(d.unpooled(), 0, "a kept pool served the run");
+
+    // An image or profile that does not exist is refused when the daemon starts.
+    let bad = std::process::Command::new(agentrun_bin())
+        .args(["serve", "--pool", "no-such-image=1"])
+        .env("AGENTRUN_ROOT", &root)
+        .env("AGENTRUN_STATE_DIR", d.state())
+        .output()
+        .expect("run agentrun serve");
+    assert_eq!(bad.status.code(), Some(125), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("no-such-image"),
+        "{bad:?}"
+    );
 }

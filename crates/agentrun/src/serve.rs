@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::daemon::{self, DaemonOptions};
-use agentrun_pool::pool::PoolLimits;
+use agentrun_pool::pool::{PoolLimits, PoolSpec};
 use agentrun_pool::protocol::{ClientMessage, DaemonReply};
+use agentrun_pool::recipe::{DEFAULT_IMAGE, DEFAULT_PROFILE};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde::Deserialize;
@@ -15,9 +16,12 @@ use crate::Paths;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Ready sandboxes kept for the default recipe (image `host`, profile `default`).
+    /// Ready sandboxes kept per pool (default 4).
     #[arg(long, value_name = "N")]
     pool_size: Option<usize>,
+    /// A pool to keep: IMAGE[:PROFILE][=N] (repeatable; default: host:default).
+    #[arg(long = "pool", value_name = "IMAGE[:PROFILE][=N]")]
+    pools: Vec<String>,
     /// Most sandboxes that may exist at once (ready + running).
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
@@ -27,7 +31,7 @@ pub struct ServeArgs {
     /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
     #[arg(long, value_name = "N")]
     factories: Option<usize>,
-    /// TOML file with `pool_size`, `max_sandboxes`, `drain`, `factories` (flags win).
+    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -37,6 +41,7 @@ pub struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct ServeConfig {
     pool_size: Option<usize>,
+    pools: Option<Vec<String>>,
     max_sandboxes: Option<usize>,
     drain: Option<String>,
     factories: Option<usize>,
@@ -63,8 +68,29 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         .max_sandboxes
         .or(file.max_sandboxes)
         .unwrap_or(DEFAULT_MAX_SANDBOXES);
-    if max == 0 || target > max {
-        bail!("--pool-size ({target}) must be at most --max-sandboxes ({max}), which must be > 0");
+    let specs: Vec<String> = if !args.pools.is_empty() {
+        args.pools.clone()
+    } else {
+        file.pools
+            .clone()
+            .unwrap_or_else(|| vec![format!("{DEFAULT_IMAGE}:{DEFAULT_PROFILE}")])
+    };
+    let pools = specs
+        .iter()
+        .map(|s| PoolSpec::parse(s, target))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A pool of an image or profile that does not exist would only ever fail: say so now.
+    let store = agentrun_image::ImageStore::open(&paths.root)?;
+    for p in &pools {
+        store
+            .resolve(&p.image)
+            .with_context(|| format!("--pool {}", p.image))?;
+        agentrun_policy::Profile::load(&p.profile)
+            .with_context(|| format!("--pool {}:{}", p.image, p.profile))?;
+    }
+    let kept: usize = pools.iter().map(|p| p.target).sum();
+    if max == 0 || kept > max {
+        bail!("the pools keep {kept} sandboxes ready: --max-sandboxes ({max}) must be at least that, and > 0");
     }
     let drain = match args.drain.as_deref().or(file.drain.as_deref()) {
         Some(d) => agentrun_policy::parse_duration(d).context("--drain")?,
@@ -75,7 +101,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         root: paths.root.clone(),
         state_dir: paths.state_dir.clone(),
         limits: PoolLimits {
-            target,
+            pools,
             max_sandboxes: max,
         },
         drain,
@@ -138,27 +164,26 @@ pub enum PoolCommand {
 
 pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
     let PoolCommand::Status { json } = cmd;
-    let reply = call(paths, &ClientMessage::PoolStatus)?;
-    let DaemonReply::PoolStatus {
-        pools,
-        running,
-        max_sandboxes,
-    } = reply
-    else {
+    let DaemonReply::PoolStatus(status) = call(paths, &ClientMessage::PoolStatus)? else {
         bail!("unexpected reply from the daemon");
     };
     if json {
-        let v =
-            serde_json::json!({"pools": pools, "running": running, "max_sandboxes": max_sandboxes});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    for p in &pools {
+    for p in &status.pools {
         println!(
-            "{} / {}: {} ready of {}; {} hits, {} misses; {} created, {} failed",
-            p.image, p.profile, p.ready, p.target, p.hits, p.misses, p.created, p.create_failures
+            "{} / {}: {} ready of {}; {} hits, {} misses",
+            p.image, p.profile, p.ready, p.target, p.hits, p.misses
         );
     }
-    println!("running: {running}; max sandboxes: {max_sandboxes}");
+    println!(
+        "unpooled runs: {}; created: {}, failed: {}; running: {}; max sandboxes: {}",
+        status.unpooled,
+        status.created,
+        status.create_failures,
+        status.running,
+        status.max_sandboxes
+    );
     Ok(())
 }

@@ -94,7 +94,7 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
 
     let listener = listen_on(&opts.socket)?;
     let shared = Arc::new(Shared {
-        pool: Pool::new(factories, opts.limits),
+        pool: Pool::new(factories, opts.limits.clone()),
         cgroup: CgroupMode::detect(),
     });
     let refills = (0..shared.pool.factory_count())
@@ -106,10 +106,20 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
                 .map_err(|e| PoolError::Io("spawn thread", e))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let pools: Vec<String> = opts
+        .limits
+        .pools
+        .iter()
+        .map(|p| format!("{}:{}={}", p.image, p.profile, p.target))
+        .collect();
     eprintln!(
-        "agentrun: serving on {} (pool {} ready, at most {} sandboxes)",
+        "agentrun: serving on {} (pools {}; at most {} sandboxes)",
         opts.socket.display(),
-        opts.limits.target,
+        if pools.is_empty() {
+            "none".into()
+        } else {
+            pools.join(", ")
+        },
         opts.limits.max_sandboxes
     );
     loop {
@@ -239,15 +249,7 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             },
         ),
         (ClientMessage::PoolStatus, _) => {
-            let (pools, running, max_sandboxes) = shared.pool.status();
-            reply(
-                conn.as_fd(),
-                &DaemonReply::PoolStatus {
-                    pools,
-                    running,
-                    max_sandboxes,
-                },
-            )
+            reply(conn.as_fd(), &DaemonReply::PoolStatus(shared.pool.status()))
         }
         (ClientMessage::Signal { .. }, _) => reply(
             conn.as_fd(),

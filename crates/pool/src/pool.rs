@@ -1,5 +1,6 @@
-//! The pool: ready sandboxes of the default recipe, refilled in the background, and on-demand
-//! sandboxes for everything else. Every sandbox is one-shot: it is destroyed after its run.
+//! The pool: ready sandboxes per configured (image, profile), refilled in the background, and
+//! on-demand sandboxes for everything else. Every sandbox is one-shot: it is destroyed after
+//! its run.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -7,17 +8,56 @@ use std::time::{Duration, Instant};
 
 use crate::factory::{FactoryClient, PooledSandbox};
 use crate::protocol::{PoolInfo, SandboxInfo};
-use crate::recipe::{SandboxRecipe, DEFAULT_IMAGE, DEFAULT_PROFILE};
+use crate::recipe::SandboxRecipe;
 use crate::PoolError;
 
 /// How long an on-demand run waits for room under `max_sandboxes`.
 const ROOM_WAIT: Duration = Duration::from_secs(30);
 
-/// Pool sizing.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolLimits {
-    /// Ready sandboxes kept for the default recipe.
+/// One kept pool: `target` ready sandboxes of `image` with `profile`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub image: String,
+    pub profile: String,
     pub target: usize,
+}
+
+impl PoolSpec {
+    /// Parses `IMAGE[:PROFILE][=N]` (`N` defaults to `default_target`, PROFILE to `default`).
+    pub fn parse(s: &str, default_target: usize) -> Result<Self, PoolError> {
+        let bad = || PoolError::Invalid(format!("pool {s:?}: expected IMAGE[:PROFILE][=N]"));
+        let (key, target) = match s.split_once('=') {
+            Some((k, n)) => (k, n.trim().parse::<usize>().map_err(|_| bad())?),
+            None => (s, default_target),
+        };
+        let (image, profile) = match key.split_once(':') {
+            Some((i, p)) => (i, p),
+            None => (key, crate::recipe::DEFAULT_PROFILE),
+        };
+        if image.is_empty() || profile.is_empty() {
+            return Err(bad());
+        }
+        Ok(PoolSpec {
+            image: image.to_owned(),
+            profile: profile.to_owned(),
+            target,
+        })
+    }
+
+    fn recipe(&self) -> SandboxRecipe {
+        SandboxRecipe {
+            image: self.image.clone(),
+            profile: self.profile.clone(),
+            ..SandboxRecipe::default()
+        }
+    }
+}
+
+/// Pool sizing.
+#[derive(Debug, Clone)]
+pub struct PoolLimits {
+    /// The pools kept ready.
+    pub pools: Vec<PoolSpec>,
     /// Cap on sandboxes that exist at once (ready + running + being created).
     pub max_sandboxes: usize,
 }
@@ -29,13 +69,23 @@ struct Running {
     started: Instant,
 }
 
-#[derive(Default)]
-struct State {
+/// The live state of one kept pool.
+struct Keyed {
+    spec: PoolSpec,
     ready: VecDeque<PooledSandbox>,
-    running: HashMap<String, Running>,
     creating: usize,
     hits: u64,
     misses: u64,
+}
+
+#[derive(Default)]
+struct State {
+    pools: Vec<Keyed>,
+    running: HashMap<String, Running>,
+    /// Sandboxes being made on demand.
+    creating: usize,
+    /// Runs no kept pool could serve.
+    unpooled: u64,
     created: u64,
     create_failures: u64,
     shutting_down: bool,
@@ -43,7 +93,36 @@ struct State {
 
 impl State {
     fn total(&self) -> usize {
-        self.ready.len() + self.running.len() + self.creating
+        let pooled: usize = self.pools.iter().map(|p| p.ready.len() + p.creating).sum();
+        pooled + self.running.len() + self.creating
+    }
+
+    /// The kept pool a recipe can be served from.
+    fn pool_for(&self, recipe: &SandboxRecipe) -> Option<usize> {
+        if !recipe.is_plain() {
+            return None;
+        }
+        self.pools
+            .iter()
+            .position(|p| p.spec.image == recipe.image && p.spec.profile == recipe.profile)
+    }
+
+    /// The pool furthest below its target, if any is below.
+    fn neediest(&self) -> Option<usize> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.ready.len() + p.creating < p.spec.target)
+            .max_by_key(|(_, p)| p.spec.target - p.ready.len() - p.creating)
+            .map(|(i, _)| i)
+    }
+
+    /// Takes a ready sandbox from any pool (to make room), the fullest first.
+    fn sacrifice(&mut self) -> Option<PooledSandbox> {
+        self.pools
+            .iter_mut()
+            .max_by_key(|p| p.ready.len())
+            .and_then(|p| p.ready.pop_back())
     }
 }
 
@@ -52,7 +131,7 @@ pub struct Pool {
     /// single-threaded, so one factory caps creation at one core).
     factories: Vec<FactoryClient>,
     next_factory: std::sync::atomic::AtomicUsize,
-    limits: PoolLimits,
+    max_sandboxes: usize,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -60,11 +139,25 @@ pub struct Pool {
 impl Pool {
     pub fn new(factories: Vec<FactoryClient>, limits: PoolLimits) -> Self {
         assert!(!factories.is_empty(), "a pool needs a factory");
+        let pools = limits
+            .pools
+            .into_iter()
+            .map(|spec| Keyed {
+                spec,
+                ready: VecDeque::new(),
+                creating: 0,
+                hits: 0,
+                misses: 0,
+            })
+            .collect();
         Pool {
             factories,
             next_factory: std::sync::atomic::AtomicUsize::new(0),
-            limits,
-            state: Mutex::new(State::default()),
+            max_sandboxes: limits.max_sandboxes,
+            state: Mutex::new(State {
+                pools,
+                ..State::default()
+            }),
             changed: Condvar::new(),
         }
     }
@@ -100,27 +193,30 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A sandbox for `recipe`: a ready one when the recipe is the pooled one (a hit), else
-    /// made now. The second value says whether it was a hit.
+    /// A sandbox for `recipe`: a ready one from the pool kept for it (a hit), else made now.
+    /// The second value says whether it was a hit.
     pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledSandbox, bool), PoolError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(PoolError::ShuttingDown);
         }
-        if recipe.is_poolable() {
-            if let Some(sb) = st.ready.pop_front() {
-                st.hits += 1;
-                st.running.insert(sb.id.clone(), running(&sb, recipe));
-                drop(st);
-                self.changed.notify_all();
-                return Ok((sb, true));
-            }
+        match st.pool_for(recipe) {
+            Some(i) => match st.pools[i].ready.pop_front() {
+                Some(sb) => {
+                    st.pools[i].hits += 1;
+                    st.running.insert(sb.id.clone(), running(&sb, recipe));
+                    drop(st);
+                    self.changed.notify_all();
+                    return Ok((sb, true));
+                }
+                None => st.pools[i].misses += 1,
+            },
+            None => st.unpooled += 1,
         }
-        st.misses += 1;
         let deadline = Instant::now() + ROOM_WAIT;
-        while st.total() >= self.limits.max_sandboxes {
+        while st.total() >= self.max_sandboxes {
             // Room comes from a finished run, or from a ready sandbox we may sacrifice.
-            if let Some(sb) = st.ready.pop_back() {
+            if let Some(sb) = st.sacrifice() {
                 drop(st);
                 self.destroy(sb);
                 st = self.lock();
@@ -128,7 +224,7 @@ impl Pool {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(PoolError::Busy(self.limits.max_sandboxes));
+                return Err(PoolError::Busy(self.max_sandboxes));
             }
             st = self
                 .changed
@@ -165,27 +261,27 @@ impl Pool {
         self.changed.notify_all();
     }
 
-    /// Keeps `target` ready sandboxes until shutdown, creating on factory `n`. Run one thread
+    /// Keeps every pool at its target until shutdown, creating on factory `n`. Run one thread
     /// per factory.
     pub fn refill_loop(&self, n: usize) {
-        let recipe = SandboxRecipe::default();
         let mut backoff = Duration::from_millis(50);
         loop {
             let mut st = self.lock();
-            while !st.shutting_down
-                && (st.ready.len() + st.creating >= self.limits.target
-                    || st.total() >= self.limits.max_sandboxes)
-            {
-                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
-            if st.shutting_down {
-                return;
-            }
-            st.creating += 1;
+            let pick = loop {
+                if st.shutting_down {
+                    return;
+                }
+                match st.neediest() {
+                    Some(i) if st.total() < self.max_sandboxes => break i,
+                    _ => st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner()),
+                }
+            };
+            st.pools[pick].creating += 1;
+            let recipe = st.pools[pick].spec.recipe();
             drop(st);
             let made = self.create_on(n, &recipe);
             let mut st = self.lock();
-            st.creating -= 1;
+            st.pools[pick].creating -= 1;
             match made {
                 Ok(sb) => {
                     st.created += 1;
@@ -194,13 +290,16 @@ impl Pool {
                         self.destroy(sb);
                         return;
                     }
-                    st.ready.push_back(sb);
+                    st.pools[pick].ready.push_back(sb);
                     backoff = Duration::from_millis(50);
                 }
                 Err(e) => {
                     st.create_failures += 1;
                     drop(st);
-                    eprintln!("agentrun: pool: creating a sandbox failed: {e}");
+                    eprintln!(
+                        "agentrun: pool {}: creating a sandbox failed: {e}",
+                        recipe.image
+                    );
                     // Don't spin on a persistent failure.
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -214,7 +313,11 @@ impl Pool {
     pub fn shutdown(&self, drain: Duration) {
         let mut st = self.lock();
         st.shutting_down = true;
-        let ready: Vec<PooledSandbox> = st.ready.drain(..).collect();
+        let ready: Vec<PooledSandbox> = st
+            .pools
+            .iter_mut()
+            .flat_map(|p| p.ready.drain(..))
+            .collect();
         drop(st);
         self.changed.notify_all();
         for sb in ready {
@@ -222,7 +325,7 @@ impl Pool {
         }
         let deadline = Instant::now() + drain;
         let mut st = self.lock();
-        while !st.running.is_empty() || st.creating > 0 {
+        while !st.running.is_empty() || st.creating > 0 || st.pools.iter().any(|p| p.creating > 0) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -242,13 +345,15 @@ impl Pool {
 
     pub fn sandboxes(&self) -> Vec<SandboxInfo> {
         let st = self.lock();
-        let ready = st.ready.iter().map(|sb| SandboxInfo {
-            id: sb.id.clone(),
-            state: "ready".into(),
-            pid: sb.init_pid,
-            image: DEFAULT_IMAGE.into(),
-            profile: DEFAULT_PROFILE.into(),
-            age_ms: sb.created.elapsed().as_millis() as u64,
+        let ready = st.pools.iter().flat_map(|p| {
+            p.ready.iter().map(|sb| SandboxInfo {
+                id: sb.id.clone(),
+                state: "ready".into(),
+                pid: sb.init_pid,
+                image: p.spec.image.clone(),
+                profile: p.spec.profile.clone(),
+                age_ms: sb.created.elapsed().as_millis() as u64,
+            })
         });
         let running = st.running.iter().map(|(id, r)| SandboxInfo {
             id: id.clone(),
@@ -261,20 +366,42 @@ impl Pool {
         ready.chain(running).collect()
     }
 
-    pub fn status(&self) -> (Vec<PoolInfo>, usize, usize) {
+    /// Per-pool counters, runs no pool could serve, running runs, the cap.
+    pub fn status(&self) -> PoolStatus {
         let st = self.lock();
-        let info = PoolInfo {
-            image: DEFAULT_IMAGE.into(),
-            profile: DEFAULT_PROFILE.into(),
-            ready: st.ready.len(),
-            target: self.limits.target,
-            hits: st.hits,
-            misses: st.misses,
+        PoolStatus {
+            pools: st
+                .pools
+                .iter()
+                .map(|p| PoolInfo {
+                    image: p.spec.image.clone(),
+                    profile: p.spec.profile.clone(),
+                    ready: p.ready.len(),
+                    target: p.spec.target,
+                    hits: p.hits,
+                    misses: p.misses,
+                })
+                .collect(),
+            unpooled: st.unpooled,
             created: st.created,
             create_failures: st.create_failures,
-        };
-        (vec![info], st.running.len(), self.limits.max_sandboxes)
+            running: st.running.len(),
+            max_sandboxes: self.max_sandboxes,
+        }
     }
+}
+
+/// What `agentrun pool status` shows.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub pools: Vec<PoolInfo>,
+    /// Runs whose recipe no pool keeps (mounts, resource flags, other image/profile).
+    pub unpooled: u64,
+    /// Sandboxes created, and creations that failed, since the daemon started.
+    pub created: u64,
+    pub create_failures: u64,
+    pub running: usize,
+    pub max_sandboxes: usize,
 }
 
 fn running(sb: &PooledSandbox, recipe: &SandboxRecipe) -> Running {

@@ -58,32 +58,24 @@ pub struct SandboxInfo {
     pub age_ms: u64,
 }
 
-/// Counters of one pool.
+/// Counters of one kept pool.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PoolInfo {
     pub image: String,
     pub profile: String,
     pub ready: usize,
     pub target: usize,
+    /// Runs served from this pool.
     pub hits: u64,
+    /// Runs of this pool's recipe that found it empty (made on demand).
     pub misses: u64,
-    pub created: u64,
-    pub create_failures: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum DaemonReply {
     Exec(ExecReply),
-    Ps {
-        sandboxes: Vec<SandboxInfo>,
-    },
-    PoolStatus {
-        pools: Vec<PoolInfo>,
-        running: usize,
-        max_sandboxes: usize,
-    },
-    Error {
-        message: String,
-    },
+    Ps { sandboxes: Vec<SandboxInfo> },
+    PoolStatus(crate::pool::PoolStatus),
+    Error { message: String },
 }

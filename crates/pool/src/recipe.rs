@@ -41,14 +41,10 @@ impl Default for SandboxRecipe {
 }
 
 impl SandboxRecipe {
-    /// Whether a sandbox made from the default recipe can serve this one: same image and
-    /// profile, no mounts, no resource changes (a timeout is enforced from outside).
-    pub fn is_poolable(&self) -> bool {
-        self.image == DEFAULT_IMAGE
-            && self.profile == DEFAULT_PROFILE
-            && self.overrides.shapes_nothing()
-            && self.workspace.is_none()
-            && self.mounts.is_empty()
+    /// Whether a sandbox made from just the image and profile can serve this recipe: no
+    /// mounts, no resource changes (a timeout is enforced from outside).
+    pub fn is_plain(&self) -> bool {
+        self.overrides.shapes_nothing() && self.workspace.is_none() && self.mounts.is_empty()
     }
 
     /// The profile with the overrides applied.
