@@ -131,7 +131,7 @@ impl FactoryClient {
                 let control = fds
                     .pop()
                     .ok_or_else(|| PoolError::Factory("no control channel received".into()))?;
-                let pidfd = pidfd_open(init_pid)?;
+                let pidfd = agentrun_runtime::sandbox::pidfd_open(Pid::from_raw(init_pid))?;
                 Ok(PooledSandbox {
                     id,
                     init_pid,
@@ -165,16 +165,6 @@ impl FactoryClient {
             let _ = waitpid(pid, None);
         }
     }
-}
-
-fn pidfd_open(pid: i32) -> Result<OwnedFd, PoolError> {
-    // SAFETY: pidfd_open(pid, 0) returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(PoolError::Sys("pidfd_open", nix::Error::last()));
-    }
-    // SAFETY: the fd was just created and is owned by nobody else.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
 }
 
 /// Nice value of the factories: making and destroying sandboxes is background work, and must

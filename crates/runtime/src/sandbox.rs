@@ -816,7 +816,8 @@ fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::sys("pipe", e))
 }
 
-fn pidfd_open(pid: Pid) -> Result<OwnedFd, RuntimeError> {
+/// A pidfd for `pid` (it stays valid however the process ends; used to wait on inits).
+pub fn pidfd_open(pid: Pid) -> Result<OwnedFd, RuntimeError> {
     // SAFETY: pidfd_open(pid, 0) returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
     if fd < 0 {
