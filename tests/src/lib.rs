@@ -896,38 +896,7 @@ pub struct Leftovers {
 
 impl Leftovers {
     pub fn snapshot() -> Leftovers {
-        let state = state_dir();
-        let state_s = state.to_string_lossy().into_owned();
-        let mounts = fs::read_to_string("/proc/self/mountinfo")
-            .expect("read mountinfo")
-            .lines()
-            .filter(|l| {
-                let mp = l.split(' ').nth(4).unwrap_or("");
-                mp.starts_with(&state_s) || mp.contains("/agentrun/")
-            })
-            .map(str::to_string)
-            .collect();
-        let mut cgroups = Vec::new();
-        for parent in agentrun_cgroup_parents() {
-            if let Ok(rd) = fs::read_dir(&parent) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        cgroups.push(e.path());
-                    }
-                }
-            }
-        }
-        cgroups.sort();
-        let mut state_dirs: Vec<PathBuf> = fs::read_dir(state.join("sandboxes"))
-            .map(|rd| rd.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        state_dirs.sort();
-        Leftovers {
-            processes: sandbox_processes(),
-            mounts,
-            cgroups,
-            state_dirs,
-        }
+        Self::snapshot_in(&state_dir())
     }
 
     /// What is in `self` and not in `before` (mounts compared as a multiset).
