@@ -986,8 +986,13 @@ pub fn assert_no_new_leftovers(before: &Leftovers, grace: Duration, context: &st
 /// Removes by force what is new since `before`: kills processes, detaches mounts, removes
 /// cgroups and state dirs. So that one failing test does not poison the next.
 pub fn force_cleanup(before: &Leftovers) {
+    force_cleanup_with(Leftovers::snapshot, before)
+}
+
+/// The cleanup loop of [`force_cleanup`] and [`force_cleanup_in`], over what `snapshot` sees.
+fn force_cleanup_with(snapshot: impl Fn() -> Leftovers, before: &Leftovers) {
     for _ in 0..20 {
-        let new = Leftovers::snapshot().new_since(before);
+        let new = snapshot().new_since(before);
         if new.is_empty() {
             return;
         }
@@ -1388,32 +1393,7 @@ impl Leftovers {
 
 /// [`force_cleanup`] for the state dir `state` (sparing other state dirs' sandboxes).
 pub fn force_cleanup_in(state: &Path, before: &Leftovers) {
-    for _ in 0..20 {
-        let new = Leftovers::snapshot_own(state).new_since(before);
-        if new.is_empty() {
-            return;
-        }
-        for p in &new.processes {
-            // SAFETY: plain kill; these are sandbox processes started by this test.
-            unsafe { libc::kill(p.pid, libc::SIGKILL) };
-        }
-        for m in new.mounts.iter().rev() {
-            if let Some(mp) = m.split(' ').nth(4) {
-                let mp = unescape_mountinfo(mp);
-                if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
-                    // SAFETY: valid C string.
-                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-                }
-            }
-        }
-        thread::sleep(Duration::from_millis(100));
-        for c in &new.cgroups {
-            remove_cgroup_tree(c);
-        }
-        for d in &new.state_dirs {
-            let _ = fs::remove_dir_all(d);
-        }
-    }
+    force_cleanup_with(|| Leftovers::snapshot_own(state), before)
 }
 
 /// Mount points (deepest last) at or under `dir`, from this process's mountinfo.
