@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::{HostBind, Image, ImageError};
 
@@ -215,21 +215,6 @@ fn copy_public(src: &Path, dst: &Path) -> Result<(), ImageError> {
         fs::copy(src, dst).map_err(ImageError::io("copy", src))?;
     }
     Ok(())
-}
-
-/// Host paths a sandbox of the `host` image must never see; used by tests and `agentrun info`.
-pub fn hidden_host_paths() -> Vec<PathBuf> {
-    [
-        "/etc/shadow",
-        "/etc/gshadow",
-        "/root",
-        "/home",
-        "/run",
-        "/etc/ssl/private",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect()
 }
 
 #[cfg(test)]
