@@ -84,6 +84,9 @@ struct State {
     running: HashMap<String, Running>,
     /// Sandboxes being made on demand.
     creating: usize,
+    /// Ready sandboxes taken out of a pool to make room, still being torn down: they exist
+    /// until their destroy returns, so they count against the cap.
+    destroying: usize,
     /// Runs no kept pool could serve.
     unpooled: u64,
     created: u64,
@@ -94,7 +97,7 @@ struct State {
 impl State {
     fn total(&self) -> usize {
         let pooled: usize = self.pools.iter().map(|p| p.ready.len() + p.creating).sum();
-        pooled + self.running.len() + self.creating
+        pooled + self.running.len() + self.creating + self.destroying
     }
 
     /// The kept pool a recipe can be served from.
@@ -217,9 +220,11 @@ impl Pool {
         while st.total() >= self.max_sandboxes {
             // Room comes from a finished run, or from a ready sandbox we may sacrifice.
             if let Some(sb) = st.sacrifice() {
+                st.destroying += 1;
                 drop(st);
                 self.destroy(sb);
                 st = self.lock();
+                st.destroying -= 1;
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
