@@ -290,7 +290,7 @@ fn exec(
     };
     let init_req = InitRequest {
         argv: request.args.clone(),
-        env: request.environment(&profile),
+        env: request.environment(&profile, &sandbox.image_env),
         cwd: request.working_dir(),
     };
     let timeout = timeout_ms

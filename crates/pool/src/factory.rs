@@ -38,6 +38,7 @@ enum FactoryReply {
         id: String,
         init_pid: i32,
         enforcement: Enforcement,
+        image_env: Vec<(String, String)>,
     },
     Destroyed,
     Error {
@@ -55,6 +56,8 @@ pub struct PooledSandbox {
     /// pidfd of the init (opened while the factory cannot have reaped it yet).
     pub pidfd: OwnedFd,
     pub enforcement: Enforcement,
+    /// The image's `Env` (over the profile's defaults, under the request's values).
+    pub image_env: Vec<(String, String)>,
     pub created: std::time::Instant,
     /// Index of the factory that made it (and must destroy it).
     pub factory: usize,
@@ -127,6 +130,7 @@ impl FactoryClient {
                 id,
                 init_pid,
                 enforcement,
+                image_env,
             } => {
                 let control = fds
                     .pop()
@@ -138,6 +142,7 @@ impl FactoryClient {
                     control,
                     pidfd,
                     enforcement,
+                    image_env,
                     created: std::time::Instant::now(),
                     factory: 0,
                 })
@@ -191,6 +196,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             id: sandbox.id().to_owned(),
                             init_pid: sandbox.init_pid().unwrap_or(0),
                             enforcement: sandbox.enforcement().clone(),
+                            image_env: sandbox.image_env().to_vec(),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);
                         (reply, Some(control))

@@ -88,9 +88,12 @@ pub struct ExecRequest {
 }
 
 impl ExecRequest {
-    /// The full environment of the command: profile defaults, then the request's values.
-    pub fn environment(&self, profile: &Profile) -> Vec<String> {
-        profile.environment(&self.env)
+    /// The full environment of the command: profile defaults, then the image's `Env`, then
+    /// the request's values.
+    pub fn environment(&self, profile: &Profile, image_env: &[(String, String)]) -> Vec<String> {
+        let mut over = image_env.to_vec();
+        over.extend(self.env.iter().cloned());
+        profile.environment(&over)
     }
 
     /// The working directory (default `/workspace`).

@@ -3,8 +3,9 @@
 //! Layout under a sandbox's state dir:
 //! ```text
 //! rw/            tmpfs, size-capped: rw/upper + rw/work (the overlay's writable layer)
-//! lower/         the image rootfs, idmapped to the sandbox range, read-only
-//! bundle/rootfs  overlay(lower, rw/upper): the container's root
+//! lower/<n>/     the image's layers (0 = topmost), each idmapped to the sandbox range,
+//!                read-only
+//! bundle/rootfs  overlay(lower/0:lower/1:..., rw/upper): the container's root
 //! mnt/<n>/       host directories (image binds, workspace, --ro/--rw), idmapped, staged here
 //!                and bind-mounted into the container by libcontainer
 //! ```
@@ -96,13 +97,33 @@ pub fn prepare(
             Err(e) => Err(e),
         }
     };
-    attach(&image.rootfs, &lower, &range, true)?;
+    let mut lowerdirs = Vec::with_capacity(image.layers.len());
+    for (n, layer) in image.layers.iter().enumerate() {
+        let dst = lower.join(n.to_string());
+        mkdir(&dst)?;
+        attach(layer, &dst, &range, true)?;
+        lowerdirs.push(dst.display().to_string());
+    }
+    if lowerdirs.is_empty() {
+        return Err(RuntimeError::InvalidInput(format!(
+            "image {} has no layers",
+            image.name
+        )));
+    }
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
+        lowerdirs.join(":"),
         upper.display(),
         work.display()
     );
+    // The kernel takes at most a page of mount options.
+    if opts.len() >= 4096 {
+        return Err(RuntimeError::InvalidInput(format!(
+            "image {} has too many layers ({}) for one overlay mount",
+            image.name,
+            image.layers.len()
+        )));
+    }
     mount(
         Some("overlay"),
         &rootfs,

@@ -176,6 +176,10 @@ pub struct Sandbox {
     control: Option<OwnedFd>,
     cgroup: Option<CgroupMode>,
     enforcement: Enforcement,
+    /// Shared locks on the image's layers: `image prune` leaves them alone while we exist.
+    image_lease: Option<agentrun_image::LayerLease>,
+    /// The image's `Env`, which a pooled sandbox's commands get under their own values.
+    image_env: Vec<(String, String)>,
     destroyed: bool,
 }
 
@@ -219,6 +223,11 @@ impl Sandbox {
         &self.enforcement
     }
 
+    /// The image's environment (`Env`), as (key, value) pairs.
+    pub fn image_env(&self) -> &[(String, String)] {
+        &self.image_env
+    }
+
     /// Path of the bundle's `config.json`.
     pub fn config_path(&self) -> PathBuf {
         self.state.join("bundle").join("config.json")
@@ -253,6 +262,8 @@ impl Sandbox {
             control: None,
             cgroup: host.cgroup,
             enforcement: Enforcement::default(),
+            image_lease: None,
+            image_env: Vec::new(),
             destroyed: false,
         };
         // From here on, dropping `sandbox` cleans up whatever exists.
@@ -304,6 +315,7 @@ impl Sandbox {
                 )));
             }
         }
+        self.image_lease = Some(config.image.lease()?);
         let prepared = rootfs::prepare(
             &self.state,
             &config.image,
@@ -319,7 +331,11 @@ impl Sandbox {
             init_caps.extend_from_slice(INIT_ONLY_CAPS);
         }
 
-        let env = profile.environment(&config.env);
+        // Profile defaults, then the image's Env, then the caller's values.
+        self.image_env = config.image.config.env_pairs();
+        let mut env_over = self.image_env.clone();
+        env_over.extend(config.env.iter().cloned());
+        let env = profile.environment(&env_over);
         let cwd = config
             .cwd
             .clone()
@@ -659,6 +675,8 @@ impl Sandbox {
         if let Err(e) = destroy_leftovers(&self.paths, &self.id, self.cgroup) {
             first_err.get_or_insert(e);
         }
+        // Only now that nothing has the layers mounted.
+        self.image_lease = None;
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
