@@ -70,8 +70,8 @@ pub struct ExecArgs {
     /// Keep the generated OCI config.json and print where it is.
     #[arg(long)]
     keep_bundle: bool,
-    /// The command and its arguments.
-    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (default: the image's Entrypoint + Cmd).
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -82,7 +82,16 @@ pub(crate) struct Plan {
     pub(crate) memory_bytes: u64,
 }
 
-pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
+pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
+    if args.command.is_empty() {
+        match default_command(&args.image, paths) {
+            Ok(cmd) => args.command = cmd,
+            Err(e) => {
+                eprintln!("agentrun: {}", one_line(&format!("{e:#}")));
+                return ExitCode::from(EXIT_AGENTRUN_ERROR);
+            }
+        }
+    }
     let mut span = RunSpan::start("sandbox.exec", std::env::var("TRACEPARENT").ok().as_deref());
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.pool_hit", false);
@@ -97,6 +106,16 @@ pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
     span.set_attribute("process.exit.code", i64::from(code));
     span.finish();
     ExitCode::from(code as u8)
+}
+
+/// The command an image runs when none is given: its Entrypoint + Cmd.
+fn default_command(image: &str, paths: &Paths) -> anyhow::Result<Vec<String>> {
+    let store = ImageStore::open(&paths.root)?;
+    let cmd = store.resolve(image)?.config.default_command();
+    if cmd.is_empty() {
+        anyhow::bail!("no command given, and image {image:?} has no Entrypoint or Cmd");
+    }
+    Ok(cmd)
 }
 
 pub(crate) fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
