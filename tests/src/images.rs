@@ -150,17 +150,34 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Registry {
+        Self::start_with(None)
+    }
+
+    /// A registry that wants HTTP basic auth for `user`/`password` (htpasswd, bcrypt).
+    pub fn start_with_auth(user: &str, password: &str) -> Registry {
+        Self::start_with(Some((user, password)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Registry {
         let dir = crate::tempdir();
         let port = free_port();
         let config = dir.path().join("config.yml");
-        fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut yml = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        if let Some((user, password)) = auth {
+            let mut cmd = Command::new("htpasswd");
+            cmd.args(["-Bbn", user, password]);
+            let out = run_with_timeout(cmd, None, Duration::from_secs(30));
+            let htpasswd = dir.path().join("htpasswd");
+            fs::write(&htpasswd, out.success().trim()).unwrap();
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: agentrun-e2e\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        fs::write(&config, yml).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(&config)
@@ -184,7 +201,8 @@ impl Registry {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// `skopeo copy SRC docker://<registry>/<name>` (plain HTTP), extra flags first.
+    /// `skopeo copy SRC docker://<registry>/<name>` (plain HTTP), extra flags first (e.g.
+    /// `--dest-creds user:pass`).
     pub fn push(&self, src: &str, name: &str, flags: &[&str]) -> RunOutput {
         let mut cmd = Command::new("skopeo");
         cmd.args(["copy", "--quiet", "--dest-tls-verify=false"]);

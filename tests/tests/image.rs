@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use agentrun_e2e::images::{docker_save, layer_tar, Containerd, Entry, Registry, SavedImage};
 use agentrun_e2e::*;
+use base64::Engine as _;
 
 /// A fresh store with the busybox image (built from images/busybox) added as `busybox`.
 fn store_with_busybox() -> (tempfile::TempDir, PathBuf) {
@@ -518,11 +519,19 @@ fn python_recipe_builds_an_image_that_runs_python() {
         .env("AGENTRUN_ROOT", &root)
         .env("AGENTRUN_BIN", agentrun_bin());
     let out = run_with_timeout(build, None, Duration::from_secs(900));
-    assert_eq!(out.code(), 0, "images/python/build.sh --import failed\n{out}");
+    assert_eq!(
+        out.code(),
+        0,
+        "images/python/build.sh --import failed\n{out}"
+    );
     let out = run_in(
         &root,
         "python",
-        &["python3", "-c", "import sys, json; print(json.dumps([sys.version_info[0], 6*7]))"],
+        &[
+            "python3",
+            "-c",
+            "import sys, json; print(json.dumps([sys.version_info[0], 6*7]))",
+        ],
     );
     assert_eq!(out.success(), "[3, 42]\n", "{out}");
     // Its default command is python3, reading the program from stdin.
@@ -532,4 +541,68 @@ fn python_recipe_builds_an_image_that_runs_python() {
         .stdin("print('from stdin')\n")
         .run();
     assert_eq!(out.success(), "from stdin\n", "{out}");
+}
+
+#[test]
+fn pull_uses_credentials_from_the_docker_config() {
+    let Some(_l) = setup() else { return };
+    let (d, root) = store_with_busybox();
+    let tar = d.path().join("busybox-oci.tar");
+    image(&root, &["export", "busybox", "-o", tar.to_str().unwrap()]).success();
+    let reg = Registry::start_with_auth("agent", "s3cret-pw");
+    reg.push(
+        &format!("oci-archive:{}", tar.display()),
+        "private/bb:1",
+        &["--dest-creds", "agent:s3cret-pw"],
+    )
+    .success();
+    let r = format!("{}/private/bb:1", reg.host());
+    let root2 = d.path().join("pulled");
+    // No credentials: refused by the registry, a clear one-line error.
+    let empty_config = d.path().join("no-docker-config");
+    fs::create_dir_all(&empty_config).unwrap();
+    let out = agentrun(["image", "pull", &r])
+        .root(&root2)
+        .env("DOCKER_CONFIG", &empty_config)
+        .run();
+    out.assert_agentrun_error();
+    // Credentials in $DOCKER_CONFIG/config.json, as `docker login` writes them.
+    let docker_config = d.path().join("docker-config");
+    fs::create_dir_all(&docker_config).unwrap();
+    let auth = base64::engine::general_purpose::STANDARD.encode(b"agent:s3cret-pw");
+    fs::write(
+        docker_config.join("config.json"),
+        format!(r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#, reg.host()),
+    )
+    .unwrap();
+    let out = agentrun(["image", "pull", &r])
+        .root(&root2)
+        .env("DOCKER_CONFIG", &docker_config)
+        .run();
+    assert!(out.success().contains("Pulled"), "{out}");
+    let out = run_in(&root2, &r, &["cat", "/etc/os-release"]);
+    assert!(out.success().contains("agentrun busybox"), "{out}");
+}
+
+#[test]
+fn docker_archives_written_by_skopeo_import() {
+    let Some(_l) = setup() else { return };
+    let (d, root) = store_with_busybox();
+    let oci = d.path().join("busybox-oci.tar");
+    image(&root, &["export", "busybox", "-o", oci.to_str().unwrap()]).success();
+    // skopeo writes the `docker save` format (manifest.json + layer tars + config).
+    let archive = d.path().join("docker-save.tar");
+    let mut cmd = Command::new("skopeo");
+    cmd.args(["copy", "--quiet"])
+        .arg(format!("oci-archive:{}", oci.display()))
+        .arg(format!(
+            "docker-archive:{}:saved/busybox:7",
+            archive.display()
+        ));
+    run_with_timeout(cmd, None, Duration::from_secs(120)).success();
+    let root2 = d.path().join("root2");
+    let out = image(&root2, &["import", archive.to_str().unwrap()]).success();
+    assert!(out.contains("saved/busybox:7"), "{out}");
+    let out = run_in(&root2, "saved/busybox:7", &["sh", "-c", "echo $FLAVOUR"]);
+    assert_eq!(out.success(), "vanilla\n", "{out}");
 }

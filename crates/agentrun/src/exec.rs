@@ -110,10 +110,21 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
 
 /// The command an image runs when none is given: its Entrypoint + Cmd.
 fn default_command(image: &str, paths: &Paths) -> anyhow::Result<Vec<String>> {
-    let store = ImageStore::open(&paths.root)?;
-    let cmd = store.resolve(image)?.config.default_command();
+    let missing = || {
+        anyhow::anyhow!(
+            "no command given, and image {image:?} has no Entrypoint or Cmd \
+             (usage: agentrun exec [OPTIONS] -- CMD [ARGS...])"
+        )
+    };
+    if image == agentrun_image::HOST_IMAGE {
+        return Err(missing());
+    }
+    let cmd = ImageStore::open(&paths.root)?
+        .resolve(image)?
+        .config
+        .default_command();
     if cmd.is_empty() {
-        anyhow::bail!("no command given, and image {image:?} has no Entrypoint or Cmd");
+        return Err(missing());
     }
     Ok(cmd)
 }

@@ -24,7 +24,9 @@ use std::path::PathBuf;
 
 pub use layer::LayerLease;
 pub use pull::PullOptions;
-pub use store::{ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport};
+pub use store::{
+    ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport, HOST_IMAGE,
+};
 
 /// Errors of the image store.
 #[derive(Debug, thiserror::Error)]
