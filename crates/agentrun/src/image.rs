@@ -48,6 +48,27 @@ pub enum ImageCommand {
         #[arg(long)]
         workdir: Option<String>,
     },
+    /// Build an image from a Dockerfile (the legacy builder: FROM a stored image, RUN in a
+    /// sandbox without network, COPY/ADD from the context, ENV/WORKDIR/CMD/...).
+    Build {
+        /// The build context directory.
+        context: PathBuf,
+        /// Name the result (repeatable).
+        #[arg(short, long = "tag", value_name = "REF")]
+        tag: Vec<String>,
+        /// The Dockerfile, relative to the context.
+        #[arg(short = 'f', long = "file", default_value = "Dockerfile")]
+        file: PathBuf,
+        /// KEY=VALUE for an ARG (repeatable).
+        #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+        build_arg: Vec<String>,
+        /// Profile the RUN steps run under.
+        #[arg(long, default_value = "default")]
+        profile: String,
+        /// Print only the image id.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// List images.
     #[command(alias = "list")]
     Ls {
@@ -167,6 +188,60 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             };
             let rec = store.add_dir(&name, &dir, &config)?;
             println!("{}", rec.id);
+        }
+        ImageCommand::Build {
+            context,
+            tag,
+            file,
+            build_arg,
+            profile,
+            quiet,
+        } => {
+            let mut opts = agentrun_build::BuildOptions::new(context);
+            opts.dockerfile = file;
+            opts.tags = tag;
+            opts.profile = profile;
+            for kv in build_arg {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--build-arg {kv:?}: expected KEY=VALUE"))?;
+                opts.build_args.insert(k.to_owned(), v.to_owned());
+            }
+            let runtime_paths = agentrun_runtime::RuntimePaths::new(&paths.state_dir);
+            let host = agentrun_runtime::HostInfo::probe();
+            let build_host = agentrun_build::BuildHost {
+                paths: &runtime_paths,
+                host: &host,
+            };
+            let mut stdout = std::io::stdout();
+            let rec = agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
+                if quiet {
+                    return;
+                }
+                match ev {
+                    agentrun_build::BuildEvent::Step { index, total, text } => {
+                        let _ = writeln!(stdout, "Step {index}/{total} : {text}");
+                    }
+                    agentrun_build::BuildEvent::Output(b) => {
+                        let _ = stdout.write_all(b);
+                    }
+                    agentrun_build::BuildEvent::Note(n) => {
+                        let _ = writeln!(stdout, "{n}");
+                    }
+                }
+                let _ = stdout.flush();
+            })?;
+            if quiet {
+                println!("{}", rec.id);
+            } else {
+                println!("Successfully built {}", short_id(&rec.id));
+                for t in &opts.tags {
+                    println!(
+                        "Successfully tagged {}",
+                        familiar(&agentrun_image::reference::normalize(t)?)
+                    );
+                }
+            }
         }
         ImageCommand::Ls { json, quiet } => {
             let images = store.list()?;

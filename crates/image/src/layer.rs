@@ -422,55 +422,123 @@ impl LayerLease {
 }
 
 /// Writes a directory tree as an uncompressed layer tar (used to make an image from a root
-/// filesystem directory). Device nodes, sockets and fifos are left out.
+/// filesystem directory). Sockets and device nodes are left out.
 pub fn tar_dir(src: &Path, out: &mut dyn io::Write) -> io::Result<()> {
-    let mut b = tar::Builder::new(out);
-    b.follow_symlinks(false);
-    b.mode(tar::HeaderMode::Complete);
-    append_tree(&mut b, src, Path::new(""))?;
-    b.finish()
+    TreeTar {
+        ids: None,
+        overlay: false,
+    }
+    .write(src, out)
 }
 
-fn append_tree(b: &mut tar::Builder<&mut dyn io::Write>, src: &Path, rel: &Path) -> io::Result<()> {
-    let mut entries: Vec<_> = fs::read_dir(src)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    let mut hardlinks: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    append_entries(b, entries, rel, &mut hardlinks)
+/// Writes an overlayfs upper directory (what a sandbox changed) as an OCI layer tar:
+/// whiteouts (0:0 char devices) become `.wh.NAME`, opaque directories get `.wh..wh..opq`,
+/// overlayfs' own xattrs are dropped, and owners in the sandbox's id range
+/// `[base, base+len)` are shifted back to image ids (anything else becomes 65534, nobody).
+pub fn tar_upper(upper: &Path, base: u32, len: u32, out: &mut dyn io::Write) -> io::Result<()> {
+    TreeTar {
+        ids: Some((base, len)),
+        overlay: true,
+    }
+    .write(upper, out)
 }
 
-fn append_entries(
-    b: &mut tar::Builder<&mut dyn io::Write>,
-    entries: Vec<fs::DirEntry>,
-    rel: &Path,
-    hardlinks: &mut HashMap<(u64, u64), PathBuf>,
-) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    for e in entries {
-        let path = e.path();
-        let name = rel.join(e.file_name());
-        let m = fs::symlink_metadata(&path)?;
-        let ft = m.file_type();
-        if ft.is_file() && m.nlink() > 1 {
-            if let Some(first) = hardlinks.get(&(m.dev(), m.ino())) {
-                let mut h = tar::Header::new_gnu();
-                h.set_metadata_in_mode(&m, tar::HeaderMode::Complete);
-                h.set_entry_type(tar::EntryType::Link);
-                h.set_size(0);
-                b.append_link(&mut h, &name, first)?;
-                continue;
-            }
-            hardlinks.insert((m.dev(), m.ino()), name.clone());
-        }
-        if ft.is_dir() {
-            b.append_path_with_name(&path, &name)?;
-            let mut children: Vec<_> = fs::read_dir(&path)?.collect::<Result<_, _>>()?;
-            children.sort_by_key(|e| e.file_name());
-            append_entries(b, children, &name, hardlinks)?;
-        } else if ft.is_file() || ft.is_symlink() {
-            b.append_path_with_name(&path, &name)?;
+/// One way of turning a directory tree into a layer tar.
+struct TreeTar {
+    /// Shift owners from this host range down to 0.
+    ids: Option<(u32, u32)>,
+    /// The tree is an overlayfs upper dir.
+    overlay: bool,
+}
+
+impl TreeTar {
+    fn write(&self, src: &Path, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut b = tar::Builder::new(out);
+        b.follow_symlinks(false);
+        let mut hardlinks = HashMap::new();
+        self.append_children(&mut b, src, Path::new(""), &mut hardlinks)?;
+        b.finish()
+    }
+
+    fn id(&self, host: u32) -> u64 {
+        match self.ids {
+            None => u64::from(host),
+            Some((base, len)) if host >= base && host - base < len => u64::from(host - base),
+            Some(_) => 65534,
         }
     }
-    Ok(())
+
+    fn header(&self, m: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
+        use std::os::unix::fs::MetadataExt;
+        let mut h = tar::Header::new_gnu();
+        h.set_metadata_in_mode(m, tar::HeaderMode::Complete);
+        h.set_entry_type(kind);
+        h.set_uid(self.id(m.uid()));
+        h.set_gid(self.id(m.gid()));
+        h.set_size(0);
+        h
+    }
+
+    fn empty_file(b: &mut tar::Builder<&mut dyn io::Write>, name: &Path) -> io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(0);
+        b.append_data(&mut h, name, io::empty())
+    }
+
+    fn append_children(
+        &self,
+        b: &mut tar::Builder<&mut dyn io::Write>,
+        dir: &Path,
+        rel: &Path,
+        hardlinks: &mut HashMap<(u64, u64), PathBuf>,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let name = rel.join(e.file_name());
+            let m = fs::symlink_metadata(&path)?;
+            let ft = m.file_type();
+            if self.overlay && ft.is_char_device() && m.rdev() == 0 {
+                let mut wh = std::ffi::OsString::from(WHITEOUT_PREFIX);
+                wh.push(e.file_name());
+                Self::empty_file(b, &rel.join(wh))?;
+            } else if ft.is_dir() {
+                let mut h = self.header(&m, tar::EntryType::Directory);
+                b.append_data(&mut h, &name, io::empty())?;
+                if self.overlay && xattr::get(&path, OVERLAY_OPAQUE_XATTR)?.as_deref() == Some(b"y")
+                {
+                    Self::empty_file(b, &name.join(OPAQUE_MARKER))?;
+                }
+                self.append_children(b, &path, &name, hardlinks)?;
+            } else if ft.is_symlink() {
+                let mut h = self.header(&m, tar::EntryType::Symlink);
+                b.append_link(&mut h, &name, fs::read_link(&path)?)?;
+            } else if ft.is_file() {
+                if m.nlink() > 1 {
+                    if let Some(first) = hardlinks.get(&(m.dev(), m.ino())) {
+                        let mut h = self.header(&m, tar::EntryType::Link);
+                        b.append_link(&mut h, &name, first)?;
+                        continue;
+                    }
+                    hardlinks.insert((m.dev(), m.ino()), name.clone());
+                }
+                let mut h = self.header(&m, tar::EntryType::Regular);
+                h.set_size(m.len());
+                b.append_data(&mut h, &name, File::open(&path)?)?;
+            } else if ft.is_fifo() {
+                let mut h = self.header(&m, tar::EntryType::Fifo);
+                b.append_data(&mut h, &name, io::empty())?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -627,6 +695,50 @@ mod tests {
         assert!(unpack(&tar[..], &d2, "t").is_err());
         fs::remove_dir_all(&d).unwrap();
         fs::remove_dir_all(&d2).unwrap();
+    }
+
+    #[test]
+    fn tar_upper_turns_overlay_markers_into_oci_whiteouts() {
+        use std::os::unix::fs::lchown;
+        let upper = tempdir("upper");
+        fs::write(upper.join("new"), "n").unwrap();
+        lchown(upper.join("new"), Some(100_000_007), Some(100_000_008)).unwrap();
+        fs::write(upper.join("foreign"), "f").unwrap();
+        lchown(upper.join("foreign"), Some(5), Some(5)).unwrap();
+        mknod(&upper.join("gone"), SFlag::S_IFCHR, Mode::empty(), 0).unwrap();
+        fs::create_dir(upper.join("opq")).unwrap();
+        xattr::set(upper.join("opq"), OVERLAY_OPAQUE_XATTR, b"y").unwrap();
+        let mut tar = Vec::new();
+        tar_upper(&upper, 100_000_000, 65536, &mut tar).unwrap();
+        let mut names = Vec::new();
+        for e in tar::Archive::new(&tar[..]).entries().unwrap() {
+            let e = e.unwrap();
+            let h = e.header();
+            names.push((
+                e.path().unwrap().display().to_string(),
+                h.uid().unwrap(),
+                h.gid().unwrap(),
+            ));
+        }
+        assert_eq!(
+            names,
+            vec![
+                ("foreign".to_string(), 65534, 65534),
+                (".wh.gone".to_string(), 0, 0),
+                ("new".to_string(), 7, 8),
+                ("opq".to_string(), 65534, 65534),
+                ("opq/.wh..wh..opq".to_string(), 0, 0),
+            ]
+        );
+        // Unpacked again, the markers are overlay markers.
+        let d = tempdir("upper-back");
+        unpack(&tar[..], &d, "t").unwrap();
+        assert!(fs::symlink_metadata(d.join("gone"))
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        fs::remove_dir_all(&upper).unwrap();
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -22,10 +22,11 @@ mod store;
 
 use std::path::PathBuf;
 
-pub use layer::LayerLease;
+pub use layer::{tar_upper, LayerLease};
 pub use pull::PullOptions;
 pub use store::{
-    ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport, HOST_IMAGE,
+    rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
+    WriteGuard, HOST_IMAGE,
 };
 
 /// Errors of the image store.

@@ -171,6 +171,11 @@ pub struct ImageStore {
 
 type Refs = BTreeMap<String, String>;
 
+/// See [`ImageStore::write_guard`].
+pub struct WriteGuard {
+    _lock: Flock<File>,
+}
+
 impl ImageStore {
     /// Opens (and creates if needed) the store under `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
@@ -456,6 +461,74 @@ impl ImageStore {
         Ok(manifest_digest)
     }
 
+    /// Holds off `rm`/`prune` while a multi-step writer (a build) adds layers that no record
+    /// names yet. Drop it when done.
+    pub fn write_guard(&self) -> Result<WriteGuard, ImageError> {
+        Ok(WriteGuard {
+            _lock: self.writer_lock()?,
+        })
+    }
+
+    /// Stores an uncompressed layer tar produced by `write` and unpacks it (call with a
+    /// [`WriteGuard`] held).
+    pub fn put_layer(
+        &self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<LayerRecord, ImageError> {
+        let (digest, size) = self.blobs.put_with(None, "layer", write)?;
+        self.layers.ensure(&self.blobs, &digest, &digest)?;
+        Ok(LayerRecord {
+            digest: digest.clone(),
+            media_type: OCI_LAYER_TAR.into(),
+            size,
+            diff_id: digest,
+        })
+    }
+
+    /// A runnable image from layers (bottom first) and a run configuration that no record
+    /// holds yet: a build's intermediate state.
+    pub fn image_from_layers(
+        &self,
+        name: &str,
+        layers: &[LayerRecord],
+        config: &ImageConfig,
+    ) -> Result<Image, ImageError> {
+        Ok(Image {
+            name: name.to_owned(),
+            id: String::new(),
+            layers: layers
+                .iter()
+                .rev()
+                .map(|l| self.layers.fs_path(&l.diff_id))
+                .collect::<Result<_, _>>()?,
+            host_binds: Vec::new(),
+            config: config.clone(),
+        })
+    }
+
+    /// The image's OCI config document, as stored.
+    pub fn config_document(&self, rec: &ImageRecord) -> Result<serde_json::Value, ImageError> {
+        let bytes = self.blobs.read(&rec.id)?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ImageError::source(self.blobs.path(&rec.id).unwrap_or_default(), e.to_string())
+        })
+    }
+
+    /// Stores a new image from its OCI config document and stored layers, naming it `names`.
+    pub fn commit_image(
+        &self,
+        config: &serde_json::Value,
+        layers: &[LayerRecord],
+        names: &[String],
+    ) -> Result<ImageRecord, ImageError> {
+        let refs: Vec<(String, u64, &str)> = layers
+            .iter()
+            .map(|l| (l.digest.clone(), l.size, l.media_type.as_str()))
+            .collect();
+        let manifest = self.put_manifest(&serde_json::to_vec(config).expect("json"), &refs)?;
+        self.commit(&manifest, names)
+    }
+
     /// Makes a one-layer image from a root filesystem directory (like `docker import`), with
     /// `config` as its run configuration.
     pub fn add_dir(
@@ -681,7 +754,7 @@ pub(crate) fn now() -> u64 {
 }
 
 /// The current time as RFC 3339 (UTC, seconds).
-pub(crate) fn rfc3339_now() -> String {
+pub fn rfc3339_now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 

@@ -83,6 +83,10 @@ pub struct SandboxConfig {
     pub workspace: Option<PathBuf>,
     pub mounts: Vec<UserMount>,
     pub cwd: Option<PathBuf>,
+    /// The writable layer will be committed as an image layer (`image build`): the overlay
+    /// records renames as copies (no redirect/metacopy xattrs a layer tar cannot carry), and no
+    /// `/workspace` is added to it.
+    pub for_commit: bool,
 }
 
 /// Builder for [`SandboxConfig`].
@@ -102,6 +106,7 @@ impl SandboxConfig {
                 workspace: None,
                 mounts: Vec::new(),
                 cwd: None,
+                for_commit: false,
             },
         }
     }
@@ -122,6 +127,11 @@ impl SandboxConfigBuilder {
     }
     pub fn cwd(mut self, cwd: Option<PathBuf>) -> Self {
         self.config.cwd = cwd;
+        self
+    }
+    /// See [`SandboxConfig::for_commit`].
+    pub fn for_commit(mut self, yes: bool) -> Self {
+        self.config.for_commit = yes;
         self
     }
     pub fn build(self) -> SandboxConfig {
@@ -228,6 +238,12 @@ impl Sandbox {
         &self.image_env
     }
 
+    /// The overlay's writable layer as the host sees it: what the sandbox changed. Valid
+    /// until the sandbox is destroyed.
+    pub fn upper_dir(&self) -> PathBuf {
+        rootfs::upper_dir(&self.state)
+    }
+
     /// Path of the bundle's `config.json`.
     pub fn config_path(&self) -> PathBuf {
         self.state.join("bundle").join("config.json")
@@ -321,6 +337,7 @@ impl Sandbox {
             &config.image,
             profile.resources.tmpfs_bytes,
             &mounts,
+            config.for_commit,
         )?;
 
         let has = |c: &Capability| host.bounding_caps.contains(c);
