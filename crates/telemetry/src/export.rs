@@ -70,8 +70,8 @@ fn enabled_in(env: Env<'_>) -> bool {
     endpoint_set && !sdk_disabled && !exporter_none
 }
 
-/// Exports one span; reports failures on stderr only in debug mode. Never panics.
-pub(crate) fn export_span(span: SpanData) {
+/// Exports spans in one request; reports failures on stderr only in debug mode. Never panics.
+pub(crate) fn export_spans(span: Vec<SpanData>) {
     let result = if tokio::runtime::Handle::try_current().is_ok() {
         // Called from inside a tokio runtime (e.g. a future server): a nested runtime would
         // panic, so export from a scoped thread that owns its own.
@@ -89,13 +89,13 @@ pub(crate) fn export_span(span: SpanData) {
 }
 
 /// [`export_blocking`], with any panic from the exporter stack turned into an error.
-fn guarded_export(span: SpanData) -> Result<(), ExportError> {
+fn guarded_export(span: Vec<SpanData>) -> Result<(), ExportError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| export_blocking(span)))
         .unwrap_or(Err(ExportError::Panicked))
 }
 
 /// Builds the exporter and sends `span` on a current-thread runtime, bounded by the timeout.
-fn export_blocking(span: SpanData) -> Result<(), ExportError> {
+fn export_blocking(span: Vec<SpanData>) -> Result<(), ExportError> {
     let timeout = timeout_in(&env_nonempty);
     let protocol = protocol_in(&env_nonempty);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -106,7 +106,7 @@ fn export_blocking(span: SpanData) -> Result<(), ExportError> {
         // Built inside the runtime: the tonic channel and the hyper client need a reactor.
         let mut exporter = build_exporter(protocol, timeout)?;
         exporter.set_resource(&resource_in(&env_nonempty));
-        let outcome = match tokio::time::timeout(timeout, exporter.export(vec![span])).await {
+        let outcome = match tokio::time::timeout(timeout, exporter.export(span)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ExportError::Export(e)),
             Err(_) => Err(ExportError::Timeout(timeout)),
