@@ -1,7 +1,10 @@
 //! Landlock: the filesystem view of the sandboxed process, enforced by the kernel.
 //!
-//! Read and execute everywhere under the sandbox root; write only under the workspace, the
-//! profile's writable paths and the rw mounts; plus the few device files programs write to.
+//! Read and execute only under the profile's readable paths (default: the whole sandbox root)
+//! and the writable ones; write only under the workspace (when the profile makes it writable),
+//! the profile's writable paths and the rw mounts; plus the few device files programs write to.
+//! Every path is inside the sandbox's own root, so `..`, symlinks to `/etc` and the like are
+//! judged by the kernel on the path they resolve to.
 //! Scoped (ABI 6+) so the process cannot signal or reach abstract sockets outside its domain,
 //! which also keeps it from ptrace-style access to agentrun's init. Best effort by ABI: the
 //! host's ABI is probed up front ([`abi`]) and reported, and [`restrict`] fails if the kernel
@@ -33,6 +36,9 @@ const WRITABLE_DEVICES: &[&str] = &[
 /// Paths a sandboxed process may write (inside the sandbox's root).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LandlockRules {
+    /// Read and execute (files and directory listings).
+    pub readable: Vec<PathBuf>,
+    /// Everything, including read.
     pub writable: Vec<PathBuf>,
 }
 
@@ -68,13 +74,14 @@ pub fn abi() -> u32 {
 pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatus, LandlockError> {
     let abi = TARGET_ABI;
     let existing = |paths: Vec<PathBuf>| paths.into_iter().filter(|p| p.exists());
+    let readable = existing(rules.readable.clone());
     let writable = existing(rules.writable.clone());
     let devices = existing(WRITABLE_DEVICES.iter().map(PathBuf::from).collect());
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))?
         .scope(Scope::from_all(abi))?
         .create()?
-        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
+        .add_rules(path_beneath_rules(readable, AccessFs::from_read(abi)))?
         .add_rules(path_beneath_rules(writable, AccessFs::from_all(abi)))?
         .add_rules(path_beneath_rules(
             devices,
