@@ -6,21 +6,26 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use agentrun_egress::{DecisionSink, Proxy};
 use agentrun_image::ImageStore;
 use agentrun_policy::{
-    format_bytes, parse_bytes, parse_duration, validate_env_key, Profile, ResourceOverrides,
+    format_bytes, parse_bytes, parse_duration, validate_env_key, Action, NetworkPolicy, Profile,
+    ResourceOverrides, WORKSPACE,
 };
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_pool::PoolError;
 use agentrun_runtime::rootfs::UserMount;
 use agentrun_runtime::{Enforcement, HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxStdio};
-use agentrun_telemetry::RunSpan;
+use agentrun_telemetry::{AttrValue, AuditLog, RunSpan};
 use anyhow::{bail, Context};
 use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::trace::Recorder;
 use crate::{one_line, Paths, EXIT_AGENTRUN_ERROR};
 
 /// The longest command line recorded on a span.
@@ -31,9 +36,13 @@ pub struct ExecArgs {
     /// Image to run (`host`: the host's programs read-only, no download).
     #[arg(long, default_value = "host")]
     image: String,
-    /// Profile: a built-in name (default, strict) or a TOML file.
+    /// Profile: a built-in name (default, strict, code-interpreter) or a TOML file.
     #[arg(long, default_value = "default")]
     profile: String,
+    /// Allow connections to HOST[:PORT] (or *.DOMAIN[:PORT]) through the egress proxy, on top
+    /// of the profile's rules (repeatable). Turns on the proxy for a profile without network.
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    allow_host: Vec<String>,
     /// Host directory mounted read-write at /workspace (the default working directory).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
@@ -80,6 +89,25 @@ pub(crate) struct Plan {
     pub(crate) request: ExecRequest,
     pub(crate) timeout: Option<Duration>,
     pub(crate) memory_bytes: u64,
+    /// The effective network policy (profile + `--allow-host`).
+    pub(crate) network: NetworkPolicy,
+}
+
+/// Exit code of a run the policy refused before anything ran (DESIGN.md).
+const EXIT_DENIED: i32 = 126;
+
+/// Why a run did not start.
+enum PlanError {
+    /// Bad input (exit 125).
+    Invalid(anyhow::Error),
+    /// The policy denied part of the request (exit 126); every decision is recorded.
+    Denied(String),
+}
+
+impl From<anyhow::Error> for PlanError {
+    fn from(e: anyhow::Error) -> Self {
+        PlanError::Invalid(e)
+    }
 }
 
 pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
@@ -89,14 +117,49 @@ pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
     span.set_attribute("container.image.name", args.image.clone());
     span.set_attribute("sandbox.profile", args.profile.clone());
     record_command(&mut span, &args.command);
+    let recorder = Recorder::new(&span, AuditLog::new(paths.audit_dir()), &args.profile);
+    let command_line = truncate(&args.command.join(" "));
     let keep_bundle = args.keep_bundle;
-    let code = match plan(args, &span) {
-        Ok(plan) => execute(plan, paths, keep_bundle, &mut span),
-        Err(e) => fail(&mut span, "invalid_input", &e),
+    let code = match plan(args, &span, &recorder) {
+        Ok(plan) => execute(plan, paths, keep_bundle, &mut span, &recorder),
+        Err(PlanError::Invalid(e)) => fail(&mut span, "invalid_input", &e),
+        Err(PlanError::Denied(msg)) => {
+            eprintln!("agentrun: denied by policy: {msg}");
+            span.set_attribute("sandbox.blocked", true);
+            span.set_error("policy_denied", &msg);
+            EXIT_DENIED
+        }
     };
+    if let Some(AttrValue::String(id)) = span.attribute("sandbox.id").cloned() {
+        let _ = recorder.set_sandbox(&id);
+    }
+    let outcome = match code {
+        EXIT_DENIED if span.attribute("sandbox.blocked").is_some() => "denied",
+        125 => "error",
+        _ => "ran",
+    };
+    if let Err(e) = recorder.run(&command_line, code, outcome) {
+        eprintln!("agentrun: {e}");
+    }
+    let (children, decisions, denials) = recorder.take();
+    span.set_attribute("sandbox.policy_decisions", decisions);
+    span.set_attribute("sandbox.violation_count", denials);
     span.set_attribute("process.exit.code", i64::from(code));
-    span.finish();
+    span.finish_with(children);
     ExitCode::from(code as u8)
+}
+
+fn truncate(line: &str) -> String {
+    let mut line = line.to_string();
+    if line.len() > SPAN_COMMAND_MAX {
+        let mut cut = SPAN_COMMAND_MAX;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
 }
 
 pub(crate) fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
@@ -113,20 +176,11 @@ fn record_command(span: &mut RunSpan, command: &[String]) {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| first.clone());
     span.set_attribute("process.executable.name", exe);
-    let mut line = command.join(" ");
-    if line.len() > SPAN_COMMAND_MAX {
-        let mut cut = SPAN_COMMAND_MAX;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-        line.push('…');
-    }
-    span.set_attribute("process.command_line", line);
+    span.set_attribute("process.command_line", truncate(&command.join(" ")));
 }
 
 /// Parses and checks everything before any sandbox exists, so bad input costs nothing.
-fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
+fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, PlanError> {
     let overrides = ResourceOverrides {
         memory_bytes: args
             .memory
@@ -150,12 +204,25 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
             .context("--timeout")?
             .map(|d| d.as_millis() as u64),
     };
-    let profile = Profile::load(&args.profile)?
+    let mut profile = Profile::load(&args.profile)
+        .map_err(anyhow::Error::from)?
         .with_overrides(&overrides)
         .map_err(|(field, why)| {
             let flag = field.trim_start_matches("resources.").replace('_', "-");
             anyhow::anyhow!("--{flag}: {why}")
         })?;
+    profile
+        .network
+        .allow_hosts("cli.allow_host", &args.allow_host)
+        .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
+    // A profile file is passed on by absolute path (the daemon has another working directory).
+    let profile_arg = if Profile::is_file_name(&args.profile) {
+        std::fs::canonicalize(&args.profile)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or(args.profile.clone())
+    } else {
+        args.profile.clone()
+    };
 
     let workspace = match &args.workspace {
         Some(dir) => Some(check_dir(dir, true, "--workspace")?),
@@ -175,7 +242,7 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
         };
         let source = check_path(&host, writable, flag)?;
         if !target.is_absolute() {
-            bail!("{flag} {spec}: the sandbox path must be absolute");
+            return Err(anyhow::anyhow!("{flag} {spec}: the sandbox path must be absolute").into());
         }
         mounts.push(UserMount {
             source,
@@ -201,19 +268,56 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
     for e in &args.env {
         env.push(parse_env(e).context("-e")?);
     }
+
+    // Every part of the request the profile rules on is decided (and recorded) here, before
+    // any sandbox exists; the first denial refuses the run.
+    let mut actions: Vec<Action> = env.iter().map(|(k, _)| Action::SetEnv(k.clone())).collect();
+    if workspace.is_some() {
+        actions.push(Action::Mount {
+            target: WORKSPACE.into(),
+            writable: profile.filesystem.workspace_writable,
+        });
+    }
+    actions.extend(mounts.iter().map(|m| Action::Mount {
+        target: m.target.clone(),
+        writable: m.writable,
+    }));
+    let mut denied = None;
+    for a in &actions {
+        let d = profile.check(a);
+        recorder.decision(a, &d);
+        if !d.allow && denied.is_none() {
+            denied = Some(format!(
+                "{} {} (rule {}: {})",
+                a.name(),
+                a.resource(),
+                d.rule_id,
+                d.reason
+            ));
+        }
+    }
+    if let Some(msg) = denied {
+        return Err(PlanError::Denied(msg));
+    }
+
     // The sandboxed process continues this trace under the sandbox.exec span.
     env.push(("TRACEPARENT".into(), span.traceparent()));
+    if profile.network.needs_proxy() {
+        env.extend(agentrun_egress::proxy_env());
+    }
 
     Ok(Plan {
         timeout: profile.resources.timeout,
         memory_bytes: profile.resources.memory_bytes,
+        network: profile.network.clone(),
         request: ExecRequest {
             recipe: SandboxRecipe {
                 image: args.image,
-                profile: args.profile,
+                profile: profile_arg,
                 overrides,
                 workspace,
                 mounts,
+                allow_hosts: args.allow_host,
             },
             args: args.command,
             env,
@@ -252,19 +356,36 @@ fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     Ok(abs)
 }
 
-fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+fn execute(
+    plan: Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    span: &mut RunSpan,
+    recorder: &Recorder,
+) -> i32 {
     let socket = paths.socket();
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
-    if !no_daemon && !keep_bundle {
+    // A network policy needs the per-run egress proxy, which only the cold path runs.
+    let needs_proxy = plan.network.needs_proxy();
+    if needs_proxy {
+        span.set_attribute("sandbox.cold_reason", "egress_proxy");
+    }
+    if !no_daemon && !keep_bundle && !needs_proxy {
         if let Some(client) = DaemonClient::connect(&socket) {
             return crate::warm::execute(&client, &plan, span);
         }
     }
-    execute_cold(plan, paths, keep_bundle, span)
+    execute_cold(plan, paths, keep_bundle, span, recorder)
 }
 
 /// The cold path: build, run and destroy one sandbox in this process.
-fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+fn execute_cold(
+    plan: Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    span: &mut RunSpan,
+    recorder: &Recorder,
+) -> i32 {
     let store = match ImageStore::open(&paths.root) {
         Ok(s) => s,
         Err(e) => return fail(span, "image", &e.into()),
@@ -275,7 +396,12 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
             .recipe
             .to_config(&store, req.args.clone(), req.env.clone(), req.cwd.clone())
         {
-            Ok(c) => c,
+            Ok(mut c) => {
+                if plan.network.needs_proxy() {
+                    c.egress_port = Some(agentrun_egress::SANDBOX_PROXY_PORT);
+                }
+                c
+            }
             Err(e) => {
                 let kind = match &e {
                     PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
@@ -313,6 +439,28 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
     span.set_attribute("sandbox.id", sandbox.id().to_string());
     span.set_attribute("container.id", sandbox.id().to_string());
     record_enforcement(span, sandbox.enforcement());
+    // Nothing runs unless the decisions so far are on disk.
+    if let Err(e) = recorder.set_sandbox(sandbox.id()) {
+        let _ = sandbox.destroy();
+        return fail(span, "audit", &e.into());
+    }
+    // The sandbox exists (created single-threaded): the proxy's threads may start now.
+    let proxy = if plan.network.needs_proxy() {
+        let path = sandbox.egress_socket();
+        match agentrun_egress::bind(&path) {
+            Ok(listener) => {
+                let r = recorder.clone();
+                let sink: DecisionSink = Arc::new(move |a, d| r.decision(a, d));
+                Some(Proxy::start(listener, &path, plan.network.clone(), sink))
+            }
+            Err(e) => {
+                let _ = sandbox.destroy();
+                return fail(span, "egress", &e.into());
+            }
+        }
+    } else {
+        None
+    };
     if keep_bundle {
         match sandbox.keep_bundle() {
             Ok(dir) => eprintln!("agentrun: bundle kept at {}", dir.display()),
@@ -327,6 +475,9 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
         plan.timeout,
         signals.as_ref(),
     );
+    if let Some(p) = proxy {
+        p.stop();
+    }
     let destroyed = sandbox.destroy();
     let outcome = match result {
         Ok(o) => o,
@@ -342,6 +493,10 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
         eprintln!("agentrun: warning: cleanup incomplete ({e}); `agentrun gc` will retry");
     }
     report(&outcome, &plan, span, true);
+    if outcome.output_truncated {
+        eprintln!("agentrun: output over the profile's output cap was dropped");
+        span.set_attribute("sandbox.output_truncated", true);
+    }
     outcome.exit_code
 }
 

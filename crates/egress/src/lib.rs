@@ -45,7 +45,9 @@ pub enum EgressError {
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
-pub type DecisionSink = Arc<dyn Fn(&Action, &Decision) + Send + Sync>;
+/// Returns whether the decision was recorded: an allow that could not be recorded is not
+/// acted on (the client gets 503).
+pub type DecisionSink = Arc<dyn Fn(&Action, &Decision) -> bool + Send + Sync>;
 
 /// The environment that points a sandboxed command at the proxy.
 pub fn proxy_env() -> Vec<(String, String)> {
@@ -177,7 +179,14 @@ fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -
             Err(d) => decision = d,
         }
     }
-    sink(&action, &decision);
+    let recorded = sink(&action, &decision);
+    if decision.allow && !recorded {
+        let msg = format!(
+            "agentrun: {}: the decision could not be recorded",
+            action.resource()
+        );
+        return respond(&mut client, 503, "Service Unavailable", &msg);
+    }
     let Some(mut upstream) = upstream else {
         let msg = format!(
             "agentrun: {} denied by rule {}: {}",
@@ -302,7 +311,9 @@ fn internal(ip: IpAddr) -> bool {
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6.to_ipv4_mapped().is_some_and(|v4| internal(IpAddr::V4(v4)))
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| internal(IpAddr::V4(v4)))
         }
     }
 }
@@ -403,7 +414,14 @@ mod tests {
 
     #[test]
     fn internal_addresses() {
-        for a in ["127.0.0.1", "169.254.169.254", "0.0.0.0", "::1", "fe80::1", "::ffff:127.0.0.1"] {
+        for a in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
             assert!(internal(a.parse().unwrap()), "{a}");
         }
         for a in ["151.101.0.223", "10.1.2.3", "2a04:4e42::223"] {
@@ -445,6 +463,7 @@ mod tests {
         let s2 = seen.clone();
         let sink: DecisionSink = Arc::new(move |a, d| {
             s2.lock().unwrap().push((a.resource(), d.clone()));
+            true
         });
         let proxy = Proxy::start(bind(&path).unwrap(), &path, policy, sink);
         let ask = |req: String| {
@@ -478,8 +497,16 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (format!("127.0.0.1:{port}"), true, "cli.allow_host[0]".into()),
-                (format!("127.0.0.1:{port}"), true, "cli.allow_host[0]".into()),
+                (
+                    format!("127.0.0.1:{port}"),
+                    true,
+                    "cli.allow_host[0]".into()
+                ),
+                (
+                    format!("127.0.0.1:{port}"),
+                    true,
+                    "cli.allow_host[0]".into()
+                ),
                 ("evil.example:443".into(), false, "network.default".into()),
             ]
         );

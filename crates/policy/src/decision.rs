@@ -50,7 +50,11 @@ impl Action {
         match self {
             Action::Read(p) | Action::Write(p) => p.display().to_string(),
             Action::Mount { target, writable } => {
-                format!("{}:{}", if *writable { "rw" } else { "ro" }, target.display())
+                format!(
+                    "{}:{}",
+                    if *writable { "rw" } else { "ro" },
+                    target.display()
+                )
             }
             Action::Connect { host, port } if host.contains(':') => format!("[{host}]:{port}"),
             Action::Connect { host, port } => format!("{host}:{port}"),

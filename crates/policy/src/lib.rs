@@ -171,7 +171,7 @@ impl Profile {
     /// Loads a built-in profile by name, or a profile file if `name_or_path` contains a `/` or
     /// ends in `.toml`.
     pub fn load(name_or_path: &str) -> Result<Self, PolicyError> {
-        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+        if Self::is_file_name(name_or_path) {
             let path = Path::new(name_or_path);
             let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
                 path: path.to_owned(),
@@ -180,6 +180,11 @@ impl Profile {
             return Self::parse(&text, &path.display().to_string());
         }
         Self::builtin(name_or_path)
+    }
+
+    /// Whether [`Profile::load`] takes `name_or_path` as a file (it has a `/` or ends in `.toml`).
+    pub fn is_file_name(name_or_path: &str) -> bool {
+        name_or_path.contains('/') || name_or_path.ends_with(".toml")
     }
 
     /// A built-in profile by name (parsed once per process: the daemon asks for one per run).
@@ -242,7 +247,9 @@ impl Profile {
                 .transpose()?,
             output_cap: r
                 .output_cap
-                .map(|s| parse_bytes(&s).map_err(|e| invalid("resources.output_cap", e.to_string())))
+                .map(|s| {
+                    parse_bytes(&s).map_err(|e| invalid("resources.output_cap", e.to_string()))
+                })
                 .transpose()?,
         };
         validate_resources(&resources).map_err(|(f, m)| invalid(f, m))?;
@@ -550,8 +557,20 @@ mod tests {
         );
         let ci = Profile::builtin("code-interpreter").unwrap();
         assert_eq!(ci.network.mode, NetworkMode::Allowlist);
-        assert!(ci.check(&Action::Connect { host: "pypi.org".into(), port: 443 }).allow);
-        assert!(!ci.check(&Action::Connect { host: "evil.example".into(), port: 443 }).allow);
+        assert!(
+            ci.check(&Action::Connect {
+                host: "pypi.org".into(),
+                port: 443
+            })
+            .allow
+        );
+        assert!(
+            !ci.check(&Action::Connect {
+                host: "evil.example".into(),
+                port: 443
+            })
+            .allow
+        );
         assert!(ci.check(&Action::Write("/workspace/out/x".into())).allow);
         let s = Profile::builtin("strict").unwrap();
         assert!(!s.check(&Action::Read("/etc/passwd".into())).allow);
@@ -584,12 +603,22 @@ mod tests {
         assert!(e.to_string().contains("line 2"), "{e}");
         let e = Profile::parse("[network]\nmode = \"allowlist\"\n", "t").unwrap_err();
         assert!(e.to_string().contains("network.allow"), "{e}");
-        let e = Profile::parse("name = \"x\"\n\n[network]\nmode = \"allowlist\"\nallow = [\"a b\"]\n", "t")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("line 5") && e.contains("network.allow") && e.contains("a b"), "{e}");
+        let e = Profile::parse(
+            "name = \"x\"\n\n[network]\nmode = \"allowlist\"\nallow = [\"a b\"]\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 5") && e.contains("network.allow") && e.contains("a b"),
+            "{e}"
+        );
         let e = Profile::parse("[filesystem]\nworkspace = \"wo\"\n", "t").unwrap_err();
-        assert!(e.to_string().contains("line 2: field `filesystem.workspace`"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("line 2: field `filesystem.workspace`"),
+            "{e}"
+        );
         let e = Profile::parse("[filesystem]\nhidden = [\"/a/../b\"]\n", "t").unwrap_err();
         assert!(e.to_string().contains("'..'"), "{e}");
     }

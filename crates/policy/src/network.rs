@@ -286,7 +286,10 @@ mod tests {
         assert_eq!(p.check("pypi.org", 80).rule_id, "network.default");
         assert!(p.check("files.pythonhosted.org", 443).allow);
         assert!(p.check("a.b.pythonhosted.org", 8443).allow);
-        assert!(!p.check("pythonhosted.org", 443).allow, "wildcard needs a label");
+        assert!(
+            !p.check("pythonhosted.org", 443).allow,
+            "wildcard needs a label"
+        );
         assert!(!p.check("evilpythonhosted.org", 443).allow);
         assert!(p.check("127.0.0.1", 8080).allow);
         assert!(!p.check("127.0.0.2", 8080).allow);
@@ -295,7 +298,15 @@ mod tests {
 
     #[test]
     fn bad_host_specs_are_explained() {
-        for bad in ["", "a b", "pypi.org:0", "pypi.org:99999", "::1:80", "*.", "-a.com"] {
+        for bad in [
+            "",
+            "a b",
+            "pypi.org:0",
+            "pypi.org:99999",
+            "::1:80",
+            "*.",
+            "-a.com",
+        ] {
             let e = HostRule::parse("x", RuleAction::Allow, bad).unwrap_err();
             assert!(!e.is_empty(), "{bad}");
         }
@@ -331,14 +342,18 @@ mod tests {
         // Missing defaultAction: deny; empty object or null: allow all.
         let p = NetworkPolicy::from_opensandbox(r#"{"egress":[]}"#).unwrap();
         assert!(!p.check("a.com", 1).allow);
-        assert!(NetworkPolicy::from_opensandbox("{}")
-            .unwrap()
-            .check("a.com", 1)
-            .allow);
-        assert!(NetworkPolicy::from_opensandbox("null")
-            .unwrap()
-            .check("a.com", 1)
-            .allow);
+        assert!(
+            NetworkPolicy::from_opensandbox("{}")
+                .unwrap()
+                .check("a.com", 1)
+                .allow
+        );
+        assert!(
+            NetworkPolicy::from_opensandbox("null")
+                .unwrap()
+                .check("a.com", 1)
+                .allow
+        );
     }
 
     #[test]

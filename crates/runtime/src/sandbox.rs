@@ -394,10 +394,12 @@ impl Sandbox {
             .map_err(|e| RuntimeError::io("chmod", &config_path, e))?;
 
         // Landlock rules come from the same profile that `Profile::check` decides with.
+        // The workspace mount is read-write so that writable paths under it work; whether the
+        // workspace itself may be written is the profile's call.
         let writable = profile.landlock_writable(
             mounts
                 .iter()
-                .filter(|m| m.writable)
+                .filter(|m| m.writable && m.target != Path::new(agentrun_policy::WORKSPACE))
                 .map(|m| m.target.clone()),
         );
         let mut readable = profile.landlock_readable();

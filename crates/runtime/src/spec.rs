@@ -167,7 +167,12 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
         .seccomp(input.seccomp.clone())
         .masked_paths({
             let mut m = get_default_maskedpaths();
-            m.extend(input.masked.iter().map(|p| p.to_string_lossy().into_owned()));
+            m.extend(
+                input
+                    .masked
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            );
             m
         })
         .readonly_paths(get_default_readonly_paths())

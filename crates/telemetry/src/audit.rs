@@ -153,7 +153,9 @@ impl AuditLog {
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if len > 0 {
             let mut last = [0u8; 1];
-            if std::os::unix::fs::FileExt::read_at(&f, &mut last, len - 1).is_ok() && last[0] != b'\n' {
+            if std::os::unix::fs::FileExt::read_at(&f, &mut last, len - 1).is_ok()
+                && last[0] != b'\n'
+            {
                 line.insert(0, b'\n');
             }
         }
@@ -263,7 +265,10 @@ mod tests {
             log.append(&rec(i)).unwrap();
         }
         assert!(dir.join("audit.jsonl.1").exists());
-        assert!(!dir.join("audit.jsonl.4").exists(), "only 3 rotated files kept");
+        assert!(
+            !dir.join("audit.jsonl.4").exists(),
+            "only 3 rotated files kept"
+        );
         for f in fs::read_dir(&dir).unwrap() {
             let f = f.unwrap();
             if f.file_name().to_string_lossy().starts_with("audit.jsonl") {
@@ -293,7 +298,11 @@ mod tests {
         drop(f);
         assert_eq!(log.read_all().unwrap().len(), 1);
         log.append(&rec(1)).unwrap();
-        assert_eq!(log.read_all().unwrap().len(), 2, "a record after a torn line is kept");
+        assert_eq!(
+            log.read_all().unwrap().len(),
+            2,
+            "a record after a torn line is kept"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

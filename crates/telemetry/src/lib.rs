@@ -56,7 +56,7 @@ mod context;
 mod export;
 mod span;
 
+pub use audit::{AuditLog, AuditRecord};
 pub use context::TraceContext;
 pub use export::export_enabled;
-pub use audit::{AuditLog, AuditRecord};
 pub use span::{AttrValue, FinishedSpan, RunSpan};
