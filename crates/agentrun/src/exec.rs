@@ -215,6 +215,7 @@ fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, Pla
         .network
         .allow_hosts("cli.allow_host", &args.allow_host)
         .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
+    recorder.set_profile(&profile.name);
     // A profile file is passed on by absolute path (the daemon has another working directory).
     let profile_arg = if Profile::is_file_name(&args.profile) {
         std::fs::canonicalize(&args.profile)

@@ -53,6 +53,11 @@ impl Recorder {
         }
     }
 
+    /// The profile's own name, once it is loaded (recorded with every decision).
+    pub fn set_profile(&self, name: &str) {
+        self.lock().profile = name.to_owned();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
