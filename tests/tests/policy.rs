@@ -456,6 +456,11 @@ except OSError as e:
     }
     assert_eq!(d[0]["sandbox_id"], exec.attr("sandbox.id"));
     assert_eq!(d[0]["trace_id"], exec.trace_id);
+    assert_eq!(exec.typed_attr("sandbox.violation_count", "int"), "0");
+    assert!(trail
+        .rx
+        .wait_for_points(1, Duration::from_millis(300))
+        .is_empty());
 }
 
 #[test]
@@ -534,6 +539,16 @@ print(s.makefile("rb").readline().decode().strip())
         assert_eq!(c.attr("sandbox.decision"), "deny");
         assert_eq!(c.attr("sandbox.rule_id"), "network.default");
     }
+    // The violation counter: one delta data point for the run.
+    let points = trail.rx.wait_for_points(1, Duration::from_secs(10));
+    assert_eq!(points.len(), 1, "{points:?}");
+    let p = &points[0];
+    assert_eq!(p.name, "sandbox.violation_count");
+    assert_eq!(
+        (p.kind, p.monotonic, p.temporality, p.value),
+        ("sum", true, 1, 3)
+    );
+    assert_eq!(p.attributes["sandbox.id"], exec.attr("sandbox.id"));
     // The plain listing shows the resource on one line per record.
     let listing = agentrun(["audit", "--deny"])
         .env("AGENTRUN_AUDIT_DIR", trail.audit.path())
@@ -827,4 +842,32 @@ fn audit_since_filters_by_time() {
         .env("AGENTRUN_AUDIT_DIR", trail.audit.path())
         .run();
     bad.assert_agentrun_error();
+}
+
+#[test]
+fn violation_metric_over_otlp_http() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let rx = OtlpReceiver::http();
+    let mut a = exec_with(["--profile", "strict", "-e", "NOPE=1"], ["true"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .env("OTEL_LOG_LEVEL", "debug");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("OTEL_") {
+            a = a.env_remove(k);
+        }
+    }
+    for (k, v) in rx.otel_env() {
+        a = a.env(k, v);
+    }
+    let out = a.run();
+    out.assert_code(126);
+    assert!(!out.stderr().contains("telemetry"), "{out}");
+    let points = rx.wait_for_points(1, Duration::from_secs(10));
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].name, "sandbox.violation_count");
+    assert_eq!(points[0].value, 1);
+    assert_eq!(points[0].attributes["sandbox.profile"], "strict");
+    let spans = rx.wait_for_spans(2, Duration::from_secs(10));
+    assert!(spans.iter().any(|s| s.name == "policy.check"), "{spans:#?}");
 }

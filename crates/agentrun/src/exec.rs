@@ -145,6 +145,13 @@ pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
     span.set_attribute("sandbox.policy_decisions", decisions);
     span.set_attribute("sandbox.violation_count", denials);
     span.set_attribute("process.exit.code", i64::from(code));
+    if denials > 0 {
+        let mut attrs = vec![("sandbox.profile", recorder.profile())];
+        if let Some(AttrValue::String(id)) = span.attribute("sandbox.id") {
+            attrs.push(("sandbox.id", id.clone()));
+        }
+        agentrun_telemetry::metrics::export_violation_count(denials, span.start_time(), &attrs);
+    }
     span.finish_with(children);
     ExitCode::from(code as u8)
 }

@@ -58,6 +58,11 @@ impl Recorder {
         self.lock().profile = name.to_owned();
     }
 
+    /// The profile name decisions are recorded under.
+    pub fn profile(&self) -> String {
+        self.lock().profile.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

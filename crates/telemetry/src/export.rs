@@ -54,7 +54,7 @@ pub fn export_enabled() -> bool {
 }
 
 /// A way to read a configuration variable: the process environment, or a map in tests.
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn enabled_in(env: Env<'_>) -> bool {
     let endpoint_set = [
@@ -170,7 +170,7 @@ fn protocol_in(env: Env<'_>) -> Protocol {
 
 /// Timeout from `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`
 /// (milliseconds), else 10 s; never more than 3 s. Zero or unparsable values are ignored.
-fn timeout_in(env: Env<'_>) -> Duration {
+pub(crate) fn timeout_in(env: Env<'_>) -> Duration {
     [
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         "OTEL_EXPORTER_OTLP_TIMEOUT",
@@ -189,7 +189,7 @@ fn timeout_in(env: Env<'_>) -> Duration {
 /// `telemetry.sdk.*`, `service.name` (from `OTEL_SERVICE_NAME`, else from
 /// `OTEL_RESOURCE_ATTRIBUTES`, else `agentrun`) and `service.version` (unless
 /// `OTEL_RESOURCE_ATTRIBUTES` sets one).
-fn resource_in(env: Env<'_>) -> Resource {
+pub(crate) fn resource_in(env: Env<'_>) -> Resource {
     let from_env: Vec<KeyValue> = env("OTEL_RESOURCE_ATTRIBUTES")
         .map(|s| parse_resource_attributes(&s))
         .unwrap_or_default();
@@ -253,12 +253,12 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The value of `key` if it is set, valid Unicode and non-empty.
-fn env_nonempty(key: &str) -> Option<String> {
+pub(crate) fn env_nonempty(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
 /// Writes `msg` to stderr when `OTEL_LOG_LEVEL=debug`.
-fn debug_log(msg: &str) {
+pub(crate) fn debug_log(msg: &str) {
     if env_nonempty("OTEL_LOG_LEVEL").is_some_and(|v| v.trim().eq_ignore_ascii_case("debug")) {
         eprintln!("agentrun: telemetry: {msg}");
     }

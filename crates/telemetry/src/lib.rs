@@ -54,6 +54,7 @@
 pub mod audit;
 mod context;
 mod export;
+pub mod metrics;
 mod span;
 
 pub use audit::{AuditLog, AuditRecord};
