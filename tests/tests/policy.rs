@@ -871,3 +871,180 @@ fn violation_metric_over_otlp_http() {
     let spans = rx.wait_for_spans(2, Duration::from_secs(10));
     assert!(spans.iter().any(|s| s.name == "policy.check"), "{spans:#?}");
 }
+
+/// Turns the host's audit subsystem on for the guard's lifetime (then back to how it was), so
+/// that the kernel emits Landlock's denial records. Host-wide: callers hold the exclusive e2e
+/// lock, so no other sandbox test sees records it does not expect.
+struct AuditOn {
+    was_enabled: bool,
+}
+
+impl AuditOn {
+    fn request(ty: u16, payload: &[u8]) -> Vec<u8> {
+        // SAFETY: plain socket(2)/bind/send/recv on a netlink socket we own and close.
+        unsafe {
+            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 9);
+            assert!(fd >= 0, "netlink audit socket");
+            let mut addr: libc::sockaddr_nl = std::mem::zeroed();
+            addr.nl_family = libc::AF_NETLINK as u16;
+            libc::bind(
+                fd,
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            );
+            let mut msg = Vec::new();
+            msg.extend_from_slice(&((16 + payload.len()) as u32).to_ne_bytes());
+            msg.extend_from_slice(&ty.to_ne_bytes());
+            msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+            msg.extend_from_slice(&1u32.to_ne_bytes());
+            msg.extend_from_slice(&0u32.to_ne_bytes());
+            msg.extend_from_slice(payload);
+            assert!(libc::send(fd, msg.as_ptr().cast(), msg.len(), 0) > 0);
+            let mut buf = vec![0u8; 8192];
+            let mut out = Vec::new();
+            // AUDIT_GET answers with the status then an ACK; AUDIT_SET with an ACK.
+            for _ in 0..2 {
+                let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT);
+                if n <= 0 {
+                    let mut p = libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    libc::poll(&mut p, 1, 500);
+                    let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT);
+                    if n > 0 {
+                        out.extend_from_slice(&buf[..n as usize]);
+                    }
+                } else {
+                    out.extend_from_slice(&buf[..n as usize]);
+                }
+            }
+            libc::close(fd);
+            out
+        }
+    }
+
+    fn enabled() -> bool {
+        let reply = Self::request(1000, &[]); // AUDIT_GET
+                                              // Netlink messages (an ACK and the status, in either order), 4-byte aligned.
+        let mut rest = &reply[..];
+        while rest.len() >= 16 {
+            let len = u32::from_ne_bytes(rest[..4].try_into().unwrap()) as usize;
+            let ty = u16::from_ne_bytes([rest[4], rest[5]]);
+            if ty == 1000 {
+                return u32::from_ne_bytes(rest[20..24].try_into().unwrap()) != 0;
+            }
+            rest = &rest[((len + 3) & !3).clamp(16, rest.len())..];
+        }
+        panic!("no AUDIT_GET status in the reply: {reply:?}");
+    }
+
+    fn set(on: bool) {
+        // struct audit_status { mask = AUDIT_STATUS_ENABLED, enabled, ... }
+        let mut st = vec![0u8; 40];
+        st[..4].copy_from_slice(&1u32.to_ne_bytes());
+        st[4..8].copy_from_slice(&u32::from(on).to_ne_bytes());
+        Self::request(1001, &st); // AUDIT_SET
+    }
+
+    fn start() -> AuditOn {
+        let was_enabled = Self::enabled();
+        if !was_enabled {
+            Self::set(true);
+        }
+        assert!(Self::enabled(), "could not enable audit");
+        AuditOn { was_enabled }
+    }
+}
+
+impl Drop for AuditOn {
+    fn drop(&mut self) {
+        if !self.was_enabled {
+            Self::set(false);
+        }
+    }
+}
+
+#[test]
+fn kernel_denials_are_recorded_from_landlock_audit() {
+    if !agentrun_e2e::require_root() {
+        return;
+    }
+    agentrun_e2e::require_bin();
+    let _lock = agentrun_e2e::exclusive_lock();
+    let trail = Trail::new();
+    let ws = workspace();
+    let out = {
+        let _audit = AuditOn::start();
+        trail
+            .wire(exec_with(
+                [
+                    "--profile",
+                    "strict",
+                    "--workspace",
+                    ws.path().to_str().unwrap(),
+                ],
+                [
+                    "sh",
+                    "-c",
+                    "cat /etc/passwd; ls /root; echo x > /workspace/evil.txt; \
+                     cat /workspace/secret.txt",
+                ],
+            ))
+            .run()
+    };
+    assert_eq!(out.success(), "s3cr3t-token\n", "{out}");
+    let d = trail.decisions();
+    let kernel: Vec<&Value> = d.iter().filter(|r| r["action"] != "fs.mount").collect();
+    assert_eq!(kernel.len(), 3, "{d:#?}");
+    assert_decision(
+        kernel[0],
+        "fs.read",
+        "/etc/passwd",
+        "deny",
+        "filesystem.default",
+    );
+    assert_decision(kernel[1], "fs.read", "/root", "deny", "filesystem.default");
+    // For creating or removing an entry the kernel names the directory, not the entry.
+    assert_decision(
+        kernel[2],
+        "fs.write",
+        "/workspace",
+        "deny",
+        "filesystem.default",
+    );
+    assert!(
+        kernel[2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fs.make_reg"),
+        "{:?}",
+        kernel[2]
+    );
+    assert!(
+        kernel[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fs.read_dir"),
+        "{:?}",
+        kernel[1]
+    );
+    let (exec, checks) = trail.spans(4);
+    assert_eq!(
+        exec.typed_attr("sandbox.enforce.landlock_audit", "bool"),
+        "true"
+    );
+    assert_eq!(exec.typed_attr("sandbox.kernel_denials", "int"), "3");
+    assert_eq!(exec.typed_attr("sandbox.violation_count", "int"), "3");
+    let by_kernel: Vec<&ReceivedSpan> = checks
+        .iter()
+        .filter(|c| c.attr("sandbox.enforced_by") == "landlock")
+        .collect();
+    assert_eq!(by_kernel.len(), 3, "{checks:#?}");
+    assert!(by_kernel
+        .iter()
+        .any(|c| c.attr("sandbox.resource") == "/workspace"
+            && c.attr("sandbox.action") == "fs.write"));
+    assert!(!ws.path().join("evil.txt").exists());
+}

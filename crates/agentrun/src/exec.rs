@@ -11,12 +11,13 @@ use std::sync::Arc;
 use agentrun_egress::{DecisionSink, Proxy};
 use agentrun_image::ImageStore;
 use agentrun_policy::{
-    format_bytes, parse_bytes, parse_duration, validate_env_key, Action, NetworkPolicy, Profile,
-    ResourceOverrides, WORKSPACE,
+    format_bytes, parse_bytes, parse_duration, validate_env_key, Action, Decision, NetworkPolicy,
+    Profile, ResourceOverrides, WORKSPACE,
 };
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_pool::PoolError;
+use agentrun_runtime::kaudit;
 use agentrun_runtime::rootfs::UserMount;
 use agentrun_runtime::{Enforcement, HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxStdio};
 use agentrun_telemetry::{AttrValue, AuditLog, RunSpan};
@@ -458,7 +459,8 @@ fn execute_cold(
         match agentrun_egress::bind(&path) {
             Ok(listener) => {
                 let r = recorder.clone();
-                let sink: DecisionSink = Arc::new(move |a, d| r.decision(a, d));
+                let sink: DecisionSink =
+                    Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
                 Some(Proxy::start(listener, &path, plan.network.clone(), sink))
             }
             Err(e) => {
@@ -475,6 +477,13 @@ fn execute_cold(
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
+    // Kernel-level denials (Landlock audit records), when the host's audit is on.
+    let watch = if host.landlock_abi >= 7 && kaudit::audit_enabled().unwrap_or(false) {
+        kaudit::LandlockWatch::start().ok()
+    } else {
+        None
+    };
+    span.set_attribute("sandbox.enforce.landlock_audit", watch.is_some());
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let result = sandbox.run(
@@ -485,6 +494,10 @@ fn execute_cold(
     );
     if let Some(p) = proxy {
         p.stop();
+    }
+    if let (Some(w), Ok(o)) = (watch, &result) {
+        let profile = plan.request.recipe.profile().ok();
+        record_kernel_denials(w.finish(o.init_pid), profile.as_ref(), recorder, span);
     }
     let destroyed = sandbox.destroy();
     let outcome = match result {
@@ -506,6 +519,42 @@ fn execute_cold(
         span.set_attribute("sandbox.output_truncated", true);
     }
     outcome.exit_code
+}
+
+/// Records what the kernel (Landlock) denied during the run, each decided again by the
+/// profile so that it carries the profile's rule id.
+fn record_kernel_denials(
+    denials: Vec<kaudit::LandlockDenial>,
+    profile: Option<&Profile>,
+    recorder: &Recorder,
+    span: &mut RunSpan,
+) {
+    span.set_attribute("sandbox.kernel_denials", denials.len());
+    for k in denials {
+        let write = k
+            .blockers
+            .iter()
+            .any(|b| !matches!(b.as_str(), "fs.read_file" | "fs.read_dir" | "fs.execute"));
+        let action = match (k.is_path, write) {
+            (true, false) => Action::Read(k.object.clone().into()),
+            (true, true) => Action::Write(k.object.clone().into()),
+            (false, _) => Action::Kernel {
+                right: k.blockers.join(","),
+                target: k.object.clone(),
+            },
+        };
+        let by_profile = profile.map(|p| p.check(&action));
+        let blockers = k.blockers.join(",");
+        let decision = match by_profile {
+            Some(d) if !d.allow => {
+                Decision::deny(d.rule_id, format!("kernel denied {blockers}: {}", d.reason))
+            }
+            _ => Decision::deny("landlock", format!("kernel denied {blockers} (Landlock)")),
+        };
+        let time = chrono::DateTime::from_timestamp_millis((k.time * 1000.0) as i64)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+        recorder.decision_by(&action, &decision, "landlock", time);
+    }
 }
 
 /// Takes SIGINT/SIGTERM/SIGHUP/SIGQUIT synchronously from here on, so they are forwarded to

@@ -70,6 +70,18 @@ impl Recorder {
     /// Traces and keeps one decision. Returns whether it is on disk (always false before the
     /// sandbox id is known: it is held until [`Recorder::set_sandbox`] or [`Recorder::run`]).
     pub fn decision(&self, action: &Action, d: &Decision) -> bool {
+        self.decision_by(action, d, "agentrun", None)
+    }
+
+    /// Like [`Recorder::decision`] for a decision enforced (and reported) by `enforced_by`
+    /// (`agentrun`, `egress-proxy`, `landlock`), at `time` (RFC 3339) when it is known.
+    pub fn decision_by(
+        &self,
+        action: &Action,
+        d: &Decision,
+        enforced_by: &'static str,
+        time: Option<String>,
+    ) -> bool {
         let mut g = self.lock();
         g.decisions += 1;
         if !d.allow {
@@ -84,6 +96,7 @@ impl Recorder {
         span.set_attribute("sandbox.resource", action.resource());
         span.set_attribute("sandbox.blocked", !d.allow);
         span.set_attribute("sandbox.profile", g.profile.clone());
+        span.set_attribute("sandbox.enforced_by", enforced_by);
         if let Some(id) = &g.sandbox_id {
             span.set_attribute("sandbox.id", id.clone());
         }
@@ -102,7 +115,7 @@ impl Recorder {
             rule: d.rule_id.clone(),
             reason: d.reason.clone(),
             profile: g.profile.clone(),
-            time: agentrun_telemetry::audit::now_rfc3339(),
+            time: time.unwrap_or_else(agentrun_telemetry::audit::now_rfc3339),
             exit: None,
         };
         if g.sandbox_id.is_none() {

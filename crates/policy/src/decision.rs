@@ -30,6 +30,9 @@ pub enum Action {
     Connect { host: String, port: u16 },
     /// Set an environment variable for the sandboxed command.
     SetEnv(String),
+    /// Something the kernel denied that is not a path (e.g. a Landlock scope: signalling or
+    /// reaching an abstract socket outside the sandbox), as the kernel described it.
+    Kernel { right: String, target: String },
 }
 
 impl Action {
@@ -42,6 +45,7 @@ impl Action {
             Action::Mount { .. } => "fs.mount",
             Action::Connect { .. } => "net.connect",
             Action::SetEnv(_) => "env.set",
+            Action::Kernel { .. } => "kernel.scope",
         }
     }
 
@@ -59,6 +63,7 @@ impl Action {
             Action::Connect { host, port } if host.contains(':') => format!("[{host}]:{port}"),
             Action::Connect { host, port } => format!("{host}:{port}"),
             Action::SetEnv(k) => k.clone(),
+            Action::Kernel { right, target } => format!("{right} {target}"),
         }
     }
 }
@@ -128,6 +133,10 @@ impl Profile {
             Action::Mount { target, writable } => self.check_mount(target, *writable),
             Action::Connect { host, port } => self.network.check(host, *port),
             Action::SetEnv(key) => self.check_env(key),
+            Action::Kernel { right, .. } => Decision::deny(
+                "landlock.scope",
+                format!("{right}: the sandbox may not reach processes or sockets outside it"),
+            ),
         }
     }
 
