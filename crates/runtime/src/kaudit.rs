@@ -204,7 +204,7 @@ fn parse_record(ty: u16, text: &str) -> Option<Record> {
 }
 
 fn hex_decode(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 || s.is_empty() || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || s.is_empty() || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..s.len())
