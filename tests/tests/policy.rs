@@ -630,6 +630,8 @@ except urllib.error.HTTPError as e:
         "allow",
         "filesystem.mounts",
     );
+    assert_eq!(checks[0].attr("sandbox.id"), all[0]["sandbox_id"]);
+    assert_eq!(checks[1].attr("sandbox.id"), all[0]["sandbox_id"]);
     assert_check_span(
         &checks[1],
         "net.connect",

@@ -25,6 +25,8 @@ struct Inner {
     audit: AuditLog,
     sandbox_id: Option<String>,
     pending: Vec<AuditRecord>,
+    /// Spans of held decisions: ended once the sandbox id is on them.
+    pending_spans: Vec<RunSpan>,
     children: Vec<FinishedSpan>,
     decisions: u64,
     denials: u64,
@@ -46,6 +48,7 @@ impl Recorder {
                 audit,
                 sandbox_id: None,
                 pending: Vec::new(),
+                pending_spans: Vec::new(),
                 children: Vec::new(),
                 decisions: 0,
                 denials: 0,
@@ -104,7 +107,11 @@ impl Recorder {
             span.set_attribute("server.address", host.clone());
             span.set_attribute("server.port", i64::from(*port));
         }
-        g.children.push(span.end());
+        if g.sandbox_id.is_some() {
+            g.children.push(span.end());
+        } else {
+            g.pending_spans.push(span);
+        }
         let record = AuditRecord {
             kind: "decision".into(),
             sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
@@ -159,6 +166,11 @@ impl Recorder {
     /// The decision spans so far, and (decisions, denials).
     pub fn take(&self) -> (Vec<FinishedSpan>, u64, u64) {
         let mut g = self.lock();
+        let held: Vec<FinishedSpan> = std::mem::take(&mut g.pending_spans)
+            .into_iter()
+            .map(RunSpan::end)
+            .collect();
+        g.children.extend(held);
         (std::mem::take(&mut g.children), g.decisions, g.denials)
     }
 }
@@ -166,6 +178,12 @@ impl Recorder {
 impl Inner {
     fn flush(&mut self) -> Result<(), AuditError> {
         let id = self.sandbox_id.clone().unwrap_or_default();
+        for mut span in std::mem::take(&mut self.pending_spans) {
+            if !id.is_empty() {
+                span.set_attribute("sandbox.id", id.clone());
+            }
+            self.children.push(span.end());
+        }
         for mut r in std::mem::take(&mut self.pending) {
             r.sandbox_id = id.clone();
             self.audit.append(&r)?;

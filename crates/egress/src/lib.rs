@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -34,6 +34,9 @@ const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head, and an upstream to accept.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once per proxy (each costs host-side threads, outside the
+/// sandbox's pids limit); more are answered 503 at once.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Errors starting the proxy.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +97,7 @@ impl Proxy {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let policy = Arc::new(policy);
+        let active = Arc::new(AtomicUsize::new(0));
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
             .spawn(move || {
@@ -101,13 +105,28 @@ impl Proxy {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let Ok(conn) = conn else { continue };
-                    let (policy, sink) = (policy.clone(), sink.clone());
-                    let _ = std::thread::Builder::new()
+                    let Ok(mut conn) = conn else { continue };
+                    if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                        active.fetch_sub(1, Ordering::SeqCst);
+                        let _ = respond(
+                            &mut conn,
+                            503,
+                            "Service Unavailable",
+                            "agentrun: too many proxy connections",
+                        );
+                        continue;
+                    }
+                    let (policy, sink, done) = (policy.clone(), sink.clone(), active.clone());
+                    let spawned = std::thread::Builder::new()
                         .name("egress-conn".into())
                         .spawn(move || {
                             let _ = handle(conn, &policy, &sink);
+                            done.fetch_sub(1, Ordering::SeqCst);
                         });
+                    if spawned.is_err() {
+                        // The closure (and the count it would release) was dropped unrun.
+                        active.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
             })
             .ok();
