@@ -1050,3 +1050,108 @@ fn kernel_denials_are_recorded_from_landlock_audit() {
             && c.attr("sandbox.action") == "fs.write"));
     assert!(!ws.path().join("evil.txt").exists());
 }
+
+#[test]
+fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let dir = tempdir();
+    let profile = write_profile(
+        dir.path(),
+        "envonly.toml",
+        "name = \"envonly\"\n[env]\nallow = [\"GREETING\"]\ndefaults = { PATH = \"/usr/bin:/bin\" }\n",
+    );
+    let mut d = agentrun_e2e::Daemon::unstarted().with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    d.launch(["--pool-size", "1"]);
+    let unpooled = d.unpooled();
+
+    // A profile file goes through the daemon (by absolute path), its decisions recorded.
+    let out = d
+        .exec_with(
+            ["--profile", profile.to_str().unwrap(), "-e", "GREETING=hi"],
+            ["sh", "-c", "echo $GREETING"],
+        )
+        .run();
+    assert_eq!(out.success(), "hi\n", "{out}\n{}", d.log());
+    assert_eq!(
+        d.unpooled(),
+        unpooled + 1,
+        "served by the daemon: {}",
+        d.log()
+    );
+    let out = d
+        .exec_with(
+            ["--profile", profile.to_str().unwrap(), "-e", "OTHER=x"],
+            ["true"],
+        )
+        .run();
+    out.assert_code(126);
+    assert_eq!(
+        d.unpooled(),
+        unpooled + 1,
+        "refused before reaching the daemon"
+    );
+
+    // An allowlist needs the per-run egress proxy: exec runs it on the cold path.
+    let up = Upstream::start();
+    let allowed = format!("127.0.0.1:{}", up.port);
+    let url = format!("http://{allowed}/x");
+    let out = d
+        .exec_with(
+            ["--allow-host", allowed.as_str()],
+            [
+                "python3",
+                "-c",
+                &format!(
+                    "import urllib.request; print(urllib.request.urlopen('{url}').read().decode())"
+                ),
+            ],
+        )
+        .run();
+    assert_eq!(out.success(), format!("{UPSTREAM_BODY}\n"), "{out}");
+    assert_eq!(d.unpooled(), unpooled + 1, "not through the daemon");
+
+    let records = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let recs: Vec<Value> = records
+        .success()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let decisions: Vec<(String, String, String)> = recs
+        .iter()
+        .filter(|r| r["kind"] == "decision")
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap().to_string(),
+                r["resource"].as_str().unwrap().to_string(),
+                r["decision"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        vec![
+            ("env.set".into(), "GREETING".into(), "allow".into()),
+            ("env.set".into(), "OTHER".into(), "deny".into()),
+            ("net.connect".into(), allowed.clone(), "allow".into()),
+        ]
+    );
+    let warm_decision = recs.iter().find(|r| r["resource"] == "GREETING").unwrap();
+    assert!(
+        warm_decision["sandbox_id"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("ar-")),
+        "{warm_decision}"
+    );
+
+    // A pool of a profile with a network policy cannot be kept.
+    let bad = agentrun_e2e::Daemon::unstarted();
+    let out = bad
+        .agentrun(["serve", "--pool", "host:code-interpreter=1"])
+        .timeout(Duration::from_secs(30))
+        .run();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("egress proxy"), "{out}");
+}
