@@ -1155,3 +1155,74 @@ fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
     out.assert_agentrun_error();
     assert!(out.stderr().contains("egress proxy"), "{out}");
 }
+
+#[test]
+fn acknowledged_decisions_survive_agentrun_being_killed() {
+    if !agentrun_e2e::require_root() {
+        return;
+    }
+    agentrun_e2e::require_bin();
+    // Kills an agentrun mid-run: its sandbox is left for `gc`, which no other test may see.
+    let _lock = agentrun_e2e::exclusive_lock();
+    let trail = Trail::new();
+    // A private state dir (its parents world-searchable) for the sandbox left behind.
+    let private = tempdir();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let state = private.path().join("state");
+    let script = r#"
+import sys, time, urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://evil.example/", timeout=10)
+except urllib.error.HTTPError as e:
+    print("blocked", e.code, flush=True)
+time.sleep(60)
+"#;
+    let mut run = trail
+        .wire(exec_with(
+            ["--allow-host", "pypi.org:443"],
+            ["python3", "-c", script],
+        ))
+        .env("AGENTRUN_STATE_DIR", &state)
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run.stdout_so_far().contains("blocked 403") {
+        assert!(
+            Instant::now() < deadline,
+            "no 403 seen: {}",
+            run.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The sandbox got its 403 only after the record was on disk: kill agentrun right now.
+    run.kill9();
+    let d = trail.decisions();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_decision(
+        &d[0],
+        "net.connect",
+        "evil.example:80",
+        "deny",
+        "network.default",
+    );
+    // No run record: the run never finished. What it left is gc's job.
+    assert!(trail.records(&[]).iter().all(|r| r["kind"] != "run"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        agentrun(["gc"])
+            .env("AGENTRUN_STATE_DIR", &state)
+            .run()
+            .success();
+        let left = std::fs::read_dir(state.join("sandboxes")).map_or(0, |d| d.count());
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} sandbox(es) left after gc"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
