@@ -1226,3 +1226,37 @@ time.sleep(60)
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn output_over_the_cap_is_dropped() {
+    let Some(_lock) = setup() else { return };
+    let dir = tempdir();
+    let profile = write_profile(
+        dir.path(),
+        "cap.toml",
+        "name = \"cap\"\n[resources]\noutput_cap = \"1K\"\n",
+    );
+    let audit = tempdir();
+    // Through a running daemon too: a capped run takes the cold path, where the cap holds.
+    let mut d = agentrun_e2e::Daemon::unstarted().with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    d.launch(["--pool-size", "1"]);
+    let out = d
+        .exec_with(
+            ["--profile", profile.to_str().unwrap()],
+            [
+                "sh",
+                "-c",
+                "head -c 10000 /dev/zero | tr '\\0' a; echo done >&2",
+            ],
+        )
+        .run();
+    assert_eq!(out.code(), 0, "{out}");
+    assert_eq!(out.stdout.len(), 1024, "{out}");
+    assert!(out.stdout.iter().all(|b| *b == b'a'));
+    assert!(out.stderr().starts_with("done\n"), "{out}");
+    assert!(
+        out.stderr()
+            .contains("agentrun: output over the profile's output cap was dropped"),
+        "{out}"
+    );
+}

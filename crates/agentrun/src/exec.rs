@@ -92,6 +92,8 @@ pub(crate) struct Plan {
     pub(crate) memory_bytes: u64,
     /// The effective network policy (profile + `--allow-host`).
     pub(crate) network: NetworkPolicy,
+    /// The profile caps output: only the cold path sees (and can cut) the bytes.
+    pub(crate) output_cap: Option<u64>,
 }
 
 /// Exit code of a run the policy refused before anything ran (DESIGN.md).
@@ -319,6 +321,7 @@ fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, Pla
         timeout: profile.resources.timeout,
         memory_bytes: profile.resources.memory_bytes,
         network: profile.network.clone(),
+        output_cap: profile.resources.output_cap,
         request: ExecRequest {
             recipe: SandboxRecipe {
                 image: args.image,
@@ -375,11 +378,18 @@ fn execute(
     let socket = paths.socket();
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
     // A network policy needs the per-run egress proxy, which only the cold path runs.
-    let needs_proxy = plan.network.needs_proxy();
-    if needs_proxy {
-        span.set_attribute("sandbox.cold_reason", "egress_proxy");
+    // So does an output cap: warm runs write straight to our fds, past any cap.
+    let cold_reason = if plan.network.needs_proxy() {
+        Some("egress_proxy")
+    } else if plan.output_cap.is_some() {
+        Some("output_cap")
+    } else {
+        None
+    };
+    if let Some(r) = cold_reason {
+        span.set_attribute("sandbox.cold_reason", r);
     }
-    if !no_daemon && !keep_bundle && !needs_proxy {
+    if !no_daemon && !keep_bundle && cold_reason.is_none() {
         if let Some(client) = DaemonClient::connect(&socket) {
             return crate::warm::execute(&client, &plan, span);
         }

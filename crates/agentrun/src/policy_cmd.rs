@@ -1,5 +1,5 @@
 //! `agentrun policy check FILE|NAME`: validates a profile (errors give line, field and why)
-//! and, with `--connect`/`--read`/`--write`/`--mount`/`--env`, shows what it decides.
+//! and, with `--connect`/`--read`/`--write`/`--env`, shows what it decides.
 
 use agentrun_policy::{Action, NetworkMode, Profile};
 use clap::{Args, Subcommand};
