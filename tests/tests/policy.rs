@@ -1260,3 +1260,58 @@ fn output_over_the_cap_is_dropped() {
         "{out}"
     );
 }
+
+#[test]
+fn mode_all_reaches_no_host_internal_address_unless_a_rule_names_it() {
+    let Some(_lock) = setup() else { return };
+    let trail = Trail::new();
+    let up = Upstream::start();
+    let dir = tempdir();
+    let profile = write_profile(
+        dir.path(),
+        "all.toml",
+        &format!(
+            "name = \"all\"\n[network]\nmode = \"all\"\nallow = [\"127.0.0.1:{}\"]\n",
+            up.port
+        ),
+    );
+    let script = format!(
+        r#"
+import urllib.request, urllib.error
+for url in ["http://localhost:{p}/", "http://10.0.0.1/", "http://169.254.169.254/latest/meta-data/", "http://127.0.0.1:{p}/named"]:
+    try:
+        print("OPEN", urllib.request.urlopen(url, timeout=10).read().decode())
+    except urllib.error.HTTPError as e:
+        print(e.code, e.read().decode().strip())
+"#,
+        p = up.port
+    );
+    let out = trail
+        .wire(exec_with(
+            ["--profile", profile.to_str().unwrap()],
+            ["python3", "-c", script.as_str()],
+        ))
+        .run();
+    let stdout = out.success();
+    assert_eq!(stdout.matches("403 ").count(), 3, "{out}");
+    assert!(
+        stdout.ends_with(&format!("OPEN {UPSTREAM_BODY}\n")),
+        "{out}"
+    );
+    assert_eq!(up.requests().len(), 1);
+    let d = trail.decisions();
+    let rules: Vec<(&str, &str)> = d
+        .iter()
+        .map(|r| (r["rule"].as_str().unwrap(), r["decision"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            ("network.resolved_address", "deny"),
+            ("network.internal_address", "deny"),
+            ("network.internal_address", "deny"),
+            ("network.allow[0]", "allow"),
+        ],
+        "{d:#?}"
+    );
+}

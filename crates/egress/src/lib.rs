@@ -186,7 +186,12 @@ fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -
     let mut decision = policy.check(&head.host, head.port);
     let mut upstream = None;
     if decision.allow {
-        match resolve(&head.host, head.port) {
+        // Allowed by a rule naming the host, or only by `mode = "all"`.
+        let explicit = policy
+            .rules
+            .iter()
+            .any(|r| r.id == decision.rule_id && r.host != "*");
+        match resolve(&head.host, head.port, explicit) {
             Ok(addrs) => match connect_any(&addrs) {
                 Ok(s) => upstream = Some(s),
                 Err(e) => {
@@ -319,6 +324,22 @@ fn split_authority(a: &str, default_port: Option<u16>) -> Result<(String, u16), 
     Ok((host.to_ascii_lowercase(), port))
 }
 
+/// Whether an address is private to the host or its network (RFC 1918, CGNAT, unique local),
+/// besides [`internal`].
+fn private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_private() || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xfe00) == 0xfc00
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| private(IpAddr::V4(v4)))
+        }
+    }
+}
+
 /// Whether an address is one a name must never resolve to through the proxy.
 fn internal(ip: IpAddr) -> bool {
     match ip {
@@ -339,15 +360,28 @@ fn internal(ip: IpAddr) -> bool {
 
 /// Resolves `host` (the proxy does DNS, never the sandbox). A literal IP is used as is (the
 /// policy allowed exactly it); a name resolving to an internal address is refused.
-fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, Decision> {
+///
+/// `explicit`: a rule named this host (not just `mode = "all"`). Without one, literal and
+/// resolved addresses must also not be internal or private: "all" means the internet, not
+/// the host's own services or its network.
+fn resolve(host: &str, port: u16, explicit: bool) -> Result<Vec<SocketAddr>, Decision> {
     if let Ok(ip) = host.parse::<IpAddr>() {
+        if !explicit && (internal(ip) || private(ip)) {
+            return Err(Decision::deny(
+                "network.internal_address",
+                format!("{ip} is internal or private; only a rule naming it allows it"),
+            ));
+        }
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| Decision::deny("network.resolve", format!("cannot resolve {host}: {e}")))?
         .collect();
-    if let Some(bad) = addrs.iter().find(|a| internal(a.ip())) {
+    if let Some(bad) = addrs
+        .iter()
+        .find(|a| internal(a.ip()) || (!explicit && private(a.ip())))
+    {
         return Err(Decision::deny(
             "network.resolved_address",
             format!(
@@ -446,8 +480,21 @@ mod tests {
         for a in ["151.101.0.223", "10.1.2.3", "2a04:4e42::223"] {
             assert!(!internal(a.parse().unwrap()), "{a}");
         }
-        let d = resolve("localhost", 80).unwrap_err();
+        let d = resolve("localhost", 80, true).unwrap_err();
         assert_eq!(d.rule_id, "network.resolved_address");
+        assert!(resolve("127.0.0.1", 80, true).is_ok(), "a rule named it");
+        for ip in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "169.254.169.254",
+            "fd00::1",
+        ] {
+            let d = resolve(ip, 80, false).unwrap_err();
+            assert_eq!(d.rule_id, "network.internal_address", "{ip}");
+        }
+        assert!(resolve("151.101.0.223", 443, false).is_ok());
     }
 
     /// A real proxy on a unix socket in front of a real loopback HTTP server.
