@@ -63,7 +63,7 @@ pub enum ImageCommand {
         #[arg(long = "build-arg", value_name = "KEY=VALUE")]
         build_arg: Vec<String>,
         /// Profile the RUN steps run under.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "build")]
         profile: String,
         /// Print only the image id.
         #[arg(short, long)]

@@ -172,7 +172,7 @@ impl CopyLayer<'_> {
                     h.set_mode(0o755);
                     h.set_uid(0);
                     h.set_gid(0);
-                    h.set_mtime(0);
+                    h.set_mtime(now_secs());
                 }
             }
             h.set_size(0);
@@ -297,6 +297,13 @@ impl CopyLayer<'_> {
         }
         Ok(())
     }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Path without its leading `/`, as layer tars write them.

@@ -3,7 +3,8 @@
 //! image store.
 //!
 //! FROM takes an image from the store; RUN runs in a sandbox (the same cold path as
-//! `agentrun exec`, with the `default` profile: no network) over the layers so far, and what
+//! `agentrun exec`, with the `build` profile: rootfs writable, no network) over the layers so
+//! far, and what
 //! it changed (the overlay's upper directory) becomes the next layer; COPY/ADD write a layer
 //! from the context; the other instructions change the image config. See [`dockerfile`] for
 //! what is accepted and [`context`] for how sources are resolved.
@@ -51,7 +52,7 @@ pub struct BuildOptions {
     pub tags: Vec<String>,
     /// `--build-arg` values.
     pub build_args: BTreeMap<String, String>,
-    /// Profile RUN steps get (default `default`).
+    /// Profile RUN steps get (default `build`: the rootfs writable, no network).
     pub profile: String,
 }
 
@@ -62,7 +63,7 @@ impl BuildOptions {
             dockerfile: PathBuf::from("Dockerfile"),
             tags: Vec::new(),
             build_args: BTreeMap::new(),
-            profile: "default".into(),
+            profile: "build".into(),
         }
     }
 }

@@ -70,6 +70,16 @@ impl ImageConfig {
         v
     }
 
+    /// The working directory a command starts in when none is asked for: the image's
+    /// `WorkingDir` when it has one and no workspace is mounted, else `/workspace`.
+    pub fn default_cwd(&self, has_workspace: bool) -> String {
+        if has_workspace || self.working_dir.is_empty() {
+            "/workspace".into()
+        } else {
+            self.working_dir.clone()
+        }
+    }
+
     /// `Env` as (key, value) pairs.
     pub fn env_pairs(&self) -> Vec<(String, String)> {
         self.env
