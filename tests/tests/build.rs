@@ -89,7 +89,8 @@ fn context(dir: &Path) -> PathBuf {
     ctx
 }
 
-const EXPECTED: &str = "hey built\napp.py\ndata\ninner\nos-release-gone\n/app\ntest\n1777\n0:0\n1000:1001\n";
+const EXPECTED: &str =
+    "hey built\napp.py\ndata\ninner\nos-release-gone\n/app\ntest\n1777\n0:0\n1000:1001\n";
 
 #[test]
 fn dockerfile_builds_an_image_agentrun_and_containerd_run_alike() {
@@ -98,7 +99,13 @@ fn dockerfile_builds_an_image_agentrun_and_containerd_run_alike() {
     let ctx = context(d.path());
     let out = build(
         &root,
-        &["-t", "demo:1", "--build-arg", "GREETING=hey", ctx.to_str().unwrap()],
+        &[
+            "-t",
+            "demo:1",
+            "--build-arg",
+            "GREETING=hey",
+            ctx.to_str().unwrap(),
+        ],
     );
     let stdout = out.success();
     assert!(stdout.contains("Step 1/12 : FROM busybox"), "{out}");
@@ -120,7 +127,10 @@ fn dockerfile_builds_an_image_agentrun_and_containerd_run_alike() {
     // By the short id docker-py parses from the output, too.
     run_in(&root, &id, &["true"]).success();
     let v: serde_json::Value = serde_json::from_str(
-        &agentrun(["image", "inspect", "demo:1"]).root(&root).run().success(),
+        &agentrun(["image", "inspect", "demo:1"])
+            .root(&root)
+            .run()
+            .success(),
     )
     .unwrap();
     assert_eq!(v[0]["config"]["labels"]["org.example.k"], "v");
@@ -136,8 +146,14 @@ fn dockerfile_builds_an_image_agentrun_and_containerd_run_alike() {
         .run()
         .success();
     let ctd = Containerd::start();
-    ctd.ctr(&["image", "import", tar.to_str().unwrap()]).success();
-    let out = ctd.ctr(&["run", "--rm", "docker.io/library/demo:1", "agentrun-e2e-build"]);
+    ctd.ctr(&["image", "import", tar.to_str().unwrap()])
+        .success();
+    let out = ctd.ctr(&[
+        "run",
+        "--rm",
+        "docker.io/library/demo:1",
+        "agentrun-e2e-build",
+    ]);
     assert_eq!(out.success(), EXPECTED, "{out}\n{}", ctd.log());
 }
 
@@ -148,12 +164,21 @@ fn build_errors_are_clear_and_name_nothing() {
     let ctx = d.path().join("bad");
     fs::create_dir_all(&ctx).unwrap();
     let cases: &[(&str, &str)] = &[
-        ("FROM busybox\nRUN echo partial > /x; exit 3\n", "returned a non-zero code: 3"),
+        (
+            "FROM busybox\nRUN echo partial > /x; exit 3\n",
+            "returned a non-zero code: 3",
+        ),
         ("FROM busybox\nHEALTHCHECK CMD true\n", "line 2"),
-        ("FROM busybox\nCOPY ../secret /x\n", "outside the build context"),
+        (
+            "FROM busybox\nCOPY ../secret /x\n",
+            "outside the build context",
+        ),
         ("FROM busybox\nCOPY missing.txt /x\n", "missing.txt"),
         ("FROM nosuchimage\n", "nosuchimage"),
-        ("FROM busybox\nRUN wget -q -T 2 http://1.1.1.1/ || exit 7\n", "non-zero code: 7"),
+        (
+            "FROM busybox\nRUN wget -q -T 2 http://1.1.1.1/ || exit 7\n",
+            "non-zero code: 7",
+        ),
     ];
     for (dockerfile, why) in cases {
         fs::write(ctx.join("Dockerfile"), dockerfile).unwrap();
