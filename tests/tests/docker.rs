@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::images::Registry;
+use agentrun_e2e::images::{busybox_store, Registry};
 use agentrun_e2e::*;
 
 /// A daemon with the Docker API on `<state>/docker.sock`, over a store holding `busybox`.
@@ -24,22 +24,7 @@ struct DockerDaemon {
 
 fn start() -> DockerDaemon {
     let dir = tempdir();
-    let rootfs = dir.path().join("rootfs");
-    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
-    build.arg(&rootfs);
-    run_with_timeout(build, None, Duration::from_secs(120)).success();
-    let root = dir.path().join("root");
-    agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        "busybox".as_ref(),
-        rootfs.as_os_str(),
-        "--cmd".as_ref(),
-        "/bin/sh".as_ref(),
-    ])
-    .root(&root)
-    .run()
-    .success();
+    let root = busybox_store(dir.path(), &["--cmd", "/bin/sh"]);
     let mut daemon = Daemon::unstarted().with_env("AGENTRUN_ROOT", &root);
     let socket = daemon.state().join("docker.sock");
     daemon.launch([

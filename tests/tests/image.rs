@@ -8,36 +8,29 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::images::{docker_save, layer_tar, Containerd, Entry, Registry, SavedImage};
+use agentrun_e2e::images::{
+    busybox_store, docker_save, layer_tar, Containerd, Entry, Registry, SavedImage,
+};
 use agentrun_e2e::*;
 use base64::Engine as _;
 
-/// A fresh store with the busybox image (built from images/busybox) added as `busybox`.
+/// A fresh store with the busybox image (built from images/busybox) added as `busybox`, with a
+/// default command and an Env the tests check for.
 fn store_with_busybox() -> (tempfile::TempDir, PathBuf) {
     let dir = tempdir();
-    let rootfs = dir.path().join("rootfs");
-    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
-    build.arg(&rootfs);
-    run_with_timeout(build, None, Duration::from_secs(120)).success();
-    let root = dir.path().join("root");
-    agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        "busybox".as_ref(),
-        rootfs.as_os_str(),
-        "--cmd".as_ref(),
-        "sh".as_ref(),
-        "--cmd".as_ref(),
-        "-c".as_ref(),
-        "--cmd".as_ref(),
-        "echo default command, FLAVOUR=$FLAVOUR".as_ref(),
-        "--env".as_ref(),
-        "FLAVOUR=vanilla".as_ref(),
-    ])
-    .root(&root)
-    .run()
-    .success();
-    fs::remove_dir_all(&rootfs).unwrap();
+    let root = busybox_store(
+        dir.path(),
+        &[
+            "--cmd",
+            "sh",
+            "--cmd",
+            "-c",
+            "--cmd",
+            "echo default command, FLAVOUR=$FLAVOUR",
+            "--env",
+            "FLAVOUR=vanilla",
+        ],
+    );
     (dir, root)
 }
 
