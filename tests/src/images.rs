@@ -314,3 +314,11 @@ pub fn busybox_store(dir: &Path, add_args: &[&str]) -> PathBuf {
     fs::remove_dir_all(&rootfs).unwrap();
     root
 }
+
+/// `agentrun exec --image IMG -- CMD...` on the cold path, over the store at `root`.
+pub fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
+    crate::exec_with(["--image", img], cmd)
+        .root(root)
+        .env("AGENTRUN_NO_DAEMON", "1")
+        .run()
+}

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentrun_e2e::images::{busybox_store, Containerd};
+use agentrun_e2e::images::{busybox_store, run_in, Containerd};
 use agentrun_e2e::*;
 
 /// A store holding `busybox` (from images/busybox).
@@ -23,13 +23,6 @@ fn build(root: &Path, args: &[&str]) -> RunOutput {
         .root(root)
         .env("AGENTRUN_NO_DAEMON", "1")
         .timeout(Duration::from_secs(300))
-        .run()
-}
-
-fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
-    exec_with(["--image", img], cmd)
-        .root(root)
-        .env("AGENTRUN_NO_DAEMON", "1")
         .run()
 }
 

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentrun_e2e::images::{
-    busybox_store, docker_save, layer_tar, Containerd, Entry, Registry, SavedImage,
+    busybox_store, docker_save, layer_tar, run_in, Containerd, Entry, Registry, SavedImage,
 };
 use agentrun_e2e::*;
 use base64::Engine as _;
@@ -40,13 +40,6 @@ fn image(root: &Path, args: &[&str]) -> RunOutput {
     agentrun(a)
         .root(root)
         .timeout(Duration::from_secs(180))
-        .run()
-}
-
-fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
-    exec_with(["--image", img], cmd)
-        .root(root)
-        .env("AGENTRUN_NO_DAEMON", "1")
         .run()
 }
 

@@ -50,37 +50,28 @@ fn kernel() -> String {
 
 /// `GET /version`
 pub fn version() -> Reply {
-    json(
-        StatusCode::OK,
-        &json!({
-            "Platform": {"Name": "agentrun"},
-            "Version": ENGINE_VERSION,
-            "ApiVersion": API_VERSION,
-            "MinAPIVersion": MIN_API_VERSION,
-            "Os": "linux",
-            "Arch": "amd64",
-            "KernelVersion": kernel(),
-            "GitCommit": "",
-            "GoVersion": "",
-            "BuildTime": "",
-            "Experimental": false,
-            "Components": [{
-                "Name": "Engine",
-                "Version": ENGINE_VERSION,
-                "Details": {
-                    "ApiVersion": API_VERSION,
-                    "MinAPIVersion": MIN_API_VERSION,
-                    "Os": "linux",
-                    "Arch": "amd64",
-                    "KernelVersion": kernel(),
-                    "GitCommit": "",
-                    "GoVersion": "",
-                    "BuildTime": "",
-                    "Experimental": "false",
-                },
-            }],
-        }),
-    )
+    let details = json!({
+        "ApiVersion": API_VERSION,
+        "MinAPIVersion": MIN_API_VERSION,
+        "Os": "linux",
+        "Arch": "amd64",
+        "KernelVersion": kernel(),
+        "GitCommit": "",
+        "GoVersion": "",
+        "BuildTime": "",
+    });
+    let mut top = details.clone();
+    top["Platform"] = json!({"Name": "agentrun"});
+    top["Version"] = json!(ENGINE_VERSION);
+    top["Experimental"] = json!(false);
+    let mut engine_details = details;
+    engine_details["Experimental"] = json!("false");
+    top["Components"] = json!([{
+        "Name": "Engine",
+        "Version": ENGINE_VERSION,
+        "Details": engine_details,
+    }]);
+    json(StatusCode::OK, &top)
 }
 
 /// `GET /info`: the minimal object `docker info` accepts, with real counts.
