@@ -31,7 +31,20 @@ pub struct ServeArgs {
     /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
     #[arg(long, value_name = "N")]
     factories: Option<usize>,
-    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories` (flags win).
+    /// Also serve the OpenSandbox API (lifecycle under /v1, execd per sandbox) on ADDR,
+    /// e.g. 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// API key the OpenSandbox API requires in OPEN-SANDBOX-API-KEY (none: no check).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "AGENTRUN_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
+    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
+    /// `api_key` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -45,6 +58,8 @@ struct ServeConfig {
     max_sandboxes: Option<usize>,
     drain: Option<String>,
     factories: Option<usize>,
+    listen: Option<std::net::SocketAddr>,
+    api_key: Option<String>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -111,7 +126,20 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(1, 64),
     };
-    daemon::run(&opts)?;
+    let mut frontends: Vec<Box<dyn daemon::Frontend>> = Vec::new();
+    if let Some(listen) = args.listen.or(file.listen) {
+        frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend {
+            options: agentrun_opensandbox::OpenSandboxOptions {
+                listen,
+                api_key: args.api_key.clone().or(file.api_key.clone()),
+                image_root: paths.root.clone(),
+                workers: std::thread::available_parallelism()
+                    .map_or(2, |n| n.get())
+                    .min(8),
+            },
+        }));
+    }
+    daemon::run(&opts, frontends)?;
     Ok(())
 }
 
