@@ -214,6 +214,10 @@ fn dev_null() -> ApiResult<OwnedFd> {
 
 /// The shell commands run under: bash if the image has it, else sh.
 fn shell(rec: &Record) -> &'static str {
+    rec.shell.get_or_init(|| find_shell(rec))
+}
+
+fn find_shell(rec: &Record) -> &'static str {
     let has_bash = rec
         .sandbox
         .root()

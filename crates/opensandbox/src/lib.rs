@@ -106,8 +106,12 @@ impl Frontend for OpenSandboxFrontend {
             .name("opensandbox".into())
             .spawn(move || {
                 runtime.block_on(async move {
+                    use axum::serve::ListenerExt;
                     let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
+                        // Events are small writes: never hold them back for an ACK (Nagle).
+                        Ok(l) => l.tap_io(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        }),
                         Err(e) => {
                             eprintln!("agentrun: OpenSandbox API: {e}");
                             return;
@@ -196,6 +200,8 @@ pub struct Record {
     pub egress_token: String,
     pub image: String,
     pub entrypoint: Vec<String>,
+    /// The shell commands run under (`/bin/bash` if the image has it), found once.
+    pub shell: std::sync::OnceLock<&'static str>,
     pub created_at: DateTime<Utc>,
     pub expires_at: Mutex<Option<DateTime<Utc>>>,
     pub metadata: Mutex<BTreeMap<String, String>>,

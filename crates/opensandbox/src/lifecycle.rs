@@ -407,6 +407,7 @@ async fn create_sandbox(
         egress_token: random_token(),
         image: v.spec.image.clone(),
         entrypoint: v.entrypoint.clone(),
+        shell: std::sync::OnceLock::new(),
         created_at: now,
         expires_at: Mutex::new(v.timeout.map(|t| now + chrono::Duration::seconds(t))),
         metadata: Mutex::new(req.metadata.clone()),

@@ -116,10 +116,13 @@ pub struct Process {
     pub pid: i32,
 }
 
+/// The init's answer to a spawn: the pid, or (exit code, why).
+type StartReply = Result<i32, (i32, String)>;
+
 #[derive(Default)]
 struct Events {
     /// Spawns waiting for Started/Failed.
-    starting: HashMap<u64, mpsc::Sender<Result<i32, (i32, String)>>>,
+    starting: HashMap<u64, mpsc::Sender<StartReply>>,
     exits: HashMap<u64, ExitHook>,
     /// The init is gone (channel EOF).
     dead: bool,
@@ -239,6 +242,22 @@ impl LiveSandbox {
                     self.id
                 )))
             }
+        }
+    }
+
+    /// Kills every process in the sandbox now (SIGKILL to its init: the pid namespace dies
+    /// with it). It still has to be deleted, which may then happen off the caller's path.
+    pub fn kill(&self) {
+        let pooled = lock(&self.pooled);
+        // While the pool has not got it back, the init is unreaped: its pid is still its own.
+        if pooled.is_some() {
+            if self.is_paused() {
+                let _ = self.resume();
+            }
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.init_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 
