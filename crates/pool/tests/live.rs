@@ -230,7 +230,8 @@ fn many_sandboxes_in_parallel(live: &Arc<LiveManager>) {
 }
 
 fn main() {
-    let cases: Vec<(&str, fn(&Arc<LiveManager>))> = vec![
+    type Case = fn(&Arc<LiveManager>);
+    let cases: Vec<(&str, Case)> = vec![
         ("processes_over_time", |l| processes_over_time(l)),
         ("signal_kills_the_process_group_only", |l| {
             signal_kills_the_process_group_only(l)
