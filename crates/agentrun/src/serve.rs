@@ -31,8 +31,20 @@ pub struct ServeArgs {
     /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
     #[arg(long, value_name = "N")]
     factories: Option<usize>,
-    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`,
-    /// `docker_socket` (flags win).
+    /// Also serve the OpenSandbox API (lifecycle under /v1, execd per sandbox) on ADDR,
+    /// e.g. 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// API key the OpenSandbox API requires in OPEN-SANDBOX-API-KEY (none: no check).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "AGENTRUN_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
+    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
+    /// `api_key`, `docker_socket` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also serve the Docker Engine API subset on this unix socket (mode 0600), for
@@ -51,6 +63,8 @@ struct ServeConfig {
     drain: Option<String>,
     factories: Option<usize>,
     docker_socket: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    api_key: Option<String>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -124,32 +138,31 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(1, 64),
     };
-    let mut services: Vec<daemon::ServiceStarter> = Vec::new();
-    if let Some(socket) = args.docker_socket.or(file.docker_socket) {
-        let docker = agentrun_docker::DockerApiOptions {
-            socket,
-            root: paths.root.clone(),
-            state_dir: paths.state_dir.clone(),
-            mode: 0o600,
-        };
-        services.push(Box::new(move || {
-            let server = agentrun_docker::DockerServer::start(&docker)
-                .map_err(|e| format!("docker API: {e}"))?;
-            eprintln!("agentrun: Docker API on {}", server.socket().display());
-            Ok(Box::new(DockerService(server)) as Box<dyn daemon::Service>)
+    let mut frontends: Vec<Box<dyn daemon::Frontend>> = Vec::new();
+    if let Some(listen) = args.listen.or(file.listen) {
+        frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend {
+            options: agentrun_opensandbox::OpenSandboxOptions {
+                listen,
+                api_key: args.api_key.clone().or(file.api_key.clone()),
+                image_root: paths.root.clone(),
+                workers: std::thread::available_parallelism()
+                    .map_or(2, |n| n.get())
+                    .min(8),
+            },
         }));
     }
-    daemon::run_with(&opts, services)?;
-    Ok(())
-}
-
-/// The Docker API server as a daemon service.
-struct DockerService(agentrun_docker::DockerServer);
-
-impl daemon::Service for DockerService {
-    fn stop(self: Box<Self>) {
-        self.0.stop();
+    if let Some(socket) = args.docker_socket.or(file.docker_socket) {
+        frontends.push(Box::new(agentrun_docker::DockerFrontend {
+            options: agentrun_docker::DockerApiOptions {
+                socket,
+                root: paths.root.clone(),
+                state_dir: paths.state_dir.clone(),
+                mode: 0o600,
+            },
+        }));
     }
+    daemon::run(&opts, frontends)?;
+    Ok(())
 }
 
 fn call(paths: &Paths, msg: &ClientMessage) -> anyhow::Result<DaemonReply> {

@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agentrun_image::ImageStore;
+use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::live::LiveManager;
+use agentrun_pool::PoolError;
 use agentrun_runtime::{HostInfo, RuntimePaths};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -41,6 +44,8 @@ pub enum DockerApiError {
 
 /// What handlers share.
 pub struct Context {
+    /// The daemon's long-lived sandboxes (containers are made of them).
+    pub live: Arc<LiveManager>,
     pub store: ImageStore,
     pub root: PathBuf,
     pub runtime_paths: RuntimePaths,
@@ -70,7 +75,10 @@ pub struct DockerServer {
 
 impl DockerServer {
     /// Binds the socket and serves on a thread of its own (a tokio runtime with 2 workers).
-    pub fn start(opts: &DockerApiOptions) -> Result<DockerServer, DockerApiError> {
+    pub fn start(
+        opts: &DockerApiOptions,
+        live: Arc<LiveManager>,
+    ) -> Result<DockerServer, DockerApiError> {
         let io = |context: &'static str, path: &Path| {
             let path = path.to_owned();
             move |source| DockerApiError::Io {
@@ -91,6 +99,7 @@ impl DockerServer {
             .set_nonblocking(true)
             .map_err(io("listen", &opts.socket))?;
         let ctx = Arc::new(Context {
+            live,
             store: ImageStore::open(&opts.root)?,
             root: opts.root.clone(),
             runtime_paths: RuntimePaths::new(&opts.state_dir),
@@ -147,6 +156,29 @@ impl DockerServer {
 impl Drop for DockerServer {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// `agentrun serve --docker-socket`: the server as a daemon front end.
+pub struct DockerFrontend {
+    pub options: DockerApiOptions,
+}
+
+impl Frontend for DockerFrontend {
+    fn start(
+        self: Box<Self>,
+        live: Arc<LiveManager>,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let server = DockerServer::start(&self.options, live)
+            .map_err(|e| PoolError::Invalid(format!("docker API: {e}")))?;
+        eprintln!("agentrun: Docker API on {}", server.socket().display());
+        Ok(Box::new(server))
+    }
+}
+
+impl RunningFrontend for DockerServer {
+    fn stop(self: Box<Self>) {
+        DockerServer::stop(*self);
     }
 }
 

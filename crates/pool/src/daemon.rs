@@ -23,6 +23,7 @@ use nix::sys::socket::{
 };
 
 use crate::factory::{FactoryClient, FactoryPaths};
+use crate::live::LiveManager;
 use crate::pool::{Pool, PoolLimits};
 use crate::protocol::{ClientMessage, DaemonReply, ExecReply};
 use crate::recipe::ExecRequest;
@@ -41,33 +42,35 @@ pub struct DaemonOptions {
     pub drain: Duration,
 }
 
-/// A server that lives as long as the daemon (e.g. the Docker API), started once the
-/// daemon's factory processes exist (it may start threads) and stopped on shutdown, before the
-/// pool drains.
-pub trait Service: Send {
-    fn stop(self: Box<Self>);
-}
-
-/// Starts a [`Service`]; an error stops the daemon before it serves.
-pub type ServiceStarter = Box<dyn FnOnce() -> Result<Box<dyn Service>, String> + Send>;
-
 /// The default socket path under a state dir.
 pub fn default_socket(state_dir: &Path) -> PathBuf {
     state_dir.join("agentrun.sock")
 }
 
 struct Shared {
-    pool: Pool,
+    pool: Arc<Pool>,
     cgroup: Option<CgroupMode>,
 }
 
-/// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
-pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
-    run_with(opts, Vec::new())
+/// A service the daemon runs beside its socket on the same pool (the OpenSandbox HTTP API,
+/// ...). It is started once the factories exist and may then use threads freely.
+pub trait Frontend: Send {
+    /// Starts serving (binding its listener before returning, so that a bad address fails
+    /// the daemon's start).
+    fn start(
+        self: Box<Self>,
+        live: Arc<LiveManager>,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError>;
 }
 
-/// [`run`], with services started beside the pool.
-pub fn run_with(opts: &DaemonOptions, services: Vec<ServiceStarter>) -> Result<(), PoolError> {
+/// A started [`Frontend`].
+pub trait RunningFrontend: Send {
+    /// Stops serving; returns when it has.
+    fn stop(self: Box<Self>);
+}
+
+/// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
+pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<(), PoolError> {
     // One daemon per state dir, for its whole life (a daemon that is still shutting down has
     // removed its socket but not yet its sandboxes).
     let _lock = lock_state_dir(&opts.state_dir)?;
@@ -107,23 +110,25 @@ pub fn run_with(opts: &DaemonOptions, services: Vec<ServiceStarter>) -> Result<(
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| PoolError::Sys("signalfd", e))?;
 
-    let mut running: Vec<Box<dyn Service>> = Vec::new();
-    for start in services {
-        match start() {
-            Ok(s) => running.push(s),
+    let listener = listen_on(&opts.socket)?;
+    let shared = Arc::new(Shared {
+        pool: Arc::new(Pool::new(factories, opts.limits.clone())),
+        cgroup: CgroupMode::detect(),
+    });
+    let live = Arc::new(LiveManager::new(shared.pool.clone()));
+    let mut running_frontends = Vec::new();
+    for f in frontends {
+        match f.start(live.clone()) {
+            Ok(r) => running_frontends.push(r),
             Err(e) => {
-                for s in running {
-                    s.stop();
+                for r in running_frontends {
+                    r.stop();
                 }
-                return Err(PoolError::Invalid(e));
+                shared.pool.shutdown(Duration::ZERO);
+                return Err(e);
             }
         }
     }
-    let listener = listen_on(&opts.socket)?;
-    let shared = Arc::new(Shared {
-        pool: Pool::new(factories, opts.limits.clone()),
-        cgroup: CgroupMode::detect(),
-    });
     let refills = (0..shared.pool.factory_count())
         .map(|n| {
             let s = shared.clone();
@@ -181,19 +186,21 @@ pub fn run_with(opts: &DaemonOptions, services: Vec<ServiceStarter>) -> Result<(
         }
     }
     eprintln!("agentrun: shutting down");
-    for s in running {
-        s.stop();
-    }
     drop(listener);
     let _ = std::fs::remove_file(&opts.socket);
+    for r in running_frontends {
+        r.stop();
+    }
+    live.shutdown();
+    drop(live);
     shared.pool.shutdown(opts.drain);
     for r in refills {
         let _ = r.join();
     }
     // Client threads still holding `shared` only finish replies; the factory ends with us.
-    match Arc::try_unwrap(shared) {
-        Ok(s) => FactoryClient::shutdown_all(s.pool.into_factories()),
-        Err(_) => {
+    match Arc::try_unwrap(shared).map(|s| Arc::try_unwrap(s.pool)) {
+        Ok(Ok(pool)) => FactoryClient::shutdown_all(pool.into_factories()),
+        _ => {
             // A client thread is still finishing: give it a moment, then go (the factory
             // sees EOF when this process exits and destroys what is left).
             std::thread::sleep(Duration::from_millis(200));

@@ -4,12 +4,15 @@
 //!   place libcontainer is called in the daemon).
 //! - [`pool`]: ready sandboxes of the default recipe, refilled in the background; one-shot.
 //! - [`run`]: a run over a pooled init's control channel (stdio fds passed, not copied).
+//! - [`live`]: long-lived sandboxes (many processes over time, pause/resume, limits), the
+//!   core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
 
 pub mod client;
 pub mod daemon;
 pub mod factory;
+pub mod live;
 pub mod pool;
 pub mod protocol;
 pub mod recipe;
@@ -36,4 +39,9 @@ pub enum PoolError {
     ShuttingDown,
     #[error("too many sandboxes (max {0}); try again later")]
     Busy(usize),
+    #[error("no sandbox {0}")]
+    NotFound(String),
+    /// A process could not start: the code a shell would give, and why.
+    #[error("{message}")]
+    Spawn { exit_code: i32, message: String },
 }

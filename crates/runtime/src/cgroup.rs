@@ -2,13 +2,24 @@
 //!
 //! libcontainer's libcgroups creates the cgroup, applies `linux.resources` and removes it on
 //! delete; this module only reads results back (peak memory, OOM kills) and finds what a killed
-//! run left behind. One manager per cgroup: nothing here writes limits. Works on v1, v2 and
-//! hybrid hosts (hybrid = v1 controllers plus a cgroup2 mount, managed as v1).
+//! run left behind. One manager per cgroup: what a long-lived sandbox changes after its start
+//! (new cpu/memory limits, freezing) goes through libcgroups too ([`CgroupMode::set_limits`],
+//! [`CgroupMode::freeze`], [`CgroupMode::usage`]). Works on v1, v2 and hybrid hosts (hybrid =
+//! v1 controllers plus a cgroup2 mount, managed as v1).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use libcgroups::common::{get_cgroup_setup, CgroupSetup};
+use libcgroups::common::{
+    create_cgroup_manager, get_cgroup_setup, AnyCgroupManager, CgroupConfig, CgroupManager,
+    CgroupSetup, ControllerOpt, FreezerState,
+};
+use oci_spec::runtime::{LinuxCpuBuilder, LinuxMemoryBuilder, LinuxResourcesBuilder};
+
+use crate::error::RuntimeError;
+
+/// CPU quota period (µs) of limits set on a running sandbox.
+const CPU_PERIOD: u64 = 100_000;
 
 /// Root of the cgroup filesystem(s).
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -134,6 +145,78 @@ impl CgroupMode {
         ids
     }
 
+    fn manager(self, id: &str) -> Result<AnyCgroupManager, RuntimeError> {
+        create_cgroup_manager(CgroupConfig {
+            cgroup_path: Self::spec_path(id),
+            systemd_cgroup: false,
+            container_name: id.to_owned(),
+        })
+        .map_err(|e| RuntimeError::Container(format!("cgroup of {id}: {e}")))
+    }
+
+    /// Sets new CPU (cores) and memory (bytes, no swap on top when `swap_limit`) limits on a
+    /// running sandbox.
+    pub fn set_limits(
+        self,
+        id: &str,
+        cpus: Option<f64>,
+        memory_bytes: Option<u64>,
+        swap_limit: bool,
+    ) -> Result<(), RuntimeError> {
+        let err = |e: oci_spec::OciSpecError| RuntimeError::Spec(e);
+        let mut b = LinuxResourcesBuilder::default();
+        if let Some(c) = cpus {
+            b = b.cpu(
+                LinuxCpuBuilder::default()
+                    .quota((c * CPU_PERIOD as f64).round() as i64)
+                    .period(CPU_PERIOD)
+                    .build()
+                    .map_err(err)?,
+            );
+        }
+        if let Some(m) = memory_bytes {
+            let mut mem = LinuxMemoryBuilder::default().limit(m as i64);
+            if swap_limit {
+                mem = mem.swap(m as i64);
+            }
+            b = b.memory(mem.build().map_err(err)?);
+        }
+        let resources = b.build().map_err(err)?;
+        self.manager(id)?
+            .apply(&ControllerOpt {
+                resources: &resources,
+                disable_oom_killer: false,
+                oom_score_adj: None,
+                freezer_state: None,
+            })
+            .map_err(|e| RuntimeError::Container(format!("setting limits of {id}: {e}")))
+    }
+
+    /// Freezes (`true`) or thaws every process of a sandbox.
+    pub fn freeze(self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        let state = if frozen {
+            FreezerState::Frozen
+        } else {
+            FreezerState::Thawed
+        };
+        self.manager(id)?
+            .freeze(state)
+            .map_err(|e| RuntimeError::Container(format!("freezer of {id}: {e}")))
+    }
+
+    /// CPU time used so far and memory in use / limit.
+    pub fn usage(self, id: &str) -> Result<CgroupUsage, RuntimeError> {
+        let stats = self
+            .manager(id)?
+            .stats()
+            .map_err(|e| RuntimeError::Container(format!("stats of {id}: {e}")))?;
+        Ok(CgroupUsage {
+            cpu_ns: stats.cpu.usage.usage_total,
+            memory_bytes: stats.memory.memory.usage,
+            memory_limit_bytes: stats.memory.memory.limit,
+        })
+    }
+
     /// Removes a sandbox's (empty) cgroup directories in every controller.
     pub fn remove(self, id: &str) {
         if self.unified() {
@@ -149,6 +232,15 @@ impl CgroupMode {
             }
         }
     }
+}
+
+/// A running sandbox's consumption ([`CgroupMode::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    /// CPU time of every process so far (ns).
+    pub cpu_ns: u64,
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
 }
 
 /// What a sandbox's cgroup recorded.

@@ -5,6 +5,14 @@
 //! command's stdin/stdout/stderr as `SCM_RIGHTS`, so output goes straight to the client's fds
 //! with no copy through agentrun. The init answers with one [`InitResult`] when the command
 //! has exited, then exits itself. Message boundaries come from SEQPACKET; payloads are JSON.
+//!
+//! A long-lived sandbox (see `agentrun_pool::live`) speaks the persistent dialect instead: its
+//! first message is a [`LiveRequest`] (tagged with `op`), and from then on the init serves
+//! any number of them: [`LiveRequest::Spawn`] starts a process (stdio fds attached) in its own
+//! process group and is answered by [`LiveEvent::Started`] or [`LiveEvent::Failed`];
+//! [`LiveRequest::Signal`] signals a process group; every process's exit is reported as
+//! [`LiveEvent::Exited`] tagged with the id the host gave it. The init stays until the host
+//! closes the channel (or kills it).
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -31,6 +39,49 @@ pub struct InitRequest {
     /// The whole environment, `KEY=VALUE`.
     pub env: Vec<String>,
     pub cwd: String,
+}
+
+/// A request to a long-lived sandbox's init (the persistent dialect, see the module doc).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum LiveRequest {
+    /// Start a process; its stdin, stdout and stderr travel alongside (3 fds).
+    Spawn(SpawnRequest),
+    /// Send `signal` to process `id`'s process group (`group`) or to the process alone.
+    Signal { id: u64, signal: i32, group: bool },
+}
+
+/// One process for a long-lived sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpawnRequest {
+    /// Chosen by the host; every event about this process carries it.
+    pub id: u64,
+    pub argv: Vec<String>,
+    /// The whole environment, `KEY=VALUE`.
+    pub env: Vec<String>,
+    pub cwd: String,
+    /// Start it in a new session (`setsid`) rather than only a new process group: the hook a
+    /// terminal (`tty`) process needs, whose stdio is a pty slave it then takes as its
+    /// controlling terminal (TIOCSCTTY, still to do: the host would pass the slave fd).
+    #[serde(default)]
+    pub new_session: bool,
+}
+
+/// What a long-lived sandbox's init reports.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum LiveEvent {
+    /// The process runs, with this pid (in the sandbox's pid namespace).
+    Started { id: u64, pid: i32 },
+    /// It could not start: the code a shell would give (127 not found, 126 not executable,
+    /// 125 bad working directory) and why.
+    Failed {
+        id: u64,
+        exit_code: i32,
+        message: String,
+    },
+    /// It has exited.
+    Exited { id: u64, result: InitResult },
 }
 
 /// What the init reports once the command has exited.

@@ -30,7 +30,7 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::Spec;
 
-use crate::control::{self, InitRequest, InitResult, INIT_CONTROL_FD};
+use crate::control::{self, InitRequest, InitResult, LiveEvent, LiveRequest, INIT_CONTROL_FD};
 use crate::landlock::{self, LandlockRules};
 use crate::seccomp;
 use crate::spawn::SpawnSpec;
@@ -44,7 +44,9 @@ pub enum InitMode {
     /// Run the spec's `process` (args, env, cwd) on the container's own stdio.
     Spec,
     /// Pooled: wait for one [`InitRequest`] on [`INIT_CONTROL_FD`], run it on the fds that
-    /// came with it, answer with an [`InitResult`].
+    /// came with it, answer with an [`InitResult`]. If the first message is a
+    /// [`LiveRequest`] instead, the sandbox is long-lived: the init serves requests until the
+    /// channel closes (see [`crate::control`]).
     Serve,
 }
 
@@ -96,6 +98,8 @@ struct Run {
     cwd: String,
     /// stdin, stdout, stderr for the command (`None`: the init's own).
     stdio: Option<[OwnedFd; 3]>,
+    /// Start it in a new session rather than a new process group.
+    new_session: bool,
 }
 
 impl Run {
@@ -137,6 +141,7 @@ impl Run {
             env,
             cwd,
             stdio,
+            new_session: false,
         })
     }
 
@@ -153,8 +158,8 @@ impl Run {
     }
 
     /// Starts the command (see [`crate::spawn`]). On failure, says why on the command's
-    /// stderr and returns the exit code a shell would give.
-    fn spawn(&self) -> Result<Pid, i32> {
+    /// stderr and returns the exit code a shell would give, and the message.
+    fn spawn(&self) -> Result<Pid, (i32, String)> {
         let cstr = |v: &str| CString::new(v).unwrap_or_default();
         let argv: Vec<CString> = self.argv.iter().map(|a| cstr(a)).collect();
         let env: Vec<CString> = self
@@ -169,8 +174,9 @@ impl Run {
         }
         let cwd = cstr(&self.cwd);
         if !std::path::Path::new(&self.cwd).is_dir() {
-            self.say(&format!("cannot enter {}: no such directory", self.cwd));
-            return Err(EXIT_SETUP_FAILED);
+            let msg = format!("cannot enter {}: no such directory", self.cwd);
+            self.say(&msg);
+            return Err((EXIT_SETUP_FAILED, msg));
         }
         let stdio = self
             .stdio
@@ -181,14 +187,16 @@ impl Run {
             env: &env,
             cwd: &cwd,
             stdio,
+            new_session: self.new_session,
         })
         .map_err(|errno| {
             let (what, code) = match errno {
                 nix::Error::ENOENT | nix::Error::ENOTDIR => ("command not found".into(), 127),
                 e => (e.desc().to_lowercase(), 126),
             };
-            self.say(&format!("{}: {what}", self.argv[0]));
-            code
+            let msg = format!("{}: {what}", self.argv[0]);
+            self.say(&msg);
+            (code, msg)
         })
     }
 }
@@ -230,10 +238,17 @@ impl SandboxExecutor {
                 fd.as_raw_fd(),
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
             );
-            let (req, fds) = control::recv_json::<InitRequest>(fd.as_fd())
+            let (bytes, fds) = control::recv(fd.as_fd())
                 .map_err(|e| fail(e.to_string()))?
                 // The host closed the channel: this sandbox is not wanted any more.
                 .ok_or_else(|| fail("control channel closed".into()))?;
+            let bad = |e: serde_json::Error| fail(format!("bad control message: {e}"));
+            let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(bad)?;
+            if value.get("op").is_some() {
+                let first: LiveRequest = serde_json::from_value(value).map_err(bad)?;
+                serve_live(fd, first, fds)
+            }
+            let req: InitRequest = serde_json::from_value(value).map_err(bad)?;
             (Run::from_request(req, fds)?, Some(fd))
         } else {
             (Run::from_spec(spec, &self.cwd)?, None)
@@ -253,7 +268,7 @@ impl SandboxExecutor {
         }
         let result = match run.spawn() {
             Ok(child) => supervise(child),
-            Err(code) => InitResult {
+            Err((code, _)) => InitResult {
                 exit_code: code,
                 ..Default::default()
             },
@@ -262,6 +277,126 @@ impl SandboxExecutor {
             let _ = control::send_json(fd.as_fd(), &result, &[]);
         }
         std::process::exit(result.exit_code)
+    }
+}
+
+/// The long-lived init: serves [`LiveRequest`]s until the host closes the channel, reports
+/// every process's start and exit, reaps orphans. Never returns.
+fn serve_live(control: OwnedFd, first: LiveRequest, fds: Vec<OwnedFd>) -> ! {
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use std::collections::HashMap;
+    let all = SigSet::all();
+    if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
+        std::process::exit(EXIT_SETUP_FAILED);
+    }
+    let Ok(signals) = SignalFd::with_flags(&all, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    else {
+        std::process::exit(EXIT_SETUP_FAILED);
+    };
+    // pid -> id, and id -> pid (= its process group), of the processes still running.
+    let mut by_pid: HashMap<i32, u64> = HashMap::new();
+    let mut by_id: HashMap<u64, i32> = HashMap::new();
+    let send = |ev: &LiveEvent| {
+        // A failed send means the host is gone; the next recv sees EOF and we exit.
+        let _ = control::send_json(control.as_fd(), ev, &[]);
+    };
+    let handle = |req: LiveRequest,
+                  fds: Vec<OwnedFd>,
+                  by_pid: &mut HashMap<i32, u64>,
+                  by_id: &mut HashMap<u64, i32>| match req {
+        LiveRequest::Spawn(sp) => {
+            let id = sp.id;
+            let run = Run::from_request(
+                InitRequest {
+                    argv: sp.argv,
+                    env: sp.env,
+                    cwd: sp.cwd,
+                },
+                fds,
+            );
+            match run {
+                Ok(mut run) => {
+                    run.new_session = sp.new_session;
+                    match run.spawn() {
+                        Ok(pid) => {
+                            by_pid.insert(pid.as_raw(), id);
+                            by_id.insert(id, pid.as_raw());
+                            send(&LiveEvent::Started {
+                                id,
+                                pid: pid.as_raw(),
+                            });
+                        }
+                        Err((exit_code, message)) => send(&LiveEvent::Failed {
+                            id,
+                            exit_code,
+                            message,
+                        }),
+                    }
+                }
+                Err(e) => send(&LiveEvent::Failed {
+                    id,
+                    exit_code: EXIT_SETUP_FAILED,
+                    message: e.to_string(),
+                }),
+            }
+        }
+        LiveRequest::Signal { id, signal, group } => {
+            if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
+                let target = if group { -pid } else { pid };
+                let _ = kill(Pid::from_raw(target), sig);
+            }
+        }
+    };
+    handle(first, fds, &mut by_pid, &mut by_id);
+    loop {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut pfds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(_) => std::process::exit(EXIT_SETUP_FAILED),
+        }
+        let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
+        let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
+        if signal_ready {
+            // Only SIGCHLD matters; other signals sent to the init are dropped (the host
+            // talks to processes through the channel).
+            while let Ok(Some(_)) = signals.read_signal() {}
+            while let Some((pid, status, usage)) = reap_one() {
+                let Some(id) = by_pid.remove(&pid) else {
+                    continue; // an orphan
+                };
+                by_id.remove(&id);
+                let (exit_code, signal) = if libc::WIFSIGNALED(status) {
+                    let s = libc::WTERMSIG(status);
+                    (128 + s, Some(s))
+                } else {
+                    (libc::WEXITSTATUS(status), None)
+                };
+                send(&LiveEvent::Exited {
+                    id,
+                    result: InitResult {
+                        exit_code,
+                        signal,
+                        usage: (&usage).into(),
+                    },
+                });
+            }
+        }
+        if control_ready {
+            match control::recv(control.as_fd()) {
+                Ok(Some((bytes, fds))) => match serde_json::from_slice::<LiveRequest>(&bytes) {
+                    Ok(req) => handle(req, fds, &mut by_pid, &mut by_id),
+                    Err(_) => continue,
+                },
+                // The host closed the channel: the sandbox is over. Exiting PID 1 kills every
+                // process in the namespace.
+                Ok(None) | Err(_) => std::process::exit(0),
+            }
+        }
     }
 }
 

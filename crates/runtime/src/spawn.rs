@@ -21,9 +21,12 @@ pub struct SpawnSpec<'a> {
     pub cwd: &'a CString,
     /// Fds to install as the command's stdin, stdout, stderr (`None`: inherit).
     pub stdio: Option<[RawFd; 3]>,
+    /// A new session (`setsid`, which also makes a new process group) instead of only a new
+    /// process group.
+    pub new_session: bool,
 }
 
-/// Starts the command in a new process group, with an empty signal mask and every signal at
+/// Starts the command in a new process group (or session), with an empty signal mask and every signal at
 /// its default disposition. Returns the pid, or the errno of what failed (exec included).
 pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
     let check = |rc: libc::c_int| {
@@ -57,9 +60,12 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
         let attr_ptr = attr.as_mut_ptr();
         let actions_ptr = actions.as_mut_ptr();
         let result = (|| {
-            let flags = libc::POSIX_SPAWN_SETSIGMASK
-                | libc::POSIX_SPAWN_SETSIGDEF
-                | libc::POSIX_SPAWN_SETPGROUP;
+            let group = if spec.new_session {
+                libc::POSIX_SPAWN_SETSID as libc::c_int
+            } else {
+                libc::POSIX_SPAWN_SETPGROUP as libc::c_int
+            };
+            let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF | group;
             check(libc::posix_spawnattr_setflags(
                 attr_ptr,
                 flags as libc::c_short,

@@ -1,0 +1,70 @@
+//! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// An error answer of the lifecycle or execd API.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "INVALID_PARAMETER", message)
+    }
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "SANDBOX::INVALID_STATE", message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "GENERAL::UNKNOWN_ERROR",
+            message,
+        )
+    }
+    pub fn not_supported(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", message)
+    }
+}
+
+impl From<agentrun_pool::PoolError> for ApiError {
+    fn from(e: agentrun_pool::PoolError) -> Self {
+        use agentrun_pool::PoolError as P;
+        match e {
+            P::Busy(_) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "SANDBOX::BUSY",
+                e.to_string(),
+            ),
+            P::NotFound(_) => ApiError::not_found("SANDBOX::NOT_FOUND", e.to_string()),
+            P::Image(agentrun_image::ImageError::NotFound(_)) | P::Policy(_) | P::Invalid(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            e => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.code, "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

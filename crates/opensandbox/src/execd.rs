@@ -1,0 +1,872 @@
+//! The execd API of one sandbox (served under `/execd/{sid}`): ping, commands (foreground
+//! streaming, background with logs and status, interrupt, timeout), sessions (a persistent
+//! bash), metrics; the egress sidecar's `/policy` (under `/egress/{sid}`); code contexts
+//! answer 501.
+//!
+//! Output reaches agentrun through pipes whose write ends are passed into the sandbox; each
+//! line becomes one bare-JSON event (`{"type":"stdout","text":...}` + blank line), as real
+//! execd streams them.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentrun_pool::live::{ProcessExit, ProcessSpec};
+use agentrun_pool::PoolError;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{ApiError, ApiResult};
+use crate::lifecycle::{constant_time_eq, finish_span};
+use crate::lines::LineSplitter;
+use crate::{lock, now_ms, random_token, rfc3339, Record, Server};
+
+/// How long output is still read after a process exited (children may hold the pipes).
+const OUTPUT_GRACE: Duration = Duration::from_millis(200);
+/// Keep-alive interval of event streams.
+const PING_EVERY: Duration = Duration::from_secs(3);
+
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/command", post(run_command).delete(interrupt))
+        .route("/command/status/{cid}", get(command_status))
+        .route("/command/{cid}/logs", get(command_logs))
+        .route("/session", post(create_session))
+        .route("/session/{ssid}", delete(delete_session))
+        .route("/session/{ssid}/run", post(run_in_session))
+        .route("/metrics", get(metrics))
+        .route("/code", post(code_unsupported).delete(code_unsupported))
+        .route("/code/context", post(code_unsupported))
+        .route(
+            "/code/contexts",
+            get(code_unsupported).delete(code_unsupported),
+        )
+        .route(
+            "/code/contexts/{ctx}",
+            get(code_unsupported).delete(code_unsupported),
+        )
+        .with_state(server)
+}
+
+pub fn egress_routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/policy", get(egress_policy))
+        .with_state(server)
+}
+
+/// The sandbox a request is for, once its token checks out.
+pub fn authorize(
+    server: &Server,
+    sid: &str,
+    headers: &HeaderMap,
+    header: &str,
+) -> ApiResult<Arc<Record>> {
+    let rec = server.record(sid)?;
+    let want = if header == crate::EGRESS_TOKEN_HEADER {
+        &rec.egress_token
+    } else {
+        &rec.token
+    };
+    let ok = headers
+        .get(header)
+        .is_some_and(|v| constant_time_eq(v.as_bytes(), want.as_bytes()));
+    if !ok {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            format!("invalid or missing header {header}"),
+        ));
+    }
+    Ok(rec)
+}
+
+fn execd(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
+    authorize(server, sid, headers, crate::EXECD_TOKEN_HEADER)
+}
+
+/// Extracts the first path segment (the sandbox id) of a nested route.
+fn sid_of(p: &HashMap<String, String>) -> &str {
+    p.get("sid").map(String::as_str).unwrap_or("")
+}
+
+async fn ping(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    if rec.sandbox.is_dead() {
+        return Err(ApiError::internal("the sandbox is gone"));
+    }
+    Ok(StatusCode::OK)
+}
+
+async fn code_unsupported(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    execd(&server, sid_of(&p), &headers)?;
+    Err(ApiError::not_supported(
+        "code interpreting (/code, contexts) is not implemented by agentrun; run code with commands (python3 -c ...) or a session",
+    ))
+}
+
+async fn egress_policy(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    // Sandboxes have no network at all (loopback only): whatever was asked is stored, and
+    // the effective mode is deny-all until per-sandbox egress lands.
+    Ok(Json(json!({
+        "status": "ok",
+        "mode": "deny_all",
+        "enforcementMode": "netns",
+        "policy": rec.network_policy.clone().unwrap_or_else(|| json!({"defaultAction": "deny", "egress": []})),
+    })))
+}
+
+/// One event of a stream, as execd encodes it.
+fn event(kind: &str, extra: Value) -> Bytes {
+    let mut v = json!({"type": kind, "timestamp": now_ms()});
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    let mut s = serde_json::to_string(&v).expect("json");
+    s.push_str("\n\n");
+    Bytes::from(s)
+}
+
+/// A streaming response of events.
+fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response {
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+    let body = Body::from_stream(tokio_stream::StreamExt::map(
+        stream,
+        Ok::<_, std::convert::Infallible>,
+    ));
+    (
+        [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+            ("x-accel-buffering", "no"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// What execd knows about one command.
+pub struct Command {
+    pub id: String,
+    pub content: String,
+    pub process: Mutex<Option<u64>>,
+    pub started_at: DateTime<Utc>,
+    pub state: Mutex<CommandState>,
+}
+
+#[derive(Default)]
+pub struct CommandState {
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub error: String,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// stdout and stderr lines, in arrival order.
+    pub log: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RunCommand {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    background: bool,
+    timeout: Option<u64>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    #[serde(default)]
+    envs: HashMap<String, String>,
+}
+
+fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| ApiError::internal(format!("pipe: {e}")))
+}
+
+fn dev_null() -> ApiResult<OwnedFd> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| ApiError::internal(format!("/dev/null: {e}")))
+}
+
+/// The shell commands run under: bash if the image has it, else sh.
+fn shell(rec: &Record) -> &'static str {
+    rec.shell.get_or_init(|| find_shell(rec))
+}
+
+fn find_shell(rec: &Record) -> &'static str {
+    let has_bash = rec
+        .sandbox
+        .root()
+        .ok()
+        .map(crate::fsroot::SandboxFs::new)
+        .is_some_and(|fs| {
+            crate::fsroot::as_sandbox_root(|| fs.stat(std::path::Path::new("bin/bash")).is_ok())
+        });
+    if has_bash {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+/// Starts a process in the sandbox with stdout/stderr pipes. Returns the process id, the
+/// read ends and the exit channel.
+async fn spawn(
+    rec: &Record,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    stdin: OwnedFd,
+) -> Result<(u64, OwnedFd, OwnedFd, oneshot::Receiver<ProcessExit>), PoolError> {
+    let (out_r, out_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
+    let (err_r, err_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
+    let (tx, rx) = oneshot::channel();
+    let sandbox = rec.sandbox.clone();
+    let spec = ProcessSpec {
+        argv,
+        env,
+        cwd,
+        stdio: [stdin, out_w, err_w],
+        new_session: false,
+        on_exit: Box::new(move |e| {
+            let _ = tx.send(e);
+        }),
+    };
+    let p = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
+        .await
+        .map_err(|e| PoolError::Invalid(e.to_string()))??;
+    Ok((p.id, out_r, err_r, rx))
+}
+
+/// Reads a pipe line by line into `sink` until EOF.
+async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'static) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut split = LineSplitter::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                for l in split.push(&buf[..n]) {
+                    sink(l);
+                }
+            }
+        }
+    }
+    if let Some(l) = split.finish() {
+        sink(l);
+    }
+}
+
+/// The sandbox's main process: the create request's entrypoint. Its output is kept as the
+/// sandbox's log (last lines only).
+pub async fn start_entrypoint(rec: &Arc<Record>) -> ApiResult<()> {
+    let (id, out, err, exit) = match spawn(
+        rec,
+        rec.entrypoint.clone(),
+        Vec::new(),
+        "/".into(),
+        dev_null()?,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(PoolError::Spawn { message, .. }) => {
+            return Err(ApiError::bad_request(format!("entrypoint: {message}")))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let cmd = Arc::new(Command {
+        id: "entrypoint".into(),
+        content: rec.entrypoint.join(" "),
+        process: Mutex::new(Some(id)),
+        started_at: Utc::now(),
+        state: Mutex::new(CommandState {
+            running: true,
+            ..Default::default()
+        }),
+    });
+    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    for fd in [out, err] {
+        let c = cmd.clone();
+        tokio::spawn(read_lines(fd, move |l| {
+            let mut st = lock(&c.state);
+            if st.log.len() >= 10_000 {
+                st.log.remove(0);
+            }
+            st.log.push(l);
+        }));
+    }
+    tokio::spawn(async move {
+        let e = exit.await.unwrap_or_default();
+        let mut st = lock(&cmd.state);
+        st.running = false;
+        st.exit_code = Some(e.exit_code);
+        st.finished_at = Some(Utc::now());
+    });
+    Ok(())
+}
+
+async fn run_command(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let req: RunCommand = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    if req.uid.is_some_and(|u| u != 0) || req.gid.is_some_and(|g| g != 0) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
+            "uid/gid other than 0 are not supported yet",
+        ));
+    }
+    if rec.state().0 == "Paused" {
+        return Err(ApiError::conflict("the sandbox is paused"));
+    }
+    let (argv, content) = match (&req.command, &req.argv) {
+        (Some(c), None) if !c.trim().is_empty() => (
+            vec![shell(&rec).to_string(), "-c".into(), c.clone()],
+            c.clone(),
+        ),
+        (None, Some(a)) if !a.is_empty() => (a.clone(), a.join(" ")),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                "give exactly one of a non-empty command or argv",
+            ))
+        }
+    };
+    let cwd = req
+        .cwd
+        .clone()
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "/".into());
+    let mut span = agentrun_telemetry::RunSpan::start(
+        "sandbox.exec",
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+    );
+    span.set_attribute("openinference.span.kind", "TOOL");
+    span.set_attribute("sandbox.id", rec.id.as_str());
+    span.set_attribute("container.id", rec.id.as_str());
+    span.set_attribute("process.executable.name", argv[0].as_str());
+    span.set_attribute(
+        "process.command_line",
+        content.chars().take(256).collect::<String>(),
+    );
+    let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
+    env.push(("TRACEPARENT".into(), span.traceparent()));
+    let started = Instant::now();
+    let (pid, out, err, exit) = match spawn(&rec, argv, env, cwd, dev_null()?).await {
+        Ok(x) => x,
+        Err(PoolError::Spawn { exit_code, message }) => {
+            span.set_attribute("process.exit.code", exit_code as i64);
+            span.set_error("spawn", &message);
+            finish_span(span);
+            let id = random_token();
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = tx.send(event("init", json!({"text": id})));
+            let _ = tx.send(event(
+                "error",
+                json!({"error": {"ename": "CommandExecError", "evalue": exit_code.to_string(), "traceback": [message]}}),
+            ));
+            return Ok(stream_response(rx));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let cmd = Arc::new(Command {
+        id: random_token(),
+        content,
+        process: Mutex::new(Some(pid)),
+        started_at: Utc::now(),
+        state: Mutex::new(CommandState {
+            running: true,
+            ..Default::default()
+        }),
+    });
+    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(event("init", json!({"text": cmd.id})));
+    let live_tx = if req.background {
+        let _ = tx.send(event("execution_complete", json!({"execution_time": 0})));
+        None
+    } else {
+        Some(tx)
+    };
+    let readers: Vec<_> = [(out, "stdout"), (err, "stderr")]
+        .into_iter()
+        .map(|(fd, kind)| {
+            let c = cmd.clone();
+            let t = live_tx.clone();
+            tokio::spawn(read_lines(fd, move |l| {
+                if let Some(t) = &t {
+                    let _ = t.send(event(kind, json!({"text": l})));
+                }
+                lock(&c.state).log.push(l);
+            }))
+        })
+        .collect();
+    let sandbox = rec.sandbox.clone();
+    let timeout = req.timeout.filter(|t| *t > 0).map(Duration::from_millis);
+    tokio::spawn(async move {
+        let mut exit = exit;
+        let mut timed_out = false;
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.tick().await;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let result = loop {
+            tokio::select! {
+                r = &mut exit => break r.unwrap_or_default(),
+                _ = ping.tick() => {
+                    if let Some(t) = &live_tx {
+                        let _ = t.send(event("ping", json!({"text": "pong"})));
+                    }
+                }
+                _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
+                    timed_out = true;
+                    let _ = sandbox.signal(pid, libc::SIGKILL, true);
+                }
+            }
+        };
+        for r in readers {
+            let _ = tokio::time::timeout(OUTPUT_GRACE, r).await;
+        }
+        let elapsed = started.elapsed().as_millis() as i64;
+        {
+            let mut st = lock(&cmd.state);
+            st.running = false;
+            st.exit_code = Some(result.exit_code);
+            st.finished_at = Some(Utc::now());
+            if timed_out {
+                st.error = format!(
+                    "timed out after {} ms",
+                    timeout.unwrap_or_default().as_millis()
+                );
+            } else if result.exit_code != 0 {
+                st.error = format!("exit status {}", result.exit_code);
+            }
+        }
+        span.set_attribute("process.exit.code", result.exit_code as i64);
+        span.set_attribute("process.pid", pid as i64);
+        span.set_attribute("sandbox.timed_out", timed_out);
+        span.set_attribute("sandbox.duration_ms", elapsed);
+        if result.exit_code != 0 {
+            span.set_error(
+                if timed_out { "timeout" } else { "exit_code" },
+                &format!("exit status {}", result.exit_code),
+            );
+        }
+        finish_span(span);
+        if let Some(t) = live_tx {
+            let last = if result.exit_code == 0 {
+                event("execution_complete", json!({"execution_time": elapsed}))
+            } else {
+                let why = if timed_out {
+                    format!(
+                        "timed out after {} ms",
+                        timeout.unwrap_or_default().as_millis()
+                    )
+                } else {
+                    format!("exit status {}", result.exit_code)
+                };
+                event(
+                    "error",
+                    json!({"error": {"ename": "CommandExecError", "evalue": result.exit_code.to_string(), "traceback": [why]}}),
+                )
+            };
+            let _ = t.send(last);
+        }
+    });
+    Ok(stream_response(rx))
+}
+
+#[derive(Deserialize)]
+struct IdQuery {
+    id: Option<String>,
+}
+
+async fn interrupt(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    Query(q): Query<IdQuery>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let id = q.id.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "MISSING_QUERY",
+            "missing query parameter id",
+        )
+    })?;
+    let cmd = lock(&rec.commands)
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("COMMAND_NOT_FOUND", format!("no command {id}")))?;
+    if let Some(pid) = *lock(&cmd.process) {
+        // The whole process group: everything the command started.
+        rec.sandbox.signal(pid, libc::SIGKILL, true)?;
+    }
+    Ok(StatusCode::OK)
+}
+
+fn find_command(rec: &Record, cid: &str) -> ApiResult<Arc<Command>> {
+    lock(&rec.commands)
+        .get(cid)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("COMMAND_NOT_FOUND", format!("no command {cid}")))
+}
+
+async fn command_status(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
+    let st = lock(&cmd.state);
+    Ok(Json(json!({
+        "id": cmd.id,
+        "content": cmd.content,
+        "running": st.running,
+        "exit_code": st.exit_code,
+        "error": st.error,
+        "started_at": rfc3339(cmd.started_at),
+        "finished_at": st.finished_at.map(rfc3339),
+    })))
+}
+
+#[derive(Deserialize)]
+struct CursorQuery {
+    cursor: Option<usize>,
+}
+
+async fn command_logs(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    Query(q): Query<CursorQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
+    let st = lock(&cmd.state);
+    let from = q.cursor.unwrap_or(0).min(st.log.len());
+    let mut text = String::new();
+    for l in &st.log[from..] {
+        text.push_str(if l == "\n" { "" } else { l });
+        text.push('\n');
+    }
+    Ok((
+        [
+            ("content-type", "text/plain; charset=utf-8".to_string()),
+            ("EXECD-COMMANDS-TAIL-CURSOR", st.log.len().to_string()),
+        ],
+        text,
+    )
+        .into_response())
+}
+
+/// A persistent shell: commands run one at a time in the same bash, so `cd` and `export`
+/// persist. Each run ends with a marker line on stdout (with `$?`) and on stderr.
+pub struct Session {
+    pub id: String,
+    process: u64,
+    stdin: tokio::sync::Mutex<tokio::net::unix::pipe::Sender>,
+    /// Output lines (stdout, stderr) of the shell, consumed by the run in progress.
+    out: tokio::sync::Mutex<(
+        mpsc::UnboundedReceiver<String>,
+        mpsc::UnboundedReceiver<String>,
+    )>,
+    marker: String,
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Deserialize, Default)]
+struct CreateSession {
+    cwd: Option<String>,
+}
+
+async fn create_session(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateSession::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                format!("invalid request body: {e}"),
+            )
+        })?
+    };
+    if rec.state().0 == "Paused" {
+        return Err(ApiError::conflict("the sandbox is paused"));
+    }
+    let (in_r, in_w) = pipe()?;
+    let sh = shell(&rec);
+    let cwd = req
+        .cwd
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "/".into());
+    let (pid, out, err, exit) = spawn(
+        &rec,
+        vec![sh.into(), "--noprofile".into(), "--norc".into()],
+        Vec::new(),
+        cwd,
+        in_r,
+    )
+    .await
+    .map_err(ApiError::from)?;
+    let (otx, orx) = mpsc::unbounded_channel();
+    let (etx, erx) = mpsc::unbounded_channel();
+    tokio::spawn(read_lines(out, move |l| {
+        let _ = otx.send(l);
+    }));
+    tokio::spawn(read_lines(err, move |l| {
+        let _ = etx.send(l);
+    }));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = dead.clone();
+    tokio::spawn(async move {
+        let _ = exit.await;
+        d.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let session = Arc::new(Session {
+        id: random_token(),
+        process: pid,
+        stdin: tokio::sync::Mutex::new(stdin),
+        out: tokio::sync::Mutex::new((orx, erx)),
+        marker: format!("__agentrun_{}_", random_token()),
+        dead,
+    });
+    lock(&rec.sessions).insert(session.id.clone(), session.clone());
+    Ok(Json(json!({"session_id": session.id})))
+}
+
+fn find_session(rec: &Record, ssid: &str) -> ApiResult<Arc<Session>> {
+    lock(&rec.sessions)
+        .get(ssid)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("SESSION_NOT_FOUND", format!("no session {ssid}")))
+}
+
+async fn delete_session(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let ssid = p.get("ssid").map(String::as_str).unwrap_or("");
+    let s = lock(&rec.sessions)
+        .remove(ssid)
+        .ok_or_else(|| ApiError::not_found("SESSION_NOT_FOUND", format!("no session {ssid}")))?;
+    let _ = rec.sandbox.signal(s.process, libc::SIGKILL, true);
+    Ok(StatusCode::OK)
+}
+
+#[derive(Deserialize)]
+struct RunInSession {
+    command: String,
+    cwd: Option<String>,
+    timeout: Option<u64>,
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+async fn run_in_session(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let session = find_session(&rec, p.get("ssid").map(String::as_str).unwrap_or(""))?;
+    let req: RunInSession = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    if session.dead.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "SESSION_DEAD",
+            "the session's shell has exited",
+        ));
+    }
+    let mut script = String::new();
+    if let Some(cwd) = req.cwd.as_deref().filter(|c| !c.is_empty()) {
+        script.push_str(&format!("cd {} || true\n", shell_quote(cwd)));
+    }
+    // The group keeps cd/export in this shell; its stdin is not the shell's script.
+    script.push_str(&format!(
+        "{{\n{}\n}} </dev/null\n__ar_rc=$?; printf '%s%d\\n' '{m}' \"$__ar_rc\"; printf '%s\\n' '{m}' >&2\n",
+        req.command,
+        m = session.marker
+    ));
+    let mut span = agentrun_telemetry::RunSpan::start(
+        "sandbox.exec",
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+    );
+    span.set_attribute("openinference.span.kind", "TOOL");
+    span.set_attribute("sandbox.id", rec.id.as_str());
+    span.set_attribute(
+        "process.command_line",
+        req.command.chars().take(256).collect::<String>(),
+    );
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(event("init", json!({"text": session.id})));
+    let sandbox = rec.sandbox.clone();
+    let timeout = req.timeout.filter(|t| *t > 0).map(Duration::from_millis);
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut out = session.out.lock().await;
+        {
+            let mut stdin = session.stdin.lock().await;
+            if tokio::io::AsyncWriteExt::write_all(&mut *stdin, script.as_bytes())
+                .await
+                .is_err()
+            {
+                let _ = tx.send(event("error", json!({"error": {"ename": "CommandExecError", "evalue": "1", "traceback": ["the session's shell has exited"]}})));
+                return;
+            }
+        }
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let (mut code, mut out_done, mut err_done) = (None::<i32>, false, false);
+        let mut timed_out = false;
+        let (o, e) = &mut *out;
+        while !(out_done && err_done) {
+            tokio::select! {
+                l = o.recv(), if !out_done => match l {
+                    Some(l) => match l.find(&session.marker) {
+                        Some(i) => {
+                            if i > 0 { let _ = tx.send(event("stdout", json!({"text": &l[..i]}))); }
+                            code = l[i + session.marker.len()..].trim().parse().ok();
+                            out_done = true;
+                        }
+                        None => { let _ = tx.send(event("stdout", json!({"text": l}))); }
+                    },
+                    None => { out_done = true; err_done = true; }
+                },
+                l = e.recv(), if !err_done => match l {
+                    Some(l) => match l.find(&session.marker) {
+                        Some(i) => {
+                            if i > 0 { let _ = tx.send(event("stderr", json!({"text": &l[..i]}))); }
+                            err_done = true;
+                        }
+                        None => { let _ = tx.send(event("stderr", json!({"text": l}))); }
+                    },
+                    None => { out_done = true; err_done = true; }
+                },
+                _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
+                    timed_out = true;
+                    session.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = sandbox.signal(session.process, libc::SIGKILL, true);
+                }
+            }
+        }
+        let code = code.unwrap_or(if timed_out { 137 } else { 1 });
+        span.set_attribute("process.exit.code", code as i64);
+        span.set_attribute("sandbox.timed_out", timed_out);
+        if code != 0 {
+            span.set_error("exit_code", &format!("exit status {code}"));
+        }
+        finish_span(span);
+        let last = if code == 0 {
+            event(
+                "execution_complete",
+                json!({"execution_time": started.elapsed().as_millis() as i64}),
+            )
+        } else {
+            let why = if timed_out {
+                "timed out".to_string()
+            } else {
+                format!("exit status {code}")
+            };
+            event(
+                "error",
+                json!({"error": {"ename": "CommandExecError", "evalue": code.to_string(), "traceback": [why]}}),
+            )
+        };
+        let _ = tx.send(last);
+    });
+    Ok(stream_response(rx))
+}
+
+async fn metrics(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let usage = rec.sandbox.usage()?;
+    let (cpus, mem_limit) = rec.sandbox.limits();
+    let now = Instant::now();
+    let pct = {
+        let mut s = lock(&rec.cpu_sample);
+        let wall = now.duration_since(s.0).as_nanos() as f64;
+        let used = usage.cpu_ns.saturating_sub(s.1) as f64;
+        *s = (now, usage.cpu_ns);
+        if wall > 0.0 {
+            (used / wall / cpus * 100.0).clamp(0.0, 100.0)
+        } else {
+            0.0
+        }
+    };
+    let limit = if usage.memory_limit_bytes > 0 && usage.memory_limit_bytes < u64::MAX / 2 {
+        usage.memory_limit_bytes
+    } else {
+        mem_limit
+    };
+    Ok(Json(json!({
+        "cpu_count": cpus,
+        "cpu_used_pct": (pct * 100.0).round() / 100.0,
+        "mem_total_mib": limit as f64 / (1u64 << 20) as f64,
+        "mem_used_mib": ((usage.memory_bytes as f64 / (1u64 << 20) as f64) * 100.0).round() / 100.0,
+        "timestamp": now_ms(),
+    })))
+}

@@ -1,0 +1,726 @@
+//! The execd file API of one sandbox: upload, download (Range, offset/limit), info, search,
+//! move, replace, permissions, mkdir, delete, list. Every path goes through [`crate::fsroot`]
+//! (resolved inside the sandbox, with the sandbox root's credentials) on a blocking thread.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Multipart, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{TimeZone, Utc};
+use rustix::io::Errno;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::{ApiError, ApiResult};
+use crate::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
+use crate::{rfc3339, Record, Server};
+
+/// Deepest walk of a search.
+const SEARCH_DEPTH: usize = 64;
+/// Most entries a search or list returns.
+const MAX_ENTRIES: usize = 100_000;
+
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/files/upload", post(upload))
+        .route("/files/download", get(download))
+        .route("/files/info", get(info))
+        .route("/files", axum::routing::delete(delete_files))
+        .route("/files/permissions", post(permissions))
+        .route("/files/mv", post(mv))
+        .route("/files/search", get(search))
+        .route("/files/replace", post(replace))
+        .route("/directories/list", get(list_dir))
+        .route("/directories", post(mkdirs).delete(delete_dirs))
+        .with_state(server)
+}
+
+fn errno(e: Errno, path: &str) -> ApiError {
+    match e {
+        Errno::NOENT | Errno::NOTDIR => ApiError::not_found(
+            "FILE_NOT_FOUND",
+            format!("{path}: no such file or directory"),
+        ),
+        Errno::ACCESS | Errno::PERM | Errno::ROFS => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            format!("{path}: permission denied"),
+        ),
+        Errno::INVAL => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("{path}: not a regular file, or not allowed here"),
+        ),
+        Errno::ISDIR => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("{path}: is a directory"),
+        ),
+        Errno::LOOP => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("{path}: symbolic link not allowed here (or too many)"),
+        ),
+        Errno::XDEV => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("{path}: crosses a mount"),
+        ),
+        Errno::NOSPC => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "RUNTIME_ERROR",
+            format!("{path}: no space left in the sandbox"),
+        ),
+        Errno::NOTEMPTY => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("{path}: directory not empty"),
+        ),
+        Errno::EXIST => ApiError::new(
+            StatusCode::CONFLICT,
+            "INVALID_FILE",
+            format!("{path}: already exists"),
+        ),
+        e => ApiError::internal(format!("{path}: {e}")),
+    }
+}
+
+fn rel(path: &str) -> ApiResult<PathBuf> {
+    relative(path).map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE", m))
+}
+
+/// Runs `f` on a blocking thread with the sandbox's root directory and credentials.
+async fn with_fs<T: Send + 'static>(
+    rec: &Record,
+    f: impl FnOnce(&SandboxFs) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    if rec.state().0 == "Paused" {
+        return Err(ApiError::conflict("the sandbox is paused"));
+    }
+    let root = rec.sandbox.root()?;
+    tokio::task::spawn_blocking(move || {
+        let fs = SandboxFs::new(root);
+        as_sandbox_root(|| f(&fs))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+fn authorized(
+    server: &Server,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> ApiResult<Arc<Record>> {
+    crate::execd::authorize(
+        server,
+        p.get("sid").map(String::as_str).unwrap_or(""),
+        headers,
+        crate::EXECD_TOKEN_HEADER,
+    )
+}
+
+/// execd's mode: decimal digits that read as octal (755 = 0o755).
+fn mode_from_digits(m: u32) -> ApiResult<u32> {
+    u32::from_str_radix(&m.to_string(), 8)
+        .ok()
+        .filter(|v| *v <= 0o7777)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_FILE_METADATA",
+                format!("mode {m}: expected octal digits such as 644"),
+            )
+        })
+}
+
+fn mode_to_digits(m: u32) -> u32 {
+    format!("{:o}", m & 0o7777).parse().unwrap_or(0)
+}
+
+fn owner_name(id: u32) -> String {
+    match id.checked_sub(agentrun_runtime::idmap::UID_BASE) {
+        Some(0) => "root".into(),
+        Some(n) if n < agentrun_runtime::idmap::UID_COUNT => n.to_string(),
+        _ => "nobody".into(),
+    }
+}
+
+fn file_info(e: &Entry) -> Value {
+    let t = |s: i64, ns: i64| rfc3339(Utc.timestamp_opt(s, ns as u32).single().unwrap_or_default());
+    json!({
+        "path": e.path,
+        "type": e.kind(),
+        "size": e.stat.st_size,
+        "modified_at": t(e.stat.st_mtime, e.stat.st_mtime_nsec as i64),
+        "created_at": t(e.stat.st_ctime, e.stat.st_ctime_nsec as i64),
+        "owner": owner_name(e.stat.st_uid),
+        "group": owner_name(e.stat.st_gid),
+        "mode": mode_to_digits(e.stat.st_mode),
+    })
+}
+
+/// Only the sandbox's root may own what the API creates (no chown across its users yet).
+fn check_owner(owner: &Option<String>, group: &Option<String>) -> ApiResult<()> {
+    for v in [owner, group].into_iter().flatten() {
+        if v != "root" && v != "0" {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NOT_SUPPORTED",
+                format!("owner/group {v:?}: only root (the sandbox's) is supported"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct FileMeta {
+    path: String,
+    owner: Option<String>,
+    group: Option<String>,
+    mode: Option<u32>,
+}
+
+async fn upload(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    mut multipart: Multipart,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE", m);
+    let mut meta: Option<FileMeta> = None;
+    while let Some(mut field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| bad(format!("multipart: {e}")))?
+    {
+        match field.name() {
+            Some("metadata") => {
+                let bytes = field
+                    .bytes()
+                    .await
+                    .map_err(|e| bad(format!("multipart: {e}")))?;
+                let m: FileMeta = serde_json::from_slice(&bytes).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "INVALID_FILE_METADATA",
+                        format!("metadata: {e}"),
+                    )
+                })?;
+                check_owner(&m.owner, &m.group)?;
+                meta = Some(m);
+            }
+            Some("file") => {
+                let m = meta
+                    .take()
+                    .ok_or_else(|| bad("a file part must follow its metadata part".into()))?;
+                let path = rel(&m.path)?;
+                let mode = mode_from_digits(m.mode.unwrap_or(755))?;
+                let shown = m.path.clone();
+                let file = with_fs(&rec, move |fs| {
+                    fs.create_file(&path, mode).map_err(|e| errno(e, &shown))
+                })
+                .await?;
+                // Writing to an open file needs no more permission checks.
+                let mut file = file;
+                while let Some(chunk) = field
+                    .chunk()
+                    .await
+                    .map_err(|e| bad(format!("multipart: {e}")))?
+                {
+                    let (f, res) = tokio::task::spawn_blocking(move || {
+                        let r = file.write_all(&chunk);
+                        (file, r)
+                    })
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                    file = f;
+                    res.map_err(|e| match e.raw_os_error() {
+                        Some(n) => errno(Errno::from_raw_os_error(n), &m.path),
+                        None => ApiError::internal(e.to_string()),
+                    })?;
+                }
+            }
+            other => return Err(bad(format!("unexpected multipart part {other:?}"))),
+        }
+    }
+    Ok(StatusCode::OK)
+}
+
+fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
+    q.as_deref()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+fn query_one(pairs: &[(String, String)], key: &str) -> Option<String> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
+    query_one(pairs, key).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "MISSING_QUERY",
+            format!("missing query parameter {key}"),
+        )
+    })
+}
+
+/// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
+fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
+    let spec = h.trim().strip_prefix("bytes=")?;
+    if spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (start, end) = if a.is_empty() {
+        let n: u64 = b.parse().ok()?;
+        if n == 0 {
+            return None;
+        }
+        (size.saturating_sub(n), size.checked_sub(1)?)
+    } else {
+        let start: u64 = a.parse().ok()?;
+        let end = if b.is_empty() {
+            size.checked_sub(1)?
+        } else {
+            b.parse::<u64>().ok()?.min(size.checked_sub(1)?)
+        };
+        (start, end)
+    };
+    (start <= end && start < size).then_some((start, end))
+}
+
+async fn download(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let rec = authorized(&server, &p, &headers)?;
+    let pairs = query_pairs(&q);
+    let path = required(&pairs, "path")?;
+    let relp = rel(&path)?;
+    let offset: Option<usize> = query_one(&pairs, "offset")
+        .map(|v| {
+            v.parse()
+                .map_err(|_| ApiError::bad_request("offset must be a number"))
+        })
+        .transpose()?;
+    let limit: Option<usize> = query_one(&pairs, "limit")
+        .map(|v| {
+            v.parse()
+                .map_err(|_| ApiError::bad_request("limit must be a number"))
+        })
+        .transpose()?;
+    let range = headers
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if range.is_some() && (offset.is_some() || limit.is_some()) {
+        return Err(ApiError::bad_request(
+            "Range and offset/limit are mutually exclusive",
+        ));
+    }
+    let shown = path.clone();
+    let file = with_fs(&rec, move |fs| {
+        fs.open_regular(&relp).map_err(|e| errno(e, &shown))
+    })
+    .await?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let path2 = path.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<Response> {
+        let mut file = file;
+        let io = |e: std::io::Error| ApiError::internal(format!("{path2}: {e}"));
+        if offset.is_some() || limit.is_some() {
+            let mut text = String::new();
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(io)?;
+            let start = offset.unwrap_or(1).max(1) - 1;
+            let lines = String::from_utf8_lossy(&bytes);
+            for l in lines
+                .split_inclusive('\n')
+                .skip(start)
+                .take(limit.unwrap_or(usize::MAX))
+            {
+                text.push_str(l);
+            }
+            return Ok(([("content-type", "text/plain; charset=utf-8")], text).into_response());
+        }
+        if let Some(r) = range {
+            let Some((a, b)) = parse_range(&r, size) else {
+                return Ok((
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    [("content-range", format!("bytes */{size}"))],
+                )
+                    .into_response());
+            };
+            file.seek(SeekFrom::Start(a)).map_err(io)?;
+            let mut buf = vec![0u8; (b - a + 1) as usize];
+            file.read_exact(&mut buf).map_err(io)?;
+            return Ok((
+                StatusCode::PARTIAL_CONTENT,
+                [
+                    ("content-type", "application/octet-stream".to_string()),
+                    ("content-range", format!("bytes {a}-{b}/{size}")),
+                ],
+                buf,
+            )
+                .into_response());
+        }
+        let mut buf = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut buf).map_err(io)?;
+        Ok(([("content-type", "application/octet-stream")], buf).into_response())
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+async fn info(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = authorized(&server, &p, &headers)?;
+    let paths: Vec<String> = query_pairs(&q)
+        .into_iter()
+        .filter(|(k, _)| k == "path")
+        .map(|(_, v)| v)
+        .collect();
+    if paths.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "MISSING_QUERY",
+            "missing query parameter path",
+        ));
+    }
+    let rels = paths
+        .iter()
+        .map(|p| rel(p))
+        .collect::<ApiResult<Vec<_>>>()?;
+    with_fs(&rec, move |fs| {
+        let mut out = serde_json::Map::new();
+        for (p, r) in paths.iter().zip(rels) {
+            let mut e = fs.stat(&r).map_err(|e| errno(e, p))?;
+            e.path = p.clone();
+            out.insert(p.clone(), file_info(&e));
+        }
+        Ok(Json(Value::Object(out)))
+    })
+    .await
+}
+
+async fn delete_files(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let paths: Vec<String> = query_pairs(&q)
+        .into_iter()
+        .filter(|(k, _)| k == "path")
+        .map(|(_, v)| v)
+        .collect();
+    let rels = paths
+        .iter()
+        .map(|p| rel(p))
+        .collect::<ApiResult<Vec<_>>>()?;
+    with_fs(&rec, move |fs| {
+        for (p, r) in paths.iter().zip(rels) {
+            if fs.stat(&r).map_err(|e| errno(e, p))?.is_dir() {
+                return Err(errno(Errno::ISDIR, p));
+            }
+            fs.remove_file(&r).map_err(|e| errno(e, p))?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct Perm {
+    mode: Option<u32>,
+    owner: Option<String>,
+    group: Option<String>,
+}
+
+fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            format!("invalid request body: {e}"),
+        )
+    })
+}
+
+async fn permissions(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let req: BTreeMap<String, Perm> = parse_body(&body)?;
+    let mut todo = Vec::new();
+    for (path, perm) in req {
+        check_owner(&perm.owner, &perm.group)?;
+        let mode = perm.mode.map(mode_from_digits).transpose()?;
+        todo.push((rel(&path)?, path, mode));
+    }
+    with_fs(&rec, move |fs| {
+        for (r, p, mode) in todo {
+            match mode {
+                Some(m) => fs.chmod(&r, m).map_err(|e| errno(e, &p))?,
+                None => {
+                    fs.stat(&r).map_err(|e| errno(e, &p))?;
+                }
+            }
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct Move {
+    src: String,
+    dest: String,
+}
+
+async fn mv(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let req: Vec<Move> = parse_body(&body)?;
+    let todo = req
+        .into_iter()
+        .map(|m| Ok((rel(&m.src)?, rel(&m.dest)?, m.src)))
+        .collect::<ApiResult<Vec<_>>>()?;
+    with_fs(&rec, move |fs| {
+        for (a, b, shown) in todo {
+            fs.rename(&a, &b).map_err(|e| errno(e, &shown))?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+async fn search(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = authorized(&server, &p, &headers)?;
+    let pairs = query_pairs(&q);
+    let dir = required(&pairs, "path")?;
+    let pattern = query_one(&pairs, "pattern")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "**".into());
+    let glob = globset::GlobBuilder::new(&pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| ApiError::bad_request(format!("pattern {pattern:?}: {e}")))?
+        .compile_matcher();
+    let relp = rel(&dir)?;
+    with_fs(&rec, move |fs| {
+        let entries = fs.walk(&relp, SEARCH_DEPTH).map_err(|e| errno(e, &dir))?;
+        let base = format!("{}/", dir.trim_end_matches('/'));
+        let found: Vec<Value> = entries
+            .iter()
+            .filter(|e| !e.is_dir())
+            .filter(|e| {
+                let sub = e.path.strip_prefix(&base).unwrap_or(&e.path);
+                let name = sub.rsplit('/').next().unwrap_or(sub);
+                glob.is_match(sub) || (!pattern.contains('/') && glob.is_match(name))
+            })
+            .take(MAX_ENTRIES)
+            .map(file_info)
+            .collect();
+        Ok(Json(Value::Array(found)))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct Replace {
+    old: String,
+    new: String,
+}
+
+async fn replace(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let rec = authorized(&server, &p, &headers)?;
+    let verbose = query_one(&query_pairs(&q), "verbose").is_some_and(|v| v == "true" || v == "1");
+    let req: BTreeMap<String, Replace> = parse_body(&body)?;
+    let todo = req
+        .into_iter()
+        .map(|(path, r)| Ok((rel(&path)?, path, r)))
+        .collect::<ApiResult<Vec<_>>>()?;
+    if todo.iter().any(|(_, _, r)| r.old.is_empty()) {
+        return Err(ApiError::bad_request("old must not be empty"));
+    }
+    let counts = with_fs(&rec, move |fs| {
+        let mut counts = serde_json::Map::new();
+        for (r, p, rep) in todo {
+            let mut text = String::new();
+            let mut f = fs.open_regular(&r).map_err(|e| errno(e, &p))?;
+            f.read_to_string(&mut text).map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_FILE_CONTENT",
+                    format!("{p}: not UTF-8 text"),
+                )
+            })?;
+            let n = text.matches(&rep.old).count();
+            let mode = fs.stat(&r).map_err(|e| errno(e, &p))?.stat.st_mode & 0o7777;
+            let mut out = fs.create_file(&r, mode).map_err(|e| errno(e, &p))?;
+            out.write_all(text.replace(&rep.old, &rep.new).as_bytes())
+                .map_err(|e| ApiError::internal(format!("{p}: {e}")))?;
+            counts.insert(p, json!({"replacedCount": n}));
+        }
+        Ok(counts)
+    })
+    .await?;
+    if verbose {
+        Ok(Json(Value::Object(counts)).into_response())
+    } else {
+        Ok(StatusCode::OK.into_response())
+    }
+}
+
+async fn list_dir(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = authorized(&server, &p, &headers)?;
+    let pairs = query_pairs(&q);
+    let dir = required(&pairs, "path")?;
+    let depth: usize = query_one(&pairs, "depth")
+        .map(|d| {
+            d.parse()
+                .map_err(|_| ApiError::bad_request("depth must be a number"))
+        })
+        .transpose()?
+        .unwrap_or(1)
+        .clamp(1, SEARCH_DEPTH);
+    let relp = rel(&dir)?;
+    with_fs(&rec, move |fs| {
+        let top = fs.stat(&relp).map_err(|e| errno(e, &dir))?;
+        if top.kind() == "symlink" {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_FILE",
+                format!("{dir}: is a symbolic link"),
+            ));
+        }
+        if !top.is_dir() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_FILE",
+                format!("{dir}: not a directory"),
+            ));
+        }
+        let entries = fs.walk(&relp, depth).map_err(|e| errno(e, &dir))?;
+        Ok(Json(Value::Array(
+            entries.iter().take(MAX_ENTRIES).map(file_info).collect(),
+        )))
+    })
+    .await
+}
+
+async fn mkdirs(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let req: BTreeMap<String, Perm> = parse_body(&body)?;
+    let mut todo = Vec::new();
+    for (path, perm) in req {
+        check_owner(&perm.owner, &perm.group)?;
+        todo.push((
+            rel(&path)?,
+            path,
+            mode_from_digits(perm.mode.unwrap_or(755))?,
+        ));
+    }
+    with_fs(&rec, move |fs| {
+        for (r, p, m) in todo {
+            fs.mkdir_p(&r, m).map_err(|e| errno(e, &p))?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+async fn delete_dirs(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let paths: Vec<String> = query_pairs(&q)
+        .into_iter()
+        .filter(|(k, _)| k == "path")
+        .map(|(_, v)| v)
+        .collect();
+    let rels = paths
+        .iter()
+        .map(|p| rel(p))
+        .collect::<ApiResult<Vec<_>>>()?;
+    with_fs(&rec, move |fs| {
+        for (p, r) in paths.iter().zip(rels) {
+            fs.remove_all(&r).map_err(|e| errno(e, p))?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_octal_digits() {
+        assert_eq!(mode_from_digits(755).unwrap(), 0o755);
+        assert_eq!(mode_from_digits(644).unwrap(), 0o644);
+        assert!(mode_from_digits(789).is_err());
+        assert_eq!(mode_to_digits(0o100644), 644);
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-3", 10), Some((0, 3)));
+        assert_eq!(parse_range("bytes=5-", 10), Some((5, 9)));
+        assert_eq!(parse_range("bytes=-4", 10), Some((6, 9)));
+        assert_eq!(parse_range("bytes=8-100", 10), Some((8, 9)));
+        assert_eq!(parse_range("bytes=10-12", 10), None);
+        assert_eq!(parse_range("bytes=0-1,3-4", 10), None);
+    }
+}

@@ -1,0 +1,337 @@
+//! File access inside a sandbox, from the host, never escaping it.
+//!
+//! Every path from a request is resolved against the sandbox's root directory as its
+//! processes see it (`/proc/<init>/root`, every mount inside included) with
+//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: `..` stops at the sandbox's root,
+//! absolute symlinks resolve inside it, `/proc/*/root`-style magic links are refused, and
+//! since the kernel resolves the whole path at once there is no check-then-use race. Walks
+//! (list, search, recursive delete) go from directory fd to directory fd with `O_NOFOLLOW`.
+//!
+//! The operations run with the sandbox's credentials, not the daemon's: [`as_sandbox_root`]
+//! switches the calling thread's fsuid/fsgid to the sandbox's root (host uid `UID_BASE`),
+//! which also drops the filesystem capabilities. Files created get the sandbox's owner, and
+//! what the sandbox's root could not touch (host-owned files behind its mounts: /proc, /sys)
+//! the daemon will not touch on its behalf either.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use agentrun_runtime::idmap::UID_BASE;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+
+/// Runs `f` on this thread with fsuid/fsgid = the sandbox's root, then restores them.
+pub fn as_sandbox_root<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(0));
+        }
+    }
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(UID_BASE));
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(UID_BASE));
+    let _restore = Restore;
+    f()
+}
+
+/// A request path made relative to the sandbox root, lexically normalised (`.` dropped, `..`
+/// clamped at the root). Must be absolute; empty means the root itself.
+pub fn relative(path: &str) -> Result<PathBuf, String> {
+    if path.as_bytes().contains(&0) {
+        return Err("path contains a NUL byte".into());
+    }
+    if !path.starts_with('/') {
+        return Err(format!("path {path:?} must be absolute"));
+    }
+    let mut out = PathBuf::new();
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn resolve() -> ResolveFlags {
+    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+}
+
+/// A sandbox's root directory.
+pub struct SandboxFs {
+    root: OwnedFd,
+}
+
+/// What [`SandboxFs::stat`] and walks report about one entry.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    pub stat: Stat,
+}
+
+impl Entry {
+    pub fn kind(&self) -> &'static str {
+        match FileType::from_raw_mode(self.stat.st_mode) {
+            FileType::RegularFile => "file",
+            FileType::Directory => "directory",
+            FileType::Symlink => "symlink",
+            _ => "other",
+        }
+    }
+    pub fn is_dir(&self) -> bool {
+        FileType::from_raw_mode(self.stat.st_mode) == FileType::Directory
+    }
+}
+
+fn display(rel: &Path) -> String {
+    format!("/{}", rel.display())
+}
+
+impl SandboxFs {
+    pub fn new(root: OwnedFd) -> Self {
+        SandboxFs { root }
+    }
+
+    fn target(rel: &Path) -> &Path {
+        if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        }
+    }
+
+    /// Opens `rel` (following symlinks inside the sandbox).
+    pub fn open(&self, rel: &Path, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
+        rustix::fs::openat2(
+            &self.root,
+            Self::target(rel),
+            flags | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+            resolve(),
+        )
+    }
+
+    /// The directory holding `rel` (resolved inside the sandbox) and `rel`'s last name.
+    pub fn parent(&self, rel: &Path) -> Result<(OwnedFd, OsString), Errno> {
+        let name = rel.file_name().ok_or(Errno::INVAL)?.to_owned();
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        let dir = self.open(parent, OFlags::PATH | OFlags::DIRECTORY, 0)?;
+        Ok((dir, name))
+    }
+
+    /// `lstat` of `rel`: its last component is not followed.
+    pub fn stat(&self, rel: &Path) -> Result<Entry, Errno> {
+        let stat = if rel.as_os_str().is_empty() {
+            rustix::fs::fstat(&self.root)?
+        } else {
+            let (dir, name) = self.parent(rel)?;
+            rustix::fs::statat(&dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)?
+        };
+        Ok(Entry {
+            path: display(rel),
+            stat,
+        })
+    }
+
+    /// `mkdir -p` with `mode` for the directories it creates.
+    pub fn mkdir_p(&self, rel: &Path, mode: u32) -> Result<(), Errno> {
+        let mut prefix = PathBuf::new();
+        for c in rel.components() {
+            let parent = prefix.clone();
+            prefix.push(c);
+            match self.open(&prefix, OFlags::PATH | OFlags::DIRECTORY, 0) {
+                Ok(_) => continue,
+                Err(Errno::NOENT) => {}
+                Err(e) => return Err(e),
+            }
+            let dir = self.open(&parent, OFlags::PATH | OFlags::DIRECTORY, 0)?;
+            match rustix::fs::mkdirat(&dir, c.as_os_str(), Mode::from_raw_mode(mode)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e),
+            }
+            // mkdir applies the umask: set the asked mode exactly.
+            let made = self.open(&prefix, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
+            rustix::fs::fchmod(&made, Mode::from_raw_mode(mode))?;
+        }
+        Ok(())
+    }
+
+    /// Creates or truncates a regular file for writing (parents created), with `mode`.
+    pub fn create_file(&self, rel: &Path, mode: u32) -> Result<std::fs::File, Errno> {
+        if let Some(parent) = rel.parent() {
+            self.mkdir_p(parent, 0o755)?;
+        }
+        let fd = self.open(
+            rel,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NONBLOCK,
+            mode,
+        )?;
+        let st = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Errno::INVAL);
+        }
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Opens a regular file for reading (anything else, a FIFO or a device, is refused).
+    pub fn open_regular(&self, rel: &Path) -> Result<std::fs::File, Errno> {
+        let fd = self.open(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
+        let st = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Errno::INVAL);
+        }
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Sets the permission bits of `rel` (followed inside the sandbox).
+    pub fn chmod(&self, rel: &Path, mode: u32) -> Result<(), Errno> {
+        let fd = self.open(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+    }
+
+    /// Removes a file (or symlink); directories are refused.
+    pub fn remove_file(&self, rel: &Path) -> Result<(), Errno> {
+        let (dir, name) = self.parent(rel)?;
+        rustix::fs::unlinkat(&dir, name.as_os_str(), AtFlags::empty())
+    }
+
+    /// `rm -rf` of a directory (or whatever `rel` is), walking by fd with `O_NOFOLLOW`.
+    pub fn remove_all(&self, rel: &Path) -> Result<(), Errno> {
+        if rel.as_os_str().is_empty() {
+            return Err(Errno::PERM);
+        }
+        let (dir, name) = self.parent(rel)?;
+        remove_in(&dir, &name)
+    }
+
+    /// Renames `from` to `to` (parents of `to` created).
+    pub fn rename(&self, from: &Path, to: &Path) -> Result<(), Errno> {
+        let (fdir, fname) = self.parent(from)?;
+        if let Some(p) = to.parent() {
+            self.mkdir_p(p, 0o755)?;
+        }
+        let (tdir, tname) = self.parent(to)?;
+        rustix::fs::renameat(&fdir, fname.as_os_str(), &tdir, tname.as_os_str())
+    }
+
+    /// The entries under directory `rel`, to `depth` levels (1: its children), lexical
+    /// order, symlinks not followed.
+    pub fn walk(&self, rel: &Path, depth: usize) -> Result<Vec<Entry>, Errno> {
+        let dir = self.open(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
+        let mut out = Vec::new();
+        walk_in(&dir, &display(rel), depth, &mut out)?;
+        Ok(out)
+    }
+}
+
+fn children(dir: &OwnedFd) -> Result<Vec<OsString>, Errno> {
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(dir)? {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n != "." && n != ".." {
+            names.push(n.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn walk_in(dir: &OwnedFd, prefix: &str, depth: usize, out: &mut Vec<Entry>) -> Result<(), Errno> {
+    if depth == 0 {
+        return Ok(());
+    }
+    for name in children(dir)? {
+        let Ok(stat) = rustix::fs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let path = format!(
+            "{}/{}",
+            prefix.trim_end_matches('/'),
+            name.to_string_lossy()
+        );
+        let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+        out.push(Entry {
+            path: path.clone(),
+            stat,
+        });
+        if is_dir && depth > 1 {
+            if let Ok(sub) = rustix::fs::openat(
+                dir,
+                name.as_os_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                walk_in(&sub, &path, depth - 1, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn remove_in(dir: impl AsFd, name: &OsStr) -> Result<(), Errno> {
+    let stat = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+    }
+    let sub = rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for child in children(&sub)? {
+        remove_in(&sub, &child)?;
+    }
+    rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_are_clamped_at_the_root() {
+        assert_eq!(relative("/a/b").unwrap(), PathBuf::from("a/b"));
+        assert_eq!(
+            relative("/../../etc/passwd").unwrap(),
+            PathBuf::from("etc/passwd")
+        );
+        assert_eq!(relative("/a/./b/../c").unwrap(), PathBuf::from("a/c"));
+        assert_eq!(relative("/").unwrap(), PathBuf::new());
+        assert!(relative("a/b").is_err());
+        assert!(relative("/a\0b").is_err());
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        let tmp = std::env::temp_dir().join(format!("osb-fsroot-{}", std::process::id()));
+        let root = tmp.join("root");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/passwd"), "inside").unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../../../../etc", root.join("rel")).unwrap();
+        let fd = rustix::fs::open(
+            &root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let fs = SandboxFs::new(fd);
+        for p in ["/abs/passwd", "/rel/passwd", "/../etc/passwd"] {
+            let mut f = fs.open_regular(&relative(p).unwrap()).unwrap();
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut f, &mut s).unwrap();
+            assert_eq!(s, "inside", "{p}");
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}

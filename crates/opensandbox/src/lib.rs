@@ -1,0 +1,242 @@
+//! The OpenSandbox API served by `agentrun serve --listen ADDR`, so that the official
+//! OpenSandbox SDKs work against agentrun unchanged (see `specs/opensandbox/WIRE.md`).
+//!
+//! - [`lifecycle`]: `/v1/sandboxes...` (create, get, list, delete, pause/resume, renew,
+//!   metadata, endpoints), with the `OPEN-SANDBOX-API-KEY` check, `X-Request-ID` echo and
+//!   TTL expiry.
+//! - [`execd`]: the per-sandbox execd API (commands, sessions, metrics) that OpenSandbox runs
+//!   inside each container; here agentrun serves it itself under `/execd/{id}`, guarded by a
+//!   per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside the
+//!   image besides what the user asked for.
+//! - [`files`]: the execd file API, every path resolved inside the sandbox ([`fsroot`]).
+//!
+//! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
+//! runtime in the daemon (started after the sandbox factories were forked).
+
+pub mod error;
+pub mod execd;
+pub mod files;
+pub mod fsroot;
+pub mod lifecycle;
+mod lines;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::live::{LiveManager, LiveSandbox};
+use agentrun_pool::PoolError;
+use chrono::{DateTime, SecondsFormat, Utc};
+
+pub use error::{ApiError, ApiResult};
+
+/// The execd port the SDK asks the endpoint of.
+pub const EXECD_PORT: u16 = 44772;
+/// The egress sidecar port the SDK also looks up.
+pub const EGRESS_PORT: u16 = 18080;
+/// Header carrying the per-sandbox execd token.
+pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+/// Header carrying the per-sandbox egress token.
+pub const EGRESS_TOKEN_HEADER: &str = "OPENSANDBOX-EGRESS-AUTH";
+
+/// `agentrun serve --listen`: where and how to serve.
+#[derive(Debug, Clone)]
+pub struct OpenSandboxOptions {
+    pub listen: SocketAddr,
+    /// Required in `OPEN-SANDBOX-API-KEY` when set.
+    pub api_key: Option<String>,
+    /// The image store root (`image.uri` resolves there).
+    pub image_root: PathBuf,
+    /// Worker threads of the HTTP runtime.
+    pub workers: usize,
+}
+
+/// The OpenSandbox front end of the daemon.
+pub struct OpenSandboxFrontend {
+    pub options: OpenSandboxOptions,
+}
+
+struct Running {
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningFrontend for Running {
+    fn stop(mut self: Box<Self>) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Frontend for OpenSandboxFrontend {
+    fn start(
+        self: Box<Self>,
+        live: Arc<LiveManager>,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let opts = self.options;
+        let listener = std::net::TcpListener::bind(opts.listen)
+            .map_err(|e| PoolError::Invalid(format!("--listen {}: {e}", opts.listen)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| PoolError::Io("listen", e))?;
+        let store = agentrun_image::ImageStore::open(&opts.image_root)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.workers.max(1))
+            .thread_name("opensandbox")
+            .enable_all()
+            .build()
+            .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = Arc::new(Server {
+            live,
+            store,
+            api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
+            listen: opts.listen,
+            records: Mutex::new(HashMap::new()),
+        });
+        eprintln!("agentrun: OpenSandbox API on http://{}/v1", opts.listen);
+        let thread = std::thread::Builder::new()
+            .name("opensandbox".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    use axum::serve::ListenerExt;
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        // Events are small writes: never hold them back for an ACK (Nagle).
+                        Ok(l) => l.tap_io(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        }),
+                        Err(e) => {
+                            eprintln!("agentrun: OpenSandbox API: {e}");
+                            return;
+                        }
+                    };
+                    let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
+                    let app = router(server.clone());
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = rx.await;
+                        })
+                        .await;
+                    expiry.abort();
+                    // Sandboxes are deleted by the daemon's LiveManager::shutdown.
+                    server.records_lock().clear();
+                });
+                runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+            })
+            .map_err(|e| PoolError::Io("spawn thread", e))?;
+        Ok(Box::new(Running {
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }))
+    }
+}
+
+/// The whole HTTP app.
+pub fn router(server: Arc<Server>) -> axum::Router {
+    axum::Router::new()
+        .merge(lifecycle::routes(server.clone()))
+        .nest(
+            "/execd/{sid}",
+            execd::routes(server.clone()).merge(files::routes(server.clone())),
+        )
+        .nest("/egress/{sid}", execd::egress_routes(server.clone()))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(lifecycle::request_id))
+}
+
+/// Shared state of the API.
+pub struct Server {
+    pub live: Arc<LiveManager>,
+    pub store: agentrun_image::ImageStore,
+    pub api_key: Option<String>,
+    pub listen: SocketAddr,
+    records: Mutex<HashMap<String, Arc<Record>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Server {
+    fn records_lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Record>>> {
+        lock(&self.records)
+    }
+
+    pub fn record(&self, id: &str) -> ApiResult<Arc<Record>> {
+        self.records_lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))
+    }
+
+    pub fn insert(&self, rec: Arc<Record>) {
+        self.records_lock().insert(rec.id.clone(), rec);
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Record>> {
+        self.records_lock().remove(id)
+    }
+
+    pub fn all(&self) -> Vec<Arc<Record>> {
+        let mut v: Vec<_> = self.records_lock().values().cloned().collect();
+        v.sort_by_key(|r| r.created_at);
+        v
+    }
+}
+
+/// The OpenSandbox view of one live sandbox.
+pub struct Record {
+    pub id: String,
+    pub sandbox: Arc<LiveSandbox>,
+    /// The execd token (`X-EXECD-ACCESS-TOKEN`) and the egress one.
+    pub token: String,
+    pub egress_token: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    /// The shell commands run under (`/bin/bash` if the image has it), found once.
+    pub shell: std::sync::OnceLock<&'static str>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Mutex<Option<DateTime<Utc>>>,
+    pub metadata: Mutex<BTreeMap<String, String>>,
+    pub network_policy: Option<serde_json::Value>,
+    pub extensions: Option<serde_json::Value>,
+    pub state: Mutex<(&'static str, DateTime<Utc>)>,
+    pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
+    pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
+    /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
+    pub cpu_sample: Mutex<(Instant, u64)>,
+}
+
+impl Record {
+    pub fn state(&self) -> (&'static str, DateTime<Utc>) {
+        *lock(&self.state)
+    }
+    pub fn set_state(&self, s: &'static str) {
+        *lock(&self.state) = (s, Utc::now());
+    }
+}
+
+/// RFC 3339 with milliseconds and `Z`.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// 32 random hex digits.
+pub fn random_token() -> String {
+    let mut b = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

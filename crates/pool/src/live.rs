@@ -1,0 +1,516 @@
+//! Long-lived sandboxes: the core the OpenSandbox API (and the Docker Engine API) is built on.
+//!
+//! A [`LiveManager`] takes a sandbox from the warm pool (or has one made on demand when no
+//! pool keeps its image and profile), talks the persistent dialect of the init's control
+//! channel to it (see [`agentrun_runtime::control`]) and keeps it until [`LiveManager::delete`]:
+//!
+//! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
+//!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:
+//!   the caller owns the other ends of its pipes or pty), each in its own process group (or
+//!   session, the hook for terminal processes); `on_exit` is called with the exit status
+//!   (and the process's rusage) from the sandbox's event thread;
+//! - [`LiveSandbox::signal`] signals a process's whole process group (or the process alone);
+//! - [`LiveSandbox::set_limits`] changes CPU and memory limits, [`LiveSandbox::pause`] and
+//!   [`LiveSandbox::resume`] freeze and thaw it (cgroup freezer), [`LiveSandbox::usage`]
+//!   reads its cgroup's CPU time and memory;
+//! - [`LiveSandbox::root`] opens its root directory as its processes see it (with every mount
+//!   inside), for file access that must resolve paths inside it (`openat2(RESOLVE_IN_ROOT)`).
+//!
+//! The API is synchronous and runtime-agnostic: async callers run the blocking calls
+//! (`create`, `spawn`, `delete`) on a blocking thread and turn `on_exit` into a channel.
+//! Nothing here knows HTTP: expiry, logs and protocol mapping belong to the front ends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use agentrun_runtime::cgroup::{CgroupMode, CgroupUsage};
+use agentrun_runtime::control::{self, LiveEvent, LiveRequest, ResourceUsage, SpawnRequest};
+use agentrun_runtime::Enforcement;
+
+use crate::factory::PooledSandbox;
+use crate::pool::Pool;
+use crate::recipe::{SandboxRecipe, DEFAULT_PROFILE};
+use crate::PoolError;
+
+/// How long a spawn waits for the init's answer.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a long-lived sandbox is made from. Build with [`LiveSpec::new`] and the setters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveSpec {
+    pub image: String,
+    pub profile: String,
+    /// CPU limit in cores (`None`: the profile's).
+    pub cpus: Option<f64>,
+    /// Memory limit in bytes (`None`: the profile's).
+    pub memory_bytes: Option<u64>,
+    /// Environment of every process, over the profile's defaults and the image's `Env`.
+    pub env: Vec<(String, String)>,
+}
+
+impl LiveSpec {
+    pub fn new(image: impl Into<String>) -> Self {
+        LiveSpec {
+            image: image.into(),
+            profile: DEFAULT_PROFILE.into(),
+            cpus: None,
+            memory_bytes: None,
+            env: Vec::new(),
+        }
+    }
+    pub fn profile(mut self, p: impl Into<String>) -> Self {
+        self.profile = p.into();
+        self
+    }
+    pub fn cpus(mut self, c: Option<f64>) -> Self {
+        self.cpus = c;
+        self
+    }
+    pub fn memory_bytes(mut self, m: Option<u64>) -> Self {
+        self.memory_bytes = m;
+        self
+    }
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessExit {
+    /// Exit code, 128+N for signal N.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub usage: ResourceUsage,
+    /// The sandbox went away (deleted, or its init died) before the process reported.
+    pub lost: bool,
+}
+
+/// Called once, from the sandbox's event thread, when a process has exited.
+pub type ExitHook = Box<dyn FnOnce(ProcessExit) + Send>;
+
+/// One process to start in a sandbox.
+pub struct ProcessSpec {
+    pub argv: Vec<String>,
+    /// Over the sandbox's environment.
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// stdin, stdout, stderr.
+    pub stdio: [OwnedFd; 3],
+    /// Start it in a new session (terminal processes) rather than a new process group.
+    pub new_session: bool,
+    pub on_exit: ExitHook,
+}
+
+/// A started process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Process {
+    /// The sandbox-unique id to signal it by.
+    pub id: u64,
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+}
+
+/// The init's answer to a spawn: the pid, or (exit code, why).
+type StartReply = Result<i32, (i32, String)>;
+
+#[derive(Default)]
+struct Events {
+    /// Spawns waiting for Started/Failed.
+    starting: HashMap<u64, mpsc::Sender<StartReply>>,
+    exits: HashMap<u64, ExitHook>,
+    /// The init is gone (channel EOF).
+    dead: bool,
+}
+
+/// A long-lived sandbox. Shared (`Arc`); it lives until [`LiveManager::delete`].
+pub struct LiveSandbox {
+    id: String,
+    image: String,
+    profile: String,
+    init_pid: i32,
+    enforcement: Enforcement,
+    pool_hit: bool,
+    created: SystemTime,
+    /// Every process's base environment (`KEY=VALUE` resolved into a map).
+    env: BTreeMap<String, String>,
+    control: OwnedFd,
+    events: Arc<Mutex<Events>>,
+    next_id: AtomicU64,
+    paused: AtomicBool,
+    deleted: AtomicBool,
+    cgroup: Option<CgroupMode>,
+    swap_limit: bool,
+    limits: Mutex<(f64, u64)>,
+    /// Handed back to the pool on delete.
+    pooled: Mutex<Option<PooledSandbox>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LiveSandbox {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn image(&self) -> &str {
+        &self.image
+    }
+    pub fn profile(&self) -> &str {
+        &self.profile
+    }
+    /// Host pid of the sandbox's init.
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+    pub fn enforcement(&self) -> &Enforcement {
+        &self.enforcement
+    }
+    /// Whether it came ready from the pool.
+    pub fn pool_hit(&self) -> bool {
+        self.pool_hit
+    }
+    pub fn created(&self) -> SystemTime {
+        self.created
+    }
+    /// The environment every process starts with.
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+    /// (CPU cores, memory bytes) now in force.
+    pub fn limits(&self) -> (f64, u64) {
+        *lock(&self.limits)
+    }
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+    /// Whether the init is gone (deleted, or died).
+    pub fn is_dead(&self) -> bool {
+        self.deleted.load(Ordering::SeqCst) || lock(&self.events).dead
+    }
+
+    /// Starts a process; returns once it runs (or could not start:
+    /// [`PoolError::Spawn`] with the code a shell would give).
+    pub fn spawn(&self, spec: ProcessSpec) -> Result<Process, PoolError> {
+        if self.is_paused() {
+            return Err(PoolError::Invalid(format!("sandbox {} is paused", self.id)));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let mut env = self.env.clone();
+        env.extend(spec.env);
+        let req = LiveRequest::Spawn(SpawnRequest {
+            id,
+            argv: spec.argv,
+            env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: spec.cwd,
+            new_session: spec.new_session,
+        });
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut ev = lock(&self.events);
+            if ev.dead || self.deleted.load(Ordering::SeqCst) {
+                return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
+            }
+            ev.starting.insert(id, tx);
+            ev.exits.insert(id, spec.on_exit);
+        }
+        let raw: Vec<i32> = spec.stdio.iter().map(|f| f.as_raw_fd()).collect();
+        let sent = control::send_json(self.control.as_fd(), &req, &raw);
+        drop(spec.stdio);
+        let forget = || {
+            let mut ev = lock(&self.events);
+            ev.starting.remove(&id);
+            ev.exits.remove(&id);
+        };
+        if let Err(e) = sent {
+            forget();
+            return Err(e.into());
+        }
+        match rx.recv_timeout(SPAWN_TIMEOUT) {
+            Ok(Ok(pid)) => Ok(Process { id, pid }),
+            Ok(Err((exit_code, message))) => Err(PoolError::Spawn { exit_code, message }),
+            Err(_) => {
+                forget();
+                Err(PoolError::Invalid(format!(
+                    "sandbox {} did not start the process",
+                    self.id
+                )))
+            }
+        }
+    }
+
+    /// Kills every process in the sandbox now (SIGKILL to its init: the pid namespace dies
+    /// with it). It still has to be deleted, which may then happen off the caller's path.
+    pub fn kill(&self) {
+        let pooled = lock(&self.pooled);
+        // While the pool has not got it back, the init is unreaped: its pid is still its own.
+        if pooled.is_some() {
+            if self.is_paused() {
+                let _ = self.resume();
+            }
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.init_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// Sends `signal` to process `id`'s process group (`group`) or to the process only.
+    /// Unknown or finished processes are ignored.
+    pub fn signal(&self, id: u64, signal: i32, group: bool) -> Result<(), PoolError> {
+        let req = LiveRequest::Signal { id, signal, group };
+        control::send_json(self.control.as_fd(), &req, &[])?;
+        Ok(())
+    }
+
+    fn cgroup(&self) -> Result<CgroupMode, PoolError> {
+        self.cgroup
+            .ok_or_else(|| PoolError::Invalid("no cgroup filesystem on this host".into()))
+    }
+
+    /// Sets new CPU (cores) and memory (bytes) limits.
+    pub fn set_limits(
+        &self,
+        cpus: Option<f64>,
+        memory_bytes: Option<u64>,
+    ) -> Result<(), PoolError> {
+        if cpus.is_none() && memory_bytes.is_none() {
+            return Ok(());
+        }
+        self.cgroup()?
+            .set_limits(&self.id, cpus, memory_bytes, self.swap_limit)?;
+        let mut l = lock(&self.limits);
+        if let Some(c) = cpus {
+            l.0 = c;
+        }
+        if let Some(m) = memory_bytes {
+            l.1 = m;
+        }
+        Ok(())
+    }
+
+    /// Freezes every process (cgroup freezer).
+    pub fn pause(&self) -> Result<(), PoolError> {
+        self.cgroup()?.freeze(&self.id, true)?;
+        self.paused.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Thaws it.
+    pub fn resume(&self) -> Result<(), PoolError> {
+        self.cgroup()?.freeze(&self.id, false)?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// CPU time and memory of every process in it.
+    pub fn usage(&self) -> Result<CgroupUsage, PoolError> {
+        Ok(self.cgroup()?.usage(&self.id)?)
+    }
+
+    /// Its root directory as its processes see it (`O_PATH`), for `openat2(RESOLVE_IN_ROOT)`.
+    pub fn root(&self) -> Result<OwnedFd, PoolError> {
+        if self.is_dead() {
+            return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
+        }
+        let path = format!("/proc/{}/root", self.init_pid);
+        let fd = nix::fcntl::open(
+            path.as_str(),
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| PoolError::Sys("open sandbox root", e))?;
+        // SAFETY: open returned a new fd that nobody else owns.
+        Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+}
+
+/// The reader of a sandbox's events: dispatches starts and exits until the init is gone.
+fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
+    loop {
+        let msg = control::recv_json::<LiveEvent>(control.as_fd());
+        let mut ev = lock(&events);
+        match msg {
+            Ok(Some((LiveEvent::Started { id, pid }, _))) => {
+                if let Some(tx) = ev.starting.remove(&id) {
+                    let _ = tx.send(Ok(pid));
+                }
+            }
+            Ok(Some((
+                LiveEvent::Failed {
+                    id,
+                    exit_code,
+                    message,
+                },
+                _,
+            ))) => {
+                ev.exits.remove(&id);
+                if let Some(tx) = ev.starting.remove(&id) {
+                    let _ = tx.send(Err((exit_code, message)));
+                }
+            }
+            Ok(Some((LiveEvent::Exited { id, result }, _))) => {
+                if let Some(hook) = ev.exits.remove(&id) {
+                    drop(ev);
+                    hook(ProcessExit {
+                        exit_code: result.exit_code,
+                        signal: result.signal,
+                        usage: result.usage,
+                        lost: false,
+                    });
+                }
+            }
+            Ok(None) | Err(_) => {
+                ev.dead = true;
+                let starting: Vec<_> = ev.starting.drain().collect();
+                let exits: Vec<_> = ev.exits.drain().collect();
+                drop(ev);
+                for (_, tx) in starting {
+                    let _ = tx.send(Err((125, "the sandbox is gone".into())));
+                }
+                for (_, hook) in exits {
+                    hook(ProcessExit {
+                        exit_code: 128 + libc::SIGKILL,
+                        signal: Some(libc::SIGKILL),
+                        usage: ResourceUsage::default(),
+                        lost: true,
+                    });
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Creates, finds and deletes long-lived sandboxes.
+pub struct LiveManager {
+    pool: Arc<Pool>,
+    cgroup: Option<CgroupMode>,
+    swap_limit: bool,
+    sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+}
+
+impl LiveManager {
+    pub fn new(pool: Arc<Pool>) -> Self {
+        let cgroup = CgroupMode::detect();
+        LiveManager {
+            pool,
+            cgroup,
+            swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
+            sandboxes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A new long-lived sandbox: from the pool kept for its image and profile if there is
+    /// one with a sandbox ready, else made now. Blocks while it is made.
+    pub fn create(&self, spec: &LiveSpec) -> Result<Arc<LiveSandbox>, PoolError> {
+        let recipe = SandboxRecipe {
+            image: spec.image.clone(),
+            profile: spec.profile.clone(),
+            ..SandboxRecipe::default()
+        };
+        let profile = recipe.profile()?;
+        let (pooled, hit) = self.pool.acquire(&recipe)?;
+        let control = match pooled.control.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                self.pool.release(pooled);
+                return Err(PoolError::Io("dup control channel", e));
+            }
+        };
+        let mut over = pooled.image.env_pairs();
+        over.extend(spec.env.iter().cloned());
+        let env = profile
+            .environment(&over)
+            .into_iter()
+            .filter_map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        let events = Arc::new(Mutex::new(Events::default()));
+        let sandbox = Arc::new(LiveSandbox {
+            id: pooled.id.clone(),
+            image: spec.image.clone(),
+            profile: spec.profile.clone(),
+            init_pid: pooled.init_pid,
+            enforcement: pooled.enforcement.clone(),
+            pool_hit: hit,
+            created: SystemTime::now(),
+            env,
+            control,
+            events: events.clone(),
+            next_id: AtomicU64::new(1),
+            paused: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            cgroup: self.cgroup,
+            swap_limit: self.swap_limit,
+            limits: Mutex::new((profile.resources.cpus, profile.resources.memory_bytes)),
+            pooled: Mutex::new(None),
+        });
+        let reader = pooled.control.try_clone();
+        *lock(&sandbox.pooled) = Some(pooled);
+        let started = reader
+            .map_err(|e| PoolError::Io("dup control channel", e))
+            .and_then(|fd| {
+                std::thread::Builder::new()
+                    .name(format!("live-{}", sandbox.id))
+                    .spawn(move || event_loop(fd, events))
+                    .map_err(|e| PoolError::Io("spawn thread", e))
+            });
+        let limited = started.and_then(|_| sandbox.set_limits(spec.cpus, spec.memory_bytes));
+        if let Err(e) = limited {
+            self.release(&sandbox);
+            return Err(e);
+        }
+        lock(&self.sandboxes).insert(sandbox.id.clone(), sandbox.clone());
+        Ok(sandbox)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        lock(&self.sandboxes).get(id).cloned()
+    }
+
+    /// Every live sandbox, oldest first.
+    pub fn list(&self) -> Vec<Arc<LiveSandbox>> {
+        let mut all: Vec<_> = lock(&self.sandboxes).values().cloned().collect();
+        all.sort_by_key(|s| s.created);
+        all
+    }
+
+    /// Kills everything in the sandbox and destroys it. Blocks until it is gone.
+    pub fn delete(&self, id: &str) -> Result<(), PoolError> {
+        let sandbox = lock(&self.sandboxes)
+            .remove(id)
+            .ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        self.release(&sandbox);
+        Ok(())
+    }
+
+    fn release(&self, sandbox: &LiveSandbox) {
+        sandbox.deleted.store(true, Ordering::SeqCst);
+        if sandbox.is_paused() {
+            // Frozen tasks would not die until thawed (cgroup v1).
+            let _ = sandbox.resume();
+        }
+        if let Some(pooled) = lock(&sandbox.pooled).take() {
+            self.pool.release(pooled);
+        }
+    }
+
+    /// Deletes every live sandbox (daemon shutdown).
+    pub fn shutdown(&self) {
+        let all: Vec<_> = lock(&self.sandboxes).drain().map(|(_, s)| s).collect();
+        for s in all {
+            self.release(&s);
+        }
+    }
+}

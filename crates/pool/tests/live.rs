@@ -1,0 +1,315 @@
+//! The long-lived sandbox core ([`agentrun_pool::live`]) on its own, without HTTP: real
+//! sandboxes made by a real factory process, several processes over time, signals to process
+//! groups, spawn failures, limits, pause/resume, file access through the sandbox root, and
+//! delete with processes still running.
+//!
+//! libcontainer must be driven from a single-threaded process, so the factory is forked in
+//! `main` before any thread exists: this test has its own harness (`harness = false`) that
+//! runs the cases one after the other and prints libtest's summary line. Needs root; not root
+//! fails unless `AGENTRUN_E2E_ALLOW_SKIP=1` (then every case is reported ignored).
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentrun_pool::factory::{FactoryClient, FactoryPaths};
+use agentrun_pool::live::{LiveManager, LiveSandbox, LiveSpec, ProcessExit, ProcessSpec};
+use agentrun_pool::pool::{Pool, PoolLimits};
+use agentrun_pool::PoolError;
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
+}
+
+fn null() -> OwnedFd {
+    std::fs::File::open("/dev/null").unwrap().into()
+}
+
+/// A started process: its output (read in the background) and its exit.
+struct Started {
+    id: u64,
+    out: mpsc::Receiver<String>,
+    exit: mpsc::Receiver<ProcessExit>,
+}
+
+fn start(sb: &LiveSandbox, argv: &[&str], env: &[(&str, &str)]) -> Result<Started, PoolError> {
+    let (r, w) = pipe();
+    let (tx, exit) = mpsc::channel();
+    let p = sb.spawn(ProcessSpec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        cwd: "/".into(),
+        stdio: [null(), w.try_clone().unwrap(), w],
+        new_session: false,
+        on_exit: Box::new(move |e| {
+            let _ = tx.send(e);
+        }),
+    })?;
+    let (otx, out) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::fs::File::from(r).read_to_string(&mut s);
+        let _ = otx.send(s);
+    });
+    Ok(Started {
+        id: p.id,
+        out,
+        exit,
+    })
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn spec() -> LiveSpec {
+    LiveSpec::new("host").env("A", "from-create")
+}
+
+fn processes_over_time(live: &LiveManager) {
+    let sb = live.create(&spec()).unwrap();
+    let a = start(
+        &sb,
+        &["/bin/sh", "-c", "echo $A $B; exit 3"],
+        &[("B", "per-process")],
+    )
+    .unwrap();
+    assert_eq!(a.exit.recv_timeout(WAIT).unwrap().exit_code, 3);
+    assert_eq!(
+        a.out.recv_timeout(WAIT).unwrap(),
+        "from-create per-process\n"
+    );
+    // Later processes share the sandbox's filesystem.
+    let b = start(&sb, &["/bin/sh", "-c", "echo kept > /tmp/f"], &[]).unwrap();
+    assert_eq!(b.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    let c = start(&sb, &["/bin/cat", "/tmp/f"], &[]).unwrap();
+    assert_eq!(c.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "kept\n");
+    live.delete(sb.id()).unwrap();
+}
+
+fn signal_kills_the_process_group_only(live: &LiveManager) {
+    let sb = live.create(&spec()).unwrap();
+    // A grandchild in the same group, and an unrelated process that must survive.
+    let victim = start(&sb, &["/bin/sh", "-c", "sleep 1000 & echo $!; wait"], &[]).unwrap();
+    let other = start(&sb, &["/bin/sleep", "1000"], &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sb.signal(victim.id, libc::SIGKILL, true).unwrap();
+    let e = victim.exit.recv_timeout(WAIT).unwrap();
+    assert_eq!((e.exit_code, e.signal, e.lost), (137, Some(9), false));
+    // Its output pipe reaches EOF: the grandchild holding it died too.
+    let pid = victim.out.recv_timeout(WAIT).unwrap();
+    let check = start(
+        &sb,
+        &["/bin/sh", "-c", &format!("kill -0 {}", pid.trim())],
+        &[],
+    )
+    .unwrap();
+    assert_ne!(
+        check.exit.recv_timeout(WAIT).unwrap().exit_code,
+        0,
+        "grandchild survived"
+    );
+    assert!(
+        other.exit.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the other process died"
+    );
+    sb.signal(other.id, libc::SIGTERM, false).unwrap();
+    assert_eq!(
+        other.exit.recv_timeout(WAIT).unwrap().signal,
+        Some(libc::SIGTERM)
+    );
+    live.delete(sb.id()).unwrap();
+}
+
+fn spawn_failures_are_typed(live: &LiveManager) {
+    let sb = live.create(&spec()).unwrap();
+    match start(&sb, &["/no/such/program"], &[]) {
+        Err(PoolError::Spawn { exit_code, message }) => {
+            assert_eq!(exit_code, 127, "{message}");
+            assert!(message.contains("not found"), "{message}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a missing program started"),
+    }
+    // The sandbox still works.
+    let ok = start(&sb, &["/bin/true"], &[]).unwrap();
+    assert_eq!(ok.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    live.delete(sb.id()).unwrap();
+}
+
+fn limits_pause_and_root(live: &LiveManager) {
+    let sb = live
+        .create(&spec().cpus(Some(0.5)).memory_bytes(Some(256 << 20)))
+        .unwrap();
+    assert_eq!(sb.limits(), (0.5, 256 << 20));
+    assert_eq!(sb.usage().unwrap().memory_limit_bytes, 256 << 20);
+    let ticker = start(
+        &sb,
+        &[
+            "/bin/sh",
+            "-c",
+            "while :; do echo t >> /tmp/ticks; sleep 0.05; done",
+        ],
+        &[],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let root = PathBuf::from(format!("/proc/{}/root/tmp/ticks", sb.init_pid()));
+    let count = || std::fs::read_to_string(&root).unwrap().lines().count();
+    sb.pause().unwrap();
+    assert!(sb.is_paused());
+    let n1 = count();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(count(), n1, "processes ran while paused");
+    assert!(
+        start(&sb, &["/bin/true"], &[]).is_err(),
+        "spawn while paused"
+    );
+    sb.resume().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(count() > n1, "processes did not resume");
+    // The root fd sees what the processes see.
+    let fd = sb.root().unwrap();
+    let f = rustix::fs::openat(
+        &fd,
+        "tmp/ticks",
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    assert!(std::fs::File::from(f).metadata().unwrap().len() > 0);
+    drop(ticker);
+    live.delete(sb.id()).unwrap();
+}
+
+fn delete_reports_running_processes_lost(live: &LiveManager) {
+    let sb = live.create(&spec()).unwrap();
+    let p = start(&sb, &["/bin/sleep", "1000"], &[]).unwrap();
+    let init = sb.init_pid();
+    let t = Instant::now();
+    live.delete(sb.id()).unwrap();
+    let e = p.exit.recv_timeout(WAIT).unwrap();
+    assert!(e.lost && e.exit_code == 137, "{e:?}");
+    assert!(t.elapsed() < WAIT);
+    assert!(live.get(sb.id()).is_none());
+    assert!(sb.is_dead());
+    assert!(
+        !PathBuf::from(format!("/proc/{init}")).exists(),
+        "the init is still there"
+    );
+    assert!(
+        start(&sb, &["/bin/true"], &[]).is_err(),
+        "spawn after delete"
+    );
+    assert!(matches!(live.delete(sb.id()), Err(PoolError::NotFound(_))));
+}
+
+fn many_sandboxes_in_parallel(live: &Arc<LiveManager>) {
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let live = live.clone();
+            std::thread::spawn(move || {
+                let sb = live.create(&spec()).unwrap();
+                let p = start(&sb, &["/bin/sh", "-c", &format!("echo {i}")], &[]).unwrap();
+                assert_eq!(p.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+                assert_eq!(p.out.recv_timeout(WAIT).unwrap(), format!("{i}\n"));
+                live.delete(sb.id()).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(live.list().is_empty());
+}
+
+fn main() {
+    type Case = fn(&Arc<LiveManager>);
+    let cases: Vec<(&str, Case)> = vec![
+        ("processes_over_time", |l| processes_over_time(l)),
+        ("signal_kills_the_process_group_only", |l| {
+            signal_kills_the_process_group_only(l)
+        }),
+        ("spawn_failures_are_typed", |l| spawn_failures_are_typed(l)),
+        ("limits_pause_and_root", |l| limits_pause_and_root(l)),
+        ("delete_reports_running_processes_lost", |l| {
+            delete_reports_running_processes_lost(l)
+        }),
+        ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
+    ];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        if std::env::var("AGENTRUN_E2E_ALLOW_SKIP").as_deref() == Ok("1") {
+            for (name, _) in &cases {
+                println!("test {name} ... ignored");
+            }
+            println!(
+                "\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; 0 filtered out",
+                cases.len()
+            );
+            return;
+        }
+        println!(
+            "\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
+        );
+        eprintln!("the live sandbox tests need root");
+        std::process::exit(101);
+    }
+    let dir = std::env::temp_dir().join(format!("agentrun-live-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Forked while single-threaded (the factory runs libcontainer).
+    let factory = FactoryClient::spawn(FactoryPaths {
+        root: dir.join("root"),
+        state_dir: dir.join("state"),
+    })
+    .unwrap();
+    let pool = Arc::new(Pool::new(
+        vec![factory],
+        PoolLimits {
+            pools: Vec::new(),
+            max_sandboxes: 16,
+        },
+    ));
+    let live = Arc::new(LiveManager::new(pool.clone()));
+    println!("\nrunning {} tests", cases.len() + 1);
+    let mut failed = Vec::new();
+    for (name, case) in &cases {
+        let ok = catch_unwind(AssertUnwindSafe(|| case(&live))).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failed.push(*name);
+        }
+    }
+    live.shutdown();
+    drop(live);
+    pool.shutdown(Duration::from_secs(10));
+    if let Ok(pool) = Arc::try_unwrap(pool) {
+        FactoryClient::shutdown_all(pool.into_factories());
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.join("state/sandboxes"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    if left.is_empty() {
+        println!("test nothing_left_behind ... ok");
+    } else {
+        println!("test nothing_left_behind ... FAILED ({left:?})");
+        failed.push("nothing_left_behind");
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed; 0 ignored; 0 measured; 0 filtered out",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        cases.len() + 1 - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(101);
+    }
+}

@@ -1,0 +1,523 @@
+"""End-to-end scenarios of the official OpenSandbox Python SDK (opensandbox==1.1.1) against
+`agentrun serve --listen`. Run by tests/tests/opensandbox.rs, one scenario per process:
+
+    python sdk_e2e.py SCENARIO
+
+Environment: OSB_DOMAIN (host:port of agentrun's API), OSB_API_KEY (optional), and for the
+escape scenario OSB_HOST_SECRET (a host file the sandbox must never reach) and OSB_HOST_PROBE
+(a host path that must never be created). Prints "OK SCENARIO" at the end; any failed check
+raises (non-zero exit, traceback).
+"""
+
+import asyncio
+import os
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+from opensandbox import Sandbox, SandboxSync
+from opensandbox.config import ConnectionConfig, ConnectionConfigSync
+from opensandbox.exceptions import SandboxApiException, SandboxException
+from opensandbox.manager import SandboxManager
+from opensandbox.models.execd import RunCommandOpts
+from opensandbox.models.filesystem import (
+    ContentReplaceEntry,
+    DirectoryListEntry,
+    MoveEntry,
+    SearchEntry,
+    SetPermissionEntry,
+    WriteEntry,
+)
+from opensandbox.models.sandboxes import SandboxFilter
+from opensandbox.sync.manager import SandboxManagerSync
+
+DOMAIN = os.environ["OSB_DOMAIN"]
+API_KEY = os.environ.get("OSB_API_KEY") or None
+BASE = f"http://{DOMAIN}/v1"
+
+
+def sync_config(api_key=API_KEY):
+    return ConnectionConfigSync(domain=DOMAIN, api_key=api_key, protocol="http")
+
+
+def async_config(api_key=API_KEY):
+    return ConnectionConfig(domain=DOMAIN, api_key=api_key, protocol="http")
+
+
+def lifecycle_headers():
+    return {"OPEN-SANDBOX-API-KEY": API_KEY} if API_KEY else {}
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def cgroup_file(sid, v1, v2):
+    for p in (f"/sys/fs/cgroup/memory/agentrun/{sid}/{v1}", f"/sys/fs/cgroup/agentrun/{sid}/{v2}"):
+        if os.path.exists(p):
+            return open(p).read().strip()
+    raise AssertionError(f"no memory cgroup file for {sid}")
+
+
+def expect_api_error(fn, status, code=None):
+    try:
+        fn()
+    except SandboxApiException as e:
+        check(e.status_code == status, f"status {e.status_code} != {status}: {e}")
+        if code is not None:
+            got = e.error.code if e.error else None
+            check(got == code, f"error code {got!r} != {code!r}: {e}")
+        return e
+    raise AssertionError(f"expected an API error {status}")
+
+
+def sync_flow():
+    cfg = sync_config()
+    sbx = SandboxSync.create(
+        "host",
+        connection_config=cfg,
+        timeout=timedelta(minutes=10),
+        resource={"cpu": "500m", "memory": "512Mi"},
+        env={"GREETING": "hello"},
+        metadata={"project": "demo"},
+    )
+    try:
+        # Commands: output lines, exit codes, env from create, per-command env and cwd.
+        ex = sbx.commands.run("echo $GREETING; echo oops 1>&2; exit 3")
+        check([m.text for m in ex.logs.stdout] == ["hello"], f"stdout {ex.logs.stdout}")
+        check([m.text for m in ex.logs.stderr] == ["oops"], f"stderr {ex.logs.stderr}")
+        check(ex.exit_code == 3, f"exit code {ex.exit_code}")
+        ex = sbx.commands.run("echo done")
+        check(ex.text == "done" and ex.exit_code == 0, f"echo done: {ex.text!r} {ex.exit_code}")
+        ex = sbx.commands.run(
+            "pwd; echo $EXTRA",
+            opts=RunCommandOpts(working_directory="/tmp", envs={"EXTRA": "x1"}),
+        )
+        check([m.text for m in ex.logs.stdout] == ["/tmp", "x1"], f"cwd/env {ex.logs.stdout}")
+        ex = sbx.commands.run("printf 'a\\n\\nb'")
+        check([m.text for m in ex.logs.stdout] == ["a", "\n", "b"], f"lines {ex.logs.stdout}")
+        ex = sbx.commands.run(["/bin/sh", "-c", "echo argv-mode"])
+        check(ex.text == "argv-mode", f"argv {ex.text!r}")
+        ex = sbx.commands.run("no-such-command-xyz")
+        check(ex.exit_code == 127, f"not found: {ex.exit_code}")
+
+        # Resource limits became cgroup limits.
+        check(cgroup_file(sbx.id, "memory.limit_in_bytes", "memory.max") == str(512 << 20), "memory limit")
+        m = sbx.get_metrics()
+        check(m.cpu_count == 0.5, f"cpu_count {m.cpu_count}")
+        check(m.memory_total_in_mib == 512.0, f"mem total {m.memory_total_in_mib}")
+
+        # Files.
+        fs = sbx.files
+        fs.write_file("/tmp/hello.txt", "hi from sdk\n")
+        check(fs.read_file("/tmp/hello.txt") == "hi from sdk\n", "read back")
+        ex = sbx.commands.run("cat /tmp/hello.txt; stat -c '%u %g' /tmp/hello.txt")
+        check([m.text for m in ex.logs.stdout] == ["hi from sdk", "0 0"], f"seen inside: {ex.logs.stdout}")
+        fs.write_files(
+            [
+                WriteEntry(path="/work/a/one.py", data="print(1)\n", mode=644),
+                WriteEntry(path="/work/a/two.txt", data=b"\x00\x01binary", mode=600),
+                WriteEntry(path="/work/b/three.py", data="print(3)\n"),
+            ]
+        )
+        check(fs.read_bytes("/work/a/two.txt") == b"\x00\x01binary", "binary round trip")
+        info = fs.get_file_info(["/work/a/one.py"])["/work/a/one.py"]
+        check(info.size == 9 and info.mode == 644 and info.owner == "root", f"info {info}")
+        names = sorted(e.path for e in fs.list_directory(DirectoryListEntry(path="/work/a")))
+        check(names == ["/work/a/one.py", "/work/a/two.txt"], f"list {names}")
+        found = sorted(e.path for e in fs.search(SearchEntry(path="/work", pattern="**/*.py")))
+        check(found == ["/work/a/one.py", "/work/b/three.py"], f"search {found}")
+        fs.move_files([MoveEntry(src="/work/a/one.py", dest="/work/c/moved.py")])
+        check(fs.read_file("/work/c/moved.py") == "print(1)\n", "moved")
+        fs.replace_contents([ContentReplaceEntry(path="/work/c/moved.py", old_content="1", new_content="42")])
+        check(fs.read_file("/work/c/moved.py") == "print(42)\n", "replaced")
+        fs.set_permissions([SetPermissionEntry(path="/work/c/moved.py", mode=700)])
+        check(sbx.commands.run("stat -c %a /work/c/moved.py").text == "700", "chmod seen inside")
+        fs.delete_files(["/work/c/moved.py"])
+        check(sbx.commands.run("test -e /work/c/moved.py").exit_code == 1, "deleted")
+        fs.create_directories([WriteEntry(path="/work/d/e/f", mode=755)])
+        check(sbx.commands.run("test -d /work/d/e/f").exit_code == 0, "mkdir -p")
+        fs.delete_directories(["/work/d"])
+        check(sbx.commands.run("test -e /work/d").exit_code == 1, "rm -rf")
+        try:
+            fs.read_file("/no/such/file")
+            raise AssertionError("reading a missing file must fail")
+        except SandboxException:
+            pass
+        # Files written inside are visible through the API.
+        sbx.commands.run("seq 1 5 > /tmp/seq.txt")
+        check(fs.read_file("/tmp/seq.txt") == "1\n2\n3\n4\n5\n", "file from a command")
+
+        # Background command, logs with cursor, status.
+        ex = sbx.commands.run("for i in 1 2 3; do echo line$i; sleep 0.2; done", opts=RunCommandOpts(background=True))
+        cid = ex.id
+        check(cid and ex.exit_code is None, f"background: {ex.id} {ex.exit_code}")
+        deadline = time.time() + 20
+        while sbx.commands.get_command_status(cid).running:
+            check(time.time() < deadline, "background command never finished")
+            time.sleep(0.1)
+        st = sbx.commands.get_command_status(cid)
+        check(st.exit_code == 0, f"status {st}")
+        logs = sbx.commands.get_background_command_logs(cid)
+        check(logs.content.split() == ["line1", "line2", "line3"], f"logs {logs.content!r}")
+        check(logs.cursor == 3, f"cursor {logs.cursor}")
+        logs = sbx.commands.get_background_command_logs(cid, cursor=2)
+        check(logs.content.split() == ["line3"], f"logs after cursor {logs.content!r}")
+
+        # Interrupt kills the whole process group.
+        ex = sbx.commands.run("sleep 1000 & echo $! > /tmp/child; wait", opts=RunCommandOpts(background=True))
+        time.sleep(0.5)
+        check(sbx.commands.get_command_status(ex.id).running, "still running before interrupt")
+        sbx.commands.interrupt(ex.id)
+        deadline = time.time() + 10
+        while sbx.commands.get_command_status(ex.id).running:
+            check(time.time() < deadline, "interrupted command still running")
+            time.sleep(0.05)
+        st = sbx.commands.get_command_status(ex.id)
+        check(st.exit_code == 137, f"interrupted exit {st.exit_code}")
+        check(sbx.commands.run("kill -0 $(cat /tmp/child)").exit_code != 0, "the child of the interrupted command survived")
+
+        # Timeout.
+        t = time.time()
+        ex = sbx.commands.run("sleep 30", opts=RunCommandOpts(timeout=timedelta(seconds=1)))
+        check(ex.exit_code == 137 and time.time() - t < 10, f"timeout: {ex.exit_code} after {time.time() - t:.1f}s")
+
+        # Session: cwd and env persist.
+        s = sbx.commands.create_session()
+        ex = sbx.commands.run_in_session(s, "cd /tmp && export FOO=bar")
+        check(ex.exit_code == 0, f"session 1: {ex.exit_code} {ex.error}")
+        ex = sbx.commands.run_in_session(s, "pwd; echo $FOO; echo err >&2")
+        check([m.text for m in ex.logs.stdout] == ["/tmp", "bar"], f"session state {ex.logs.stdout}")
+        check([m.text for m in ex.logs.stderr] == ["err"], f"session stderr {ex.logs.stderr}")
+        ex = sbx.commands.run_in_session(s, "false || exit_code_test=7; (exit 7)")
+        check(ex.exit_code == 7, f"session exit {ex.exit_code}")
+        ex = sbx.commands.run_in_session(s, "echo still $FOO")
+        check(ex.text == "still bar", f"session after error {ex.text!r}")
+        sbx.commands.delete_session(s)
+
+        # Renew.
+        r = sbx.renew(timedelta(minutes=30))
+        exp = sbx.get_info().expires_at
+        left = (exp - datetime.now(timezone.utc)).total_seconds()
+        check(1700 < left <= 1800, f"renewed expiry in {left}s")
+
+        # Pause freezes every process; resume thaws.
+        sbx.commands.run("while true; do echo t >> /tmp/ticks; sleep 0.05; done", opts=RunCommandOpts(background=True))
+        time.sleep(0.5)
+        sid = sbx.id
+        sbx.pause()
+        check(sbx.get_info().status.state == "Paused", "paused state")
+        n1 = int(subprocess_count(sid))
+        time.sleep(1.0)
+        n2 = int(subprocess_count(sid))
+        check(n2 == n1, f"ticks grew while paused: {n1} -> {n2}")
+        sbx2 = SandboxSync.resume(sid, connection_config=cfg)
+        check(sbx2.get_info().status.state == "Running", "running after resume")
+        time.sleep(0.5)
+        n3 = int(sbx2.commands.run("wc -l < /tmp/ticks").text)
+        check(n3 > n2, f"ticks did not grow after resume: {n2} -> {n3}")
+        sbx2.close()
+    finally:
+        sbx.kill()
+        sbx.close()
+    expect_api_error(lambda: SandboxManagerSync.create(connection_config=sync_config()).get_sandbox_info(sbx.id), 404)
+
+
+def subprocess_count(sid):
+    # Counted from the host side: the API refuses file access while the sandbox is paused.
+    root = f"/proc/{init_pid(sid)}/root/tmp/ticks"
+    return sum(1 for _ in open(root))
+
+
+def init_pid(sid):
+    procs = None
+    for p in ("/sys/fs/cgroup/pids/agentrun", "/sys/fs/cgroup/agentrun"):
+        f = f"{p}/{sid}/cgroup.procs"
+        if os.path.exists(f):
+            procs = [int(x) for x in open(f).read().split()]
+            break
+    check(procs, f"no cgroup for {sid}")
+    # The init is the process whose parent is outside the sandbox.
+    for pid in procs:
+        ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        if ppid not in procs:
+            return pid
+    raise AssertionError("no init")
+
+
+async def async_flow():
+    cfg = async_config()
+    sbx = await Sandbox.create("host", connection_config=cfg, env={"A": "async"}, metadata={"flow": "async"})
+    try:
+        ex = await sbx.commands.run("echo $A; echo e >&2; exit 5")
+        check([m.text for m in ex.logs.stdout] == ["async"] and [m.text for m in ex.logs.stderr] == ["e"], "async output")
+        check(ex.exit_code == 5, f"async exit {ex.exit_code}")
+        await sbx.files.write_file("/tmp/x.txt", "async file")
+        check(await sbx.files.read_file("/tmp/x.txt") == "async file", "async read")
+        names = [e.path for e in await sbx.files.list_directory(DirectoryListEntry(path="/tmp"))]
+        check("/tmp/x.txt" in names, f"async list {names}")
+        found = [e.path for e in await sbx.files.search(SearchEntry(path="/tmp", pattern="*.txt"))]
+        check(found == ["/tmp/x.txt"], f"async search {found}")
+        await sbx.files.move_files([MoveEntry(src="/tmp/x.txt", dest="/tmp/y.txt")])
+        await sbx.files.delete_files(["/tmp/y.txt"])
+        check((await sbx.commands.run("ls /tmp")).text == "", "async delete")
+        ex = await sbx.commands.run("echo bg; sleep 100", opts=RunCommandOpts(background=True))
+        await asyncio.sleep(0.3)
+        logs = await sbx.commands.get_background_command_logs(ex.id)
+        check(logs.content.strip() == "bg", f"async logs {logs.content!r}")
+        await sbx.commands.interrupt(ex.id)
+        for _ in range(100):
+            if not (await sbx.commands.get_command_status(ex.id)).running:
+                break
+            await asyncio.sleep(0.05)
+        check((await sbx.commands.get_command_status(ex.id)).exit_code == 137, "async interrupt")
+        s = await sbx.commands.create_session(working_directory="/tmp")
+        await sbx.commands.run_in_session(s, "X=1; cd /")
+        ex = await sbx.commands.run_in_session(s, "echo $X $(pwd)")
+        check(ex.text == "1 /", f"async session {ex.text!r}")
+        await sbx.renew(timedelta(minutes=5))
+        await sbx.pause()
+        check((await sbx.get_info()).status.state == "Paused", "async paused")
+        sbx2 = await Sandbox.resume(sbx.id, connection_config=cfg)
+        check((await sbx2.commands.run("echo back")).text == "back", "async resumed")
+        await sbx2.close()
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
+def list_filters():
+    cfg = sync_config()
+    mgr = SandboxManagerSync.create(connection_config=cfg)
+    made = []
+    try:
+        for i in range(5):
+            made.append(SandboxSync.create("host", connection_config=cfg, metadata={"team": "a" if i < 3 else "b", "n": str(i)}))
+        res = mgr.list_sandbox_infos(SandboxFilter(metadata={"team": "a"}))
+        check(sorted(s.metadata["n"] for s in res.sandbox_infos) == ["0", "1", "2"], f"team=a {res}")
+        res = mgr.list_sandbox_infos(SandboxFilter(metadata={"team": "b", "n": "4"}))
+        check([s.id for s in res.sandbox_infos] == [made[4].id], f"two keys {res}")
+        seen = []
+        for page in (1, 2, 3):
+            res = mgr.list_sandbox_infos(SandboxFilter(page=page, page_size=2))
+            check(res.pagination.total_items == 5 and res.pagination.total_pages == 3, f"pagination {res.pagination}")
+            check(res.pagination.has_next_page == (page < 3), f"has_next {res.pagination}")
+            seen += [s.id for s in res.sandbox_infos]
+        check(sorted(seen) == sorted(s.id for s in made), "pages cover everything once")
+        made[1].pause()
+        res = mgr.list_sandbox_infos(SandboxFilter(states=["Paused"]))
+        check([s.id for s in res.sandbox_infos] == [made[1].id], f"state=Paused {res}")
+        res = mgr.list_sandbox_infos(SandboxFilter(states=["Running"], metadata={"team": "a"}))
+        check(sorted(s.id for s in res.sandbox_infos) == sorted([made[0].id, made[2].id]), "state+metadata")
+        info = made[3].patch_metadata({"team": "c", "n": None, "extra": "y"})
+        check(info.metadata == {"team": "c", "extra": "y"}, f"patched {info.metadata}")
+        res = mgr.list_sandbox_infos(SandboxFilter(metadata={"team": "c"}))
+        check([s.id for s in res.sandbox_infos] == [made[3].id], "filter on patched metadata")
+    finally:
+        for s in made:
+            s.kill()
+            s.close()
+    res = mgr.list_sandbox_infos(SandboxFilter())
+    check(res.pagination.total_items == 0, f"left over: {res}")
+
+
+def bad_requests():
+    h = lifecycle_headers()
+    base = {"image": {"uri": "host"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "2Gi"}}
+    cases = [
+        ({"secureAccess": True}, "secureAccess"),
+        ({"volumes": [{"name": "v", "mountPath": "/data", "host": {"path": "/etc"}}]}, "volumes"),
+        ({"resourceLimits": {"cpu": "lots"}}, "resourceLimits.cpu"),
+        ({"resourceLimits": {"memory": "12parsecs"}}, "resourceLimits.memory"),
+        ({"resourceLimits": {"gpu": "1"}}, "gpu"),
+        ({"image": {"uri": "no-such-image:1"}}, "no such image"),
+        ({"metadata": {"opensandbox.io/x": "1"}}, "reserved"),
+        ({"entrypoint": []}, "entrypoint"),
+        ({"platform": {"os": "windows", "arch": "amd64"}}, "platform"),
+        ({"lifecycle": {"preStart": {"command": ["true"]}}}, "lifecycle"),
+        ({"snapshotId": "s1"}, "snapshot"),
+    ]
+    for patch, word in cases:
+        body = dict(base)
+        body.update(patch)
+        r = httpx.post(f"{BASE}/sandboxes", json=body, headers=h)
+        check(r.status_code == 400, f"{patch}: status {r.status_code} {r.text}")
+        j = r.json()
+        check(set(j) >= {"code", "message"} and word.lower() in j["message"].lower(), f"{patch}: {j}")
+    r = httpx.post(f"{BASE}/sandboxes", content=b"{not json", headers=h)
+    check(r.status_code == 400 and "code" in r.json(), f"bad json: {r.status_code} {r.text}")
+    r = httpx.get(f"{BASE}/sandboxes/nope", headers=h)
+    check(r.status_code == 404 and r.json()["code"] == "SANDBOX::NOT_FOUND", f"404: {r.text}")
+    r = httpx.post(f"{BASE}/sandboxes", json=dict(base, entrypoint=["/no/such/binary"]), headers=h)
+    check(r.status_code == 400 and "entrypoint" in r.json()["message"], f"bad entrypoint: {r.text}")
+    check(httpx.get(f"{BASE}/sandboxes", headers=h).json()["pagination"]["totalItems"] == 0, "nothing created")
+    r = httpx.get(f"{BASE}/sandboxes", headers=dict(h, **{"X-Request-ID": "req-123"}))
+    check(r.headers.get("x-request-id") == "req-123", f"request id {r.headers}")
+    check(httpx.get(f"{BASE}/sandboxes", headers=h).headers.get("x-request-id"), "generated request id")
+
+
+def auth():
+    check(API_KEY, "the auth scenario needs OSB_API_KEY")
+    e = expect_api_error(lambda: SandboxManagerSync.create(connection_config=sync_config(api_key="")).list_sandbox_infos(SandboxFilter()), 401, "MISSING_API_KEY")
+    expect_api_error(lambda: SandboxManagerSync.create(connection_config=sync_config(api_key="wrong")).list_sandbox_infos(SandboxFilter()), 401, "INVALID_API_KEY")
+    try:
+        SandboxSync.create("host", connection_config=sync_config(api_key="wrong"))
+        raise AssertionError("create with a wrong key must fail")
+    except SandboxException:
+        pass
+    check(httpx.get(f"{BASE}/sandboxes").status_code == 401, "raw request without key")
+    a = SandboxSync.create("host", connection_config=sync_config())
+    b = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        check(a.commands.run("echo ok").text == "ok", "with the key")
+        ea = a.get_endpoint(44772)
+        eb = b.get_endpoint(44772)
+        url = f"http://{ea.endpoint}/command"
+        body = {"command": "echo pwned"}
+        check(httpx.post(url, json=body).status_code == 401, "execd without token")
+        check(httpx.post(url, json=body, headers=eb.headers).status_code == 401, "execd with another sandbox's token")
+        check(httpx.post(url, json=body, headers={"OPEN-SANDBOX-API-KEY": API_KEY}).status_code == 401, "API key is not an execd token")
+        r = httpx.get(f"http://{ea.endpoint}/files/download", params={"path": "/etc/hostname"})
+        check(r.status_code == 401, "files without token")
+    finally:
+        a.kill()
+        b.kill()
+
+
+def expiry():
+    cfg = sync_config()
+    sbx = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(seconds=60))
+    info = sbx.get_info()
+    check((info.expires_at - info.created_at).total_seconds() == 60, f"expiresAt {info}")
+    sid = sbx.id
+    sbx.renew(timedelta(seconds=2))
+    time.sleep(4)
+    expect_api_error(lambda: SandboxManagerSync.create(connection_config=cfg).get_sandbox_info(sid), 404)
+    check(not os.path.exists(f"/sys/fs/cgroup/pids/agentrun/{sid}") and not os.path.exists(f"/sys/fs/cgroup/agentrun/{sid}"), "cgroup still there")
+    try:
+        sbx.commands.run("echo too late")
+        raise AssertionError("an expired sandbox must not run commands")
+    except SandboxException:
+        pass
+    sbx.close()
+    # No expiry at all: timeout null.
+    r = httpx.post(f"{BASE}/sandboxes", json={"image": {"uri": "host"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": None}, headers=lifecycle_headers())
+    check(r.status_code == 202 and "expiresAt" not in r.json(), f"manual cleanup sandbox {r.text}")
+    check(httpx.delete(f"{BASE}/sandboxes/{r.json()['id']}", headers=lifecycle_headers()).status_code == 204, "delete")
+
+
+def escape():
+    secret_path = os.environ["OSB_HOST_SECRET"]
+    probe = os.environ["OSB_HOST_PROBE"]
+    secret = open(secret_path).read()
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        fs = sbx.files
+        # Writes with .. stay inside.
+        fs.write_file("/../../../../.." + probe, "escaped?")
+        check(not os.path.exists(probe), "a write with .. reached the host")
+        check(fs.read_file(probe) == "escaped?", "the .. write landed inside the sandbox")
+        # Absolute and relative symlinks made inside resolve inside.
+        ex = sbx.commands.run(
+            f"mkdir -p /tmp/l && ln -s / /tmp/l/root && ln -s {secret_path} /tmp/l/abs && "
+            f"ln -s ../../../../../../..{secret_path} /tmp/l/rel && ln -s /proc/1/root /tmp/l/magic"
+        )
+        check(ex.exit_code == 0, f"symlinks: {ex.logs.stderr}")
+        for p in ["/tmp/l/abs", "/tmp/l/rel", "/tmp/l/root" + secret_path, secret_path, "/proc/self/root" + secret_path, "/tmp/l/magic" + secret_path, "/proc/1/root" + secret_path]:
+            try:
+                got = fs.read_file(p)
+            except SandboxException:
+                continue
+            check(secret not in got, f"host secret read through {p}")
+        for p in ["/tmp/l/abs", "/tmp/l/root" + probe, "/proc/self/root" + probe, "/tmp/l/magic" + probe]:
+            try:
+                fs.write_file(p, "escaped?")
+            except SandboxException:
+                pass
+            check(not os.path.exists(probe), f"a write through {p} reached the host")
+        check(open(secret_path).read() == secret, "host secret modified")
+        # Host-owned pseudo files stay out of reach (the API acts as the sandbox's root).
+        for p in ["/proc/sys/kernel/hostname", "/sys/kernel/mm/transparent_hugepage/enabled"]:
+            before = open(p).read() if os.path.exists(p) else None
+            try:
+                fs.write_file(p, "pwned\n")
+            except SandboxException:
+                pass
+            if before is not None:
+                check(open(p).read() == before, f"host {p} changed")
+        # Moves and deletes with .. stay inside too.
+        fs.write_file("/tmp/m.txt", "m")
+        fs.move_files([MoveEntry(src="/tmp/m.txt", dest="/../../.." + probe)])
+        check(not os.path.exists(probe), "a move reached the host")
+        try:
+            fs.delete_files(["/../../../.." + secret_path])
+        except SandboxException:
+            pass
+        try:
+            fs.delete_directories(["/tmp/l/root/etc"])
+        except SandboxException:
+            pass
+        check(os.path.exists(secret_path), "a delete reached the host")
+        check(os.path.exists("/etc/passwd"), "host /etc touched")
+        # Reading devices and FIFOs is refused, never hangs.
+        sbx.commands.run("mkfifo /tmp/fifo")
+        for p in ["/tmp/fifo", "/dev/zero"]:
+            try:
+                fs.read_bytes(p)
+                raise AssertionError(f"{p} was read")
+            except SandboxException:
+                pass
+    finally:
+        sbx.kill()
+
+
+async def many():
+    cfg = async_config()
+    n = 20
+
+    async def one(i):
+        sbx = await Sandbox.create("host", connection_config=cfg, env={"I": str(i)})
+        try:
+            ex = await sbx.commands.run("echo $I; echo $I > /tmp/i; cat /tmp/i")
+            check([m.text for m in ex.logs.stdout] == [str(i), str(i)], f"sandbox {i}: {ex.logs.stdout}")
+            return sbx.id
+        finally:
+            await sbx.kill()
+            await sbx.close()
+
+    ids = await asyncio.gather(*(one(i) for i in range(n)))
+    check(len(set(ids)) == n, f"ids {ids}")
+
+
+def traces():
+    tp = os.environ["OSB_TRACEPARENT"]
+    cfg = ConnectionConfigSync(domain=DOMAIN, api_key=API_KEY, protocol="http", headers={"traceparent": tp})
+    sbx = SandboxSync.create("host", connection_config=cfg)
+    try:
+        ex = sbx.commands.run("echo $TRACEPARENT")
+        got = ex.text.split("-")
+        check(len(got) == 4 and got[1] == tp.split("-")[1], f"TRACEPARENT in the sandbox: {ex.text!r}")
+        check(sbx.commands.run("exit 4").exit_code == 4, "exit 4")
+    finally:
+        sbx.kill()
+
+
+SCENARIOS = {
+    "traces": traces,
+    "sync_flow": sync_flow,
+    "async_flow": lambda: asyncio.run(async_flow()),
+    "list_filters": list_filters,
+    "bad_requests": bad_requests,
+    "auth": auth,
+    "expiry": expiry,
+    "escape": escape,
+    "many": lambda: asyncio.run(many()),
+}
+
+if __name__ == "__main__":
+    os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
+    name = sys.argv[1]
+    SCENARIOS[name]()
+    print(f"OK {name}")
