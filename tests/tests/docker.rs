@@ -255,3 +255,181 @@ fn the_socket_is_root_only_and_speaks_dockerd_http() {
         "{r}"
     );
 }
+
+#[test]
+fn docker_cli_run_exec_ps_logs_stop_rm() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    let out = d.docker(&["run", "--rm", "busybox", "echo", "hello from docker run"]);
+    assert_eq!(out.success(), "hello from docker run\n", "{out}");
+    let out = d.docker(&[
+        "run",
+        "--rm",
+        "busybox",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!(out.code(), 7, "{out}");
+    assert_eq!(out.stdout(), "out\n", "{out}");
+    assert_eq!(out.stderr(), "err\n", "{out}");
+    // stdin through `docker run -i`.
+    let mut cmd = Command::new("docker");
+    cmd.args(["run", "-i", "--rm", "busybox", "wc", "-c"])
+        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
+    let out = run_with_timeout(cmd, Some(b"twelve bytes".to_vec()), Duration::from_secs(60));
+    assert_eq!(out.success().trim(), "12", "{out}");
+
+    let id = d
+        .docker(&[
+            "run",
+            "-d",
+            "--name",
+            "t1",
+            "busybox",
+            "sh",
+            "-c",
+            "echo started; sleep 300",
+        ])
+        .success()
+        .trim()
+        .to_owned();
+    assert_eq!(id.len(), 64, "{id}");
+    let out = d.docker(&["exec", "t1", "sh", "-c", "echo in exec; exit 5"]);
+    assert_eq!(out.code(), 5, "{out}");
+    assert_eq!(out.stdout(), "in exec\n", "{out}");
+    let mut cmd = Command::new("docker");
+    cmd.args(["exec", "-i", "t1", "cat"])
+        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
+    let out = run_with_timeout(
+        cmd,
+        Some(b"via exec stdin".to_vec()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.success(), "via exec stdin", "{out}");
+    let out = d.docker(&["exec", "t1", "no-such-binary"]);
+    assert_eq!(out.code(), 126, "{out}");
+    assert!(out.stdout().contains("executable file not found"), "{out}");
+    let out = d.docker(&["ps", "--format", "{{.Names}} {{.Status}}"]);
+    assert_eq!(out.success().trim(), "t1 Up", "{out}");
+    let out = d.docker(&["logs", "t1"]);
+    assert_eq!(out.success(), "started\n", "{out}");
+    // A second container with the same name: 409, as dockerd says it.
+    let out = d.docker(&["run", "-d", "--name", "t1", "busybox", "true"]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    assert!(out.stderr().contains("is already in use"), "{out}");
+    // Removing a running container needs -f.
+    let out = d.docker(&["rm", "t1"]);
+    assert!(
+        out.stderr().contains("cannot remove a running container"),
+        "{out}"
+    );
+    let started = std::time::Instant::now();
+    d.docker(&["stop", "-t", "1", "t1"]).success();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "stop -t 1 took {:?}",
+        started.elapsed()
+    );
+    let out = d.docker(&["ps", "-a", "--format", "{{.Names}} {{.Status}}"]);
+    assert!(out.success().starts_with("t1 Exited"), "{out}");
+    d.docker(&["rm", "t1"]).success();
+    let out = d.docker(&["ps", "-a", "-q"]);
+    assert_eq!(out.success().trim(), "", "{out}");
+    // A missing image: docker tries a pull, which fails; exit 125.
+    let out = d.docker(&["run", "--rm", "127.0.0.1:9/none/such:1", "true"]);
+    assert_eq!(out.code(), 125, "{out}");
+    // Nothing left: every container's sandbox is gone.
+    let left: Vec<_> = fs::read_dir(d.daemon.state().join("sandboxes"))
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    // The pool keeps one ready sandbox.
+    assert!(left.len() <= 1, "sandboxes left: {left:?}");
+}
+
+#[test]
+fn docker_py_container_flow_of_the_code_interpreter_tool() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    let ws = d._dir.path().join("workspace");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("host.txt"), "from the host\n").unwrap();
+    let out = d.python(&format!(
+        r#"
+ws = {ws:?}
+try:
+    client.containers.get("code-interpreter")
+    sys.exit("container unexpectedly present")
+except docker.errors.NotFound:
+    pass
+c = client.containers.run("busybox", detach=True, tty=True, working_dir="/workspace",
+                          name="code-interpreter", volumes={{ws: {{"bind": "/workspace", "mode": "rw"}}}})
+c.reload()
+print(c.status, c.name)
+r = c.exec_run(["sh", "-c", "echo hello $((6*7)); ls /workspace; echo to-stderr >&2"])
+print(r.exit_code, sorted(r.output.decode().split()))
+r = c.exec_run(["sh", "-c", "echo partial; exit 3"])
+print(r.exit_code, r.output)
+r = c.exec_run(["sh", "-c", "echo written > /workspace/from-container.txt"])
+print(r.exit_code)
+r = c.exec_run(["sh", "-c", "echo out; echo err >&2"], demux=True)
+print(r.output)
+c.stop(timeout=1)
+c.reload()
+print(c.status)
+c.remove()
+try:
+    client.containers.get("code-interpreter")
+except docker.errors.NotFound:
+    print("gone")
+"#
+    ));
+    assert_eq!(
+        out.success(),
+        "running code-interpreter\n0 ['42', 'hello', 'host.txt', 'to-stderr']\n3 b'partial\\n'\n0\n(b'out\\n', b'err\\n')\nexited\ngone\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+    // The container's write is on the host, owned by the workspace's owner.
+    let meta = fs::metadata(ws.join("from-container.txt")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), fs::metadata(&ws).unwrap().uid());
+    assert_eq!(
+        fs::read_to_string(ws.join("from-container.txt")).unwrap(),
+        "written\n"
+    );
+}
+
+#[test]
+fn docker_py_run_auto_remove_and_wait() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    let out = d.python(
+        r#"
+import time
+print(client.containers.run("busybox", ["sh", "-c", "echo run output"], remove=True))
+try:
+    client.containers.run("busybox", ["sh", "-c", "echo failing >&2; exit 4"], remove=True)
+except docker.errors.ContainerError as e:
+    print("error", e.exit_status)
+c = client.containers.create("busybox", entrypoint="/bin/sh", command=["-c", "sleep 0.5; exit 6"],
+                             tty=True, auto_remove=True, name="autogen-like")
+c.start()
+while True:
+    c.reload()
+    if c.status == "running":
+        break
+    time.sleep(0.05)
+print("running")
+print(c.wait()["StatusCode"])
+time.sleep(0.5)
+print([x.name for x in client.containers.list(all=True)])
+"#,
+    );
+    assert_eq!(
+        out.success(),
+        "b'run output\\n'\nerror 4\nrunning\n6\n[]\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+}

@@ -7,8 +7,13 @@
 //! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
 //! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
 
+pub mod container_api;
+pub mod containers;
+pub mod exec;
 pub mod http;
 pub mod images;
+pub mod signals;
+pub mod stream;
 pub mod system;
 
 use std::os::unix::fs::PermissionsExt;
@@ -52,6 +57,8 @@ pub struct Context {
     pub host: HostInfo,
     /// Scratch space (build contexts).
     pub tmp_dir: PathBuf,
+    pub containers: Arc<std::sync::Mutex<containers::Containers>>,
+    pub execs: std::sync::Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
 }
 
 /// Where and over what to serve.
@@ -105,6 +112,8 @@ impl DockerServer {
             runtime_paths: RuntimePaths::new(&opts.state_dir),
             host: HostInfo::probe(),
             tmp_dir: opts.state_dir.join("docker-tmp"),
+            containers: Default::default(),
+            execs: Default::default(),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let socket = opts.socket.clone();
@@ -122,7 +131,16 @@ impl DockerServer {
                         return;
                     }
                 };
-                rt.block_on(serve(std_listener, ctx, stop_rx));
+                rt.block_on(serve(std_listener, ctx.clone(), stop_rx));
+                // Containers do not outlive the API that made them.
+                let all: Vec<_> = containers::lock(&ctx.containers)
+                    .by_id
+                    .values()
+                    .cloned()
+                    .collect();
+                for c in all {
+                    containers::remove(&ctx, &c);
+                }
                 rt.shutdown_timeout(std::time::Duration::from_secs(5));
             })
             .map_err(io("spawn thread for", &opts.socket))?;
@@ -203,7 +221,7 @@ async fn serve(
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let ctx = ctx.clone();
-                        async move { Ok::<_, std::convert::Infallible>(route(&ctx, req).await) }
+                        async move { Ok::<_, std::convert::Infallible>(route(ctx, req).await) }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
@@ -216,7 +234,7 @@ async fn serve(
 }
 
 /// Dispatches one request. Image names contain `/`, so paths are matched by hand.
-async fn route(ctx: &Context, req: Request<hyper::body::Incoming>) -> Reply {
+async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
     let method = req.method().clone();
     let raw_path = req.uri().path().to_owned();
     let query = Query::parse(req.uri().query());
@@ -228,27 +246,87 @@ async fn route(ctx: &Context, req: Request<hyper::body::Incoming>) -> Reply {
         .decode_utf8_lossy()
         .into_owned();
     let path = decoded.as_str();
+    if trace() {
+        eprintln!("agentrun: docker API: {method} {raw_path}");
+    }
     match (&method, path) {
         (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),
         (&Method::GET, "/version") => system::version(),
-        (&Method::GET, "/info") => system::info(ctx),
-        (&Method::GET, "/images/json") => images::list(ctx),
-        (&Method::POST, "/images/create") => images::pull(ctx, &query).await,
-        (&Method::POST, "/build") => images::build(ctx, &query, req.into_body()).await,
+        (&Method::GET, "/info") => system::info(&ctx),
+        (&Method::GET, "/images/json") => images::list(&ctx),
+        (&Method::POST, "/images/create") => images::pull(&ctx, &query).await,
+        (&Method::POST, "/build") => images::build(&ctx, &query, req.into_body()).await,
+        (&Method::POST, "/containers/create") => container_api::create(&ctx, &query, req).await,
+        (&Method::GET, "/containers/json") => container_api::list(&ctx, &query),
         (m, p) if p.starts_with("/images/") => {
             let rest = &p["/images/".len()..];
             if let (&Method::GET, Some(name)) = (m, rest.strip_suffix("/json")) {
-                images::inspect(ctx, name)
+                images::inspect(&ctx, name)
             } else if let (&Method::POST, Some(name)) = (m, rest.strip_suffix("/tag")) {
-                images::tag(ctx, name, &query)
+                images::tag(&ctx, name, &query)
             } else if m == Method::DELETE {
-                images::remove(ctx, rest, &query)
+                images::remove(&ctx, rest, &query)
             } else {
                 not_found_route(&method)
             }
         }
+        (m, p) if p.starts_with("/containers/") => {
+            let rest = &p["/containers/".len()..];
+            let (key, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let key = key.to_owned();
+            match (m, action) {
+                (&Method::GET, "json") => container_api::inspect(&ctx, &key),
+                (&Method::POST, "start") => container_api::start(ctx.clone(), &key).await,
+                (&Method::POST, "stop") => container_api::stop(&ctx, &key, &query).await,
+                (&Method::POST, "restart") => {
+                    container_api::restart(ctx.clone(), &key, &query).await
+                }
+                (&Method::POST, "kill") => container_api::kill(&ctx, &key, &query),
+                (&Method::POST, "wait") => container_api::wait(&ctx, &key, &query),
+                (&Method::GET, "logs") => container_api::logs(&ctx, &key, &query),
+                (&Method::POST, "attach") => container_api::attach(&ctx, &key, &query, req),
+                (&Method::POST, "resize") => match containers::lock(&ctx.containers).find(&key) {
+                    Some(_) => http::empty(StatusCode::OK),
+                    None => container_api::no_such(&key),
+                },
+                (&Method::DELETE, "") => container_api::delete(ctx.clone(), &key, &query).await,
+                (&Method::POST, "exec") => {
+                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
+                        return container_api::no_such(&key);
+                    };
+                    let body: serde_json::Value =
+                        match http_body_util::BodyExt::collect(req.into_body()).await {
+                            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
+                            Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+                        };
+                    exec::create(&ctx, c, &body)
+                }
+                (_, "archive") => error(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "copying files to and from containers (archive) is not supported yet",
+                ),
+                _ => not_found_route(&method),
+            }
+        }
+        (m, p) if p.starts_with("/exec/") => {
+            let rest = &p["/exec/".len()..];
+            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let id = id.to_owned();
+            match (m, action) {
+                (&Method::POST, "start") => exec::start(ctx.clone(), &id, req).await,
+                (&Method::GET, "json") => exec::inspect(&ctx, &id),
+                (&Method::POST, "resize") => http::empty(StatusCode::CREATED),
+                _ => not_found_route(&method),
+            }
+        }
         _ => not_found_route(&method),
     }
+}
+
+/// `AGENTRUN_DOCKER_TRACE=1`: log every request (and the end of streams) on stderr.
+pub fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("AGENTRUN_DOCKER_TRACE").as_deref() == Ok("1"))
 }
 
 fn not_found_route(method: &Method) -> Reply {

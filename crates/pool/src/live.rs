@@ -50,6 +50,11 @@ pub struct LiveSpec {
     pub memory_bytes: Option<u64>,
     /// Environment of every process, over the profile's defaults and the image's `Env`.
     pub env: Vec<(String, String)>,
+    /// Host directories mounted in (live binds: Docker's `HostConfig.Binds`). A sandbox with
+    /// mounts is made on demand, never taken from the pool.
+    pub mounts: Vec<agentrun_runtime::rootfs::UserMount>,
+    /// Task limit (`None`: the profile's).
+    pub pids: Option<u32>,
 }
 
 impl LiveSpec {
@@ -60,6 +65,8 @@ impl LiveSpec {
             cpus: None,
             memory_bytes: None,
             env: Vec::new(),
+            mounts: Vec::new(),
+            pids: None,
         }
     }
     pub fn profile(mut self, p: impl Into<String>) -> Self {
@@ -412,11 +419,13 @@ impl LiveManager {
     /// A new long-lived sandbox: from the pool kept for its image and profile if there is
     /// one with a sandbox ready, else made now. Blocks while it is made.
     pub fn create(&self, spec: &LiveSpec) -> Result<Arc<LiveSandbox>, PoolError> {
-        let recipe = SandboxRecipe {
+        let mut recipe = SandboxRecipe {
             image: spec.image.clone(),
             profile: spec.profile.clone(),
+            mounts: spec.mounts.clone(),
             ..SandboxRecipe::default()
         };
+        recipe.overrides.pids = spec.pids;
         let profile = recipe.profile()?;
         let (pooled, hit) = self.pool.acquire(&recipe)?;
         let control = match pooled.control.try_clone() {

@@ -1,0 +1,529 @@
+//! Container endpoints: create, inspect, list, start, stop, restart, kill, wait, logs,
+//! attach, resize, remove (the state machine itself is in [`crate::containers`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{Request, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::containers::{self, generated_name, lock, new_id, Container, ContainerConfig, Status};
+use crate::http::{empty, error, json, streaming, Query, Reply};
+use crate::stream;
+use crate::Context;
+
+pub fn no_such(key: &str) -> Reply {
+    error(StatusCode::NOT_FOUND, &format!("No such container: {key}"))
+}
+
+fn valid_name(n: &str) -> bool {
+    let mut chars = n.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
+/// `POST /containers/create?name=`
+pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
+    let body: Value = match req.into_body().collect().await {
+        Ok(b) => match serde_json::from_slice(&b.to_bytes()) {
+            Ok(v) => v,
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
+        },
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let config = match ContainerConfig::from_body(&body) {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    if let Err(e) = config.mounts() {
+        return error(StatusCode::BAD_REQUEST, &e);
+    }
+    let image = match ctx.store.find(&config.image) {
+        Ok(r) => r,
+        Err(agentrun_image::ImageError::NotFound(_))
+        | Err(agentrun_image::ImageError::InvalidName(..)) => {
+            return crate::images::not_found(&config.image)
+        }
+        Err(e) => return crate::images::image_error(&config.image, &e),
+    };
+    let id = new_id();
+    let name = match q.get("name").filter(|n| !n.is_empty()) {
+        Some(n) => {
+            let n = n.strip_prefix('/').unwrap_or(n);
+            if !valid_name(n) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
+                    ),
+                );
+            }
+            n.to_owned()
+        }
+        None => generated_name(&id),
+    };
+    let c = Arc::new(Container::new(
+        id.clone(),
+        name.clone(),
+        config,
+        image.id.clone(),
+        image.config.clone(),
+    ));
+    {
+        let mut all = lock(&ctx.containers);
+        if let Some(other) = all.name_taken(&name) {
+            return error(
+                StatusCode::CONFLICT,
+                &format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name."),
+            );
+        }
+        all.by_id.insert(id.clone(), c);
+    }
+    json(StatusCode::CREATED, &json!({"Id": id, "Warnings": []}))
+}
+
+/// The container `key` names, or the 404 to answer.
+fn find(ctx: &Context, key: &str) -> Result<Arc<Container>, Box<Reply>> {
+    lock(&ctx.containers)
+        .find(key)
+        .ok_or_else(|| Box::new(no_such(key)))
+}
+
+/// `GET /containers/{id}/json`
+pub fn inspect(ctx: &Context, key: &str) -> Reply {
+    match find(ctx, key) {
+        Ok(c) => json(StatusCode::OK, &c.inspect()),
+        Err(r) => *r,
+    }
+}
+
+/// `GET /containers/json?all=&filters=`
+pub fn list(ctx: &Context, q: &Query) -> Reply {
+    let all = q.bool("all");
+    let filters: Value = q
+        .get("filters")
+        .and_then(|f| serde_json::from_str(f).ok())
+        .unwrap_or(json!({}));
+    let wanted = |key: &str| -> Vec<String> {
+        match &filters[key] {
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+            Value::Object(o) => o.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    };
+    let (names, ids, statuses, labels, ancestors) = (
+        wanted("name"),
+        wanted("id"),
+        wanted("status"),
+        wanted("label"),
+        wanted("ancestor"),
+    );
+    let mut out: Vec<(std::time::SystemTime, Value)> = lock(&ctx.containers)
+        .by_id
+        .values()
+        .filter(|c| all || !statuses.is_empty() || c.status() == Status::Running)
+        .filter(|c| {
+            names.is_empty()
+                || names
+                    .iter()
+                    .any(|n| c.name.contains(n.trim_start_matches('/')))
+        })
+        .filter(|c| ids.is_empty() || ids.iter().any(|i| c.id.starts_with(i)))
+        .filter(|c| statuses.is_empty() || statuses.iter().any(|s| s == c.status().as_str()))
+        .filter(|c| {
+            labels.iter().all(|l| match l.split_once('=') {
+                Some((k, v)) => c.config.labels.get(k).and_then(|x| x.as_str()) == Some(v),
+                None => c.config.labels.contains_key(l),
+            })
+        })
+        .filter(|c| {
+            ancestors.is_empty()
+                || ancestors.iter().any(|a| {
+                    *a == c.config.image || c.image_id.contains(a.trim_start_matches("sha256:"))
+                })
+        })
+        .map(|c| (c.created, c.summary()))
+        .collect();
+    out.sort_by_key(|e| std::cmp::Reverse(e.0));
+    json(
+        StatusCode::OK,
+        &Value::Array(out.into_iter().map(|(_, v)| v).collect()),
+    )
+}
+
+/// `POST /containers/{id}/start`
+pub async fn start(ctx: Arc<Context>, key: &str) -> Reply {
+    let c = match find(&ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    if c.status() == Status::Running {
+        return empty(StatusCode::NOT_MODIFIED);
+    }
+    let ctx2 = ctx.clone();
+    let c2 = c.clone();
+    match tokio::task::spawn_blocking(move || containers::start(&ctx2, &c2)).await {
+        Ok(Ok(())) => empty(StatusCode::NO_CONTENT),
+        Ok(Err((code, msg))) => {
+            if c.config.auto_remove {
+                containers::remove(&ctx, &c);
+            }
+            error(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &msg,
+            )
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// `POST /containers/{id}/stop?t=`
+pub async fn stop(ctx: &Context, key: &str, q: &Query) -> Reply {
+    let c = match find(ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let t = q
+        .get("t")
+        .and_then(|t| t.parse::<i64>().ok())
+        .unwrap_or(10)
+        .max(0) as u64;
+    let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, Duration::from_secs(t)))
+        .await
+        .unwrap_or(false);
+    if stopped {
+        empty(StatusCode::NO_CONTENT)
+    } else {
+        empty(StatusCode::NOT_MODIFIED)
+    }
+}
+
+/// `POST /containers/{id}/restart?t=`
+pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
+    let c = match find(&ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let t = q
+        .get("t")
+        .and_then(|t| t.parse::<i64>().ok())
+        .unwrap_or(10)
+        .max(0) as u64;
+    let c2 = c.clone();
+    let _ =
+        tokio::task::spawn_blocking(move || containers::stop(&c2, Duration::from_secs(t))).await;
+    // The exit's cleanup (sandbox deletion) must be done before a new start.
+    let mut rx = c.changed.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lock(&c.state).sandbox.is_some() {
+        if tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    start(ctx, &c.id).await
+}
+
+/// `POST /containers/{id}/kill?signal=`
+pub fn kill(ctx: &Context, key: &str, q: &Query) -> Reply {
+    let c = match find(ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let sig = match q.get("signal").filter(|s| !s.is_empty()) {
+        Some(s) => match crate::signals::parse(s) {
+            Some(n) => n,
+            None => return error(StatusCode::BAD_REQUEST, &format!("Invalid signal: {s}")),
+        },
+        None => libc::SIGKILL,
+    };
+    if containers::signal(&c, sig) {
+        empty(StatusCode::NO_CONTENT)
+    } else {
+        error(
+            StatusCode::CONFLICT,
+            &format!(
+                "Cannot kill container: {key}: Container {} is not running",
+                c.id
+            ),
+        )
+    }
+}
+
+/// `DELETE /containers/{id}?force=`
+pub async fn delete(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
+    let c = match find(&ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    if c.status() == Status::Running && !q.bool("force") {
+        return error(
+            StatusCode::CONFLICT,
+            &format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id),
+        );
+    }
+    let _ = tokio::task::spawn_blocking(move || containers::remove(&ctx, &c)).await;
+    empty(StatusCode::NO_CONTENT)
+}
+
+/// `POST /containers/{id}/wait?condition=`: headers at once, the status when it is met.
+pub fn wait(ctx: &Context, key: &str, q: &Query) -> Reply {
+    let c = match find(ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let condition = q.get("condition").unwrap_or("not-running").to_owned();
+    if !["not-running", "next-exit", "removed"].contains(&condition.as_str()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid condition: \"{condition}\""),
+        );
+    }
+    let (reply, tx) = streaming("application/json");
+    let mut rx = c.changed.subscribe();
+    let exits_at_start = lock(&c.state).exits;
+    tokio::spawn(async move {
+        loop {
+            let done = {
+                let st = lock(&c.state);
+                match condition.as_str() {
+                    "next-exit" => st.exits > exits_at_start,
+                    "removed" => st.removed,
+                    _ => st.status != Status::Running,
+                }
+            };
+            if done {
+                break;
+            }
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+        let code = lock(&c.state).exit_code;
+        let _ = tx
+            .send(crate::http::json_line(
+                &json!({"StatusCode": code, "Error": null}),
+            ))
+            .await;
+    });
+    reply
+}
+
+/// `GET /containers/{id}/logs?stdout=&stderr=&follow=&tail=`
+pub fn logs(ctx: &Context, key: &str, q: &Query) -> Reply {
+    let c = match find(ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let (want_out, want_err) = (q.bool("stdout"), q.bool("stderr"));
+    if !want_out && !want_err {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "You must choose at least one stream",
+        );
+    }
+    let tty = c.config.tty;
+    let wanted = move |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
+    let tail = q.get("tail").and_then(|t| t.parse::<usize>().ok());
+    let follow = q.bool("follow");
+    let mut live = c.output.subscribe();
+    let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.clone();
+    let (reply, tx) = streaming(if tty {
+        "application/vnd.docker.raw-stream"
+    } else {
+        "application/vnd.docker.multiplexed-stream"
+    });
+    tokio::spawn(async move {
+        let mut chunks: Vec<(u8, Bytes)> = kept.into_iter().filter(|(s, _)| wanted(*s)).collect();
+        if let Some(n) = tail {
+            chunks = tail_lines(chunks, n);
+        }
+        for (s, b) in chunks {
+            if tx
+                .send(Bytes::from(stream::frame(s, &b, tty)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if !follow {
+            return;
+        }
+        let mut changed = c.changed.subscribe();
+        loop {
+            if c.status() != Status::Running {
+                // Whatever the pumps still deliver, briefly.
+                while let Ok(Ok((s, b))) =
+                    tokio::time::timeout(Duration::from_millis(100), live.recv()).await
+                {
+                    if wanted(s)
+                        && tx
+                            .send(Bytes::from(stream::frame(s, &b, tty)))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                return;
+            }
+            tokio::select! {
+                got = live.recv() => match got {
+                    Ok((s, b)) => {
+                        if wanted(s) && tx.send(Bytes::from(stream::frame(s, &b, tty))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return,
+                },
+                _ = changed.changed() => {}
+            }
+        }
+    });
+    reply
+}
+
+/// The last `n` lines of a stream of chunks.
+fn tail_lines(chunks: Vec<(u8, Bytes)>, n: usize) -> Vec<(u8, Bytes)> {
+    let mut lines: Vec<(u8, Vec<u8>)> = Vec::new();
+    for (s, b) in chunks {
+        for piece in b.split_inclusive(|c| *c == b'\n') {
+            match lines.last_mut() {
+                Some((ls, l)) if *ls == s && !l.ends_with(b"\n") => l.extend_from_slice(piece),
+                _ => lines.push((s, piece.to_vec())),
+            }
+        }
+    }
+    let skip = lines.len().saturating_sub(n);
+    lines
+        .into_iter()
+        .skip(skip)
+        .map(|(s, l)| (s, Bytes::from(l)))
+        .collect()
+}
+
+/// `POST /containers/{id}/attach?stream=&stdin=&stdout=&stderr=&logs=`: a hijack that
+/// carries the main process's output (and stdin to it), from before start if need be, until
+/// the container exits.
+pub fn attach(
+    ctx: &Context,
+    key: &str,
+    q: &Query,
+    mut req: Request<hyper::body::Incoming>,
+) -> Reply {
+    let c = match find(ctx, key) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    if !stream::wants_upgrade(&req) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "attach needs an upgraded (hijacked) connection",
+        );
+    }
+    let tty = c.config.tty;
+    let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
+    let with_logs = q.bool("logs");
+    let mut live = c.output.subscribe();
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let up = match upgrade.await {
+            Ok(up) => up,
+            Err(e) => {
+                if crate::trace() {
+                    eprintln!("agentrun: docker API: attach {}: upgrade failed: {e}", c.id);
+                }
+                return;
+            }
+        };
+        let (mut rd, mut wr) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
+        let wanted = |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
+        if with_logs {
+            let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.clone();
+            for (s, b) in kept {
+                if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                    return;
+                }
+            }
+        }
+        // Stdin: to the process if it runs, else kept for it.
+        let c_in = c.clone();
+        let input = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => 0,
+                    Ok(n) => n,
+                };
+                if !want_in {
+                    if n == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                let mut guard = lock(&c_in.state);
+                let st = &mut *guard;
+                if n == 0 {
+                    if st.status == Status::Created {
+                        st.stdin_closed_early = true;
+                    } else if c_in.config.stdin_once || !c_in.config.tty {
+                        st.stdin = None;
+                    }
+                    break;
+                }
+                match st.stdin.as_mut() {
+                    Some(w) => {
+                        let _ = std::io::Write::write_all(w, &buf[..n]);
+                    }
+                    None if st.status == Status::Created => {
+                        st.pending_stdin.extend_from_slice(&buf[..n])
+                    }
+                    None => {}
+                }
+            }
+        });
+        let mut changed = c.changed.subscribe();
+        loop {
+            // Exited (a fast container may have run and exited between two looks).
+            if c.status() == Status::Exited {
+                while let Ok(Ok((s, b))) =
+                    tokio::time::timeout(Duration::from_millis(200), live.recv()).await
+                {
+                    if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                        break;
+                    }
+                }
+                break;
+            }
+            tokio::select! {
+                got = live.recv() => match got {
+                    Ok((s, b)) => {
+                        if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                },
+                _ = changed.changed() => {}
+            }
+        }
+        input.abort();
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
+        if crate::trace() {
+            eprintln!("agentrun: docker API: attach {} done", c.id);
+        }
+    });
+    stream::upgraded_reply(tty)
+}

@@ -1,0 +1,723 @@
+//! Containers: each one is an agentrun long-lived sandbox ([`LiveSandbox`]) whose main process
+//! is the image's Entrypoint + Cmd (or the create request's), with the image's Env and
+//! WorkingDir, live bind mounts (`HostConfig.Binds`), cgroup limits (`Memory`, `NanoCpus`,
+//! `CpuQuota`, `PidsLimit`) and a real pty when `Tty` is set.
+//!
+//! Lifecycle as dockerd's: `created` (a record, no sandbox yet) -> `running` (start made the
+//! sandbox and spawned the main process) -> `exited` (the main process ended: the sandbox and
+//! everything still in it are killed, as when PID 1 of a container dies) -> removed. Output is
+//! kept per container (`logs`) and fanned out to attached clients; `wait` watches the state.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use agentrun_image::ImageConfig;
+use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
+use agentrun_runtime::rootfs::UserMount;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch};
+
+use crate::Context;
+
+/// Output kept per container for `logs` (older output is dropped first).
+const LOG_CAP: usize = 8 * 1024 * 1024;
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What `POST /containers/create` asked for.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerConfig {
+    pub image: String,
+    pub cmd: Option<Vec<String>>,
+    pub entrypoint: Option<Vec<String>>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub user: String,
+    pub tty: bool,
+    pub open_stdin: bool,
+    pub stdin_once: bool,
+    pub labels: serde_json::Map<String, Value>,
+    pub binds: Vec<String>,
+    pub auto_remove: bool,
+    pub memory: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u32>,
+    pub network_mode: String,
+    /// The request's own `Config` fields, echoed by inspect.
+    pub raw: Value,
+    pub host_config_raw: Value,
+}
+
+fn strings(v: &Value) -> Option<Vec<String>> {
+    match v {
+        Value::Array(a) => Some(
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect(),
+        ),
+        Value::String(s) => Some(vec![s.clone()]),
+        _ => None,
+    }
+}
+
+impl ContainerConfig {
+    /// Parses a create body; unknown fields are ignored (clients send many).
+    pub fn from_body(body: &Value) -> Result<Self, String> {
+        let image = body["Image"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .ok_or("config: Image is required")?
+            .to_owned();
+        let hc = &body["HostConfig"];
+        let cpus = if let Some(n) = hc["NanoCpus"].as_u64().filter(|n| *n > 0) {
+            Some(n as f64 / 1e9)
+        } else if let Some(q) = hc["CpuQuota"].as_i64().filter(|q| *q > 0) {
+            let period = hc["CpuPeriod"]
+                .as_i64()
+                .filter(|p| *p > 0)
+                .unwrap_or(100_000);
+            Some(q as f64 / period as f64)
+        } else {
+            None
+        };
+        Ok(ContainerConfig {
+            image,
+            cmd: strings(&body["Cmd"]),
+            entrypoint: strings(&body["Entrypoint"]),
+            env: strings(&body["Env"]).unwrap_or_default(),
+            working_dir: body["WorkingDir"].as_str().unwrap_or("").to_owned(),
+            user: body["User"].as_str().unwrap_or("").to_owned(),
+            tty: body["Tty"].as_bool().unwrap_or(false),
+            open_stdin: body["OpenStdin"].as_bool().unwrap_or(false),
+            stdin_once: body["StdinOnce"].as_bool().unwrap_or(false),
+            labels: body["Labels"].as_object().cloned().unwrap_or_default(),
+            binds: strings(&hc["Binds"]).unwrap_or_default(),
+            auto_remove: hc["AutoRemove"].as_bool().unwrap_or(false),
+            memory: hc["Memory"].as_u64().filter(|m| *m > 0),
+            cpus,
+            pids: hc["PidsLimit"]
+                .as_i64()
+                .filter(|p| *p > 0)
+                .map(|p| p as u32),
+            network_mode: hc["NetworkMode"].as_str().unwrap_or("default").to_owned(),
+            raw: body.clone(),
+            host_config_raw: hc.clone(),
+        })
+    }
+
+    /// `HostConfig.Binds` entries (`SRC:DST[:ro|rw]`) as mounts; a source must be an absolute
+    /// host path (named volumes are not supported).
+    pub fn mounts(&self) -> Result<Vec<UserMount>, String> {
+        self.binds
+            .iter()
+            .map(|b| {
+                let parts: Vec<&str> = b.split(':').collect();
+                let (src, dst, opts) = match parts.as_slice() {
+                    [s, d] => (*s, *d, ""),
+                    [s, d, o] => (*s, *d, *o),
+                    _ => return Err(format!("invalid bind {b:?}: expected SRC:DST[:ro|rw]")),
+                };
+                if !src.starts_with('/') {
+                    return Err(format!(
+                        "invalid bind {b:?}: named volumes are not supported, use an absolute host path"
+                    ));
+                }
+                if !dst.starts_with('/') {
+                    return Err(format!("invalid bind {b:?}: the destination must be absolute"));
+                }
+                let writable = !opts.split(',').any(|o| o == "ro");
+                Ok(UserMount {
+                    source: PathBuf::from(src),
+                    target: PathBuf::from(dst),
+                    writable,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Where a container is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Exited,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Created => "created",
+            Status::Running => "running",
+            Status::Exited => "exited",
+        }
+    }
+}
+
+/// The changing part of a container.
+pub struct State {
+    pub status: Status,
+    pub sandbox: Option<Arc<LiveSandbox>>,
+    /// The main process (sandbox process id, pid inside).
+    pub main: Option<(u64, i32)>,
+    pub exit_code: i32,
+    pub oom_killed: bool,
+    pub error: String,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
+    /// Writer to the main process's stdin (pipe or pty master).
+    pub stdin: Option<File>,
+    /// Stdin attached before start, kept for the process.
+    pub pending_stdin: Vec<u8>,
+    pub stdin_closed_early: bool,
+    /// Bumped on every exit (for `wait?condition=next-exit`).
+    pub exits: u64,
+    pub removed: bool,
+}
+
+/// One container.
+pub struct Container {
+    pub id: String,
+    pub name: String,
+    pub created: SystemTime,
+    pub config: ContainerConfig,
+    pub image_id: String,
+    pub image_config: ImageConfig,
+    pub state: Mutex<State>,
+    /// Every state change bumps it (wait, attach end).
+    pub changed: watch::Sender<u64>,
+    /// (stream: 1 stdout / 2 stderr, bytes), kept for logs.
+    pub logs: Mutex<(Vec<(u8, Bytes)>, usize)>,
+    pub output: broadcast::Sender<(u8, Bytes)>,
+}
+
+impl Container {
+    pub fn new(
+        id: String,
+        name: String,
+        config: ContainerConfig,
+        image_id: String,
+        image_config: ImageConfig,
+    ) -> Self {
+        Container {
+            id,
+            name,
+            created: SystemTime::now(),
+            config,
+            image_id,
+            image_config,
+            state: Mutex::new(State {
+                status: Status::Created,
+                sandbox: None,
+                main: None,
+                exit_code: 0,
+                oom_killed: false,
+                error: String::new(),
+                started_at: None,
+                finished_at: None,
+                stdin: None,
+                pending_stdin: Vec::new(),
+                stdin_closed_early: false,
+                exits: 0,
+                removed: false,
+            }),
+            changed: watch::channel(0).0,
+            logs: Mutex::new((Vec::new(), 0)),
+            output: broadcast::channel(1024).0,
+        }
+    }
+
+    pub fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    pub fn status(&self) -> Status {
+        lock(&self.state).status
+    }
+
+    /// The main process's argv: the request's Entrypoint/Cmd over the image's (a request's
+    /// Entrypoint resets the image's Cmd, as in Docker).
+    pub fn argv(&self) -> Vec<String> {
+        let c = &self.config;
+        let (ep, cmd) = match &c.entrypoint {
+            Some(ep) => (ep.clone(), c.cmd.clone().unwrap_or_default()),
+            None => (
+                self.image_config.entrypoint.clone().unwrap_or_default(),
+                c.cmd
+                    .clone()
+                    .or_else(|| self.image_config.cmd.clone())
+                    .unwrap_or_default(),
+            ),
+        };
+        let mut v = ep;
+        v.extend(cmd);
+        v
+    }
+
+    pub fn working_dir(&self) -> String {
+        if !self.config.working_dir.is_empty() {
+            self.config.working_dir.clone()
+        } else if !self.image_config.working_dir.is_empty() {
+            self.image_config.working_dir.clone()
+        } else {
+            "/".into()
+        }
+    }
+
+    /// Keeps output for logs and sends it to attached clients.
+    pub fn record_output(&self, stream: u8, data: Bytes) {
+        {
+            let mut logs = lock(&self.logs);
+            logs.1 += data.len();
+            logs.0.push((stream, data.clone()));
+            while logs.1 > LOG_CAP && !logs.0.is_empty() {
+                let (_, first) = logs.0.remove(0);
+                logs.1 -= first.len();
+            }
+        }
+        let _ = self.output.send((stream, data));
+    }
+
+    /// `docker inspect`.
+    pub fn inspect(&self) -> Value {
+        let st = lock(&self.state);
+        let argv = self.argv();
+        let time = |t: Option<SystemTime>| {
+            t.map(rfc3339)
+                .unwrap_or_else(|| "0001-01-01T00:00:00Z".to_owned())
+        };
+        let mut config = self.config.raw.clone();
+        if !config.is_object() {
+            config = json!({});
+        }
+        config["Image"] = json!(self.config.image);
+        config["Cmd"] = json!(self.config.cmd.clone().or(self.image_config.cmd.clone()));
+        config["Entrypoint"] = json!(self
+            .config
+            .entrypoint
+            .clone()
+            .or(self.image_config.entrypoint.clone()));
+        let mut env = self.image_config.env.clone();
+        env.extend(self.config.env.iter().cloned());
+        config["Env"] = json!(env);
+        config["WorkingDir"] = json!(self.working_dir());
+        config["Tty"] = json!(self.config.tty);
+        config["Labels"] = Value::Object(self.config.labels.clone());
+        config.as_object_mut().map(|o| o.remove("HostConfig"));
+        let mounts: Vec<Value> = self
+            .config
+            .mounts()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                json!({"Type": "bind", "Source": m.source, "Destination": m.target,
+                       "Mode": if m.writable { "rw" } else { "ro" }, "RW": m.writable,
+                       "Propagation": "rprivate"})
+            })
+            .collect();
+        let pid = if st.status == Status::Running {
+            st.sandbox.as_ref().map(|s| s.init_pid()).unwrap_or(0)
+        } else {
+            0
+        };
+        let mut host_config = self.config.host_config_raw.clone();
+        if !host_config.is_object() {
+            host_config = json!({});
+        }
+        for (k, v) in [
+            ("LogConfig", json!({"Type": "json-file", "Config": {}})),
+            ("NetworkMode", json!(self.config.network_mode)),
+            ("AutoRemove", json!(self.config.auto_remove)),
+            ("Binds", json!(self.config.binds)),
+            (
+                "RestartPolicy",
+                json!({"Name": "no", "MaximumRetryCount": 0}),
+            ),
+        ] {
+            if host_config[k].is_null() {
+                host_config[k] = v;
+            }
+        }
+        json!({
+            "Id": self.id,
+            "Created": rfc3339(self.created),
+            "Path": argv.first().cloned().unwrap_or_default(),
+            "Args": argv.iter().skip(1).cloned().collect::<Vec<_>>(),
+            "State": {
+                "Status": st.status.as_str(),
+                "Running": st.status == Status::Running,
+                "Paused": false,
+                "Restarting": false,
+                "OOMKilled": st.oom_killed,
+                "Dead": false,
+                "Pid": pid,
+                "ExitCode": st.exit_code,
+                "Error": st.error,
+                "StartedAt": time(st.started_at),
+                "FinishedAt": time(st.finished_at),
+            },
+            "Image": self.image_id,
+            "Name": format!("/{}", self.name),
+            "RestartCount": 0,
+            "Driver": "overlay2",
+            "Platform": "linux",
+            "HostConfig": host_config,
+            "Mounts": mounts,
+            "Config": config,
+            "NetworkSettings": {"Ports": {}, "Networks": {}},
+        })
+    }
+
+    /// A row of `GET /containers/json`.
+    pub fn summary(&self) -> Value {
+        let st = lock(&self.state);
+        let status = match st.status {
+            Status::Created => "Created".to_owned(),
+            Status::Running => "Up".to_owned(),
+            Status::Exited => format!("Exited ({})", st.exit_code),
+        };
+        json!({
+            "Id": self.id,
+            "Names": [format!("/{}", self.name)],
+            "Image": self.config.image,
+            "ImageID": self.image_id,
+            "Command": self.argv().join(" "),
+            "Created": self.created.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            "Ports": [],
+            "Labels": Value::Object(self.config.labels.clone()),
+            "State": st.status.as_str(),
+            "Status": status,
+            "HostConfig": {"NetworkMode": self.config.network_mode},
+            "NetworkSettings": {"Networks": {}},
+            "Mounts": [],
+        })
+    }
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    let dt: chrono::DateTime<chrono::Utc> = t.into();
+    dt.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+/// Every container, by id and by name.
+#[derive(Default)]
+pub struct Containers {
+    pub by_id: HashMap<String, Arc<Container>>,
+}
+
+impl Containers {
+    /// By full id, unique id prefix, or name (with or without the leading `/`).
+    pub fn find(&self, key: &str) -> Option<Arc<Container>> {
+        let key = key.strip_prefix('/').unwrap_or(key);
+        if let Some(c) = self.by_id.get(key) {
+            return Some(c.clone());
+        }
+        if let Some(c) = self.by_id.values().find(|c| c.name == key) {
+            return Some(c.clone());
+        }
+        let hits: Vec<_> = self
+            .by_id
+            .values()
+            .filter(|c| key.len() >= 4 && c.id.starts_with(key))
+            .collect();
+        (hits.len() == 1).then(|| hits[0].clone())
+    }
+
+    pub fn name_taken(&self, name: &str) -> Option<String> {
+        self.by_id
+            .values()
+            .find(|c| c.name == name)
+            .map(|c| c.id.clone())
+    }
+}
+
+/// A new 64-hex id.
+pub fn new_id() -> String {
+    let mut b = [0u8; 32];
+    if let Ok(mut f) = File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Docker-style generated names.
+pub fn generated_name(id: &str) -> String {
+    const ADJ: &[&str] = &[
+        "brave", "calm", "eager", "keen", "quiet", "swift", "tidy", "wise",
+    ];
+    const NOUN: &[&str] = &[
+        "turing", "hopper", "lovelace", "ritchie", "thompson", "knuth", "liskov", "dijkstra",
+    ];
+    let n = u64::from_str_radix(&id[..8], 16).unwrap_or(0) as usize;
+    format!(
+        "{}_{}_{}",
+        ADJ[n % ADJ.len()],
+        NOUN[(n / 8) % NOUN.len()],
+        &id[..6]
+    )
+}
+
+/// A pipe: (read end, write end), close-on-exec.
+pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+}
+
+/// The stdio of a process: what it gets, and our ends (stdin writer, output readers with
+/// their stream numbers).
+pub struct Stdio {
+    pub child: [OwnedFd; 3],
+    pub stdin: Option<File>,
+    pub outputs: Vec<(u8, File)>,
+}
+
+/// Pipes (stdout and stderr apart) or a pty (one stream, as stdout).
+pub fn make_stdio(tty: bool, want_stdin: bool) -> std::io::Result<Stdio> {
+    if tty {
+        let pty = nix::pty::openpty(None, None).map_err(std::io::Error::from)?;
+        let master = File::from(pty.master);
+        let slave = pty.slave;
+        nix::fcntl::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&master),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(std::io::Error::from)?;
+        let reader = master.try_clone()?;
+        return Ok(Stdio {
+            child: [slave.try_clone()?, slave.try_clone()?, slave],
+            stdin: Some(master),
+            outputs: vec![(1, reader)],
+        });
+    }
+    let (stdin_child, stdin_ours) = if want_stdin {
+        let (r, w) = pipe()?;
+        (r, Some(File::from(w)))
+    } else {
+        (File::open("/dev/null")?.into(), None)
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok(Stdio {
+        child: [stdin_child, out_w, err_w],
+        stdin: stdin_ours,
+        outputs: vec![(1, File::from(out_r)), (2, File::from(err_r))],
+    })
+}
+
+/// Starts a container: makes its sandbox, spawns its main process, pumps its output.
+pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
+    let argv = c.argv();
+    if argv.is_empty() {
+        return Err((400, "no command specified".into()));
+    }
+    let mounts = c.config.mounts().map_err(|e| (400, e))?;
+    let mut spec = LiveSpec::new(c.image_id.clone())
+        .memory_bytes(c.config.memory)
+        .cpus(c.config.cpus);
+    spec.mounts = mounts;
+    spec.pids = c.config.pids;
+    let sandbox = ctx
+        .live
+        .create(&spec)
+        .map_err(|e| (500, format!("creating the container's sandbox: {e}")))?;
+    let stdio = match make_stdio(c.config.tty, c.config.open_stdin) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ctx.live.delete(sandbox.id());
+            return Err((500, format!("stdio: {e}")));
+        }
+    };
+    let env: Vec<(String, String)> = c
+        .config
+        .env
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None => (kv.clone(), std::env::var(kv).unwrap_or_default()),
+        })
+        .collect();
+    let weak = Arc::downgrade(c);
+    let live = ctx.live.clone();
+    let sandbox_id = sandbox.id().to_owned();
+    let auto_remove = c.config.auto_remove;
+    let containers = ctx.containers.clone();
+    let on_exit = Box::new(move |exit: agentrun_pool::live::ProcessExit| {
+        let Some(c) = weak.upgrade() else { return };
+        {
+            let mut st = lock(&c.state);
+            st.status = Status::Exited;
+            st.exit_code = exit.exit_code;
+            st.finished_at = Some(SystemTime::now());
+            st.stdin = None;
+            st.exits += 1;
+        }
+        c.bump();
+        // As when PID 1 of a container dies: whatever else runs in it goes too.
+        let live = live.clone();
+        let id = sandbox_id.clone();
+        let containers = containers.clone();
+        std::thread::spawn(move || {
+            let _ = live.delete(&id);
+            let mut st = lock(&c.state);
+            st.sandbox = None;
+            if auto_remove {
+                st.removed = true;
+                drop(st);
+                lock(&containers).by_id.remove(&c.id);
+            } else {
+                drop(st);
+            }
+            c.bump();
+        });
+    });
+    let Stdio {
+        child,
+        stdin,
+        outputs,
+    } = stdio;
+    // Running before the process exists: a fast process may exit (and its hook run) before
+    // spawn even returns, and that exit must not be overwritten.
+    {
+        let mut guard = lock(&c.state);
+        let st = &mut *guard;
+        st.status = Status::Running;
+        st.sandbox = Some(sandbox.clone());
+        st.main = None;
+        st.started_at = Some(SystemTime::now());
+        st.finished_at = None;
+        st.exit_code = 0;
+        st.error.clear();
+        st.stdin = stdin;
+        if let Some(w) = st.stdin.as_mut() {
+            let pending = std::mem::take(&mut st.pending_stdin);
+            let _ = w.write_all(&pending);
+        }
+        if st.stdin_closed_early {
+            st.stdin = None;
+        }
+    }
+    for (stream, mut reader) in outputs {
+        let weak = Arc::downgrade(c);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 32 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let Some(c) = weak.upgrade() else { break };
+                        c.record_output(stream, Bytes::copy_from_slice(&buf[..n]));
+                    }
+                }
+            }
+        });
+    }
+    let spawned = sandbox.spawn(ProcessSpec {
+        argv: argv.clone(),
+        env,
+        cwd: c.working_dir(),
+        stdio: child,
+        new_session: c.config.tty,
+        on_exit,
+    });
+    match spawned {
+        Ok(p) => {
+            let mut st = lock(&c.state);
+            if st.status == Status::Running {
+                st.main = Some((p.id, p.pid));
+            }
+            drop(st);
+            c.bump();
+            Ok(())
+        }
+        Err(e) => {
+            let _ = ctx.live.delete(sandbox.id());
+            let msg = match &e {
+                agentrun_pool::PoolError::Spawn { exit_code, message } if *exit_code == 127 => {
+                    format!("failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: \"{}\": executable file not found in $PATH: unknown ({message})", argv[0])
+                }
+                agentrun_pool::PoolError::Spawn { exit_code, message } if *exit_code == 126 => {
+                    format!("failed to create task for container: OCI runtime create failed: unable to start container process: exec: \"{}\": permission denied: unknown ({message})", argv[0])
+                }
+                other => other.to_string(),
+            };
+            let mut st = lock(&c.state);
+            st.status = Status::Created;
+            st.sandbox = None;
+            st.stdin = None;
+            st.started_at = None;
+            st.error = msg.clone();
+            st.exit_code = 127;
+            drop(st);
+            c.bump();
+            Err((400, msg))
+        }
+    }
+}
+
+/// Signals the main process (its process group). `false` when it is not running.
+pub fn signal(c: &Container, sig: i32) -> bool {
+    let st = lock(&c.state);
+    match (&st.sandbox, st.main, st.status) {
+        (Some(sb), Some((pid_id, _)), Status::Running) => {
+            let _ = sb.signal(pid_id, sig, true);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Stops a running container: `StopSignal` (default SIGTERM), then after `timeout` the whole
+/// sandbox is killed. Returns false when it was not running.
+pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
+    let sig = c
+        .image_config
+        .stop_signal
+        .as_deref()
+        .and_then(crate::signals::parse)
+        .unwrap_or(libc::SIGTERM);
+    if !signal(c, sig) {
+        return false;
+    }
+    let mut rx = c.changed.subscribe();
+    let deadline = std::time::Instant::now() + timeout;
+    while c.status() == Status::Running {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            let sb = lock(&c.state).sandbox.clone();
+            if let Some(sb) = sb {
+                sb.kill();
+            }
+            break;
+        }
+        // Poll in small steps: the watch is async, this runs on a blocking thread.
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+        let _ = rx.borrow_and_update();
+    }
+    // Wait (bounded) for the exit to be recorded.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while c.status() == Status::Running && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Kills and forgets a container (its sandbox first).
+pub fn remove(ctx: &Context, c: &Arc<Container>) {
+    let sb = {
+        let mut st = lock(&c.state);
+        st.removed = true;
+        st.sandbox.take()
+    };
+    if let Some(sb) = sb {
+        let _ = ctx.live.delete(sb.id());
+    }
+    lock(&ctx.containers).by_id.remove(&c.id);
+    c.bump();
+}

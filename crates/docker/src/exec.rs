@@ -1,0 +1,321 @@
+//! Exec instances: `POST /containers/{id}/exec` records one, `POST /exec/{id}/start` runs it
+//! in the container's sandbox over a hijacked connection (or detached), `GET /exec/{id}/json`
+//! tells its exit code.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentrun_pool::live::ProcessSpec;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{Request, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::containers::{lock, make_stdio, new_id, Container, Status};
+use crate::http::{error, json, Reply};
+use crate::stream::{self, HijackIo};
+use crate::Context;
+
+/// How long output is still forwarded after the process exited (a background child may hold
+/// the pipes open forever).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
+
+/// One exec instance.
+pub struct Exec {
+    pub id: String,
+    pub container: Arc<Container>,
+    pub cmd: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: String,
+    pub tty: bool,
+    pub attach_stdin: bool,
+    pub state: Mutex<ExecState>,
+}
+
+#[derive(Default)]
+pub struct ExecState {
+    pub started: bool,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub pid: i32,
+}
+
+/// `POST /containers/{id}/exec`
+pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
+    if c.status() != Status::Running {
+        return error(
+            StatusCode::CONFLICT,
+            &format!("Container {} is not running", c.id),
+        );
+    }
+    let Some(cmd) = body["Cmd"].as_array().map(|a| {
+        a.iter()
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect::<Vec<_>>()
+    }) else {
+        return error(StatusCode::BAD_REQUEST, "No exec command specified");
+    };
+    if cmd.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "No exec command specified");
+    }
+    let env = body["Env"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .filter_map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let working_dir = body["WorkingDir"]
+        .as_str()
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| c.working_dir());
+    let exec = Arc::new(Exec {
+        id: new_id(),
+        container: c,
+        cmd,
+        env,
+        working_dir,
+        tty: body["Tty"].as_bool().unwrap_or(false),
+        attach_stdin: body["AttachStdin"].as_bool().unwrap_or(false),
+        state: Mutex::new(ExecState::default()),
+    });
+    let id = exec.id.clone();
+    lock(&ctx.execs).insert(id.clone(), exec);
+    json(StatusCode::CREATED, &json!({ "Id": id }))
+}
+
+/// `GET /exec/{id}/json`
+pub fn inspect(ctx: &Context, id: &str) -> Reply {
+    let Some(e) = lock(&ctx.execs).get(id).cloned() else {
+        return no_such(id);
+    };
+    let st = lock(&e.state);
+    json(
+        StatusCode::OK,
+        &json!({
+            "ID": e.id,
+            "Running": st.running,
+            "ExitCode": st.exit_code,
+            "ProcessConfig": {
+                "tty": e.tty,
+                "entrypoint": e.cmd.first(),
+                "arguments": e.cmd.iter().skip(1).collect::<Vec<_>>(),
+                "privileged": false,
+            },
+            "OpenStdin": e.attach_stdin,
+            "OpenStderr": true,
+            "OpenStdout": true,
+            "CanRemove": false,
+            "ContainerID": e.container.id,
+            "DetachKeys": "",
+            "Pid": st.pid,
+        }),
+    )
+}
+
+fn no_such(id: &str) -> Reply {
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("No such exec instance: {id}"),
+    )
+}
+
+/// `POST /exec/{id}/start`
+pub async fn start(ctx: Arc<Context>, id: &str, mut req: Request<hyper::body::Incoming>) -> Reply {
+    let body: Value = match req.body_mut().collect().await {
+        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or(json!({})),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let Some(exec) = lock(&ctx.execs).get(id).cloned() else {
+        return no_such(id);
+    };
+    {
+        let mut st = lock(&exec.state);
+        if st.started {
+            return error(
+                StatusCode::CONFLICT,
+                &format!("Exec command {id} has already run"),
+            );
+        }
+        st.started = true;
+    }
+    if exec.container.status() != Status::Running {
+        return error(
+            StatusCode::CONFLICT,
+            &format!("Container {} is not running", exec.container.id),
+        );
+    }
+    let tty = body["Tty"].as_bool().unwrap_or(exec.tty);
+    if body["Detach"].as_bool().unwrap_or(false) {
+        let e = exec.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = run_detached(&e, tty);
+        });
+        return crate::http::empty(StatusCode::OK);
+    }
+    if stream::wants_upgrade(&req) {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = upgrade.await {
+                session(exec, tty, hyper_util::rt::TokioIo::new(up)).await;
+            }
+        });
+        return stream::upgraded_reply(tty);
+    }
+    // No hijack: output only, as a streamed body.
+    let (reply, tx) = stream::body_sender();
+    tokio::spawn(async move {
+        let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+        let (exit_tx, exit_rx) = oneshot::channel();
+        if let Err(msg) = spawn(&exec, tty, false, out_tx, exit_tx).await {
+            let _ = tx
+                .send(Bytes::from(stream::frame(1, msg.as_bytes(), tty)))
+                .await;
+            return;
+        }
+        drop(exit_rx);
+        while let Some((s, b)) = out_rx.recv().await {
+            if tx
+                .send(Bytes::from(stream::frame(s, &b, tty)))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    reply
+}
+
+fn run_detached(e: &Arc<Exec>, tty: bool) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+        let (exit_tx, _exit_rx) = oneshot::channel();
+        spawn(e, tty, false, out_tx, exit_tx).await?;
+        while out_rx.recv().await.is_some() {}
+        Ok(())
+    })
+}
+
+/// Starts the process; output goes to `out`, the exit code to `exit`. On failure to start,
+/// the message Docker prints (and the exit code is recorded as 126, as dockerd does).
+async fn spawn(
+    exec: &Arc<Exec>,
+    tty: bool,
+    want_stdin: bool,
+    out: mpsc::Sender<(u8, Bytes)>,
+    exit: oneshot::Sender<i32>,
+) -> Result<Option<std::sync::mpsc::Sender<Bytes>>, String> {
+    let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
+    let Some(sandbox) = lock(&exec.container.state).sandbox.clone() else {
+        return Err(format!("Container {} is not running", exec.container.id));
+    };
+    let crate::containers::Stdio {
+        child,
+        stdin,
+        outputs,
+    } = stdio;
+    let weak = Arc::downgrade(exec);
+    let on_exit = Box::new(move |x: agentrun_pool::live::ProcessExit| {
+        if let Some(e) = weak.upgrade() {
+            let mut st = lock(&e.state);
+            st.running = false;
+            st.exit_code = Some(x.exit_code);
+        }
+        let _ = exit.send(x.exit_code);
+    });
+    let spec = ProcessSpec {
+        argv: exec.cmd.clone(),
+        env: exec.env.clone(),
+        cwd: exec.working_dir.clone(),
+        stdio: child,
+        new_session: tty,
+        on_exit,
+    };
+    lock(&exec.state).running = true;
+    let spawned = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
+        .await
+        .map_err(|e| e.to_string())?;
+    match spawned {
+        Ok(p) => {
+            lock(&exec.state).pid = p.pid;
+            for (s, r) in outputs {
+                stream::pump(r, s, out.clone());
+            }
+            Ok(stdin.map(stream::stdin_writer))
+        }
+        Err(e) => {
+            let mut st = lock(&exec.state);
+            st.running = false;
+            st.exit_code = Some(126);
+            let why = match &e {
+                agentrun_pool::PoolError::Spawn { exit_code: 127, .. } => {
+                    "executable file not found in $PATH".to_owned()
+                }
+                agentrun_pool::PoolError::Spawn { exit_code: 126, .. } => {
+                    "permission denied".to_owned()
+                }
+                other => other.to_string(),
+            };
+            Err(format!(
+                "OCI runtime exec failed: exec failed: unable to start container process: exec: \"{}\": {why}: unknown\r\n",
+                exec.cmd[0]
+            ))
+        }
+    }
+}
+
+/// A hijacked exec: stdin from the client, frames to it, closed once the process exited and
+/// its output is drained.
+async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
+    let (rd, mut wr) = tokio::io::split(io);
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+    let (exit_tx, mut exit_rx) = oneshot::channel();
+    let stdin = match spawn(&exec, tty, exec.attach_stdin, out_tx, exit_tx).await {
+        Ok(s) => s,
+        Err(msg) => {
+            let _ = stream::send(&mut wr, 1, msg.as_bytes(), tty).await;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
+            return;
+        }
+    };
+    let input = tokio::spawn(stream::client_to_stdin(rd, stdin));
+    loop {
+        tokio::select! {
+            got = out_rx.recv() => match got {
+                Some((s, b)) => {
+                    if !stream::send(&mut wr, s, &b, tty).await {
+                        break;
+                    }
+                }
+                None => {
+                    // Output closed: the exit follows (bounded, the sandbox may be gone).
+                    let _ = tokio::time::timeout(Duration::from_secs(5), &mut exit_rx).await;
+                    break;
+                }
+            },
+            _ = &mut exit_rx => {
+                // Drain what is left, bounded.
+                let deadline = tokio::time::Instant::now() + DRAIN_AFTER_EXIT;
+                while let Ok(Some((s, b))) = tokio::time::timeout_at(deadline, out_rx.recv()).await {
+                    if !stream::send(&mut wr, s, &b, tty).await {
+                        break;
+                    }
+                }
+                break;
+            }
+        }
+    }
+    input.abort();
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
+}

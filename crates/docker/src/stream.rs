@@ -1,0 +1,139 @@
+//! Streams of the Docker API: the 8-byte multiplexed frame format (non-TTY output), the
+//! hijacked connection (`101 UPGRADED`, then a raw bidirectional pipe: stdin in, frames out,
+//! a read EOF meaning "stdin closed"), and blocking-fd pumps into async channels.
+
+use std::fs::File;
+use std::io::{Read, Write};
+
+use bytes::Bytes;
+use hyper::upgrade::Upgraded;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::http::Reply;
+
+/// One frame: `[stream, 0, 0, 0, len (u32 BE)]` + payload; raw bytes when `tty`.
+pub fn frame(stream: u8, data: &[u8], tty: bool) -> Vec<u8> {
+    if tty {
+        return data.to_vec();
+    }
+    let mut v = Vec::with_capacity(8 + data.len());
+    v.extend_from_slice(&[stream, 0, 0, 0]);
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// The `101 UPGRADED` answer to a hijack request.
+pub fn upgraded_reply(tty: bool) -> Reply {
+    let mut r = Response::new(http_body_util::BodyExt::boxed(
+        http_body_util::Empty::<Bytes>::new(),
+    ));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert("connection", "Upgrade".parse().expect("header"));
+    h.insert("upgrade", "tcp".parse().expect("header"));
+    let ct = if tty {
+        "application/vnd.docker.raw-stream"
+    } else {
+        "application/vnd.docker.multiplexed-stream"
+    };
+    h.insert("content-type", ct.parse().expect("header"));
+    r
+}
+
+/// Whether the request asks to hijack the connection.
+pub fn wants_upgrade<B>(req: &hyper::Request<B>) -> bool {
+    req.headers()
+        .get("upgrade")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"))
+}
+
+/// Reads a blocking fd on a thread of its own into `tx` as `(stream, bytes)`, until EOF.
+pub fn pump(mut reader: File, stream: u8, tx: mpsc::Sender<(u8, Bytes)>) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx
+                        .blocking_send((stream, Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Writes what arrives on the returned channel to a blocking fd, on a thread of its own;
+/// dropping the sender closes the fd (the process sees EOF on stdin).
+pub fn stdin_writer(mut w: File) -> std::sync::mpsc::Sender<Bytes> {
+    let (tx, rx) = std::sync::mpsc::channel::<Bytes>();
+    std::thread::spawn(move || {
+        for chunk in rx {
+            if w.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    tx
+}
+
+/// The two directions of a hijacked connection.
+pub type HijackIo = TokioIo<Upgraded>;
+
+/// Copies the client's bytes to `stdin` until the client half-closes (then `stdin` is
+/// dropped: EOF for the process). Returns when the client's side is done.
+pub async fn client_to_stdin(
+    mut rd: tokio::io::ReadHalf<HijackIo>,
+    stdin: Option<std::sync::mpsc::Sender<Bytes>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if let Some(tx) = &stdin {
+                    let _ = tx.send(Bytes::copy_from_slice(&buf[..n]));
+                }
+            }
+        }
+    }
+    drop(stdin);
+}
+
+/// Writes one chunk of output; false when the client is gone.
+pub async fn send(
+    wr: &mut tokio::io::WriteHalf<HijackIo>,
+    stream: u8,
+    data: &[u8],
+    tty: bool,
+) -> bool {
+    wr.write_all(&frame(stream, data, tty)).await.is_ok() && wr.flush().await.is_ok()
+}
+
+/// A streamed body for clients that did not hijack (output only).
+pub fn body_sender() -> (Reply, mpsc::Sender<Bytes>) {
+    crate::http::streaming("application/vnd.docker.raw-stream")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_as_docker_writes_them() {
+        assert_eq!(
+            frame(2, b"to-stderr\n", false),
+            b"\x02\x00\x00\x00\x00\x00\x00\x0ato-stderr\n".to_vec()
+        );
+        assert_eq!(frame(1, b"raw", true), b"raw".to_vec());
+    }
+}
