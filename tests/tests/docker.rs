@@ -433,3 +433,71 @@ print([x.name for x in client.containers.list(all=True)])
         d.daemon.log()
     );
 }
+
+#[test]
+fn docker_cp_and_put_archive_stay_inside_the_container() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    d.docker(&["run", "-d", "--name", "cp1", "busybox", "sleep", "300"])
+        .success();
+    let src = d._dir.path().join("to-container.txt");
+    fs::write(&src, "to the container\n").unwrap();
+    d.docker(&["cp", src.to_str().unwrap(), "cp1:/tmp/"])
+        .success();
+    // Containers may write anywhere in their root filesystem (their own overlay layer).
+    let out = d.docker(&[
+        "exec",
+        "cp1",
+        "sh",
+        "-c",
+        "cat /tmp/to-container.txt; mkdir -p /data/sub && echo from-ctr > /data/sub/f.txt",
+    ]);
+    assert_eq!(out.success(), "to the container\n", "{out}");
+    let back = d._dir.path().join("back");
+    d.docker(&["cp", "cp1:/data", back.to_str().unwrap()])
+        .success();
+    assert_eq!(
+        fs::read_to_string(back.join("sub/f.txt")).unwrap(),
+        "from-ctr\n"
+    );
+    let out = d.docker(&["cp", "cp1:/no/such", back.to_str().unwrap()]);
+    assert!(
+        out.stderr().contains("Could not find the file /no/such"),
+        "{out}"
+    );
+    // `..` stops at the container's root: this lands in the container's /etc, not the host's.
+    let marker = format!("agentrun-e2e-escape-{}", std::process::id());
+    let evil = d._dir.path().join(&marker);
+    fs::write(&evil, "x").unwrap();
+    d.docker(&["cp", evil.to_str().unwrap(), "cp1:/../../../../etc/"])
+        .success();
+    assert!(
+        !Path::new("/etc").join(&marker).exists(),
+        "a file escaped to the host"
+    );
+    d.docker(&["exec", "cp1", "test", "-e", &format!("/etc/{marker}")])
+        .success();
+    // docker-py put_archive + exec, as llm-sandbox does it.
+    let out = d.python(
+        r#"
+import io, tarfile
+c = client.containers.get("cp1")
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    data = b"print('from put_archive')\n"
+    info = tarfile.TarInfo("job.py"); info.size = len(data)
+    t.addfile(info, io.BytesIO(data))
+print(c.put_archive("/tmp", buf.getvalue()))
+r = c.exec_run(["cat", "/tmp/job.py"], workdir="/tmp")
+print(r.exit_code, r.output.decode().strip())
+bits, stat = c.get_archive("/tmp/job.py")
+print(stat["name"], stat["size"])
+"#,
+    );
+    assert_eq!(
+        out.success(),
+        "True\n0 print('from put_archive')\njob.py 26\n",
+        "{out}"
+    );
+    d.docker(&["rm", "-f", "cp1"]).success();
+}

@@ -25,6 +25,10 @@ use tokio::sync::{broadcast, watch};
 
 use crate::Context;
 
+/// The built-in profile containers run under (`bundles/container.toml`: rootfs writable, no
+/// network).
+pub const CONTAINER_PROFILE: &str = "container";
+
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
 
@@ -519,6 +523,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     }
     let mounts = c.config.mounts().map_err(|e| (400, e))?;
     let mut spec = LiveSpec::new(c.image_id.clone())
+        .profile(CONTAINER_PROFILE)
         .memory_bytes(c.config.memory)
         .cpus(c.config.cpus);
     spec.mounts = mounts;

@@ -7,6 +7,7 @@
 //! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
 //! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
 
+pub mod archive;
 pub mod container_api;
 pub mod containers;
 pub mod exec;
@@ -301,10 +302,16 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
                         };
                     exec::create(&ctx, c, &body)
                 }
-                (_, "archive") => error(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "copying files to and from containers (archive) is not supported yet",
-                ),
+                (&Method::GET | &Method::HEAD | &Method::PUT, "archive") => {
+                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
+                        return container_api::no_such(&key);
+                    };
+                    if m == Method::PUT {
+                        archive::put(c, &query, req).await
+                    } else {
+                        archive::get(c, &query, m).await
+                    }
+                }
                 _ => not_found_route(&method),
             }
         }

@@ -48,6 +48,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("default", include_str!("../../../bundles/default.toml")),
     ("strict", include_str!("../../../bundles/strict.toml")),
     ("build", include_str!("../../../bundles/build.toml")),
+    ("container", include_str!("../../../bundles/container.toml")),
     (
         "code-interpreter",
         include_str!("../../../bundles/code-interpreter.toml"),

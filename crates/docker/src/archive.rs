@@ -1,0 +1,252 @@
+//! `/containers/{id}/archive`: `docker cp`, docker-py `put_archive`/`get_archive`.
+//!
+//! Every path is resolved inside the container's root with the in-root file layer
+//! (`openat2(RESOLVE_IN_ROOT)`, run with the sandbox root's fsuid): `..`, absolute symlinks and
+//! races never reach the host, and files written get the sandbox's owner. The container must be
+//! running (its sandbox is where its files are).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agentrun_opensandbox::fsroot::{as_sandbox_root, relative, SandboxFs};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::json;
+
+use crate::containers::{lock, Container};
+use crate::http::{error, Query, Reply};
+
+fn sandbox_fs(c: &Container) -> Result<SandboxFs, Box<Reply>> {
+    let sb = lock(&c.state).sandbox.clone();
+    let Some(sb) = sb else {
+        return Err(Box::new(error(
+            StatusCode::CONFLICT,
+            &format!(
+                "Container {} is not running: its files are gone with its sandbox",
+                c.id
+            ),
+        )));
+    };
+    sb.root()
+        .map(SandboxFs::new)
+        .map_err(|e| Box::new(error(StatusCode::CONFLICT, &e.to_string())))
+}
+
+fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
+    let p = q
+        .get("path")
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| error(StatusCode::BAD_REQUEST, "path is required"))?;
+    let abs = if p.starts_with('/') {
+        p.to_owned()
+    } else {
+        format!("/{p}")
+    };
+    let rel = relative(&abs).map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, &e)))?;
+    Ok((abs, rel))
+}
+
+/// Go's `os.FileMode` bits for the stat header.
+fn go_mode(st_mode: u32) -> u64 {
+    let perm = u64::from(st_mode & 0o777);
+    let kind = match st_mode & libc::S_IFMT {
+        libc::S_IFDIR => 1u64 << 31,
+        libc::S_IFLNK => 1u64 << 27,
+        _ => 0,
+    };
+    perm | kind
+}
+
+fn not_found(abs: &str, c: &Container, head: bool) -> Reply {
+    if head {
+        return crate::http::empty(StatusCode::NOT_FOUND);
+    }
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("Could not find the file {abs} in container {}", c.name),
+    )
+}
+
+/// `HEAD` / `GET /containers/{id}/archive?path=`: the stat header (and a tar of the path).
+pub async fn get(c: Arc<Container>, q: &Query, method: &Method) -> Reply {
+    let head = method == Method::HEAD;
+    let (abs, rel) = match path_param(q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let fs = match sandbox_fs(&c) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let c2 = c.clone();
+    let rel2 = rel.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        as_sandbox_root(
+            || -> Result<(serde_json::Value, Option<Vec<u8>>), rustix::io::Errno> {
+                let entry = fs.stat(&rel2)?;
+                let name = rel2
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "/".into());
+                let stat = json!({
+                    "name": name,
+                    "size": entry.stat.st_size,
+                    "mode": go_mode(entry.stat.st_mode),
+                    "mtime": chrono::DateTime::from_timestamp(entry.stat.st_mtime, 0)
+                        .map(|d| d.to_rfc3339()).unwrap_or_default(),
+                    "linkTarget": "",
+                });
+                if head {
+                    return Ok((stat, None));
+                }
+                let mut b = tar::Builder::new(Vec::new());
+                let base = PathBuf::from(if name == "/" { "." } else { &name });
+                append(&fs, &mut b, &rel2, &base, entry.is_dir())?;
+                let bytes = b.into_inner().map_err(|_| rustix::io::Errno::IO)?;
+                Ok((stat, Some(bytes)))
+            },
+        )
+    })
+    .await;
+    let (stat, tar) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(rustix::io::Errno::NOENT)) => return not_found(&abs, &c2, head),
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{abs}: {e}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let header = base64_encode(serde_json::to_vec(&stat).expect("json").as_slice());
+    let body = match tar {
+        Some(t) => http_body_util::Full::new(Bytes::from(t)).boxed(),
+        None => http_body_util::Empty::<Bytes>::new().boxed(),
+    };
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert("content-type", "application/x-tar".parse().expect("header"));
+    if let Ok(v) = header.parse() {
+        r.headers_mut().insert("x-docker-container-path-stat", v);
+    }
+    r
+}
+
+fn append(
+    fs: &SandboxFs,
+    b: &mut tar::Builder<Vec<u8>>,
+    rel: &Path,
+    name: &Path,
+    is_dir: bool,
+) -> Result<(), rustix::io::Errno> {
+    let io = |_| rustix::io::Errno::IO;
+    let entry = fs.stat(rel)?;
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(entry.stat.st_mode & 0o7777);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(entry.stat.st_mtime.max(0) as u64);
+    if is_dir {
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        b.append_data(&mut h, name, std::io::empty()).map_err(io)?;
+        for child in fs.walk(rel, 1)? {
+            let child_name = child.path.rsplit('/').next().unwrap_or("").to_owned();
+            append(
+                fs,
+                b,
+                &rel.join(&child_name),
+                &name.join(&child_name),
+                child.is_dir(),
+            )?;
+        }
+    } else if entry.kind() == "file" {
+        let mut f = fs.open_regular(rel)?;
+        let mut data = Vec::new();
+        f.read_to_end(&mut data).map_err(io)?;
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, &data[..]).map_err(io)?;
+    }
+    // Symlinks and special files are left out.
+    Ok(())
+}
+
+/// `PUT /containers/{id}/archive?path=`: unpacks the tar body into `path` (a directory).
+pub async fn put(c: Arc<Container>, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
+    let (abs, rel) = match path_param(q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let body: Bytes = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let fs = match sandbox_fs(&c) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let c2 = c.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        as_sandbox_root(|| -> Result<(), String> {
+            match fs.stat(&rel) {
+                Ok(e) if e.is_dir() => {}
+                Ok(_) => return Err("400:extraction point is not a directory".into()),
+                Err(rustix::io::Errno::NOENT) => return Err("404".into()),
+                Err(e) => return Err(format!("500:{e}")),
+            }
+            let mut archive = tar::Archive::new(&body[..]);
+            let entries = archive
+                .entries()
+                .map_err(|e| format!("400:not a tar archive: {e}"))?;
+            for entry in entries {
+                let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
+                let path = entry
+                    .path()
+                    .map_err(|e| format!("400:{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                // Inside `path`, whatever the entry says (`..` cannot climb out of it).
+                let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
+                if inner.as_os_str().is_empty() {
+                    continue;
+                }
+                let target = rel.join(inner);
+                let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+                match entry.header().entry_type() {
+                    tar::EntryType::Directory => fs
+                        .mkdir_p(&target, mode.max(0o700))
+                        .map_err(|e| format!("500:{}: {e}", target.display()))?,
+                    tar::EntryType::Regular | tar::EntryType::Continuous => {
+                        let mut f = fs
+                            .create_file(&target, mode)
+                            .map_err(|e| format!("500:{}: {e}", target.display()))?;
+                        std::io::copy(&mut entry, &mut f)
+                            .and_then(|_| f.flush())
+                            .map_err(|e| format!("500:{}: {e}", target.display()))?;
+                    }
+                    // Links and special files are not written.
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => crate::http::empty(StatusCode::OK),
+        Ok(Err(e)) if e == "404" => not_found(&abs, &c2, false),
+        Ok(Err(e)) => {
+            let (code, msg) = e.split_once(':').unwrap_or(("500", &e));
+            error(
+                StatusCode::from_u16(code.parse().unwrap_or(500))
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                msg,
+            )
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
