@@ -17,9 +17,10 @@ use crate::http::{error, json, Reply};
 use crate::stream::{self, HijackIo};
 use crate::Context;
 
-/// How long output is still forwarded after the process exited (a background child may hold
-/// the pipes open forever).
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
+/// How long output is still forwarded after the process exited, waiting for its pipes to
+/// close (a background child may hold them open forever; on a loaded host the pumps may lag
+/// the exit report).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// One exec instance.
 pub struct Exec {
