@@ -1,7 +1,11 @@
 //! `agentrun`: run untrusted code in kernel-enforced sandboxes.
 //!
 //! A thin binary: it parses arguments and calls the library crates (`agentrun-runtime`,
-//! `agentrun-image`, `agentrun-policy`, `agentrun-telemetry`).
+//! `agentrun-image`, `agentrun-policy`, `agentrun-telemetry`, `agentrun-oci`).
+//!
+//! runc-style command lines (containerd's runc shim with `BinaryName` set to this binary,
+//! `ctr run --runc-binary`, `agentrun oci ...`, or this binary invoked as `runc`) go to the
+//! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
 mod exec;
 mod image;
@@ -89,7 +93,12 @@ impl Paths {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(oci_args) = agentrun_oci::invocation::runc_args(&args) {
+        let code = agentrun_oci::main(oci_args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
             // --help, --version
