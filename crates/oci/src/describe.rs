@@ -143,7 +143,18 @@ pub fn spec(args: SpecArgs) -> Result<(), OciError> {
     } else {
         Spec::default()
     };
-    let value = serde_json::to_value(&spec)?;
+    let mut spec = spec;
+    spec.set_hostname(Some("agentrun".into()));
+    let mut value = serde_json::to_value(&spec)?;
+    // runc's starter spec has no (empty) annotations.
+    if let Some(obj) = value.as_object_mut() {
+        if obj
+            .get("annotations")
+            .is_some_and(|a| a.is_null() || a.as_object().is_some_and(|m| m.is_empty()))
+        {
+            obj.remove("annotations");
+        }
+    }
     let text = to_string_indent(&value, b"\t")?;
     std::fs::write(&path, text).map_err(|e| OciError::io("writing", path, e))
 }

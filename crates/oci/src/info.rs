@@ -17,7 +17,12 @@ use crate::OciError;
 /// `state ID`: the container's state as indented JSON.
 pub fn state(ctx: &Context, id: &str) -> Result<(), OciError> {
     let c = container::load(&ctx.root, id)?;
-    println!("{}", serde_json::to_string_pretty(&RuncState::of(&c))?);
+    // runc's `state` leaves the owner empty (its `list` fills it in).
+    let state = RuncState {
+        owner: String::new(),
+        ..RuncState::of(&c)
+    };
+    println!("{}", serde_json::to_string_pretty(&state)?);
     Ok(())
 }
 

@@ -10,8 +10,10 @@
 //! 4. the subcommand exists only in runc: create, start, state, kill, delete, run, pause,
 //!    resume, events, update, features, spec, list, checkpoint, or
 //! 5. `ps` with anything but `--json`/`--help` (runc's `ps` takes a container id), or
-//! 6. `exec` with a runc-only flag before any `--` (`--process`/`-p`, `--detach`/`-d`,
-//!    `--pid-file`, `--console-socket`, `--tty`/`-t`, `--user`/`-u`, `--preserve-fds`, ...).
+//! 6. `exec` with a runc-only flag before its first operand (`--process`/`-p`, `--detach`/`-d`,
+//!    `--pid-file`, `--console-socket`, `--tty`/`-t`, `--user`/`-u`, `--preserve-fds`, ...),
+//!    or whose first operand names an existing OCI container (`<root>/<ID>/state.json`,
+//!    root being `--root` or [`crate::DEFAULT_ROOT`]): `agentrun --root R exec ID CMD`.
 //!
 //! Everything else is agentrun's own CLI: `agentrun exec -- CMD` keeps its meaning.
 
@@ -83,6 +85,37 @@ const RUNC_ONLY_EXEC_FLAGS: &[&str] = &[
     "--cgroup",
 ];
 
+/// `exec` flags (of either CLI) that take a value as the next argument.
+const EXEC_FLAGS_WITH_VALUE: &[&str] = &[
+    "--image",
+    "--profile",
+    "--workspace",
+    "--ro",
+    "--rw",
+    "--env",
+    "-e",
+    "--env-file",
+    "--timeout",
+    "--memory",
+    "--pids",
+    "--cpus",
+    "--tmpfs-size",
+    "--cwd",
+    "--console-socket",
+    "--user",
+    "-u",
+    "--additional-gids",
+    "-g",
+    "--process",
+    "-p",
+    "--pid-file",
+    "--process-label",
+    "--apparmor",
+    "--cap",
+    "--preserve-fds",
+    "--cgroup",
+];
+
 /// The arguments to hand to the OCI parser (program name first) when `args` is a runc-style
 /// command line, `None` when it is agentrun's own.
 pub fn runc_args(args: &[OsString]) -> Option<Vec<OsString>> {
@@ -105,6 +138,7 @@ pub fn runc_args(args: &[OsString]) -> Option<Vec<OsString>> {
 fn is_runc_style(args: &[OsString]) -> bool {
     let strs: Vec<&str> = args.iter().map(|a| a.to_str().unwrap_or("")).collect();
     let mut i = 1;
+    let mut root = crate::DEFAULT_ROOT;
     // Global flags before the subcommand.
     while i < strs.len() && strs[i].starts_with('-') {
         let flag = strs[i].split('=').next().unwrap_or("");
@@ -112,6 +146,12 @@ fn is_runc_style(args: &[OsString]) -> bool {
             return true;
         }
         let takes_value = GLOBALS_WITH_VALUE.contains(&flag) && !strs[i].contains('=');
+        if matches!(flag, "--root" | "-r") {
+            root = match strs[i].split_once('=') {
+                Some((_, v)) => v,
+                None => strs.get(i + 1).copied().unwrap_or(root),
+            };
+        }
         i += if takes_value { 2 } else { 1 };
     }
     let Some(command) = strs.get(i) else {
@@ -123,12 +163,41 @@ fn is_runc_style(args: &[OsString]) -> bool {
         "ps" => rest
             .iter()
             .any(|a| !matches!(*a, "--json" | "-h" | "--help")),
-        "exec" => rest
-            .iter()
-            .take_while(|a| **a != "--")
-            .any(|a| RUNC_ONLY_EXEC_FLAGS.contains(&a.split('=').next().unwrap_or(""))),
+        "exec" => {
+            let (flags, operand) = exec_flags_and_operand(rest);
+            flags
+                .iter()
+                .any(|a| RUNC_ONLY_EXEC_FLAGS.contains(&a.split('=').next().unwrap_or("")))
+                || operand.is_some_and(|id| is_container(root, id))
+        }
         _ => false,
     }
+}
+
+/// The flags of `exec` before its first operand, and that operand (not a flag nor a flag's
+/// value; `None` when `--` or the end comes first).
+fn exec_flags_and_operand<'a>(rest: &[&'a str]) -> (Vec<&'a str>, Option<&'a str>) {
+    let mut flags = Vec::new();
+    let mut i = 0;
+    while i < rest.len() {
+        let a = rest[i];
+        if a == "--" {
+            return (flags, None);
+        }
+        if !a.starts_with('-') {
+            return (flags, Some(a));
+        }
+        flags.push(a);
+        let takes_value = EXEC_FLAGS_WITH_VALUE.contains(&a) && !a.contains('=');
+        i += if takes_value { 2 } else { 1 };
+    }
+    (flags, None)
+}
+
+/// Is there an OCI container `id` under `root`?
+fn is_container(root: &str, id: &str) -> bool {
+    crate::container::validate_id(id).is_ok()
+        && Path::new(root).join(id).join("state.json").is_file()
 }
 
 #[cfg(test)]
@@ -189,6 +258,20 @@ mod tests {
         assert!(check(&["agentrun", "--state-dir", "/s", "serve"]).is_none());
         assert!(check(&["agentrun", "info"]).is_none());
         assert!(check(&["agentrun"]).is_none());
+    }
+
+    #[test]
+    fn exec_of_an_existing_container_is_runc_style() {
+        let root = std::env::temp_dir().join(format!("agentrun-oci-inv-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("c1")).unwrap();
+        std::fs::write(root.join("c1/state.json"), "{}").unwrap();
+        let r = root.to_str().unwrap();
+        assert!(check(&["agentrun", "--root", r, "exec", "c1", "sh"]).is_some());
+        assert!(check(&["agentrun", "--root", r, "exec", "--cwd", "/tmp", "c1", "sh"]).is_some());
+        assert!(check(&["agentrun", "--root", r, "exec", "c2", "sh"]).is_none());
+        assert!(check(&["agentrun", "--root", r, "exec", "--", "c1"]).is_none());
+        assert!(check(&["agentrun", "--root", r, "exec", "--image", "c1", "ls"]).is_none());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
