@@ -74,6 +74,13 @@ enum Command {
     /// The daemon's pool.
     #[command(subcommand)]
     Pool(serve::PoolCommand),
+    /// The runc-compatible OCI runtime (create, start, state, kill, delete, exec, ...), for
+    /// containerd's runc shim and Kubernetes RuntimeClasses: see docs/kubernetes.md.
+    Oci {
+        /// runc's command line, e.g. `--root DIR create --bundle B ID`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// Global paths, shared by the subcommands.
@@ -123,6 +130,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(args, &paths),
         Command::Ps { json } => serve::ps(json, &paths),
         Command::Pool(cmd) => serve::pool(cmd, &paths),
+        Command::Oci { args } => {
+            let mut argv = vec![std::ffi::OsString::from("agentrun")];
+            argv.extend(args);
+            let code = agentrun_oci::main(argv);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

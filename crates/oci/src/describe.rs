@@ -121,7 +121,7 @@ pub fn features() -> Result<(), OciError> {
             "run.agentrun.landlock.abi": agentrun_runtime::landlock::abi().to_string(),
         },
     });
-    println!("{}", to_string_indent(&value, b"    ")?);
+    crate::output(&to_string_indent(&value, b"    ")?);
     Ok(())
 }
 

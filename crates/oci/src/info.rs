@@ -22,7 +22,7 @@ pub fn state(ctx: &Context, id: &str) -> Result<(), OciError> {
         owner: String::new(),
         ..RuncState::of(&c)
     };
-    println!("{}", serde_json::to_string_pretty(&state)?);
+    crate::output(&serde_json::to_string_pretty(&state)?);
     Ok(())
 }
 
@@ -35,7 +35,7 @@ pub fn list(ctx: &Context, args: List) -> Result<(), OciError> {
         .collect();
     if args.quiet {
         for s in &states {
-            println!("{}", s.id);
+            crate::output(&s.id);
         }
         return Ok(());
     }
@@ -46,7 +46,7 @@ pub fn list(ctx: &Context, args: List) -> Result<(), OciError> {
             } else {
                 serde_json::to_value(&states)?
             };
-            println!("{value}");
+            crate::output(&value.to_string());
         }
         "table" => {
             let mut rows =
@@ -61,7 +61,7 @@ pub fn list(ctx: &Context, args: List) -> Result<(), OciError> {
                     s.owner.clone(),
                 ]);
             }
-            print!("{}", tabulate(&rows));
+            crate::output(tabulate(&rows).trim_end_matches('\n'));
         }
         other => {
             return Err(OciError::Invalid(format!(
@@ -111,7 +111,7 @@ pub fn ps(ctx: &Context, args: Ps) -> Result<(), OciError> {
         .collect();
     match args.format.as_str() {
         "json" => {
-            println!("{}", serde_json::to_string(&pids)?);
+            crate::output(&serde_json::to_string(&pids)?);
             Ok(())
         }
         "table" => {

@@ -43,3 +43,9 @@ pub const DEFAULT_ROOT: &str = "/run/agentrun-oci";
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::main(args)
 }
+
+/// Prints `text` and a newline on stdout; a reader that went away is not an error.
+pub(crate) fn output(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}

@@ -41,6 +41,12 @@ const FORWARDED: &[NixSignal] = &[
 pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
     let id = args.container_id;
     let dir = container::dir(&ctx.root, &id)?;
+    if ctx.systemd_cgroup {
+        // libcgroups is built without its systemd manager (it would pull in D-Bus).
+        return Err(OciError::Invalid(
+            "the systemd cgroup driver is not supported: use cgroupfs (containerd: SystemdCgroup = false)".into(),
+        ));
+    }
     let bundle =
         std::fs::canonicalize(&args.bundle).map_err(|e| OciError::io("bundle", &args.bundle, e))?;
     let config = bundle.join("config.json");
