@@ -24,6 +24,8 @@ use crate::{run_with_timeout, tempdir, wait_until, workspace_root, RunOutput};
 pub const NAMESPACE: &str = "agentrun-e2e";
 /// The image name the busybox tarball is imported under.
 pub const IMAGE: &str = "agentrun.test/busybox:latest";
+/// The sandbox ("pause") image of the CRI tests, from the same tarball.
+pub const PAUSE_IMAGE: &str = "agentrun.test/busybox:pause";
 
 static ROOTFS: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
 
@@ -92,7 +94,9 @@ impl Bundle {
 
 static IMAGE_TAR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
 
-/// An OCI image layout tarball of the busybox rootfs (`sh` as its command), built with umoci.
+/// An OCI image layout tarball of the busybox rootfs, built with umoci: tag `latest` runs
+/// `sh`, tag `pause` sleeps forever (a CRI sandbox image). Imported with `--base-name
+/// agentrun.test/busybox`, they are [`IMAGE`] and [`PAUSE_IMAGE`].
 pub fn busybox_image_tar() -> PathBuf {
     IMAGE_TAR
         .get_or_init(|| {
@@ -118,6 +122,14 @@ pub fn busybox_image_tar() -> PathBuf {
             must(
                 "umoci",
                 &["config", "--image", &image, "--config.cmd", "sh"],
+            );
+            // `:pause`, the same rootfs sleeping forever: the CRI tests' sandbox image.
+            must("umoci", &["tag", "--image", &image, "pause"]);
+            let pause = format!("{}:pause", layout.display());
+            let cmd = ["--config.cmd", "sleep", "--config.cmd", "2147483647"];
+            must(
+                "umoci",
+                &[&["config", "--image", pause.as_str()][..], &cmd[..]].concat(),
             );
             let tar = dir.path().join("busybox-oci.tar");
             must(
@@ -145,15 +157,21 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    /// Starts containerd with everything under `dir` and waits (10 s at most) for its socket.
+    /// Starts containerd with everything under `dir`, CRI disabled, and waits (10 s at most)
+    /// for its socket.
     pub fn start(dir: &Path) -> Containerd {
+        Self::start_with(dir, None)
+    }
+
+    /// Like [`Containerd::start`]; with `cri` (the CRI plugin's TOML sections), CRI enabled.
+    pub fn start_with(dir: &Path, cri: Option<&str>) -> Containerd {
         let socket = dir.join("containerd.sock");
-        let config = format!(
+        let mut config = format!(
             r#"version = 2
 root = "{root}"
 state = "{state}"
 disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
+  {cri_plugin}
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper",
@@ -173,7 +191,15 @@ disabled_plugins = [
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             sock = socket.display(),
+            cri_plugin = if cri.is_some() {
+                ""
+            } else {
+                "\"io.containerd.grpc.v1.cri\","
+            },
         );
+        if let Some(cri) = cri {
+            config.push_str(cri);
+        }
         fs::write(dir.join("config.toml"), config).unwrap();
         let log = File::create(dir.join("containerd.log")).unwrap();
         let child = Command::new("containerd")
@@ -219,15 +245,38 @@ disabled_plugins = [
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
+        self.ctr_command_in(NAMESPACE, args)
+    }
+
+    /// `ctr -a SOCK -n NS ARGS...`, to spawn.
+    pub fn ctr_command_in<I, S>(&self, ns: &str, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
         let mut cmd = Command::new("ctr");
-        cmd.arg("-a").arg(&self.socket).args(["-n", NAMESPACE]);
+        cmd.arg("-a").arg(&self.socket).args(["-n", ns]);
         cmd.args(args);
         cmd
     }
 
+    /// `ctr -a SOCK -n NS ARGS...`, 60 s at most.
+    pub fn ctr_in<I, S>(&self, ns: &str, args: I) -> RunOutput
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        run_with_timeout(self.ctr_command_in(ns, args), None, Duration::from_secs(60))
+    }
+
     /// Task ids and statuses (`ctr task ls`).
     pub fn tasks(&self) -> Vec<(String, String)> {
-        let out = self.ctr(["task", "ls"]);
+        self.tasks_in(NAMESPACE)
+    }
+
+    /// Task ids and statuses in namespace `ns`.
+    pub fn tasks_in(&self, ns: &str) -> Vec<(String, String)> {
+        let out = self.ctr_in(ns, ["task", "ls"]);
         out.stdout()
             .lines()
             .skip(1)
@@ -245,19 +294,21 @@ disabled_plugins = [
             return;
         };
         if child.try_wait().ok().flatten().is_none() {
-            for (id, _) in self.tasks() {
-                let _ = self.ctr(["task", "kill", "-s", "SIGKILL", &id]);
-                let _ = wait_until(Duration::from_secs(10), || {
-                    self.tasks()
-                        .iter()
-                        .any(|(t, s)| t == &id && s == "STOPPED")
-                        .then_some(())
-                });
-                let _ = self.ctr(["task", "delete", "--force", &id]);
-            }
-            let out = self.ctr(["container", "ls", "-q"]);
-            for id in out.stdout().split_whitespace() {
-                let _ = self.ctr(["container", "delete", id]);
+            for ns in [NAMESPACE, "k8s.io"] {
+                for (id, _) in self.tasks_in(ns) {
+                    let _ = self.ctr_in(ns, ["task", "kill", "-s", "SIGKILL", &id]);
+                    let _ = wait_until(Duration::from_secs(10), || {
+                        self.tasks_in(ns)
+                            .iter()
+                            .any(|(t, s)| t == &id && s == "STOPPED")
+                            .then_some(())
+                    });
+                    let _ = self.ctr_in(ns, ["task", "delete", "--force", &id]);
+                }
+                let out = self.ctr_in(ns, ["container", "ls", "-q"]);
+                for id in out.stdout().split_whitespace() {
+                    let _ = self.ctr_in(ns, ["container", "delete", id]);
+                }
             }
             // SAFETY: kill on our own unreaped child's pid.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -66,7 +66,7 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
     match run(&ctx, cli.command) {
         Ok(code) => code,
         Err(e) => {
-            ctx.logger.error(&one_line(&e.to_string()));
+            ctx.logger.error(&one_line(&chain(&e)));
             1
         }
     }
@@ -99,6 +99,22 @@ fn run(ctx: &Context, command: Command) -> Result<i32, OciError> {
             )),
         },
     }
+}
+
+/// An error and its sources, `: `-separated (libcontainer's own messages are terse, e.g.
+/// "io error", and the cause is in the source).
+fn chain(e: &OciError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Errors are logged on one line.
