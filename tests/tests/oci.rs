@@ -8,7 +8,8 @@
 //! - `containerd_runs_containers_with_agentrun`: a private containerd (Debian package) imports
 //!   a busybox OCI image built here (no registry) and runs it with
 //!   `ctr run --runc-binary <agentrun>` through containerd's runc shim: output and exit code,
-//!   `ctr task exec`, `ctr task kill` (SIGTERM and SIGKILL), pause/resume, the spec's seccomp
+//!   a terminal (`-t`, the console socket), `ctr task exec` (also `-t`), `ctr task kill`
+//!   (SIGTERM and SIGKILL), pause/resume, the spec's seccomp
 //!   (`ctr run --seccomp`) and the profile annotation; nothing left behind.
 //! - `profile_annotation_confines_the_container` and `bad_profile_annotation_fails_create`.
 //! - `lifetime_span_is_exported_at_delete`: one span per container, create..delete.
@@ -610,6 +611,29 @@ fn containerd_runs_containers_with_agentrun() {
         let out = ctrd.ctr(run_args("c-noprofile", &["--rm"], &write));
         assert_eq!(out.stdout(), "wrote-etc\nwrote-tmp\n", "{out}");
 
+        // A terminal (`ctr run -t`: create --console-socket), under `script` for a pty.
+        let in_pty = |args: Vec<String>| {
+            let ctr = format!(
+                "ctr -a {} -n {NAMESPACE} {}",
+                ctrd.socket.display(),
+                args.iter()
+                    .map(|a| format!("'{a}'"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            let mut c = Command::new("script");
+            c.args(["-qec", &ctr, "/dev/null"]);
+            agentrun_e2e::run_with_timeout(c, None, Duration::from_secs(60))
+        };
+        let out = in_pty(run_args(
+            "c-tty",
+            &["--rm", "-t"],
+            &["sh", "-c", "tty; echo on-tty; exit 5"],
+        ));
+        assert_eq!(out.status.code(), Some(5), "{out}");
+        assert!(out.stdout().contains("/dev/pts/"), "{out}");
+        assert!(out.stdout().contains("on-tty"), "{out}");
+
         // A detached task: exec, ps, pause/resume, metrics, kill -9.
         let out = ctrd.ctr(run_args("c2", &["-d"], &["sleep", "1000"]));
         assert!(out.status.success(), "{out}\n{}", ctrd.log());
@@ -644,6 +668,24 @@ fn containerd_runs_containers_with_agentrun() {
         ]);
         assert_eq!(out.status.code(), Some(7), "{out}\n{}", ctrd.log());
         assert_eq!(out.stdout(), "exec says hi\n");
+        // exec -t: exec --console-socket.
+        let out = in_pty(
+            [
+                "task",
+                "exec",
+                "-t",
+                "--exec-id",
+                "e2",
+                "c2",
+                "sh",
+                "-c",
+                "tty; exit 6",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        assert_eq!(out.status.code(), Some(6), "{out}");
+        assert!(out.stdout().contains("/dev/pts/"), "{out}");
         let out = ctrd.ctr(["task", "ps", "c2"]);
         assert!(out.stdout().contains(&task_pid), "{out}");
         assert!(ctrd.ctr(["task", "pause", "c2"]).status.success());
