@@ -338,6 +338,48 @@ impl Drop for Containerd {
     }
 }
 
+/// A parent cgroup (`/<prefix>-<test binary pid>`) for a test's containers: its cgroups path
+/// is [`CgroupParent::path`]. Dropped (test passed or panicked), it kills what is still in its
+/// child cgroups and removes them and itself, in every hierarchy.
+pub struct CgroupParent {
+    pub name: String,
+}
+
+impl CgroupParent {
+    pub fn new(prefix: &str) -> CgroupParent {
+        CgroupParent {
+            name: format!("{prefix}-{}", std::process::id()),
+        }
+    }
+
+    /// The cgroups path to put containers under (`/<name>`).
+    pub fn path(&self) -> String {
+        format!("/{}", self.name)
+    }
+
+    /// Child cgroups (containers' cgroups) that still exist.
+    pub fn children(&self) -> Vec<PathBuf> {
+        child_cgroups(&cgroup_dirs(&self.name))
+    }
+}
+
+impl Drop for CgroupParent {
+    fn drop(&mut self) {
+        let children = self.children();
+        for c in &children {
+            let procs = fs::read_to_string(c.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) of a process left in a cgroup this test created.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        for c in &children {
+            let _ = wait_until(Duration::from_secs(5), || fs::remove_dir(c).ok());
+        }
+        remove_cgroup_dirs(&self.name);
+    }
+}
+
 /// Cgroup directories named `name` directly under any controller's hierarchy root
 /// (`/sys/fs/cgroup/<controller>/<name>` on v1, `/sys/fs/cgroup/<name>` on v2).
 pub fn cgroup_dirs(name: &str) -> Vec<PathBuf> {

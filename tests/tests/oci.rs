@@ -21,10 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentrun_e2e::oci::{
-    busybox_image_tar, cgroup_dirs, child_cgroups, remove_cgroup_dirs, Bundle, Containerd, IMAGE,
-    NAMESPACE,
-};
+use agentrun_e2e::oci::{busybox_image_tar, Bundle, CgroupParent, Containerd, IMAGE, NAMESPACE};
 use agentrun_e2e::otlp::OtlpReceiver;
 use agentrun_e2e::{
     agentrun_bin, all_processes, mounts_under, setup, tempdir, wait_until, Running,
@@ -324,7 +321,8 @@ fn observe(rt: Rt, work: &Path, cg_parent: &str) -> Observed {
 fn runc_and_agentrun_agree() {
     let Some(_lock) = setup() else { return };
     let work = tempdir();
-    let cg_parent = format!("agentrun-e2e-oci-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-oci");
+    let cg_parent = cgp.name.clone();
     let rc = observe(
         Rt::Runc,
         &work.path().join("runc"),
@@ -335,8 +333,7 @@ fn runc_and_agentrun_agree() {
         &work.path().join("agentrun"),
         &format!("/{cg_parent}"),
     );
-    let leftover = child_cgroups(&cgroup_dirs(&cg_parent));
-    remove_cgroup_dirs(&cg_parent);
+    let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 
     // Missing containers: same exit codes, and the message the shim matches on.
@@ -544,7 +541,8 @@ fn containerd_runs_containers_with_agentrun() {
     let Some(_lock) = setup() else { return };
     let work = tempdir();
     let dir = work.path().to_owned();
-    let cg_parent = format!("agentrun-e2e-ctr-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-ctr");
+    let cg_parent = cgp.name.clone();
     let runc_root = dir.join("runc");
     let bin = agentrun_bin();
     {
@@ -736,8 +734,7 @@ fn containerd_runs_containers_with_agentrun() {
         processes_mentioning(&dir)
     );
     assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new(), "mounts left");
-    let leftover = child_cgroups(&cgroup_dirs(&cg_parent));
-    remove_cgroup_dirs(&cg_parent);
+    let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 }
 
@@ -745,7 +742,8 @@ fn containerd_runs_containers_with_agentrun() {
 fn profile_annotation_confines_the_container() {
     let Some(_lock) = setup() else { return };
     let work = tempdir();
-    let cg_parent = format!("agentrun-e2e-prof-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-prof");
+    let cg_parent = cgp.name.clone();
     let root = work.path().join("root");
     let script = "echo x > /etc/f && echo wrote-etc; echo y > /tmp/f && echo wrote-tmp; \
                   unshare -U true 2>/dev/null && echo unshared || echo no-unshare";
@@ -775,8 +773,7 @@ fn profile_annotation_confines_the_container() {
     // Landlock: / read-only but /tmp; the profile's default seccomp: no namespaces.
     assert_eq!(out.stdout, "wrote-tmp\nno-unshare\n", "{out:?}");
     assert_eq!(out.code, 0);
-    let leftover = child_cgroups(&cgroup_dirs(&cg_parent));
-    remove_cgroup_dirs(&cg_parent);
+    let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 }
 
@@ -784,7 +781,8 @@ fn profile_annotation_confines_the_container() {
 fn bad_profile_annotation_fails_create() {
     let Some(_lock) = setup() else { return };
     let work = tempdir();
-    let cg_parent = format!("agentrun-e2e-badprof-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-badprof");
+    let cg_parent = cgp.name.clone();
     let root = work.path().join("root");
     for bad in ["nope", "/etc/passwd"] {
         let b = Bundle::new(
@@ -801,7 +799,7 @@ fn bad_profile_annotation_fails_create() {
         assert_eq!(Rt::Agentrun.run(&root, &["state", "b"]).code, 1);
         fs::remove_dir_all(&b.dir).unwrap();
     }
-    assert!(cgroup_dirs(&cg_parent).is_empty());
+    assert!(cgp.children().is_empty());
 }
 
 #[test]
@@ -809,7 +807,8 @@ fn lifetime_span_is_exported_at_delete() {
     let Some(_lock) = setup() else { return };
     let rx = OtlpReceiver::grpc();
     let work = tempdir();
-    let cg_parent = format!("agentrun-e2e-span-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-span");
+    let cg_parent = cgp.name.clone();
     let root = work.path().join("root");
     let b = Bundle::new(
         &work.path().join("b"),
@@ -863,7 +862,6 @@ fn lifetime_span_is_exported_at_delete() {
         "{:?}",
         s.duration()
     );
-    let leftover = child_cgroups(&cgroup_dirs(&cg_parent));
-    remove_cgroup_dirs(&cg_parent);
+    let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 }

@@ -14,10 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::oci::{
-    busybox_image_tar, cgroup_dirs, child_cgroups, remove_cgroup_dirs, Containerd, IMAGE,
-    PAUSE_IMAGE,
-};
+use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
 use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -287,7 +284,8 @@ fn cri_pod_runs_with_agentrun_runtime_handler() {
     let Some(_lock) = setup() else { return };
     let work = tempdir();
     let dir = work.path().to_owned();
-    let cg_parent = format!("agentrun-e2e-cri-{}", std::process::id());
+    let cgp = CgroupParent::new("agentrun-e2e-cri");
+    let cg_parent = cgp.name.clone();
     let seen = {
         let ctrd = Containerd::start_with(&dir, Some(&cri_config(&dir, &agentrun_bin())));
         let tar = busybox_image_tar();
@@ -344,7 +342,6 @@ fn cri_pod_runs_with_agentrun_runtime_handler() {
         .collect();
     assert!(procs.is_empty(), "processes left: {procs:?}");
     assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new(), "mounts left");
-    let leftover = child_cgroups(&cgroup_dirs(&cg_parent));
-    remove_cgroup_dirs(&cg_parent);
+    let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 }
