@@ -3,6 +3,7 @@
 //! RunPodSandbox with `runtime_handler = "agentrun"` (the runtime configured exactly as
 //! docs/kubernetes.md says: runc shim, `BinaryName` = agentrun, annotations passed through),
 //! CreateContainer/StartContainer, ContainerStatus (exit code), the container log, ExecSync,
+//! UpdateContainerResources (`update --resources -`),
 //! the pod's `run.agentrun.profile` annotation and the RuntimeDefault seccomp profile, then
 //! Stop/Remove of containers and pod; nothing left behind.
 //!
@@ -21,11 +22,11 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     security_profile::ProfileType, ContainerConfig, ContainerMetadata, ContainerState,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    SecurityProfile, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
-    VersionRequest,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, SecurityProfile, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -116,6 +117,24 @@ struct Seen {
     exec_write_tmp: i32,
     exec_unshare: (i32, String),
     agentrun_state: String,
+    memory_limit: String,
+}
+
+/// The memory limit of container `id` under cgroup parent `parent` (v1 or v2).
+fn memory_limit(parent: &str, id: &str) -> String {
+    let v1 = Path::new("/sys/fs/cgroup/memory").join(parent).join(id);
+    let file = if v1.is_dir() {
+        v1.join("memory.limit_in_bytes")
+    } else {
+        Path::new("/sys/fs/cgroup")
+            .join(parent)
+            .join(id)
+            .join("memory.max")
+    };
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
 
 async fn scenario(socket: PathBuf, dir: &Path, cg_parent: &str) -> Seen {
@@ -252,6 +271,18 @@ async fn scenario(socket: PathBuf, dir: &Path, cg_parent: &str) -> Seen {
         Duration::from_secs(20),
     );
     seen.agentrun_state = out.stdout();
+    // UpdateContainerResources: the shim runs `update --resources -` with the JSON on stdin.
+    cri.update_container_resources(UpdateContainerResourcesRequest {
+        container_id: sleeper.clone(),
+        linux: Some(LinuxContainerResources {
+            memory_limit_in_bytes: 96 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("UpdateContainerResources");
+    seen.memory_limit = memory_limit(cg_parent, &sleeper);
 
     for id in [&tool, &sleeper] {
         cri.stop_container(StopContainerRequest {
@@ -324,6 +355,7 @@ fn cri_pod_runs_with_agentrun_runtime_handler() {
     let state: serde_json::Value = serde_json::from_str(&seen.agentrun_state)
         .unwrap_or_else(|e| panic!("agentrun state: {e}: {seen:?}"));
     assert_eq!(state["status"], "running");
+    assert_eq!(seen.memory_limit, (96u64 << 20).to_string(), "{seen:?}");
     assert_eq!(
         state["annotations"]["run.agentrun.profile"], "strict",
         "{state}"
