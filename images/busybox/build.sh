@@ -5,7 +5,8 @@
 # usage: images/busybox/build.sh [--import] [--name NAME] [DIR]
 #   DIR       where to build the rootfs (default: <repo>/.cache/images/busybox/rootfs);
 #             an existing DIR is replaced.
-#   --import  then register it: `agentrun image add NAME DIR` (NAME default: busybox).
+#   --import  then register it: `agentrun image add NAME DIR --cmd /bin/sh` (NAME default:
+#             busybox).
 #             Uses $AGENTRUN_BIN (default <repo>/target/debug/agentrun) and honours
 #             $AGENTRUN_ROOT like agentrun itself.
 # env: BUSYBOX (path of a static busybox; default /bin/busybox from busybox-static).
@@ -99,8 +100,7 @@ if [ "$import" = 1 ]; then
         echo "build.sh: $bin not found: build it first (cargo build -p agentrun)" >&2
         exit 1
     fi
-    # Replace an older import of the same name; ignore "no such image".
-    "$bin" image rm "$name" >/dev/null 2>&1 || true
-    "$bin" image add "$name" "$dir"
+    # A new import takes the name; the old image's content goes with `agentrun image prune`.
+    "$bin" image add "$name" "$dir" --cmd /bin/sh
     echo "imported as image '$name'${AGENTRUN_ROOT:+ into $AGENTRUN_ROOT}" >&2
 fi

@@ -1,8 +1,9 @@
-//! A real OTLP trace receiver for end-to-end tests.
+//! A real OTLP trace (and metrics) receiver for end-to-end tests.
 //!
 //! [`OtlpReceiver::grpc`] runs an OTLP/gRPC collector (tonic, the generated
-//! `TraceService` from `opentelemetry-proto`); [`OtlpReceiver::http`] runs an OTLP/HTTP
-//! receiver (`POST /v1/traces`, protobuf or JSON body, hyper). Both listen on an ephemeral
+//! `TraceService` and `MetricsService` from `opentelemetry-proto`); [`OtlpReceiver::http`]
+//! runs an OTLP/HTTP receiver (`POST /v1/traces`, protobuf or JSON body, and
+//! `POST /v1/metrics`, protobuf, hyper). Both listen on an ephemeral
 //! port on 127.0.0.1, in a background thread with its own tokio runtime, and store every span
 //! they receive. Dropping the receiver stops the server.
 //!
@@ -28,6 +29,12 @@ use std::time::{Duration, Instant};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -130,9 +137,28 @@ impl ReceivedSpan {
     }
 }
 
+/// One number data point of a received metric, flattened for assertions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceivedPoint {
+    /// Metric name.
+    pub name: String,
+    /// `sum` or `gauge` (others are not flattened).
+    pub kind: &'static str,
+    /// Sums: monotonic.
+    pub monotonic: bool,
+    /// Sums: 1 delta, 2 cumulative.
+    pub temporality: i32,
+    /// The value (doubles truncated).
+    pub value: i64,
+    /// Data point attributes, rendered like span attributes.
+    pub attributes: HashMap<String, String>,
+}
+
 /// Received spans plus a condition variable to wait on them.
 #[derive(Default)]
 struct Store {
+    /// Metric data points received.
+    points: Mutex<Vec<ReceivedPoint>>,
     spans: Mutex<Vec<ReceivedSpan>>,
     changed: Condvar,
     requests: AtomicUsize,
@@ -141,6 +167,46 @@ struct Store {
 }
 
 impl Store {
+    fn add_metrics(&self, request: ExportMetricsServiceRequest) {
+        use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
+        let mut out = Vec::new();
+        for rm in request.resource_metrics {
+            for sm in rm.scope_metrics {
+                for m in sm.metrics {
+                    let (kind, monotonic, temporality, points) = match m.data {
+                        Some(Data::Sum(s)) => (
+                            "sum",
+                            s.is_monotonic,
+                            s.aggregation_temporality,
+                            s.data_points,
+                        ),
+                        Some(Data::Gauge(g)) => ("gauge", false, 0, g.data_points),
+                        _ => continue,
+                    };
+                    for p in points {
+                        out.push(ReceivedPoint {
+                            name: m.name.clone(),
+                            kind,
+                            monotonic,
+                            temporality,
+                            value: match p.value {
+                                Some(Value::AsInt(i)) => i,
+                                Some(Value::AsDouble(d)) => d as i64,
+                                None => 0,
+                            },
+                            attributes: attributes(&p.attributes),
+                        });
+                    }
+                }
+            }
+        }
+        self.points
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(out);
+        self.changed.notify_all();
+    }
+
     fn add(&self, headers: &hyper::HeaderMap, request: ExportTraceServiceRequest) {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let headers = headers
@@ -253,6 +319,31 @@ impl OtlpReceiver {
             .clone()
     }
 
+    /// Waits until at least `n` metric data points have arrived (or `timeout` passed) and
+    /// returns all of them.
+    pub fn wait_for_points(&self, n: usize, timeout: Duration) -> Vec<ReceivedPoint> {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.store.spans.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let points = self
+                .store
+                .points
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let now = Instant::now();
+            if points.len() >= n || now >= deadline {
+                return points;
+            }
+            guard = self
+                .store
+                .changed
+                .wait_timeout(guard, (deadline - now).min(Duration::from_millis(100)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// The spans received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.store
@@ -326,13 +417,14 @@ fn serve(
             Protocol::Grpc => {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
                 let (stop_tx, stop_rx) = oneshot::channel::<()>();
-                let server = tonic::transport::Server::builder().serve_with_incoming_shutdown(
-                    TraceServiceServer::new(GrpcCollector { store }),
-                    incoming,
-                    async {
+                let server = tonic::transport::Server::builder()
+                    .add_service(TraceServiceServer::new(GrpcCollector {
+                        store: Arc::clone(&store),
+                    }))
+                    .add_service(MetricsServiceServer::new(GrpcCollector { store }))
+                    .serve_with_incoming_shutdown(incoming, async {
                         let _ = stop_rx.await;
-                    },
-                );
+                    });
                 tokio::pin!(server);
                 tokio::select! {
                     _ = &mut server => {}
@@ -374,6 +466,19 @@ impl TraceService for GrpcCollector {
     }
 }
 
+#[tonic::async_trait]
+impl MetricsService for GrpcCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.store.add_metrics(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
 /// Accepts HTTP/1.1 connections forever, one task per connection.
 async fn http_accept_loop(listener: tokio::net::TcpListener, store: Arc<Store>) {
     loop {
@@ -395,8 +500,33 @@ async fn http_accept_loop(listener: tokio::net::TcpListener, store: Arc<Store>) 
 
 /// `POST /v1/traces` with an `application/x-protobuf` or `application/json` body.
 async fn handle_http(req: Request<Incoming>, store: &Store) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/v1/metrics" && req.method() == Method::POST {
+        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return text(StatusCode::BAD_REQUEST, &format!("reading body: {e}")),
+        };
+        return match ExportMetricsServiceRequest::decode(body) {
+            Ok(r) => {
+                store.add_metrics(r);
+                Response::builder()
+                    .status(StatusCode::OK)
+                    .header(hyper::header::CONTENT_TYPE, "application/x-protobuf")
+                    .body(Full::new(Bytes::from(
+                        ExportMetricsServiceResponse {
+                            partial_success: None,
+                        }
+                        .encode_to_vec(),
+                    )))
+                    .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+            }
+            Err(e) => text(StatusCode::BAD_REQUEST, &format!("decoding protobuf: {e}")),
+        };
+    }
     if req.uri().path() != "/v1/traces" {
-        return text(StatusCode::NOT_FOUND, "only /v1/traces is served");
+        return text(
+            StatusCode::NOT_FOUND,
+            "only /v1/traces and /v1/metrics are served",
+        );
     }
     if req.method() != Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "POST only");

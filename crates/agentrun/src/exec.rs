@@ -6,21 +6,27 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use agentrun_egress::{DecisionSink, Proxy};
 use agentrun_image::ImageStore;
 use agentrun_policy::{
-    format_bytes, parse_bytes, parse_duration, validate_env_key, Profile, ResourceOverrides,
+    format_bytes, parse_bytes, parse_duration, validate_env_key, Action, Decision, NetworkPolicy,
+    Profile, ResourceOverrides, WORKSPACE,
 };
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_pool::PoolError;
+use agentrun_runtime::kaudit;
 use agentrun_runtime::rootfs::UserMount;
 use agentrun_runtime::{Enforcement, HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxStdio};
-use agentrun_telemetry::RunSpan;
+use agentrun_telemetry::{AttrValue, AuditLog, RunSpan};
 use anyhow::{bail, Context};
 use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::trace::Recorder;
 use crate::{one_line, Paths, EXIT_AGENTRUN_ERROR};
 
 /// The longest command line recorded on a span.
@@ -31,9 +37,13 @@ pub struct ExecArgs {
     /// Image to run (`host`: the host's programs read-only, no download).
     #[arg(long, default_value = "host")]
     image: String,
-    /// Profile: a built-in name (default, strict) or a TOML file.
+    /// Profile: a built-in name (default, strict, code-interpreter) or a TOML file.
     #[arg(long, default_value = "default")]
     profile: String,
+    /// Allow connections to HOST[:PORT] (or *.DOMAIN[:PORT]) through the egress proxy, on top
+    /// of the profile's rules (repeatable). Turns on the proxy for a profile without network.
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    allow_host: Vec<String>,
     /// Host directory mounted read-write at /workspace (the default working directory).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
@@ -70,8 +80,8 @@ pub struct ExecArgs {
     /// Keep the generated OCI config.json and print where it is.
     #[arg(long)]
     keep_bundle: bool,
-    /// The command and its arguments.
-    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (default: the image's Entrypoint + Cmd).
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -80,23 +90,116 @@ pub(crate) struct Plan {
     pub(crate) request: ExecRequest,
     pub(crate) timeout: Option<Duration>,
     pub(crate) memory_bytes: u64,
+    /// The effective network policy (profile + `--allow-host`).
+    pub(crate) network: NetworkPolicy,
+    /// The profile caps output: only the cold path sees (and can cut) the bytes.
+    pub(crate) output_cap: Option<u64>,
 }
 
-pub fn run(args: ExecArgs, paths: &Paths) -> ExitCode {
+/// Exit code of a run the policy refused before anything ran (DESIGN.md).
+const EXIT_DENIED: i32 = 126;
+
+/// Why a run did not start.
+enum PlanError {
+    /// Bad input (exit 125).
+    Invalid(anyhow::Error),
+    /// The policy denied part of the request (exit 126); every decision is recorded.
+    Denied(String),
+}
+
+impl From<anyhow::Error> for PlanError {
+    fn from(e: anyhow::Error) -> Self {
+        PlanError::Invalid(e)
+    }
+}
+
+pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
+    if args.command.is_empty() {
+        match default_command(&args.image, paths) {
+            Ok(cmd) => args.command = cmd,
+            Err(e) => {
+                eprintln!("agentrun: {}", one_line(&format!("{e:#}")));
+                return ExitCode::from(EXIT_AGENTRUN_ERROR);
+            }
+        }
+    }
     let mut span = RunSpan::start("sandbox.exec", std::env::var("TRACEPARENT").ok().as_deref());
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.pool_hit", false);
     span.set_attribute("container.image.name", args.image.clone());
     span.set_attribute("sandbox.profile", args.profile.clone());
     record_command(&mut span, &args.command);
+    let recorder = Recorder::new(&span, AuditLog::new(paths.audit_dir()), &args.profile);
+    let command_line = truncate(&args.command.join(" "));
     let keep_bundle = args.keep_bundle;
-    let code = match plan(args, &span) {
-        Ok(plan) => execute(plan, paths, keep_bundle, &mut span),
-        Err(e) => fail(&mut span, "invalid_input", &e),
+    let code = match plan(args, &span, &recorder) {
+        Ok(plan) => execute(plan, paths, keep_bundle, &mut span, &recorder),
+        Err(PlanError::Invalid(e)) => fail(&mut span, "invalid_input", &e),
+        Err(PlanError::Denied(msg)) => {
+            eprintln!("agentrun: denied by policy: {msg}");
+            span.set_attribute("sandbox.blocked", true);
+            span.set_error("policy_denied", &msg);
+            EXIT_DENIED
+        }
     };
+    if let Some(AttrValue::String(id)) = span.attribute("sandbox.id").cloned() {
+        let _ = recorder.set_sandbox(&id);
+    }
+    let outcome = match code {
+        EXIT_DENIED if span.attribute("sandbox.blocked").is_some() => "denied",
+        125 => "error",
+        _ => "ran",
+    };
+    if let Err(e) = recorder.run(&command_line, code, outcome) {
+        eprintln!("agentrun: {e}");
+    }
+    let (children, decisions, denials) = recorder.take();
+    span.set_attribute("sandbox.policy_decisions", decisions);
+    span.set_attribute("sandbox.violation_count", denials);
     span.set_attribute("process.exit.code", i64::from(code));
-    span.finish();
+    if denials > 0 {
+        let mut attrs = vec![("sandbox.profile", recorder.profile())];
+        if let Some(AttrValue::String(id)) = span.attribute("sandbox.id") {
+            attrs.push(("sandbox.id", id.clone()));
+        }
+        agentrun_telemetry::metrics::export_violation_count(denials, span.start_time(), &attrs);
+    }
+    span.finish_with(children);
     ExitCode::from(code as u8)
+}
+
+/// The command an image runs when none is given: its Entrypoint + Cmd.
+fn default_command(image: &str, paths: &Paths) -> anyhow::Result<Vec<String>> {
+    let missing = || {
+        anyhow::anyhow!(
+            "no command given, and image {image:?} has no Entrypoint or Cmd \
+             (usage: agentrun exec [OPTIONS] -- CMD [ARGS...])"
+        )
+    };
+    if image == agentrun_image::HOST_IMAGE {
+        return Err(missing());
+    }
+    let cmd = ImageStore::open(&paths.root)?
+        .resolve(image)?
+        .config
+        .default_command();
+    if cmd.is_empty() {
+        return Err(missing());
+    }
+    Ok(cmd)
+}
+
+fn truncate(line: &str) -> String {
+    let mut line = line.to_string();
+    if line.len() > SPAN_COMMAND_MAX {
+        let mut cut = SPAN_COMMAND_MAX;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
 }
 
 pub(crate) fn fail(span: &mut RunSpan, kind: &str, e: &anyhow::Error) -> i32 {
@@ -113,20 +216,11 @@ fn record_command(span: &mut RunSpan, command: &[String]) {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| first.clone());
     span.set_attribute("process.executable.name", exe);
-    let mut line = command.join(" ");
-    if line.len() > SPAN_COMMAND_MAX {
-        let mut cut = SPAN_COMMAND_MAX;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-        line.push('…');
-    }
-    span.set_attribute("process.command_line", line);
+    span.set_attribute("process.command_line", truncate(&command.join(" ")));
 }
 
 /// Parses and checks everything before any sandbox exists, so bad input costs nothing.
-fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
+fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, PlanError> {
     let overrides = ResourceOverrides {
         memory_bytes: args
             .memory
@@ -150,12 +244,26 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
             .context("--timeout")?
             .map(|d| d.as_millis() as u64),
     };
-    let profile = Profile::load(&args.profile)?
+    let mut profile = Profile::load(&args.profile)
+        .map_err(anyhow::Error::from)?
         .with_overrides(&overrides)
         .map_err(|(field, why)| {
             let flag = field.trim_start_matches("resources.").replace('_', "-");
             anyhow::anyhow!("--{flag}: {why}")
         })?;
+    profile
+        .network
+        .allow_hosts("cli.allow_host", &args.allow_host)
+        .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
+    recorder.set_profile(&profile.name);
+    // A profile file is passed on by absolute path (the daemon has another working directory).
+    let profile_arg = if Profile::is_file_name(&args.profile) {
+        std::fs::canonicalize(&args.profile)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or(args.profile.clone())
+    } else {
+        args.profile.clone()
+    };
 
     let workspace = match &args.workspace {
         Some(dir) => Some(check_dir(dir, true, "--workspace")?),
@@ -175,7 +283,7 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
         };
         let source = check_path(&host, writable, flag)?;
         if !target.is_absolute() {
-            bail!("{flag} {spec}: the sandbox path must be absolute");
+            return Err(anyhow::anyhow!("{flag} {spec}: the sandbox path must be absolute").into());
         }
         mounts.push(UserMount {
             source,
@@ -201,19 +309,57 @@ fn plan(args: ExecArgs, span: &RunSpan) -> anyhow::Result<Plan> {
     for e in &args.env {
         env.push(parse_env(e).context("-e")?);
     }
+
+    // Every part of the request the profile rules on is decided (and recorded) here, before
+    // any sandbox exists; the first denial refuses the run.
+    let mut actions: Vec<Action> = env.iter().map(|(k, _)| Action::SetEnv(k.clone())).collect();
+    if workspace.is_some() {
+        actions.push(Action::Mount {
+            target: WORKSPACE.into(),
+            writable: profile.filesystem.workspace_writable,
+        });
+    }
+    actions.extend(mounts.iter().map(|m| Action::Mount {
+        target: m.target.clone(),
+        writable: m.writable,
+    }));
+    let mut denied = None;
+    for a in &actions {
+        let d = profile.check(a);
+        recorder.decision(a, &d);
+        if !d.allow && denied.is_none() {
+            denied = Some(format!(
+                "{} {} (rule {}: {})",
+                a.name(),
+                a.resource(),
+                d.rule_id,
+                d.reason
+            ));
+        }
+    }
+    if let Some(msg) = denied {
+        return Err(PlanError::Denied(msg));
+    }
+
     // The sandboxed process continues this trace under the sandbox.exec span.
     env.push(("TRACEPARENT".into(), span.traceparent()));
+    if profile.network.needs_proxy() {
+        env.extend(agentrun_egress::proxy_env());
+    }
 
     Ok(Plan {
         timeout: profile.resources.timeout,
         memory_bytes: profile.resources.memory_bytes,
+        network: profile.network.clone(),
+        output_cap: profile.resources.output_cap,
         request: ExecRequest {
             recipe: SandboxRecipe {
                 image: args.image,
-                profile: args.profile,
+                profile: profile_arg,
                 overrides,
                 workspace,
                 mounts,
+                allow_hosts: args.allow_host,
             },
             args: args.command,
             env,
@@ -252,19 +398,43 @@ fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     Ok(abs)
 }
 
-fn execute(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+fn execute(
+    plan: Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    span: &mut RunSpan,
+    recorder: &Recorder,
+) -> i32 {
     let socket = paths.socket();
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
-    if !no_daemon && !keep_bundle {
+    // A network policy needs the per-run egress proxy, which only the cold path runs.
+    // So does an output cap: warm runs write straight to our fds, past any cap.
+    let cold_reason = if plan.network.needs_proxy() {
+        Some("egress_proxy")
+    } else if plan.output_cap.is_some() {
+        Some("output_cap")
+    } else {
+        None
+    };
+    if let Some(r) = cold_reason {
+        span.set_attribute("sandbox.cold_reason", r);
+    }
+    if !no_daemon && !keep_bundle && cold_reason.is_none() {
         if let Some(client) = DaemonClient::connect(&socket) {
             return crate::warm::execute(&client, &plan, span);
         }
     }
-    execute_cold(plan, paths, keep_bundle, span)
+    execute_cold(plan, paths, keep_bundle, span, recorder)
 }
 
 /// The cold path: build, run and destroy one sandbox in this process.
-fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan) -> i32 {
+fn execute_cold(
+    plan: Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    span: &mut RunSpan,
+    recorder: &Recorder,
+) -> i32 {
     let store = match ImageStore::open(&paths.root) {
         Ok(s) => s,
         Err(e) => return fail(span, "image", &e.into()),
@@ -275,7 +445,12 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
             .recipe
             .to_config(&store, req.args.clone(), req.env.clone(), req.cwd.clone())
         {
-            Ok(c) => c,
+            Ok(mut c) => {
+                if plan.network.needs_proxy() {
+                    c.egress_port = Some(agentrun_egress::SANDBOX_PROXY_PORT);
+                }
+                c
+            }
             Err(e) => {
                 let kind = match &e {
                     PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
@@ -313,12 +488,42 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
     span.set_attribute("sandbox.id", sandbox.id().to_string());
     span.set_attribute("container.id", sandbox.id().to_string());
     record_enforcement(span, sandbox.enforcement());
+    // Nothing runs unless the decisions so far are on disk.
+    if let Err(e) = recorder.set_sandbox(sandbox.id()) {
+        let _ = sandbox.destroy();
+        return fail(span, "audit", &e.into());
+    }
+    // The sandbox exists (created single-threaded): the proxy's threads may start now.
+    let proxy = if plan.network.needs_proxy() {
+        let path = sandbox.egress_socket();
+        match agentrun_egress::bind(&path) {
+            Ok(listener) => {
+                let r = recorder.clone();
+                let sink: DecisionSink =
+                    Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
+                Some(Proxy::start(listener, &path, plan.network.clone(), sink))
+            }
+            Err(e) => {
+                let _ = sandbox.destroy();
+                return fail(span, "egress", &e.into());
+            }
+        }
+    } else {
+        None
+    };
     if keep_bundle {
         match sandbox.keep_bundle() {
             Ok(dir) => eprintln!("agentrun: bundle kept at {}", dir.display()),
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
+    // Kernel-level denials (Landlock audit records), when the host's audit is on.
+    let watch = if host.landlock_abi >= 7 && kaudit::audit_enabled().unwrap_or(false) {
+        kaudit::LandlockWatch::start().ok()
+    } else {
+        None
+    };
+    span.set_attribute("sandbox.enforce.landlock_audit", watch.is_some());
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let result = sandbox.run(
@@ -327,6 +532,13 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
         plan.timeout,
         signals.as_ref(),
     );
+    if let Some(p) = proxy {
+        p.stop();
+    }
+    if let (Some(w), Ok(o)) = (watch, &result) {
+        let profile = plan.request.recipe.profile().ok();
+        record_kernel_denials(w.finish(o.init_pid), profile.as_ref(), recorder, span);
+    }
     let destroyed = sandbox.destroy();
     let outcome = match result {
         Ok(o) => o,
@@ -342,7 +554,47 @@ fn execute_cold(plan: Plan, paths: &Paths, keep_bundle: bool, span: &mut RunSpan
         eprintln!("agentrun: warning: cleanup incomplete ({e}); `agentrun gc` will retry");
     }
     report(&outcome, &plan, span, true);
+    if outcome.output_truncated {
+        eprintln!("agentrun: output over the profile's output cap was dropped");
+        span.set_attribute("sandbox.output_truncated", true);
+    }
     outcome.exit_code
+}
+
+/// Records what the kernel (Landlock) denied during the run, each decided again by the
+/// profile so that it carries the profile's rule id.
+fn record_kernel_denials(
+    denials: Vec<kaudit::LandlockDenial>,
+    profile: Option<&Profile>,
+    recorder: &Recorder,
+    span: &mut RunSpan,
+) {
+    span.set_attribute("sandbox.kernel_denials", denials.len());
+    for k in denials {
+        let write = k
+            .blockers
+            .iter()
+            .any(|b| !matches!(b.as_str(), "fs.read_file" | "fs.read_dir" | "fs.execute"));
+        let action = match (k.is_path, write) {
+            (true, false) => Action::Read(k.object.clone().into()),
+            (true, true) => Action::Write(k.object.clone().into()),
+            (false, _) => Action::Kernel {
+                right: k.blockers.join(","),
+                target: k.object.clone(),
+            },
+        };
+        let by_profile = profile.map(|p| p.check(&action));
+        let blockers = k.blockers.join(",");
+        let decision = match by_profile {
+            Some(d) if !d.allow => {
+                Decision::deny(d.rule_id, format!("kernel denied {blockers}: {}", d.reason))
+            }
+            _ => Decision::deny("landlock", format!("kernel denied {blockers} (Landlock)")),
+        };
+        let time = chrono::DateTime::from_timestamp_millis((k.time * 1000.0) as i64)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+        recorder.decision_by(&action, &decision, "landlock", time);
+    }
 }
 
 /// Takes SIGINT/SIGTERM/SIGHUP/SIGQUIT synchronously from here on, so they are forwarded to

@@ -1,48 +1,366 @@
 //! `agentrun image ...`: manage the local image store.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
-use agentrun_image::ImageStore;
+use agentrun_image::reference::{familiar, repo_and_tag};
+use agentrun_image::{ImageConfig, ImageStore, PullOptions};
+use anyhow::{bail, Context};
 use clap::Subcommand;
 
 use crate::Paths;
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCommand {
-    /// Add a plain root filesystem directory as image NAME (copied into the store).
-    Add { name: String, dir: PathBuf },
+    /// Import the images of an OCI image layout (directory or tar) or a `docker save` tar.
+    Import {
+        file: PathBuf,
+        /// Name the image REF (the archive must hold one image).
+        #[arg(long, value_name = "REF")]
+        name: Option<String>,
+    },
+    /// Pull an image from a registry (Docker config credentials; loopback registries over HTTP).
+    Pull {
+        reference: String,
+        /// A registry (HOST:PORT) to reach over plain HTTP (repeatable).
+        #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+        insecure_registries: Vec<String>,
+        /// Network timeout per request, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Make a one-layer image NAME from a root filesystem directory (copied into the store).
+    Add {
+        name: String,
+        dir: PathBuf,
+        /// The image's default command (repeat for each argument).
+        #[arg(long = "cmd", value_name = "ARG", allow_hyphen_values = true)]
+        cmd: Vec<String>,
+        /// The image's entrypoint (repeat for each argument).
+        #[arg(long = "entrypoint", value_name = "ARG", allow_hyphen_values = true)]
+        entrypoint: Vec<String>,
+        /// KEY=VALUE in the image's environment (repeatable). Without a PATH, the image gets
+        /// PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin.
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// The image's working directory.
+        #[arg(long)]
+        workdir: Option<String>,
+    },
+    /// Build an image from a Dockerfile (the legacy builder: FROM a stored image, RUN in a
+    /// sandbox without network, COPY/ADD from the context, ENV/WORKDIR/CMD/...).
+    Build {
+        /// The build context directory.
+        context: PathBuf,
+        /// Name the result (repeatable).
+        #[arg(short, long = "tag", value_name = "REF")]
+        tag: Vec<String>,
+        /// The Dockerfile, relative to the context.
+        #[arg(short = 'f', long = "file", default_value = "Dockerfile")]
+        file: PathBuf,
+        /// KEY=VALUE for an ARG (repeatable).
+        #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+        build_arg: Vec<String>,
+        /// Profile the RUN steps run under.
+        #[arg(long, default_value = "build")]
+        profile: String,
+        /// Print only the image id.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// List images.
+    #[command(alias = "list")]
     Ls {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Print image ids only.
+        #[arg(short, long)]
+        quiet: bool,
     },
-    /// Remove an image.
-    Rm { name: String },
+    /// Show everything the store knows about images, as JSON.
+    Inspect {
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Give an image another name.
+    Tag { source: String, target: String },
+    /// Remove names or images (content nothing needs any more is deleted).
+    #[command(alias = "rmi")]
+    Rm {
+        #[arg(required = true)]
+        images: Vec<String>,
+        /// Remove an image by id even when several names point at it.
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Remove images without a name, and content no image needs.
+    Prune,
+    /// Write images as an OCI image layout tar (readable by `ctr image import`, skopeo, docker).
+    Export {
+        #[arg(required = true)]
+        images: Vec<String>,
+        /// Output file (default: stdout, which must not be a terminal).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+}
+
+/// The PATH an image made by `image add` gets unless told otherwise (Docker's default).
+const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Sizes as `docker images` prints them (SI units, 3 significant digits).
+fn human_size(bytes: u64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < units.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}B")
+    } else if v < 10.0 {
+        format!("{v:.2}{}", units[u])
+    } else if v < 100.0 {
+        format!("{v:.1}{}", units[u])
+    } else {
+        format!("{v:.0}{}", units[u])
+    }
+}
+
+fn short_id(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    &hex[..hex.len().min(12)]
 }
 
 pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
     let store = ImageStore::open(&paths.root)?;
     match cmd {
-        ImageCommand::Add { name, dir } => {
-            let info = store.add_dir(&name, &dir)?;
-            println!("{}", info.name);
-        }
-        ImageCommand::Ls { json } => {
-            let images = store.list()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&images)?);
-            } else {
-                println!("{:<24} {:<8} SOURCE", "NAME", "KIND");
-                for i in images {
-                    println!("{:<24} {:<8} {}", i.name, i.kind, i.source);
+        ImageCommand::Import { file, name } => {
+            for (rec, names) in store.import(&file, name.as_deref())? {
+                if names.is_empty() {
+                    println!("Loaded image ID: {}", rec.id);
+                }
+                for n in names {
+                    println!("Loaded image: {} ({})", familiar(&n), short_id(&rec.id));
                 }
             }
         }
-        ImageCommand::Rm { name } => {
-            store.remove(&name)?;
-            println!("{name}");
+        ImageCommand::Pull {
+            reference,
+            insecure_registries,
+            timeout,
+        } => {
+            let opts = PullOptions {
+                insecure_registries,
+                timeout: Some(Duration::from_secs(timeout)),
+            };
+            let rec = store.pull(&reference, &opts)?;
+            let full = agentrun_image::reference::normalize(&reference)?;
+            println!("Digest: {}", rec.manifest_digest);
+            println!("Pulled: {} ({})", familiar(&full), short_id(&rec.id));
         }
+        ImageCommand::Add {
+            name,
+            dir,
+            cmd,
+            entrypoint,
+            env,
+            workdir,
+        } => {
+            let mut env = env;
+            for e in &env {
+                if !e.contains('=') || e.starts_with('=') {
+                    bail!("--env {e:?}: expected KEY=VALUE");
+                }
+            }
+            if !env.iter().any(|e| e.starts_with("PATH=")) {
+                env.insert(0, DEFAULT_PATH.to_owned());
+            }
+            let config = ImageConfig {
+                cmd: (!cmd.is_empty()).then_some(cmd),
+                entrypoint: (!entrypoint.is_empty()).then_some(entrypoint),
+                env,
+                working_dir: workdir.unwrap_or_default(),
+                ..ImageConfig::default()
+            };
+            let rec = store.add_dir(&name, &dir, &config)?;
+            println!("{}", rec.id);
+        }
+        ImageCommand::Build {
+            context,
+            tag,
+            file,
+            build_arg,
+            profile,
+            quiet,
+        } => {
+            let mut opts = agentrun_build::BuildOptions::new(context);
+            opts.dockerfile = file;
+            opts.tags = tag;
+            opts.profile = profile;
+            for kv in build_arg {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--build-arg {kv:?}: expected KEY=VALUE"))?;
+                opts.build_args.insert(k.to_owned(), v.to_owned());
+            }
+            let runtime_paths = agentrun_runtime::RuntimePaths::new(&paths.state_dir);
+            let host = agentrun_runtime::HostInfo::probe();
+            let build_host = agentrun_build::BuildHost {
+                paths: &runtime_paths,
+                host: &host,
+            };
+            let mut stdout = std::io::stdout();
+            let rec = agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
+                if quiet {
+                    return;
+                }
+                match ev {
+                    agentrun_build::BuildEvent::Step { index, total, text } => {
+                        let _ = writeln!(stdout, "Step {index}/{total} : {text}");
+                    }
+                    agentrun_build::BuildEvent::Output(b) => {
+                        let _ = stdout.write_all(b);
+                    }
+                    agentrun_build::BuildEvent::Note(n) => {
+                        let _ = writeln!(stdout, "{n}");
+                    }
+                }
+                let _ = stdout.flush();
+            })?;
+            if quiet {
+                println!("{}", rec.id);
+            } else {
+                println!("Successfully built {}", short_id(&rec.id));
+                for t in &opts.tags {
+                    println!(
+                        "Successfully tagged {}",
+                        familiar(&agentrun_image::reference::normalize(t)?)
+                    );
+                }
+            }
+        }
+        ImageCommand::Ls { json, quiet } => {
+            let images = store.list()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&images)?);
+            } else if quiet {
+                for i in images.iter().filter(|i| !i.id.is_empty()) {
+                    println!("{}", short_id(&i.id));
+                }
+            } else {
+                println!(
+                    "{:<40} {:<16} {:<14} {:>6} {:>10}",
+                    "REPOSITORY", "TAG", "IMAGE ID", "LAYERS", "SIZE"
+                );
+                for i in images {
+                    let id = if i.kind == "builtin" {
+                        "(built-in)".to_string()
+                    } else {
+                        short_id(&i.id).to_string()
+                    };
+                    let rows: Vec<(String, String)> = if i.kind == "builtin" {
+                        vec![("host".into(), "-".into())]
+                    } else if i.names.is_empty() {
+                        vec![("<none>".into(), "<none>".into())]
+                    } else {
+                        i.names.iter().map(|n| repo_and_tag(n)).collect()
+                    };
+                    let size = if i.kind == "builtin" {
+                        "-".into()
+                    } else {
+                        human_size(i.size)
+                    };
+                    for (repo, tag) in rows {
+                        println!("{repo:<40} {tag:<16} {id:<14} {:>6} {size:>10}", i.layers);
+                    }
+                }
+            }
+        }
+        ImageCommand::Inspect { images } => {
+            let mut out = Vec::new();
+            for name in images {
+                let rec = store.find(&name)?;
+                let names = store.names_of(&rec.id)?;
+                let mut v = serde_json::to_value(&rec)?;
+                v["names"] = serde_json::json!(names);
+                out.push(v);
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        ImageCommand::Tag { source, target } => {
+            let full = store.tag(&source, &target)?;
+            println!("{}", familiar(&full));
+        }
+        ImageCommand::Rm { images, force } => {
+            for name in images {
+                for line in store.remove(&name, force)? {
+                    println!("{line}");
+                }
+            }
+        }
+        ImageCommand::Prune => {
+            let r = store.prune()?;
+            for id in &r.images {
+                println!("Deleted: {id}");
+            }
+            println!(
+                "Removed {} layer(s) and {} blob(s), freed {}{}",
+                r.layers,
+                r.blobs,
+                human_size(r.bytes),
+                if r.layers_in_use > 0 {
+                    format!("; {} layer(s) kept: in use by sandboxes", r.layers_in_use)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        ImageCommand::Export { images, output } => match output {
+            Some(path) if path.as_os_str() != "-" => {
+                let tmp = path.with_extension("partial");
+                let file = std::fs::File::create(&tmp)
+                    .with_context(|| format!("cannot create {}", tmp.display()))?;
+                let mut w = std::io::BufWriter::new(file);
+                let result = store.export(&images, &mut w).map_err(anyhow::Error::from);
+                let result = result.and_then(|()| {
+                    w.into_inner()
+                        .map_err(|e| anyhow::anyhow!("writing {}: {}", tmp.display(), e.error()))?
+                        .sync_all()?;
+                    std::fs::rename(&tmp, &path)
+                        .with_context(|| format!("cannot write {}", path.display()))
+                });
+                if result.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                result?;
+            }
+            _ => {
+                let stdout = std::io::stdout();
+                if stdout.is_terminal() {
+                    bail!("refusing to write a tar to a terminal: use -o FILE or redirect stdout");
+                }
+                let mut lock = stdout.lock();
+                store.export(&images, &mut lock)?;
+                lock.flush()?;
+            }
+        },
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_size;
+
+    #[test]
+    fn sizes_read_like_docker() {
+        assert_eq!(human_size(512), "512B");
+        assert_eq!(human_size(1_984_449), "1.98MB");
+        assert_eq!(human_size(52_300_000), "52.3MB");
+        assert_eq!(human_size(523_000_000), "523MB");
+    }
 }

@@ -7,10 +7,13 @@
 //! `ctr run --runc-binary`, `agentrun oci ...`, or this binary invoked as `runc`) go to the
 //! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
+mod audit_cmd;
 mod exec;
 mod image;
 mod info;
+mod policy_cmd;
 mod serve;
+mod trace;
 mod warm;
 
 use std::path::PathBuf;
@@ -48,6 +51,9 @@ struct Cli {
     /// The daemon's socket (default: <state dir>/agentrun.sock).
     #[arg(long, global = true, env = "AGENTRUN_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The audit log's directory (default: <root>/audit).
+    #[arg(long, global = true, env = "AGENTRUN_AUDIT_DIR", value_name = "DIR")]
+    audit_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -74,6 +80,11 @@ enum Command {
     /// The daemon's pool.
     #[command(subcommand)]
     Pool(serve::PoolCommand),
+    /// Profiles (policy as code).
+    #[command(subcommand)]
+    Policy(policy_cmd::PolicyCommand),
+    /// Show the audit log: every run and every policy decision.
+    Audit(audit_cmd::AuditArgs),
     /// The runc-compatible OCI runtime (create, start, state, kill, delete, exec, ...), for
     /// containerd's runc shim and Kubernetes RuntimeClasses: see docs/kubernetes.md.
     Oci {
@@ -88,6 +99,7 @@ pub struct Paths {
     pub root: PathBuf,
     pub state_dir: PathBuf,
     socket: Option<PathBuf>,
+    audit_dir: Option<PathBuf>,
 }
 
 impl Paths {
@@ -96,6 +108,13 @@ impl Paths {
         self.socket
             .clone()
             .unwrap_or_else(|| agentrun_pool::daemon::default_socket(&self.state_dir))
+    }
+
+    /// Where the audit log is kept.
+    pub fn audit_dir(&self) -> PathBuf {
+        self.audit_dir
+            .clone()
+            .unwrap_or_else(|| self.root.join("audit"))
     }
 }
 
@@ -121,9 +140,12 @@ fn main() -> ExitCode {
         root: cli.root,
         state_dir: cli.state_dir,
         socket: cli.socket,
+        audit_dir: cli.audit_dir,
     };
     let result = match cli.command {
         Command::Exec(args) => return exec::run(*args, &paths),
+        Command::Policy(cmd) => return policy_cmd::run(cmd),
+        Command::Audit(args) => audit_cmd::run(args, &paths),
         Command::Info(args) => info::run(args, &paths),
         Command::Image(cmd) => image::run(cmd, &paths),
         Command::Gc => gc(&paths),

@@ -85,8 +85,15 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         store
             .resolve(&p.image)
             .with_context(|| format!("--pool {}", p.image))?;
-        agentrun_policy::Profile::load(&p.profile)
+        let profile = agentrun_policy::Profile::load(&p.profile)
             .with_context(|| format!("--pool {}:{}", p.image, p.profile))?;
+        if profile.network.needs_proxy() {
+            bail!(
+                "--pool {}:{}: the profile has a network policy; pooled sandboxes have no egress proxy (runs with it use the cold path)",
+                p.image,
+                p.profile
+            );
+        }
     }
     let kept: usize = pools.iter().map(|p| p.target).sum();
     if max == 0 || kept > max {

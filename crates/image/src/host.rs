@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 
-use crate::{HostBind, Image, ImageError};
+use crate::{HostBind, Image, ImageConfig, ImageError};
 
 /// Bumped whenever the synthesized layout changes, so old caches are rebuilt.
 const LAYOUT_VERSION: u32 = 1;
@@ -86,8 +86,10 @@ pub fn ensure(dir: &Path) -> Result<Image, ImageError> {
     }
     Ok(Image {
         name: "host".into(),
-        rootfs,
+        id: String::new(),
+        layers: vec![rootfs],
         host_binds: host_binds(),
+        config: ImageConfig::default(),
     })
 }
 
@@ -225,16 +227,16 @@ mod tests {
     fn host_image_has_no_secrets_and_a_usable_etc() {
         let dir = std::env::temp_dir().join(format!("agentrun-host-image-{}", std::process::id()));
         let img = ensure(&dir).unwrap();
-        let etc = img.rootfs.join("etc");
+        let etc = img.layers[0].join("etc");
         assert!(etc.join("passwd").is_file());
         assert!(!etc.join("shadow").exists());
         assert!(!etc.join("ssl/private").exists());
         assert!(!etc.join("sudoers").exists());
-        assert!(fs::read_dir(img.rootfs.join("root"))
+        assert!(fs::read_dir(img.layers[0].join("root"))
             .unwrap()
             .next()
             .is_none());
-        assert!(!img.rootfs.join("home").exists());
+        assert!(!img.layers[0].join("home").exists());
         assert!(img.host_binds.iter().any(|b| b.target == Path::new("/usr")));
         // Idempotent: a second call keeps the same tree.
         let again = ensure(&dir).unwrap();

@@ -1,33 +1,59 @@
 //! The images sandboxes run.
 //!
-//! An [`Image`] is a read-only root filesystem directory (the overlay's lower layer) plus host
-//! directories bind-mounted read-only into it. Two kinds exist today:
+//! An [`Image`] is a stack of read-only layer directories (the overlay's lower layers, top
+//! first), the image's run configuration (Entrypoint, Cmd, Env, ...) and host directories
+//! bind-mounted read-only into it. Two kinds exist:
 //! - `host`, built in: a small synthesized rootfs (minimal `/etc`, mount points) over which the
 //!   host's `/usr` (and `/bin`, `/lib*` when they are not symlinks into it) are bound read-only.
 //!   Nothing is downloaded, and the host's secrets (`/etc/shadow`, `/root`, `/home`, `/run`) are
 //!   never part of it. See [`host`].
-//! - directory images, copied into the store by `agentrun image add NAME DIR` (see [`store`]).
+//! - OCI images in the content-addressed [`ImageStore`]: imported from OCI layouts or `docker
+//!   save` tars, pulled from registries, or made from a root filesystem directory. Layers are
+//!   unpacked once into their own directories and shared by every image that has them.
 
+mod archive;
+mod blobs;
+mod digest;
 pub mod host;
+mod layer;
+mod pull;
+pub mod reference;
 mod store;
 
 use std::path::PathBuf;
 
-pub use store::{ImageInfo, ImageStore};
+pub use layer::{tar_upper, LayerLease};
+pub use pull::PullOptions;
+pub use store::{
+    rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
+    WriteGuard, HOST_IMAGE,
+};
 
 /// Errors of the image store.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("no such image {0:?} (see `agentrun image ls`)")]
     NotFound(String),
-    #[error("invalid image name {0:?}: use lowercase letters, digits, '.', '_' and '-'")]
-    InvalidName(String),
+    #[error("invalid image reference {0:?}: {1}")]
+    InvalidName(String, String),
     #[error("image {0:?} is built in and cannot be replaced or removed")]
     BuiltIn(String),
-    #[error("image {0:?} already exists (remove it first with `agentrun image rm`)")]
-    Exists(String),
+    #[error("{0:?} matches several images: use more of the id")]
+    Ambiguous(String),
+    #[error("image {name:?} is used by {count} tag(s); remove those first or use --force")]
+    InUse { name: String, count: usize },
     #[error("{path}: {message}")]
     Source { path: PathBuf, message: String },
+    #[error("layer {layer}: {message}")]
+    Layer { layer: String, message: String },
+    #[error("content digest mismatch for {what}: expected {expected}, got {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("pulling {reference}: {message}")]
+    Pull { reference: String, message: String },
     #[error("{context} {path}: {source}")]
     Io {
         context: &'static str,
@@ -48,6 +74,13 @@ impl ImageError {
             source,
         }
     }
+
+    pub(crate) fn source(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        ImageError::Source {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
 }
 
 /// A host directory bind-mounted read-only into every sandbox of an image.
@@ -59,13 +92,25 @@ pub struct HostBind {
     pub target: PathBuf,
 }
 
-/// An image ready to be used as a sandbox's read-only lower layer.
+/// An image ready to be used as a sandbox's read-only lower layers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Image {
     /// The name it was resolved from (`host`, `busybox`, ...).
     pub name: String,
-    /// The root filesystem directory. Never written by a sandbox.
-    pub rootfs: PathBuf,
+    /// The image id (`sha256:` of its config), empty for the built-in image.
+    pub id: String,
+    /// Layer directories, topmost first (overlayfs `lowerdir` order). Never written.
+    pub layers: Vec<PathBuf>,
     /// Host directories mounted read-only into the rootfs.
     pub host_binds: Vec<HostBind>,
+    /// What the image says about running it.
+    pub config: ImageConfig,
+}
+
+impl Image {
+    /// Takes a shared lock on every layer for as long as the lease lives, so `image prune`
+    /// never deletes a layer a sandbox has mounted.
+    pub fn lease(&self) -> Result<LayerLease, ImageError> {
+        LayerLease::take(&self.layers)
+    }
 }

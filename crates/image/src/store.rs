@@ -1,222 +1,777 @@
-//! The local image store: `<root>/images/<name>/{rootfs/,image.json}`.
+//! The local image store.
 //!
-//! Directory images are copied in whole (ownership, modes, symlinks and timestamps kept), so a
-//! later change to the source directory never changes a sandbox. The content-addressed layer
-//! store that `image import/pull` need builds on this layout.
+//! ```text
+//! <root>/blobs/sha256/<hex>     manifests, configs and layer tarballs, by content digest
+//! <root>/layers/<hex>/fs        unpacked layers, by diff id (shared by every image having them)
+//! <root>/records/<hex>.json     one record per image, by image id (= config digest)
+//! <root>/refs.json              names -> image ids ("docker.io/library/busybox:latest")
+//! <root>/images/host/           the built-in host image
+//! <root>/tmp/                   in-progress writes (blobs, layers), renamed into place
+//! ```
+//! Locking: writers of content (import, pull, add) hold `gc.lock` shared for their whole run
+//! and take `refs.lock` exclusively for the moment they change records or names; `rm` and
+//! `prune` hold `gc.lock` exclusively, so they never delete what a writer is about to
+//! reference. A sandbox holds a shared lock on each of its layer directories
+//! ([`crate::LayerLease`]): prune skips those.
 
-use std::fs;
-use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nix::fcntl::{Flock, FlockArg};
+use oci_spec::image::{ImageConfiguration, ImageManifest};
 use serde::{Deserialize, Serialize};
 
+use crate::blobs::{temp_path, BlobStore};
+use crate::digest::hex_of;
+use crate::layer::LayerStore;
+use crate::reference;
 use crate::{host, Image, ImageError};
 
 /// The name of the built-in image.
 pub const HOST_IMAGE: &str = "host";
 
-/// What `agentrun image ls` shows.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub(crate) const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+pub(crate) const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// What an image says about running it (the OCI config's `config` section).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub working_dir: String,
+    #[serde(default)]
+    pub user: String,
+    #[serde(default)]
+    pub exposed_ports: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+}
+
+impl ImageConfig {
+    /// Entrypoint followed by Cmd: what runs when no command is given.
+    pub fn default_command(&self) -> Vec<String> {
+        let mut v = self.entrypoint.clone().unwrap_or_default();
+        v.extend(self.cmd.clone().unwrap_or_default());
+        v
+    }
+
+    /// The working directory a command starts in when none is asked for: the image's
+    /// `WorkingDir` when it has one and no workspace is mounted, else `/workspace`.
+    pub fn default_cwd(&self, has_workspace: bool) -> String {
+        if has_workspace || self.working_dir.is_empty() {
+            "/workspace".into()
+        } else {
+            self.working_dir.clone()
+        }
+    }
+
+    /// `Env` as (key, value) pairs.
+    pub fn env_pairs(&self) -> Vec<(String, String)> {
+        self.env
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) => (k.to_owned(), v.to_owned()),
+                None => (kv.clone(), String::new()),
+            })
+            .collect()
+    }
+
+    fn from_oci(c: &ImageConfiguration) -> Self {
+        let Some(cfg) = c.config() else {
+            return ImageConfig::default();
+        };
+        ImageConfig {
+            entrypoint: cfg.entrypoint().clone(),
+            cmd: cfg.cmd().clone(),
+            env: cfg.env().clone().unwrap_or_default(),
+            working_dir: cfg.working_dir().clone().unwrap_or_default(),
+            user: cfg.user().clone().unwrap_or_default(),
+            exposed_ports: cfg.exposed_ports().clone().unwrap_or_default(),
+            labels: cfg
+                .labels()
+                .clone()
+                .map(|l| l.into_iter().collect())
+                .unwrap_or_default(),
+            stop_signal: cfg.stop_signal().clone(),
+        }
+    }
+}
+
+/// One layer of an image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerRecord {
+    /// Digest of the blob as stored (compressed or not).
+    pub digest: String,
+    pub media_type: String,
+    pub size: u64,
+    /// Digest of the uncompressed tar: names the unpacked layer.
+    pub diff_id: String,
+}
+
+/// Everything the store knows about one image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// `sha256:` of the config blob, as Docker's image ID.
+    pub id: String,
+    pub manifest_digest: String,
+    pub manifest_media_type: String,
+    pub manifest_size: u64,
+    pub config_size: u64,
+    /// Bottom layer first, as in the manifest.
+    pub layers: Vec<LayerRecord>,
+    pub config: ImageConfig,
+    pub architecture: String,
+    pub os: String,
+    /// The image's own creation time (RFC 3339), if it says.
+    #[serde(default)]
+    pub created: Option<String>,
+    /// When this store got it, seconds since the epoch.
+    pub added: u64,
+    /// Bytes of the unpacked layers' files.
+    pub size: u64,
+}
+
+/// A row of `agentrun image ls`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageInfo {
-    pub name: String,
-    /// `builtin` or `dir`.
+    /// Full names pointing at this image (none: a dangling image).
+    pub names: Vec<String>,
+    /// Empty for the built-in image.
+    pub id: String,
+    /// `builtin` or `oci`.
     pub kind: String,
-    /// Where the image came from (a directory path for `dir` images).
-    pub source: String,
-    /// Seconds since the epoch.
-    pub created: u64,
+    pub layers: usize,
+    pub size: u64,
+    pub added: u64,
+}
+
+/// What `prune` freed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneReport {
+    pub images: Vec<String>,
+    pub layers: usize,
+    pub blobs: usize,
+    pub bytes: u64,
+    /// Layers kept because a sandbox is using them.
+    pub layers_in_use: usize,
 }
 
 /// The store rooted at `AGENTRUN_ROOT` (default `/var/lib/agentrun`).
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    pub(crate) blobs: BlobStore,
+    pub(crate) layers: LayerStore,
+}
+
+type Refs = BTreeMap<String, String>;
+
+/// See [`ImageStore::write_guard`].
+pub struct WriteGuard {
+    _lock: Flock<File>,
 }
 
 impl ImageStore {
     /// Opens (and creates if needed) the store under `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
         let root = root.into();
-        let images = root.join("images");
-        fs::create_dir_all(&images).map_err(ImageError::io("create", &images))?;
-        Ok(ImageStore { root })
-    }
-
-    fn dir(&self, name: &str) -> PathBuf {
-        self.root.join("images").join(name)
-    }
-
-    /// Resolves a name to an image.
-    pub fn resolve(&self, name: &str) -> Result<Image, ImageError> {
-        if name == HOST_IMAGE {
-            return host::ensure(&self.dir(HOST_IMAGE));
+        for d in ["images", "records"] {
+            let p = root.join(d);
+            fs::create_dir_all(&p).map_err(ImageError::io("create", &p))?;
         }
-        validate_name(name)?;
-        let dir = self.dir(name);
-        if !dir.join("image.json").is_file() {
-            return Err(ImageError::NotFound(name.to_owned()));
-        }
-        Ok(Image {
-            name: name.to_owned(),
-            rootfs: dir.join("rootfs"),
-            host_binds: Vec::new(),
+        Ok(ImageStore {
+            blobs: BlobStore::open(&root)?,
+            layers: LayerStore::open(&root)?,
+            root,
         })
     }
 
-    /// Copies the root filesystem at `src` into the store as image `name`.
-    pub fn add_dir(&self, name: &str, src: &Path) -> Result<ImageInfo, ImageError> {
-        if name == HOST_IMAGE {
-            return Err(ImageError::BuiltIn(name.to_owned()));
-        }
-        validate_name(name)?;
-        let meta = fs::metadata(src).map_err(ImageError::io("cannot read", src))?;
-        if !meta.is_dir() {
-            return Err(ImageError::Source {
-                path: src.to_owned(),
-                message: "not a directory".into(),
-            });
-        }
-        let dir = self.dir(name);
-        if dir.join("image.json").exists() {
-            return Err(ImageError::Exists(name.to_owned()));
-        }
-        let tmp = self
-            .root
-            .join("images")
-            .join(format!(".{name}.tmp.{}", std::process::id()));
-        let _ = fs::remove_dir_all(&tmp);
-        fs::create_dir_all(&tmp).map_err(ImageError::io("create", &tmp))?;
-        let result = (|| {
-            copy_tree(src, &tmp.join("rootfs"))?;
-            let info = ImageInfo {
-                name: name.to_owned(),
-                kind: "dir".into(),
-                source: src.display().to_string(),
-                created: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
-            };
-            let json = serde_json::to_vec_pretty(&info).expect("ImageInfo serializes");
-            let meta_path = tmp.join("image.json");
-            fs::write(&meta_path, json).map_err(ImageError::io("write", &meta_path))?;
-            fs::rename(&tmp, &dir).map_err(|e| {
-                if dir.exists() {
-                    ImageError::Exists(name.to_owned())
-                } else {
-                    ImageError::io("rename", &tmp)(e)
-                }
-            })?;
-            Ok(info)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_dir_all(&tmp);
-        }
-        result
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
     }
 
-    /// Lists the images, the built-in one first.
-    pub fn list(&self) -> Result<Vec<ImageInfo>, ImageError> {
-        let mut out = vec![ImageInfo {
-            name: HOST_IMAGE.into(),
-            kind: "builtin".into(),
-            source: "host /usr (read-only) + synthesized /etc".into(),
-            created: 0,
-        }];
-        let images = self.root.join("images");
-        let mut found = Vec::new();
-        for entry in fs::read_dir(&images).map_err(ImageError::io("read", &images))? {
-            let entry = entry.map_err(ImageError::io("read", &images))?;
-            let meta = entry.path().join("image.json");
-            if let Ok(bytes) = fs::read(&meta) {
-                if let Ok(info) = serde_json::from_slice::<ImageInfo>(&bytes) {
-                    found.push(info);
+    fn lock(&self, name: &str, arg: FlockArg) -> Result<Flock<File>, ImageError> {
+        let p = self.root.join(name);
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(ImageError::io("open", &p))?;
+        Flock::lock(f, arg).map_err(|(_, e)| ImageError::io("lock", &p)(e.into()))
+    }
+
+    /// Held (shared) while content is written; prune and rm take it exclusively.
+    pub(crate) fn writer_lock(&self) -> Result<Flock<File>, ImageError> {
+        self.lock("gc.lock", FlockArg::LockShared)
+    }
+
+    fn gc_lock(&self) -> Result<Flock<File>, ImageError> {
+        self.lock("gc.lock", FlockArg::LockExclusive)
+    }
+
+    fn refs_lock(&self) -> Result<Flock<File>, ImageError> {
+        self.lock("refs.lock", FlockArg::LockExclusive)
+    }
+
+    fn refs(&self) -> Result<Refs, ImageError> {
+        let p = self.root.join("refs.json");
+        match fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| ImageError::source(&p, format!("corrupt name table: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Refs::new()),
+            Err(e) => Err(ImageError::io("read", &p)(e)),
+        }
+    }
+
+    /// Writes the name table atomically (call with `refs.lock` held).
+    fn write_refs(&self, refs: &Refs) -> Result<(), ImageError> {
+        let p = self.root.join("refs.json");
+        write_atomic(
+            &self.tmp_dir(),
+            &p,
+            &serde_json::to_vec_pretty(refs).expect("json"),
+        )
+    }
+
+    fn record_path(&self, id: &str) -> Result<PathBuf, ImageError> {
+        Ok(self
+            .root
+            .join("records")
+            .join(format!("{}.json", hex_of(id)?)))
+    }
+
+    /// The record of an image id.
+    pub fn record(&self, id: &str) -> Result<ImageRecord, ImageError> {
+        let p = self.record_path(id)?;
+        let b = fs::read(&p).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ImageError::NotFound(id.to_owned())
+            } else {
+                ImageError::io("read", &p)(e)
+            }
+        })?;
+        serde_json::from_slice(&b).map_err(|e| ImageError::source(&p, format!("corrupt: {e}")))
+    }
+
+    fn records(&self) -> Result<Vec<ImageRecord>, ImageError> {
+        let dir = self.root.join("records");
+        let mut out = Vec::new();
+        for e in fs::read_dir(&dir).map_err(ImageError::io("read", &dir))? {
+            let e = e.map_err(ImageError::io("read", &dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(hex) = name.strip_suffix(".json") {
+                if let Ok(r) = self.record(&format!("sha256:{hex}")) {
+                    out.push(r);
                 }
             }
         }
-        found.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Finds the image a name, digest reference or (short) id means.
+    pub fn find(&self, name: &str) -> Result<ImageRecord, ImageError> {
+        let refs = self.refs()?;
+        if let Some(id) = reference::normalize_plain(name).and_then(|full| refs.get(&full)) {
+            return self.record(id);
+        }
+        if let Ok(r) = reference::parse(name) {
+            let full = r.whole();
+            if let Some(id) = refs.get(&full) {
+                return self.record(id);
+            }
+            if let Some(digest) = r.digest() {
+                // repo@sha256:...: any image of that repository with that manifest digest.
+                let repo = format!("{}/{}", r.registry(), r.repository());
+                let owned = |id: &String| {
+                    refs.iter().any(|(n, i)| {
+                        i == id
+                            && reference::parse(n).is_ok_and(|p| {
+                                format!("{}/{}", p.registry(), p.repository()) == repo
+                            })
+                    })
+                };
+                for rec in self.records()? {
+                    if rec.manifest_digest == digest
+                        && (owned(&rec.id) || name.starts_with("sha256"))
+                    {
+                        return Ok(rec);
+                    }
+                }
+            }
+        }
+        if let Some(prefix) = reference::id_prefix(name) {
+            let hits: Vec<ImageRecord> = self
+                .records()?
+                .into_iter()
+                .filter(|r| r.id["sha256:".len()..].starts_with(prefix))
+                .collect();
+            match hits.len() {
+                0 => {}
+                1 => return Ok(hits.into_iter().next().expect("one")),
+                _ => return Err(ImageError::Ambiguous(name.to_owned())),
+            }
+        }
+        Err(ImageError::NotFound(name.to_owned()))
+    }
+
+    /// Resolves a name to an image a sandbox can run.
+    pub fn resolve(&self, name: &str) -> Result<Image, ImageError> {
+        if name == HOST_IMAGE {
+            return host::ensure(&self.root.join("images").join(HOST_IMAGE));
+        }
+        let rec = self.find(name)?;
+        let layers = rec
+            .layers
+            .iter()
+            .rev()
+            .map(|l| self.layers.fs_path(&l.diff_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Image {
+            name: name.to_owned(),
+            id: rec.id,
+            layers,
+            host_binds: Vec::new(),
+            config: rec.config,
+        })
+    }
+
+    /// Full names of an image.
+    pub fn names_of(&self, id: &str) -> Result<Vec<String>, ImageError> {
+        Ok(self
+            .refs()?
+            .into_iter()
+            .filter(|(_, i)| i == id)
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// Makes an image record from a stored manifest: unpacks its layers (once per store) and
+    /// names it. Call with the writer lock held.
+    pub(crate) fn commit(
+        &self,
+        manifest_digest: &str,
+        names: &[String],
+    ) -> Result<ImageRecord, ImageError> {
+        let bytes = self.blobs.read(manifest_digest)?;
+        let manifest = ImageManifest::from_reader(&bytes[..]).map_err(|e| {
+            ImageError::source(
+                self.blobs.path(manifest_digest).unwrap_or_default(),
+                format!("not an image manifest: {e}"),
+            )
+        })?;
+        let media_type = manifest
+            .media_type()
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_else(|| OCI_MANIFEST.into());
+        let config_digest = manifest.config().digest().to_string();
+        let config_bytes = self.blobs.read(&config_digest)?;
+        let config = ImageConfiguration::from_reader(&config_bytes[..]).map_err(|e| {
+            ImageError::source(
+                self.blobs.path(&config_digest).unwrap_or_default(),
+                format!("not an image config: {e}"),
+            )
+        })?;
+        let diff_ids = config.rootfs().diff_ids();
+        if diff_ids.len() != manifest.layers().len() {
+            return Err(ImageError::source(
+                self.blobs.path(&config_digest).unwrap_or_default(),
+                format!(
+                    "config lists {} layers, manifest {}",
+                    diff_ids.len(),
+                    manifest.layers().len()
+                ),
+            ));
+        }
+        let mut layers = Vec::new();
+        let mut size = 0;
+        for (desc, diff_id) in manifest.layers().iter().zip(diff_ids) {
+            let digest = desc.digest().to_string();
+            self.layers.ensure(&self.blobs, &digest, diff_id)?;
+            size += self.layers.size(diff_id);
+            layers.push(LayerRecord {
+                digest,
+                media_type: desc.media_type().to_string(),
+                size: desc.size(),
+                diff_id: diff_id.clone(),
+            });
+        }
+        let rec = ImageRecord {
+            id: config_digest,
+            manifest_digest: manifest_digest.to_owned(),
+            manifest_media_type: media_type,
+            manifest_size: bytes.len() as u64,
+            config_size: config_bytes.len() as u64,
+            layers,
+            config: ImageConfig::from_oci(&config),
+            architecture: config.architecture().to_string(),
+            os: config.os().to_string(),
+            created: config.created().clone(),
+            added: now(),
+            size,
+        };
+        let _refs_lock = self.refs_lock()?;
+        let path = self.record_path(&rec.id)?;
+        let rec = match self.record(&rec.id) {
+            // Same image again: keep when it first came.
+            Ok(old) => ImageRecord {
+                added: old.added,
+                ..rec
+            },
+            Err(_) => rec,
+        };
+        write_atomic(
+            &self.tmp_dir(),
+            &path,
+            &serde_json::to_vec_pretty(&rec).expect("json"),
+        )?;
+        let mut refs = self.refs()?;
+        for n in names {
+            refs.insert(reference::normalize(n)?, rec.id.clone());
+        }
+        self.write_refs(&refs)?;
+        Ok(rec)
+    }
+
+    /// Stores `config` and an OCI manifest over `layers` (stored blobs: digest, size, media
+    /// type); returns the manifest's digest.
+    pub(crate) fn put_manifest(
+        &self,
+        config: &[u8],
+        layers: &[(String, u64, &str)],
+    ) -> Result<String, ImageError> {
+        let (config_digest, config_size) = self.blobs.put_bytes(config, "image config")?;
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": config_size},
+            "layers": layers.iter().map(|(d, s, t)| serde_json::json!({
+                "mediaType": t, "digest": d, "size": s,
+            })).collect::<Vec<_>>(),
+        });
+        let (manifest_digest, _) = self
+            .blobs
+            .put_bytes(&serde_json::to_vec(&manifest).expect("json"), "manifest")?;
+        Ok(manifest_digest)
+    }
+
+    /// Holds off `rm`/`prune` while a multi-step writer (a build) adds layers that no record
+    /// names yet. Drop it when done.
+    pub fn write_guard(&self) -> Result<WriteGuard, ImageError> {
+        Ok(WriteGuard {
+            _lock: self.writer_lock()?,
+        })
+    }
+
+    /// Stores an uncompressed layer tar produced by `write` and unpacks it (call with a
+    /// [`WriteGuard`] held).
+    pub fn put_layer(
+        &self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<LayerRecord, ImageError> {
+        let (digest, size) = self.blobs.put_with(None, "layer", write)?;
+        self.layers.ensure(&self.blobs, &digest, &digest)?;
+        Ok(LayerRecord {
+            digest: digest.clone(),
+            media_type: OCI_LAYER_TAR.into(),
+            size,
+            diff_id: digest,
+        })
+    }
+
+    /// A runnable image from layers (bottom first) and a run configuration that no record
+    /// holds yet: a build's intermediate state.
+    pub fn image_from_layers(
+        &self,
+        name: &str,
+        layers: &[LayerRecord],
+        config: &ImageConfig,
+    ) -> Result<Image, ImageError> {
+        Ok(Image {
+            name: name.to_owned(),
+            id: String::new(),
+            layers: layers
+                .iter()
+                .rev()
+                .map(|l| self.layers.fs_path(&l.diff_id))
+                .collect::<Result<_, _>>()?,
+            host_binds: Vec::new(),
+            config: config.clone(),
+        })
+    }
+
+    /// The image's OCI config document, as stored.
+    pub fn config_document(&self, rec: &ImageRecord) -> Result<serde_json::Value, ImageError> {
+        let bytes = self.blobs.read(&rec.id)?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ImageError::source(self.blobs.path(&rec.id).unwrap_or_default(), e.to_string())
+        })
+    }
+
+    /// Stores a new image from its OCI config document and stored layers, naming it `names`.
+    pub fn commit_image(
+        &self,
+        config: &serde_json::Value,
+        layers: &[LayerRecord],
+        names: &[String],
+    ) -> Result<ImageRecord, ImageError> {
+        let refs: Vec<(String, u64, &str)> = layers
+            .iter()
+            .map(|l| (l.digest.clone(), l.size, l.media_type.as_str()))
+            .collect();
+        let manifest = self.put_manifest(&serde_json::to_vec(config).expect("json"), &refs)?;
+        self.commit(&manifest, names)
+    }
+
+    /// Makes a one-layer image from a root filesystem directory (like `docker import`), with
+    /// `config` as its run configuration.
+    pub fn add_dir(
+        &self,
+        name: &str,
+        src: &Path,
+        config: &ImageConfig,
+    ) -> Result<ImageRecord, ImageError> {
+        if name == HOST_IMAGE {
+            return Err(ImageError::BuiltIn(name.to_owned()));
+        }
+        reference::normalize(name)?;
+        let meta = fs::metadata(src).map_err(ImageError::io("cannot read", src))?;
+        if !meta.is_dir() {
+            return Err(ImageError::source(src, "not a directory"));
+        }
+        let _w = self.writer_lock()?;
+        let (digest, size) = self
+            .blobs
+            .put_with(None, "layer", |w| crate::layer::tar_dir(src, w))?;
+        let oci_config = serde_json::json!({
+            "created": rfc3339_now(),
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Entrypoint": config.entrypoint,
+                "Cmd": config.cmd,
+                "Env": config.env,
+                "WorkingDir": config.working_dir,
+                "User": config.user,
+                "Labels": config.labels,
+            },
+            "rootfs": {"type": "layers", "diff_ids": [digest]},
+            "history": [{"created_by": format!("agentrun image add {}", src.display())}],
+        });
+        let manifest = self.put_manifest(
+            &serde_json::to_vec(&oci_config).expect("json"),
+            &[(digest, size, OCI_LAYER_TAR)],
+        )?;
+        self.commit(&manifest, &[name.to_owned()])
+    }
+
+    /// Lists the images, the built-in one first, then by name.
+    pub fn list(&self) -> Result<Vec<ImageInfo>, ImageError> {
+        let mut out = vec![ImageInfo {
+            names: vec![HOST_IMAGE.into()],
+            id: String::new(),
+            kind: "builtin".into(),
+            layers: 1,
+            size: 0,
+            added: 0,
+        }];
+        let refs = self.refs()?;
+        let mut found: Vec<ImageInfo> = self
+            .records()?
+            .into_iter()
+            .map(|r| ImageInfo {
+                names: refs
+                    .iter()
+                    .filter(|(_, i)| **i == r.id)
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+                id: r.id,
+                kind: "oci".into(),
+                layers: r.layers.len(),
+                size: r.size,
+                added: r.added,
+            })
+            .collect();
+        found.sort_by(|a, b| a.names.first().cmp(&b.names.first()).then(a.id.cmp(&b.id)));
         out.extend(found);
         Ok(out)
     }
 
-    /// Removes an image. Sandboxes already running on it keep their view until they end.
-    pub fn remove(&self, name: &str) -> Result<(), ImageError> {
+    /// Gives the image `src` names another name.
+    pub fn tag(&self, src: &str, name: &str) -> Result<String, ImageError> {
         if name == HOST_IMAGE {
             return Err(ImageError::BuiltIn(name.to_owned()));
         }
-        validate_name(name)?;
-        let dir = self.dir(name);
-        if !dir.join("image.json").exists() {
-            return Err(ImageError::NotFound(name.to_owned()));
+        let full = reference::normalize(name)?;
+        if reference::parse(name)?.digest().is_some() {
+            return Err(ImageError::InvalidName(
+                name.to_owned(),
+                "a tag cannot contain a digest".into(),
+            ));
         }
-        // Rename first so the name disappears atomically, then delete.
-        let doomed = self
-            .root
-            .join("images")
-            .join(format!(".{name}.rm.{}", std::process::id()));
-        fs::rename(&dir, &doomed).map_err(ImageError::io("rename", &dir))?;
-        fs::remove_dir_all(&doomed).map_err(ImageError::io("remove", &doomed))
+        let rec = self.find(src)?;
+        let _l = self.refs_lock()?;
+        let mut refs = self.refs()?;
+        refs.insert(full.clone(), rec.id);
+        self.write_refs(&refs)?;
+        Ok(full)
     }
-}
 
-fn validate_name(name: &str) -> Result<(), ImageError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-        && name.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
+    /// `image rm`: a name is untagged (the image goes when its last name does); an id removes
+    /// the image, which must have at most one name unless `force`. Content no image needs any
+    /// more is deleted, except layers a sandbox is using. Returns what was untagged/deleted.
+    pub fn remove(&self, name: &str, force: bool) -> Result<Vec<String>, ImageError> {
+        if name == HOST_IMAGE {
+            return Err(ImageError::BuiltIn(name.to_owned()));
+        }
+        let _gc = self.gc_lock()?;
+        let rec = self.find(name)?;
+        let mut done = Vec::new();
+        {
+            let _l = self.refs_lock()?;
+            let mut refs = self.refs()?;
+            let by_name = reference::normalize(name)
+                .ok()
+                .filter(|full| refs.get(full) == Some(&rec.id));
+            let names: Vec<String> = refs
+                .iter()
+                .filter(|(_, i)| **i == rec.id)
+                .map(|(n, _)| n.clone())
+                .collect();
+            match by_name {
+                Some(full) if names.len() > 1 => {
+                    refs.remove(&full);
+                    done.push(format!("Untagged: {}", reference::familiar(&full)));
+                }
+                _ => {
+                    if names.len() > 1 && !force {
+                        return Err(ImageError::InUse {
+                            name: name.to_owned(),
+                            count: names.len(),
+                        });
+                    }
+                    for n in &names {
+                        refs.remove(n);
+                        done.push(format!("Untagged: {}", reference::familiar(n)));
+                    }
+                    let p = self.record_path(&rec.id)?;
+                    let _ = fs::remove_file(&p);
+                    done.push(format!("Deleted: {}", rec.id));
+                }
+            }
+            self.write_refs(&refs)?;
+        }
+        self.collect_garbage(&mut PruneReport::default())?;
+        Ok(done)
+    }
+
+    /// `image prune`: removes dangling images (no name), then content no image needs.
+    pub fn prune(&self) -> Result<PruneReport, ImageError> {
+        let _gc = self.gc_lock()?;
+        let mut report = PruneReport::default();
+        {
+            let _l = self.refs_lock()?;
+            let named: BTreeSet<String> = self.refs()?.into_values().collect();
+            for r in self.records()? {
+                if !named.contains(&r.id) {
+                    let _ = fs::remove_file(self.record_path(&r.id)?);
+                    report.images.push(r.id);
+                }
+            }
+        }
+        self.collect_garbage(&mut report)?;
+        Ok(report)
+    }
+
+    /// Deletes blobs and layers no record refers to, and leftovers of interrupted writes.
+    /// Call with `gc.lock` held exclusively.
+    fn collect_garbage(&self, report: &mut PruneReport) -> Result<(), ImageError> {
+        let mut blobs = BTreeSet::new();
+        let mut layers = BTreeSet::new();
+        for r in self.records()? {
+            blobs.insert(r.manifest_digest.clone());
+            blobs.insert(r.id.clone());
+            for l in &r.layers {
+                blobs.insert(l.digest.clone());
+                layers.insert(l.diff_id.clone());
+            }
+        }
+        for l in self.layers.list()? {
+            if !layers.contains(&l) {
+                let size = self.layers.size(&l);
+                if self.layers.remove_unless_leased(&l)? {
+                    report.layers += 1;
+                    report.bytes += size;
+                } else {
+                    report.layers_in_use += 1;
+                }
+            }
+        }
+        for b in self.blobs.list()? {
+            if !blobs.contains(&b) {
+                report.bytes += self.blobs.remove(&b)?;
+                report.blobs += 1;
+            }
+        }
+        // No writer holds the lock: whatever is in tmp/ was left by one that died.
+        let tmp = self.tmp_dir();
+        if let Ok(rd) = fs::read_dir(&tmp) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let _ = fs::remove_dir_all(&p).or_else(|_| fs::remove_file(&p));
+            }
+        }
         Ok(())
-    } else {
-        Err(ImageError::InvalidName(name.to_owned()))
     }
 }
 
-/// Recursively copies a rootfs, keeping ownership, modes, symlinks and mtimes. Device nodes,
-/// sockets and fifos are not copied: a sandbox gets its own /dev.
-fn copy_tree(src: &Path, dst: &Path) -> Result<(), ImageError> {
-    let meta = fs::symlink_metadata(src).map_err(ImageError::io("stat", src))?;
-    let ft = meta.file_type();
-    if ft.is_symlink() {
-        let link = fs::read_link(src).map_err(ImageError::io("readlink", src))?;
-        symlink(&link, dst).map_err(ImageError::io("symlink", dst))?;
-    } else if ft.is_dir() {
-        fs::create_dir(dst).map_err(ImageError::io("create", dst))?;
-        for entry in fs::read_dir(src).map_err(ImageError::io("read", src))? {
-            let entry = entry.map_err(ImageError::io("read", src))?;
-            copy_tree(&entry.path(), &dst.join(entry.file_name()))?;
-        }
-        fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
-            .map_err(ImageError::io("chmod", dst))?;
-    } else if ft.is_file() {
-        fs::copy(src, dst).map_err(ImageError::io("copy", src))?;
-        fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
-            .map_err(ImageError::io("chmod", dst))?;
-    } else {
-        return Ok(());
+/// Writes a file by rename, so readers see the old or the new content, never a part.
+pub(crate) fn write_atomic(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    let tmp = temp_path(tmp_dir, "write");
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(ImageError::io("create", &tmp))?;
+        f.write_all(bytes).map_err(ImageError::io("write", &tmp))?;
+        f.sync_all().map_err(ImageError::io("fsync", &tmp))?;
+        fs::rename(&tmp, path).map_err(ImageError::io("rename", &tmp))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
     }
-    lchown(dst, Some(meta.uid()), Some(meta.gid())).map_err(ImageError::io("chown", dst))?;
-    if !ft.is_symlink() {
-        // chown clears set-id bits: restore the mode afterwards.
-        fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
-            .map_err(ImageError::io("chmod", dst))?;
-        let mtime = nix::sys::time::TimeSpec::new(meta.mtime(), meta.mtime_nsec());
-        let _ = nix::sys::stat::utimensat(
-            None,
-            dst,
-            &mtime,
-            &mtime,
-            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-        );
-    }
-    Ok(())
+    result
+}
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The current time as RFC 3339 (UTC, seconds).
+pub fn rfc3339_now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
     fn tempdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("agentrun-store-{tag}-{}", std::process::id()));
@@ -226,7 +781,7 @@ mod tests {
     }
 
     #[test]
-    fn add_resolve_list_remove() {
+    fn add_resolve_tag_remove_prune() {
         let root = tempdir("root");
         let src = tempdir("src");
         fs::create_dir_all(src.join("bin")).unwrap();
@@ -234,31 +789,70 @@ mod tests {
         fs::set_permissions(src.join("bin/tool"), fs::Permissions::from_mode(0o755)).unwrap();
         symlink("tool", src.join("bin/alias")).unwrap();
         let store = ImageStore::open(&root).unwrap();
-        store.add_dir("tiny", &src).unwrap();
-        assert!(matches!(
-            store.add_dir("tiny", &src),
-            Err(ImageError::Exists(_))
-        ));
+        let cfg = ImageConfig {
+            cmd: Some(vec!["/bin/tool".into()]),
+            env: vec!["A=1".into()],
+            ..ImageConfig::default()
+        };
+        let rec = store.add_dir("tiny", &src, &cfg).unwrap();
+        assert_eq!(rec.config.cmd, cfg.cmd);
         let img = store.resolve("tiny").unwrap();
-        let m = fs::metadata(img.rootfs.join("bin/tool")).unwrap();
+        assert_eq!(img.layers.len(), 1);
+        let m = fs::metadata(img.layers[0].join("bin/tool")).unwrap();
         assert_eq!(m.mode() & 0o777, 0o755);
         assert_eq!(
-            fs::read_link(img.rootfs.join("bin/alias")).unwrap(),
+            fs::read_link(img.layers[0].join("bin/alias")).unwrap(),
             Path::new("tool")
         );
-        let names: Vec<_> = store.list().unwrap().into_iter().map(|i| i.name).collect();
-        assert_eq!(names, ["host", "tiny"]);
-        store.remove("tiny").unwrap();
+        // By full name, by short id, by tag.
+        assert_eq!(
+            store.find("docker.io/library/tiny:latest").unwrap().id,
+            rec.id
+        );
+        assert_eq!(store.find(&rec.id[7..19]).unwrap().id, rec.id);
+        store.tag("tiny", "other:1").unwrap();
+        assert_eq!(store.find("other:1").unwrap().id, rec.id);
+        let names: Vec<_> = store.list().unwrap().into_iter().map(|i| i.names).collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["host".to_string()],
+                vec![
+                    "docker.io/library/other:1".to_string(),
+                    "docker.io/library/tiny:latest".to_string()
+                ]
+            ]
+        );
+        // Removing by id with two names needs force; by name only untags.
         assert!(matches!(
-            store.resolve("tiny"),
-            Err(ImageError::NotFound(_))
+            store.remove(&rec.id, false),
+            Err(ImageError::InUse { .. })
         ));
-        assert!(matches!(store.remove("host"), Err(ImageError::BuiltIn(_))));
+        store.remove("other:1", false).unwrap();
+        assert!(store.find("tiny").is_ok());
+        // A leased layer survives rm until the lease ends; prune then takes it.
+        let lease = img.lease().unwrap();
+        store.remove("tiny", false).unwrap();
+        assert!(matches!(store.find("tiny"), Err(ImageError::NotFound(_))));
+        assert!(img.layers[0].exists(), "a leased layer was deleted");
+        drop(lease);
+        let r = store.prune().unwrap();
+        assert_eq!(r.layers, 1);
+        assert!(!img.layers[0].exists());
+        assert!(store.blobs.list().unwrap().is_empty());
         assert!(matches!(
-            store.resolve("../etc"),
-            Err(ImageError::InvalidName(_))
+            store.remove("host", false),
+            Err(ImageError::BuiltIn(_))
         ));
+        assert!(store.resolve("../etc").is_err());
         fs::remove_dir_all(&root).unwrap();
         fs::remove_dir_all(&src).unwrap();
+    }
+
+    #[test]
+    fn rfc3339_is_well_formed() {
+        let s = rfc3339_now();
+        assert_eq!(s.len(), 20, "{s}");
+        assert!(s.starts_with("20") && s.ends_with('Z'), "{s}");
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | annotation | effect |
 //! |---|---|
-//! | `run.agentrun.profile=<name>` | applies the built-in profile `<name>` (`default`, `strict`): Landlock (read and execute everywhere, write only under the profile's writable paths and the spec's read-write mounts), and the profile's seccomp baseline when the spec has no seccomp section |
+//! | `run.agentrun.profile=<name>` | applies the built-in profile `<name>` (`default`, `strict`, ...): Landlock (read and execute only under the profile's readable paths and the spec's mounts, write only under the profile's writable paths and the spec's read-write mounts), and the profile's seccomp baseline when the spec has no seccomp section. The profile's hidden paths and resources are not applied: the spec's `maskedPaths` and `linux.resources` (the orchestrator's) are |
 //! | `run.agentrun.traceparent=<W3C traceparent>` | parent of the container's lifetime span (otherwise `TRACEPARENT` of `create`) |
 //!
 //! Only built-in profile names are accepted, never a path: annotations come from whoever
@@ -63,14 +63,22 @@ impl Hardening {
             ),
             None => None,
         };
-        let mut writable: Vec<PathBuf> = profile.writable_paths.clone();
-        writable.extend(writable_mounts(spec));
-        writable.sort();
-        writable.dedup();
+        let writable = profile.landlock_writable(writable_mounts(spec));
+        // Read: the profile's readable paths, and every mount the spec makes (volumes,
+        // /etc/hosts, ...), as agentrun's own sandboxes do for their mounts.
+        let mut readable = profile.landlock_readable();
+        readable.extend(
+            spec.mounts()
+                .iter()
+                .flatten()
+                .map(|m| m.destination().clone()),
+        );
+        readable.sort();
+        readable.dedup();
         Ok(Hardening {
             profile: Some(profile.name),
             seccomp,
-            landlock: Some(LandlockRules { writable }),
+            landlock: Some(LandlockRules { readable, writable }),
         })
     }
 }

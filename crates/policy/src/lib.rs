@@ -1,10 +1,14 @@
 //! Sandbox profiles: policy as code.
 //!
-//! A [`Profile`] says what a sandbox may do: which paths it may write, whether it has a network,
-//! which resources it gets, which environment it starts with and which seccomp baseline applies.
-//! Profiles are TOML files (`bundles/*.toml` ships the built-in ones). This crate is pure: it
-//! parses and validates, and the runtime translates the result into kernel mechanisms.
+//! A [`Profile`] says what a sandbox may do: which paths it may read, write or never see,
+//! which hosts it may reach, which resources it gets, which environment variables it may be
+//! given and which seccomp baseline applies. Profiles are TOML files (`bundles/*.toml` ships
+//! the built-in ones). [`Profile::check`] ([`decision`]) is the single place where allow/deny
+//! decisions are made. This crate is pure: it parses, validates and decides, and the runtime
+//! and the egress proxy translate the same profile into kernel mechanisms.
 
+pub mod decision;
+pub mod network;
 mod units;
 
 use std::collections::BTreeMap;
@@ -13,6 +17,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use decision::{normalize, Action, Decision, WORKSPACE};
+pub use network::{HostRule, NetworkMode, NetworkPolicy, NetworkPolicyError, RuleAction};
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
 /// Errors from loading or validating a profile.
@@ -27,9 +33,11 @@ pub enum PolicyError {
     },
     #[error("invalid profile {origin}: {message}")]
     Parse { origin: String, message: String },
-    #[error("invalid profile {origin}: field `{field}`: {message}")]
+    #[error("invalid profile {origin}: {}field `{field}`: {message}", line.map(|l| format!("line {l}: ")).unwrap_or_default())]
     Invalid {
         origin: String,
+        /// 1-based line of the field in the file, when it can be found.
+        line: Option<usize>,
         field: &'static str,
         message: String,
     },
@@ -39,16 +47,12 @@ pub enum PolicyError {
 const BUILTIN: &[(&str, &str)] = &[
     ("default", include_str!("../../../bundles/default.toml")),
     ("strict", include_str!("../../../bundles/strict.toml")),
+    ("build", include_str!("../../../bundles/build.toml")),
+    (
+        "code-interpreter",
+        include_str!("../../../bundles/code-interpreter.toml"),
+    ),
 ];
-
-/// Network access granted to a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum NetworkMode {
-    /// Own network namespace with only loopback: nothing outside is reachable.
-    #[default]
-    None,
-}
 
 /// Resource limits, all enforced by cgroups or rlimits.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,18 +69,36 @@ pub struct Resources {
     pub nofile: u64,
     /// Wall-clock limit of a run.
     pub timeout: Option<Duration>,
+    /// Bytes of stdout and of stderr passed on per run; the rest is dropped (and reported).
+    pub output_cap: Option<u64>,
+}
+
+/// The filesystem view of a sandbox (enforced by Landlock and masked mounts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FsPolicy {
+    /// Whether `/workspace` may be written (`workspace = "rw"`, the default) or only read.
+    pub workspace_writable: bool,
+    /// Paths that may be read and executed (besides the workspace and writable paths).
+    pub readable: Vec<PathBuf>,
+    /// Paths (besides the workspace and read-write mounts) that may be written.
+    pub writable: Vec<PathBuf>,
+    /// Paths masked inside the sandbox (empty tmpfs or /dev/null over them).
+    pub hidden: Vec<PathBuf>,
+    /// Whether `--rw` mounts are allowed.
+    pub rw_mounts: bool,
 }
 
 /// A validated profile.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     pub name: String,
-    /// Paths inside the sandbox, besides the workspace and rw mounts, that may be written.
-    pub writable_paths: Vec<PathBuf>,
-    pub network: NetworkMode,
+    pub filesystem: FsPolicy,
+    pub network: NetworkPolicy,
     pub resources: Resources,
     /// Environment every sandboxed process starts with (the host's is never inherited).
     pub env_defaults: BTreeMap<String, String>,
+    /// Variables a caller may set (`-e`); `None`: any.
+    pub env_allow: Option<Vec<String>>,
     /// Seccomp baseline name; `default` is the Docker-like deny list in [`seccomp_denied_syscalls`].
     pub seccomp_baseline: String,
 }
@@ -100,8 +122,13 @@ struct RawProfile {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawFilesystem {
+    workspace: Option<String>,
+    readable: Option<Vec<PathBuf>>,
     #[serde(default)]
     writable: Vec<PathBuf>,
+    #[serde(default)]
+    hidden: Vec<PathBuf>,
+    rw_mounts: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -109,6 +136,10 @@ struct RawFilesystem {
 struct RawNetwork {
     #[serde(default)]
     mode: NetworkMode,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -120,6 +151,7 @@ struct RawResources {
     tmpfs_size: Option<String>,
     nofile: Option<u64>,
     timeout: Option<String>,
+    output_cap: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -127,6 +159,7 @@ struct RawResources {
 struct RawEnv {
     #[serde(default)]
     defaults: BTreeMap<String, String>,
+    allow: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -139,7 +172,7 @@ impl Profile {
     /// Loads a built-in profile by name, or a profile file if `name_or_path` contains a `/` or
     /// ends in `.toml`.
     pub fn load(name_or_path: &str) -> Result<Self, PolicyError> {
-        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+        if Self::is_file_name(name_or_path) {
             let path = Path::new(name_or_path);
             let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
                 path: path.to_owned(),
@@ -148,6 +181,11 @@ impl Profile {
             return Self::parse(&text, &path.display().to_string());
         }
         Self::builtin(name_or_path)
+    }
+
+    /// Whether [`Profile::load`] takes `name_or_path` as a file (it has a `/` or ends in `.toml`).
+    pub fn is_file_name(name_or_path: &str) -> bool {
+        name_or_path.contains('/') || name_or_path.ends_with(".toml")
     }
 
     /// A built-in profile by name (parsed once per process: the daemon asks for one per run).
@@ -178,14 +216,16 @@ impl Profile {
         BUILTIN.iter().map(|(n, _)| *n)
     }
 
-    /// Parses and validates profile TOML; `origin` names the source in error messages.
+    /// Parses and validates profile TOML; `origin` names the source in error messages, which
+    /// give the line and field of the problem when they can.
     pub fn parse(text: &str, origin: &str) -> Result<Self, PolicyError> {
         let raw: RawProfile = toml::from_str(text).map_err(|e| PolicyError::Parse {
             origin: origin.to_owned(),
-            message: e.to_string().trim().replace('\n', " "),
+            message: parse_message(text, &e),
         })?;
         let invalid = |field: &'static str, message: String| PolicyError::Invalid {
             origin: origin.to_owned(),
+            line: field_line(text, field),
             field,
             message,
         };
@@ -206,16 +246,77 @@ impl Profile {
                     parse_duration(&s).map_err(|e| invalid("resources.timeout", e.to_string()))
                 })
                 .transpose()?,
+            output_cap: r
+                .output_cap
+                .map(|s| {
+                    parse_bytes(&s).map_err(|e| invalid("resources.output_cap", e.to_string()))
+                })
+                .transpose()?,
         };
         validate_resources(&resources).map_err(|(f, m)| invalid(f, m))?;
-        for p in &raw.filesystem.writable {
-            if !p.is_absolute() {
+
+        let fs = raw.filesystem;
+        let workspace_writable = match fs.workspace.as_deref() {
+            None | Some("rw") => true,
+            Some("ro") => false,
+            Some(other) => {
                 return Err(invalid(
-                    "filesystem.writable",
-                    format!("{} is not an absolute path", p.display()),
-                ));
+                    "filesystem.workspace",
+                    format!("{other:?}: expected \"rw\" or \"ro\""),
+                ))
+            }
+        };
+        let readable = fs.readable.unwrap_or_else(|| vec![PathBuf::from("/")]);
+        for (field, list) in [
+            ("filesystem.readable", &readable),
+            ("filesystem.writable", &fs.writable),
+            ("filesystem.hidden", &fs.hidden),
+        ] {
+            for p in list {
+                if !p.is_absolute() {
+                    return Err(invalid(
+                        field,
+                        format!("{} is not an absolute path", p.display()),
+                    ));
+                }
+                if p.components().any(|c| c.as_os_str() == "..") {
+                    return Err(invalid(field, format!("{} contains '..'", p.display())));
+                }
             }
         }
+        if let Some(h) = fs.hidden.iter().find(|h| h.as_os_str() == "/") {
+            return Err(invalid(
+                "filesystem.hidden",
+                format!("{} would hide everything", h.display()),
+            ));
+        }
+
+        let net = raw.network;
+        let mut rules = Vec::new();
+        for (field, action, list) in [
+            ("network.deny", RuleAction::Deny, &net.deny),
+            ("network.allow", RuleAction::Allow, &net.allow),
+        ] {
+            for (i, spec) in list.iter().enumerate() {
+                rules.push(
+                    HostRule::parse(format!("{field}[{i}]"), action, spec)
+                        .map_err(|m| invalid(field, m))?,
+                );
+            }
+        }
+        if net.mode == NetworkMode::None && !rules.is_empty() {
+            return Err(invalid(
+                "network.mode",
+                "\"none\" cannot have allow/deny rules (use mode = \"allowlist\")".into(),
+            ));
+        }
+        if net.mode == NetworkMode::Allowlist && net.allow.is_empty() {
+            return Err(invalid(
+                "network.allow",
+                "mode = \"allowlist\" needs at least one HOST[:PORT] entry".into(),
+            ));
+        }
+
         let baseline = raw.seccomp.baseline.unwrap_or_else(|| "default".into());
         if baseline != "default" {
             return Err(invalid(
@@ -226,15 +327,62 @@ impl Profile {
         for key in raw.env.defaults.keys() {
             validate_env_key(key).map_err(|m| invalid("env.defaults", m))?;
         }
+        for key in raw.env.allow.iter().flatten() {
+            validate_env_key(key).map_err(|m| invalid("env.allow", m))?;
+        }
         Ok(Profile {
             name: raw.name.unwrap_or_else(|| origin.to_owned()),
-            writable_paths: raw.filesystem.writable,
-            network: raw.network.mode,
+            filesystem: FsPolicy {
+                workspace_writable,
+                readable,
+                writable: fs.writable,
+                hidden: fs.hidden,
+                rw_mounts: fs.rw_mounts.unwrap_or(true),
+            },
+            network: NetworkPolicy {
+                mode: net.mode,
+                rules,
+            },
             resources,
             env_defaults: raw.env.defaults,
+            env_allow: raw.env.allow,
             seccomp_baseline: baseline,
         })
     }
+}
+
+/// A TOML error as one line, prefixed with its line number.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {msg}")
+        }
+        None => msg,
+    }
+}
+
+/// The 1-based line where `section.key` is set, found by scanning for the `[section]` header
+/// and then a `key =` line (or an inline `section = { key = ... }`).
+fn field_line(text: &str, field: &str) -> Option<usize> {
+    let (section, key) = field.split_once('.')?;
+    let mut in_section = false;
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_section = t.trim_start_matches('[').trim_end_matches(']').trim() == section;
+            continue;
+        }
+        let starts_key = |k: &str| {
+            t.strip_prefix(k)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        };
+        if (in_section && starts_key(key)) || starts_key(field) {
+            return Some(n + 1);
+        }
+    }
+    None
 }
 
 /// Per-run changes to a profile's resources (command-line flags, API fields).
@@ -402,9 +550,33 @@ mod tests {
         for name in Profile::builtin_names() {
             let p = Profile::builtin(name).unwrap();
             assert_eq!(p.name, name);
-            assert_eq!(p.network, NetworkMode::None);
             assert!(p.env_defaults.contains_key("PATH"));
         }
+        assert_eq!(
+            Profile::builtin("default").unwrap().network.mode,
+            NetworkMode::None
+        );
+        let ci = Profile::builtin("code-interpreter").unwrap();
+        assert_eq!(ci.network.mode, NetworkMode::Allowlist);
+        assert!(
+            ci.check(&Action::Connect {
+                host: "pypi.org".into(),
+                port: 443
+            })
+            .allow
+        );
+        assert!(
+            !ci.check(&Action::Connect {
+                host: "evil.example".into(),
+                port: 443
+            })
+            .allow
+        );
+        assert!(ci.check(&Action::Write("/workspace/out/x".into())).allow);
+        let s = Profile::builtin("strict").unwrap();
+        assert!(!s.check(&Action::Read("/etc/passwd".into())).allow);
+        assert!(!s.check(&Action::Write("/workspace/x".into())).allow);
+        assert!(s.check(&Action::Write("/workspace/out/x".into())).allow);
         let d = Profile::builtin("default").unwrap();
         assert_eq!(d.resources.memory_bytes, 1 << 30);
         assert_eq!(d.resources.timeout, None);
@@ -428,8 +600,28 @@ mod tests {
         assert!(e.to_string().contains("absolute"), "{e}");
         let e = Profile::parse("[env]\ndefaults = { \"A-B\" = \"x\" }\n", "t").unwrap_err();
         assert!(e.to_string().contains("A-B"), "{e}");
-        let e = Profile::parse("[network]\nmode = \"all\"\n", "t").unwrap_err();
-        assert!(e.to_string().contains("mode"), "{e}");
+        let e = Profile::parse("[network]\nmode = \"some\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let e = Profile::parse("[network]\nmode = \"allowlist\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("network.allow"), "{e}");
+        let e = Profile::parse(
+            "name = \"x\"\n\n[network]\nmode = \"allowlist\"\nallow = [\"a b\"]\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 5") && e.contains("network.allow") && e.contains("a b"),
+            "{e}"
+        );
+        let e = Profile::parse("[filesystem]\nworkspace = \"wo\"\n", "t").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("line 2: field `filesystem.workspace`"),
+            "{e}"
+        );
+        let e = Profile::parse("[filesystem]\nhidden = [\"/a/../b\"]\n", "t").unwrap_err();
+        assert!(e.to_string().contains("'..'"), "{e}");
     }
 
     #[test]

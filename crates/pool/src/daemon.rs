@@ -284,14 +284,22 @@ fn exec(
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
+    // Pooled sandboxes have no egress bridge: a network policy needs the per-run proxy of the
+    // cold path (`agentrun exec` goes there by itself).
+    if profile.network.needs_proxy() {
+        return fail(format!(
+            "profile {} has network mode {:?}: the daemon does not run egress proxies; run it without the daemon (AGENTRUN_NO_DAEMON=1)",
+            profile.name, profile.network.mode
+        ));
+    }
     let (sandbox, hit) = match shared.pool.acquire(&request.recipe) {
         Ok(s) => s,
         Err(e) => return fail(format!("creating sandbox: {e}")),
     };
     let init_req = InitRequest {
         argv: request.args.clone(),
-        env: request.environment(&profile),
-        cwd: request.working_dir(),
+        env: request.environment(&profile, &sandbox.image.env_pairs()),
+        cwd: request.working_dir(&sandbox.image),
     };
     let timeout = timeout_ms
         .map(Duration::from_millis)

@@ -38,6 +38,7 @@ enum FactoryReply {
         id: String,
         init_pid: i32,
         enforcement: Enforcement,
+        image: agentrun_image::ImageConfig,
     },
     Destroyed,
     Error {
@@ -55,6 +56,8 @@ pub struct PooledSandbox {
     /// pidfd of the init (opened while the factory cannot have reaped it yet).
     pub pidfd: OwnedFd,
     pub enforcement: Enforcement,
+    /// The image's run configuration (its Env and WorkingDir apply to the command).
+    pub image: agentrun_image::ImageConfig,
     pub created: std::time::Instant,
     /// Index of the factory that made it (and must destroy it).
     pub factory: usize,
@@ -127,6 +130,7 @@ impl FactoryClient {
                 id,
                 init_pid,
                 enforcement,
+                image,
             } => {
                 let control = fds
                     .pop()
@@ -138,6 +142,7 @@ impl FactoryClient {
                     control,
                     pidfd,
                     enforcement,
+                    image,
                     created: std::time::Instant::now(),
                     factory: 0,
                 })
@@ -191,6 +196,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             id: sandbox.id().to_owned(),
                             init_pid: sandbox.init_pid().unwrap_or(0),
                             enforcement: sandbox.enforcement().clone(),
+                            image: sandbox.image_config().clone(),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);
                         (reply, Some(control))

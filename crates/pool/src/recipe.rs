@@ -26,6 +26,9 @@ pub struct SandboxRecipe {
     pub overrides: ResourceOverrides,
     pub workspace: Option<PathBuf>,
     pub mounts: Vec<UserMount>,
+    /// `--allow-host` entries added to the profile's network rules (`cli.allow_host[i]`).
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
 }
 
 impl Default for SandboxRecipe {
@@ -36,6 +39,7 @@ impl Default for SandboxRecipe {
             overrides: ResourceOverrides::default(),
             workspace: None,
             mounts: Vec::new(),
+            allow_hosts: Vec::new(),
         }
     }
 }
@@ -44,14 +48,21 @@ impl SandboxRecipe {
     /// Whether a sandbox made from just the image and profile can serve this recipe: no
     /// mounts, no resource changes (a timeout is enforced from outside).
     pub fn is_plain(&self) -> bool {
-        self.overrides.shapes_nothing() && self.workspace.is_none() && self.mounts.is_empty()
+        self.overrides.shapes_nothing()
+            && self.workspace.is_none()
+            && self.mounts.is_empty()
+            && self.allow_hosts.is_empty()
     }
 
-    /// The profile with the overrides applied.
+    /// The profile with the overrides and extra allowed hosts applied.
     pub fn profile(&self) -> Result<Profile, PoolError> {
-        Profile::load(&self.profile)?
+        let mut p = Profile::load(&self.profile)?
             .with_overrides(&self.overrides)
-            .map_err(|(field, why)| PoolError::Invalid(format!("{field}: {why}")))
+            .map_err(|(field, why)| PoolError::Invalid(format!("{field}: {why}")))?;
+        p.network
+            .allow_hosts("cli.allow_host", &self.allow_hosts)
+            .map_err(|why| PoolError::Invalid(format!("--allow-host: {why}")))?;
+        Ok(p)
     }
 
     /// The sandbox configuration (with `args` as the command of a cold run; pooled sandboxes
@@ -88,16 +99,20 @@ pub struct ExecRequest {
 }
 
 impl ExecRequest {
-    /// The full environment of the command: profile defaults, then the request's values.
-    pub fn environment(&self, profile: &Profile) -> Vec<String> {
-        profile.environment(&self.env)
+    /// The full environment of the command: profile defaults, then the image's `Env`, then
+    /// the request's values.
+    pub fn environment(&self, profile: &Profile, image_env: &[(String, String)]) -> Vec<String> {
+        let mut over = image_env.to_vec();
+        over.extend(self.env.iter().cloned());
+        profile.environment(&over)
     }
 
-    /// The working directory (default `/workspace`).
-    pub fn working_dir(&self) -> String {
+    /// The working directory: `--cwd`, else the image's default (see
+    /// [`agentrun_image::ImageConfig::default_cwd`]).
+    pub fn working_dir(&self, image: &agentrun_image::ImageConfig) -> String {
         self.cwd
             .as_ref()
             .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "/workspace".into())
+            .unwrap_or_else(|| image.default_cwd(self.recipe.workspace.is_some()))
     }
 }

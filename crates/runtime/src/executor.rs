@@ -9,6 +9,8 @@
 //!    libcontainer without libseccomp ignores it), then forks the command (pooled: once its
 //!    request has come), which inherits both and gets its own process group, default signal
 //!    dispositions, its stdio and working directory, then execs;
+//!    With an egress bridge, it first listens on a loopback port and relays each connection to
+//!    the host's egress proxy (threads of the init, outside the command's process tree);
 //! 3. stays as a minimal init: forwards signals to the command's process group, reaps
 //!    orphans, and exits with the command's status (128+N for signal N). Its exit tears down
 //!    the pid namespace, so nothing the command started survives it.
@@ -62,6 +64,8 @@ pub struct SandboxExecutor {
     pub program: String,
     /// Working directory of a spec-mode command (the spec's `process.cwd` stays `/`).
     pub cwd: String,
+    /// Bridge a loopback port to the egress proxy (see [`crate::net::EgressBridge`]).
+    pub egress: Option<crate::net::EgressBridge>,
 }
 
 impl Executor for SandboxExecutor {
@@ -240,6 +244,13 @@ impl SandboxExecutor {
         let all = SigSet::all();
         sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None)
             .map_err(|e| fail(format!("sigprocmask: {e}")))?;
+        // Listening before the command starts: its first connection finds the bridge up.
+        // The bridge's threads inherit the blocked mask, so signals still reach only `supervise`.
+        if let Some(bridge) = &self.egress {
+            bridge
+                .start()
+                .map_err(|e| fail(format!("egress bridge: {e}")))?;
+        }
         let result = match run.spawn() {
             Ok(child) => supervise(child),
             Err(code) => InitResult {

@@ -1,11 +1,21 @@
 //! Landlock: the filesystem view of the sandboxed process, enforced by the kernel.
 //!
-//! Read and execute everywhere under the sandbox root; write only under the workspace, the
-//! profile's writable paths and the rw mounts; plus the few device files programs write to.
+//! Read and execute only under the profile's readable paths (default: the whole sandbox root)
+//! and the writable ones; write only under the workspace (when the profile makes it writable),
+//! the profile's writable paths and the rw mounts; plus the few device files programs write to.
+//! Every path is inside the sandbox's own root, so `..`, symlinks to `/etc` and the like are
+//! judged by the kernel on the path they resolve to.
 //! Scoped (ABI 6+) so the process cannot signal or reach abstract sockets outside its domain,
 //! which also keeps it from ptrace-style access to agentrun's init. Best effort by ABI: the
 //! host's ABI is probed up front ([`abi`]) and reported, and [`restrict`] fails if the kernel
 //! enforces less than that ABI promised.
+//!
+//! Observing denials: on ABI 7+ (Linux 6.15+) the ruleset asks the kernel to log the
+//! command's denied accesses (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`). The kernel emits them
+//! as `AUDIT_LANDLOCK_ACCESS` records (with the domain, pid, path and the blocked right) only
+//! while the audit subsystem is enabled on the host (`auditctl -e 1` or `audit=1`); then they
+//! are in the host's audit log (auditd, journald). agentrun does not turn audit on by itself
+//! and does not yet collect these records into its own audit log.
 
 use std::path::PathBuf;
 
@@ -13,6 +23,9 @@ use landlock::{
     path_beneath_rules, Access, AccessFs, RestrictionStatus, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
+
+/// The ABI that can log denials after exec (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`).
+const LOG_NEW_EXEC_ABI: u32 = 7;
 
 /// The newest ABI whose rights agentrun asks for.
 const TARGET_ABI: ABI = ABI::V6;
@@ -33,6 +46,9 @@ const WRITABLE_DEVICES: &[&str] = &[
 /// Paths a sandboxed process may write (inside the sandbox's root).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LandlockRules {
+    /// Read and execute (files and directory listings).
+    pub readable: Vec<PathBuf>,
+    /// Everything, including read.
     pub writable: Vec<PathBuf>,
 }
 
@@ -68,13 +84,22 @@ pub fn abi() -> u32 {
 pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatus, LandlockError> {
     let abi = TARGET_ABI;
     let existing = |paths: Vec<PathBuf>| paths.into_iter().filter(|p| p.exists());
+    let readable = existing(rules.readable.clone());
     let writable = existing(rules.writable.clone());
     let devices = existing(WRITABLE_DEVICES.iter().map(PathBuf::from).collect());
-    let status = Ruleset::default()
+    let created = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))?
         .scope(Scope::from_all(abi))?
-        .create()?
-        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
+        .create()?;
+    // ABI 7+: denials of the command (a new exec after this call) are logged to the audit
+    // subsystem too, which records them when the host has audit enabled (see module doc).
+    let created = if host_abi >= LOG_NEW_EXEC_ABI {
+        created.log_new_exec(true)?
+    } else {
+        created
+    };
+    let status = created
+        .add_rules(path_beneath_rules(readable, AccessFs::from_read(abi)))?
         .add_rules(path_beneath_rules(writable, AccessFs::from_all(abi)))?
         .add_rules(path_beneath_rules(
             devices,

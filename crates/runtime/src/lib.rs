@@ -14,6 +14,7 @@ pub mod executor;
 pub mod gc;
 pub mod host;
 pub mod idmap;
+pub mod kaudit;
 pub mod landlock;
 pub mod net;
 pub mod rootfs;

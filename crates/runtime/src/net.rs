@@ -3,8 +3,64 @@
 //! The namespace is created by libcontainer (`linux.namespaces: network`) inside the sandbox's
 //! user namespace; it has no interface but `lo`, so nothing outside is reachable. `lo` starts
 //! down; the executor brings it up so programs can talk to themselves on 127.0.0.1.
+//!
+//! With a network allowlist, [`EgressBridge`] is the only way out: the init listens on
+//! `127.0.0.1:<port>` inside the namespace and relays every connection to the egress proxy's
+//! unix socket, bind-mounted read-only from the host. The proxy decides; the bridge only
+//! carries bytes. Nothing else has a route: direct connections to any address fail with
+//! ENETUNREACH, DNS included, and raw sockets need CAP_NET_RAW, which the command lacks.
 
+use std::io;
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+/// A loopback port inside the sandbox bridged to the egress proxy's socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressBridge {
+    pub port: u16,
+    /// The proxy's socket, as seen inside the sandbox.
+    pub socket: PathBuf,
+}
+
+impl EgressBridge {
+    /// Listens on `127.0.0.1:port` and relays connections on background threads.
+    pub fn start(&self) -> io::Result<()> {
+        let listener = TcpListener::bind(("127.0.0.1", self.port))?;
+        let socket = self.socket.clone();
+        std::thread::Builder::new()
+            .name("egress-bridge".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    let socket = socket.clone();
+                    let _ = std::thread::Builder::new().spawn(move || {
+                        if let Ok(up) = UnixStream::connect(&socket) {
+                            relay(conn, up);
+                        }
+                    });
+                }
+            })?;
+        Ok(())
+    }
+}
+
+/// Copies both ways until both sides are done.
+fn relay(tcp: TcpStream, unix: UnixStream) {
+    let (Ok(mut t2), Ok(mut u2)) = (tcp.try_clone(), unix.try_clone()) else {
+        return;
+    };
+    let up = std::thread::spawn(move || {
+        let mut t = tcp;
+        let _ = io::copy(&mut t, &mut u2);
+        let _ = u2.shutdown(Shutdown::Write);
+    });
+    let mut u = unix;
+    let _ = io::copy(&mut u, &mut t2);
+    let _ = t2.shutdown(Shutdown::Write);
+    let _ = up.join();
+}
 
 /// Sets IFF_UP on `lo` in the current network namespace (needs CAP_NET_ADMIN there).
 pub fn loopback_up() -> std::io::Result<()> {

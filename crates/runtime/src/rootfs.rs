@@ -3,8 +3,9 @@
 //! Layout under a sandbox's state dir:
 //! ```text
 //! rw/            tmpfs, size-capped: rw/upper + rw/work (the overlay's writable layer)
-//! lower/         the image rootfs, idmapped to the sandbox range, read-only
-//! bundle/rootfs  overlay(lower, rw/upper): the container's root
+//! lower/<n>/     the image's layers (0 = topmost), each idmapped to the sandbox range,
+//!                read-only
+//! bundle/rootfs  overlay(lower/0:lower/1:..., rw/upper): the container's root
 //! mnt/<n>/       host directories (image binds, workspace, --ro/--rw), idmapped, staged here
 //!                and bind-mounted into the container by libcontainer
 //! ```
@@ -46,12 +47,18 @@ fn mkdir(p: &Path) -> Result<(), RuntimeError> {
     fs::create_dir_all(p).map_err(|e| RuntimeError::io("create", p, e))
 }
 
+/// The overlay's upper (writable) directory of the sandbox whose state dir is `state`.
+pub fn upper_dir(state: &Path) -> PathBuf {
+    state.join("rw").join("upper")
+}
+
 /// Mounts the rootfs and stages the binds for a sandbox whose state dir is `state`.
 pub fn prepare(
     state: &Path,
     image: &Image,
     tmpfs_bytes: u64,
     user_mounts: &[UserMount],
+    for_commit: bool,
 ) -> Result<PreparedRootfs, RuntimeError> {
     let rw = state.join("rw");
     let lower = state.join("lower");
@@ -67,7 +74,7 @@ pub fn prepare(
         Some(format!("size={tmpfs_bytes},mode=0700").as_str()),
     )
     .map_err(|e| RuntimeError::sys("mount tmpfs for the writable layer", e))?;
-    let upper = rw.join("upper");
+    let upper = upper_dir(state);
     let work = rw.join("work");
     for d in [&upper, &work] {
         mkdir(d)?;
@@ -96,13 +103,37 @@ pub fn prepare(
             Err(e) => Err(e),
         }
     };
-    attach(&image.rootfs, &lower, &range, true)?;
-    let opts = format!(
+    let mut lowerdirs = Vec::with_capacity(image.layers.len());
+    for (n, layer) in image.layers.iter().enumerate() {
+        let dst = lower.join(n.to_string());
+        mkdir(&dst)?;
+        attach(layer, &dst, &range, true)?;
+        lowerdirs.push(dst.display().to_string());
+    }
+    if lowerdirs.is_empty() {
+        return Err(RuntimeError::InvalidInput(format!(
+            "image {} has no layers",
+            image.name
+        )));
+    }
+    let mut opts = format!(
         "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
+        lowerdirs.join(":"),
         upper.display(),
         work.display()
     );
+    if for_commit {
+        // A layer tar has no way to say "this dir was renamed" or "only metadata changed".
+        opts.push_str(",redirect_dir=off,metacopy=off,index=off");
+    }
+    // The kernel takes at most a page of mount options.
+    if opts.len() >= 4096 {
+        return Err(RuntimeError::InvalidInput(format!(
+            "image {} has too many layers ({}) for one overlay mount",
+            image.name,
+            image.layers.len()
+        )));
+    }
     mount(
         Some("overlay"),
         &rootfs,
@@ -114,7 +145,7 @@ pub fn prepare(
     // /workspace is the default working directory: every image has one (in the upper layer
     // when the image lacks it), owned by the sandbox's root.
     let ws = rootfs.join("workspace");
-    if fs::symlink_metadata(&ws).is_err() {
+    if !for_commit && fs::symlink_metadata(&ws).is_err() {
         mkdir(&ws)?;
         chown(&ws, Some(UID_BASE), Some(UID_BASE))
             .map_err(|e| RuntimeError::io("chown", &ws, e))?;

@@ -83,7 +83,19 @@ pub struct SandboxConfig {
     pub workspace: Option<PathBuf>,
     pub mounts: Vec<UserMount>,
     pub cwd: Option<PathBuf>,
+    /// The writable layer will be committed as an image layer (`image build`): the overlay
+    /// records renames as copies (no redirect/metacopy xattrs a layer tar cannot carry), and no
+    /// `/workspace` is added to it.
+    pub for_commit: bool,
+    /// Bridge `127.0.0.1:<port>` inside the sandbox to the egress proxy's socket
+    /// ([`Sandbox::egress_socket`]), which the caller serves.
+    pub egress_port: Option<u16>,
 }
+
+/// Where the egress proxy's socket directory appears inside the sandbox.
+pub const EGRESS_DIR_IN_SANDBOX: &str = "/run/agentrun-egress";
+/// The proxy socket's file name.
+pub const EGRESS_SOCKET: &str = "proxy.sock";
 
 /// Builder for [`SandboxConfig`].
 #[derive(Debug)]
@@ -102,6 +114,8 @@ impl SandboxConfig {
                 workspace: None,
                 mounts: Vec::new(),
                 cwd: None,
+                for_commit: false,
+                egress_port: None,
             },
         }
     }
@@ -122,6 +136,15 @@ impl SandboxConfigBuilder {
     }
     pub fn cwd(mut self, cwd: Option<PathBuf>) -> Self {
         self.config.cwd = cwd;
+        self
+    }
+    /// See [`SandboxConfig::for_commit`].
+    pub fn for_commit(mut self, yes: bool) -> Self {
+        self.config.for_commit = yes;
+        self
+    }
+    pub fn egress_port(mut self, port: Option<u16>) -> Self {
+        self.config.egress_port = port;
         self
     }
     pub fn build(self) -> SandboxConfig {
@@ -149,6 +172,8 @@ pub struct RunOutcome {
     pub run_duration: Duration,
     /// CPU time and peak RSS of everything that ran in the sandbox.
     pub usage: Option<crate::control::ResourceUsage>,
+    /// stdout or stderr went over the profile's output cap; the rest was dropped.
+    pub output_truncated: bool,
 }
 
 /// What enforcement a sandbox got on this host (recorded on the span).
@@ -176,6 +201,12 @@ pub struct Sandbox {
     control: Option<OwnedFd>,
     cgroup: Option<CgroupMode>,
     enforcement: Enforcement,
+    /// Shared locks on the image's layers: `image prune` leaves them alone while we exist.
+    image_lease: Option<agentrun_image::LayerLease>,
+    /// The image's run configuration (a pooled sandbox's commands get its Env and WorkingDir).
+    image_config: agentrun_image::ImageConfig,
+    /// The profile's output cap (bytes per stream, cold path).
+    output_cap: Option<u64>,
     destroyed: bool,
 }
 
@@ -219,6 +250,24 @@ impl Sandbox {
         &self.enforcement
     }
 
+    /// The image's run configuration.
+    pub fn image_config(&self) -> &agentrun_image::ImageConfig {
+        &self.image_config
+    }
+
+    /// The overlay's writable layer as the host sees it: what the sandbox changed. Valid
+    /// until the sandbox is destroyed.
+    pub fn upper_dir(&self) -> PathBuf {
+        rootfs::upper_dir(&self.state)
+    }
+
+    /// Where the egress proxy must listen for this sandbox (when it has an egress bridge): a
+    /// socket in a directory of its own under the state dir, bind-mounted read-only into the
+    /// sandbox.
+    pub fn egress_socket(&self) -> PathBuf {
+        self.state.join("egress").join(EGRESS_SOCKET)
+    }
+
     /// Path of the bundle's `config.json`.
     pub fn config_path(&self) -> PathBuf {
         self.state.join("bundle").join("config.json")
@@ -253,6 +302,9 @@ impl Sandbox {
             control: None,
             cgroup: host.cgroup,
             enforcement: Enforcement::default(),
+            image_lease: None,
+            image_config: Default::default(),
+            output_cap: config.profile.resources.output_cap,
             destroyed: false,
         };
         // From here on, dropping `sandbox` cleans up whatever exists.
@@ -296,6 +348,18 @@ impl Sandbox {
             });
         }
         mounts.extend(config.mounts.iter().cloned());
+        if config.egress_port.is_some() {
+            let dir = self.state.join("egress");
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&dir)
+                .map_err(|e| RuntimeError::io("create", &dir, e))?;
+            mounts.push(UserMount {
+                source: dir,
+                target: EGRESS_DIR_IN_SANDBOX.into(),
+                writable: false,
+            });
+        }
         for m in &mounts {
             if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
                 return Err(RuntimeError::InvalidInput(format!(
@@ -304,11 +368,13 @@ impl Sandbox {
                 )));
             }
         }
+        self.image_lease = Some(config.image.lease()?);
         let prepared = rootfs::prepare(
             &self.state,
             &config.image,
             profile.resources.tmpfs_bytes,
             &mounts,
+            config.for_commit,
         )?;
 
         let has = |c: &Capability| host.bounding_caps.contains(c);
@@ -319,11 +385,14 @@ impl Sandbox {
             init_caps.extend_from_slice(INIT_ONLY_CAPS);
         }
 
-        let env = profile.environment(&config.env);
-        let cwd = config
-            .cwd
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/workspace"));
+        // Profile defaults, then the image's Env, then the caller's values.
+        self.image_config = config.image.config.clone();
+        let mut env_over = self.image_config.env_pairs();
+        env_over.extend(config.env.iter().cloned());
+        let env = profile.environment(&env_over);
+        let cwd = config.cwd.clone().unwrap_or_else(|| {
+            PathBuf::from(config.image.config.default_cwd(config.workspace.is_some()))
+        });
         let spec = spec::build(&SpecInput {
             sandbox_id: self.id.clone(),
             image_name: config.image.name.clone(),
@@ -346,6 +415,7 @@ impl Sandbox {
             .map(|(_, hard)| hard)
             .unwrap_or(1024),
             swap_limit: host.swap_limit,
+            masked: profile.filesystem.hidden.clone(),
         })?;
         let config_path = self.config_path();
         spec.save(&config_path).map_err(|e| {
@@ -355,28 +425,33 @@ impl Sandbox {
         fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))
             .map_err(|e| RuntimeError::io("chmod", &config_path, e))?;
 
-        let mut writable: Vec<PathBuf> = profile.writable_paths.clone();
-        writable.extend(
+        // Landlock rules come from the same profile that `Profile::check` decides with.
+        // The workspace mount is read-write so that writable paths under it work; whether the
+        // workspace itself may be written is the profile's call.
+        let writable = profile.landlock_writable(
             mounts
                 .iter()
-                .filter(|m| m.writable)
+                .filter(|m| m.writable && m.target != Path::new(agentrun_policy::WORKSPACE))
                 .map(|m| m.target.clone()),
         );
-        writable.push("/workspace".into());
-        writable.sort();
-        writable.dedup();
+        let mut readable = profile.landlock_readable();
+        readable.extend(mounts.iter().map(|m| m.target.clone()));
         let executor = SandboxExecutor {
             mode: if pooled {
                 InitMode::Serve
             } else {
                 InitMode::Spec
             },
-            landlock: (host.landlock_abi > 0).then_some(LandlockRules { writable }),
+            landlock: (host.landlock_abi > 0).then_some(LandlockRules { readable, writable }),
             landlock_abi: host.landlock_abi,
             command_caps,
             loopback,
             program: "agentrun".into(),
             cwd: cwd.to_string_lossy().into_owned(),
+            egress: config.egress_port.map(|port| crate::net::EgressBridge {
+                port,
+                socket: PathBuf::from(EGRESS_DIR_IN_SANDBOX).join(EGRESS_SOCKET),
+            }),
         };
         self.enforcement = Enforcement {
             landlock: host.landlock_enforcement(),
@@ -486,8 +561,8 @@ impl Sandbox {
             ..Default::default()
         };
         let mut streams = [
-            Stream::new(self.stdout.take()),
-            Stream::new(self.stderr.take()),
+            Stream::new(self.stdout.take(), self.output_cap),
+            Stream::new(self.stderr.take(), self.output_cap),
         ];
         let mut status: Option<WaitStatus> = None;
         let mut exited_at: Option<Instant> = None;
@@ -594,6 +669,7 @@ impl Sandbox {
                 }
             }
         }
+        outcome.output_truncated = streams.iter().any(|s| s.truncated);
         outcome.stdout_bytes = streams[0].bytes;
         outcome.stderr_bytes = streams[1].bytes;
         outcome.stderr_preview = std::mem::take(&mut streams[1].preview);
@@ -659,6 +735,8 @@ impl Sandbox {
         if let Err(e) = destroy_leftovers(&self.paths, &self.id, self.cgroup) {
             first_err.get_or_insert(e);
         }
+        // Only now that nothing has the layers mounted.
+        self.image_lease = None;
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
@@ -732,17 +810,22 @@ struct Stream {
     bytes: u64,
     preview: Vec<u8>,
     sink_closed: bool,
+    /// Bytes passed on at most; the rest is read and dropped.
+    cap: Option<u64>,
+    truncated: bool,
 }
 
 const PREVIEW_BYTES: usize = 512;
 
 impl Stream {
-    fn new(fd: Option<OwnedFd>) -> Self {
+    fn new(fd: Option<OwnedFd>, cap: Option<u64>) -> Self {
         Stream {
             fd,
             bytes: 0,
             preview: Vec::new(),
             sink_closed: false,
+            cap,
+            truncated: false,
         }
     }
 
@@ -753,13 +836,23 @@ impl Stream {
         match nix::unistd::read(fd.as_raw_fd(), buf) {
             Ok(0) => self.fd = None,
             Ok(n) => {
+                let before = self.bytes;
                 self.bytes += n as u64;
+                // Over the cap: pass on what fits, drop the rest (the writer is not blocked).
+                let pass = match self.cap {
+                    Some(cap) if self.bytes > cap => {
+                        self.truncated = true;
+                        cap.saturating_sub(before) as usize
+                    }
+                    _ => n,
+                };
                 if self.preview.len() < PREVIEW_BYTES {
                     let take = n.min(PREVIEW_BYTES - self.preview.len());
                     self.preview.extend_from_slice(&buf[..take]);
                 }
                 if !self.sink_closed
-                    && (sink.write_all(&buf[..n]).is_err() || sink.flush().is_err())
+                    && pass > 0
+                    && (sink.write_all(&buf[..pass]).is_err() || sink.flush().is_err())
                 {
                     self.sink_closed = true;
                     self.fd = None;

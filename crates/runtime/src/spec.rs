@@ -46,6 +46,8 @@ pub struct SpecInput {
     /// RLIMIT_NOFILE hard limit allowed by the host (lowering is always possible).
     pub host_nofile_max: u64,
     pub swap_limit: bool,
+    /// Paths masked on top of the OCI defaults (the profile's hidden paths).
+    pub masked: Vec<PathBuf>,
 }
 
 /// The OCI name of a capability (`CAP_CHOWN`); oci-spec's serde names are the OCI ones.
@@ -163,7 +165,16 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
         .cgroups_path(CgroupMode::spec_path(&input.sandbox_id))
         .resources(resources)
         .seccomp(input.seccomp.clone())
-        .masked_paths(get_default_maskedpaths())
+        .masked_paths({
+            let mut m = get_default_maskedpaths();
+            m.extend(
+                input
+                    .masked
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            );
+            m
+        })
         .readonly_paths(get_default_readonly_paths())
         .build()?;
 
@@ -217,6 +228,7 @@ mod tests {
             init_caps: vec![Capability::CAP_KILL, Capability::CAP_NET_ADMIN],
             host_nofile_max: 512,
             swap_limit: true,
+            masked: vec!["/secret".into()],
         }
     }
 

@@ -54,7 +54,7 @@ pub fn export_enabled() -> bool {
 }
 
 /// A way to read a configuration variable: the process environment, or a map in tests.
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn enabled_in(env: Env<'_>) -> bool {
     let endpoint_set = [
@@ -70,8 +70,8 @@ fn enabled_in(env: Env<'_>) -> bool {
     endpoint_set && !sdk_disabled && !exporter_none
 }
 
-/// Exports one span; reports failures on stderr only in debug mode. Never panics.
-pub(crate) fn export_span(span: SpanData) {
+/// Exports spans in one request; reports failures on stderr only in debug mode. Never panics.
+pub(crate) fn export_spans(span: Vec<SpanData>) {
     let result = if tokio::runtime::Handle::try_current().is_ok() {
         // Called from inside a tokio runtime (e.g. a future server): a nested runtime would
         // panic, so export from a scoped thread that owns its own.
@@ -89,13 +89,13 @@ pub(crate) fn export_span(span: SpanData) {
 }
 
 /// [`export_blocking`], with any panic from the exporter stack turned into an error.
-fn guarded_export(span: SpanData) -> Result<(), ExportError> {
+fn guarded_export(span: Vec<SpanData>) -> Result<(), ExportError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| export_blocking(span)))
         .unwrap_or(Err(ExportError::Panicked))
 }
 
 /// Builds the exporter and sends `span` on a current-thread runtime, bounded by the timeout.
-fn export_blocking(span: SpanData) -> Result<(), ExportError> {
+fn export_blocking(span: Vec<SpanData>) -> Result<(), ExportError> {
     let timeout = timeout_in(&env_nonempty);
     let protocol = protocol_in(&env_nonempty);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -106,7 +106,7 @@ fn export_blocking(span: SpanData) -> Result<(), ExportError> {
         // Built inside the runtime: the tonic channel and the hyper client need a reactor.
         let mut exporter = build_exporter(protocol, timeout)?;
         exporter.set_resource(&resource_in(&env_nonempty));
-        let outcome = match tokio::time::timeout(timeout, exporter.export(vec![span])).await {
+        let outcome = match tokio::time::timeout(timeout, exporter.export(span)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ExportError::Export(e)),
             Err(_) => Err(ExportError::Timeout(timeout)),
@@ -170,7 +170,7 @@ fn protocol_in(env: Env<'_>) -> Protocol {
 
 /// Timeout from `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`
 /// (milliseconds), else 10 s; never more than 3 s. Zero or unparsable values are ignored.
-fn timeout_in(env: Env<'_>) -> Duration {
+pub(crate) fn timeout_in(env: Env<'_>) -> Duration {
     [
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         "OTEL_EXPORTER_OTLP_TIMEOUT",
@@ -189,7 +189,7 @@ fn timeout_in(env: Env<'_>) -> Duration {
 /// `telemetry.sdk.*`, `service.name` (from `OTEL_SERVICE_NAME`, else from
 /// `OTEL_RESOURCE_ATTRIBUTES`, else `agentrun`) and `service.version` (unless
 /// `OTEL_RESOURCE_ATTRIBUTES` sets one).
-fn resource_in(env: Env<'_>) -> Resource {
+pub(crate) fn resource_in(env: Env<'_>) -> Resource {
     let from_env: Vec<KeyValue> = env("OTEL_RESOURCE_ATTRIBUTES")
         .map(|s| parse_resource_attributes(&s))
         .unwrap_or_default();
@@ -253,12 +253,12 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The value of `key` if it is set, valid Unicode and non-empty.
-fn env_nonempty(key: &str) -> Option<String> {
+pub(crate) fn env_nonempty(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
 /// Writes `msg` to stderr when `OTEL_LOG_LEVEL=debug`.
-fn debug_log(msg: &str) {
+pub(crate) fn debug_log(msg: &str) {
     if env_nonempty("OTEL_LOG_LEVEL").is_some_and(|v| v.trim().eq_ignore_ascii_case("debug")) {
         eprintln!("agentrun: telemetry: {msg}");
     }

@@ -1,7 +1,9 @@
 //! OpenTelemetry export for agentrun.
 //!
-//! agentrun records one span per sandbox run (`sandbox.exec`) and sends it over OTLP to
-//! whatever the standard `OTEL_*` environment variables point at. Nothing else configures it.
+//! agentrun records one span per sandbox run (`sandbox.exec`), with one child span per policy
+//! decision (`policy.check`), and sends them over OTLP to whatever the standard `OTEL_*`
+//! environment variables point at. Nothing else configures it. [`audit`] keeps the durable,
+//! local record of the same runs and decisions.
 //!
 //! # Why not a regular tracer provider
 //!
@@ -49,10 +51,13 @@
 //! | `OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none` | disable export |
 //! | `OTEL_LOG_LEVEL=debug` | report export failures on stderr |
 
+pub mod audit;
 mod context;
 mod export;
+pub mod metrics;
 mod span;
 
+pub use audit::{AuditLog, AuditRecord};
 pub use context::TraceContext;
 pub use export::export_enabled;
-pub use span::{AttrValue, RunSpan};
+pub use span::{AttrValue, FinishedSpan, RunSpan};

@@ -102,6 +102,13 @@ impl From<AttrValue> for Value {
     }
 }
 
+/// A span that has ended and waits to be exported with its parent ([`RunSpan::finish_with`]).
+#[derive(Debug)]
+pub struct FinishedSpan {
+    data: SpanData,
+    sampled: bool,
+}
+
 /// A span that is being recorded.
 ///
 /// Created before the run (so that its ids can be handed to the sandboxed process as
@@ -112,6 +119,8 @@ pub struct RunSpan {
     name: &'static str,
     context: TraceContext,
     parent: Option<TraceContext>,
+    /// The parent is another process's span (from a `traceparent`), not one of ours.
+    remote_parent: bool,
     start_time: SystemTime,
     attributes: Vec<(&'static str, AttrValue)>,
     status: Status,
@@ -149,6 +158,7 @@ impl RunSpan {
                 sampled: parent.is_none_or(|p| p.sampled),
             },
             parent,
+            remote_parent: parent.is_some(),
             start_time: SystemTime::now(),
             attributes: Vec::new(),
             status: Status::Unset,
@@ -168,10 +178,44 @@ impl RunSpan {
             name,
             context,
             parent,
+            remote_parent: parent.is_some(),
             start_time,
             attributes: Vec::new(),
             status: Status::Unset,
         }
+    }
+
+    /// Starts a child span of this one, now (same trace, same sampling).
+    pub fn child(&self, name: &'static str) -> RunSpan {
+        let mut c = RunSpan::start(name, Some(&self.traceparent()));
+        c.remote_parent = false;
+        c
+    }
+
+    /// Ends the span now without exporting it; pass it to [`RunSpan::finish_with`].
+    pub fn end(self) -> FinishedSpan {
+        let end_time = SystemTime::now();
+        let sampled = self.context.sampled;
+        FinishedSpan {
+            data: self.into_span_data(end_time),
+            sampled,
+        }
+    }
+
+    /// Ends this span now and exports it together with `children` (ended earlier), in one
+    /// request, if an OTLP endpoint is configured. Same guarantees as [`RunSpan::finish`].
+    pub fn finish_with(self, children: Vec<FinishedSpan>) {
+        let end_time = SystemTime::now();
+        if !self.context.sampled || !crate::export::export_enabled() {
+            return;
+        }
+        let mut batch: Vec<SpanData> = children
+            .into_iter()
+            .filter(|c| c.sampled)
+            .map(|c| c.data)
+            .collect();
+        batch.push(self.into_span_data(end_time));
+        crate::export::export_spans(batch);
     }
 
     /// The `traceparent` of this span, to hand to the sandboxed process as `TRACEPARENT`.
@@ -235,7 +279,7 @@ impl RunSpan {
         if !self.context.sampled || !crate::export::export_enabled() {
             return;
         }
-        crate::export::export_span(self.into_span_data(end_time));
+        crate::export::export_spans(vec![self.into_span_data(end_time)]);
     }
 
     /// Builds the SDK's representation of this span, ending at `end_time`.
@@ -256,7 +300,7 @@ impl RunSpan {
             parent_span_id: self
                 .parent
                 .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.span_id)),
-            parent_span_is_remote: self.parent.is_some(),
+            parent_span_is_remote: self.remote_parent,
             span_kind: SpanKind::Internal,
             name: Cow::Borrowed(self.name),
             start_time: self.start_time,

@@ -1,0 +1,193 @@
+//! Every policy decision of a run, traced and kept: a `policy.check` child span of the run's
+//! `sandbox.exec` span and a record in the audit log, from wherever the decision is made
+//! (argument checks before the sandbox exists, the egress proxy's threads during the run).
+//!
+//! Decisions made before the sandbox exists are held until its id is known (or the run is
+//! refused), then written; everything later is written at once. A decision counts as recorded
+//! only once the audit log has it on disk.
+
+use std::sync::{Arc, Mutex};
+
+use agentrun_policy::{Action, Decision};
+use agentrun_telemetry::audit::AuditError;
+use agentrun_telemetry::{AuditLog, AuditRecord, FinishedSpan, RunSpan};
+
+/// Records decisions; cheap to clone, safe to share with the proxy's threads.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<Mutex<Inner>>,
+}
+
+struct Inner {
+    parent: RunSpan,
+    trace_id: String,
+    profile: String,
+    audit: AuditLog,
+    sandbox_id: Option<String>,
+    pending: Vec<AuditRecord>,
+    /// Spans of held decisions: ended once the sandbox id is on them.
+    pending_spans: Vec<RunSpan>,
+    children: Vec<FinishedSpan>,
+    decisions: u64,
+    denials: u64,
+}
+
+impl Recorder {
+    pub fn new(parent: &RunSpan, audit: AuditLog, profile: &str) -> Self {
+        let trace_id = parent
+            .traceparent()
+            .split('-')
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        Recorder {
+            inner: Arc::new(Mutex::new(Inner {
+                parent: parent.clone(),
+                trace_id,
+                profile: profile.to_owned(),
+                audit,
+                sandbox_id: None,
+                pending: Vec::new(),
+                pending_spans: Vec::new(),
+                children: Vec::new(),
+                decisions: 0,
+                denials: 0,
+            })),
+        }
+    }
+
+    /// The profile's own name, once it is loaded (recorded with every decision).
+    pub fn set_profile(&self, name: &str) {
+        self.lock().profile = name.to_owned();
+    }
+
+    /// The profile name decisions are recorded under.
+    pub fn profile(&self) -> String {
+        self.lock().profile.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Traces and keeps one decision. Returns whether it is on disk (always false before the
+    /// sandbox id is known: it is held until [`Recorder::set_sandbox`] or [`Recorder::run`]).
+    pub fn decision(&self, action: &Action, d: &Decision) -> bool {
+        self.decision_by(action, d, "agentrun", None)
+    }
+
+    /// Like [`Recorder::decision`] for a decision enforced (and reported) by `enforced_by`
+    /// (`agentrun`, `egress-proxy`, `landlock`), at `time` (RFC 3339) when it is known.
+    pub fn decision_by(
+        &self,
+        action: &Action,
+        d: &Decision,
+        enforced_by: &'static str,
+        time: Option<String>,
+    ) -> bool {
+        let mut g = self.lock();
+        g.decisions += 1;
+        if !d.allow {
+            g.denials += 1;
+        }
+        let mut span = g.parent.child("policy.check");
+        span.set_attribute("openinference.span.kind", "GUARDRAIL");
+        span.set_attribute("sandbox.decision", d.verdict());
+        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
+        span.set_attribute("sandbox.reason", d.reason.clone());
+        span.set_attribute("sandbox.action", action.name());
+        span.set_attribute("sandbox.resource", action.resource());
+        span.set_attribute("sandbox.blocked", !d.allow);
+        span.set_attribute("sandbox.profile", g.profile.clone());
+        span.set_attribute("sandbox.enforced_by", enforced_by);
+        if let Some(id) = &g.sandbox_id {
+            span.set_attribute("sandbox.id", id.clone());
+        }
+        if let Action::Connect { host, port } = action {
+            span.set_attribute("server.address", host.clone());
+            span.set_attribute("server.port", i64::from(*port));
+        }
+        if g.sandbox_id.is_some() {
+            g.children.push(span.end());
+        } else {
+            g.pending_spans.push(span);
+        }
+        let record = AuditRecord {
+            kind: "decision".into(),
+            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
+            trace_id: g.trace_id.clone(),
+            action: action.name().into(),
+            resource: action.resource(),
+            decision: d.verdict().into(),
+            rule: d.rule_id.clone(),
+            reason: d.reason.clone(),
+            profile: g.profile.clone(),
+            time: time.unwrap_or_else(agentrun_telemetry::audit::now_rfc3339),
+            exit: None,
+        };
+        if g.sandbox_id.is_none() {
+            g.pending.push(record);
+            return false;
+        }
+        match g.audit.append(&record) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("agentrun: {e}");
+                false
+            }
+        }
+    }
+
+    /// The sandbox exists: held decisions are written with its id.
+    pub fn set_sandbox(&self, id: &str) -> Result<(), AuditError> {
+        let mut g = self.lock();
+        g.sandbox_id = Some(id.to_owned());
+        g.flush()
+    }
+
+    /// Records the run itself (after its decisions): its command line and exit code.
+    pub fn run(&self, command: &str, exit: i32, outcome: &str) -> Result<(), AuditError> {
+        let mut g = self.lock();
+        g.flush()?;
+        let record = AuditRecord {
+            kind: "run".into(),
+            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
+            trace_id: g.trace_id.clone(),
+            action: "exec".into(),
+            resource: command.to_owned(),
+            decision: outcome.into(),
+            profile: g.profile.clone(),
+            exit: Some(exit),
+            ..Default::default()
+        };
+        g.audit.append(&record)
+    }
+
+    /// The decision spans so far, and (decisions, denials).
+    pub fn take(&self) -> (Vec<FinishedSpan>, u64, u64) {
+        let mut g = self.lock();
+        let held: Vec<FinishedSpan> = std::mem::take(&mut g.pending_spans)
+            .into_iter()
+            .map(RunSpan::end)
+            .collect();
+        g.children.extend(held);
+        (std::mem::take(&mut g.children), g.decisions, g.denials)
+    }
+}
+
+impl Inner {
+    fn flush(&mut self) -> Result<(), AuditError> {
+        let id = self.sandbox_id.clone().unwrap_or_default();
+        for mut span in std::mem::take(&mut self.pending_spans) {
+            if !id.is_empty() {
+                span.set_attribute("sandbox.id", id.clone());
+            }
+            self.children.push(span.end());
+        }
+        for mut r in std::mem::take(&mut self.pending) {
+            r.sandbox_id = id.clone();
+            self.audit.append(&r)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! Image archives: `image import` of OCI image layouts (directory or tar) and `docker save`
+//! tars, and `image export` to an OCI layout tar that `ctr image import`, `skopeo` and
+//! `docker load` read.
+//!
+//! A tar is first unpacked into the store's `tmp/` (regular files and directories only, paths
+//! checked like layer paths), then read as a directory. Every file an archive's JSON names is
+//! resolved inside the archive directory: a name that leaves it is refused. Every blob is
+//! checked against its digest as it is copied into the store.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, Write};
+use std::path::{Component, Path, PathBuf};
+
+use oci_spec::image::{ImageIndex, ImageManifest};
+use serde::Deserialize;
+
+use crate::blobs::temp_path;
+use crate::digest::hex_of;
+use crate::layer::decompress;
+use crate::reference;
+use crate::store::{ImageStore, DOCKER_LIST, OCI_INDEX, OCI_LAYER_GZIP, OCI_LAYER_TAR};
+use crate::{ImageError, ImageRecord};
+
+const NAME_ANNOTATION: &str = "io.containerd.image.name";
+const REF_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+
+/// One image of `docker save`'s manifest.json.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DockerSaveEntry {
+    config: String,
+    #[serde(default)]
+    repo_tags: Option<Vec<String>>,
+    layers: Vec<String>,
+}
+
+impl ImageStore {
+    /// Imports every image of an OCI layout (dir or tar) or a `docker save` tar. `name`, if
+    /// given, names the image (the archive must hold exactly one). Returns the records with the
+    /// names each got.
+    pub fn import(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+    ) -> Result<Vec<(ImageRecord, Vec<String>)>, ImageError> {
+        if let Some(n) = name {
+            reference::normalize(n)?;
+        }
+        let _w = self.writer_lock()?;
+        let meta = fs::metadata(path).map_err(ImageError::io("cannot read", path))?;
+        if meta.is_dir() {
+            return self.import_dir(path, name);
+        }
+        let staged = temp_path(&self.tmp_dir(), "import");
+        let result = extract_archive(path, &staged).and_then(|()| self.import_dir(&staged, name));
+        let _ = fs::remove_dir_all(&staged);
+        result
+    }
+
+    fn import_dir(
+        &self,
+        dir: &Path,
+        name: Option<&str>,
+    ) -> Result<Vec<(ImageRecord, Vec<String>)>, ImageError> {
+        let dir = dir
+            .canonicalize()
+            .map_err(ImageError::io("cannot read", dir))?;
+        let mut found: Vec<(String, Vec<String>)> = if dir.join("index.json").is_file() {
+            self.oci_manifests(&dir)?
+        } else if dir.join("manifest.json").is_file() {
+            self.docker_manifests(&dir)?
+        } else {
+            return Err(ImageError::source(
+                &dir,
+                "neither an OCI image layout (index.json) nor a `docker save` archive (manifest.json)",
+            ));
+        };
+        if found.is_empty() {
+            return Err(ImageError::source(&dir, "the archive holds no image"));
+        }
+        if let Some(n) = name {
+            if found.len() > 1 {
+                return Err(ImageError::source(
+                    &dir,
+                    format!(
+                        "--name needs an archive with one image; this one has {}",
+                        found.len()
+                    ),
+                ));
+            }
+            found[0].1 = vec![n.to_owned()];
+        }
+        let mut out = Vec::new();
+        for (manifest_digest, names) in found {
+            let rec = self.commit(&manifest_digest, &names)?;
+            let names = names
+                .iter()
+                .filter_map(|n| reference::normalize(n).ok())
+                .collect();
+            out.push((rec, names));
+        }
+        Ok(out)
+    }
+
+    /// Copies a blob from an OCI layout into the store, checking its digest.
+    fn copy_layout_blob(&self, dir: &Path, digest: &str, what: &str) -> Result<(), ImageError> {
+        let src = inside(dir, &format!("blobs/sha256/{}", hex_of(digest)?))?;
+        let f = File::open(&src).map_err(ImageError::io("open", &src))?;
+        self.blobs.put_reader(Some(digest), what, f)?;
+        Ok(())
+    }
+
+    /// The image manifests of an OCI layout, stored with their blobs, and the names its index
+    /// gives them.
+    fn oci_manifests(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, ImageError> {
+        let index_path = dir.join("index.json");
+        let index = ImageIndex::from_file(&index_path)
+            .map_err(|e| ImageError::source(&index_path, format!("bad index.json: {e}")))?;
+        let mut out = Vec::new();
+        for desc in index.manifests() {
+            let digest = desc.digest().to_string();
+            let annotations = desc.annotations().clone().unwrap_or_default();
+            let names: Vec<String> = annotations
+                .get(NAME_ANNOTATION)
+                .or_else(|| annotations.get(REF_ANNOTATION))
+                .filter(|n| n.contains(['/', ':']) && reference::normalize(n).is_ok())
+                .cloned()
+                .into_iter()
+                .collect();
+            let manifest_digest =
+                self.oci_image_manifest(dir, &digest, desc.media_type().as_ref())?;
+            out.push((manifest_digest, names));
+        }
+        Ok(out)
+    }
+
+    /// Stores the manifest `digest` (resolving an index to its linux/amd64 manifest) with its
+    /// config and layers; returns the image manifest's digest.
+    fn oci_image_manifest(
+        &self,
+        dir: &Path,
+        digest: &str,
+        media_type: &str,
+    ) -> Result<String, ImageError> {
+        let src = inside(dir, &format!("blobs/sha256/{}", hex_of(digest)?))?;
+        let bytes = fs::read(&src).map_err(ImageError::io("read", &src))?;
+        if media_type == OCI_INDEX || media_type == DOCKER_LIST {
+            let index = ImageIndex::from_reader(&bytes[..])
+                .map_err(|e| ImageError::source(&src, format!("bad index: {e}")))?;
+            let child = pick_platform(&index)
+                .ok_or_else(|| ImageError::source(&src, "no linux/amd64 image in this index"))?;
+            return self.oci_image_manifest(dir, &child.0, &child.1);
+        }
+        let manifest = ImageManifest::from_reader(&bytes[..])
+            .map_err(|e| ImageError::source(&src, format!("bad manifest: {e}")))?;
+        self.copy_layout_blob(dir, manifest.config().digest().as_ref(), "image config")?;
+        for l in manifest.layers() {
+            self.copy_layout_blob(dir, l.digest().as_ref(), "layer")?;
+        }
+        self.blobs
+            .put_reader(Some(digest), "manifest", &bytes[..])?;
+        Ok(digest.to_owned())
+    }
+
+    /// The images of a `docker save` archive, stored as OCI images.
+    fn docker_manifests(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, ImageError> {
+        let mpath = dir.join("manifest.json");
+        let bytes = fs::read(&mpath).map_err(ImageError::io("read", &mpath))?;
+        let entries: Vec<DockerSaveEntry> = serde_json::from_slice(&bytes)
+            .map_err(|e| ImageError::source(&mpath, format!("bad manifest.json: {e}")))?;
+        let mut out = Vec::new();
+        for e in entries {
+            let cpath = inside(dir, &e.config)?;
+            let config = fs::read(&cpath).map_err(ImageError::io("read", &cpath))?;
+            let mut layers = Vec::new();
+            for l in &e.layers {
+                let lpath = inside(dir, l)?;
+                let mut f = File::open(&lpath).map_err(ImageError::io("open", &lpath))?;
+                let mut magic = [0u8; 2];
+                let gz = f.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+                f.rewind().map_err(ImageError::io("read", &lpath))?;
+                let (digest, size) = self.blobs.put_reader(None, "layer", f)?;
+                let media = if gz { OCI_LAYER_GZIP } else { OCI_LAYER_TAR };
+                layers.push((digest, size, media));
+            }
+            let manifest_digest = self.put_manifest(&config, &layers)?;
+            out.push((manifest_digest, e.repo_tags.unwrap_or_default()));
+        }
+        Ok(out)
+    }
+
+    /// Writes images as one OCI image layout tar. Each is named in the index by the name it
+    /// was asked for (`io.containerd.image.name` = full name, `org.opencontainers.image.ref.name`
+    /// = tag), as containerd and skopeo expect.
+    pub fn export(&self, names: &[String], out: impl Write) -> Result<(), ImageError> {
+        let mut manifests = Vec::new();
+        let mut blobs: Vec<String> = Vec::new();
+        for n in names {
+            let rec = self.find(n)?;
+            let full = reference::parse(n)
+                .ok()
+                .filter(|r| r.digest().is_none() && reference::id_prefix(n).is_none())
+                .map(|r| r.whole())
+                .or_else(|| {
+                    self.names_of(&rec.id)
+                        .ok()
+                        .and_then(|v| v.into_iter().next())
+                });
+            let mut annotations = serde_json::Map::new();
+            if let Some(full) = &full {
+                annotations.insert(NAME_ANNOTATION.into(), full.clone().into());
+                if let Ok(r) = reference::parse(full) {
+                    if let Some(tag) = r.tag() {
+                        annotations.insert(REF_ANNOTATION.into(), tag.into());
+                    }
+                }
+            }
+            manifests.push(serde_json::json!({
+                "mediaType": rec.manifest_media_type,
+                "digest": rec.manifest_digest,
+                "size": rec.manifest_size,
+                "annotations": annotations,
+                "platform": {"architecture": rec.architecture, "os": rec.os},
+            }));
+            for d in std::iter::once(&rec.manifest_digest)
+                .chain(std::iter::once(&rec.id))
+                .chain(rec.layers.iter().map(|l| &l.digest))
+            {
+                if !blobs.contains(d) {
+                    blobs.push(d.clone());
+                }
+            }
+        }
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": manifests,
+        });
+        let io_err = |e: io::Error| ImageError::source("export", e.to_string());
+        let mut tar = tar::Builder::new(out);
+        let add = |tar: &mut tar::Builder<_>, path: &str, size: u64, r: &mut dyn Read| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(size);
+            h.set_mtime(0);
+            tar.append_data(&mut h, path, r).map_err(io_err)
+        };
+        let dir_header = |path: &str| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_size(0);
+            h.set_mtime(0);
+            (h, path.to_owned())
+        };
+        let layout = br#"{"imageLayoutVersion":"1.0.0"}"#;
+        add(
+            &mut tar,
+            "oci-layout",
+            layout.len() as u64,
+            &mut &layout[..],
+        )?;
+        let index = serde_json::to_vec(&index).expect("json");
+        add(&mut tar, "index.json", index.len() as u64, &mut &index[..])?;
+        for d in ["blobs/", "blobs/sha256/"] {
+            let (mut h, p) = dir_header(d);
+            tar.append_data(&mut h, p, io::empty()).map_err(io_err)?;
+        }
+        for d in &blobs {
+            let mut f = self.blobs.open_blob(d)?;
+            let size = f.metadata().map_err(io_err)?.len();
+            add(
+                &mut tar,
+                &format!("blobs/sha256/{}", hex_of(d)?),
+                size,
+                &mut f,
+            )?;
+        }
+        tar.into_inner().map_err(io_err)?.flush().map_err(io_err)
+    }
+}
+
+/// The linux/amd64 entry of an index: (digest, media type).
+pub(crate) fn pick_platform(index: &ImageIndex) -> Option<(String, String)> {
+    index
+        .manifests()
+        .iter()
+        .find(|m| {
+            m.platform().as_ref().is_none_or(|p| {
+                p.os().to_string() == "linux" && p.architecture().to_string() == "amd64"
+            })
+        })
+        .map(|m| (m.digest().to_string(), m.media_type().to_string()))
+}
+
+/// `rel` (from an archive's JSON) inside `dir`: no `..`, no absolute path, and what it
+/// resolves to (symlinks followed) stays inside `dir`.
+fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
+    let p = Path::new(rel);
+    if p.components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(ImageError::source(
+            dir,
+            format!("archive names {rel:?}, outside the archive"),
+        ));
+    }
+    let full = dir.join(p);
+    let real = full
+        .canonicalize()
+        .map_err(|e| ImageError::source(dir, format!("archive names {rel:?}: {e}")))?;
+    if !real.starts_with(dir) {
+        return Err(ImageError::source(
+            dir,
+            format!("archive names {rel:?}, outside the archive"),
+        ));
+    }
+    Ok(real)
+}
+
+/// Unpacks an archive (tar, optionally compressed) into `dest`: directories, regular files and
+/// relative symlinks (older `docker save` links duplicate layers) only.
+fn extract_archive(path: &Path, dest: &Path) -> Result<(), ImageError> {
+    let bad = |m: String| ImageError::source(path, m);
+    fs::create_dir_all(dest).map_err(ImageError::io("create", dest))?;
+    let f = File::open(path).map_err(ImageError::io("open", path))?;
+    let stream = decompress(f).map_err(|e| bad(format!("reading: {e}")))?;
+    let mut archive = tar::Archive::new(stream);
+    let entries = archive
+        .entries()
+        .map_err(|e| bad(format!("not a tar archive: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| bad(format!("not a tar archive: {e}")))?;
+        let raw = entry
+            .path()
+            .map_err(|e| bad(format!("bad entry path: {e}")))?
+            .into_owned();
+        let mut rel = PathBuf::new();
+        for c in raw.components() {
+            match c {
+                Component::Normal(s) => rel.push(s),
+                Component::CurDir | Component::RootDir => {}
+                _ => return Err(bad(format!("entry {raw:?} leaves the archive"))),
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let target = dest.join(&rel);
+        // Parents: real directories we made (never a symlink from the archive).
+        let mut cur = dest.to_path_buf();
+        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
+            cur.push(c);
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(bad(format!("entry {raw:?} goes through a non-directory"))),
+                Err(_) => fs::create_dir(&cur).map_err(ImageError::io("create", &cur))?,
+            }
+        }
+        match entry.header().entry_type() {
+            tar::EntryType::Directory if !target.is_dir() => {
+                fs::create_dir(&target).map_err(ImageError::io("create", &target))?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mut out = File::create(&target).map_err(ImageError::io("create", &target))?;
+                io::copy(&mut entry, &mut out).map_err(ImageError::io("write", &target))?;
+            }
+            tar::EntryType::Symlink => {
+                let link = entry
+                    .link_name()
+                    .map_err(|e| bad(format!("bad link: {e}")))?
+                    .ok_or_else(|| bad(format!("symlink {raw:?} without target")))?;
+                if link.is_absolute() {
+                    return Err(bad(format!("entry {raw:?} is an absolute symlink")));
+                }
+                std::os::unix::fs::symlink(&link, &target)
+                    .map_err(ImageError::io("symlink", &target))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,767 @@
+//! Layers: unpacking a layer tarball into a directory overlayfs can use as a lower layer, the
+//! layer store `<root>/layers/<diff-id hex>/fs`, and leases that keep `prune` off layers in use.
+//!
+//! Unpacking is written by hand over the `tar` crate's parser because no crate converts OCI
+//! whiteouts to overlayfs ones and applies the path rules a store that runs as root needs:
+//! - entry paths are relative to the layer root: a leading `/` is dropped, `..` is refused;
+//! - no entry is created through a symlink (a parent that is a symlink fails the layer), so an
+//!   entry can never land outside the layer directory;
+//! - hard links must point at an earlier entry of the same layer, resolved the same way;
+//! - device nodes are not created (a sandbox gets its own `/dev`), they are counted instead;
+//! - `.wh.NAME` becomes an overlayfs whiteout (char device 0:0), `.wh..wh..opq` marks its
+//!   directory opaque (`trusted.overlay.opaque=y`);
+//! - owners, modes (set-id bits included), mtimes and `user.*`/`security.capability` xattrs are
+//!   kept. Symlink targets are stored as they are: they are only ever followed inside a
+//!   sandbox, where `/` is the sandbox's root.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{lchown, symlink, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::stat::{mknod, Mode, SFlag};
+
+use crate::blobs::{temp_path, BlobStore};
+use crate::digest::{hex_of, HashingReader};
+use crate::ImageError;
+
+const WHITEOUT_PREFIX: &str = ".wh.";
+const OPAQUE_MARKER: &str = ".wh..wh..opq";
+const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// What unpacking a layer found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnpackReport {
+    /// Digest of the uncompressed tar stream (the layer's diff id).
+    pub diff_id: String,
+    /// Bytes of regular file content.
+    pub content_bytes: u64,
+    /// Device nodes left out.
+    pub skipped_devices: usize,
+}
+
+/// Opens a possibly compressed layer stream (gzip and zstd detected by magic number).
+pub fn decompress<'a>(r: impl Read + 'a) -> io::Result<Box<dyn Read + 'a>> {
+    let mut r = BufReader::with_capacity(256 * 1024, r);
+    let head = r.fill_buf()?;
+    Ok(if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(flate2::read::MultiGzDecoder::new(r))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Box::new(
+            ruzstd::decoding::StreamingDecoder::new(r)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?,
+        )
+    } else {
+        Box::new(r)
+    })
+}
+
+/// Unpacks a (possibly compressed) layer tarball into `dest` (an empty directory).
+pub fn unpack(blob: impl Read, dest: &Path, layer: &str) -> Result<UnpackReport, ImageError> {
+    let bad = |message: String| ImageError::Layer {
+        layer: layer.to_owned(),
+        message,
+    };
+    let stream = decompress(blob).map_err(|e| bad(format!("reading: {e}")))?;
+    let mut hashing = HashingReader::new(stream);
+    let mut report = UnpackReport::default();
+    let mut dir_times: Vec<(PathBuf, i64)> = Vec::new();
+    {
+        let mut archive = tar::Archive::new(&mut hashing);
+        let entries = archive
+            .entries()
+            .map_err(|e| bad(format!("not a tar stream: {e}")))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| bad(format!("corrupt tar stream: {e}")))?;
+            let raw = entry
+                .path()
+                .map_err(|e| bad(format!("bad entry path: {e}")))?
+                .into_owned();
+            let rel = relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
+            let Some(rel) = rel else { continue };
+            apply_entry(&mut entry, dest, &rel, &mut report, &mut dir_times)
+                .map_err(|why| bad(format!("entry {}: {why}", rel.display())))?;
+        }
+    }
+    // Directory mtimes last: creating their entries changed them.
+    for (dir, mtime) in dir_times.iter().rev() {
+        set_mtime(dir, *mtime);
+    }
+    let (diff_id, _) = hashing.finish().map_err(|e| bad(format!("reading: {e}")))?;
+    report.diff_id = diff_id;
+    Ok(report)
+}
+
+/// The entry's path relative to the layer root; `None` for the root itself.
+fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => return Err("'..' in a layer path is not allowed".into()),
+            Component::Prefix(_) => return Err("bad path".into()),
+        }
+    }
+    Ok((!out.as_os_str().is_empty()).then_some(out))
+}
+
+/// Makes sure every parent of `rel` under `root` is a real directory (created if missing),
+/// never a symlink, and returns the full path.
+fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
+    let mut cur = root.to_path_buf();
+    if let Some(parent) = rel.parent() {
+        for c in parent.components() {
+            cur.push(c);
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(format!(
+                        "goes through the symlink {} (refused: it could point outside the layer)",
+                        cur.strip_prefix(root).unwrap_or(&cur).display()
+                    ))
+                }
+                Ok(_) => return Err(format!("parent {} is not a directory", cur.display())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir(&cur).map_err(|e| format!("mkdir: {e}"))?;
+                    fs::set_permissions(&cur, fs::Permissions::from_mode(0o755))
+                        .map_err(|e| format!("chmod: {e}"))?;
+                }
+                Err(e) => return Err(format!("stat: {e}")),
+            }
+        }
+    }
+    Ok(root.join(rel))
+}
+
+/// Removes whatever is at `path` (not following symlinks).
+fn clear(path: &Path) -> Result<(), String> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).map_err(|e| format!("replace dir: {e}")),
+        Ok(_) => fs::remove_file(path).map_err(|e| format!("replace: {e}")),
+        Err(_) => Ok(()),
+    }
+}
+
+fn apply_entry<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    root: &Path,
+    rel: &Path,
+    report: &mut UnpackReport,
+    dir_times: &mut Vec<(PathBuf, i64)>,
+) -> Result<(), String> {
+    let name = rel.file_name().unwrap_or_default().as_bytes();
+    let path = safe_parent(root, rel)?;
+    let header = entry.header().clone();
+    let kind = header.entry_type();
+
+    // Whiteouts.
+    if name == OPAQUE_MARKER.as_bytes() {
+        let dir = path.parent().expect("a marker has a parent");
+        xattr::set(dir, OVERLAY_OPAQUE_XATTR, b"y").map_err(|e| format!("opaque xattr: {e}"))?;
+        return Ok(());
+    }
+    if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
+        if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
+            // Other aufs metadata (.wh..wh.plnk, ...): no meaning for overlayfs.
+            return Ok(());
+        }
+        let target = path.with_file_name(OsStr::from_bytes(hidden));
+        clear(&target)?;
+        mknod(&target, SFlag::S_IFCHR, Mode::empty(), 0).map_err(|e| format!("whiteout: {e}"))?;
+        return Ok(());
+    }
+
+    let mode = header.mode().map_err(|e| format!("mode: {e}"))? & 0o7777;
+    // Empty numeric fields mean 0, as Go's archive/tar (which wrote most layers) reads them.
+    let uid = header.uid().unwrap_or(0) as u32;
+    let gid = header.gid().unwrap_or(0) as u32;
+    let mtime = header.mtime().unwrap_or(0) as i64;
+
+    match kind {
+        tar::EntryType::Directory => {
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => {}
+                _ => {
+                    clear(&path)?;
+                    fs::create_dir(&path).map_err(|e| format!("mkdir: {e}"))?;
+                }
+            }
+            dir_times.push((path.clone(), mtime));
+        }
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+            clear(&path)?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("create: {e}"))?;
+            report.content_bytes += io::copy(entry, &mut f).map_err(|e| format!("write: {e}"))?;
+        }
+        tar::EntryType::Symlink => {
+            let target = entry
+                .link_name()
+                .map_err(|e| format!("link name: {e}"))?
+                .ok_or("symlink without a target")?;
+            clear(&path)?;
+            symlink(&target, &path).map_err(|e| format!("symlink: {e}"))?;
+        }
+        tar::EntryType::Link => {
+            let target = entry
+                .link_name()
+                .map_err(|e| format!("link name: {e}"))?
+                .ok_or("hard link without a target")?;
+            let target_rel = relative(&target)?.ok_or("hard link to the layer root")?;
+            let target_path = safe_parent(root, &target_rel)?;
+            let m = fs::symlink_metadata(&target_path).map_err(|_| {
+                format!(
+                    "hard link to {} which is not in this layer",
+                    target_rel.display()
+                )
+            })?;
+            if m.is_dir() {
+                return Err("hard link to a directory".into());
+            }
+            clear(&path)?;
+            fs::hard_link(&target_path, &path).map_err(|e| format!("link: {e}"))?;
+            // A hard link shares the target's inode: its metadata is already set.
+            return Ok(());
+        }
+        tar::EntryType::Fifo => {
+            clear(&path)?;
+            mknod(&path, SFlag::S_IFIFO, Mode::from_bits_truncate(0o600), 0)
+                .map_err(|e| format!("mkfifo: {e}"))?;
+        }
+        tar::EntryType::Char | tar::EntryType::Block => {
+            report.skipped_devices += 1;
+            return Ok(());
+        }
+        tar::EntryType::XGlobalHeader | tar::EntryType::XHeader => return Ok(()),
+        other => return Err(format!("unsupported tar entry type {other:?}")),
+    }
+
+    let xattrs = pax_xattrs(entry);
+    lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("chown: {e}"))?;
+    if kind != tar::EntryType::Symlink {
+        // After chown, which clears set-id bits.
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("chmod: {e}"))?;
+        for (k, v) in xattrs {
+            xattr::set(&path, &k, &v).map_err(|e| format!("xattr {k}: {e}"))?;
+        }
+        if kind != tar::EntryType::Directory {
+            set_mtime(&path, mtime);
+        }
+    }
+    Ok(())
+}
+
+/// The xattrs a PAX header carries that a layer may set: `user.*` and file capabilities.
+/// (`trusted.*` and `security.*` others would be host-level metadata, never taken from a tar.)
+fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> {
+    let Ok(Some(exts)) = entry.pax_extensions() else {
+        return Vec::new();
+    };
+    exts.filter_map(Result::ok)
+        .filter_map(|e| {
+            let key = e.key().ok()?.strip_prefix("SCHILY.xattr.")?.to_owned();
+            (key.starts_with("user.") || key == "security.capability")
+                .then(|| (key, e.value_bytes().to_vec()))
+        })
+        .collect()
+}
+
+fn set_mtime(path: &Path, secs: i64) {
+    let t = nix::sys::time::TimeSpec::new(secs, 0);
+    let _ = nix::sys::stat::utimensat(
+        None,
+        path,
+        &t,
+        &t,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    );
+}
+
+/// Unpacked layers, by diff id: `<root>/layers/<hex>/fs`.
+#[derive(Debug, Clone)]
+pub struct LayerStore {
+    dir: PathBuf,
+    tmp: PathBuf,
+}
+
+impl LayerStore {
+    pub fn open(root: &Path) -> Result<Self, ImageError> {
+        let dir = root.join("layers");
+        let tmp = root.join("tmp");
+        for d in [&dir, &tmp] {
+            fs::create_dir_all(d).map_err(ImageError::io("create", d))?;
+        }
+        Ok(LayerStore { dir, tmp })
+    }
+
+    /// The directory overlayfs uses for a layer.
+    pub fn fs_path(&self, diff_id: &str) -> Result<PathBuf, ImageError> {
+        Ok(self.dir.join(hex_of(diff_id)?).join("fs"))
+    }
+
+    /// Unpacks the blob `blob_digest` as layer `diff_id` unless it is there already.
+    pub fn ensure(
+        &self,
+        blobs: &BlobStore,
+        blob_digest: &str,
+        diff_id: &str,
+    ) -> Result<UnpackReport, ImageError> {
+        let fs_path = self.fs_path(diff_id)?;
+        if fs_path.is_dir() {
+            return Ok(UnpackReport {
+                diff_id: diff_id.to_owned(),
+                ..UnpackReport::default()
+            });
+        }
+        let tmp = temp_path(&self.tmp, "layer");
+        let result = (|| {
+            let staged = tmp.join("fs");
+            fs::create_dir_all(&staged).map_err(ImageError::io("create", &staged))?;
+            fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))
+                .map_err(ImageError::io("chmod", &staged))?;
+            let report = unpack(blobs.open_blob(blob_digest)?, &staged, blob_digest)?;
+            if report.diff_id != diff_id {
+                return Err(ImageError::DigestMismatch {
+                    what: format!("layer {blob_digest} (uncompressed)"),
+                    expected: diff_id.to_owned(),
+                    actual: report.diff_id,
+                });
+            }
+            let dst = fs_path.parent().expect("layer dir").to_path_buf();
+            match fs::rename(&tmp, &dst) {
+                Ok(()) => Ok(report),
+                // Another process unpacked it first: theirs is as good as ours.
+                Err(_) if fs_path.is_dir() => Ok(report),
+                Err(e) => Err(ImageError::io("rename", &tmp)(e)),
+            }
+        })();
+        let _ = fs::remove_dir_all(&tmp);
+        result
+    }
+
+    /// Every stored layer's diff id.
+    pub fn list(&self) -> Result<Vec<String>, ImageError> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(&self.dir).map_err(ImageError::io("read", &self.dir))? {
+            let e = e.map_err(ImageError::io("read", &self.dir))?;
+            let d = format!("sha256:{}", e.file_name().to_string_lossy());
+            if hex_of(&d).is_ok() {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a layer unless a sandbox holds a lease on it. Returns whether it was removed.
+    pub fn remove_unless_leased(&self, diff_id: &str) -> Result<bool, ImageError> {
+        let fs_path = self.fs_path(diff_id)?;
+        let dir = File::open(&fs_path).map_err(ImageError::io("open", &fs_path))?;
+        let Ok(lock) = Flock::lock(dir, FlockArg::LockExclusiveNonblock) else {
+            return Ok(false);
+        };
+        // Renamed away first (under the lock), so a sandbox starting now cannot find it.
+        let layer_dir = fs_path.parent().expect("layer dir");
+        let doomed = temp_path(&self.tmp, "rm-layer");
+        fs::rename(layer_dir, &doomed).map_err(ImageError::io("rename", layer_dir))?;
+        drop(lock);
+        fs::remove_dir_all(&doomed).map_err(ImageError::io("remove", &doomed))?;
+        Ok(true)
+    }
+
+    /// Apparent size of a layer's files (for `image ls`), in bytes.
+    pub fn size(&self, diff_id: &str) -> u64 {
+        self.fs_path(diff_id).map(|p| tree_size(&p)).unwrap_or(0)
+    }
+}
+
+fn tree_size(p: &Path) -> u64 {
+    let Ok(m) = fs::symlink_metadata(p) else {
+        return 0;
+    };
+    if m.is_dir() {
+        fs::read_dir(p)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| tree_size(&e.path()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        m.len()
+    }
+}
+
+/// Shared locks on a sandbox's layers, held for the sandbox's life.
+#[derive(Debug, Default)]
+pub struct LayerLease {
+    _locks: Vec<Flock<File>>,
+}
+
+impl LayerLease {
+    pub(crate) fn take(layers: &[PathBuf]) -> Result<Self, ImageError> {
+        let mut locks = Vec::with_capacity(layers.len());
+        for l in layers {
+            let dir = File::open(l).map_err(ImageError::io("open layer", l))?;
+            let lock = Flock::lock(dir, FlockArg::LockSharedNonblock)
+                .map_err(|(_, e)| ImageError::io("lock layer", l)(e.into()))?;
+            locks.push(lock);
+        }
+        Ok(LayerLease { _locks: locks })
+    }
+}
+
+/// Writes a directory tree as an uncompressed layer tar (used to make an image from a root
+/// filesystem directory). Sockets and device nodes are left out.
+pub fn tar_dir(src: &Path, out: &mut dyn io::Write) -> io::Result<()> {
+    TreeTar {
+        ids: None,
+        overlay: false,
+    }
+    .write(src, out)
+}
+
+/// Writes an overlayfs upper directory (what a sandbox changed) as an OCI layer tar:
+/// whiteouts (0:0 char devices) become `.wh.NAME`, opaque directories get `.wh..wh..opq`,
+/// overlayfs' own xattrs are dropped, and owners in the sandbox's id range
+/// `[base, base+len)` are shifted back to image ids (anything else becomes 65534, nobody).
+pub fn tar_upper(upper: &Path, base: u32, len: u32, out: &mut dyn io::Write) -> io::Result<()> {
+    TreeTar {
+        ids: Some((base, len)),
+        overlay: true,
+    }
+    .write(upper, out)
+}
+
+/// One way of turning a directory tree into a layer tar.
+struct TreeTar {
+    /// Shift owners from this host range down to 0.
+    ids: Option<(u32, u32)>,
+    /// The tree is an overlayfs upper dir.
+    overlay: bool,
+}
+
+impl TreeTar {
+    fn write(&self, src: &Path, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut b = tar::Builder::new(out);
+        b.follow_symlinks(false);
+        let mut hardlinks = HashMap::new();
+        self.append_children(&mut b, src, Path::new(""), &mut hardlinks)?;
+        b.finish()
+    }
+
+    fn id(&self, host: u32) -> u64 {
+        match self.ids {
+            None => u64::from(host),
+            Some((base, len)) if host >= base && host - base < len => u64::from(host - base),
+            Some(_) => 65534,
+        }
+    }
+
+    fn header(&self, m: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
+        use std::os::unix::fs::MetadataExt;
+        let mut h = tar::Header::new_gnu();
+        h.set_metadata_in_mode(m, tar::HeaderMode::Complete);
+        h.set_entry_type(kind);
+        h.set_uid(self.id(m.uid()));
+        h.set_gid(self.id(m.gid()));
+        h.set_size(0);
+        h
+    }
+
+    fn empty_file(b: &mut tar::Builder<&mut dyn io::Write>, name: &Path) -> io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(0);
+        b.append_data(&mut h, name, io::empty())
+    }
+
+    fn append_children(
+        &self,
+        b: &mut tar::Builder<&mut dyn io::Write>,
+        dir: &Path,
+        rel: &Path,
+        hardlinks: &mut HashMap<(u64, u64), PathBuf>,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let name = rel.join(e.file_name());
+            let m = fs::symlink_metadata(&path)?;
+            let ft = m.file_type();
+            if self.overlay && ft.is_char_device() && m.rdev() == 0 {
+                let mut wh = std::ffi::OsString::from(WHITEOUT_PREFIX);
+                wh.push(e.file_name());
+                Self::empty_file(b, &rel.join(wh))?;
+            } else if ft.is_dir() {
+                let mut h = self.header(&m, tar::EntryType::Directory);
+                b.append_data(&mut h, &name, io::empty())?;
+                if self.overlay && xattr::get(&path, OVERLAY_OPAQUE_XATTR)?.as_deref() == Some(b"y")
+                {
+                    Self::empty_file(b, &name.join(OPAQUE_MARKER))?;
+                }
+                self.append_children(b, &path, &name, hardlinks)?;
+            } else if ft.is_symlink() {
+                let mut h = self.header(&m, tar::EntryType::Symlink);
+                b.append_link(&mut h, &name, fs::read_link(&path)?)?;
+            } else if ft.is_file() {
+                if m.nlink() > 1 {
+                    if let Some(first) = hardlinks.get(&(m.dev(), m.ino())) {
+                        let mut h = self.header(&m, tar::EntryType::Link);
+                        b.append_link(&mut h, &name, first)?;
+                        continue;
+                    }
+                    hardlinks.insert((m.dev(), m.ino()), name.clone());
+                }
+                let mut h = self.header(&m, tar::EntryType::Regular);
+                h.set_size(m.len());
+                b.append_data(&mut h, &name, File::open(&path)?)?;
+            } else if ft.is_fifo() {
+                let mut h = self.header(&m, tar::EntryType::Fifo);
+                b.append_data(&mut h, &name, io::empty())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("agentrun-layer-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A tar built entry by entry (paths set raw, so malicious names survive).
+    struct TarBuilder(tar::Builder<Vec<u8>>);
+
+    impl TarBuilder {
+        fn new() -> Self {
+            TarBuilder(tar::Builder::new(Vec::new()))
+        }
+        fn header(kind: tar::EntryType, path: &str, size: u64) -> tar::Header {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(if kind == tar::EntryType::Directory {
+                0o755
+            } else {
+                0o644
+            });
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_size(size);
+            // Raw bytes: the tar crate's set_path refuses '..'.
+            let name = &mut h.as_old_mut().name;
+            name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_cksum();
+            h
+        }
+        fn file(mut self, path: &str, data: &str) -> Self {
+            let h = Self::header(tar::EntryType::Regular, path, data.len() as u64);
+            self.0.append(&h, data.as_bytes()).unwrap();
+            self
+        }
+        fn dir(mut self, path: &str) -> Self {
+            let h = Self::header(tar::EntryType::Directory, path, 0);
+            self.0.append(&h, &[][..]).unwrap();
+            self
+        }
+        fn link(mut self, kind: tar::EntryType, path: &str, target: &str) -> Self {
+            let mut h = Self::header(kind, path, 0);
+            h.set_link_name(target).unwrap();
+            h.set_cksum();
+            self.0.append(&h, &[][..]).unwrap();
+            self
+        }
+        fn device(mut self, path: &str) -> Self {
+            let mut h = Self::header(tar::EntryType::Char, path, 0);
+            h.set_device_major(1).unwrap();
+            h.set_device_minor(3).unwrap();
+            h.set_cksum();
+            self.0.append(&h, &[][..]).unwrap();
+            self
+        }
+        fn bytes(self) -> Vec<u8> {
+            self.0.into_inner().unwrap()
+        }
+    }
+
+    #[test]
+    fn whiteouts_become_overlay_whiteouts() {
+        let d = tempdir("wh");
+        let tar = TarBuilder::new()
+            .dir("etc/")
+            .file("etc/.wh.motd", "")
+            .dir("opt/")
+            .file("opt/.wh..wh..opq", "")
+            .file("opt/new", "n")
+            .bytes();
+        unpack(&tar[..], &d, "t").unwrap();
+        let m = fs::symlink_metadata(d.join("etc/motd")).unwrap();
+        assert!(m.file_type().is_char_device());
+        assert_eq!(m.rdev(), 0);
+        assert!(!d.join("etc/.wh.motd").exists());
+        assert_eq!(
+            xattr::get(d.join("opt"), OVERLAY_OPAQUE_XATTR).unwrap(),
+            Some(b"y".to_vec())
+        );
+        assert!(!d.join("opt/.wh..wh..opq").exists());
+        assert_eq!(fs::read_to_string(d.join("opt/new")).unwrap(), "n");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn dotdot_paths_are_refused() {
+        let d = tempdir("dotdot");
+        let tar = TarBuilder::new().file("../../escaped", "x").bytes();
+        let err = unpack(&tar[..], &d, "t").unwrap_err().to_string();
+        assert!(err.contains("'..'"), "{err}");
+        assert!(!d.parent().unwrap().join("escaped").exists());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn writes_through_symlinks_are_refused() {
+        let d = tempdir("symlink");
+        let outside = tempdir("symlink-outside");
+        let tar = TarBuilder::new()
+            .link(tar::EntryType::Symlink, "evil", outside.to_str().unwrap())
+            .file("evil/pwned", "x")
+            .bytes();
+        let err = unpack(&tar[..], &d, "t").unwrap_err().to_string();
+        assert!(err.contains("symlink"), "{err}");
+        assert!(!outside.join("pwned").exists());
+        // Absolute symlinks themselves are kept as they are (they resolve inside a sandbox).
+        let tar = TarBuilder::new()
+            .link(tar::EntryType::Symlink, "abs", "/etc/passwd")
+            .bytes();
+        let d2 = tempdir("symlink2");
+        unpack(&tar[..], &d2, "t").unwrap();
+        assert_eq!(
+            fs::read_link(d2.join("abs")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        for p in [d, d2, outside] {
+            fs::remove_dir_all(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn hard_links_stay_inside_the_layer_and_devices_are_skipped() {
+        let d = tempdir("hard");
+        let tar = TarBuilder::new()
+            .file("a", "data")
+            .link(tar::EntryType::Link, "b", "a")
+            .device("dev/null")
+            .bytes();
+        let r = unpack(&tar[..], &d, "t").unwrap();
+        assert_eq!(r.skipped_devices, 1);
+        assert!(!d.join("dev/null").exists());
+        let (a, b) = (
+            fs::metadata(d.join("a")).unwrap(),
+            fs::metadata(d.join("b")).unwrap(),
+        );
+        assert_eq!(a.ino(), b.ino());
+        let tar = TarBuilder::new()
+            .link(tar::EntryType::Link, "shadow", "/etc/shadow")
+            .bytes();
+        let d2 = tempdir("hard2");
+        let err = unpack(&tar[..], &d2, "t").unwrap_err().to_string();
+        assert!(err.contains("not in this layer"), "{err}");
+        let tar = TarBuilder::new()
+            .link(tar::EntryType::Link, "up", "../x")
+            .bytes();
+        assert!(unpack(&tar[..], &d2, "t").is_err());
+        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&d2).unwrap();
+    }
+
+    #[test]
+    fn tar_upper_turns_overlay_markers_into_oci_whiteouts() {
+        use std::os::unix::fs::lchown;
+        let upper = tempdir("upper");
+        fs::write(upper.join("new"), "n").unwrap();
+        lchown(upper.join("new"), Some(100_000_007), Some(100_000_008)).unwrap();
+        fs::write(upper.join("foreign"), "f").unwrap();
+        lchown(upper.join("foreign"), Some(5), Some(5)).unwrap();
+        mknod(&upper.join("gone"), SFlag::S_IFCHR, Mode::empty(), 0).unwrap();
+        fs::create_dir(upper.join("opq")).unwrap();
+        xattr::set(upper.join("opq"), OVERLAY_OPAQUE_XATTR, b"y").unwrap();
+        let mut tar = Vec::new();
+        tar_upper(&upper, 100_000_000, 65536, &mut tar).unwrap();
+        let mut names = Vec::new();
+        for e in tar::Archive::new(&tar[..]).entries().unwrap() {
+            let e = e.unwrap();
+            let h = e.header();
+            names.push((
+                e.path().unwrap().display().to_string(),
+                h.uid().unwrap(),
+                h.gid().unwrap(),
+            ));
+        }
+        assert_eq!(
+            names,
+            vec![
+                ("foreign".to_string(), 65534, 65534),
+                (".wh.gone".to_string(), 0, 0),
+                ("new".to_string(), 7, 8),
+                ("opq".to_string(), 65534, 65534),
+                ("opq/.wh..wh..opq".to_string(), 0, 0),
+            ]
+        );
+        // Unpacked again, the markers are overlay markers.
+        let d = tempdir("upper-back");
+        unpack(&tar[..], &d, "t").unwrap();
+        assert!(fs::symlink_metadata(d.join("gone"))
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        fs::remove_dir_all(&upper).unwrap();
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn tar_dir_round_trips_with_the_same_diff_id() {
+        let src = tempdir("src");
+        fs::create_dir_all(src.join("bin")).unwrap();
+        fs::write(src.join("bin/tool"), "#!/bin/sh\n").unwrap();
+        fs::set_permissions(src.join("bin/tool"), fs::Permissions::from_mode(0o4755)).unwrap();
+        fs::hard_link(src.join("bin/tool"), src.join("bin/tool2")).unwrap();
+        symlink("tool", src.join("bin/alias")).unwrap();
+        let mut tar = Vec::new();
+        tar_dir(&src, &mut tar).unwrap();
+        let dst = tempdir("dst");
+        let r = unpack(&tar[..], &dst, "t").unwrap();
+        assert_eq!(r.diff_id, crate::digest::of_bytes(&tar));
+        let m = fs::metadata(dst.join("bin/tool")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o4755);
+        assert_eq!(m.ino(), fs::metadata(dst.join("bin/tool2")).unwrap().ino());
+        assert_eq!(
+            fs::read_link(dst.join("bin/alias")).unwrap(),
+            Path::new("tool")
+        );
+        fs::remove_dir_all(&src).unwrap();
+        fs::remove_dir_all(&dst).unwrap();
+    }
+}

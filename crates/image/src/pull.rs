@@ -1,0 +1,211 @@
+//! `image pull`: fetching an image from an OCI/Docker registry with `oci-client`.
+//!
+//! The manifest is fetched raw (so its digest, and an export of it, stay exact); an index or
+//! manifest list is resolved to its linux/amd64 image. Blobs already in the store are not
+//! fetched again. Each blob is downloaded into the store's `tmp/`, checked against its digest
+//! and renamed into place, so concurrent pulls of one image are safe and an interrupted pull
+//! leaves nothing half-written behind a name.
+//!
+//! Credentials come from the Docker config (`$DOCKER_CONFIG/config.json` or
+//! `~/.docker/config.json`, credential helpers included); the registry's token auth is
+//! handled by the client. Registries on loopback (`localhost`, `127.0.0.0/8`, `[::1]`) and those
+//! in `insecure` are spoken to over plain HTTP, like Docker's insecure-registries.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use oci_spec::image::{ImageIndex, ImageManifest};
+
+use crate::archive::pick_platform;
+use crate::blobs::temp_path;
+use crate::digest::of_bytes;
+use crate::reference;
+use crate::store::{ImageStore, DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST};
+use crate::{ImageError, ImageRecord};
+
+/// How to reach registries.
+#[derive(Debug, Clone, Default)]
+pub struct PullOptions {
+    /// Registries (`host:port`) spoken to over HTTP besides loopback ones.
+    pub insecure_registries: Vec<String>,
+    /// Network timeout per request.
+    pub timeout: Option<Duration>,
+}
+
+fn is_loopback(registry: &str) -> bool {
+    let host = registry
+        .rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map(|(h, _)| h)
+        .unwrap_or(registry);
+    host == "localhost" || host.starts_with("127.") || host == "[::1]"
+}
+
+fn auth_for(registry: &str) -> RegistryAuth {
+    let keys: Vec<&str> = if registry == "docker.io" {
+        vec![
+            "https://index.docker.io/v1/",
+            "index.docker.io",
+            "docker.io",
+        ]
+    } else {
+        vec![registry]
+    };
+    for k in keys {
+        match docker_credential::get_credential(k) {
+            Ok(docker_credential::DockerCredential::UsernamePassword(u, p)) => {
+                return RegistryAuth::Basic(u, p)
+            }
+            Ok(docker_credential::DockerCredential::IdentityToken(t)) => {
+                return RegistryAuth::Bearer(t)
+            }
+            Err(_) => {}
+        }
+    }
+    RegistryAuth::Anonymous
+}
+
+impl ImageStore {
+    /// Pulls `name` and stores it under its full name.
+    pub fn pull(&self, name: &str, opts: &PullOptions) -> Result<ImageRecord, ImageError> {
+        let parsed = reference::parse(name)?;
+        let full = parsed.whole();
+        let perr = |message: String| ImageError::Pull {
+            reference: full.clone(),
+            message,
+        };
+        let registry = parsed.registry().to_owned();
+        let mut insecure = opts.insecure_registries.clone();
+        if is_loopback(&registry) {
+            insecure.push(registry.clone());
+        }
+        let client = Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(insecure),
+            read_timeout: opts.timeout.or(Some(Duration::from_secs(60))),
+            connect_timeout: Some(Duration::from_secs(15)),
+            ..ClientConfig::default()
+        });
+        let auth = auth_for(&registry);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| perr(format!("starting the I/O runtime: {e}")))?;
+        let _w = self.writer_lock()?;
+        let manifest_digest = runtime.block_on(async {
+            let accepted = [OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST];
+            let (mut raw, mut digest) = client
+                .pull_manifest_raw(&parsed, &auth, &accepted)
+                .await
+                .map_err(|e| perr(e.to_string()))?;
+            let media = |raw: &[u8]| {
+                serde_json::from_slice::<serde_json::Value>(raw)
+                    .ok()
+                    .and_then(|v| {
+                        v.get("mediaType")
+                            .and_then(|m| m.as_str())
+                            .map(str::to_owned)
+                    })
+                    .unwrap_or_default()
+            };
+            let media_type = media(&raw);
+            if media_type == OCI_INDEX
+                || media_type == DOCKER_LIST
+                || (media_type.is_empty() && is_index(&raw))
+            {
+                let index = ImageIndex::from_reader(&raw[..])
+                    .map_err(|e| perr(format!("bad index: {e}")))?;
+                let (child, _) = pick_platform(&index)
+                    .ok_or_else(|| perr("no linux/amd64 image in its index".into()))?;
+                let child_ref = parsed.clone_with_digest(child.clone());
+                (raw, digest) = client
+                    .pull_manifest_raw(&child_ref, &auth, &accepted)
+                    .await
+                    .map_err(|e| perr(e.to_string()))?;
+                if digest != child {
+                    return Err(perr(format!(
+                        "registry sent manifest {digest}, asked for {child}"
+                    )));
+                }
+            }
+            if of_bytes(&raw) != digest {
+                return Err(ImageError::DigestMismatch {
+                    what: format!("manifest of {full}"),
+                    expected: digest,
+                    actual: of_bytes(&raw),
+                });
+            }
+            let manifest = ImageManifest::from_reader(&raw[..])
+                .map_err(|e| perr(format!("bad manifest: {e}")))?;
+            let mut wanted = vec![manifest.config().digest().to_string()];
+            wanted.extend(manifest.layers().iter().map(|l| l.digest().to_string()));
+            for blob in wanted {
+                if self.blobs.has(&blob) {
+                    continue;
+                }
+                self.fetch_blob(&client, &parsed, &blob)
+                    .await
+                    .map_err(|e| match e {
+                        ImageError::Io { .. } | ImageError::DigestMismatch { .. } => e,
+                        other => perr(other.to_string()),
+                    })?;
+            }
+            self.blobs.put_reader(Some(&digest), "manifest", &raw[..])?;
+            Ok::<String, ImageError>(digest)
+        })?;
+        self.commit(&manifest_digest, &[full])
+    }
+
+    async fn fetch_blob(
+        &self,
+        client: &Client,
+        image: &Reference,
+        digest: &str,
+    ) -> Result<(), ImageError> {
+        let tmp: PathBuf = temp_path(&self.tmp_dir(), "pull");
+        let result = async {
+            let file = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(ImageError::io("create", &tmp))?;
+            let mut file = tokio::io::BufWriter::new(file);
+            client
+                .pull_blob(image, digest, &mut file)
+                .await
+                .map_err(|e| ImageError::Pull {
+                    reference: image.whole(),
+                    message: format!("blob {digest}: {e}"),
+                })?;
+            tokio::io::AsyncWriteExt::flush(&mut file)
+                .await
+                .map_err(ImageError::io("write", &tmp))?;
+            let f = std::fs::File::open(&tmp).map_err(ImageError::io("open", &tmp))?;
+            self.blobs.put_reader(Some(digest), "blob", f)?;
+            Ok(())
+        }
+        .await;
+        let _ = std::fs::remove_file(&tmp);
+        result
+    }
+}
+
+fn is_index(raw: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(raw)
+        .ok()
+        .is_some_and(|v| v.get("manifests").is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_registries_are_insecure() {
+        assert!(is_loopback("localhost:5000"));
+        assert!(is_loopback("127.0.0.1:39211"));
+        assert!(is_loopback("localhost"));
+        assert!(!is_loopback("docker.io"));
+        assert!(!is_loopback("registry.example.com:5000"));
+    }
+}

@@ -1,0 +1,397 @@
+//! Landlock denials as the kernel reports them, read from the audit subsystem.
+//!
+//! On Landlock ABI 7+ the sandbox's ruleset asks for its command's denials to be logged
+//! ([`crate::landlock`]). The kernel then emits, while audit is enabled on the host:
+//! - `AUDIT_LANDLOCK_ACCESS` (1423): `domain=<id> blockers=<rights> path="..."` (or other
+//!   object fields), one per denied access;
+//! - `AUDIT_LANDLOCK_DOMAIN` (1424): `domain=<id> status=allocated ... pid=<creator>` the
+//!   first time a domain denies something, and `status=deallocated denials=<n>` when it is
+//!   freed.
+//!
+//! [`LandlockWatch`] listens on the audit multicast group (`AUDIT_NLGRP_READLOG`, needs
+//! CAP_AUDIT_READ) on a thread while a sandbox runs, and [`LandlockWatch::finish`] returns the
+//! access records of the domain created by that sandbox's init (matched by its host pid).
+//! It observes only: agentrun never changes the host's audit configuration. When audit is
+//! disabled (`auditctl -e 0`, the default without auditd) the kernel emits nothing and there
+//! is nothing to observe; [`audit_enabled`] says which case applies.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const NETLINK_AUDIT: libc::c_int = 9;
+const AUDIT_GET: u16 = 1000;
+const AUDIT_NLGRP_READLOG: u32 = 1;
+const AUDIT_LANDLOCK_ACCESS: u16 = 1423;
+const AUDIT_LANDLOCK_DOMAIN: u16 = 1424;
+const NLMSG_HDRLEN: usize = 16;
+
+/// One denied access, as the kernel logged it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LandlockDenial {
+    /// Seconds since the epoch (with milliseconds) from the record's `audit(...)` stamp.
+    pub time: f64,
+    /// The Landlock rights that blocked it, e.g. `fs.read_file`, `fs.write_file`.
+    pub blockers: Vec<String>,
+    /// The object: a path for filesystem accesses, otherwise the record's other fields.
+    pub object: String,
+    /// Whether `object` is a path.
+    pub is_path: bool,
+}
+
+fn netlink_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned right below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_AUDIT,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn bind(fd: &OwnedFd, groups: u32) -> io::Result<()> {
+    // SAFETY: sockaddr_nl is plain old data; all-zero is valid.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_groups = groups;
+    // SAFETY: bind with a valid sockaddr_nl of the right size.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn recv(fd: &OwnedFd, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one valid pollfd.
+    let r = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r == 0 {
+        return Ok(None);
+    }
+    // SAFETY: recv into a buffer we own, of its length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some(n as usize))
+}
+
+/// Whether the host's audit subsystem is enabled (so Landlock denials are emitted at all).
+pub fn audit_enabled() -> io::Result<bool> {
+    let fd = netlink_socket()?;
+    bind(&fd, 0)?;
+    let mut req = Vec::with_capacity(NLMSG_HDRLEN);
+    req.extend_from_slice(&(NLMSG_HDRLEN as u32).to_ne_bytes());
+    req.extend_from_slice(&AUDIT_GET.to_ne_bytes());
+    req.extend_from_slice(&((libc::NLM_F_REQUEST) as u16).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    // SAFETY: send of a buffer we own.
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 8192];
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        let Some(n) = recv(&fd, &mut buf, Duration::from_millis(200))? else {
+            continue;
+        };
+        for (ty, payload) in messages(&buf[..n]) {
+            if ty == AUDIT_GET && payload.len() >= 8 {
+                // struct audit_status { u32 mask; u32 enabled; ... }
+                let enabled = u32::from_ne_bytes(payload[4..8].try_into().unwrap_or_default());
+                return Ok(enabled != 0);
+            }
+            if ty == libc::NLMSG_ERROR as u16 && payload.len() >= 4 {
+                let err = i32::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
+                if err != 0 {
+                    return Err(io::Error::from_raw_os_error(-err));
+                }
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "no AUDIT_GET reply",
+    ))
+}
+
+/// Splits a netlink datagram into (type, payload).
+fn messages(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    while buf.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes(buf[..4].try_into().unwrap_or_default()) as usize;
+        let ty = u16::from_ne_bytes(buf[4..6].try_into().unwrap_or_default());
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            break;
+        }
+        out.push((ty, &buf[NLMSG_HDRLEN..len]));
+        let aligned = (len + 3) & !3;
+        buf = &buf[aligned.min(buf.len())..];
+    }
+    out
+}
+
+/// A Landlock record, parsed.
+#[derive(Debug, Clone, PartialEq)]
+struct Record {
+    ty: u16,
+    time: f64,
+    fields: HashMap<String, String>,
+    /// Field names in order (for rendering non-path objects).
+    order: Vec<String>,
+}
+
+/// Parses `audit(1795309688.905:2): k=v k="quoted v" ...`; hex-encoded values of `path`
+/// (used by the kernel for names with special characters) are decoded.
+fn parse_record(ty: u16, text: &str) -> Option<Record> {
+    let text = text.trim_end_matches('\0').trim();
+    let rest = text.strip_prefix("audit(")?;
+    let (stamp, rest) = rest.split_once("):")?;
+    let time = stamp.split(':').next()?.parse::<f64>().ok()?;
+    let mut fields = HashMap::new();
+    let mut order = Vec::new();
+    let mut s = rest.trim_start();
+    while !s.is_empty() {
+        let (key, after) = s.split_once('=')?;
+        let (value, next) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"')?;
+            (q[..end].to_string(), &q[end + 1..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            let raw = &after[..end];
+            let decoded = if key == "path" || key == "name" {
+                hex_decode(raw).unwrap_or_else(|| raw.to_string())
+            } else {
+                raw.to_string()
+            };
+            (decoded, &after[end..])
+        };
+        order.push(key.to_string());
+        fields.insert(key.to_string(), value);
+        s = next.trim_start();
+    }
+    Some(Record {
+        ty,
+        time,
+        fields,
+        order,
+    })
+}
+
+fn hex_decode(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) || s.is_empty() || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect();
+    Some(String::from_utf8_lossy(&bytes?).into_owned())
+}
+
+/// Collects Landlock records while a sandbox runs.
+pub struct LandlockWatch {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+impl LandlockWatch {
+    /// Subscribes to the audit multicast group and starts collecting on a thread. Call after
+    /// the sandbox was created (the process may be multi-threaded from here on).
+    pub fn start() -> io::Result<LandlockWatch> {
+        let fd = netlink_socket()?;
+        bind(&fd, 1 << (AUDIT_NLGRP_READLOG - 1))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let records: Arc<Mutex<Vec<Record>>> = Arc::default();
+        let (stop2, records2) = (stop.clone(), records.clone());
+        let thread = std::thread::Builder::new()
+            .name("landlock-audit".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                while !stop2.load(Ordering::SeqCst) {
+                    let n = match recv(&fd, &mut buf, Duration::from_millis(10)) {
+                        Ok(Some(n)) => n,
+                        // Timeout, EINTR, or ENOBUFS (records were dropped): keep listening.
+                        Ok(None) | Err(_) => continue,
+                    };
+                    let parsed: Vec<Record> = messages(&buf[..n])
+                        .into_iter()
+                        .filter(|(ty, _)| {
+                            *ty == AUDIT_LANDLOCK_ACCESS || *ty == AUDIT_LANDLOCK_DOMAIN
+                        })
+                        .filter_map(|(ty, p)| parse_record(ty, &String::from_utf8_lossy(p)))
+                        .collect();
+                    records2
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(parsed);
+                }
+            })?;
+        Ok(LandlockWatch {
+            stop,
+            thread,
+            records,
+        })
+    }
+
+    /// Stops collecting and returns the denials of the domain created by the init whose host
+    /// pid is `init_pid` (call after it exited). Records reach listeners asynchronously
+    /// (through kauditd): it waits 30 ms for stragglers and, once the domain is known to
+    /// have denied something, up to 1 s for its deallocation record, which comes after all
+    /// of its access records.
+    pub fn finish(self, init_pid: i32) -> Vec<LandlockDenial> {
+        let started = Instant::now();
+        let pid = init_pid.to_string();
+        loop {
+            let elapsed = started.elapsed();
+            let (ours, freed) = {
+                let recs = self.records.lock().unwrap_or_else(|e| e.into_inner());
+                let ours: Vec<String> = recs
+                    .iter()
+                    .filter(|r| {
+                        r.ty == AUDIT_LANDLOCK_DOMAIN
+                            && r.fields.get("status").is_some_and(|s| s == "allocated")
+                            && r.fields.get("pid") == Some(&pid)
+                    })
+                    .filter_map(|r| r.fields.get("domain").cloned())
+                    .collect();
+                let freed = !ours.is_empty()
+                    && ours.iter().all(|d| {
+                        recs.iter().any(|r| {
+                            r.ty == AUDIT_LANDLOCK_DOMAIN
+                                && r.fields.get("domain") == Some(d)
+                                && r.fields.get("status").is_some_and(|s| s == "deallocated")
+                        })
+                    });
+                (!ours.is_empty(), freed)
+            };
+            if elapsed >= Duration::from_secs(1)
+                || freed
+                || (!ours && elapsed >= Duration::from_millis(30))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        denials_of(&records, init_pid)
+    }
+}
+
+/// The access records of the domain(s) allocated by `init_pid`.
+fn denials_of(records: &[Record], init_pid: i32) -> Vec<LandlockDenial> {
+    let pid = init_pid.to_string();
+    let domains: Vec<&String> = records
+        .iter()
+        .filter(|r| {
+            r.ty == AUDIT_LANDLOCK_DOMAIN
+                && r.fields.get("status").is_some_and(|s| s == "allocated")
+                && r.fields.get("pid") == Some(&pid)
+        })
+        .filter_map(|r| r.fields.get("domain"))
+        .collect();
+    records
+        .iter()
+        .filter(|r| r.ty == AUDIT_LANDLOCK_ACCESS)
+        .filter(|r| r.fields.get("domain").is_some_and(|d| domains.contains(&d)))
+        .map(|r| {
+            let blockers = r
+                .fields
+                .get("blockers")
+                .map(|b| b.split(',').map(str::to_string).collect())
+                .unwrap_or_default();
+            let (object, is_path) = match r.fields.get("path") {
+                Some(p) => (p.clone(), true),
+                None => (
+                    r.order
+                        .iter()
+                        .filter(|k| *k != "domain" && *k != "blockers")
+                        .map(|k| format!("{k}={}", r.fields[k]))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    false,
+                ),
+            };
+            LandlockDenial {
+                time: r.time,
+                blockers,
+                object,
+                is_path,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_landlock_records_and_matches_the_domain() {
+        let recs: Vec<Record> = [
+            (1423, "audit(1795309688.905:2): domain=15e76d2f2 blockers=fs.read_file path=\"/etc/ld.so.cache\" dev=\"overlay\" ino=10135600"),
+            (1424, "audit(1795309688.905:2): domain=15e76d2f2 status=allocated mode=enforcing pid=4600 uid=100000000 exe=\"/x/agentrun\" comm=\"youki:[2:INIT]\""),
+            (1423, "audit(1795309688.909:6): domain=15e76d2f2 blockers=fs.read_dir path=2F726F6F742F61206220 dev=\"overlay\" ino=10"),
+            (1423, "audit(1795309688.909:7): domain=99 blockers=fs.write_file,fs.truncate path=\"/other\""),
+            (1424, "audit(1795309688.909:7): domain=99 status=allocated mode=enforcing pid=1 uid=0"),
+            (1423, "audit(1795309688.909:8): domain=15e76d2f2 blockers=scope.signal opid=1 ocomm=\"x\""),
+        ]
+        .iter()
+        .map(|(t, s)| parse_record(*t, s).unwrap())
+        .collect();
+        let d = denials_of(&recs, 4600);
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert_eq!(d[0].object, "/etc/ld.so.cache");
+        assert_eq!(d[0].blockers, vec!["fs.read_file"]);
+        assert!((d[0].time - 1795309688.905).abs() < 1e-6);
+        assert_eq!(d[1].object, "/root/a b ", "hex path decoded");
+        assert!(!d[2].is_path);
+        assert_eq!(d[2].object, "opid=1 ocomm=x");
+        assert!(denials_of(&recs, 1234).is_empty());
+    }
+
+    #[test]
+    fn splits_netlink_messages() {
+        let mut buf = Vec::new();
+        for (ty, payload) in [(1423u16, &b"abc"[..]), (1424, &b"defgh"[..])] {
+            let len = NLMSG_HDRLEN + payload.len();
+            buf.extend_from_slice(&(len as u32).to_ne_bytes());
+            buf.extend_from_slice(&ty.to_ne_bytes());
+            buf.extend_from_slice(&[0u8; 10]);
+            buf.extend_from_slice(payload);
+            while buf.len() % 4 != 0 {
+                buf.push(0);
+            }
+        }
+        let m = messages(&buf);
+        assert_eq!(m, vec![(1423, &b"abc"[..]), (1424, &b"defgh"[..])]);
+    }
+}

@@ -1,0 +1,308 @@
+//! The append-only audit log: one JSON line per run and per policy decision.
+//!
+//! Files live in one directory: `audit.jsonl` (current) and `audit.jsonl.1` .. `.N` (older,
+//! rotated by size). Every [`AuditLog::append`] takes an exclusive `flock` on `audit.lock`
+//! (several agentrun processes write at once), rotates if the current file is full, writes
+//! the record with a single `write(2)` on an `O_APPEND` descriptor and `fdatasync`s it before
+//! returning: once `append` has returned `Ok`, a crash does not lose the record. A crash in
+//! the middle of a write can leave a torn last line; readers skip lines that do not parse.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Current file name.
+const CURRENT: &str = "audit.jsonl";
+/// Default rotation threshold.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+/// Rotated files kept (`audit.jsonl.1` newest .. `.N` oldest).
+pub const DEFAULT_KEEP: usize = 5;
+
+/// Errors writing or reading the audit log.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("audit log: cannot encode record: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+fn io(path: &Path, source: std::io::Error) -> AuditError {
+    AuditError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct AuditRecord {
+    /// RFC 3339, UTC, milliseconds.
+    pub time: String,
+    /// `decision` or `run`.
+    pub kind: String,
+    pub sandbox_id: String,
+    pub trace_id: String,
+    /// `fs.read`, `net.connect`, ... for decisions; `exec` for runs.
+    pub action: String,
+    /// The path, `host:port`, variable or command line.
+    pub resource: String,
+    /// `allow` / `deny` (decisions), `ok` / `error` (runs).
+    pub decision: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rule: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Exit code of a run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<i32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub profile: String,
+}
+
+impl AuditRecord {
+    /// When it was written.
+    pub fn timestamp(&self) -> Option<DateTime<Utc>> {
+        DateTime::parse_from_rfc3339(&self.time)
+            .ok()
+            .map(|t| t.with_timezone(&Utc))
+    }
+}
+
+/// The current time as an audit timestamp.
+pub fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// An audit log directory.
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    dir: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+}
+
+impl AuditLog {
+    /// The log in `dir` (created on first append, mode 0700), rotated at
+    /// [`DEFAULT_MAX_BYTES`], keeping [`DEFAULT_KEEP`] old files.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        AuditLog {
+            dir: dir.into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            keep: DEFAULT_KEEP,
+        }
+    }
+
+    /// Changes the rotation threshold and how many rotated files are kept (at least 1).
+    pub fn with_rotation(mut self, max_bytes: u64, keep: usize) -> Self {
+        self.max_bytes = max_bytes.max(1);
+        self.keep = keep.max(1);
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends `record` durably (see the module doc). Fills in `time` if it is empty.
+    pub fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let mut record = record.clone();
+        if record.time.is_empty() {
+            record.time = now_rfc3339();
+        }
+        let mut line = serde_json::to_vec(&record)?;
+        line.push(b'\n');
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|e| io(&self.dir, e))?;
+        let lock_path = self.dir.join("audit.lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| io(&lock_path, e))?;
+        // SAFETY: flock on an fd we own; released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io(&lock_path, std::io::Error::last_os_error()));
+        }
+        let current = self.dir.join(CURRENT);
+        let size = fs::metadata(&current).map(|m| m.len()).unwrap_or(0);
+        if size > 0 && size + line.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .mode(0o600)
+            .open(&current)
+            .map_err(|e| io(&current, e))?;
+        // A torn last line (a crash mid-write) must not swallow this record.
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len > 0 {
+            let mut last = [0u8; 1];
+            if std::os::unix::fs::FileExt::read_at(&f, &mut last, len - 1).is_ok()
+                && last[0] != b'\n'
+            {
+                line.insert(0, b'\n');
+            }
+        }
+        f.write_all(&line).map_err(|e| io(&current, e))?;
+        f.sync_data().map_err(|e| io(&current, e))?;
+        Ok(())
+    }
+
+    /// Shifts `audit.jsonl` -> `.1` -> `.2` ..., dropping the oldest. Caller holds the lock.
+    fn rotate(&self) -> Result<(), AuditError> {
+        let name = |n: usize| self.dir.join(format!("{CURRENT}.{n}"));
+        let _ = fs::remove_file(name(self.keep));
+        for n in (1..self.keep).rev() {
+            let from = name(n);
+            if from.exists() {
+                fs::rename(&from, name(n + 1)).map_err(|e| io(&from, e))?;
+            }
+        }
+        let current = self.dir.join(CURRENT);
+        fs::rename(&current, name(1)).map_err(|e| io(&current, e))?;
+        // Make the renames durable before new records land in a fresh file.
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Every record, oldest first (rotated files, then the current one). Lines that do not
+    /// parse (a torn last write) are skipped.
+    pub fn read_all(&self) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut files: Vec<PathBuf> = (1..=self.keep.max(64))
+            .map(|n| self.dir.join(format!("{CURRENT}.{n}")))
+            .filter(|p| p.exists())
+            .collect();
+        files.reverse();
+        files.push(self.dir.join(CURRENT));
+        let mut out = Vec::new();
+        for path in files {
+            let f = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(&path, e)),
+            };
+            for line in BufReader::new(f).lines() {
+                let line = line.map_err(|e| io(&path, e))?;
+                if let Ok(r) = serde_json::from_str::<AuditRecord>(&line) {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(i: usize) -> AuditRecord {
+        AuditRecord {
+            kind: "decision".into(),
+            sandbox_id: format!("ar-{i}"),
+            action: "net.connect".into(),
+            resource: "evil.example:443".into(),
+            decision: "deny".into(),
+            rule: "network.default".into(),
+            ..Default::default()
+        }
+    }
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "agentrun-audit-test-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    fn rand_suffix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }
+
+    #[test]
+    fn append_and_read_back_in_order() {
+        let dir = tmp();
+        let log = AuditLog::new(&dir);
+        for i in 0..3 {
+            log.append(&rec(i)).unwrap();
+        }
+        let all = log.read_all().unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[2].sandbox_id, "ar-2");
+        assert!(all[0].timestamp().is_some(), "{}", all[0].time);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rotates_by_size_and_keeps_order() {
+        let dir = tmp();
+        let log = AuditLog::new(&dir).with_rotation(300, 3);
+        for i in 0..20 {
+            log.append(&rec(i)).unwrap();
+        }
+        assert!(dir.join("audit.jsonl.1").exists());
+        assert!(
+            !dir.join("audit.jsonl.4").exists(),
+            "only 3 rotated files kept"
+        );
+        for f in fs::read_dir(&dir).unwrap() {
+            let f = f.unwrap();
+            if f.file_name().to_string_lossy().starts_with("audit.jsonl") {
+                assert!(f.metadata().unwrap().len() <= 300, "{:?}", f.file_name());
+            }
+        }
+        let all = log.read_all().unwrap();
+        let ids: Vec<usize> = all
+            .iter()
+            .map(|r| r.sandbox_id[3..].parse().unwrap())
+            .collect();
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+        assert_eq!(*ids.last().unwrap(), 19);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn torn_line_is_skipped() {
+        let dir = tmp();
+        let log = AuditLog::new(&dir);
+        log.append(&rec(0)).unwrap();
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join(CURRENT))
+            .unwrap();
+        f.write_all(b"{\"time\":\"2026-").unwrap();
+        drop(f);
+        assert_eq!(log.read_all().unwrap().len(), 1);
+        log.append(&rec(1)).unwrap();
+        assert_eq!(
+            log.read_all().unwrap().len(),
+            2,
+            "a record after a torn line is kept"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Build the agentrun python image: a Debian minbase root filesystem with python3, made with
+# debootstrap from the Debian mirror apt already uses (no registry, no Docker).
+#
+# usage: images/python/build.sh [--import] [--name NAME] [DIR]
+#   DIR       where to build the rootfs (default: <repo>/.cache/images/python/rootfs);
+#             an existing DIR is replaced.
+#   --import  then register it: `agentrun image add NAME DIR` (NAME default: python), with
+#             Cmd python3 and Docker's PATH. Uses $AGENTRUN_BIN (default
+#             <repo>/target/debug/agentrun) and honours $AGENTRUN_ROOT like agentrun itself.
+# env: DEBIAN_MIRROR (default: the first URI of /etc/apt/sources.list.d/debian.sources, else
+#      http://deb.debian.org/debian), DEBIAN_SUITE (default: this host's codename).
+# Needs root and debootstrap (apt-get install debootstrap).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+import=0
+name=python
+dir=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --import) import=1 ;;
+        --name) name=${2:?--name needs a value}; shift ;;
+        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
+        *) [ -z "$dir" ] || { echo "build.sh: one DIR only" >&2; exit 2; }; dir=$1 ;;
+    esac
+    shift
+done
+dir=${dir:-$repo/.cache/images/python/rootfs}
+
+if ! command -v debootstrap >/dev/null 2>&1; then
+    echo "build.sh: debootstrap not found: apt-get install debootstrap" >&2
+    exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+    echo "build.sh: debootstrap needs root" >&2
+    exit 1
+fi
+
+mirror=${DEBIAN_MIRROR:-}
+if [ -z "$mirror" ] && [ -r /etc/apt/sources.list.d/debian.sources ]; then
+    mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
+fi
+mirror=${mirror:-http://deb.debian.org/debian}
+suite=${DEBIAN_SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")}
+
+parent=$(dirname "$dir")
+mkdir -p "$parent"
+tmp=$(mktemp -d "$parent/.python-rootfs.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+start=$SECONDS
+echo "+ debootstrap --variant=minbase --include=python3 $suite ($mirror)" >&2
+debootstrap --variant=minbase --include=python3 "$suite" "$tmp" "$mirror" >"$tmp.log" 2>&1 || {
+    tail -20 "$tmp.log" >&2
+    rm -f "$tmp.log"
+    echo "build.sh: debootstrap failed" >&2
+    exit 1
+}
+rm -f "$tmp.log"
+
+# What an image does not need: package caches and lists, logs, the mirror's keys setup.
+rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/* "$tmp"/var/log/* \
+    "$tmp"/var/cache/debconf/*-old "$tmp"/usr/share/doc/* "$tmp"/usr/share/man/* \
+    "$tmp"/usr/share/locale/* "$tmp"/usr/share/info/*
+# Device nodes debootstrap made are not part of an image (a sandbox gets its own /dev).
+find "$tmp/dev" -mindepth 1 -delete
+mkdir -p "$tmp/workspace"
+: >"$tmp/etc/resolv.conf"
+printf 'agentrun\n' >"$tmp/etc/hostname"
+
+rm -rf "$dir"
+mv "$tmp" "$dir"
+trap - EXIT
+chmod 0755 "$dir"
+
+version=$(chroot "$dir" python3 -c 'import sys; print(sys.version.split()[0])')
+echo "python image built at $dir ($(du -sh "$dir" | cut -f1), Python $version, $((SECONDS - start)) s)" >&2
+
+if [ "$import" = 1 ]; then
+    bin=${AGENTRUN_BIN:-$repo/target/debug/agentrun}
+    if [ ! -x "$bin" ]; then
+        echo "build.sh: $bin not found: build it first (cargo build -p agentrun)" >&2
+        exit 1
+    fi
+    "$bin" image add "$name" "$dir" --cmd python3 --env LANG=C.UTF-8 \
+        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    echo "imported as image '$name'${AGENTRUN_ROOT:+ into $AGENTRUN_ROOT}" >&2
+fi
