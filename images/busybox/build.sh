@@ -12,23 +12,9 @@
 # env: BUSYBOX (path of a static busybox; default /bin/busybox from busybox-static).
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-
-import=0
-name=busybox
-dir=
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --import) import=1 ;;
-        --name) name=${2:?--name needs a value}; shift ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
-        *) [ -z "$dir" ] || { echo "build.sh: one DIR only" >&2; exit 2; }; dir=$1 ;;
-    esac
-    shift
-done
-dir=${dir:-$repo/.cache/images/busybox/rootfs}
+# shellcheck source=../recipe.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../recipe.sh"
+recipe_args busybox "$@"
 
 busybox=${BUSYBOX:-/bin/busybox}
 if [ ! -x "$busybox" ]; then
@@ -94,13 +80,4 @@ chmod 0755 "$dir"
 
 echo "busybox image built at $dir ($(du -sh "$dir" | cut -f1), $(find "$dir/bin" -type l | wc -l) applets)" >&2
 
-if [ "$import" = 1 ]; then
-    bin=${AGENTRUN_BIN:-$repo/target/debug/agentrun}
-    if [ ! -x "$bin" ]; then
-        echo "build.sh: $bin not found: build it first (cargo build -p agentrun)" >&2
-        exit 1
-    fi
-    # A new import takes the name; the old image's content goes with `agentrun image prune`.
-    "$bin" image add "$name" "$dir" --cmd /bin/sh
-    echo "imported as image '$name'${AGENTRUN_ROOT:+ into $AGENTRUN_ROOT}" >&2
-fi
+recipe_import "$dir" --cmd /bin/sh

@@ -13,23 +13,9 @@
 # Needs root and debootstrap (apt-get install debootstrap).
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-
-import=0
-name=python
-dir=
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --import) import=1 ;;
-        --name) name=${2:?--name needs a value}; shift ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
-        *) [ -z "$dir" ] || { echo "build.sh: one DIR only" >&2; exit 2; }; dir=$1 ;;
-    esac
-    shift
-done
-dir=${dir:-$repo/.cache/images/python/rootfs}
+# shellcheck source=../recipe.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../recipe.sh"
+recipe_args python "$@"
 
 if ! command -v debootstrap >/dev/null 2>&1; then
     echo "build.sh: debootstrap not found: apt-get install debootstrap" >&2
@@ -80,13 +66,5 @@ chmod 0755 "$dir"
 version=$(chroot "$dir" python3 -c 'import sys; print(sys.version.split()[0])')
 echo "python image built at $dir ($(du -sh "$dir" | cut -f1), Python $version, $((SECONDS - start)) s)" >&2
 
-if [ "$import" = 1 ]; then
-    bin=${AGENTRUN_BIN:-$repo/target/debug/agentrun}
-    if [ ! -x "$bin" ]; then
-        echo "build.sh: $bin not found: build it first (cargo build -p agentrun)" >&2
-        exit 1
-    fi
-    "$bin" image add "$name" "$dir" --cmd python3 --env LANG=C.UTF-8 \
-        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-    echo "imported as image '$name'${AGENTRUN_ROOT:+ into $AGENTRUN_ROOT}" >&2
-fi
+recipe_import "$dir" --cmd python3 --env LANG=C.UTF-8 \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

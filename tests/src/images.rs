@@ -297,3 +297,28 @@ impl Drop for Containerd {
         }
     }
 }
+
+/// A fresh image store under `dir` (`dir/root`, returned) holding the busybox image built by
+/// `images/busybox/build.sh` and added as `busybox` with `add_args` (e.g. `--cmd /bin/sh`).
+pub fn busybox_store(dir: &Path, add_args: &[&str]) -> PathBuf {
+    let rootfs = dir.join("rootfs");
+    let mut build = Command::new(crate::workspace_root().join("images/busybox/build.sh"));
+    build.arg(&rootfs);
+    run_with_timeout(build, None, Duration::from_secs(120)).success();
+    let root = dir.join("root");
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["image".as_ref(), "add".as_ref(), "busybox".as_ref()];
+    args.push(rootfs.as_os_str());
+    args.extend(add_args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    crate::agentrun(args).root(&root).run().success();
+    fs::remove_dir_all(&rootfs).unwrap();
+    root
+}
+
+/// `agentrun exec --image IMG -- CMD...` on the cold path, over the store at `root`.
+pub fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
+    crate::exec_with(["--image", img], cmd)
+        .root(root)
+        .env("AGENTRUN_NO_DAEMON", "1")
+        .run()
+}

@@ -4,30 +4,15 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::images::Containerd;
+use agentrun_e2e::images::{busybox_store, run_in, Containerd};
 use agentrun_e2e::*;
 
-/// A store holding `busybox` (from images/busybox, Cmd /bin/sh).
+/// A store holding `busybox` (from images/busybox).
 fn store_with_busybox() -> (tempfile::TempDir, PathBuf) {
     let dir = tempdir();
-    let rootfs = dir.path().join("rootfs");
-    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
-    build.arg(&rootfs);
-    run_with_timeout(build, None, Duration::from_secs(120)).success();
-    let root = dir.path().join("root");
-    agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        "busybox".as_ref(),
-        rootfs.as_os_str(),
-    ])
-    .root(&root)
-    .run()
-    .success();
-    fs::remove_dir_all(&rootfs).unwrap();
+    let root = busybox_store(dir.path(), &[]);
     (dir, root)
 }
 
@@ -38,13 +23,6 @@ fn build(root: &Path, args: &[&str]) -> RunOutput {
         .root(root)
         .env("AGENTRUN_NO_DAEMON", "1")
         .timeout(Duration::from_secs(300))
-        .run()
-}
-
-fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
-    exec_with(["--image", img], cmd)
-        .root(root)
-        .env("AGENTRUN_NO_DAEMON", "1")
         .run()
 }
 

@@ -8,36 +8,29 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::images::{docker_save, layer_tar, Containerd, Entry, Registry, SavedImage};
+use agentrun_e2e::images::{
+    busybox_store, docker_save, layer_tar, run_in, Containerd, Entry, Registry, SavedImage,
+};
 use agentrun_e2e::*;
 use base64::Engine as _;
 
-/// A fresh store with the busybox image (built from images/busybox) added as `busybox`.
+/// A fresh store with the busybox image (built from images/busybox) added as `busybox`, with a
+/// default command and an Env the tests check for.
 fn store_with_busybox() -> (tempfile::TempDir, PathBuf) {
     let dir = tempdir();
-    let rootfs = dir.path().join("rootfs");
-    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
-    build.arg(&rootfs);
-    run_with_timeout(build, None, Duration::from_secs(120)).success();
-    let root = dir.path().join("root");
-    agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        "busybox".as_ref(),
-        rootfs.as_os_str(),
-        "--cmd".as_ref(),
-        "sh".as_ref(),
-        "--cmd".as_ref(),
-        "-c".as_ref(),
-        "--cmd".as_ref(),
-        "echo default command, FLAVOUR=$FLAVOUR".as_ref(),
-        "--env".as_ref(),
-        "FLAVOUR=vanilla".as_ref(),
-    ])
-    .root(&root)
-    .run()
-    .success();
-    fs::remove_dir_all(&rootfs).unwrap();
+    let root = busybox_store(
+        dir.path(),
+        &[
+            "--cmd",
+            "sh",
+            "--cmd",
+            "-c",
+            "--cmd",
+            "echo default command, FLAVOUR=$FLAVOUR",
+            "--env",
+            "FLAVOUR=vanilla",
+        ],
+    );
     (dir, root)
 }
 
@@ -47,13 +40,6 @@ fn image(root: &Path, args: &[&str]) -> RunOutput {
     agentrun(a)
         .root(root)
         .timeout(Duration::from_secs(180))
-        .run()
-}
-
-fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
-    exec_with(["--image", img], cmd)
-        .root(root)
-        .env("AGENTRUN_NO_DAEMON", "1")
         .run()
 }
 
@@ -604,5 +590,100 @@ fn docker_archives_written_by_skopeo_import() {
     let out = image(&root2, &["import", archive.to_str().unwrap()]).success();
     assert!(out.contains("saved/busybox:7"), "{out}");
     let out = run_in(&root2, "saved/busybox:7", &["sh", "-c", "echo $FLAVOUR"]);
+    assert_eq!(out.success(), "vanilla\n", "{out}");
+}
+
+/// An OCI layout directory whose index points at an image index with an arm64 image first
+/// (FLAVOUR=arm64) and the amd64 one second (FLAVOUR=vanilla), as Docker Hub serves
+/// multi-platform images.
+fn multi_platform_layout(single: &Path, dir: &Path) {
+    use sha2::{Digest, Sha256};
+    let mut cmd = Command::new("tar");
+    cmd.arg("-xf").arg(single).arg("-C").arg(dir);
+    fs::create_dir_all(dir).unwrap();
+    run_with_timeout(cmd, None, Duration::from_secs(60)).success();
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let amd64 = index["manifests"][0].clone();
+    let blob = |d: &serde_json::Value| dir.join("blobs/sha256").join(&d.as_str().unwrap()[7..]);
+    let put = |bytes: &[u8]| -> String {
+        let hex: String = Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
+        format!("sha256:{hex}")
+    };
+    // An arm64 variant: same layers, its own config (FLAVOUR=arm64) and manifest.
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(blob(&amd64["digest"])).unwrap()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&fs::read(blob(&manifest["config"]["digest"])).unwrap()).unwrap();
+    config["architecture"] = "arm64".into();
+    config["config"]["Env"] = serde_json::json!(["FLAVOUR=arm64", "PATH=/bin"]);
+    let config_bytes = serde_json::to_vec(&config).unwrap();
+    manifest["config"]["digest"] = put(&config_bytes).into();
+    manifest["config"]["size"] = config_bytes.len().into();
+    let manifest_bytes = serde_json::to_vec(&manifest).unwrap();
+    let arm64 = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": put(&manifest_bytes),
+        "size": manifest_bytes.len(),
+        "platform": {"architecture": "arm64", "os": "linux"},
+    });
+    let inner = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [arm64, {
+            "mediaType": amd64["mediaType"], "digest": amd64["digest"], "size": amd64["size"],
+            "platform": {"architecture": "amd64", "os": "linux"},
+        }],
+    });
+    let bytes = serde_json::to_vec(&inner).unwrap();
+    let inner_digest = put(&bytes);
+    let outer = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": inner_digest,
+            "size": bytes.len(),
+            "annotations": {"io.containerd.image.name": "docker.io/multi/arch:1", "org.opencontainers.image.ref.name": "1"},
+        }],
+    });
+    fs::write(dir.join("index.json"), serde_json::to_vec(&outer).unwrap()).unwrap();
+}
+
+#[test]
+fn multi_platform_indexes_resolve_to_linux_amd64_in_imports_and_pulls() {
+    let Some(_l) = setup() else { return };
+    let (d, root) = store_with_busybox();
+    let tar = d.path().join("busybox-oci.tar");
+    image(&root, &["export", "busybox", "-o", tar.to_str().unwrap()]).success();
+    let layout = d.path().join("layout");
+    multi_platform_layout(&tar, &layout);
+    // An OCI layout directory (not a tar) with a nested index.
+    let root2 = d.path().join("imported");
+    let out = image(&root2, &["import", layout.to_str().unwrap()]).success();
+    assert!(out.contains("multi/arch:1"), "{out}");
+    let out = run_in(&root2, "multi/arch:1", &["sh", "-c", "echo $FLAVOUR"]);
+    assert_eq!(out.success(), "vanilla\n", "{out}");
+    // The same index served by a registry (skopeo pushes the list as it is).
+    let reg = Registry::start();
+    let mut cmd = Command::new("skopeo");
+    cmd.args([
+        "copy",
+        "--quiet",
+        "--multi-arch",
+        "all",
+        "--dest-tls-verify=false",
+    ])
+    .arg(format!("oci:{}", layout.display()))
+    .arg(format!("docker://{}/multi/arch:1", reg.host()));
+    run_with_timeout(cmd, None, Duration::from_secs(120)).success();
+    let root3 = d.path().join("pulled");
+    let r = format!("{}/multi/arch:1", reg.host());
+    image(&root3, &["pull", &r]).success();
+    let out = run_in(&root3, &r, &["sh", "-c", "echo $FLAVOUR"]);
     assert_eq!(out.success(), "vanilla\n", "{out}");
 }

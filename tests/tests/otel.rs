@@ -45,11 +45,13 @@ const OTEL_VARS: &[&str] = &[
     "TRACESTATE",
 ];
 
-/// `agentrun exec --image host OPTS... -- CMD...` with no telemetry configuration inherited.
+/// `agentrun exec --image host OPTS... -- CMD...` on the cold path (these tests check the
+/// cold path's span; a daemon someone runs on the default socket must not serve them), with
+/// no telemetry configuration inherited.
 fn run_cmd(opts: &[&str], cmd: &[&str]) -> Agentrun {
     let mut all = vec!["--image", "host"];
     all.extend_from_slice(opts);
-    let mut a = exec_with(all, cmd);
+    let mut a = exec_with(all, cmd).env("AGENTRUN_NO_DAEMON", "1");
     for k in OTEL_VARS {
         a = a.env_remove(k);
     }

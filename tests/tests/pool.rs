@@ -751,6 +751,17 @@ fn sigkill_then_restart_cleans_up_and_serves() {
     d.launch(["--pool-size", "2"]);
     d.wait_pool_full(FILL);
     let now = d.ps();
+    // The old daemon's factories see their channel close and destroy what they made, while
+    // the new daemon starts (its gc leaves sandboxes whose factory is still alive to it): on
+    // a loaded machine that can take a few seconds, bounded here.
+    let gone = |id: &str| {
+        !d.state().join("sandboxes").join(id).exists()
+            && sandbox_cgroups(id).is_empty()
+            && mounts_under(&d.state().join("sandboxes").join(id)).is_empty()
+    };
+    wait_until(Duration::from_secs(30), || {
+        old.iter().all(|o| gone(&o.id)).then_some(())
+    });
     for o in &old {
         assert!(
             !now.iter().any(|e| e.id == o.id),

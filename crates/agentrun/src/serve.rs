@@ -31,9 +31,14 @@ pub struct ServeArgs {
     /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
     #[arg(long, value_name = "N")]
     factories: Option<usize>,
-    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories` (flags win).
+    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`,
+    /// `docker_socket` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Also serve the Docker Engine API subset on this unix socket (mode 0600), for
+    /// docker-py / docker CLI with DOCKER_HOST=unix://PATH.
+    #[arg(long, value_name = "PATH")]
+    docker_socket: Option<PathBuf>,
 }
 
 /// `agentrun serve --config FILE`.
@@ -45,6 +50,7 @@ struct ServeConfig {
     max_sandboxes: Option<usize>,
     drain: Option<String>,
     factories: Option<usize>,
+    docker_socket: Option<PathBuf>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -118,8 +124,32 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(1, 64),
     };
-    daemon::run(&opts)?;
+    let mut services: Vec<daemon::ServiceStarter> = Vec::new();
+    if let Some(socket) = args.docker_socket.or(file.docker_socket) {
+        let docker = agentrun_docker::DockerApiOptions {
+            socket,
+            root: paths.root.clone(),
+            state_dir: paths.state_dir.clone(),
+            mode: 0o600,
+        };
+        services.push(Box::new(move || {
+            let server = agentrun_docker::DockerServer::start(&docker)
+                .map_err(|e| format!("docker API: {e}"))?;
+            eprintln!("agentrun: Docker API on {}", server.socket().display());
+            Ok(Box::new(DockerService(server)) as Box<dyn daemon::Service>)
+        }));
+    }
+    daemon::run_with(&opts, services)?;
     Ok(())
+}
+
+/// The Docker API server as a daemon service.
+struct DockerService(agentrun_docker::DockerServer);
+
+impl daemon::Service for DockerService {
+    fn stop(self: Box<Self>) {
+        self.0.stop();
+    }
 }
 
 fn call(paths: &Paths, msg: &ClientMessage) -> anyhow::Result<DaemonReply> {

@@ -322,10 +322,26 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
 /// Unpacks an archive (tar, optionally compressed) into `dest`: directories, regular files and
 /// relative symlinks (older `docker save` links duplicate layers) only.
 fn extract_archive(path: &Path, dest: &Path) -> Result<(), ImageError> {
-    let bad = |m: String| ImageError::source(path, m);
-    fs::create_dir_all(dest).map_err(ImageError::io("create", dest))?;
     let f = File::open(path).map_err(ImageError::io("open", path))?;
-    let stream = decompress(f).map_err(|e| bad(format!("reading: {e}")))?;
+    extract_tar(f, dest, path, false)
+}
+
+/// Unpacks a build context (a tar, optionally compressed, as `docker build` sends it) into
+/// `dest`: directories, regular files (modes kept) and symlinks, which may be absolute; the
+/// builder never follows a context symlink out of the context.
+pub fn unpack_context(r: impl Read, dest: &Path) -> Result<(), ImageError> {
+    extract_tar(r, dest, Path::new("build context"), true)
+}
+
+fn extract_tar(
+    r: impl Read,
+    dest: &Path,
+    what: &Path,
+    absolute_symlinks: bool,
+) -> Result<(), ImageError> {
+    let bad = |m: String| ImageError::source(what, m);
+    fs::create_dir_all(dest).map_err(ImageError::io("create", dest))?;
+    let stream = decompress(r).map_err(|e| bad(format!("reading: {e}")))?;
     let mut archive = tar::Archive::new(stream);
     let entries = archive
         .entries()
@@ -358,22 +374,31 @@ fn extract_archive(path: &Path, dest: &Path) -> Result<(), ImageError> {
                 Err(_) => fs::create_dir(&cur).map_err(ImageError::io("create", &cur))?,
             }
         }
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match entry.header().entry_type() {
             tar::EntryType::Directory if !target.is_dir() => {
                 fs::create_dir(&target).map_err(ImageError::io("create", &target))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let mut out = File::create(&target).map_err(ImageError::io("create", &target))?;
+                let _ = fs::remove_file(&target);
+                let mut out = File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .map_err(ImageError::io("create", &target))?;
                 io::copy(&mut entry, &mut out).map_err(ImageError::io("write", &target))?;
+                use std::os::unix::fs::PermissionsExt;
+                let _ = fs::set_permissions(&target, fs::Permissions::from_mode(mode));
             }
             tar::EntryType::Symlink => {
                 let link = entry
                     .link_name()
                     .map_err(|e| bad(format!("bad link: {e}")))?
                     .ok_or_else(|| bad(format!("symlink {raw:?} without target")))?;
-                if link.is_absolute() {
+                if link.is_absolute() && !absolute_symlinks {
                     return Err(bad(format!("entry {raw:?} is an absolute symlink")));
                 }
+                let _ = fs::remove_file(&target);
                 std::os::unix::fs::symlink(&link, &target)
                     .map_err(ImageError::io("symlink", &target))?;
             }

@@ -31,6 +31,20 @@ fn invalid(digest: &str) -> ImageError {
     )
 }
 
+/// The digests a directory's entries are named by (`<hex>` -> `sha256:<hex>`); other names
+/// are ignored.
+pub fn digests_named_in(dir: &std::path::Path) -> Result<Vec<String>, ImageError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(ImageError::io("read", dir))? {
+        let e = e.map_err(ImageError::io("read", dir))?;
+        let d = format!("sha256:{}", e.file_name().to_string_lossy());
+        if hex_of(&d).is_ok() {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
 /// The `sha256:` digest of some bytes.
 pub fn of_bytes(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))

@@ -352,15 +352,7 @@ impl LayerStore {
 
     /// Every stored layer's diff id.
     pub fn list(&self) -> Result<Vec<String>, ImageError> {
-        let mut out = Vec::new();
-        for e in fs::read_dir(&self.dir).map_err(ImageError::io("read", &self.dir))? {
-            let e = e.map_err(ImageError::io("read", &self.dir))?;
-            let d = format!("sha256:{}", e.file_name().to_string_lossy());
-            if hex_of(&d).is_ok() {
-                out.push(d);
-            }
-        }
-        Ok(out)
+        crate::digest::digests_named_in(&self.dir)
     }
 
     /// Removes a layer unless a sandbox holds a lease on it. Returns whether it was removed.

@@ -22,6 +22,7 @@ mod store;
 
 use std::path::PathBuf;
 
+pub use archive::unpack_context;
 pub use layer::{tar_upper, LayerLease};
 pub use pull::PullOptions;
 pub use store::{

@@ -41,6 +41,16 @@ pub struct DaemonOptions {
     pub drain: Duration,
 }
 
+/// A server that lives as long as the daemon (e.g. the Docker API), started once the
+/// daemon's factory processes exist (it may start threads) and stopped on shutdown, before the
+/// pool drains.
+pub trait Service: Send {
+    fn stop(self: Box<Self>);
+}
+
+/// Starts a [`Service`]; an error stops the daemon before it serves.
+pub type ServiceStarter = Box<dyn FnOnce() -> Result<Box<dyn Service>, String> + Send>;
+
 /// The default socket path under a state dir.
 pub fn default_socket(state_dir: &Path) -> PathBuf {
     state_dir.join("agentrun.sock")
@@ -53,6 +63,11 @@ struct Shared {
 
 /// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
 pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
+    run_with(opts, Vec::new())
+}
+
+/// [`run`], with services started beside the pool.
+pub fn run_with(opts: &DaemonOptions, services: Vec<ServiceStarter>) -> Result<(), PoolError> {
     // One daemon per state dir, for its whole life (a daemon that is still shutting down has
     // removed its socket but not yet its sandboxes).
     let _lock = lock_state_dir(&opts.state_dir)?;
@@ -92,6 +107,18 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| PoolError::Sys("signalfd", e))?;
 
+    let mut running: Vec<Box<dyn Service>> = Vec::new();
+    for start in services {
+        match start() {
+            Ok(s) => running.push(s),
+            Err(e) => {
+                for s in running {
+                    s.stop();
+                }
+                return Err(PoolError::Invalid(e));
+            }
+        }
+    }
     let listener = listen_on(&opts.socket)?;
     let shared = Arc::new(Shared {
         pool: Pool::new(factories, opts.limits.clone()),
@@ -154,6 +181,9 @@ pub fn run(opts: &DaemonOptions) -> Result<(), PoolError> {
         }
     }
     eprintln!("agentrun: shutting down");
+    for s in running {
+        s.stop();
+    }
     drop(listener);
     let _ = std::fs::remove_file(&opts.socket);
     shared.pool.shutdown(opts.drain);

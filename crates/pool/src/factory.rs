@@ -38,7 +38,7 @@ enum FactoryReply {
         id: String,
         init_pid: i32,
         enforcement: Enforcement,
-        image: agentrun_image::ImageConfig,
+        image: Box<agentrun_image::ImageConfig>,
     },
     Destroyed,
     Error {
@@ -142,7 +142,7 @@ impl FactoryClient {
                     control,
                     pidfd,
                     enforcement,
-                    image,
+                    image: *image,
                     created: std::time::Instant::now(),
                     factory: 0,
                 })
@@ -196,7 +196,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             id: sandbox.id().to_owned(),
                             init_pid: sandbox.init_pid().unwrap_or(0),
                             enforcement: sandbox.enforcement().clone(),
-                            image: sandbox.image_config().clone(),
+                            image: Box::new(sandbox.image_config().clone()),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);
                         (reply, Some(control))

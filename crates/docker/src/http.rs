@@ -1,0 +1,165 @@
+//! HTTP plumbing of the Docker API: version prefixes, query parsing with dockerd's boolean
+//! rules, JSON and error responses, streamed bodies. Handlers live in [`crate::images`] and
+//! [`crate::system`].
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Response, StatusCode};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+/// The API version agentrun speaks (dockerd 25's), and the oldest prefix it accepts.
+pub const API_VERSION: &str = "1.44";
+pub const MIN_API_VERSION: &str = "1.24";
+
+pub type Body = BoxBody<Bytes, Infallible>;
+pub type Reply = Response<Body>;
+
+/// A request path without its optional `/vX.Y` prefix; `Err(message)` for a version we do not
+/// speak (a 400 for the client).
+pub fn strip_version(path: &str) -> Result<&str, String> {
+    let Some(rest) = path.strip_prefix("/v") else {
+        return Ok(path);
+    };
+    let (ver, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let parse = |v: &str| -> Option<(u32, u32)> {
+        let (a, b) = v.split_once('.')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    };
+    let Some(asked) = parse(ver) else {
+        return Ok(path);
+    };
+    let ours = parse(API_VERSION).expect("valid");
+    if asked > ours {
+        return Err(format!(
+            "client version {ver} is too new. Maximum supported API version is {API_VERSION}"
+        ));
+    }
+    if asked < parse(MIN_API_VERSION).expect("valid") {
+        return Err(format!(
+            "client version {ver} is too old. Minimum supported API version is {MIN_API_VERSION}, please upgrade your client to a newer version"
+        ));
+    }
+    Ok(tail)
+}
+
+/// Query parameters (repeated keys keep every value, in order).
+#[derive(Debug, Default)]
+pub struct Query(BTreeMap<String, Vec<String>>);
+
+impl Query {
+    pub fn parse(q: Option<&str>) -> Query {
+        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in url::form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+            map.entry(k.into_owned()).or_default().push(v.into_owned());
+        }
+        Query(map)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.last()).map(String::as_str)
+    }
+
+    pub fn all(&self, key: &str) -> Vec<String> {
+        self.0.get(key).cloned().unwrap_or_default()
+    }
+
+    /// dockerd's `BoolValue`: "", "0", "no", "false", "none" (any case) are false; anything
+    /// else present is true (docker-py sends Python's `False`/`True`).
+    pub fn bool(&self, key: &str) -> bool {
+        self.get(key).is_some_and(|v| {
+            !matches!(
+                v.to_ascii_lowercase().as_str(),
+                "" | "0" | "no" | "false" | "none"
+            )
+        })
+    }
+}
+
+fn boxed<B>(b: B) -> Body
+where
+    B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static,
+{
+    b.boxed()
+}
+
+pub fn empty(status: StatusCode) -> Reply {
+    let mut r = Response::new(boxed(Empty::new()));
+    *r.status_mut() = status;
+    r
+}
+
+pub fn json(status: StatusCode, v: &serde_json::Value) -> Reply {
+    let mut r = Response::new(boxed(Full::new(Bytes::from(
+        serde_json::to_vec(v).expect("json"),
+    ))));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().expect("header"));
+    r
+}
+
+pub fn text(status: StatusCode, body: &str) -> Reply {
+    let mut r = Response::new(boxed(Full::new(Bytes::from(body.to_owned()))));
+    *r.status_mut() = status;
+    r
+}
+
+/// `{"message": ...}`, as every dockerd error.
+pub fn error(status: StatusCode, message: &str) -> Reply {
+    json(status, &serde_json::json!({ "message": message }))
+}
+
+/// A streamed 200 body: what is sent on the returned channel, as it comes.
+pub fn streaming(content_type: &str) -> (Reply, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut()
+        .insert("content-type", content_type.parse().expect("header"));
+    (r, tx)
+}
+
+/// One JSON message of a progress stream (`docker build`, `docker pull`), newline-ended.
+pub fn json_line(v: &serde_json::Value) -> Bytes {
+    let mut b = serde_json::to_vec(v).expect("json");
+    b.push(b'\n');
+    Bytes::from(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_prefixes() {
+        assert_eq!(strip_version("/v1.41/info").ok(), Some("/info"));
+        assert_eq!(strip_version("/v1.44/_ping").ok(), Some("/_ping"));
+        assert_eq!(strip_version("/info").ok(), Some("/info"));
+        assert!(strip_version("/v1.99/info").is_err());
+        assert!(strip_version("/v1.12/info").is_err());
+        assert_eq!(strip_version("/version").ok(), Some("/version"));
+    }
+
+    #[test]
+    fn booleans_as_dockerd_reads_them() {
+        let q = Query::parse(Some("a=False&b=True&c=1&d=0&e=&f=no&t=x&t=y"));
+        assert!(!q.bool("a"));
+        assert!(q.bool("b"));
+        assert!(q.bool("c"));
+        assert!(!q.bool("d"));
+        assert!(!q.bool("e"));
+        assert!(!q.bool("f"));
+        assert!(!q.bool("missing"));
+        assert_eq!(q.all("t"), vec!["x", "y"]);
+    }
+}

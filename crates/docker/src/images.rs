@@ -1,0 +1,346 @@
+//! Image endpoints: list, inspect, tag, remove, pull (`POST /images/create`) and the legacy
+//! builder (`POST /build`), all over agentrun's image store.
+
+use std::path::PathBuf;
+
+use agentrun_image::reference::{familiar, normalize};
+use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::StatusCode;
+use serde_json::json;
+
+use crate::http::{error, json, json_line, streaming, Query, Reply};
+use crate::Context;
+
+/// 404 with the text docker-py maps to `ImageNotFound`.
+pub fn not_found(name: &str) -> Reply {
+    error(StatusCode::NOT_FOUND, &format!("No such image: {name}"))
+}
+
+pub fn image_error(name: &str, e: &ImageError) -> Reply {
+    match e {
+        ImageError::NotFound(_) => not_found(name),
+        ImageError::InvalidName(..) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        ImageError::Ambiguous(_) | ImageError::InUse { .. } | ImageError::BuiltIn(_) => {
+            error(StatusCode::CONFLICT, &e.to_string())
+        }
+        _ => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn repo_tags(store: &ImageStore, rec: &ImageRecord) -> Vec<String> {
+    store
+        .names_of(&rec.id)
+        .unwrap_or_default()
+        .iter()
+        .map(|n| familiar(n))
+        .collect()
+}
+
+fn created_secs(rec: &ImageRecord) -> i64 {
+    rec.created
+        .as_deref()
+        .and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok())
+        .map(|d| d.timestamp())
+        .unwrap_or(rec.added as i64)
+}
+
+fn config_json(rec: &ImageRecord) -> serde_json::Value {
+    let c = &rec.config;
+    let ports: serde_json::Map<String, serde_json::Value> = c
+        .exposed_ports
+        .iter()
+        .map(|p| (p.clone(), json!({})))
+        .collect();
+    json!({
+        "Cmd": c.cmd,
+        "Entrypoint": c.entrypoint,
+        "Env": c.env,
+        "WorkingDir": c.working_dir,
+        "User": c.user,
+        "ExposedPorts": ports,
+        "Labels": c.labels,
+        "StopSignal": c.stop_signal,
+    })
+}
+
+/// `GET /images/{name}/json`
+pub fn inspect(ctx: &Context, name: &str) -> Reply {
+    let rec = match ctx.store.find(name) {
+        Ok(r) => r,
+        Err(e) => return image_error(name, &e),
+    };
+    let tags = repo_tags(&ctx.store, &rec);
+    json(
+        StatusCode::OK,
+        &json!({
+            "Id": rec.id,
+            "RepoTags": tags,
+            "RepoDigests": [],
+            "Parent": "",
+            "Comment": "",
+            "Created": rec.created.clone().unwrap_or_default(),
+            "DockerVersion": "",
+            "Author": "",
+            "Config": config_json(&rec),
+            "Architecture": rec.architecture,
+            "Os": rec.os,
+            "Size": rec.size,
+            "VirtualSize": rec.size,
+            "GraphDriver": {"Name": "overlay2", "Data": null},
+            "RootFS": {
+                "Type": "layers",
+                "Layers": rec.layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>(),
+            },
+            "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
+        }),
+    )
+}
+
+/// `GET /images/json`
+pub fn list(ctx: &Context) -> Reply {
+    let mut out = Vec::new();
+    let images = match ctx.store.list() {
+        Ok(i) => i,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    for info in images.into_iter().filter(|i| !i.id.is_empty()) {
+        let Ok(rec) = ctx.store.record(&info.id) else {
+            continue;
+        };
+        out.push(json!({
+            "Id": rec.id,
+            "ParentId": "",
+            "RepoTags": info.names.iter().map(|n| familiar(n)).collect::<Vec<_>>(),
+            "RepoDigests": [],
+            "Created": created_secs(&rec),
+            "Size": rec.size,
+            "VirtualSize": rec.size,
+            "SharedSize": -1,
+            "Labels": rec.config.labels,
+            "Containers": -1,
+        }));
+    }
+    json(StatusCode::OK, &serde_json::Value::Array(out))
+}
+
+/// `POST /images/{name}/tag?repo=&tag=`
+pub fn tag(ctx: &Context, name: &str, q: &Query) -> Reply {
+    let Some(repo) = q.get("repo").filter(|r| !r.is_empty()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "repository name (repo) is required",
+        );
+    };
+    let target = match q.get("tag").filter(|t| !t.is_empty()) {
+        Some(t) => format!("{repo}:{t}"),
+        None => repo.to_owned(),
+    };
+    match ctx.store.tag(name, &target) {
+        Ok(_) => crate::http::empty(StatusCode::CREATED),
+        Err(e) => image_error(name, &e),
+    }
+}
+
+/// `DELETE /images/{name}?force=`
+pub fn remove(ctx: &Context, name: &str, q: &Query) -> Reply {
+    match ctx.store.remove(name, q.bool("force")) {
+        Ok(lines) => {
+            let items: Vec<serde_json::Value> = lines
+                .iter()
+                .filter_map(|l| {
+                    l.strip_prefix("Untagged: ")
+                        .map(|n| json!({"Untagged": n}))
+                        .or_else(|| l.strip_prefix("Deleted: ").map(|d| json!({"Deleted": d})))
+                })
+                .collect();
+            json(StatusCode::OK, &serde_json::Value::Array(items))
+        }
+        Err(e) => image_error(name, &e),
+    }
+}
+
+/// `POST /images/create?fromImage=&tag=`: a pull through the store's registry client.
+pub async fn pull(ctx: &Context, q: &Query) -> Reply {
+    let Some(from) = q.get("fromImage").filter(|f| !f.is_empty()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "fromImage is required (importing from a tarball is not supported: use `agentrun image import`)",
+        );
+    };
+    let name = match q.get("tag").filter(|t| !t.is_empty()) {
+        Some(t) if t.starts_with("sha256:") => format!("{from}@{t}"),
+        Some(t) => format!("{from}:{t}"),
+        None => from.to_owned(),
+    };
+    let full = match normalize(&name) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let store = ctx.store.clone();
+    let n = name.clone();
+    let result = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default())).await;
+    match result {
+        Ok(Ok(rec)) => {
+            let (reply, tx) = streaming("application/json");
+            let lines = [
+                json!({"status": format!("Pulling from {}", familiar(&full))}),
+                json!({"status": format!("Digest: {}", rec.manifest_digest)}),
+                json!({"status": format!("Status: Downloaded newer image for {}", familiar(&full))}),
+            ];
+            tokio::spawn(async move {
+                for l in lines {
+                    let _ = tx.send(json_line(&l)).await;
+                }
+            });
+            reply
+        }
+        Ok(Err(e)) => {
+            let msg = e.to_string();
+            let status = if msg.contains("MANIFEST_UNKNOWN")
+                || msg.contains("NAME_UNKNOWN")
+                || msg.contains("not found")
+                || msg.contains("404")
+            {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            error(
+                status,
+                &format!("pull access denied for {name}, repository does not exist or may require 'docker login': {msg}"),
+            )
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// `POST /build`: the context tar arrives as the body (length or chunked); progress streams
+/// back as `{"stream": ...}` lines ending with `Successfully built <id>`.
+pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
+    let bytes: Bytes = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("reading the build context: {e}"),
+            )
+        }
+    };
+    if q.get("remote").is_some_and(|r| !r.is_empty()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "remote build contexts are not supported: send the context as a tar",
+        );
+    }
+    let mut opts = agentrun_build::BuildOptions::new(PathBuf::new());
+    if let Some(f) = q.get("dockerfile").filter(|f| !f.is_empty()) {
+        opts.dockerfile = PathBuf::from(f);
+    }
+    opts.tags = q.all("t").into_iter().filter(|t| !t.is_empty()).collect();
+    if let Some(args) = q.get("buildargs").filter(|a| !a.is_empty()) {
+        match serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args) {
+            Ok(m) => {
+                for (k, v) in m {
+                    if let Some(v) = v {
+                        opts.build_args.insert(k, v);
+                    }
+                }
+            }
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("buildargs: {e}")),
+        }
+    }
+    for t in &opts.tags {
+        if let Err(e) = normalize(t) {
+            return error(StatusCode::BAD_REQUEST, &e.to_string());
+        }
+    }
+    let quiet = q.bool("q");
+    let (reply, tx) = streaming("application/json");
+    let store = ctx.store.clone();
+    let paths = ctx.runtime_paths.clone();
+    let host = ctx.host.clone();
+    let tmp_root = ctx.tmp_dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let send = |v: serde_json::Value| {
+            let _ = tx.blocking_send(json_line(&v));
+        };
+        let dir = match tempdir_in(&tmp_root) {
+            Ok(d) => d,
+            Err(e) => return send(build_error(&format!("build context: {e}"))),
+        };
+        let result = (|| {
+            agentrun_image::unpack_context(&bytes[..], &dir)
+                .map_err(|e| format!("build context: {e}"))?;
+            opts.context = dir.clone();
+            let build_host = agentrun_build::BuildHost {
+                paths: &paths,
+                host: &host,
+            };
+            agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
+                if quiet {
+                    return;
+                }
+                let text = match ev {
+                    agentrun_build::BuildEvent::Step { index, total, text } => {
+                        format!("Step {index}/{total} : {text}\n")
+                    }
+                    agentrun_build::BuildEvent::Output(b) => {
+                        String::from_utf8_lossy(b).into_owned()
+                    }
+                    agentrun_build::BuildEvent::Note(n) => format!("{n}\n"),
+                };
+                send(json!({ "stream": text }));
+            })
+            .map_err(|e| e.to_string())
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
+        match result {
+            Ok(rec) => {
+                send(json!({"aux": {"ID": rec.id}}));
+                if quiet {
+                    send(json!({ "stream": format!("{}\n", rec.id) }));
+                } else {
+                    send(
+                        json!({ "stream": format!("Successfully built {}\n", agentrun_build::short(&rec.id)) }),
+                    );
+                    for t in &opts.tags {
+                        let full = normalize(t).unwrap_or_else(|_| t.clone());
+                        send(
+                            json!({ "stream": format!("Successfully tagged {}\n", familiar(&full)) }),
+                        );
+                    }
+                }
+            }
+            Err(msg) => send(build_error(&msg)),
+        }
+    });
+    reply
+}
+
+fn build_error(msg: &str) -> serde_json::Value {
+    json!({"errorDetail": {"message": msg}, "error": msg})
+}
+
+/// A fresh private directory under `parent`.
+fn tempdir_in(parent: &std::path::Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::create_dir_all(parent)?;
+    for n in 0..1000u32 {
+        let p = parent.join(format!(
+            "build-{}-{}-{n}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no free temp dir name"))
+}

@@ -1,0 +1,227 @@
+//! A Docker Engine API subset on a unix socket (`agentrun serve --docker-socket PATH`), so
+//! docker-py and docker CLI based tools work against agentrun with `DOCKER_HOST` set.
+//!
+//! What clients really send is in `../shared/specs/docker/WIRE.md`; this crate serves it:
+//! API 1.44 advertised, any `/v1.24`..`/v1.44` prefix or none accepted, dockerd's boolean
+//! query rules, `{"message"}` errors with the texts clients match on. Served today: system
+//! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
+//! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
+
+pub mod http;
+pub mod images;
+pub mod system;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agentrun_image::ImageStore;
+use agentrun_runtime::{HostInfo, RuntimePaths};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
+
+use crate::http::{error, strip_version, Query, Reply};
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerApiError {
+    #[error("{context} {path}: {source}")]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Image(#[from] agentrun_image::ImageError),
+}
+
+/// What handlers share.
+pub struct Context {
+    pub store: ImageStore,
+    pub root: PathBuf,
+    pub runtime_paths: RuntimePaths,
+    pub host: HostInfo,
+    /// Scratch space (build contexts).
+    pub tmp_dir: PathBuf,
+}
+
+/// Where and over what to serve.
+#[derive(Debug, Clone)]
+pub struct DockerApiOptions {
+    pub socket: PathBuf,
+    /// Image store root (`AGENTRUN_ROOT`).
+    pub root: PathBuf,
+    /// Runtime state dir (`AGENTRUN_STATE_DIR`).
+    pub state_dir: PathBuf,
+    /// Socket mode (default 0600: root only, like dockerd's socket without a docker group).
+    pub mode: u32,
+}
+
+/// A running server; [`DockerServer::stop`] ends it and removes its socket.
+pub struct DockerServer {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    socket: PathBuf,
+}
+
+impl DockerServer {
+    /// Binds the socket and serves on a thread of its own (a tokio runtime with 2 workers).
+    pub fn start(opts: &DockerApiOptions) -> Result<DockerServer, DockerApiError> {
+        let io = |context: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| DockerApiError::Io {
+                context,
+                path,
+                source,
+            }
+        };
+        if let Some(dir) = opts.socket.parent() {
+            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        }
+        let _ = std::fs::remove_file(&opts.socket);
+        let std_listener = std::os::unix::net::UnixListener::bind(&opts.socket)
+            .map_err(io("bind", &opts.socket))?;
+        std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(opts.mode))
+            .map_err(io("chmod", &opts.socket))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(io("listen", &opts.socket))?;
+        let ctx = Arc::new(Context {
+            store: ImageStore::open(&opts.root)?,
+            root: opts.root.clone(),
+            runtime_paths: RuntimePaths::new(&opts.state_dir),
+            host: HostInfo::probe(),
+            tmp_dir: opts.state_dir.join("docker-tmp"),
+        });
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let socket = opts.socket.clone();
+        let thread = std::thread::Builder::new()
+            .name("docker-api".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("agentrun: docker API: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(serve(std_listener, ctx, stop_rx));
+                rt.shutdown_timeout(std::time::Duration::from_secs(5));
+            })
+            .map_err(io("spawn thread for", &opts.socket))?;
+        Ok(DockerServer {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            socket,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Stops accepting, lets running requests end (bounded), removes the socket.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for DockerServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    ctx: Arc<Context>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = match UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("agentrun: docker API: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let ctx = ctx.clone();
+                        async move { Ok::<_, std::convert::Infallible>(route(&ctx, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+/// Dispatches one request. Image names contain `/`, so paths are matched by hand.
+async fn route(ctx: &Context, req: Request<hyper::body::Incoming>) -> Reply {
+    let method = req.method().clone();
+    let raw_path = req.uri().path().to_owned();
+    let query = Query::parse(req.uri().query());
+    let path = match strip_version(&raw_path) {
+        Ok(p) => p.to_owned(),
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
+    let decoded = percent_encoding::percent_decode_str(&path)
+        .decode_utf8_lossy()
+        .into_owned();
+    let path = decoded.as_str();
+    match (&method, path) {
+        (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),
+        (&Method::GET, "/version") => system::version(),
+        (&Method::GET, "/info") => system::info(ctx),
+        (&Method::GET, "/images/json") => images::list(ctx),
+        (&Method::POST, "/images/create") => images::pull(ctx, &query).await,
+        (&Method::POST, "/build") => images::build(ctx, &query, req.into_body()).await,
+        (m, p) if p.starts_with("/images/") => {
+            let rest = &p["/images/".len()..];
+            if let (&Method::GET, Some(name)) = (m, rest.strip_suffix("/json")) {
+                images::inspect(ctx, name)
+            } else if let (&Method::POST, Some(name)) = (m, rest.strip_suffix("/tag")) {
+                images::tag(ctx, name, &query)
+            } else if m == Method::DELETE {
+                images::remove(ctx, rest, &query)
+            } else {
+                not_found_route(&method)
+            }
+        }
+        _ => not_found_route(&method),
+    }
+}
+
+fn not_found_route(method: &Method) -> Reply {
+    if method == Method::HEAD {
+        return http::empty(StatusCode::NOT_FOUND);
+    }
+    error(StatusCode::NOT_FOUND, "page not found")
+}
