@@ -160,11 +160,12 @@ impl Containerd {
     /// Starts containerd with everything under `dir`, CRI disabled, and waits (10 s at most)
     /// for its socket.
     pub fn start(dir: &Path) -> Containerd {
-        Self::start_with(dir, None)
+        Self::start_with(dir, None, &[])
     }
 
-    /// Like [`Containerd::start`]; with `cri` (the CRI plugin's TOML sections), CRI enabled.
-    pub fn start_with(dir: &Path, cri: Option<&str>) -> Containerd {
+    /// Like [`Containerd::start`]; with `cri` (the CRI plugin's TOML sections), CRI enabled;
+    /// `env` is added to containerd's environment (its shims and runtimes inherit it).
+    pub fn start_with(dir: &Path, cri: Option<&str>, env: &[(&str, String)]) -> Containerd {
         let socket = dir.join("containerd.sock");
         let mut config = format!(
             r#"version = 2
@@ -203,6 +204,7 @@ disabled_plugins = [
         fs::write(dir.join("config.toml"), config).unwrap();
         let log = File::create(dir.join("containerd.log")).unwrap();
         let child = Command::new("containerd")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .arg("--config")
             .arg(dir.join("config.toml"))
             .stdin(Stdio::null())

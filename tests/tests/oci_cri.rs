@@ -5,7 +5,8 @@
 //! CreateContainer/StartContainer, ContainerStatus (exit code), the container log, ExecSync,
 //! UpdateContainerResources (`update --resources -`),
 //! the pod's `run.agentrun.profile` annotation and the RuntimeDefault seccomp profile, then
-//! Stop/Remove of containers and pod; nothing left behind.
+//! Stop/Remove of containers and pod; one `container.lifetime` span per container (OTLP
+//! settings in containerd's environment reach agentrun through the shim); nothing left behind.
 //!
 //! The images (a busybox one and a sleeping "pause" one) are built locally and imported with
 //! `ctr -n k8s.io image import`; no registry. The pod uses the host network (no CNI here).
@@ -16,6 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
+use agentrun_e2e::otlp::OtlpReceiver;
 use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -118,6 +120,9 @@ struct Seen {
     exec_unshare: (i32, String),
     agentrun_state: String,
     memory_limit: String,
+    pod_id: String,
+    tool_id: String,
+    sleeper_id: String,
 }
 
 /// The memory limit of container `id` under cgroup parent `parent` (v1 or v2).
@@ -297,6 +302,9 @@ async fn scenario(socket: PathBuf, dir: &Path, cg_parent: &str) -> Seen {
         .await
         .expect("RemoveContainer");
     }
+    seen.pod_id = pod_id.clone();
+    seen.tool_id = tool.clone();
+    seen.sleeper_id = sleeper.clone();
     cri.stop_pod_sandbox(StopPodSandboxRequest {
         pod_sandbox_id: pod_id.clone(),
     })
@@ -316,9 +324,15 @@ fn cri_pod_runs_with_agentrun_runtime_handler() {
     let work = tempdir();
     let dir = work.path().to_owned();
     let cgp = CgroupParent::new("agentrun-e2e-cri");
+    // containerd's environment reaches the shim and agentrun: the lifetime spans come here.
+    let otlp = OtlpReceiver::grpc();
     let cg_parent = cgp.name.clone();
     let seen = {
-        let ctrd = Containerd::start_with(&dir, Some(&cri_config(&dir, &agentrun_bin())));
+        let ctrd = Containerd::start_with(
+            &dir,
+            Some(&cri_config(&dir, &agentrun_bin())),
+            &otlp.otel_env(),
+        );
         let tar = busybox_image_tar();
         let out = ctrd.ctr_in(
             "k8s.io",
@@ -360,6 +374,30 @@ fn cri_pod_runs_with_agentrun_runtime_handler() {
         state["annotations"]["run.agentrun.profile"], "strict",
         "{state}"
     );
+
+    // One container.lifetime span per container (the pod's sandbox container included),
+    // exported by `agentrun delete` as the shim calls it, with the CRI image annotation.
+    let spans: Vec<_> = otlp
+        .wait_for_spans(3, Duration::from_secs(10))
+        .into_iter()
+        .filter(|s| s.name == "container.lifetime")
+        .collect();
+    let mut ids: Vec<&str> = spans.iter().map(|s| s.attr("container.id")).collect();
+    ids.sort();
+    let mut want = vec![
+        seen.pod_id.as_str(),
+        seen.tool_id.as_str(),
+        seen.sleeper_id.as_str(),
+    ];
+    want.sort();
+    assert_eq!(ids, want, "{spans:#?}");
+    for s in &spans {
+        assert_eq!(s.attr("container.runtime"), "agentrun");
+        assert_eq!(s.attr("sandbox.profile"), "strict");
+        if s.attr("container.id") != seen.pod_id {
+            assert_eq!(s.attr("container.image.name"), IMAGE, "{s:#?}");
+        }
+    }
 
     // Nothing left: agentrun state, shims, mounts, cgroups.
     let left: Vec<_> = std::fs::read_dir(dir.join("agentrun-root/k8s.io"))
