@@ -865,3 +865,46 @@ fn lifetime_span_is_exported_at_delete() {
     let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
 }
+
+#[test]
+fn failed_create_reports_why_and_leaves_nothing() {
+    let Some(_lock) = setup() else { return };
+    let work = tempdir();
+    let cgp = CgroupParent::new("agentrun-e2e-failcreate");
+    for rt in [Rt::Runc, Rt::Agentrun] {
+        let dir = work.path().join(format!("{rt:?}"));
+        let root = dir.join("root");
+        let b = Bundle::new(&dir.join("b"), &["true"], &cgp.path(), "b");
+        // A createRuntime hook that cannot run: libcontainer fails inside its clone.
+        b.edit(|c| {
+            c["hooks"] = serde_json::json!({"createRuntime": [{"path": "/nonexistent-hook"}]})
+        });
+        let log = dir.join("log.json");
+        let mut c = rt.command(&root);
+        c.arg("--log")
+            .arg(&log)
+            .args(["--log-format", "json", "create", "--bundle"])
+            .arg(&b.dir)
+            .arg("b");
+        let out = run(c);
+        assert_eq!(out.code, 1, "{rt:?}: {out:?}");
+        let text = fs::read_to_string(&log).unwrap();
+        let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["level"], "error", "{rt:?}: {text}");
+        // The line the shim reports names the cause.
+        assert!(
+            last["msg"].as_str().unwrap().contains("hook"),
+            "{rt:?}: {text}"
+        );
+        assert_eq!(rt.run(&root, &["state", "b"]).code, 1);
+        let left: Vec<_> = fs::read_dir(&root)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{rt:?} left {left:?}");
+    }
+    assert!(
+        cgp.children().is_empty(),
+        "cgroups left: {:?}",
+        cgp.children()
+    );
+}

@@ -53,7 +53,9 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
     let logger = Logger {
         file: cli.global.log.clone(),
         json: cli.global.log_format.as_deref() == Some("json"),
+        debug: cli.global.debug,
     };
+    logger.install();
     let ctx = Context {
         root: cli
             .global
@@ -66,7 +68,14 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
     match run(&ctx, cli.command) {
         Ok(code) => code,
         Err(e) => {
-            ctx.logger.error(&one_line(&chain(&e)));
+            let mut msg = chain(&e);
+            // libcontainer's own errors are terse; its first logged error says what failed.
+            if let (OciError::Container(_), Some(detail)) = (&e, crate::log::first_detail()) {
+                if !msg.contains(&detail) {
+                    msg = format!("{msg} ({detail})");
+                }
+            }
+            ctx.logger.error(&one_line(&msg));
             1
         }
     }
@@ -118,6 +127,6 @@ fn chain(e: &OciError) -> String {
 }
 
 /// Errors are logged on one line.
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
