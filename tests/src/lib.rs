@@ -31,6 +31,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 pub mod images;
+pub mod oci;
 pub mod otlp;
 
 /// First host uid of the sandbox user namespace mapping: sandbox uid 0 is host uid

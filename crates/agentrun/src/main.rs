@@ -1,7 +1,11 @@
 //! `agentrun`: run untrusted code in kernel-enforced sandboxes.
 //!
 //! A thin binary: it parses arguments and calls the library crates (`agentrun-runtime`,
-//! `agentrun-image`, `agentrun-policy`, `agentrun-telemetry`).
+//! `agentrun-image`, `agentrun-policy`, `agentrun-telemetry`, `agentrun-oci`).
+//!
+//! runc-style command lines (containerd's runc shim with `BinaryName` set to this binary,
+//! `ctr run --runc-binary`, `agentrun oci ...`, or this binary invoked as `runc`) go to the
+//! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
 mod audit_cmd;
 mod exec;
@@ -81,6 +85,13 @@ enum Command {
     Policy(policy_cmd::PolicyCommand),
     /// Show the audit log: every run and every policy decision.
     Audit(audit_cmd::AuditArgs),
+    /// The runc-compatible OCI runtime (create, start, state, kill, delete, exec, ...), for
+    /// containerd's runc shim and Kubernetes RuntimeClasses: see docs/kubernetes.md.
+    Oci {
+        /// runc's command line, e.g. `--root DIR create --bundle B ID`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// Global paths, shared by the subcommands.
@@ -108,7 +119,12 @@ impl Paths {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(oci_args) = agentrun_oci::invocation::runc_args(&args) {
+        let code = agentrun_oci::main(oci_args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
             // --help, --version
@@ -136,6 +152,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(args, &paths),
         Command::Ps { json } => serve::ps(json, &paths),
         Command::Pool(cmd) => serve::pool(cmd, &paths),
+        Command::Oci { args } => {
+            let mut argv = vec![std::ffi::OsString::from("agentrun")];
+            argv.extend(args);
+            let code = agentrun_oci::main(argv);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

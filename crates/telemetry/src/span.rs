@@ -165,6 +165,26 @@ impl RunSpan {
         }
     }
 
+    /// Continues, in another process, a span started earlier with [`RunSpan::start`]: its own
+    /// `context`, its `parent` and its `start_time`, as that process recorded them (e.g. an
+    /// OCI container's lifetime span, started at `create` and finished at `delete`).
+    pub fn resume(
+        name: &'static str,
+        context: TraceContext,
+        parent: Option<TraceContext>,
+        start_time: SystemTime,
+    ) -> Self {
+        RunSpan {
+            name,
+            context,
+            parent,
+            remote_parent: parent.is_some(),
+            start_time,
+            attributes: Vec::new(),
+            status: Status::Unset,
+        }
+    }
+
     /// Starts a child span of this one, now (same trace, same sampling).
     pub fn child(&self, name: &'static str) -> RunSpan {
         let mut c = RunSpan::start(name, Some(&self.traceparent()));
@@ -402,6 +422,31 @@ mod tests {
             .iter()
             .any(|kv| kv.key.as_str() == "error.type" && kv.value == Value::from("timeout")));
         assert_eq!(data.instrumentation_scope.name(), SCOPE_NAME);
+    }
+
+    #[test]
+    fn resumed_span_keeps_ids_and_start() {
+        let first = RunSpan::start("container.lifetime", Some(PARENT));
+        let again = RunSpan::resume(
+            "container.lifetime",
+            TraceContext::from_traceparent(&first.traceparent()).unwrap(),
+            first.parent(),
+            first.start_time(),
+        );
+        let data = again.into_span_data(SystemTime::now());
+        assert_eq!(
+            data.span_context.span_id().to_bytes(),
+            first.context().span_id
+        );
+        assert_eq!(
+            data.span_context.trace_id().to_bytes(),
+            first.context().trace_id
+        );
+        assert_eq!(data.start_time, first.start_time());
+        assert_eq!(
+            data.parent_span_id,
+            SpanId::from_bytes(first.parent().unwrap().span_id)
+        );
     }
 
     #[test]

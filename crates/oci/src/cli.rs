@@ -1,0 +1,132 @@
+//! Parsing a runc-style command line (argument definitions from `liboci-cli`) and running the
+//! command: errors are logged runc's way ([`crate::log`]) and exit with 1.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use liboci_cli::{CommonCmd, GlobalOpts, StandardCmd};
+
+use crate::log::Logger;
+use crate::OciError;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentrun",
+    version,
+    about = "agentrun's runc-compatible OCI runtime (for containerd's runc shim and Kubernetes)"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalOpts,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    #[command(flatten)]
+    Standard(Box<StandardCmd>),
+    #[command(flatten)]
+    Common(Box<CommonCmd>),
+}
+
+/// What every command gets: where state lives and how to log.
+pub(crate) struct Context {
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    pub logger: Logger,
+}
+
+pub(crate) fn main(args: Vec<OsString>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return 0;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return 1;
+        }
+    };
+    let logger = Logger {
+        file: cli.global.log.clone(),
+        json: cli.global.log_format.as_deref() == Some("json"),
+        debug: cli.global.debug,
+    };
+    logger.install();
+    let ctx = Context {
+        root: cli
+            .global
+            .root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_ROOT)),
+        systemd_cgroup: cli.global.systemd_cgroup,
+        logger,
+    };
+    match run(&ctx, cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            let mut msg = chain(&e);
+            // libcontainer's own errors are terse; its first logged error says what failed.
+            if let (OciError::Container(_), Some(detail)) = (&e, crate::log::first_detail()) {
+                if !msg.contains(&detail) {
+                    msg = format!("{msg} ({detail})");
+                }
+            }
+            ctx.logger.error(&one_line(&msg));
+            1
+        }
+    }
+}
+
+/// Runs one command; its exit code on success.
+fn run(ctx: &Context, command: Command) -> Result<i32, OciError> {
+    use crate::{describe, info, lifecycle, manage};
+    match command {
+        Command::Standard(cmd) => match *cmd {
+            StandardCmd::Create(a) => lifecycle::create(ctx, a).map(|()| 0),
+            StandardCmd::Start(a) => lifecycle::start(ctx, &a.container_id).map(|()| 0),
+            StandardCmd::State(a) => info::state(ctx, &a.container_id).map(|()| 0),
+            StandardCmd::Kill(a) => lifecycle::kill(ctx, a).map(|()| 0),
+            StandardCmd::Delete(a) => lifecycle::delete(ctx, &a.container_id, a.force).map(|()| 0),
+        },
+        Command::Common(cmd) => match *cmd {
+            CommonCmd::Run(a) => lifecycle::run(ctx, a),
+            CommonCmd::Exec(a) => lifecycle::exec(ctx, a),
+            CommonCmd::Ps(a) => info::ps(ctx, a).map(|()| 0),
+            CommonCmd::List(a) => info::list(ctx, a).map(|()| 0),
+            CommonCmd::Events(a) => info::events(ctx, a).map(|()| 0),
+            CommonCmd::Pause(a) => manage::pause(ctx, &a.container_id).map(|()| 0),
+            CommonCmd::Resume(a) => manage::resume(ctx, &a.container_id).map(|()| 0),
+            CommonCmd::Update(a) => manage::update(ctx, a).map(|()| 0),
+            CommonCmd::Features(_) => describe::features().map(|()| 0),
+            CommonCmd::Spec(a) => describe::spec(a).map(|()| 0),
+            CommonCmd::Checkpointt(_) => Err(OciError::Invalid(
+                "checkpoint is not supported by agentrun".into(),
+            )),
+        },
+    }
+}
+
+/// An error and its sources, `: `-separated (libcontainer's own messages are terse, e.g.
+/// "io error", and the cause is in the source).
+fn chain(e: &OciError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Errors are logged on one line.
+pub(crate) fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,58 @@
+//! The OCI command line's errors. Their messages are what runc prints for the same condition
+//! where containerd's shim matches on them ("container does not exist", "container not
+//! running").
+
+use std::path::PathBuf;
+
+use libcontainer::container::ContainerStatus;
+
+/// An OCI command failed (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("container does not exist")]
+    NotExist,
+    #[error("container with id exists: {0}")]
+    Exists(String),
+    #[error("invalid container id {0:?}: use letters, digits, '_', '-', '.' (not '.' or '..')")]
+    InvalidId(String),
+    #[error("container not running")]
+    NotRunning,
+    #[error("cannot {action} a container that is {status}")]
+    Status {
+        action: &'static str,
+        status: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Container(#[from] libcontainer::error::LibcontainerError),
+    #[error("cgroups: {0}")]
+    Cgroup(String),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Spec(#[from] oci_spec::OciSpecError),
+}
+
+impl OciError {
+    pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        OciError::Io {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn status(action: &'static str, status: ContainerStatus) -> Self {
+        OciError::Status {
+            action,
+            status: crate::container::status_str(status).to_owned(),
+        }
+    }
+}
