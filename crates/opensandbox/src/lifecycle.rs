@@ -416,6 +416,7 @@ async fn create_sandbox(
         state: Mutex::new(("Running", now)),
         commands: Mutex::new(Default::default()),
         sessions: Mutex::new(Default::default()),
+        code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
     });
     // The entrypoint is the sandbox's main process.
