@@ -29,7 +29,7 @@ from opensandbox.models.filesystem import (
     SetPermissionEntry,
     WriteEntry,
 )
-from opensandbox.models.sandboxes import SandboxFilter
+from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule, SandboxFilter
 from opensandbox.sync.manager import SandboxManagerSync
 
 DOMAIN = os.environ["OSB_DOMAIN"]
@@ -82,8 +82,13 @@ def sync_flow():
         resource={"cpu": "500m", "memory": "512Mi"},
         env={"GREETING": "hello"},
         metadata={"project": "demo"},
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="pypi.org")]),
     )
     try:
+        # The policy is stored (and served by the egress endpoint); the sandbox has no network.
+        pol = sbx.get_egress_policy()
+        check(pol.default_action == "deny" and [r.target for r in pol.egress] == ["pypi.org"], f"policy {pol}")
+        check(sbx.commands.run("exec 3<>/dev/tcp/1.1.1.1/80").exit_code != 0, "network reachable")
         # Commands: output lines, exit codes, env from create, per-command env and cwd.
         ex = sbx.commands.run("echo $GREETING; echo oops 1>&2; exit 3")
         check([m.text for m in ex.logs.stdout] == ["hello"], f"stdout {ex.logs.stdout}")
@@ -356,6 +361,10 @@ def bad_requests():
     r = httpx.get(f"{BASE}/sandboxes", headers=dict(h, **{"X-Request-ID": "req-123"}))
     check(r.headers.get("x-request-id") == "req-123", f"request id {r.headers}")
     check(httpx.get(f"{BASE}/sandboxes", headers=h).headers.get("x-request-id"), "generated request id")
+    r = httpx.get(f"{BASE}/no-such-endpoint", headers=h)
+    check(r.status_code == 404 and set(r.json()) == {"code", "message"}, f"unknown endpoint: {r.status_code} {r.text}")
+    r = httpx.put(f"{BASE}/sandboxes", headers=h)
+    check(r.status_code == 405 and set(r.json()) == {"code", "message"}, f"wrong method: {r.status_code} {r.text}")
 
 
 def auth():

@@ -51,7 +51,17 @@ pub fn routes(server: Arc<Server>) -> Router {
 
 pub fn egress_routes(server: Arc<Server>) -> Router {
     Router::new()
-        .route("/policy", get(egress_policy))
+        .route(
+            "/policy",
+            get(egress_policy)
+                .patch(egress_unsupported)
+                .delete(egress_unsupported),
+        )
+        .route("/credential-vault", axum::routing::any(egress_unsupported))
+        .route(
+            "/credential-vault/{*rest}",
+            axum::routing::any(egress_unsupported),
+        )
         .with_state(server)
 }
 
@@ -116,6 +126,17 @@ async fn egress_policy(
         "enforcementMode": "netns",
         "policy": rec.network_policy.clone().unwrap_or_else(|| json!({"defaultAction": "deny", "egress": []})),
     })))
+}
+
+async fn egress_unsupported(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    Err(ApiError::not_supported(
+        "changing egress rules and the credential vault are not supported yet: sandboxes have no network",
+    ))
 }
 
 /// One event of a stream, as execd encodes it.

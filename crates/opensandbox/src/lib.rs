@@ -151,6 +151,16 @@ pub fn router(server: Arc<Server>) -> axum::Router {
                 .merge(code::routes(server.clone())),
         )
         .nest("/egress/{sid}", execd::egress_routes(server.clone()))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found("NOT_FOUND", format!("no such endpoint {}", uri.path()))
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                "method not allowed on this endpoint",
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(lifecycle::request_id))
 }
