@@ -5,12 +5,16 @@
 One sandbox at a time, as a user of the official SDK (opensandbox==1.1.1, sync client) does:
 `SandboxSync.create("host")` (create + endpoint lookups + execd ping), `commands.run("echo hi")`
 (the first command's result), `kill()`. Prints a markdown table of p50/p99 per step and for
-the whole create -> first result -> kill, after WARMUP untimed rounds.
+the whole create -> first result -> kill, after WARMUP untimed rounds. Then the same HTTP
+requests the SDK makes (create, both endpoint lookups, ping, the command's stream, delete)
+sent by one kept-alive httpx client, to separate agentrun's time from the SDK's own.
 """
 
 import os
 import sys
 import time
+
+import httpx
 
 os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
 
@@ -45,9 +49,36 @@ def main():
         for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t2 - t0, t3 - t0)):
             v_ms = v * 1000
             steps[k].append(v_ms)
-    print(f"| step ({runs} runs, sequential) | p50 ms | p99 ms |")
+    print(f"| SDK step ({runs} runs, sequential) | p50 ms | p99 ms |")
     print("|---|---:|---:|")
     for k, xs in steps.items():
+        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
+    raw = {"create (POST /v1/sandboxes)": [], "endpoints 44772 + 18080, ping": [], "first command result (POST /command)": [], "delete": [], "all of it": []}
+    c = httpx.Client(base_url=f"http://{domain}")
+    body = {"image": {"uri": "host"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "2Gi"}, "secureAccess": False}
+    for i in range(WARMUP + runs):
+        t0 = time.perf_counter()
+        sid = c.post("/v1/sandboxes", json=body).json()["id"]
+        t1 = time.perf_counter()
+        ep = c.get(f"/v1/sandboxes/{sid}/endpoints/44772", params={"use_server_proxy": "false"}).json()
+        c.get(f"/v1/sandboxes/{sid}/endpoints/18080", params={"use_server_proxy": "false"})
+        prefix = ep["endpoint"].split("/", 1)[1]
+        c.get(f"/{prefix}/ping", headers=ep["headers"]).raise_for_status()
+        t2 = time.perf_counter()
+        out = c.post(f"/{prefix}/command", json={"command": "echo hi"}, headers=ep["headers"]).text
+        t3 = time.perf_counter()
+        c.delete(f"/v1/sandboxes/{sid}").raise_for_status()
+        t4 = time.perf_counter()
+        if '"hi"' not in out or "execution_complete" not in out:
+            sys.exit(f"raw round {i}: unexpected stream {out!r}")
+        if i < WARMUP:
+            continue
+        for k, v in zip(raw, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+            raw[k].append(v * 1000)
+    print()
+    print(f"| same requests, one kept-alive httpx client ({runs} runs) | p50 ms | p99 ms |")
+    print("|---|---:|---:|")
+    for k, xs in raw.items():
         print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
 
 

@@ -29,7 +29,7 @@ from opensandbox.models.filesystem import (
     SetPermissionEntry,
     WriteEntry,
 )
-from opensandbox.models.sandboxes import SandboxFilter
+from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule, SandboxFilter
 from opensandbox.sync.manager import SandboxManagerSync
 
 DOMAIN = os.environ["OSB_DOMAIN"]
@@ -82,8 +82,13 @@ def sync_flow():
         resource={"cpu": "500m", "memory": "512Mi"},
         env={"GREETING": "hello"},
         metadata={"project": "demo"},
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="pypi.org")]),
     )
     try:
+        # The policy is stored (and served by the egress endpoint); the sandbox has no network.
+        pol = sbx.get_egress_policy()
+        check(pol.default_action == "deny" and [r.target for r in pol.egress] == ["pypi.org"], f"policy {pol}")
+        check(sbx.commands.run("exec 3<>/dev/tcp/1.1.1.1/80").exit_code != 0, "network reachable")
         # Commands: output lines, exit codes, env from create, per-command env and cwd.
         ex = sbx.commands.run("echo $GREETING; echo oops 1>&2; exit 3")
         check([m.text for m in ex.logs.stdout] == ["hello"], f"stdout {ex.logs.stdout}")
@@ -356,6 +361,10 @@ def bad_requests():
     r = httpx.get(f"{BASE}/sandboxes", headers=dict(h, **{"X-Request-ID": "req-123"}))
     check(r.headers.get("x-request-id") == "req-123", f"request id {r.headers}")
     check(httpx.get(f"{BASE}/sandboxes", headers=h).headers.get("x-request-id"), "generated request id")
+    r = httpx.get(f"{BASE}/no-such-endpoint", headers=h)
+    check(r.status_code == 404 and set(r.json()) == {"code", "message"}, f"unknown endpoint: {r.status_code} {r.text}")
+    r = httpx.put(f"{BASE}/sandboxes", headers=h)
+    check(r.status_code == 405 and set(r.json()) == {"code", "message"}, f"wrong method: {r.status_code} {r.text}")
 
 
 def auth():
@@ -504,7 +513,53 @@ def traces():
         sbx.kill()
 
 
+def code():
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+    from code_interpreter.models.code_sync import SupportedLanguageSync
+
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        # Its readiness probe looks for a Jupyter port inside the sandbox; agentrun serves /code
+        # itself (no Jupyter), so the probe is skipped.
+        ci = CodeInterpreterSync.create(sandbox=sbx, skip_health_check=True)
+        # The default Python context keeps its globals.
+        r = ci.codes.run("x = 40\nprint('hello')\nx + 2")
+        check([m.text for m in r.logs.stdout] == ["hello"], f"stdout {r.logs.stdout}")
+        check([res.text for res in r.result] == ["42"], f"result {r.result}")
+        check(r.error is None, f"error {r.error}")
+        r = ci.codes.run("x * 2")
+        check([res.text for res in r.result] == ["80"], f"globals kept: {r.result}")
+        # A context of its own does not see the default one's globals.
+        ctx = ci.codes.create_context(SupportedLanguageSync.PYTHON)
+        check(ctx.id and ctx.language == "python", f"context {ctx}")
+        r = ci.codes.run("import sys\nprint('to err', file=sys.stderr)\nx", context=ctx)
+        check([m.text for m in r.logs.stderr] == ["to err"], f"stderr {r.logs.stderr}")
+        check(r.error is not None and r.error.name == "NameError", f"NameError expected: {r.error}")
+        check(any(c.id == ctx.id for c in ci.codes.list_contexts(SupportedLanguageSync.PYTHON)), "listed")
+        check(ci.codes.get_context(ctx.id).id == ctx.id, "get context")
+        r = ci.codes.run("1/0", context=ctx)
+        check(r.error is not None and r.error.name == "ZeroDivisionError", f"{r.error}")
+        # It runs inside the sandbox.
+        r = ci.codes.run("import os\nos.getuid(), open('/etc/hostname').read().strip()", context=ctx)
+        check([res.text for res in r.result] == ["(0, 'sandbox')"], f"inside: {r.result}")
+        ci.codes.delete_context(ctx.id)
+        try:
+            ci.codes.get_context(ctx.id)
+            raise AssertionError("deleted context still there")
+        except SandboxException:
+            pass
+        # Other languages are refused clearly.
+        try:
+            ci.codes.create_context("javascript")
+            raise AssertionError("javascript context created")
+        except SandboxException as e:
+            check("python only" in str(e), f"{e}")
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {
+    "code": code,
     "traces": traces,
     "sync_flow": sync_flow,
     "async_flow": lambda: asyncio.run(async_flow()),

@@ -1,5 +1,6 @@
 //! The OpenSandbox API of `agentrun serve --listen`, driven by the official Python SDK
-//! (`opensandbox==1.1.1`, installed by `hack/test` in `.venv/test`), sync and async clients.
+//! (`opensandbox==1.1.1`, plus `opensandbox-code-interpreter==1.1.1` for `/code`; both installed
+//! by `hack/test` in `.venv/test`), sync and async clients.
 //!
 //! Each test starts its own daemon (private state dir, loopback port), runs one scenario of
 //! `tests/opensandbox/sdk_e2e.py` (which asserts what an SDK user sees and exits non-zero on
@@ -9,8 +10,8 @@
 //! Scenarios: the full sync flow (create, commands, resource limits, files, background + logs,
 //! interrupt, timeout, session, renew, pause/resume, kill), the async flow, list filters and
 //! pagination, 400s for what agentrun cannot serve, API-key and execd-token checks, TTL
-//! expiry, path escapes through the file API, 20 sandboxes at once, and the `sandbox.create`
-//! / `sandbox.exec` spans under the caller's `traceparent`.
+//! expiry, path escapes through the file API, 20 sandboxes at once, Python code contexts, and
+//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -199,4 +200,9 @@ fn create_and_exec_spans_follow_the_callers_traceparent() {
         "exit codes {codes:?}"
     );
     stop_clean(d);
+}
+
+#[test]
+fn code_interpreter_runs_python_in_persistent_contexts() {
+    run_scenario("code");
 }

@@ -1,7 +1,7 @@
 //! The execd API of one sandbox (served under `/execd/{sid}`): ping, commands (foreground
 //! streaming, background with logs and status, interrupt, timeout), sessions (a persistent
-//! bash), metrics; the egress sidecar's `/policy` (under `/egress/{sid}`); code contexts
-//! answer 501.
+//! bash), metrics; the egress sidecar's `/policy` (under `/egress/{sid}`). Code contexts are
+//! in [`crate::code`].
 //!
 //! Output reaches agentrun through pipes whose write ends are passed into the sandbox; each
 //! line becomes one bare-JSON event (`{"type":"stdout","text":...}` + blank line), as real
@@ -46,22 +46,22 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/session/{ssid}", delete(delete_session))
         .route("/session/{ssid}/run", post(run_in_session))
         .route("/metrics", get(metrics))
-        .route("/code", post(code_unsupported).delete(code_unsupported))
-        .route("/code/context", post(code_unsupported))
-        .route(
-            "/code/contexts",
-            get(code_unsupported).delete(code_unsupported),
-        )
-        .route(
-            "/code/contexts/{ctx}",
-            get(code_unsupported).delete(code_unsupported),
-        )
         .with_state(server)
 }
 
 pub fn egress_routes(server: Arc<Server>) -> Router {
     Router::new()
-        .route("/policy", get(egress_policy))
+        .route(
+            "/policy",
+            get(egress_policy)
+                .patch(egress_unsupported)
+                .delete(egress_unsupported),
+        )
+        .route("/credential-vault", axum::routing::any(egress_unsupported))
+        .route(
+            "/credential-vault/{*rest}",
+            axum::routing::any(egress_unsupported),
+        )
         .with_state(server)
 }
 
@@ -91,12 +91,12 @@ pub fn authorize(
     Ok(rec)
 }
 
-fn execd(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
+pub(crate) fn execd(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
     authorize(server, sid, headers, crate::EXECD_TOKEN_HEADER)
 }
 
 /// Extracts the first path segment (the sandbox id) of a nested route.
-fn sid_of(p: &HashMap<String, String>) -> &str {
+pub(crate) fn sid_of(p: &HashMap<String, String>) -> &str {
     p.get("sid").map(String::as_str).unwrap_or("")
 }
 
@@ -110,17 +110,6 @@ async fn ping(
         return Err(ApiError::internal("the sandbox is gone"));
     }
     Ok(StatusCode::OK)
-}
-
-async fn code_unsupported(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> ApiResult<StatusCode> {
-    execd(&server, sid_of(&p), &headers)?;
-    Err(ApiError::not_supported(
-        "code interpreting (/code, contexts) is not implemented by agentrun; run code with commands (python3 -c ...) or a session",
-    ))
 }
 
 async fn egress_policy(
@@ -139,8 +128,19 @@ async fn egress_policy(
     })))
 }
 
+async fn egress_unsupported(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    Err(ApiError::not_supported(
+        "changing egress rules and the credential vault are not supported yet: sandboxes have no network",
+    ))
+}
+
 /// One event of a stream, as execd encodes it.
-fn event(kind: &str, extra: Value) -> Bytes {
+pub(crate) fn event(kind: &str, extra: Value) -> Bytes {
     let mut v = json!({"type": kind, "timestamp": now_ms()});
     if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
         o.extend(e);
@@ -151,7 +151,7 @@ fn event(kind: &str, extra: Value) -> Bytes {
 }
 
 /// A streaming response of events.
-fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response {
+pub(crate) fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response {
     let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
     let body = Body::from_stream(tokio_stream::StreamExt::map(
         stream,
@@ -201,12 +201,12 @@ struct RunCommand {
     envs: HashMap<String, String>,
 }
 
-fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| ApiError::internal(format!("pipe: {e}")))
 }
 
-fn dev_null() -> ApiResult<OwnedFd> {
+pub(crate) fn dev_null() -> ApiResult<OwnedFd> {
     std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(|e| ApiError::internal(format!("/dev/null: {e}")))
@@ -235,7 +235,7 @@ fn find_shell(rec: &Record) -> &'static str {
 
 /// Starts a process in the sandbox with stdout/stderr pipes. Returns the process id, the
 /// read ends and the exit channel.
-async fn spawn(
+pub(crate) async fn spawn(
     rec: &Record,
     argv: Vec<String>,
     env: Vec<(String, String)>,
@@ -263,7 +263,7 @@ async fn spawn(
 }
 
 /// Reads a pipe line by line into `sink` until EOF.
-async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'static) {
+pub(crate) async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'static) {
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
         return;
     };

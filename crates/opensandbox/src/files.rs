@@ -195,6 +195,18 @@ async fn upload(
     mut multipart: Multipart,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
+    let result = write_parts(&rec, &mut multipart).await;
+    if result.is_err() {
+        // Read the rest of the body before answering: a client still sending a chunked body
+        // would otherwise see the connection closed instead of the error.
+        while let Ok(Some(mut field)) = multipart.next_field().await {
+            while let Ok(Some(_)) = field.chunk().await {}
+        }
+    }
+    result
+}
+
+async fn write_parts(rec: &Record, multipart: &mut Multipart) -> ApiResult<StatusCode> {
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE", m);
     let mut meta: Option<FileMeta> = None;
     while let Some(mut field) = multipart
@@ -225,7 +237,7 @@ async fn upload(
                 let path = rel(&m.path)?;
                 let mode = mode_from_digits(m.mode.unwrap_or(755))?;
                 let shown = m.path.clone();
-                let file = with_fs(&rec, move |fs| {
+                let file = with_fs(rec, move |fs| {
                     fs.create_file(&path, mode).map_err(|e| errno(e, &shown))
                 })
                 .await?;

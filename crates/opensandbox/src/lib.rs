@@ -9,10 +9,12 @@
 //!   per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside the
 //!   image besides what the user asked for.
 //! - [`files`]: the execd file API, every path resolved inside the sandbox ([`fsroot`]).
+//! - [`code`]: code interpreting (Python contexts).
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
 
+pub mod code;
 pub mod error;
 pub mod execd;
 pub mod files;
@@ -144,9 +146,21 @@ pub fn router(server: Arc<Server>) -> axum::Router {
         .merge(lifecycle::routes(server.clone()))
         .nest(
             "/execd/{sid}",
-            execd::routes(server.clone()).merge(files::routes(server.clone())),
+            execd::routes(server.clone())
+                .merge(files::routes(server.clone()))
+                .merge(code::routes(server.clone())),
         )
         .nest("/egress/{sid}", execd::egress_routes(server.clone()))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found("NOT_FOUND", format!("no such endpoint {}", uri.path()))
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                "method not allowed on this endpoint",
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(lifecycle::request_id))
 }
@@ -210,6 +224,7 @@ pub struct Record {
     pub state: Mutex<(&'static str, DateTime<Utc>)>,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
     pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
+    pub code: Mutex<code::CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
     pub cpu_sample: Mutex<(Instant, u64)>,
 }

@@ -416,6 +416,7 @@ async fn create_sandbox(
         state: Mutex::new(("Running", now)),
         commands: Mutex::new(Default::default()),
         sessions: Mutex::new(Default::default()),
+        code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
     });
     // The entrypoint is the sandbox's main process.
@@ -504,17 +505,22 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     })))
 }
 
-/// Deletes a sandbox record and the sandbox (blocking part off the async threads).
+/// Deletes a sandbox: gone from the API and every process killed before this returns; its
+/// teardown finishes in the background.
 pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     let rec = server
         .remove(id)
         .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))?;
     rec.set_state("Terminated");
+    // Every process dies now; the teardown (mounts, cgroups, state) finishes off the request.
+    rec.sandbox.kill();
     let live = server.live.clone();
     let id = id.to_owned();
-    tokio::task::spawn_blocking(move || live.delete(&id))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = live.delete(&id) {
+            eprintln!("agentrun: deleting sandbox {id}: {e}");
+        }
+    });
     Ok(())
 }
 

@@ -510,7 +510,8 @@ impl LiveManager {
             // Frozen tasks would not die until thawed (cgroup v1).
             let _ = sandbox.resume();
         }
-        if let Some(pooled) = lock(&sandbox.pooled).take() {
+        let pooled = lock(&sandbox.pooled).take();
+        if let Some(pooled) = pooled {
             self.pool.release(pooled);
         }
     }

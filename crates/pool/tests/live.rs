@@ -149,6 +149,15 @@ fn limits_pause_and_root(live: &LiveManager) {
         .unwrap();
     assert_eq!(sb.limits(), (0.5, 256 << 20));
     assert_eq!(sb.usage().unwrap().memory_limit_bytes, 256 << 20);
+    let v1 = format!("/sys/fs/cgroup/cpu/agentrun/{}/cpu.cfs_quota_us", sb.id());
+    let v2 = format!("/sys/fs/cgroup/agentrun/{}/cpu.max", sb.id());
+    let quota = std::fs::read_to_string(&v1)
+        .or_else(|_| std::fs::read_to_string(&v2))
+        .unwrap();
+    assert!(
+        quota.trim() == "50000" || quota.trim() == "50000 100000",
+        "cpu quota {quota:?}"
+    );
     let ticker = start(
         &sb,
         &[

@@ -229,6 +229,47 @@ mod tests {
     use std::os::fd::AsFd;
 
     #[test]
+    fn the_two_dialects_are_told_apart_by_op() {
+        let one_shot = serde_json::to_value(InitRequest {
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+        })
+        .unwrap();
+        assert!(one_shot.get("op").is_none(), "{one_shot}");
+        let live = LiveRequest::Spawn(SpawnRequest {
+            id: 7,
+            argv: vec!["sh".into()],
+            env: vec!["A=1".into()],
+            cwd: "/tmp".into(),
+            new_session: false,
+        });
+        let v = serde_json::to_value(&live).unwrap();
+        assert_eq!(v["op"], "spawn");
+        assert_eq!(serde_json::from_value::<LiveRequest>(v).unwrap(), live);
+        let sig: LiveRequest =
+            serde_json::from_str(r#"{"op":"signal","id":7,"signal":9,"group":true}"#).unwrap();
+        assert_eq!(
+            sig,
+            LiveRequest::Signal {
+                id: 7,
+                signal: 9,
+                group: true
+            }
+        );
+        let ev = LiveEvent::Exited {
+            id: 7,
+            result: InitResult {
+                exit_code: 137,
+                signal: Some(9),
+                usage: ResourceUsage::default(),
+            },
+        };
+        let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
+        assert_eq!(back, ev);
+    }
+
+    #[test]
     fn request_and_fds_round_trip() {
         let (a, b) = seqpacket_pair().unwrap();
         let (r, w) = nix::unistd::pipe().unwrap();

@@ -1,0 +1,76 @@
+# agentrun's Python code-interpreter driver: one per code context, a persistent interpreter
+# whose globals survive between executions (like a Jupyter kernel). Reads one JSON request
+# per line on stdin ({"code": "..."}); writes events as lines on stdout, each prefixed by the
+# context's marker: {"t":"count","n":N}, {"t":"stdout"|"stderr","text":line},
+# {"t":"result","text":repr}, then {"t":"done"} or {"t":"error","ename","evalue","traceback"}.
+# Output written to the fds directly (subprocesses) arrives unprefixed and is passed on as is.
+import ast
+import io
+import json
+import os
+import sys
+import traceback
+
+MARK = os.environ.pop("AGENTRUN_CODE_MARKER")
+REAL = sys.__stdout__
+REQUESTS = sys.stdin
+sys.stdin = io.StringIO()
+
+
+def emit(**ev):
+    REAL.write(MARK + json.dumps(ev) + "\n")
+    REAL.flush()
+
+
+class Lines(io.TextIOBase):
+    def __init__(self, kind):
+        self.kind = kind
+        self.buf = ""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.buf += text
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            emit(t=self.kind, text=line)
+        return len(text)
+
+    def end(self):
+        if self.buf:
+            emit(t=self.kind, text=self.buf)
+            self.buf = ""
+
+
+env = {"__name__": "__main__", "__builtins__": __builtins__}
+count = 0
+for request in REQUESTS:
+    try:
+        code = json.loads(request)["code"]
+    except Exception as e:  # a bad request from agentrun itself
+        emit(t="error", ename="RequestError", evalue=str(e), traceback=[])
+        continue
+    count += 1
+    emit(t="count", n=count)
+    out, err = Lines("stdout"), Lines("stderr")
+    sys.stdout, sys.stderr = out, err
+    try:
+        tree = ast.parse(code, "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<cell>", "exec"), env)
+        value = eval(compile(last, "<cell>", "eval"), env) if last is not None else None
+        out.end()
+        err.end()
+        if value is not None:
+            emit(t="result", text=repr(value))
+        emit(t="done")
+    except BaseException as e:  # SystemExit and KeyboardInterrupt (interrupt) included
+        out.end()
+        err.end()
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        emit(t="error", ename=type(e).__name__, evalue=str(e), traceback=tb)
+    finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
