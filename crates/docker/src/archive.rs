@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agentrun_opensandbox::fsroot::{as_sandbox_root, relative, SandboxFs};
+use agentrun_runtime::fsroot::{as_sandbox_root, relative, SandboxFs};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};

@@ -17,6 +17,9 @@ use crate::http::{error, json, Reply};
 use crate::stream::{self, HijackIo};
 use crate::Context;
 
+/// Pause between the hijack answer and the process start (see [`session`]).
+const CLIENT_READS_ANSWER: Duration = Duration::from_millis(50);
+
 /// How long output is still forwarded after the process exited, waiting for its pipes to
 /// close (a background child may hold them open forever; on a loaded host the pumps may lag
 /// the exit report).
@@ -279,6 +282,11 @@ async fn spawn(
 /// A hijacked exec: stdin from the client, frames to it, closed once the process exited and
 /// its output is drained.
 async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
+    // docker-py reads the 101 answer through a buffered reader and then the raw socket: output
+    // that arrives in the same read as the answer is lost to it. dockerd's exec start takes
+    // tens of milliseconds after the answer; agentrun's spawn takes about one, so give the
+    // client that time to have read the answer before any output can follow it.
+    tokio::time::sleep(CLIENT_READS_ANSWER).await;
     let (rd, mut wr) = tokio::io::split(io);
     let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
     let (exit_tx, mut exit_rx) = oneshot::channel();
@@ -291,11 +299,15 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
         }
     };
     let input = tokio::spawn(stream::client_to_stdin(rd, stdin));
+    let mut sent = 0usize;
+    let mut how = "eof";
     loop {
         tokio::select! {
             got = out_rx.recv() => match got {
                 Some((s, b)) => {
+                    sent += b.len();
                     if !stream::send(&mut wr, s, &b, tty).await {
+                        how = "client gone";
                         break;
                     }
                 }
@@ -306,9 +318,11 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
                 }
             },
             _ = &mut exit_rx => {
+                how = "exit";
                 // Drain what is left, bounded.
                 let deadline = tokio::time::Instant::now() + DRAIN_AFTER_EXIT;
                 while let Ok(Some((s, b))) = tokio::time::timeout_at(deadline, out_rx.recv()).await {
+                    sent += b.len();
                     if !stream::send(&mut wr, s, &b, tty).await {
                         break;
                     }
@@ -319,4 +333,10 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
     }
     input.abort();
     let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
+    if crate::trace() {
+        eprintln!(
+            "agentrun: docker API: exec {} {:?}: {sent} bytes, ended by {how}",
+            exec.id, exec.cmd
+        );
+    }
 }

@@ -222,9 +222,11 @@ fn find_shell(rec: &Record) -> &'static str {
         .sandbox
         .root()
         .ok()
-        .map(crate::fsroot::SandboxFs::new)
+        .map(agentrun_runtime::fsroot::SandboxFs::new)
         .is_some_and(|fs| {
-            crate::fsroot::as_sandbox_root(|| fs.stat(std::path::Path::new("bin/bash")).is_ok())
+            agentrun_runtime::fsroot::as_sandbox_root(|| {
+                fs.stat(std::path::Path::new("bin/bash")).is_ok()
+            })
         });
     if has_bash {
         "/bin/bash"

@@ -1,5 +1,5 @@
 //! The execd file API of one sandbox: upload, download (Range, offset/limit), info, search,
-//! move, replace, permissions, mkdir, delete, list. Every path goes through [`crate::fsroot`]
+//! move, replace, permissions, mkdir, delete, list. Every path goes through [`agentrun_runtime::fsroot`]
 //! (resolved inside the sandbox, with the sandbox root's credentials) on a blocking thread.
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
-use crate::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
 use crate::{rfc3339, Record, Server};
+use agentrun_runtime::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
 
 /// Deepest walk of a search.
 const SEARCH_DEPTH: usize = 64;

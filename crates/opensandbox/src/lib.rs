@@ -8,7 +8,7 @@
 //!   inside each container; here agentrun serves it itself under `/execd/{id}`, guarded by a
 //!   per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside the
 //!   image besides what the user asked for.
-//! - [`files`]: the execd file API, every path resolved inside the sandbox ([`fsroot`]).
+//! - [`files`]: the execd file API, every path resolved inside the sandbox ([`agentrun_runtime::fsroot`]).
 //! - [`code`]: code interpreting (Python contexts).
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
@@ -18,7 +18,6 @@ pub mod code;
 pub mod error;
 pub mod execd;
 pub mod files;
-pub mod fsroot;
 pub mod lifecycle;
 mod lines;
 

@@ -4,13 +4,15 @@
 //! an overlay rootfs on a size-capped tmpfs ([`rootfs`]), idmapped mounts ([`idmap`]), user,
 //! mount, pid, ipc, uts, net and cgroup namespaces and cgroup limits ([`spec`], [`cgroup`]),
 //! seccomp compiled with seccompiler ([`seccomp`]), Landlock ([`landlock`]), loopback-only
-//! networking ([`net`]). [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
+//! networking ([`net`]); [`fsroot`] reaches files inside a running sandbox from the host without
+//! ever resolving a path outside it. [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
 //! [`host`] says what this host enforces.
 
 pub mod cgroup;
 pub mod control;
 mod error;
 pub mod executor;
+pub mod fsroot;
 pub mod gc;
 pub mod host;
 pub mod idmap;
