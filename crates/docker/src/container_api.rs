@@ -183,18 +183,20 @@ pub async fn start(ctx: Arc<Context>, key: &str) -> Reply {
     }
 }
 
+/// `?t=` of stop and restart: seconds before the kill (default 10, as dockerd).
+fn stop_timeout(q: &Query) -> Duration {
+    let t = q.get("t").and_then(|t| t.parse::<i64>().ok()).unwrap_or(10);
+    Duration::from_secs(t.max(0) as u64)
+}
+
 /// `POST /containers/{id}/stop?t=`
 pub async fn stop(ctx: &Context, key: &str, q: &Query) -> Reply {
     let c = match find(ctx, key) {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let t = q
-        .get("t")
-        .and_then(|t| t.parse::<i64>().ok())
-        .unwrap_or(10)
-        .max(0) as u64;
-    let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, Duration::from_secs(t)))
+    let t = stop_timeout(q);
+    let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, t))
         .await
         .unwrap_or(false);
     if stopped {
@@ -210,14 +212,9 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let t = q
-        .get("t")
-        .and_then(|t| t.parse::<i64>().ok())
-        .unwrap_or(10)
-        .max(0) as u64;
+    let t = stop_timeout(q);
     let c2 = c.clone();
-    let _ =
-        tokio::task::spawn_blocking(move || containers::stop(&c2, Duration::from_secs(t))).await;
+    let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // The exit's cleanup (sandbox deletion) must be done before a new start.
     let mut rx = c.changed.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -608,19 +608,14 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             st.stdin = None;
         }
     }
-    for (stream, mut reader) in outputs {
+    for (stream, reader) in outputs {
         let weak = Arc::downgrade(c);
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 32 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let Some(c) = weak.upgrade() else { break };
-                        c.record_output(stream, Bytes::copy_from_slice(&buf[..n]));
-                    }
-                }
+        crate::stream::pump_with(reader, move |b| match weak.upgrade() {
+            Some(c) => {
+                c.record_output(stream, b);
+                true
             }
+            None => false,
         });
     }
     let spawned = sandbox.spawn(ProcessSpec {

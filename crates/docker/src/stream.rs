@@ -53,17 +53,20 @@ pub fn wants_upgrade<B>(req: &hyper::Request<B>) -> bool {
 }
 
 /// Reads a blocking fd on a thread of its own into `tx` as `(stream, bytes)`, until EOF.
-pub fn pump(mut reader: File, stream: u8, tx: mpsc::Sender<(u8, Bytes)>) {
+pub fn pump(reader: File, stream: u8, tx: mpsc::Sender<(u8, Bytes)>) {
+    pump_with(reader, move |b| tx.blocking_send((stream, b)).is_ok());
+}
+
+/// Reads a blocking fd on a thread of its own, handing each chunk to `sink` until EOF or
+/// until `sink` says stop (false).
+pub fn pump_with(mut reader: File, mut sink: impl FnMut(Bytes) -> bool + Send + 'static) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 32 * 1024];
         loop {
             match reader.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx
-                        .blocking_send((stream, Bytes::copy_from_slice(&buf[..n])))
-                        .is_err()
-                    {
+                    if !sink(Bytes::copy_from_slice(&buf[..n])) {
                         break;
                     }
                 }
