@@ -100,21 +100,7 @@ pub fn lookup(layers_top_first: &[PathBuf], path: &Path) -> Option<fs::Metadata>
 }
 
 fn xattr_opaque(p: &Path) -> bool {
-    let c = match std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) {
-        Ok(c) => c,
-        Err(_) => return false,
-    };
-    let mut buf = [0u8; 2];
-    // SAFETY: lgetxattr into a local buffer of the given size.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    n == 1 && buf[0] == b'y'
+    matches!(xattr::get(p, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
 }
 
 /// Writes the layer of one COPY/ADD.

@@ -352,28 +352,13 @@ fn extract_tar(
             .path()
             .map_err(|e| bad(format!("bad entry path: {e}")))?
             .into_owned();
-        let mut rel = PathBuf::new();
-        for c in raw.components() {
-            match c {
-                Component::Normal(s) => rel.push(s),
-                Component::CurDir | Component::RootDir => {}
-                _ => return Err(bad(format!("entry {raw:?} leaves the archive"))),
-            }
-        }
-        if rel.as_os_str().is_empty() {
-            continue;
-        }
-        let target = dest.join(&rel);
-        // Parents: real directories we made (never a symlink from the archive).
-        let mut cur = dest.to_path_buf();
-        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
-            cur.push(c);
-            match fs::symlink_metadata(&cur) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => return Err(bad(format!("entry {raw:?} goes through a non-directory"))),
-                Err(_) => fs::create_dir(&cur).map_err(ImageError::io("create", &cur))?,
-            }
-        }
+        // The same path rules as layer entries: no `..`, parents are real directories
+        // (never a symlink from the archive).
+        let rel =
+            crate::layer::relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
+        let Some(rel) = rel else { continue };
+        let target = crate::layer::safe_parent(dest, &rel)
+            .map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match entry.header().entry_type() {
             tar::EntryType::Directory if !target.is_dir() => {

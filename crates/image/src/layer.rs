@@ -97,7 +97,7 @@ pub fn unpack(blob: impl Read, dest: &Path, layer: &str) -> Result<UnpackReport,
 }
 
 /// The entry's path relative to the layer root; `None` for the root itself.
-fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
+pub(crate) fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
@@ -112,7 +112,7 @@ fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
 
 /// Makes sure every parent of `rel` under `root` is a real directory (created if missing),
 /// never a symlink, and returns the full path.
-fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
+pub(crate) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
     let mut cur = root.to_path_buf();
     if let Some(parent) = rel.parent() {
         for c in parent.components() {
