@@ -201,6 +201,8 @@ pub struct Container {
     /// (stream: 1 stdout / 2 stderr, bytes), kept for logs.
     pub logs: Mutex<(Vec<(u8, Bytes)>, usize)>,
     pub output: broadcast::Sender<(u8, Bytes)>,
+    /// The main process's pty (`Tty`) and its window size.
+    pub pty: crate::pty::Pty,
 }
 
 impl Container {
@@ -211,6 +213,10 @@ impl Container {
         image_id: String,
         image_config: ImageConfig,
     ) -> Self {
+        let pty = crate::pty::Pty::default();
+        if let Some((h, w)) = crate::pty::console_size(&config.host_config_raw["ConsoleSize"]) {
+            let _ = pty.resize(h, w);
+        }
         Container {
             id,
             name,
@@ -236,6 +242,7 @@ impl Container {
             changed: watch::channel(0).0,
             logs: Mutex::new((Vec::new(), 0)),
             output: broadcast::channel(1024).0,
+            pty,
         }
     }
 
@@ -264,6 +271,28 @@ impl Container {
         let mut v = ep;
         v.extend(cmd);
         v
+    }
+
+    /// Who the main process runs as: the request's `User`, else the image's; `None`: root.
+    pub fn user(&self) -> Option<String> {
+        [&self.config.user, &self.image_config.user]
+            .into_iter()
+            .find(|u| !u.is_empty())
+            .cloned()
+    }
+
+    /// `HOME=` (empty) when the process runs as a user and neither the image's nor the
+    /// request's environment set `HOME` (`extra` is an exec's own): the sandbox's init then
+    /// takes the user's home from the container's /etc/passwd, as Docker does.
+    pub fn home_from_passwd(&self, user: &Option<String>, extra: &[(String, String)]) -> bool {
+        user.is_some()
+            && !self
+                .image_config
+                .env
+                .iter()
+                .chain(&self.config.env)
+                .any(|kv| kv.starts_with("HOME="))
+            && !extra.iter().any(|(k, _)| k == "HOME")
     }
 
     pub fn working_dir(&self) -> String {
@@ -314,6 +343,7 @@ impl Container {
         config["Env"] = json!(env);
         config["WorkingDir"] = json!(self.working_dir());
         config["Tty"] = json!(self.config.tty);
+        config["User"] = json!(self.user().unwrap_or_default());
         config["Labels"] = Value::Object(self.config.labels.clone());
         config.as_object_mut().map(|o| o.remove("HostConfig"));
         let mounts: Vec<Value> = self
@@ -480,6 +510,8 @@ pub struct Stdio {
     pub child: [OwnedFd; 3],
     pub stdin: Option<File>,
     pub outputs: Vec<(u8, File)>,
+    /// The pty master (a handle of its own, for resizing) when there is a pty.
+    pub pty: Option<File>,
 }
 
 /// Pipes (stdout and stderr apart) or a pty (one stream, as stdout).
@@ -494,10 +526,12 @@ pub fn make_stdio(tty: bool, want_stdin: bool) -> std::io::Result<Stdio> {
         )
         .map_err(std::io::Error::from)?;
         let reader = master.try_clone()?;
+        let pty = Some(master.try_clone()?);
         return Ok(Stdio {
             child: [slave.try_clone()?, slave.try_clone()?, slave],
             stdin: Some(master),
             outputs: vec![(1, reader)],
+            pty,
         });
     }
     let (stdin_child, stdin_ours) = if want_stdin {
@@ -512,6 +546,7 @@ pub fn make_stdio(tty: bool, want_stdin: bool) -> std::io::Result<Stdio> {
         child: [stdin_child, out_w, err_w],
         stdin: stdin_ours,
         outputs: vec![(1, File::from(out_r)), (2, File::from(err_r))],
+        pty: None,
     })
 }
 
@@ -539,7 +574,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             return Err((500, format!("stdio: {e}")));
         }
     };
-    let env: Vec<(String, String)> = c
+    let mut env: Vec<(String, String)> = c
         .config
         .env
         .iter()
@@ -548,6 +583,10 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             None => (kv.clone(), std::env::var(kv).unwrap_or_default()),
         })
         .collect();
+    let user = c.user();
+    if c.home_from_passwd(&user, &[]) {
+        env.push(("HOME".into(), String::new()));
+    }
     let weak = Arc::downgrade(c);
     let live = ctx.live.clone();
     let sandbox_id = sandbox.id().to_owned();
@@ -563,6 +602,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             st.stdin = None;
             st.exits += 1;
         }
+        c.pty.set_master(None);
         c.bump();
         // As when PID 1 of a container dies: whatever else runs in it goes too.
         let live = live.clone();
@@ -586,7 +626,9 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         child,
         stdin,
         outputs,
+        pty,
     } = stdio;
+    c.pty.set_master(pty);
     // Running before the process exists: a fast process may exit (and its hook run) before
     // spawn even returns, and that exit must not be overwritten.
     {
@@ -624,6 +666,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         cwd: c.working_dir(),
         stdio: child,
         new_session: c.config.tty,
+        user,
         on_exit,
     });
     match spawned {
@@ -659,6 +702,14 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             Err((400, msg))
         }
     }
+}
+
+/// A spawn failure about the `User` (from the sandbox's init, dockerd's texts).
+pub fn is_user_error(message: &str) -> bool {
+    message.starts_with("unable to find user")
+        || message.starts_with("unable to find group")
+        || message.starts_with("invalid user")
+        || message.starts_with("cannot run as user")
 }
 
 /// Signals the main process (its process group). `false` when it is not running.

@@ -34,6 +34,10 @@ pub struct Exec {
     pub working_dir: String,
     pub tty: bool,
     pub attach_stdin: bool,
+    /// `User` of the exec, else the container's; `None`: root.
+    pub user: Option<String>,
+    /// Its pty (`Tty`) and window size.
+    pub pty: crate::pty::Pty,
     pub state: Mutex<ExecState>,
 }
 
@@ -80,6 +84,15 @@ pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
         .filter(|w| !w.is_empty())
         .map(str::to_owned)
         .unwrap_or_else(|| c.working_dir());
+    let user = body["User"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .or_else(|| c.user());
+    let pty = crate::pty::Pty::default();
+    if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
+        let _ = pty.resize(h, w);
+    }
     let exec = Arc::new(Exec {
         id: new_id(),
         container: c,
@@ -88,6 +101,8 @@ pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
         working_dir,
         tty: body["Tty"].as_bool().unwrap_or(false),
         attach_stdin: body["AttachStdin"].as_bool().unwrap_or(false),
+        user,
+        pty,
         state: Mutex::new(ExecState::default()),
     });
     let id = exec.id.clone();
@@ -112,6 +127,7 @@ pub fn inspect(ctx: &Context, id: &str) -> Reply {
                 "entrypoint": e.cmd.first(),
                 "arguments": e.cmd.iter().skip(1).collect::<Vec<_>>(),
                 "privileged": false,
+                "user": e.user.clone().unwrap_or_default(),
             },
             "OpenStdin": e.attach_stdin,
             "OpenStderr": true,
@@ -157,6 +173,9 @@ pub async fn start(ctx: Arc<Context>, id: &str, mut req: Request<hyper::body::In
         );
     }
     let tty = body["Tty"].as_bool().unwrap_or(exec.tty);
+    if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
+        let _ = exec.pty.resize(h, w);
+    }
     if body["Detach"].as_bool().unwrap_or(false) {
         let e = exec.clone();
         tokio::task::spawn_blocking(move || {
@@ -228,22 +247,31 @@ async fn spawn(
         child,
         stdin,
         outputs,
+        pty,
     } = stdio;
+    exec.pty.set_master(pty);
     let weak = Arc::downgrade(exec);
     let on_exit = Box::new(move |x: agentrun_pool::live::ProcessExit| {
         if let Some(e) = weak.upgrade() {
             let mut st = lock(&e.state);
             st.running = false;
             st.exit_code = Some(x.exit_code);
+            drop(st);
+            e.pty.set_master(None);
         }
         let _ = exit.send(x.exit_code);
     });
+    let mut env = exec.env.clone();
+    if exec.container.home_from_passwd(&exec.user, &env) {
+        env.push(("HOME".into(), String::new()));
+    }
     let spec = ProcessSpec {
         argv: exec.cmd.clone(),
-        env: exec.env.clone(),
+        env,
         cwd: exec.working_dir.clone(),
         stdio: child,
         new_session: tty,
+        user: exec.user.clone(),
         on_exit,
     };
     lock(&exec.state).running = true;
@@ -268,6 +296,11 @@ async fn spawn(
                 }
                 agentrun_pool::PoolError::Spawn { exit_code: 126, .. } => {
                     "permission denied".to_owned()
+                }
+                agentrun_pool::PoolError::Spawn { message, .. }
+                    if crate::containers::is_user_error(message) =>
+                {
+                    return Err(format!("{message}\r\n"));
                 }
                 other => other.to_string(),
             };

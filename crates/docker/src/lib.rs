@@ -13,6 +13,7 @@ pub mod containers;
 pub mod exec;
 pub mod http;
 pub mod images;
+pub mod pty;
 pub mod signals;
 pub mod stream;
 pub mod system;
@@ -286,10 +287,12 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
                 (&Method::POST, "wait") => container_api::wait(&ctx, &key, &query),
                 (&Method::GET, "logs") => container_api::logs(&ctx, &key, &query),
                 (&Method::POST, "attach") => container_api::attach(&ctx, &key, &query, req),
-                (&Method::POST, "resize") => match containers::lock(&ctx.containers).find(&key) {
-                    Some(_) => http::empty(StatusCode::OK),
-                    None => container_api::no_such(&key),
-                },
+                (&Method::POST, "resize") => {
+                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
+                        return container_api::no_such(&key);
+                    };
+                    resize(&c.pty, &query, StatusCode::OK)
+                }
                 (&Method::DELETE, "") => container_api::delete(ctx.clone(), &key, &query).await,
                 (&Method::POST, "exec") => {
                     let Some(c) = containers::lock(&ctx.containers).find(&key) else {
@@ -322,11 +325,33 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
             match (m, action) {
                 (&Method::POST, "start") => exec::start(ctx.clone(), &id, req).await,
                 (&Method::GET, "json") => exec::inspect(&ctx, &id),
-                (&Method::POST, "resize") => http::empty(StatusCode::CREATED),
+                (&Method::POST, "resize") => {
+                    let Some(e) = containers::lock(&ctx.execs).get(&id).cloned() else {
+                        return error(
+                            StatusCode::NOT_FOUND,
+                            &format!("No such exec instance: {id}"),
+                        );
+                    };
+                    resize(&e.pty, &query, StatusCode::CREATED)
+                }
                 _ => not_found_route(&method),
             }
         }
         _ => not_found_route(&method),
+    }
+}
+
+/// `POST /containers/{id}/resize`, `POST /exec/{id}/resize`: `h` rows, `w` columns.
+fn resize(pty: &pty::Pty, query: &Query, ok: StatusCode) -> Reply {
+    match pty::query_size(query) {
+        Ok((h, w)) => match pty.resize(h, w) {
+            Ok(()) => http::empty(ok),
+            Err(e) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("resizing the tty: {e}"),
+            ),
+        },
+        Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
     }
 }
 

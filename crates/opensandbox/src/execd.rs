@@ -254,6 +254,7 @@ pub(crate) async fn spawn(
         cwd,
         stdio: [stdin, out_w, err_w],
         new_session: false,
+        user: None,
         on_exit: Box::new(move |e| {
             let _ = tx.send(e);
         }),

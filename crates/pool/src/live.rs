@@ -111,6 +111,9 @@ pub struct ProcessSpec {
     pub stdio: [OwnedFd; 3],
     /// Start it in a new session (terminal processes) rather than a new process group.
     pub new_session: bool,
+    /// Run it as this user (a Docker `User` spec: `uid[:gid]`, `name[:group]`), resolved by
+    /// the sandbox's init from the sandbox's own /etc/passwd and /etc/group; `None`: root.
+    pub user: Option<String>,
     pub on_exit: ExitHook,
 }
 
@@ -217,6 +220,7 @@ impl LiveSandbox {
             env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
             cwd: spec.cwd,
             new_session: spec.new_session,
+            user: spec.user,
         });
         let (tx, rx) = mpsc::channel();
         {

@@ -48,6 +48,7 @@ fn start(sb: &LiveSandbox, argv: &[&str], env: &[(&str, &str)]) -> Result<Starte
         cwd: "/".into(),
         stdio: [null(), w.try_clone().unwrap(), w],
         new_session: false,
+        user: None,
         on_exit: Box::new(move |e| {
             let _ = tx.send(e);
         }),

@@ -65,6 +65,10 @@ pub struct SpawnRequest {
     /// controlling terminal (TIOCSCTTY, still to do: the host would pass the slave fd).
     #[serde(default)]
     pub new_session: bool,
+    /// Run it as this user: a Docker `User` spec (`uid[:gid]`, `name[:group]`) the init
+    /// resolves against the sandbox's own /etc/passwd and /etc/group. `None`: the init's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// What a long-lived sandbox's init reports.
@@ -243,6 +247,7 @@ mod tests {
             env: vec!["A=1".into()],
             cwd: "/tmp".into(),
             new_session: false,
+            user: None,
         });
         let v = serde_json::to_value(&live).unwrap();
         assert_eq!(v["op"], "spawn");

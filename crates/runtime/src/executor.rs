@@ -33,7 +33,7 @@ use oci_spec::runtime::Spec;
 use crate::control::{self, InitRequest, InitResult, LiveEvent, LiveRequest, INIT_CONTROL_FD};
 use crate::landlock::{self, LandlockRules};
 use crate::seccomp;
-use crate::spawn::SpawnSpec;
+use crate::spawn::{SpawnSpec, SpawnStep};
 
 /// Exit code when the sandbox could not be set up around the command.
 pub const EXIT_SETUP_FAILED: i32 = 125;
@@ -100,6 +100,8 @@ struct Run {
     stdio: Option<[OwnedFd; 3]>,
     /// Start it in a new session rather than a new process group.
     new_session: bool,
+    /// Run it as this user (a Docker `User` spec, resolved inside the sandbox).
+    user: Option<String>,
 }
 
 impl Run {
@@ -142,6 +144,7 @@ impl Run {
             cwd,
             stdio,
             new_session: false,
+            user: None,
         })
     }
 
@@ -182,6 +185,9 @@ impl Run {
             .stdio
             .as_ref()
             .map(|s| [s[0].as_raw_fd(), s[1].as_raw_fd(), s[2].as_raw_fd()]);
+        if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
+            return self.spawn_as(user, argv, env, cwd, stdio);
+        }
         crate::spawn::spawn(&SpawnSpec {
             argv: &argv,
             env: &env,
@@ -195,6 +201,62 @@ impl Run {
                 e => (e.desc().to_lowercase(), 126),
             };
             let msg = format!("{}: {what}", self.argv[0]);
+            self.say(&msg);
+            (code, msg)
+        })
+    }
+}
+
+impl Run {
+    /// [`Run::spawn`] as `user`, resolved from the sandbox's own /etc/passwd and /etc/group
+    /// (this runs in the init, inside the sandbox's root). `HOME` comes from the user's
+    /// passwd entry unless the environment sets it to something non-empty (the Docker API
+    /// sends an empty `HOME` when neither the image nor the request set one).
+    fn spawn_as(
+        &self,
+        user: &str,
+        argv: Vec<CString>,
+        mut env: Vec<CString>,
+        cwd: CString,
+        stdio: Option<[RawFd; 3]>,
+    ) -> Result<Pid, (i32, String)> {
+        let creds = crate::user::resolve_here(user).map_err(|e| {
+            let msg = e.to_string();
+            self.say(&msg);
+            (EXIT_SETUP_FAILED, msg)
+        })?;
+        if !self.env.iter().any(|(k, v)| k == "HOME" && !v.is_empty()) {
+            env.retain(|kv| !kv.as_bytes().starts_with(b"HOME="));
+            env.push(CString::new(format!("HOME={}", creds.home)).unwrap_or_default());
+        }
+        let spec = SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio,
+            new_session: self.new_session,
+        };
+        crate::spawn::spawn_as(&spec, &creds).map_err(|(step, errno)| {
+            let why = errno.desc().to_lowercase();
+            let (msg, code) = match step {
+                SpawnStep::Credentials => (
+                    format!(
+                        "cannot run as user {user} ({}:{}): {why}",
+                        creds.uid, creds.gid
+                    ),
+                    EXIT_SETUP_FAILED,
+                ),
+                SpawnStep::Chdir => (
+                    format!("cannot enter {} as user {user}: {why}", self.cwd),
+                    EXIT_SETUP_FAILED,
+                ),
+                SpawnStep::Exec => match errno {
+                    nix::Error::ENOENT | nix::Error::ENOTDIR => {
+                        (format!("{}: command not found", self.argv[0]), 127)
+                    }
+                    _ => (format!("{}: {why}", self.argv[0]), 126),
+                },
+            };
             self.say(&msg);
             (code, msg)
         })
@@ -317,6 +379,7 @@ fn serve_live(control: OwnedFd, first: LiveRequest, fds: Vec<OwnedFd>) -> ! {
             match run {
                 Ok(mut run) => {
                     run.new_session = sp.new_session;
+                    run.user = sp.user;
                     match run.spawn() {
                         Ok(pid) => {
                             by_pid.insert(pid.as_raw(), id);

@@ -24,6 +24,7 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod spawn;
 pub mod spec;
+pub mod user;
 
 pub use error::RuntimeError;
 pub use host::HostInfo;

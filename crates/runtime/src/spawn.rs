@@ -105,3 +105,135 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
         result
     }
 }
+
+/// Which step of [`spawn_as`] failed in the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnStep {
+    /// setgroups/setgid/setuid.
+    Credentials,
+    /// Entering the working directory (as the user).
+    Chdir,
+    /// Finding or executing the program.
+    Exec,
+}
+
+/// Finds `argv0` in `PATH` of the calling process's environment, as `posix_spawnp` would.
+fn lookup(argv0: &CString) -> Result<CString, nix::Error> {
+    let bytes = argv0.as_bytes();
+    if bytes.contains(&b'/') {
+        return Ok(argv0.clone());
+    }
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    let name = std::str::from_utf8(bytes).map_err(|_| nix::Error::ENOENT)?;
+    for dir in path.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let candidate = std::path::Path::new(dir).join(name);
+        if candidate.is_file() {
+            return CString::new(candidate.into_os_string().into_encoded_bytes())
+                .map_err(|_| nix::Error::ENOENT);
+        }
+    }
+    Err(nix::Error::ENOENT)
+}
+
+/// [`spawn`] as another user: the same process group/session, signal state, stdio and
+/// working directory, with `creds` (supplementary groups, gid, uid, in that order) set before
+/// the working directory is entered and the program executed. `posix_spawn` cannot change
+/// credentials, so this forks; the child makes only raw system calls (everything it needs is
+/// prepared before the fork) and reports a failure through a close-on-exec pipe.
+pub fn spawn_as(
+    spec: &SpawnSpec<'_>,
+    creds: &crate::user::Credentials,
+) -> Result<Pid, (SpawnStep, nix::Error)> {
+    let program = lookup(&spec.argv[0]).map_err(|e| (SpawnStep::Exec, e))?;
+    let mut argv: Vec<*const libc::c_char> = spec.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = spec.env.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let groups: Vec<libc::gid_t> = creds.groups.clone();
+    let last_signal = libc::SIGRTMAX();
+    let (report_r, report_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| (SpawnStep::Exec, e))?;
+    let (rfd, wfd) = (
+        std::os::fd::AsRawFd::as_raw_fd(&report_r),
+        std::os::fd::AsRawFd::as_raw_fd(&report_w),
+    );
+    // SAFETY: fork(2); the child below only makes async-signal-safe system calls on data
+    // prepared before the fork, and leaves with execve or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err((SpawnStep::Exec, nix::Error::last()));
+    }
+    if pid == 0 {
+        // SAFETY: the child of a fork: raw system calls on pointers that stay valid (they
+        // point into the parent's copied memory), then execve or _exit.
+        unsafe {
+            let fail = |step: u8| -> ! {
+                let errno = *libc::__errno_location();
+                let mut msg = [0u8; 5];
+                msg[0] = step;
+                msg[1..].copy_from_slice(&errno.to_ne_bytes());
+                libc::write(wfd, msg.as_ptr().cast(), msg.len());
+                libc::_exit(127)
+            };
+            for sig in 1..=last_signal {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let leader = if spec.new_session {
+                libc::setsid()
+            } else {
+                libc::setpgid(0, 0)
+            };
+            if leader < 0 {
+                fail(2);
+            }
+            if let Some(fds) = spec.stdio {
+                for (target, fd) in fds.into_iter().enumerate() {
+                    if libc::dup2(fd, target as libc::c_int) < 0 {
+                        fail(2);
+                    }
+                }
+            }
+            if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                || libc::setgid(creds.gid) < 0
+                || libc::setuid(creds.uid) < 0
+            {
+                fail(0);
+            }
+            if libc::chdir(spec.cwd.as_ptr()) < 0 {
+                fail(1);
+            }
+            let mut empty = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            fail(2)
+        }
+    }
+    drop(report_w);
+    let mut msg = [0u8; 5];
+    let mut got = 0;
+    while got < msg.len() {
+        // SAFETY: read(2) into a buffer we own.
+        let n = unsafe { libc::read(rfd, msg[got..].as_mut_ptr().cast(), msg.len() - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n == 0 || nix::Error::last() != nix::Error::EINTR {
+            break;
+        }
+    }
+    drop(report_r);
+    if got < msg.len() {
+        return Ok(Pid::from_raw(pid)); // the pipe closed on exec: it runs
+    }
+    let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
+    let step = match msg[0] {
+        0 => SpawnStep::Credentials,
+        1 => SpawnStep::Chdir,
+        _ => SpawnStep::Exec,
+    };
+    let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
+    Err((step, nix::Error::from_raw(errno)))
+}
