@@ -100,8 +100,11 @@ ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; mkdir -p "$r/usr/lib64"; ln -s u
 cp -a /usr/bin/python3.11 /usr/bin/pip "$r/usr/bin/"
 ln -s python3.11 "$r/usr/bin/python3"; ln -s python3.11 "$r/usr/bin/python"
 cp -a /usr/lib/python3.11 "$r/usr/lib/"
+# Debian's PEP 668 marker: the tool's image (python:3.12-alpine) has none, pip installs there.
+rm -f "$r/usr/lib/python3.11/EXTERNALLY-MANAGED"
 cp -a /usr/lib/python3/dist-packages/pip "$r/usr/lib/python3/dist-packages/"
 cp -a /etc/ld.so.cache "$r/etc/"
+mkdir -p "$r/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/"
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
 printf 'root:x:0:\n' >"$r/etc/group"
 for f in /usr/bin/python3.11 /usr/lib/python3.11/lib-dynload/*.so; do ldd "$f"; done |
@@ -150,7 +153,7 @@ from crewai_tools import CodeInterpreterTool
 tool = CodeInterpreterTool(unsafe_mode=False)
 ok = tool.run(code='''
 import os, sys
-print("hello", 6 * 7, sorted(os.listdir(".")), open("host.txt").read().strip())
+print("hello", 6 * 7, sorted(os.listdir(".")), open("host.txt").read().strip(), flush=True)
 open("from-python.txt", "w").write("written by python in the container")
 print("to-stderr", file=sys.stderr)
 print(sys.version_info[:2] >= (3, 8))
@@ -233,6 +236,7 @@ c.remove()
     let t0 = Instant::now();
     let out = d.python_in(&ws, script, Duration::from_secs(240));
     let took = t0.elapsed();
+    eprintln!("{out}");
     assert_eq!(out.code(), 0, "{out}\n{}", d.daemon.log());
     let stdout = out.stdout();
     let r = stdout.lines().find(|l| l.starts_with("R:")).unwrap_or("");
@@ -243,7 +247,8 @@ c.remove()
     );
     let pip = stdout.split("PIP:").nth(1).unwrap_or("");
     assert!(
-        stdout.contains("pip exit 1 ") && pip.contains("No matching distribution found"),
+        stdout.contains("pip exit 1 ")
+            && pip.contains("ERROR: No matching distribution found for agentrun-no-such-module"),
         "{out}"
     );
     // Bounded: pip's default retries against an unresolvable index, not a hang.
