@@ -5,7 +5,8 @@
 #   - dockerd: Debian's docker.io dockerd (+ the containerd and runc it starts), started here
 #     with --iptables=false --bridge=none and its own data-root, exec-root, pidfile, config
 #     and socket under a temp dir, the same busybox image loaded into it with `docker load`
-#     of `agentrun image export`. It is stopped and its files removed afterwards.
+#     (`agentrun image export` writes an OCI layout, which dockerd 20.10 cannot load: skopeo
+#     turns it into a `docker save` archive). It is stopped and its files removed afterwards.
 # Both have no network in the container (`--network none`); the image is the test busybox
 # (images/busybox/build.sh, one static binary).
 #
@@ -27,7 +28,7 @@ start_secs=60
 stop_secs=30
 
 need=()
-for t in hyperfine:hyperfine dockerd:docker.io containerd:containerd runc:runc busybox:busybox-static; do
+for t in hyperfine:hyperfine dockerd:docker.io containerd:containerd runc:runc busybox:busybox-static skopeo:skopeo; do
     command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -77,7 +78,7 @@ cleanup() {
     # dockerd's managed containerd normally exits with it; anything of it still running from
     # this temp dir goes now.
     for p in /proc/[0-9]*; do
-        if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "$d/"; then
+        if tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q -- "$d/"; then
             kill -KILL "${p#/proc/}" 2>/dev/null || true
         fi
     done
@@ -97,7 +98,8 @@ oneline() { tr '\n\t|' '  /' | sed 's/  */ /g; s/^ //; s/ $//' | cut -c1-200; }
 # --- the image, in agentrun's store and as a tar for dockerd ------------------------------
 "$repo/images/busybox/build.sh" "$tmp/busybox" >/dev/null
 AGENTRUN_NO_DAEMON=1 "$bin" image add busybox "$tmp/busybox" --cmd /bin/sh >/dev/null
-AGENTRUN_NO_DAEMON=1 "$bin" image export busybox -o "$tmp/busybox.tar"
+AGENTRUN_NO_DAEMON=1 "$bin" image export busybox -o "$tmp/busybox-oci.tar"
+skopeo copy -q "oci-archive:$tmp/busybox-oci.tar" "docker-archive:$tmp/busybox.tar:busybox:latest"
 rm -rf "$tmp/busybox"
 
 # --- agentrun -------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ table=$("$py" "$here/table.py" "docker $argv" "$status" ${args:+"$json"})
 ratio=$("$py" - "$json" <<'EOF'
 import json, sys
 try:
-    r = {x["command_name"]: x["median"] for x in json.load(open(sys.argv[1]))["results"]}
+    r = {x.get("command_name", x["command"]): x["median"] for x in json.load(open(sys.argv[1]))["results"]}
 except (OSError, ValueError, KeyError):
     sys.exit()
 a = next((v for k, v in r.items() if k.startswith("agentrun")), None)
@@ -176,7 +178,7 @@ new_cgroups=$(comm -13 <(echo "$cgroups_before") <(cgroups_now) | sed '/^$/d')
 [ -z "$(ls -A "$AGENTRUN_STATE_DIR/sandboxes" 2>/dev/null)" ] || left+=("agentrun state dirs")
 for p in /proc/[0-9]*; do
     if [ "$(readlink "$p/exe" 2>/dev/null)" = "$bin" ] ||
-        tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "$d/"; then
+        tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q -- "$d/"; then
         left+=("process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline" | cut -c1-80)")
     fi
 done

@@ -8,12 +8,16 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::containers::{self, generated_name, lock, new_id, Container, ContainerConfig, Status};
 use crate::http::{empty, error, json, streaming, Query, Reply};
 use crate::stream;
 use crate::Context;
+
+/// How long an attach stream of an exited container waits for more output while the
+/// process's pipes are still open (a background child may hold them).
+const EXITED_DRAIN: Duration = Duration::from_millis(200);
 
 pub fn no_such(key: &str) -> Reply {
     error(StatusCode::NOT_FOUND, &format!("No such container: {key}"))
@@ -492,13 +496,38 @@ pub fn attach(
         });
         let mut changed = c.changed.subscribe();
         loop {
-            // Exited (a fast container may have run and exited between two looks).
+            // Exited (a fast container may have run and exited between two looks): forward
+            // the rest of its output, until its pumps reached EOF (then what is queued is all
+            // there is) or, bounded, 200 ms without output.
             if c.status() == Status::Exited {
-                while let Ok(Ok((s, b))) =
-                    tokio::time::timeout(Duration::from_millis(200), live.recv()).await
-                {
-                    if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                let mut deadline = tokio::time::Instant::now() + EXITED_DRAIN;
+                loop {
+                    if c.open_outputs.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                        loop {
+                            match live.try_recv() {
+                                Ok((s, b)) => {
+                                    if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                                        break;
+                                    }
+                                }
+                                Err(TryRecvError::Lagged(_)) => {}
+                                Err(_) => break,
+                            }
+                        }
                         break;
+                    }
+                    tokio::select! {
+                        got = tokio::time::timeout_at(deadline, live.recv()) => match got {
+                            Ok(Ok((s, b))) => {
+                                deadline = tokio::time::Instant::now() + EXITED_DRAIN;
+                                if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
+                                    break;
+                                }
+                            }
+                            Ok(Err(RecvError::Lagged(_))) => {}
+                            _ => break,
+                        },
+                        _ = changed.changed() => {}
                     }
                 }
                 break;

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -203,6 +204,8 @@ pub struct Container {
     pub output: broadcast::Sender<(u8, Bytes)>,
     /// The main process's pty (`Tty`) and its window size.
     pub pty: crate::pty::Pty,
+    /// Output pumps of the main process still reading (0: all its output is broadcast).
+    pub open_outputs: AtomicUsize,
 }
 
 impl Container {
@@ -243,6 +246,7 @@ impl Container {
             logs: Mutex::new((Vec::new(), 0)),
             output: broadcast::channel(1024).0,
             pty,
+            open_outputs: AtomicUsize::new(0),
         }
     }
 
@@ -650,14 +654,19 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             st.stdin = None;
         }
     }
+    c.open_outputs.store(outputs.len(), Ordering::SeqCst);
     for (stream, reader) in outputs {
         let weak = Arc::downgrade(c);
-        crate::stream::pump_with(reader, move |b| match weak.upgrade() {
-            Some(c) => {
-                c.record_output(stream, b);
-                true
+        let done = OutputDone(weak.clone());
+        crate::stream::pump_with(reader, move |b| {
+            let _ = &done; // dropped with the pump: at EOF
+            match weak.upgrade() {
+                Some(c) => {
+                    c.record_output(stream, b);
+                    true
+                }
+                None => false,
             }
-            None => false,
         });
     }
     let spawned = sandbox.spawn(ProcessSpec {
@@ -710,6 +719,21 @@ pub fn is_user_error(message: &str) -> bool {
         || message.starts_with("unable to find group")
         || message.starts_with("invalid user")
         || message.starts_with("cannot run as user")
+}
+
+/// Dropped when one output pump of a container's main process ends (its pipe or pty reached
+/// EOF): everything it read has been recorded and broadcast by then.
+struct OutputDone(std::sync::Weak<Container>);
+
+impl Drop for OutputDone {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.upgrade() {
+            let _ = c
+                .open_outputs
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            c.bump();
+        }
+    }
 }
 
 /// Signals the main process (its process group). `false` when it is not running.
