@@ -30,6 +30,9 @@ use crate::Context;
 /// network).
 pub const CONTAINER_PROFILE: &str = "container";
 
+/// How long an exit waits for the main process's output to be read to its end.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
+
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
 
@@ -598,21 +601,32 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     let containers = ctx.containers.clone();
     let on_exit = Box::new(move |exit: agentrun_pool::live::ProcessExit| {
         let Some(c) = weak.upgrade() else { return };
-        {
-            let mut st = lock(&c.state);
-            st.status = Status::Exited;
-            st.exit_code = exit.exit_code;
-            st.finished_at = Some(SystemTime::now());
-            st.stdin = None;
-            st.exits += 1;
-        }
-        c.pty.set_master(None);
-        c.bump();
-        // As when PID 1 of a container dies: whatever else runs in it goes too.
         let live = live.clone();
         let id = sandbox_id.clone();
         let containers = containers.clone();
         std::thread::spawn(move || {
+            // As when PID 1 of a container dies: whatever else runs in it goes too (and with
+            // it the last writers of the main process's output).
+            let sandbox = lock(&c.state).sandbox.clone();
+            if let Some(sb) = sandbox {
+                sb.kill();
+            }
+            // As dockerd: the exit is reported once the output is copied, so `logs` after
+            // `wait` has all of it (bounded).
+            let until = std::time::Instant::now() + OUTPUT_AFTER_EXIT;
+            while c.open_outputs.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            {
+                let mut st = lock(&c.state);
+                st.status = Status::Exited;
+                st.exit_code = exit.exit_code;
+                st.finished_at = Some(SystemTime::now());
+                st.stdin = None;
+                st.exits += 1;
+            }
+            c.pty.set_master(None);
+            c.bump();
             let _ = live.delete(&id);
             let mut st = lock(&c.state);
             st.sandbox = None;
