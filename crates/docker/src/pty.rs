@@ -11,10 +11,13 @@ use serde_json::Value;
 use crate::containers::lock;
 use crate::http::Query;
 
+/// Rows and columns.
+type Size = (u16, u16);
+
 /// The pty (master) of one process, once it exists, and the last size asked for.
 #[derive(Default)]
 pub struct Pty {
-    state: Mutex<(Option<File>, Option<(u16, u16)>)>,
+    state: Mutex<(Option<File>, Option<Size>)>,
 }
 
 impl Pty {
