@@ -11,7 +11,11 @@
 # (images/busybox/build.sh, one static binary).
 #
 #   RUNS=50 hack/bench docker           # runs per command (default 30), after 3 warmups
-#   POOL_SIZE=4 hack/bench docker       # agentrun's ready sandboxes (default 2)
+#   POOL_SIZE=4 hack/bench docker       # `agentrun serve --pool-size` (default 2). Note: the
+#                                       # daemon's pools are keyed by image *name* and profile,
+#                                       # the Docker API asks for the image *id* under the
+#                                       # `container` profile, so containers do not come from
+#                                       # a pool yet: each is a fresh sandbox.
 #   AGENTRUN_BIN=path hack/bench docker # benchmark this binary (default: hack/build-static)
 #   OUT=docker.md hack/bench docker     # also write the report to a file
 #
