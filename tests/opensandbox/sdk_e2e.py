@@ -417,6 +417,87 @@ def expiry():
     check(httpx.delete(f"{BASE}/sandboxes/{r.json()['id']}", headers=lifecycle_headers()).status_code == 204, "delete")
 
 
+def wait_state(mgr, sid, states, secs=15):
+    deadline = time.monotonic() + secs
+    while True:
+        info = mgr.get_sandbox_info(sid)
+        if info.status.state in states:
+            return info
+        check(time.monotonic() < deadline, f"{sid} still {info.status.state}, wanted {states}")
+        time.sleep(0.05)
+
+
+def entrypoint_exit():
+    """The entrypoint is the main process: when it exits, the sandbox stops (every process
+    killed, cgroup gone) and is listed as Terminated (exit 0) or Failed (else), with why, until
+    it is deleted; commands are refused with a 409, the entrypoint's log stays readable."""
+    mgr = SandboxManagerSync.create(connection_config=sync_config())
+    body = {"image": {"uri": "host"}, "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "1Gi"}}
+    ids = {}
+    for name, ep in (("fail", ["sh", "-c", "sleep 300 & echo bye; sleep 0.3; exit 3"]), ("ok", ["sh", "-c", "sleep 0.3"])):
+        r = httpx.post(f"{BASE}/sandboxes", json=dict(body, entrypoint=ep), headers=lifecycle_headers())
+        check(r.status_code == 202, f"create {r.status_code} {r.text}")
+        ids[name] = r.json()["id"]
+    failed = wait_state(mgr, ids["fail"], {"Failed"})
+    check(failed.status.reason == "ENTRYPOINT_FAILED" and "code 3" in (failed.status.message or ""), f"failed status {failed.status}")
+    done = wait_state(mgr, ids["ok"], {"Terminated"})
+    check(done.status.reason == "ENTRYPOINT_EXITED" and "code 0" in (done.status.message or ""), f"terminated status {done.status}")
+    # Still listed, with its state.
+    listed = {s.id: s.status.state for s in mgr.list_sandbox_infos(SandboxFilter()).sandbox_infos}
+    check(listed.get(ids["fail"]) == "Failed" and listed.get(ids["ok"]) == "Terminated", f"list {listed}")
+    sid = ids["fail"]
+    # Every process is gone (the background sleep too): the sandbox's cgroup is removed.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/sys/fs/cgroup/pids/agentrun/{sid}") or os.path.exists(f"/sys/fs/cgroup/agentrun/{sid}"):
+        check(time.monotonic() < deadline, "the ended sandbox's cgroup is still there")
+        time.sleep(0.05)
+    ep = httpx.get(f"{BASE}/sandboxes/{sid}/endpoints/44772", headers=lifecycle_headers()).json()
+    execd = f"http://{ep['endpoint']}"
+    r = httpx.post(f"{execd}/command", json={"command": "echo hi"}, headers=ep["headers"])
+    check(r.status_code == 409 and "code 3" in r.json()["message"], f"command on an ended sandbox: {r.status_code} {r.text}")
+    r = httpx.get(f"{execd}/command/entrypoint/logs", headers=ep["headers"])
+    check(r.status_code == 200 and r.text == "bye\n", f"entrypoint log: {r.status_code} {r.text!r}")
+    r = httpx.post(f"{BASE}/sandboxes/{sid}/pause", headers=lifecycle_headers())
+    check(r.status_code == 409, f"pause of an ended sandbox: {r.status_code} {r.text}")
+    # The SDK sees it too.
+    sbx = SandboxSync.connect(sid, connection_config=sync_config(), skip_health_check=True)
+    check(sbx.get_info().status.state == "Failed", "SDK get_info state")
+    try:
+        sbx.commands.run("echo hi")
+        raise AssertionError("an ended sandbox must not run commands")
+    except SandboxException:
+        pass
+    sbx.kill()
+    sbx.close()
+    mgr.kill_sandbox(ids["ok"])
+    for sid in ids.values():
+        expect_api_error(lambda: mgr.get_sandbox_info(sid), 404)
+
+
+def log_cap():
+    """A command's log is bounded (the newest 8 MiB): the cursor still counts every line."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        ex = sbx.commands.run("seq 1 2000000", opts=RunCommandOpts(background=True))
+        cid = ex.id
+        deadline = time.monotonic() + 60
+        while sbx.commands.get_command_status(cid).running:
+            check(time.monotonic() < deadline, "seq still running")
+            time.sleep(0.1)
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        r = httpx.get(f"http://{ep['endpoint']}/command/{cid}/logs", params={"cursor": 0}, headers=ep["headers"])
+        check(r.status_code == 200, f"logs {r.status_code}")
+        lines = r.text.splitlines()
+        check(r.headers["EXECD-COMMANDS-TAIL-CURSOR"] == "2000000", f"cursor {r.headers}")
+        check(lines[-1] == "2000000" and int(lines[0]) > 1, f"kept {lines[0]}..{lines[-1]}")
+        check(len(r.content) <= 8 * 1024 * 1024 and int(lines[0]) + len(lines) - 1 == 2000000, f"{len(r.content)} bytes, {len(lines)} lines from {lines[0]}")
+        # A cursor inside what is kept gives what follows it.
+        r = httpx.get(f"http://{ep['endpoint']}/command/{cid}/logs", params={"cursor": 1999998}, headers=ep["headers"])
+        check(r.text == "1999999\n2000000\n", f"tail {r.text!r}")
+    finally:
+        sbx.kill()
+
+
 def escape():
     secret_path = os.environ["OSB_HOST_SECRET"]
     probe = os.environ["OSB_HOST_PROBE"]
@@ -568,6 +649,8 @@ SCENARIOS = {
     "auth": auth,
     "expiry": expiry,
     "escape": escape,
+    "entrypoint_exit": entrypoint_exit,
+    "log_cap": log_cap,
     "many": lambda: asyncio.run(many()),
 }
 

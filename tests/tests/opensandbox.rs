@@ -119,6 +119,16 @@ fn unsupported_create_fields_get_400() {
 }
 
 #[test]
+fn entrypoint_exit_stops_the_sandbox() {
+    run_scenario("entrypoint_exit");
+}
+
+#[test]
+fn command_logs_are_bounded() {
+    run_scenario("log_cap");
+}
+
+#[test]
 fn ttl_expiry_deletes_the_sandbox() {
     run_scenario("expiry");
 }

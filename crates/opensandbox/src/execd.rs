@@ -92,6 +92,13 @@ pub fn authorize(
 }
 
 pub(crate) fn execd(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
+    let rec = execd_any_state(server, sid, headers)?;
+    rec.check_running()?;
+    Ok(rec)
+}
+
+/// [`execd`] for what still answers after the sandbox ended (command status and logs).
+fn execd_any_state(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
     authorize(server, sid, headers, crate::EXECD_TOKEN_HEADER)
 }
 
@@ -183,8 +190,8 @@ pub struct CommandState {
     pub exit_code: Option<i32>,
     pub error: String,
     pub finished_at: Option<DateTime<Utc>>,
-    /// stdout and stderr lines, in arrival order.
-    pub log: Vec<String>,
+    /// stdout and stderr lines, in arrival order (the newest [`crate::lines::LOG_CAP_BYTES`]).
+    pub log: crate::lines::LineLog,
 }
 
 #[derive(Deserialize)]
@@ -288,7 +295,7 @@ pub(crate) async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'stat
 
 /// The sandbox's main process: the create request's entrypoint. Its output is kept as the
 /// sandbox's log (last lines only).
-pub async fn start_entrypoint(rec: &Arc<Record>) -> ApiResult<()> {
+pub async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let (id, out, err, exit) = match spawn(
         rec,
         rec.entrypoint.clone(),
@@ -314,23 +321,23 @@ pub async fn start_entrypoint(rec: &Arc<Record>) -> ApiResult<()> {
             ..Default::default()
         }),
     });
-    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    remember(rec, &cmd);
     for fd in [out, err] {
         let c = cmd.clone();
         tokio::spawn(read_lines(fd, move |l| {
-            let mut st = lock(&c.state);
-            if st.log.len() >= 10_000 {
-                st.log.remove(0);
-            }
-            st.log.push(l);
+            lock(&c.state).log.push(l);
         }));
     }
+    let (live, rec) = (server.live.clone(), rec.clone());
     tokio::spawn(async move {
         let e = exit.await.unwrap_or_default();
-        let mut st = lock(&cmd.state);
-        st.running = false;
-        st.exit_code = Some(e.exit_code);
-        st.finished_at = Some(Utc::now());
+        {
+            let mut st = lock(&cmd.state);
+            st.running = false;
+            st.exit_code = Some(e.exit_code);
+            st.finished_at = Some(Utc::now());
+        }
+        rec.entrypoint_exited(&live, e.exit_code);
     });
     Ok(())
 }
@@ -420,7 +427,7 @@ async fn run_command(
             ..Default::default()
         }),
     });
-    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    remember(&rec, &cmd);
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(event("init", json!({"text": cmd.id})));
     let live_tx = if req.background {
@@ -546,6 +553,28 @@ async fn interrupt(
     Ok(StatusCode::OK)
 }
 
+/// Finished commands a sandbox keeps (status and logs); older finished ones are forgotten.
+const KEPT_FINISHED_COMMANDS: usize = 256;
+
+/// Adds `cmd` to the sandbox's commands, forgetting the oldest finished ones beyond
+/// [`KEPT_FINISHED_COMMANDS`] (the entrypoint is always kept): with each command's log
+/// capped too, what a long-lived sandbox holds in memory is bounded.
+fn remember(rec: &Record, cmd: &Arc<Command>) {
+    let mut commands = lock(&rec.commands);
+    commands.insert(cmd.id.clone(), cmd.clone());
+    let mut finished: Vec<(DateTime<Utc>, String)> = commands
+        .values()
+        .filter(|c| c.id != "entrypoint" && !lock(&c.state).running)
+        .map(|c| (c.started_at, c.id.clone()))
+        .collect();
+    if finished.len() > KEPT_FINISHED_COMMANDS {
+        finished.sort();
+        for (_, id) in &finished[..finished.len() - KEPT_FINISHED_COMMANDS] {
+            commands.remove(id);
+        }
+    }
+}
+
 fn find_command(rec: &Record, cid: &str) -> ApiResult<Arc<Command>> {
     lock(&rec.commands)
         .get(cid)
@@ -558,7 +587,7 @@ async fn command_status(
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
+    let rec = execd_any_state(&server, sid_of(&p), &headers)?;
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
     Ok(Json(json!({
@@ -583,19 +612,18 @@ async fn command_logs(
     Query(q): Query<CursorQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
+    let rec = execd_any_state(&server, sid_of(&p), &headers)?;
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
-    let from = q.cursor.unwrap_or(0).min(st.log.len());
     let mut text = String::new();
-    for l in &st.log[from..] {
+    for l in st.log.since(q.cursor.unwrap_or(0)) {
         text.push_str(if l == "\n" { "" } else { l });
         text.push('\n');
     }
     Ok((
         [
             ("content-type", "text/plain; charset=utf-8".to_string()),
-            ("EXECD-COMMANDS-TAIL-CURSOR", st.log.len().to_string()),
+            ("EXECD-COMMANDS-TAIL-CURSOR", st.log.end().to_string()),
         ],
         text,
     )
