@@ -10,6 +10,7 @@ raises (non-zero exit, traceback).
 """
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -498,6 +499,29 @@ def log_cap():
         sbx.kill()
 
 
+def metrics_watch():
+    """/metrics/watch streams the metrics JSON every second; CPU use is that of the interval."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        sbx.commands.run("while :; do :; done", opts=RunCommandOpts(background=True))
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        got = []
+        with httpx.stream("GET", f"http://{ep['endpoint']}/metrics/watch", headers=ep["headers"], timeout=10) as r:
+            check(r.status_code == 200, f"watch {r.status_code}")
+            for line in r.iter_lines():
+                if line.strip():
+                    got.append(json.loads(line))
+                if len(got) == 3:
+                    break
+        keys = {"cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"}
+        check(all(keys <= set(m) for m in got), f"metrics keys {got}")
+        gaps = [b["timestamp"] - a["timestamp"] for a, b in zip(got, got[1:])]
+        check(all(800 <= g <= 1500 for g in gaps), f"one a second: gaps {gaps}")
+        check(got[-1]["cpu_used_pct"] > 20, f"a busy loop shows: {got}")
+    finally:
+        sbx.kill()
+
+
 def escape():
     secret_path = os.environ["OSB_HOST_SECRET"]
     probe = os.environ["OSB_HOST_PROBE"]
@@ -651,6 +675,7 @@ SCENARIOS = {
     "escape": escape,
     "entrypoint_exit": entrypoint_exit,
     "log_cap": log_cap,
+    "metrics_watch": metrics_watch,
     "many": lambda: asyncio.run(many()),
 }
 

@@ -129,6 +129,11 @@ fn command_logs_are_bounded() {
 }
 
 #[test]
+fn metrics_watch_streams_every_second() {
+    run_scenario("metrics_watch");
+}
+
+#[test]
 fn ttl_expiry_deletes_the_sandbox() {
     run_scenario("expiry");
 }

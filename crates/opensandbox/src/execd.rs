@@ -46,6 +46,7 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/session/{ssid}", delete(delete_session))
         .route("/session/{ssid}/run", post(run_in_session))
         .route("/metrics", get(metrics))
+        .route("/metrics/watch", get(metrics_watch))
         .with_state(server)
 }
 
@@ -873,14 +874,51 @@ async fn metrics(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
+    let mut sample = lock(&rec.cpu_sample);
+    Ok(Json(metrics_sample(&rec, &mut sample)?))
+}
+
+/// `/metrics/watch`: the metrics JSON every second (each followed by a blank line, as the
+/// command streams), until the client goes away or the sandbox ends. CPU use is measured
+/// over each interval of this stream.
+async fn metrics_watch(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let mut sample = (Instant::now(), rec.sandbox.usage()?.cpu_ns);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if rec.check_running().is_err() {
+                break;
+            }
+            let Ok(m) = metrics_sample(&rec, &mut sample) else {
+                break;
+            };
+            let mut line = m.to_string();
+            line.push_str("\n\n");
+            if tx.send(Bytes::from(line)).is_err() {
+                break; // the client went away
+            }
+        }
+    });
+    Ok(stream_response(rx))
+}
+
+/// The sandbox's metrics now; CPU use since `sample` (wall time, cgroup CPU ns), which is
+/// updated.
+fn metrics_sample(rec: &Record, sample: &mut (Instant, u64)) -> ApiResult<Value> {
     let usage = rec.sandbox.usage()?;
     let (cpus, mem_limit) = rec.sandbox.limits();
     let now = Instant::now();
     let pct = {
-        let mut s = lock(&rec.cpu_sample);
-        let wall = now.duration_since(s.0).as_nanos() as f64;
-        let used = usage.cpu_ns.saturating_sub(s.1) as f64;
-        *s = (now, usage.cpu_ns);
+        let wall = now.duration_since(sample.0).as_nanos() as f64;
+        let used = usage.cpu_ns.saturating_sub(sample.1) as f64;
+        *sample = (now, usage.cpu_ns);
         if wall > 0.0 {
             (used / wall / cpus * 100.0).clamp(0.0, 100.0)
         } else {
@@ -892,11 +930,11 @@ async fn metrics(
     } else {
         mem_limit
     };
-    Ok(Json(json!({
+    Ok(json!({
         "cpu_count": cpus,
         "cpu_used_pct": (pct * 100.0).round() / 100.0,
         "mem_total_mib": limit as f64 / (1u64 << 20) as f64,
         "mem_used_mib": ((usage.memory_bytes as f64 / (1u64 << 20) as f64) * 100.0).round() / 100.0,
         "timestamp": now_ms(),
-    })))
+    }))
 }
