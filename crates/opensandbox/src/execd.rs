@@ -536,13 +536,7 @@ async fn interrupt(
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let id = q.id.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter id",
-        )
-    })?;
+    let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
     let cmd = lock(&rec.commands)
         .get(&id)
         .cloned()
