@@ -12,6 +12,7 @@ raises (non-zero exit, traceback).
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -522,6 +523,87 @@ def metrics_watch():
         sbx.kill()
 
 
+PROXY_SERVER = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.headers.get("Upgrade") == "echo":
+            self.send_response(101)
+            self.send_header("Upgrade", "echo")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                b = self.connection.recv(4096)
+                if not b:
+                    return
+                self.connection.sendall(b.upper())
+        body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        n = int(self.headers["Content-Length"])
+        body = self.rfile.read(n)[::-1]
+        self.send_response(201)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"""
+
+
+def port_proxy():
+    """The endpoint of any other port proxies HTTP (and upgrades) to 127.0.0.1:port inside the
+    sandbox; agentrun's credentials are not forwarded; nothing listening gives a 502."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        sbx.files.write_file("/tmp/server.py", PROXY_SERVER)
+        sbx.commands.run("python3 /tmp/server.py", opts=RunCommandOpts(background=True))
+        ep = sbx.get_endpoint(8000)
+        url = f"http://{ep.endpoint}"
+        deadline = time.monotonic() + 15
+        while True:
+            r = httpx.get(f"{url}/hello/there?x=1", headers=ep.headers)
+            if r.status_code == 200:
+                break
+            check(time.monotonic() < deadline and r.status_code == 502, f"proxy {r.status_code} {r.text}")
+            time.sleep(0.2)
+        seen = r.json()
+        check(seen["path"] == "/hello/there?x=1", f"path {seen}")
+        lower = {k.lower() for k in seen["headers"]}
+        check("x-execd-access-token" not in lower and "open-sandbox-api-key" not in lower, f"credentials forwarded: {seen}")
+        r = httpx.post(f"{url}/echo", content=b"abc" * 100000, headers=ep.headers)
+        check(r.status_code == 201 and r.content == (b"abc" * 100000)[::-1], f"post {r.status_code} {len(r.content)}")
+        # Without the sandbox's token: refused.
+        check(httpx.get(f"{url}/x").status_code == 401, "the proxy needs the token")
+        # An upgrade: raw bytes both ways after the 101.
+        host, path = ep.endpoint.split("/", 1)
+        h, p = host.rsplit(":", 1)
+        with socket.create_connection((h, int(p)), timeout=10) as c:
+            hdrs = "".join(f"{k}: {v}\r\n" for k, v in ep.headers.items())
+            c.sendall(f"GET /{path}/ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: echo\r\nConnection: Upgrade\r\n{hdrs}\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(4096)
+                check(chunk, f"closed before the 101: {head!r}")
+                head += chunk
+            check(head.startswith(b"HTTP/1.1 101"), f"upgrade answer {head!r}")
+            c.sendall(b"ping")
+            got = b""
+            while len(got) < 4:
+                got += c.recv(4096)
+            check(got == b"PING", f"upgraded stream {got!r}")
+        # Nothing on that port: 502 with the OpenSandbox error shape.
+        other = sbx.get_endpoint(8009)
+        r = httpx.get(f"http://{other.endpoint}/", headers=other.headers)
+        check(r.status_code == 502 and "8009" in r.json()["message"], f"no server: {r.status_code} {r.text}")
+    finally:
+        sbx.kill()
+
+
 def escape():
     secret_path = os.environ["OSB_HOST_SECRET"]
     probe = os.environ["OSB_HOST_PROBE"]
@@ -676,6 +758,7 @@ SCENARIOS = {
     "entrypoint_exit": entrypoint_exit,
     "log_cap": log_cap,
     "metrics_watch": metrics_watch,
+    "port_proxy": port_proxy,
     "many": lambda: asyncio.run(many()),
 }
 

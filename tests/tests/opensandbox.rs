@@ -134,6 +134,11 @@ fn metrics_watch_streams_every_second() {
 }
 
 #[test]
+fn other_ports_are_proxied_into_the_sandbox() {
+    run_scenario("port_proxy");
+}
+
+#[test]
 fn ttl_expiry_deletes_the_sandbox() {
     run_scenario("expiry");
 }

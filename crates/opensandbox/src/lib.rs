@@ -20,6 +20,7 @@ pub mod execd;
 pub mod files;
 pub mod lifecycle;
 mod lines;
+pub mod proxy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -147,7 +148,8 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             "/execd/{sid}",
             execd::routes(server.clone())
                 .merge(files::routes(server.clone()))
-                .merge(code::routes(server.clone())),
+                .merge(code::routes(server.clone()))
+                .merge(proxy::routes(server.clone())),
         )
         .nest("/egress/{sid}", execd::egress_routes(server.clone()))
         .fallback(|uri: axum::http::Uri| async move {
@@ -223,6 +225,8 @@ pub struct Record {
     pub state: Mutex<(&'static str, DateTime<Utc>)>,
     /// Why the sandbox ended by itself (its entrypoint exited): status reason and message.
     pub ended: Mutex<Option<(&'static str, String)>>,
+    /// The thread that makes sockets in its network namespace (the port proxy), once needed.
+    pub netns: std::sync::OnceLock<agentrun_runtime::netns::NetnsSockets>,
     /// Set once its processes are killed and its teardown is under way.
     pub torn_down: std::sync::atomic::AtomicBool,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,

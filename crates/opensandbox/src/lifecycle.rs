@@ -420,6 +420,7 @@ async fn create_sandbox(
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
         state: Mutex::new(("Running", now)),
         ended: Mutex::new(None),
+        netns: Default::default(),
         torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
         sessions: Mutex::new(Default::default()),
@@ -631,10 +632,11 @@ async fn endpoint(
             "endpoint": format!("{host}/egress/{id}"),
             "headers": {crate::EGRESS_TOKEN_HEADER: rec.egress_token},
         }))),
-        p => Err(ApiError::not_found(
-            "SANDBOX::PORT_NOT_AVAILABLE",
-            format!("port {p}: agentrun sandboxes have no network reachable from outside; only execd ({}) and egress ({}) are served", crate::EXECD_PORT, crate::EGRESS_PORT),
-        )),
+        // Any other port: execd's proxy to 127.0.0.1:port inside the sandbox.
+        p => Ok(Json(json!({
+            "endpoint": format!("{host}/execd/{id}/proxy/{p}"),
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+        }))),
     }
 }
 
