@@ -214,19 +214,14 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     };
     let t = stop_timeout(q);
     let c2 = c.clone();
+    // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
+    // in the same sandbox, on the same files.
+    lock(&c.state).restarting = true;
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
-    // The exit's cleanup (sandbox deletion) must be done before a new start.
-    let mut rx = c.changed.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while lock(&c.state).sandbox.is_some() {
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
-            break;
-        }
-    }
-    start(ctx, &c.id).await
+    // (A failed start removes an AutoRemove container itself.)
+    let reply = start(ctx, &c.id).await;
+    lock(&c.state).restarting = false;
+    reply
 }
 
 /// `POST /containers/{id}/kill?signal=`
