@@ -752,6 +752,11 @@ fn docker_daemon_killed_with_stopped_containers_leaves_nothing() {
         .unwrap()
         .count();
     assert!(sandboxes >= 3, "{sandboxes} sandboxes for 3 containers");
+    // `start -a` (attach, then start) of the created container: the file was kept for it.
+    let out = d.docker(&["start", "-a", "k3"]);
+    assert_eq!(out.success(), "copied before start\n", "{out}");
+    let out = d.docker(&["start", "-a", "k3"]);
+    assert_eq!(out.success(), "copied before start\n", "{out}");
 
     // SIGKILL: the factory sees the daemon go and destroys every sandbox it made.
     d.daemon.kill9();

@@ -427,6 +427,9 @@ pub fn attach(
     let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
     let with_logs = q.bool("logs");
     let mut live = c.output.subscribe();
+    // The run this attach is for: the current one, or the next (`docker start -a` attaches
+    // to an exited container, then starts it).
+    let exits_at_attach = lock(&c.state).exits;
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let up = match upgrade.await {
@@ -488,7 +491,11 @@ pub fn attach(
         let mut changed = c.changed.subscribe();
         loop {
             // Exited (a fast container may have run and exited between two looks).
-            if c.status() == Status::Exited {
+            let ended = {
+                let st = lock(&c.state);
+                st.status == Status::Exited && st.exits > exits_at_attach
+            };
+            if ended {
                 while let Ok(Ok((s, b))) =
                     tokio::time::timeout(Duration::from_millis(200), live.recv()).await
                 {
