@@ -640,11 +640,17 @@ bits, stat = c.get_archive("/esc")
 print(stat["linkTarget"], oct(stat["mode"] & 0o777))
 bits, stat = c.get_archive("/tree/rel")
 print(stat["name"], stat["linkTarget"])
+# Into a directory through a link to it: followed inside the container.
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    f = tarfile.TarInfo("via-link.txt"); f.size = 3
+    t.addfile(f, io.BytesIO(b"via"))
+print(c.put_archive("/esc/tmp", buf.getvalue()))
 "#
     ));
     assert_eq!(
         out.success(),
-        "exited\nTrue\n/ 0o777\nrel /tree/f.txt\n",
+        "exited\nTrue\n/ 0o777\nrel /tree/f.txt\nTrue\n",
         "{out}"
     );
     assert!(
@@ -660,12 +666,12 @@ print(stat["name"], stat["linkTarget"])
         "sh",
         "-c",
         &format!(
-            "cat /runs.txt; readlink /tree/abs; cat /tree/rel /tree/hard; test -e /tmp/{marker} && echo marker"
+            "cat /runs.txt; readlink /tree/abs; cat /tree/rel /tree/hard; test -e /tmp/{marker} && echo marker; cat /tmp/via-link.txt"
         ),
     ]);
     assert_eq!(
         out.success(),
-        "run\nrun\n/etc/passwd\nin the tree\nin the tree\nmarker\n",
+        "run\nrun\n/etc/passwd\nin the tree\nin the tree\nmarker\nvia",
         "{out}"
     );
     d.docker(&["restart", "-t", "1", "keep"]).success();

@@ -223,6 +223,9 @@ pub async fn put(
     let c2 = c.clone();
     let result = tokio::task::spawn_blocking(move || {
         as_sandbox_root(|| -> Result<(), String> {
+            // As dockerd: the extraction point may be (or go through) a link, followed in
+            // the container's root.
+            let rel = fs.resolve(&rel).map_err(|e| format!("500:{e}"))?;
             match fs.stat(&rel) {
                 Ok(e) if e.is_dir() => {}
                 Ok(_) => return Err("400:extraction point is not a directory".into()),
