@@ -810,6 +810,19 @@ fn refused(port: u16) -> bool {
     )
 }
 
+/// Threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|t| {
+                    fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// The host port of `docker port NAME 8000` (`127.0.0.1:N`).
 fn published_port(d: &DockerDaemon, name: &str) -> u16 {
     let out = d.docker(&["port", name, "8000"]);
@@ -869,10 +882,27 @@ fn docker_publishes_ports_on_host_loopback() {
         http_get_eventually(&d, port, "/index.html"),
         "hello from the container\n"
     );
+    // One thread in the container's network namespace makes the inner sockets.
+    // (The first run's is gone with its stop.)
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            (threads_named(d.daemon.pid(), "netns-sockets") == 1).then_some(())
+        })
+        .is_some(),
+        "{} namespace threads for one running container",
+        threads_named(d.daemon.pid(), "netns-sockets")
+    );
     d.docker(&["rm", "-f", "web"]).success();
     assert!(
         wait_until(Duration::from_secs(5), || refused(port).then_some(())).is_some(),
         "127.0.0.1:{port} still accepts after rm"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            (threads_named(d.daemon.pid(), "netns-sockets") == 0).then_some(())
+        })
+        .is_some(),
+        "the namespace thread outlived its container"
     );
 
     // A fixed host port is bound again by restart at once; a second container cannot have it.
