@@ -937,6 +937,27 @@ fn docker_publishes_ports_on_host_loopback() {
     assert!(out.stderr().contains("port is already allocated"), "{out}");
     d.docker(&["rm", "-f", "fixed", "clash"]).success();
 
+    // -P: every exposed port on a free loopback port.
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "all",
+        "-P",
+        "--expose",
+        "8000",
+        "-v",
+        "/usr:/usr:ro",
+        "pyhost",
+        "sh",
+        "-c",
+        server,
+    ])
+    .success();
+    let port = published_port(&d, "all");
+    http_get_eventually(&d, port, "/index.html");
+    d.docker(&["rm", "-f", "all"]).success();
+
     // Only loopback, only tcp.
     let out = d.docker(&["run", "-d", "-p", "0.0.0.0:0:8000", "busybox", "true"]);
     assert_eq!(out.code(), 125, "{out}");
