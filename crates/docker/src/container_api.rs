@@ -216,12 +216,18 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     let c2 = c.clone();
     // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
     // in the same sandbox, on the same files.
+    /// Ends the restart however this request ends (a client gone mid-way included).
+    struct Restarting(Arc<Container>);
+    impl Drop for Restarting {
+        fn drop(&mut self) {
+            lock(&self.0.state).restarting = false;
+        }
+    }
     lock(&c.state).restarting = true;
+    let _restarting = Restarting(c.clone());
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // (A failed start removes an AutoRemove container itself.)
-    let reply = start(ctx, &c.id).await;
-    lock(&c.state).restarting = false;
-    reply
+    start(ctx, &c.id).await
 }
 
 /// `POST /containers/{id}/kill?signal=`
