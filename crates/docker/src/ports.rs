@@ -160,14 +160,9 @@ pub fn publish(
     }
     let rt = tokio::runtime::Handle::try_current()
         .map_err(|e| format!("publishing ports: no runtime: {e}"))?;
-    let netns = nix::fcntl::open(
-        format!("/proc/{init_pid}/ns/net").as_str(),
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| format!("publishing ports: the container's network namespace: {e}"))?;
-    // SAFETY: open returned a new fd that nobody else owns.
-    let netns = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(netns) };
+    let netns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
+        .map(OwnedFd::from)
+        .map_err(|e| format!("publishing ports: the container's network namespace: {e}"))?;
     let sockets = SocketMaker::start(netns)
         .map_err(|e| format!("publishing ports: entering the container's network: {e}"))?;
     let mut listeners = Vec::new();
