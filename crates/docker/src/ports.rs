@@ -4,9 +4,9 @@
 //! A container has a network namespace of its own with only loopback in it. Publishing port P
 //! listens on a host loopback address and forwards every TCP connection to `127.0.0.1:P`
 //! inside the container: the daemon makes the inner socket in the container's network
-//! namespace (one thread per container `setns`es into it at start, through the init's
-//! namespace fd, and makes sockets there on request; a socket keeps the namespace it was made
-//! in), then copies bytes both ways. Nothing runs in the sandbox for it, and the container gets no route out.
+//! namespace ([`agentrun_runtime::netns`]: one thread per container enters it at start and
+//! makes sockets there on request), then copies bytes both ways. Nothing runs in the sandbox
+//! for it, and the container gets no route out.
 //!
 //! Only loopback host addresses are accepted (an empty `HostIp` means `127.0.0.1`): a
 //! container is a sandbox for untrusted code, and `0.0.0.0` would hand its server to the
@@ -18,6 +18,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use agentrun_runtime::netns::NetnsSockets;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
@@ -160,10 +161,7 @@ pub fn publish(
     }
     let rt = tokio::runtime::Handle::try_current()
         .map_err(|e| format!("publishing ports: no runtime: {e}"))?;
-    let netns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
-        .map(OwnedFd::from)
-        .map_err(|e| format!("publishing ports: the container's network namespace: {e}"))?;
-    let sockets = SocketMaker::start(netns)
+    let sockets = NetnsSockets::of_process(init_pid)
         .map_err(|e| format!("publishing ports: entering the container's network: {e}"))?;
     let mut listeners = Vec::new();
     for b in bindings {
@@ -204,63 +202,11 @@ pub fn publish(
     Ok(Some(published))
 }
 
-/// A thread that lives in a container's network namespace and makes TCP sockets there (a
-/// socket keeps the namespace it was made in). It entered the namespace once, does nothing
-/// else, and ends when every handle on it is gone (the listeners and connections of
-/// [`Published`]): no other thread of the daemon ever changes namespace.
-#[derive(Clone)]
-struct SocketMaker {
-    requests: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<io::Result<OwnedFd>>>,
-}
-
-impl SocketMaker {
-    fn start(netns: OwnedFd) -> io::Result<SocketMaker> {
-        let (requests, rx) =
-            std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<io::Result<OwnedFd>>>();
-        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("netns-sockets".into())
-            .spawn(move || {
-                let entered = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET);
-                drop(netns);
-                let ok = entered.is_ok();
-                let _ = entered_tx.send(entered);
-                if !ok {
-                    return;
-                }
-                while let Ok(reply) = rx.recv() {
-                    let made = nix::sys::socket::socket(
-                        nix::sys::socket::AddressFamily::Inet,
-                        nix::sys::socket::SockType::Stream,
-                        nix::sys::socket::SockFlag::SOCK_CLOEXEC
-                            | nix::sys::socket::SockFlag::SOCK_NONBLOCK,
-                        None,
-                    );
-                    let _ = reply.send(made.map_err(io::Error::from));
-                }
-            })?;
-        entered_rx
-            .recv()
-            .map_err(|_| io::Error::other("the namespace thread ended"))??;
-        Ok(SocketMaker { requests })
-    }
-
-    /// A new TCP socket in the namespace.
-    async fn socket(&self) -> io::Result<OwnedFd> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.requests
-            .send(tx)
-            .map_err(|_| io::Error::other("the namespace thread ended"))?;
-        rx.await
-            .map_err(|_| io::Error::other("the namespace thread ended"))?
-    }
-}
-
 /// Carries one host connection to `127.0.0.1:port` in the container until either side
 /// closes, or the container stops (`stop`).
 async fn forward(
     mut client: TcpStream,
-    sockets: SocketMaker,
+    sockets: NetnsSockets,
     port: u16,
     mut stop: watch::Receiver<()>,
 ) {
