@@ -218,18 +218,19 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     };
     let t = stop_timeout(q);
     let c2 = c.clone();
-    let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
-    // The exit's cleanup (sandbox deletion) must be done before a new start.
-    let mut rx = c.changed.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while lock(&c.state).sandbox.is_some() {
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
-            break;
+    // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
+    // in the same sandbox, on the same files.
+    /// Ends the restart however this request ends (a client gone mid-way included).
+    struct Restarting(Arc<Container>);
+    impl Drop for Restarting {
+        fn drop(&mut self) {
+            lock(&self.0.state).restarting = false;
         }
     }
+    lock(&c.state).restarting = true;
+    let _restarting = Restarting(c.clone());
+    let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
+    // (A failed start removes an AutoRemove container itself.)
     start(ctx, &c.id).await
 }
 
@@ -436,6 +437,9 @@ pub fn attach(
     let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
     let with_logs = q.bool("logs");
     let mut live = c.output.subscribe();
+    // The run this attach is for: the current one, or the next (`docker start -a` attaches
+    // to an exited container, then starts it).
+    let exits_at_attach = lock(&c.state).exits;
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let up = match upgrade.await {
@@ -499,7 +503,11 @@ pub fn attach(
             // Exited (a fast container may have run and exited between two looks): forward
             // the rest of its output, until its pumps reached EOF (then what is queued is all
             // there is) or, bounded, 200 ms without output.
-            if c.status() == Status::Exited {
+            let ended = {
+                let st = lock(&c.state);
+                st.status == Status::Exited && st.exits > exits_at_attach
+            };
+            if ended {
                 let mut deadline = tokio::time::Instant::now() + EXITED_DRAIN;
                 loop {
                     if c.open_outputs.load(std::sync::atomic::Ordering::SeqCst) == 0 {
