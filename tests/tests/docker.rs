@@ -709,7 +709,12 @@ c.start()
 c.restart(timeout=1)
 c.reload()
 print(c.status)
-r = c.exec_run(["wc", "-l", "/pids"])
+# The restarted shell appends its pid right after it starts: give it (bounded) time to.
+for _ in range(100):
+    r = c.exec_run(["wc", "-l", "/pids"])
+    if r.output.decode().split()[0] == "2":
+        break
+    time.sleep(0.05)
 print(r.output.decode().split()[0])
 c.stop(timeout=1)
 time.sleep(0.5)
