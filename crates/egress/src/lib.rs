@@ -15,13 +15,18 @@
 //! multicast or unspecified addresses (rebinding to host-internal services), connects and
 //! relays bytes both ways. Threads, not async: the cold path starts the proxy after the
 //! sandbox exists, in a process that must otherwise stay single-threaded while it is created.
+//!
+//! The policy is shared ([`SharedPolicy`]): whoever holds it may replace it while the proxy
+//! runs (the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`). Each connection is
+//! decided by the policy in force when its request head arrives; tunnels already open stay
+//! open.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -51,6 +56,9 @@ pub enum EgressError {
 /// Returns whether the decision was recorded: an allow that could not be recorded is not
 /// acted on (the client gets 503).
 pub type DecisionSink = Arc<dyn Fn(&Action, &Decision) -> bool + Send + Sync>;
+
+/// A network policy that can be replaced while a proxy decides with it.
+pub type SharedPolicy = Arc<RwLock<NetworkPolicy>>;
 
 /// The environment that points a sandboxed command at the proxy.
 pub fn proxy_env() -> Vec<(String, String)> {
@@ -87,16 +95,26 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Serves `listener` (from [`bind`] at `path`) on a new thread.
+    /// Serves `listener` (from [`bind`] at `path`) on a new thread, with a fixed policy.
     pub fn start(
         listener: UnixListener,
         path: &Path,
         policy: NetworkPolicy,
         sink: DecisionSink,
     ) -> Proxy {
+        Self::start_shared(listener, path, Arc::new(RwLock::new(policy)), sink)
+    }
+
+    /// Like [`Proxy::start`], deciding every new connection with whatever `policy` holds
+    /// at that moment.
+    pub fn start_shared(
+        listener: UnixListener,
+        path: &Path,
+        policy: SharedPolicy,
+        sink: DecisionSink,
+    ) -> Proxy {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
-        let policy = Arc::new(policy);
         let active = Arc::new(AtomicUsize::new(0));
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
@@ -144,10 +162,13 @@ impl Proxy {
 
     fn shutdown(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept loop. If the socket is gone already (its directory was removed),
+        // nothing can wake it: leave the thread rather than block forever.
+        let woken = UnixStream::connect(&self.path).is_ok();
         if let Some(h) = self.accept.take() {
-            let _ = h.join();
+            if woken {
+                let _ = h.join();
+            }
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -169,7 +190,11 @@ struct Head {
     forward: Vec<u8>,
 }
 
-fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -> io::Result<()> {
+fn handle(
+    mut client: UnixStream,
+    policy: &RwLock<NetworkPolicy>,
+    sink: &DecisionSink,
+) -> io::Result<()> {
     client.set_read_timeout(Some(IO_TIMEOUT))?;
     let (head_bytes, rest) = match read_head(&mut client)? {
         Some(x) => x,
@@ -183,15 +208,23 @@ fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -
         host: head.host.clone(),
         port: head.port,
     };
-    let mut decision = policy.check(&head.host, head.port);
-    let mut upstream = None;
-    if decision.allow {
+    // The policy in force now decides this connection (it may be replaced at any time).
+    let (mut decision, explicit) = {
+        let policy = policy.read().unwrap_or_else(|p| p.into_inner());
+        let d = policy.check(&head.host, head.port);
         // Allowed by a rule naming the host, or only by `mode = "all"`.
         let explicit = policy
             .rules
             .iter()
-            .any(|r| r.id == decision.rule_id && r.host != "*");
-        match resolve(&head.host, head.port, explicit) {
+            .any(|r| r.id == d.rule_id && r.host != "*");
+        (d, explicit)
+    };
+    let mut upstream = None;
+    if decision.allow {
+        match resolve(&head.host, head.port, explicit).map_err(|mut d| {
+            d.reason = format!("{} (after rule {} allowed it)", d.reason, decision.rule_id);
+            d
+        }) {
             Ok(addrs) => match connect_any(&addrs) {
                 Ok(s) => upstream = Some(s),
                 Err(e) => {
@@ -574,6 +607,69 @@ mod tests {
                     "cli.allow_host[0]".into()
                 ),
                 ("evil.example:443".into(), false, "network.default".into()),
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Replacing the shared policy decides the next connection with the new one.
+    #[test]
+    fn policy_swaps_take_effect_on_the_next_connection() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = upstream.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+                .unwrap();
+        });
+        let dir = std::env::temp_dir().join(format!("agentrun-egress-swap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.sock");
+        let policy: SharedPolicy = Arc::new(RwLock::new(
+            NetworkPolicy::from_opensandbox(r#"{"defaultAction":"deny"}"#).unwrap(),
+        ));
+        let rules: Arc<Mutex<Vec<String>>> = Arc::default();
+        let r2 = rules.clone();
+        let sink: DecisionSink = Arc::new(move |_, d| {
+            r2.lock()
+                .unwrap()
+                .push(format!("{} {}", d.verdict(), d.rule_id));
+            true
+        });
+        let proxy = Proxy::start_shared(bind(&path).unwrap(), &path, policy.clone(), sink);
+        let ask = || {
+            let mut c = UnixStream::connect(&path).unwrap();
+            write!(
+                c,
+                "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        };
+        assert!(ask().starts_with("HTTP/1.1 403"));
+        *policy.write().unwrap() = NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#,
+        )
+        .unwrap();
+        let r = ask();
+        assert!(r.starts_with("HTTP/1.1 200 OK") && r.ends_with("hi"), "{r}");
+        server.join().unwrap();
+        *policy.write().unwrap() = NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"127.0.0.1"}]}"#,
+        )
+        .unwrap();
+        assert!(ask().starts_with("HTTP/1.1 403"));
+        proxy.stop();
+        assert_eq!(
+            *rules.lock().unwrap(),
+            vec![
+                "deny network.default",
+                "allow networkPolicy.egress[0]",
+                "deny networkPolicy.egress[0]"
             ]
         );
         std::fs::remove_dir_all(&dir).unwrap();
