@@ -569,6 +569,47 @@ except urllib.error.HTTPError as e:
 """
 
 
+TUNNEL = r"""
+import os, socket, sys, time
+up = sys.argv[1]
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(f"CONNECT {up} HTTP/1.1\r\nHost: {up}\r\n\r\n".encode())
+f = s.makefile("rb")
+print("connect", f.readline().decode().strip(), flush=True)
+while f.readline() not in (b"\r\n", b""):
+    pass
+def get(path):
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    status = f.readline().decode().strip()
+    n = 0
+    while True:
+        line = f.readline()
+        if line.lower().startswith(b"content-length:"):
+            n = int(line.split(b":")[1])
+        if line in (b"\r\n", b""):
+            break
+    return status, f.read(n).decode()
+print("first", *get("/tunnel-1"), flush=True)
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.05)
+try:
+    status, body = get("/tunnel-2")
+    print("second", status or "cut", body, flush=True)
+except OSError as e:
+    print("second cut", e.errno, flush=True)
+"""
+
+
+def wait_logs(sbx, cid, want, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = sbx.commands.get_background_command_logs(cid).content
+        if want in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"no {want!r} in the logs of {cid}: {sbx.commands.get_background_command_logs(cid).content!r}")
+
+
 def fetch(sbx, url):
     """GET `url` with Python's urllib inside the sandbox (it honours HTTP_PROXY)."""
     ex = sbx.commands.run(f"python3 -c {shlex.quote(FETCH)} {shlex.quote(url)}")
@@ -585,6 +626,8 @@ def upstream():
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a tunnel can carry several requests
+
         def do_GET(self):
             seen.append(self.path)
             body = f"upstream says {self.path}".encode()
@@ -653,13 +696,20 @@ def egress():
         check(got.startswith("status 403") and "rule networkPolicy.egress[0]" in got, f"B after deny patch: {got!r}")
         b.patch_egress_rules([NetworkRule(action="allow", target="127.0.0.1")])
         check(fetch(b, f"http://{up}/b-again").startswith("status 200"), "B allowed again")
+        # A tunnel open while the policy changes: it is cut when the change denies it.
+        tun = b.commands.run(f"python3 -c {shlex.quote(TUNNEL)} {up}", opts=RunCommandOpts(background=True))
+        logs = wait_logs(b, tun.id, "first ")
+        check("connect HTTP/1.1 200 Connection established" in logs and "first HTTP/1.1 200 OK upstream says /tunnel-1" in logs, f"tunnel {logs!r}")
         # DELETE removes the rule: denied again (the default).
         b.delete_egress_rules(["127.0.0.1", "not-there.example"])
+        b.commands.run("touch /tmp/go")
+        logs = wait_logs(b, tun.id, "second ")
+        check("second cut" in logs, f"tunnel after the rule was deleted: {logs!r}")
         pol = b.get_egress_policy()
         check(pol.default_action == "deny" and [r.target for r in pol.egress] == ["pypi.org"], f"after delete {pol}")
         got = fetch(b, f"http://{up}/b-deleted")
         check(got.startswith("status 403") and "rule network.default" in got, f"B after delete: {got!r}")
-        check(seen == ["/from-a", "/b-patched", "/b-again"], f"upstream saw {seen}")
+        check(seen == ["/from-a", "/b-patched", "/b-again", "/tunnel-1"], f"upstream saw {seen}")
         # A's policy was not touched by B's changes.
         check(fetch(a, f"http://{up}/a-still").startswith("status 200"), "A unchanged")
 

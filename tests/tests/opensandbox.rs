@@ -221,7 +221,8 @@ fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
 /// `networkPolicy` through the SDK: a loopback HTTP server (started by the scenario) stands
 /// in for an allowed host and is reached through the proxy; a non-allowed host, a deny rule
 /// before a wildcard allow, PATCH (incoming rules win) and DELETE on a running sandbox take
-/// effect on the next request; no networkPolicy means no route. Every proxy decision is in
+/// effect on the next request, and a tunnel open across a DELETE of its rule is cut; no
+/// networkPolicy means no route. Every proxy decision is in
 /// the audit log (`agentrun audit --deny` shows the denials with their rule) and is a
 /// `policy.check` span under the sandbox's `sandbox.create`; every policy change is audited.
 #[test]
@@ -267,15 +268,23 @@ fn network_policy_is_enforced_and_changed_live() {
     );
     assert_eq!(
         has(&b, &format!("{up} rule=network.default ")),
-        2,
+        3,
         "{denied}"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains(&b) && l.contains("open connection cut: the policy changed"))
+            .count(),
+        1,
+        "the tunnel cut by DELETE: {denied}"
     );
     assert_eq!(
         has(&b, &format!("{up} rule=networkPolicy.egress[0] ")),
         1,
         "{denied}"
     );
-    assert_eq!(lines.len(), 6, "only denials, and nothing else: {denied}");
+    assert_eq!(lines.len(), 7, "only denials, and nothing else: {denied}");
 
     // Everything, as JSON: the allows and the policy changes too.
     let all: Vec<serde_json::Value> = d
@@ -302,6 +311,7 @@ fn network_policy_is_enforced_and_changed_live() {
         allows,
         vec![
             want(&a, "networkPolicy.egress[2]"),
+            want(&b, "networkPolicy.egress[0]"),
             want(&b, "networkPolicy.egress[0]"),
             want(&b, "networkPolicy.egress[0]"),
             want(&a, "networkPolicy.egress[2]"),
@@ -341,7 +351,7 @@ fn network_policy_is_enforced_and_changed_live() {
 
     // One policy.check span per decision, under its sandbox's sandbox.create.
     let decisions = all.iter().filter(|r| r["kind"] == "decision").count();
-    assert_eq!(decisions, 10, "{all:#?}");
+    assert_eq!(decisions, 12, "{all:#?}");
     let spans = wait_until(Duration::from_secs(20), || {
         let spans = rx.spans();
         let n = spans.iter().filter(|s| s.name == "policy.check").count();

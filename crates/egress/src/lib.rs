@@ -16,17 +16,19 @@
 //! relays bytes both ways. Threads, not async: the cold path starts the proxy after the
 //! sandbox exists, in a process that must otherwise stay single-threaded while it is created.
 //!
-//! The policy is shared ([`SharedPolicy`]): whoever holds it may replace it while the proxy
-//! runs (the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`). Each connection is
-//! decided by the policy in force when its request head arrives; tunnels already open stay
-//! open.
+//! The policy is shared ([`SharedPolicy`]) and may be replaced while the proxy runs
+//! ([`Proxy::set_policy`], for the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`).
+//! Each connection is decided by the policy in force when its request head arrives; on a
+//! change, connections already relaying are decided again and those the new policy denies
+//! are cut (and the denial reported).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -92,6 +94,27 @@ pub struct Proxy {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    policy: SharedPolicy,
+    sink: DecisionSink,
+    open: Arc<Mutex<OpenConns>>,
+}
+
+/// The connections relaying now: where they lead, and handles to cut them.
+#[derive(Default)]
+struct OpenConns {
+    next: u64,
+    conns: HashMap<u64, OpenConn>,
+}
+
+struct OpenConn {
+    host: String,
+    port: u16,
+    client: UnixStream,
+    upstream: TcpStream,
+}
+
+fn lock_open(m: &Mutex<OpenConns>) -> std::sync::MutexGuard<'_, OpenConns> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Proxy {
@@ -116,6 +139,8 @@ impl Proxy {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let active = Arc::new(AtomicUsize::new(0));
+        let open: Arc<Mutex<OpenConns>> = Arc::default();
+        let (policy2, sink2, open2) = (policy.clone(), sink.clone(), open.clone());
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
             .spawn(move || {
@@ -134,11 +159,12 @@ impl Proxy {
                         );
                         continue;
                     }
-                    let (policy, sink, done) = (policy.clone(), sink.clone(), active.clone());
+                    let (policy, sink, done) = (policy2.clone(), sink2.clone(), active.clone());
+                    let open = open2.clone();
                     let spawned = std::thread::Builder::new()
                         .name("egress-conn".into())
                         .spawn(move || {
-                            let _ = handle(conn, &policy, &sink);
+                            let _ = handle(conn, &policy, &sink, &open);
                             done.fetch_sub(1, Ordering::SeqCst);
                         });
                     if spawned.is_err() {
@@ -152,7 +178,59 @@ impl Proxy {
             path: path.to_owned(),
             stopping,
             accept,
+            policy,
+            sink,
+            open,
         }
+    }
+
+    /// Puts `policy` in force: the next connection is decided by it, and every connection
+    /// relaying now is decided again; those it denies are cut, each denial reported to the
+    /// sink. Returns how many were cut.
+    pub fn set_policy(&self, policy: NetworkPolicy) -> usize {
+        let mut open = lock_open(&self.open);
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy.clone();
+        let mut cut = Vec::new();
+        for (id, c) in &open.conns {
+            let mut d = policy.check(&c.host, c.port);
+            if d.allow && !explicit(&policy, &d) {
+                // Only `mode = "all"` allows it now: an internal address needs a rule naming it.
+                if let Ok(peer) = c.upstream.peer_addr() {
+                    if internal(peer.ip()) || private(peer.ip()) {
+                        d = Decision::deny(
+                            "network.internal_address",
+                            format!(
+                                "{} is internal or private; only a rule naming it allows it",
+                                peer.ip()
+                            ),
+                        );
+                    }
+                }
+            }
+            if !d.allow {
+                d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
+                let action = Action::Connect {
+                    host: c.host.clone(),
+                    port: c.port,
+                };
+                (self.sink)(&action, &d);
+                let _ = c.client.shutdown(Shutdown::Both);
+                let _ = c.upstream.shutdown(Shutdown::Both);
+                cut.push(*id);
+            }
+        }
+        for id in &cut {
+            open.conns.remove(id);
+        }
+        cut.len()
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> NetworkPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops accepting; connections in flight are left to finish or die with the process.
@@ -190,10 +268,19 @@ struct Head {
     forward: Vec<u8>,
 }
 
+/// Whether the rule that allowed `d` names a host (not only `mode = "all"` or `*`).
+fn explicit(policy: &NetworkPolicy, d: &Decision) -> bool {
+    policy
+        .rules
+        .iter()
+        .any(|r| r.id == d.rule_id && r.host != "*")
+}
+
 fn handle(
     mut client: UnixStream,
     policy: &RwLock<NetworkPolicy>,
     sink: &DecisionSink,
+    open: &Mutex<OpenConns>,
 ) -> io::Result<()> {
     client.set_read_timeout(Some(IO_TIMEOUT))?;
     let (head_bytes, rest) = match read_head(&mut client)? {
@@ -213,10 +300,7 @@ fn handle(
         let policy = policy.read().unwrap_or_else(|p| p.into_inner());
         let d = policy.check(&head.host, head.port);
         // Allowed by a rule naming the host, or only by `mode = "all"`.
-        let explicit = policy
-            .rules
-            .iter()
-            .any(|r| r.id == d.rule_id && r.host != "*");
+        let explicit = explicit(&policy, &d);
         (d, explicit)
     };
     let mut upstream = None;
@@ -260,7 +344,40 @@ fn handle(
         upstream.write_all(&head.forward)?;
     }
     upstream.write_all(&rest)?;
-    relay(client, upstream)
+    // Registered so that a policy change can cut it. A change made since the decision (it
+    // holds this lock while it swaps) is seen here: decide again under the lock.
+    let id = {
+        let mut o = lock_open(open);
+        let now = policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .check(&head.host, head.port);
+        if !now.allow {
+            let mut d = now;
+            d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
+            sink(&action, &d);
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = upstream.shutdown(Shutdown::Both);
+            return Ok(());
+        }
+        o.next += 1;
+        let id = o.next;
+        if let (Ok(c), Ok(u)) = (client.try_clone(), upstream.try_clone()) {
+            o.conns.insert(
+                id,
+                OpenConn {
+                    host: head.host.clone(),
+                    port: head.port,
+                    client: c,
+                    upstream: u,
+                },
+            );
+        }
+        id
+    };
+    let result = relay(client, upstream);
+    lock_open(open).conns.remove(&id);
+    result
 }
 
 /// Reads until the end of the head; returns (head, bytes read past it). `None` on EOF.
@@ -651,10 +768,12 @@ mod tests {
             out
         };
         assert!(ask().starts_with("HTTP/1.1 403"));
-        *policy.write().unwrap() = NetworkPolicy::from_opensandbox(
-            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#,
-        )
-        .unwrap();
+        proxy.set_policy(
+            NetworkPolicy::from_opensandbox(
+                r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#,
+            )
+            .unwrap(),
+        );
         let r = ask();
         assert!(r.starts_with("HTTP/1.1 200 OK") && r.ends_with("hi"), "{r}");
         server.join().unwrap();
@@ -672,6 +791,105 @@ mod tests {
                 "deny networkPolicy.egress[0]"
             ]
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A policy change cuts the open tunnels it denies, and keeps the ones it still allows.
+    #[test]
+    fn policy_change_cuts_open_connections_it_denies() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        // Echoes every byte back until the client goes away.
+        let server = std::thread::spawn(move || {
+            let mut handlers = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = upstream.accept().unwrap();
+                handlers.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }));
+            }
+            for h in handlers {
+                h.join().unwrap();
+            }
+        });
+        let dir = std::env::temp_dir().join(format!("agentrun-egress-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.sock");
+        let allow_ip = |extra: &str| {
+            NetworkPolicy::from_opensandbox(&format!(
+                r#"{{"defaultAction":"deny","egress":[{extra}{{"action":"allow","target":"127.0.0.1"}}]}}"#
+            ))
+            .unwrap()
+        };
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s2 = seen.clone();
+        let sink: DecisionSink = Arc::new(move |_, d| {
+            s2.lock()
+                .unwrap()
+                .push(format!("{} {} {}", d.verdict(), d.rule_id, d.reason));
+            true
+        });
+        let proxy = Proxy::start(bind(&path).unwrap(), &path, allow_ip(""), sink);
+        let tunnel = || {
+            let mut c = UnixStream::connect(&path).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
+            let mut head = [0u8; 39];
+            c.read_exact(&mut head).unwrap();
+            assert!(head.starts_with(b"HTTP/1.1 200 Connection established"));
+            c.write_all(b"ping").unwrap();
+            let mut echo = [0u8; 4];
+            c.read_exact(&mut echo).unwrap();
+            assert_eq!(&echo, b"ping");
+            c
+        };
+        let mut t = tunnel();
+        // Still allowed (another rule first): the tunnel stays.
+        assert_eq!(
+            proxy.set_policy(allow_ip(r#"{"action":"allow","target":"a.com"},"#)),
+            0
+        );
+        t.write_all(b"more").unwrap();
+        let mut echo = [0u8; 4];
+        t.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"more");
+        let mut t2 = tunnel();
+        // Denied now: both tunnels are cut, each denial reported.
+        let deny = NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"127.0.0.1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(proxy.set_policy(deny.clone()), 2);
+        assert_eq!(proxy.policy(), deny);
+        for c in [&mut t, &mut t2] {
+            let mut rest = Vec::new();
+            let _ = c.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "{rest:?}");
+        }
+        server.join().unwrap();
+        proxy.stop();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        assert!(
+            seen[0].starts_with("allow networkPolicy.egress[0]"),
+            "{seen:?}"
+        );
+        assert!(
+            seen[1].starts_with("allow networkPolicy.egress[1]"),
+            "{seen:?}"
+        );
+        for s in &seen[2..] {
+            assert!(
+                s.starts_with("deny networkPolicy.egress[0]")
+                    && s.ends_with("(open connection cut: the policy changed)"),
+                "{seen:?}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,15 +10,15 @@
 //! `/egress/{sid}/policy` (what the endpoint lookup for port 18080 hands out, guarded by the
 //! per-sandbox `OPENSANDBOX-EGRESS-AUTH` token) serves `GET` (the policy in force), `PATCH`
 //! (merge rules: incoming first, one rule per target) and `DELETE` (remove rules by target).
-//! A change replaces the proxy's policy at once (the next connection is decided by it) and is
-//! audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
+//! A change replaces the proxy's policy at once (the next connection is decided by it, and
+//! open connections it denies are cut) and is audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
 //! and no proxy; its policy cannot be changed.
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
-use agentrun_egress::{DecisionSink, Proxy, SharedPolicy};
+use agentrun_egress::{DecisionSink, Proxy};
 use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
 use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
 use axum::body::Bytes;
@@ -39,8 +39,6 @@ pub struct SandboxEgress {
     sandbox_id: String,
     /// The policy as the API shows and changes it.
     policy: Mutex<OpenSandboxPolicy>,
-    /// What the proxy decides with (replaced on every change).
-    shared: SharedPolicy,
     proxy: Mutex<Option<Proxy>>,
     audit: AuditLog,
     /// `traceparent` of the sandbox's `sandbox.create` span.
@@ -56,14 +54,12 @@ impl SandboxEgress {
         audit: AuditLog,
         trace: String,
     ) -> Result<Self, agentrun_egress::EgressError> {
-        let shared: SharedPolicy = Arc::new(RwLock::new(policy.to_network_policy()));
         let listener = agentrun_egress::bind(socket)?;
         let sink = decision_sink(id.to_owned(), audit.clone(), trace.clone());
-        let proxy = Proxy::start_shared(listener, socket, shared.clone(), sink);
+        let proxy = Proxy::start(listener, socket, policy.to_network_policy(), sink);
         Ok(SandboxEgress {
             sandbox_id: id.to_owned(),
             policy: Mutex::new(policy),
-            shared,
             proxy: Mutex::new(Some(proxy)),
             audit,
             trace,
@@ -101,7 +97,9 @@ impl SandboxEgress {
         self.audit
             .append(&record)
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = next.to_network_policy();
+        if let Some(p) = lock(&self.proxy).as_ref() {
+            p.set_policy(next.to_network_policy());
+        }
         *current = next.clone();
         Ok(next)
     }
