@@ -29,6 +29,9 @@ tmp=$(mktemp -d /tmp/agentrun-osb-bench.XXXXXX)
 chmod 755 "$tmp"
 cp "$src" "$tmp/agentrun"
 export AGENTRUN_STATE_DIR=$tmp/state AGENTRUN_ROOT=$tmp/root
+# The state dir on a tmpfs, as the default /run/agentrun is on a standard host (see hack/bench).
+mkdir -p "$AGENTRUN_STATE_DIR"
+mount -t tmpfs -o mode=0755,size=512m agentrun-bench-state "$AGENTRUN_STATE_DIR"
 unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$tmp/agentrun" serve --listen "127.0.0.1:$port" --pool-size "$pool_size" >"$tmp/serve.log" 2>&1 &
@@ -39,7 +42,7 @@ stop() {
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
 }
-trap 'stop; rm -rf "$tmp"' EXIT
+trap 'stop; umount "$tmp/state" 2>/dev/null; rm -rf "$tmp"' EXIT
 # Up, and the pool full (status lists ready == target), at most 60 s.
 for _ in $(seq 600); do
     ready=$("$tmp/agentrun" pool status --json 2>/dev/null | python3 -c 'import json,sys; p=json.load(sys.stdin)["pools"][0]; print(p["ready"] >= p["target"])' 2>/dev/null || true)
@@ -52,7 +55,7 @@ pool=$("$tmp/agentrun" pool status --json | python3 -c 'import json,sys; p=json.
 stop
 left=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*/agentrun/*' 2>/dev/null | while read -r d; do [ -e "$tmp/state/sandboxes/$(basename "$d")" ] && echo "$d"; done || true)
 left+=$(ls -A "$tmp/state/sandboxes" 2>/dev/null || true)
-left+=$(awk -v p="$tmp/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo)
+left+=$(awk -v p="$tmp/" -v s="$tmp/state" 'index($5, p) == 1 && $5 != s { print $5 }' /proc/self/mountinfo)
 echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); RUNS=$runs POOL_SIZE=$pool_size hack/bench opensandbox"
 echo
 echo "### OpenSandbox SDK (opensandbox==1.1.1, sync) against agentrun serve --listen, image \"host\""

@@ -10,8 +10,10 @@ raises (non-zero exit, traceback).
 """
 
 import asyncio
+import json
 import os
 import shlex
+import socket
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -418,6 +420,191 @@ def expiry():
     check(httpx.delete(f"{BASE}/sandboxes/{r.json()['id']}", headers=lifecycle_headers()).status_code == 204, "delete")
 
 
+def wait_state(mgr, sid, states, secs=15):
+    deadline = time.monotonic() + secs
+    while True:
+        info = mgr.get_sandbox_info(sid)
+        if info.status.state in states:
+            return info
+        check(time.monotonic() < deadline, f"{sid} still {info.status.state}, wanted {states}")
+        time.sleep(0.05)
+
+
+def entrypoint_exit():
+    """The entrypoint is the main process: when it exits, the sandbox stops (every process
+    killed, cgroup gone) and is listed as Terminated (exit 0) or Failed (else), with why, until
+    it is deleted; commands are refused with a 409, the entrypoint's log stays readable."""
+    mgr = SandboxManagerSync.create(connection_config=sync_config())
+    body = {"image": {"uri": "host"}, "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "1Gi"}}
+    ids = {}
+    for name, ep in (("fail", ["sh", "-c", "sleep 300 & echo bye; sleep 0.3; exit 3"]), ("ok", ["sh", "-c", "sleep 0.3"])):
+        r = httpx.post(f"{BASE}/sandboxes", json=dict(body, entrypoint=ep), headers=lifecycle_headers())
+        check(r.status_code == 202, f"create {r.status_code} {r.text}")
+        ids[name] = r.json()["id"]
+    failed = wait_state(mgr, ids["fail"], {"Failed"})
+    check(failed.status.reason == "ENTRYPOINT_FAILED" and "code 3" in (failed.status.message or ""), f"failed status {failed.status}")
+    done = wait_state(mgr, ids["ok"], {"Terminated"})
+    check(done.status.reason == "ENTRYPOINT_EXITED" and "code 0" in (done.status.message or ""), f"terminated status {done.status}")
+    # Still listed, with its state.
+    listed = {s.id: s.status.state for s in mgr.list_sandbox_infos(SandboxFilter()).sandbox_infos}
+    check(listed.get(ids["fail"]) == "Failed" and listed.get(ids["ok"]) == "Terminated", f"list {listed}")
+    sid = ids["fail"]
+    # Every process is gone (the background sleep too): the sandbox's cgroup is removed.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/sys/fs/cgroup/pids/agentrun/{sid}") or os.path.exists(f"/sys/fs/cgroup/agentrun/{sid}"):
+        check(time.monotonic() < deadline, "the ended sandbox's cgroup is still there")
+        time.sleep(0.05)
+    ep = httpx.get(f"{BASE}/sandboxes/{sid}/endpoints/44772", headers=lifecycle_headers()).json()
+    execd = f"http://{ep['endpoint']}"
+    r = httpx.post(f"{execd}/command", json={"command": "echo hi"}, headers=ep["headers"])
+    check(r.status_code == 409 and "code 3" in r.json()["message"], f"command on an ended sandbox: {r.status_code} {r.text}")
+    r = httpx.get(f"{execd}/command/entrypoint/logs", headers=ep["headers"])
+    check(r.status_code == 200 and r.text == "bye\n", f"entrypoint log: {r.status_code} {r.text!r}")
+    r = httpx.post(f"{BASE}/sandboxes/{sid}/pause", headers=lifecycle_headers())
+    check(r.status_code == 409, f"pause of an ended sandbox: {r.status_code} {r.text}")
+    # The SDK sees it too.
+    sbx = SandboxSync.connect(sid, connection_config=sync_config(), skip_health_check=True)
+    check(sbx.get_info().status.state == "Failed", "SDK get_info state")
+    try:
+        sbx.commands.run("echo hi")
+        raise AssertionError("an ended sandbox must not run commands")
+    except SandboxException:
+        pass
+    sbx.kill()
+    sbx.close()
+    mgr.kill_sandbox(ids["ok"])
+    for sid in ids.values():
+        expect_api_error(lambda: mgr.get_sandbox_info(sid), 404)
+
+
+def log_cap():
+    """A command's log is bounded (the newest 8 MiB): the cursor still counts every line."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        ex = sbx.commands.run("seq 1 2000000", opts=RunCommandOpts(background=True))
+        cid = ex.id
+        deadline = time.monotonic() + 60
+        while sbx.commands.get_command_status(cid).running:
+            check(time.monotonic() < deadline, "seq still running")
+            time.sleep(0.1)
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        r = httpx.get(f"http://{ep['endpoint']}/command/{cid}/logs", params={"cursor": 0}, headers=ep["headers"])
+        check(r.status_code == 200, f"logs {r.status_code}")
+        lines = r.text.splitlines()
+        check(r.headers["EXECD-COMMANDS-TAIL-CURSOR"] == "2000000", f"cursor {r.headers}")
+        check(lines[-1] == "2000000" and int(lines[0]) > 1, f"kept {lines[0]}..{lines[-1]}")
+        check(len(r.content) <= 8 * 1024 * 1024 and int(lines[0]) + len(lines) - 1 == 2000000, f"{len(r.content)} bytes, {len(lines)} lines from {lines[0]}")
+        # A cursor inside what is kept gives what follows it.
+        r = httpx.get(f"http://{ep['endpoint']}/command/{cid}/logs", params={"cursor": 1999998}, headers=ep["headers"])
+        check(r.text == "1999999\n2000000\n", f"tail {r.text!r}")
+    finally:
+        sbx.kill()
+
+
+def metrics_watch():
+    """/metrics/watch streams the metrics JSON every second; CPU use is that of the interval."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        sbx.commands.run("while :; do :; done", opts=RunCommandOpts(background=True))
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        got = []
+        with httpx.stream("GET", f"http://{ep['endpoint']}/metrics/watch", headers=ep["headers"], timeout=10) as r:
+            check(r.status_code == 200, f"watch {r.status_code}")
+            for line in r.iter_lines():
+                if line.strip():
+                    got.append(json.loads(line))
+                if len(got) == 3:
+                    break
+        keys = {"cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"}
+        check(all(keys <= set(m) for m in got), f"metrics keys {got}")
+        gaps = [b["timestamp"] - a["timestamp"] for a, b in zip(got, got[1:])]
+        check(all(800 <= g <= 1500 for g in gaps), f"one a second: gaps {gaps}")
+        check(got[-1]["cpu_used_pct"] > 20, f"a busy loop shows: {got}")
+    finally:
+        sbx.kill()
+
+
+PROXY_SERVER = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.headers.get("Upgrade") == "echo":
+            self.send_response(101)
+            self.send_header("Upgrade", "echo")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                b = self.connection.recv(4096)
+                if not b:
+                    return
+                self.connection.sendall(b.upper())
+        body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        n = int(self.headers["Content-Length"])
+        body = self.rfile.read(n)[::-1]
+        self.send_response(201)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"""
+
+
+def port_proxy():
+    """The endpoint of any other port proxies HTTP (and upgrades) to 127.0.0.1:port inside the
+    sandbox; agentrun's credentials are not forwarded; nothing listening gives a 502."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        sbx.files.write_file("/tmp/server.py", PROXY_SERVER)
+        sbx.commands.run("python3 /tmp/server.py", opts=RunCommandOpts(background=True))
+        ep = sbx.get_endpoint(8000)
+        url = f"http://{ep.endpoint}"
+        deadline = time.monotonic() + 15
+        while True:
+            r = httpx.get(f"{url}/hello/there?x=1", headers=ep.headers)
+            if r.status_code == 200:
+                break
+            check(time.monotonic() < deadline and r.status_code == 502, f"proxy {r.status_code} {r.text}")
+            time.sleep(0.2)
+        seen = r.json()
+        check(seen["path"] == "/hello/there?x=1", f"path {seen}")
+        lower = {k.lower() for k in seen["headers"]}
+        check("x-execd-access-token" not in lower and "open-sandbox-api-key" not in lower, f"credentials forwarded: {seen}")
+        r = httpx.post(f"{url}/echo", content=b"abc" * 100000, headers=ep.headers)
+        check(r.status_code == 201 and r.content == (b"abc" * 100000)[::-1], f"post {r.status_code} {len(r.content)}")
+        # Without the sandbox's token: refused.
+        check(httpx.get(f"{url}/x").status_code == 401, "the proxy needs the token")
+        # An upgrade: raw bytes both ways after the 101.
+        host, path = ep.endpoint.split("/", 1)
+        h, p = host.rsplit(":", 1)
+        with socket.create_connection((h, int(p)), timeout=10) as c:
+            hdrs = "".join(f"{k}: {v}\r\n" for k, v in ep.headers.items())
+            c.sendall(f"GET /{path}/ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: echo\r\nConnection: Upgrade\r\n{hdrs}\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(4096)
+                check(chunk, f"closed before the 101: {head!r}")
+                head += chunk
+            check(head.startswith(b"HTTP/1.1 101"), f"upgrade answer {head!r}")
+            c.sendall(b"ping")
+            got = b""
+            while len(got) < 4:
+                got += c.recv(4096)
+            check(got == b"PING", f"upgraded stream {got!r}")
+        # Nothing on that port: 502 with the OpenSandbox error shape.
+        other = sbx.get_endpoint(8009)
+        r = httpx.get(f"http://{other.endpoint}/", headers=other.headers)
+        check(r.status_code == 502 and "8009" in r.json()["message"], f"no server: {r.status_code} {r.text}")
+    finally:
+        sbx.kill()
+
+
 def escape():
     secret_path = os.environ["OSB_HOST_SECRET"]
     probe = os.environ["OSB_HOST_PROBE"]
@@ -755,6 +942,10 @@ SCENARIOS = {
     "auth": auth,
     "expiry": expiry,
     "escape": escape,
+    "entrypoint_exit": entrypoint_exit,
+    "log_cap": log_cap,
+    "metrics_watch": metrics_watch,
+    "port_proxy": port_proxy,
     "many": lambda: asyncio.run(many()),
 }
 

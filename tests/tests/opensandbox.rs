@@ -122,6 +122,26 @@ fn unsupported_create_fields_get_400() {
 }
 
 #[test]
+fn entrypoint_exit_stops_the_sandbox() {
+    run_scenario("entrypoint_exit");
+}
+
+#[test]
+fn command_logs_are_bounded() {
+    run_scenario("log_cap");
+}
+
+#[test]
+fn metrics_watch_streams_every_second() {
+    run_scenario("metrics_watch");
+}
+
+#[test]
+fn other_ports_are_proxied_into_the_sandbox() {
+    run_scenario("port_proxy");
+}
+
+#[test]
 fn ttl_expiry_deletes_the_sandbox() {
     run_scenario("expiry");
 }

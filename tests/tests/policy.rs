@@ -102,15 +102,18 @@ impl Trail {
     }
 
     /// `a` with this trail's audit dir and OTLP endpoint, and no daemon.
-    fn wire(&self, mut a: Agentrun) -> Agentrun {
+    fn wire(&self, a: Agentrun) -> Agentrun {
+        self.wire_traces(a).env("AGENTRUN_NO_DAEMON", "1")
+    }
+
+    /// `a` with this trail's audit dir and OTLP endpoint.
+    fn wire_traces(&self, mut a: Agentrun) -> Agentrun {
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("OTEL_") {
                 a = a.env_remove(k);
             }
         }
-        a = a
-            .env("AGENTRUN_AUDIT_DIR", self.audit.path())
-            .env("AGENTRUN_NO_DAEMON", "1");
+        a = a.env("AGENTRUN_AUDIT_DIR", self.audit.path());
         for (k, v) in self.rx.otel_env() {
             a = a.env(k, v);
         }
@@ -968,6 +971,10 @@ impl Drop for AuditOn {
     }
 }
 
+/// What `kernel_denials_*` run: three accesses Landlock denies under `strict`, one it allows.
+const KERNEL_DENIAL_SCRIPT: &str =
+    "cat /etc/passwd; ls /root; echo x > /workspace/evil.txt; cat /workspace/secret.txt";
+
 #[test]
 fn kernel_denials_are_recorded_from_landlock_audit() {
     if !agentrun_e2e::require_root() {
@@ -987,15 +994,51 @@ fn kernel_denials_are_recorded_from_landlock_audit() {
                     "--workspace",
                     ws.path().to_str().unwrap(),
                 ],
-                [
-                    "sh",
-                    "-c",
-                    "cat /etc/passwd; ls /root; echo x > /workspace/evil.txt; \
-                     cat /workspace/secret.txt",
-                ],
+                ["sh", "-c", KERNEL_DENIAL_SCRIPT],
             ))
             .run()
     };
+    assert_kernel_denials(&trail, &out, &ws);
+}
+
+#[test]
+fn kernel_denials_are_recorded_on_the_daemon_path_too() {
+    if !agentrun_e2e::require_root() {
+        return;
+    }
+    agentrun_e2e::require_bin();
+    let _lock = agentrun_e2e::exclusive_lock();
+    let trail = Trail::new();
+    let ws = workspace();
+    let mut d = agentrun_e2e::Daemon::unstarted();
+    d.launch(["--pool-size", "1"]);
+    let unpooled = d.unpooled();
+    let out = {
+        let _audit = AuditOn::start();
+        trail
+            .wire_traces(d.exec_with(
+                [
+                    "--profile",
+                    "strict",
+                    "--workspace",
+                    ws.path().to_str().unwrap(),
+                ],
+                ["sh", "-c", KERNEL_DENIAL_SCRIPT],
+            ))
+            .run()
+    };
+    assert_eq!(
+        d.unpooled(),
+        unpooled + 1,
+        "served by the daemon: {}",
+        d.log()
+    );
+    assert_kernel_denials(&trail, &out, &ws);
+}
+
+/// The run of [`KERNEL_DENIAL_SCRIPT`]: output, the three kernel denials in the audit log
+/// with the profile's rule, and as `policy.check` spans enforced by Landlock.
+fn assert_kernel_denials(trail: &Trail, out: &RunOutput, ws: &tempfile::TempDir) {
     assert_eq!(out.success(), "s3cr3t-token\n", "{out}");
     let d = trail.decisions();
     let kernel: Vec<&Value> = d.iter().filter(|r| r["action"] != "fs.mount").collect();

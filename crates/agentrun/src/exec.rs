@@ -422,7 +422,7 @@ fn execute(
     }
     if !no_daemon && !keep_bundle && cold_reason.is_none() {
         if let Some(client) = DaemonClient::connect(&socket) {
-            return crate::warm::execute(&client, &plan, span);
+            return crate::warm::execute(&client, &plan, span, recorder);
         }
     }
     execute_cold(plan, paths, keep_bundle, span, recorder)
@@ -518,13 +518,7 @@ fn execute_cold(
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
-    // Kernel-level denials (Landlock audit records), when the host's audit is on.
-    let watch = if host.landlock_abi >= 7 && kaudit::audit_enabled().unwrap_or(false) {
-        kaudit::LandlockWatch::start().ok()
-    } else {
-        None
-    };
-    span.set_attribute("sandbox.enforce.landlock_audit", watch.is_some());
+    let watch = landlock_watch(host.landlock_abi, span);
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let result = sandbox.run(
@@ -537,8 +531,7 @@ fn execute_cold(
         p.stop();
     }
     if let (Some(w), Ok(o)) = (watch, &result) {
-        let profile = plan.request.recipe.profile().ok();
-        record_kernel_denials(w.finish(o.init_pid), profile.as_ref(), recorder, span);
+        record_kernel_denials(w.finish(o.init_pid), &plan, recorder, span);
     }
     let destroyed = sandbox.destroy();
     let outcome = match result {
@@ -562,14 +555,32 @@ fn execute_cold(
     outcome.exit_code
 }
 
+/// Starts listening for the run's kernel-level denials (Landlock audit records), when the
+/// host's audit is on and Landlock can log them (ABI 7+); both paths, cold and warm, call it
+/// before the command starts.
+pub(crate) fn landlock_watch(
+    landlock_abi: u32,
+    span: &mut RunSpan,
+) -> Option<kaudit::LandlockWatch> {
+    let watch = if landlock_abi >= 7 && kaudit::audit_enabled().unwrap_or(false) {
+        kaudit::LandlockWatch::start().ok()
+    } else {
+        None
+    };
+    span.set_attribute("sandbox.enforce.landlock_audit", watch.is_some());
+    watch
+}
+
 /// Records what the kernel (Landlock) denied during the run, each decided again by the
 /// profile so that it carries the profile's rule id.
-fn record_kernel_denials(
+pub(crate) fn record_kernel_denials(
     denials: Vec<kaudit::LandlockDenial>,
-    profile: Option<&Profile>,
+    plan: &Plan,
     recorder: &Recorder,
     span: &mut RunSpan,
 ) {
+    let profile = plan.request.recipe.profile().ok();
+    let profile = profile.as_ref();
     span.set_attribute("sandbox.kernel_denials", denials.len());
     for k in denials {
         let write = k

@@ -12,10 +12,16 @@ use agentrun_runtime::RunOutcome;
 use agentrun_telemetry::RunSpan;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::exec::{block_signals, fail, record_enforcement, report, Plan};
+use crate::exec::{
+    block_signals, fail, landlock_watch, record_enforcement, record_kernel_denials, report, Plan,
+};
+use crate::trace::Recorder;
 
-pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan) -> i32 {
+pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder: &Recorder) -> i32 {
     let signals = block_signals();
+    // The pooled sandbox's init made its Landlock domain; its denials during this run are
+    // matched by the init's pid, which the reply carries.
+    let watch = landlock_watch(agentrun_runtime::landlock::abi(), span);
     let msg = ClientMessage::Exec {
         request: Box::new(plan.request.clone()),
         timeout_ms: plan.timeout.map(|t| t.as_millis() as u64),
@@ -60,7 +66,14 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan) -> i32 {
         }
     }
     match client.recv() {
-        Ok(DaemonReply::Exec(r)) => finish(r, plan, span),
+        Ok(DaemonReply::Exec(r)) => {
+            if let Some(w) = watch {
+                if r.init_pid > 0 {
+                    record_kernel_denials(w.finish(r.init_pid), plan, recorder, span);
+                }
+            }
+            finish(r, plan, span)
+        }
         Ok(DaemonReply::Error { message }) => fail(span, "daemon", &anyhow::anyhow!(message)),
         Ok(other) => fail(
             span,

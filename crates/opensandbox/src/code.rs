@@ -262,13 +262,7 @@ async fn interrupt(
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let id = q.id.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter id",
-        )
-    })?;
+    let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
     // An execution id, or a context id.
     let ctx_id = lock(&rec.code).executions.get(&id).cloned().unwrap_or(id);
     let ctx = find(&rec, &ctx_id)?;

@@ -110,6 +110,12 @@ impl SandboxEgress {
             p.stop();
         }
     }
+
+    /// The proxy, to stop off the async threads (before the sandbox's state dir goes away);
+    /// later changes only update the stored policy.
+    pub fn take_proxy(&self) -> Option<Proxy> {
+        lock(&self.proxy).take()
+    }
 }
 
 fn trace_id(traceparent: &str) -> String {

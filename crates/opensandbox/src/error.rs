@@ -40,6 +40,14 @@ impl ApiError {
     pub fn not_supported(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", message)
     }
+    /// A required query parameter is absent (400).
+    pub fn missing_query(name: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "MISSING_QUERY",
+            format!("missing query parameter {name}"),
+        )
+    }
 }
 
 impl From<agentrun_pool::PoolError> for ApiError {

@@ -46,6 +46,7 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/session/{ssid}", delete(delete_session))
         .route("/session/{ssid}/run", post(run_in_session))
         .route("/metrics", get(metrics))
+        .route("/metrics/watch", get(metrics_watch))
         .with_state(server)
 }
 
@@ -92,6 +93,13 @@ pub fn authorize(
 }
 
 pub(crate) fn execd(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
+    let rec = execd_any_state(server, sid, headers)?;
+    rec.check_running()?;
+    Ok(rec)
+}
+
+/// [`execd`] for what still answers after the sandbox ended (command status and logs).
+fn execd_any_state(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult<Arc<Record>> {
     authorize(server, sid, headers, crate::EXECD_TOKEN_HEADER)
 }
 
@@ -167,8 +175,8 @@ pub struct CommandState {
     pub exit_code: Option<i32>,
     pub error: String,
     pub finished_at: Option<DateTime<Utc>>,
-    /// stdout and stderr lines, in arrival order.
-    pub log: Vec<String>,
+    /// stdout and stderr lines, in arrival order (the newest [`crate::lines::LOG_CAP_BYTES`]).
+    pub log: crate::lines::LineLog,
 }
 
 #[derive(Deserialize)]
@@ -272,7 +280,7 @@ pub(crate) async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'stat
 
 /// The sandbox's main process: the create request's entrypoint. Its output is kept as the
 /// sandbox's log (last lines only).
-pub async fn start_entrypoint(rec: &Arc<Record>) -> ApiResult<()> {
+pub async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let (id, out, err, exit) = match spawn(
         rec,
         rec.entrypoint.clone(),
@@ -298,23 +306,23 @@ pub async fn start_entrypoint(rec: &Arc<Record>) -> ApiResult<()> {
             ..Default::default()
         }),
     });
-    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    remember(rec, &cmd);
     for fd in [out, err] {
         let c = cmd.clone();
         tokio::spawn(read_lines(fd, move |l| {
-            let mut st = lock(&c.state);
-            if st.log.len() >= 10_000 {
-                st.log.remove(0);
-            }
-            st.log.push(l);
+            lock(&c.state).log.push(l);
         }));
     }
+    let (live, rec) = (server.live.clone(), rec.clone());
     tokio::spawn(async move {
         let e = exit.await.unwrap_or_default();
-        let mut st = lock(&cmd.state);
-        st.running = false;
-        st.exit_code = Some(e.exit_code);
-        st.finished_at = Some(Utc::now());
+        {
+            let mut st = lock(&cmd.state);
+            st.running = false;
+            st.exit_code = Some(e.exit_code);
+            st.finished_at = Some(Utc::now());
+        }
+        rec.entrypoint_exited(&live, e.exit_code);
     });
     Ok(())
 }
@@ -404,7 +412,7 @@ async fn run_command(
             ..Default::default()
         }),
     });
-    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    remember(&rec, &cmd);
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(event("init", json!({"text": cmd.id})));
     let live_tx = if req.background {
@@ -512,13 +520,7 @@ async fn interrupt(
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let id = q.id.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter id",
-        )
-    })?;
+    let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
     let cmd = lock(&rec.commands)
         .get(&id)
         .cloned()
@@ -528,6 +530,28 @@ async fn interrupt(
         rec.sandbox.signal(pid, libc::SIGKILL, true)?;
     }
     Ok(StatusCode::OK)
+}
+
+/// Finished commands a sandbox keeps (status and logs); older finished ones are forgotten.
+const KEPT_FINISHED_COMMANDS: usize = 256;
+
+/// Adds `cmd` to the sandbox's commands, forgetting the oldest finished ones beyond
+/// [`KEPT_FINISHED_COMMANDS`] (the entrypoint is always kept): with each command's log
+/// capped too, what a long-lived sandbox holds in memory is bounded.
+fn remember(rec: &Record, cmd: &Arc<Command>) {
+    let mut commands = lock(&rec.commands);
+    commands.insert(cmd.id.clone(), cmd.clone());
+    let mut finished: Vec<(DateTime<Utc>, String)> = commands
+        .values()
+        .filter(|c| c.id != "entrypoint" && !lock(&c.state).running)
+        .map(|c| (c.started_at, c.id.clone()))
+        .collect();
+    if finished.len() > KEPT_FINISHED_COMMANDS {
+        finished.sort();
+        for (_, id) in &finished[..finished.len() - KEPT_FINISHED_COMMANDS] {
+            commands.remove(id);
+        }
+    }
 }
 
 fn find_command(rec: &Record, cid: &str) -> ApiResult<Arc<Command>> {
@@ -542,7 +566,7 @@ async fn command_status(
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
+    let rec = execd_any_state(&server, sid_of(&p), &headers)?;
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
     Ok(Json(json!({
@@ -567,19 +591,18 @@ async fn command_logs(
     Query(q): Query<CursorQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
+    let rec = execd_any_state(&server, sid_of(&p), &headers)?;
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
-    let from = q.cursor.unwrap_or(0).min(st.log.len());
     let mut text = String::new();
-    for l in &st.log[from..] {
+    for l in st.log.since(q.cursor.unwrap_or(0)) {
         text.push_str(if l == "\n" { "" } else { l });
         text.push('\n');
     }
     Ok((
         [
             ("content-type", "text/plain; charset=utf-8".to_string()),
-            ("EXECD-COMMANDS-TAIL-CURSOR", st.log.len().to_string()),
+            ("EXECD-COMMANDS-TAIL-CURSOR", st.log.end().to_string()),
         ],
         text,
     )
@@ -829,14 +852,51 @@ async fn metrics(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
+    let mut sample = lock(&rec.cpu_sample);
+    Ok(Json(metrics_sample(&rec, &mut sample)?))
+}
+
+/// `/metrics/watch`: the metrics JSON every second (each followed by a blank line, as the
+/// command streams), until the client goes away or the sandbox ends. CPU use is measured
+/// over each interval of this stream.
+async fn metrics_watch(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let rec = execd(&server, sid_of(&p), &headers)?;
+    let mut sample = (Instant::now(), rec.sandbox.usage()?.cpu_ns);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if rec.check_running().is_err() {
+                break;
+            }
+            let Ok(m) = metrics_sample(&rec, &mut sample) else {
+                break;
+            };
+            let mut line = m.to_string();
+            line.push_str("\n\n");
+            if tx.send(Bytes::from(line)).is_err() {
+                break; // the client went away
+            }
+        }
+    });
+    Ok(stream_response(rx))
+}
+
+/// The sandbox's metrics now; CPU use since `sample` (wall time, cgroup CPU ns), which is
+/// updated.
+fn metrics_sample(rec: &Record, sample: &mut (Instant, u64)) -> ApiResult<Value> {
     let usage = rec.sandbox.usage()?;
     let (cpus, mem_limit) = rec.sandbox.limits();
     let now = Instant::now();
     let pct = {
-        let mut s = lock(&rec.cpu_sample);
-        let wall = now.duration_since(s.0).as_nanos() as f64;
-        let used = usage.cpu_ns.saturating_sub(s.1) as f64;
-        *s = (now, usage.cpu_ns);
+        let wall = now.duration_since(sample.0).as_nanos() as f64;
+        let used = usage.cpu_ns.saturating_sub(sample.1) as f64;
+        *sample = (now, usage.cpu_ns);
         if wall > 0.0 {
             (used / wall / cpus * 100.0).clamp(0.0, 100.0)
         } else {
@@ -848,11 +908,11 @@ async fn metrics(
     } else {
         mem_limit
     };
-    Ok(Json(json!({
+    Ok(json!({
         "cpu_count": cpus,
         "cpu_used_pct": (pct * 100.0).round() / 100.0,
         "mem_total_mib": limit as f64 / (1u64 << 20) as f64,
         "mem_used_mib": ((usage.memory_bytes as f64 / (1u64 << 20) as f64) * 100.0).round() / 100.0,
         "timestamp": now_ms(),
-    })))
+    }))
 }

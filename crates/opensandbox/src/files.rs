@@ -278,13 +278,7 @@ fn query_one(pairs: &[(String, String)], key: &str) -> Option<String> {
 }
 
 fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
-    query_one(pairs, key).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            format!("missing query parameter {key}"),
-        )
-    })
+    query_one(pairs, key).ok_or_else(|| ApiError::missing_query(key))
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
@@ -410,11 +404,7 @@ async fn info(
         .map(|(_, v)| v)
         .collect();
     if paths.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter path",
-        ));
+        return Err(ApiError::missing_query("path"));
     }
     let rels = paths
         .iter()

@@ -23,6 +23,7 @@ pub mod execd;
 pub mod files;
 pub mod lifecycle;
 mod lines;
+pub mod proxy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -153,7 +154,8 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             "/execd/{sid}",
             execd::routes(server.clone())
                 .merge(files::routes(server.clone()))
-                .merge(code::routes(server.clone())),
+                .merge(code::routes(server.clone()))
+                .merge(proxy::routes(server.clone())),
         )
         .nest("/egress/{sid}", execd::egress_routes(server.clone()))
         .fallback(|uri: axum::http::Uri| async move {
@@ -230,6 +232,12 @@ pub struct Record {
     pub egress: Option<egress::SandboxEgress>,
     pub extensions: Option<serde_json::Value>,
     pub state: Mutex<(&'static str, DateTime<Utc>)>,
+    /// Why the sandbox ended by itself (its entrypoint exited): status reason and message.
+    pub ended: Mutex<Option<(&'static str, String)>>,
+    /// The thread that makes sockets in its network namespace (the port proxy), once needed.
+    pub netns: std::sync::OnceLock<agentrun_runtime::netns::NetnsSockets>,
+    /// Set once its processes are killed and its teardown is under way.
+    pub torn_down: std::sync::atomic::AtomicBool,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
     pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
     pub code: Mutex<code::CodeState>,
@@ -243,6 +251,61 @@ impl Record {
     }
     pub fn set_state(&self, s: &'static str) {
         *lock(&self.state) = (s, Utc::now());
+    }
+
+    /// Kills every process of the sandbox now and tears it down (mounts, cgroups, state) in
+    /// the background; once only, whoever asks first (delete, expiry, the entrypoint's exit).
+    pub fn tear_down(&self, live: &Arc<LiveManager>) {
+        if self
+            .torn_down
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        self.sandbox.kill();
+        let live = live.clone();
+        let id = self.id.clone();
+        let proxy = self
+            .egress
+            .as_ref()
+            .and_then(egress::SandboxEgress::take_proxy);
+        tokio::task::spawn_blocking(move || {
+            // The egress proxy goes first: its socket lives in the state dir the delete removes.
+            if let Some(p) = proxy {
+                p.stop();
+            }
+            if let Err(e) = live.delete(&id) {
+                eprintln!("agentrun: deleting sandbox {id}: {e}");
+            }
+        });
+    }
+
+    /// The sandbox's main process exited with `code`: like a container whose main process
+    /// ends, the sandbox stops (every process killed, torn down). It stays listed, as
+    /// `Terminated` (code 0) or `Failed`, until deleted or expired.
+    pub fn entrypoint_exited(&self, live: &Arc<LiveManager>, code: i32) {
+        if self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // deleted or expired: that is why it exited
+        }
+        let (state, reason) = if code == 0 {
+            ("Terminated", "ENTRYPOINT_EXITED")
+        } else {
+            ("Failed", "ENTRYPOINT_FAILED")
+        };
+        *lock(&self.ended) = Some((reason, format!("the entrypoint exited with code {code}")));
+        self.set_state(state);
+        self.tear_down(live);
+    }
+
+    /// `Err` (409) once the sandbox has ended by itself.
+    pub fn check_running(&self) -> ApiResult<()> {
+        match &*lock(&self.ended) {
+            Some((_, why)) => Err(ApiError::conflict(format!(
+                "sandbox {} is not running: {why}",
+                self.id
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

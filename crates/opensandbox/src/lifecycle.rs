@@ -339,13 +339,18 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
 /// The `Sandbox` JSON of a record.
 fn sandbox_json(rec: &Record) -> Value {
     let (state, since) = rec.state();
+    let (reason, message) = match &*lock(&rec.ended) {
+        Some((reason, why)) => (*reason, why.clone()),
+        None if state == "Paused" => ("SANDBOX_PAUSED", "agentrun sandbox paused".into()),
+        None => ("SANDBOX_RUNNING", "agentrun sandbox running".into()),
+    };
     let mut v = json!({
         "id": rec.id,
         "image": {"uri": rec.image},
         "status": {
             "state": state,
-            "reason": if state == "Paused" { "SANDBOX_PAUSED" } else { "SANDBOX_RUNNING" },
-            "message": format!("agentrun sandbox {}", state.to_lowercase()),
+            "reason": reason,
+            "message": message,
             "lastTransitionAt": rfc3339(since),
         },
         "metadata": *lock(&rec.metadata),
@@ -456,13 +461,16 @@ async fn create_sandbox(
         egress,
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
         state: Mutex::new(("Running", now)),
+        ended: Mutex::new(None),
+        netns: Default::default(),
+        torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
     });
     // The entrypoint is the sandbox's main process.
-    if let Err(e) = crate::execd::start_entrypoint(&rec).await {
+    if let Err(e) = crate::execd::start_entrypoint(server, &rec).await {
         let live = server.live.clone();
         let id = rec.id.clone();
         let rec2 = rec.clone();
@@ -562,18 +570,7 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
         .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))?;
     rec.set_state("Terminated");
     // Every process dies now; the teardown (mounts, cgroups, state) finishes off the request.
-    rec.sandbox.kill();
-    let live = server.live.clone();
-    let id = id.to_owned();
-    tokio::task::spawn_blocking(move || {
-        // The proxy goes first: its socket lives in the state dir the delete removes.
-        if let Some(e) = &rec.egress {
-            e.stop();
-        }
-        if let Err(e) = live.delete(&id) {
-            eprintln!("agentrun: deleting sandbox {id}: {e}");
-        }
-    });
+    rec.tear_down(&server.live);
     Ok(())
 }
 
@@ -587,6 +584,7 @@ async fn delete(
 
 async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
+    rec.check_running()?;
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is already paused"
@@ -683,10 +681,11 @@ async fn endpoint(
             "endpoint": format!("{host}/egress/{id}"),
             "headers": {crate::EGRESS_TOKEN_HEADER: rec.egress_token},
         }))),
-        p => Err(ApiError::not_found(
-            "SANDBOX::PORT_NOT_AVAILABLE",
-            format!("port {p}: agentrun sandboxes have no network reachable from outside; only execd ({}) and egress ({}) are served", crate::EXECD_PORT, crate::EGRESS_PORT),
-        )),
+        // Any other port: execd's proxy to 127.0.0.1:port inside the sandbox.
+        p => Ok(Json(json!({
+            "endpoint": format!("{host}/execd/{id}/proxy/{p}"),
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+        }))),
     }
 }
 

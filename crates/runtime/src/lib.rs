@@ -19,6 +19,7 @@ pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
 pub mod net;
+pub mod netns;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
