@@ -501,3 +501,497 @@ print(stat["name"], stat["size"])
     );
     d.docker(&["rm", "-f", "cp1"]).success();
 }
+
+/// The sandbox a host process runs in (from its `agentrun/<id>` cgroup).
+fn sandbox_of(pid: i32) -> String {
+    let cg = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    cg.lines()
+        .find_map(|l| {
+            let rest = l.split(':').nth(2)?.split("/agentrun/").nth(1)?;
+            rest.split('/').next().map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("process {pid} is in no agentrun cgroup:\n{cg}"))
+}
+
+impl DockerDaemon {
+    /// `docker inspect -f FORMAT NAME`, trimmed.
+    fn inspect(&self, name: &str, format: &str) -> String {
+        self.docker(&["inspect", "-f", format, name])
+            .success()
+            .trim()
+            .to_owned()
+    }
+
+    /// The host pid of a running container's sandbox init.
+    fn init_pid(&self, name: &str) -> i32 {
+        let pid: i32 = self.inspect(name, "{{.State.Pid}}").parse().unwrap();
+        assert!(pid > 0, "{name} has no pid");
+        pid
+    }
+
+    /// Starts the daemon again on the same state dir and socket (after `kill9`).
+    fn relaunch(&mut self) {
+        self.daemon.launch([
+            "--pool-size".as_ref(),
+            "1".as_ref(),
+            "--docker-socket".as_ref(),
+            self.socket.as_os_str(),
+        ]);
+    }
+
+    /// An image `pyhost` whose programs are the host's `/usr`, bound in at run time with
+    /// `-v /usr:/usr:ro` (the store holds only its skeleton: /bin, /lib... linking into /usr).
+    fn python_image(&self) {
+        let root = self._dir.path().join("pyhost-rootfs");
+        for d in ["usr", "tmp", "etc", "root"] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+        for l in ["bin", "lib", "lib64", "sbin"] {
+            std::os::unix::fs::symlink(format!("usr/{l}"), root.join(l)).unwrap();
+        }
+        let out = self
+            .daemon
+            .agentrun([
+                "image",
+                "add",
+                "pyhost",
+                root.to_str().unwrap(),
+                "--cmd",
+                "python3",
+            ])
+            .run();
+        assert_eq!(out.status.code(), Some(0), "{out}");
+    }
+}
+
+#[test]
+fn docker_stopped_containers_keep_their_files_until_rm() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    // The main process leaves one line per run in the container's own layer.
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "keep",
+        "busybox",
+        "sh",
+        "-c",
+        "echo run >> /runs.txt; exec sleep 3301",
+    ])
+    .success();
+    let init = d.init_pid("keep");
+    let sandbox = sandbox_of(init);
+    d.docker(&["stop", "-t", "1", "keep"]).success();
+    assert_eq!(d.inspect("keep", "{{.State.Status}}"), "exited");
+    // Its processes are gone (as when PID 1 of a container dies), its sandbox is not.
+    assert_no_sandboxed_process(&["sleep", "3301"], Duration::from_secs(10), "after stop");
+    assert!(
+        Path::new(&format!("/proc/{init}")).exists(),
+        "the sandbox went with the stop"
+    );
+
+    // docker cp from and to the exited container, symlinks carried as links.
+    let back = d._dir.path().join("back");
+    fs::create_dir_all(&back).unwrap();
+    d.docker(&["cp", "keep:/runs.txt", back.to_str().unwrap()])
+        .success();
+    assert_eq!(fs::read_to_string(back.join("runs.txt")).unwrap(), "run\n");
+    let tree = d._dir.path().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("f.txt"), "in the tree\n").unwrap();
+    fs::write(tree.join("sub/g.txt"), "deeper\n").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("abs")).unwrap();
+    std::os::unix::fs::symlink("f.txt", tree.join("rel")).unwrap();
+    d.docker(&["cp", tree.to_str().unwrap(), "keep:/tree"])
+        .success();
+    d.docker(&["cp", "keep:/tree", back.to_str().unwrap()])
+        .success();
+    let got = back.join("tree");
+    assert_eq!(
+        fs::read_link(got.join("abs")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(fs::read_link(got.join("rel")).unwrap(), Path::new("f.txt"));
+    assert_eq!(
+        fs::read_to_string(got.join("sub/g.txt")).unwrap(),
+        "deeper\n"
+    );
+    // A hostile archive into the exited container (docker-py put_archive): a link climbing
+    // out, then a file through it, and a hard link. Everything lands inside the container.
+    let marker = format!("agentrun-e2e-escape-{}", std::process::id());
+    let out = d.python(&format!(
+        r#"
+import io, tarfile
+c = client.containers.get("keep")
+print(c.status)
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    link = tarfile.TarInfo("esc"); link.type = tarfile.SYMTYPE; link.linkname = "../../../../../../"
+    t.addfile(link)
+    data = b"x"
+    f = tarfile.TarInfo("esc/tmp/{marker}"); f.size = 1
+    t.addfile(f, io.BytesIO(data))
+    hard = tarfile.TarInfo("tree/hard"); hard.type = tarfile.LNKTYPE; hard.linkname = "tree/f.txt"
+    t.addfile(hard)
+print(c.put_archive("/", buf.getvalue()))
+bits, stat = c.get_archive("/esc")
+print(stat["linkTarget"], oct(stat["mode"] & 0o777))
+bits, stat = c.get_archive("/tree/rel")
+print(stat["name"], stat["linkTarget"])
+# Into a directory through a link to it: followed inside the container.
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    f = tarfile.TarInfo("via-link.txt"); f.size = 3
+    t.addfile(f, io.BytesIO(b"via"))
+print(c.put_archive("/esc/tmp", buf.getvalue()))
+"#
+    ));
+    assert_eq!(
+        out.success(),
+        "exited\nTrue\n/ 0o777\nrel /tree/f.txt\nTrue\n",
+        "{out}"
+    );
+    assert!(
+        !Path::new("/tmp").join(&marker).exists(),
+        "a file escaped to the host"
+    );
+
+    // start runs the main process again on the same files; so does restart.
+    d.docker(&["start", "keep"]).success();
+    let out = d.docker(&[
+        "exec",
+        "keep",
+        "sh",
+        "-c",
+        &format!(
+            "cat /runs.txt; readlink /tree/abs; cat /tree/rel /tree/hard; test -e /tmp/{marker} && echo marker; cat /tmp/via-link.txt"
+        ),
+    ]);
+    assert_eq!(
+        out.success(),
+        "run\nrun\n/etc/passwd\nin the tree\nin the tree\nmarker\nvia",
+        "{out}"
+    );
+    d.docker(&["restart", "-t", "1", "keep"]).success();
+    assert_eq!(d.inspect("keep", "{{.State.Status}}"), "running");
+    assert_eq!(d.init_pid("keep"), init, "restart made a new sandbox");
+    let out = d.docker(&["exec", "keep", "cat", "/runs.txt"]);
+    assert_eq!(out.success(), "run\nrun\nrun\n", "{out}");
+
+    // rm takes everything: processes, mounts, cgroups, state.
+    d.docker(&["rm", "-f", "keep"]).success();
+    let state = d.daemon.state().join("sandboxes").join(&sandbox);
+    let gone = wait_until(Duration::from_secs(10), || {
+        (!Path::new(&format!("/proc/{init}")).exists()
+            && sandbox_cgroups(&sandbox).is_empty()
+            && !state.exists()
+            && mounts_under(&state).is_empty())
+        .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "left after rm: init alive {}, cgroups {:?}, state dir {}, mounts {:?}",
+        Path::new(&format!("/proc/{init}")).exists(),
+        sandbox_cgroups(&sandbox),
+        state.exists(),
+        mounts_under(&state)
+    );
+
+    // An AutoRemove container survives its restart (autogen restarts them), and goes at stop.
+    let out = d.python(
+        r#"
+import time
+c = client.containers.create("busybox", entrypoint="/bin/sh", command=["-c", "echo $$ >> /pids; exec sleep 3304"],
+                             tty=True, auto_remove=True, name="autogen-restart")
+c.start()
+c.restart(timeout=1)
+c.reload()
+print(c.status)
+r = c.exec_run(["wc", "-l", "/pids"])
+print(r.output.decode().split()[0])
+c.stop(timeout=1)
+time.sleep(0.5)
+print([x.name for x in client.containers.list(all=True)])
+"#,
+    );
+    assert_eq!(
+        out.success(),
+        "running\n2\n[]\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+}
+
+#[test]
+fn docker_daemon_killed_with_stopped_containers_leaves_nothing() {
+    let Some(_l) = setup() else { return };
+    let mut d = start();
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "k1",
+        "busybox",
+        "sh",
+        "-c",
+        "echo x > /f; exec sleep 3302",
+    ])
+    .success();
+    d.docker(&["stop", "-t", "0", "k1"]).success();
+    d.docker(&["run", "-d", "--name", "k2", "busybox", "sleep", "3303"])
+        .success();
+    // A created container given files before its start has a sandbox too.
+    d.docker(&["create", "--name", "k3", "busybox", "cat", "/f"])
+        .success();
+    let f = d._dir.path().join("f");
+    fs::write(&f, "copied before start\n").unwrap();
+    d.docker(&["cp", f.to_str().unwrap(), "k3:/f"]).success();
+    let out = d.docker(&["ps", "-a", "--format", "{{.Names}} {{.State}}"]);
+    let listed = out.success();
+    let mut rows: Vec<&str> = listed.lines().map(str::trim).collect();
+    rows.sort();
+    let listed = rows.join(",");
+    assert_eq!(listed, "k1 exited,k2 running,k3 created", "{out}");
+    let sandboxes = fs::read_dir(d.daemon.state().join("sandboxes"))
+        .unwrap()
+        .count();
+    assert!(sandboxes >= 3, "{sandboxes} sandboxes for 3 containers");
+    // `start -a` (attach, then start) of the created container: the file was kept for it.
+    let out = d.docker(&["start", "-a", "k3"]);
+    assert_eq!(out.success(), "copied before start\n", "{out}");
+    let out = d.docker(&["start", "-a", "k3"]);
+    assert_eq!(out.success(), "copied before start\n", "{out}");
+
+    // SIGKILL: the factory sees the daemon go and destroys every sandbox it made.
+    d.daemon.kill9();
+    let mut new = Leftovers::default();
+    let clean = wait_until(Duration::from_secs(30), || {
+        new = Leftovers::snapshot_own(d.daemon.state()).new_since(d.daemon.before());
+        new.is_empty().then_some(())
+    });
+    assert!(clean.is_some(), "the killed daemon left behind:\n{new}");
+    // A new daemon starts clean (containers do not survive a daemon restart).
+    d.relaunch();
+    let out = d.docker(&["ps", "-a", "-q"]);
+    assert_eq!(out.success().trim(), "", "{out}");
+    let out = d.docker(&["run", "--rm", "busybox", "echo", "after restart"]);
+    assert_eq!(out.success(), "after restart\n", "{out}");
+}
+
+/// `GET path` on host loopback `port`; the response body, or None until something answers.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200").then(|| body.to_owned())
+}
+
+/// [`http_get`] until it answers, at most 30 s.
+fn http_get_eventually(d: &DockerDaemon, port: u16, path: &str) -> String {
+    wait_until(Duration::from_secs(30), || http_get(port, path)).unwrap_or_else(|| {
+        panic!(
+            "nothing answered on 127.0.0.1:{port}{path}\n{}",
+            d.daemon.log()
+        )
+    })
+}
+
+/// Whether a connection to host loopback `port` is refused (nothing listens).
+fn refused(port: u16) -> bool {
+    matches!(
+        std::net::TcpStream::connect(("127.0.0.1", port)),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|t| {
+                    fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The host port of `docker port NAME 8000` (`127.0.0.1:N`).
+fn published_port(d: &DockerDaemon, name: &str) -> u16 {
+    let out = d.docker(&["port", name, "8000"]);
+    let line = out.success();
+    let addr = line.trim();
+    assert!(addr.starts_with("127.0.0.1:"), "{out}");
+    addr["127.0.0.1:".len()..].parse().unwrap()
+}
+
+#[test]
+fn docker_publishes_ports_on_host_loopback() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    d.python_image();
+    let server =
+        "cd /tmp && echo hello from the container > index.html && exec python3 -m http.server 8000";
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "web",
+        "-v",
+        "/usr:/usr:ro",
+        "-p",
+        "127.0.0.1:0:8000",
+        "pyhost",
+        "sh",
+        "-c",
+        server,
+    ])
+    .success();
+    let port = published_port(&d, "web");
+    assert_eq!(
+        http_get_eventually(&d, port, "/index.html"),
+        "hello from the container\n"
+    );
+    let out = d.docker(&["ps", "--format", "{{.Names}} {{.Ports}}"]);
+    assert_eq!(
+        out.success().trim(),
+        format!("web 127.0.0.1:{port}->8000/tcp"),
+        "{out}"
+    );
+    assert_eq!(
+        d.inspect("web", "{{json .NetworkSettings.Ports}}"),
+        format!(r#"{{"8000/tcp":[{{"HostIp":"127.0.0.1","HostPort":"{port}"}}]}}"#)
+    );
+    // Stopped: the listener is closed; started again: a new one.
+    d.docker(&["stop", "-t", "1", "web"]).success();
+    assert!(
+        wait_until(Duration::from_secs(5), || refused(port).then_some(())).is_some(),
+        "127.0.0.1:{port} still accepts after stop"
+    );
+    assert_eq!(d.inspect("web", "{{json .NetworkSettings.Ports}}"), "{}");
+    d.docker(&["start", "web"]).success();
+    let port = published_port(&d, "web");
+    assert_eq!(
+        http_get_eventually(&d, port, "/index.html"),
+        "hello from the container\n"
+    );
+    // One thread in the container's network namespace makes the inner sockets.
+    // (The first run's is gone with its stop.)
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            (threads_named(d.daemon.pid(), "netns-sockets") == 1).then_some(())
+        })
+        .is_some(),
+        "{} namespace threads for one running container",
+        threads_named(d.daemon.pid(), "netns-sockets")
+    );
+    d.docker(&["rm", "-f", "web"]).success();
+    assert!(
+        wait_until(Duration::from_secs(5), || refused(port).then_some(())).is_some(),
+        "127.0.0.1:{port} still accepts after rm"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            (threads_named(d.daemon.pid(), "netns-sockets") == 0).then_some(())
+        })
+        .is_some(),
+        "the namespace thread outlived its container"
+    );
+
+    // A fixed host port is bound again by restart at once; a second container cannot have it.
+    let fixed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = format!("127.0.0.1:{fixed}:8000");
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "fixed",
+        "-v",
+        "/usr:/usr:ro",
+        "-p",
+        &spec,
+        "pyhost",
+        "sh",
+        "-c",
+        server,
+    ])
+    .success();
+    http_get_eventually(&d, fixed, "/index.html");
+    d.docker(&["restart", "-t", "1", "fixed"]).success();
+    http_get_eventually(&d, fixed, "/index.html");
+    let out = d.docker(&[
+        "run", "-d", "--name", "clash", "-p", &spec, "busybox", "sleep", "1",
+    ]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    assert!(out.stderr().contains("port is already allocated"), "{out}");
+    d.docker(&["rm", "-f", "fixed", "clash"]).success();
+
+    // -P: every exposed port on a free loopback port.
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "all",
+        "-P",
+        "--expose",
+        "8000",
+        "-v",
+        "/usr:/usr:ro",
+        "pyhost",
+        "sh",
+        "-c",
+        server,
+    ])
+    .success();
+    let port = published_port(&d, "all");
+    http_get_eventually(&d, port, "/index.html");
+    d.docker(&["rm", "-f", "all"]).success();
+
+    // Only loopback, only tcp.
+    let out = d.docker(&["run", "-d", "-p", "0.0.0.0:0:8000", "busybox", "true"]);
+    assert_eq!(out.code(), 125, "{out}");
+    assert!(out.stderr().contains("loopback addresses only"), "{out}");
+    let out = d.docker(&["run", "-d", "-p", "8000/udp", "busybox", "true"]);
+    assert_eq!(out.code(), 125, "{out}");
+    assert!(out.stderr().contains("only tcp"), "{out}");
+
+    // docker-py, as smolagents asks for it.
+    let out = d.python(&format!(
+        r#"
+import time, urllib.request
+c = client.containers.run("pyhost", ["sh", "-c", {server:?}], detach=True,
+                          ports={{"8000/tcp": ("127.0.0.1", None)}},
+                          volumes={{"/usr": {{"bind": "/usr", "mode": "ro"}}}})
+c.reload()
+port = c.ports["8000/tcp"][0]["HostPort"]
+for i in range(300):
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{{port}}/index.html", timeout=5).read()
+        break
+    except Exception:
+        time.sleep(0.1)
+print(c.status, c.ports["8000/tcp"][0]["HostIp"], body)
+c.stop(timeout=1)
+c.reload()
+print(c.status, c.ports)
+c.remove()
+"#
+    ));
+    assert_eq!(
+        out.success(),
+        "running 127.0.0.1 b'hello from the container\\n'\nexited {}\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+}

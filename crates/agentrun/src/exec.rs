@@ -462,7 +462,7 @@ fn execute_cold(
         };
     let runtime_paths = RuntimePaths::new(&paths.state_dir);
     // Clean up after runs that were killed; cheap when there is nothing to do.
-    let _ = agentrun_runtime::gc::collect(&runtime_paths);
+    let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
     let host = HostInfo::probe();
 
     let signals = block_signals();

@@ -2,10 +2,14 @@
 //!
 //! Every path is resolved inside the container's root with the in-root file layer
 //! (`openat2(RESOLVE_IN_ROOT)`, run with the sandbox root's fsuid): `..`, absolute symlinks and
-//! races never reach the host, and files written get the sandbox's owner. The container must be
-//! running (its sandbox is where its files are).
+//! races never reach the host, and files written get the sandbox's owner. Running, exited and
+//! created containers alike: the files are in the container's sandbox, which lives until the
+//! container is removed (a created one gets it now). Regular files, directories, symlinks
+//! (carried as links, never followed) and hard links within one archive are carried;
+//! devices, FIFOs and sockets are left out.
 
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,19 +19,27 @@ use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
-use crate::containers::{lock, Container};
+use crate::containers::Container;
 use crate::http::{error, Query, Reply};
+use crate::Context;
 
-fn sandbox_fs(c: &Container) -> Result<SandboxFs, Box<Reply>> {
-    let sb = lock(&c.state).sandbox.clone();
-    let Some(sb) = sb else {
-        return Err(Box::new(error(
-            StatusCode::CONFLICT,
-            &format!(
-                "Container {} is not running: its files are gone with its sandbox",
-                c.id
-            ),
-        )));
+async fn sandbox_fs(ctx: Arc<Context>, c: Arc<Container>) -> Result<SandboxFs, Box<Reply>> {
+    let made =
+        tokio::task::spawn_blocking(move || crate::containers::ensure_sandbox(&ctx, &c)).await;
+    let sb = match made {
+        Ok(Ok(sb)) => sb,
+        Ok(Err((code, msg))) => {
+            return Err(Box::new(error(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &msg,
+            )))
+        }
+        Err(e) => {
+            return Err(Box::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            )))
+        }
     };
     sb.root()
         .map(SandboxFs::new)
@@ -70,33 +82,45 @@ fn not_found(abs: &str, c: &Container, head: bool) -> Reply {
 }
 
 /// `HEAD` / `GET /containers/{id}/archive?path=`: the stat header (and a tar of the path).
-pub async fn get(c: Arc<Container>, q: &Query, method: &Method) -> Reply {
+pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Method) -> Reply {
     let head = method == Method::HEAD;
     let (abs, rel) = match path_param(q) {
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let fs = match sandbox_fs(&c) {
+    let fs = match sandbox_fs(ctx, c.clone()).await {
         Ok(f) => f,
         Err(r) => return *r,
     };
     let c2 = c.clone();
-    let rel2 = rel.clone();
+    // `link/` or `link/.` means what the link leads to; `link` the link itself.
+    let follow = abs.ends_with('/') || abs.ends_with("/.");
     let result = tokio::task::spawn_blocking(move || {
         as_sandbox_root(
             || -> Result<(serde_json::Value, Option<Vec<u8>>), rustix::io::Errno> {
+                let mut rel2 = rel;
+                if follow && fs.stat(&rel2)?.kind() == "symlink" {
+                    rel2 = fs.resolve(&rel2)?;
+                }
                 let entry = fs.stat(&rel2)?;
                 let name = rel2
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "/".into());
+                // As dockerd: where the link leads, resolved in the container's root (the
+                // CLI follows it with `cp -L`, and copies into a linked directory through it).
+                let link_target = if entry.kind() == "symlink" {
+                    format!("/{}", fs.resolve(&rel2)?.display())
+                } else {
+                    String::new()
+                };
                 let stat = json!({
                     "name": name,
                     "size": entry.stat.st_size,
                     "mode": go_mode(entry.stat.st_mode),
                     "mtime": chrono::DateTime::from_timestamp(entry.stat.st_mtime, 0)
                         .map(|d| d.to_rfc3339()).unwrap_or_default(),
-                    "linkTarget": "",
+                    "linkTarget": link_target,
                 });
                 if head {
                     return Ok((stat, None));
@@ -165,13 +189,25 @@ fn append(
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(data.len() as u64);
         b.append_data(&mut h, name, &data[..]).map_err(io)?;
+    } else if entry.kind() == "symlink" {
+        // The link itself, as written (not followed).
+        let target = fs.readlink(rel)?;
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, name, Path::new(&target))
+            .map_err(io)?;
     }
-    // Symlinks and special files are left out.
+    // Devices, FIFOs and sockets are left out.
     Ok(())
 }
 
 /// `PUT /containers/{id}/archive?path=`: unpacks the tar body into `path` (a directory).
-pub async fn put(c: Arc<Container>, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
+pub async fn put(
+    ctx: Arc<Context>,
+    c: Arc<Container>,
+    q: &Query,
+    req: Request<hyper::body::Incoming>,
+) -> Reply {
     let (abs, rel) = match path_param(q) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -180,13 +216,16 @@ pub async fn put(c: Arc<Container>, q: &Query, req: Request<hyper::body::Incomin
         Ok(b) => b.to_bytes(),
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    let fs = match sandbox_fs(&c) {
+    let fs = match sandbox_fs(ctx, c.clone()).await {
         Ok(f) => f,
         Err(r) => return *r,
     };
     let c2 = c.clone();
     let result = tokio::task::spawn_blocking(move || {
         as_sandbox_root(|| -> Result<(), String> {
+            // As dockerd: the extraction point may be (or go through) a link, followed in
+            // the container's root.
+            let rel = fs.resolve(&rel).map_err(|e| format!("500:{e}"))?;
             match fs.stat(&rel) {
                 Ok(e) if e.is_dir() => {}
                 Ok(_) => return Err("400:extraction point is not a directory".into()),
@@ -211,19 +250,49 @@ pub async fn put(c: Arc<Container>, q: &Query, req: Request<hyper::body::Incomin
                 }
                 let target = rel.join(inner);
                 let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
-                match entry.header().entry_type() {
-                    tar::EntryType::Directory => fs
-                        .mkdir_p(&target, mode.max(0o700))
-                        .map_err(|e| format!("500:{}: {e}", target.display()))?,
+                let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
+                let kind = entry.header().entry_type();
+                if matches!(
+                    kind,
+                    tar::EntryType::Regular
+                        | tar::EntryType::Continuous
+                        | tar::EntryType::Symlink
+                        | tar::EntryType::Link
+                ) {
+                    // As dockerd: what is there is replaced, not written through (a symlink
+                    // in the way is removed, not followed). Directories stay.
+                    match fs.stat(&target) {
+                        Ok(e) if !e.is_dir() => fs.remove_file(&target).map_err(failed)?,
+                        _ => {}
+                    }
+                }
+                match kind {
+                    tar::EntryType::Directory => {
+                        fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?
+                    }
                     tar::EntryType::Regular | tar::EntryType::Continuous => {
-                        let mut f = fs
-                            .create_file(&target, mode)
-                            .map_err(|e| format!("500:{}: {e}", target.display()))?;
+                        let mut f = fs.create_file(&target, mode).map_err(failed)?;
                         std::io::copy(&mut entry, &mut f)
                             .and_then(|_| f.flush())
                             .map_err(|e| format!("500:{}: {e}", target.display()))?;
                     }
-                    // Links and special files are not written.
+                    tar::EntryType::Symlink => {
+                        let link = entry
+                            .link_name_bytes()
+                            .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
+                        let link = std::ffi::OsStr::from_bytes(&link).to_owned();
+                        fs.symlink(&link, &target).map_err(failed)?;
+                    }
+                    tar::EntryType::Link => {
+                        // A name earlier in the archive, under the same extraction point.
+                        let link = entry
+                            .link_name_bytes()
+                            .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
+                        let link = String::from_utf8_lossy(&link).into_owned();
+                        let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
+                        fs.hard_link(&rel.join(from), &target).map_err(failed)?;
+                    }
+                    // Devices, FIFOs and sockets are not written.
                     _ => {}
                 }
             }

@@ -214,18 +214,19 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     };
     let t = stop_timeout(q);
     let c2 = c.clone();
-    let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
-    // The exit's cleanup (sandbox deletion) must be done before a new start.
-    let mut rx = c.changed.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while lock(&c.state).sandbox.is_some() {
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
-            break;
+    // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
+    // in the same sandbox, on the same files.
+    /// Ends the restart however this request ends (a client gone mid-way included).
+    struct Restarting(Arc<Container>);
+    impl Drop for Restarting {
+        fn drop(&mut self) {
+            lock(&self.0.state).restarting = false;
         }
     }
+    lock(&c.state).restarting = true;
+    let _restarting = Restarting(c.clone());
+    let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
+    // (A failed start removes an AutoRemove container itself.)
     start(ctx, &c.id).await
 }
 
@@ -432,6 +433,9 @@ pub fn attach(
     let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
     let with_logs = q.bool("logs");
     let mut live = c.output.subscribe();
+    // The run this attach is for: the current one, or the next (`docker start -a` attaches
+    // to an exited container, then starts it).
+    let exits_at_attach = lock(&c.state).exits;
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let up = match upgrade.await {
@@ -493,7 +497,11 @@ pub fn attach(
         let mut changed = c.changed.subscribe();
         loop {
             // Exited (a fast container may have run and exited between two looks).
-            if c.status() == Status::Exited {
+            let ended = {
+                let st = lock(&c.state);
+                st.status == Status::Exited && st.exits > exits_at_attach
+            };
+            if ended {
                 while let Ok(Ok((s, b))) =
                     tokio::time::timeout(Duration::from_millis(200), live.recv()).await
                 {

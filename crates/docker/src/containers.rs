@@ -3,10 +3,18 @@
 //! WorkingDir, live bind mounts (`HostConfig.Binds`), cgroup limits (`Memory`, `NanoCpus`,
 //! `CpuQuota`, `PidsLimit`) and a real pty when `Tty` is set.
 //!
-//! Lifecycle as dockerd's: `created` (a record, no sandbox yet) -> `running` (start made the
-//! sandbox and spawned the main process) -> `exited` (the main process ended: the sandbox and
-//! everything still in it are killed, as when PID 1 of a container dies) -> removed. Output is
-//! kept per container (`logs`) and fanned out to attached clients; `wait` watches the state.
+//! Lifecycle as dockerd's: `created` (a record; its sandbox is made by the first start, or
+//! by a `docker cp` before it) -> `running` (the main process runs in the sandbox) ->
+//! `exited` (the main process ended: every other process in the sandbox is killed, as when
+//! PID 1 of a container dies, but the sandbox's init stays and with it the container's
+//! filesystem, its own overlay layer: `docker cp` works on it, and `start`/`restart` run the
+//! main process again on the same files) -> removed (the sandbox is destroyed). Published
+//! ports ([`crate::ports`]) are listened on while the main process runs. Output is kept per
+//! container (`logs`) and fanned out to attached clients; `wait` watches the state.
+//!
+//! An exited container's sandbox is an ordinary sandbox of the daemon's factory: a daemon
+//! that dies takes it with it like every other (the factory destroys what it made when the
+//! daemon's channel closes; `gc` at the next start removes what a killed factory left).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -55,6 +63,8 @@ pub struct ContainerConfig {
     pub cpus: Option<f64>,
     pub pids: Option<u32>,
     pub network_mode: String,
+    /// `ExposedPorts` of the request.
+    pub exposed: Vec<String>,
     /// The request's own `Config` fields, echoed by inspect.
     pub raw: Value,
     pub host_config_raw: Value,
@@ -92,6 +102,18 @@ impl ContainerConfig {
         } else {
             None
         };
+        let exposed: Vec<String> = body["ExposedPorts"]
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        let network_mode = hc["NetworkMode"].as_str().unwrap_or("default").to_owned();
+        // Checked now; the image's exposed ports join them at start (`PublishAllPorts`).
+        let ports = crate::ports::bindings(hc, &exposed)?;
+        if !ports.is_empty() && network_mode == "none" {
+            return Err(
+                "conflicting options: port publishing and the container type network mode".into(),
+            );
+        }
         Ok(ContainerConfig {
             image,
             cmd: strings(&body["Cmd"]),
@@ -111,7 +133,8 @@ impl ContainerConfig {
                 .as_i64()
                 .filter(|p| *p > 0)
                 .map(|p| p as u32),
-            network_mode: hc["NetworkMode"].as_str().unwrap_or("default").to_owned(),
+            network_mode,
+            exposed,
             raw: body.clone(),
             host_config_raw: hc.clone(),
         })
@@ -185,6 +208,10 @@ pub struct State {
     /// Bumped on every exit (for `wait?condition=next-exit`).
     pub exits: u64,
     pub removed: bool,
+    /// The published ports, while the main process runs.
+    pub ports: Option<crate::ports::Published>,
+    /// A restart is under way: its stop does not remove an AutoRemove container.
+    pub restarting: bool,
 }
 
 /// One container.
@@ -196,6 +223,8 @@ pub struct Container {
     pub image_id: String,
     pub image_config: ImageConfig,
     pub state: Mutex<State>,
+    /// Held while the container's sandbox is being made (start, or `docker cp` before it).
+    making: Mutex<()>,
     /// Every state change bumps it (wait, attach end).
     pub changed: watch::Sender<u64>,
     /// (stream: 1 stdout / 2 stderr, bytes), kept for logs.
@@ -232,7 +261,10 @@ impl Container {
                 stdin_closed_early: false,
                 exits: 0,
                 removed: false,
+                ports: None,
+                restarting: false,
             }),
+            making: Mutex::new(()),
             changed: watch::channel(0).0,
             logs: Mutex::new((Vec::new(), 0)),
             output: broadcast::channel(1024).0,
@@ -264,6 +296,28 @@ impl Container {
         let mut v = ep;
         v.extend(cmd);
         v
+    }
+
+    /// Every exposed port (`8000/tcp`): the image's, the request's and the published ones.
+    pub fn exposed_ports(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.image_config.exposed_ports.clone();
+        all.extend(self.config.exposed.iter().cloned());
+        if let Some(map) = self.config.host_config_raw["PortBindings"].as_object() {
+            all.extend(map.keys().cloned());
+        }
+        let mut all: Vec<String> = all
+            .into_iter()
+            .map(|p| {
+                if p.contains('/') {
+                    p
+                } else {
+                    format!("{p}/tcp")
+                }
+            })
+            .collect();
+        all.sort();
+        all.dedup();
+        all
     }
 
     pub fn working_dir(&self) -> String {
@@ -315,6 +369,11 @@ impl Container {
         config["WorkingDir"] = json!(self.working_dir());
         config["Tty"] = json!(self.config.tty);
         config["Labels"] = Value::Object(self.config.labels.clone());
+        let exposed = self.exposed_ports();
+        if !exposed.is_empty() {
+            config["ExposedPorts"] =
+                Value::Object(exposed.iter().map(|p| (p.clone(), json!({}))).collect());
+        }
         config.as_object_mut().map(|o| o.remove("HostConfig"));
         let mounts: Vec<Value> = self
             .config
@@ -376,7 +435,14 @@ impl Container {
             "HostConfig": host_config,
             "Mounts": mounts,
             "Config": config,
-            "NetworkSettings": {"Ports": {}, "Networks": {}},
+            "NetworkSettings": {
+                "Ports": crate::ports::inspect_ports(
+                    &exposed,
+                    st.ports.as_ref(),
+                    st.status == Status::Running,
+                ),
+                "Networks": {},
+            },
         })
     }
 
@@ -395,7 +461,11 @@ impl Container {
             "ImageID": self.image_id,
             "Command": self.argv().join(" "),
             "Created": self.created.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            "Ports": [],
+            "Ports": crate::ports::summary_ports(
+                &self.exposed_ports(),
+                st.ports.as_ref(),
+                st.status == Status::Running,
+            ),
             "Labels": Value::Object(self.config.labels.clone()),
             "State": st.status.as_str(),
             "Status": status,
@@ -515,11 +585,21 @@ pub fn make_stdio(tty: bool, want_stdin: bool) -> std::io::Result<Stdio> {
     })
 }
 
-/// Starts a container: makes its sandbox, spawns its main process, pumps its output.
-pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
-    let argv = c.argv();
-    if argv.is_empty() {
-        return Err((400, "no command specified".into()));
+/// The container's sandbox (its filesystem): the one it has, or a new one when it has none
+/// yet (never started) or its init died (the files went with it). Made once, even when a
+/// start and a `docker cp` ask at the same time.
+pub fn ensure_sandbox(
+    ctx: &Context,
+    c: &Arc<Container>,
+) -> Result<Arc<LiveSandbox>, (u16, String)> {
+    let _making = lock(&c.making);
+    let old = lock(&c.state).sandbox.clone();
+    if let Some(sb) = old {
+        if !sb.is_dead() {
+            return Ok(sb);
+        }
+        lock(&c.state).sandbox = None;
+        let _ = ctx.live.delete(sb.id());
     }
     let mounts = c.config.mounts().map_err(|e| (400, e))?;
     let mut spec = LiveSpec::new(c.image_id.clone())
@@ -532,13 +612,30 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         .live
         .create(&spec)
         .map_err(|e| (500, format!("creating the container's sandbox: {e}")))?;
-    let stdio = match make_stdio(c.config.tty, c.config.open_stdin) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ctx.live.delete(sandbox.id());
-            return Err((500, format!("stdio: {e}")));
-        }
-    };
+    let mut st = lock(&c.state);
+    if st.removed {
+        drop(st);
+        let _ = ctx.live.delete(sandbox.id());
+        return Err((404, format!("No such container: {}", c.id)));
+    }
+    st.sandbox = Some(sandbox.clone());
+    Ok(sandbox)
+}
+
+/// Starts a container: its sandbox (kept from an earlier run, else made now), its published
+/// ports, its main process, the pumps of its output.
+pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
+    let argv = c.argv();
+    if argv.is_empty() {
+        return Err((400, "no command specified".into()));
+    }
+    let sandbox = ensure_sandbox(ctx, c)?;
+    let stdio =
+        make_stdio(c.config.tty, c.config.open_stdin).map_err(|e| (500, format!("stdio: {e}")))?;
+    let bindings = crate::ports::bindings(&c.config.host_config_raw, &c.exposed_ports())
+        .map_err(|e| (400, e))?;
+    let published =
+        crate::ports::publish(&c.name, &bindings, sandbox.init_pid()).map_err(|e| (500, e))?;
     let env: Vec<(String, String)> = c
         .config
         .env
@@ -549,35 +646,57 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         })
         .collect();
     let weak = Arc::downgrade(c);
+    let weak_sandbox = Arc::downgrade(&sandbox);
     let live = ctx.live.clone();
-    let sandbox_id = sandbox.id().to_owned();
     let auto_remove = c.config.auto_remove;
     let containers = ctx.containers.clone();
     let on_exit = Box::new(move |exit: agentrun_pool::live::ProcessExit| {
         let Some(c) = weak.upgrade() else { return };
-        {
+        // As when PID 1 of a container dies: whatever else runs in it goes too. Sent before
+        // the exit is recorded, so it reaches the init before any later start's spawn.
+        let sandbox = weak_sandbox.upgrade();
+        if let Some(sb) = sandbox.as_ref().filter(|_| !exit.lost) {
+            let _ = sb.signal_all(libc::SIGKILL);
+        }
+        let (ports, auto_remove) = {
             let mut st = lock(&c.state);
             st.status = Status::Exited;
             st.exit_code = exit.exit_code;
             st.finished_at = Some(SystemTime::now());
             st.stdin = None;
             st.exits += 1;
-        }
+            (st.ports.take(), auto_remove && !st.restarting)
+        };
+        drop(ports);
         c.bump();
-        // As when PID 1 of a container dies: whatever else runs in it goes too.
+        // The sandbox stays for a later start or `docker cp`, unless the container goes
+        // (AutoRemove) or its init is dead (then its files are gone anyway).
+        if !auto_remove && !exit.lost {
+            return;
+        }
         let live = live.clone();
-        let id = sandbox_id.clone();
         let containers = containers.clone();
         std::thread::spawn(move || {
-            let _ = live.delete(&id);
-            let mut st = lock(&c.state);
-            st.sandbox = None;
+            let gone = {
+                let mut st = lock(&c.state);
+                let ours = st
+                    .sandbox
+                    .as_ref()
+                    .is_some_and(|s| sandbox.as_ref().is_some_and(|mine| Arc::ptr_eq(s, mine)));
+                if auto_remove {
+                    st.removed = true;
+                }
+                if auto_remove || ours {
+                    st.sandbox.take()
+                } else {
+                    None
+                }
+            };
+            if let Some(sb) = gone {
+                let _ = live.delete(sb.id());
+            }
             if auto_remove {
-                st.removed = true;
-                drop(st);
                 lock(&containers).by_id.remove(&c.id);
-            } else {
-                drop(st);
             }
             c.bump();
         });
@@ -589,16 +708,18 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     } = stdio;
     // Running before the process exists: a fast process may exit (and its hook run) before
     // spawn even returns, and that exit must not be overwritten.
-    {
+    let before = {
         let mut guard = lock(&c.state);
         let st = &mut *guard;
+        let before = st.status;
         st.status = Status::Running;
-        st.sandbox = Some(sandbox.clone());
+        st.restarting = false;
         st.main = None;
         st.started_at = Some(SystemTime::now());
         st.finished_at = None;
         st.exit_code = 0;
         st.error.clear();
+        st.ports = published;
         st.stdin = stdin;
         if let Some(w) = st.stdin.as_mut() {
             let pending = std::mem::take(&mut st.pending_stdin);
@@ -607,7 +728,8 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         if st.stdin_closed_early {
             st.stdin = None;
         }
-    }
+        before
+    };
     for (stream, reader) in outputs {
         let weak = Arc::downgrade(c);
         crate::stream::pump_with(reader, move |b| match weak.upgrade() {
@@ -637,7 +759,6 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             Ok(())
         }
         Err(e) => {
-            let _ = ctx.live.delete(sandbox.id());
             let msg = match &e {
                 agentrun_pool::PoolError::Spawn { exit_code, message } if *exit_code == 127 => {
                     format!("failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: \"{}\": executable file not found in $PATH: unknown ({message})", argv[0])
@@ -647,14 +768,17 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
                 }
                 other => other.to_string(),
             };
-            let mut st = lock(&c.state);
-            st.status = Status::Created;
-            st.sandbox = None;
-            st.stdin = None;
-            st.started_at = None;
-            st.error = msg.clone();
-            st.exit_code = 127;
-            drop(st);
+            // The sandbox stays the container's (its files); it is back where it was.
+            let ports = {
+                let mut st = lock(&c.state);
+                st.status = before;
+                st.stdin = None;
+                st.started_at = None;
+                st.error = msg.clone();
+                st.exit_code = 127;
+                st.ports.take()
+            };
+            drop(ports);
             c.bump();
             Err((400, msg))
         }
@@ -673,8 +797,9 @@ pub fn signal(c: &Container, sig: i32) -> bool {
     }
 }
 
-/// Stops a running container: `StopSignal` (default SIGTERM), then after `timeout` the whole
-/// sandbox is killed. Returns false when it was not running.
+/// Stops a running container: `StopSignal` (default SIGTERM) to the main process, then after
+/// `timeout` SIGKILL to every process in it (the sandbox and its files stay). Returns false
+/// when it was not running.
 pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
     let sig = c
         .image_config
@@ -685,36 +810,41 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
     if !signal(c, sig) {
         return false;
     }
-    let mut rx = c.changed.subscribe();
+    let sandbox = || lock(&c.state).sandbox.clone();
     let deadline = std::time::Instant::now() + timeout;
     while c.status() == Status::Running {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            let sb = lock(&c.state).sandbox.clone();
-            if let Some(sb) = sb {
-                sb.kill();
+            if let Some(sb) = sandbox() {
+                let _ = sb.signal_all(libc::SIGKILL);
             }
             break;
         }
-        // Poll in small steps: the watch is async, this runs on a blocking thread.
+        // Poll in small steps: this runs on a blocking thread.
         std::thread::sleep(left.min(Duration::from_millis(20)));
-        let _ = rx.borrow_and_update();
     }
-    // Wait (bounded) for the exit to be recorded.
+    // Wait (bounded) for the exit to be recorded; an init that does not answer is killed
+    // (the container's files go with it).
     let until = std::time::Instant::now() + Duration::from_secs(10);
     while c.status() == Status::Running && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
+    if c.status() == Status::Running {
+        if let Some(sb) = sandbox() {
+            sb.kill();
+        }
+    }
     true
 }
 
-/// Kills and forgets a container (its sandbox first).
+/// Kills and forgets a container (its sandbox, files and published ports first).
 pub fn remove(ctx: &Context, c: &Arc<Container>) {
-    let sb = {
+    let (sb, ports) = {
         let mut st = lock(&c.state);
         st.removed = true;
-        st.sandbox.take()
+        (st.sandbox.take(), st.ports.take())
     };
+    drop(ports);
     if let Some(sb) = sb {
         let _ = ctx.live.delete(sb.id());
     }

@@ -221,9 +221,15 @@ async fn spawn(
     exit: oneshot::Sender<i32>,
 ) -> Result<Option<std::sync::mpsc::Sender<Bytes>>, String> {
     let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
-    let Some(sandbox) = lock(&exec.container.state).sandbox.clone() else {
-        return Err(format!("Container {} is not running", exec.container.id));
+    // An exited container keeps its sandbox (its files): only a running one takes execs.
+    let (sandbox, exits) = {
+        let st = lock(&exec.container.state);
+        match (&st.sandbox, st.status) {
+            (Some(sb), Status::Running) => (sb.clone(), st.exits),
+            _ => return Err(format!("Container {} is not running", exec.container.id)),
+        }
     };
+    let sandbox2 = sandbox.clone();
     let crate::containers::Stdio {
         child,
         stdin,
@@ -252,6 +258,15 @@ async fn spawn(
         .map_err(|e| e.to_string())?;
     match spawned {
         Ok(p) => {
+            // The main process ended while this one started (after its stop killed what ran
+            // then): it goes too. The exit hook has run by now (events come in order).
+            let stopped = {
+                let st = lock(&exec.container.state);
+                st.status != Status::Running || st.exits != exits
+            };
+            if stopped {
+                let _ = sandbox2.signal(p.id, libc::SIGKILL, true);
+            }
             lock(&exec.state).pid = p.pid;
             for (s, r) in outputs {
                 stream::pump(r, s, out.clone());

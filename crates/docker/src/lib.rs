@@ -13,6 +13,7 @@ pub mod containers;
 pub mod exec;
 pub mod http;
 pub mod images;
+pub mod ports;
 pub mod signals;
 pub mod stream;
 pub mod system;
@@ -307,9 +308,9 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
                         return container_api::no_such(&key);
                     };
                     if m == Method::PUT {
-                        archive::put(c, &query, req).await
+                        archive::put(ctx.clone(), c, &query, req).await
                     } else {
-                        archive::get(c, &query, m).await
+                        archive::get(ctx.clone(), c, &query, m).await
                     }
                 }
                 _ => not_found_route(&method),

@@ -54,13 +54,9 @@ async fn connect(rec: &Record, port: u16) -> ApiResult<tokio::net::TcpStream> {
             rec.netns.get_or_init(|| made).clone()
         }
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    sockets.request(move |s| {
-        let _ = tx.send(s);
-    });
-    let fd = rx
+    let fd = sockets
+        .socket()
         .await
-        .map_err(|_| ApiError::internal("the sandbox's network is gone"))?
         .map_err(|e| ApiError::internal(format!("a socket in the sandbox: {e}")))?;
     let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
     socket

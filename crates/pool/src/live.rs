@@ -9,7 +9,8 @@
 //!   the caller owns the other ends of its pipes or pty), each in its own process group (or
 //!   session, the hook for terminal processes); `on_exit` is called with the exit status
 //!   (and the process's rusage) from the sandbox's event thread;
-//! - [`LiveSandbox::signal`] signals a process's whole process group (or the process alone);
+//! - [`LiveSandbox::signal`] signals a process's whole process group (or the process alone),
+//!   [`LiveSandbox::signal_all`] every process but the sandbox's init;
 //! - [`LiveSandbox::set_limits`] changes CPU and memory limits, [`LiveSandbox::pause`] and
 //!   [`LiveSandbox::resume`] freeze and thaw it (cgroup freezer), [`LiveSandbox::usage`]
 //!   reads its cgroup's CPU time and memory;
@@ -286,6 +287,14 @@ impl LiveSandbox {
     /// Unknown or finished processes are ignored.
     pub fn signal(&self, id: u64, signal: i32, group: bool) -> Result<(), PoolError> {
         let req = LiveRequest::Signal { id, signal, group };
+        control::send_json(self.control.as_fd(), &req, &[])?;
+        Ok(())
+    }
+
+    /// Sends `signal` to every process in the sandbox but its init, which stays (and with it
+    /// the sandbox, its filesystem and its network namespace): a container's stop.
+    pub fn signal_all(&self, signal: i32) -> Result<(), PoolError> {
+        let req = LiveRequest::SignalAll { signal };
         control::send_json(self.control.as_fd(), &req, &[])?;
         Ok(())
     }

@@ -127,6 +127,63 @@ fn signal_kills_the_process_group_only(live: &LiveManager) {
     live.delete(sb.id()).unwrap();
 }
 
+/// Host pids of processes whose command line is `cmdline`.
+fn host_pids_running(cmdline: &str) -> Vec<i32> {
+    let want: Vec<u8> = cmdline
+        .split(' ')
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+fn signal_all_keeps_the_init_and_the_files(live: &LiveManager) {
+    let sb = live.create(&spec()).unwrap();
+    let init = sb.init_pid();
+    let a = start(
+        &sb,
+        &["/bin/sh", "-c", "echo kept > /tmp/f; sleep 7331000 & wait"],
+        &[],
+    )
+    .unwrap();
+    // In a session of its own, outside every spawned process's group.
+    let _b = start(&sb, &["/bin/sh", "-c", "setsid sleep 7331001 & wait"], &[]).unwrap();
+    let both = || {
+        !host_pids_running("sleep 7331000").is_empty()
+            && !host_pids_running("sleep 7331001").is_empty()
+    };
+    let t = Instant::now();
+    while !both() && t.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(both(), "the sleeps did not start");
+    sb.signal_all(libc::SIGKILL).unwrap();
+    let e = a.exit.recv_timeout(WAIT).unwrap();
+    assert_eq!((e.exit_code, e.lost), (137, false), "{e:?}");
+    let t = Instant::now();
+    while (!host_pids_running("sleep 7331000").is_empty()
+        || !host_pids_running("sleep 7331001").is_empty())
+        && t.elapsed() < WAIT
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        host_pids_running("sleep 7331001").is_empty(),
+        "a process outlived signal_all"
+    );
+    // The init and the sandbox stay: same files, new processes.
+    assert!(!sb.is_dead());
+    assert!(PathBuf::from(format!("/proc/{init}")).exists());
+    let c = start(&sb, &["/bin/cat", "/tmp/f"], &[]).unwrap();
+    assert_eq!(c.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "kept\n");
+    live.delete(sb.id()).unwrap();
+}
+
 fn spawn_failures_are_typed(live: &LiveManager) {
     let sb = live.create(&spec()).unwrap();
     match start(&sb, &["/no/such/program"], &[]) {
@@ -244,6 +301,9 @@ fn main() {
         ("processes_over_time", |l| processes_over_time(l)),
         ("signal_kills_the_process_group_only", |l| {
             signal_kills_the_process_group_only(l)
+        }),
+        ("signal_all_keeps_the_init_and_the_files", |l| {
+            signal_all_keeps_the_init_and_the_files(l)
         }),
         ("spawn_failures_are_typed", |l| spawn_failures_are_typed(l)),
         ("limits_pause_and_root", |l| limits_pause_and_root(l)),

@@ -10,7 +10,8 @@
 //! first message is a [`LiveRequest`] (tagged with `op`), and from then on the init serves
 //! any number of them: [`LiveRequest::Spawn`] starts a process (stdio fds attached) in its own
 //! process group and is answered by [`LiveEvent::Started`] or [`LiveEvent::Failed`];
-//! [`LiveRequest::Signal`] signals a process group; every process's exit is reported as
+//! [`LiveRequest::Signal`] signals a process group, [`LiveRequest::SignalAll`] every process
+//! but the init; every process's exit is reported as
 //! [`LiveEvent::Exited`] tagged with the id the host gave it. The init stays until the host
 //! closes the channel (or kills it).
 
@@ -49,6 +50,9 @@ pub enum LiveRequest {
     Spawn(SpawnRequest),
     /// Send `signal` to process `id`'s process group (`group`) or to the process alone.
     Signal { id: u64, signal: i32, group: bool },
+    /// Send `signal` to every process in the sandbox but the init (`kill(-1)` from PID 1 of
+    /// its pid namespace): what a container's stop needs, its filesystem staying for a restart.
+    SignalAll { signal: i32 },
 }
 
 /// One process for a long-lived sandbox.
@@ -257,6 +261,8 @@ mod tests {
                 group: true
             }
         );
+        let all: LiveRequest = serde_json::from_str(r#"{"op":"signal_all","signal":9}"#).unwrap();
+        assert_eq!(all, LiveRequest::SignalAll { signal: 9 });
         let ev = LiveEvent::Exited {
             id: 7,
             result: InitResult {

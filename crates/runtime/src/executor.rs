@@ -355,6 +355,14 @@ fn serve_live(control: OwnedFd, first: LiveRequest, fds: Vec<OwnedFd>) -> ! {
                 let _ = kill(Pid::from_raw(target), sig);
             }
         }
+        LiveRequest::SignalAll { signal } => {
+            // From PID 1, kill(-1) reaches every process of the pid namespace but the init
+            // itself; a process forking meanwhile cannot leave a child behind (the kernel
+            // refuses forks with a fatal signal pending).
+            if let Ok(sig) = Signal::try_from(signal) {
+                let _ = kill(Pid::from_raw(-1), sig);
+            }
+        }
     };
     handle(first, fds, &mut by_pid, &mut by_id);
     loop {

@@ -222,6 +222,90 @@ impl SandboxFs {
         rustix::fs::renameat(&fdir, fname.as_os_str(), &tdir, tname.as_os_str())
     }
 
+    /// What symlink `rel` points to (as written: it is not resolved).
+    pub fn readlink(&self, rel: &Path) -> Result<OsString, Errno> {
+        let (dir, name) = self.parent(rel)?;
+        let target = rustix::fs::readlinkat(&dir, name.as_os_str(), Vec::new())?;
+        Ok(OsStr::from_bytes(target.as_bytes()).to_owned())
+    }
+
+    /// Creates symlink `rel` pointing to `target` (stored as given: whoever follows it later
+    /// resolves it in the sandbox's root). Parents are created.
+    pub fn symlink(&self, target: &OsStr, rel: &Path) -> Result<(), Errno> {
+        if let Some(parent) = rel.parent() {
+            self.mkdir_p(parent, 0o755)?;
+        }
+        let (dir, name) = self.parent(rel)?;
+        rustix::fs::symlinkat(target, &dir, name.as_os_str())
+    }
+
+    /// Makes `to` a hard link of `from` (its last component not followed). Parents of `to`
+    /// are created.
+    pub fn hard_link(&self, from: &Path, to: &Path) -> Result<(), Errno> {
+        let (fdir, fname) = self.parent(from)?;
+        if let Some(parent) = to.parent() {
+            self.mkdir_p(parent, 0o755)?;
+        }
+        let (tdir, tname) = self.parent(to)?;
+        rustix::fs::linkat(
+            &fdir,
+            fname.as_os_str(),
+            &tdir,
+            tname.as_os_str(),
+            AtFlags::empty(),
+        )
+    }
+
+    /// `rel` with every symlink in it resolved inside the sandbox's root (absolute targets
+    /// start again at the root, `..` stops there), as the sandbox's processes would see it.
+    /// A missing component ends the resolution: the rest is taken as written.
+    pub fn resolve(&self, rel: &Path) -> Result<PathBuf, Errno> {
+        /// As the kernel's limit on nested links.
+        const MAX_LINKS: usize = 40;
+        let mut done = PathBuf::new();
+        let mut todo: Vec<OsString> = rel
+            .components()
+            .rev()
+            .map(|c| c.as_os_str().to_owned())
+            .collect();
+        let mut links = 0;
+        let mut missing = false;
+        while let Some(c) = todo.pop() {
+            if c == ".." {
+                done.pop();
+                continue;
+            }
+            if c == "." || c == "/" || c.is_empty() {
+                continue;
+            }
+            let candidate = done.join(&c);
+            if missing {
+                done = candidate;
+                continue;
+            }
+            match self.stat(&candidate) {
+                Ok(e) if e.kind() == "symlink" => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(Errno::LOOP);
+                    }
+                    let target = PathBuf::from(self.readlink(&candidate)?);
+                    if target.is_absolute() {
+                        done = PathBuf::new();
+                    }
+                    todo.extend(target.components().rev().map(|c| c.as_os_str().to_owned()));
+                }
+                Ok(_) => done = candidate,
+                Err(Errno::NOENT) => {
+                    missing = true;
+                    done = candidate;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
     /// The entries under directory `rel`, to `depth` levels (1: its children), lexical
     /// order, symlinks not followed.
     pub fn walk(&self, rel: &Path, depth: usize) -> Result<Vec<Entry>, Errno> {
@@ -332,6 +416,37 @@ mod tests {
             std::io::Read::read_to_string(&mut f, &mut s).unwrap();
             assert_eq!(s, "inside", "{p}");
         }
+        // Links resolved as the sandbox sees them, never past its root.
+        std::os::unix::fs::symlink("abs/passwd", root.join("chain")).unwrap();
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        for (p, want) in [
+            ("/abs/passwd", "etc/passwd"),
+            ("/rel/passwd", "etc/passwd"),
+            ("/chain", "etc/passwd"),
+            ("/abs/missing/x", "etc/missing/x"),
+            ("/etc", "etc"),
+        ] {
+            assert_eq!(
+                fs.resolve(&relative(p).unwrap()).unwrap(),
+                PathBuf::from(want),
+                "{p}"
+            );
+        }
+        assert_eq!(fs.resolve(Path::new("loop")), Err(Errno::LOOP));
+        assert_eq!(fs.readlink(Path::new("chain")).unwrap(), "abs/passwd");
+        // Made links are stored as given; hard links stay inside.
+        fs.symlink(OsStr::new("/etc/passwd"), Path::new("new/link"))
+            .unwrap();
+        assert_eq!(
+            std::fs::read_link(root.join("new/link")).unwrap(),
+            PathBuf::from("/etc/passwd")
+        );
+        fs.hard_link(Path::new("etc/passwd"), Path::new("new/hard"))
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("new/hard")).unwrap(),
+            "inside"
+        );
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

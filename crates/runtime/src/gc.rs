@@ -4,7 +4,8 @@
 //! dead: its processes are killed (they usually died with the owner through PDEATHSIG), and
 //! its cgroups, mounts, container state and state dir removed. Empty, old cgroups under
 //! `agentrun/` without a state dir are removed too (one with processes may be another state
-//! dir's live sandbox and is left alone). Run by `agentrun gc` and at the start of every run.
+//! dir's live sandbox and is left alone). Run by `agentrun gc`, at the daemon's start and
+//! at the start of every run (there the cgroup scan at most every 30 s).
 
 use std::fs;
 use std::time::{Duration, SystemTime};
@@ -35,17 +36,41 @@ fn owner_alive(stamp: &str) -> bool {
     !zombie && owner_stamp(pid).as_deref() == Some(stamp.trim())
 }
 
-/// Collects dead sandboxes.
+/// Collects dead sandboxes and orphaned cgroups (`agentrun gc`, the daemon's start).
 pub fn collect(paths: &RuntimePaths) -> GcReport {
+    let mut report = collect_dead_state_dirs(paths);
+    collect_orphan_cgroups(paths, &mut report);
+    report
+}
+
+/// What each run does before it starts: collects dead sandboxes of this state dir, and
+/// orphaned cgroups at most once per [`CREATION_GRACE`] (they only count as orphans after
+/// that long anyway, and listing every controller's cgroups costs more than the rest of the
+/// collection).
+pub fn collect_before_run(paths: &RuntimePaths) -> GcReport {
+    let mut report = collect_dead_state_dirs(paths);
+    let stamp = paths.state_dir.join("gc-cgroups.stamp");
+    let due = fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_none_or(|age| age >= CREATION_GRACE);
+    if due {
+        let _ = fs::write(&stamp, b"");
+        collect_orphan_cgroups(paths, &mut report);
+    }
+    report
+}
+
+/// Sandboxes of this state dir whose owner is gone: everything of theirs removed.
+fn collect_dead_state_dirs(paths: &RuntimePaths) -> GcReport {
     let cgroup = CgroupMode::detect();
     let mut report = GcReport::default();
-    let mut seen = Vec::new();
     if let Ok(rd) = fs::read_dir(paths.sandboxes()) {
         for entry in rd.flatten() {
             let Ok(id) = entry.file_name().into_string() else {
                 continue;
             };
-            seen.push(id.clone());
             let dead = match fs::read_to_string(entry.path().join("owner")) {
                 Ok(stamp) if !stamp.trim().is_empty() => !owner_alive(&stamp),
                 // No stamp yet: being created, unless it has been like that for a while.
@@ -61,23 +86,29 @@ pub fn collect(paths: &RuntimePaths) -> GcReport {
             }
         }
     }
-    if let Some(cg) = cgroup {
-        for id in cg.sandbox_ids() {
-            // Cgroups are host-wide while state dirs are per AGENTRUN_STATE_DIR: a cgroup
-            // without a state dir here may belong to another agentrun (a daemon, a test).
-            // Only an empty one that has been so for a while is an orphan. A sandbox's state
-            // dir exists before its cgroup and outlives it: check it now, not against the
-            // listing above, or a run created meanwhile would look orphaned.
-            if seen.contains(&id) || paths.sandboxes().join(&id).exists() {
-                continue;
-            }
-            if cg.pids(&id).is_empty() && cg.age(&id).is_some_and(|a| a > CREATION_GRACE) {
-                cg.remove(&id);
-                report.removed.push(id);
-            }
+    report
+}
+
+/// Empty cgroups under `agentrun/` that no sandbox of this state dir owns and that have
+/// been so for [`CREATION_GRACE`].
+fn collect_orphan_cgroups(paths: &RuntimePaths, report: &mut GcReport) {
+    let Some(cg) = CgroupMode::detect() else {
+        return;
+    };
+    for id in cg.sandbox_ids() {
+        // Cgroups are host-wide while state dirs are per AGENTRUN_STATE_DIR: a cgroup
+        // without a state dir here may belong to another agentrun (a daemon, a test).
+        // Only an empty one that has been so for a while is an orphan. A sandbox's state
+        // dir exists before its cgroup and outlives it: check it now, not against a
+        // listing made earlier, or a run created meanwhile would look orphaned.
+        if paths.sandboxes().join(&id).exists() {
+            continue;
+        }
+        if cg.pids(&id).is_empty() && cg.age(&id).is_some_and(|a| a > CREATION_GRACE) {
+            cg.remove(&id);
+            report.removed.push(id);
         }
     }
-    report
 }
 
 fn record(report: &mut GcReport, id: &str, r: Result<(), RuntimeError>) {

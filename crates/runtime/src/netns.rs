@@ -70,6 +70,16 @@ impl NetnsSockets {
             reply(Err(io::Error::other("the namespace thread ended")));
         }
     }
+
+    /// A new non-blocking IPv4 TCP socket in the namespace, for async callers (any executor).
+    pub async fn socket(&self) -> io::Result<OwnedFd> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.request(move |s| {
+            let _ = tx.send(s);
+        });
+        rx.await
+            .map_err(|_| io::Error::other("the namespace thread ended"))?
+    }
 }
 
 #[cfg(test)]
