@@ -12,6 +12,7 @@ raises (non-zero exit, traceback).
 import asyncio
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -745,7 +746,193 @@ def code():
         sbx.kill()
 
 
+FETCH = r"""
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen(sys.argv[1], timeout=15)
+    print("status", r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print("status", e.code, e.read().decode().strip())
+"""
+
+
+TUNNEL = r"""
+import os, socket, sys, time
+up = sys.argv[1]
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(f"CONNECT {up} HTTP/1.1\r\nHost: {up}\r\n\r\n".encode())
+f = s.makefile("rb")
+print("connect", f.readline().decode().strip(), flush=True)
+while f.readline() not in (b"\r\n", b""):
+    pass
+def get(path):
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    status = f.readline().decode().strip()
+    n = 0
+    while True:
+        line = f.readline()
+        if line.lower().startswith(b"content-length:"):
+            n = int(line.split(b":")[1])
+        if line in (b"\r\n", b""):
+            break
+    return status, f.read(n).decode()
+print("first", *get("/tunnel-1"), flush=True)
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.05)
+try:
+    status, body = get("/tunnel-2")
+    print("second", status or "cut", body, flush=True)
+except OSError as e:
+    print("second cut", e.errno, flush=True)
+"""
+
+
+def wait_logs(sbx, cid, want, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = sbx.commands.get_background_command_logs(cid).content
+        if want in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"no {want!r} in the logs of {cid}: {sbx.commands.get_background_command_logs(cid).content!r}")
+
+
+def fetch(sbx, url):
+    """GET `url` with Python's urllib inside the sandbox (it honours HTTP_PROXY)."""
+    ex = sbx.commands.run(f"python3 -c {shlex.quote(FETCH)} {shlex.quote(url)}")
+    check(ex.exit_code == 0, f"fetch {url}: exit {ex.exit_code} {ex.logs.stderr}")
+    return ex.text
+
+
+def upstream():
+    """A loopback HTTP server on the host standing in for an allowed host; returns
+    (host:port, list of paths it served)."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a tunnel can carry several requests
+
+        def do_GET(self):
+            seen.append(self.path)
+            body = f"upstream says {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"127.0.0.1:{srv.server_address[1]}", seen
+
+
+def egress():
+    up, seen = upstream()
+    port = up.split(":")[1]
+    print("UPSTREAM", up)
+    cfg = sync_config()
+    # Ordered rules, first match wins: a deny before a wildcard allow wins; the upstream is
+    # allowed by name (its literal address).
+    a = SandboxSync.create("host", connection_config=cfg, network_policy=NetworkPolicy(
+        default_action="deny",
+        egress=[
+            NetworkRule(action="deny", target="blocked.agentrun.test"),
+            NetworkRule(action="allow", target="*.agentrun.test"),
+            NetworkRule(action="allow", target="127.0.0.1"),
+        ]))
+    b = SandboxSync.create("host", connection_config=cfg, network_policy=NetworkPolicy(
+        default_action="deny", egress=[NetworkRule(action="allow", target="pypi.org")]))
+    c = SandboxSync.create("host", connection_config=cfg)
+    print("SANDBOX_A", a.id)
+    print("SANDBOX_B", b.id)
+    try:
+        env = a.commands.run("echo $HTTP_PROXY $https_proxy").text
+        check(env == "http://127.0.0.1:3128 http://127.0.0.1:3128", f"proxy env {env!r}")
+        got = fetch(a, f"http://{up}/from-a")
+        check(got == "status 200 upstream says /from-a", f"allowed host: {got!r}")
+        check(seen == ["/from-a"], f"upstream saw {seen}")
+        got = fetch(a, "http://blocked.agentrun.test/x")
+        check(got.startswith("status 403") and "rule networkPolicy.egress[0]" in got, f"deny before wildcard: {got!r}")
+        # The wildcard allows the name; agentrun then resolves it itself (and there is no such name).
+        got = fetch(a, "http://ok.agentrun.test/x")
+        check(got.startswith("status 403") and "network.resolve" in got and "networkPolicy.egress[1]" in got, f"wildcard: {got!r}")
+        got = fetch(a, "http://other.example.org/x")
+        check(got.startswith("status 403") and "rule network.default" in got, f"default deny: {got!r}")
+        # Nothing but the proxy leads out: the host's loopback is not the sandbox's, no route elsewhere.
+        check(a.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}").exit_code != 0, "direct connect to the upstream")
+        check(a.commands.run("exec 3<>/dev/tcp/1.1.1.1/80").exit_code != 0, "direct connect outside")
+
+        # Live changes through the egress endpoint: B does not allow the upstream yet.
+        got = fetch(b, f"http://{up}/b-before")
+        check(got.startswith("status 403") and "rule network.default" in got, f"B before patch: {got!r}")
+        b.patch_egress_rules([NetworkRule(action="allow", target="127.0.0.1")])
+        pol = b.get_egress_policy()
+        check([(r.action, r.target) for r in pol.egress] == [("allow", "127.0.0.1"), ("allow", "pypi.org")], f"after patch {pol}")
+        got = fetch(b, f"http://{up}/b-patched")
+        check(got == "status 200 upstream says /b-patched", f"B after patch: {got!r}")
+        # Incoming rules win over existing ones for the same target.
+        b.patch_egress_rules([NetworkRule(action="deny", target="127.0.0.1")])
+        pol = b.get_egress_policy()
+        check([(r.action, r.target) for r in pol.egress] == [("deny", "127.0.0.1"), ("allow", "pypi.org")], f"after deny patch {pol}")
+        got = fetch(b, f"http://{up}/b-denied")
+        check(got.startswith("status 403") and "rule networkPolicy.egress[0]" in got, f"B after deny patch: {got!r}")
+        b.patch_egress_rules([NetworkRule(action="allow", target="127.0.0.1")])
+        check(fetch(b, f"http://{up}/b-again").startswith("status 200"), "B allowed again")
+        # A tunnel open while the policy changes: it is cut when the change denies it.
+        tun = b.commands.run(f"python3 -c {shlex.quote(TUNNEL)} {up}", opts=RunCommandOpts(background=True))
+        logs = wait_logs(b, tun.id, "first ")
+        check("connect HTTP/1.1 200 Connection established" in logs and "first HTTP/1.1 200 OK upstream says /tunnel-1" in logs, f"tunnel {logs!r}")
+        # DELETE removes the rule: denied again (the default).
+        b.delete_egress_rules(["127.0.0.1", "not-there.example"])
+        b.commands.run("touch /tmp/go")
+        logs = wait_logs(b, tun.id, "second ")
+        check("second cut" in logs, f"tunnel after the rule was deleted: {logs!r}")
+        pol = b.get_egress_policy()
+        check(pol.default_action == "deny" and [r.target for r in pol.egress] == ["pypi.org"], f"after delete {pol}")
+        got = fetch(b, f"http://{up}/b-deleted")
+        check(got.startswith("status 403") and "rule network.default" in got, f"B after delete: {got!r}")
+        check(seen == ["/from-a", "/b-patched", "/b-again", "/tunnel-1"], f"upstream saw {seen}")
+        # A's policy was not touched by B's changes.
+        check(fetch(a, f"http://{up}/a-still").startswith("status 200"), "A unchanged")
+
+        # The egress endpoint wants B's own token; bad bodies are refused and change nothing.
+        ep = b.get_endpoint(18080)
+        url = f"http://{ep.endpoint}/policy"
+        check(httpx.patch(url, json=[{"action": "allow", "target": "127.0.0.1"}]).status_code == 401, "patch without token")
+        other = a.get_endpoint(18080).headers
+        check(httpx.patch(url, json=[{"action": "allow", "target": "127.0.0.1"}], headers=other).status_code == 401, "patch with A's token")
+        r = httpx.patch(url, json=[{"action": "allow", "target": "10.0.0.0/8"}], headers=ep.headers)
+        check(r.status_code == 400 and "only FQDNs" in r.json()["message"], f"CIDR patch {r.status_code} {r.text}")
+        check(httpx.request("DELETE", url, json=[], headers=ep.headers).status_code == 400, "empty delete")
+        check([r.target for r in b.get_egress_policy().egress] == ["pypi.org"], "unchanged after bad requests")
+
+        # No networkPolicy: no proxy, no route, and nothing to change.
+        check(c.commands.run("echo -n $HTTP_PROXY").text == "", "no proxy env without networkPolicy")
+        check(c.commands.run("exec 3<>/dev/tcp/127.0.0.1/3128").exit_code != 0, "no bridge without networkPolicy")
+        check(c.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}").exit_code != 0, "no route without networkPolicy")
+        pol = c.get_egress_policy()
+        check(pol.default_action == "deny" and not pol.egress, f"C policy {pol}")
+        try:
+            c.patch_egress_rules([NetworkRule(action="allow", target="127.0.0.1")])
+            raise AssertionError("patching a sandbox without networkPolicy must fail")
+        except SandboxException as e:
+            check("without a networkPolicy" in str(e), f"{e}")
+        # A policy agentrun cannot enforce is refused at create.
+        expect_api_error(lambda: SandboxSync.create("host", connection_config=cfg, network_policy=NetworkPolicy(
+            default_action="deny", egress=[NetworkRule(action="allow", target="10.0.0.0/8")])), 400, "INVALID_PARAMETER")
+    finally:
+        a.kill()
+        b.kill()
+        c.kill()
+
+
 SCENARIOS = {
+    "egress": egress,
     "code": code,
     "traces": traces,
     "sync_flow": sync_flow,

@@ -11,7 +11,8 @@
 //! interrupt, timeout, session, renew, pause/resume, kill), the async flow, list filters and
 //! pagination, 400s for what agentrun cannot serve, API-key and execd-token checks, TTL
 //! expiry, path escapes through the file API, 20 sandboxes at once, Python code contexts, and
-//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`.
+//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`, and the
+//! `networkPolicy` enforced by the egress proxy and changed live through `/policy`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -56,7 +57,8 @@ fn start(env: &[(&str, String)], extra: &[&str]) -> (Daemon, String) {
 }
 
 /// Runs one scenario against the daemon; panics with its output and the daemon's log.
-fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) {
+/// Returns its stdout.
+fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) -> String {
     let mut cmd = Command::new(python());
     cmd.arg(workspace_root().join("tests/opensandbox/sdk_e2e.py"))
         .arg(name)
@@ -73,6 +75,7 @@ fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) {
         "scenario {name} failed\n{out}\n{}",
         d.log()
     );
+    out.stdout()
 }
 
 /// SIGTERM, clean exit, nothing left behind.
@@ -225,4 +228,196 @@ fn create_and_exec_spans_follow_the_callers_traceparent() {
 #[test]
 fn code_interpreter_runs_python_in_persistent_contexts() {
     run_scenario("code");
+}
+
+/// The value after `KEY ` on a line of the scenario's output.
+fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("the scenario printed no {key}:\n{stdout}"))
+}
+
+/// `networkPolicy` through the SDK: a loopback HTTP server (started by the scenario) stands
+/// in for an allowed host and is reached through the proxy; a non-allowed host, a deny rule
+/// before a wildcard allow, PATCH (incoming rules win) and DELETE on a running sandbox take
+/// effect on the next request, and a tunnel open across a DELETE of its rule is cut; no
+/// networkPolicy means no route. Every proxy decision is in
+/// the audit log (`agentrun audit --deny` shows the denials with their rule) and is a
+/// `policy.check` span under the sandbox's `sandbox.create`; every policy change is audited.
+#[test]
+fn network_policy_is_enforced_and_changed_live() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let rx = OtlpReceiver::grpc();
+    let mut env: Vec<(&str, String)> = rx.otel_env();
+    env.push(("AGENTRUN_AUDIT_DIR", audit.path().display().to_string()));
+    let (d, domain) = start(&env, &[]);
+    let out = scenario(&d, &domain, "egress", &[]);
+    let up = printed(&out, "UPSTREAM").to_string();
+    let a = printed(&out, "SANDBOX_A").to_string();
+    let b = printed(&out, "SANDBOX_B").to_string();
+
+    // The denials, as `agentrun audit --deny` prints them.
+    let denied = d
+        .agentrun(["audit", "--deny"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run()
+        .success();
+    let lines: Vec<&str> = denied.lines().collect();
+    let has = |sid: &str, what: &str| {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!(" {sid} deny net.connect {what}")))
+            .count()
+    };
+    assert_eq!(
+        has(&a, "blocked.agentrun.test:80 rule=networkPolicy.egress[0] "),
+        1,
+        "{denied}"
+    );
+    assert_eq!(
+        has(&a, "ok.agentrun.test:80 rule=network.resolve "),
+        1,
+        "{denied}"
+    );
+    assert_eq!(
+        has(&a, "other.example.org:80 rule=network.default "),
+        1,
+        "{denied}"
+    );
+    assert_eq!(
+        has(&b, &format!("{up} rule=network.default ")),
+        3,
+        "{denied}"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains(&b) && l.contains("open connection cut: the policy changed"))
+            .count(),
+        1,
+        "the tunnel cut by DELETE: {denied}"
+    );
+    assert_eq!(
+        has(&b, &format!("{up} rule=networkPolicy.egress[0] ")),
+        1,
+        "{denied}"
+    );
+    assert_eq!(lines.len(), 7, "only denials, and nothing else: {denied}");
+
+    // Everything, as JSON: the allows and the policy changes too.
+    let all: Vec<serde_json::Value> = d
+        .agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run()
+        .success()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let allows: Vec<(String, String)> = all
+        .iter()
+        .filter(|r| r["kind"] == "decision" && r["decision"] == "allow")
+        .map(|r| {
+            assert_eq!(r["resource"], up.as_str(), "{r}");
+            (
+                r["sandbox_id"].as_str().unwrap().to_string(),
+                r["rule"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = |sid: &str, rule: &str| (sid.to_string(), rule.to_string());
+    assert_eq!(
+        allows,
+        vec![
+            want(&a, "networkPolicy.egress[2]"),
+            want(&b, "networkPolicy.egress[0]"),
+            want(&b, "networkPolicy.egress[0]"),
+            want(&b, "networkPolicy.egress[0]"),
+            want(&a, "networkPolicy.egress[2]"),
+        ],
+        "{all:#?}"
+    );
+    let changes: Vec<(&str, &str)> = all
+        .iter()
+        .filter(|r| r["kind"] == "policy")
+        .map(|r| {
+            assert_eq!(r["sandbox_id"], b.as_str(), "{r}");
+            (
+                r["action"].as_str().unwrap(),
+                r["resource"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (
+                "net.policy.patch",
+                r#"[{"action":"allow","target":"127.0.0.1"}]"#
+            ),
+            (
+                "net.policy.patch",
+                r#"[{"action":"deny","target":"127.0.0.1"}]"#
+            ),
+            (
+                "net.policy.patch",
+                r#"[{"action":"allow","target":"127.0.0.1"}]"#
+            ),
+            ("net.policy.delete", r#"["127.0.0.1","not-there.example"]"#),
+        ],
+        "{all:#?}"
+    );
+
+    // One policy.check span per decision, under its sandbox's sandbox.create.
+    let decisions = all.iter().filter(|r| r["kind"] == "decision").count();
+    assert_eq!(decisions, 12, "{all:#?}");
+    let spans = wait_until(Duration::from_secs(20), || {
+        let spans = rx.spans();
+        let n = spans.iter().filter(|s| s.name == "policy.check").count();
+        (n >= decisions).then_some(spans)
+    })
+    .unwrap_or_else(|| panic!("policy.check spans missing: {:#?}", rx.spans()));
+    let create_of = |sid: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "sandbox.create"
+                    && s.attributes.get("sandbox.id").map(String::as_str) == Some(sid)
+            })
+            .unwrap_or_else(|| panic!("no sandbox.create span of {sid}"))
+            .clone()
+    };
+    let (ca, cb) = (create_of(&a), create_of(&b));
+    let checks: Vec<_> = spans.iter().filter(|s| s.name == "policy.check").collect();
+    assert_eq!(checks.len(), decisions, "{checks:#?}");
+    for c in &checks {
+        let sid = c.typed_attr("sandbox.id", "string");
+        let parent = if sid == a { &ca } else { &cb };
+        assert!(sid == a || sid == b, "{c:#?}");
+        assert_eq!(c.trace_id, parent.trace_id, "{c:#?}");
+        assert_eq!(c.parent_span_id, parent.span_id, "{c:#?}");
+        assert_eq!(c.attr("openinference.span.kind"), "GUARDRAIL");
+        assert_eq!(
+            c.typed_attr("sandbox.enforced_by", "string"),
+            "egress-proxy"
+        );
+        assert_eq!(c.typed_attr("sandbox.action", "string"), "net.connect");
+        let decision = c.typed_attr("sandbox.decision", "string");
+        assert_eq!(
+            c.typed_attr("sandbox.blocked", "bool"),
+            if decision == "deny" { "true" } else { "false" }
+        );
+        assert!(!c.typed_attr("sandbox.reason", "string").is_empty());
+        c.typed_attr("server.port", "int");
+    }
+    let blocked = checks
+        .iter()
+        .find(|c| c.attr("sandbox.resource") == "blocked.agentrun.test:80")
+        .expect("span of the blocked host");
+    assert_eq!(blocked.attr("sandbox.decision"), "deny");
+    assert_eq!(blocked.attr("sandbox.rule_id"), "networkPolicy.egress[0]");
+    assert_eq!(blocked.attr("server.address"), "blocked.agentrun.test");
+    assert_eq!(blocked.attr("sandbox.id"), a);
+    stop_clean(d);
 }

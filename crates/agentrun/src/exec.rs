@@ -360,6 +360,7 @@ fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, Pla
                 workspace,
                 mounts,
                 allow_hosts: args.allow_host,
+                egress_port: None,
             },
             args: args.command,
             env,

@@ -145,6 +145,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 listen,
                 api_key: args.api_key.clone().or(file.api_key.clone()),
                 image_root: paths.root.clone(),
+                audit_dir: paths.audit_dir(),
                 workers: std::thread::available_parallelism()
                     .map_or(2, |n| n.get())
                     .min(8),

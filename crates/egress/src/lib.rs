@@ -15,13 +15,20 @@
 //! multicast or unspecified addresses (rebinding to host-internal services), connects and
 //! relays bytes both ways. Threads, not async: the cold path starts the proxy after the
 //! sandbox exists, in a process that must otherwise stay single-threaded while it is created.
+//!
+//! The policy is shared ([`SharedPolicy`]) and may be replaced while the proxy runs
+//! ([`Proxy::set_policy`], for the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`).
+//! Each connection is decided by the policy in force when its request head arrives; on a
+//! change, connections already relaying are decided again and those the new policy denies
+//! are cut (and the denial reported).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -51,6 +58,9 @@ pub enum EgressError {
 /// Returns whether the decision was recorded: an allow that could not be recorded is not
 /// acted on (the client gets 503).
 pub type DecisionSink = Arc<dyn Fn(&Action, &Decision) -> bool + Send + Sync>;
+
+/// A network policy that can be replaced while a proxy decides with it.
+pub type SharedPolicy = Arc<RwLock<NetworkPolicy>>;
 
 /// The environment that points a sandboxed command at the proxy.
 pub fn proxy_env() -> Vec<(String, String)> {
@@ -84,20 +94,53 @@ pub struct Proxy {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    policy: SharedPolicy,
+    sink: DecisionSink,
+    open: Arc<Mutex<OpenConns>>,
+}
+
+/// The connections relaying now: where they lead, and handles to cut them.
+#[derive(Default)]
+struct OpenConns {
+    next: u64,
+    conns: HashMap<u64, OpenConn>,
+}
+
+struct OpenConn {
+    host: String,
+    port: u16,
+    client: UnixStream,
+    upstream: TcpStream,
+}
+
+fn lock_open(m: &Mutex<OpenConns>) -> std::sync::MutexGuard<'_, OpenConns> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Proxy {
-    /// Serves `listener` (from [`bind`] at `path`) on a new thread.
+    /// Serves `listener` (from [`bind`] at `path`) on a new thread, with a fixed policy.
     pub fn start(
         listener: UnixListener,
         path: &Path,
         policy: NetworkPolicy,
         sink: DecisionSink,
     ) -> Proxy {
+        Self::start_shared(listener, path, Arc::new(RwLock::new(policy)), sink)
+    }
+
+    /// Like [`Proxy::start`], deciding every new connection with whatever `policy` holds
+    /// at that moment.
+    pub fn start_shared(
+        listener: UnixListener,
+        path: &Path,
+        policy: SharedPolicy,
+        sink: DecisionSink,
+    ) -> Proxy {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
-        let policy = Arc::new(policy);
         let active = Arc::new(AtomicUsize::new(0));
+        let open: Arc<Mutex<OpenConns>> = Arc::default();
+        let (policy2, sink2, open2) = (policy.clone(), sink.clone(), open.clone());
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
             .spawn(move || {
@@ -116,11 +159,12 @@ impl Proxy {
                         );
                         continue;
                     }
-                    let (policy, sink, done) = (policy.clone(), sink.clone(), active.clone());
+                    let (policy, sink, done) = (policy2.clone(), sink2.clone(), active.clone());
+                    let open = open2.clone();
                     let spawned = std::thread::Builder::new()
                         .name("egress-conn".into())
                         .spawn(move || {
-                            let _ = handle(conn, &policy, &sink);
+                            let _ = handle(conn, &policy, &sink, &open);
                             done.fetch_sub(1, Ordering::SeqCst);
                         });
                     if spawned.is_err() {
@@ -134,7 +178,59 @@ impl Proxy {
             path: path.to_owned(),
             stopping,
             accept,
+            policy,
+            sink,
+            open,
         }
+    }
+
+    /// Puts `policy` in force: the next connection is decided by it, and every connection
+    /// relaying now is decided again; those it denies are cut, each denial reported to the
+    /// sink. Returns how many were cut.
+    pub fn set_policy(&self, policy: NetworkPolicy) -> usize {
+        let mut open = lock_open(&self.open);
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy.clone();
+        let mut cut = Vec::new();
+        for (id, c) in &open.conns {
+            let mut d = policy.check(&c.host, c.port);
+            if d.allow && !explicit(&policy, &d) {
+                // Only `mode = "all"` allows it now: an internal address needs a rule naming it.
+                if let Ok(peer) = c.upstream.peer_addr() {
+                    if internal(peer.ip()) || private(peer.ip()) {
+                        d = Decision::deny(
+                            "network.internal_address",
+                            format!(
+                                "{} is internal or private; only a rule naming it allows it",
+                                peer.ip()
+                            ),
+                        );
+                    }
+                }
+            }
+            if !d.allow {
+                d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
+                let action = Action::Connect {
+                    host: c.host.clone(),
+                    port: c.port,
+                };
+                (self.sink)(&action, &d);
+                let _ = c.client.shutdown(Shutdown::Both);
+                let _ = c.upstream.shutdown(Shutdown::Both);
+                cut.push(*id);
+            }
+        }
+        for id in &cut {
+            open.conns.remove(id);
+        }
+        cut.len()
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> NetworkPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops accepting; connections in flight are left to finish or die with the process.
@@ -144,10 +240,13 @@ impl Proxy {
 
     fn shutdown(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept loop. If the socket is gone already (its directory was removed),
+        // nothing can wake it: leave the thread rather than block forever.
+        let woken = UnixStream::connect(&self.path).is_ok();
         if let Some(h) = self.accept.take() {
-            let _ = h.join();
+            if woken {
+                let _ = h.join();
+            }
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -169,7 +268,20 @@ struct Head {
     forward: Vec<u8>,
 }
 
-fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -> io::Result<()> {
+/// Whether the rule that allowed `d` names a host (not only `mode = "all"` or `*`).
+fn explicit(policy: &NetworkPolicy, d: &Decision) -> bool {
+    policy
+        .rules
+        .iter()
+        .any(|r| r.id == d.rule_id && r.host != "*")
+}
+
+fn handle(
+    mut client: UnixStream,
+    policy: &RwLock<NetworkPolicy>,
+    sink: &DecisionSink,
+    open: &Mutex<OpenConns>,
+) -> io::Result<()> {
     client.set_read_timeout(Some(IO_TIMEOUT))?;
     let (head_bytes, rest) = match read_head(&mut client)? {
         Some(x) => x,
@@ -183,15 +295,20 @@ fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -
         host: head.host.clone(),
         port: head.port,
     };
-    let mut decision = policy.check(&head.host, head.port);
+    // The policy in force now decides this connection (it may be replaced at any time).
+    let (mut decision, explicit) = {
+        let policy = policy.read().unwrap_or_else(|p| p.into_inner());
+        let d = policy.check(&head.host, head.port);
+        // Allowed by a rule naming the host, or only by `mode = "all"`.
+        let explicit = explicit(&policy, &d);
+        (d, explicit)
+    };
     let mut upstream = None;
     if decision.allow {
-        // Allowed by a rule naming the host, or only by `mode = "all"`.
-        let explicit = policy
-            .rules
-            .iter()
-            .any(|r| r.id == decision.rule_id && r.host != "*");
-        match resolve(&head.host, head.port, explicit) {
+        match resolve(&head.host, head.port, explicit).map_err(|mut d| {
+            d.reason = format!("{} (after rule {} allowed it)", d.reason, decision.rule_id);
+            d
+        }) {
             Ok(addrs) => match connect_any(&addrs) {
                 Ok(s) => upstream = Some(s),
                 Err(e) => {
@@ -227,7 +344,40 @@ fn handle(mut client: UnixStream, policy: &NetworkPolicy, sink: &DecisionSink) -
         upstream.write_all(&head.forward)?;
     }
     upstream.write_all(&rest)?;
-    relay(client, upstream)
+    // Registered so that a policy change can cut it. A change made since the decision (it
+    // holds this lock while it swaps) is seen here: decide again under the lock.
+    let id = {
+        let mut o = lock_open(open);
+        let now = policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .check(&head.host, head.port);
+        if !now.allow {
+            let mut d = now;
+            d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
+            sink(&action, &d);
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = upstream.shutdown(Shutdown::Both);
+            return Ok(());
+        }
+        o.next += 1;
+        let id = o.next;
+        if let (Ok(c), Ok(u)) = (client.try_clone(), upstream.try_clone()) {
+            o.conns.insert(
+                id,
+                OpenConn {
+                    host: head.host.clone(),
+                    port: head.port,
+                    client: c,
+                    upstream: u,
+                },
+            );
+        }
+        id
+    };
+    let result = relay(client, upstream);
+    lock_open(open).conns.remove(&id);
+    result
 }
 
 /// Reads until the end of the head; returns (head, bytes read past it). `None` on EOF.
@@ -576,6 +726,170 @@ mod tests {
                 ("evil.example:443".into(), false, "network.default".into()),
             ]
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Replacing the shared policy decides the next connection with the new one.
+    #[test]
+    fn policy_swaps_take_effect_on_the_next_connection() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = upstream.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+                .unwrap();
+        });
+        let dir = std::env::temp_dir().join(format!("agentrun-egress-swap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.sock");
+        let policy: SharedPolicy = Arc::new(RwLock::new(
+            NetworkPolicy::from_opensandbox(r#"{"defaultAction":"deny"}"#).unwrap(),
+        ));
+        let rules: Arc<Mutex<Vec<String>>> = Arc::default();
+        let r2 = rules.clone();
+        let sink: DecisionSink = Arc::new(move |_, d| {
+            r2.lock()
+                .unwrap()
+                .push(format!("{} {}", d.verdict(), d.rule_id));
+            true
+        });
+        let proxy = Proxy::start_shared(bind(&path).unwrap(), &path, policy.clone(), sink);
+        let ask = || {
+            let mut c = UnixStream::connect(&path).unwrap();
+            write!(
+                c,
+                "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        };
+        assert!(ask().starts_with("HTTP/1.1 403"));
+        proxy.set_policy(
+            NetworkPolicy::from_opensandbox(
+                r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#,
+            )
+            .unwrap(),
+        );
+        let r = ask();
+        assert!(r.starts_with("HTTP/1.1 200 OK") && r.ends_with("hi"), "{r}");
+        server.join().unwrap();
+        *policy.write().unwrap() = NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"127.0.0.1"}]}"#,
+        )
+        .unwrap();
+        assert!(ask().starts_with("HTTP/1.1 403"));
+        proxy.stop();
+        assert_eq!(
+            *rules.lock().unwrap(),
+            vec![
+                "deny network.default",
+                "allow networkPolicy.egress[0]",
+                "deny networkPolicy.egress[0]"
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A policy change cuts the open tunnels it denies, and keeps the ones it still allows.
+    #[test]
+    fn policy_change_cuts_open_connections_it_denies() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        // Echoes every byte back until the client goes away.
+        let server = std::thread::spawn(move || {
+            let mut handlers = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = upstream.accept().unwrap();
+                handlers.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }));
+            }
+            for h in handlers {
+                h.join().unwrap();
+            }
+        });
+        let dir = std::env::temp_dir().join(format!("agentrun-egress-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.sock");
+        let allow_ip = |extra: &str| {
+            NetworkPolicy::from_opensandbox(&format!(
+                r#"{{"defaultAction":"deny","egress":[{extra}{{"action":"allow","target":"127.0.0.1"}}]}}"#
+            ))
+            .unwrap()
+        };
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s2 = seen.clone();
+        let sink: DecisionSink = Arc::new(move |_, d| {
+            s2.lock()
+                .unwrap()
+                .push(format!("{} {} {}", d.verdict(), d.rule_id, d.reason));
+            true
+        });
+        let proxy = Proxy::start(bind(&path).unwrap(), &path, allow_ip(""), sink);
+        let tunnel = || {
+            let mut c = UnixStream::connect(&path).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
+            let mut head = [0u8; 39];
+            c.read_exact(&mut head).unwrap();
+            assert!(head.starts_with(b"HTTP/1.1 200 Connection established"));
+            c.write_all(b"ping").unwrap();
+            let mut echo = [0u8; 4];
+            c.read_exact(&mut echo).unwrap();
+            assert_eq!(&echo, b"ping");
+            c
+        };
+        let mut t = tunnel();
+        // Still allowed (another rule first): the tunnel stays.
+        assert_eq!(
+            proxy.set_policy(allow_ip(r#"{"action":"allow","target":"a.com"},"#)),
+            0
+        );
+        t.write_all(b"more").unwrap();
+        let mut echo = [0u8; 4];
+        t.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"more");
+        let mut t2 = tunnel();
+        // Denied now: both tunnels are cut, each denial reported.
+        let deny = NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"127.0.0.1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(proxy.set_policy(deny.clone()), 2);
+        assert_eq!(proxy.policy(), deny);
+        for c in [&mut t, &mut t2] {
+            let mut rest = Vec::new();
+            let _ = c.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "{rest:?}");
+        }
+        server.join().unwrap();
+        proxy.stop();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        assert!(
+            seen[0].starts_with("allow networkPolicy.egress[0]"),
+            "{seen:?}"
+        );
+        assert!(
+            seen[1].starts_with("allow networkPolicy.egress[1]"),
+            "{seen:?}"
+        );
+        for s in &seen[2..] {
+            assert!(
+                s.starts_with("deny networkPolicy.egress[0]")
+                    && s.ends_with("(open connection cut: the policy changed)"),
+                "{seen:?}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

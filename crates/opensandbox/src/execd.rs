@@ -54,9 +54,9 @@ pub fn egress_routes(server: Arc<Server>) -> Router {
     Router::new()
         .route(
             "/policy",
-            get(egress_policy)
-                .patch(egress_unsupported)
-                .delete(egress_unsupported),
+            get(crate::egress::get_policy)
+                .patch(crate::egress::patch_policy)
+                .delete(crate::egress::delete_policy),
         )
         .route("/credential-vault", axum::routing::any(egress_unsupported))
         .route(
@@ -120,22 +120,6 @@ async fn ping(
     Ok(StatusCode::OK)
 }
 
-async fn egress_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> ApiResult<Json<Value>> {
-    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
-    // Sandboxes have no network at all (loopback only): whatever was asked is stored, and
-    // the effective mode is deny-all until per-sandbox egress lands.
-    Ok(Json(json!({
-        "status": "ok",
-        "mode": "deny_all",
-        "enforcementMode": "netns",
-        "policy": rec.network_policy.clone().unwrap_or_else(|| json!({"defaultAction": "deny", "egress": []})),
-    })))
-}
-
 async fn egress_unsupported(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -143,7 +127,7 @@ async fn egress_unsupported(
 ) -> ApiResult<StatusCode> {
     authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
     Err(ApiError::not_supported(
-        "changing egress rules and the credential vault are not supported yet: sandboxes have no network",
+        "the credential vault is not supported",
     ))
 }
 

@@ -10,11 +10,14 @@
 //!   image besides what the user asked for.
 //! - [`files`]: the execd file API, every path resolved inside the sandbox ([`agentrun_runtime::fsroot`]).
 //! - [`code`]: code interpreting (Python contexts).
+//! - [`egress`]: the `networkPolicy`, enforced by a per-sandbox egress proxy, and the egress
+//!   sidecar's `/policy` (under `/egress/{sid}`) that changes it live.
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
 
 pub mod code;
+pub mod egress;
 pub mod error;
 pub mod execd;
 pub mod files;
@@ -54,6 +57,8 @@ pub struct OpenSandboxOptions {
     pub image_root: PathBuf,
     /// Worker threads of the HTTP runtime.
     pub workers: usize,
+    /// The audit log's directory (egress decisions and policy changes).
+    pub audit_dir: PathBuf,
 }
 
 /// The OpenSandbox front end of the daemon.
@@ -101,6 +106,7 @@ impl Frontend for OpenSandboxFrontend {
             store,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             listen: opts.listen,
+            audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });
         eprintln!("agentrun: OpenSandbox API on http://{}/v1", opts.listen);
@@ -172,6 +178,7 @@ pub struct Server {
     pub store: agentrun_image::ImageStore,
     pub api_key: Option<String>,
     pub listen: SocketAddr,
+    pub audit: agentrun_telemetry::AuditLog,
     records: Mutex<HashMap<String, Arc<Record>>>,
 }
 
@@ -221,6 +228,8 @@ pub struct Record {
     pub expires_at: Mutex<Option<DateTime<Utc>>>,
     pub metadata: Mutex<BTreeMap<String, String>>,
     pub network_policy: Option<serde_json::Value>,
+    /// The enforced network policy and its proxy (`None`: no networkPolicy, no network).
+    pub egress: Option<egress::SandboxEgress>,
     pub extensions: Option<serde_json::Value>,
     pub state: Mutex<(&'static str, DateTime<Utc>)>,
     /// Why the sandbox ended by itself (its entrypoint exited): status reason and message.
@@ -256,7 +265,15 @@ impl Record {
         self.sandbox.kill();
         let live = live.clone();
         let id = self.id.clone();
+        let proxy = self
+            .egress
+            .as_ref()
+            .and_then(egress::SandboxEgress::take_proxy);
         tokio::task::spawn_blocking(move || {
+            // The egress proxy goes first: its socket lives in the state dir the delete removes.
+            if let Some(p) = proxy {
+                p.stop();
+            }
             if let Err(e) = live.delete(&id) {
                 eprintln!("agentrun: deleting sandbox {id}: {e}");
             }

@@ -217,6 +217,8 @@ struct Validated {
     spec: LiveSpec,
     entrypoint: Vec<String>,
     timeout: Option<i64>,
+    /// `networkPolicy` (`None`: absent or null, no network at all).
+    network: Option<agentrun_policy::OpenSandboxPolicy>,
 }
 
 fn validate(req: &CreateRequest) -> ApiResult<Validated> {
@@ -312,10 +314,25 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         }
         spec = spec.env(k, v);
     }
+    let network = match req.network_policy.as_ref().filter(|p| !p.is_null()) {
+        Some(p) => Some(
+            agentrun_policy::OpenSandboxPolicy::from_value(p.clone())
+                .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+        None => None,
+    };
+    if network.is_some() {
+        // Every process reaches the network only through the egress bridge and proxy.
+        spec = spec.egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT));
+        for (k, v) in agentrun_egress::proxy_env() {
+            spec = spec.env(k, v);
+        }
+    }
     Ok(Validated {
         spec,
         entrypoint,
         timeout: req.timeout,
+        network,
     })
 }
 
@@ -376,7 +393,8 @@ async fn create(
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("container.image.name", v.spec.image.as_str());
     span.set_attribute("sandbox.profile", v.spec.profile.as_str());
-    let result = create_sandbox(&server, &req, v).await;
+    let trace = span.traceparent();
+    let result = create_sandbox(&server, &req, v, trace).await;
     match &result {
         Ok(rec) => {
             span.set_attribute("sandbox.id", rec.id.as_str());
@@ -394,6 +412,7 @@ async fn create_sandbox(
     server: &Arc<Server>,
     req: &CreateRequest,
     v: Validated,
+    trace: String,
 ) -> ApiResult<Arc<Record>> {
     // A missing image is the caller's mistake: say so before making anything.
     if let Err(e) = server.store.resolve(&v.spec.image) {
@@ -404,6 +423,28 @@ async fn create_sandbox(
     let sandbox = tokio::task::spawn_blocking(move || live.create(&spec))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
+    // Its egress proxy listens before anything runs in it.
+    let egress = match (v.network.clone(), sandbox.egress_socket()) {
+        (Some(policy), Some(socket)) => {
+            let started = crate::egress::SandboxEgress::start(
+                sandbox.id(),
+                socket,
+                policy,
+                server.audit.clone(),
+                trace,
+            );
+            match started {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    let live = server.live.clone();
+                    let id = sandbox.id().to_owned();
+                    let _ = tokio::task::spawn_blocking(move || live.delete(&id)).await;
+                    return Err(ApiError::internal(e.to_string()));
+                }
+            }
+        }
+        _ => None,
+    };
     let now = Utc::now();
     let rec = Arc::new(Record {
         id: sandbox.id().to_owned(),
@@ -417,6 +458,7 @@ async fn create_sandbox(
         expires_at: Mutex::new(v.timeout.map(|t| now + chrono::Duration::seconds(t))),
         metadata: Mutex::new(req.metadata.clone()),
         network_policy: req.network_policy.clone().filter(|p| !p.is_null()),
+        egress,
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
         state: Mutex::new(("Running", now)),
         ended: Mutex::new(None),
@@ -431,7 +473,14 @@ async fn create_sandbox(
     if let Err(e) = crate::execd::start_entrypoint(server, &rec).await {
         let live = server.live.clone();
         let id = rec.id.clone();
-        let _ = tokio::task::spawn_blocking(move || live.delete(&id)).await;
+        let rec2 = rec.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(e) = &rec2.egress {
+                e.stop();
+            }
+            live.delete(&id)
+        })
+        .await;
         return Err(e);
     }
     server.insert(rec.clone());

@@ -18,7 +18,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use decision::{normalize, Action, Decision, WORKSPACE};
-pub use network::{HostRule, NetworkMode, NetworkPolicy, NetworkPolicyError, RuleAction};
+pub use network::{
+    HostRule, NetworkMode, NetworkPolicy, NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule,
+    RuleAction,
+};
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
 /// Errors from loading or validating a profile.

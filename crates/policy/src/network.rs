@@ -150,19 +150,147 @@ pub enum NetworkPolicyError {
     Invalid(String),
 }
 
+/// An OpenSandbox `networkPolicy` (`{"defaultAction", "egress": [{"action", "target"}]}`),
+/// normalised: `defaultAction` is always present (a missing one means deny; a `null` or `{}`
+/// policy means allow-all), targets are trimmed and lower-cased and checked. This is the form
+/// the egress endpoint's `/policy` serves and changes; [`OpenSandboxPolicy::to_network_policy`]
+/// gives the rules [`NetworkPolicy::check`] decides with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OpenSandboxPolicy {
+    pub default_action: RuleAction,
+    pub egress: Vec<OpenSandboxRule>,
+}
+
+/// One OpenSandbox egress rule: an FQDN or `*.domain` wildcard, any port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSandboxRule {
+    pub action: RuleAction,
+    pub target: String,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct OsNetworkPolicy {
     default_action: Option<RuleAction>,
     #[serde(default)]
-    egress: Vec<OsNetworkRule>,
+    egress: Vec<OpenSandboxRule>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OsNetworkRule {
-    action: RuleAction,
-    target: String,
+impl OpenSandboxRule {
+    /// The rule with its target normalised, or why it is not valid (`what` names it).
+    fn checked(&self, what: &str) -> Result<Self, NetworkPolicyError> {
+        let target = self
+            .target
+            .trim()
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        if target.contains(':') || target.contains('/') {
+            return Err(NetworkPolicyError::Invalid(format!(
+                "{what}.target {target:?}: only FQDNs and '*.domain' wildcards are supported"
+            )));
+        }
+        HostRule::parse("", self.action, &target)
+            .map_err(|e| NetworkPolicyError::Invalid(format!("{what}.target: {e}")))?;
+        Ok(OpenSandboxRule {
+            action: self.action,
+            target,
+        })
+    }
+}
+
+impl OpenSandboxPolicy {
+    /// Parses and checks a `networkPolicy` value. Per the spec a missing `defaultAction`
+    /// means deny, and `null` or `{}` means allow-all.
+    pub fn from_value(value: serde_json::Value) -> Result<Self, NetworkPolicyError> {
+        let empty = value.is_null() || value.as_object().is_some_and(|o| o.is_empty());
+        if empty {
+            return Ok(OpenSandboxPolicy {
+                default_action: RuleAction::Allow,
+                egress: Vec::new(),
+            });
+        }
+        let os: OsNetworkPolicy = serde_json::from_value(value)
+            .map_err(|e| NetworkPolicyError::Invalid(e.to_string()))?;
+        let egress = os
+            .egress
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.checked(&format!("egress[{i}]")))
+            .collect::<Result<_, _>>()?;
+        Ok(OpenSandboxPolicy {
+            default_action: os.default_action.unwrap_or(RuleAction::Deny),
+            egress,
+        })
+    }
+
+    /// `PATCH /policy`: merges `rules` in. Incoming rules come first (they win over existing
+    /// ones), an existing rule for a target named in `rules` is replaced, and within `rules`
+    /// the first rule for a target wins. Nothing changes when a rule is invalid.
+    pub fn patch(&mut self, rules: &[OpenSandboxRule]) -> Result<(), NetworkPolicyError> {
+        if rules.is_empty() {
+            return Err(NetworkPolicyError::Invalid(
+                "at least one rule is required".into(),
+            ));
+        }
+        let mut merged: Vec<OpenSandboxRule> = Vec::with_capacity(rules.len() + self.egress.len());
+        for (i, r) in rules.iter().enumerate() {
+            let r = r.checked(&format!("rules[{i}]"))?;
+            if !merged.iter().any(|m| m.target == r.target) {
+                merged.push(r);
+            }
+        }
+        let kept: Vec<OpenSandboxRule> = self
+            .egress
+            .iter()
+            .filter(|e| !merged.iter().any(|m| m.target == e.target))
+            .cloned()
+            .collect();
+        merged.extend(kept);
+        self.egress = merged;
+        Ok(())
+    }
+
+    /// `DELETE /policy`: removes the rules for `targets`; unknown targets are ignored.
+    /// Returns how many rules were removed.
+    pub fn remove(&mut self, targets: &[String]) -> Result<usize, NetworkPolicyError> {
+        if targets.is_empty() {
+            return Err(NetworkPolicyError::Invalid(
+                "at least one target is required".into(),
+            ));
+        }
+        let targets: Vec<String> = targets
+            .iter()
+            .map(|t| t.trim().trim_end_matches('.').to_ascii_lowercase())
+            .collect();
+        let before = self.egress.len();
+        self.egress.retain(|r| !targets.contains(&r.target));
+        Ok(before - self.egress.len())
+    }
+
+    /// The rules agentrun decides with: `networkPolicy.egress[i]` in order, then the
+    /// default (`allow`: mode `all`, still through the proxy; `deny`: `allowlist`).
+    pub fn to_network_policy(&self) -> NetworkPolicy {
+        let rules = self
+            .egress
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                HostRule::parse(format!("networkPolicy.egress[{i}]"), r.action, &r.target).ok()
+            })
+            .collect();
+        let mode = match self.default_action {
+            RuleAction::Allow => NetworkMode::All,
+            RuleAction::Deny => NetworkMode::Allowlist,
+        };
+        NetworkPolicy { mode, rules }
+    }
+
+    /// The JSON form (`{"defaultAction", "egress"}`).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
 }
 
 impl NetworkPolicy {
@@ -219,39 +347,13 @@ impl NetworkPolicy {
     }
 
     /// Maps an OpenSandbox `networkPolicy` (`{"defaultAction": "allow"|"deny", "egress":
-    /// [{"action", "target"}]}`) onto agentrun's model. Per the spec a missing
-    /// `defaultAction` means deny, and `null` or `{}` means allow-all. Targets are FQDNs or
-    /// `*.domain` wildcards on any port; rule ids are `networkPolicy.egress[i]`.
+    /// [{"action", "target"}]}`) onto agentrun's model (see [`OpenSandboxPolicy`]). Per the
+    /// spec a missing `defaultAction` means deny, and `null` or `{}` means allow-all. Targets
+    /// are FQDNs or `*.domain` wildcards on any port; rule ids are `networkPolicy.egress[i]`.
     pub fn from_opensandbox(json: &str) -> Result<Self, NetworkPolicyError> {
         let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| NetworkPolicyError::Invalid(format!("not JSON: {e}")))?;
-        let empty = value.is_null() || value.as_object().is_some_and(|o| o.is_empty());
-        if empty {
-            return Ok(NetworkPolicy {
-                mode: NetworkMode::All,
-                rules: Vec::new(),
-            });
-        }
-        let os: OsNetworkPolicy = serde_json::from_value(value)
-            .map_err(|e| NetworkPolicyError::Invalid(e.to_string()))?;
-        let mut rules = Vec::with_capacity(os.egress.len());
-        for (i, r) in os.egress.iter().enumerate() {
-            let target = r.target.trim();
-            if target.contains(':') || target.contains('/') {
-                return Err(NetworkPolicyError::Invalid(format!(
-                    "egress[{i}].target {target:?}: only FQDNs and '*.domain' wildcards are supported"
-                )));
-            }
-            rules.push(
-                HostRule::parse(format!("networkPolicy.egress[{i}]"), r.action, target)
-                    .map_err(|e| NetworkPolicyError::Invalid(format!("egress[{i}].target: {e}")))?,
-            );
-        }
-        let mode = match os.default_action.unwrap_or(RuleAction::Deny) {
-            RuleAction::Allow => NetworkMode::All,
-            RuleAction::Deny => NetworkMode::Allowlist,
-        };
-        Ok(NetworkPolicy { mode, rules })
+        Ok(OpenSandboxPolicy::from_value(value)?.to_network_policy())
     }
 }
 
@@ -367,5 +469,69 @@ mod tests {
         ] {
             assert!(NetworkPolicy::from_opensandbox(bad).is_err(), "{bad}");
         }
+    }
+
+    fn rule(action: RuleAction, target: &str) -> OpenSandboxRule {
+        OpenSandboxRule {
+            action,
+            target: target.into(),
+        }
+    }
+
+    #[test]
+    fn opensandbox_patch_merges_incoming_first() {
+        let mut p = OpenSandboxPolicy::from_value(serde_json::json!({
+            "egress": [{"action": "allow", "target": "a.com"}, {"action": "allow", "target": "b.com"}]
+        }))
+        .unwrap();
+        assert_eq!(p.default_action, RuleAction::Deny);
+        p.patch(&[
+            rule(RuleAction::Deny, "B.com."),
+            rule(RuleAction::Allow, "c.com"),
+            rule(RuleAction::Allow, "b.com"),
+        ])
+        .unwrap();
+        let got: Vec<(RuleAction, &str)> = p
+            .egress
+            .iter()
+            .map(|r| (r.action, r.target.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (RuleAction::Deny, "b.com"),
+                (RuleAction::Allow, "c.com"),
+                (RuleAction::Allow, "a.com"),
+            ]
+        );
+        let n = p.to_network_policy();
+        assert_eq!(n.check("b.com", 443).rule_id, "networkPolicy.egress[0]");
+        assert!(!n.check("b.com", 443).allow);
+        assert!(n.check("a.com", 80).allow);
+        // Invalid rules change nothing.
+        let before = p.clone();
+        assert!(p
+            .patch(&[
+                rule(RuleAction::Allow, "d.com"),
+                rule(RuleAction::Allow, "10.0.0.0/8")
+            ])
+            .is_err());
+        assert!(p.patch(&[]).is_err());
+        assert_eq!(p, before);
+        // Delete is by target and idempotent.
+        assert_eq!(p.remove(&["B.COM".into(), "nope.com".into()]).unwrap(), 1);
+        assert_eq!(p.remove(&["b.com".into()]).unwrap(), 0);
+        assert!(p.remove(&[]).is_err());
+        assert_eq!(p.egress.len(), 2);
+        assert!(!p.to_network_policy().check("b.com", 443).allow);
+        assert_eq!(
+            p.to_network_policy().check("b.com", 443).rule_id,
+            "network.default"
+        );
+        assert_eq!(
+            p.to_value(),
+            serde_json::json!({"defaultAction": "deny", "egress": [
+                {"action": "allow", "target": "c.com"}, {"action": "allow", "target": "a.com"}]})
+        );
     }
 }

@@ -39,6 +39,9 @@ enum FactoryReply {
         init_pid: i32,
         enforcement: Enforcement,
         image: Box<agentrun_image::ImageConfig>,
+        /// Where its egress proxy must listen (a recipe with an egress port).
+        #[serde(default)]
+        egress_socket: Option<PathBuf>,
     },
     Destroyed,
     Error {
@@ -59,6 +62,9 @@ pub struct PooledSandbox {
     /// The image's run configuration (its Env and WorkingDir apply to the command).
     pub image: agentrun_image::ImageConfig,
     pub created: std::time::Instant,
+    /// Where the caller must serve its egress proxy (made with an egress port), see
+    /// [`agentrun_runtime::Sandbox::egress_socket`].
+    pub egress_socket: Option<PathBuf>,
     /// Index of the factory that made it (and must destroy it).
     pub factory: usize,
 }
@@ -131,6 +137,7 @@ impl FactoryClient {
                 init_pid,
                 enforcement,
                 image,
+                egress_socket,
             } => {
                 let control = fds
                     .pop()
@@ -144,6 +151,7 @@ impl FactoryClient {
                     enforcement,
                     image: *image,
                     created: std::time::Instant::now(),
+                    egress_socket,
                     factory: 0,
                 })
             }
@@ -197,6 +205,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             init_pid: sandbox.init_pid().unwrap_or(0),
                             enforcement: sandbox.enforcement().clone(),
                             image: Box::new(sandbox.image_config().clone()),
+                            egress_socket: recipe.egress_port.map(|_| sandbox.egress_socket()),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);
                         (reply, Some(control))

@@ -56,6 +56,9 @@ pub struct LiveSpec {
     pub mounts: Vec<agentrun_runtime::rootfs::UserMount>,
     /// Task limit (`None`: the profile's).
     pub pids: Option<u32>,
+    /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves at
+    /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox is made on demand.
+    pub egress_port: Option<u16>,
 }
 
 impl LiveSpec {
@@ -68,7 +71,12 @@ impl LiveSpec {
             env: Vec::new(),
             mounts: Vec::new(),
             pids: None,
+            egress_port: None,
         }
+    }
+    pub fn egress_port(mut self, port: Option<u16>) -> Self {
+        self.egress_port = port;
+        self
     }
     pub fn profile(mut self, p: impl Into<String>) -> Self {
         self.profile = p.into();
@@ -160,6 +168,7 @@ pub struct LiveSandbox {
     limits: Mutex<(f64, u64)>,
     /// Handed back to the pool on delete.
     pooled: Mutex<Option<PooledSandbox>>,
+    egress_socket: Option<std::path::PathBuf>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -189,6 +198,11 @@ impl LiveSandbox {
     }
     pub fn created(&self) -> SystemTime {
         self.created
+    }
+    /// Where its egress proxy must listen (made with [`LiveSpec::egress_port`]); the
+    /// directory is removed with the sandbox.
+    pub fn egress_socket(&self) -> Option<&std::path::Path> {
+        self.egress_socket.as_deref()
     }
     /// The environment every process starts with.
     pub fn env(&self) -> &BTreeMap<String, String> {
@@ -439,6 +453,7 @@ impl LiveManager {
             ..SandboxRecipe::default()
         };
         recipe.overrides.pids = spec.pids;
+        recipe.egress_port = spec.egress_port;
         let profile = recipe.profile()?;
         let (pooled, hit) = self.pool.acquire(&recipe)?;
         let control = match pooled.control.try_clone() {
@@ -477,6 +492,7 @@ impl LiveManager {
             swap_limit: self.swap_limit,
             limits: Mutex::new((profile.resources.cpus, profile.resources.memory_bytes)),
             pooled: Mutex::new(None),
+            egress_socket: pooled.egress_socket.clone(),
         });
         let reader = pooled.control.try_clone();
         *lock(&sandbox.pooled) = Some(pooled);

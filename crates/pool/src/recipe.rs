@@ -29,6 +29,10 @@ pub struct SandboxRecipe {
     /// `--allow-host` entries added to the profile's network rules (`cli.allow_host[i]`).
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves
+    /// (long-lived sandboxes with a network policy; the cold path sets it on its own).
+    #[serde(default)]
+    pub egress_port: Option<u16>,
 }
 
 impl Default for SandboxRecipe {
@@ -40,6 +44,7 @@ impl Default for SandboxRecipe {
             workspace: None,
             mounts: Vec::new(),
             allow_hosts: Vec::new(),
+            egress_port: None,
         }
     }
 }
@@ -52,6 +57,7 @@ impl SandboxRecipe {
             && self.workspace.is_none()
             && self.mounts.is_empty()
             && self.allow_hosts.is_empty()
+            && self.egress_port.is_none()
     }
 
     /// The profile with the overrides and extra allowed hosts applied.
@@ -84,7 +90,7 @@ impl SandboxRecipe {
         for m in &self.mounts {
             b = b.mount(m.clone());
         }
-        Ok(b.build())
+        Ok(b.egress_port(self.egress_port).build())
     }
 }
 

@@ -308,6 +308,15 @@ impl SandboxExecutor {
             let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(bad)?;
             if value.get("op").is_some() {
                 let first: LiveRequest = serde_json::from_value(value).map_err(bad)?;
+                // The bridge's threads must not take the signals `serve_live` reads from its
+                // signalfd: block them all before they start.
+                if let Some(bridge) = &self.egress {
+                    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None)
+                        .map_err(|e| fail(format!("sigprocmask: {e}")))?;
+                    bridge
+                        .start()
+                        .map_err(|e| fail(format!("egress bridge: {e}")))?;
+                }
                 serve_live(fd, first, fds)
             }
             let req: InitRequest = serde_json::from_value(value).map_err(bad)?;

@@ -1,0 +1,248 @@
+//! A sandbox's `networkPolicy`, enforced, and the egress sidecar API that changes it.
+//!
+//! A sandbox created with a `networkPolicy` gets agentrun's egress bridge (`127.0.0.1:3128`
+//! inside it, `HTTP(S)_PROXY` in every process's environment) and its own egress proxy on the
+//! host, listening on the socket in the sandbox's state dir. The proxy decides every
+//! connection with [`agentrun_policy::NetworkPolicy::check`] on the rules mapped from the
+//! policy ([`OpenSandboxPolicy::to_network_policy`]); each decision is a `policy.check` span
+//! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id.
+//!
+//! `/egress/{sid}/policy` (what the endpoint lookup for port 18080 hands out, guarded by the
+//! per-sandbox `OPENSANDBOX-EGRESS-AUTH` token) serves `GET` (the policy in force), `PATCH`
+//! (merge rules: incoming first, one rule per target) and `DELETE` (remove rules by target).
+//! A change replaces the proxy's policy at once (the next connection is decided by it, and
+//! open connections it denies are cut) and is audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
+//! and no proxy; its policy cannot be changed.
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::{Arc, Mutex};
+
+use agentrun_egress::{DecisionSink, Proxy};
+use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
+use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::error::{ApiError, ApiResult};
+use crate::execd::{authorize, sid_of};
+use crate::{lock, Server};
+
+/// The profile name decisions are recorded under.
+const PROFILE: &str = "opensandbox.networkPolicy";
+
+/// The enforced network policy of one sandbox and the proxy enforcing it.
+pub struct SandboxEgress {
+    sandbox_id: String,
+    /// The policy as the API shows and changes it.
+    policy: Mutex<OpenSandboxPolicy>,
+    proxy: Mutex<Option<Proxy>>,
+    audit: AuditLog,
+    /// `traceparent` of the sandbox's `sandbox.create` span.
+    trace: String,
+}
+
+impl SandboxEgress {
+    /// Starts the proxy of sandbox `id` on `socket` (the sandbox's egress socket).
+    pub fn start(
+        id: &str,
+        socket: &FsPath,
+        policy: OpenSandboxPolicy,
+        audit: AuditLog,
+        trace: String,
+    ) -> Result<Self, agentrun_egress::EgressError> {
+        let listener = agentrun_egress::bind(socket)?;
+        let sink = decision_sink(id.to_owned(), audit.clone(), trace.clone());
+        let proxy = Proxy::start(listener, socket, policy.to_network_policy(), sink);
+        Ok(SandboxEgress {
+            sandbox_id: id.to_owned(),
+            policy: Mutex::new(policy),
+            proxy: Mutex::new(Some(proxy)),
+            audit,
+            trace,
+        })
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> OpenSandboxPolicy {
+        lock(&self.policy).clone()
+    }
+
+    /// Applies `change` to the policy and puts the result in force; audited as `action`
+    /// (`resource`: what was asked). Nothing changes when `change` fails.
+    fn change(
+        &self,
+        action: &str,
+        resource: String,
+        change: impl FnOnce(&mut OpenSandboxPolicy) -> Result<(), agentrun_policy::NetworkPolicyError>,
+    ) -> ApiResult<OpenSandboxPolicy> {
+        let mut current = lock(&self.policy);
+        let mut next = current.clone();
+        change(&mut next).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let record = AuditRecord {
+            kind: "policy".into(),
+            sandbox_id: self.sandbox_id.clone(),
+            trace_id: trace_id(&self.trace),
+            action: action.into(),
+            resource,
+            decision: "applied".into(),
+            reason: next.to_value().to_string(),
+            profile: PROFILE.into(),
+            ..Default::default()
+        };
+        // A change nobody can later account for is not made.
+        self.audit
+            .append(&record)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        if let Some(p) = lock(&self.proxy).as_ref() {
+            p.set_policy(next.to_network_policy());
+        }
+        *current = next.clone();
+        Ok(next)
+    }
+
+    /// Stops the proxy (before the sandbox's state dir goes away).
+    pub fn stop(&self) {
+        if let Some(p) = lock(&self.proxy).take() {
+            p.stop();
+        }
+    }
+
+    /// The proxy, to stop off the async threads (before the sandbox's state dir goes away);
+    /// later changes only update the stored policy.
+    pub fn take_proxy(&self) -> Option<Proxy> {
+        lock(&self.proxy).take()
+    }
+}
+
+fn trace_id(traceparent: &str) -> String {
+    traceparent.split('-').nth(1).unwrap_or_default().to_owned()
+}
+
+/// Traces and audits each of the proxy's decisions for sandbox `id`. An allow is acted on
+/// only once its audit record is on disk.
+fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
+    Arc::new(move |action: &Action, d: &Decision| {
+        let mut span = RunSpan::start("policy.check", Some(&trace));
+        span.set_attribute("openinference.span.kind", "GUARDRAIL");
+        span.set_attribute("sandbox.decision", d.verdict());
+        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
+        span.set_attribute("sandbox.reason", d.reason.clone());
+        span.set_attribute("sandbox.action", action.name());
+        span.set_attribute("sandbox.resource", action.resource());
+        span.set_attribute("sandbox.blocked", !d.allow);
+        span.set_attribute("sandbox.profile", PROFILE);
+        span.set_attribute("sandbox.enforced_by", "egress-proxy");
+        span.set_attribute("sandbox.id", id.clone());
+        if let Action::Connect { host, port } = action {
+            span.set_attribute("server.address", host.clone());
+            span.set_attribute("server.port", i64::from(*port));
+        }
+        let record = AuditRecord {
+            kind: "decision".into(),
+            sandbox_id: id.clone(),
+            trace_id: trace_id(&trace),
+            action: action.name().into(),
+            resource: action.resource(),
+            decision: d.verdict().into(),
+            rule: d.rule_id.clone(),
+            reason: d.reason.clone(),
+            profile: PROFILE.into(),
+            ..Default::default()
+        };
+        let recorded = match audit.append(&record) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("agentrun: sandbox {id}: {e}");
+                false
+            }
+        };
+        // The export may block on the network: never on the connection's path.
+        if agentrun_telemetry::export_enabled() {
+            let _ = std::thread::Builder::new()
+                .name("egress-span".into())
+                .spawn(move || span.finish());
+        }
+        recorded
+    })
+}
+
+/// The `PolicyStatusResponse` of a policy.
+fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
+    let (mode, policy) = match policy {
+        Some(p) => (
+            match p.default_action {
+                RuleAction::Allow => "allow_all",
+                RuleAction::Deny => "deny_all",
+            },
+            p.to_value(),
+        ),
+        // No networkPolicy: no network at all.
+        None => ("deny_all", json!({"defaultAction": "deny", "egress": []})),
+    };
+    json!({"status": "ok", "mode": mode, "enforcementMode": "proxy", "policy": policy})
+}
+
+fn egress_of(rec: &crate::Record) -> ApiResult<&SandboxEgress> {
+    rec.egress.as_ref().ok_or_else(|| {
+        ApiError::conflict(format!(
+            "sandbox {} was created without a networkPolicy: it has no network, and its egress policy cannot be changed",
+            rec.id
+        ))
+    })
+}
+
+pub async fn get_policy(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    let policy = rec.egress.as_ref().map(SandboxEgress::policy);
+    Ok(Json(status(policy.as_ref())))
+}
+
+pub async fn patch_policy(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    let rules: Vec<OpenSandboxRule> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid request body: expected [{{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}}]: {e}"
+        ))
+    })?;
+    let egress = egress_of(&rec)?;
+    let asked = serde_json::to_string(&rules).unwrap_or_default();
+    let next = tokio::task::block_in_place(|| {
+        egress.change("net.policy.patch", asked, |p| p.patch(&rules))
+    })?;
+    Ok((StatusCode::OK, Json(status(Some(&next)))))
+}
+
+pub async fn delete_policy(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+    let targets: Vec<String> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid request body: expected a list of targets: {e}"
+        ))
+    })?;
+    let egress = egress_of(&rec)?;
+    let asked = serde_json::to_string(&targets).unwrap_or_default();
+    let next = tokio::task::block_in_place(|| {
+        egress.change("net.policy.delete", asked, |p| {
+            p.remove(&targets).map(|_| ())
+        })
+    })?;
+    Ok((StatusCode::OK, Json(status(Some(&next)))))
+}
