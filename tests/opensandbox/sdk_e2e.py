@@ -605,6 +605,24 @@ def port_proxy():
         sbx.kill()
 
 
+def run_as_user():
+    """uid/gid run the command as that user inside the sandbox (ids of the sandbox, not the
+    host's): it cannot write what the sandbox's root owns."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        ex = sbx.commands.run("id -u; id -g; touch /workspace/x 2>&1 || echo denied", opts=RunCommandOpts(uid=1000, gid=1001))
+        lines = [m.text for m in ex.logs.stdout]
+        check(lines[:2] == ["1000", "1001"] and lines[-1] == "denied", f"as 1000:1001: {lines} {ex.logs.stderr}")
+        ex = sbx.commands.run("id -u", opts=RunCommandOpts(uid=1000))
+        check(ex.text == "1000", f"uid only: {ex.text!r}")
+        check(sbx.commands.run("id -u").text == "0", "default: the sandbox's root")
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        r = httpx.post(f"http://{ep['endpoint']}/command", json={"command": "id", "gid": 5}, headers=ep["headers"])
+        check(r.status_code == 400 and "uid" in r.json()["message"], f"gid without uid: {r.status_code} {r.text}")
+    finally:
+        sbx.kill()
+
+
 def escape():
     secret_path = os.environ["OSB_HOST_SECRET"]
     probe = os.environ["OSB_HOST_PROBE"]
@@ -946,6 +964,7 @@ SCENARIOS = {
     "log_cap": log_cap,
     "metrics_watch": metrics_watch,
     "port_proxy": port_proxy,
+    "run_as_user": run_as_user,
     "many": lambda: asyncio.run(many()),
 }
 

@@ -142,6 +142,11 @@ fn other_ports_are_proxied_into_the_sandbox() {
 }
 
 #[test]
+fn commands_run_as_the_requested_uid_and_gid() {
+    run_scenario("run_as_user");
+}
+
+#[test]
 fn ttl_expiry_deletes_the_sandbox() {
     run_scenario("expiry");
 }

@@ -236,6 +236,19 @@ pub(crate) async fn spawn(
     cwd: String,
     stdin: OwnedFd,
 ) -> Result<(u64, OwnedFd, OwnedFd, oneshot::Receiver<ProcessExit>), PoolError> {
+    spawn_as(rec, argv, env, cwd, stdin, None).await
+}
+
+/// [`spawn`] as `user` (`uid[:gid]`, resolved by the sandbox's init; `None`: the sandbox's
+/// root).
+pub(crate) async fn spawn_as(
+    rec: &Record,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    stdin: OwnedFd,
+    user: Option<String>,
+) -> Result<(u64, OwnedFd, OwnedFd, oneshot::Receiver<ProcessExit>), PoolError> {
     let (out_r, out_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
     let (err_r, err_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
     let (tx, rx) = oneshot::channel();
@@ -246,7 +259,7 @@ pub(crate) async fn spawn(
         cwd,
         stdio: [stdin, out_w, err_w],
         new_session: false,
-        user: None,
+        user,
         on_exit: Box::new(move |e| {
             let _ = tx.send(e);
         }),
@@ -342,13 +355,20 @@ async fn run_command(
             format!("invalid request body: {e}"),
         )
     })?;
-    if req.uid.is_some_and(|u| u != 0) || req.gid.is_some_and(|g| g != 0) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "uid/gid other than 0 are not supported yet",
-        ));
-    }
+    // The command's user: numeric ids inside the sandbox (its root is 0); the group is the
+    // user's primary group from the sandbox's /etc/passwd unless `gid` is given.
+    let user = match (req.uid, req.gid) {
+        (None, None) => None,
+        (Some(u), None) => Some(u.to_string()),
+        (Some(u), Some(g)) => Some(format!("{u}:{g}")),
+        (None, Some(_)) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                "gid needs uid",
+            ))
+        }
+    };
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict("the sandbox is paused"));
     }
@@ -386,7 +406,7 @@ async fn run_command(
     let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
     env.push(("TRACEPARENT".into(), span.traceparent()));
     let started = Instant::now();
-    let (pid, out, err, exit) = match spawn(&rec, argv, env, cwd, dev_null()?).await {
+    let (pid, out, err, exit) = match spawn_as(&rec, argv, env, cwd, dev_null()?, user).await {
         Ok(x) => x,
         Err(PoolError::Spawn { exit_code, message }) => {
             span.set_attribute("process.exit.code", exit_code as i64);
