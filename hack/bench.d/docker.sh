@@ -11,11 +11,10 @@
 # (images/busybox/build.sh, one static binary).
 #
 #   RUNS=50 hack/bench docker           # runs per command (default 30), after 3 warmups
-#   POOL_SIZE=4 hack/bench docker       # `agentrun serve --pool-size` (default 2). Note: the
-#                                       # daemon's pools are keyed by image *name* and profile,
-#                                       # the Docker API asks for the image *id* under the
-#                                       # `container` profile, so containers do not come from
-#                                       # a pool yet: each is a fresh sandbox.
+#   POOL_SIZE=4 hack/bench docker       # ready sandboxes kept for busybox containers (default
+#                                       # 2): `agentrun serve --pool busybox:container=N`; the
+#                                       # Docker API's containers (asked by image id) come from
+#                                       # that pool. POOL_SIZE=0: every container made on demand.
 #   AGENTRUN_BIN=path hack/bench docker # benchmark this binary (default: hack/build-static)
 #   OUT=docker.md hack/bench docker     # also write the report to a file
 #
@@ -109,7 +108,7 @@ rm -rf "$tmp/busybox"
 # --- agentrun -------------------------------------------------------------------------------
 cgroups_now() { find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*/agentrun/*' 2>/dev/null | sort; }
 cgroups_before=$(cgroups_now)
-"$bin" serve --pool-size "$pool_size" --docker-socket "$asock" >"$tmp/serve.log" 2>&1 &
+"$bin" serve --pool "busybox:container=$pool_size" --docker-socket "$asock" >"$tmp/serve.log" 2>&1 &
 agentrun_pid=$!
 # --- dockerd --------------------------------------------------------------------------------
 mkdir -p "$d/data" "$d/exec"
@@ -170,6 +169,8 @@ if a and d:
 EOF
 )
 
+pool=$("$bin" pool status --json 2>/dev/null | "$py" -c 'import json,sys; p=json.load(sys.stdin); q=p["pools"][0]; print("%d pool hits, %d misses, %d made on demand" % (q["hits"], q["misses"], p["unpooled"]))' 2>/dev/null || true)
+
 # --- stop, and nothing left behind -------------------------------------------------------
 stop_pid "$agentrun_pid" "agentrun serve"
 agentrun_pid=
@@ -199,6 +200,7 @@ report=$tmp/report.md
     echo "$table"
     echo
     [ -z "$ratio" ] || echo "$ratio (the issue's target: >= 10x)"
+    [ -z "$pool" ] || echo "agentrun's busybox:container pool (warmups included): $pool"
     echo
     if [ ${#left[@]} -eq 0 ]; then
         echo "Left behind: nothing (no agentrun cgroup, state dir, mount or process of either daemon)."

@@ -23,16 +23,18 @@ struct DockerDaemon {
 }
 
 fn start() -> DockerDaemon {
+    start_with(&["--pool-size", "1"])
+}
+
+/// The daemon with these `agentrun serve` options besides `--docker-socket`.
+fn start_with(opts: &[&str]) -> DockerDaemon {
     let dir = tempdir();
     let root = busybox_store(dir.path(), &["--cmd", "/bin/sh"]);
     let mut daemon = Daemon::unstarted().with_env("AGENTRUN_ROOT", &root);
     let socket = daemon.state().join("docker.sock");
-    daemon.launch([
-        "--pool-size".as_ref(),
-        "1".as_ref(),
-        "--docker-socket".as_ref(),
-        socket.as_os_str(),
-    ]);
+    let mut args: Vec<&std::ffi::OsStr> = opts.iter().map(|o| o.as_ref()).collect();
+    args.extend(["--docker-socket".as_ref(), socket.as_os_str()]);
+    daemon.launch(args);
     DockerDaemon {
         daemon,
         socket,
@@ -253,6 +255,62 @@ fn the_socket_is_root_only_and_speaks_dockerd_http() {
     assert!(
         r.contains(" 404 ") && r.contains("No such image: nosuch:latest"),
         "{r}"
+    );
+}
+
+#[test]
+fn containers_come_from_a_pool_of_their_image() {
+    let Some(_l) = setup() else { return };
+    let d = start_with(&["--pool", "busybox:container=2"]);
+    let before = d.daemon.pool_status();
+    assert_eq!(before.len(), 1, "{before:?}");
+    // The Docker API asks for the image by id; the pool of its name serves it.
+    for i in 0..3 {
+        let out = d.docker(&[
+            "run",
+            "--rm",
+            "busybox",
+            "sh",
+            "-c",
+            &format!("echo run {i}"),
+        ]);
+        assert_eq!(out.success(), format!("run {i}\n"), "{out}");
+    }
+    let after = d.daemon.pool_status();
+    assert!(
+        after[0].hits >= before[0].hits + 2,
+        "containers served by the busybox:container pool: {before:?} -> {after:?}\n{}",
+        d.daemon.log()
+    );
+    // Isolation as ever: what one container wrote, the next does not see.
+    let out = d.docker(&[
+        "run",
+        "--rm",
+        "busybox",
+        "sh",
+        "-c",
+        "echo x > /leak; ls /leak",
+    ]);
+    assert_eq!(out.success(), "/leak\n", "{out}");
+    let out = d.docker(&["run", "--rm", "busybox", "ls", "/leak"]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    // A bind mount makes the container unusual: made on demand, still served.
+    let dir = tempdir();
+    let bind = format!("{}:/data", dir.path().display());
+    let out = d.docker(&[
+        "run",
+        "--rm",
+        "-v",
+        &bind,
+        "busybox",
+        "sh",
+        "-c",
+        "echo hi > /data/f",
+    ]);
+    out.success();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("f")).unwrap(),
+        "hi\n"
     );
 }
 

@@ -39,6 +39,9 @@ enum FactoryReply {
         init_pid: i32,
         enforcement: Enforcement,
         image: Box<agentrun_image::ImageConfig>,
+        /// The id of its image (a pool of a name also serves requests by that id).
+        #[serde(default)]
+        image_id: String,
         /// Where its egress proxy must listen (a recipe with an egress port).
         #[serde(default)]
         egress_socket: Option<PathBuf>,
@@ -61,6 +64,8 @@ pub struct PooledSandbox {
     pub enforcement: Enforcement,
     /// The image's run configuration (its Env and WorkingDir apply to the command).
     pub image: agentrun_image::ImageConfig,
+    /// The image's id.
+    pub image_id: String,
     pub created: std::time::Instant,
     /// Where the caller must serve its egress proxy (made with an egress port), see
     /// [`agentrun_runtime::Sandbox::egress_socket`].
@@ -137,6 +142,7 @@ impl FactoryClient {
                 init_pid,
                 enforcement,
                 image,
+                image_id,
                 egress_socket,
             } => {
                 let control = fds
@@ -150,6 +156,7 @@ impl FactoryClient {
                     pidfd,
                     enforcement,
                     image: *image,
+                    image_id,
                     created: std::time::Instant::now(),
                     egress_socket,
                     factory: 0,
@@ -205,6 +212,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             init_pid: sandbox.init_pid().unwrap_or(0),
                             enforcement: sandbox.enforcement().clone(),
                             image: Box::new(sandbox.image_config().clone()),
+                            image_id: sandbox.image_id().to_owned(),
                             egress_socket: recipe.egress_port.map(|_| sandbox.egress_socket()),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);

@@ -108,6 +108,16 @@ impl State {
         self.pools
             .iter()
             .position(|p| p.spec.image == recipe.image && p.spec.profile == recipe.profile)
+            .or_else(|| {
+                // A request by image id (the Docker API's containers) is served by the pool
+                // of a name whose sandboxes run that very image.
+                self.pools.iter().position(|p| {
+                    p.spec.profile == recipe.profile
+                        && p.ready
+                            .iter()
+                            .any(|sb| same_image_id(&sb.image_id, &recipe.image))
+                })
+            })
     }
 
     /// The pool furthest below its target, if any is below.
@@ -204,7 +214,7 @@ impl Pool {
             return Err(PoolError::ShuttingDown);
         }
         match st.pool_for(recipe) {
-            Some(i) => match st.pools[i].ready.pop_front() {
+            Some(i) => match take_ready(&mut st.pools[i].ready, recipe) {
                 Some(sb) => {
                     st.pools[i].hits += 1;
                     st.running.insert(sb.id.clone(), running(&sb, recipe));
@@ -415,5 +425,54 @@ fn running(sb: &PooledSandbox, recipe: &SandboxRecipe) -> Running {
         image: recipe.image.clone(),
         profile: recipe.profile.clone(),
         started: Instant::now(),
+    }
+}
+
+/// Whether `id` (a store image id) is the image `wanted` names by id (`sha256:` optional).
+fn same_image_id(id: &str, wanted: &str) -> bool {
+    let wanted = wanted.strip_prefix("sha256:").unwrap_or(wanted);
+    !id.is_empty() && id.strip_prefix("sha256:").unwrap_or(id) == wanted
+}
+
+/// The oldest ready sandbox of a pool that runs what `recipe` asks for: any, when asked by
+/// the pool's image name; when asked by image id, one of that id (after a re-tag a pool of a
+/// name may still hold sandboxes of the name's old image).
+fn take_ready(
+    ready: &mut VecDeque<PooledSandbox>,
+    recipe: &SandboxRecipe,
+) -> Option<PooledSandbox> {
+    let i = ready.iter().position(|sb| {
+        !is_image_id_request(recipe) || same_image_id(&sb.image_id, &recipe.image)
+    })?;
+    ready.remove(i)
+}
+
+fn is_image_id_request(recipe: &SandboxRecipe) -> bool {
+    let hex = recipe
+        .image
+        .strip_prefix("sha256:")
+        .unwrap_or(&recipe.image);
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_ids_match_with_or_without_the_algorithm() {
+        let id = "a".repeat(64);
+        assert!(same_image_id(&id, &format!("sha256:{id}")));
+        assert!(same_image_id(&format!("sha256:{id}"), &id));
+        assert!(!same_image_id("", ""));
+        assert!(!same_image_id(&id, &"b".repeat(64)));
+        let by_id = |image: &str| SandboxRecipe {
+            image: image.into(),
+            ..SandboxRecipe::default()
+        };
+        assert!(is_image_id_request(&by_id(&id)));
+        assert!(is_image_id_request(&by_id(&format!("sha256:{id}"))));
+        assert!(!is_image_id_request(&by_id("busybox")));
+        assert!(!is_image_id_request(&by_id(&"g".repeat(64))));
     }
 }

@@ -205,6 +205,8 @@ pub struct Sandbox {
     image_lease: Option<agentrun_image::LayerLease>,
     /// The image's run configuration (a pooled sandbox's commands get its Env and WorkingDir).
     image_config: agentrun_image::ImageConfig,
+    /// The id of the image it runs (its config digest).
+    image_id: String,
     /// The profile's output cap (bytes per stream, cold path).
     output_cap: Option<u64>,
     destroyed: bool,
@@ -253,6 +255,11 @@ impl Sandbox {
     /// The image's run configuration.
     pub fn image_config(&self) -> &agentrun_image::ImageConfig {
         &self.image_config
+    }
+
+    /// The id of the image it runs.
+    pub fn image_id(&self) -> &str {
+        &self.image_id
     }
 
     /// The overlay's writable layer as the host sees it: what the sandbox changed. Valid
@@ -304,6 +311,7 @@ impl Sandbox {
             enforcement: Enforcement::default(),
             image_lease: None,
             image_config: Default::default(),
+            image_id: String::new(),
             output_cap: config.profile.resources.output_cap,
             destroyed: false,
         };
@@ -387,6 +395,7 @@ impl Sandbox {
 
         // Profile defaults, then the image's Env, then the caller's values.
         self.image_config = config.image.config.clone();
+        self.image_id = config.image.id.clone();
         let mut env_over = self.image_config.env_pairs();
         env_over.extend(config.env.iter().cloned());
         let env = profile.environment(&env_over);
