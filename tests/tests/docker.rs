@@ -1,7 +1,8 @@
 //! The Docker Engine API subset (`agentrun serve --docker-socket`) driven by the real docker
-//! CLI and docker-py (pip-installed in `.venv/test` by hack/test). This covers the system and
-//! image endpoints (ping/version/info, images list/inspect/tag/rm, pull, legacy build);
-//! container endpoints are not served yet. Root required.
+//! CLI and docker-py (pip-installed in `.venv/test` by hack/test): system and image endpoints
+//! (ping/version/info, images, pull, legacy build), containers (run, exec, attach, logs, stop,
+//! restart, rm, stopped containers' files, archives, ports, pools). The CrewAI tool, `User`
+//! and pty sizes are in docker_cit.rs. Root required.
 
 use std::fs;
 use std::io::{Read, Write};
