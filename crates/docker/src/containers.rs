@@ -746,13 +746,18 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
                     None
                 }
             };
-            if let Some(sb) = gone {
-                let _ = live.delete(sb.id());
+            // Every process dies now; the container is gone for the API before its teardown
+            // (mounts, cgroups, state dir), which finishes on this thread.
+            if let Some(sb) = &gone {
+                sb.kill();
             }
             if auto_remove {
                 lock(&containers).by_id.remove(&c.id);
             }
             c.bump();
+            if let Some(sb) = gone {
+                let _ = live.delete(sb.id());
+            }
         });
     });
     let Stdio {
@@ -922,7 +927,8 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
     true
 }
 
-/// Kills and forgets a container (its sandbox, files and published ports first).
+/// Kills and forgets a container (its processes and published ports first; its sandbox's
+/// teardown in the background).
 pub fn remove(ctx: &Context, c: &Arc<Container>) {
     let (sb, ports) = {
         let mut st = lock(&c.state);
@@ -930,9 +936,18 @@ pub fn remove(ctx: &Context, c: &Arc<Container>) {
         (st.sandbox.take(), st.ports.take())
     };
     drop(ports);
-    if let Some(sb) = sb {
-        let _ = ctx.live.delete(sb.id());
+    // Every process dies now; the container is gone for the API at once, and its sandbox's
+    // teardown (mounts, cgroups, state dir) finishes off the request, as a delete does in
+    // the OpenSandbox API.
+    if let Some(sb) = &sb {
+        sb.kill();
     }
     lock(&ctx.containers).by_id.remove(&c.id);
     c.bump();
+    if let Some(sb) = sb {
+        let live = ctx.live.clone();
+        std::thread::spawn(move || {
+            let _ = live.delete(sb.id());
+        });
+    }
 }
