@@ -971,6 +971,16 @@ impl Drop for AuditOn {
     }
 }
 
+/// `--profile strict --workspace WS`.
+fn strict_with(ws: &tempfile::TempDir) -> [&str; 4] {
+    [
+        "--profile",
+        "strict",
+        "--workspace",
+        ws.path().to_str().unwrap(),
+    ]
+}
+
 /// What `kernel_denials_*` run: three accesses Landlock denies under `strict`, one it allows.
 const KERNEL_DENIAL_SCRIPT: &str =
     "cat /etc/passwd; ls /root; echo x > /workspace/evil.txt; cat /workspace/secret.txt";
@@ -988,12 +998,7 @@ fn kernel_denials_are_recorded_from_landlock_audit() {
         let _audit = AuditOn::start();
         trail
             .wire(exec_with(
-                [
-                    "--profile",
-                    "strict",
-                    "--workspace",
-                    ws.path().to_str().unwrap(),
-                ],
+                strict_with(&ws),
                 ["sh", "-c", KERNEL_DENIAL_SCRIPT],
             ))
             .run()
@@ -1016,15 +1021,7 @@ fn kernel_denials_are_recorded_on_the_daemon_path_too() {
     let out = {
         let _audit = AuditOn::start();
         trail
-            .wire_traces(d.exec_with(
-                [
-                    "--profile",
-                    "strict",
-                    "--workspace",
-                    ws.path().to_str().unwrap(),
-                ],
-                ["sh", "-c", KERNEL_DENIAL_SCRIPT],
-            ))
+            .wire_traces(d.exec_with(strict_with(&ws), ["sh", "-c", KERNEL_DENIAL_SCRIPT]))
             .run()
     };
     assert_eq!(

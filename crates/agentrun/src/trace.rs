@@ -91,21 +91,9 @@ impl Recorder {
             g.denials += 1;
         }
         let mut span = g.parent.child("policy.check");
-        span.set_attribute("openinference.span.kind", "GUARDRAIL");
-        span.set_attribute("sandbox.decision", d.verdict());
-        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
-        span.set_attribute("sandbox.reason", d.reason.clone());
-        span.set_attribute("sandbox.action", action.name());
-        span.set_attribute("sandbox.resource", action.resource());
-        span.set_attribute("sandbox.blocked", !d.allow);
-        span.set_attribute("sandbox.profile", g.profile.clone());
-        span.set_attribute("sandbox.enforced_by", enforced_by);
+        span.set_decision(action, d, &g.profile, enforced_by);
         if let Some(id) = &g.sandbox_id {
             span.set_attribute("sandbox.id", id.clone());
-        }
-        if let Action::Connect { host, port } = action {
-            span.set_attribute("server.address", host.clone());
-            span.set_attribute("server.port", i64::from(*port));
         }
         if g.sandbox_id.is_some() {
             g.children.push(span.end());

@@ -127,20 +127,8 @@ fn trace_id(traceparent: &str) -> String {
 fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
     Arc::new(move |action: &Action, d: &Decision| {
         let mut span = RunSpan::start("policy.check", Some(&trace));
-        span.set_attribute("openinference.span.kind", "GUARDRAIL");
-        span.set_attribute("sandbox.decision", d.verdict());
-        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
-        span.set_attribute("sandbox.reason", d.reason.clone());
-        span.set_attribute("sandbox.action", action.name());
-        span.set_attribute("sandbox.resource", action.resource());
-        span.set_attribute("sandbox.blocked", !d.allow);
-        span.set_attribute("sandbox.profile", PROFILE);
-        span.set_attribute("sandbox.enforced_by", "egress-proxy");
+        span.set_decision(action, d, PROFILE, "egress-proxy");
         span.set_attribute("sandbox.id", id.clone());
-        if let Action::Connect { host, port } = action {
-            span.set_attribute("server.address", host.clone());
-            span.set_attribute("server.port", i64::from(*port));
-        }
         let record = AuditRecord {
             kind: "decision".into(),
             sandbox_id: id.clone(),
@@ -211,18 +199,15 @@ pub async fn patch_policy(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
-    let rules: Vec<OpenSandboxRule> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid request body: expected [{{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}}]: {e}"
-        ))
-    })?;
-    let egress = egress_of(&rec)?;
-    let asked = serde_json::to_string(&rules).unwrap_or_default();
-    let next = tokio::task::block_in_place(|| {
-        egress.change("net.policy.patch", asked, |p| p.patch(&rules))
-    })?;
-    Ok((StatusCode::OK, Json(status(Some(&next)))))
+    change_policy(
+        &server,
+        &p,
+        &headers,
+        &body,
+        "net.policy.patch",
+        "[{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}]",
+        |policy, rules: &Vec<OpenSandboxRule>| policy.patch(rules),
+    )
 }
 
 pub async fn delete_policy(
@@ -231,18 +216,36 @@ pub async fn delete_policy(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
-    let targets: Vec<String> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid request body: expected a list of targets: {e}"
-        ))
+    change_policy(
+        &server,
+        &p,
+        &headers,
+        &body,
+        "net.policy.delete",
+        "a list of targets",
+        |policy, targets: &Vec<String>| policy.remove(targets).map(|_| ()),
+    )
+}
+
+/// PATCH and DELETE `/policy`: the body parsed as `T` (else 400 saying what was `expected`),
+/// the change audited (`action`, the body as the resource) and applied to the live proxy.
+fn change_policy<T: serde::de::DeserializeOwned + serde::Serialize>(
+    server: &Server,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    action: &str,
+    expected: &str,
+    apply: impl FnOnce(&mut OpenSandboxPolicy, &T) -> Result<(), agentrun_policy::NetworkPolicyError>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let rec = authorize(server, sid_of(p), headers, crate::EGRESS_TOKEN_HEADER)?;
+    let asked: T = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("invalid request body: expected {expected}: {e}"))
     })?;
     let egress = egress_of(&rec)?;
-    let asked = serde_json::to_string(&targets).unwrap_or_default();
+    let resource = serde_json::to_string(&asked).unwrap_or_default();
     let next = tokio::task::block_in_place(|| {
-        egress.change("net.policy.delete", asked, |p| {
-            p.remove(&targets).map(|_| ())
-        })
+        egress.change(action, resource, |policy| apply(policy, &asked))
     })?;
     Ok((StatusCode::OK, Json(status(Some(&next)))))
 }

@@ -244,6 +244,30 @@ impl RunSpan {
     }
 
     /// Sets an attribute, replacing an earlier value under the same key.
+    /// The attributes of a `policy.check` span: `d`, the decision on `action`, made under
+    /// `profile`, enforced by `enforced_by`.
+    pub fn set_decision(
+        &mut self,
+        action: &agentrun_policy::Action,
+        d: &agentrun_policy::Decision,
+        profile: &str,
+        enforced_by: &str,
+    ) {
+        self.set_attribute("openinference.span.kind", "GUARDRAIL");
+        self.set_attribute("sandbox.decision", d.verdict());
+        self.set_attribute("sandbox.rule_id", d.rule_id.clone());
+        self.set_attribute("sandbox.reason", d.reason.clone());
+        self.set_attribute("sandbox.action", action.name());
+        self.set_attribute("sandbox.resource", action.resource());
+        self.set_attribute("sandbox.blocked", !d.allow);
+        self.set_attribute("sandbox.profile", profile.to_owned());
+        self.set_attribute("sandbox.enforced_by", enforced_by.to_owned());
+        if let agentrun_policy::Action::Connect { host, port } = action {
+            self.set_attribute("server.address", host.clone());
+            self.set_attribute("server.port", i64::from(*port));
+        }
+    }
+
     pub fn set_attribute(&mut self, key: &'static str, value: impl Into<AttrValue>) {
         let value = value.into();
         match self.attributes.iter_mut().find(|(k, _)| *k == key) {
