@@ -663,8 +663,9 @@ fn remove_stale_roots() {
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if let Some(pid) = name.strip_prefix("agentrun-e2e-root.") {
-            if let Ok(pid) = pid.parse::<i32>() {
+        if let Some(rest) = name.strip_prefix("agentrun-e2e-root.") {
+            // `agentrun-e2e-root.PID` or `agentrun-e2e-root.PID.NAME` (see binary_dir).
+            if let Ok(pid) = rest.split('.').next().unwrap_or_default().parse::<i32>() {
                 if !pid_alive(pid) {
                     let _ = fs::remove_dir_all(e.path());
                 }
@@ -683,19 +684,29 @@ pub fn busybox_root() -> PathBuf {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn build_busybox_root() -> Result<PathBuf, String> {
+/// A fresh directory private to this test binary (`agentrun-e2e-root.PID[.NAME]` in the temp
+/// dir), removed when the binary exits, or by the next binary's start if this one was killed.
+/// For what a `static` keeps for the whole binary (a `TempDir` in a static is never dropped).
+pub fn binary_dir(name: Option<&str>) -> Result<PathBuf, String> {
     remove_stale_roots();
-    let dir = std::env::temp_dir().join(format!("agentrun-e2e-root.{}", std::process::id()));
+    let mut base = format!("agentrun-e2e-root.{}", std::process::id());
+    if let Some(n) = name {
+        base = format!("{base}.{n}");
+    }
+    let dir = std::env::temp_dir().join(base);
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    {
-        let mut roots = ROOTS_TO_REMOVE.lock().unwrap();
-        if roots.is_empty() {
-            // SAFETY: registering a plain extern "C" fn.
-            unsafe { libc::atexit(remove_roots_at_exit) };
-        }
-        roots.push(dir.clone());
+    let mut roots = ROOTS_TO_REMOVE.lock().unwrap_or_else(|p| p.into_inner());
+    if roots.is_empty() {
+        // SAFETY: registering a plain extern "C" fn.
+        unsafe { libc::atexit(remove_roots_at_exit) };
     }
+    roots.push(dir.clone());
+    Ok(dir)
+}
+
+fn build_busybox_root() -> Result<PathBuf, String> {
+    let dir = binary_dir(None)?;
     let rootfs = dir.join("busybox-rootfs");
     let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
     build.arg(&rootfs);

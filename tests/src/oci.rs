@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{run_with_timeout, tempdir, wait_until, workspace_root, RunOutput};
+use crate::{run_with_timeout, wait_until, workspace_root, RunOutput};
 
 /// The containerd namespace the tests use.
 pub const NAMESPACE: &str = "agentrun-e2e";
@@ -27,22 +27,21 @@ pub const IMAGE: &str = "agentrun.test/busybox:latest";
 /// The sandbox ("pause") image of the CRI tests, from the same tarball.
 pub const PAUSE_IMAGE: &str = "agentrun.test/busybox:pause";
 
-static ROOTFS: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+static ROOTFS: OnceLock<PathBuf> = OnceLock::new();
 
-/// The busybox rootfs (built once per test binary, removed when it exits... or by the next
-/// run's temp dir cleanup: it is plain files, nothing mounted).
+/// The busybox rootfs (built once per test binary, removed when it exits; see
+/// [`crate::binary_dir`]).
 pub fn busybox_rootfs() -> PathBuf {
     ROOTFS
         .get_or_init(|| {
-            let dir = tempdir();
-            let rootfs = dir.path().join("rootfs");
+            let dir = crate::binary_dir(Some("oci-rootfs")).unwrap_or_else(|e| panic!("{e}"));
+            let rootfs = dir.join("rootfs");
             let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
             build.arg(&rootfs);
             let out = run_with_timeout(build, None, Duration::from_secs(120));
             assert_eq!(out.status.code(), Some(0), "building busybox\n{out}");
-            (dir, rootfs)
+            rootfs
         })
-        .1
         .clone()
 }
 
@@ -92,7 +91,7 @@ impl Bundle {
     }
 }
 
-static IMAGE_TAR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+static IMAGE_TAR: OnceLock<PathBuf> = OnceLock::new();
 
 /// An OCI image layout tarball of the busybox rootfs, built with umoci: tag `latest` runs
 /// `sh`, tag `pause` sleeps forever (a CRI sandbox image). Imported with `--base-name
@@ -100,9 +99,9 @@ static IMAGE_TAR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
 pub fn busybox_image_tar() -> PathBuf {
     IMAGE_TAR
         .get_or_init(|| {
-            let dir = tempdir();
-            let layout = dir.path().join("layout");
-            let unpacked = dir.path().join("unpacked");
+            let dir = crate::binary_dir(Some("oci-image")).unwrap_or_else(|e| panic!("{e}"));
+            let layout = dir.join("layout");
+            let unpacked = dir.join("unpacked");
             let image = format!("{}:latest", layout.display());
             must("umoci", &["init", "--layout", layout.to_str().unwrap()]);
             must("umoci", &["new", "--image", &image]);
@@ -131,7 +130,7 @@ pub fn busybox_image_tar() -> PathBuf {
                 "umoci",
                 &[&["config", "--image", pause.as_str()][..], &cmd[..]].concat(),
             );
-            let tar = dir.path().join("busybox-oci.tar");
+            let tar = dir.join("busybox-oci.tar");
             must(
                 "tar",
                 &[
@@ -143,9 +142,8 @@ pub fn busybox_image_tar() -> PathBuf {
                 ],
             );
             let _ = fs::remove_dir_all(&unpacked);
-            (dir, tar)
+            tar
         })
-        .1
         .clone()
 }
 
