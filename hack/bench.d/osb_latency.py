@@ -30,6 +30,14 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def print_table(title, steps):
+    """A markdown table of p50/p99 per step (milliseconds)."""
+    print(f"| {title} | p50 ms | p99 ms |")
+    print("|---|---:|---:|")
+    for k, xs in steps.items():
+        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
+
+
 def sdk_rounds(label, make_cfg, runs):
     steps = {"create (SDK: create, endpoints, ping)": [], "first command result": [], "kill": [], "create -> first result": [], "create -> first result -> kill": []}
     for i in range(WARMUP + runs):
@@ -48,10 +56,7 @@ def sdk_rounds(label, make_cfg, runs):
             continue
         for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t2 - t0, t3 - t0)):
             steps[k].append(v * 1000)
-    print(f"| SDK step, {label} ({runs} runs, sequential) | p50 ms | p99 ms |")
-    print("|---|---:|---:|")
-    for k, xs in steps.items():
-        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
+    print_table(f"SDK step, {label} ({runs} runs, sequential)", steps)
     print()
 
 
@@ -89,10 +94,7 @@ def main():
             continue
         for k, v in zip(raw, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
             raw[k].append(v * 1000)
-    print(f"| same requests, one kept-alive httpx client ({runs} runs) | p50 ms | p99 ms |")
-    print("|---|---:|---:|")
-    for k, xs in raw.items():
-        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
+    print_table(f"same requests, one kept-alive httpx client ({runs} runs)", raw)
 
 
 if __name__ == "__main__":

@@ -542,10 +542,7 @@ async fn interrupt(
 ) -> ApiResult<StatusCode> {
     let rec = execd(&server, sid_of(&p), &headers)?;
     let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
-    let cmd = lock(&rec.commands)
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found("COMMAND_NOT_FOUND", format!("no command {id}")))?;
+    let cmd = find_command(&rec, &id)?;
     if let Some(pid) = *lock(&cmd.process) {
         // The whole process group: everything the command started.
         rec.sandbox.signal(pid, libc::SIGKILL, true)?;
