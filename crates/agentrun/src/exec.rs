@@ -518,7 +518,7 @@ fn execute_cold(
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
-    let watch = landlock_watch(host.landlock_abi, span);
+    let watch = landlock_watch(landlock_subscribe(host.landlock_abi), span);
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let result = sandbox.run(
@@ -555,17 +555,26 @@ fn execute_cold(
     outcome.exit_code
 }
 
-/// Starts listening for the run's kernel-level denials (Landlock audit records), when the
-/// host's audit is on and Landlock can log them (ABI 7+); both paths, cold and warm, call it
-/// before the command starts.
-pub(crate) fn landlock_watch(
-    landlock_abi: u32,
-    span: &mut RunSpan,
-) -> Option<kaudit::LandlockWatch> {
-    let watch = if landlock_abi >= 7 && kaudit::audit_enabled().unwrap_or(false) {
-        kaudit::LandlockWatch::start().ok()
+/// Subscribes to the run's kernel-level denials (Landlock audit records) when Landlock can
+/// log them (ABI 7+); both paths, cold and warm, call it before the command starts. Records
+/// queue on the socket until [`landlock_watch`] decides whether to read them.
+pub(crate) fn landlock_subscribe(landlock_abi: u32) -> Option<kaudit::LandlockSubscription> {
+    if landlock_abi >= 7 {
+        kaudit::LandlockSubscription::new().ok()
     } else {
         None
+    }
+}
+
+/// Keeps listening when the host's audit is on (the kernel logs Landlock denials only then).
+/// The audit status query costs ~1 ms, so the warm path asks it while its run already goes.
+pub(crate) fn landlock_watch(
+    subscription: Option<kaudit::LandlockSubscription>,
+    span: &mut RunSpan,
+) -> Option<kaudit::LandlockWatch> {
+    let watch = match subscription {
+        Some(s) if kaudit::audit_enabled().unwrap_or(false) => s.watch().ok(),
+        _ => None,
     };
     span.set_attribute("sandbox.enforce.landlock_audit", watch.is_some());
     watch

@@ -13,15 +13,17 @@ use agentrun_telemetry::RunSpan;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::exec::{
-    block_signals, fail, landlock_watch, record_enforcement, record_kernel_denials, report, Plan,
+    block_signals, fail, landlock_subscribe, landlock_watch, record_enforcement,
+    record_kernel_denials, report, Plan,
 };
 use crate::trace::Recorder;
 
 pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder: &Recorder) -> i32 {
     let signals = block_signals();
     // The pooled sandbox's init made its Landlock domain; its denials during this run are
-    // matched by the init's pid, which the reply carries.
-    let watch = landlock_watch(agentrun_runtime::landlock::abi(), span);
+    // matched by the init's pid, which the reply carries. Subscribed before the request goes,
+    // kept (audit on) or dropped once it went.
+    let subscription = landlock_subscribe(agentrun_runtime::landlock::abi());
     let msg = ClientMessage::Exec {
         request: Box::new(plan.request.clone()),
         timeout_ms: plan.timeout.map(|t| t.as_millis() as u64),
@@ -34,6 +36,7 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
             &anyhow::Error::new(e).context("sending to the daemon"),
         );
     }
+    let watch = landlock_watch(subscription, span);
     // Wait for the answer; forward signals meanwhile.
     loop {
         let mut fds = vec![PollFd::new(client.fd(), PollFlags::POLLIN)];

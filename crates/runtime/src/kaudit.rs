@@ -221,12 +221,39 @@ pub struct LandlockWatch {
     records: Arc<Mutex<Vec<Record>>>,
 }
 
+/// A subscription to the audit multicast group whose records are not read yet: the kernel
+/// queues them on the socket until [`LandlockSubscription::watch`] starts reading.
+///
+/// It lets a caller subscribe before a run starts (so no record is missed) and ask whether
+/// audit is on ([`audit_enabled`], ~1 ms: the kernel answers AUDIT_GET from a kthread it
+/// creates for the reply) while the run already goes.
+pub struct LandlockSubscription {
+    fd: OwnedFd,
+}
+
+impl LandlockSubscription {
+    /// Subscribes to the audit multicast group (a socket and a bind, no thread).
+    pub fn new() -> io::Result<LandlockSubscription> {
+        let fd = netlink_socket()?;
+        bind(&fd, 1 << (AUDIT_NLGRP_READLOG - 1))?;
+        Ok(LandlockSubscription { fd })
+    }
+
+    /// Starts collecting on a thread, beginning with what was queued since the subscription
+    /// (the process may be multi-threaded from here on).
+    pub fn watch(self) -> io::Result<LandlockWatch> {
+        LandlockWatch::collect(self.fd)
+    }
+}
+
 impl LandlockWatch {
     /// Subscribes to the audit multicast group and starts collecting on a thread. Call after
     /// the sandbox was created (the process may be multi-threaded from here on).
     pub fn start() -> io::Result<LandlockWatch> {
-        let fd = netlink_socket()?;
-        bind(&fd, 1 << (AUDIT_NLGRP_READLOG - 1))?;
+        LandlockSubscription::new()?.watch()
+    }
+
+    fn collect(fd: OwnedFd) -> io::Result<LandlockWatch> {
         let stop = Arc::new(AtomicBool::new(false));
         let records: Arc<Mutex<Vec<Record>>> = Arc::default();
         let (stop2, records2) = (stop.clone(), records.clone());
