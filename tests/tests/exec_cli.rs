@@ -255,3 +255,84 @@ fn state_dir_under_private_parent_is_125_and_says_why() {
     out.assert_agentrun_error();
     assert!(out.stderr().contains("not searchable"), "{out}");
 }
+
+/// The host's cgroup2 mount: (mount point, per-mount options, super options).
+fn cgroup2_mount() -> Option<(String, String, String)> {
+    let info = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    info.lines().find_map(|line| {
+        let (mount, fs_part) = line.split_once(" - ")?;
+        let m: Vec<&str> = mount.split(' ').collect();
+        let f: Vec<&str> = fs_part.split(' ').collect();
+        (f.first() == Some(&"cgroup2"))
+            .then(|| (m[4].to_string(), m[5].to_string(), f[2].to_string()))
+    })
+}
+
+fn info_favordynmods() -> bool {
+    let out = agentrun(["info", "--json"]).run();
+    let v: serde_json::Value =
+        serde_json::from_str(&out.success()).unwrap_or_else(|e| panic!("info --json: {e}\n{out}"));
+    v["cgroup_favordynmods"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("info --json lacks cgroup_favordynmods\n{out}"))
+}
+
+/// Puts the cgroup2 mount's options back however the test ends.
+struct RestoreMount(Vec<String>);
+
+impl Drop for RestoreMount {
+    fn drop(&mut self) {
+        let ok = Command::new("mount")
+            .args(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "could not restore the cgroup2 mount: mount {:?}",
+            self.0
+        );
+    }
+}
+
+/// `info` says whether the host's cgroups are mounted with favordynmods (which spares every
+/// new sandbox an RCU grace period): it follows a remount of the cgroup2 mount both ways.
+#[test]
+fn info_reports_cgroup_favordynmods() {
+    let Some(_l) = setup() else { return };
+    let (point, vfs, sup) = cgroup2_mount()
+        .expect("this test needs a cgroup2 mount (hybrid or unified host); none is mounted");
+    let on = sup.split(',').any(|o| o == "favordynmods");
+    assert_eq!(info_favordynmods(), on, "before: super options {sup}");
+    if on {
+        eprintln!("cgroup2 at {point} already has favordynmods: the off state is not checked");
+        return;
+    }
+    let restore = RestoreMount(vec![
+        "--options-mode=ignore".into(),
+        "-o".into(),
+        format!("remount,{vfs},{sup}"),
+        point.clone(),
+    ]);
+    let st = Command::new("mount")
+        .args(["-o", "remount,favordynmods", &point])
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount -o remount,favordynmods {point}");
+    assert!(info_favordynmods(), "after turning favordynmods on");
+    let human = agentrun(["info"]).run().success();
+    assert!(
+        human
+            .lines()
+            .any(|l| l.starts_with("favordynmods:") && l.ends_with("yes")),
+        "{human}"
+    );
+    drop(restore);
+    assert!(!info_favordynmods(), "after restoring {point}'s options");
+    let human = agentrun(["info"]).run().success();
+    assert!(
+        human
+            .lines()
+            .any(|l| l.starts_with("favordynmods:") && l.contains("no (")),
+        "{human}"
+    );
+}

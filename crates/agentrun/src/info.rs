@@ -24,6 +24,7 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
         .collect();
     let cgroup = host.cgroup.map(|c| c.as_str()).unwrap_or("none");
     let idmapped = host.idmapped_mounts.unwrap_or(false);
+    let favordynmods = host.cgroup.is_some() && agentrun_runtime::cgroup::favordynmods();
     if args.json {
         let v = json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -35,6 +36,7 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
             "idmapped_mounts": idmapped,
             "cgroup": cgroup,
             "swap_limit": host.swap_limit,
+            "cgroup_favordynmods": favordynmods,
             "bounding_capabilities_missing": missing,
             "root": paths.root,
             "state_dir": paths.state_dir,
@@ -63,6 +65,16 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
     );
     println!("cgroups:           {cgroup}");
     println!("no-swap limit:     {}", yes(host.swap_limit));
+    if host.cgroup.is_some() {
+        println!(
+            "favordynmods:      {}",
+            if favordynmods {
+                "yes"
+            } else {
+                "no (each new sandbox waits an RCU grace period to join its cgroups; see README, \"Host tuning\")"
+            }
+        );
+    }
     if !missing.is_empty() {
         println!("caps not in bounding set: {}", missing.join(", "));
     }

@@ -26,6 +26,28 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Parent cgroup of every sandbox: `/agentrun/<sandbox-id>`.
 pub const PARENT: &str = "agentrun";
 
+/// Whether a cgroup hierarchy is mounted with `favordynmods` (Linux 6.0+). Without it, every
+/// move of a process into a cgroup (each new sandbox's, through libcgroups) first waits an RCU
+/// grace period for the kernel's global `cgroup_threadgroup_rwsem`: several ms of a cold run,
+/// measured by `hack/bench`. With it, forks and exits take that rwsem's slower path instead.
+/// A host setting (`mount -o remount,favordynmods <cgroup2 mount>`): agentrun only reports it.
+pub fn favordynmods() -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        // "... - FSTYPE SOURCE SUPER_OPTIONS"
+        let Some((_, fs_part)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mut f = fs_part.split(' ');
+        let fstype = f.next().unwrap_or_default();
+        let super_options = f.nth(1).unwrap_or_default();
+        (fstype == "cgroup" || fstype == "cgroup2")
+            && super_options.split(',').any(|o| o == "favordynmods")
+    })
+}
+
 /// How this host mounts cgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupMode {
