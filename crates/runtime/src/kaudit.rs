@@ -11,21 +11,25 @@
 //! [`LandlockWatch`] listens on the audit multicast group (`AUDIT_NLGRP_READLOG`, needs
 //! CAP_AUDIT_READ) on a thread while a sandbox runs, and [`LandlockWatch::finish`] returns the
 //! access records of the domain created by that sandbox's init (matched by its host pid).
-//! It observes only: agentrun never changes the host's audit configuration. When audit is
+//! It never changes the host's audit configuration; the one thing it writes is a sync record
+//! per watched run (see [`LandlockWatch::finish`]). When audit is
 //! disabled (`auditctl -e 0`, the default without auditd) the kernel emits nothing and there
 //! is nothing to observe; [`audit_enabled`] says which case applies.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const NETLINK_AUDIT: libc::c_int = 9;
 const AUDIT_GET: u16 = 1000;
 const AUDIT_NLGRP_READLOG: u32 = 1;
+/// "Trusted application" user record: the marker [`LandlockWatch::finish`] sends.
+const AUDIT_TRUSTED_APP: u16 = 1121;
 const AUDIT_LANDLOCK_ACCESS: u16 = 1423;
 const AUDIT_LANDLOCK_DOMAIN: u16 = 1424;
 const NLMSG_HDRLEN: usize = 16;
@@ -216,9 +220,25 @@ fn hex_decode(s: &str) -> Option<String> {
 
 /// Collects Landlock records while a sandbox runs.
 pub struct LandlockWatch {
-    stop: Arc<AtomicBool>,
+    shared: Arc<Collected>,
+    /// Closing it wakes the collecting thread, which then exits.
+    wake: UnixStream,
     thread: JoinHandle<()>,
-    records: Arc<Mutex<Vec<Record>>>,
+    /// Text of the sync record [`LandlockWatch::finish`] sends (see there).
+    marker: String,
+}
+
+/// What the collecting thread found, and a condvar signalled after each batch.
+#[derive(Default)]
+struct Collected {
+    state: Mutex<CollectedState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct CollectedState {
+    records: Vec<Record>,
+    marker_seen: bool,
 }
 
 /// A subscription to the audit multicast group whose records are not read yet: the kernel
@@ -254,83 +274,173 @@ impl LandlockWatch {
     }
 
     fn collect(fd: OwnedFd) -> io::Result<LandlockWatch> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let records: Arc<Mutex<Vec<Record>>> = Arc::default();
-        let (stop2, records2) = (stop.clone(), records.clone());
+        static WATCHES: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let marker = format!(
+            "agentrun-landlock-sync={}.{}.{}",
+            std::process::id(),
+            now.as_nanos(),
+            WATCHES.fetch_add(1, Ordering::Relaxed)
+        );
+        let shared = Arc::new(Collected::default());
+        let (wake, wake_rx) = UnixStream::pair()?;
+        let (shared2, marker2) = (shared.clone(), marker.clone());
         let thread = std::thread::Builder::new()
             .name("landlock-audit".into())
             .spawn(move || {
                 let mut buf = vec![0u8; 1 << 16];
-                while !stop2.load(Ordering::SeqCst) {
-                    let n = match recv(&fd, &mut buf, Duration::from_millis(10)) {
-                        Ok(Some(n)) => n,
-                        // Timeout, EINTR, or ENOBUFS (records were dropped): keep listening.
-                        Ok(None) | Err(_) => continue,
-                    };
-                    let parsed: Vec<Record> = messages(&buf[..n])
-                        .into_iter()
-                        .filter(|(ty, _)| {
-                            *ty == AUDIT_LANDLOCK_ACCESS || *ty == AUDIT_LANDLOCK_DOMAIN
-                        })
-                        .filter_map(|(ty, p)| parse_record(ty, &String::from_utf8_lossy(p)))
-                        .collect();
-                    records2
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(parsed);
+                // Until the watch's end closes the other side of `wake_rx`.
+                while let Ok(Some(n)) = recv_until_woken(&fd, &wake_rx, &mut buf) {
+                    let mut parsed = Vec::new();
+                    let mut marker_seen = false;
+                    for (ty, p) in messages(&buf[..n]) {
+                        let text = String::from_utf8_lossy(p);
+                        if ty == AUDIT_LANDLOCK_ACCESS || ty == AUDIT_LANDLOCK_DOMAIN {
+                            parsed.extend(parse_record(ty, &text));
+                        } else if ty == AUDIT_TRUSTED_APP && text.contains(marker2.as_str()) {
+                            marker_seen = true;
+                        }
+                    }
+                    let mut st = shared2.state.lock().unwrap_or_else(|e| e.into_inner());
+                    st.records.extend(parsed);
+                    st.marker_seen |= marker_seen;
+                    shared2.changed.notify_all();
                 }
             })?;
         Ok(LandlockWatch {
-            stop,
+            shared,
+            wake,
             thread,
-            records,
+            marker,
         })
     }
 
     /// Stops collecting and returns the denials of the domain created by the init whose host
-    /// pid is `init_pid` (call after it exited). Records reach listeners asynchronously
-    /// (through kauditd): it waits 30 ms for stragglers and, once the domain is known to
-    /// have denied something, up to 1 s for its deallocation record, which comes after all
-    /// of its access records.
+    /// pid is `init_pid` (call after it exited).
+    ///
+    /// Records reach listeners asynchronously, through kauditd's queue. To know that every
+    /// record of the run was delivered, it sends one user-space record of its own
+    /// (`AUDIT_TRUSTED_APP`, `agentrun-landlock-sync=<pid>.<ns>.<n>`, so one line per run in
+    /// the host's audit log) and waits until it comes back: kauditd delivers in order, so
+    /// everything the run logged came before it (~1 ms). If the marker cannot be sent or
+    /// does not come back (a host audit rule may drop user records), it waits 50 ms instead.
+    /// Once the domain is known to have denied something, it waits up to 1 s for the
+    /// domain's deallocation record, which comes after all of its access records.
     pub fn finish(self, init_pid: i32) -> Vec<LandlockDenial> {
         let started = Instant::now();
+        let synced = send_user_record(&self.marker).is_ok();
         let pid = init_pid.to_string();
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let elapsed = started.elapsed();
-            let (ours, freed) = {
-                let recs = self.records.lock().unwrap_or_else(|e| e.into_inner());
-                let ours: Vec<String> = recs
-                    .iter()
-                    .filter(|r| {
+            let ours: Vec<&String> = st
+                .records
+                .iter()
+                .filter(|r| {
+                    r.ty == AUDIT_LANDLOCK_DOMAIN
+                        && r.fields.get("status").is_some_and(|s| s == "allocated")
+                        && r.fields.get("pid") == Some(&pid)
+                })
+                .filter_map(|r| r.fields.get("domain"))
+                .collect();
+            let freed = !ours.is_empty()
+                && ours.iter().all(|d| {
+                    st.records.iter().any(|r| {
                         r.ty == AUDIT_LANDLOCK_DOMAIN
-                            && r.fields.get("status").is_some_and(|s| s == "allocated")
-                            && r.fields.get("pid") == Some(&pid)
+                            && r.fields.get("domain") == Some(*d)
+                            && r.fields.get("status").is_some_and(|s| s == "deallocated")
                     })
-                    .filter_map(|r| r.fields.get("domain").cloned())
-                    .collect();
-                let freed = !ours.is_empty()
-                    && ours.iter().all(|d| {
-                        recs.iter().any(|r| {
-                            r.ty == AUDIT_LANDLOCK_DOMAIN
-                                && r.fields.get("domain") == Some(d)
-                                && r.fields.get("status").is_some_and(|s| s == "deallocated")
-                        })
-                    });
-                (!ours.is_empty(), freed)
-            };
-            if elapsed >= Duration::from_secs(1)
-                || freed
-                || (!ours && elapsed >= Duration::from_millis(30))
-            {
+                });
+            let delivered = (synced && st.marker_seen) || elapsed >= Duration::from_millis(50);
+            if elapsed >= Duration::from_secs(1) || freed || (ours.is_empty() && delivered) {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            let left = Duration::from_secs(1).saturating_sub(elapsed);
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(10)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
-        self.stop.store(true, Ordering::SeqCst);
+        let denials = denials_of(&st.records, init_pid);
+        drop(st);
+        drop(self.wake);
         let _ = self.thread.join();
-        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        denials_of(&records, init_pid)
+        denials
     }
+}
+
+/// Waits for a datagram on `fd` and reads it; `Ok(None)` once `wake` is readable or closed.
+/// Timeouts, EINTR and ENOBUFS (records were dropped) keep it waiting.
+fn recv_until_woken(fd: &OwnedFd, wake: &UnixStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        let mut pfds = [
+            libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two valid pollfds we own.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if pfds[1].revents != 0 {
+            return Ok(None);
+        }
+        // SAFETY: recv into a buffer we own, of its length.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ENOBUFS) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Sends `text` as a user-space audit record (`AUDIT_TRUSTED_APP`; needs CAP_AUDIT_WRITE and
+/// the initial pid namespace). The kernel logs it, and multicasts it, in order with every
+/// other record.
+fn send_user_record(text: &str) -> io::Result<()> {
+    let fd = netlink_socket()?;
+    bind(&fd, 0)?;
+    let len = NLMSG_HDRLEN + text.len() + 1;
+    let mut req = Vec::with_capacity(len);
+    req.extend_from_slice(&(len as u32).to_ne_bytes());
+    req.extend_from_slice(&AUDIT_TRUSTED_APP.to_ne_bytes());
+    req.extend_from_slice(&((libc::NLM_F_REQUEST) as u16).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(text.as_bytes());
+    req.push(0);
+    // SAFETY: send of a buffer we own.
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The access records of the domain(s) allocated by `init_pid`.
