@@ -385,5 +385,19 @@ fn exec(
             reply(conn, &DaemonReply::Exec(out));
         }
     }
+    await_hangup(conn, CLIENT_EXIT_WAIT);
     shared.pool.release(sandbox);
+}
+
+/// How long a sandbox's teardown waits for its client to hang up after the reply.
+const CLIENT_EXIT_WAIT: Duration = Duration::from_millis(50);
+
+/// Waits (bounded) until the client closed its connection or sent something. The client's
+/// own end of a run (its audit record, its exit) comes right after our reply; the sandbox's
+/// teardown is kernel work this kind of host does not preempt (PREEMPT_NONE), so it starts
+/// once the client is gone instead of delaying it.
+fn await_hangup(conn: BorrowedFd<'_>, limit: Duration) {
+    let mut fds = [PollFd::new(conn, PollFlags::POLLIN)];
+    let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+    let _ = poll(&mut fds, PollTimeout::from(ms));
 }
