@@ -106,18 +106,7 @@ fn recv(fd: &OwnedFd, buf: &mut [u8], timeout: Duration) -> io::Result<Option<us
 
 /// Whether the host's audit subsystem is enabled (so Landlock denials are emitted at all).
 pub fn audit_enabled() -> io::Result<bool> {
-    let fd = netlink_socket()?;
-    bind(&fd, 0)?;
-    let mut req = Vec::with_capacity(NLMSG_HDRLEN);
-    req.extend_from_slice(&(NLMSG_HDRLEN as u32).to_ne_bytes());
-    req.extend_from_slice(&AUDIT_GET.to_ne_bytes());
-    req.extend_from_slice(&((libc::NLM_F_REQUEST) as u16).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
-    // SAFETY: send of a buffer we own.
-    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = request(AUDIT_GET, &[])?;
     let mut buf = vec![0u8; 8192];
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
@@ -331,20 +320,10 @@ impl LandlockWatch {
     pub fn finish(self, init_pid: i32) -> Vec<LandlockDenial> {
         let started = Instant::now();
         let synced = send_user_record(&self.marker).is_ok();
-        let pid = init_pid.to_string();
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let elapsed = started.elapsed();
-            let ours: Vec<&String> = st
-                .records
-                .iter()
-                .filter(|r| {
-                    r.ty == AUDIT_LANDLOCK_DOMAIN
-                        && r.fields.get("status").is_some_and(|s| s == "allocated")
-                        && r.fields.get("pid") == Some(&pid)
-                })
-                .filter_map(|r| r.fields.get("domain"))
-                .collect();
+            let ours = domains_of(&st.records, init_pid);
             let freed = !ours.is_empty()
                 && ours.iter().all(|d| {
                     st.records.iter().any(|r| {
@@ -425,28 +404,35 @@ fn recv_until_woken(fd: &OwnedFd, wake: &UnixStream, buf: &mut [u8]) -> io::Resu
 /// the initial pid namespace). The kernel logs it, and multicasts it, in order with every
 /// other record.
 fn send_user_record(text: &str) -> io::Result<()> {
+    let mut payload = text.as_bytes().to_vec();
+    payload.push(0);
+    request(AUDIT_TRUSTED_APP, &payload).map(drop)
+}
+
+/// Sends one audit netlink request (no ACK asked) from a fresh socket, which it returns for
+/// the reply, if any.
+fn request(ty: u16, payload: &[u8]) -> io::Result<OwnedFd> {
     let fd = netlink_socket()?;
     bind(&fd, 0)?;
-    let len = NLMSG_HDRLEN + text.len() + 1;
+    let len = NLMSG_HDRLEN + payload.len();
     let mut req = Vec::with_capacity(len);
     req.extend_from_slice(&(len as u32).to_ne_bytes());
-    req.extend_from_slice(&AUDIT_TRUSTED_APP.to_ne_bytes());
+    req.extend_from_slice(&ty.to_ne_bytes());
     req.extend_from_slice(&((libc::NLM_F_REQUEST) as u16).to_ne_bytes());
     req.extend_from_slice(&1u32.to_ne_bytes());
     req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(text.as_bytes());
-    req.push(0);
+    req.extend_from_slice(payload);
     // SAFETY: send of a buffer we own.
     if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    Ok(fd)
 }
 
-/// The access records of the domain(s) allocated by `init_pid`.
-fn denials_of(records: &[Record], init_pid: i32) -> Vec<LandlockDenial> {
+/// The ids of the domains `init_pid` allocated (their first denial logs the allocation).
+fn domains_of(records: &[Record], init_pid: i32) -> Vec<&String> {
     let pid = init_pid.to_string();
-    let domains: Vec<&String> = records
+    records
         .iter()
         .filter(|r| {
             r.ty == AUDIT_LANDLOCK_DOMAIN
@@ -454,7 +440,12 @@ fn denials_of(records: &[Record], init_pid: i32) -> Vec<LandlockDenial> {
                 && r.fields.get("pid") == Some(&pid)
         })
         .filter_map(|r| r.fields.get("domain"))
-        .collect();
+        .collect()
+}
+
+/// The access records of the domain(s) allocated by `init_pid`.
+fn denials_of(records: &[Record], init_pid: i32) -> Vec<LandlockDenial> {
+    let domains = domains_of(records, init_pid);
     records
         .iter()
         .filter(|r| r.ty == AUDIT_LANDLOCK_ACCESS)
