@@ -13,6 +13,9 @@ use crate::PoolError;
 
 /// How long an on-demand run waits for room under `max_sandboxes`.
 const ROOM_WAIT: Duration = Duration::from_secs(30);
+/// How long a run that found its pool empty waits for a sandbox the pool is already getting
+/// before it has one made for itself.
+const MISS_WAIT: Duration = Duration::from_millis(200);
 
 /// One kept pool: `target` ready sandboxes of `image` with `profile`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +77,8 @@ struct Keyed {
     spec: PoolSpec,
     ready: VecDeque<PooledSandbox>,
     creating: usize,
+    /// Runs that found it empty and wait for one it is getting.
+    waiting: usize,
     hits: u64,
     misses: u64,
 }
@@ -168,6 +173,7 @@ impl Pool {
                 spec,
                 ready: VecDeque::new(),
                 creating: 0,
+                waiting: 0,
                 hits: 0,
                 misses: 0,
             })
@@ -232,7 +238,34 @@ impl Pool {
                     self.changed.notify_all();
                     return Ok((sb, true));
                 }
-                None => st.pools[i].misses += 1,
+                None => {
+                    st.pools[i].misses += 1;
+                    // A sandbox this pool is already getting is ready sooner than one made
+                    // now (each factory makes one at a time): wait for it, bounded.
+                    let deadline = Instant::now() + MISS_WAIT;
+                    while st.pools[i].creating > st.pools[i].waiting && !st.shutting_down {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        st.pools[i].waiting += 1;
+                        st = self
+                            .changed
+                            .wait_timeout(st, left)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                        st.pools[i].waiting -= 1;
+                        if let Some(sb) = take_ready(&mut st.pools[i].ready, recipe) {
+                            st.running.insert(sb.id.clone(), running(&sb, recipe));
+                            drop(st);
+                            self.changed.notify_all();
+                            return Ok((sb, false));
+                        }
+                    }
+                    if st.shutting_down {
+                        return Err(PoolError::ShuttingDown);
+                    }
+                }
             },
             None => st.unpooled += 1,
         }
