@@ -102,8 +102,8 @@ struct State {
 }
 
 /// After a pool hit, the replacement is made when the run ends or after this long, whichever
-/// comes first (only while that pool still has a ready sandbox: an empty pool refills at
-/// once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
+/// comes first, while that pool is at least half full (under load, when runs take sandboxes
+/// faster than they are made, it refills at once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
 /// which this kind of host does not preempt (PREEMPT_NONE): started beside a short run, it
 /// delays the wakeups the run's reply path needs on 2 cores (~1 ms of a warm `/bin/true`).
 const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
@@ -333,9 +333,10 @@ impl Pool {
                 }
                 match st.neediest() {
                     Some(i) if st.total() < self.max_sandboxes => {
+                        let comfortable = st.pools[i].ready.len() * 2 >= st.pools[i].spec.target;
                         let wait = st
                             .refill_holdoff
-                            .filter(|_| !st.pools[i].ready.is_empty())
+                            .filter(|_| comfortable && !st.pools[i].ready.is_empty())
                             .map(|t| t.saturating_duration_since(Instant::now()))
                             .filter(|d| !d.is_zero());
                         match wait {
