@@ -209,6 +209,17 @@ impl Pool {
     /// A sandbox for `recipe`: a ready one from the pool kept for it (a hit), else made now.
     /// The second value says whether it was a hit.
     pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledSandbox, bool), PoolError> {
+        self.acquire_with(recipe, true)
+    }
+
+    /// [`Pool::acquire`]; with `refill_now` false, a hit does not wake the refill: the caller
+    /// calls [`Pool::refill`] once its command runs, so that making the replacement does not
+    /// compete with starting it.
+    pub fn acquire_with(
+        &self,
+        recipe: &SandboxRecipe,
+        refill_now: bool,
+    ) -> Result<(PooledSandbox, bool), PoolError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(PoolError::ShuttingDown);
@@ -219,7 +230,9 @@ impl Pool {
                     st.pools[i].hits += 1;
                     st.running.insert(sb.id.clone(), running(&sb, recipe));
                     drop(st);
-                    self.changed.notify_all();
+                    if refill_now {
+                        self.changed.notify_all();
+                    }
                     return Ok((sb, true));
                 }
                 None => st.pools[i].misses += 1,
@@ -266,6 +279,11 @@ impl Pool {
         drop(st);
         self.changed.notify_all();
         result
+    }
+
+    /// Wakes the refill (after [`Pool::acquire_with`] without `refill_now`).
+    pub fn refill(&self) {
+        self.changed.notify_all();
     }
 
     /// Destroys a sandbox after its run; the refill loop notices the room.
