@@ -782,16 +782,15 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         };
         drop(ports);
         c.pty.set_master(None);
-        // Every process dies now; the container is gone for the API before its sandbox's
-        // teardown (mounts, cgroups, state dir), which finishes off this thread.
-        if let Some(sb) = &gone {
-            sb.kill();
-        }
         if remove {
             lock(&containers).by_id.remove(&c.id);
         }
         c.bump();
+        // The container is gone for the API (its waits are answered) before its sandbox is:
+        // only the init is left in it (the SIGKILL above ended the rest). It dies now, and the
+        // teardown (mounts, cgroups, state dir) finishes off this thread.
         if let Some(sb) = gone {
+            sb.kill();
             let live = live.clone();
             std::thread::spawn(move || {
                 let _ = live.delete(sb.id());
