@@ -289,10 +289,21 @@ impl LiveSandbox {
             if self.is_paused() {
                 let _ = self.resume();
             }
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.init_pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            // The dying init tears down the sandbox's namespaces and mounts itself: background
+            // work, done where and as the factory does it (see `factory::background_cpus`).
+            let init = nix::unistd::Pid::from_raw(self.init_pid);
+            if let Some(bg) = crate::factory::background_cpus() {
+                let _ = nix::sched::sched_setaffinity(init, &bg);
+            }
+            // SAFETY: setpriority on a process we hold unreaped (its pid cannot be reused).
+            unsafe {
+                libc::setpriority(
+                    libc::PRIO_PROCESS,
+                    self.init_pid as libc::id_t,
+                    crate::factory::FACTORY_NICE,
+                )
+            };
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
         }
     }
 

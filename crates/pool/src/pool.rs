@@ -180,17 +180,23 @@ impl Pool {
         self.factories.len()
     }
 
-    /// Creates on the next factory in turn.
+    /// Creates on the next factory in turn, for a run waiting for it.
     fn create(&self, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
         let n = self
             .next_factory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % self.factories.len();
-        self.create_on(n, recipe)
+        self.create_on(n, recipe, false)
     }
 
-    fn create_on(&self, n: usize, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
-        let mut sb = self.factories[n].create(recipe)?;
+    /// `background`: made ahead for a pool (see [`crate::factory::background_cpus`]).
+    fn create_on(
+        &self,
+        n: usize,
+        recipe: &SandboxRecipe,
+        background: bool,
+    ) -> Result<PooledSandbox, PoolError> {
+        let mut sb = self.factories[n].create(recipe, background)?;
         sb.factory = n;
         Ok(sb)
     }
@@ -312,7 +318,7 @@ impl Pool {
             st.pools[pick].creating += 1;
             let recipe = st.pools[pick].spec.recipe();
             drop(st);
-            let made = self.create_on(n, &recipe);
+            let made = self.create_on(n, &recipe, true);
             let mut st = self.lock();
             st.pools[pick].creating -= 1;
             match made {
