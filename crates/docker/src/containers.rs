@@ -40,6 +40,10 @@ pub const CONTAINER_PROFILE: &str = "container";
 /// How long an exit waits for the main process's output to be read to its end.
 const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
 
+/// How long a started container's main process runs before the pool replaces the sandbox
+/// it took (at once if it exits first).
+const REFILL_AFTER: Duration = Duration::from_millis(50);
+
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
 
@@ -708,9 +712,9 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     }
     let t0 = Instant::now();
     // The pool makes the replacement of a sandbox taken for this start once the main process
-    // runs (or the start failed): on a 2-core machine, making one at the same time slowed the
-    // spawn by ~1 ms.
-    let refill = Refill(&ctx.live);
+    // has exited, or ran for REFILL_AFTER (or the start failed): on a 2-core machine, making
+    // one at the same time slowed the spawn by ~1 ms, and the exit's answer.
+    let refill = Refill(ctx.live.clone());
     let sandbox = ensure_sandbox_with(ctx, c, true)?;
     let t_sandbox = t0.elapsed();
     let stdio =
@@ -829,6 +833,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         before
     };
     *lock(&c.open_outputs) = outputs.len();
+    let exits_before = lock(&c.state).exits;
     let t_spawn = Instant::now();
     let spawned = sandbox.spawn(ProcessSpec {
         argv: argv.clone(),
@@ -839,7 +844,24 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         user,
         on_exit,
     });
-    drop(refill);
+    match (&spawned, tokio::runtime::Handle::try_current()) {
+        (Ok(_), Ok(rt)) => {
+            let c = c.clone();
+            let mut changed = c.changed.subscribe();
+            rt.spawn(async move {
+                let _refill = refill;
+                let exited = async {
+                    while lock(&c.state).exits == exits_before {
+                        if changed.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(REFILL_AFTER, exited).await;
+            });
+        }
+        _ => drop(refill),
+    }
     // The pumps start once the process runs (its output waits in the pipe or pty meanwhile):
     // their threads are not made on the way to it. An exit that comes first waits for them.
     for (stream, reader) in outputs {
@@ -915,9 +937,9 @@ pub fn is_user_error(message: &str) -> bool {
 /// Wakes the pool's refill when dropped (see [`LiveManager::refill`]).
 ///
 /// [`LiveManager::refill`]: agentrun_pool::live::LiveManager::refill
-struct Refill<'a>(&'a agentrun_pool::live::LiveManager);
+struct Refill(Arc<agentrun_pool::live::LiveManager>);
 
-impl Drop for Refill<'_> {
+impl Drop for Refill {
     fn drop(&mut self) {
         self.0.refill();
     }
