@@ -212,7 +212,7 @@ pub(crate) const FACTORY_NICE: libc::c_int = 10;
 /// hold back on a kernel without full preemption: a CPU in the middle of it is not given to a
 /// waking run until the work reaches a preemption point. Keeping one CPU clear of it leaves
 /// runs (and their clients) a CPU to wake up on; on a 2-core VM the docker CLI's
-/// `docker run --rm` against a pool got ~3 ms faster (median).
+/// `docker run --rm` against a pool got 2-3 ms faster (median of ~25 ms).
 pub(crate) fn background_cpus() -> Option<nix::sched::CpuSet> {
     let all = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok()?;
     let allowed: Vec<usize> = (0..nix::sched::CpuSet::count())
