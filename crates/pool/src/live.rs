@@ -60,7 +60,7 @@ pub struct LiveSpec {
     /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox is made on demand.
     pub egress_port: Option<u16>,
     /// Taken from the pool, the sandbox's replacement is made only once the caller says so
-    /// with [`LiveManager::refill`] (after starting its first process: making a sandbox on
+    /// with [`LiveManager::refill`] (once its first process is under way: making a sandbox on
     /// a small machine slows a start that runs at the same time).
     pub defer_refill: bool,
 }

@@ -219,8 +219,8 @@ impl Pool {
     }
 
     /// [`Pool::acquire`]; with `refill_now` false, a hit does not wake the refill: the caller
-    /// calls [`Pool::refill`] once its command runs, so that making the replacement does not
-    /// compete with starting it.
+    /// calls [`Pool::refill`] later (the Docker API: once the container's process exited or
+    /// ran 50 ms), so that making the replacement does not compete with the run's start.
     pub fn acquire_with(
         &self,
         recipe: &SandboxRecipe,
