@@ -315,6 +315,7 @@ pub fn wait(ctx: &Context, key: &str, q: &Query) -> Reply {
                 &json!({"StatusCode": code, "Error": null}),
             ))
             .await;
+        crate::trace!("wait {} ({condition}): answered", c.id);
     });
     reply
 }
@@ -445,9 +446,7 @@ pub fn attach(
         let up = match upgrade.await {
             Ok(up) => up,
             Err(e) => {
-                if crate::trace() {
-                    eprintln!("agentrun: docker API: attach {}: upgrade failed: {e}", c.id);
-                }
+                crate::trace!("attach {}: upgrade failed: {e}", c.id);
                 return;
             }
         };
@@ -510,7 +509,7 @@ pub fn attach(
             if ended {
                 let mut deadline = tokio::time::Instant::now() + EXITED_DRAIN;
                 loop {
-                    if c.open_outputs.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    if !c.outputs_open() {
                         loop {
                             match live.try_recv() {
                                 Ok((s, b)) => {
@@ -555,9 +554,7 @@ pub fn attach(
         }
         input.abort();
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-        if crate::trace() {
-            eprintln!("agentrun: docker API: attach {} done", c.id);
-        }
+        crate::trace!("attach {} done", c.id);
     });
     stream::upgraded_reply(tty)
 }

@@ -21,9 +21,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use agentrun_image::ImageConfig;
 use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
@@ -40,6 +39,10 @@ pub const CONTAINER_PROFILE: &str = "container";
 
 /// How long an exit waits for the main process's output to be read to its end.
 const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// How long a started container's main process runs before the pool replaces the sandbox
+/// it took (at once if it exits first).
+const REFILL_AFTER: Duration = Duration::from_millis(50);
 
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
@@ -236,8 +239,10 @@ pub struct Container {
     pub output: broadcast::Sender<(u8, Bytes)>,
     /// The main process's pty (`Tty`) and its window size.
     pub pty: crate::pty::Pty,
-    /// Output pumps of the main process still reading (0: all its output is broadcast).
-    pub open_outputs: AtomicUsize,
+    /// Output pumps of the main process still reading (0: all its output is broadcast);
+    /// `outputs_done` is notified as each one ends.
+    open_outputs: Mutex<usize>,
+    outputs_done: Condvar,
 }
 
 impl Container {
@@ -281,7 +286,29 @@ impl Container {
             logs: Mutex::new((Vec::new(), 0)),
             output: broadcast::channel(1024).0,
             pty,
-            open_outputs: AtomicUsize::new(0),
+            open_outputs: Mutex::new(0),
+            outputs_done: Condvar::new(),
+        }
+    }
+
+    /// Whether an output pump of the main process is still reading.
+    pub fn outputs_open(&self) -> bool {
+        *lock(&self.open_outputs) > 0
+    }
+
+    /// Blocks until every output pump of the main process reached EOF, or until `deadline`.
+    fn wait_outputs(&self, deadline: Instant) {
+        let mut open = lock(&self.open_outputs);
+        while *open > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            open = self
+                .outputs_done
+                .wait_timeout(open, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -634,6 +661,17 @@ pub fn ensure_sandbox(
     ctx: &Context,
     c: &Arc<Container>,
 ) -> Result<Arc<LiveSandbox>, (u16, String)> {
+    ensure_sandbox_with(ctx, c, false)
+}
+
+/// [`ensure_sandbox`]; `defer_refill`: the pool replaces a sandbox taken from it only at
+/// [`LiveManager::refill`](agentrun_pool::live::LiveManager::refill) (a start, once its
+/// process runs).
+fn ensure_sandbox_with(
+    ctx: &Context,
+    c: &Arc<Container>,
+    defer_refill: bool,
+) -> Result<Arc<LiveSandbox>, (u16, String)> {
     let _making = lock(&c.making);
     let old = lock(&c.state).sandbox.clone();
     if let Some(sb) = old {
@@ -647,7 +685,8 @@ pub fn ensure_sandbox(
     let mut spec = LiveSpec::new(c.image_id.clone())
         .profile(CONTAINER_PROFILE)
         .memory_bytes(c.config.memory)
-        .cpus(c.config.cpus);
+        .cpus(c.config.cpus)
+        .defer_refill(defer_refill);
     spec.mounts = mounts;
     spec.pids = c.config.pids;
     let sandbox = ctx
@@ -671,7 +710,13 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     if argv.is_empty() {
         return Err((400, "no command specified".into()));
     }
-    let sandbox = ensure_sandbox(ctx, c)?;
+    let t0 = Instant::now();
+    // The pool makes the replacement of a sandbox taken for this start once the main process
+    // has exited, or ran for REFILL_AFTER (or the start failed): on a 2-core machine, making
+    // one at the same time slowed the spawn by ~1 ms, and the exit's answer.
+    let refill = Refill(ctx.live.clone());
+    let sandbox = ensure_sandbox_with(ctx, c, true)?;
+    let t_sandbox = t0.elapsed();
     let stdio =
         make_stdio(c.config.tty, c.config.open_stdin).map_err(|e| (500, format!("stdio: {e}")))?;
     let bindings = crate::ports::bindings(&c.config.host_config_raw, &c.exposed_ports())
@@ -698,6 +743,11 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
     let containers = ctx.containers.clone();
     let on_exit = Box::new(move |exit: agentrun_pool::live::ProcessExit| {
         let Some(c) = weak.upgrade() else { return };
+        crate::trace!(
+            "container {}: main process exited ({})",
+            c.id,
+            exit.exit_code
+        );
         // As when PID 1 of a container dies: whatever else runs in it goes too (and with it
         // the last writers of the main process's output). Sent before the exit is recorded,
         // so it reaches the init before any later start's spawn.
@@ -707,58 +757,49 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         }
         // As dockerd: the exit is reported once the output is copied, so `logs` after `wait`
         // has all of it (bounded; the kill above ends the last writers).
-        let until = std::time::Instant::now() + OUTPUT_AFTER_EXIT;
-        while c.open_outputs.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let (ports, auto_remove) = {
+        c.wait_outputs(Instant::now() + OUTPUT_AFTER_EXIT);
+        // The exit and, for an AutoRemove container, its removal are one change of state
+        // (`wait?condition=removed` is answered at once). The sandbox stays for a later start
+        // or `docker cp`, unless the container goes or its init is dead (then its files are
+        // gone anyway).
+        let (ports, remove, gone) = {
             let mut st = lock(&c.state);
             st.status = Status::Exited;
             st.exit_code = exit.exit_code;
             st.finished_at = Some(SystemTime::now());
             st.stdin = None;
             st.exits += 1;
-            (st.ports.take(), auto_remove && !st.restarting)
+            let remove = auto_remove && !st.restarting;
+            let ours = st
+                .sandbox
+                .as_ref()
+                .is_some_and(|s| sandbox.as_ref().is_some_and(|mine| Arc::ptr_eq(s, mine)));
+            if remove {
+                st.removed = true;
+            }
+            let gone = if remove || (exit.lost && ours) {
+                st.sandbox.take()
+            } else {
+                None
+            };
+            (st.ports.take(), remove, gone)
         };
         drop(ports);
         c.pty.set_master(None);
-        c.bump();
-        // The sandbox stays for a later start or `docker cp`, unless the container goes
-        // (AutoRemove) or its init is dead (then its files are gone anyway).
-        if !auto_remove && !exit.lost {
-            return;
+        if remove {
+            lock(&containers).by_id.remove(&c.id);
         }
-        let live = live.clone();
-        let containers = containers.clone();
-        std::thread::spawn(move || {
-            let gone = {
-                let mut st = lock(&c.state);
-                let ours = st
-                    .sandbox
-                    .as_ref()
-                    .is_some_and(|s| sandbox.as_ref().is_some_and(|mine| Arc::ptr_eq(s, mine)));
-                if auto_remove {
-                    st.removed = true;
-                }
-                if auto_remove || ours {
-                    st.sandbox.take()
-                } else {
-                    None
-                }
-            };
-            // Every process dies now; the container is gone for the API before its teardown
-            // (mounts, cgroups, state dir), which finishes on this thread.
-            if let Some(sb) = &gone {
-                sb.kill();
-            }
-            if auto_remove {
-                lock(&containers).by_id.remove(&c.id);
-            }
-            c.bump();
-            if let Some(sb) = gone {
+        c.bump();
+        // The container is gone for the API (its waits are answered) before its sandbox is:
+        // only the init is left in it (the SIGKILL above ended the rest). It dies now, and the
+        // teardown (mounts, cgroups, state dir) finishes off this thread.
+        if let Some(sb) = gone {
+            sb.kill();
+            let live = live.clone();
+            std::thread::spawn(move || {
                 let _ = live.delete(sb.id());
-            }
-        });
+            });
+        }
     });
     let Stdio {
         child,
@@ -791,7 +832,38 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         }
         before
     };
-    c.open_outputs.store(outputs.len(), Ordering::SeqCst);
+    *lock(&c.open_outputs) = outputs.len();
+    let exits_before = lock(&c.state).exits;
+    let t_spawn = Instant::now();
+    let spawned = sandbox.spawn(ProcessSpec {
+        argv: argv.clone(),
+        env,
+        cwd: c.working_dir(),
+        stdio: child,
+        new_session: c.config.tty,
+        user,
+        on_exit,
+    });
+    match (&spawned, tokio::runtime::Handle::try_current()) {
+        (Ok(_), Ok(rt)) => {
+            let c = c.clone();
+            let mut changed = c.changed.subscribe();
+            rt.spawn(async move {
+                let _refill = refill;
+                let exited = async {
+                    while lock(&c.state).exits == exits_before {
+                        if changed.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(REFILL_AFTER, exited).await;
+            });
+        }
+        _ => drop(refill),
+    }
+    // The pumps start once the process runs (its output waits in the pipe or pty meanwhile):
+    // their threads are not made on the way to it. An exit that comes first waits for them.
     for (stream, reader) in outputs {
         let weak = Arc::downgrade(c);
         let done = OutputDone(weak.clone());
@@ -806,17 +878,19 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
             }
         });
     }
-    let spawned = sandbox.spawn(ProcessSpec {
-        argv: argv.clone(),
-        env,
-        cwd: c.working_dir(),
-        stdio: child,
-        new_session: c.config.tty,
-        user,
-        on_exit,
-    });
     match spawned {
         Ok(p) => {
+            crate::trace!(
+                "start {}: sandbox {:.2} ms ({}), spawn {:.2} ms",
+                c.id,
+                t_sandbox.as_secs_f64() * 1e3,
+                if sandbox.pool_hit() {
+                    "pool hit"
+                } else {
+                    "made now"
+                },
+                t_spawn.elapsed().as_secs_f64() * 1e3
+            );
             let mut st = lock(&c.state);
             if st.status == Status::Running {
                 st.main = Some((p.id, p.pid));
@@ -860,6 +934,17 @@ pub fn is_user_error(message: &str) -> bool {
         || message.starts_with("cannot run as user")
 }
 
+/// Wakes the pool's refill when dropped (see [`LiveManager::refill`]).
+///
+/// [`LiveManager::refill`]: agentrun_pool::live::LiveManager::refill
+struct Refill(Arc<agentrun_pool::live::LiveManager>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        self.0.refill();
+    }
+}
+
 /// Dropped when one output pump of a container's main process ends (its pipe or pty reached
 /// EOF): everything it read has been recorded and broadcast by then.
 struct OutputDone(std::sync::Weak<Container>);
@@ -867,9 +952,11 @@ struct OutputDone(std::sync::Weak<Container>);
 impl Drop for OutputDone {
     fn drop(&mut self) {
         if let Some(c) = self.0.upgrade() {
-            let _ = c
-                .open_outputs
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            {
+                let mut open = lock(&c.open_outputs);
+                *open = open.saturating_sub(1);
+            }
+            c.outputs_done.notify_all();
             c.bump();
         }
     }

@@ -381,10 +381,9 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
     }
     input.abort();
     let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-    if crate::trace() {
-        eprintln!(
-            "agentrun: docker API: exec {} {:?}: {sent} bytes, ended by {how}",
-            exec.id, exec.cmd
-        );
-    }
+    crate::trace!(
+        "exec {} {:?}: {sent} bytes, ended by {how}",
+        exec.id,
+        exec.cmd
+    );
 }

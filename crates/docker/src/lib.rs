@@ -224,7 +224,7 @@ async fn serve(
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let ctx = ctx.clone();
-                        async move { Ok::<_, std::convert::Infallible>(route(ctx, req).await) }
+                        async move { Ok::<_, std::convert::Infallible>(traced(ctx, req).await) }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
@@ -234,6 +234,23 @@ async fn serve(
             }
         }
     }
+}
+
+/// [`route`], logging each request's answer and how long it took (`AGENTRUN_DOCKER_TRACE=1`;
+/// a stream's time is the time to its headers).
+async fn traced(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
+    if !trace() {
+        return route(ctx, req).await;
+    }
+    let t0 = std::time::Instant::now();
+    let what = format!("{} {}", req.method(), req.uri());
+    let reply = route(ctx, req).await;
+    trace_line(format_args!(
+        "{what}: {} in {:.2} ms",
+        reply.status().as_u16(),
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+    reply
 }
 
 /// Dispatches one request. Image names contain `/`, so paths are matched by hand.
@@ -249,9 +266,6 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
         .decode_utf8_lossy()
         .into_owned();
     let path = decoded.as_str();
-    if trace() {
-        eprintln!("agentrun: docker API: {method} {raw_path}");
-    }
     match (&method, path) {
         (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),
         (&Method::GET, "/version") => system::version(),
@@ -356,10 +370,33 @@ fn resize(pty: &pty::Pty, query: &Query, ok: StatusCode) -> Reply {
     }
 }
 
-/// `AGENTRUN_DOCKER_TRACE=1`: log every request (and the end of streams) on stderr.
+/// `AGENTRUN_DOCKER_TRACE=1`: log every request (its answer and time) and the end of streams
+/// on stderr, each line stamped with CLOCK_MONOTONIC (seconds, as `perf record -k mono`).
 pub fn trace() -> bool {
     static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TRACE.get_or_init(|| std::env::var("AGENTRUN_DOCKER_TRACE").as_deref() == Ok("1"))
+}
+
+/// Writes one trace line (see [`trace`]); use the [`trace!`] macro.
+pub fn trace_line(args: std::fmt::Arguments<'_>) {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the time into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    let now = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
+    eprintln!("agentrun: docker API: [{now:.6}] {args}");
+}
+
+/// Logs a line when `AGENTRUN_DOCKER_TRACE=1` (see [`trace`]).
+#[macro_export]
+macro_rules! trace {
+    ($($arg:tt)*) => {
+        if $crate::trace() {
+            $crate::trace_line(format_args!($($arg)*));
+        }
+    };
 }
 
 fn not_found_route(method: &Method) -> Reply {

@@ -213,9 +213,7 @@ async fn forward(
     let socket = match sockets.socket().await {
         Ok(fd) => TcpSocket::from_std_stream(std::net::TcpStream::from(fd)),
         Err(e) => {
-            if crate::trace() {
-                eprintln!("agentrun: docker API: port {port}: socket in the container: {e}");
-            }
+            crate::trace!("port {port}: socket in the container: {e}");
             return;
         }
     };

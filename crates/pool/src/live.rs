@@ -59,6 +59,10 @@ pub struct LiveSpec {
     /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves at
     /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox is made on demand.
     pub egress_port: Option<u16>,
+    /// Taken from the pool, the sandbox's replacement is made only once the caller says so
+    /// with [`LiveManager::refill`] (once its first process is under way: making a sandbox on
+    /// a small machine slows a start that runs at the same time).
+    pub defer_refill: bool,
 }
 
 impl LiveSpec {
@@ -72,7 +76,12 @@ impl LiveSpec {
             mounts: Vec::new(),
             pids: None,
             egress_port: None,
+            defer_refill: false,
         }
+    }
+    pub fn defer_refill(mut self, defer: bool) -> Self {
+        self.defer_refill = defer;
+        self
     }
     pub fn egress_port(mut self, port: Option<u16>) -> Self {
         self.egress_port = port;
@@ -280,10 +289,21 @@ impl LiveSandbox {
             if self.is_paused() {
                 let _ = self.resume();
             }
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.init_pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            // The dying init tears down the sandbox's namespaces and mounts itself: background
+            // work, done where and as the factory does it (see `factory::background_cpus`).
+            let init = nix::unistd::Pid::from_raw(self.init_pid);
+            if let Some(bg) = crate::factory::background_cpus() {
+                let _ = nix::sched::sched_setaffinity(init, &bg);
+            }
+            // SAFETY: setpriority on a process we hold unreaped (its pid cannot be reused).
+            unsafe {
+                libc::setpriority(
+                    libc::PRIO_PROCESS,
+                    self.init_pid as libc::id_t,
+                    crate::factory::FACTORY_NICE,
+                )
+            };
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
         }
     }
 
@@ -455,7 +475,7 @@ impl LiveManager {
         recipe.overrides.pids = spec.pids;
         recipe.egress_port = spec.egress_port;
         let profile = recipe.profile()?;
-        let (pooled, hit) = self.pool.acquire(&recipe)?;
+        let (pooled, hit) = self.pool.acquire_with(&recipe, !spec.defer_refill)?;
         let control = match pooled.control.try_clone() {
             Ok(c) => c,
             Err(e) => {
@@ -511,6 +531,11 @@ impl LiveManager {
         }
         lock(&self.sandboxes).insert(sandbox.id.clone(), sandbox.clone());
         Ok(sandbox)
+    }
+
+    /// Lets the pool replace what a [`LiveSpec::defer_refill`] create took from it.
+    pub fn refill(&self) {
+        self.pool.refill();
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<LiveSandbox>> {

@@ -195,17 +195,23 @@ impl Pool {
         self.factories.len()
     }
 
-    /// Creates on the next factory in turn.
+    /// Creates on the next factory in turn, for a run waiting for it.
     fn create(&self, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
         let n = self
             .next_factory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % self.factories.len();
-        self.create_on(n, recipe)
+        self.create_on(n, recipe, false)
     }
 
-    fn create_on(&self, n: usize, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
-        let mut sb = self.factories[n].create(recipe)?;
+    /// `background`: made ahead for a pool (see [`crate::factory::background_cpus`]).
+    fn create_on(
+        &self,
+        n: usize,
+        recipe: &SandboxRecipe,
+        background: bool,
+    ) -> Result<PooledSandbox, PoolError> {
+        let mut sb = self.factories[n].create(recipe, background)?;
         sb.factory = n;
         Ok(sb)
     }
@@ -224,6 +230,17 @@ impl Pool {
     /// A sandbox for `recipe`: a ready one from the pool kept for it (a hit), else made now.
     /// The second value says whether it was a hit.
     pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledSandbox, bool), PoolError> {
+        self.acquire_with(recipe, true)
+    }
+
+    /// [`Pool::acquire`]; with `refill_now` false, a hit does not wake the refill: the caller
+    /// calls [`Pool::refill`] later (the Docker API: once the container's process exited or
+    /// ran 50 ms), so that making the replacement does not compete with the run's start.
+    pub fn acquire_with(
+        &self,
+        recipe: &SandboxRecipe,
+        refill_now: bool,
+    ) -> Result<(PooledSandbox, bool), PoolError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(PoolError::ShuttingDown);
@@ -235,7 +252,9 @@ impl Pool {
                     st.refill_holdoff = Some(Instant::now() + REFILL_HOLDOFF);
                     st.running.insert(sb.id.clone(), running(&sb, recipe));
                     drop(st);
-                    self.changed.notify_all();
+                    if refill_now {
+                        self.changed.notify_all();
+                    }
                     return Ok((sb, true));
                 }
                 None => {
@@ -311,6 +330,11 @@ impl Pool {
         result
     }
 
+    /// Wakes the refill (after [`Pool::acquire_with`] without `refill_now`).
+    pub fn refill(&self) {
+        self.changed.notify_all();
+    }
+
     /// Destroys a sandbox after its run; the refill loop notices the room.
     pub fn release(&self, sb: PooledSandbox) {
         let id = sb.id.clone();
@@ -356,7 +380,7 @@ impl Pool {
             st.pools[pick].creating += 1;
             let recipe = st.pools[pick].spec.recipe();
             drop(st);
-            let made = self.create_on(n, &recipe);
+            let made = self.create_on(n, &recipe, true);
             let mut st = self.lock();
             st.pools[pick].creating -= 1;
             match made {
