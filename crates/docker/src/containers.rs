@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agentrun_image::ImageConfig;
 use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
+use agentrun_pool::pool::REFILL_HOLDOFF;
 use agentrun_runtime::rootfs::UserMount;
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -39,10 +40,6 @@ pub const CONTAINER_PROFILE: &str = "container";
 
 /// How long an exit waits for the main process's output to be read to its end.
 const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
-
-/// How long a started container's main process runs before the pool replaces the sandbox
-/// it took (at once if it exits first).
-const REFILL_AFTER: Duration = Duration::from_millis(50);
 
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
@@ -661,17 +658,6 @@ pub fn ensure_sandbox(
     ctx: &Context,
     c: &Arc<Container>,
 ) -> Result<Arc<LiveSandbox>, (u16, String)> {
-    ensure_sandbox_with(ctx, c, false)
-}
-
-/// [`ensure_sandbox`]; `defer_refill`: the pool replaces a sandbox taken from it only at
-/// [`LiveManager::refill`](agentrun_pool::live::LiveManager::refill) (a start, once its
-/// process runs).
-fn ensure_sandbox_with(
-    ctx: &Context,
-    c: &Arc<Container>,
-    defer_refill: bool,
-) -> Result<Arc<LiveSandbox>, (u16, String)> {
     let _making = lock(&c.making);
     let old = lock(&c.state).sandbox.clone();
     if let Some(sb) = old {
@@ -685,8 +671,7 @@ fn ensure_sandbox_with(
     let mut spec = LiveSpec::new(c.image_id.clone())
         .profile(CONTAINER_PROFILE)
         .memory_bytes(c.config.memory)
-        .cpus(c.config.cpus)
-        .defer_refill(defer_refill);
+        .cpus(c.config.cpus);
     spec.mounts = mounts;
     spec.pids = c.config.pids;
     let sandbox = ctx
@@ -711,11 +696,12 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         return Err((400, "no command specified".into()));
     }
     let t0 = Instant::now();
-    // The pool makes the replacement of a sandbox taken for this start once the main process
-    // has exited, or ran for REFILL_AFTER (or the start failed): on a 2-core machine, making
-    // one at the same time slowed the spawn by ~1 ms, and the exit's answer.
+    // The pool holds off replacing a sandbox taken for this start (for REFILL_HOLDOFF at
+    // most); the start lets it go on once the main process exited (or the start failed): on
+    // a 2-core machine, making one at the same time slowed the spawn by ~1 ms, and the exit's
+    // answer.
     let refill = Refill(ctx.live.clone());
-    let sandbox = ensure_sandbox_with(ctx, c, true)?;
+    let sandbox = ensure_sandbox(ctx, c)?;
     let t_sandbox = t0.elapsed();
     let stdio =
         make_stdio(c.config.tty, c.config.open_stdin).map_err(|e| (500, format!("stdio: {e}")))?;
@@ -857,7 +843,7 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
                         }
                     }
                 };
-                let _ = tokio::time::timeout(REFILL_AFTER, exited).await;
+                let _ = tokio::time::timeout(REFILL_HOLDOFF, exited).await;
             });
         }
         _ => drop(refill),

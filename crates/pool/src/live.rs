@@ -59,10 +59,6 @@ pub struct LiveSpec {
     /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves at
     /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox is made on demand.
     pub egress_port: Option<u16>,
-    /// Taken from the pool, the sandbox's replacement is made only once the caller says so
-    /// with [`LiveManager::refill`] (once its first process is under way: making a sandbox on
-    /// a small machine slows a start that runs at the same time).
-    pub defer_refill: bool,
 }
 
 impl LiveSpec {
@@ -76,12 +72,7 @@ impl LiveSpec {
             mounts: Vec::new(),
             pids: None,
             egress_port: None,
-            defer_refill: false,
         }
-    }
-    pub fn defer_refill(mut self, defer: bool) -> Self {
-        self.defer_refill = defer;
-        self
     }
     pub fn egress_port(mut self, port: Option<u16>) -> Self {
         self.egress_port = port;
@@ -475,7 +466,7 @@ impl LiveManager {
         recipe.overrides.pids = spec.pids;
         recipe.egress_port = spec.egress_port;
         let profile = recipe.profile()?;
-        let (pooled, hit) = self.pool.acquire_with(&recipe, !spec.defer_refill)?;
+        let (pooled, hit) = self.pool.acquire(&recipe)?;
         let control = match pooled.control.try_clone() {
             Ok(c) => c,
             Err(e) => {
@@ -533,7 +524,9 @@ impl LiveManager {
         Ok(sandbox)
     }
 
-    /// Lets the pool replace what a [`LiveSpec::defer_refill`] create took from it.
+    /// Lets the pool replace what a create took from it now rather than after its holdoff
+    /// ([`Pool::acquire`](crate::pool::Pool::acquire)): the caller's first process is under
+    /// way (making a sandbox on a small machine slows a start that runs at the same time).
     pub fn refill(&self) {
         self.pool.refill();
     }

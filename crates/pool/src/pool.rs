@@ -79,6 +79,8 @@ struct Keyed {
     creating: usize,
     /// Runs that found it empty and wait for one it is getting.
     waiting: usize,
+    /// Image id of the last sandbox made for it (requests by image id find it when empty).
+    image_id: String,
     hits: u64,
     misses: u64,
 }
@@ -106,7 +108,7 @@ struct State {
 /// faster than they are made, it refills at once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
 /// which this kind of host does not preempt (PREEMPT_NONE): started beside a short run, it
 /// delays the wakeups the run's reply path needs on 2 cores (~1 ms of a warm `/bin/true`).
-const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
+pub const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
 
 impl State {
     fn total(&self) -> usize {
@@ -127,9 +129,10 @@ impl State {
                 // of a name whose sandboxes run that very image.
                 self.pools.iter().position(|p| {
                     p.spec.profile == recipe.profile
-                        && p.ready
-                            .iter()
-                            .any(|sb| same_image_id(&sb.image_id, &recipe.image))
+                        && (same_image_id(&p.image_id, &recipe.image)
+                            || p.ready
+                                .iter()
+                                .any(|sb| same_image_id(&sb.image_id, &recipe.image)))
                 })
             })
     }
@@ -174,6 +177,7 @@ impl Pool {
                 ready: VecDeque::new(),
                 creating: 0,
                 waiting: 0,
+                image_id: String::new(),
                 hits: 0,
                 misses: 0,
             })
@@ -229,18 +233,10 @@ impl Pool {
 
     /// A sandbox for `recipe`: a ready one from the pool kept for it (a hit), else made now.
     /// The second value says whether it was a hit.
+    ///
+    /// A hit holds the pool's refill off for a while ([`REFILL_HOLDOFF`]): the caller ends it
+    /// with [`Pool::refill`] once its command is under way, [`Pool::release`] ends it too.
     pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledSandbox, bool), PoolError> {
-        self.acquire_with(recipe, true)
-    }
-
-    /// [`Pool::acquire`]; with `refill_now` false, a hit does not wake the refill: the caller
-    /// calls [`Pool::refill`] later (the Docker API: once the container's process exited or
-    /// ran 50 ms), so that making the replacement does not compete with the run's start.
-    pub fn acquire_with(
-        &self,
-        recipe: &SandboxRecipe,
-        refill_now: bool,
-    ) -> Result<(PooledSandbox, bool), PoolError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(PoolError::ShuttingDown);
@@ -252,9 +248,7 @@ impl Pool {
                     st.refill_holdoff = Some(Instant::now() + REFILL_HOLDOFF);
                     st.running.insert(sb.id.clone(), running(&sb, recipe));
                     drop(st);
-                    if refill_now {
-                        self.changed.notify_all();
-                    }
+                    self.changed.notify_all();
                     return Ok((sb, true));
                 }
                 None => {
@@ -330,16 +324,17 @@ impl Pool {
         result
     }
 
-    /// Wakes the refill (after [`Pool::acquire_with`] without `refill_now`).
+    /// Ends the refill holdoff of [`Pool::acquire`]: the run that took a sandbox is under way
+    /// (or over), so the pool may replace it now.
     pub fn refill(&self) {
+        self.lock().refill_holdoff = None;
         self.changed.notify_all();
     }
 
     /// Destroys a sandbox after its run; the refill loop notices the room.
     pub fn release(&self, sb: PooledSandbox) {
         let id = sb.id.clone();
-        self.lock().refill_holdoff = None;
-        self.changed.notify_all();
+        self.refill();
         self.destroy(sb);
         self.lock().running.remove(&id);
         self.changed.notify_all();
@@ -391,6 +386,7 @@ impl Pool {
                         self.destroy(sb);
                         return;
                     }
+                    st.pools[pick].image_id.clone_from(&sb.image_id);
                     st.pools[pick].ready.push_back(sb);
                     backoff = Duration::from_millis(50);
                 }
