@@ -13,9 +13,6 @@ use crate::PoolError;
 
 /// How long an on-demand run waits for room under `max_sandboxes`.
 const ROOM_WAIT: Duration = Duration::from_secs(30);
-/// How long a run that found its pool empty waits for a sandbox the pool is already getting
-/// before it has one made for itself.
-const MISS_WAIT: Duration = Duration::from_millis(200);
 
 /// One kept pool: `target` ready sandboxes of `image` with `profile`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +74,8 @@ struct Keyed {
     spec: PoolSpec,
     ready: VecDeque<PooledSandbox>,
     creating: usize,
-    /// Runs that found it empty and wait for one it is getting.
-    waiting: usize,
-    /// Image id of the last sandbox made for it (requests by image id find it when empty).
+    /// Image id of the last sandbox made for it (requests by image id find it when empty, and
+    /// count as its misses).
     image_id: String,
     hits: u64,
     misses: u64,
@@ -104,8 +100,8 @@ struct State {
 }
 
 /// After a pool hit, the replacement is made when the run ends or after this long, whichever
-/// comes first, while that pool is at least half full (under load, when runs take sandboxes
-/// faster than they are made, it refills at once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
+/// comes first, while that pool misses only that one sandbox (when runs take sandboxes faster
+/// than one at a time, it refills at once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
 /// which this kind of host does not preempt (PREEMPT_NONE): started beside a short run, it
 /// delays the wakeups the run's reply path needs on 2 cores (~1 ms of a warm `/bin/true`).
 pub const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
@@ -176,7 +172,6 @@ impl Pool {
                 spec,
                 ready: VecDeque::new(),
                 creating: 0,
-                waiting: 0,
                 image_id: String::new(),
                 hits: 0,
                 misses: 0,
@@ -251,34 +246,7 @@ impl Pool {
                     self.changed.notify_all();
                     return Ok((sb, true));
                 }
-                None => {
-                    st.pools[i].misses += 1;
-                    // A sandbox this pool is already getting is ready sooner than one made
-                    // now (each factory makes one at a time): wait for it, bounded.
-                    let deadline = Instant::now() + MISS_WAIT;
-                    while st.pools[i].creating > st.pools[i].waiting && !st.shutting_down {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        st.pools[i].waiting += 1;
-                        st = self
-                            .changed
-                            .wait_timeout(st, left)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                        st.pools[i].waiting -= 1;
-                        if let Some(sb) = take_ready(&mut st.pools[i].ready, recipe) {
-                            st.running.insert(sb.id.clone(), running(&sb, recipe));
-                            drop(st);
-                            self.changed.notify_all();
-                            return Ok((sb, false));
-                        }
-                    }
-                    if st.shutting_down {
-                        return Err(PoolError::ShuttingDown);
-                    }
-                }
+                None => st.pools[i].misses += 1,
             },
             None => st.unpooled += 1,
         }
@@ -352,14 +320,17 @@ impl Pool {
                 }
                 match st.neediest() {
                     Some(i) if st.total() < self.max_sandboxes => {
-                        let comfortable = st.pools[i].ready.len() * 2 >= st.pools[i].spec.target;
+                        // Only the replacement of the one sandbox a lone run took waits.
+                        let comfortable = st.pools[i].ready.len() + 1 >= st.pools[i].spec.target;
                         let wait = st
                             .refill_holdoff
                             .filter(|_| comfortable && !st.pools[i].ready.is_empty())
                             .map(|t| t.saturating_duration_since(Instant::now()))
                             .filter(|d| !d.is_zero());
                         match wait {
-                            None => break i,
+                            // Made on the background CPUs only while the pool is
+                            // comfortable: otherwise production must keep up.
+                            None => break (i, comfortable),
                             Some(d) => {
                                 st = self
                                     .changed
@@ -372,10 +343,11 @@ impl Pool {
                     _ => st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner()),
                 }
             };
+            let (pick, background) = pick;
             st.pools[pick].creating += 1;
             let recipe = st.pools[pick].spec.recipe();
             drop(st);
-            let made = self.create_on(n, &recipe, true);
+            let made = self.create_on(n, &recipe, background);
             let mut st = self.lock();
             st.pools[pick].creating -= 1;
             match made {
