@@ -28,8 +28,8 @@ pub const PARENT: &str = "agentrun";
 
 /// Whether a cgroup hierarchy is mounted with `favordynmods` (Linux 6.0+). Without it, every
 /// move of a process into a cgroup (each new sandbox's, through libcgroups) first waits an RCU
-/// grace period for the kernel's global `cgroup_threadgroup_rwsem`: several ms of a cold run,
-/// measured by `hack/bench`. With it, forks and exits take that rwsem's slower path instead.
+/// grace period for the kernel's global `cgroup_threadgroup_rwsem`: up to ~7 ms of a cold run
+/// here when the CPUs are busy (nothing measurable when idle; `hack/bench` has a row). With it, forks and exits take that rwsem's slower path instead.
 /// A host setting (`mount -o remount,favordynmods <cgroup2 mount>`): agentrun only reports it.
 pub fn favordynmods() -> bool {
     let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
