@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -82,22 +82,40 @@ fn bind(fd: &OwnedFd, groups: u32) -> io::Result<()> {
     Ok(())
 }
 
-fn recv(fd: &OwnedFd, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
+/// Waits for a datagram on `fd` and reads it. `Ok(None)`: `timeout` passed (`None`: no
+/// timeout), or `wake` became readable or was closed by its other end.
+fn recv(
+    fd: &OwnedFd,
+    wake: Option<&UnixStream>,
+    timeout: Option<Duration>,
+    buf: &mut [u8],
+) -> io::Result<Option<usize>> {
+    let pollfd = |fd: RawFd| libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: poll on one valid pollfd.
-    let r = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
+    let mut pfds = vec![pollfd(fd.as_raw_fd())];
+    pfds.extend(wake.map(|w| pollfd(w.as_raw_fd())));
+    let ms = timeout.map_or(-1, |t| t.as_millis() as libc::c_int);
+    // SAFETY: poll on valid pollfds we own, of their number.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    if r == 0 {
+    if r == 0 || pfds.get(1).is_some_and(|w| w.revents != 0) {
         return Ok(None);
     }
-    // SAFETY: recv into a buffer we own, of its length.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    // SAFETY: recv into a buffer we own, of its length. Non-blocking: a wake-up must never
+    // wait behind a recv (poll said readable; EAGAIN would mean the datagram went away).
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -110,7 +128,7 @@ pub fn audit_enabled() -> io::Result<bool> {
     let mut buf = vec![0u8; 8192];
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
-        let Some(n) = recv(&fd, &mut buf, Duration::from_millis(200))? else {
+        let Some(n) = recv(&fd, None, Some(Duration::from_millis(200)), &mut buf)? else {
             continue;
         };
         for (ty, payload) in messages(&buf[..n]) {
@@ -281,7 +299,21 @@ impl LandlockWatch {
             .spawn(move || {
                 let mut buf = vec![0u8; 1 << 16];
                 // Until the watch's end closes the other side of `wake_rx`.
-                while let Ok(Some(n)) = recv_until_woken(&fd, &wake_rx, &mut buf) {
+                loop {
+                    let n = match recv(&fd, Some(&wake_rx), None, &mut buf) {
+                        Ok(Some(n)) => n,
+                        Ok(None) => break,
+                        // EINTR, EAGAIN, or ENOBUFS (records were dropped): keep listening.
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::EINTR | libc::EAGAIN | libc::ENOBUFS)
+                            ) =>
+                        {
+                            continue
+                        }
+                        Err(_) => break,
+                    };
                     let mut parsed = Vec::new();
                     let mut marker_seen = false;
                     for (ty, p) in messages(&buf[..n]) {
@@ -349,54 +381,6 @@ impl LandlockWatch {
         drop(self.wake);
         let _ = self.thread.join();
         denials
-    }
-}
-
-/// Waits for a datagram on `fd` and reads it; `Ok(None)` once `wake` is readable or closed.
-/// Timeouts, EINTR and ENOBUFS (records were dropped) keep it waiting.
-fn recv_until_woken(fd: &OwnedFd, wake: &UnixStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    loop {
-        let mut pfds = [
-            libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two valid pollfds we own.
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if pfds[1].revents != 0 {
-            return Ok(None);
-        }
-        // SAFETY: recv into a buffer we own, of its length.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ENOBUFS) => continue,
-            _ => return Err(e),
-        }
     }
 }
 
