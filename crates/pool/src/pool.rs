@@ -101,9 +101,10 @@ struct State {
 
 /// After a pool hit, the replacement is made when the run ends or after this long, whichever
 /// comes first, while that pool misses only that one sandbox (when runs take sandboxes faster
-/// than one at a time, it refills at once). Making a sandbox is ~10 ms of mostly kernel work (namespaces, mounts, cgroups),
-/// which this kind of host does not preempt (PREEMPT_NONE): started beside a short run, it
-/// delays the wakeups the run's reply path needs on 2 cores (~1 ms of a warm `/bin/true`).
+/// than one at a time, it refills at once). Making a sandbox is ~10 ms of mostly kernel work
+/// (namespaces, mounts, cgroups), which this kind of host does not preempt (PREEMPT_NONE):
+/// started beside a short run, it delays the wakeups the run's reply path needs on 2 cores
+/// (~1 ms of a warm `/bin/true`).
 pub const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
 
 impl State {
@@ -314,7 +315,7 @@ impl Pool {
         let mut backoff = Duration::from_millis(50);
         loop {
             let mut st = self.lock();
-            let pick = loop {
+            let (pick, background) = loop {
                 if st.shutting_down {
                     return;
                 }
@@ -343,7 +344,6 @@ impl Pool {
                     _ => st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner()),
                 }
             };
-            let (pick, background) = pick;
             st.pools[pick].creating += 1;
             let recipe = st.pools[pick].spec.recipe();
             drop(st);

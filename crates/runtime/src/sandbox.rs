@@ -733,7 +733,7 @@ impl Sandbox {
         self.control = None;
         // libcontainer's `Container::delete` is not used: it builds a libcgroups v1 manager,
         // which re-reads /proc/self/mountinfo and /proc/self/cgroup through pathrs's hardened
-        // procfs for each of ~12 controllers (~800 syscalls, more than a third of a pooled
+        // procfs for each of ~12 controllers (~800 syscalls; ~1.5 of ~17 ms of CPU per pooled
         // sandbox's create + destroy here), to do what `destroy_leftovers` does anyway: kill
         // what is left in the cgroup, remove the cgroups, the mounts, the state dir and
         // libcontainer's container dir. We have no OCI hooks to run. One teardown then serves
