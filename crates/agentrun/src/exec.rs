@@ -1,4 +1,7 @@
-//! `agentrun exec -- CMD`: the cold path. One sandbox is built, run and torn down.
+//! `agentrun exec -- CMD`: the plan of a run (everything checked and decided before any
+//! sandbox exists), then the warm path (the daemon's pooled shells, [`crate::warm`]) or the
+//! cold path: one shell built in this process, one cell run in it (the same cell a pooled
+//! shell makes), the shell torn down.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -17,6 +20,8 @@ use agentrun_policy::{
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_pool::PoolError;
+use agentrun_runtime::cellrun::{cell_request, MappingCache, RunMounts};
+use agentrun_runtime::control::{CellCommand, CellWork};
 use agentrun_runtime::kaudit;
 use agentrun_runtime::rootfs::UserMount;
 use agentrun_runtime::{Enforcement, HostInfo, RunOutcome, RuntimePaths, Sandbox, SandboxStdio};
@@ -360,7 +365,12 @@ fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, Pla
                 workspace,
                 mounts,
                 allow_hosts: args.allow_host,
-                egress_port: None,
+                // The proxy's port inside the sandbox, which HTTP(S)_PROXY point at.
+                egress_port: profile
+                    .network
+                    .needs_proxy()
+                    .then_some(agentrun_egress::SANDBOX_PROXY_PORT),
+                dedicated: false,
             },
             args: args.command,
             env,
@@ -408,19 +418,12 @@ fn execute(
 ) -> i32 {
     let socket = paths.socket();
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
-    // A network policy needs the per-run egress proxy, which only the cold path runs.
-    // So does an output cap: warm runs write straight to our fds, past any cap.
-    let cold_reason = if plan.network.needs_proxy() {
-        Some("egress_proxy")
-    } else if plan.output_cap.is_some() {
-        Some("output_cap")
-    } else {
-        None
-    };
-    if let Some(r) = cold_reason {
-        span.set_attribute("sandbox.cold_reason", r);
+    // Every run shape goes to the daemon when it answers; only a kept bundle (a shell's
+    // config.json made for this run) needs this process to build the shell.
+    if keep_bundle {
+        span.set_attribute("sandbox.cold_reason", "keep_bundle");
     }
-    if !no_daemon && !keep_bundle && cold_reason.is_none() {
+    if !no_daemon && !keep_bundle {
         if let Some(client) = DaemonClient::connect(&socket) {
             return crate::warm::execute(&client, &plan, span, recorder);
         }
@@ -428,7 +431,7 @@ fn execute(
     execute_cold(plan, paths, keep_bundle, span, recorder)
 }
 
-/// The cold path: build, run and destroy one sandbox in this process.
+/// The cold path: one shell built in this process, one cell run in it, the shell destroyed.
 fn execute_cold(
     plan: Plan,
     paths: &Paths,
@@ -441,25 +444,20 @@ fn execute_cold(
         Err(e) => return fail(span, "image", &e.into()),
     };
     let req = &plan.request;
-    let config =
-        match req
-            .recipe
-            .to_config(&store, req.args.clone(), req.env.clone(), req.cwd.clone())
-        {
-            Ok(mut c) => {
-                if plan.network.needs_proxy() {
-                    c.egress_port = Some(agentrun_egress::SANDBOX_PROXY_PORT);
-                }
-                c
-            }
-            Err(e) => {
-                let kind = match &e {
-                    PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
-                    _ => "invalid_input",
-                };
-                return fail(span, kind, &e.into());
-            }
-        };
+    let (config, profile) = match req
+        .recipe
+        .to_config(&store)
+        .and_then(|c| Ok((c, req.recipe.profile()?)))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let kind = match &e {
+                PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
+                _ => "invalid_input",
+            };
+            return fail(span, kind, &e.into());
+        }
+    };
     let runtime_paths = RuntimePaths::new(&paths.state_dir);
     // Clean up after runs that were killed; cheap when there is nothing to do.
     let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
@@ -470,12 +468,9 @@ fn execute_cold(
         Ok(fd) => fd,
         Err(e) => return fail(span, "io", &e),
     };
-    let mut sandbox = match Sandbox::create(
-        &config,
-        &runtime_paths,
-        &host,
-        SandboxStdio::Piped { stdin },
-    ) {
+    let mut sandbox = match Sandbox::create(&config, &runtime_paths, &host, SandboxStdio::Shell)
+        .and_then(|mut s| s.start().map(|()| s))
+    {
         Ok(s) => s,
         Err(e) => {
             let kind = e.kind();
@@ -488,25 +483,35 @@ fn execute_cold(
     };
     span.set_attribute("sandbox.id", sandbox.id().to_string());
     span.set_attribute("container.id", sandbox.id().to_string());
-    record_enforcement(span, sandbox.enforcement());
+    // The run's mounts, made here (forks for the id mappings: before any thread starts).
+    let user_mounts = req.recipe.user_mounts();
+    let mounts = match RunMounts::prepare(&user_mounts, &mut MappingCache::new()) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = sandbox.destroy();
+            let kind = e.kind();
+            return fail(
+                span,
+                kind,
+                &anyhow::Error::new(e).context("creating sandbox"),
+            );
+        }
+    };
+    let mut enforcement = sandbox.enforcement().clone();
+    enforcement.idmapped_mounts &= mounts.idmapped;
+    record_enforcement(span, &enforcement);
     // Nothing runs unless the decisions so far are on disk.
     if let Err(e) = recorder.set_sandbox(sandbox.id()) {
         let _ = sandbox.destroy();
         return fail(span, "audit", &e.into());
     }
-    // The sandbox exists (created single-threaded): the proxy's threads may start now.
+    // The shell exists (created single-threaded): the proxy's threads may start now.
     let proxy = if plan.network.needs_proxy() {
-        let path = sandbox.egress_socket();
-        match agentrun_egress::bind(&path) {
-            Ok(listener) => {
-                let r = recorder.clone();
-                let sink: DecisionSink =
-                    Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
-                Some(Proxy::start(listener, &path, plan.network.clone(), sink))
-            }
+        match start_proxy(&sandbox.egress_socket(), &plan, recorder) {
+            Ok(p) => Some(p),
             Err(e) => {
                 let _ = sandbox.destroy();
-                return fail(span, "egress", &e.into());
+                return fail(span, "egress", &e);
             }
         }
     } else {
@@ -518,10 +523,25 @@ fn execute_cold(
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
+    let cell_req = cell_request(
+        &profile,
+        host.landlock_abi,
+        &user_mounts,
+        &mounts,
+        req.recipe.egress_port,
+        CellWork::Run(CellCommand {
+            argv: req.args.clone(),
+            env: req.environment(&profile, &sandbox.image_config().env_pairs()),
+            cwd: req.working_dir(sandbox.image_config()),
+        }),
+    );
     let watch = landlock_watch(landlock_subscribe(host.landlock_abi), span);
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
-    let result = sandbox.run(
+    let result = sandbox.run_cell(
+        &cell_req,
+        mounts,
+        stdin,
         &mut stdout.lock(),
         &mut stderr.lock(),
         plan.timeout,
@@ -553,6 +573,19 @@ fn execute_cold(
         span.set_attribute("sandbox.output_truncated", true);
     }
     outcome.exit_code
+}
+
+/// Starts the run's egress proxy on `socket` with the run's network rules; its decisions are
+/// the run's (`policy.check` spans under its `sandbox.exec`, audit records).
+pub(crate) fn start_proxy(
+    socket: &Path,
+    plan: &Plan,
+    recorder: &Recorder,
+) -> anyhow::Result<Proxy> {
+    let listener = agentrun_egress::bind(socket)?;
+    let r = recorder.clone();
+    let sink: DecisionSink = Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
+    Ok(Proxy::start(listener, socket, plan.network.clone(), sink))
 }
 
 /// Subscribes to the run's kernel-level denials (Landlock audit records) when Landlock can
@@ -670,6 +703,9 @@ pub(crate) fn report(o: &RunOutcome, plan: &Plan, span: &mut RunSpan, output_cou
             format_bytes(plan.memory_bytes)
         );
         span.set_error("oom", "out of memory");
+    } else if let Some(e) = &o.error {
+        // The cell said why on the command's stderr already.
+        span.set_error("sandbox_setup", e);
     } else if let Some(sig) = o.signal {
         span.set_attribute("process.signal", i64::from(sig));
     }

@@ -28,7 +28,13 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for running commands before killing them.
     #[arg(long, value_name = "DURATION")]
     drain: Option<String>,
-    /// Sandbox factory processes (sandboxes are created in parallel on them); default: CPUs.
+    /// A shell that served this many runs is discarded after the last (default 500).
+    #[arg(long, value_name = "N")]
+    shell_max_runs: Option<u64>,
+    /// A shell older than this is discarded after its run or when idle (default 5m).
+    #[arg(long, value_name = "DURATION")]
+    shell_max_age: Option<String>,
+    /// Shell factory processes (shells are created in parallel on them); default: CPUs.
     #[arg(long, value_name = "N")]
     factories: Option<usize>,
     /// Also serve the OpenSandbox API (lifecycle under /v1, execd per sandbox) on ADDR,
@@ -44,7 +50,7 @@ pub struct ServeArgs {
     )]
     api_key: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `docker_socket` (flags win).
+    /// `api_key`, `docker_socket`, `shell_max_runs`, `shell_max_age` (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also serve the Docker Engine API subset on this unix socket (mode 0600), for
@@ -65,6 +71,8 @@ struct ServeConfig {
     docker_socket: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
     api_key: Option<String>,
+    shell_max_runs: Option<u64>,
+    shell_max_age: Option<String>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -105,15 +113,8 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         store
             .resolve(&p.image)
             .with_context(|| format!("--pool {}", p.image))?;
-        let profile = agentrun_policy::Profile::load(&p.profile)
+        agentrun_policy::Profile::load(&p.profile)
             .with_context(|| format!("--pool {}:{}", p.image, p.profile))?;
-        if profile.network.needs_proxy() {
-            bail!(
-                "--pool {}:{}: the profile has a network policy; pooled sandboxes have no egress proxy (runs with it use the cold path)",
-                p.image,
-                p.profile
-            );
-        }
     }
     let kept: usize = pools.iter().map(|p| p.target).sum();
     if max == 0 || kept > max {
@@ -123,14 +124,25 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         Some(d) => agentrun_policy::parse_duration(d).context("--drain")?,
         None => DEFAULT_DRAIN,
     };
+    let mut limits = PoolLimits::new(pools, max);
+    if let Some(n) = args.shell_max_runs.or(file.shell_max_runs) {
+        if n == 0 {
+            bail!("--shell-max-runs must be at least 1");
+        }
+        limits.shell_max_runs = n;
+    }
+    if let Some(d) = args
+        .shell_max_age
+        .as_deref()
+        .or(file.shell_max_age.as_deref())
+    {
+        limits.shell_max_age = agentrun_policy::parse_duration(d).context("--shell-max-age")?;
+    }
     let opts = DaemonOptions {
         socket: paths.socket(),
         root: paths.root.clone(),
         state_dir: paths.state_dir.clone(),
-        limits: PoolLimits {
-            pools,
-            max_sandboxes: max,
-        },
+        limits,
         drain,
         factories: args
             .factories
@@ -229,12 +241,30 @@ pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
         );
     }
     println!(
-        "unpooled runs: {}; created: {}, failed: {}; running: {}; max sandboxes: {}",
+        "shells: {} (running {}, max {}); cells served: {}; unpooled runs: {}; created: {}, \
+         failed: {}",
+        status.shells,
+        status.running,
+        status.max_sandboxes,
+        status.cells,
         status.unpooled,
         status.created,
         status.create_failures,
-        status.running,
-        status.max_sandboxes
+    );
+    let discarded: Vec<String> = status
+        .discarded
+        .iter()
+        .map(|(why, n)| format!("{why} {n}"))
+        .collect();
+    println!(
+        "shells discarded: {}; a shell serves at most {} runs and {} s",
+        if discarded.is_empty() {
+            "none".into()
+        } else {
+            discarded.join(", ")
+        },
+        status.shell_max_runs,
+        status.shell_max_age_s
     );
     Ok(())
 }

@@ -1,34 +1,53 @@
 //! `agentrun exec` through the daemon: the request and this process's stdio fds go to
-//! `agentrun serve`, the command writes straight to our stdout/stderr, signals are forwarded,
-//! and the exit status comes back.
+//! `agentrun serve`, which runs the command in a cell of a pooled shell; the command writes
+//! straight to our stdout/stderr, signals are forwarded, and the exit status comes back.
+//!
+//! Two run shapes need this process during the run: a network policy (the run's egress proxy
+//! runs here, so its decisions are this run's spans and audit records: the daemon says on
+//! which socket of the shell, we serve it and say so), and a profile's output cap (the
+//! command then writes to pipes we pump, count and cap).
 
-use std::os::fd::AsFd;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
+use agentrun_egress::Proxy;
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::protocol::{ClientMessage, DaemonReply, ExecReply};
 use agentrun_runtime::cgroup::CgroupStats;
+use agentrun_runtime::sandbox::OutputStream;
 use agentrun_runtime::RunOutcome;
 use agentrun_telemetry::RunSpan;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::exec::{
     block_signals, fail, landlock_subscribe, landlock_watch, record_enforcement,
-    record_kernel_denials, report, Plan,
+    record_kernel_denials, report, start_proxy, Plan,
 };
 use crate::trace::Recorder;
 
 pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder: &Recorder) -> i32 {
     let signals = block_signals();
-    // The pooled sandbox's init made its Landlock domain; its denials during this run are
-    // matched by the init's pid, which the reply carries. Subscribed before the request goes,
+    // The cell's PID 1 makes the run's Landlock domain; its denials during this run are
+    // matched by that pid, which the reply carries. Subscribed before the request goes,
     // kept (audit on) or dropped once it went.
     let subscription = landlock_subscribe(agentrun_runtime::landlock::abi());
     let msg = ClientMessage::Exec {
         request: Box::new(plan.request.clone()),
         timeout_ms: plan.timeout.map(|t| t.as_millis() as u64),
     };
-    let stdio = [0, 1, 2];
+    // Capped output goes through pipes we pump; else the command writes to our fds.
+    let mut pumps = match plan.output_cap {
+        Some(cap) => match OutputPipes::new(cap) {
+            Ok(p) => Some(p),
+            Err(e) => return fail(span, "io", &e.into()),
+        },
+        None => None,
+    };
+    let stdio = match &pumps {
+        Some(p) => [0, p.out_w.as_raw_fd(), p.err_w.as_raw_fd()],
+        None => [0, 1, 2],
+    };
     if let Err(e) = client.send(&msg, &stdio) {
         return fail(
             span,
@@ -36,23 +55,52 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
             &anyhow::Error::new(e).context("sending to the daemon"),
         );
     }
+    if let Some(p) = pumps.as_mut() {
+        p.close_write_ends();
+    }
     let watch = landlock_watch(subscription, span);
-    // Wait for the answer; forward signals meanwhile.
-    loop {
+    let mut proxy: Option<Proxy> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    // Wait for the answer; forward signals, pump capped output meanwhile.
+    let reply = loop {
         let mut fds = vec![PollFd::new(client.fd(), PollFlags::POLLIN)];
-        if let Some(s) = &signals {
+        let sig_slot = signals.as_ref().map(|s| {
             fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-        }
+            fds.len() - 1
+        });
+        let pump_slots: Vec<(usize, usize)> = pumps
+            .as_ref()
+            .map(|p| {
+                p.streams
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| s.fd.as_ref().map(|fd| (i, fd.as_fd())))
+                    .map(|(i, fd)| {
+                        fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                        (fds.len() - 1, i)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
             Err(e) => return fail(span, "daemon", &anyhow::Error::new(e).context("poll")),
         }
-        let sig_ready = fds
-            .get(1)
-            .and_then(|f| f.revents())
-            .is_some_and(|r| !r.is_empty());
-        let reply_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        let ready = |i: usize| {
+            fds.get(i)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| !r.is_empty())
+        };
+        let reply_ready = ready(0);
+        let sig_ready = sig_slot.is_some_and(ready);
+        let ready_pumps: Vec<usize> = pump_slots
+            .iter()
+            .filter(|(slot, _)| ready(*slot))
+            .map(|(_, i)| *i)
+            .collect();
         drop(fds);
         if sig_ready {
             if let Some(Ok(Some(info))) = signals.as_ref().map(|s| s.read_signal()) {
@@ -64,18 +112,46 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
                 );
             }
         }
-        if reply_ready {
-            break;
+        if let Some(p) = pumps.as_mut() {
+            for i in ready_pumps {
+                let sink: &mut dyn Write = if i == 0 {
+                    &mut stdout.lock()
+                } else {
+                    &mut stderr.lock()
+                };
+                p.streams[i].pump(&mut buf, sink);
+            }
         }
+        if !reply_ready {
+            continue;
+        }
+        match client.recv() {
+            Ok(DaemonReply::Egress { socket }) => {
+                // The run's proxy, in this process: its decisions are this run's.
+                match start_proxy(&socket, plan, recorder) {
+                    Ok(p) => proxy = Some(p),
+                    Err(e) => return fail(span, "egress", &e),
+                }
+                let _ = client.send(&ClientMessage::EgressReady, &[]);
+            }
+            other => break other,
+        }
+    };
+    // The rest of capped output (the cell is gone or going: EOF comes with its teardown).
+    if let Some(p) = pumps.as_mut() {
+        p.drain(&mut buf, &mut stdout.lock(), &mut stderr.lock());
     }
-    match client.recv() {
+    if let Some(p) = proxy {
+        p.stop();
+    }
+    match reply {
         Ok(DaemonReply::Exec(r)) => {
             if let Some(w) = watch {
                 if r.init_pid > 0 {
                     record_kernel_denials(w.finish(r.init_pid), plan, recorder, span);
                 }
             }
-            finish(r, plan, span)
+            finish(r, plan, span, pumps)
         }
         Ok(DaemonReply::Error { message }) => fail(span, "daemon", &anyhow::anyhow!(message)),
         Ok(other) => fail(
@@ -87,17 +163,82 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
     }
 }
 
-fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan) -> i32 {
+/// The pipes of a run whose output is capped.
+struct OutputPipes {
+    out_w: OwnedFd,
+    err_w: OwnedFd,
+    streams: [OutputStream; 2],
+}
+
+impl OutputPipes {
+    fn new(cap: u64) -> std::io::Result<Self> {
+        let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok(OutputPipes {
+            out_w,
+            err_w,
+            streams: [
+                OutputStream::new(Some(out_r), Some(cap)),
+                OutputStream::new(Some(err_r), Some(cap)),
+            ],
+        })
+    }
+
+    /// Once the daemon has its copies: ours would keep the pipes from ever reaching EOF.
+    fn close_write_ends(&mut self) {
+        for fd in [&mut self.out_w, &mut self.err_w] {
+            if let Ok(null) = std::fs::File::open("/dev/null") {
+                *fd = null.into();
+            }
+        }
+    }
+
+    /// Pumps until both pipes reach EOF, for at most 2 s (never hang on a pipe a stray
+    /// process might hold).
+    fn drain(&mut self, buf: &mut [u8], out: &mut dyn Write, err: &mut dyn Write) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while self.streams.iter().any(|s| s.fd.is_some()) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds: Vec<PollFd> = Vec::new();
+            let mut which = Vec::new();
+            for (i, s) in self.streams.iter().enumerate() {
+                if let Some(fd) = &s.fd {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    which.push(i);
+                }
+            }
+            let ms = PollTimeout::try_from(left.as_millis().min(2000) as i32)
+                .unwrap_or(PollTimeout::MAX);
+            if poll(&mut fds, ms).unwrap_or(0) == 0 {
+                continue;
+            }
+            let ready: Vec<usize> = (0..which.len())
+                .filter(|&k| fds[k].revents().is_some_and(|r| !r.is_empty()))
+                .map(|k| which[k])
+                .collect();
+            drop(fds);
+            for i in ready {
+                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
+                self.streams[i].pump(buf, sink);
+            }
+        }
+        let _ = out.flush();
+        let _ = err.flush();
+    }
+}
+
+fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan, pumps: Option<OutputPipes>) -> i32 {
     span.set_attribute("sandbox.pool_hit", r.pool_hit);
+    span.set_attribute("sandbox.shell_runs", r.shell_runs as i64);
     if !r.sandbox_id.is_empty() {
         span.set_attribute("sandbox.id", r.sandbox_id.clone());
         span.set_attribute("container.id", r.sandbox_id.clone());
         record_enforcement(span, &r.enforcement);
     }
-    if let Some(e) = &r.error {
-        return fail(span, "daemon", &anyhow::anyhow!("{e}"));
-    }
-    let outcome = RunOutcome {
+    let mut outcome = RunOutcome {
         exit_code: r.exit_code,
         signal: r.signal,
         timed_out: r.timed_out,
@@ -111,6 +252,22 @@ fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan) -> i32 {
         usage: r.usage,
         ..Default::default()
     };
-    report(&outcome, plan, span, false);
+    if let Some(e) = &r.error {
+        return fail(span, "daemon", &anyhow::anyhow!("{e}"));
+    }
+    // The cell could not set itself up: it said so on the command's stderr.
+    outcome.error.clone_from(&r.cell_error);
+    let counted = pumps.is_some();
+    if let Some(mut p) = pumps {
+        outcome.output_truncated = p.streams.iter().any(|s| s.truncated);
+        outcome.stdout_bytes = p.streams[0].bytes;
+        outcome.stderr_bytes = p.streams[1].bytes;
+        outcome.stderr_preview = std::mem::take(&mut p.streams[1].preview);
+    }
+    report(&outcome, plan, span, counted);
+    if outcome.output_truncated {
+        eprintln!("agentrun: output over the profile's output cap was dropped");
+        span.set_attribute("sandbox.output_truncated", true);
+    }
     outcome.exit_code
 }

@@ -9,11 +9,12 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentrun_runtime::cellrun::{cell_request, settle, CellRun, MappingCache, RunMounts};
 use agentrun_runtime::cgroup::CgroupMode;
-use agentrun_runtime::control::{self, InitRequest};
+use agentrun_runtime::control::{self, CellCommand, CellWork};
 use agentrun_runtime::RuntimePaths;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
@@ -22,11 +23,12 @@ use nix::sys::socket::{
     accept4, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
 };
 
-use crate::factory::{FactoryClient, FactoryPaths};
+use crate::factory::{FactoryClient, FactoryPaths, PooledShell};
 use crate::live::LiveManager;
-use crate::pool::{Pool, PoolLimits};
+use crate::pool::{Pool, PoolLimits, Verdict};
 use crate::protocol::{ClientMessage, DaemonReply, ExecReply};
 use crate::recipe::ExecRequest;
+use crate::run::{apply_limits, RunLimits};
 use crate::PoolError;
 
 /// Daemon settings.
@@ -50,6 +52,10 @@ pub fn default_socket(state_dir: &Path) -> PathBuf {
 struct Shared {
     pool: Arc<Pool>,
     cgroup: Option<CgroupMode>,
+    swap_limit: bool,
+    landlock_abi: u32,
+    /// Mapping namespaces of the runs' idmapped mounts (each costs a fork: made once).
+    mappings: Mutex<MappingCache>,
 }
 
 /// A service the daemon runs beside its socket on the same pool (the OpenSandbox HTTP API,
@@ -111,9 +117,13 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         .map_err(|e| PoolError::Sys("signalfd", e))?;
 
     let listener = listen_on(&opts.socket)?;
+    let cgroup = CgroupMode::detect();
     let shared = Arc::new(Shared {
         pool: Arc::new(Pool::new(factories, opts.limits.clone())),
-        cgroup: CgroupMode::detect(),
+        cgroup,
+        swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
+        landlock_abi: agentrun_runtime::landlock::abi(),
+        mappings: Mutex::new(MappingCache::new()),
     });
     let live = Arc::new(LiveManager::new(shared.pool.clone()));
     let mut running_frontends = Vec::new();
@@ -288,7 +298,7 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
         (ClientMessage::PoolStatus, _) => {
             reply(conn.as_fd(), &DaemonReply::PoolStatus(shared.pool.status()))
         }
-        (ClientMessage::Signal { .. }, _) => reply(
+        (ClientMessage::Signal { .. } | ClientMessage::EgressReady, _) => reply(
             conn.as_fd(),
             &DaemonReply::Error {
                 message: "no run to signal".into(),
@@ -321,79 +331,154 @@ fn exec(
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
-    // Pooled sandboxes have no egress bridge: a network policy needs the per-run proxy of the
-    // cold path (`agentrun exec` goes there by itself).
-    if profile.network.needs_proxy() {
-        return fail(format!(
-            "profile {} has network mode {:?}: the daemon does not run egress proxies; run it without the daemon (AGENTRUN_NO_DAEMON=1)",
-            profile.name, profile.network.mode
-        ));
-    }
-    let (sandbox, hit) = match shared.pool.acquire(&request.recipe) {
+    let (mut shell, hit) = match shared.pool.acquire(&request.recipe) {
         Ok(s) => s,
         Err(e) => return fail(format!("creating sandbox: {e}")),
     };
-    let init_req = InitRequest {
-        argv: request.args.clone(),
-        env: request.environment(&profile, &sandbox.image.env_pairs()),
-        cwd: request.working_dir(&sandbox.image),
-    };
-    let timeout = timeout_ms
-        .map(Duration::from_millis)
-        .or(profile.resources.timeout);
-    let result = crate::run::run(&sandbox, &init_req, &stdio, timeout, conn, shared.cgroup);
-    // The client's stdio must not stay open here: it would hold the client's pipes open.
-    drop(stdio);
     let mut out = ExecReply {
-        sandbox_id: sandbox.id.clone(),
+        sandbox_id: shell.id.clone(),
         pool_hit: hit,
-        init_pid: sandbox.init_pid,
-        enforcement: sandbox.enforcement.clone(),
+        shell_runs: shell.runs,
+        init_pid: shell.init_pid,
+        enforcement: shell.enforcement.clone(),
         memory_limit_bytes: profile.resources.memory_bytes,
         ..Default::default()
     };
-    match result {
+    let failed = |out: &mut ExecReply, message: String| {
+        out.exit_code = 125;
+        out.error = Some(message);
+        reply(conn, &DaemonReply::Exec(out.clone()));
+    };
+    // Before anything of the run: its egress proxy (the client's), its limits, its mounts.
+    // A failure here leaves the shell as it was.
+    // The client says on which port its command expects the proxy (HTTP_PROXY).
+    let egress_port = match (profile.network.needs_proxy(), request.recipe.egress_port) {
+        (true, Some(port)) => Some(port),
+        (true, None) => {
+            failed(
+                &mut out,
+                "the run's network policy needs an egress port".into(),
+            );
+            return shared.pool.release(shell, Verdict::Reuse);
+        }
+        (false, _) => None,
+    };
+    if egress_port.is_some() {
+        if let Err(e) = egress_handshake(conn, &shell) {
+            failed(&mut out, e);
+            return shared.pool.release(shell, Verdict::Reuse);
+        }
+    }
+    if let Err(e) = apply_limits(
+        &mut shell,
+        RunLimits::of(&profile),
+        shared.cgroup,
+        shared.swap_limit,
+    ) {
+        failed(&mut out, format!("setting the run's limits: {e}"));
+        return shared.pool.release(shell, Verdict::Discard("init_error"));
+    }
+    let user_mounts = request.recipe.user_mounts();
+    let mounts = {
+        let mut cache = shared.mappings.lock().unwrap_or_else(|p| p.into_inner());
+        RunMounts::prepare(&user_mounts, &mut cache)
+    };
+    let mounts = match mounts {
+        Ok(m) => m,
+        Err(e) => {
+            failed(&mut out, e.to_string());
+            return shared.pool.release(shell, Verdict::Reuse);
+        }
+    };
+    out.enforcement.idmapped_mounts &= mounts.idmapped;
+    let cell_req = cell_request(
+        &profile,
+        shared.landlock_abi,
+        &user_mounts,
+        &mounts,
+        egress_port,
+        CellWork::Run(CellCommand {
+            argv: request.args.clone(),
+            env: request.environment(&profile, &shell.image.env_pairs()),
+            cwd: request.working_dir(&shell.image),
+        }),
+    );
+    let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
+    let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
+    let mut cell = match CellRun::start(shell.control.as_fd(), &cell_req, &raw, mounts) {
+        Ok(c) => c,
+        Err(e) => {
+            failed(&mut out, e.to_string());
+            return shared.pool.release(shell, Verdict::Discard("cell_failed"));
+        }
+    };
+    // The client's stdio must not stay open here: it would hold the client's pipes open.
+    drop(stdio);
+    out.init_pid = cell.pid;
+    let timeout = timeout_ms
+        .map(Duration::from_millis)
+        .or(profile.resources.timeout);
+    let result = crate::run::wait(&cell, timeout, conn, meter);
+    let verdict = match result {
         Ok(r) => {
             out.duration_ms = r.duration.as_millis() as u64;
             out.timed_out = r.timed_out;
             out.peak_memory_bytes = r.stats.peak_memory_bytes;
             out.oom_killed = r.stats.oom_kills > 0;
-            match r.init {
+            let (code, signal) = settle(r.init.as_ref(), r.timed_out, r.stats.oom_kills);
+            out.exit_code = code;
+            out.signal = signal;
+            match &r.init {
                 Some(init) => {
-                    out.exit_code = init.exit_code;
-                    out.signal = init.signal;
                     out.usage = Some(init.usage);
+                    out.cell_error.clone_from(&init.error);
                 }
-                None if r.timed_out => out.exit_code = 124,
-                None => {
-                    out.exit_code = 125;
-                    out.error = Some("the sandbox's init died before reporting".into());
-                }
-            }
-            if r.timed_out {
-                out.exit_code = 124;
-            } else if out.oom_killed && out.signal == Some(libc::SIGKILL) {
-                out.exit_code = 137;
+                None if r.timed_out || out.oom_killed || r.client_gone => {}
+                None => out.error = Some("the sandbox's cell died before reporting".into()),
             }
             if !r.client_gone {
                 reply(conn, &DaemonReply::Exec(out));
             }
+            // The cell waits for us to let go before it ends (and its teardown starts): after
+            // the client's own end, which comes right after our reply (see await_hangup).
+            await_hangup(conn, CLIENT_EXIT_WAIT);
+            shared.pool.recycling(&mut shell);
+            cell.let_go();
+            crate::run::verdict(&shell, cell.cell, &r, shared.cgroup)
         }
         Err(e) => {
-            out.exit_code = 125;
-            out.error = Some(format!("running sandbox: {e}"));
-            reply(conn, &DaemonReply::Exec(out));
+            cell.kill();
+            failed(&mut out, format!("running sandbox: {e}"));
+            Verdict::Discard("init_error")
         }
-    }
-    await_hangup(conn, CLIENT_EXIT_WAIT);
-    shared.pool.release(sandbox);
+    };
+    shared.pool.release(shell, verdict);
 }
 
-/// How long a sandbox's teardown waits for its client to hang up after the reply.
+/// Tells the client where to serve the run's egress proxy and waits until it does.
+fn egress_handshake(conn: BorrowedFd<'_>, shell: &PooledShell) -> Result<(), String> {
+    let socket = shell
+        .egress_socket
+        .clone()
+        .ok_or("the shell has no egress socket")?;
+    let _ = control::send_json(conn, &DaemonReply::Egress { socket }, &[]);
+    if !control::wait_readable(conn, Some(EGRESS_WAIT)).unwrap_or(false) {
+        return Err("the client did not start the egress proxy".into());
+    }
+    match control::recv_json::<ClientMessage>(conn) {
+        Ok(Some((ClientMessage::EgressReady, _))) => Ok(()),
+        _ => Err("the client did not start the egress proxy".into()),
+    }
+}
+
+/// How long the client may take to start a run's egress proxy.
+const EGRESS_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a cell's teardown waits for its client to hang up after the reply.
 const CLIENT_EXIT_WAIT: Duration = Duration::from_millis(50);
 
 /// Waits (bounded) until the client closed its connection or sent something. The client's
-/// own end of a run (its audit record, its exit) comes right after our reply; the sandbox's
+/// own end of a run (its audit record, its exit) comes right after our reply; the cell's
 /// teardown is kernel work this kind of host does not preempt (PREEMPT_NONE), so it starts
 /// once the client is gone instead of delaying it.
 fn await_hangup(conn: BorrowedFd<'_>, limit: Duration) {

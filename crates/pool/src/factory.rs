@@ -1,12 +1,12 @@
-//! The sandbox factory: a single-threaded child process that owns every libcontainer call.
+//! The shell factory: a single-threaded child process that owns every libcontainer call.
 //!
 //! libcontainer clones and keeps running Rust in the child, which is unsound in a
 //! multi-threaded process (a lock held by another thread at fork time stays held forever). The
 //! daemon therefore forks this process before it starts any thread; the factory creates,
-//! starts and destroys sandboxes on request over a SEQPACKET socketpair and hands the host end
-//! of each pooled sandbox's control channel back with `SCM_RIGHTS`. Container inits are its
-//! children (it reaps them on destroy) and die with it (PDEATHSIG). When the daemon goes away
-//! (EOF), the factory destroys everything it made and exits.
+//! starts and destroys shells (see `agentrun_runtime::shell`) on request over a SEQPACKET
+//! socketpair and hands the host end of each shell's control channel back with `SCM_RIGHTS`.
+//! Shell inits are its children (it reaps them on destroy) and die with it (PDEATHSIG). When
+//! the daemon goes away (EOF), the factory destroys everything it made and exits.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -49,7 +49,7 @@ enum FactoryReply {
         /// The id of its image (a pool of a name also serves requests by that id).
         #[serde(default)]
         image_id: String,
-        /// Where its egress proxy must listen (a recipe with an egress port).
+        /// Where a run's egress proxy must listen.
         #[serde(default)]
         egress_socket: Option<PathBuf>,
     },
@@ -59,9 +59,9 @@ enum FactoryReply {
     },
 }
 
-/// A started sandbox whose init waits for its command.
+/// A started shell whose init waits for cell requests.
 #[derive(Debug)]
-pub struct PooledSandbox {
+pub struct PooledShell {
     pub id: String,
     pub init_pid: i32,
     /// Host end of the init's control channel.
@@ -74,11 +74,19 @@ pub struct PooledSandbox {
     /// The image's id.
     pub image_id: String,
     pub created: std::time::Instant,
-    /// Where the caller must serve its egress proxy (made with an egress port), see
+    /// Where a run's egress proxy must listen, see
     /// [`agentrun_runtime::Sandbox::egress_socket`].
     pub egress_socket: Option<PathBuf>,
     /// Index of the factory that made it (and must destroy it).
     pub factory: usize,
+    /// Cells it has served.
+    pub runs: u64,
+    /// The cgroup limits in force (each run sets its own when they differ).
+    pub limits: crate::run::RunLimits,
+    /// The kept pool it goes back to after a run (`None`: destroyed after its run).
+    pub home: Option<usize>,
+    /// Its run is over and it is being checked for reuse ([`crate::pool::Pool::recycling`]).
+    pub recycling: bool,
 }
 
 /// The daemon's handle on the factory process. Requests are serialized.
@@ -144,7 +152,7 @@ impl FactoryClient {
         &self,
         recipe: &SandboxRecipe,
         background: bool,
-    ) -> Result<PooledSandbox, PoolError> {
+    ) -> Result<PooledShell, PoolError> {
         let (reply, mut fds) = self.call(&FactoryRequest::Create {
             recipe: recipe.clone(),
             background,
@@ -162,7 +170,7 @@ impl FactoryClient {
                     .pop()
                     .ok_or_else(|| PoolError::Factory("no control channel received".into()))?;
                 let pidfd = agentrun_runtime::sandbox::pidfd_open(Pid::from_raw(init_pid))?;
-                Ok(PooledSandbox {
+                Ok(PooledShell {
                     id,
                     init_pid,
                     control,
@@ -173,6 +181,10 @@ impl FactoryClient {
                     created: std::time::Instant::now(),
                     egress_socket,
                     factory: 0,
+                    runs: 0,
+                    limits: crate::run::RunLimits::of(&recipe.profile()?),
+                    home: None,
+                    recycling: false,
                 })
             }
             FactoryReply::Error { message } => Err(PoolError::Factory(message)),
@@ -268,7 +280,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             enforcement: sandbox.enforcement().clone(),
                             image: Box::new(sandbox.image_config().clone()),
                             image_id: sandbox.image_id().to_owned(),
-                            egress_socket: recipe.egress_port.map(|_| sandbox.egress_socket()),
+                            egress_socket: Some(sandbox.egress_socket()),
                         };
                         live.insert(sandbox.id().to_owned(), sandbox);
                         (reply, Some(control))
@@ -315,8 +327,8 @@ fn create(
     recipe: &SandboxRecipe,
     all_cpus: Option<&nix::sched::CpuSet>,
 ) -> Result<(Sandbox, OwnedFd), PoolError> {
-    let config = recipe.to_config(store, Vec::new(), Vec::new(), None)?;
-    let mut sandbox = Sandbox::create(&config, paths, host, SandboxStdio::Pooled)?;
+    let config = recipe.to_config(store)?;
+    let mut sandbox = Sandbox::create(&config, paths, host, SandboxStdio::Shell)?;
     sandbox.start()?;
     // The init was born with the factory's niceness and CPUs; the command must run at normal
     // priority on every CPU. (Root may raise another process's priority; the sandbox itself

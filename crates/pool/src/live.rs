@@ -1,8 +1,11 @@
 //! Long-lived sandboxes: the core the OpenSandbox API (and the Docker Engine API) is built on.
 //!
-//! A [`LiveManager`] takes a sandbox from the warm pool (or has one made on demand when no
-//! pool keeps its image and profile), talks the persistent dialect of the init's control
-//! channel to it (see [`agentrun_runtime::control`]) and keeps it until [`LiveManager::delete`]:
+//! A long-lived sandbox is one shell with one long-lived cell: a [`LiveManager`] takes a shell
+//! from the warm pool (or has one made on demand when no pool keeps its image and profile, or
+//! the sandbox has mounts or a network policy: those still get a shell of their own), makes
+//! a long-lived cell in it whose PID 1 speaks the persistent dialect on the cell's channel
+//! (see [`agentrun_runtime::control`]), and keeps it until [`LiveManager::delete`], after which
+//! the shell goes back to its pool if nothing about it is in doubt:
 //!
 //! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
 //!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:
@@ -28,13 +31,18 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use agentrun_runtime::cellrun::{cell_request, CellRun, MappingCache, RunMounts};
 use agentrun_runtime::cgroup::{CgroupMode, CgroupUsage};
-use agentrun_runtime::control::{self, LiveEvent, LiveRequest, ResourceUsage, SpawnRequest};
+use agentrun_runtime::control::{
+    self, CellWork, LiveEvent, LiveRequest, ResourceUsage, SpawnRequest,
+};
 use agentrun_runtime::Enforcement;
 
-use crate::factory::PooledSandbox;
+use crate::factory::PooledShell;
 use crate::pool::Pool;
+use crate::pool::Verdict;
 use crate::recipe::{SandboxRecipe, DEFAULT_PROFILE};
+use crate::run::{apply_limits, RunLimits};
 use crate::PoolError;
 
 /// How long a spawn waits for the init's answer.
@@ -51,13 +59,15 @@ pub struct LiveSpec {
     pub memory_bytes: Option<u64>,
     /// Environment of every process, over the profile's defaults and the image's `Env`.
     pub env: Vec<(String, String)>,
-    /// Host directories mounted in (live binds: Docker's `HostConfig.Binds`). A sandbox with
-    /// mounts is made on demand, never taken from the pool.
+    /// Host directories mounted in (live binds: Docker's `HostConfig.Binds`), made on the host
+    /// and attached in the cell like a run's. A sandbox with mounts gets a shell of its own
+    /// for now (see [`SandboxRecipe::dedicated`]).
     pub mounts: Vec<agentrun_runtime::rootfs::UserMount>,
     /// Task limit (`None`: the profile's).
     pub pids: Option<u32>,
-    /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves at
-    /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox is made on demand.
+    /// Relay this loopback port inside the sandbox to an egress proxy the caller serves at
+    /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox gets a shell of its
+    /// own for now.
     pub egress_port: Option<u16>,
 }
 
@@ -149,10 +159,16 @@ struct Events {
 
 /// A long-lived sandbox. Shared (`Arc`); it lives until [`LiveManager::delete`].
 pub struct LiveSandbox {
+    /// The shell's id (its cgroup's name).
     id: String,
     image: String,
     profile: String,
+    /// Host pid of the cell's PID 1.
     init_pid: i32,
+    /// The cell's id in its shell.
+    cell: u64,
+    /// A pidfd of the cell's PID 1.
+    pidfd: OwnedFd,
     enforcement: Enforcement,
     pool_hit: bool,
     created: SystemTime,
@@ -167,7 +183,7 @@ pub struct LiveSandbox {
     swap_limit: bool,
     limits: Mutex<(f64, u64)>,
     /// Handed back to the pool on delete.
-    pooled: Mutex<Option<PooledSandbox>>,
+    pooled: Mutex<Option<PooledShell>>,
     egress_socket: Option<std::path::PathBuf>,
 }
 
@@ -185,7 +201,8 @@ impl LiveSandbox {
     pub fn profile(&self) -> &str {
         &self.profile
     }
-    /// Host pid of the sandbox's init.
+    /// Host pid of the sandbox's PID 1 (its cell's): `/proc/<pid>/root` and its namespaces
+    /// are what its processes see.
     pub fn init_pid(&self) -> i32 {
         self.init_pid
     }
@@ -271,30 +288,33 @@ impl LiveSandbox {
         }
     }
 
-    /// Kills every process in the sandbox now (SIGKILL to its init: the pid namespace dies
-    /// with it). It still has to be deleted, which may then happen off the caller's path.
+    /// Kills every process in the sandbox now (SIGKILL to its cell's PID 1: the cell's pid
+    /// namespace dies with it). It still has to be deleted, which may then happen off the
+    /// caller's path.
     pub fn kill(&self) {
         let pooled = lock(&self.pooled);
-        // While the pool has not got it back, the init is unreaped: its pid is still its own.
         if pooled.is_some() {
             if self.is_paused() {
                 let _ = self.resume();
             }
-            // The dying init tears down the sandbox's namespaces and mounts itself: background
+            // The dying PID 1 tears the cell's namespaces and mounts down itself: background
             // work, done where and as the factory does it (see `factory::background_cpus`).
-            let init = nix::unistd::Pid::from_raw(self.init_pid);
-            if let Some(bg) = crate::factory::background_cpus() {
-                let _ = nix::sched::sched_setaffinity(init, &bg);
+            // (Its pidfd confirms the pid is still the cell's.)
+            if agentrun_runtime::cellrun::pidfd_pid(self.pidfd.as_fd()) == Some(self.init_pid) {
+                let pid = nix::unistd::Pid::from_raw(self.init_pid);
+                if let Some(bg) = crate::factory::background_cpus() {
+                    let _ = nix::sched::sched_setaffinity(pid, &bg);
+                }
+                // SAFETY: setpriority on the cell's PID 1, identified through its pidfd above.
+                unsafe {
+                    libc::setpriority(
+                        libc::PRIO_PROCESS,
+                        self.init_pid as libc::id_t,
+                        crate::factory::FACTORY_NICE,
+                    )
+                };
             }
-            // SAFETY: setpriority on a process we hold unreaped (its pid cannot be reused).
-            unsafe {
-                libc::setpriority(
-                    libc::PRIO_PROCESS,
-                    self.init_pid as libc::id_t,
-                    crate::factory::FACTORY_NICE,
-                )
-            };
-            let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
+            agentrun_runtime::cellrun::pidfd_signal(self.pidfd.as_fd(), libc::SIGKILL);
         }
     }
 
@@ -440,6 +460,8 @@ pub struct LiveManager {
     pool: Arc<Pool>,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
+    landlock_abi: u32,
+    mappings: Mutex<MappingCache>,
     sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
 }
 
@@ -450,31 +472,70 @@ impl LiveManager {
             pool,
             cgroup,
             swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
+            landlock_abi: agentrun_runtime::landlock::abi(),
+            mappings: Mutex::new(MappingCache::new()),
             sandboxes: Mutex::new(HashMap::new()),
         }
     }
 
-    /// A new long-lived sandbox: from the pool kept for its image and profile if there is
-    /// one with a sandbox ready, else made now. Blocks while it is made.
+    /// A new long-lived sandbox: a shell from the pool kept for its image and profile if
+    /// there is one ready, else made now, with a long-lived cell in it. Blocks while it is
+    /// made.
     pub fn create(&self, spec: &LiveSpec) -> Result<Arc<LiveSandbox>, PoolError> {
         let mut recipe = SandboxRecipe {
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             mounts: spec.mounts.clone(),
+            egress_port: spec.egress_port,
+            dedicated: !spec.mounts.is_empty() || spec.egress_port.is_some(),
             ..SandboxRecipe::default()
         };
         recipe.overrides.pids = spec.pids;
-        recipe.egress_port = spec.egress_port;
         let profile = recipe.profile()?;
-        let (pooled, hit) = self.pool.acquire(&recipe)?;
-        let control = match pooled.control.try_clone() {
-            Ok(c) => c,
+        let (mut shell, hit) = self.pool.acquire(&recipe)?;
+        let mut limits = RunLimits::of(&profile);
+        limits.cpus = spec.cpus.unwrap_or(limits.cpus);
+        limits.memory_bytes = spec.memory_bytes.unwrap_or(limits.memory_bytes);
+        if let Err(e) = apply_limits(&mut shell, limits, self.cgroup, self.swap_limit) {
+            self.pool.release(shell, Verdict::Discard("init_error"));
+            return Err(e);
+        }
+        let user_mounts = recipe.user_mounts();
+        let mounts = {
+            let mut cache = lock(&self.mappings);
+            RunMounts::prepare(&user_mounts, &mut cache)
+        };
+        let mounts = match mounts {
+            Ok(m) => m,
             Err(e) => {
-                self.pool.release(pooled);
-                return Err(PoolError::Io("dup control channel", e));
+                self.pool.release(shell, Verdict::Reuse);
+                return Err(e.into());
             }
         };
-        let mut over = pooled.image.env_pairs();
+        let mut enforcement = shell.enforcement.clone();
+        enforcement.idmapped_mounts &= mounts.idmapped;
+        let req = cell_request(
+            &profile,
+            self.landlock_abi,
+            &user_mounts,
+            &mounts,
+            spec.egress_port,
+            CellWork::Live,
+        );
+        let cell = match CellRun::start(shell.control.as_fd(), &req, &[], mounts) {
+            Ok(c) => c,
+            Err(e) => {
+                self.pool.release(shell, Verdict::Discard("cell_failed"));
+                return Err(PoolError::Invalid(e.to_string()));
+            }
+        };
+        let (cell_id, cell_pid) = (cell.cell, cell.pid);
+        let (channel, pidfd) = cell.into_parts();
+        let Some(control) = channel else {
+            self.pool.release(shell, Verdict::Discard("cell_failed"));
+            return Err(PoolError::Invalid("the cell has no channel".into()));
+        };
+        let mut over = shell.image.env_pairs();
         over.extend(spec.env.iter().cloned());
         let env = profile
             .environment(&over)
@@ -485,12 +546,15 @@ impl LiveManager {
             })
             .collect();
         let events = Arc::new(Mutex::new(Events::default()));
+        let reader = control.try_clone();
         let sandbox = Arc::new(LiveSandbox {
-            id: pooled.id.clone(),
+            id: shell.id.clone(),
             image: spec.image.clone(),
             profile: spec.profile.clone(),
-            init_pid: pooled.init_pid,
-            enforcement: pooled.enforcement.clone(),
+            init_pid: cell_pid,
+            cell: cell_id,
+            pidfd,
+            enforcement,
             pool_hit: hit,
             created: SystemTime::now(),
             env,
@@ -501,12 +565,11 @@ impl LiveManager {
             deleted: AtomicBool::new(false),
             cgroup: self.cgroup,
             swap_limit: self.swap_limit,
-            limits: Mutex::new((profile.resources.cpus, profile.resources.memory_bytes)),
+            limits: Mutex::new((limits.cpus, limits.memory_bytes)),
             pooled: Mutex::new(None),
-            egress_socket: pooled.egress_socket.clone(),
+            egress_socket: shell.egress_socket.clone(),
         });
-        let reader = pooled.control.try_clone();
-        *lock(&sandbox.pooled) = Some(pooled);
+        *lock(&sandbox.pooled) = Some(shell);
         let started = reader
             .map_err(|e| PoolError::Io("dup control channel", e))
             .and_then(|fd| {
@@ -515,8 +578,7 @@ impl LiveManager {
                     .spawn(move || event_loop(fd, events))
                     .map_err(|e| PoolError::Io("spawn thread", e))
             });
-        let limited = started.and_then(|_| sandbox.set_limits(spec.cpus, spec.memory_bytes));
-        if let Err(e) = limited {
+        if let Err(e) = started {
             self.release(&sandbox);
             return Err(e);
         }
@@ -557,9 +619,22 @@ impl LiveManager {
             // Frozen tasks would not die until thawed (cgroup v1).
             let _ = sandbox.resume();
         }
-        let pooled = lock(&sandbox.pooled).take();
-        if let Some(pooled) = pooled {
-            self.pool.release(pooled);
+        let shell = lock(&sandbox.pooled).take();
+        if let Some(mut shell) = shell {
+            // The cell ends (its PID 1 killed, and every process with it); the shell is
+            // judged once the cell is gone.
+            agentrun_runtime::cellrun::pidfd_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
+            // What `set_limits` put in force since (the next run compares with it).
+            let (cpus, memory_bytes) = sandbox.limits();
+            shell.limits.cpus = cpus;
+            shell.limits.memory_bytes = memory_bytes;
+            self.pool.recycling(&mut shell);
+            let verdict = if shell.home.is_none() {
+                Verdict::Discard("dedicated")
+            } else {
+                crate::run::cell_end_verdict(&shell, sandbox.cell, self.cgroup)
+            };
+            self.pool.release(shell, verdict);
         }
     }
 

@@ -1,12 +1,13 @@
-//! The pool: ready sandboxes per configured (image, profile), refilled in the background, and
-//! on-demand sandboxes for everything else. Every sandbox is one-shot: it is destroyed after
-//! its run.
+//! The pool: ready shells per configured (image, profile), each serving one cell per run and
+//! reused run after run; shells made on demand for everything else. A shell is discarded,
+//! never reused, when anything about it is in doubt ([`Verdict`]), and replaced off the
+//! request path by the refill threads.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::factory::{FactoryClient, PooledSandbox};
+use crate::factory::{FactoryClient, PooledShell};
 use crate::protocol::{PoolInfo, SandboxInfo};
 use crate::recipe::SandboxRecipe;
 use crate::PoolError;
@@ -14,7 +15,25 @@ use crate::PoolError;
 /// How long an on-demand run waits for room under `max_sandboxes`.
 const ROOM_WAIT: Duration = Duration::from_secs(30);
 
-/// One kept pool: `target` ready sandboxes of `image` with `profile`.
+/// How long a run that finds its pool empty waits for a shell of that pool to come back from
+/// its previous run (the cell's teardown and the checks: a few ms; the wait for the previous
+/// client to hang up: at most 50 ms) before it has one made (~13 ms of CPU).
+const RECYCLE_WAIT: Duration = Duration::from_millis(100);
+
+/// Ready shells beyond a pool's target (made on demand under load) that stay unused this long
+/// are destroyed.
+const IDLE_TRIM: Duration = Duration::from_secs(30);
+
+/// Default of [`PoolLimits::shell_max_runs`]: a shell is ~13 ms of CPU to make, so over 500
+/// runs it costs ~0.03 ms a run (~1% of the 2 ms a run may cost); any slow leak a shell could
+/// accumulate (kernel objects charged to its namespaces, the init's heap) is bounded by it.
+pub const DEFAULT_SHELL_MAX_RUNS: u64 = 500;
+/// Default of [`PoolLimits::shell_max_age`]: an idle pool is renewed every 5 minutes, so a
+/// pool of a name serves a re-tagged image, and a changed host image (linker cache), within
+/// that time.
+pub const DEFAULT_SHELL_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// One kept pool: `target` ready shells of `image` with `profile`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSpec {
     pub image: String,
@@ -53,28 +72,65 @@ impl PoolSpec {
     }
 }
 
-/// Pool sizing.
+/// Pool sizing and shell lifetime.
 #[derive(Debug, Clone)]
 pub struct PoolLimits {
     /// The pools kept ready.
     pub pools: Vec<PoolSpec>,
-    /// Cap on sandboxes that exist at once (ready + running + being created).
+    /// Cap on shells that exist at once (ready + running + being made or torn down).
     pub max_sandboxes: usize,
+    /// A shell that served this many runs is discarded after the last.
+    pub shell_max_runs: u64,
+    /// A shell older than this is discarded after its run (or when idle).
+    pub shell_max_age: Duration,
 }
 
-struct Running {
+impl PoolLimits {
+    pub fn new(pools: Vec<PoolSpec>, max_sandboxes: usize) -> Self {
+        PoolLimits {
+            pools,
+            max_sandboxes,
+            shell_max_runs: DEFAULT_SHELL_MAX_RUNS,
+            shell_max_age: DEFAULT_SHELL_MAX_AGE,
+        }
+    }
+}
+
+/// What becomes of a shell after a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Clean: back to its pool (unless it is too old or served too many runs).
+    Reuse,
+    /// In doubt (or not wanted): destroyed. The reason is counted in `pool status`.
+    Discard(&'static str),
+}
+
+struct Lent {
     pid: i32,
     image: String,
     profile: String,
     started: Instant,
+    cells: u64,
+    /// The pool it goes back to.
+    home: Option<usize>,
+    /// Its run is over; it is being checked for reuse.
+    recycling: bool,
 }
+
+/// A shell lent out for this long is not counted on to come back soon: its pool is refilled
+/// as if it were gone (a long-lived sandbox, a long run).
+const LENT_GRACE: Duration = Duration::from_secs(1);
 
 /// The live state of one kept pool.
 struct Keyed {
     spec: PoolSpec,
-    ready: VecDeque<PooledSandbox>,
+    ready: VecDeque<(PooledShell, Instant)>,
     creating: usize,
-    /// Image id of the last sandbox made for it (requests by image id find it when empty, and
+    /// Shells of this pool whose run is over and that are being checked for reuse.
+    recycling: usize,
+    /// Runs waiting for one of those.
+    waiting: usize,
+    /// Image id of the last shell made for it (requests by image id find it when empty, and
     /// count as its misses).
     image_id: String,
     hits: u64,
@@ -84,38 +140,43 @@ struct Keyed {
 #[derive(Default)]
 struct State {
     pools: Vec<Keyed>,
-    running: HashMap<String, Running>,
-    /// Sandboxes being made on demand.
+    lent: HashMap<String, Lent>,
+    /// Shells being made on demand.
     creating: usize,
-    /// Ready sandboxes taken out of a pool to make room, still being torn down: they exist
-    /// until their destroy returns, so they count against the cap.
+    /// Shells being destroyed: they exist until their destroy returns, so they count
+    /// against the cap.
     destroying: usize,
     /// Runs no kept pool could serve.
     unpooled: u64,
     created: u64,
     create_failures: u64,
+    /// Cells served (runs and long-lived sandboxes).
+    cells: u64,
+    discarded: BTreeMap<String, u64>,
     shutting_down: bool,
     /// Refills wait until then (see [`REFILL_HOLDOFF`]).
     refill_holdoff: Option<Instant>,
 }
 
-/// After a pool hit, the replacement is made when the run ends or after this long, whichever
-/// comes first, while that pool misses only that one sandbox (when runs take sandboxes faster
-/// than one at a time, it refills at once). Making a sandbox is ~10 ms of mostly kernel work
-/// (namespaces, mounts, cgroups), which this kind of host does not preempt (PREEMPT_NONE):
-/// started beside a short run, it delays the wakeups the run's reply path needs on 2 cores
-/// (~1 ms of a warm `/bin/true`).
+/// After a shell was taken from a pool that is then short of it, its replacement is made
+/// when the run ends or after this long, whichever comes first, while that pool misses only
+/// that one shell (when runs take shells faster than one at a time, it refills at once).
+/// Making a shell is ~13 ms of mostly kernel work (namespaces, mounts, cgroups), which this
+/// kind of host does not preempt (PREEMPT_NONE): started beside a short run, it delays the
+/// wakeups the run's reply path needs on 2 cores. With reuse, a replacement is only needed
+/// after a shell is discarded.
 pub const REFILL_HOLDOFF: Duration = Duration::from_millis(20);
 
 impl State {
     fn total(&self) -> usize {
         let pooled: usize = self.pools.iter().map(|p| p.ready.len() + p.creating).sum();
-        pooled + self.running.len() + self.creating + self.destroying
+        // Shells being recycled are still lent.
+        pooled + self.lent.len() + self.creating + self.destroying
     }
 
     /// The kept pool a recipe can be served from.
     fn pool_for(&self, recipe: &SandboxRecipe) -> Option<usize> {
-        if !recipe.is_plain() {
+        if recipe.dedicated {
             return None;
         }
         self.pools
@@ -123,42 +184,56 @@ impl State {
             .position(|p| p.spec.image == recipe.image && p.spec.profile == recipe.profile)
             .or_else(|| {
                 // A request by image id (the Docker API's containers) is served by the pool
-                // of a name whose sandboxes run that very image.
+                // of a name whose shells run that very image.
                 self.pools.iter().position(|p| {
                     p.spec.profile == recipe.profile
                         && (same_image_id(&p.image_id, &recipe.image)
                             || p.ready
                                 .iter()
-                                .any(|sb| same_image_id(&sb.image_id, &recipe.image)))
+                                .any(|(sh, _)| same_image_id(&sh.image_id, &recipe.image)))
                 })
             })
     }
 
-    /// The pool furthest below its target, if any is below.
-    fn neediest(&self) -> Option<usize> {
-        self.pools
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.ready.len() + p.creating < p.spec.target)
-            .max_by_key(|(_, p)| p.spec.target - p.ready.len() - p.creating)
-            .map(|(i, _)| i)
+    /// Shells of pool `i` that are there or will be soon: ready, being made, and lent out
+    /// for a short run (or already back from it and being checked).
+    fn present(&self, i: usize) -> usize {
+        let p = &self.pools[i];
+        let returning = self
+            .lent
+            .values()
+            .filter(|l| l.home == Some(i) && (l.recycling || l.started.elapsed() < LENT_GRACE))
+            .count();
+        p.ready.len() + p.creating + returning
     }
 
-    /// Takes a ready sandbox from any pool (to make room), the fullest first.
-    fn sacrifice(&mut self) -> Option<PooledSandbox> {
+    /// The pool furthest below its target, if any is below.
+    fn neediest(&self) -> Option<usize> {
+        (0..self.pools.len())
+            .filter(|&i| self.present(i) < self.pools[i].spec.target)
+            .max_by_key(|&i| self.pools[i].spec.target - self.present(i))
+    }
+
+    /// Takes a ready shell from any pool (to make room), the fullest first.
+    fn sacrifice(&mut self) -> Option<PooledShell> {
         self.pools
             .iter_mut()
             .max_by_key(|p| p.ready.len())
             .and_then(|p| p.ready.pop_back())
+            .map(|(sh, _)| sh)
+    }
+
+    fn count_discard(&mut self, reason: &str) {
+        *self.discarded.entry(reason.to_owned()).or_default() += 1;
     }
 }
 
 pub struct Pool {
-    /// One or more factory processes; sandbox creation is spread over them (each is
+    /// One or more factory processes; shell creation is spread over them (each is
     /// single-threaded, so one factory caps creation at one core).
     factories: Vec<FactoryClient>,
     next_factory: std::sync::atomic::AtomicUsize,
-    max_sandboxes: usize,
+    limits: PoolLimits,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -168,11 +243,14 @@ impl Pool {
         assert!(!factories.is_empty(), "a pool needs a factory");
         let pools = limits
             .pools
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|spec| Keyed {
                 spec,
                 ready: VecDeque::new(),
                 creating: 0,
+                recycling: 0,
+                waiting: 0,
                 image_id: String::new(),
                 hits: 0,
                 misses: 0,
@@ -181,7 +259,7 @@ impl Pool {
         Pool {
             factories,
             next_factory: std::sync::atomic::AtomicUsize::new(0),
-            max_sandboxes: limits.max_sandboxes,
+            limits,
             state: Mutex::new(State {
                 pools,
                 ..State::default()
@@ -196,7 +274,7 @@ impl Pool {
     }
 
     /// Creates on the next factory in turn, for a run waiting for it.
-    fn create(&self, recipe: &SandboxRecipe) -> Result<PooledSandbox, PoolError> {
+    fn create(&self, recipe: &SandboxRecipe) -> Result<PooledShell, PoolError> {
         let n = self
             .next_factory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -210,16 +288,16 @@ impl Pool {
         n: usize,
         recipe: &SandboxRecipe,
         background: bool,
-    ) -> Result<PooledSandbox, PoolError> {
-        let mut sb = self.factories[n].create(recipe, background)?;
-        sb.factory = n;
-        Ok(sb)
+    ) -> Result<PooledShell, PoolError> {
+        let mut sh = self.factories[n].create(recipe, background)?;
+        sh.factory = n;
+        Ok(sh)
     }
 
-    /// Destroys on the factory that made the sandbox.
-    fn destroy(&self, sb: PooledSandbox) {
-        let (n, id) = (sb.factory, sb.id.clone());
-        drop(sb);
+    /// Destroys on the factory that made the shell.
+    fn destroy(&self, sh: PooledShell) {
+        let (n, id) = (sh.factory, sh.id.clone());
+        drop(sh);
         let _ = self.factories[n].destroy(&id);
     }
 
@@ -227,44 +305,74 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A sandbox for `recipe`: a ready one from the pool kept for it (a hit), else made now.
-    /// The second value says whether it was a hit.
+    /// A shell for `recipe`: a ready one from the pool kept for it (a hit), one of that pool
+    /// coming back from its previous run, else one made now (a miss, or an unpooled run). The
+    /// second value says whether it was a hit.
     ///
     /// A hit holds the pool's refill off for a while ([`REFILL_HOLDOFF`]): the caller ends it
-    /// with [`Pool::refill`] once its command is under way, [`Pool::release`] ends it too.
-    pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledSandbox, bool), PoolError> {
+    /// with [`Pool::refill`] once its command is under way; [`Pool::release`] ends it too.
+    pub fn acquire(&self, recipe: &SandboxRecipe) -> Result<(PooledShell, bool), PoolError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(PoolError::ShuttingDown);
         }
-        match st.pool_for(recipe) {
-            Some(i) => match take_ready(&mut st.pools[i].ready, recipe) {
-                Some(sb) => {
-                    st.pools[i].hits += 1;
-                    st.refill_holdoff = Some(Instant::now() + REFILL_HOLDOFF);
-                    st.running.insert(sb.id.clone(), running(&sb, recipe));
-                    drop(st);
-                    self.changed.notify_all();
-                    return Ok((sb, true));
+        let home = st.pool_for(recipe);
+        match home {
+            Some(i) => {
+                let deadline = Instant::now() + RECYCLE_WAIT;
+                loop {
+                    if let Some(sh) = take_ready(&mut st.pools[i].ready, recipe) {
+                        st.pools[i].hits += 1;
+                        st.refill_holdoff = Some(Instant::now() + REFILL_HOLDOFF);
+                        st.lent.insert(sh.id.clone(), lent(&sh, recipe, Some(i)));
+                        drop(st);
+                        self.changed.notify_all();
+                        return Ok((sh, true));
+                    }
+                    // One coming back soon is worth waiting for: a shell costs far more.
+                    let p = &st.pools[i];
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if p.recycling <= p.waiting || left.is_zero() || st.shutting_down {
+                        break;
+                    }
+                    st.pools[i].waiting += 1;
+                    st = self
+                        .changed
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    st.pools[i].waiting -= 1;
                 }
-                None => st.pools[i].misses += 1,
-            },
+                st.pools[i].misses += 1;
+            }
             None => st.unpooled += 1,
         }
         let deadline = Instant::now() + ROOM_WAIT;
-        while st.total() >= self.max_sandboxes {
-            // Room comes from a finished run, or from a ready sandbox we may sacrifice.
-            if let Some(sb) = st.sacrifice() {
+        while st.total() >= self.limits.max_sandboxes {
+            // A shell of our own pool that came back meanwhile serves us after all.
+            if let Some(i) = home {
+                if let Some(sh) = take_ready(&mut st.pools[i].ready, recipe) {
+                    st.pools[i].misses -= 1;
+                    st.pools[i].hits += 1;
+                    st.lent.insert(sh.id.clone(), lent(&sh, recipe, Some(i)));
+                    drop(st);
+                    self.changed.notify_all();
+                    return Ok((sh, true));
+                }
+            }
+            // Room comes from a finished run, or from a ready shell we may sacrifice.
+            if let Some(sh) = st.sacrifice() {
                 st.destroying += 1;
+                st.count_discard("room");
                 drop(st);
-                self.destroy(sb);
+                self.destroy(sh);
                 st = self.lock();
                 st.destroying -= 1;
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(PoolError::Busy(self.max_sandboxes));
+                return Err(PoolError::Busy(self.limits.max_sandboxes));
             }
             st = self
                 .changed
@@ -278,10 +386,13 @@ impl Pool {
         let mut st = self.lock();
         st.creating -= 1;
         let result = match made {
-            Ok(sb) => {
+            Ok(mut sh) => {
                 st.created += 1;
-                st.running.insert(sb.id.clone(), running(&sb, recipe));
-                Ok((sb, false))
+                // A miss's shell joins its pool after the run (the pool grows with demand;
+                // extra shells left idle are trimmed).
+                sh.home = home;
+                st.lent.insert(sh.id.clone(), lent(&sh, recipe, home));
+                Ok((sh, false))
             }
             Err(e) => {
                 st.create_failures += 1;
@@ -293,24 +404,79 @@ impl Pool {
         result
     }
 
-    /// Ends the refill holdoff of [`Pool::acquire`]: the run that took a sandbox is under way
+    /// Ends the refill holdoff of [`Pool::acquire`]: the run that took a shell is under way
     /// (or over), so the pool may replace it now.
     pub fn refill(&self) {
         self.lock().refill_holdoff = None;
         self.changed.notify_all();
     }
 
-    /// Destroys a sandbox after its run; the refill loop notices the room.
-    pub fn release(&self, sb: PooledSandbox) {
-        let id = sb.id.clone();
-        self.refill();
-        self.destroy(sb);
-        self.lock().running.remove(&id);
+    /// The run on `shell` is over and its shell is being checked for reuse: a run that finds
+    /// the pool empty meanwhile waits for it rather than having one made.
+    pub fn recycling(&self, shell: &mut PooledShell) {
+        let mut st = self.lock();
+        if let Some(i) = shell.home {
+            st.pools[i].recycling += 1;
+            shell.recycling = true;
+        }
+        if let Some(l) = st.lent.get_mut(&shell.id) {
+            l.recycling = true;
+        }
+    }
+
+    /// A shell's run is over: back to its pool when `verdict` allows and it is neither too old
+    /// nor worn out, else destroyed (the refill loop notices the room).
+    pub fn release(&self, mut shell: PooledShell, verdict: Verdict) {
+        let id = shell.id.clone();
+        let mut st = self.lock();
+        st.refill_holdoff = None;
+        st.cells += 1;
+        shell.runs += 1;
+        if let Some(l) = st.lent.get_mut(&id) {
+            l.cells = shell.runs;
+        }
+        let home = shell.home;
+        if shell.recycling {
+            if let Some(i) = home {
+                st.pools[i].recycling -= 1;
+            }
+            shell.recycling = false;
+        }
+        let verdict = match verdict {
+            Verdict::Reuse if st.shutting_down => Verdict::Discard("shutdown"),
+            Verdict::Reuse if home.is_none() => Verdict::Discard("unpooled"),
+            Verdict::Reuse if shell.runs >= self.limits.shell_max_runs => {
+                Verdict::Discard("max_runs")
+            }
+            Verdict::Reuse if shell.created.elapsed() >= self.limits.shell_max_age => {
+                Verdict::Discard("max_age")
+            }
+            v => v,
+        };
+        st.lent.remove(&id);
+        match (verdict, home) {
+            (Verdict::Reuse, Some(i)) => {
+                st.pools[i].ready.push_front((shell, Instant::now()));
+                drop(st);
+            }
+            (Verdict::Discard(_), _) | (Verdict::Reuse, None) => {
+                let reason = match verdict {
+                    Verdict::Discard(r) => r,
+                    Verdict::Reuse => "unpooled",
+                };
+                st.count_discard(reason);
+                st.destroying += 1;
+                drop(st);
+                self.changed.notify_all();
+                self.destroy(shell);
+                self.lock().destroying -= 1;
+            }
+        }
         self.changed.notify_all();
     }
 
-    /// Keeps every pool at its target until shutdown, creating on factory `n`. Run one thread
-    /// per factory.
+    /// Keeps every pool at its target until shutdown, creating on factory `n`; trims idle
+    /// extra shells and renews old idle ones. Run one thread per factory.
     pub fn refill_loop(&self, n: usize) {
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -319,13 +485,22 @@ impl Pool {
                 if st.shutting_down {
                     return;
                 }
+                if let Some(old) = self.expired(&mut st) {
+                    st.destroying += 1;
+                    drop(st);
+                    self.destroy(old);
+                    st = self.lock();
+                    st.destroying -= 1;
+                    continue;
+                }
                 match st.neediest() {
-                    Some(i) if st.total() < self.max_sandboxes => {
-                        // Only the replacement of the one sandbox a lone run took waits.
-                        let comfortable = st.pools[i].ready.len() + 1 >= st.pools[i].spec.target;
+                    Some(i) if st.total() < self.limits.max_sandboxes => {
+                        // Only the replacement of the one shell a lone run took waits.
+                        let p = &st.pools[i];
+                        let comfortable = st.present(i) + 1 >= p.spec.target;
                         let wait = st
                             .refill_holdoff
-                            .filter(|_| comfortable && !st.pools[i].ready.is_empty())
+                            .filter(|_| comfortable && !p.ready.is_empty())
                             .map(|t| t.saturating_duration_since(Instant::now()))
                             .filter(|d| !d.is_zero());
                         match wait {
@@ -341,7 +516,13 @@ impl Pool {
                             }
                         }
                     }
-                    _ => st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner()),
+                    _ => {
+                        st = self
+                            .changed
+                            .wait_timeout(st, LENT_GRACE)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    }
                 }
             };
             st.pools[pick].creating += 1;
@@ -351,22 +532,23 @@ impl Pool {
             let mut st = self.lock();
             st.pools[pick].creating -= 1;
             match made {
-                Ok(sb) => {
+                Ok(mut sh) => {
                     st.created += 1;
+                    sh.home = Some(pick);
                     if st.shutting_down {
                         drop(st);
-                        self.destroy(sb);
+                        self.destroy(sh);
                         return;
                     }
-                    st.pools[pick].image_id.clone_from(&sb.image_id);
-                    st.pools[pick].ready.push_back(sb);
+                    st.pools[pick].image_id.clone_from(&sh.image_id);
+                    st.pools[pick].ready.push_back((sh, Instant::now()));
                     backoff = Duration::from_millis(50);
                 }
                 Err(e) => {
                     st.create_failures += 1;
                     drop(st);
                     eprintln!(
-                        "agentrun: pool {}: creating a sandbox failed: {e}",
+                        "agentrun: pool {}: creating a shell failed: {e}",
                         recipe.image
                     );
                     // Don't spin on a persistent failure.
@@ -378,23 +560,52 @@ impl Pool {
         }
     }
 
-    /// Stops refilling and destroys the ready sandboxes; waits (bounded) for running ones.
+    /// A ready shell to destroy now: older than the maximum age, or beyond its pool's target
+    /// and idle for [`IDLE_TRIM`] (the oldest-idle end of the queue).
+    fn expired(&self, st: &mut State) -> Option<PooledShell> {
+        let max_age = self.limits.shell_max_age;
+        for p in st.pools.iter_mut() {
+            if let Some(i) = p
+                .ready
+                .iter()
+                .position(|(sh, _)| sh.created.elapsed() >= max_age)
+            {
+                let (sh, _) = p.ready.remove(i)?;
+                *st.discarded.entry("max_age".into()).or_default() += 1;
+                return Some(sh);
+            }
+            let extra = p.ready.len() > p.spec.target;
+            if extra
+                && p.ready
+                    .back()
+                    .is_some_and(|(_, t)| t.elapsed() >= IDLE_TRIM)
+            {
+                let (sh, _) = p.ready.pop_back()?;
+                *st.discarded.entry("idle".into()).or_default() += 1;
+                return Some(sh);
+            }
+        }
+        None
+    }
+
+    /// Stops refilling and destroys the ready shells; waits (bounded) for running ones.
     pub fn shutdown(&self, drain: Duration) {
         let mut st = self.lock();
         st.shutting_down = true;
-        let ready: Vec<PooledSandbox> = st
+        let ready: Vec<PooledShell> = st
             .pools
             .iter_mut()
             .flat_map(|p| p.ready.drain(..))
+            .map(|(sh, _)| sh)
             .collect();
         drop(st);
         self.changed.notify_all();
-        for sb in ready {
-            self.destroy(sb);
+        for sh in ready {
+            self.destroy(sh);
         }
         let deadline = Instant::now() + drain;
         let mut st = self.lock();
-        while !st.running.is_empty() || st.creating > 0 || st.pools.iter().any(|p| p.creating > 0) {
+        while !st.lent.is_empty() || st.creating > 0 || st.pools.iter().any(|p| p.creating > 0) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -415,29 +626,32 @@ impl Pool {
     pub fn sandboxes(&self) -> Vec<SandboxInfo> {
         let st = self.lock();
         let ready = st.pools.iter().flat_map(|p| {
-            p.ready.iter().map(|sb| SandboxInfo {
-                id: sb.id.clone(),
+            p.ready.iter().map(|(sh, _)| SandboxInfo {
+                id: sh.id.clone(),
                 state: "ready".into(),
-                pid: sb.init_pid,
+                pid: sh.init_pid,
                 image: p.spec.image.clone(),
                 profile: p.spec.profile.clone(),
-                age_ms: sb.created.elapsed().as_millis() as u64,
+                age_ms: sh.created.elapsed().as_millis() as u64,
+                cells: sh.runs,
             })
         });
-        let running = st.running.iter().map(|(id, r)| SandboxInfo {
+        let running = st.lent.iter().map(|(id, r)| SandboxInfo {
             id: id.clone(),
             state: "running".into(),
             pid: r.pid,
             image: r.image.clone(),
             profile: r.profile.clone(),
             age_ms: r.started.elapsed().as_millis() as u64,
+            cells: r.cells,
         });
         ready.chain(running).collect()
     }
 
-    /// Per-pool counters, runs no pool could serve, running runs, the cap.
+    /// Per-pool counters, runs no pool could serve, shells, cells, discards, the cap.
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();
+        let shells = st.total();
         PoolStatus {
             pools: st
                 .pools
@@ -454,8 +668,13 @@ impl Pool {
             unpooled: st.unpooled,
             created: st.created,
             create_failures: st.create_failures,
-            running: st.running.len(),
-            max_sandboxes: self.max_sandboxes,
+            running: st.lent.len(),
+            max_sandboxes: self.limits.max_sandboxes,
+            shells,
+            cells: st.cells,
+            discarded: st.discarded.clone(),
+            shell_max_runs: self.limits.shell_max_runs,
+            shell_max_age_s: self.limits.shell_max_age.as_secs(),
         }
     }
 }
@@ -464,21 +683,43 @@ impl Pool {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct PoolStatus {
     pub pools: Vec<PoolInfo>,
-    /// Runs whose recipe no pool keeps (mounts, resource flags, other image/profile).
+    /// Runs whose image and profile no pool keeps.
     pub unpooled: u64,
-    /// Sandboxes created, and creations that failed, since the daemon started.
+    /// Shells created, and creations that failed, since the daemon started.
     pub created: u64,
     pub create_failures: u64,
+    /// Shells lent out (a run or a long-lived sandbox in them).
     pub running: usize,
     pub max_sandboxes: usize,
+    /// Shells that exist now (ready, running, being made or torn down).
+    #[serde(default)]
+    pub shells: usize,
+    /// Cells served (one per run, one per long-lived sandbox).
+    #[serde(default)]
+    pub cells: u64,
+    /// Shells discarded, by reason: `timeout`, `oom`, `killed` (client gone or signalled
+    /// away), `cell_failed` (a cell could not be made), `cell_died` (its PID 1 died without a
+    /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
+    /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
+    /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
+    /// `unpooled`, `dedicated`, `shutdown`.
+    #[serde(default)]
+    pub discarded: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub shell_max_runs: u64,
+    #[serde(default)]
+    pub shell_max_age_s: u64,
 }
 
-fn running(sb: &PooledSandbox, recipe: &SandboxRecipe) -> Running {
-    Running {
-        pid: sb.init_pid,
+fn lent(sh: &PooledShell, recipe: &SandboxRecipe, home: Option<usize>) -> Lent {
+    Lent {
+        pid: sh.init_pid,
         image: recipe.image.clone(),
         profile: recipe.profile.clone(),
         started: Instant::now(),
+        cells: sh.runs,
+        home,
+        recycling: false,
     }
 }
 
@@ -488,17 +729,17 @@ fn same_image_id(id: &str, wanted: &str) -> bool {
     !id.is_empty() && id.strip_prefix("sha256:").unwrap_or(id) == wanted
 }
 
-/// The oldest ready sandbox of a pool that runs what `recipe` asks for: any, when asked by
-/// the pool's image name; when asked by image id, one of that id (after a re-tag a pool of a
-/// name may still hold sandboxes of the name's old image).
+/// The most recently used ready shell of a pool that runs what `recipe` asks for (its pages
+/// are the warmest): any, when asked by the pool's image name; when asked by image id, one of
+/// that id (after a re-tag a pool of a name may still hold shells of the name's old image).
 fn take_ready(
-    ready: &mut VecDeque<PooledSandbox>,
+    ready: &mut VecDeque<(PooledShell, Instant)>,
     recipe: &SandboxRecipe,
-) -> Option<PooledSandbox> {
-    let i = ready.iter().position(|sb| {
-        !is_image_id_request(recipe) || same_image_id(&sb.image_id, &recipe.image)
+) -> Option<PooledShell> {
+    let i = ready.iter().position(|(sh, _)| {
+        !is_image_id_request(recipe) || same_image_id(&sh.image_id, &recipe.image)
     })?;
-    ready.remove(i)
+    ready.remove(i).map(|(sh, _)| sh)
 }
 
 fn is_image_id_request(recipe: &SandboxRecipe) -> bool {

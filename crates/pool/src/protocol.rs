@@ -4,7 +4,10 @@
 //! as `SCM_RIGHTS`: the sandboxed command writes straight to the client's terminal or pipes.
 //! While the run lasts the client may send `signal` messages (forwarded to the command's
 //! process group); closing the connection kills the run. The daemon answers with one
-//! [`DaemonReply`].
+//! [`DaemonReply`]. A run whose network policy needs an egress proxy gets
+//! [`DaemonReply::Egress`] first: the client serves the run's proxy on that socket (its
+//! decisions are the run's spans and audit records) and answers
+//! [`ClientMessage::EgressReady`] before the cell starts.
 
 use agentrun_runtime::Enforcement;
 use serde::{Deserialize, Serialize};
@@ -21,6 +24,8 @@ pub enum ClientMessage {
     },
     /// Forward a signal to the running command.
     Signal { signal: i32 },
+    /// The run's egress proxy listens on the socket of [`DaemonReply::Egress`].
+    EgressReady,
     /// List sandboxes.
     Ps,
     /// Pool counters.
@@ -32,30 +37,43 @@ pub enum ClientMessage {
 pub struct ExecReply {
     pub exit_code: i32,
     pub signal: Option<i32>,
+    /// The shell's id.
     pub sandbox_id: String,
     pub pool_hit: bool,
+    /// Cells the shell served before this run's.
+    #[serde(default)]
+    pub shell_runs: u64,
     pub timed_out: bool,
     pub oom_killed: bool,
     pub memory_limit_bytes: u64,
     pub peak_memory_bytes: Option<u64>,
+    /// Host pid of the cell's PID 1 (the process that made the run's Landlock domain).
     pub init_pid: i32,
     pub duration_ms: u64,
     pub usage: Option<agentrun_runtime::control::ResourceUsage>,
     pub enforcement: Enforcement,
     /// Set when agentrun itself failed (exit 125); one line.
     pub error: Option<String>,
+    /// The cell could not be set up around the command (exit 125): why. The cell already
+    /// said so on the command's stderr.
+    #[serde(default)]
+    pub cell_error: Option<String>,
 }
 
-/// One sandbox as `agentrun ps` shows it.
+/// One shell as `agentrun ps` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SandboxInfo {
     pub id: String,
-    /// `ready` (pooled, idle) or `running`.
+    /// `ready` (pooled, idle) or `running` (a run or a long-lived sandbox in it).
     pub state: String,
+    /// Host pid of the shell's init.
     pub pid: i32,
     pub image: String,
     pub profile: String,
     pub age_ms: u64,
+    /// Cells it has served.
+    #[serde(default)]
+    pub cells: u64,
 }
 
 /// Counters of one kept pool.
@@ -65,9 +83,10 @@ pub struct PoolInfo {
     pub profile: String,
     pub ready: usize,
     pub target: usize,
-    /// Runs served from this pool.
+    /// Runs served by a ready shell of this pool.
     pub hits: u64,
-    /// Runs of this pool's recipe that found it empty (made on demand).
+    /// Runs of this pool's image and profile that found it empty (a shell made on demand,
+    /// which then joins the pool).
     pub misses: u64,
 }
 
@@ -75,7 +94,16 @@ pub struct PoolInfo {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum DaemonReply {
     Exec(ExecReply),
-    Ps { sandboxes: Vec<SandboxInfo> },
+    /// Serve the run's egress proxy on this socket, then send
+    /// [`ClientMessage::EgressReady`].
+    Egress {
+        socket: std::path::PathBuf,
+    },
+    Ps {
+        sandboxes: Vec<SandboxInfo>,
+    },
     PoolStatus(crate::pool::PoolStatus),
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }

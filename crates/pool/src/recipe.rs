@@ -1,7 +1,9 @@
-//! What a sandbox is made from ([`SandboxRecipe`]) and what runs in it ([`ExecRequest`]).
+//! What a run is made from ([`SandboxRecipe`]) and what runs ([`ExecRequest`]).
 //!
-//! The CLI's cold path, the factory process and the daemon all turn a recipe into a
-//! [`SandboxConfig`] here, so a pooled sandbox and a cold one are built the same way.
+//! A recipe's image and profile make the shell ([`SandboxRecipe::to_config`]: the CLI's cold
+//! path and the factory processes build shells the same way); everything else in it (resource
+//! overrides, workspace, mounts, allowed hosts) is the run's, applied to its cell and to the
+//! shell's cgroup for the run, so any run of an image and profile can take a pooled shell.
 
 use std::path::PathBuf;
 
@@ -29,10 +31,14 @@ pub struct SandboxRecipe {
     /// `--allow-host` entries added to the profile's network rules (`cli.allow_host[i]`).
     #[serde(default)]
     pub allow_hosts: Vec<String>,
-    /// Bridge this loopback port inside the sandbox to an egress proxy the caller serves
-    /// (long-lived sandboxes with a network policy; the cold path sets it on its own).
+    /// Relay this loopback port inside the cell to an egress proxy the caller serves
+    /// (long-lived sandboxes with a network policy; CLI runs follow their profile).
     #[serde(default)]
     pub egress_port: Option<u16>,
+    /// Take a shell of its own, never a pooled one (and discard it after): long-lived
+    /// sandboxes with mounts or a network policy, for now.
+    #[serde(default)]
+    pub dedicated: bool,
 }
 
 impl Default for SandboxRecipe {
@@ -45,21 +51,12 @@ impl Default for SandboxRecipe {
             mounts: Vec::new(),
             allow_hosts: Vec::new(),
             egress_port: None,
+            dedicated: false,
         }
     }
 }
 
 impl SandboxRecipe {
-    /// Whether a sandbox made from just the image and profile can serve this recipe: no
-    /// mounts, no resource changes (a timeout is enforced from outside).
-    pub fn is_plain(&self) -> bool {
-        self.overrides.shapes_nothing()
-            && self.workspace.is_none()
-            && self.mounts.is_empty()
-            && self.allow_hosts.is_empty()
-            && self.egress_port.is_none()
-    }
-
     /// The profile with the overrides and extra allowed hosts applied.
     pub fn profile(&self) -> Result<Profile, PoolError> {
         let mut p = Profile::load(&self.profile)?
@@ -71,26 +68,16 @@ impl SandboxRecipe {
         Ok(p)
     }
 
-    /// The sandbox configuration (with `args` as the command of a cold run; pooled sandboxes
-    /// get theirs over the control channel).
-    pub fn to_config(
-        &self,
-        store: &ImageStore,
-        args: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: Option<PathBuf>,
-    ) -> Result<SandboxConfig, PoolError> {
+    /// The configuration of a shell for this recipe: its image and profile (overrides
+    /// applied: a shell made for one run, as the cold path's, needs no limits changed).
+    pub fn to_config(&self, store: &ImageStore) -> Result<SandboxConfig, PoolError> {
         let image = store.resolve(&self.image)?;
-        let mut b = SandboxConfig::builder(image, self.profile()?, args)
-            .workspace(self.workspace.clone())
-            .cwd(cwd);
-        for (k, v) in env {
-            b = b.env(k, v);
-        }
-        for m in &self.mounts {
-            b = b.mount(m.clone());
-        }
-        Ok(b.egress_port(self.egress_port).build())
+        Ok(SandboxConfig::builder(image, self.profile()?, Vec::new()).build())
+    }
+
+    /// The run's mounts: the workspace (at `/workspace`) first, then `--ro`/`--rw`.
+    pub fn user_mounts(&self) -> Vec<UserMount> {
+        agentrun_runtime::cellrun::user_mounts(self.workspace.as_deref(), &self.mounts)
     }
 }
 

@@ -1,56 +1,100 @@
-//! One run on a pooled sandbox: hand the command and the client's stdio fds to the init, then
-//! wait for its result while enforcing the timeout, forwarding the client's signals, and
-//! killing the sandbox if the client goes away or the init dies.
+//! One run in a pooled shell: the run's limits set on the shell's cgroup, a cell made with
+//! the client's stdio fds (passed, not copied), then its result awaited while enforcing the
+//! timeout, forwarding the client's signals and killing the cell if the client goes away;
+//! after the reply, the cell's end awaited and the shell judged ([`verdict`]).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use agentrun_runtime::cgroup::{CgroupMode, CgroupStats};
-use agentrun_runtime::control::{self, InitRequest, InitResult};
+use agentrun_policy::Profile;
+use agentrun_runtime::cellrun::{await_end, CellEnd, CellRun};
+use agentrun_runtime::cgroup::{CgroupMode, CgroupStats, RunMeter};
+use agentrun_runtime::control::{self, InitResult};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 
-use crate::factory::PooledSandbox;
+use crate::factory::PooledShell;
+use crate::pool::Verdict;
 use crate::protocol::ClientMessage;
 use crate::PoolError;
 
-/// How a pooled run ended.
+/// How long the teardown of a cell may take before its shell is given up on.
+const END_WAIT: Duration = Duration::from_secs(5);
+
+/// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
+/// last run's: ~30 µs; a cgroup per cell would cost ~0.2 ms and up to several ms of waiting
+/// to move its first process in, see README).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunLimits {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub cpus: f64,
+}
+
+impl RunLimits {
+    pub fn of(profile: &Profile) -> Self {
+        RunLimits {
+            memory_bytes: profile.resources.memory_bytes,
+            pids: profile.resources.pids,
+            cpus: profile.resources.cpus,
+        }
+    }
+}
+
+/// Puts `want` in force on the shell's cgroup (only what differs from what is).
+pub fn apply_limits(
+    shell: &mut PooledShell,
+    want: RunLimits,
+    cgroup: Option<CgroupMode>,
+    swap_limit: bool,
+) -> Result<(), PoolError> {
+    let Some(cg) = cgroup else { return Ok(()) };
+    let have = shell.limits;
+    if have == want {
+        return Ok(());
+    }
+    let cpus = (have.cpus != want.cpus).then_some(want.cpus);
+    let memory = (have.memory_bytes != want.memory_bytes).then_some(want.memory_bytes);
+    cg.set_limits(&shell.id, cpus, memory, swap_limit)?;
+    if have.pids != want.pids {
+        cg.set_pids(&shell.id, want.pids)?;
+    }
+    shell.limits = want;
+    Ok(())
+}
+
+/// How a run ended.
 #[derive(Debug, Clone, Default)]
 pub struct RunResult {
-    /// The init's report; `None` if it died without one.
+    /// The cell's report; `None` if its PID 1 died without one.
     pub init: Option<InitResult>,
     pub timed_out: bool,
     pub client_gone: bool,
+    /// This run's peak memory and OOM kills.
     pub stats: CgroupStats,
     pub duration: Duration,
 }
 
-/// Runs `req` with `stdio` in `sandbox`. `client` is polled for [`ClientMessage::Signal`]s and
-/// hang-up.
-pub fn run(
-    sandbox: &PooledSandbox,
-    req: &InitRequest,
-    stdio: &[OwnedFd],
+/// Waits for `cell`'s result. `client` is polled for [`ClientMessage::Signal`]s and hang-up.
+pub fn wait(
+    cell: &CellRun,
     timeout: Option<Duration>,
     client: BorrowedFd<'_>,
-    cgroup: Option<CgroupMode>,
+    meter: Option<RunMeter>,
 ) -> Result<RunResult, PoolError> {
     let started = Instant::now();
-    let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
-    control::send_json(sandbox.control.as_fd(), req, &raw)?;
-    let init = Pid::from_raw(sandbox.init_pid);
     let deadline = timeout.map(|t| started + t);
     let mut result = RunResult::default();
     let mut client_open = true;
-    let mut init_alive = true;
+    let channel = cell
+        .channel()
+        .ok_or_else(|| PoolError::Invalid("the cell has no channel".into()))?;
     loop {
         let wait = match deadline {
             Some(d) if !result.timed_out => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     result.timed_out = true;
-                    let _ = kill(init, Signal::SIGKILL);
+                    cell.kill();
                     PollTimeout::from(100u8)
                 } else {
                     PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
@@ -59,10 +103,7 @@ pub fn run(
             }
             _ => PollTimeout::try_from(60_000).unwrap_or(PollTimeout::MAX),
         };
-        let mut fds = vec![PollFd::new(sandbox.control.as_fd(), PollFlags::POLLIN)];
-        if init_alive {
-            fds.push(PollFd::new(sandbox.pidfd.as_fd(), PollFlags::POLLIN));
-        }
+        let mut fds = vec![PollFd::new(channel, PollFlags::POLLIN)];
         if client_open {
             fds.push(PollFd::new(client, PollFlags::POLLIN));
         }
@@ -76,47 +117,85 @@ pub fn run(
                 .and_then(|f| f.revents())
                 .is_some_and(|r| !r.is_empty())
         };
-        let control_ready = ready(0);
-        let init_exited = init_alive && ready(1);
-        let client_ready = client_open && ready(if init_alive { 2 } else { 1 });
+        let cell_ready = ready(0);
+        let client_ready = client_open && ready(1);
         drop(fds);
-        if control_ready {
-            match control::recv_json::<InitResult>(sandbox.control.as_fd()) {
-                Ok(Some((r, _))) => {
-                    result.init = Some(r);
-                    break;
-                }
-                // EOF: the init is gone without a report (killed, crashed).
-                Ok(None) | Err(_) => break,
-            }
-        }
-        if init_exited {
-            // Give a report written just before exiting a last chance.
-            init_alive = false;
-            if !control::wait_readable(sandbox.control.as_fd(), Some(Duration::from_millis(50)))? {
-                break;
-            }
+        if cell_ready {
+            // The result, or EOF: its PID 1 is gone without one (killed).
+            result.init = cell.result();
+            break;
         }
         if client_ready {
             match control::recv_json::<ClientMessage>(client) {
-                Ok(Some((ClientMessage::Signal { signal }, _))) => {
-                    if let Ok(sig) = Signal::try_from(signal) {
-                        let _ = kill(init, sig);
-                    }
-                }
+                Ok(Some((ClientMessage::Signal { signal }, _))) => cell.signal(signal),
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     // The client went away: nobody wants this run any more.
                     client_open = false;
                     result.client_gone = true;
-                    let _ = kill(init, Signal::SIGKILL);
+                    cell.kill();
                 }
             }
         }
     }
     result.duration = started.elapsed();
-    if let Some(cg) = cgroup {
-        result.stats = cg.stats(&sandbox.id);
+    if let Some(m) = meter {
+        result.stats = m.finish();
     }
     Ok(result)
+}
+
+/// After the run: waits for the cell's end (its PID 1 reaped by the shell's init, the cell
+/// torn down) and judges the shell: anything in doubt discards it.
+pub fn verdict(
+    shell: &PooledShell,
+    cell: u64,
+    run: &RunResult,
+    cgroup: Option<CgroupMode>,
+) -> Verdict {
+    if run.timed_out {
+        return Verdict::Discard("timeout");
+    }
+    if run.stats.oom_kills > 0 {
+        return Verdict::Discard("oom");
+    }
+    if run.client_gone {
+        return Verdict::Discard("killed");
+    }
+    match &run.init {
+        None => return Verdict::Discard("cell_died"),
+        Some(r) if r.error.is_some() => return Verdict::Discard("cell_failed"),
+        Some(_) => {}
+    }
+    cell_end_verdict(shell, cell, cgroup)
+}
+
+/// Waits for cell `cell`'s end and checks the shell is as it was: nothing left in its cgroup
+/// but its init, nothing of it changed.
+pub fn cell_end_verdict(shell: &PooledShell, cell: u64, cgroup: Option<CgroupMode>) -> Verdict {
+    match await_end(shell.control.as_fd(), cell, END_WAIT) {
+        Ok(CellEnd::Ended { changed: None }) => {}
+        Ok(CellEnd::Ended {
+            changed: Some(what),
+        }) => {
+            eprintln!("agentrun: shell {} discarded: {what}", shell.id);
+            return Verdict::Discard("shell_changed");
+        }
+        Ok(CellEnd::Late) => return Verdict::Discard("teardown_slow"),
+        Err(_) => return Verdict::Discard("init_error"),
+    }
+    if let Some(cg) = cgroup {
+        let pids = cg.pids(&shell.id);
+        if pids != [shell.init_pid] {
+            eprintln!(
+                "agentrun: shell {} discarded: processes {:?} outlived their cell",
+                shell.id,
+                pids.iter()
+                    .filter(|p| **p != shell.init_pid)
+                    .collect::<Vec<_>>()
+            );
+            return Verdict::Discard("outlived");
+        }
+    }
+    Verdict::Reuse
 }

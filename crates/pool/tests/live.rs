@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use agentrun_pool::factory::{FactoryClient, FactoryPaths};
 use agentrun_pool::live::{LiveManager, LiveSandbox, LiveSpec, ProcessExit, ProcessSpec};
-use agentrun_pool::pool::{Pool, PoolLimits};
+use agentrun_pool::pool::{Pool, PoolLimits, PoolSpec};
 use agentrun_pool::PoolError;
 
 fn pipe() -> (OwnedFd, OwnedFd) {
@@ -277,6 +277,45 @@ fn delete_reports_running_processes_lost(live: &LiveManager) {
     assert!(matches!(live.delete(sb.id()), Err(PoolError::NotFound(_))));
 }
 
+/// A deleted sandbox's shell serves the next one, in a fresh cell: same shell id, nothing of
+/// the first one's files or processes.
+fn the_next_sandbox_reuses_the_shell_in_a_fresh_cell(live: &LiveManager) {
+    let first = live.create(&spec()).unwrap();
+    let a = start(
+        &first,
+        &["/bin/sh", "-c", "echo one > /tmp/left; sleep 7331002 &"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(a.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    let (shell, first_init) = (first.id().to_owned(), first.init_pid());
+    live.delete(&shell).unwrap();
+    let second = live.create(&spec()).unwrap();
+    assert_eq!(second.id(), shell, "the shell is reused");
+    assert_ne!(second.init_pid(), first_init, "in a new cell");
+    let b = start(
+        &second,
+        &[
+            "/bin/sh",
+            "-c",
+            "ls /tmp; ps -o args= 2>/dev/null | grep -c 7331002 || true",
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(b.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    let out = b.out.recv_timeout(WAIT).unwrap();
+    assert!(
+        !out.contains("left"),
+        "the first sandbox's file is there: {out:?}"
+    );
+    assert!(
+        host_pids_running("sleep 7331002").is_empty(),
+        "its process survived"
+    );
+    live.delete(second.id()).unwrap();
+}
+
 fn many_sandboxes_in_parallel(live: &Arc<LiveManager>) {
     let handles: Vec<_> = (0..6)
         .map(|i| {
@@ -311,6 +350,9 @@ fn main() {
         ("delete_reports_running_processes_lost", |l| {
             delete_reports_running_processes_lost(l)
         }),
+        ("the_next_sandbox_reuses_the_shell_in_a_fresh_cell", |l| {
+            the_next_sandbox_reuses_the_shell_in_a_fresh_cell(l)
+        }),
         ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
     ];
     // SAFETY: geteuid has no preconditions.
@@ -342,10 +384,16 @@ fn main() {
     .unwrap();
     let pool = Arc::new(Pool::new(
         vec![factory],
-        PoolLimits {
-            pools: Vec::new(),
-            max_sandboxes: 16,
-        },
+        // A pool of `host` with no target (no refill thread here): the shells made on demand
+        // for it go back to it after their sandbox is deleted, and serve the next ones.
+        PoolLimits::new(
+            vec![PoolSpec {
+                image: "host".into(),
+                profile: "default".into(),
+                target: 0,
+            }],
+            16,
+        ),
     ));
     let live = Arc::new(LiveManager::new(pool.clone()));
     println!("\nrunning {} tests", cases.len() + 1);

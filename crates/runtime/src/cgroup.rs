@@ -239,6 +239,37 @@ impl CgroupMode {
         Ok(())
     }
 
+    /// Sets the task limit of a sandbox.
+    pub fn set_pids(self, id: &str, pids: u32) -> Result<(), RuntimeError> {
+        let path = self.dir("pids", id).join("pids.max");
+        fs::write(&path, pids.to_string()).map_err(|e| RuntimeError::io("write", &path, e))
+    }
+
+    /// Starts measuring one run in a shell's cgroup, which outlives the run: the memory
+    /// high-water mark is reset to the usage now (v1: `memory.max_usage_in_bytes`; v2: a
+    /// per-fd reset of `memory.peak`, Linux 6.12+) and the OOM-kill count so far is noted, so
+    /// [`RunMeter::finish`] reports this run's peak and OOM kills, not an earlier run's.
+    pub fn meter(self, id: &str) -> RunMeter {
+        let mem = self.dir("memory", id);
+        let peak_fd = if self.unified() {
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(mem.join("memory.peak"))
+                .ok()
+                .filter(|mut f| std::io::Write::write_all(&mut f, b"reset\n").is_ok())
+        } else {
+            let _ = fs::write(mem.join("memory.max_usage_in_bytes"), "0");
+            None
+        };
+        RunMeter {
+            mode: self,
+            id: id.to_owned(),
+            oom_base: self.stats(id).oom_kills,
+            peak_fd,
+        }
+    }
+
     /// Freezes (`true`) or thaws every process of a sandbox.
     pub fn freeze(self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
         let state = if frozen {
@@ -278,6 +309,32 @@ impl CgroupMode {
                 }
             }
         }
+    }
+}
+
+/// Measures one run in a shell's cgroup ([`CgroupMode::meter`]).
+#[derive(Debug)]
+pub struct RunMeter {
+    mode: CgroupMode,
+    id: String,
+    oom_base: u64,
+    /// v2: the `memory.peak` fd the reset was written to (its reads give the peak since).
+    peak_fd: Option<fs::File>,
+}
+
+impl RunMeter {
+    /// This run's peak memory and OOM kills.
+    pub fn finish(mut self) -> CgroupStats {
+        let mut stats = self.mode.stats(&self.id);
+        stats.oom_kills = stats.oom_kills.saturating_sub(self.oom_base);
+        if let Some(f) = self.peak_fd.as_mut() {
+            use std::io::{Read, Seek};
+            let mut s = String::new();
+            if f.rewind().is_ok() && f.read_to_string(&mut s).is_ok() {
+                stats.peak_memory_bytes = s.trim().parse().ok().or(stats.peak_memory_bytes);
+            }
+        }
+        stats
     }
 }
 

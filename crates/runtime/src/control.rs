@@ -1,21 +1,28 @@
-//! The control channel between the host and a pooled sandbox's init, and fd passing.
+//! The control channels between the host and a shell's init, a cell's PID 1, and fd passing.
 //!
-//! A pooled sandbox's init holds one end of a `SOCK_SEQPACKET` socketpair (fd 3 in the
-//! container, [`INIT_CONTROL_FD`]). A run is one [`InitRequest`] message carrying the
-//! command's stdin/stdout/stderr as `SCM_RIGHTS`, so output goes straight to the client's fds
-//! with no copy through agentrun. The init answers with one [`InitResult`] when the command
-//! has exited, then exits itself. Message boundaries come from SEQPACKET; payloads are JSON.
+//! A shell's init holds one end of a `SOCK_SEQPACKET` socketpair (fd 3 in the container,
+//! [`INIT_CONTROL_FD`]). Every run is a cell: the host sends one [`CellRequest`] with the
+//! cell's fds attached (`SCM_RIGHTS`, in [`CellRequest::fd_order`]): the host end's peer of a
+//! fresh channel for the cell, then (for a command) its stdin, stdout and stderr, then one
+//! detached mount per [`CellMount`]. The init answers [`ShellEvent::Started`] with a pidfd of
+//! the cell's PID 1 attached (or [`ShellEvent::Failed`]) and, once that PID 1 has exited and
+//! been reaped (its namespaces torn down), [`ShellEvent::Ended`]. Output goes straight to the
+//! fds the host passed, with no copy through agentrun. Message boundaries come from
+//! SEQPACKET; payloads are JSON.
 //!
-//! A long-lived sandbox (see `agentrun_pool::live`) speaks the persistent dialect instead: its
-//! first message is a [`LiveRequest`] (tagged with `op`), and from then on the init serves
-//! any number of them: [`LiveRequest::Spawn`] starts a process (stdio fds attached) in its own
-//! process group and is answered by [`LiveEvent::Started`] or [`LiveEvent::Failed`];
+//! The cell's own channel carries what the cell's PID 1 says: for a command
+//! ([`CellWork::Run`]), one [`InitResult`] once the command has exited, written before the cell
+//! is torn down; the PID 1 then waits (bounded) until the host closes its end and exits, which
+//! kills whatever else runs in the cell. A long-lived cell ([`CellWork::Live`]) speaks the
+//! persistent dialect instead: the host sends [`LiveRequest`]s (tagged with `op`) and the PID 1
+//! serves any number of them: [`LiveRequest::Spawn`] starts a process (stdio fds attached) in
+//! its own process group and is answered by [`LiveEvent::Started`] or [`LiveEvent::Failed`];
 //! [`LiveRequest::Signal`] signals a process group, [`LiveRequest::SignalAll`] every process
-//! but the init; every process's exit is reported as
-//! [`LiveEvent::Exited`] tagged with the id the host gave it. The init stays until the host
-//! closes the channel (or kills it).
+//! but the cell's PID 1; every process's exit is reported as [`LiveEvent::Exited`] tagged with
+//! the id the host gave it. The cell stays until the host closes the channel (or kills it).
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::sys::socket::{
@@ -26,20 +33,105 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::RuntimeError;
 
-/// The control fd's number inside the sandbox (libcontainer preserves fds 3..3+n).
+/// The control fd's number in the shell (libcontainer preserves fds 3..3+n).
 pub const INIT_CONTROL_FD: RawFd = 3;
 /// Largest message accepted (argv + env of a run).
 pub const MAX_MESSAGE: usize = 1 << 20;
 /// Most fds one message may carry.
-const MAX_FDS: usize = 8;
+pub const MAX_FDS: usize = 32;
 
-/// A command for a pooled sandbox's init. The fds (stdin, stdout, stderr) travel alongside.
+/// One cell for a shell's init to make (see the module doc for the fds that come with it).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct InitRequest {
+pub struct CellRequest {
+    /// Chosen by the host; the shell's events about this cell carry it.
+    pub cell: u64,
+    /// Size cap of the cell's writable layer (a tmpfs), bytes.
+    pub tmpfs_bytes: u64,
+    /// RLIMIT_NOFILE (soft = hard) of everything in the cell.
+    pub nofile: u64,
+    /// RLIMIT_NPROC (soft = hard).
+    pub nproc: u64,
+    /// Landlock rules of the cell (`None`: the host has no Landlock).
+    pub landlock: Option<PathRules>,
+    /// The run's own mounts, attached in this order (an fd each, made on the host).
+    pub mounts: Vec<CellMount>,
+    /// Relay `127.0.0.1:<port>` inside the cell to the egress proxy's socket in the shell.
+    pub egress_port: Option<u16>,
+    pub work: CellWork,
+}
+
+impl CellRequest {
+    /// How many fds come before the mounts' (the channel; stdio for a command).
+    pub fn fixed_fds(&self) -> usize {
+        match self.work {
+            CellWork::Run(_) => 4,
+            CellWork::Live => 1,
+        }
+    }
+
+    /// The fd order the init expects, as a description (for messages).
+    pub fn fd_order(&self) -> &'static str {
+        match self.work {
+            CellWork::Run(_) => "channel, stdin, stdout, stderr, mounts...",
+            CellWork::Live => "channel, mounts...",
+        }
+    }
+}
+
+/// Paths a cell may read (and execute) and write, enforced with Landlock.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PathRules {
+    pub readable: Vec<PathBuf>,
+    pub writable: Vec<PathBuf>,
+}
+
+/// A mount of the run (workspace, `--ro`/`--rw`): made and idmapped on the host, attached in
+/// the cell with `move_mount` at `target` (created inside the cell's root when missing).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CellMount {
+    pub target: PathBuf,
+    /// The source is a directory (else a file: the target is made a file).
+    pub directory: bool,
+}
+
+/// What a cell is for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CellWork {
+    /// One command; its result is the cell's only message.
+    Run(CellCommand),
+    /// A long-lived cell serving the persistent dialect on its channel.
+    Live,
+}
+
+/// The command of a [`CellWork::Run`] cell.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CellCommand {
     pub argv: Vec<String>,
     /// The whole environment, `KEY=VALUE`.
     pub env: Vec<String>,
     pub cwd: String,
+}
+
+/// What a shell's init reports about its cells.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ShellEvent {
+    /// The cell exists: `pid` is its PID 1 in the shell's pid namespace; a pidfd of it comes
+    /// with this message.
+    Started { cell: u64, pid: i32 },
+    /// The cell could not be made (before anything of the run ran).
+    Failed { cell: u64, message: String },
+    /// The cell's PID 1 has exited and was reaped: the cell is gone. `code` is its exit code
+    /// (128+N for signal N). `changed`: what of the shell is not as it was when the shell
+    /// started (its hostname, network interfaces, addresses, routes), if anything: the shell
+    /// is in doubt.
+    Ended {
+        cell: u64,
+        code: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        changed: Option<String>,
+    },
 }
 
 /// A request to a long-lived sandbox's init (the persistent dialect, see the module doc).
@@ -92,13 +184,16 @@ pub enum LiveEvent {
     Exited { id: u64, result: InitResult },
 }
 
-/// What the init reports once the command has exited.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// What a cell's PID 1 reports once the command has exited (or why it could not run it).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InitResult {
     /// Exit code, or 128+N for signal N.
     pub exit_code: i32,
     pub signal: Option<i32>,
     pub usage: ResourceUsage,
+    /// The cell could not be set up around the command (exit code 125): why, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// CPU time and peak RSS of a command and the children it waited for (`getrusage`).
@@ -257,13 +352,23 @@ mod tests {
 
     #[test]
     fn the_two_dialects_are_told_apart_by_op() {
-        let one_shot = serde_json::to_value(InitRequest {
-            argv: vec!["true".into()],
-            env: vec![],
-            cwd: "/".into(),
-        })
-        .unwrap();
-        assert!(one_shot.get("op").is_none(), "{one_shot}");
+        let cell = CellRequest {
+            cell: 1,
+            tmpfs_bytes: 1 << 20,
+            nofile: 1024,
+            nproc: 64,
+            landlock: None,
+            mounts: vec![],
+            egress_port: None,
+            work: CellWork::Run(CellCommand {
+                argv: vec!["true".into()],
+                env: vec![],
+                cwd: "/".into(),
+            }),
+        };
+        let v = serde_json::to_value(&cell).unwrap();
+        assert!(v.get("op").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<CellRequest>(v).unwrap(), cell);
         let live = LiveRequest::Spawn(SpawnRequest {
             id: 7,
             argv: vec!["sh".into()],
@@ -293,6 +398,7 @@ mod tests {
                 exit_code: 137,
                 signal: Some(9),
                 usage: ResourceUsage::default(),
+                error: None,
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
@@ -303,14 +409,10 @@ mod tests {
     fn request_and_fds_round_trip() {
         let (a, b) = seqpacket_pair().unwrap();
         let (r, w) = nix::unistd::pipe().unwrap();
-        let req = InitRequest {
-            argv: vec!["echo".into(), "hi".into()],
-            env: vec!["A=1".into()],
-            cwd: "/workspace".into(),
-        };
+        let req = ShellEvent::Started { cell: 3, pid: 42 };
         send_json(a.as_fd(), &req, &[w.as_raw_fd()]).unwrap();
         drop(w);
-        let (got, fds): (InitRequest, _) = recv_json(b.as_fd()).unwrap().unwrap();
+        let (got, fds): (ShellEvent, _) = recv_json(b.as_fd()).unwrap().unwrap();
         assert_eq!(got, req);
         assert_eq!(fds.len(), 1);
         nix::unistd::write(&fds[0], b"x").unwrap();

@@ -10,7 +10,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -115,6 +115,7 @@ const MOUNT_ATTR_NODEV: u64 = 0x4;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 
 fn cpath(p: &Path) -> Result<CString, RuntimeError> {
     CString::new(p.as_os_str().as_bytes())
@@ -129,8 +130,41 @@ pub fn attach_clone(
     ns: Option<&MappingNamespace>,
     readonly: bool,
 ) -> Result<(), RuntimeError> {
-    let src = cpath(source)?;
+    let tree = detached_clone(source, ns, readonly)?;
     let dst = cpath(target)?;
+    let empty = c"";
+    // SAFETY: move_mount of our detached tree onto an existing directory path.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(RuntimeError::io(
+            "move_mount to",
+            target,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// A detached clone of the mount tree at `source` (`open_tree(OPEN_TREE_CLONE)`), idmapped
+/// through `ns` when given, read-only when asked, always nosuid+nodev: an fd that can be
+/// passed to another process and attached there with [`move_detached`] (a cell attaches the
+/// run's mounts this way: made by the host, never a path the sandbox resolves). Unattached,
+/// it goes away with its last fd.
+pub fn detached_clone(
+    source: &Path,
+    ns: Option<&MappingNamespace>,
+    readonly: bool,
+) -> Result<OwnedFd, RuntimeError> {
+    let src = cpath(source)?;
     let empty = c"";
     // SAFETY: open_tree with a valid NUL-terminated path; the returned fd is owned below.
     let fd = unsafe {
@@ -185,25 +219,29 @@ pub fn attach_clone(
             std::io::Error::last_os_error(),
         ));
     }
-    // SAFETY: move_mount of our detached tree onto an existing directory path.
+    Ok(tree)
+}
+
+/// Attaches a detached mount (from [`detached_clone`]) on the directory or file `target` is
+/// open on (an `O_PATH` fd).
+pub fn move_detached(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> std::io::Result<()> {
+    let empty = c"";
+    // SAFETY: move_mount between two fds we hold, both with empty paths.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_FDCWD,
-            dst.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            target.as_raw_fd(),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
         )
     };
     if rc < 0 {
-        return Err(RuntimeError::io(
-            "move_mount to",
-            target,
-            std::io::Error::last_os_error(),
-        ));
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
-    Ok(())
 }
 
 /// Whether this host can make idmapped mounts of `dir`'s filesystem.

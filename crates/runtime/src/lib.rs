@@ -8,6 +8,8 @@
 //! ever resolving a path outside it. [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
 //! [`host`] says what this host enforces.
 
+pub mod cell;
+pub mod cellrun;
 pub mod cgroup;
 pub mod control;
 mod error;
@@ -20,9 +22,11 @@ pub mod kaudit;
 pub mod landlock;
 pub mod net;
 pub mod netns;
+pub mod reaper;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
+pub mod shell;
 pub mod spawn;
 pub mod spec;
 pub mod user;

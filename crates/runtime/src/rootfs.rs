@@ -209,7 +209,7 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(s: &str) -> String {
+pub(crate) fn unescape_mountinfo(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

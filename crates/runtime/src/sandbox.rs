@@ -1,9 +1,13 @@
-//! A sandbox's life: create (state dir, rootfs, bundle, libcontainer container), run (stdio
-//! pumped live, timeout, signal forwarding), and destroy (nothing left behind).
+//! A sandbox container's life: create (state dir, rootfs, bundle, libcontainer container) and
+//! destroy (nothing left behind). Almost always the container is a **shell**
+//! ([`SandboxStdio::Shell`], see [`crate::shell`]): its init makes a cell per run, driven from
+//! the host through [`crate::cellrun`] (the cold path runs one cell with [`Sandbox::run_cell`],
+//! the daemon's pool many over a shell's life). `image build` runs its RUN steps as the
+//! container's own command instead ([`SandboxStdio::Piped`], [`Sandbox::run`]).
 //!
 //! Contract: [`Sandbox::create`] must be called while the process is single-threaded
 //! (libcontainer clones and keeps running Rust in the child). The CLI calls it before any
-//! thread exists; the daemon will call it from a single-threaded helper process.
+//! thread exists; the daemon calls it from single-threaded factory processes.
 
 use std::fs;
 use std::io::Write;
@@ -87,9 +91,6 @@ pub struct SandboxConfig {
     /// records renames as copies (no redirect/metacopy xattrs a layer tar cannot carry), and no
     /// `/workspace` is added to it.
     pub for_commit: bool,
-    /// Bridge `127.0.0.1:<port>` inside the sandbox to the egress proxy's socket
-    /// ([`Sandbox::egress_socket`]), which the caller serves.
-    pub egress_port: Option<u16>,
 }
 
 /// Where the egress proxy's socket directory appears inside the sandbox.
@@ -115,7 +116,6 @@ impl SandboxConfig {
                 mounts: Vec::new(),
                 cwd: None,
                 for_commit: false,
-                egress_port: None,
             },
         }
     }
@@ -141,10 +141,6 @@ impl SandboxConfigBuilder {
     /// See [`SandboxConfig::for_commit`].
     pub fn for_commit(mut self, yes: bool) -> Self {
         self.config.for_commit = yes;
-        self
-    }
-    pub fn egress_port(mut self, port: Option<u16>) -> Self {
-        self.config.egress_port = port;
         self
     }
     pub fn build(self) -> SandboxConfig {
@@ -174,6 +170,8 @@ pub struct RunOutcome {
     pub usage: Option<crate::control::ResourceUsage>,
     /// stdout or stderr went over the profile's output cap; the rest was dropped.
     pub output_truncated: bool,
+    /// The cell could not be set up around the command (exit 125): why.
+    pub error: Option<String>,
 }
 
 /// What enforcement a sandbox got on this host (recorded on the span).
@@ -197,13 +195,13 @@ pub struct Sandbox {
     container: Option<Container>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
-    /// Host end of a pooled sandbox's control channel.
+    /// Host end of a shell's control channel.
     control: Option<OwnedFd>,
     cgroup: Option<CgroupMode>,
     enforcement: Enforcement,
     /// Shared locks on the image's layers: `image prune` leaves them alone while we exist.
     image_lease: Option<agentrun_image::LayerLease>,
-    /// The image's run configuration (a pooled sandbox's commands get its Env and WorkingDir).
+    /// The image's run configuration (a shell's commands get its Env and WorkingDir).
     image_config: agentrun_image::ImageConfig,
     /// The id of the image it runs (its config digest).
     image_id: String,
@@ -212,19 +210,18 @@ pub struct Sandbox {
     destroyed: bool,
 }
 
-/// How the sandbox's command gets its stdio.
+/// What the container's init is.
 pub enum SandboxStdio {
-    /// Cold path: the spec's command runs at [`Sandbox::run`] with this stdin, its output
-    /// pumped to the caller's writers.
+    /// The spec's command runs at [`Sandbox::run`] with this stdin, its output pumped to the
+    /// caller's writers (`image build`'s RUN steps).
     Piped { stdin: OwnedFd },
-    /// Pooled: the init waits for one request on a control channel ([`Sandbox::take_control`],
-    /// see [`crate::control`]) that brings the command and its stdio fds.
-    Pooled,
+    /// A shell: its init makes a cell per request on a control channel
+    /// ([`Sandbox::take_control`], see [`crate::control`]).
+    Shell,
 }
 
-/// Placeholder `process.args` of a pooled sandbox: its command comes later, over the control
-/// channel.
-const POOLED_ARGS: &str = "agentrun-init";
+/// Placeholder `process.args` of a shell: commands come later, each in a cell.
+const SHELL_ARGS: &str = "agentrun-shell";
 
 fn random_id() -> String {
     let mut b = [0u8; 6];
@@ -342,9 +339,14 @@ impl Sandbox {
                 "no cgroup filesystem found".into(),
             ));
         };
-        let pooled = matches!(stdio, SandboxStdio::Pooled);
-        if config.args.is_empty() && !pooled {
+        let shell = matches!(stdio, SandboxStdio::Shell);
+        if config.args.is_empty() && !shell {
             return Err(RuntimeError::InvalidInput("no command given".into()));
+        }
+        if shell && (config.workspace.is_some() || !config.mounts.is_empty()) {
+            return Err(RuntimeError::InvalidInput(
+                "a shell has no mounts of its own: each run brings its own to its cell".into(),
+            ));
         }
         let profile = &config.profile;
         let mut mounts = Vec::new();
@@ -356,7 +358,8 @@ impl Sandbox {
             });
         }
         mounts.extend(config.mounts.iter().cloned());
-        if config.egress_port.is_some() {
+        if shell {
+            // Where a run's egress proxy listens; its cell relays 127.0.0.1:<port> there.
             let dir = self.state.join("egress");
             fs::DirBuilder::new()
                 .mode(0o755)
@@ -392,6 +395,19 @@ impl Sandbox {
         if loopback {
             init_caps.extend_from_slice(INIT_ONLY_CAPS);
         }
+        if shell {
+            if let Some(missing) = crate::executor::SHELL_CAPS.iter().find(|c| !has(c)) {
+                return Err(RuntimeError::Unsupported(format!(
+                    "{missing} is not in this host's capability bounding set: a shell's init \
+                     needs it (in the sandbox's own user namespace) to make a cell per run"
+                )));
+            }
+            for c in crate::executor::SHELL_CAPS {
+                if !init_caps.contains(c) {
+                    init_caps.push(*c);
+                }
+            }
+        }
 
         // Profile defaults, then the image's Env, then the caller's values.
         self.image_config = config.image.config.clone();
@@ -402,11 +418,18 @@ impl Sandbox {
         let cwd = config.cwd.clone().unwrap_or_else(|| {
             PathBuf::from(config.image.config.default_cwd(config.workspace.is_some()))
         });
+        let hard = |r| {
+            nix::sys::resource::getrlimit(r)
+                .map(|(_, hard)| hard)
+                .unwrap_or(1024)
+        };
+        let host_nofile_max = hard(nix::sys::resource::Resource::RLIMIT_NOFILE);
+        let host_nproc_max = hard(nix::sys::resource::Resource::RLIMIT_NPROC);
         let spec = spec::build(&SpecInput {
             sandbox_id: self.id.clone(),
             image_name: config.image.name.clone(),
-            args: if pooled {
-                vec![POOLED_ARGS.to_string()]
+            args: if shell {
+                vec![SHELL_ARGS.to_string()]
             } else {
                 config.args.clone()
             },
@@ -418,11 +441,18 @@ impl Sandbox {
             binds: prepared.binds.clone(),
             seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())?,
             init_caps,
-            host_nofile_max: nix::sys::resource::getrlimit(
-                nix::sys::resource::Resource::RLIMIT_NOFILE,
-            )
-            .map(|(_, hard)| hard)
-            .unwrap_or(1024),
+            // A shell's are the most a cell may get (raising is not possible in a cell); the
+            // most we may set is our own hard limit.
+            nofile: if shell {
+                host_nofile_max
+            } else {
+                profile.resources.nofile.min(host_nofile_max)
+            },
+            nproc: if shell {
+                host_nproc_max
+            } else {
+                u64::from(profile.resources.pids).min(host_nproc_max)
+            },
             swap_limit: host.swap_limit,
             masked: profile.filesystem.hidden.clone(),
         })?;
@@ -446,21 +476,20 @@ impl Sandbox {
         let mut readable = profile.landlock_readable();
         readable.extend(mounts.iter().map(|m| m.target.clone()));
         let executor = SandboxExecutor {
-            mode: if pooled {
-                InitMode::Serve
+            mode: if shell {
+                InitMode::Shell
             } else {
                 InitMode::Spec
             },
-            landlock: (host.landlock_abi > 0).then_some(LandlockRules { readable, writable }),
+            // A shell's cells get theirs per run.
+            landlock: (host.landlock_abi > 0 && !shell)
+                .then_some(LandlockRules { readable, writable }),
             landlock_abi: host.landlock_abi,
             command_caps,
             loopback,
             program: "agentrun".into(),
             cwd: cwd.to_string_lossy().into_owned(),
-            egress: config.egress_port.map(|port| crate::net::EgressBridge {
-                port,
-                socket: PathBuf::from(EGRESS_DIR_IN_SANDBOX).join(EGRESS_SOCKET),
-            }),
+            egress_socket: PathBuf::from(EGRESS_DIR_IN_SANDBOX).join(EGRESS_SOCKET),
         };
         self.enforcement = Enforcement {
             landlock: host.landlock_enforcement(),
@@ -491,7 +520,7 @@ impl Sandbox {
                     &self.state,
                 )?
             }
-            SandboxStdio::Pooled => {
+            SandboxStdio::Shell => {
                 let (host_end, init_end) = crate::control::seqpacket_pair()?;
                 let log_path = self.state.join("init.log");
                 // Every fd the builder gets is opened while the control end sits at fd 3,
@@ -523,7 +552,7 @@ impl Sandbox {
         Ok(())
     }
 
-    /// The host end of a pooled sandbox's control channel (once).
+    /// The host end of a shell's control channel (once).
     pub fn take_control(&mut self) -> Option<OwnedFd> {
         self.control.take()
     }
@@ -536,7 +565,7 @@ impl Sandbox {
             .map(|p| p.as_raw())
     }
 
-    /// Lets the init proceed: a pooled init then waits for its request.
+    /// Lets the init proceed: a shell's init then waits for cell requests.
     pub fn start(&mut self) -> Result<(), RuntimeError> {
         let container = self
             .container
@@ -545,6 +574,156 @@ impl Sandbox {
         container
             .start()
             .map_err(|e| RuntimeError::Container(e.to_string()))
+    }
+
+    /// Runs one cell in this shell (the cold path: one shell, one cell) with `stdin` and its
+    /// output pumped to `out`/`err` (so it is counted, previewed and capped), until the
+    /// command exits, the timeout passes (the whole cell is killed: exit 124), or a signal
+    /// arrives on `signals` (forwarded; a second one kills the cell). `req`'s work must be a
+    /// command; `mounts` are the run's, made with [`crate::cellrun::RunMounts::prepare`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_cell(
+        &mut self,
+        req: &crate::control::CellRequest,
+        mounts: crate::cellrun::RunMounts,
+        stdin: OwnedFd,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+        timeout: Option<Duration>,
+        signals: Option<&SignalFd>,
+    ) -> Result<RunOutcome, RuntimeError> {
+        use crate::cellrun::{settle, CellError, CellRun};
+        let started = Instant::now();
+        let control = self
+            .control
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Container("not a shell".into()))?;
+        let meter = self.cgroup.map(|cg| cg.meter(&self.id));
+        let (out_r, out_w) = cloexec_pipe()?;
+        let (err_r, err_w) = cloexec_pipe()?;
+        let stdio = [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+        let mut cell = match CellRun::start(control.as_fd(), req, &stdio, mounts) {
+            Ok(c) => c,
+            Err(CellError::Runtime(e)) => return Err(e),
+            Err(e) => return Err(RuntimeError::Container(e.to_string())),
+        };
+        drop((stdin, out_w, err_w));
+        let deadline = timeout.map(|t| started + t);
+        let mut outcome = RunOutcome {
+            init_pid: cell.pid,
+            ..Default::default()
+        };
+        let mut streams = [
+            OutputStream::new(Some(out_r), self.output_cap),
+            OutputStream::new(Some(err_r), self.output_cap),
+        ];
+        let mut result = None;
+        let mut cell_done = false;
+        let mut done_at: Option<Instant> = None;
+        let mut signals_seen = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let open = streams.iter().any(|s| s.fd.is_some());
+            if cell_done && !open {
+                break;
+            }
+            // Output must reach EOF soon after the cell is gone (its pid namespace is dead);
+            // never hang on a pipe someone else might hold.
+            if done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+                break;
+            }
+            let now = Instant::now();
+            let wait_ms = match (cell_done, deadline) {
+                (true, _) => 100,
+                (false, Some(d)) if d <= now => {
+                    if !outcome.timed_out {
+                        outcome.timed_out = true;
+                        cell.kill();
+                    }
+                    100
+                }
+                (false, Some(d)) => (d - now).as_millis().min(60_000) as i32 + 1,
+                (false, None) => 60_000,
+            };
+            let mut fds: Vec<PollFd> = Vec::with_capacity(4);
+            let mut which: Vec<usize> = Vec::with_capacity(4);
+            for (i, s) in streams.iter().enumerate() {
+                if let Some(fd) = &s.fd {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    which.push(i);
+                }
+            }
+            let cell_slot = match (cell_done, cell.channel()) {
+                (false, Some(ch)) => {
+                    fds.push(PollFd::new(ch, PollFlags::POLLIN));
+                    Some(fds.len() - 1)
+                }
+                _ => None,
+            };
+            let sig_slot = signals.map(|s| {
+                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(RuntimeError::sys("poll", e)),
+            }
+            let ready = |i: usize| {
+                fds[i].revents().is_some_and(|r| {
+                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                })
+            };
+            let ready_streams: Vec<usize> = (0..which.len())
+                .filter(|i| ready(*i))
+                .map(|i| which[i])
+                .collect();
+            let cell_ready = cell_slot.is_some_and(ready);
+            let sig_ready = sig_slot.is_some_and(ready);
+            drop(fds);
+            for i in ready_streams {
+                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
+                streams[i].pump(&mut buf, sink);
+            }
+            if sig_ready {
+                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
+                    signals_seen += 1;
+                    cell.signal(if signals_seen > 1 {
+                        libc::SIGKILL
+                    } else {
+                        info.ssi_signo as i32
+                    });
+                }
+            }
+            if cell_ready {
+                // The result, or EOF: the cell's PID 1 died without one.
+                result = cell.result();
+                cell_done = true;
+                done_at = Some(Instant::now());
+                outcome.run_duration = started.elapsed();
+                // Let the cell end now: the rest of its output comes with its teardown.
+                cell.let_go();
+            }
+        }
+        outcome.output_truncated = streams.iter().any(|s| s.truncated);
+        outcome.stdout_bytes = streams[0].bytes;
+        outcome.stderr_bytes = streams[1].bytes;
+        outcome.stderr_preview = std::mem::take(&mut streams[1].preview);
+        let _ = out.flush();
+        let _ = err.flush();
+        if let Some(m) = meter {
+            outcome.stats = m.finish();
+        }
+        outcome.oom_killed = outcome.stats.oom_kills > 0;
+        let (code, signal) = settle(result.as_ref(), outcome.timed_out, outcome.stats.oom_kills);
+        outcome.exit_code = code;
+        outcome.signal = signal;
+        outcome.usage = result.as_ref().map(|r| r.usage);
+        outcome.error = result.and_then(|r| r.error);
+        Ok(outcome)
     }
 
     /// Starts the command and pumps its output to `out`/`err` until it exits, the timeout
@@ -570,8 +749,8 @@ impl Sandbox {
             ..Default::default()
         };
         let mut streams = [
-            Stream::new(self.stdout.take(), self.output_cap),
-            Stream::new(self.stderr.take(), self.output_cap),
+            OutputStream::new(self.stdout.take(), self.output_cap),
+            OutputStream::new(self.stderr.take(), self.output_cap),
         ];
         let mut status: Option<WaitStatus> = None;
         let mut exited_at: Option<Instant> = None;
@@ -811,22 +990,29 @@ fn remove_dir(p: &Path) -> Result<(), RuntimeError> {
     }
 }
 
-/// One output stream of the sandbox, pumped to a sink.
-struct Stream {
-    fd: Option<OwnedFd>,
-    bytes: u64,
-    preview: Vec<u8>,
+/// One output stream of a run, pumped from a pipe to a sink: counted, its first bytes kept
+/// for the span, capped (the cold path here; the warm client for runs whose profile caps
+/// output).
+pub struct OutputStream {
+    /// The pipe's read end (`None` once at EOF or when the sink closed).
+    pub fd: Option<OwnedFd>,
+    /// Bytes read.
+    pub bytes: u64,
+    /// The first [`PREVIEW_BYTES`] of them.
+    pub preview: Vec<u8>,
     sink_closed: bool,
     /// Bytes passed on at most; the rest is read and dropped.
     cap: Option<u64>,
-    truncated: bool,
+    /// More than the cap came.
+    pub truncated: bool,
 }
 
-const PREVIEW_BYTES: usize = 512;
+/// How much of stderr a run's span keeps.
+pub const PREVIEW_BYTES: usize = 512;
 
-impl Stream {
-    fn new(fd: Option<OwnedFd>, cap: Option<u64>) -> Self {
-        Stream {
+impl OutputStream {
+    pub fn new(fd: Option<OwnedFd>, cap: Option<u64>) -> Self {
+        OutputStream {
             fd,
             bytes: 0,
             preview: Vec::new(),
@@ -838,7 +1024,7 @@ impl Stream {
 
     /// Reads what is available and writes it on. EOF closes the stream; a closed sink closes
     /// it too, so the writer inside gets SIGPIPE as it would writing to that sink directly.
-    fn pump(&mut self, buf: &mut [u8], sink: &mut dyn Write) {
+    pub fn pump(&mut self, buf: &mut [u8], sink: &mut dyn Write) {
         let Some(fd) = &self.fd else { return };
         match nix::unistd::read(fd.as_raw_fd(), buf) {
             Ok(0) => self.fd = None,

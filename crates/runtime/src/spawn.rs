@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::os::fd::RawFd;
 
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::SigSet;
 use nix::unistd::Pid;
 
 /// What to start and how.
@@ -41,9 +41,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = spec.env.iter().map(|e| e.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
-    let mut defaults = SigSet::all();
-    defaults.remove(Signal::SIGKILL);
-    defaults.remove(Signal::SIGSTOP);
+    let defaults = ignored_signals();
     let empty = SigSet::empty();
 
     // SAFETY: attr and actions are initialised before use and destroyed on every path below;
@@ -103,6 +101,37 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
         libc::posix_spawn_file_actions_destroy(actions_ptr);
         libc::posix_spawnattr_destroy(attr_ptr);
         result
+    }
+}
+
+/// The signals this process ignores: the ones a spawn must set back to their default (exec
+/// resets handled signals by itself; resetting every signal costs ~64 syscalls a spawn).
+/// Worked out once; a shell's init calls it before it makes cells, which inherit it.
+pub fn ignored_signals() -> SigSet {
+    static IGNORED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+    let list = IGNORED.get_or_init(|| {
+        (1..=libc::SIGRTMAX())
+            .filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP)
+            .filter(|&sig| {
+                // SAFETY: sigaction with a null new action only reads the disposition into a
+                // zeroed struct we own.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                        && old.sa_sigaction == libc::SIG_IGN
+                }
+            })
+            .collect()
+    });
+    // SAFETY: sigemptyset/sigaddset on a sigset_t we own (realtime signals have no nix
+    // `Signal`), with signal numbers the kernel reported; the set is then a valid one.
+    unsafe {
+        let mut raw: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut raw);
+        for &sig in list {
+            libc::sigaddset(&mut raw, sig);
+        }
+        SigSet::from_sigset_t_unchecked(raw)
     }
 }
 

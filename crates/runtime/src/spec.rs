@@ -43,8 +43,10 @@ pub struct SpecInput {
     pub seccomp: LinuxSeccomp,
     /// Capabilities of the init (the command's set is narrowed from these by the executor).
     pub init_caps: Vec<Capability>,
-    /// RLIMIT_NOFILE hard limit allowed by the host (lowering is always possible).
-    pub host_nofile_max: u64,
+    /// RLIMIT_NOFILE and RLIMIT_NPROC of the init (soft = hard). A shell's are the most any
+    /// cell may get (a cell lowers its own; raising needs a capability nobody in it has).
+    pub nofile: u64,
+    pub nproc: u64,
     pub swap_limit: bool,
     /// Paths masked on top of the OCI defaults (the profile's hidden paths).
     pub masked: Vec<PathBuf>,
@@ -63,7 +65,7 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
         .iter()
         .map(|c| oci_cap(*c))
         .collect::<Result<std::collections::HashSet<OciCap>, _>>()?;
-    let nofile = input.resources.nofile.min(input.host_nofile_max);
+    let nofile = input.nofile;
     let rlimits = vec![
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNofile)
@@ -72,8 +74,8 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
             .build()?,
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNproc)
-            .soft(u64::from(input.resources.pids))
-            .hard(u64::from(input.resources.pids))
+            .soft(input.nproc)
+            .hard(input.nproc)
             .build()?,
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitCore)
@@ -226,7 +228,8 @@ mod tests {
             seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())
                 .unwrap(),
             init_caps: vec![Capability::CAP_KILL, Capability::CAP_NET_ADMIN],
-            host_nofile_max: 512,
+            nofile: 512,
+            nproc: 64,
             swap_limit: true,
             masked: vec!["/secret".into()],
         }

@@ -1,0 +1,495 @@
+//! A cell: what one run sees, made by a shell's init per request (see [`crate::shell`]).
+//!
+//! The shell's init clones with new pid, mount and ipc namespaces; the child (the cell's
+//! PID 1) runs [`enter`]:
+//! 1. keeps only the fds of its request (the cell's channel, the run's stdio, its mounts) and
+//!    dies with the shell's init (PDEATHSIG);
+//! 2. builds its root: a tmpfs (the run's `tmpfs_size`) over the shell's scratch directory
+//!    holding the overlay's upper and work dirs, an overlay with the shell's root as its lower
+//!    layer (`userxattr`: whiteouts and opaque dirs as user xattrs on the tmpfs), a `/proc` of
+//!    its own pid namespace with the shell's masked and read-only `/proc` paths applied again,
+//!    the shell's other top-level mounts moved in (`/dev`, `/sys`, image binds such as the
+//!    `host` image's `/usr`, the profile's hidden paths, the egress socket's directory), fresh
+//!    `/dev/shm`, `/dev/mqueue` and `/dev/pts`, and the run's own mounts: detached mounts made
+//!    and idmapped on the host, passed as fds and attached with `move_mount` on a target
+//!    opened inside the new root (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
+//! 3. `pivot_root`s into it and detaches the shell's root;
+//! 4. confines itself: rlimits, the command's capabilities (bounding set included), Landlock,
+//!    the run's seccomp filter (on top of the shell's, which it inherited);
+//! 5. becomes the run's PID 1 ([`crate::reaper`]): starts the command, forwards signals, and
+//!    writes the result on its channel *before* exiting (the cell's teardown, namespaces and
+//!    mounts, happens in its exit, off the host's reply path); or, for a long-lived cell,
+//!    serves the persistent dialect on the channel.
+//!
+//! Everything of the run (files, processes, IPC objects, mounts) is in the cell's own
+//! namespaces and writable layer, and goes with them; the next cell of the same shell starts
+//! from the shell again.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use caps::Capability;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use seccompiler::BpfProgram;
+
+use crate::control::{self, CellMount, CellRequest, CellWork, InitResult};
+use crate::landlock::{self, LandlockRules};
+use crate::reaper::{self, Command, EXIT_SETUP_FAILED};
+
+/// How long a cell's PID 1 waits, after reporting its result, for the host to close the
+/// channel before it exits (and the cell is torn down). The host closes it once its client
+/// has its answer, so the teardown's kernel work does not compete with the reply.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// What every cell of a shell is made from: worked out once by the shell's init.
+#[derive(Debug, Clone)]
+pub(crate) struct CellTemplate {
+    /// Capabilities the command keeps; everything else is dropped, bounding set included.
+    pub command_caps: Vec<Capability>,
+    /// The host's Landlock ABI.
+    pub landlock_abi: u32,
+    /// The run's seccomp filter (compiled once, installed in each cell).
+    pub run_filters: Vec<BpfProgram>,
+    /// A directory of the shell's root the cell's tmpfs goes over (it holds the overlay's
+    /// upper, work and merged dirs; the overlay's lower layer shows what is under it).
+    pub scratch: PathBuf,
+    /// The shell's top-level mounts (but `/proc`), moved into every cell's root.
+    pub moved: Vec<PathBuf>,
+    /// `/proc` paths masked (empty read-only tmpfs over a directory, `/dev/null` over a
+    /// file) and made read-only in each cell's own `/proc`.
+    pub proc_masked: Vec<PathBuf>,
+    pub proc_readonly: Vec<PathBuf>,
+    /// Where the egress proxy's socket is, inside the sandbox.
+    pub egress_socket: PathBuf,
+}
+
+/// Why a cell could not be made.
+#[derive(Debug)]
+struct SetupError(String);
+
+impl SetupError {
+    fn sys(what: impl std::fmt::Display, e: nix::Error) -> Self {
+        SetupError(format!("{what}: {}", e.desc().to_lowercase()))
+    }
+}
+
+type Setup<T> = Result<T, SetupError>;
+
+/// The cell's PID 1, right after the shell's init cloned it. Never returns.
+pub(crate) fn enter(template: &CellTemplate, req: CellRequest, fds: Vec<OwnedFd>) -> ! {
+    keep_only(&fds);
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process: if the shell's init
+    // dies, the cell dies with it.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let fixed = req.fixed_fds();
+    if fds.len() != fixed + req.mounts.len() {
+        let msg = format!(
+            "a cell request needs {} fds ({}), got {}",
+            fixed + req.mounts.len(),
+            req.fd_order(),
+            fds.len()
+        );
+        fail_early(fds.first().map(|f| f.as_fd()), None, &msg);
+    }
+    let mut fds = fds.into_iter();
+    let channel = fds.next().expect("counted above");
+    let stdio: Option<[OwnedFd; 3]> = match req.work {
+        CellWork::Run(_) => Some([
+            fds.next().expect("counted"),
+            fds.next().expect("counted"),
+            fds.next().expect("counted"),
+        ]),
+        CellWork::Live => None,
+    };
+    let mounts: Vec<(CellMount, OwnedFd)> = req.mounts.iter().cloned().zip(fds).collect();
+    let stderr = stdio.as_ref().map(|s| s[2].as_raw_fd());
+    if let Err(SetupError(msg)) =
+        build_root(template, req.tmpfs_bytes, mounts).and_then(|()| confine(template, &req))
+    {
+        fail_early(
+            Some(channel.as_fd()),
+            stderr,
+            &format!("cannot make the cell: {msg}"),
+        );
+    }
+    if reaper::block_all_signals().is_err() {
+        fail_early(Some(channel.as_fd()), stderr, "cannot block signals");
+    }
+    if let Some(port) = req.egress_port {
+        // Listening before anything runs: the first connection finds the relay up. Its
+        // threads inherit the blocked mask, so signals still reach only the PID 1's wait.
+        let bridge = crate::net::EgressBridge {
+            port,
+            socket: template.egress_socket.clone(),
+        };
+        if let Err(e) = bridge.start() {
+            let msg = format!("cannot make the cell: egress relay: {e}");
+            fail_early(Some(channel.as_fd()), stderr, &msg);
+        }
+    }
+    match req.work {
+        CellWork::Live => reaper::serve_live(channel),
+        CellWork::Run(cmd) => {
+            // The command's stdio becomes ours: its spawn inherits it, and our messages about
+            // it go to its stderr.
+            if let Some(stdio) = stdio {
+                for (n, fd) in stdio.iter().enumerate() {
+                    // SAFETY: dup2 onto 0, 1, 2 of fds we own.
+                    unsafe { libc::dup2(fd.as_raw_fd(), n as RawFd) };
+                }
+            }
+            let result = match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
+                Ok(cmd) => reaper::run_to_end(&cmd),
+                Err(reaper::BadCommand(msg)) => {
+                    reaper::say_on(2, &msg);
+                    InitResult {
+                        exit_code: EXIT_SETUP_FAILED,
+                        error: Some(msg),
+                        ..Default::default()
+                    }
+                }
+            };
+            let _ = control::send_json(channel.as_fd(), &result, &[]);
+            // Wait (bounded) for the host to take the result and let go: whatever the run
+            // left running is killed when we exit.
+            let _ = control::wait_readable(channel.as_fd(), Some(LINGER));
+            std::process::exit(result.exit_code)
+        }
+    }
+}
+
+/// Reports a cell that could not be made (on its channel and, for a command, its stderr)
+/// and exits.
+fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str) -> ! {
+    if let Some(fd) = stderr {
+        reaper::say_on(fd, msg);
+    }
+    if let Some(ch) = channel {
+        let result = InitResult {
+            exit_code: EXIT_SETUP_FAILED,
+            error: Some(msg.to_owned()),
+            ..Default::default()
+        };
+        let _ = control::send_json(ch, &result, &[]);
+    }
+    std::process::exit(EXIT_SETUP_FAILED)
+}
+
+/// Closes every fd but 0, 1, 2 and `keep`: nothing of the shell's init (its control channel
+/// above all) stays open in the cell.
+fn keep_only(keep: &[OwnedFd]) {
+    let mut raw: Vec<u32> = keep.iter().map(|f| f.as_raw_fd() as u32).collect();
+    raw.sort_unstable();
+    let mut next = 3u32;
+    for fd in raw {
+        if fd > next {
+            // SAFETY: close_range on fds of this fresh process that nothing here uses.
+            unsafe { libc::close_range(next, fd - 1, 0) };
+        }
+        next = next.max(fd + 1);
+    }
+    // SAFETY: as above.
+    unsafe { libc::close_range(next, u32::MAX, 0) };
+}
+
+fn mnt(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Setup<()> {
+    mount(source, target, fstype, flags, data).map_err(|e| {
+        SetupError::sys(
+            format!(
+                "mounting {} on {}",
+                fstype.or(source).unwrap_or("it"),
+                target.display()
+            ),
+            e,
+        )
+    })
+}
+
+fn mkdir(p: &Path, mode: u32) -> Setup<()> {
+    match nix::unistd::mkdir(p, nix::sys::stat::Mode::from_bits_truncate(mode)) {
+        Ok(()) | Err(nix::Error::EEXIST) => Ok(()),
+        Err(e) => Err(SetupError::sys(format!("creating {}", p.display()), e)),
+    }
+}
+
+/// `root` joined with an absolute in-sandbox path.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Builds the cell's root and pivots into it (see the module doc).
+fn build_root(t: &CellTemplate, tmpfs_bytes: u64, mounts: Vec<(CellMount, OwnedFd)>) -> Setup<()> {
+    let scratch = &t.scratch;
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mnt(
+        Some("tmpfs"),
+        scratch,
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some(&format!("size={tmpfs_bytes},mode=0755")),
+    )?;
+    let upper = scratch.join("upper");
+    let work = scratch.join("work");
+    let root = scratch.join("root");
+    mkdir(&upper, 0o755)?;
+    mkdir(&work, 0o700)?;
+    mkdir(&root, 0o755)?;
+    // userxattr: the overlay keeps its whiteout/opaque markers as user.overlay.* xattrs,
+    // which an unprivileged mounter may set on the tmpfs (trusted.* ones it may not: the
+    // kernel would fall back, and log it for every cell). It rules out redirect_dir and
+    // metacopy, which a cell does not need.
+    mnt(
+        Some("overlay"),
+        &root,
+        Some("overlay"),
+        nosuid_nodev,
+        Some(&format!(
+            "lowerdir=/,upperdir={},workdir={},userxattr",
+            upper.display(),
+            work.display()
+        )),
+    )?;
+    // Its own /proc, mounted while the shell's is still in this mount namespace (a new proc
+    // mount must not reveal more than one already visible).
+    let proc_dir = root.join("proc");
+    mnt(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    for m in &t.moved {
+        mnt(
+            Some(&m.to_string_lossy()),
+            &under(&root, m),
+            None,
+            MsFlags::MS_MOVE,
+            None,
+        )?;
+    }
+    mask_proc(t, &root)?;
+    let dev = root.join("dev");
+    let fresh = [
+        ("shm", "tmpfs", "mode=1777,size=65536k", true),
+        ("mqueue", "mqueue", "", true),
+        (
+            "pts",
+            "devpts",
+            "newinstance,ptmxmode=0666,mode=0620,gid=5",
+            false,
+        ),
+    ];
+    for (name, fstype, opts, nodev) in fresh {
+        let target = dev.join(name);
+        if !target.is_dir() {
+            continue;
+        }
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+        if nodev {
+            flags |= MsFlags::MS_NODEV;
+        }
+        mnt(
+            Some(fstype),
+            &target,
+            Some(fstype),
+            flags,
+            (!opts.is_empty()).then_some(opts),
+        )?;
+    }
+    if !mounts.is_empty() {
+        let root_fd = open_path(&root)?;
+        for (m, fd) in mounts {
+            attach_run_mount(&root_fd, &m, fd)?;
+        }
+    }
+    nix::unistd::chdir(&root).map_err(|e| SetupError::sys("entering the cell's root", e))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| SetupError::sys("pivot_root", e))?;
+    umount2(".", MntFlags::MNT_DETACH)
+        .map_err(|e| SetupError::sys("detaching the shell's root", e))?;
+    nix::unistd::chdir("/").map_err(|e| SetupError::sys("chdir /", e))
+}
+
+/// The shell's masked and read-only `/proc` paths, applied to the cell's own `/proc`.
+fn mask_proc(t: &CellTemplate, root: &Path) -> Setup<()> {
+    let null = root.join("dev/null");
+    for p in &t.proc_masked {
+        let target = under(root, p);
+        let Ok(meta) = std::fs::symlink_metadata(&target) else {
+            continue;
+        };
+        if meta.is_dir() {
+            mnt(
+                Some("tmpfs"),
+                &target,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY,
+                Some("size=0"),
+            )?;
+        } else {
+            mnt(
+                Some(&null.to_string_lossy()),
+                &target,
+                None,
+                MsFlags::MS_BIND,
+                None,
+            )?;
+        }
+    }
+    for p in &t.proc_readonly {
+        let target = under(root, p);
+        if std::fs::symlink_metadata(&target).is_err() {
+            continue;
+        }
+        let src = target.to_string_lossy().into_owned();
+        mnt(
+            Some(&src),
+            &target,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )?;
+        mnt(
+            None,
+            &target,
+            None,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+fn open_path(p: &Path) -> Setup<OwnedFd> {
+    let fd = nix::fcntl::open(
+        p,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| SetupError::sys(format!("opening {}", p.display()), e))?;
+    // SAFETY: open returned a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `openat2(root, rel, O_PATH, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: symlinks of the image
+/// resolve inside the cell's root, never outside it.
+fn open_in_root(root: &OwnedFd, rel: &Path) -> Result<OwnedFd, rustix::io::Errno> {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+    openat2(
+        root,
+        rel,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+    )
+}
+
+/// Attaches one of the run's mounts: its target is created inside the cell's root when
+/// missing (directories, and an empty file for a file mount), then the detached mount the host
+/// made is moved onto it.
+fn attach_run_mount(root: &OwnedFd, m: &CellMount, tree: OwnedFd) -> Setup<()> {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags};
+    let rel: PathBuf = m
+        .target
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    let bad = |what: &str, e: rustix::io::Errno| {
+        SetupError(format!(
+            "mount target {}: {what}: {}",
+            m.target.display(),
+            std::io::Error::from(e)
+        ))
+    };
+    if rel.as_os_str().is_empty() || m.target.components().any(|c| c == Component::ParentDir) {
+        return Err(SetupError(format!(
+            "mount target {} must be an absolute path without '..'",
+            m.target.display()
+        )));
+    }
+    let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    let mut at = PathBuf::new();
+    for (i, part) in parts.iter().enumerate() {
+        let parent = if at.as_os_str().is_empty() {
+            root.try_clone()
+                .map_err(|e| SetupError(format!("dup: {e}")))?
+        } else {
+            open_in_root(root, &at).map_err(|e| bad("opening its parent", e))?
+        };
+        at.push(part);
+        if open_in_root(root, &at).is_ok() {
+            continue;
+        }
+        let last = i + 1 == parts.len();
+        if last && !m.directory {
+            let f = openat(
+                &parent,
+                *part,
+                OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|e| bad("creating it", e))?;
+            drop(f);
+        } else {
+            match mkdirat(&parent, *part, Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(bad("creating it", e)),
+            }
+        }
+    }
+    let target = open_in_root(root, &rel).map_err(|e| bad("opening it", e))?;
+    crate::idmap::move_detached(tree.as_fd(), target.as_fd())
+        .map_err(|e| SetupError(format!("attaching {}: {e}", m.target.display())))
+}
+
+/// Rlimits, capabilities, Landlock, seccomp: after this, the cell's PID 1 can do no more than
+/// the command may (it keeps no_new_privs from the shell).
+fn confine(t: &CellTemplate, req: &CellRequest) -> Setup<()> {
+    use nix::sys::resource::{setrlimit, Resource};
+    for (res, value, name) in [
+        (Resource::RLIMIT_NOFILE, req.nofile, "nofile"),
+        (Resource::RLIMIT_NPROC, req.nproc, "nproc"),
+        (Resource::RLIMIT_CORE, 0, "core"),
+    ] {
+        setrlimit(res, value, value).map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
+    }
+    reaper::narrow_capabilities(&t.command_caps)
+        .map_err(|e| SetupError(format!("capabilities: {e}")))?;
+    if let Some(rules) = &req.landlock {
+        let rules = LandlockRules {
+            readable: rules.readable.clone(),
+            writable: rules.writable.clone(),
+        };
+        landlock::restrict(&rules, t.landlock_abi).map_err(|e| SetupError(e.to_string()))?;
+    }
+    crate::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_sandbox_paths_join_under_the_root() {
+        assert_eq!(
+            under(Path::new("/tmp/root"), Path::new("/dev/shm")),
+            PathBuf::from("/tmp/root/dev/shm")
+        );
+        assert_eq!(
+            under(Path::new("/s/root"), Path::new("/proc/sys")),
+            PathBuf::from("/s/root/proc/sys")
+        );
+    }
+}

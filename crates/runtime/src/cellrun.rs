@@ -1,0 +1,418 @@
+//! One run in a cell, from the host's side: the run's mounts made and idmapped here
+//! ([`RunMounts`]), its Landlock rules ([`cell_rules`]), the request sent to a shell's init
+//! with the fds it needs and the cell's pidfd received back ([`CellRun::start`]), signals and
+//! kills through that pidfd, the result read from the cell's own channel, the cell's end
+//! awaited ([`await_end`]), and the exit code made of it all ([`settle`]).
+//!
+//! The cold path (`agentrun exec` without a daemon: [`crate::Sandbox::run_cell`]) and the
+//! daemon's pool both go through here, so a run is the same either way.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use agentrun_policy::Profile;
+
+use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent};
+use crate::error::RuntimeError;
+use crate::idmap::{detached_clone, MappingNamespace};
+use crate::rootfs::UserMount;
+
+/// How long a shell's init may take to answer a cell request (it only clones).
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The mapping namespaces of idmapped mounts, made once and kept (each costs a fork).
+#[derive(Default)]
+pub struct MappingCache {
+    range: Option<MappingNamespace>,
+    owners: HashMap<(u32, u32), MappingNamespace>,
+}
+
+impl MappingCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn range(&mut self) -> Result<&MappingNamespace, RuntimeError> {
+        if self.range.is_none() {
+            self.range = Some(MappingNamespace::sandbox_range()?);
+        }
+        Ok(self.range.as_ref().expect("just made"))
+    }
+
+    fn owner(&mut self, uid: u32, gid: u32) -> Result<&MappingNamespace, RuntimeError> {
+        Ok(match self.owners.entry((uid, gid)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(MappingNamespace::owner(uid, gid)?)
+            }
+        })
+    }
+}
+
+/// A run's mounts, made on the host as detached mounts ready to travel to its cell.
+#[derive(Default)]
+pub struct RunMounts {
+    pub mounts: Vec<CellMount>,
+    pub fds: Vec<OwnedFd>,
+    /// Whether every one could be idmapped (false: some ownership shows as nobody inside, and
+    /// writes are owned by the sandbox uid on the host).
+    pub idmapped: bool,
+}
+
+impl RunMounts {
+    /// Opens and idmaps `user` mounts (the workspace first, as `/workspace`): a host
+    /// directory owned by root is mapped like the image (root inside is root outside); any
+    /// other owner is mapped to the sandbox's root, so files the run writes land owned by the
+    /// directory's owner. Paths are the host's, resolved here by root, never inside the
+    /// sandbox; targets are checked (absolute, no `..`) and resolved later inside the cell's
+    /// root.
+    pub fn prepare(user: &[UserMount], cache: &mut MappingCache) -> Result<Self, RuntimeError> {
+        let mut out = RunMounts {
+            idmapped: true,
+            ..Default::default()
+        };
+        for m in user {
+            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
+                return Err(RuntimeError::InvalidInput(format!(
+                    "mount target {} must be an absolute path without '..'",
+                    m.target.display()
+                )));
+            }
+            let meta = fs::metadata(&m.source)
+                .map_err(|e| RuntimeError::io("cannot mount", &m.source, e))?;
+            let owner = (meta.uid(), meta.gid());
+            let ns = if owner == (0, 0) {
+                cache.range()?
+            } else {
+                cache.owner(owner.0, owner.1)?
+            };
+            let fd = match detached_clone(&m.source, Some(ns), !m.writable) {
+                Ok(fd) => fd,
+                Err(RuntimeError::Io { source, .. })
+                    if matches!(
+                        source.raw_os_error(),
+                        Some(libc::EINVAL) | Some(libc::EPERM)
+                    ) =>
+                {
+                    // This filesystem cannot be idmapped: a plain bind.
+                    out.idmapped = false;
+                    detached_clone(&m.source, None, !m.writable)?
+                }
+                Err(e) => return Err(e),
+            };
+            out.mounts.push(CellMount {
+                target: m.target.clone(),
+                directory: meta.is_dir(),
+            });
+            out.fds.push(fd);
+        }
+        Ok(out)
+    }
+}
+
+/// The cell's Landlock rules, from the same profile `Profile::check` decides with: read (and
+/// execute) under the profile's readable paths and every mount, write under the profile's
+/// writable paths, rw mounts, and the workspace when the profile makes it writable (the
+/// workspace mount itself is read-write so writable paths under it work).
+pub fn cell_rules(profile: &Profile, mounts: &[UserMount]) -> PathRules {
+    let writable = profile.landlock_writable(
+        mounts
+            .iter()
+            .filter(|m| m.writable && m.target != Path::new(agentrun_policy::WORKSPACE))
+            .map(|m| m.target.clone()),
+    );
+    let mut readable = profile.landlock_readable();
+    readable.extend(mounts.iter().map(|m| m.target.clone()));
+    PathRules { readable, writable }
+}
+
+/// A run's mounts as [`UserMount`]s: the workspace (at `/workspace`, read-write) first.
+pub fn user_mounts(workspace: Option<&Path>, mounts: &[UserMount]) -> Vec<UserMount> {
+    let mut all: Vec<UserMount> = workspace
+        .map(|ws| UserMount {
+            source: ws.to_path_buf(),
+            target: agentrun_policy::WORKSPACE.into(),
+            writable: true,
+        })
+        .into_iter()
+        .collect();
+    all.extend(mounts.iter().cloned());
+    all
+}
+
+/// The request for a cell running `work`, from the run's profile (overrides applied: tmpfs
+/// size, nofile, pids as nproc), its mounts (`user`, made into `mounts`) and whether it
+/// relays to an egress proxy.
+pub fn cell_request(
+    profile: &Profile,
+    landlock_abi: u32,
+    user: &[UserMount],
+    mounts: &RunMounts,
+    egress_port: Option<u16>,
+    work: CellWork,
+) -> CellRequest {
+    // A cell cannot raise a limit over its shell's, which is ours (see `Sandbox::create`).
+    let hard = |r| {
+        nix::sys::resource::getrlimit(r)
+            .map(|(_, hard)| hard)
+            .unwrap_or(1024)
+    };
+    CellRequest {
+        cell: next_cell_id(),
+        tmpfs_bytes: profile.resources.tmpfs_bytes,
+        nofile: profile
+            .resources
+            .nofile
+            .min(hard(nix::sys::resource::Resource::RLIMIT_NOFILE)),
+        nproc: u64::from(profile.resources.pids)
+            .min(hard(nix::sys::resource::Resource::RLIMIT_NPROC)),
+        landlock: (landlock_abi > 0).then(|| cell_rules(profile, user)),
+        mounts: mounts.mounts.clone(),
+        egress_port,
+        work,
+    }
+}
+
+/// A new cell id, unique in this process.
+pub fn next_cell_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Why a cell run did not get going.
+#[derive(Debug, thiserror::Error)]
+pub enum CellError {
+    /// The shell's init refused or failed (it is in doubt: discard it).
+    #[error("the shell could not make the cell: {0}")]
+    NotMade(String),
+    /// The shell's init is gone.
+    #[error("the shell's init is gone")]
+    ShellGone,
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// A cell that was made: its PID 1 runs the request.
+pub struct CellRun {
+    pub cell: u64,
+    /// Host pid of the cell's PID 1.
+    pub pid: i32,
+    pidfd: OwnedFd,
+    /// The host's end of the cell's own channel (`None` once let go).
+    channel: Option<OwnedFd>,
+}
+
+impl CellRun {
+    /// Sends `req` to the shell's init on `control` with the cell's fds (`stdio` for a
+    /// command, then `mounts`) and waits for the cell to exist.
+    pub fn start(
+        control: BorrowedFd<'_>,
+        req: &CellRequest,
+        stdio: &[RawFd],
+        mounts: RunMounts,
+    ) -> Result<CellRun, CellError> {
+        let (host_end, cell_end) = control::seqpacket_pair()?;
+        let mut raw: Vec<RawFd> = vec![cell_end.as_raw_fd()];
+        raw.extend_from_slice(stdio);
+        raw.extend(mounts.fds.iter().map(|f| f.as_raw_fd()));
+        if raw.len() > control::MAX_FDS {
+            return Err(RuntimeError::InvalidInput(format!(
+                "too many mounts for one run (at most {})",
+                control::MAX_FDS - 1 - stdio.len()
+            ))
+            .into());
+        }
+        control::send_json(control, req, &raw).map_err(|_| CellError::ShellGone)?;
+        // Ours are copies: the cell has its own now.
+        drop(cell_end);
+        drop(mounts);
+        if !control::wait_readable(control, Some(START_TIMEOUT))? {
+            return Err(CellError::NotMade("no answer from the shell's init".into()));
+        }
+        match control::recv_json::<ShellEvent>(control) {
+            Ok(Some((ShellEvent::Started { cell, .. }, mut fds))) if cell == req.cell => {
+                let pidfd = fds
+                    .pop()
+                    .ok_or_else(|| CellError::NotMade("no pidfd with the cell".into()))?;
+                let pid = pidfd_pid(pidfd.as_fd())
+                    .ok_or_else(|| CellError::NotMade("the cell is gone already".into()))?;
+                Ok(CellRun {
+                    cell,
+                    pid,
+                    pidfd,
+                    channel: Some(host_end),
+                })
+            }
+            Ok(Some((ShellEvent::Failed { message, .. }, _))) => Err(CellError::NotMade(message)),
+            Ok(Some((other, _))) => Err(CellError::NotMade(format!(
+                "unexpected answer from the shell's init: {other:?}"
+            ))),
+            Ok(None) | Err(_) => Err(CellError::ShellGone),
+        }
+    }
+
+    /// The host's end of the cell's channel: readable when the result (or, for a long-lived
+    /// cell, an event) is there, or the cell's PID 1 is gone.
+    pub fn channel(&self) -> Option<BorrowedFd<'_>> {
+        self.channel.as_ref().map(|c| c.as_fd())
+    }
+
+    /// Takes the channel and the pidfd (a long-lived cell's: the caller speaks the
+    /// persistent dialect on the channel); the cell ends when that channel is closed.
+    pub fn into_parts(self) -> (Option<OwnedFd>, OwnedFd) {
+        (self.channel, self.pidfd)
+    }
+
+    /// Reads the cell's result; `None` if its PID 1 died without one (killed).
+    pub fn result(&self) -> Option<InitResult> {
+        let channel = self.channel.as_ref()?;
+        match control::recv_json::<InitResult>(channel.as_fd()) {
+            Ok(Some((r, _))) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Lets the cell end: its PID 1, which waits (bounded) for this after reporting, exits,
+    /// and the kernel tears the cell down.
+    pub fn let_go(&mut self) {
+        self.channel = None;
+    }
+
+    /// The cell's pidfd (readable once its PID 1 has exited).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// Sends `signal` to the cell's PID 1 (which forwards it to the command's group).
+    pub fn signal(&self, signal: i32) {
+        pidfd_signal(self.pidfd.as_fd(), signal);
+    }
+
+    /// Kills the cell: its PID 1 dies, and every process of its pid namespace with it.
+    pub fn kill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// Sends `signal` through a pidfd.
+pub fn pidfd_signal(pidfd: BorrowedFd<'_>, signal: i32) {
+    // SAFETY: pidfd_send_signal(pidfd, sig, NULL, 0) on a pidfd we hold.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
+/// The pid (in our pid namespace) a pidfd refers to, from its fdinfo; `None` once it exited.
+pub fn pidfd_pid(pidfd: BorrowedFd<'_>) -> Option<i32> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|p| *p > 0)
+}
+
+/// How a cell ended, as its shell's init saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellEnd {
+    /// Reaped; `changed` says what of the shell a run changed, if anything.
+    Ended { changed: Option<String> },
+    /// Not reported within the time given.
+    Late,
+}
+
+/// Waits (at most `timeout`) for the shell's init to report that cell `cell` has ended (its
+/// PID 1 reaped, its namespaces torn down). An error: the shell's init is gone or said
+/// something else (it is in doubt).
+pub fn await_end(
+    control: BorrowedFd<'_>,
+    cell: u64,
+    timeout: Duration,
+) -> Result<CellEnd, CellError> {
+    if !control::wait_readable(control, Some(timeout))? {
+        return Ok(CellEnd::Late);
+    }
+    match control::recv_json::<ShellEvent>(control) {
+        Ok(Some((
+            ShellEvent::Ended {
+                cell: c, changed, ..
+            },
+            _,
+        ))) if c == cell => Ok(CellEnd::Ended { changed }),
+        Ok(Some((other, _))) => Err(CellError::NotMade(format!(
+            "unexpected message from the shell's init: {other:?}"
+        ))),
+        Ok(None) | Err(_) => Err(CellError::ShellGone),
+    }
+}
+
+/// The exit code of a run (DESIGN.md's conventions) and the signal that ended it, from the
+/// cell's result (`None`: its PID 1 died without one), whether agentrun timed it out, and the
+/// OOM kills of the run: 124 timed out; 137 OOM-killed; 125 the cell could not be made or
+/// died without a result; else the command's own code (128+N for signal N).
+pub fn settle(init: Option<&InitResult>, timed_out: bool, oom_kills: u64) -> (i32, Option<i32>) {
+    let (code, signal) = match init {
+        Some(r) => (r.exit_code, r.signal),
+        None if oom_kills > 0 => (128 + libc::SIGKILL, Some(libc::SIGKILL)),
+        None => (125, None),
+    };
+    if timed_out {
+        (124, signal)
+    } else if oom_kills > 0 && signal == Some(libc::SIGKILL) {
+        (137, signal)
+    } else {
+        (code, signal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn exit_codes_follow_the_conventions() {
+        let ok = InitResult {
+            exit_code: 3,
+            ..Default::default()
+        };
+        assert_eq!(settle(Some(&ok), false, 0), (3, None));
+        assert_eq!(settle(Some(&ok), true, 0).0, 124);
+        let killed = InitResult {
+            exit_code: 137,
+            signal: Some(9),
+            ..Default::default()
+        };
+        assert_eq!(settle(Some(&killed), false, 1), (137, Some(9)));
+        assert_eq!(settle(Some(&killed), false, 0), (137, Some(9)));
+        assert_eq!(settle(None, false, 0), (125, None));
+        assert_eq!(settle(None, false, 2).0, 137);
+        assert_eq!(settle(None, true, 0).0, 124);
+    }
+
+    #[test]
+    fn workspace_comes_first_and_rules_cover_mounts() {
+        let ro = UserMount {
+            source: "/etc".into(),
+            target: "/data".into(),
+            writable: false,
+        };
+        let all = user_mounts(Some(Path::new("/tmp")), std::slice::from_ref(&ro));
+        assert_eq!(all[0].target, Path::new("/workspace"));
+        assert_eq!(all[1], ro);
+        let p = Profile::builtin("default").unwrap();
+        let rules = cell_rules(&p, &all);
+        assert!(rules.readable.contains(&PathBuf::from("/data")));
+        assert!(!rules.writable.contains(&PathBuf::from("/data")));
+    }
+}

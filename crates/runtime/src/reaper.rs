@@ -1,0 +1,409 @@
+//! The PID 1 of a cell (and of a build sandbox): starts the command, forwards signals to it,
+//! reaps orphans, and reports how the command ended; or, for a long-lived cell, serves the
+//! persistent dialect (many processes over time, see [`crate::control`]).
+//!
+//! It runs confined (Landlock, seccomp, the command's capabilities), so the command inherits
+//! the confinement from it with its spawn and a run pays for neither. It is non-dumpable and
+//! the command lacks CAP_SYS_PTRACE, so sharing its Landlock domain gives the command no hold
+//! on it; SIGKILL from inside its pid namespace cannot reach it, and other signals are only
+//! forwarded back to the command. Its exit tears down the pid namespace: nothing the command
+//! started survives it.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+
+use caps::{CapSet, Capability, CapsHashSet};
+use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::unistd::Pid;
+
+use crate::control::{self, InitResult, LiveEvent, LiveRequest, ResourceUsage};
+use crate::spawn::{SpawnSpec, SpawnStep};
+
+/// Exit code when the sandbox could not be set up around the command.
+pub const EXIT_SETUP_FAILED: i32 = 125;
+
+/// One command to start.
+pub(crate) struct Command {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// stdin, stdout, stderr for the command (`None`: the caller's own 0, 1, 2).
+    pub stdio: Option<[OwnedFd; 3]>,
+    /// Start it in a new session rather than a new process group.
+    pub new_session: bool,
+    /// Run it as this user (a Docker `User` spec, resolved inside the sandbox).
+    pub user: Option<String>,
+}
+
+/// Why a [`Command`] could not be made.
+#[derive(Debug)]
+pub(crate) struct BadCommand(pub String);
+
+impl Command {
+    pub fn new(
+        argv: Vec<String>,
+        env: &[String],
+        cwd: String,
+        stdio: Option<[OwnedFd; 3]>,
+    ) -> Result<Self, BadCommand> {
+        if argv.is_empty() {
+            return Err(BadCommand("no command given".into()));
+        }
+        if argv.iter().chain([&cwd]).any(|a| a.contains('\0')) {
+            return Err(BadCommand("the command contains a NUL byte".into()));
+        }
+        let env = env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Ok(Command {
+            argv,
+            env,
+            cwd,
+            stdio,
+            new_session: false,
+            user: None,
+        })
+    }
+
+    /// Where messages about this command go (its stderr).
+    fn message_fd(&self) -> RawFd {
+        self.stdio.as_ref().map_or(2, |s| s[2].as_raw_fd())
+    }
+
+    /// Writes `agentrun: <msg>` on the command's stderr.
+    pub fn say(&self, msg: &str) {
+        say_on(self.message_fd(), msg);
+    }
+
+    /// Starts the command (see [`crate::spawn`]). On failure, says why on the command's
+    /// stderr and returns the exit code a shell would give, and the message.
+    pub fn spawn(&self) -> Result<Pid, (i32, String)> {
+        let cstr = |v: &str| CString::new(v).unwrap_or_default();
+        let argv: Vec<CString> = self.argv.iter().map(|a| cstr(a)).collect();
+        let env: Vec<CString> = self
+            .env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}")))
+            .collect();
+        // posix_spawnp looks the program up in *our* PATH: make it the command's.
+        match self.env.iter().find(|(k, _)| k == "PATH") {
+            Some((_, path)) => std::env::set_var("PATH", path),
+            None => std::env::remove_var("PATH"),
+        }
+        let cwd = cstr(&self.cwd);
+        if !std::path::Path::new(&self.cwd).is_dir() {
+            let msg = format!("cannot enter {}: no such directory", self.cwd);
+            self.say(&msg);
+            return Err((EXIT_SETUP_FAILED, msg));
+        }
+        let stdio = self
+            .stdio
+            .as_ref()
+            .map(|s| [s[0].as_raw_fd(), s[1].as_raw_fd(), s[2].as_raw_fd()]);
+        if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
+            return self.spawn_as(user, argv, env, cwd, stdio);
+        }
+        crate::spawn::spawn(&SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio,
+            new_session: self.new_session,
+        })
+        .map_err(|errno| {
+            let (what, code) = match errno {
+                nix::Error::ENOENT | nix::Error::ENOTDIR => ("command not found".into(), 127),
+                e => (e.desc().to_lowercase(), 126),
+            };
+            let msg = format!("{}: {what}", self.argv[0]);
+            self.say(&msg);
+            (code, msg)
+        })
+    }
+
+    /// [`Command::spawn`] as `user`, resolved from the sandbox's own /etc/passwd and
+    /// /etc/group (this runs inside the sandbox's root). `HOME` comes from the user's passwd
+    /// entry unless the environment sets it to something non-empty (the Docker API sends an
+    /// empty `HOME` when neither the image nor the request set one).
+    fn spawn_as(
+        &self,
+        user: &str,
+        argv: Vec<CString>,
+        mut env: Vec<CString>,
+        cwd: CString,
+        stdio: Option<[RawFd; 3]>,
+    ) -> Result<Pid, (i32, String)> {
+        let creds = crate::user::resolve_here(user).map_err(|e| {
+            let msg = e.to_string();
+            self.say(&msg);
+            (EXIT_SETUP_FAILED, msg)
+        })?;
+        if !self.env.iter().any(|(k, v)| k == "HOME" && !v.is_empty()) {
+            env.retain(|kv| !kv.as_bytes().starts_with(b"HOME="));
+            env.push(CString::new(format!("HOME={}", creds.home)).unwrap_or_default());
+        }
+        let spec = SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio,
+            new_session: self.new_session,
+        };
+        crate::spawn::spawn_as(&spec, &creds).map_err(|(step, errno)| {
+            let why = errno.desc().to_lowercase();
+            let (msg, code) = match step {
+                SpawnStep::Credentials => (
+                    format!(
+                        "cannot run as user {user} ({}:{}): {why}",
+                        creds.uid, creds.gid
+                    ),
+                    EXIT_SETUP_FAILED,
+                ),
+                SpawnStep::Chdir => (
+                    format!("cannot enter {} as user {user}: {why}", self.cwd),
+                    EXIT_SETUP_FAILED,
+                ),
+                SpawnStep::Exec => match errno {
+                    nix::Error::ENOENT | nix::Error::ENOTDIR => {
+                        (format!("{}: command not found", self.argv[0]), 127)
+                    }
+                    _ => (format!("{}: {why}", self.argv[0]), 126),
+                },
+            };
+            self.say(&msg);
+            (code, msg)
+        })
+    }
+}
+
+/// Writes `agentrun: <msg>` on `fd`.
+pub(crate) fn say_on(fd: RawFd, msg: &str) {
+    let line = format!("agentrun: {msg}\n");
+    // SAFETY: write(2) of a buffer we own to an fd we hold.
+    let _ = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+}
+
+/// Blocks every signal: PID 1 takes them synchronously (and forwards them); commands get
+/// default dispositions and an empty mask from their spawn. Threads started afterwards inherit
+/// the mask, so signals still reach only the PID 1's own wait.
+pub(crate) fn block_all_signals() -> nix::Result<()> {
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None)
+}
+
+/// Runs `cmd` to its end (signals blocked by the caller): forwards signals, reaps, and returns
+/// how it ended. A command that cannot start ends with the code a shell would give.
+pub(crate) fn run_to_end(cmd: &Command) -> InitResult {
+    match cmd.spawn() {
+        Ok(child) => supervise(child),
+        Err((code, _)) => InitResult {
+            exit_code: code,
+            ..Default::default()
+        },
+    }
+}
+
+/// The init loop: forward signals, reap, and return how the command ended (with the CPU time
+/// and peak RSS of everything reaped so far: the command and the orphans it left).
+fn supervise(child: Pid) -> InitResult {
+    let all = SigSet::all();
+    loop {
+        let sig = match all.wait() {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        if sig != Signal::SIGCHLD {
+            // Forward to the command's process group (falls back to the pid if it has none).
+            if kill(Pid::from_raw(-child.as_raw()), sig).is_err() {
+                let _ = kill(child, sig);
+            }
+            continue;
+        }
+        while let Some((pid, status, _)) = reap_one() {
+            if pid != child.as_raw() {
+                continue;
+            }
+            let (exit_code, signal) = decode_status(status);
+            return InitResult {
+                exit_code,
+                signal,
+                usage: children_usage(),
+                error: None,
+            };
+        }
+    }
+}
+
+/// Exit code (128+N for signal N) and signal of a wait status.
+pub(crate) fn decode_status(status: i32) -> (i32, Option<i32>) {
+    if libc::WIFSIGNALED(status) {
+        let s = libc::WTERMSIG(status);
+        (128 + s, Some(s))
+    } else {
+        (libc::WEXITSTATUS(status), None)
+    }
+}
+
+/// CPU time and peak RSS of every child reaped so far.
+fn children_usage() -> ResourceUsage {
+    // SAFETY: rusage is plain old data; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage with a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    (&usage).into()
+}
+
+/// Reaps one exited child without blocking: (pid, wait status, rusage).
+pub(crate) fn reap_one() -> Option<(i32, i32, libc::rusage)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; wait4 fills it for the reaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 with valid out-pointers.
+    let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
+    (pid > 0).then_some((pid, status, usage))
+}
+
+/// Drops every capability not in `keep` from the bounding, ambient, inheritable, permitted and
+/// effective sets (in an order the kernel accepts: bounding needs CAP_SETPCAP in effective).
+pub(crate) fn narrow_capabilities(keep: &[Capability]) -> Result<(), caps::errors::CapsError> {
+    let keep: CapsHashSet = keep.iter().copied().collect();
+    for cap in caps::all() {
+        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+            caps::drop(None, CapSet::Bounding, cap)?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient)?;
+    caps::set(None, CapSet::Inheritable, &CapsHashSet::new())?;
+    let effective: CapsHashSet = caps::read(None, CapSet::Effective)?
+        .intersection(&keep)
+        .copied()
+        .collect();
+    caps::set(None, CapSet::Effective, &effective)?;
+    let permitted: CapsHashSet = caps::read(None, CapSet::Permitted)?
+        .intersection(&keep)
+        .copied()
+        .collect();
+    caps::set(None, CapSet::Permitted, &permitted)
+}
+
+/// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports
+/// every process's start and exit, reaps orphans. Never returns.
+pub(crate) fn serve_live(control: OwnedFd) -> ! {
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let all = SigSet::all();
+    if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
+        std::process::exit(EXIT_SETUP_FAILED);
+    }
+    let Ok(signals) = SignalFd::with_flags(&all, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    else {
+        std::process::exit(EXIT_SETUP_FAILED);
+    };
+    // pid -> id, and id -> pid (= its process group), of the processes still running.
+    let mut by_pid: HashMap<i32, u64> = HashMap::new();
+    let mut by_id: HashMap<u64, i32> = HashMap::new();
+    let send = |ev: &LiveEvent| {
+        // A failed send means the host is gone; the next recv sees EOF and we exit.
+        let _ = control::send_json(control.as_fd(), ev, &[]);
+    };
+    let handle = |req: LiveRequest,
+                  fds: Vec<OwnedFd>,
+                  by_pid: &mut HashMap<i32, u64>,
+                  by_id: &mut HashMap<u64, i32>| match req {
+        LiveRequest::Spawn(sp) => {
+            let id = sp.id;
+            let stdio: Result<[OwnedFd; 3], _> = fds.try_into();
+            let cmd = match stdio {
+                Ok(stdio) => Command::new(sp.argv, &sp.env, sp.cwd, Some(stdio)),
+                Err(_) => Err(BadCommand("a process needs exactly 3 fds (stdio)".into())),
+            };
+            match cmd {
+                Ok(mut cmd) => {
+                    cmd.new_session = sp.new_session;
+                    cmd.user = sp.user;
+                    match cmd.spawn() {
+                        Ok(pid) => {
+                            by_pid.insert(pid.as_raw(), id);
+                            by_id.insert(id, pid.as_raw());
+                            send(&LiveEvent::Started {
+                                id,
+                                pid: pid.as_raw(),
+                            });
+                        }
+                        Err((exit_code, message)) => send(&LiveEvent::Failed {
+                            id,
+                            exit_code,
+                            message,
+                        }),
+                    }
+                }
+                Err(BadCommand(message)) => send(&LiveEvent::Failed {
+                    id,
+                    exit_code: EXIT_SETUP_FAILED,
+                    message,
+                }),
+            }
+        }
+        LiveRequest::Signal { id, signal, group } => {
+            if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
+                let target = if group { -pid } else { pid };
+                let _ = kill(Pid::from_raw(target), sig);
+            }
+        }
+        LiveRequest::SignalAll { signal } => {
+            // From PID 1, kill(-1) reaches every process of the pid namespace but PID 1
+            // itself; a process forking meanwhile cannot leave a child behind (the kernel
+            // refuses forks with a fatal signal pending).
+            if let Ok(sig) = Signal::try_from(signal) {
+                let _ = kill(Pid::from_raw(-1), sig);
+            }
+        }
+    };
+    loop {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut pfds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(_) => std::process::exit(EXIT_SETUP_FAILED),
+        }
+        let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
+        let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
+        if signal_ready {
+            // Only SIGCHLD matters; other signals sent to PID 1 are dropped (the host talks
+            // to processes through the channel).
+            while let Ok(Some(_)) = signals.read_signal() {}
+            while let Some((pid, status, usage)) = reap_one() {
+                let Some(id) = by_pid.remove(&pid) else {
+                    continue; // an orphan
+                };
+                by_id.remove(&id);
+                let (exit_code, signal) = decode_status(status);
+                send(&LiveEvent::Exited {
+                    id,
+                    result: InitResult {
+                        exit_code,
+                        signal,
+                        usage: (&usage).into(),
+                        error: None,
+                    },
+                });
+            }
+        }
+        if control_ready {
+            match control::recv(control.as_fd()) {
+                Ok(Some((bytes, fds))) => match serde_json::from_slice::<LiveRequest>(&bytes) {
+                    Ok(req) => handle(req, fds, &mut by_pid, &mut by_id),
+                    Err(_) => continue,
+                },
+                // The host closed the channel: the sandbox is over. Exiting PID 1 kills every
+                // process in the namespace.
+                Ok(None) | Err(_) => std::process::exit(0),
+            }
+        }
+    }
+}

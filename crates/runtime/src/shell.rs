@@ -1,0 +1,391 @@
+//! A shell's init: PID 1 of a shell, making a cell per request (see [`crate::cell`]).
+//!
+//! A shell is the expensive part of a sandbox, made by libcontainer: user namespace and id
+//! mapping, network namespace (only `lo`), uts, cgroup, the image's layers under an overlay,
+//! `/proc`, `/dev`, `/sys`, image binds, masked paths, the egress socket's directory. Its
+//! init does not run commands itself; it keeps what making cells needs, for its whole life:
+//! CAP_SYS_ADMIN in the shell's user namespace (mounts, `pivot_root`, new pid/mount/ipc
+//! namespaces) and CAP_SETPCAP (a cell drops its bounding set). So it must be out of every
+//! cell's reach, and is:
+//! - it is not in any cell's pid namespace (a cell is a *child* pid namespace of the shell's;
+//!   the cell's processes cannot name it: no signals, no ptrace, no `/proc` entry), and no fd
+//!   of it is inherited by a cell (a cell closes everything but its request's fds first);
+//! - it is non-dumpable, dies with its creator (PDEATHSIG), has dropped CAP_NET_ADMIN (lo is
+//!   up) and every capability it does not need, bounding set included;
+//! - it runs under its own seccomp filter ([`shell_filter`]). A filter is inherited by the
+//!   cells it clones and cannot be lifted there, so it cannot be an allowlist narrower than
+//!   what a command may do: it is the run's deny list less exactly what making a cell needs
+//!   (`mount`, `umount2`, `pivot_root`, `move_mount`, and `clone` with CLONE_NEWNS,
+//!   CLONE_NEWPID or CLONE_NEWIPC); new user, network, uts, cgroup and time namespaces,
+//!   `unshare`, `setns`, `open_tree`/`fsopen`/`fsmount`/`mount_setattr`, ptrace, bpf, keyctl,
+//!   module loading and the rest of the run's deny list stay denied to it as well. A cell
+//!   adds the run's full filter on top before anything of the run executes;
+//! - it is not Landlock-restricted (Landlock forbids mounts and `pivot_root`), and runs no
+//!   network code: a cell's egress relay runs in the cell, as confined as the command
+//!   ([`crate::cell`]), and the shell's network namespace has nothing but `lo`;
+//! - it is single-threaded and does little: receive a request, clone, report, reap.
+//!
+//! Its protocol is in [`crate::control`]. When the host closes the channel, it exits, which
+//! kills every cell (they are in child pid namespaces of the shell's).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
+
+use crate::cell::{self, CellTemplate};
+use crate::control::{self, CellRequest, ShellEvent};
+use crate::reaper::{self, EXIT_SETUP_FAILED};
+use crate::seccomp::{self, SeccompError};
+
+/// Syscalls of the run's deny list that making a cell needs (allowed to the shell's init,
+/// still denied in every cell by the run's own filter).
+const CELL_MAKING: &[&str] = &["mount", "umount", "umount2", "pivot_root", "move_mount"];
+
+/// The namespaces a cell gets; `clone` with these is allowed to the shell's init.
+const CELL_NAMESPACES: &[u64] = &[
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWIPC as u64,
+];
+
+/// The shell's init's seccomp filter, as an OCI section (see the module doc): the run's
+/// profile for `denied` less what making a cell needs.
+pub fn shell_filter(denied: &[&str]) -> Result<LinuxSeccomp, SeccompError> {
+    let kept: Vec<&str> = denied
+        .iter()
+        .copied()
+        .filter(|n| !CELL_MAKING.contains(n))
+        .collect();
+    let mut section = seccomp::default_profile(&kept)?;
+    if let Some(rules) = section.syscalls().clone() {
+        let rules = rules
+            .into_iter()
+            .filter(|r| {
+                let clone_of_cell_ns = r.names() == &["clone".to_string()]
+                    && r.args().as_ref().is_some_and(|args| {
+                        args.iter().any(|a| {
+                            a.op() == LinuxSeccompOperator::ScmpCmpMaskedEq
+                                && CELL_NAMESPACES.contains(&a.value())
+                        })
+                    });
+                !clone_of_cell_ns
+            })
+            .collect();
+        section.set_syscalls(Some(rules));
+    }
+    Ok(section)
+}
+
+/// What a shell's init is given (by [`crate::executor`]).
+pub(crate) struct ShellInit {
+    pub template: CellTemplate,
+    /// The shell's own filter, compiled ([`shell_filter`]).
+    pub shell_filters: Vec<seccompiler::BpfProgram>,
+}
+
+/// The shell's scratch directory for cells: `/tmp` when the image has it as a directory (the
+/// cell's overlay then shows the image's own `/tmp` under its tmpfs), else a directory made
+/// for it.
+pub(crate) fn scratch_dir() -> std::io::Result<PathBuf> {
+    let tmp = Path::new("/tmp");
+    if std::fs::symlink_metadata(tmp).is_ok_and(|m| m.is_dir()) {
+        return Ok(tmp.to_path_buf());
+    }
+    let own = Path::new("/.agentrun-cell");
+    match std::fs::create_dir(own) {
+        Ok(()) => Ok(own.to_path_buf()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(own.to_path_buf()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The top-level mounts of the shell's root but `/proc` (from /proc/self/mountinfo): each
+/// cell moves them into its own root.
+pub(crate) fn top_level_mounts() -> std::io::Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT ..."
+    let rows: Vec<(u64, u64, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let parent = f.next()?.parse().ok()?;
+            let point = f.nth(2)?;
+            Some((id, parent, crate::rootfs::unescape_mountinfo(point)))
+        })
+        .collect();
+    // The topmost mount on "/" is the root (later lines are mounted later).
+    let Some(root) = rows.iter().rev().find(|(_, _, p)| p == "/").map(|r| r.0) else {
+        return Err(std::io::Error::other("no root mount in mountinfo"));
+    };
+    let mut top: Vec<PathBuf> = rows
+        .iter()
+        .filter(|(id, parent, p)| *parent == root && *id != root && p != "/proc")
+        .map(|(_, _, p)| PathBuf::from(p))
+        .collect();
+    top.dedup();
+    Ok(top)
+}
+
+/// Serves cell requests on `control` until the host closes it. Never returns.
+pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    if reaper::block_all_signals().is_err() {
+        std::process::exit(EXIT_SETUP_FAILED);
+    }
+    let Ok(signals) = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    else {
+        std::process::exit(EXIT_SETUP_FAILED);
+    };
+    // Worked out once here, inherited by every cell.
+    let _ = crate::spawn::ignored_signals();
+    if seccomp::install(&init.shell_filters).is_err() {
+        std::process::exit(EXIT_SETUP_FAILED);
+    }
+    // What the shell looks like; a cell that changed it gets the shell discarded.
+    let fingerprint = fingerprint();
+    // Cell pid (in the shell's pid namespace) -> the host's id for it.
+    let mut cells: HashMap<i32, u64> = HashMap::new();
+    loop {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut pfds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(_) => std::process::exit(EXIT_SETUP_FAILED),
+        }
+        let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
+        let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
+        if signal_ready {
+            while let Ok(Some(_)) = signals.read_signal() {}
+            while let Some((pid, status, _)) = reaper::reap_one() {
+                if let Some(cell) = cells.remove(&pid) {
+                    let (code, _) = reaper::decode_status(status);
+                    let now = self::fingerprint();
+                    let changed = (now != fingerprint).then(|| describe_change(&fingerprint, &now));
+                    let ev = ShellEvent::Ended {
+                        cell,
+                        code,
+                        changed,
+                    };
+                    let _ = control::send_json(control.as_fd(), &ev, &[]);
+                }
+            }
+        }
+        if control_ready {
+            let (bytes, fds) = match control::recv(control.as_fd()) {
+                Ok(Some(m)) => m,
+                // The host closed the channel: the shell is over. Exiting PID 1 kills every
+                // cell.
+                Ok(None) | Err(_) => std::process::exit(0),
+            };
+            let req: CellRequest = match serde_json::from_slice(&bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    let ev = ShellEvent::Failed {
+                        cell: 0,
+                        message: format!("bad cell request: {e}"),
+                    };
+                    let _ = control::send_json(control.as_fd(), &ev, &[]);
+                    continue;
+                }
+            };
+            let id = req.cell;
+            match clone_cell() {
+                Ok(Cloned::Child) => {
+                    // The cell's PID 1. Nothing here returns; a panic must not unwind into the
+                    // copy of the shell's loop.
+                    let entered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        cell::enter(&init.template, req, fds)
+                    }));
+                    let _ = entered;
+                    std::process::exit(EXIT_SETUP_FAILED)
+                }
+                Ok(Cloned::Parent { pid, pidfd }) => {
+                    drop(fds);
+                    cells.insert(pid, id);
+                    let ev = ShellEvent::Started { cell: id, pid };
+                    let _ = control::send_json(control.as_fd(), &ev, &[pidfd.as_raw_fd()]);
+                }
+                Err(e) => {
+                    drop(fds);
+                    let ev = ShellEvent::Failed {
+                        cell: id,
+                        message: format!("clone: {}", e.desc().to_lowercase()),
+                    };
+                    let _ = control::send_json(control.as_fd(), &ev, &[]);
+                }
+            }
+        }
+    }
+}
+
+/// What a run could change of the shell if it were not denied (it is: no cell has
+/// CAP_NET_ADMIN or CAP_SYS_ADMIN, nor a way to get them): hostname and domain name, network
+/// interfaces (name, flags, MTU), addresses and routes (IPv4 and IPv6), as the shell sees
+/// them. Counters are left out. One line per item.
+fn fingerprint() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(u) = nix::sys::utsname::uname() {
+        out.push(format!(
+            "uts {} {}",
+            u.nodename().to_string_lossy(),
+            u.domainname().to_string_lossy()
+        ));
+    }
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        let mut links: Vec<String> = rd
+            .flatten()
+            .map(|e| {
+                let p = e.path();
+                let read = |f: &str| {
+                    std::fs::read_to_string(p.join(f))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned()
+                };
+                format!(
+                    "link {} flags {} mtu {}",
+                    e.file_name().to_string_lossy(),
+                    read("flags"),
+                    read("mtu")
+                )
+            })
+            .collect();
+        links.sort();
+        out.extend(links);
+    }
+    // (file, columns kept): counters and reference counts change with traffic.
+    for (file, cols) in [
+        ("/proc/net/route", &[0usize, 1, 2, 3, 7][..]),
+        ("/proc/net/ipv6_route", &[0, 1, 2, 3, 4, 5, 8, 9][..]),
+        ("/proc/net/if_inet6", &[0, 2, 3, 5][..]),
+        ("/proc/net/fib_trie", &[][..]),
+    ] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for line in text.lines() {
+            let kept = if cols.is_empty() {
+                line.trim().to_owned()
+            } else {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                cols.iter()
+                    .filter_map(|&i| f.get(i).copied())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            out.push(format!("{file}: {kept}"));
+        }
+    }
+    out
+}
+
+/// The first difference between two fingerprints, in one line.
+fn describe_change(before: &[String], now: &[String]) -> String {
+    if let Some(gone) = before.iter().find(|l| !now.contains(l)) {
+        return format!("the shell changed: {gone:?} is gone");
+    }
+    match now.iter().find(|l| !before.contains(l)) {
+        Some(new) => format!("the shell changed: {new:?} is new"),
+        None => "the shell changed".into(),
+    }
+}
+
+enum Cloned {
+    Child,
+    Parent { pid: i32, pidfd: OwnedFd },
+}
+
+/// `clone(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_PIDFD)`, fork-like (the child gets
+/// a copy of the address space). The shell's init is single-threaded, so no lock can be held
+/// by another thread at that moment.
+fn clone_cell() -> nix::Result<Cloned> {
+    let flags = libc::CLONE_NEWPID
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_PIDFD
+        | libc::SIGCHLD;
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: a fork-like clone (no new stack, no CLONE_VM) of a single-threaded process;
+    // CLONE_PIDFD stores the pidfd through the parent_tid pointer, valid for the call. The
+    // argument order (flags, stack, parent_tid, ...) is the same on x86_64 and aarch64 for
+    // the three used here.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    match pid {
+        p if p < 0 => Err(nix::Error::last()),
+        0 => Ok(Cloned::Child),
+        // SAFETY: the kernel installed this pidfd for us.
+        p => Ok(Cloned::Parent {
+            pid: p as i32,
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shell_filter_allows_cell_making_and_nothing_more() {
+        let denied = agentrun_policy::seccomp_denied_syscalls();
+        let section = shell_filter(denied).unwrap();
+        let rules = section.syscalls().clone().unwrap();
+        let names: Vec<&String> = rules.iter().flat_map(|r| r.names()).collect();
+        for n in CELL_MAKING {
+            assert!(!names.iter().any(|x| x == n), "{n} must be allowed");
+        }
+        for n in [
+            "unshare",
+            "setns",
+            "ptrace",
+            "bpf",
+            "open_tree",
+            "mount_setattr",
+            "fsopen",
+        ] {
+            assert!(names.iter().any(|x| *x == n), "{n} must stay denied");
+        }
+        // clone: new user/net/uts/cgroup/time namespaces denied, the cell's allowed.
+        let clone_flags: Vec<u64> = rules
+            .iter()
+            .filter(|r| r.names() == &["clone".to_string()])
+            .flat_map(|r| r.args().clone().unwrap_or_default())
+            .map(|a| a.value())
+            .collect();
+        for f in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ] {
+            assert!(
+                clone_flags.contains(&(f as u64)),
+                "clone flag {f:#x} must stay denied"
+            );
+        }
+        for f in CELL_NAMESPACES {
+            assert!(
+                !clone_flags.contains(f),
+                "clone flag {f:#x} must be allowed"
+            );
+        }
+        assert!(!seccomp::compile(&section).unwrap().is_empty());
+    }
+}
