@@ -8,6 +8,8 @@
     pool.py ready BIN STATE_DIR             # JSON list of idle pooled sandboxes [{id,pid}]
     pool.py wait-full BIN STATE_DIR SECS    # waits until the pool is full and idle; prints count
     pool.py mem BIN STATE_DIR DAEMON_PID    # markdown: host memory per idle pooled sandbox
+    pool.py cpu BIN DAEMON_PID N [OPT...]   # markdown: CPU per run of `BIN exec OPT... -- /bin/true`
+                                            # back to back, warm (daemon side + client) and cold
 """
 import json
 import os
@@ -240,6 +242,81 @@ def mem(bin_, state_dir, daemon_pid):
           f"RSS {mib(hrss)} MiB, PSS {mib(hpss)} MiB.")
 
 
+def proc_cpu(pid):
+    """utime + stime (s) of a process, all its threads."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cgroup_cpu(id_):
+    """CPU (s) used in a shell's cgroup so far (its init, its cells, their commands)."""
+    for path, scale in ((f"{CG}/cpuacct/agentrun/{id_}/cpuacct.usage", 1e-9),
+                        (f"{CG}/cpu,cpuacct/agentrun/{id_}/cpuacct.usage", 1e-9)):
+        try:
+            with open(path) as f:
+                return int(f.read()) * scale
+        except (OSError, ValueError):
+            pass
+    try:
+        with open(f"{CG}/agentrun/{id_}/cpu.stat") as f:
+            for line in f:
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) * 1e-6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def children_cpu():
+    r = __import__("resource").getrusage(__import__("resource").RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu(bin_, daemon_pid, n, opts):
+    """CPU per run, back to back: warm (the daemon and its factories, the shells' cgroups:
+    shell inits, cells, the command; and the client) and cold (everything: the CLI reaps
+    its shell, which reaped the cell)."""
+    cmd = [bin_, "exec", *opts, "--", "/bin/true"]
+    def in_shell(pid):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                return "/agentrun/" in f.read()
+        except OSError:
+            return True
+    # The daemon and its factories (shell inits and cells are counted by their cgroups).
+    helpers = [p for p in descendants(daemon_pid) if not in_shell(p)]
+    shells = [s["id"] for s in (run_json(bin_, "ps", "--json") or [])]
+    d0 = sum(proc_cpu(p) for p in helpers)
+    s0 = {i: cgroup_cpu(i) for i in shells}
+    c0 = children_cpu()
+    env = {k: v for k, v in os.environ.items() if k != "AGENTRUN_NO_DAEMON"}
+    for _ in range(n):
+        subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                       check=False)
+    client = (children_cpu() - c0) / n
+    daemon = (sum(proc_cpu(p) for p in helpers) - d0) / n
+    after = {s["id"] for s in (run_json(bin_, "ps", "--json") or [])}
+    used = [cgroup_cpu(i) - s0[i] for i in shells if s0[i] is not None and i in after
+            and cgroup_cpu(i) is not None]
+    lost = [i for i in shells if i not in after]
+    shell = sum(used) / n
+    env["AGENTRUN_NO_DAEMON"] = "1"
+    c0 = children_cpu()
+    m = max(10, n // 5)
+    for _ in range(m):
+        subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                       check=False)
+    cold = (children_cpu() - c0) / m
+    label = " ".join(opts) or "(plain)"
+    note = f" ({len(lost)} shells discarded meanwhile: their CPU is not counted)" if lost else ""
+    print(f"| `{label}` | {daemon * 1e3:.2f} | {shell * 1e3:.2f} | "
+          f"**{(daemon + shell) * 1e3:.2f}** | {client * 1e3:.2f} | {cold * 1e3:.2f} |{note}")
+
+
 def wait_socket(path, pid, secs):
     deadline = time.monotonic() + secs
     while time.monotonic() < deadline:
@@ -279,6 +356,8 @@ def main():
         print(n, how)
     elif cmd == "mem":
         mem(args[0], args[1], int(args[2]))
+    elif cmd == "cpu":
+        cpu(args[0], int(args[1]), int(args[2]), args[3:])
     else:
         sys.exit(f"unknown command {cmd}")
 

@@ -101,9 +101,16 @@ impl Trail {
         }
     }
 
-    /// `a` with this trail's audit dir and OTLP endpoint, and no daemon.
+    /// `a` with this trail's audit dir and OTLP endpoint, and no daemon: unless the suite
+    /// runs on the warm path (`AGENTRUN_E2E_WARM=1`, hack/test's pass through a daemon), where
+    /// the run goes to the daemon like any other (its records and spans are the client's).
     fn wire(&self, a: Agentrun) -> Agentrun {
-        self.wire_traces(a).env("AGENTRUN_NO_DAEMON", "1")
+        let a = self.wire_traces(a);
+        if std::env::var("AGENTRUN_E2E_WARM").as_deref() == Ok("1") {
+            a
+        } else {
+            a.env("AGENTRUN_NO_DAEMON", "1")
+        }
     }
 
     /// `a` with this trail's audit dir and OTLP endpoint.

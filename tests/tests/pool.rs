@@ -12,8 +12,9 @@
 //! - `agentrun exec` uses the daemon when its socket answers, else the cold path
 //!   (`AGENTRUN_NO_DAEMON=1` forces the cold path); runs a pooled sandbox cannot serve
 //!   (`--workspace`, `--memory`, another image) are created on demand by the daemon and work.
-//! - A pooled sandbox is one-shot: destroyed after its run; the pool is refilled in the
-//!   background.
+//! - A pooled sandbox is a shell, reused run after run: each run gets a fresh cell in it
+//!   (tests/tests/cells.rs checks what that isolates); a shell in doubt is discarded and the
+//!   pool refilled in the background.
 //! - `ps --json`: array of {"id","state" ("ready"|"running"),"pid","image","profile",...};
 //!   `pool status --json`: {"pools":[{"image","profile","ready","target","hits","misses"}],
 //!   "unpooled", "created", "create_failures", "running", "max_sandboxes"}.
@@ -194,16 +195,16 @@ fn pool_hit_runs_the_command_and_the_pool_refills() {
         "the run's sandbox {used:?} must be one of the ready ones {pooled:?}"
     );
 
-    // One-shot: the used sandbox is gone, and the pool is back to two ready ones.
+    // Reused: the shell the run had is back in the pool (its cell is gone), two ready.
     let mut last = Vec::new();
-    let refilled = wait_until(FILL, || {
+    let back = wait_until(FILL, || {
         last = d.ps();
         let ready: Vec<&PsEntry> = last.iter().filter(|e| e.state == "ready").collect();
-        (ready.len() == 2 && !last.iter().any(|e| e.id == used)).then_some(())
+        (ready.len() == 2 && ready.iter().any(|e| e.id == used)).then_some(())
     });
     assert!(
-        refilled.is_some(),
-        "within {FILL:?} after the run, ps must show 2 ready sandboxes and not {used:?}: \
+        back.is_some(),
+        "within {FILL:?} after the run, ps must show 2 ready shells, {used:?} among them: \
          {last:#?}\n{}",
         d.log()
     );
@@ -392,9 +393,9 @@ fn consecutive_runs_share_nothing() {
 
     d.wait_pool_full(FILL);
     let second = ready_ids(&d);
-    assert!(
-        first.is_disjoint(&second),
-        "the sandbox of run 1 must not be offered again: before {first:?}, after {second:?}"
+    assert_eq!(
+        first, second,
+        "the shell of run 1 serves run 2 too (in a fresh cell)"
     );
     let run2 = "for f in /tmp/marker /var/tmp/marker /dev/shm/marker /workspace/marker; do \
                   [ -e $f ] && echo SEEN $f; \

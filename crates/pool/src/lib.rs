@@ -1,11 +1,13 @@
 //! The warm pool and the daemon around it.
 //!
-//! - [`factory`]: the single-threaded process that makes and destroys sandboxes (the only
-//!   place libcontainer is called in the daemon).
-//! - [`pool`]: ready sandboxes of the default recipe, refilled in the background; one-shot.
-//! - [`run`]: a run over a pooled init's control channel (stdio fds passed, not copied).
-//! - [`live`]: long-lived sandboxes (many processes over time, pause/resume, limits), the
-//!   core of the HTTP front ends.
+//! - [`factory`]: the single-threaded processes that make and destroy shells (the only place
+//!   libcontainer is called in the daemon).
+//! - [`pool`]: ready shells per (image, profile), reused run after run (a fresh cell each),
+//!   discarded when in doubt, refilled in the background.
+//! - [`run`]: one run in a pooled shell's cell (the run's limits, stdio fds passed, not
+//!   copied; the shell judged after it).
+//! - [`live`]: long-lived sandboxes (one shell, one long-lived cell: many processes over
+//!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
 

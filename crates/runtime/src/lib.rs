@@ -1,12 +1,17 @@
 //! agentrun's runtime: everything that touches the kernel.
 //!
-//! A sandbox is an OCI bundle run by youki's libcontainer with agentrun's own [`executor`]:
-//! an overlay rootfs on a size-capped tmpfs ([`rootfs`]), idmapped mounts ([`idmap`]), user,
-//! mount, pid, ipc, uts, net and cgroup namespaces and cgroup limits ([`spec`], [`cgroup`]),
-//! seccomp compiled with seccompiler ([`seccomp`]), Landlock ([`landlock`]), loopback-only
-//! networking ([`net`]); [`fsroot`] reaches files inside a running sandbox from the host without
-//! ever resolving a path outside it. [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
-//! [`host`] says what this host enforces.
+//! A sandbox is a **shell** plus one **cell** per run. The shell is an OCI bundle run by
+//! youki's libcontainer with agentrun's own [`executor`]: an overlay rootfs on a size-capped
+//! tmpfs ([`rootfs`]), idmapped mounts ([`idmap`]), user, mount, pid, ipc, uts, net and cgroup
+//! namespaces and cgroup limits ([`spec`], [`cgroup`]), loopback-only networking ([`net`]), and
+//! agentrun's init as its PID 1 ([`shell`]), which makes a cell per request ([`cell`]): new
+//! pid, mount and ipc namespaces, a fresh writable layer, the run's mounts, then rlimits,
+//! capabilities, Landlock ([`landlock`]) and seccomp compiled with seccompiler ([`seccomp`]),
+//! and the cell's PID 1 ([`reaper`]) runs the command. [`cellrun`] is a run's host side;
+//! [`control`] the protocol; [`sandbox`] ties a shell's life together (and `image build`'s
+//! one-command sandboxes); [`fsroot`] reaches files inside a running sandbox from the host
+//! without ever resolving a path outside it; [`gc`] cleans up after killed runs; [`host`]
+//! says what this host enforces.
 
 pub mod cell;
 pub mod cellrun;

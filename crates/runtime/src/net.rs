@@ -1,14 +1,17 @@
 //! Networking inside the sandbox: its own network namespace with only loopback, up.
 //!
-//! The namespace is created by libcontainer (`linux.namespaces: network`) inside the sandbox's
+//! The namespace is created by libcontainer (`linux.namespaces: network`) inside the shell's
 //! user namespace; it has no interface but `lo`, so nothing outside is reachable. `lo` starts
-//! down; the executor brings it up so programs can talk to themselves on 127.0.0.1.
+//! down; the shell's init brings it up so programs can talk to themselves on 127.0.0.1.
 //!
-//! With a network allowlist, [`EgressBridge`] is the only way out: the init listens on
+//! With a network allowlist, [`EgressBridge`] is the only way out: the run's cell listens on
 //! `127.0.0.1:<port>` inside the namespace and relays every connection to the egress proxy's
-//! unix socket, bind-mounted read-only from the host. The proxy decides; the bridge only
-//! carries bytes. Nothing else has a route: direct connections to any address fail with
-//! ENETUNREACH, DNS included, and raw sockets need CAP_NET_RAW, which the command lacks.
+//! unix socket, whose directory is bind-mounted read-only from the host into every shell. The
+//! relay runs in the cell's PID 1, as confined as the command (Landlock, seccomp, no
+//! capability it lacks), never in the shell's privileged init, and dies with the cell. The
+//! proxy decides; the bridge only carries bytes. Nothing else has a route: direct connections
+//! to any address fail with ENETUNREACH, DNS included, and raw sockets need CAP_NET_RAW, which
+//! the command lacks.
 
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
