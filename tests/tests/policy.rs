@@ -1099,7 +1099,7 @@ fn assert_kernel_denials(trail: &Trail, out: &RunOutput, ws: &tempfile::TempDir)
 }
 
 #[test]
-fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
+fn daemon_path_takes_profile_files_and_allowlists() {
     let Some(_lock) = setup() else { return };
     let audit = tempdir();
     let dir = tempdir();
@@ -1139,7 +1139,9 @@ fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
         "refused before reaching the daemon"
     );
 
-    // An allowlist needs the per-run egress proxy: exec runs it on the cold path.
+    // An allowlist goes through the daemon too (a pooled shell; the run's egress proxy runs in
+    // the client, its decisions recorded like the cold path's).
+    let hits = d.default_pool().hits;
     let up = Upstream::start();
     let allowed = format!("127.0.0.1:{}", up.port);
     let url = format!("http://{allowed}/x");
@@ -1156,7 +1158,7 @@ fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
         )
         .run();
     assert_eq!(out.success(), format!("{UPSTREAM_BODY}\n"), "{out}");
-    assert_eq!(d.unpooled(), unpooled + 1, "not through the daemon");
+    assert_eq!(d.default_pool().hits, hits + 1, "a pool hit: {}", d.log());
 
     let records = agentrun(["audit", "--json"])
         .env("AGENTRUN_AUDIT_DIR", audit.path())
@@ -1193,14 +1195,27 @@ fn daemon_path_takes_profile_files_and_allowlists_fall_back_to_the_cold_path() {
         "{warm_decision}"
     );
 
-    // A pool of a profile with a network policy cannot be kept.
-    let bad = agentrun_e2e::Daemon::unstarted();
-    let out = bad
-        .agentrun(["serve", "--pool", "host:code-interpreter=1"])
-        .timeout(Duration::from_secs(30))
+    // A pool of a profile with a network policy is kept like any other: its runs are hits.
+    let mut ci = agentrun_e2e::Daemon::unstarted().with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    ci.launch(["--pool", "host:code-interpreter=1"]);
+    let out = ci
+        .exec_with(
+            ["--profile", "code-interpreter"],
+            ["sh", "-c", "echo $HTTPS_PROXY"],
+        )
         .run();
-    out.assert_agentrun_error();
-    assert!(out.stderr().contains("egress proxy"), "{out}");
+    assert_eq!(
+        out.success(),
+        "http://127.0.0.1:3128\n",
+        "{out}\n{}",
+        ci.log()
+    );
+    let pool = ci
+        .pool_status()
+        .into_iter()
+        .find(|p| p.profile == "code-interpreter")
+        .unwrap();
+    assert_eq!(pool.hits + pool.misses, 1, "{pool:?}\n{}", ci.log());
 }
 
 #[test]

@@ -126,8 +126,12 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
             continue;
         }
         match client.recv() {
-            Ok(DaemonReply::Egress { socket }) => {
-                // The run's proxy, in this process: its decisions are this run's.
+            Ok(DaemonReply::Egress { socket, sandbox_id }) => {
+                // The run's proxy, in this process: its decisions are this run's, on disk
+                // (with the sandbox's id) before any is acted on.
+                if let Err(e) = recorder.set_sandbox(&sandbox_id) {
+                    return fail(span, "audit", &e.into());
+                }
                 match start_proxy(&socket, plan, recorder) {
                     Ok(p) => proxy = Some(p),
                     Err(e) => return fail(span, "egress", &e),

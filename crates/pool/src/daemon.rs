@@ -461,7 +461,11 @@ fn egress_handshake(conn: BorrowedFd<'_>, shell: &PooledShell) -> Result<(), Str
         .egress_socket
         .clone()
         .ok_or("the shell has no egress socket")?;
-    let _ = control::send_json(conn, &DaemonReply::Egress { socket }, &[]);
+    let reply = DaemonReply::Egress {
+        socket,
+        sandbox_id: shell.id.clone(),
+    };
+    let _ = control::send_json(conn, &reply, &[]);
     if !control::wait_readable(conn, Some(EGRESS_WAIT)).unwrap_or(false) {
         return Err("the client did not start the egress proxy".into());
     }

@@ -98,6 +98,8 @@ pub enum DaemonReply {
     /// [`ClientMessage::EgressReady`].
     Egress {
         socket: std::path::PathBuf,
+        /// The shell's id (the run's `sandbox.id`: its decisions are recorded under it).
+        sandbox_id: String,
     },
     Ps {
         sandboxes: Vec<SandboxInfo>,
