@@ -247,12 +247,15 @@ def init_pid(sid):
             procs = [int(x) for x in open(f).read().split()]
             break
     check(procs, f"no cgroup for {sid}")
-    # The init is the process whose parent is outside the sandbox.
-    for pid in procs:
-        ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        if ppid not in procs:
+    # The sandbox's processes see the root of its cell, whose PID 1 is the child of the
+    # shell's init (the process whose parent is outside the sandbox).
+    parent = {pid: int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) for pid in procs}
+    shell = [pid for pid, ppid in parent.items() if ppid not in procs]
+    check(len(shell) == 1, f"no shell init among {procs}")
+    for pid, ppid in parent.items():
+        if ppid == shell[0]:
             return pid
-    raise AssertionError("no init")
+    raise AssertionError("no cell")
 
 
 async def async_flow():

@@ -4,8 +4,9 @@
 //! from the warm pool (or has one made on demand when no pool keeps its image and profile, or
 //! the sandbox has mounts or a network policy: those still get a shell of their own), makes
 //! a long-lived cell in it whose PID 1 speaks the persistent dialect on the cell's channel
-//! (see [`agentrun_runtime::control`]), and keeps it until [`LiveManager::delete`], after which
-//! the shell goes back to its pool if nothing about it is in doubt:
+//! (see [`agentrun_runtime::control`]), and keeps it until [`LiveManager::delete`], which
+//! kills the cell and destroys the shell (a long-lived sandbox's id is its shell's: a reused
+//! shell would show the same id twice):
 //!
 //! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
 //!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:
@@ -165,8 +166,6 @@ pub struct LiveSandbox {
     profile: String,
     /// Host pid of the cell's PID 1.
     init_pid: i32,
-    /// The cell's id in its shell.
-    cell: u64,
     /// A pidfd of the cell's PID 1.
     pidfd: OwnedFd,
     enforcement: Enforcement,
@@ -529,7 +528,7 @@ impl LiveManager {
                 return Err(PoolError::Invalid(e.to_string()));
             }
         };
-        let (cell_id, cell_pid) = (cell.cell, cell.pid);
+        let cell_pid = cell.pid;
         let (channel, pidfd) = cell.into_parts();
         let Some(control) = channel else {
             self.pool.release(shell, Verdict::Discard("cell_failed"));
@@ -552,7 +551,6 @@ impl LiveManager {
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             init_pid: cell_pid,
-            cell: cell_id,
             pidfd,
             enforcement,
             pool_hit: hit,
@@ -620,21 +618,14 @@ impl LiveManager {
             let _ = sandbox.resume();
         }
         let shell = lock(&sandbox.pooled).take();
-        if let Some(mut shell) = shell {
+        if let Some(shell) = shell {
             // The cell ends (its PID 1 killed, and every process with it); the shell is
             // judged once the cell is gone.
             agentrun_runtime::cellrun::pidfd_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
-            // What `set_limits` put in force since (the next run compares with it).
-            let (cpus, memory_bytes) = sandbox.limits();
-            shell.limits.cpus = cpus;
-            shell.limits.memory_bytes = memory_bytes;
-            self.pool.recycling(&mut shell);
-            let verdict = if shell.home.is_none() {
-                Verdict::Discard("dedicated")
-            } else {
-                crate::run::cell_end_verdict(&shell, sandbox.cell, self.cgroup)
-            };
-            self.pool.release(shell, verdict);
+            // A long-lived sandbox's id is its shell's (its cgroup's name, which the APIs'
+            // clients and tests find it by): the shell goes with it, so an id is never seen
+            // twice. Reusing it would need an id of the sandbox's own (the next step).
+            self.pool.release(shell, Verdict::Discard("long_lived"));
         }
     }
 

@@ -702,7 +702,7 @@ pub struct PoolStatus {
     /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
     /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
     /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
-    /// `unpooled`, `dedicated`, `shutdown`.
+    /// `unpooled`, `long_lived` (a long-lived sandbox's shell goes with it), `shutdown`.
     #[serde(default)]
     pub discarded: BTreeMap<String, u64>,
     #[serde(default)]

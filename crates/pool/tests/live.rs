@@ -277,9 +277,9 @@ fn delete_reports_running_processes_lost(live: &LiveManager) {
     assert!(matches!(live.delete(sb.id()), Err(PoolError::NotFound(_))));
 }
 
-/// A deleted sandbox's shell serves the next one, in a fresh cell: same shell id, nothing of
-/// the first one's files or processes.
-fn the_next_sandbox_reuses_the_shell_in_a_fresh_cell(live: &LiveManager) {
+/// A deleted sandbox takes its shell with it: the next sandbox has another shell, and nothing
+/// of the first one's files or processes.
+fn the_next_sandbox_gets_a_shell_of_its_own(live: &LiveManager) {
     let first = live.create(&spec()).unwrap();
     let a = start(
         &first,
@@ -288,21 +288,11 @@ fn the_next_sandbox_reuses_the_shell_in_a_fresh_cell(live: &LiveManager) {
     )
     .unwrap();
     assert_eq!(a.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
-    let (shell, first_init) = (first.id().to_owned(), first.init_pid());
+    let shell = first.id().to_owned();
     live.delete(&shell).unwrap();
     let second = live.create(&spec()).unwrap();
-    assert_eq!(second.id(), shell, "the shell is reused");
-    assert_ne!(second.init_pid(), first_init, "in a new cell");
-    let b = start(
-        &second,
-        &[
-            "/bin/sh",
-            "-c",
-            "ls /tmp; ps -o args= 2>/dev/null | grep -c 7331002 || true",
-        ],
-        &[],
-    )
-    .unwrap();
+    assert_ne!(second.id(), shell, "a sandbox id is never seen twice");
+    let b = start(&second, &["/bin/sh", "-c", "ls /tmp"], &[]).unwrap();
     assert_eq!(b.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
     let out = b.out.recv_timeout(WAIT).unwrap();
     assert!(
@@ -350,8 +340,8 @@ fn main() {
         ("delete_reports_running_processes_lost", |l| {
             delete_reports_running_processes_lost(l)
         }),
-        ("the_next_sandbox_reuses_the_shell_in_a_fresh_cell", |l| {
-            the_next_sandbox_reuses_the_shell_in_a_fresh_cell(l)
+        ("the_next_sandbox_gets_a_shell_of_its_own", |l| {
+            the_next_sandbox_gets_a_shell_of_its_own(l)
         }),
         ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
     ];
@@ -384,8 +374,7 @@ fn main() {
     .unwrap();
     let pool = Arc::new(Pool::new(
         vec![factory],
-        // A pool of `host` with no target (no refill thread here): the shells made on demand
-        // for it go back to it after their sandbox is deleted, and serve the next ones.
+        // A pool of `host` with no target (no refill thread here).
         PoolLimits::new(
             vec![PoolSpec {
                 image: "host".into(),
