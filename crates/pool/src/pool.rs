@@ -453,9 +453,9 @@ impl Pool {
             }
             v => v,
         };
-        st.lent.remove(&id);
         match (verdict, home) {
             (Verdict::Reuse, Some(i)) => {
+                st.lent.remove(&id);
                 st.pools[i].ready.push_front((shell, Instant::now()));
                 drop(st);
             }
@@ -465,11 +465,15 @@ impl Pool {
                     Verdict::Reuse => "unpooled",
                 };
                 st.count_discard(reason);
-                st.destroying += 1;
+                // Listed (and counted) until it is gone; its pool may be refilled meanwhile.
+                if let Some(l) = st.lent.get_mut(&id) {
+                    l.home = None;
+                    l.recycling = false;
+                }
                 drop(st);
                 self.changed.notify_all();
                 self.destroy(shell);
-                self.lock().destroying -= 1;
+                self.lock().lent.remove(&id);
             }
         }
         self.changed.notify_all();

@@ -56,9 +56,10 @@ pub(crate) struct CellTemplate {
     pub scratch: PathBuf,
     /// The shell's top-level mounts (but `/proc`), moved into every cell's root.
     pub moved: Vec<PathBuf>,
-    /// `/proc` paths masked (empty read-only tmpfs over a directory, `/dev/null` over a
-    /// file) and made read-only in each cell's own `/proc`.
-    pub proc_masked: Vec<PathBuf>,
+    /// `/proc` paths masked (empty read-only tmpfs over a directory (`true`), `/dev/null`
+    /// over a file) and made read-only in each cell's own `/proc`: those this kernel has (the
+    /// shell's `/proc` was checked once).
+    pub proc_masked: Vec<(PathBuf, bool)>,
     pub proc_readonly: Vec<PathBuf>,
     /// Where the egress proxy's socket is, inside the sandbox.
     pub egress_socket: PathBuf,
@@ -154,7 +155,7 @@ pub(crate) fn enter(template: &CellTemplate, req: CellRequest, fds: Vec<OwnedFd>
             // Wait (bounded) for the host to take the result and let go: whatever the run
             // left running is killed when we exit.
             let _ = control::wait_readable(channel.as_fd(), Some(LINGER));
-            std::process::exit(result.exit_code)
+            reaper::exit_now(result.exit_code)
         }
     }
 }
@@ -173,7 +174,7 @@ fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str)
         };
         let _ = control::send_json(ch, &result, &[]);
     }
-    std::process::exit(EXIT_SETUP_FAILED)
+    reaper::exit_now(EXIT_SETUP_FAILED)
 }
 
 /// Closes every fd but 0, 1, 2 and `keep`: nothing of the shell's init (its control channel
@@ -320,12 +321,9 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64, mounts: Vec<(CellMount, OwnedF
 /// The shell's masked and read-only `/proc` paths, applied to the cell's own `/proc`.
 fn mask_proc(t: &CellTemplate, root: &Path) -> Setup<()> {
     let null = root.join("dev/null");
-    for p in &t.proc_masked {
+    for (p, dir) in &t.proc_masked {
         let target = under(root, p);
-        let Ok(meta) = std::fs::symlink_metadata(&target) else {
-            continue;
-        };
-        if meta.is_dir() {
+        if *dir {
             mnt(
                 Some("tmpfs"),
                 &target,
@@ -345,9 +343,6 @@ fn mask_proc(t: &CellTemplate, root: &Path) -> Setup<()> {
     }
     for p in &t.proc_readonly {
         let target = under(root, p);
-        if std::fs::symlink_metadata(&target).is_err() {
-            continue;
-        }
         let src = target.to_string_lossy().into_owned();
         mnt(
             Some(&src),

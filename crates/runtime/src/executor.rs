@@ -122,6 +122,8 @@ impl SandboxExecutor {
             .map_err(|e| fail(e.to_string()))?;
         let shell_filters = seccomp::compile(&shell_section).map_err(|e| fail(e.to_string()))?;
         self.loopback_up()?;
+        // Watched from now on (opened while CAP_NET_ADMIN is still held).
+        let watch = shell::ShellWatch::start();
         // The shell's /dev is read-only: no cell can leave a file in it for the next one (its
         // own /dev/shm, /dev/mqueue and /dev/pts are mounted over it per cell).
         nix::mount::mount(
@@ -138,12 +140,17 @@ impl SandboxExecutor {
         let scratch = shell::scratch_dir().map_err(|e| fail(format!("cell scratch dir: {e}")))?;
         let moved = shell::top_level_mounts().map_err(|e| fail(format!("mountinfo: {e}")))?;
         let linux = spec.linux().as_ref();
-        let under_proc = |paths: Option<&Vec<String>>| -> Vec<PathBuf> {
+        // Those this kernel has, and whether each is a directory: a cell's /proc has the
+        // same entries as the shell's.
+        let under_proc = |paths: Option<&Vec<String>>| -> Vec<(PathBuf, bool)> {
             paths
                 .into_iter()
                 .flatten()
                 .filter(|p| p.starts_with("/proc/"))
-                .map(PathBuf::from)
+                .filter_map(|p| {
+                    let meta = std::fs::symlink_metadata(p).ok()?;
+                    Some((PathBuf::from(p), meta.is_dir()))
+                })
                 .collect()
         };
         let template = CellTemplate {
@@ -153,7 +160,10 @@ impl SandboxExecutor {
             scratch,
             moved,
             proc_masked: under_proc(linux.and_then(|l| l.masked_paths().as_ref())),
-            proc_readonly: under_proc(linux.and_then(|l| l.readonly_paths().as_ref())),
+            proc_readonly: under_proc(linux.and_then(|l| l.readonly_paths().as_ref()))
+                .into_iter()
+                .map(|(p, _)| p)
+                .collect(),
             egress_socket: self.egress_socket.clone(),
         };
         let mut keep = self.command_caps.clone();
@@ -177,6 +187,7 @@ impl SandboxExecutor {
             ShellInit {
                 template,
                 shell_filters,
+                watch,
             },
             control,
         )

@@ -179,6 +179,14 @@ impl Command {
     }
 }
 
+/// Exits at once with `code`: no atexit handlers or destructors, which in a cell's PID 1 (a
+/// copy-on-write copy of the shell's init) would only fault in pages to run. Nothing here
+/// buffers output (messages are written with `write(2)`).
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit ends the process; nothing after it runs.
+    unsafe { libc::_exit(code) }
+}
+
 /// Writes `agentrun: <msg>` on `fd`.
 pub(crate) fn say_on(fd: RawFd, msg: &str) {
     let line = format!("agentrun: {msg}\n");
@@ -294,11 +302,11 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let all = SigSet::all();
     if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
-        std::process::exit(EXIT_SETUP_FAILED);
+        exit_now(EXIT_SETUP_FAILED);
     }
     let Ok(signals) = SignalFd::with_flags(&all, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
     else {
-        std::process::exit(EXIT_SETUP_FAILED);
+        exit_now(EXIT_SETUP_FAILED);
     };
     // pid -> id, and id -> pid (= its process group), of the processes still running.
     let mut by_pid: HashMap<i32, u64> = HashMap::new();
@@ -369,7 +377,7 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
         match poll(&mut pfds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
-            Err(_) => std::process::exit(EXIT_SETUP_FAILED),
+            Err(_) => exit_now(EXIT_SETUP_FAILED),
         }
         let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
         let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
@@ -402,7 +410,7 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
                 },
                 // The host closed the channel: the sandbox is over. Exiting PID 1 kills every
                 // process in the namespace.
-                Ok(None) | Err(_) => std::process::exit(0),
+                Ok(None) | Err(_) => exit_now(0),
             }
         }
     }

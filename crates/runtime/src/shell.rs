@@ -85,6 +85,8 @@ pub(crate) struct ShellInit {
     pub template: CellTemplate,
     /// The shell's own filter, compiled ([`shell_filter`]).
     pub shell_filters: Vec<seccompiler::BpfProgram>,
+    /// What of the shell a cell must not change.
+    pub watch: ShellWatch,
 }
 
 /// The shell's scratch directory for cells: `/tmp` when the image has it as a directory (the
@@ -147,8 +149,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     if seccomp::install(&init.shell_filters).is_err() {
         std::process::exit(EXIT_SETUP_FAILED);
     }
-    // What the shell looks like; a cell that changed it gets the shell discarded.
-    let fingerprint = fingerprint();
+    init.watch.settle();
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
     loop {
@@ -169,8 +170,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             while let Some((pid, status, _)) = reaper::reap_one() {
                 if let Some(cell) = cells.remove(&pid) {
                     let (code, _) = reaper::decode_status(status);
-                    let now = self::fingerprint();
-                    let changed = (now != fingerprint).then(|| describe_change(&fingerprint, &now));
+                    let changed = init.watch.changes();
                     let ev = ShellEvent::Ended {
                         cell,
                         code,
@@ -207,7 +207,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         cell::enter(&init.template, req, fds)
                     }));
                     let _ = entered;
-                    std::process::exit(EXIT_SETUP_FAILED)
+                    reaper::exit_now(EXIT_SETUP_FAILED)
                 }
                 Ok(Cloned::Parent { pid, pidfd }) => {
                     drop(fds);
@@ -228,74 +228,122 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     }
 }
 
-/// What a run could change of the shell if it were not denied (it is: no cell has
-/// CAP_NET_ADMIN or CAP_SYS_ADMIN, nor a way to get them): hostname and domain name, network
-/// interfaces (name, flags, MTU), addresses and routes (IPv4 and IPv6), as the shell sees
-/// them. Counters are left out. One line per item.
-fn fingerprint() -> Vec<String> {
-    let mut out = Vec::new();
-    if let Ok(u) = nix::sys::utsname::uname() {
-        out.push(format!(
-            "uts {} {}",
-            u.nodename().to_string_lossy(),
-            u.domainname().to_string_lossy()
-        ));
-    }
-    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
-        let mut links: Vec<String> = rd
-            .flatten()
-            .map(|e| {
-                let p = e.path();
-                let read = |f: &str| {
-                    std::fs::read_to_string(p.join(f))
-                        .unwrap_or_default()
-                        .trim()
-                        .to_owned()
-                };
-                format!(
-                    "link {} flags {} mtu {}",
-                    e.file_name().to_string_lossy(),
-                    read("flags"),
-                    read("mtu")
-                )
-            })
-            .collect();
-        links.sort();
-        out.extend(links);
-    }
-    // (file, columns kept): counters and reference counts change with traffic.
-    for (file, cols) in [
-        ("/proc/net/route", &[0usize, 1, 2, 3, 7][..]),
-        ("/proc/net/ipv6_route", &[0, 1, 2, 3, 4, 5, 8, 9][..]),
-        ("/proc/net/if_inet6", &[0, 2, 3, 5][..]),
-        ("/proc/net/fib_trie", &[][..]),
-    ] {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        for line in text.lines() {
-            let kept = if cols.is_empty() {
-                line.trim().to_owned()
-            } else {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                cols.iter()
-                    .filter_map(|&i| f.get(i).copied())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            out.push(format!("{file}: {kept}"));
-        }
-    }
-    out
+/// Watches what a run could change of the shell if it were not denied (it is: no cell has
+/// CAP_NET_ADMIN or CAP_SYS_ADMIN, nor a way to get them): the hostname and domain name, and
+/// the network namespace's links, addresses, routes and nftables rules, through netlink
+/// notifications (the kernel sends one for every change; reading none costs a syscall).
+pub(crate) struct ShellWatch {
+    uts: Option<(String, String)>,
+    /// Netlink sockets subscribed to change notifications (rtnetlink: links, IPv4 and IPv6
+    /// addresses and routes; nfnetlink: nftables), opened while the init could.
+    netlink: Vec<OwnedFd>,
 }
 
-/// The first difference between two fingerprints, in one line.
-fn describe_change(before: &[String], now: &[String]) -> String {
-    if let Some(gone) = before.iter().find(|l| !now.contains(l)) {
-        return format!("the shell changed: {gone:?} is gone");
+impl ShellWatch {
+    /// Starts watching (needs CAP_NET_ADMIN for nftables; what cannot be watched is not).
+    pub(crate) fn start() -> ShellWatch {
+        let groups = [
+            (
+                libc::NETLINK_ROUTE,
+                (libc::RTMGRP_LINK
+                    | libc::RTMGRP_IPV4_IFADDR
+                    | libc::RTMGRP_IPV6_IFADDR
+                    | libc::RTMGRP_IPV4_ROUTE
+                    | libc::RTMGRP_IPV6_ROUTE) as u32,
+            ),
+            // NFNLGRP_NFTABLES = 7: bit 6.
+            (libc::NETLINK_NETFILTER, 1 << 6),
+        ];
+        let netlink = groups
+            .into_iter()
+            .filter_map(|(proto, groups)| subscribe(proto, groups))
+            .collect();
+        ShellWatch {
+            uts: uts(),
+            netlink,
+        }
     }
-    match now.iter().find(|l| !before.contains(l)) {
-        Some(new) => format!("the shell changed: {new:?} is new"),
-        None => "the shell changed".into(),
+
+    /// Drops notifications of what happened so far (the shell's own setup).
+    pub(crate) fn settle(&self) {
+        let _ = self.changes();
     }
+
+    /// What changed since the last call, if anything, in one line.
+    pub(crate) fn changes(&self) -> Option<String> {
+        let mut what = Vec::new();
+        if uts() != self.uts {
+            what.push("hostname".to_string());
+        }
+        let mut buf = [0u8; 8192];
+        for fd in &self.netlink {
+            loop {
+                // SAFETY: recv into a buffer we own, non-blocking.
+                let n = unsafe {
+                    libc::recv(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                let kind = u16::from_ne_bytes([buf[4], buf[5]]);
+                let name = match kind {
+                    16..=19 => "links",                 // RTM_NEWLINK..RTM_SETLINK
+                    20..=22 => "addresses",             // RTM_NEWADDR..RTM_GETADDR
+                    24..=26 => "routes",                // RTM_NEWROUTE..RTM_GETROUTE
+                    _ if kind >> 8 == 10 => "nftables", // NFNL_SUBSYS_NFTABLES
+                    _ => "network settings",
+                };
+                if !what.iter().any(|w| w == name) {
+                    what.push(name.to_string());
+                }
+            }
+        }
+        (!what.is_empty()).then(|| format!("the shell's {} changed", what.join(", ")))
+    }
+}
+
+fn uts() -> Option<(String, String)> {
+    nix::sys::utsname::uname().ok().map(|u| {
+        (
+            u.nodename().to_string_lossy().into_owned(),
+            u.domainname().to_string_lossy().into_owned(),
+        )
+    })
+}
+
+/// A netlink socket of `proto` subscribed to `groups` (non-blocking); `None` if not allowed.
+fn subscribe(proto: libc::c_int, groups: u32) -> Option<OwnedFd> {
+    // SAFETY: socket(2); the fd is owned right below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            proto,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain old data; zeroed is valid.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr.nl_groups = groups;
+    // SAFETY: bind with a properly sized sockaddr_nl.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    (rc == 0).then_some(sock)
 }
 
 enum Cloned {
