@@ -263,10 +263,7 @@ fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan, pumps: Option<OutputPip
     outcome.error.clone_from(&r.cell_error);
     let counted = pumps.is_some();
     if let Some(mut p) = pumps {
-        outcome.output_truncated = p.streams.iter().any(|s| s.truncated);
-        outcome.stdout_bytes = p.streams[0].bytes;
-        outcome.stderr_bytes = p.streams[1].bytes;
-        outcome.stderr_preview = std::mem::take(&mut p.streams[1].preview);
+        outcome.count_output(&mut p.streams);
     }
     report(&outcome, plan, span, counted);
     if outcome.output_truncated {

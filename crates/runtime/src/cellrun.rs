@@ -18,7 +18,7 @@ use agentrun_policy::Profile;
 
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent};
 use crate::error::RuntimeError;
-use crate::idmap::{detached_clone, MappingNamespace};
+use crate::idmap::{detached_clone_idmapped, MappingNamespace};
 use crate::rootfs::UserMount;
 
 /// How long a shell's init may take to answer a cell request (it only clones).
@@ -90,20 +90,9 @@ impl RunMounts {
             } else {
                 cache.owner(owner.0, owner.1)?
             };
-            let fd = match detached_clone(&m.source, Some(ns), !m.writable) {
-                Ok(fd) => fd,
-                Err(RuntimeError::Io { source, .. })
-                    if matches!(
-                        source.raw_os_error(),
-                        Some(libc::EINVAL) | Some(libc::EPERM)
-                    ) =>
-                {
-                    // This filesystem cannot be idmapped: a plain bind.
-                    out.idmapped = false;
-                    detached_clone(&m.source, None, !m.writable)?
-                }
-                Err(e) => return Err(e),
-            };
+            // A file system that cannot be idmapped gets a plain bind.
+            let (fd, mapped) = detached_clone_idmapped(&m.source, ns, !m.writable)?;
+            out.idmapped &= mapped;
             out.mounts.push(CellMount {
                 target: m.target.clone(),
                 directory: meta.is_dir(),

@@ -5,8 +5,11 @@
 //! run left behind. One manager per cgroup: what a long-lived sandbox changes after its start
 //! is freezing and reading stats through libcgroups ([`CgroupMode::freeze`],
 //! [`CgroupMode::usage`]) and new cpu/memory limits written to the same files libcgroups
-//! writes ([`CgroupMode::set_limits`], fast enough for a sandbox's creation). Works on v1, v2 and hybrid hosts (hybrid =
-//! v1 controllers plus a cgroup2 mount, managed as v1).
+//! writes ([`CgroupMode::set_limits`], fast enough for a sandbox's creation). A shell's cgroup
+//! outlives its runs: each run's limits are written to it ([`CgroupMode::set_limits`],
+//! [`CgroupMode::set_pids`]) and each run measured on its own ([`CgroupMode::meter`]: its
+//! peak memory and OOM kills, not an earlier run's). Works on v1, v2 and hybrid hosts
+//! (hybrid = v1 controllers plus a cgroup2 mount, managed as v1).
 
 use std::fs;
 use std::path::{Path, PathBuf};

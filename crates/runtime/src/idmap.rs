@@ -130,7 +130,11 @@ pub fn attach_clone(
     ns: Option<&MappingNamespace>,
     readonly: bool,
 ) -> Result<(), RuntimeError> {
-    let tree = detached_clone(source, ns, readonly)?;
+    attach_tree(&detached_clone(source, ns, readonly)?, target)
+}
+
+/// Attaches a detached mount (from [`detached_clone`]) at the host path `target`.
+pub fn attach_tree(tree: &OwnedFd, target: &Path) -> Result<(), RuntimeError> {
     let dst = cpath(target)?;
     let empty = c"";
     // SAFETY: move_mount of our detached tree onto an existing directory path.
@@ -220,6 +224,24 @@ pub fn detached_clone(
         ));
     }
     Ok(tree)
+}
+
+/// [`detached_clone`] idmapped through `ns`, or a plain one when `source`'s file system cannot
+/// be idmapped; the flag says whether it is idmapped.
+pub fn detached_clone_idmapped(
+    source: &Path,
+    ns: &MappingNamespace,
+    readonly: bool,
+) -> Result<(OwnedFd, bool), RuntimeError> {
+    match detached_clone(source, Some(ns), readonly) {
+        Ok(fd) => Ok((fd, true)),
+        Err(RuntimeError::Io { source: e, .. })
+            if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) =>
+        {
+            Ok((detached_clone(source, None, readonly)?, false))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Attaches a detached mount (from [`detached_clone`]) on the directory or file `target` is

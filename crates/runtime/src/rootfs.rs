@@ -22,7 +22,7 @@ use agentrun_image::Image;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::error::RuntimeError;
-use crate::idmap::{attach_clone, MappingNamespace, UID_BASE};
+use crate::idmap::{attach_tree, detached_clone_idmapped, MappingNamespace, UID_BASE};
 use crate::spec::BindMount;
 
 /// A host path the user asked to mount into the sandbox.
@@ -87,21 +87,11 @@ pub fn prepare(
 
     let range = MappingNamespace::sandbox_range()?;
     let mut idmapped = true;
+    // A file system that cannot be idmapped gets a plain bind.
     let mut attach = |src: &Path, dst: &Path, ns: &MappingNamespace, ro: bool| {
-        match attach_clone(src, dst, Some(ns), ro) {
-            Ok(()) => Ok(()),
-            Err(RuntimeError::Io { source, .. })
-                if matches!(
-                    source.raw_os_error(),
-                    Some(libc::EINVAL) | Some(libc::EPERM)
-                ) =>
-            {
-                // This filesystem cannot be idmapped: fall back to a plain bind.
-                idmapped = false;
-                attach_clone(src, dst, None, ro)
-            }
-            Err(e) => Err(e),
-        }
+        let (tree, mapped) = detached_clone_idmapped(src, ns, ro)?;
+        idmapped &= mapped;
+        attach_tree(&tree, dst)
     };
     let mut lowerdirs = Vec::with_capacity(image.layers.len());
     for (n, layer) in image.layers.iter().enumerate() {

@@ -11,7 +11,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -172,6 +172,16 @@ pub struct RunOutcome {
     pub output_truncated: bool,
     /// The cell could not be set up around the command (exit 125): why.
     pub error: Option<String>,
+}
+
+impl RunOutcome {
+    /// Takes the byte counts, the stderr preview and whether output was cut from the pumps.
+    pub fn count_output(&mut self, streams: &mut [OutputStream; 2]) {
+        self.output_truncated = streams.iter().any(|s| s.truncated);
+        self.stdout_bytes = streams[0].bytes;
+        self.stderr_bytes = streams[1].bytes;
+        self.stderr_preview = std::mem::take(&mut streams[1].preview);
+    }
 }
 
 /// What enforcement a sandbox got on this host (recorded on the span).
@@ -464,17 +474,10 @@ impl Sandbox {
         fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))
             .map_err(|e| RuntimeError::io("chmod", &config_path, e))?;
 
-        // Landlock rules come from the same profile that `Profile::check` decides with.
-        // The workspace mount is read-write so that writable paths under it work; whether the
-        // workspace itself may be written is the profile's call.
-        let writable = profile.landlock_writable(
-            mounts
-                .iter()
-                .filter(|m| m.writable && m.target != Path::new(agentrun_policy::WORKSPACE))
-                .map(|m| m.target.clone()),
-        );
-        let mut readable = profile.landlock_readable();
-        readable.extend(mounts.iter().map(|m| m.target.clone()));
+        // Landlock rules come from the same profile that `Profile::check` decides with (a
+        // build step's: a shell's cells get theirs per run).
+        let crate::control::PathRules { readable, writable } =
+            crate::cellrun::cell_rules(profile, &mounts);
         let executor = SandboxExecutor {
             mode: if shell {
                 InitMode::Shell
@@ -608,7 +611,6 @@ impl Sandbox {
             Err(e) => return Err(RuntimeError::Container(e.to_string())),
         };
         drop((stdin, out_w, err_w));
-        let deadline = timeout.map(|t| started + t);
         let mut outcome = RunOutcome {
             init_pid: cell.pid,
             ..Default::default()
@@ -618,102 +620,20 @@ impl Sandbox {
             OutputStream::new(Some(err_r), self.output_cap),
         ];
         let mut result = None;
-        let mut cell_done = false;
-        let mut done_at: Option<Instant> = None;
-        let mut signals_seen = 0;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let open = streams.iter().any(|s| s.fd.is_some());
-            if cell_done && !open {
-                break;
-            }
-            // Output must reach EOF soon after the cell is gone (its pid namespace is dead);
-            // never hang on a pipe someone else might hold.
-            if done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
-                break;
-            }
-            let now = Instant::now();
-            let wait_ms = match (cell_done, deadline) {
-                (true, _) => 100,
-                (false, Some(d)) if d <= now => {
-                    if !outcome.timed_out {
-                        outcome.timed_out = true;
-                        cell.kill();
-                    }
-                    100
-                }
-                (false, Some(d)) => (d - now).as_millis().min(60_000) as i32 + 1,
-                (false, None) => 60_000,
-            };
-            let mut fds: Vec<PollFd> = Vec::with_capacity(4);
-            let mut which: Vec<usize> = Vec::with_capacity(4);
-            for (i, s) in streams.iter().enumerate() {
-                if let Some(fd) = &s.fd {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    which.push(i);
-                }
-            }
-            let cell_slot = match (cell_done, cell.channel()) {
-                (false, Some(ch)) => {
-                    fds.push(PollFd::new(ch, PollFlags::POLLIN));
-                    Some(fds.len() - 1)
-                }
-                _ => None,
-            };
-            let sig_slot = signals.map(|s| {
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-                fds.len() - 1
-            });
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(_) => {}
-                Err(nix::Error::EINTR) => continue,
-                Err(e) => return Err(RuntimeError::sys("poll", e)),
-            }
-            let ready = |i: usize| {
-                fds[i].revents().is_some_and(|r| {
-                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
-                })
-            };
-            let ready_streams: Vec<usize> = (0..which.len())
-                .filter(|i| ready(*i))
-                .map(|i| which[i])
-                .collect();
-            let cell_ready = cell_slot.is_some_and(ready);
-            let sig_ready = sig_slot.is_some_and(ready);
-            drop(fds);
-            for i in ready_streams {
-                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
-                streams[i].pump(&mut buf, sink);
-            }
-            if sig_ready {
-                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
-                    signals_seen += 1;
-                    cell.signal(if signals_seen > 1 {
-                        libc::SIGKILL
-                    } else {
-                        info.ssi_signo as i32
-                    });
-                }
-            }
-            if cell_ready {
-                // The result, or EOF: the cell's PID 1 died without one.
-                result = cell.result();
-                cell_done = true;
-                done_at = Some(Instant::now());
-                outcome.run_duration = started.elapsed();
-                // Let the cell end now: the rest of its output comes with its teardown.
-                cell.let_go();
-            }
-        }
-        outcome.output_truncated = streams.iter().any(|s| s.truncated);
-        outcome.stdout_bytes = streams[0].bytes;
-        outcome.stderr_bytes = streams[1].bytes;
-        outcome.stderr_preview = std::mem::take(&mut streams[1].preview);
-        let _ = out.flush();
-        let _ = err.flush();
+        let end = pump_run(
+            &mut CellTarget {
+                cell: &mut cell,
+                result: &mut result,
+            },
+            &mut streams,
+            out,
+            err,
+            timeout.map(|t| started + t),
+            signals,
+        )?;
+        outcome.timed_out = end.timed_out;
+        outcome.run_duration = end.ran.unwrap_or_else(|| started.elapsed());
+        outcome.count_output(&mut streams);
         if let Some(m) = meter {
             outcome.stats = m.finish();
         }
@@ -743,7 +663,6 @@ impl Sandbox {
             .map(Pid::from_raw)
             .ok_or_else(|| RuntimeError::Container("container has no init pid".into()))?;
         let pidfd = pidfd_open(init)?;
-        let deadline = timeout.map(|t| started + t);
         let mut outcome = RunOutcome {
             init_pid: init.as_raw(),
             ..Default::default()
@@ -752,117 +671,26 @@ impl Sandbox {
             OutputStream::new(self.stdout.take(), self.output_cap),
             OutputStream::new(self.stderr.take(), self.output_cap),
         ];
-        let mut status: Option<WaitStatus> = None;
-        let mut exited_at: Option<Instant> = None;
-        let mut signals_seen = 0;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let open = streams.iter().any(|s| s.fd.is_some());
-            if status.is_some() && !open {
-                break;
-            }
-            // Output must reach EOF soon after the init is gone (its pid namespace is dead);
-            // never hang on a pipe someone else might hold.
-            if exited_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
-                break;
-            }
-            let now = Instant::now();
-            let wait_ms = match (status.is_some(), deadline) {
-                (true, _) => 100,
-                (false, Some(d)) if d <= now => {
-                    if !outcome.timed_out {
-                        outcome.timed_out = true;
-                        let _ = kill(init, Signal::SIGKILL);
-                    }
-                    100
-                }
-                (false, Some(d)) => (d - now).as_millis().min(60_000) as i32 + 1,
-                (false, None) => 60_000,
-            };
-            let mut fds: Vec<PollFd> = Vec::with_capacity(4);
-            let mut which: Vec<usize> = Vec::with_capacity(4);
-            for (i, s) in streams.iter().enumerate() {
-                if let Some(fd) = &s.fd {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    which.push(i);
-                }
-            }
-            let pid_slot = if status.is_none() {
-                fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
-                Some(fds.len() - 1)
-            } else {
-                None
-            };
-            let sig_slot = signals.map(|s| {
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-                fds.len() - 1
-            });
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(_) => {}
-                Err(nix::Error::EINTR) => continue,
-                Err(e) => return Err(RuntimeError::sys("poll", e)),
-            }
-            let ready = |i: usize| {
-                fds[i].revents().is_some_and(|r| {
-                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
-                })
-            };
-            let ready_streams: Vec<usize> = (0..which.len())
-                .filter(|i| ready(*i))
-                .map(|i| which[i])
-                .collect();
-            let pid_ready = pid_slot.is_some_and(ready);
-            let sig_ready = sig_slot.is_some_and(ready);
-            drop(fds);
-            for i in ready_streams {
-                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
-                streams[i].pump(&mut buf, sink);
-            }
-            if sig_ready {
-                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
-                    signals_seen += 1;
-                    let sig = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
-                    let _ = kill(
-                        init,
-                        if signals_seen > 1 {
-                            Signal::SIGKILL
-                        } else {
-                            sig
-                        },
-                    );
-                }
-            }
-            if pid_ready {
-                let mut raw = 0;
-                // SAFETY: rusage is plain old data that wait4 fills in.
-                let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-                // SAFETY: wait4 on our own child with valid out-pointers.
-                let pid =
-                    unsafe { libc::wait4(init.as_raw(), &mut raw, libc::WNOHANG, &mut usage) };
-                if pid < 0 {
-                    return Err(RuntimeError::sys("wait4", nix::Error::last()));
-                }
-                if pid > 0 {
-                    status = Some(
-                        WaitStatus::from_raw(init, raw)
-                            .map_err(|e| RuntimeError::sys("wait4", e))?,
-                    );
-                    // The init's usage includes the command's and every child it reaped.
-                    outcome.usage = Some((&usage).into());
-                    exited_at = Some(Instant::now());
-                    outcome.run_duration = started.elapsed();
-                }
-            }
-        }
-        outcome.output_truncated = streams.iter().any(|s| s.truncated);
-        outcome.stdout_bytes = streams[0].bytes;
-        outcome.stderr_bytes = streams[1].bytes;
-        outcome.stderr_preview = std::mem::take(&mut streams[1].preview);
-        let _ = out.flush();
-        let _ = err.flush();
+        let mut target = InitTarget {
+            init,
+            pidfd,
+            status: None,
+            usage: None,
+        };
+        let end = pump_run(
+            &mut target,
+            &mut streams,
+            out,
+            err,
+            timeout.map(|t| started + t),
+            signals,
+        )?;
+        let status = target.status;
+        // The init's usage includes the command's and every child it reaped.
+        outcome.usage = target.usage;
+        outcome.timed_out = end.timed_out;
+        outcome.run_duration = end.ran.unwrap_or_else(|| started.elapsed());
+        outcome.count_output(&mut streams);
         if let Some(cg) = self.cgroup {
             outcome.stats = cg.stats(&self.id);
         }
@@ -1054,6 +882,187 @@ impl OutputStream {
             Err(nix::Error::EINTR) | Err(nix::Error::EAGAIN) => {}
             Err(_) => self.fd = None,
         }
+    }
+}
+
+/// What [`pump_run`] waits on: a run that ends, and can be signalled.
+trait RunTarget {
+    /// Readable when the run has ended (`None`: done).
+    fn done_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Takes note of the end (reads the status or result). Returns whether it has ended.
+    fn ended(&mut self) -> Result<bool, RuntimeError>;
+    fn signal(&mut self, signal: i32);
+}
+
+/// How [`pump_run`] ended.
+struct PumpEnd {
+    timed_out: bool,
+    /// Time from the first poll to the run's end, when it ended.
+    ran: Option<Duration>,
+}
+
+/// Pumps `streams` to `out`/`err` until `target` has ended and its output reached EOF (at
+/// most 2 s after the end: never hang on a pipe someone else holds), the deadline passes (the
+/// target is killed) or a signal arrives on `signals` (forwarded; a second one kills).
+fn pump_run(
+    target: &mut dyn RunTarget,
+    streams: &mut [OutputStream; 2],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    deadline: Option<Instant>,
+    signals: Option<&SignalFd>,
+) -> Result<PumpEnd, RuntimeError> {
+    let started = Instant::now();
+    let mut end = PumpEnd {
+        timed_out: false,
+        ran: None,
+    };
+    let mut done_at: Option<Instant> = None;
+    let mut signals_seen = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let open = streams.iter().any(|s| s.fd.is_some());
+        if done_at.is_some() && !open {
+            break;
+        }
+        if done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+            break;
+        }
+        let now = Instant::now();
+        let wait_ms = match (done_at.is_some(), deadline) {
+            (true, _) => 100,
+            (false, Some(d)) if d <= now => {
+                if !end.timed_out {
+                    end.timed_out = true;
+                    target.signal(libc::SIGKILL);
+                }
+                100
+            }
+            (false, Some(d)) => (d - now).as_millis().min(60_000) as i32 + 1,
+            (false, None) => 60_000,
+        };
+        let mut fds: Vec<PollFd> = Vec::with_capacity(4);
+        let mut which: Vec<usize> = Vec::with_capacity(4);
+        for (i, s) in streams.iter().enumerate() {
+            if let Some(fd) = &s.fd {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                which.push(i);
+            }
+        }
+        let done_slot = match (done_at, target.done_fd()) {
+            (None, Some(fd)) => {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                Some(fds.len() - 1)
+            }
+            _ => None,
+        };
+        let sig_slot = signals.map(|s| {
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(RuntimeError::sys("poll", e)),
+        }
+        let ready = |i: usize| {
+            fds[i].revents().is_some_and(|r| {
+                r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+            })
+        };
+        let ready_streams: Vec<usize> = (0..which.len())
+            .filter(|i| ready(*i))
+            .map(|i| which[i])
+            .collect();
+        let done_ready = done_slot.is_some_and(ready);
+        let sig_ready = sig_slot.is_some_and(ready);
+        drop(fds);
+        for i in ready_streams {
+            let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
+            streams[i].pump(&mut buf, sink);
+        }
+        if sig_ready {
+            if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
+                signals_seen += 1;
+                target.signal(if signals_seen > 1 {
+                    libc::SIGKILL
+                } else {
+                    info.ssi_signo as i32
+                });
+            }
+        }
+        if done_ready && target.ended()? {
+            done_at = Some(Instant::now());
+            end.ran = Some(started.elapsed());
+        }
+    }
+    let _ = out.flush();
+    let _ = err.flush();
+    Ok(end)
+}
+
+/// A build step's container init (its pidfd).
+struct InitTarget {
+    init: Pid,
+    pidfd: OwnedFd,
+    status: Option<WaitStatus>,
+    usage: Option<crate::control::ResourceUsage>,
+}
+
+impl RunTarget for InitTarget {
+    fn done_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.pidfd.as_fd())
+    }
+
+    fn ended(&mut self) -> Result<bool, RuntimeError> {
+        let mut raw = 0;
+        // SAFETY: rusage is plain old data that wait4 fills in.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on our own child with valid out-pointers.
+        let pid = unsafe { libc::wait4(self.init.as_raw(), &mut raw, libc::WNOHANG, &mut usage) };
+        if pid < 0 {
+            return Err(RuntimeError::sys("wait4", nix::Error::last()));
+        }
+        if pid == 0 {
+            return Ok(false);
+        }
+        self.status =
+            Some(WaitStatus::from_raw(self.init, raw).map_err(|e| RuntimeError::sys("wait4", e))?);
+        self.usage = Some((&usage).into());
+        Ok(true)
+    }
+
+    fn signal(&mut self, signal: i32) {
+        if let Ok(sig) = Signal::try_from(signal) {
+            let _ = kill(self.init, sig);
+        }
+    }
+}
+
+/// A cell run (the cold path's): its channel says when it ended.
+struct CellTarget<'a> {
+    cell: &'a mut crate::cellrun::CellRun,
+    result: &'a mut Option<crate::control::InitResult>,
+}
+
+impl RunTarget for CellTarget<'_> {
+    fn done_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.cell.channel()
+    }
+
+    fn ended(&mut self) -> Result<bool, RuntimeError> {
+        // The result, or EOF: the cell's PID 1 died without one. Then the cell may end: the
+        // rest of its output comes with its teardown.
+        *self.result = self.cell.result();
+        self.cell.let_go();
+        Ok(true)
+    }
+
+    fn signal(&mut self, signal: i32) {
+        self.cell.signal(signal);
     }
 }
 
