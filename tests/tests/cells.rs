@@ -12,8 +12,8 @@
 //!   hostname, its shell's init); a shell changed anyway (here: from the host) or with a
 //!   process left in it is discarded, and `pool status` says why;
 //! - a cell that cannot be made fails that run only (125, one line), the shell is discarded;
-//! - OOM (137 + message), timeout (124, the whole cell killed) and 10 MB of output on a
-//!   reused shell; the run's peak memory is its own after a heavy run on the same shell;
+//! - OOM (137 + message), timeout (124, the whole cell killed), a client gone mid-run and
+//!   10 MB of output on a reused shell; the run's peak memory is its own after a heavy run on the same shell;
 //! - every run shape takes a pooled shell (workspace, --ro/--rw, limits, env, allowlist
 //!   profiles with the run's own egress proxy); a shell serves at most --shell-max-runs runs.
 //!
@@ -373,7 +373,7 @@ fn a_cell_that_cannot_be_made_fails_that_run_only() {
 }
 
 #[test]
-fn oom_timeout_and_big_output_on_a_reused_shell() {
+fn oom_timeout_disconnect_and_big_output_on_a_reused_shell() {
     let Some(_l) = setup_exclusive() else { return };
     let d = one_shell("default", &[]);
     // Warm the shell up: every case below runs on a reused one.
