@@ -214,6 +214,8 @@ pub fn run(ctx: &Context, args: Run) -> Result<i32, OciError> {
         (Ok(()), None) => Err(OciError::Invalid("container has no process".into())),
         (Err(e), _) => Err(e),
     };
+    // What the container's init reported after `start` (a startContainer hook, the exec).
+    ctx.logger.relay_children();
     let deleted = if args.keep {
         Ok(())
     } else {

@@ -196,7 +196,8 @@ pub struct StateTemplate {
 /// The runtime's side: a forked process that passes the listener fd on to the agent.
 #[derive(Debug)]
 pub struct Forwarder {
-    pid: Pid,
+    /// `None` once waited for.
+    pid: Option<Pid>,
     /// The container's end, open until libcontainer has cloned.
     container_end: Option<OwnedFd>,
     /// What the forwarder says when it fails.
@@ -256,7 +257,7 @@ impl Forwarder {
                 };
                 Ok((
                     Forwarder {
-                        pid: child,
+                        pid: Some(child),
                         container_end: Some(container_end),
                         errors,
                         listener: plan.listener.clone(),
@@ -300,22 +301,34 @@ impl Forwarder {
     }
 
     /// The forwarder's exit code, killing it after `timeout` (then `None`).
-    fn wait(&self, timeout: Duration) -> Option<i32> {
+    fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let pid = self.pid.take()?;
         let deadline = Instant::now() + timeout;
         loop {
-            match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(_, code)) => return Some(code),
                 Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Ok(WaitStatus::StillAlive) => {
-                    let _ = kill(self.pid, Signal::SIGKILL);
-                    let _ = waitpid(self.pid, None);
+                    let _ = kill(pid, Signal::SIGKILL);
+                    let _ = waitpid(pid, None);
                     return None;
                 }
                 Ok(_) => {}
                 Err(_) => return None,
             }
+        }
+    }
+}
+
+impl Drop for Forwarder {
+    /// A forwarder never waited for (the command failed before libcontainer ran) is killed
+    /// and reaped.
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
         }
     }
 }
