@@ -7,8 +7,14 @@
 //! one match action each, so the section's rules are grouped by action into one filter per
 //! action; the kernel runs every filter of the stack and the most restrictive answer wins,
 //! which is exactly libseccomp's semantics for a single filter with several actions.
+//!
+//! `SCMP_ACT_NOTIFY` (seccomp user notification) has no seccompiler action: its rules are
+//! compiled apart by [`compile_with_notify`] into one more filter, which has to be installed
+//! with `SECCOMP_FILTER_FLAG_NEW_LISTENER` by [`install_with_listener`] (a raw seccomp(2)) so
+//! that the caller gets the listener fd to hand to a supervisor. [`compile`] refuses it.
 
 use std::collections::BTreeMap;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::str::FromStr;
 
 use oci_spec::runtime::{
@@ -25,6 +31,10 @@ use seccompiler::{
 pub enum SeccompError {
     #[error("seccomp action {0:?} is not supported by agentrun")]
     UnsupportedAction(LinuxSeccompAction),
+    #[error("SCMP_ACT_NOTIFY cannot be the default seccomp action (every syscall would wait for the agent, including the ones that hand it the notify fd)")]
+    NotifyDefault,
+    #[error("installing seccomp notify filter: {0}")]
+    InstallListener(std::io::Error),
     #[error("seccomp rule for {0}: argument index {1} out of range")]
     BadArgument(String, usize),
     #[error("seccomp filter: {0}")]
@@ -190,13 +200,38 @@ fn to_filter_rules(map: RuleMap) -> BTreeMap<i64, Vec<SeccompRule>> {
         .collect()
 }
 
-/// Compiles an OCI seccomp section into the BPF programs to install, in order.
+/// Compiles an OCI seccomp section into the BPF programs to install, in order; a section
+/// with `SCMP_ACT_NOTIFY` rules is refused (see [`compile_with_notify`]).
 pub fn compile(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> {
+    match compile_with_notify(section)? {
+        (programs, None) => Ok(programs),
+        (_, Some(_)) => Err(SeccompError::UnsupportedAction(
+            LinuxSeccompAction::ScmpActNotify,
+        )),
+    }
+}
+
+/// Compiles an OCI seccomp section into the BPF programs to install, in order, and the
+/// filter of its `SCMP_ACT_NOTIFY` rules, if it has any, to install with
+/// [`install_with_listener`].
+pub fn compile_with_notify(
+    section: &LinuxSeccomp,
+) -> Result<(Vec<BpfProgram>, Option<BpfProgram>), SeccompError> {
+    if section.default_action() == LinuxSeccompAction::ScmpActNotify {
+        return Err(SeccompError::NotifyDefault);
+    }
     let default = action(section.default_action(), section.default_errno_ret())?;
     // Group non-default rules by their action.
     let mut groups: Vec<(SeccompAction, RuleMap)> = Vec::new();
     let mut allowed = RuleMap::new();
+    let mut notified = RuleMap::new();
     for sc in section.syscalls().iter().flatten() {
+        if sc.action() == LinuxSeccompAction::ScmpActNotify {
+            // The deny-by-default filter lets them through to the notify filter.
+            add_rules(&mut allowed, sc)?;
+            add_rules(&mut notified, sc)?;
+            continue;
+        }
         let act = action(sc.action(), sc.errno_ret())?;
         if act == SeccompAction::Allow {
             add_rules(&mut allowed, sc)?;
@@ -232,7 +267,36 @@ pub fn compile(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> 
         let filter = SeccompFilter::new(to_filter_rules(rules), SeccompAction::Allow, act, ARCH)?;
         programs.push(BpfProgram::try_from(filter)?);
     }
-    Ok(programs)
+    let notify = if notified.is_empty() {
+        None
+    } else {
+        Some(notify_filter(notified)?)
+    };
+    Ok((programs, notify))
+}
+
+/// The data of the placeholder action the notify filter is compiled with: seccompiler has no
+/// notify action, so the filter is compiled to return `SECCOMP_RET_TRACE | NOTIFY_PLACEHOLDER`
+/// on a match, and those return instructions are rewritten to `SECCOMP_RET_USER_NOTIF`.
+const NOTIFY_PLACEHOLDER: u32 = 0x4e7f;
+
+/// A filter answering `SECCOMP_RET_USER_NOTIF` for `rules`, allowing everything else.
+fn notify_filter(rules: RuleMap) -> Result<BpfProgram, SeccompError> {
+    let placeholder = SeccompAction::Trace(NOTIFY_PLACEHOLDER);
+    let filter = SeccompFilter::new(
+        to_filter_rules(rules),
+        SeccompAction::Allow,
+        placeholder,
+        ARCH,
+    )?;
+    let mut program = BpfProgram::try_from(filter)?;
+    let placeholder_ret = libc::SECCOMP_RET_TRACE | NOTIFY_PLACEHOLDER;
+    for insn in program.iter_mut() {
+        if insn.code == (libc::BPF_RET | libc::BPF_K) as u16 && insn.k == placeholder_ret {
+            insn.k = libc::SECCOMP_RET_USER_NOTIF;
+        }
+    }
+    Ok(program)
 }
 
 /// Installs compiled programs on the calling thread (requires no_new_privs or CAP_SYS_ADMIN).
@@ -241,6 +305,45 @@ pub fn install(programs: &[BpfProgram]) -> Result<(), SeccompError> {
         seccompiler::apply_filter(p)?;
     }
     Ok(())
+}
+
+/// Installs `program` on the calling thread with `SECCOMP_FILTER_FLAG_NEW_LISTENER` and
+/// returns the listener (close-on-exec): its holder receives the filter's notifications
+/// (seccomp_unotify(2)). seccompiler cannot pass that flag, hence the raw syscall.
+pub fn install_with_listener(program: &BpfProgram) -> Result<OwnedFd, SeccompError> {
+    let filter: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let len = u16::try_from(filter.len()).map_err(|_| {
+        SeccompError::InstallListener(std::io::Error::from_raw_os_error(libc::EINVAL))
+    })?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points to `filter`, which outlives the call; the kernel copies the
+    // program and only reads through the pointer.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(SeccompError::InstallListener(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 #[cfg(test)]
@@ -271,14 +374,58 @@ mod tests {
     }
 
     #[test]
-    fn notify_is_refused_clearly() {
+    fn notify_is_refused_by_plain_compile() {
+        assert!(matches!(
+            compile(&notify_section(LinuxSeccompAction::ScmpActAllow)),
+            Err(SeccompError::UnsupportedAction(_))
+        ));
+    }
+
+    fn notify_section(default: LinuxSeccompAction) -> LinuxSeccomp {
+        LinuxSeccompBuilder::default()
+            .default_action(default)
+            .syscalls(vec![LinuxSyscallBuilder::default()
+                .names(vec!["getcwd".into()])
+                .action(LinuxSeccompAction::ScmpActNotify)
+                .build()
+                .unwrap()])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn notify_rules_compile_to_a_user_notif_filter() {
+        let (programs, notify) =
+            compile_with_notify(&notify_section(LinuxSeccompAction::ScmpActAllow)).unwrap();
+        assert!(programs.is_empty());
+        let notify = notify.unwrap();
+        let rets: Vec<u32> = notify
+            .iter()
+            .filter(|i| i.code == (libc::BPF_RET | libc::BPF_K) as u16)
+            .map(|i| i.k)
+            .collect();
+        assert!(rets.contains(&libc::SECCOMP_RET_USER_NOTIF), "{rets:x?}");
+        assert!(!rets.contains(&(libc::SECCOMP_RET_TRACE | NOTIFY_PLACEHOLDER)));
+    }
+
+    #[test]
+    fn notified_syscalls_pass_the_deny_by_default_filter() {
+        let (programs, notify) =
+            compile_with_notify(&notify_section(LinuxSeccompAction::ScmpActErrno)).unwrap();
+        // The default filter allows getcwd (so that the notify filter decides).
+        assert_eq!(programs.len(), 1);
+        assert!(notify.is_some());
+    }
+
+    #[test]
+    fn notify_as_default_action_is_refused() {
         let section = LinuxSeccompBuilder::default()
             .default_action(LinuxSeccompAction::ScmpActNotify)
             .build()
             .unwrap();
         assert!(matches!(
-            compile(&section),
-            Err(SeccompError::UnsupportedAction(_))
+            compile_with_notify(&section),
+            Err(SeccompError::NotifyDefault)
         ));
     }
 }
