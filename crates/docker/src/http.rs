@@ -1,14 +1,16 @@
 //! HTTP plumbing of the Docker API: version prefixes, query parsing with dockerd's boolean
-//! rules, JSON and error responses, streamed bodies. Handlers live in [`crate::images`] and
-//! [`crate::system`].
+//! rules, JSON and error responses, streamed bodies, request bodies read within [`Limits`].
+//! Handlers live in [`crate::images`], [`crate::system`] and the container modules.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use hyper::body::Frame;
+use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,8 +20,67 @@ use tokio_stream::StreamExt;
 pub const API_VERSION: &str = "1.44";
 pub const MIN_API_VERSION: &str = "1.24";
 
-pub type Body = BoxBody<Bytes, Infallible>;
+/// Why a streamed body stopped short (the client sees the connection end mid-body).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
 pub type Reply = Response<Body>;
+
+/// How much of a request body the API reads (`agentrun serve --max-request-body`,
+/// `--max-upload`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A JSON body (create, exec), read whole.
+    pub max_request_body: u64,
+    /// A tar body (`put_archive`, a build context), streamed to disk.
+    pub max_upload: u64,
+}
+
+/// 413, naming the limit and the flag that sets it.
+pub fn too_large(limit: u64, flag: &str) -> Reply {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("request body larger than {limit} bytes (agentrun serve --{flag})"),
+    )
+}
+
+/// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that
+/// the answer is 413 and the rest is never read.
+pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Reply>> {
+    match Limited::new(
+        body,
+        usize::try_from(limits.max_request_body).unwrap_or(usize::MAX),
+    )
+    .collect()
+    .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(Box::new(too_large(
+            limits.max_request_body,
+            "max-request-body",
+        ))),
+        Err(e) => Err(Box::new(error(StatusCode::BAD_REQUEST, &e.to_string()))),
+    }
+}
+
+/// A request body as a blocking reader (for a blocking thread: a tar unpacked as it
+/// arrives), at most `limit` bytes: reading past them fails, and the returned flag says the
+/// limit was why (answer 413).
+pub fn body_reader(body: Incoming, limit: u64) -> (impl std::io::Read + Send, Arc<AtomicBool>) {
+    let over = Arc::new(AtomicBool::new(false));
+    let flag = over.clone();
+    let stream = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .into_data_stream()
+        .map(move |chunk| {
+            chunk.map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                std::io::Error::other(e)
+            })
+        });
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    (reader, over)
+}
 
 /// A request path without its optional `/vX.Y` prefix; `Err(message)` for a version we do not
 /// speak (a 400 for the client).
@@ -85,11 +146,12 @@ impl Query {
     }
 }
 
-fn boxed<B>(b: B) -> Body
+/// A body that cannot fail, as a [`Body`].
+pub fn boxed<B>(b: B) -> Body
 where
     B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static,
 {
-    b.boxed()
+    b.map_err(|never| match never {}).boxed()
 }
 
 pub fn empty(status: StatusCode) -> Reply {
@@ -122,7 +184,7 @@ pub fn error(status: StatusCode, message: &str) -> Reply {
 /// A streamed 200 body: what is sent on the returned channel, as it comes.
 pub fn streaming(content_type: &str) -> (Reply, mpsc::Sender<Bytes>) {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, BoxError>(Frame::data(b)));
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     r.headers_mut()
         .insert("content-type", content_type.parse().expect("header"));
