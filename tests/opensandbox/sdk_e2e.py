@@ -1235,6 +1235,41 @@ def upload_limit():
         sbx.kill()
 
 
+def log_flood():
+    """8 background commands writing as fast as they can: their logs together stay within
+    the sandbox's log budget (64 MiB of text; the ring buffers may hold up to twice that), the
+    newest lines stay readable with cursors counting every line."""
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg)
+    b = SandboxSync.create("host", connection_config=cfg)
+    bound = 64 * 2 + RSS_BOUND_MIB
+    try:
+        alive(b, "before")
+        rss = Rss()
+        ids = [a.commands.run("yes log-flood-line", opts=RunCommandOpts(background=True)).id for _ in range(8)]
+        # (each round takes seconds: the 8 writers and the daemon reading them share 2 CPUs)
+        for i in range(6):
+            time.sleep(1)
+            now, hwm = daemon_memory()
+            check(now - rss.base <= bound and hwm <= max(rss.base_hwm, rss.base + bound),
+                  f"log flood, {i + 1} s: the daemon's RSS went {rss.base} -> {now} MiB (peak {hwm}; bound +{bound})")
+            alive(b, f"log flood, {i + 1} s")
+        endpoint, headers = execd_endpoint(a)
+        for cid in ids:
+            a.commands.interrupt(cid)
+        r = httpx.get(f"http://{endpoint}/command/{ids[-1]}/logs", params={"cursor": 0}, headers=headers)
+        tail = int(r.headers["EXECD-COMMANDS-TAIL-CURSOR"])
+        lines = r.text.splitlines()
+        check(r.status_code == 200 and lines and all(l == "log-flood-line" for l in lines[-100:]), f"logs {r.status_code} {lines[-3:]}")
+        check(tail > len(lines), f"the cursor counts every line: {tail} vs {len(lines)} kept")
+        now, hwm = daemon_memory()
+        print(f"RSS_MIB base {rss.base} now {now} hwm {hwm}; last log {len(r.content) >> 10} KiB of {tail} lines", flush=True)
+        alive(b, "after")
+    finally:
+        a.kill()
+        b.kill()
+
+
 SCENARIOS = {
     "egress": egress,
     "code": code,
@@ -1253,6 +1288,7 @@ SCENARIOS = {
     "run_as_user": run_as_user,
     "many": lambda: asyncio.run(many()),
     "output_flood": output_flood,
+    "log_flood": log_flood,
     "big_files": big_files,
     "body_limits": body_limits,
     "upload_limit": upload_limit,

@@ -555,3 +555,10 @@ fn http_get_local(port: u16, path: &str) -> String {
     let _ = s.read_to_string(&mut out);
     out
 }
+
+/// 8 background `yes` commands in one sandbox: their logs together stay within the
+/// sandbox's log budget (before, each kept 8 MiB of lines at ~50 bytes of overhead a line).
+#[test]
+fn command_logs_of_a_sandbox_share_a_bounded_budget() {
+    run_memory_scenario("log_flood", &[], &[]);
+}

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited, StreamBody};
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
@@ -43,42 +44,106 @@ pub fn too_large(limit: u64, flag: &str) -> Reply {
     )
 }
 
-/// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that
-/// the answer is 413 and the rest is never read.
-pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Reply>> {
-    match Limited::new(
-        body,
-        usize::try_from(limits.max_request_body).unwrap_or(usize::MAX),
-    )
-    .collect()
-    .await
-    {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Box::new(too_large(
-            limits.max_request_body,
-            "max-request-body",
-        ))),
-        Err(e) => Err(Box::new(error(StatusCode::BAD_REQUEST, &e.to_string()))),
+/// How long, and how much of, the rest of a body over its limit is still read (and thrown
+/// away) while the 413 goes out: a client still sending (the docker CLI, requests) reads the
+/// answer instead of a broken pipe. Nothing of it is kept.
+const DRAIN_AFTER_LIMIT: Duration = Duration::from_secs(10);
+const DRAIN_BYTES: usize = 64 << 20;
+
+/// The data of a request body, at most `limit` bytes: past them an error, `over` set, and the
+/// rest of the body drained in the background ([`DRAIN_AFTER_LIMIT`]).
+struct CappedBody {
+    body: Option<Incoming>,
+    left: u64,
+    over: Arc<AtomicBool>,
+}
+
+impl CappedBody {
+    fn new(body: Incoming, limit: u64) -> (CappedBody, Arc<AtomicBool>) {
+        let over = Arc::new(AtomicBool::new(false));
+        let capped = CappedBody {
+            body: Some(body),
+            left: limit,
+            over: over.clone(),
+        };
+        (capped, over)
     }
+}
+
+impl tokio_stream::Stream for CappedBody {
+    type Item = std::io::Result<Bytes>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let over = || std::io::Error::other("request body over the limit");
+        loop {
+            let Some(body) = self.body.as_mut() else {
+                return Poll::Ready(self.over.load(Ordering::SeqCst).then(|| Err(over())));
+            };
+            let frame = match hyper::body::Body::poll_frame(std::pin::Pin::new(body), cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Some(Err(std::io::Error::other(e))))
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if data.len() as u64 > self.left {
+                self.over.store(true, Ordering::SeqCst);
+                if let Some(mut rest) = self.body.take() {
+                    tokio::spawn(async move {
+                        let until = tokio::time::Instant::now() + DRAIN_AFTER_LIMIT;
+                        let mut drained = 0;
+                        while let Ok(Some(Ok(f))) =
+                            tokio::time::timeout_at(until, rest.frame()).await
+                        {
+                            drained += f.data_ref().map_or(0, Bytes::len);
+                            if drained > DRAIN_BYTES {
+                                break;
+                            }
+                        }
+                    });
+                }
+                return Poll::Ready(Some(Err(over())));
+            }
+            self.left -= data.len() as u64;
+            return Poll::Ready(Some(Ok(data)));
+        }
+    }
+}
+
+/// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that
+/// the answer is 413 (the rest is drained a while, never kept).
+pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Reply>> {
+    let (mut capped, over) = CappedBody::new(body, limits.max_request_body);
+    let mut whole = Vec::new();
+    while let Some(chunk) = capped.next().await {
+        match chunk {
+            Ok(b) => whole.extend_from_slice(&b),
+            Err(_) if over.load(Ordering::SeqCst) => {
+                return Err(Box::new(too_large(
+                    limits.max_request_body,
+                    "max-request-body",
+                )))
+            }
+            Err(e) => return Err(Box::new(error(StatusCode::BAD_REQUEST, &e.to_string()))),
+        }
+    }
+    Ok(Bytes::from(whole))
 }
 
 /// A request body as a blocking reader (for a blocking thread: a tar unpacked as it
 /// arrives), at most `limit` bytes: reading past them fails, and the returned flag says the
 /// limit was why (answer 413).
 pub fn body_reader(body: Incoming, limit: u64) -> (impl std::io::Read + Send, Arc<AtomicBool>) {
-    let over = Arc::new(AtomicBool::new(false));
-    let flag = over.clone();
-    let stream = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-        .into_data_stream()
-        .map(move |chunk| {
-            chunk.map_err(|e| {
-                if e.is::<LengthLimitError>() {
-                    flag.store(true, Ordering::SeqCst);
-                }
-                std::io::Error::other(e)
-            })
-        });
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let (capped, over) = CappedBody::new(body, limit);
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(capped));
     (reader, over)
 }
 

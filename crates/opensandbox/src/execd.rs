@@ -41,8 +41,11 @@ use crate::lifecycle::{constant_time_eq, finish_span};
 use crate::lines::{LineLog, PipeLines, LOG_CAP_BYTES};
 use crate::{lock, now_ms, random_token, rfc3339, Record, Server};
 
-/// How long output is still read after a process exited (children may hold the pipes).
+/// How long output is still waited for after a process exited (children may hold the pipes).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
+/// After [`OUTPUT_GRACE`], output already in the pipe is still taken for this long at most
+/// (children that keep writing would otherwise hold the run open forever).
+const OUTPUT_HARD_STOP: Duration = Duration::from_secs(2);
 /// Keep-alive interval of event streams.
 const PING_EVERY: Duration = Duration::from_secs(3);
 /// Events a run's stream holds for its client (each at most one line, 64 KiB of text).
@@ -393,10 +396,11 @@ fn keep(rec: &Record, cmd: &Command, line: &str) {
 
 /// Forwards one output stream of a command: every line into its log and, while a client
 /// follows the run (`live`), as an event to it, waiting while the client's queue is full.
-/// Once the process exited (`exited`), what it left in the pipe is still forwarded, for at
-/// most [`OUTPUT_GRACE`] of pipe time (time spent waiting on the client does not count):
-/// then `done` fires and the client is let go, as children may hold the pipe open forever;
-/// the log keeps taking what comes until EOF.
+/// Once the process exited (`exited`), output is still waited for during [`OUTPUT_GRACE`],
+/// and what is already in the pipe is taken until it would wait (at most
+/// [`OUTPUT_HARD_STOP`] more; time spent waiting on the client does not count): then `done`
+/// fires and the client is let go, as children may hold the pipe open forever; the log keeps
+/// taking what comes until EOF.
 async fn pump_output(
     rec: Arc<Record>,
     cmd: Arc<Command>,
@@ -419,17 +423,32 @@ async fn pump_output(
                     continue;
                 }
             },
-            (true, Some(at)) => tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(at) => {
-                    live = None;
-                    if let Some(d) = done.take() {
-                        let _ = d.send(());
+            (true, Some(at)) => {
+                // Within the grace, wait for output; past it, take what is in the pipe
+                // already (a busy daemon may look late: that is not lost), up to a hard stop
+                // (children that never stop writing).
+                let now = tokio::time::Instant::now();
+                let next = if now < at {
+                    tokio::select! {
+                        l = lines.next() => Some(l),
+                        _ = tokio::time::sleep_until(at) => None,
                     }
-                    continue;
+                } else if now < at + OUTPUT_HARD_STOP && lines.has_pending() {
+                    Some(lines.next().await)
+                } else {
+                    None
+                };
+                match next {
+                    Some(l) => l,
+                    None => {
+                        live = None;
+                        if let Some(d) = done.take() {
+                            let _ = d.send(());
+                        }
+                        continue;
+                    }
                 }
-                l = lines.next() => l,
-            },
+            }
         };
         let Some(l) = line else { break };
         if let Some(t) = &live {

@@ -86,6 +86,17 @@ impl PipeLines {
         }
     }
 
+    /// Whether a line can come without waiting for the writer: one is split already, or the
+    /// pipe holds bytes (asked of the kernel, not of the reactor, which may not have looked
+    /// yet).
+    pub fn has_pending(&self) -> bool {
+        !self.ready.is_empty()
+            || self
+                .rx
+                .as_ref()
+                .is_some_and(|rx| rustix::io::ioctl_fionread(rx).is_ok_and(|n| n > 0))
+    }
+
     /// The next line; `None` at EOF. Cancel-safe (no line is lost if the future is dropped).
     pub async fn next(&mut self) -> Option<String> {
         loop {
