@@ -1236,39 +1236,51 @@ def upload_limit():
 
 
 def log_flood():
-    """8 background commands writing as fast as they can: their logs together stay within
-    the sandbox's log budget (64 MiB of text; the ring buffers may hold up to twice that), the
-    newest lines stay readable with cursors counting every line."""
+    """16 background commands writing as fast as they can, 4 of them short lines (what a line
+    costs beyond its text counts), 12 of them 60 KB lines (their logs together go over the
+    sandbox's budget): the logs stay within the budget (64 MiB of text; a ring buffer may
+    hold up to twice what it keeps), the oldest lines go (the cursor still counts every line),
+    another sandbox keeps answering."""
     cfg = sync_config()
     a = SandboxSync.create("host", connection_config=cfg)
     b = SandboxSync.create("host", connection_config=cfg)
     bound = 64 * 2 + RSS_BOUND_MIB
+    long_line = "L" * 60000
     try:
         alive(b, "before")
         rss = Rss()
-        ids = [a.commands.run("yes log-flood-line", opts=RunCommandOpts(background=True)).id for _ in range(8)]
-        # (each round takes seconds: the 8 writers and the daemon reading them share 2 CPUs)
-        for i in range(6):
+        run = lambda cmd: a.commands.run(cmd, opts=RunCommandOpts(background=True)).id
+        ids = [run("yes s") for _ in range(4)] + [run(f"yes {long_line}") for _ in range(12)]
+        endpoint, headers = execd_endpoint(a)
+
+        def logs(cid):
+            r = httpx.get(f"http://{endpoint}/command/{cid}/logs", params={"cursor": 0}, headers=headers, timeout=60)
+            check(r.status_code == 200, f"logs {r.status_code}")
+            return r.text.splitlines(), int(r.headers["EXECD-COMMANDS-TAIL-CURSOR"])
+
+        trimmed = False
+        for i in range(40):
             time.sleep(1)
             now, hwm = daemon_memory()
             check(now - rss.base <= bound and hwm <= max(rss.base_hwm, rss.base + bound),
                   f"log flood, {i + 1} s: the daemon's RSS went {rss.base} -> {now} MiB (peak {hwm}; bound +{bound})")
             alive(b, f"log flood, {i + 1} s")
-        endpoint, headers = execd_endpoint(a)
+            if i >= 5 and i % 3 == 0:
+                lines, tail = logs(ids[4])
+                if tail > len(lines):
+                    trimmed = True
+                    break
+        check(trimmed, "the logs never went over the sandbox's budget: the scenario proves nothing")
         for cid in ids:
             a.commands.interrupt(cid)
-        r = httpx.get(f"http://{endpoint}/command/{ids[-1]}/logs", params={"cursor": 0}, headers=headers)
-        tail = int(r.headers["EXECD-COMMANDS-TAIL-CURSOR"])
-        lines = r.text.splitlines()
-        check(r.status_code == 200 and lines and all(l == "log-flood-line" for l in lines[-100:]), f"logs {r.status_code} {lines[-3:]}")
-        check(tail > len(lines), f"the cursor counts every line: {tail} vs {len(lines)} kept")
+        lines, tail = logs(ids[-1])
+        check(lines and all(l == long_line for l in lines[-10:]), f"logs {[l[:20] for l in lines[-3:]]}")
         now, hwm = daemon_memory()
-        print(f"RSS_MIB base {rss.base} now {now} hwm {hwm}; last log {len(r.content) >> 10} KiB of {tail} lines", flush=True)
+        print(f"RSS_MIB base {rss.base} now {now} hwm {hwm} after {i + 1} s; a log keeps {len(lines)} of {tail} lines", flush=True)
         alive(b, "after")
     finally:
         a.kill()
         b.kill()
-
 
 SCENARIOS = {
     "egress": egress,

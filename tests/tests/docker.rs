@@ -1226,7 +1226,7 @@ impl DockerDaemon {
                 break; // the daemon stopped reading (answered, closed)
             }
             sent += chunk.len() as u64;
-            if sent % (16 << 20) == 0 {
+            if sent.is_multiple_of(16 << 20) {
                 rss.check(&format!("{what}: {} MiB sent", sent >> 20));
             }
         }

@@ -556,8 +556,9 @@ fn http_get_local(port: u16, path: &str) -> String {
     out
 }
 
-/// 8 background `yes` commands in one sandbox: their logs together stay within the
-/// sandbox's log budget (before, each kept 8 MiB of lines at ~50 bytes of overhead a line).
+/// 16 background `yes` commands in one sandbox (short lines and 1 KiB lines): their logs
+/// together stay within the sandbox's log budget (before, each kept 8 MiB of lines, short
+/// ones at ~50 bytes of overhead each).
 #[test]
 fn command_logs_of_a_sandbox_share_a_bounded_budget() {
     run_memory_scenario("log_flood", &[], &[]);

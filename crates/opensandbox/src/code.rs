@@ -89,6 +89,7 @@ fn check_language(language: &str) -> ApiResult<String> {
 }
 
 async fn start_context(
+    server: &Server,
     rec: &Record,
     language: &str,
     cwd: Option<String>,
@@ -115,7 +116,7 @@ async fn start_context(
         }
         Err(e) => return Err(e.into()),
     };
-    let (orx, erx) = (queued_lines(out), queued_lines(err));
+    let (orx, erx) = (queued_lines(server, out), queued_lines(server, err));
     let dead = Arc::new(AtomicBool::new(false));
     let d = dead.clone();
     tokio::spawn(async move {
@@ -152,7 +153,7 @@ async fn create_context(
     let rec = execd(&server, sid_of(&p), &headers)?;
     let req: CreateContext = serde_json::from_slice(&body).map_err(bad_body)?;
     let language = check_language(req.language.as_deref().unwrap_or("python"))?;
-    let ctx = start_context(&rec, &language, req.cwd).await?;
+    let ctx = start_context(&server, &rec, &language, req.cwd).await?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
 }
 
@@ -308,7 +309,7 @@ async fn run(
             match existing.filter(|c| !c.dead.load(Ordering::SeqCst)) {
                 Some(c) => c,
                 None => {
-                    let c = start_context(&rec, &language, None).await?;
+                    let c = start_context(&server, &rec, &language, None).await?;
                     lock(&rec.code).defaults.insert(language, c.id.clone());
                     c
                 }

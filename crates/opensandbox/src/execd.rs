@@ -43,9 +43,10 @@ use crate::{lock, now_ms, random_token, rfc3339, Record, Server};
 
 /// How long output is still waited for after a process exited (children may hold the pipes).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
-/// After [`OUTPUT_GRACE`], output already in the pipe is still taken for this long at most
-/// (children that keep writing would otherwise hold the run open forever).
-const OUTPUT_HARD_STOP: Duration = Duration::from_secs(2);
+/// After [`OUTPUT_GRACE`], output already in the pipe is still taken, this much at most
+/// (children that keep writing would otherwise hold the run open forever). A count, not a
+/// time: a starved daemon is late, and what the process wrote must not be lost for that.
+const OUTPUT_AFTER_GRACE: usize = 1024 * 1024;
 /// Keep-alive interval of event streams.
 const PING_EVERY: Duration = Duration::from_secs(3);
 /// Events a run's stream holds for its client (each at most one line, 64 KiB of text).
@@ -370,9 +371,9 @@ pub(crate) async fn spawn_as(
 /// The lines of a pipe (a session's shell, a code context's interpreter), read into a queue
 /// of [`LINE_QUEUE`] lines: when nobody takes them the reading stops and the process blocks
 /// on its pipe once that is full. Ends at EOF or when the receiver is dropped.
-pub(crate) fn queued_lines(fd: OwnedFd) -> mpsc::Receiver<String> {
+pub(crate) fn queued_lines(server: &Server, fd: OwnedFd) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel(LINE_QUEUE);
-    tokio::spawn(async move {
+    server.output.spawn(async move {
         let mut lines = PipeLines::new(fd);
         while let Some(l) = lines.next().await {
             if tx.send(l).await.is_err() {
@@ -398,7 +399,7 @@ fn keep(rec: &Record, cmd: &Command, line: &str) {
 /// follows the run (`live`), as an event to it, waiting while the client's queue is full.
 /// Once the process exited (`exited`), output is still waited for during [`OUTPUT_GRACE`],
 /// and what is already in the pipe is taken until it would wait (at most
-/// [`OUTPUT_HARD_STOP`] more; time spent waiting on the client does not count): then `done`
+/// [`OUTPUT_AFTER_GRACE`] more; time spent waiting on the client does not count): then `done`
 /// fires and the client is let go, as children may hold the pipe open forever; the log keeps
 /// taking what comes until EOF.
 async fn pump_output(
@@ -413,6 +414,7 @@ async fn pump_output(
     let mut lines = PipeLines::new(fd);
     let mut done = Some(done);
     let mut stop_at: Option<tokio::time::Instant> = None;
+    let mut after_grace = 0usize;
     loop {
         let line = match (done.is_some(), stop_at) {
             (false, _) => lines.next().await,
@@ -425,16 +427,19 @@ async fn pump_output(
             },
             (true, Some(at)) => {
                 // Within the grace, wait for output; past it, take what is in the pipe
-                // already (a busy daemon may look late: that is not lost), up to a hard stop
+                // already (a busy daemon may look late: that is not lost), up to a cap
                 // (children that never stop writing).
                 let now = tokio::time::Instant::now();
                 let next = if now < at {
                     tokio::select! {
                         l = lines.next() => Some(l),
-                        _ = tokio::time::sleep_until(at) => None,
+                        // Then what is in the pipe, below.
+                        _ = tokio::time::sleep_until(at) => continue,
                     }
-                } else if now < at + OUTPUT_HARD_STOP && lines.has_pending() {
-                    Some(lines.next().await)
+                } else if after_grace < OUTPUT_AFTER_GRACE && lines.has_pending() {
+                    let l = lines.next().await;
+                    after_grace += l.as_ref().map_or(0, |l| l.len() + 1);
+                    Some(l)
                 } else {
                     None
                 };
@@ -495,7 +500,7 @@ pub async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiRes
     let (exited_tx, exited) = watch::channel(false);
     for (fd, kind) in [(out, "stdout"), (err, "stderr")] {
         let (done, _) = oneshot::channel();
-        tokio::spawn(pump_output(
+        server.output.spawn(pump_output(
             rec.clone(),
             cmd.clone(),
             fd,
@@ -612,7 +617,7 @@ async fn run_command(
         .into_iter()
         .map(|(fd, kind)| {
             let (done, done_rx) = oneshot::channel();
-            tokio::spawn(pump_output(
+            server.output.spawn(pump_output(
                 rec.clone(),
                 cmd.clone(),
                 fd,
@@ -858,7 +863,7 @@ async fn create_session(
     )
     .await
     .map_err(ApiError::from)?;
-    let (orx, erx) = (queued_lines(out), queued_lines(err));
+    let (orx, erx) = (queued_lines(&server, out), queued_lines(&server, err));
     let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let d = dead.clone();
     tokio::spawn(async move {

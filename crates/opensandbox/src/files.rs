@@ -240,9 +240,10 @@ fn multipart_error(e: MultipartError, limits: crate::Limits) -> ApiError {
 /// an upload cut short (by the client, an error or the limit) never leaves a partial file or
 /// clobbers the old one; the complete file is renamed over `path`.
 fn upload_name(path: &std::path::Path) -> PathBuf {
-    let name = path
+    // At most 64 characters of the name: the hidden name must fit NAME_MAX (255) too.
+    let name: String = path
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
+        .map(|n| n.to_string_lossy().chars().take(64).collect())
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.agentrun-{}", crate::random_token()))
 }

@@ -135,8 +135,18 @@ impl Frontend for OpenSandboxFrontend {
             .enable_all()
             .build()
             .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        // Process output is read on a runtime of its own: a sandbox flooding its pipes
+        // keeps this thread busy, not the workers answering every other sandbox's requests
+        // (the kernel shares the CPU between the threads).
+        let output = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("opensandbox-output")
+            .enable_all()
+            .build()
+            .map_err(|e| PoolError::Io("tokio runtime", e))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = Arc::new(Server {
+            output: output.handle().clone(),
             live,
             store,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
@@ -173,6 +183,7 @@ impl Frontend for OpenSandboxFrontend {
                     server.records_lock().clear();
                 });
                 runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+                output.shutdown_timeout(std::time::Duration::from_secs(2));
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         Ok(Box::new(Running {
@@ -229,6 +240,8 @@ pub struct Server {
     pub api_key: Option<String>,
     pub listen: SocketAddr,
     pub limits: Limits,
+    /// The runtime reading process output (see [`execd`]).
+    pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,
     records: Mutex<HashMap<String, Arc<Record>>>,
 }

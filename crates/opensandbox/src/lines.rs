@@ -104,6 +104,10 @@ impl PipeLines {
                 return Some(l);
             }
             let rx = self.rx.as_mut()?;
+            // A pipe that never runs dry (`yes`) is always ready: give the other pipes their
+            // turn after every read, not after tokio's budget of 128 (~2 MiB of lines each),
+            // so one sandbox's flood does not hold up another's output for seconds.
+            tokio::task::yield_now().await;
             match rx.read(&mut self.buf).await {
                 Ok(0) | Err(_) => {
                     self.rx = None;
@@ -144,10 +148,6 @@ impl LogBudget {
     /// Would `more` bytes go over the budget?
     pub fn would_exceed(&self, more: usize) -> bool {
         self.used.load(Ordering::Relaxed).saturating_add(more) > self.cap
-    }
-
-    fn over(&self) -> bool {
-        self.used.load(Ordering::Relaxed) > self.cap
     }
 
     fn add(&self, n: usize) {
@@ -216,17 +216,21 @@ impl LineLog {
         self.text.len() + self.lens.len() * LINE_COST
     }
 
+    /// Adds a line, first dropping the oldest ones it would not fit with (never going over,
+    /// even for a moment: the ring's capacity stays within its cap's next power of two).
     pub fn push(&mut self, line: &str) {
+        let cost = Self::cost(line);
+        while self.bytes() + cost > self.cap_bytes || self.budget.would_exceed(cost) {
+            let Some(n) = self.lens.pop_front() else {
+                break; // the new line alone: kept whatever it costs
+            };
+            self.text.drain(..n as usize);
+            self.budget.sub(n as usize + LINE_COST);
+            self.first += 1;
+        }
         self.text.extend(line.as_bytes());
         self.lens.push_back(line.len() as u32);
-        self.budget.add(Self::cost(line));
-        while self.lens.len() > 1 && (self.bytes() > self.cap_bytes || self.budget.over()) {
-            if let Some(n) = self.lens.pop_front() {
-                self.text.drain(..n as usize);
-                self.budget.sub(n as usize + LINE_COST);
-                self.first += 1;
-            }
-        }
+        self.budget.add(cost);
     }
 
     /// The cursor after the last line (lines ever pushed).
