@@ -1043,7 +1043,8 @@ def output_flood():
         a.commands.interrupt(init["text"])
         # Each still works afterwards, its backlog delivered first.
         ex = a.commands.run_in_session(s, "pkill yes; echo done")
-        check(ex.exit_code == 0 and ex.logs.stdout[-1].text == "done", f"session after: {ex.exit_code} {ex.logs.stdout[-3:]}")
+        # (a killed `yes` may leave half a line, which "done" then ends, as on a terminal)
+        check(ex.exit_code == 0 and ex.logs.stdout[-1].text.endswith("done"), f"session after: {ex.exit_code} {ex.logs.stdout[-3:]}")
         r = ci.codes.run("flooding = False\nimport time; time.sleep(0.2)\n'stopped'")
         check([x.text for x in r.result] == ["'stopped'"], f"context after: {r.result} {r.error}")
         check(a.commands.run("echo fine").text == "fine", "a command after the flood")
