@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use agentrun_pool::live::ProcessSpec;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -148,10 +147,13 @@ fn no_such(id: &str) -> Reply {
 }
 
 /// `POST /exec/{id}/start`
-pub async fn start(ctx: Arc<Context>, id: &str, mut req: Request<hyper::body::Incoming>) -> Reply {
-    let body: Value = match req.body_mut().collect().await {
-        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or(json!({})),
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incoming>) -> Reply {
+    // The body is read here; the request (its upgrade) goes on without it.
+    let (parts, body) = req.into_parts();
+    let mut req = Request::from_parts(parts, ());
+    let body: Value = match crate::http::read_body(body, &ctx.limits).await {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or(json!({})),
+        Err(r) => return *r,
     };
     let Some(exec) = lock(&ctx.execs).get(id).cloned() else {
         return no_such(id);
@@ -238,7 +240,7 @@ async fn spawn(
     want_stdin: bool,
     out: mpsc::Sender<(u8, Bytes)>,
     exit: oneshot::Sender<i32>,
-) -> Result<Option<std::sync::mpsc::Sender<Bytes>>, String> {
+) -> Result<Option<mpsc::Sender<Bytes>>, String> {
     let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
     // An exited container keeps its sandbox (its files): only a running one takes execs.
     let (sandbox, exits) = {

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use agentrun_image::reference::{familiar, normalize};
 use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::StatusCode;
 use serde_json::json;
 
@@ -216,18 +214,10 @@ pub async fn pull(ctx: &Context, q: &Query) -> Reply {
     }
 }
 
-/// `POST /build`: the context tar arrives as the body (length or chunked); progress streams
-/// back as `{"stream": ...}` lines ending with `Successfully built <id>`.
+/// `POST /build`: the context tar arrives as the body (length or chunked) and is unpacked as
+/// it arrives (at most `--max-upload` bytes of it: 413 above); progress streams back as
+/// `{"stream": ...}` lines ending with `Successfully built <id>`.
 pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
-    let bytes: Bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("reading the build context: {e}"),
-            )
-        }
-    };
     if q.get("remote").is_some_and(|r| !r.is_empty()) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -257,44 +247,62 @@ pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Rep
         }
     }
     let quiet = q.bool("q");
+    let dir = match tempdir_in(&ctx.tmp_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("build context: {e}"),
+            )
+        }
+    };
+    let limit = ctx.limits.max_upload;
+    let (reader, over_limit) = crate::http::body_reader(body, limit);
+    let into = dir.clone();
+    let unpacked =
+        tokio::task::spawn_blocking(move || agentrun_image::unpack_context(reader, &into)).await;
+    let failed = match unpacked {
+        _ if over_limit.load(std::sync::atomic::Ordering::SeqCst) => {
+            Some(crate::http::too_large(limit, "max-upload"))
+        }
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(error(
+            StatusCode::BAD_REQUEST,
+            &format!("reading the build context: {e}"),
+        )),
+        Err(e) => Some(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    };
+    if let Some(reply) = failed {
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        return reply;
+    }
     let (reply, tx) = streaming("application/json");
     let store = ctx.store.clone();
     let paths = ctx.runtime_paths.clone();
     let host = ctx.host.clone();
-    let tmp_root = ctx.tmp_dir.clone();
     tokio::task::spawn_blocking(move || {
         let send = |v: serde_json::Value| {
             let _ = tx.blocking_send(json_line(&v));
         };
-        let dir = match tempdir_in(&tmp_root) {
-            Ok(d) => d,
-            Err(e) => return send(build_error(&format!("build context: {e}"))),
+        opts.context = dir.clone();
+        let build_host = agentrun_build::BuildHost {
+            paths: &paths,
+            host: &host,
         };
-        let result = (|| {
-            agentrun_image::unpack_context(&bytes[..], &dir)
-                .map_err(|e| format!("build context: {e}"))?;
-            opts.context = dir.clone();
-            let build_host = agentrun_build::BuildHost {
-                paths: &paths,
-                host: &host,
-            };
-            agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
-                if quiet {
-                    return;
+        let result = agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
+            if quiet {
+                return;
+            }
+            let text = match ev {
+                agentrun_build::BuildEvent::Step { index, total, text } => {
+                    format!("Step {index}/{total} : {text}\n")
                 }
-                let text = match ev {
-                    agentrun_build::BuildEvent::Step { index, total, text } => {
-                        format!("Step {index}/{total} : {text}\n")
-                    }
-                    agentrun_build::BuildEvent::Output(b) => {
-                        String::from_utf8_lossy(b).into_owned()
-                    }
-                    agentrun_build::BuildEvent::Note(n) => format!("{n}\n"),
-                };
-                send(json!({ "stream": text }));
-            })
-            .map_err(|e| e.to_string())
-        })();
+                agentrun_build::BuildEvent::Output(b) => String::from_utf8_lossy(b).into_owned(),
+                agentrun_build::BuildEvent::Note(n) => format!("{n}\n"),
+            };
+            send(json!({ "stream": text }));
+        })
+        .map_err(|e| e.to_string());
         let _ = std::fs::remove_dir_all(&dir);
         match result {
             Ok(rec) => {

@@ -6,6 +6,11 @@
 //! query rules, `{"message"}` errors with the texts clients match on. Served today: system
 //! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
 //! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
+//!
+//! Nothing a client sends is held whole without a bound: JSON bodies are read up to
+//! [`http::Limits::max_request_body`], tar bodies (`put_archive`, build contexts) are
+//! unpacked as they arrive up to [`http::Limits::max_upload`] (413 above either), and
+//! `get_archive` streams its tar.
 
 pub mod archive;
 pub mod container_api;
@@ -62,6 +67,7 @@ pub struct Context {
     pub tmp_dir: PathBuf,
     pub containers: Arc<std::sync::Mutex<containers::Containers>>,
     pub execs: std::sync::Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
+    pub limits: http::Limits,
 }
 
 /// Where and over what to serve.
@@ -74,6 +80,10 @@ pub struct DockerApiOptions {
     pub state_dir: PathBuf,
     /// Socket mode (default 0600: root only, like dockerd's socket without a docker group).
     pub mode: u32,
+    /// Largest JSON request body (413 above it).
+    pub max_request_body: u64,
+    /// Largest tar body (`put_archive`, build context), unpacked as it arrives (413 above).
+    pub max_upload: u64,
 }
 
 /// A running server; [`DockerServer::stop`] ends it and removes its socket.
@@ -117,6 +127,10 @@ impl DockerServer {
             tmp_dir: opts.state_dir.join("docker-tmp"),
             containers: Default::default(),
             execs: Default::default(),
+            limits: http::Limits {
+                max_request_body: opts.max_request_body,
+                max_upload: opts.max_upload,
+            },
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let socket = opts.socket.clone();
@@ -314,9 +328,9 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
                         return container_api::no_such(&key);
                     };
                     let body: serde_json::Value =
-                        match http_body_util::BodyExt::collect(req.into_body()).await {
-                            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
-                            Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+                        match http::read_body(req.into_body(), &ctx.limits).await {
+                            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+                            Err(r) => return *r,
                         };
                     exec::create(&ctx, c, &body)
                 }

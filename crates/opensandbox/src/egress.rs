@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::{authorize, sid_of};
 use crate::{lock, Server};
 
@@ -197,7 +197,7 @@ pub async fn patch_policy(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
         &server,
@@ -214,7 +214,7 @@ pub async fn delete_policy(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
         &server,

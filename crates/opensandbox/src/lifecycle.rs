@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{lock, random_token, rfc3339, Record, Server};
 
 /// Longest `timeout` accepted (seconds).
@@ -384,7 +384,7 @@ pub fn finish_span(span: agentrun_telemetry::RunSpan) {
 async fn create(
     State(server): State<Arc<Server>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let req: CreateRequest = parse_json(&body)?;
     let v = validate(&req)?;
@@ -465,6 +465,8 @@ async fn create_sandbox(
         netns: Default::default(),
         torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
+        log_budget: Default::default(),
+        finished_commands: Default::default(),
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
@@ -617,7 +619,7 @@ struct RenewRequest {
 async fn renew(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
     let req: RenewRequest = parse_json(&body)?;
@@ -640,7 +642,7 @@ async fn renew(
 async fn patch_metadata(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
     let patch: BTreeMap<String, Option<String>> = parse_json(&body)?;
