@@ -44,7 +44,9 @@ pub struct ServeArgs {
     )]
     api_key: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `docker_socket` (flags win).
+    /// `api_key`, `docker_socket`, and an `[image_limits]` table (`max_bytes`, `max_entries`,
+    /// `max_ratio`, `max_depth`: what the Docker API's pulls and builds may unpack; the
+    /// `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also serve the Docker Engine API subset on this unix socket (mode 0600), for
@@ -65,6 +67,7 @@ struct ServeConfig {
     docker_socket: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
     api_key: Option<String>,
+    image_limits: Option<crate::image::LimitConfig>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -115,6 +118,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             );
         }
     }
+    let image_limits = crate::image::LimitArgs::default().resolve(file.image_limits.as_ref())?;
     let kept: usize = pools.iter().map(|p| p.target).sum();
     if max == 0 || kept > max {
         bail!("the pools keep {kept} sandboxes ready: --max-sandboxes ({max}) must be at least that, and > 0");
@@ -159,6 +163,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 root: paths.root.clone(),
                 state_dir: paths.state_dir.clone(),
                 mode: 0o600,
+                image_limits,
             },
         }));
     }

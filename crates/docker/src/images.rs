@@ -271,7 +271,8 @@ pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Rep
             Err(e) => return send(build_error(&format!("build context: {e}"))),
         };
         let result = (|| {
-            agentrun_image::unpack_context(&bytes[..], &dir)
+            store
+                .unpack_context(&bytes[..], &dir)
                 .map_err(|e| format!("build context: {e}"))?;
             opts.context = dir.clone();
             let build_host = agentrun_build::BuildHost {

@@ -74,6 +74,8 @@ pub struct DockerApiOptions {
     pub state_dir: PathBuf,
     /// Socket mode (default 0600: root only, like dockerd's socket without a docker group).
     pub mode: u32,
+    /// What pulls and build contexts may unpack.
+    pub image_limits: agentrun_image::UnpackLimits,
 }
 
 /// A running server; [`DockerServer::stop`] ends it and removes its socket.
@@ -110,7 +112,7 @@ impl DockerServer {
             .map_err(io("listen", &opts.socket))?;
         let ctx = Arc::new(Context {
             live,
-            store: ImageStore::open(&opts.root)?,
+            store: ImageStore::open(&opts.root)?.with_limits(opts.image_limits),
             root: opts.root.clone(),
             runtime_paths: RuntimePaths::new(&opts.state_dir),
             host: HostInfo::probe(),

@@ -69,8 +69,17 @@ fn auth_for(registry: &str) -> RegistryAuth {
 }
 
 impl ImageStore {
-    /// Pulls `name` and stores it under its full name.
+    /// Pulls `name` and stores it under its full name. On failure, what it had stored is
+    /// removed (see [`ImageStore::discard_unreferenced`]).
     pub fn pull(&self, name: &str, opts: &PullOptions) -> Result<ImageRecord, ImageError> {
+        let result = self.pull_locked(name, opts);
+        if result.is_err() {
+            self.discard_unreferenced();
+        }
+        result
+    }
+
+    fn pull_locked(&self, name: &str, opts: &PullOptions) -> Result<ImageRecord, ImageError> {
         let parsed = reference::parse(name)?;
         let full = parsed.whole();
         let perr = |message: String| ImageError::Pull {
@@ -139,13 +148,21 @@ impl ImageStore {
             }
             let manifest = ImageManifest::from_reader(&raw[..])
                 .map_err(|e| perr(format!("bad manifest: {e}")))?;
-            let mut wanted = vec![manifest.config().digest().to_string()];
-            wanted.extend(manifest.layers().iter().map(|l| l.digest().to_string()));
-            for blob in wanted {
+            let mut wanted = vec![(
+                manifest.config().digest().to_string(),
+                manifest.config().size(),
+            )];
+            wanted.extend(
+                manifest
+                    .layers()
+                    .iter()
+                    .map(|l| (l.digest().to_string(), l.size())),
+            );
+            for (blob, size) in wanted {
                 if self.blobs.has(&blob) {
                     continue;
                 }
-                self.fetch_blob(&client, &parsed, &blob)
+                self.fetch_blob(&client, &parsed, &blob, size)
                     .await
                     .map_err(|e| match e {
                         ImageError::Io { .. } | ImageError::DigestMismatch { .. } => e,
@@ -155,27 +172,40 @@ impl ImageStore {
             self.blobs.put_reader(Some(&digest), "manifest", &raw[..])?;
             Ok::<String, ImageError>(digest)
         })?;
-        self.commit(&manifest_digest, &[full])
+        self.commit(&manifest_digest, &[full], &self.budget())
     }
 
+    /// Downloads a blob into `tmp/`, refusing more bytes than the manifest declares for it
+    /// (a registry cannot fill the disk with an endless blob), then stores it by digest.
     async fn fetch_blob(
         &self,
         client: &Client,
         image: &Reference,
         digest: &str,
+        size: u64,
     ) -> Result<(), ImageError> {
         let tmp: PathBuf = temp_path(&self.tmp_dir(), "pull");
         let result = async {
             let file = tokio::fs::File::create(&tmp)
                 .await
                 .map_err(ImageError::io("create", &tmp))?;
-            let mut file = tokio::io::BufWriter::new(file);
+            let mut file = SizedWriter {
+                inner: tokio::io::BufWriter::new(file),
+                written: 0,
+                size,
+            };
             client
                 .pull_blob(image, digest, &mut file)
                 .await
                 .map_err(|e| ImageError::Pull {
                     reference: image.whole(),
-                    message: format!("blob {digest}: {e}"),
+                    message: if file.written > size {
+                        format!(
+                            "blob {digest}: the registry sent more than the {size} bytes the manifest declares"
+                        )
+                    } else {
+                        format!("blob {digest}: {e}")
+                    },
                 })?;
             tokio::io::AsyncWriteExt::flush(&mut file)
                 .await
@@ -187,6 +217,47 @@ impl ImageStore {
         .await;
         let _ = std::fs::remove_file(&tmp);
         result
+    }
+}
+
+/// A file being downloaded, refusing to grow past the size its descriptor declares.
+struct SizedWriter {
+    inner: tokio::io::BufWriter<tokio::fs::File>,
+    written: u64,
+    size: u64,
+}
+
+impl tokio::io::AsyncWrite for SizedWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.written + buf.len() as u64 > self.size {
+            self.written += buf.len() as u64;
+            return std::task::Poll::Ready(Err(std::io::Error::other(
+                "more bytes than the manifest declares",
+            )));
+        }
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = poll {
+            self.written += n as u64;
+        }
+        poll
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
