@@ -237,6 +237,38 @@ fn gzip_and_zstd_bombs_are_refused_in_one_line_and_leave_nothing_behind() {
 }
 
 #[test]
+fn add_of_a_gzip_bomb_in_a_build_context_is_refused() {
+    let Some(_l) = setup() else { return };
+    let d = tempdir();
+    let root = d.path().join("root");
+    let ctx = d.path().join("ctx");
+    fs::create_dir_all(&ctx).unwrap();
+    fs::write(
+        ctx.join("Dockerfile"),
+        "FROM scratch\nADD bomb.tar.gz /opt/\n",
+    )
+    .unwrap();
+    fs::write(ctx.join("bomb.tar.gz"), gzip_bomb(BOMB_SIZE)).unwrap();
+    let t0 = Instant::now();
+    let out = image(&root, &["build", "-t", "bomb:add", ctx.to_str().unwrap()]).run();
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    let err = out.stderr();
+    assert!(
+        err.contains("bomb.tar.gz: expands more than 100 times") && err.contains("over max_ratio"),
+        "{out}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        t0.elapsed()
+    );
+    image(&root, &["inspect", "bomb:add"])
+        .run()
+        .assert_agentrun_error();
+    assert_store_empty(&root);
+}
+
+#[test]
 fn a_hundred_thousand_tiny_entries_import_under_the_default_and_not_over_max_entries() {
     let Some(_l) = setup() else { return };
     let d = tempdir();

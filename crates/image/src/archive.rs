@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::blobs::{read_document, temp_path};
 use crate::digest::hex_of;
 use crate::layer::decompress;
-use crate::limits::{drain, Budget, TarError, TarGuard};
+use crate::limits::{drain, Budget, TarError, TarGuard, UnpackLimits};
 use crate::reference;
 use crate::store::{ImageStore, DOCKER_LIST, OCI_INDEX, OCI_LAYER_GZIP, OCI_LAYER_TAR};
 use crate::{ImageError, ImageRecord};
@@ -336,6 +336,46 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
         ));
     }
     Ok(real)
+}
+
+/// Reads every entry of a tar (optionally gzip- or zstd-compressed) under `limits`, for a
+/// caller that copies the entries elsewhere (a build's `ADD` of a local archive): bytes,
+/// entries, expansion and depth are charged and refused as for an import. `what` names the
+/// archive in errors. An error `f` returns is passed on as an [`ImageError::Source`].
+pub fn for_each_tar_entry<R: Read>(
+    r: R,
+    limits: UnpackLimits,
+    what: &Path,
+    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>) -> io::Result<()>,
+) -> Result<(), ImageError> {
+    let budget = Budget::new(limits);
+    let guard = TarGuard::new(&budget);
+    let bad = |m: String| match guard.exceeded() {
+        Some(x) => x.into_error(what.display().to_string()),
+        None => ImageError::source(what, m),
+    };
+    let stream = decompress(guard.compressed(r)).map_err(|e| bad(format!("reading: {e}")))?;
+    let reader: Box<dyn Read + '_> = Box::new(guard.unpacked(stream));
+    let mut archive = tar::Archive::new(reader);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| bad(format!("not a tar archive: {e}")))?;
+    while let Some(entry) = guard.next_entry(&mut entries) {
+        let mut entry = entry.map_err(|e| match e {
+            TarError::Limit(x) => x.into_error(what.display().to_string()),
+            TarError::Io(e) => bad(format!("not a tar archive: {e}")),
+        })?;
+        let path = entry
+            .path()
+            .map_err(|e| bad(format!("bad entry path: {e}")))?
+            .into_owned();
+        budget
+            .check_depth(&path)
+            .map_err(|x| x.into_error(what.display().to_string()))?;
+        f(&mut entry).map_err(|e| bad(e.to_string()))?;
+        drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Unpacks an archive (tar, optionally compressed) into `dest`: directories, regular files and
