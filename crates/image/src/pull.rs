@@ -270,6 +270,87 @@ fn is_index(raw: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::OCI_MANIFEST;
+
+    /// A registry on loopback that serves one image whose layer is longer than its
+    /// manifest says (each request answered on its own connection).
+    fn lying_registry(layer: Vec<u8>, declared: u64) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":["sha256:0000000000000000000000000000000000000000000000000000000000000000"]}}"#.to_vec();
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": of_bytes(&config), "size": config.len()},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": of_bytes(&layer), "size": declared}],
+        }))
+        .unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            l.set_nonblocking(true).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < deadline {
+                let Ok((mut c, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                c.set_nonblocking(false).unwrap();
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && c.read(&mut b).unwrap_or(0) == 1 {
+                    head.push(b[0]);
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                let path = line.split(' ').nth(1).unwrap_or("");
+                let (ctype, body): (&str, &[u8]) = if path.contains("/manifests/") {
+                    (OCI_MANIFEST, &manifest)
+                } else if path.ends_with(&of_bytes(&config)) {
+                    ("application/octet-stream", &config)
+                } else if path.ends_with(&of_bytes(&layer)) {
+                    ("application/octet-stream", &layer)
+                } else {
+                    ("application/json", b"{}")
+                };
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(body);
+                if path.ends_with(&of_bytes(&layer)) {
+                    return;
+                }
+            }
+        });
+        (addr, t)
+    }
+
+    #[test]
+    fn a_blob_longer_than_its_manifest_says_is_refused_and_not_kept() {
+        let root = std::env::temp_dir().join(format!("agentrun-pull-lie-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = ImageStore::open(&root).unwrap();
+        let (registry, server) = lying_registry(vec![7u8; 1 << 20], 10);
+        let err = store
+            .pull(&format!("{registry}/lie/img:1"), &PullOptions::default())
+            .unwrap_err()
+            .to_string();
+        server.join().unwrap();
+        assert!(
+            err.contains("the registry sent more than the 10 bytes the manifest declares"),
+            "{err}"
+        );
+        for d in ["blobs/sha256", "layers", "records", "tmp"] {
+            assert_eq!(std::fs::read_dir(root.join(d)).unwrap().count(), 0, "{d}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn loopback_registries_are_insecure() {
