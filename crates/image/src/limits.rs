@@ -115,7 +115,8 @@ impl std::fmt::Display for Exceeded {
     }
 }
 
-fn size(b: u64) -> String {
+/// `b` bytes as `12.3 MiB`.
+pub fn human_size(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -155,7 +156,7 @@ impl Budget {
         if max != 0 && total > max {
             return Err(Exceeded {
                 limit: Limit::Bytes,
-                detail: format!("unpacks to more than {}, over max_bytes", size(max)),
+                detail: format!("unpacks to more than {}, over max_bytes", human_size(max)),
             });
         }
         Ok(())
@@ -257,8 +258,8 @@ impl<'b> TarGuard<'b> {
                 limit: Limit::Ratio,
                 detail: format!(
                     "expands more than {ratio} times ({} from {} compressed: a decompression bomb?), over max_ratio",
-                    size(unpacked),
-                    size(compressed)
+                    human_size(unpacked),
+                    human_size(compressed)
                 ),
             });
         }
@@ -335,7 +336,7 @@ impl<'a> CappedWriter<'a> {
     pub fn exceeded(max: u64) -> Exceeded {
         Exceeded {
             limit: Limit::Bytes,
-            detail: format!("is larger than {}, over max_bytes", size(max)),
+            detail: format!("is larger than {}, over max_bytes", human_size(max)),
         }
     }
 }
@@ -397,7 +398,7 @@ impl<R: Read> Read for GuardedReader<'_, R> {
                     limit: Limit::Metadata,
                     detail: format!(
                         "a tar header (GNU long name or PAX) is larger than {}, which would be held in memory",
-                        size(MAX_METADATA)
+                        human_size(MAX_METADATA)
                     ),
                 }));
             }

@@ -22,6 +22,7 @@ use oci_spec::image::{ImageIndex, ImageManifest};
 use crate::archive::pick_platform;
 use crate::blobs::temp_path;
 use crate::digest::of_bytes;
+use crate::limits::{human_size, Exceeded, Limit};
 use crate::reference;
 use crate::store::{ImageStore, DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST};
 use crate::{ImageError, ImageRecord};
@@ -158,6 +159,22 @@ impl ImageStore {
                     .iter()
                     .map(|l| (l.digest().to_string(), l.size())),
             );
+            // Compressed blobs are never larger than what they unpack to: a manifest
+            // declaring more than max_bytes is refused before anything is downloaded.
+            let declared = wanted.iter().fold(0u64, |t, (_, n)| t.saturating_add(*n));
+            let max = self.limits().max_bytes;
+            if max != 0 && declared > max {
+                let detail = format!(
+                    "its manifest declares {} of blobs, over max_bytes ({})",
+                    human_size(declared),
+                    human_size(max)
+                );
+                return Err(Exceeded {
+                    limit: Limit::Bytes,
+                    detail,
+                }
+                .into_error(full.clone()));
+            }
             for (blob, size) in wanted {
                 if self.blobs.has(&blob) {
                     continue;
@@ -274,7 +291,14 @@ mod tests {
 
     /// A registry on loopback that serves one image whose layer is longer than its
     /// manifest says (each request answered on its own connection).
-    fn lying_registry(layer: Vec<u8>, declared: u64) -> (String, std::thread::JoinHandle<()>) {
+    fn lying_registry(
+        layer: Vec<u8>,
+        declared: u64,
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<()>,
+    ) {
         use std::io::{Read, Write};
         let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":["sha256:0000000000000000000000000000000000000000000000000000000000000000"]}}"#.to_vec();
         let manifest = serde_json::to_vec(&serde_json::json!({
@@ -288,10 +312,14 @@ mod tests {
         .unwrap();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
         let t = std::thread::spawn(move || {
             l.set_nonblocking(true).unwrap();
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while std::time::Instant::now() < deadline {
+            while std::time::Instant::now() < deadline
+                && !stop2.load(std::sync::atomic::Ordering::SeqCst)
+            {
                 let Ok((mut c, _)) = l.accept() else {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
@@ -328,7 +356,7 @@ mod tests {
                 }
             }
         });
-        (addr, t)
+        (addr, stop, t)
     }
 
     #[test]
@@ -336,7 +364,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("agentrun-pull-lie-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let store = ImageStore::open(&root).unwrap();
-        let (registry, server) = lying_registry(vec![7u8; 1 << 20], 10);
+        let (registry, _, server) = lying_registry(vec![7u8; 1 << 20], 10);
         let err = store
             .pull(&format!("{registry}/lie/img:1"), &PullOptions::default())
             .unwrap_err()
@@ -349,6 +377,37 @@ mod tests {
         for d in ["blobs/sha256", "layers", "records", "tmp"] {
             assert_eq!(std::fs::read_dir(root.join(d)).unwrap().count(), 0, "{d}");
         }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_manifest_declaring_more_than_max_bytes_is_refused_before_any_download() {
+        let root = std::env::temp_dir().join(format!("agentrun-pull-big-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = ImageStore::open(&root)
+            .unwrap()
+            .with_limits(crate::UnpackLimits {
+                max_bytes: 1 << 20,
+                ..Default::default()
+            });
+        let (registry, stop, server) = lying_registry(vec![7u8; 10], 5 << 20);
+        let err = store
+            .pull(&format!("{registry}/big/img:1"), &PullOptions::default())
+            .unwrap_err()
+            .to_string();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.join().unwrap();
+        assert!(
+            err.contains("its manifest declares 5.0 MiB of blobs, over max_bytes (1.0 MiB)")
+                && err.contains("--max-bytes"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(root.join("blobs/sha256"))
+                .unwrap()
+                .count(),
+            0
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 
