@@ -8,80 +8,55 @@
 //! audit log (and, where the test can receive OTLP, as spans). Root required.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentrun_e2e::otlp::OtlpReceiver;
-use agentrun_e2e::{agentrun, exec_with, run_with_timeout, setup, tempdir, Agentrun, RunOutput};
+use agentrun_e2e::{
+    agentrun, exec_with, run_with_timeout, setup, tempdir, Agentrun, LoopbackServer, RunOutput,
+};
 use serde_json::Value;
 
 /// A server on the host's loopback that keeps every byte each connection sent (until the
-/// peer closes or is idle for 500 ms) and answers `200 ok`. Stops on drop; never runs
-/// longer than a minute.
+/// peer closes or is idle for 500 ms) and answers `200 ok`.
 struct Recorder {
     port: u16,
     got: Arc<Mutex<Vec<String>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _server: LoopbackServer,
 }
 
 impl Recorder {
     fn start() -> Recorder {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let port = l.local_addr().unwrap().port();
         let got: Arc<Mutex<Vec<String>>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (g, s) = (got.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !s.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
-                let Ok((mut c, _)) = l.accept() else {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                };
-                c.set_nonblocking(false).unwrap();
-                c.set_read_timeout(Some(Duration::from_millis(500)))
-                    .unwrap();
-                let mut buf = [0u8; 8192];
-                let mut req = Vec::new();
-                while let Ok(n) = c.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    req.extend_from_slice(&buf[..n]);
+        let g = got.clone();
+        let server = LoopbackServer::start(move |mut c| {
+            c.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            let mut buf = [0u8; 8192];
+            let mut req = Vec::new();
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 {
+                    break;
                 }
-                g.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&req).into_owned());
-                let _ = c.write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                );
+                req.extend_from_slice(&buf[..n]);
             }
+            g.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&req).into_owned());
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
         });
         Recorder {
-            port,
+            port: server.port,
             got,
-            stop,
-            thread: Some(thread),
+            _server: server,
         }
     }
 
     fn requests(&self) -> Vec<String> {
         self.got.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

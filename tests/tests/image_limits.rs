@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentrun_e2e::images::{docker_save, layer_tar, sha256, Entry, SavedImage};
+use agentrun_e2e::images::{append_file, docker_save, layer_tar, sha256, Entry, SavedImage};
 use agentrun_e2e::*;
 
 /// What the bombs expand to.
@@ -78,15 +78,7 @@ fn zstd_bomb(size: u64) -> Vec<u8> {
 /// config's diff id is made up: the unpacker refuses the bomb before it could check it).
 fn save_with_layer(path: &Path, tag: &str, layer: &[u8]) {
     let mut b = tar::Builder::new(Vec::new());
-    let add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        h.set_path(name).unwrap();
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-    };
+    let add = append_file;
     let layer_name = format!("{}/layer.tar", &sha256(layer)[7..]);
     add(&mut b, &layer_name, layer);
     let config = serde_json::to_vec(&serde_json::json!({
@@ -112,15 +104,7 @@ fn save_with_layer(path: &Path, tag: &str, layer: &[u8]) {
 /// An OCI image layout tar of one image whose one layer is `layer` (zstd media type).
 fn oci_layout_with_layer(path: &Path, name: &str, layer: &[u8]) {
     let mut b = tar::Builder::new(Vec::new());
-    let add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_ustar();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        h.set_path(name).unwrap();
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-    };
+    let add = append_file;
     let blob = |b: &mut tar::Builder<Vec<u8>>, data: &[u8]| {
         let d = sha256(data);
         add(b, &format!("blobs/sha256/{}", &d[7..]), data);

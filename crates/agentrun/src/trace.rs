@@ -133,17 +133,10 @@ impl Recorder {
     pub fn failure(&self, action: &Action, d: &Decision, f: &agentrun_egress::Failure) {
         let mut g = self.lock();
         let mut span = g.parent.child("egress.connect");
-        span.set_attribute("sandbox.action", action.name());
-        span.set_attribute("sandbox.resource", action.resource());
-        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
-        if let Action::Connect { host, port } = action {
-            span.set_attribute("server.address", host.clone());
-            span.set_attribute("server.port", i64::from(*port));
-        }
+        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
         if let Some(id) = &g.sandbox_id {
             span.set_attribute("sandbox.id", id.clone());
         }
-        span.set_error(f.kind.error_type(), &f.message);
         g.children.push(span.end());
         let record = AuditRecord {
             kind: "error".into(),

@@ -348,8 +348,22 @@ pub fn for_each_tar_entry<R: Read>(
     what: &Path,
     mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>) -> io::Result<()>,
 ) -> Result<(), ImageError> {
-    let budget = Budget::new(limits);
-    let guard = TarGuard::new(&budget);
+    read_guarded(r, &Budget::new(limits), what, |entry, _| {
+        f(entry).map_err(|e| e.to_string())
+    })
+}
+
+/// The one loop over a tar's entries under a budget (archives, build contexts, `ADD`):
+/// `f` gets each entry and its path; what it leaves unread is drained (and charged). Its
+/// error, or the limit behind it, fails the whole archive.
+fn read_guarded<R: Read>(
+    r: R,
+    budget: &Budget,
+    what: &Path,
+    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>, &Path) -> Result<(), String>,
+) -> Result<(), ImageError> {
+    let guard = TarGuard::new(budget);
+    // A limit the guard hit explains any failure better than the error it caused.
     let bad = |m: String| match guard.exceeded() {
         Some(x) => x.into_error(what.display().to_string()),
         None => ImageError::source(what, m),
@@ -372,7 +386,7 @@ pub fn for_each_tar_entry<R: Read>(
         budget
             .check_depth(&path)
             .map_err(|x| x.into_error(what.display().to_string()))?;
-        f(&mut entry).map_err(|e| bad(e.to_string()))?;
+        f(&mut entry, &path).map_err(bad)?;
         drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
     }
     Ok(())
@@ -392,44 +406,21 @@ fn extract_tar(
     absolute_symlinks: bool,
     budget: &Budget,
 ) -> Result<(), ImageError> {
-    let guard = TarGuard::new(budget);
-    // A limit the guard hit explains any failure better than the error it caused.
-    let bad = |m: String| match guard.exceeded() {
-        Some(x) => x.into_error(what.display().to_string()),
-        None => ImageError::source(what, m),
-    };
     fs::create_dir_all(dest).map_err(ImageError::io("create", dest))?;
-    let stream = decompress(guard.compressed(r)).map_err(|e| bad(format!("reading: {e}")))?;
-    let mut archive = tar::Archive::new(guard.unpacked(stream));
-    let mut entries = archive
-        .entries()
-        .map_err(|e| bad(format!("not a tar archive: {e}")))?;
-    while let Some(entry) = guard.next_entry(&mut entries) {
-        let mut entry = entry.map_err(|e| match e {
-            TarError::Limit(x) => x.into_error(what.display().to_string()),
-            TarError::Io(e) => bad(format!("not a tar archive: {e}")),
-        })?;
-        let raw = entry
-            .path()
-            .map_err(|e| bad(format!("bad entry path: {e}")))?
-            .into_owned();
+    read_guarded(r, budget, what, |entry, raw| {
         // The same path rules as layer entries: no `..`, parents are real directories
         // (never a symlink from the archive).
-        let rel =
-            crate::layer::relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
-        let Some(rel) = rel else {
-            drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
-            continue;
+        let Some(rel) =
+            crate::layer::relative(raw).map_err(|why| format!("entry {raw:?}: {why}"))?
+        else {
+            return Ok(());
         };
-        budget
-            .check_depth(&rel)
-            .map_err(|x| x.into_error(what.display().to_string()))?;
-        let target = crate::layer::safe_parent(dest, &rel)
-            .map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
+        let target =
+            crate::layer::safe_parent(dest, &rel).map_err(|why| format!("entry {raw:?}: {why}"))?;
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match entry.header().entry_type() {
             tar::EntryType::Directory if !target.is_dir() => {
-                fs::create_dir(&target).map_err(ImageError::io("create", &target))?;
+                fs::create_dir(&target).map_err(|e| format!("create {}: {e}", target.display()))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let _ = fs::remove_file(&target);
@@ -437,29 +428,26 @@ fn extract_tar(
                     .write(true)
                     .create_new(true)
                     .open(&target)
-                    .map_err(ImageError::io("create", &target))?;
-                io::copy(&mut entry, &mut out).map_err(|e| match guard.exceeded() {
-                    Some(x) => x.into_error(what.display().to_string()),
-                    None => ImageError::io("write", &target)(e),
-                })?;
+                    .map_err(|e| format!("create {}: {e}", target.display()))?;
+                io::copy(entry, &mut out)
+                    .map_err(|e| format!("write {}: {e}", target.display()))?;
                 use std::os::unix::fs::PermissionsExt;
                 let _ = fs::set_permissions(&target, fs::Permissions::from_mode(mode));
             }
             tar::EntryType::Symlink => {
                 let link = entry
                     .link_name()
-                    .map_err(|e| bad(format!("bad link: {e}")))?
-                    .ok_or_else(|| bad(format!("symlink {raw:?} without target")))?;
+                    .map_err(|e| format!("bad link: {e}"))?
+                    .ok_or_else(|| format!("symlink {raw:?} without target"))?;
                 if link.is_absolute() && !absolute_symlinks {
-                    return Err(bad(format!("entry {raw:?} is an absolute symlink")));
+                    return Err(format!("entry {raw:?} is an absolute symlink"));
                 }
                 let _ = fs::remove_file(&target);
                 std::os::unix::fs::symlink(&link, &target)
-                    .map_err(ImageError::io("symlink", &target))?;
+                    .map_err(|e| format!("symlink {}: {e}", target.display()))?;
             }
             _ => {}
         }
-        drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -179,7 +179,10 @@ impl Budget {
     /// Refuses a path deeper than the limit.
     pub fn check_depth(&self, rel: &Path) -> Result<(), Exceeded> {
         let max = self.limits.max_depth;
-        let depth = rel.components().count() as u64;
+        let depth = rel
+            .components()
+            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+            .count() as u64;
         if max != 0 && depth > max {
             return Err(Exceeded {
                 limit: Limit::Depth,

@@ -167,15 +167,8 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
 fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
     Arc::new(move |action: &Action, d: &Decision, f: &Failure| {
         let mut span = RunSpan::start("egress.connect", Some(&trace));
+        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
         span.set_attribute("sandbox.id", id.clone());
-        span.set_attribute("sandbox.action", action.name());
-        span.set_attribute("sandbox.resource", action.resource());
-        span.set_attribute("sandbox.rule_id", d.rule_id.clone());
-        if let Action::Connect { host, port } = action {
-            span.set_attribute("server.address", host.clone());
-            span.set_attribute("server.port", i64::from(*port));
-        }
-        span.set_error(f.kind.error_type(), &f.message);
         let record = AuditRecord {
             kind: "error".into(),
             sandbox_id: id.clone(),
