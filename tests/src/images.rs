@@ -68,6 +68,17 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Appends a regular file `name` (mode 0644) holding `data` to an archive being built.
+pub fn append_file(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(data.len() as u64);
+    h.set_path(name).unwrap();
+    h.set_cksum();
+    b.append(&h, data).unwrap();
+}
+
 /// An image for a `docker save` archive.
 pub struct SavedImage {
     pub repo_tags: Vec<String>,
@@ -83,15 +94,7 @@ pub fn docker_save(path: &Path, images: &[SavedImage], layer_path: Option<&str>)
     let mut b = tar::Builder::new(Vec::new());
     let mut written = std::collections::BTreeSet::new();
     let mut manifest = Vec::new();
-    let add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        h.set_path(name).unwrap();
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-    };
+    let add = append_file;
     for img in images {
         let diff_ids: Vec<String> = img.layers.iter().map(|l| sha256(l)).collect();
         let mut layer_names = Vec::new();

@@ -281,11 +281,8 @@ fn network_policy_is_enforced_and_changed_live() {
         1,
         "{denied}"
     );
-    assert_eq!(
-        has(&a, "ok.agentrun.test:80 rule=network.resolve "),
-        1,
-        "{denied}"
-    );
+    // A name the wildcard allows that does not resolve: an error, not a denial.
+    assert_eq!(has(&a, "ok.agentrun.test:80 "), 0, "{denied}");
     assert_eq!(
         has(&a, "other.example.org:80 rule=network.default "),
         1,
@@ -309,7 +306,7 @@ fn network_policy_is_enforced_and_changed_live() {
         1,
         "{denied}"
     );
-    assert_eq!(lines.len(), 7, "only denials, and nothing else: {denied}");
+    assert_eq!(lines.len(), 6, "only denials, and nothing else: {denied}");
 
     // Everything, as JSON: the allows and the policy changes too.
     let all: Vec<serde_json::Value> = d
@@ -320,9 +317,30 @@ fn network_policy_is_enforced_and_changed_live() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
+    let unresolved: Vec<(&str, &str, &str)> = all
+        .iter()
+        .filter(|r| r["resource"] == "ok.agentrun.test:80")
+        .map(|r| {
+            assert_eq!(r["sandbox_id"], a.as_str(), "{r}");
+            (
+                r["kind"].as_str().unwrap(),
+                r["decision"].as_str().unwrap(),
+                r["rule"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        unresolved,
+        [
+            ("decision", "allow", "networkPolicy.egress[1]"),
+            ("error", "error", "networkPolicy.egress[1]"),
+        ],
+        "{all:#?}"
+    );
     let allows: Vec<(String, String)> = all
         .iter()
         .filter(|r| r["kind"] == "decision" && r["decision"] == "allow")
+        .filter(|r| r["resource"] != "ok.agentrun.test:80")
         .map(|r| {
             assert_eq!(r["resource"], up.as_str(), "{r}");
             (
@@ -424,6 +442,16 @@ fn network_policy_is_enforced_and_changed_live() {
     assert_eq!(blocked.attr("sandbox.rule_id"), "networkPolicy.egress[0]");
     assert_eq!(blocked.attr("server.address"), "blocked.agentrun.test");
     assert_eq!(blocked.attr("sandbox.id"), a);
+    // The failed lookup is an error span under A's sandbox.create.
+    let failed: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "egress.connect")
+        .collect();
+    assert_eq!(failed.len(), 1, "{spans:#?}");
+    assert_eq!(failed[0].status_code, 2, "{:#?}", failed[0]);
+    assert_eq!(failed[0].attr("error.type"), "resolve");
+    assert_eq!(failed[0].attr("server.address"), "ok.agentrun.test");
+    assert_eq!(failed[0].parent_span_id, ca.span_id);
     stop_clean(d);
 }
 

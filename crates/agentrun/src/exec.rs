@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use agentrun_egress::{DecisionSink, Proxy};
+use agentrun_egress::{DecisionSink, FailureSink, Proxy};
 use agentrun_image::ImageStore;
 use agentrun_policy::{
     format_bytes, parse_bytes, parse_duration, validate_env_key, Action, Decision, NetworkPolicy,
@@ -499,10 +499,15 @@ fn execute_cold(
         let path = sandbox.egress_socket();
         match agentrun_egress::bind(&path) {
             Ok(listener) => {
-                let r = recorder.clone();
+                let (r, r2) = (recorder.clone(), recorder.clone());
                 let sink: DecisionSink =
                     Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
-                Some(Proxy::start(listener, &path, plan.network.clone(), sink))
+                let failures: FailureSink = Arc::new(move |a, d, f| r2.failure(a, d, f));
+                Some(
+                    Proxy::builder(plan.network.clone(), sink)
+                        .failures(failures)
+                        .start(listener, &path),
+                )
             }
             Err(e) => {
                 let _ = sandbox.destroy();

@@ -56,7 +56,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     max_upload: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`
+    /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`, and an
+    /// `[image_limits]` table (`max_bytes`, `max_entries`, `max_ratio`, `max_depth`: what the
+    /// Docker API's pulls and builds may unpack; the `AGENTRUN_IMAGE_MAX_*` variables win)
     /// (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -81,6 +83,7 @@ struct ServeConfig {
     insecure_no_auth: Option<bool>,
     max_request_body: Option<String>,
     max_upload: Option<String>,
+    image_limits: Option<crate::image::LimitConfig>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -131,6 +134,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             );
         }
     }
+    let image_limits = crate::image::LimitArgs::default().resolve(file.image_limits.as_ref())?;
     let kept: usize = pools.iter().map(|p| p.target).sum();
     if max == 0 || kept > max {
         bail!("the pools keep {kept} sandboxes ready: --max-sandboxes ({max}) must be at least that, and > 0");
@@ -208,6 +212,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 mode: 0o600,
                 max_request_body,
                 max_upload,
+                image_limits,
             },
         }));
     }

@@ -259,8 +259,9 @@ pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Rep
     let limit = ctx.limits.max_upload;
     let (reader, over_limit) = crate::http::body_reader(body, limit);
     let into = dir.clone();
+    let context_store = ctx.store.clone();
     let unpacked =
-        tokio::task::spawn_blocking(move || agentrun_image::unpack_context(reader, &into)).await;
+        tokio::task::spawn_blocking(move || context_store.unpack_context(reader, &into)).await;
     let failed = match unpacked {
         _ if over_limit.load(std::sync::atomic::Ordering::SeqCst) => {
             Some(crate::http::too_large(limit, "max-upload"))

@@ -84,6 +84,8 @@ pub struct DockerApiOptions {
     pub max_request_body: u64,
     /// Largest tar body (`put_archive`, build context), unpacked as it arrives (413 above).
     pub max_upload: u64,
+    /// What pulls and build contexts may unpack.
+    pub image_limits: agentrun_image::UnpackLimits,
 }
 
 /// A running server; [`DockerServer::stop`] ends it and removes its socket.
@@ -120,7 +122,7 @@ impl DockerServer {
             .map_err(io("listen", &opts.socket))?;
         let ctx = Arc::new(Context {
             live,
-            store: ImageStore::open(&opts.root)?,
+            store: ImageStore::open(&opts.root)?.with_limits(opts.image_limits),
             root: opts.root.clone(),
             runtime_paths: RuntimePaths::new(&opts.state_dir),
             host: HostInfo::probe(),

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 pub use decision::{normalize, Action, Decision, WORKSPACE};
 pub use network::{
-    HostRule, NetworkMode, NetworkPolicy, NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule,
-    RuleAction,
+    AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
+    OpenSandboxPolicy, OpenSandboxRule, RuleAction,
 };
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
