@@ -416,7 +416,10 @@ impl Sandbox {
             cwd: PathBuf::from("/"),
             resources: profile.resources.clone(),
             binds: prepared.binds.clone(),
-            seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())?,
+            seccomp: crate::seccomp::default_profile(
+                agentrun_policy::seccomp_denied_syscalls(),
+                &profile.seccomp_sockets,
+            )?,
             init_caps,
             host_nofile_max: nix::sys::resource::getrlimit(
                 nix::sys::resource::Resource::RLIMIT_NOFILE,
