@@ -412,7 +412,7 @@ async fn run_command(
             span.set_attribute("process.exit.code", exit_code as i64);
             span.set_error("spawn", &message);
             finish_span(span);
-            let id = random_token();
+            let id = random_token()?;
             let (tx, rx) = mpsc::unbounded_channel();
             let _ = tx.send(event("init", json!({"text": id})));
             let _ = tx.send(event(
@@ -424,7 +424,7 @@ async fn run_command(
         Err(e) => return Err(e.into()),
     };
     let cmd = Arc::new(Command {
-        id: random_token(),
+        id: random_token()?,
         content,
         process: Mutex::new(Some(pid)),
         started_at: Utc::now(),
@@ -700,11 +700,11 @@ async fn create_session(
     let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let session = Arc::new(Session {
-        id: random_token(),
+        id: random_token()?,
         process: pid,
         stdin: tokio::sync::Mutex::new(stdin),
         out: tokio::sync::Mutex::new((orx, erx)),
-        marker: format!("__agentrun_{}_", random_token()),
+        marker: format!("__agentrun_{}_", random_token()?),
         dead,
     });
     lock(&rec.sessions).insert(session.id.clone(), session.clone());

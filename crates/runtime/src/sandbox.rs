@@ -226,12 +226,8 @@ pub enum SandboxStdio {
 /// channel.
 const POOLED_ARGS: &str = "agentrun-init";
 
-fn random_id() -> String {
-    let mut b = [0u8; 6];
-    let _ =
-        fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("ar-{hex}")
+fn random_id() -> Result<String, RuntimeError> {
+    Ok(format!("ar-{}", crate::random::hex(6)?))
 }
 
 /// `pid starttime` of this process: identifies the owner of a state dir for `gc`.
@@ -287,7 +283,7 @@ impl Sandbox {
         host: &HostInfo,
         stdio: SandboxStdio,
     ) -> Result<Sandbox, RuntimeError> {
-        let id = random_id();
+        let id = random_id()?;
         let state = paths.sandboxes().join(&id);
         for d in [paths.sandboxes(), paths.containers()] {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
