@@ -6,7 +6,8 @@
 //! seccomp compiled with seccompiler ([`seccomp`]), Landlock ([`landlock`]), loopback-only
 //! networking ([`net`]); [`fsroot`] reaches files inside a running sandbox from the host without
 //! ever resolving a path outside it. [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
-//! [`host`] says what this host enforces; [`random`] makes every id and token (getrandom,
+//! [`host`] says what this host enforces; [`hostdirs`] keeps the image store and the state
+//! dir private; [`random`] makes every id and token (getrandom,
 //! failing closed).
 
 pub mod cgroup;
@@ -16,6 +17,7 @@ pub mod executor;
 pub mod fsroot;
 pub mod gc;
 pub mod host;
+pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;

@@ -783,13 +783,14 @@ pub(crate) fn destroy_leftovers(
     Ok(())
 }
 
-/// The container's init sets up mounts as the sandbox's unprivileged uid, so every directory
-/// above the state dir must be searchable by others (a `mktemp -d` parent, mode 0700, is not).
+/// The container's init sets up mounts as the sandbox's unprivileged root, so every directory
+/// above the state dir must be searchable by it: by others, or by its group (the state dir
+/// itself, see [`crate::hostdirs`]). A `mktemp -d` parent, mode 0700, is not.
 fn check_searchable(dir: &Path) -> Result<(), RuntimeError> {
     use std::os::unix::fs::MetadataExt;
     for d in dir.ancestors() {
         let Ok(meta) = fs::metadata(d) else { continue };
-        if meta.mode() & 0o001 == 0 {
+        if !crate::hostdirs::sandbox_root_can_search(&meta) {
             return Err(RuntimeError::InvalidInput(format!(
                 "state dir {} is not usable: {} (mode {:o}) is not searchable by the sandbox's \
                  uid; use a directory whose parents are world-searchable (chmod o+x)",
