@@ -85,27 +85,6 @@ fn store_and_state_dir_are_unreachable_for_other_users() {
         panic!("the sandbox never got ready\n{out}");
     }
 
-    // The directories were repaired.
-    let meta = |p: &Path| fs::metadata(p).unwrap();
-    assert_eq!(
-        (
-            meta(&root).mode() & 0o7777,
-            meta(&root).uid(),
-            meta(&root).gid()
-        ),
-        (0o700, 0, 0),
-        "AGENTRUN_ROOT must be 0700 root:root"
-    );
-    assert_eq!(
-        (
-            meta(&state).mode() & 0o7777,
-            meta(&state).uid(),
-            meta(&state).gid()
-        ),
-        (0o710, 0, SANDBOX_UID_BASE),
-        "AGENTRUN_STATE_DIR must be 0710 root:<sandbox gid>"
-    );
-
     // What is there, as root sees it: the setuid binaries and the secret exist.
     let mut paths = Vec::new();
     walk(&root, &mut paths);
@@ -171,6 +150,27 @@ fn store_and_state_dir_are_unreachable_for_other_users() {
         reached.is_empty(),
         "another user reached agentrun's directories:\n{}\n{out}",
         reached.join("\n")
+    );
+
+    // How: the directories were repaired.
+    let meta = |p: &Path| fs::metadata(p).unwrap();
+    assert_eq!(
+        (
+            meta(&root).mode() & 0o7777,
+            meta(&root).uid(),
+            meta(&root).gid()
+        ),
+        (0o700, 0, 0),
+        "AGENTRUN_ROOT must be 0700 root:root"
+    );
+    assert_eq!(
+        (
+            meta(&state).mode() & 0o7777,
+            meta(&state).uid(),
+            meta(&state).gid()
+        ),
+        (0o710, 0, SANDBOX_UID_BASE),
+        "AGENTRUN_STATE_DIR must be 0710 root:<sandbox gid>"
     );
 
     sandbox.signal(libc::SIGTERM);
