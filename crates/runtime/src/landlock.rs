@@ -20,6 +20,7 @@
 //! reason), not a skipped rule: a skipped writable rule would fail the command later in a
 //! confusing way, and a profile whose paths the image subverts is something the operator must
 //! see and fix (the image or the profile). Paths the image lacks are skipped, as before.
+//!
 //! Scoped (ABI 6+) so the process cannot signal or reach abstract sockets outside its domain,
 //! which also keeps it from ptrace-style access to agentrun's init. Best effort by ABI: the
 //! host's ABI is probed up front ([`abi`]) and reported, and [`restrict`] fails if the kernel
@@ -83,8 +84,8 @@ pub enum LandlockError {
     )]
     WritableThroughLink(PathBuf),
     #[error(
-        "landlock: {path} is a link in the image to {target}, outside every path the profile \
-         allows; refused"
+        "landlock: {path} resolves through a link in the image to {target}, outside every path \
+         the profile allows; refused"
     )]
     LinkOutside { path: PathBuf, target: String },
     #[error("landlock: opening {path} for a rule: {errno}")]
