@@ -32,7 +32,8 @@ pub const STORE_MODE: u32 = 0o700;
 pub const STATE_DIR_MODE: u32 = 0o710;
 
 /// Makes the image store at `root` and the state dir at `state_dir` private, creating them if
-/// needed. Returns one line per repair made (for a warning), nothing when all was right.
+/// needed. Returns one line per repair of a directory that already held something (for a
+/// warning: its contents were exposed until now), nothing otherwise.
 pub fn secure(root: &Path, state_dir: &Path) -> Result<Vec<String>, RuntimeError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(Vec::new());
@@ -78,7 +79,12 @@ fn secure_dir(dir: &Path, mode: u32, gid: u32) -> Result<Option<String>, Runtime
         .map_err(|e| RuntimeError::io("chown", dir, e))?;
     fs::set_permissions(dir, fs::Permissions::from_mode(mode))
         .map_err(|e| RuntimeError::io("chmod", dir, e))?;
-    if created {
+    // Nothing to report for a directory that held nothing yet (made by the caller, say):
+    // nothing under it was exposed.
+    let empty = fs::read_dir(dir)
+        .map(|mut entries| entries.next().is_none())
+        .unwrap_or(false);
+    if created || empty {
         return Ok(None);
     }
     Ok(Some(format!(
@@ -123,7 +129,13 @@ mod tests {
         assert_eq!(mode_gid(&root), (0o700, 0));
         assert_eq!(mode_gid(&state), (0o710, UID_BASE));
         assert!(sandbox_root_can_search(&fs::metadata(&state).unwrap()));
-        // World-readable, as older installs made them: repaired, and said so.
+        // An empty world-readable directory (made by the user): repaired silently.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(secure(&root, &state).unwrap().is_empty());
+        assert_eq!(mode_gid(&root), (0o700, 0));
+        // World-readable with contents, as older installs left them: repaired, and said so.
+        fs::create_dir(root.join("layers")).unwrap();
+        fs::create_dir(state.join("sandboxes")).unwrap();
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::chown(&state, None, Some(0)).unwrap();
         fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
