@@ -325,3 +325,26 @@ pub fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
         .env("AGENTRUN_NO_DAEMON", "1")
         .run()
 }
+
+/// Adds to the store at `root` an image `name` made from the busybox rootfs (built under
+/// `dir`) after `mutate` changed it: for images a test needs hostile or odd (a `/tmp` that
+/// links to `/`, a setuid binary).
+pub fn busybox_variant(dir: &Path, root: &Path, name: &str, mutate: impl FnOnce(&Path)) {
+    let rootfs = dir.join(format!("{name}-rootfs"));
+    let mut build = Command::new(crate::workspace_root().join("images/busybox/build.sh"));
+    build.arg(&rootfs);
+    run_with_timeout(build, None, Duration::from_secs(120)).success();
+    mutate(&rootfs);
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "image".as_ref(),
+        "add".as_ref(),
+        name.as_ref(),
+        rootfs.as_os_str(),
+    ];
+    crate::agentrun(args)
+        .root(root)
+        .timeout(Duration::from_secs(120))
+        .run()
+        .success();
+    fs::remove_dir_all(&rootfs).unwrap();
+}

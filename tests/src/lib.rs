@@ -837,6 +837,7 @@ pub fn host_cgroup_mode() -> &'static str {
     const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
     fn fs_type(p: &str) -> Option<i64> {
         let c = std::ffi::CString::new(p).unwrap();
+        // SAFETY: statfs is plain old data; all zeroes is a valid value.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: valid path and out pointer.
         let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };

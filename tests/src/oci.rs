@@ -334,8 +334,8 @@ impl Drop for Containerd {
         // containerd leaves its overlay snapshots mounted only while it runs; unmount anything
         // left under its root so the temp dir can go.
         for m in crate::mounts_under(&self.dir).into_iter().rev() {
-            // SAFETY: umount2 on a path we own; failure only leaves the mount.
             let c = std::ffi::CString::new(m.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: umount2 on a path we own; failure only leaves the mount.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     }

@@ -54,7 +54,10 @@ pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming
         }
         Err(e) => return crate::images::image_error(&config.image, &e),
     };
-    let id = new_id();
+    let id = match new_id() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     let name = match q.get("name").filter(|n| !n.is_empty()) {
         Some(n) => {
             let n = n.strip_prefix('/').unwrap_or(n);

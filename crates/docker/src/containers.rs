@@ -18,7 +18,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -579,13 +578,10 @@ impl Containers {
     }
 }
 
-/// A new 64-hex id.
-pub fn new_id() -> String {
-    let mut b = [0u8; 32];
-    if let Ok(mut f) = File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut b);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// A new 64-hex id (from [`agentrun_runtime::random`]: getrandom, never a predictable
+/// fallback).
+pub fn new_id() -> Result<String, agentrun_runtime::random::RandomError> {
+    agentrun_runtime::random::hex(32)
 }
 
 /// Docker-style generated names.

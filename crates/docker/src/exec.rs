@@ -88,12 +88,16 @@ pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
         .filter(|u| !u.is_empty())
         .map(str::to_owned)
         .or_else(|| c.user());
+    let id = match new_id() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     let pty = crate::pty::Pty::default();
     if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
         let _ = pty.resize(h, w);
     }
     let exec = Arc::new(Exec {
-        id: new_id(),
+        id,
         container: c,
         cmd,
         env,

@@ -98,7 +98,7 @@ async fn start_context(
         return Err(ApiError::conflict("the sandbox is paused"));
     }
     let (in_r, in_w) = pipe()?;
-    let marker = format!("\u{1}agentrun-{}:", random_token());
+    let marker = format!("\u{1}agentrun-{}:", random_token()?);
     let argv = vec!["python3".into(), "-u".into(), "-c".into(), DRIVER.into()];
     let env = vec![
         ("AGENTRUN_CODE_MARKER".to_string(), marker.clone()),
@@ -126,7 +126,7 @@ async fn start_context(
     let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let ctx = Arc::new(Context {
-        id: random_token(),
+        id: random_token()?,
         language: language.to_owned(),
         process: pid,
         stdin: tokio::sync::Mutex::new(stdin),
@@ -323,7 +323,7 @@ async fn run(
             "the context's interpreter has exited",
         ));
     }
-    let exec_id = random_token();
+    let exec_id = random_token()?;
     lock(&rec.code)
         .executions
         .insert(exec_id.clone(), ctx.id.clone());

@@ -591,7 +591,7 @@ async fn run_command(
             span.set_attribute("process.exit.code", exit_code as i64);
             span.set_error("spawn", &message);
             finish_span(span);
-            let id = random_token();
+            let id = random_token()?;
             let (tx, rx) = event_queue();
             let _ = tx.try_send(event("init", json!({"text": id})));
             let _ = tx.try_send(event(
@@ -602,7 +602,7 @@ async fn run_command(
         }
         Err(e) => return Err(e.into()),
     };
-    let cmd = Arc::new(Command::running(&rec, random_token(), content, pid));
+    let cmd = Arc::new(Command::running(&rec, random_token()?, content, pid));
     remember(&rec, &cmd);
     let (tx, rx) = event_queue();
     let _ = tx.try_send(event("init", json!({"text": cmd.id})));
@@ -873,11 +873,11 @@ async fn create_session(
     let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let session = Arc::new(Session {
-        id: random_token(),
+        id: random_token()?,
         process: pid,
         stdin: tokio::sync::Mutex::new(stdin),
         out: tokio::sync::Mutex::new((orx, erx)),
-        marker: format!("__agentrun_{}_", random_token()),
+        marker: format!("__agentrun_{}_", random_token()?),
         dead,
     });
     lock(&rec.sessions).insert(session.id.clone(), session.clone());

@@ -239,13 +239,13 @@ fn multipart_error(e: MultipartError, limits: crate::Limits) -> ApiError {
 /// Where an upload to `path` is written until it is complete: a hidden name next to it, so
 /// an upload cut short (by the client, an error or the limit) never leaves a partial file or
 /// clobbers the old one; the complete file is renamed over `path`.
-fn upload_name(path: &std::path::Path) -> PathBuf {
+fn upload_name(path: &std::path::Path) -> ApiResult<PathBuf> {
     // At most 64 characters of the name: the hidden name must fit NAME_MAX (255) too.
     let name: String = path
         .file_name()
         .map(|n| n.to_string_lossy().chars().take(64).collect())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.agentrun-{}", crate::random_token()))
+    Ok(path.with_file_name(format!(".{name}.agentrun-{}", crate::random_token()?)))
 }
 
 async fn write_parts(
@@ -293,7 +293,7 @@ async fn write_parts(
                     .ok_or_else(|| bad("a file part must follow its metadata part".into()))?;
                 let path = rel(&m.path)?;
                 let mode = mode_from_digits(m.mode.unwrap_or(755))?;
-                let partial = upload_name(&path);
+                let partial = upload_name(&path)?;
                 let (shown, p2) = (m.path.clone(), partial.clone());
                 let file = with_fs(rec, move |fs| {
                     fs.create_file(&p2, mode).map_err(|e| errno(e, &shown))
@@ -726,7 +726,7 @@ fn replace_in_file(fs: &SandboxFs, r: &std::path::Path, p: &str, rep: &Replace) 
         .permissions()
         .mode()
         & 0o7777;
-    let partial = upload_name(r);
+    let partial = upload_name(r)?;
     let out = fs.create_file(&partial, mode).map_err(|e| errno(e, p))?;
     let replaced = crate::filestream::replace_all(
         src,

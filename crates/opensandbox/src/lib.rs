@@ -387,10 +387,8 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
-/// 32 random hex digits.
-pub fn random_token() -> String {
-    let mut b = [0u8; 16];
-    let _ = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// 32 random hex digits (from [`agentrun_runtime::random`]: getrandom, never a predictable
+/// fallback); a 500 when the kernel gives no randomness.
+pub fn random_token() -> ApiResult<String> {
+    agentrun_runtime::random::hex(16).map_err(|e| ApiError::internal(e.to_string()))
 }

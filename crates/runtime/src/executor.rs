@@ -16,9 +16,10 @@
 //!    the pid namespace, so nothing the command started survives it.
 //!
 //! Confining the init rather than each child keeps the per-run cost to a fork+exec. The init
-//! is non-dumpable and the command lacks CAP_SYS_PTRACE, so sharing its Landlock domain gives
-//! the command no hold on it; SIGKILL from inside the pid namespace cannot reach it, and other
-//! signals are only forwarded back to the command.
+//! makes itself non-dumpable (`PR_SET_DUMPABLE` 0, first thing) and the command lacks
+//! CAP_SYS_PTRACE, so sharing its Landlock domain gives the command no hold on it; SIGKILL
+//! from inside the pid namespace cannot reach it, and other signals are only forwarded back to
+//! the command.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -267,6 +268,15 @@ impl SandboxExecutor {
     /// Sets up, forks the command and supervises it; returns only on a setup error.
     fn start(&self, spec: &Spec) -> Result<(), ExecutorError> {
         let fail = |msg: String| ExecutorError::Other(msg);
+        // The init must stay out of the command's reach (no /proc/1/mem, environ, fds): say
+        // so explicitly rather than rely on libcontainer's setresuid having cleared the flag.
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) only clears a flag of this process.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            return Err(fail(format!(
+                "prctl(PR_SET_DUMPABLE): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
         let control = self.mode == InitMode::Serve;
         // Nothing of the creating process may stay open in the sandbox: libcontainer only
         // marks these close-on-exec, and this process never execs.

@@ -6,7 +6,9 @@
 //! seccomp compiled with seccompiler ([`seccomp`]), Landlock ([`landlock`]), loopback-only
 //! networking ([`net`]); [`fsroot`] reaches files inside a running sandbox from the host without
 //! ever resolving a path outside it. [`sandbox`] ties a run together; [`gc`] cleans up after killed runs;
-//! [`host`] says what this host enforces.
+//! [`host`] says what this host enforces; [`hostdirs`] keeps the image store and the state
+//! dir private; [`random`] makes every id and token (getrandom,
+//! failing closed).
 
 pub mod cgroup;
 pub mod control;
@@ -15,11 +17,13 @@ pub mod executor;
 pub mod fsroot;
 pub mod gc;
 pub mod host;
+pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
 pub mod net;
 pub mod netns;
+pub mod random;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
