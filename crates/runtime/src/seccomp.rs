@@ -792,7 +792,7 @@ mod tests {
     fn notify_rules_compile_to_a_user_notif_filter() {
         let (programs, notify) =
             compile_with_notify(&notify_section(LinuxSeccompAction::ScmpActAllow)).unwrap();
-        assert!(programs.is_empty());
+        assert_eq!(programs, vec![abi_guard()], "only the ABI guard besides the notify filter");
         let notify = notify.unwrap();
         let rets: Vec<u32> = notify
             .iter()
@@ -807,8 +807,10 @@ mod tests {
     fn notified_syscalls_pass_the_deny_by_default_filter() {
         let (programs, notify) =
             compile_with_notify(&notify_section(LinuxSeccompAction::ScmpActErrno)).unwrap();
-        // The default filter allows getcwd (so that the notify filter decides).
-        assert_eq!(programs.len(), 1);
+        // The ABI guard, then the default filter, which allows getcwd (so that the notify
+        // filter decides).
+        assert_eq!(programs.len(), 2);
+        assert_eq!(programs[0], abi_guard());
         assert!(notify.is_some());
     }
 
