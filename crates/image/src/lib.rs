@@ -23,7 +23,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use archive::unpack_context;
-pub use layer::{tar_upper, LayerLease};
+pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use pull::PullOptions;
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
