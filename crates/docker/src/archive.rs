@@ -222,10 +222,8 @@ pub async fn put(
         Err(r) => return *r,
     };
     let c2 = c.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        as_sandbox_root(|| extract(&fs, &rel, &body))
-    })
-    .await;
+    let result =
+        tokio::task::spawn_blocking(move || as_sandbox_root(|| extract(&fs, &rel, &body))).await;
     match result {
         Ok(Ok(())) => crate::http::empty(StatusCode::OK),
         Ok(Err(e)) if e == "404" => not_found(&abs, &c2, false),
@@ -290,9 +288,7 @@ pub fn extract(fs: &SandboxFs, rel: &Path, body: &[u8]) -> Result<(), String> {
             }
         }
         match kind {
-            tar::EntryType::Directory => {
-                fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?
-            }
+            tar::EntryType::Directory => fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?,
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let mut f = fs.create_file(&target, mode).map_err(failed)?;
                 std::io::copy(&mut entry, &mut f)

@@ -437,7 +437,12 @@ mod tests {
         assert_eq!(r.user.as_deref(), Some("nobody"));
         assert!(r.tty && !r.attach_stdin);
         assert_eq!(r.console_size, Some((24, 80)));
-        for bad in [json!({}), json!({"Cmd": []}), json!({"Cmd": "ls"}), json!(null)] {
+        for bad in [
+            json!({}),
+            json!({"Cmd": []}),
+            json!({"Cmd": "ls"}),
+            json!(null),
+        ] {
             assert_eq!(
                 ExecRequest::from_body(&bad),
                 Err("No exec command specified")

@@ -409,8 +409,7 @@ mod tests {
     use super::*;
 
     fn tempdir(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("agentrun-archive-{tag}-{}", std::process::id()));
+        let d = std::env::temp_dir().join(format!("agentrun-archive-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
@@ -429,7 +428,11 @@ mod tests {
         });
         let index = serde_json::json!({"schemaVersion": 2, "manifests": [entry]});
         fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-        fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .unwrap();
         fs::write(layout.join("index.json"), index.to_string()).unwrap();
         fs::write(layout.join("blobs/sha256").join(&hex), index.to_string()).unwrap();
         let store = ImageStore::open(&store_root).unwrap();
