@@ -253,7 +253,7 @@ pub fn extract(fs: &SandboxFs, rel: &Path, body: &[u8]) -> Result<(), String> {
         Err(rustix::io::Errno::NOENT) => return Err("404".into()),
         Err(e) => return Err(format!("500:{e}")),
     }
-    let mut archive = tar::Archive::new(&body[..]);
+    let mut archive = tar::Archive::new(body);
     let entries = archive
         .entries()
         .map_err(|e| format!("400:not a tar archive: {e}"))?;
