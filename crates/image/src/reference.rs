@@ -57,6 +57,15 @@ pub fn normalize_plain(name: &str) -> Option<String> {
     if !repo.split('/').all(plain_component) || tag.is_some_and(|t| !plain_tag(t)) {
         return None;
     }
+    // The parser's limit on the repository (`library/` included).
+    let library = if domain == "docker.io" && !repo.contains('/') {
+        "library/".len()
+    } else {
+        0
+    };
+    if library + repo.len() > 255 {
+        return None;
+    }
     let mut full = String::with_capacity(name.len() + 24);
     full.push_str(domain);
     full.push('/');
@@ -217,6 +226,17 @@ mod tests {
             "a...b",
         ] {
             assert_eq!(normalize_plain(odd), None, "{odd}");
+        }
+        // Repository names over 255 characters (the fuzz target's second finding).
+        let long = format!("org/{}", "a".repeat(251));
+        assert_eq!(normalize_plain(&long), Some(normalize(&long).unwrap()));
+        for odd in [
+            format!("org/{}", "a".repeat(252)),
+            "a".repeat(248),
+            format!("ghcr.io/{}/x:1", "b".repeat(254)),
+        ] {
+            assert!(normalize(&odd).is_err(), "{odd}");
+            assert_eq!(normalize_plain(&odd), None, "{odd}");
         }
     }
 
