@@ -47,7 +47,8 @@ async fn sandbox_fs(ctx: Arc<Context>, c: Arc<Container>) -> Result<SandboxFs, B
         .map_err(|e| Box::new(error(StatusCode::CONFLICT, &e.to_string())))
 }
 
-fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
+/// `?path=` of the archive endpoints: (absolute path, path relative to the container root).
+pub fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
     let p = q
         .get("path")
         .filter(|p| !p.is_empty())
@@ -283,85 +284,8 @@ pub async fn put(
     };
     let (body, over_limit) = crate::http::body_reader(req.into_body(), limit);
     let c2 = c.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        as_sandbox_root(|| -> Result<(), String> {
-            // As dockerd: the extraction point may be (or go through) a link, followed in
-            // the container's root.
-            let rel = fs.resolve(&rel).map_err(|e| format!("500:{e}"))?;
-            match fs.stat(&rel) {
-                Ok(e) if e.is_dir() => {}
-                Ok(_) => return Err("400:extraction point is not a directory".into()),
-                Err(rustix::io::Errno::NOENT) => return Err("404".into()),
-                Err(e) => return Err(format!("500:{e}")),
-            }
-            let mut archive = tar::Archive::new(body);
-            let entries = archive
-                .entries()
-                .map_err(|e| format!("400:not a tar archive: {e}"))?;
-            for entry in entries {
-                let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
-                let path = entry
-                    .path()
-                    .map_err(|e| format!("400:{e}"))?
-                    .to_string_lossy()
-                    .into_owned();
-                // Inside `path`, whatever the entry says (`..` cannot climb out of it).
-                let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
-                if inner.as_os_str().is_empty() {
-                    continue;
-                }
-                let target = rel.join(inner);
-                let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
-                let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
-                let kind = entry.header().entry_type();
-                if matches!(
-                    kind,
-                    tar::EntryType::Regular
-                        | tar::EntryType::Continuous
-                        | tar::EntryType::Symlink
-                        | tar::EntryType::Link
-                ) {
-                    // As dockerd: what is there is replaced, not written through (a symlink
-                    // in the way is removed, not followed). Directories stay.
-                    match fs.stat(&target) {
-                        Ok(e) if !e.is_dir() => fs.remove_file(&target).map_err(failed)?,
-                        _ => {}
-                    }
-                }
-                match kind {
-                    tar::EntryType::Directory => {
-                        fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?
-                    }
-                    tar::EntryType::Regular | tar::EntryType::Continuous => {
-                        let mut f = fs.create_file(&target, mode).map_err(failed)?;
-                        std::io::copy(&mut entry, &mut f)
-                            .and_then(|_| f.flush())
-                            .map_err(|e| format!("500:{}: {e}", target.display()))?;
-                    }
-                    tar::EntryType::Symlink => {
-                        let link = entry
-                            .link_name_bytes()
-                            .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
-                        let link = std::ffi::OsStr::from_bytes(&link).to_owned();
-                        fs.symlink(&link, &target).map_err(failed)?;
-                    }
-                    tar::EntryType::Link => {
-                        // A name earlier in the archive, under the same extraction point.
-                        let link = entry
-                            .link_name_bytes()
-                            .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
-                        let link = String::from_utf8_lossy(&link).into_owned();
-                        let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
-                        fs.hard_link(&rel.join(from), &target).map_err(failed)?;
-                    }
-                    // Devices, FIFOs and sockets are not written.
-                    _ => {}
-                }
-            }
-            Ok(())
-        })
-    })
-    .await;
+    let result =
+        tokio::task::spawn_blocking(move || as_sandbox_root(|| extract(&fs, &rel, body))).await;
     if over_limit.load(std::sync::atomic::Ordering::SeqCst) {
         return crate::http::too_large(limit, "max-upload");
     }
@@ -378,6 +302,85 @@ pub async fn put(
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+/// Unpacks a `PUT .../archive` tar body into the directory `rel` of a container's root (the
+/// extraction point may be or go through a link, followed inside the root, as dockerd does).
+/// Run it inside [`as_sandbox_root`]. `Err` is `"STATUS:message"` (`"404"` alone: no such
+/// extraction point).
+pub fn extract(fs: &SandboxFs, rel: &Path, body: impl std::io::Read) -> Result<(), String> {
+    // As dockerd: the extraction point may be (or go through) a link, followed in
+    // the container's root.
+    let rel = fs.resolve(rel).map_err(|e| format!("500:{e}"))?;
+    match fs.stat(&rel) {
+        Ok(e) if e.is_dir() => {}
+        Ok(_) => return Err("400:extraction point is not a directory".into()),
+        Err(rustix::io::Errno::NOENT) => return Err("404".into()),
+        Err(e) => return Err(format!("500:{e}")),
+    }
+    let mut archive = tar::Archive::new(body);
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("400:not a tar archive: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
+        let path = entry
+            .path()
+            .map_err(|e| format!("400:{e}"))?
+            .to_string_lossy()
+            .into_owned();
+        // Inside `path`, whatever the entry says (`..` cannot climb out of it).
+        let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
+        if inner.as_os_str().is_empty() {
+            continue;
+        }
+        let target = rel.join(inner);
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+        let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
+        let kind = entry.header().entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::Regular
+                | tar::EntryType::Continuous
+                | tar::EntryType::Symlink
+                | tar::EntryType::Link
+        ) {
+            // As dockerd: what is there is replaced, not written through (a symlink
+            // in the way is removed, not followed). Directories stay.
+            match fs.stat(&target) {
+                Ok(e) if !e.is_dir() => fs.remove_file(&target).map_err(failed)?,
+                _ => {}
+            }
+        }
+        match kind {
+            tar::EntryType::Directory => fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?,
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mut f = fs.create_file(&target, mode).map_err(failed)?;
+                std::io::copy(&mut entry, &mut f)
+                    .and_then(|_| f.flush())
+                    .map_err(|e| format!("500:{}: {e}", target.display()))?;
+            }
+            tar::EntryType::Symlink => {
+                let link = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
+                let link = std::ffi::OsStr::from_bytes(&link).to_owned();
+                fs.symlink(&link, &target).map_err(failed)?;
+            }
+            tar::EntryType::Link => {
+                // A name earlier in the archive, under the same extraction point.
+                let link = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
+                let link = String::from_utf8_lossy(&link).into_owned();
+                let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
+                fs.hard_link(&rel.join(from), &target).map_err(failed)?;
+            }
+            // Devices, FIFOs and sockets are not written.
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn base64_encode(data: &[u8]) -> String {

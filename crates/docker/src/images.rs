@@ -1,7 +1,7 @@
 //! Image endpoints: list, inspect, tag, remove, pull (`POST /images/create`) and the legacy
 //! builder (`POST /build`), all over agentrun's image store.
 
-use std::path::PathBuf;
+use std::path::{Component, PathBuf};
 
 use agentrun_image::reference::{familiar, normalize};
 use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
@@ -214,38 +214,50 @@ pub async fn pull(ctx: &Context, q: &Query) -> Reply {
     }
 }
 
+/// The build options `POST /build`'s query asks for (`dockerfile`, `t`, `buildargs`; the
+/// context directory is filled in once the body is unpacked); `Err` is the 400 message.
+pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> {
+    if q.get("remote").is_some_and(|r| !r.is_empty()) {
+        return Err("remote build contexts are not supported: send the context as a tar".into());
+    }
+    let mut opts = agentrun_build::BuildOptions::new(PathBuf::new());
+    if let Some(f) = q.get("dockerfile").filter(|f| !f.is_empty()) {
+        // Read from inside the context, never from the daemon's file system.
+        let p = PathBuf::from(f);
+        if !p
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(format!(
+                "dockerfile {f:?}: must be a path inside the build context"
+            ));
+        }
+        opts.dockerfile = p;
+    }
+    opts.tags = q.all("t").into_iter().filter(|t| !t.is_empty()).collect();
+    if let Some(args) = q.get("buildargs").filter(|a| !a.is_empty()) {
+        let m = serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args)
+            .map_err(|e| format!("buildargs: {e}"))?;
+        for (k, v) in m {
+            if let Some(v) = v {
+                opts.build_args.insert(k, v);
+            }
+        }
+    }
+    for t in &opts.tags {
+        normalize(t).map_err(|e| e.to_string())?;
+    }
+    Ok(opts)
+}
+
 /// `POST /build`: the context tar arrives as the body (length or chunked) and is unpacked as
 /// it arrives (at most `--max-upload` bytes of it: 413 above); progress streams back as
 /// `{"stream": ...}` lines ending with `Successfully built <id>`.
 pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
-    if q.get("remote").is_some_and(|r| !r.is_empty()) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "remote build contexts are not supported: send the context as a tar",
-        );
-    }
-    let mut opts = agentrun_build::BuildOptions::new(PathBuf::new());
-    if let Some(f) = q.get("dockerfile").filter(|f| !f.is_empty()) {
-        opts.dockerfile = PathBuf::from(f);
-    }
-    opts.tags = q.all("t").into_iter().filter(|t| !t.is_empty()).collect();
-    if let Some(args) = q.get("buildargs").filter(|a| !a.is_empty()) {
-        match serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args) {
-            Ok(m) => {
-                for (k, v) in m {
-                    if let Some(v) = v {
-                        opts.build_args.insert(k, v);
-                    }
-                }
-            }
-            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("buildargs: {e}")),
-        }
-    }
-    for t in &opts.tags {
-        if let Err(e) = normalize(t) {
-            return error(StatusCode::BAD_REQUEST, &e.to_string());
-        }
-    }
+    let mut opts = match build_options(q) {
+        Ok(o) => o,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
     let quiet = q.bool("q");
     let dir = match tempdir_in(&ctx.tmp_dir) {
         Ok(d) => d,
@@ -352,4 +364,38 @@ fn tempdir_in(parent: &std::path::Path) -> std::io::Result<PathBuf> {
         }
     }
     Err(std::io::Error::other("no free temp dir name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_options_read_the_query() {
+        let q = Query::parse(Some(
+            "t=seed%2Fimg%3A1&t=&dockerfile=sub%2FDockerfile&buildargs=%7B%22A%22%3A%221%22%2C%22B%22%3Anull%7D",
+        ));
+        let o = build_options(&q).unwrap();
+        assert_eq!(o.tags, vec!["seed/img:1".to_string()]);
+        assert_eq!(o.dockerfile, PathBuf::from("sub/Dockerfile"));
+        assert_eq!(o.build_args.get("A").map(String::as_str), Some("1"));
+        assert!(!o.build_args.contains_key("B"));
+        assert!(build_options(&Query::parse(Some("t=UPPER"))).is_err());
+        assert!(build_options(&Query::parse(Some("buildargs=%5B"))).is_err());
+        assert!(build_options(&Query::parse(Some("remote=x"))).is_err());
+    }
+
+    #[test]
+    fn the_dockerfile_must_be_inside_the_context() {
+        for bad in ["/etc/shadow", "../x", "sub/../../x"] {
+            let q = Query::parse(Some(&format!("dockerfile={bad}")));
+            let err = build_options(&q).unwrap_err();
+            assert!(err.contains("inside the build context"), "{bad}: {err}");
+        }
+        let q = Query::parse(Some("dockerfile=./docker/Dockerfile.dev"));
+        assert_eq!(
+            build_options(&q).unwrap().dockerfile,
+            PathBuf::from("./docker/Dockerfile.dev")
+        );
+    }
 }

@@ -269,18 +269,24 @@ async fn traced(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply
     reply
 }
 
+/// The path a request's target names: without its `/vX.Y` prefix, percent-decoded (image
+/// names may come encoded). `Err` is the 400 message for an API version not spoken.
+pub fn request_path(raw_path: &str) -> Result<String, String> {
+    let path = strip_version(raw_path)?;
+    Ok(percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned())
+}
+
 /// Dispatches one request. Image names contain `/`, so paths are matched by hand.
 async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
     let method = req.method().clone();
     let raw_path = req.uri().path().to_owned();
     let query = Query::parse(req.uri().query());
-    let path = match strip_version(&raw_path) {
-        Ok(p) => p.to_owned(),
+    let decoded = match request_path(&raw_path) {
+        Ok(p) => p,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    let decoded = percent_encoding::percent_decode_str(&path)
-        .decode_utf8_lossy()
-        .into_owned();
     let path = decoded.as_str();
     match (&method, path) {
         (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),

@@ -24,6 +24,8 @@ use crate::{ImageError, ImageRecord};
 
 const NAME_ANNOTATION: &str = "io.containerd.image.name";
 const REF_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+/// How deep image indexes may nest in an OCI layout (real ones: 1, an index of manifests).
+const MAX_INDEX_DEPTH: usize = 8;
 
 /// One image of `docker save`'s manifest.json.
 #[derive(Deserialize)]
@@ -147,28 +149,37 @@ impl ImageStore {
                 .into_iter()
                 .collect();
             let manifest_digest =
-                self.oci_image_manifest(dir, &digest, desc.media_type().as_ref())?;
+                self.oci_image_manifest(dir, &digest, desc.media_type().as_ref(), 0)?;
             out.push((manifest_digest, names));
         }
         Ok(out)
     }
 
     /// Stores the manifest `digest` (resolving an index to its linux/amd64 manifest) with its
-    /// config and layers; returns the image manifest's digest.
+    /// config and layers; returns the image manifest's digest. `depth`: indexes above this
+    /// one (a blob's content is checked against its name only when stored, so an index can
+    /// name itself: the nesting is bounded).
     fn oci_image_manifest(
         &self,
         dir: &Path,
         digest: &str,
         media_type: &str,
+        depth: usize,
     ) -> Result<String, ImageError> {
         let src = inside(dir, &format!("blobs/sha256/{}", hex_of(digest)?))?;
         let bytes = read_document(&src)?;
         if media_type == OCI_INDEX || media_type == DOCKER_LIST {
+            if depth >= MAX_INDEX_DEPTH {
+                return Err(ImageError::source(
+                    &src,
+                    format!("image indexes nested more than {MAX_INDEX_DEPTH} deep"),
+                ));
+            }
             let index = ImageIndex::from_reader(&bytes[..])
                 .map_err(|e| ImageError::source(&src, format!("bad index: {e}")))?;
             let child = pick_platform(&index)
                 .ok_or_else(|| ImageError::source(&src, "no linux/amd64 image in this index"))?;
-            return self.oci_image_manifest(dir, &child.0, &child.1);
+            return self.oci_image_manifest(dir, &child.0, &child.1, depth + 1);
         }
         let manifest = ImageManifest::from_reader(&bytes[..])
             .map_err(|e| ImageError::source(&src, format!("bad manifest: {e}")))?;
@@ -450,4 +461,43 @@ fn extract_tar(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("agentrun-archive-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// An index whose entry names itself (the file name is the digest; what the file holds is
+    /// only checked when it is stored, after the recursion): refused, not a stack overflow
+    /// that takes the importing process down.
+    #[test]
+    fn an_index_that_contains_itself_is_refused() {
+        let layout = tempdir("selfindex");
+        let store_root = tempdir("selfindex-store");
+        let hex = "a".repeat(64);
+        let entry = serde_json::json!({
+            "mediaType": OCI_INDEX, "digest": format!("sha256:{hex}"), "size": 1,
+        });
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [entry]});
+        fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+        fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .unwrap();
+        fs::write(layout.join("index.json"), index.to_string()).unwrap();
+        fs::write(layout.join("blobs/sha256").join(&hex), index.to_string()).unwrap();
+        let store = ImageStore::open(&store_root).unwrap();
+        let err = store.import(&layout, None).unwrap_err().to_string();
+        assert!(err.contains("nested"), "{err}");
+        fs::remove_dir_all(&layout).unwrap();
+        fs::remove_dir_all(&store_root).unwrap();
+    }
 }

@@ -28,7 +28,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use archive::for_each_tar_entry;
-pub use layer::{tar_upper, LayerLease};
+pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use limits::{Limit, UnpackLimits};
 pub use pull::PullOptions;
 pub use store::{

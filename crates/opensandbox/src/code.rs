@@ -144,6 +144,13 @@ struct CreateContext {
     cwd: Option<String>,
 }
 
+/// A create-context body: (the language, checked; the working directory asked for).
+pub fn parse_create_context(body: &[u8]) -> ApiResult<(String, Option<String>)> {
+    let req: CreateContext = serde_json::from_slice(body).map_err(bad_body)?;
+    let language = check_language(req.language.as_deref().unwrap_or("python"))?;
+    Ok((language, req.cwd))
+}
+
 async fn create_context(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -151,9 +158,8 @@ async fn create_context(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: CreateContext = serde_json::from_slice(&body).map_err(bad_body)?;
-    let language = check_language(req.language.as_deref().unwrap_or("python"))?;
-    let ctx = start_context(&server, &rec, &language, req.cwd).await?;
+    let (language, cwd) = parse_create_context(&body)?;
+    let ctx = start_context(&server, &rec, &language, cwd).await?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
 }
 
@@ -265,9 +271,22 @@ async fn interrupt(
 }
 
 #[derive(Deserialize)]
-struct RunCode {
+pub struct RunCode {
     code: String,
     context: Option<ContextRef>,
+}
+
+/// A run-code body, checked: the code is not blank.
+pub fn parse_run_code(body: &[u8]) -> ApiResult<RunCode> {
+    let req: RunCode = serde_json::from_slice(body).map_err(bad_body)?;
+    if req.code.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "code is empty",
+        ));
+    }
+    Ok(req)
 }
 
 #[derive(Deserialize)]
@@ -283,14 +302,7 @@ async fn run(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: RunCode = serde_json::from_slice(&body).map_err(bad_body)?;
-    if req.code.trim().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            "code is empty",
-        ));
-    }
+    let req = parse_run_code(&body)?;
     let (id, language) = match &req.context {
         Some(c) => (c.id.clone().filter(|i| !i.is_empty()), c.language.clone()),
         None => (None, None),

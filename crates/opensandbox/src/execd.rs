@@ -277,8 +277,9 @@ pub struct CommandState {
 /// The id of the sandbox's main process among its commands.
 const ENTRYPOINT: &str = "entrypoint";
 
+/// A `POST .../command` body as sent.
 #[derive(Deserialize)]
-struct RunCommand {
+pub struct RunCommand {
     command: Option<String>,
     argv: Option<Vec<String>>,
     cwd: Option<String>,
@@ -520,6 +521,35 @@ pub async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiRes
     Ok(())
 }
 
+fn invalid_body(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+/// A `POST .../command` body, checked without the sandbox: exactly one of a non-empty
+/// `command` or `argv`, `gid` only with `uid`. Returns it with the command's user (`UID[:GID]`,
+/// numeric ids inside the sandbox, whose root is 0; without `gid`, the group is the user's
+/// primary group from the sandbox's /etc/passwd).
+pub fn parse_run_command(body: &[u8]) -> ApiResult<(RunCommand, Option<String>)> {
+    let req: RunCommand = serde_json::from_slice(body)
+        .map_err(|e| invalid_body(format!("invalid request body: {e}")))?;
+    let user = match (req.uid, req.gid) {
+        (None, None) => None,
+        (Some(u), None) => Some(u.to_string()),
+        (Some(u), Some(g)) => Some(format!("{u}:{g}")),
+        (None, Some(_)) => return Err(invalid_body("gid needs uid".into())),
+    };
+    match (&req.command, &req.argv) {
+        (Some(c), None) if !c.trim().is_empty() => {}
+        (None, Some(a)) if !a.is_empty() => {}
+        _ => {
+            return Err(invalid_body(
+                "give exactly one of a non-empty command or argv".into(),
+            ))
+        }
+    }
+    Ok((req, user))
+}
+
 async fn run_command(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -527,42 +557,19 @@ async fn run_command(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: RunCommand = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            format!("invalid request body: {e}"),
-        )
-    })?;
-    // The command's user: numeric ids inside the sandbox (its root is 0); the group is the
-    // user's primary group from the sandbox's /etc/passwd unless `gid` is given.
-    let user = match (req.uid, req.gid) {
-        (None, None) => None,
-        (Some(u), None) => Some(u.to_string()),
-        (Some(u), Some(g)) => Some(format!("{u}:{g}")),
-        (None, Some(_)) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                "gid needs uid",
-            ))
-        }
-    };
+    let (req, user) = parse_run_command(&body)?;
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict("the sandbox is paused"));
     }
     let (argv, content) = match (&req.command, &req.argv) {
-        (Some(c), None) if !c.trim().is_empty() => (
+        (Some(c), _) => (
             vec![shell(&rec).to_string(), "-c".into(), c.clone()],
             c.clone(),
         ),
-        (None, Some(a)) if !a.is_empty() => (a.clone(), a.join(" ")),
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                "give exactly one of a non-empty command or argv",
-            ))
+        (None, a) => {
+            let a = a.clone().unwrap_or_default();
+            let content = a.join(" ");
+            (a, content)
         }
     };
     let cwd = req
@@ -822,9 +829,18 @@ pub struct Session {
     dead: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// A create-session body (empty: all defaults).
 #[derive(Deserialize, Default)]
-struct CreateSession {
+pub struct CreateSession {
     cwd: Option<String>,
+}
+
+/// Parses a create-session body; an empty or blank body means the defaults.
+pub fn parse_create_session(body: &[u8]) -> ApiResult<CreateSession> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(CreateSession::default());
+    }
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}")))
 }
 
 async fn create_session(
@@ -834,17 +850,7 @@ async fn create_session(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
-        CreateSession::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                format!("invalid request body: {e}"),
-            )
-        })?
-    };
+    let req = parse_create_session(&body)?;
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict("the sandbox is paused"));
     }
@@ -905,11 +911,17 @@ async fn delete_session(
     Ok(StatusCode::OK)
 }
 
+/// A run-in-session body.
 #[derive(Deserialize)]
-struct RunInSession {
+pub struct RunInSession {
     command: String,
     cwd: Option<String>,
     timeout: Option<u64>,
+}
+
+/// Parses a run-in-session body.
+pub fn parse_run_in_session(body: &[u8]) -> ApiResult<RunInSession> {
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}")))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -924,13 +936,7 @@ async fn run_in_session(
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
     let session = find_session(&rec, p.get("ssid").map(String::as_str).unwrap_or(""))?;
-    let req: RunInSession = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            format!("invalid request body: {e}"),
-        )
-    })?;
+    let req = parse_run_in_session(&body)?;
     if session.dead.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

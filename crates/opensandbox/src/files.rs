@@ -12,7 +12,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::multipart::{MultipartError, MultipartRejection};
 use axum::extract::{DefaultBodyLimit, Multipart, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -192,11 +192,38 @@ fn check_owner(owner: &Option<String>, group: &Option<String>) -> ApiResult<()> 
 }
 
 #[derive(Deserialize)]
-struct FileMeta {
+struct RawFileMeta {
     path: String,
     owner: Option<String>,
     group: Option<String>,
     mode: Option<u32>,
+}
+
+/// An upload's `metadata` part, checked: where the next `file` part goes and its mode.
+pub struct FileMeta {
+    /// As sent (for messages).
+    pub path: String,
+    /// Relative to the sandbox root.
+    pub rel: PathBuf,
+    pub mode: u32,
+}
+
+/// Parses and checks an upload's `metadata` part (owner root only, mode in octal digits,
+/// default 755).
+pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
+    let m: RawFileMeta = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE_METADATA",
+            format!("metadata: {e}"),
+        )
+    })?;
+    check_owner(&m.owner, &m.group)?;
+    Ok(FileMeta {
+        rel: rel(&m.path)?,
+        mode: mode_from_digits(m.mode.unwrap_or(755))?,
+        path: m.path,
+    })
 }
 
 async fn upload(
@@ -277,22 +304,13 @@ async fn write_parts(
                     }
                     bytes.extend_from_slice(&chunk);
                 }
-                let m: FileMeta = serde_json::from_slice(&bytes).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "INVALID_FILE_METADATA",
-                        format!("metadata: {e}"),
-                    )
-                })?;
-                check_owner(&m.owner, &m.group)?;
-                meta = Some(m);
+                meta = Some(parse_file_meta(&bytes)?);
             }
             Some("file") => {
                 let m = meta
                     .take()
                     .ok_or_else(|| bad("a file part must follow its metadata part".into()))?;
-                let path = rel(&m.path)?;
-                let mode = mode_from_digits(m.mode.unwrap_or(755))?;
+                let (path, mode) = (m.rel.clone(), m.mode);
                 let partial = upload_name(&path)?;
                 let (shown, p2) = (m.path.clone(), partial.clone());
                 let file = with_fs(rec, move |fs| {
@@ -366,7 +384,7 @@ fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
-fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
+pub fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
     let spec = h.trim().strip_prefix("bytes=")?;
     if spec.contains(',') {
         return None;
@@ -573,7 +591,7 @@ struct Perm {
     group: Option<String>,
 }
 
-fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
+fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -583,6 +601,18 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
     })
 }
 
+/// A permissions body: (path relative to the root, path as sent, mode to set), checked.
+pub fn parse_permissions(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Option<u32>)>> {
+    let req: BTreeMap<String, Perm> = parse_body(body)?;
+    let mut todo = Vec::new();
+    for (path, perm) in req {
+        check_owner(&perm.owner, &perm.group)?;
+        let mode = perm.mode.map(mode_from_digits).transpose()?;
+        todo.push((rel(&path)?, path, mode));
+    }
+    Ok(todo)
+}
+
 async fn permissions(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -590,13 +620,7 @@ async fn permissions(
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
-    let req: BTreeMap<String, Perm> = parse_body(&body)?;
-    let mut todo = Vec::new();
-    for (path, perm) in req {
-        check_owner(&perm.owner, &perm.group)?;
-        let mode = perm.mode.map(mode_from_digits).transpose()?;
-        todo.push((rel(&path)?, path, mode));
-    }
+    let todo = parse_permissions(&body)?;
     with_fs(&rec, move |fs| {
         for (r, p, mode) in todo {
             match mode {
@@ -617,6 +641,14 @@ struct Move {
     dest: String,
 }
 
+/// A move body: (from, to, from as sent), both relative to the root.
+pub fn parse_moves(body: &[u8]) -> ApiResult<Vec<(PathBuf, PathBuf, String)>> {
+    let req: Vec<Move> = parse_body(body)?;
+    req.into_iter()
+        .map(|m| Ok((rel(&m.src)?, rel(&m.dest)?, m.src)))
+        .collect()
+}
+
 async fn mv(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -624,11 +656,7 @@ async fn mv(
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
-    let req: Vec<Move> = parse_body(&body)?;
-    let todo = req
-        .into_iter()
-        .map(|m| Ok((rel(&m.src)?, rel(&m.dest)?, m.src)))
-        .collect::<ApiResult<Vec<_>>>()?;
+    let todo = parse_moves(&body)?;
     with_fs(&rec, move |fs| {
         for (a, b, shown) in todo {
             fs.rename(&a, &b).map_err(|e| errno(e, &shown))?;
@@ -636,6 +664,15 @@ async fn mv(
         Ok(StatusCode::OK)
     })
     .await
+}
+
+/// A search's `pattern` as a glob matcher (`*` stays within one path component).
+pub fn search_matcher(pattern: &str) -> ApiResult<globset::GlobMatcher> {
+    Ok(globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| ApiError::bad_request(format!("pattern {pattern:?}: {e}")))?
+        .compile_matcher())
 }
 
 async fn search(
@@ -650,11 +687,7 @@ async fn search(
     let pattern = query_one(&pairs, "pattern")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "**".into());
-    let glob = globset::GlobBuilder::new(&pattern)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| ApiError::bad_request(format!("pattern {pattern:?}: {e}")))?
-        .compile_matcher();
+    let glob = search_matcher(&pattern)?;
     let relp = rel(&dir)?;
     with_fs(&rec, move |fs| {
         let entries = fs.walk(&relp, SEARCH_DEPTH).map_err(|e| errno(e, &dir))?;
@@ -676,9 +709,22 @@ async fn search(
 }
 
 #[derive(Deserialize)]
-struct Replace {
+pub struct Replace {
     old: String,
     new: String,
+}
+
+/// A replace body: (path relative to the root, path as sent, what to replace), checked.
+pub fn parse_replacements(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Replace)>> {
+    let req: BTreeMap<String, Replace> = parse_body(body)?;
+    let todo = req
+        .into_iter()
+        .map(|(path, r)| Ok((rel(&path)?, path, r)))
+        .collect::<ApiResult<Vec<_>>>()?;
+    if todo.iter().any(|(_, _, r)| r.old.is_empty()) {
+        return Err(ApiError::bad_request("old must not be empty"));
+    }
+    Ok(todo)
 }
 
 async fn replace(
@@ -690,14 +736,7 @@ async fn replace(
 ) -> ApiResult<Response> {
     let rec = authorized(&server, &p, &headers)?;
     let verbose = query_one(&query_pairs(&q), "verbose").is_some_and(|v| v == "true" || v == "1");
-    let req: BTreeMap<String, Replace> = parse_body(&body)?;
-    let todo = req
-        .into_iter()
-        .map(|(path, r)| Ok((rel(&path)?, path, r)))
-        .collect::<ApiResult<Vec<_>>>()?;
-    if todo.iter().any(|(_, _, r)| r.old.is_empty()) {
-        return Err(ApiError::bad_request("old must not be empty"));
-    }
+    let todo = parse_replacements(&body)?;
     let counts = with_fs(&rec, move |fs| {
         let mut counts = serde_json::Map::new();
         for (r, p, rep) in todo {

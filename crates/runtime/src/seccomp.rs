@@ -792,7 +792,11 @@ mod tests {
     fn notify_rules_compile_to_a_user_notif_filter() {
         let (programs, notify) =
             compile_with_notify(&notify_section(LinuxSeccompAction::ScmpActAllow)).unwrap();
-        assert_eq!(programs, vec![abi_guard()], "only the ABI guard besides the notify filter");
+        assert_eq!(
+            programs,
+            vec![abi_guard()],
+            "only the ABI guard besides the notify filter"
+        );
         let notify = notify.unwrap();
         let rets: Vec<u32> = notify
             .iter()
