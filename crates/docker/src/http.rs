@@ -51,7 +51,9 @@ const DRAIN_AFTER_LIMIT: Duration = Duration::from_secs(10);
 const DRAIN_BYTES: usize = 64 << 20;
 
 /// The data of a request body, at most `limit` bytes: past them an error, `over` set, and the
-/// rest of the body drained in the background ([`DRAIN_AFTER_LIMIT`]).
+/// rest of the body drained in the background ([`DRAIN_AFTER_LIMIT`]). A body dropped before
+/// its end (its reader refused what it read: a build context over an unpack limit, a tar that
+/// is not one) is drained the same way, so the client reads the answer.
 struct CappedBody {
     body: Option<Incoming>,
     left: u64,
@@ -85,7 +87,10 @@ impl tokio_stream::Stream for CappedBody {
             };
             let frame = match hyper::body::Body::poll_frame(std::pin::Pin::new(body), cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(None) => {
+                    self.body = None;
+                    return Poll::Ready(None);
+                }
                 Poll::Ready(Some(Err(e))) => {
                     return Poll::Ready(Some(Err(std::io::Error::other(e))))
                 }
@@ -96,19 +101,8 @@ impl tokio_stream::Stream for CappedBody {
             };
             if data.len() as u64 > self.left {
                 self.over.store(true, Ordering::SeqCst);
-                if let Some(mut rest) = self.body.take() {
-                    tokio::spawn(async move {
-                        let until = tokio::time::Instant::now() + DRAIN_AFTER_LIMIT;
-                        let mut drained = 0;
-                        while let Ok(Some(Ok(f))) =
-                            tokio::time::timeout_at(until, rest.frame()).await
-                        {
-                            drained += f.data_ref().map_or(0, Bytes::len);
-                            if drained > DRAIN_BYTES {
-                                break;
-                            }
-                        }
-                    });
+                if let Some(rest) = self.body.take() {
+                    drain_in_background(rest);
                 }
                 return Poll::Ready(Some(Err(over())));
             }
@@ -116,6 +110,32 @@ impl tokio_stream::Stream for CappedBody {
             return Poll::Ready(Some(Ok(data)));
         }
     }
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        if let Some(rest) = self.body.take() {
+            drain_in_background(rest);
+        }
+    }
+}
+
+/// Reads and throws away the rest of a body for at most [`DRAIN_AFTER_LIMIT`] and
+/// [`DRAIN_BYTES`] (on the runtime this thread belongs to; a blocking task's thread has one).
+fn drain_in_background(mut rest: Incoming) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let until = tokio::time::Instant::now() + DRAIN_AFTER_LIMIT;
+        let mut drained = 0;
+        while let Ok(Some(Ok(f))) = tokio::time::timeout_at(until, rest.frame()).await {
+            drained += f.data_ref().map_or(0, Bytes::len);
+            if drained > DRAIN_BYTES {
+                break;
+            }
+        }
+    });
 }
 
 /// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that

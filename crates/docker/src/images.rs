@@ -281,7 +281,7 @@ pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Rep
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(error(
             StatusCode::BAD_REQUEST,
-            &format!("reading the build context: {e}"),
+            &format!("build context: {e}"),
         )),
         Err(e) => Some(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
     };
