@@ -11,6 +11,8 @@ fuzz_target!(|data: &[u8]| {
     let scratch = Scratch::new();
     let dest = scratch.work.join("fs");
     std::fs::create_dir(&dest).expect("scratch dir");
-    let _ = agentrun_image::unpack(data, &dest, "fuzz");
+    // The store's default limits, as every unpack has: a bomb stops at them.
+    let budget = agentrun_image::Budget::new(Default::default());
+    let _ = agentrun_image::unpack(data, &dest, "fuzz", &budget);
     scratch.check_contained();
 });

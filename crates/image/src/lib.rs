@@ -29,7 +29,7 @@ use std::path::PathBuf;
 
 pub use archive::for_each_tar_entry;
 pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
-pub use limits::{Limit, UnpackLimits};
+pub use limits::{Budget, Limit, UnpackLimits};
 pub use pull::PullOptions;
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
