@@ -10,6 +10,7 @@ raises (non-zero exit, traceback).
 """
 
 import asyncio
+import io
 import json
 import os
 import shlex
@@ -879,9 +880,10 @@ def egress():
         check(seen == ["/from-a"], f"upstream saw {seen}")
         got = fetch(a, "http://blocked.agentrun.test/x")
         check(got.startswith("status 403") and "rule networkPolicy.egress[0]" in got, f"deny before wildcard: {got!r}")
-        # The wildcard allows the name; agentrun then resolves it itself (and there is no such name).
+        # The wildcard allows the name; agentrun then resolves it itself, and there is no such
+        # name: an error (502 with the reason), not a denial.
         got = fetch(a, "http://ok.agentrun.test/x")
-        check(got.startswith("status 403") and "network.resolve" in got and "networkPolicy.egress[1]" in got, f"wildcard: {got!r}")
+        check(got.startswith("status 502") and "cannot resolve ok.agentrun.test" in got, f"wildcard: {got!r}")
         got = fetch(a, "http://other.example.org/x")
         check(got.startswith("status 403") and "rule network.default" in got, f"default deny: {got!r}")
         # Nothing but the proxy leads out: the host's loopback is not the sandbox's, no route elsewhere.
@@ -952,6 +954,339 @@ def egress():
         c.kill()
 
 
+# --- Memory bounds of the daemon (issue 15, item 4) ------------------------------------------
+# The attacks below come from one sandbox or one client; the daemon must stay within a bound of
+# the memory it had when they began (OSB_DAEMON_PID: `agentrun serve`), and another sandbox must
+# keep answering. The bound: every buffer an attack can fill here is at most a few MiB (a run's
+# queue of 16 events of at most 64 KiB of text, 16 queued lines of 64 KiB per stream, 64 KiB
+# file chunks, a 4 MiB JSON body, a command log's 8 MiB); 64 MiB leaves room for the allocator
+# and a busy tokio runtime, and the unbounded daemon (before the fix) passes it within seconds.
+RSS_BOUND_MIB = 64
+
+
+def daemon_memory():
+    """(VmRSS, VmHWM) of the daemon, in MiB."""
+    fields = {}
+    with open(f"/proc/{os.environ['OSB_DAEMON_PID']}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                fields[k] = int(v.split()[0]) // 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+class Rss:
+    """The daemon's resident memory stays within RSS_BOUND_MIB of what it was at the start."""
+
+    def __init__(self):
+        self.base, self.base_hwm = daemon_memory()
+        self.peak = self.base
+        print(f"RSS_BASE_MIB {self.base}", flush=True)
+
+    def check(self, what):
+        rss, hwm = daemon_memory()
+        self.peak = max(self.peak, rss)
+        check(rss - self.base <= RSS_BOUND_MIB, f"{what}: the daemon's RSS grew {self.base} -> {rss} MiB (bound +{RSS_BOUND_MIB})")
+        # The peak between two looks, too.
+        check(hwm <= max(self.base_hwm, self.base + RSS_BOUND_MIB), f"{what}: the daemon's peak RSS reached {hwm} MiB (base {self.base}, bound +{RSS_BOUND_MIB})")
+
+    def report(self):
+        rss, hwm = daemon_memory()
+        print(f"RSS_MIB base {self.base} now {rss} peak_seen {self.peak} hwm {hwm}", flush=True)
+
+
+def alive(sbx, what):
+    ex = sbx.commands.run("echo alive")
+    check(ex.text == "alive" and ex.exit_code == 0, f"the other sandbox stopped answering ({what}): {ex.text!r} {ex.exit_code}")
+
+
+def execd_endpoint(sbx):
+    ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+    return ep["endpoint"], ep["headers"]
+
+
+def output_flood():
+    """Output nobody reads (a session's background job, a code context's thread, a
+    foreground command whose client stopped reading) waits in bounded queues: the process
+    blocks, the daemon's memory does not grow."""
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg)
+    b = SandboxSync.create("host", connection_config=cfg)
+    client = httpx.Client(timeout=None)
+    try:
+        ci = CodeInterpreterSync.create(sandbox=a, skip_health_check=True)
+        ci.codes.run("1")
+        alive(b, "before")
+        rss = Rss()
+        s = a.commands.create_session()
+        ex = a.commands.run_in_session(s, "(yes session-out &); (yes session-err >&2 &); echo started")
+        # (the jobs' first lines may come with it)
+        check(ex.exit_code == 0 and "started" in [m.text for m in ex.logs.stdout], f"session: {ex.exit_code} {ex.logs.stdout[-3:]}")
+        r = ci.codes.run(
+            "import os, threading\nflooding = True\n"
+            "def flood():\n    while flooding:\n        os.write(1, b'context-out\\n' * 100)\n"
+            "threading.Thread(target=flood, daemon=True).start()\n'flooding'"
+        )
+        check([x.text for x in r.result] == ["'flooding'"], f"context: {r.result} {r.error}")
+        endpoint, headers = execd_endpoint(a)
+        stream = client.send(
+            client.build_request("POST", f"http://{endpoint}/command", json={"command": "yes stream-out"}, headers=headers),
+            stream=True,
+        )
+        lines = stream.iter_lines()
+        init = json.loads(next(line for line in lines if line.strip()))
+        check(init["type"] == "init", f"first event {init}")
+        # Nobody reads any of it now.
+        for i in range(15):
+            time.sleep(1)
+            rss.check(f"output flood, {i + 1} s")
+            alive(b, f"output flood, {i + 1} s")
+        stream.close()
+        a.commands.interrupt(init["text"])
+        # Each still works afterwards, its backlog delivered first.
+        ex = a.commands.run_in_session(s, "pkill yes; echo done")
+        # (a killed `yes` may leave half a line, which "done" then ends, as on a terminal)
+        check(ex.exit_code == 0 and ex.logs.stdout[-1].text.endswith("done"), f"session after: {ex.exit_code} {ex.logs.stdout[-3:]}")
+        r = ci.codes.run("flooding = False\nimport time; time.sleep(0.2)\n'stopped'")
+        check([x.text for x in r.result] == ["'stopped'"], f"context after: {r.result} {r.error}")
+        check(a.commands.run("echo fine").text == "fine", "a command after the flood")
+        rss.check("after the flood")
+        alive(b, "after the flood")
+        rss.report()
+    finally:
+        client.close()
+        a.kill()
+        b.kill()
+
+
+def big_files():
+    """A 1 TiB sparse file made inside a sandbox: downloads (whole, Range, lines) stream it,
+    replace works in bounded memory (and fails cleanly when the sandbox has no room for the
+    copy), the daemon's memory does not grow."""
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg)
+    b = SandboxSync.create("host", connection_config=cfg)
+    tib = 1 << 40
+    try:
+        ex = a.commands.run("truncate -s 1T /tmp/big && printf 'x one\\ny two\\nz three\\n' > /tmp/small && ls -ls /tmp/big")
+        check(ex.exit_code == 0, f"truncate: {ex.logs.stderr}")
+        alive(b, "before")
+        rss = Rss()
+        fs = a.files
+        # The whole file, streamed: the first 64 MiB of it, then the client hangs up.
+        got = 0
+        stream = fs.read_bytes_stream("/tmp/big", chunk_size=1 << 20)
+        for chunk in stream:
+            check(chunk == bytes(len(chunk)), "a sparse file reads as zeros")
+            got += len(chunk)
+            if got % (16 << 20) == 0:
+                rss.check(f"download, {got >> 20} MiB in")
+            if got >= 64 << 20:
+                break
+        stream.close()
+        check(got >= 64 << 20, f"download stopped at {got}")
+        alive(b, "after the download")
+        # Ranges, at the far end of the file and in a small one.
+        check(fs.read_bytes("/tmp/big", range_header=f"bytes={tib - 6}-") == bytes(6), "Range at the end")
+        check(fs.read_bytes("/tmp/big", range_header="bytes=-4") == bytes(4), "suffix Range")
+        check(fs.read_bytes("/tmp/small", range_header="bytes=2-4") == b"one", "Range in a small file")
+        # Lines: the 1 TiB file is one line; its first 8 MiB, then the client hangs up.
+        got = 0
+        stream = fs.read_bytes_stream("/tmp/big", offset=1, limit=1)
+        for chunk in stream:
+            got += len(chunk)
+            if got >= 8 << 20:
+                break
+        stream.close()
+        check(got >= 8 << 20, f"line download stopped at {got}")
+        check(fs.read_file("/tmp/small", offset=2, limit=1) == "y two\n", "line 2")
+        check(fs.read_file("/tmp/small", offset=2) == "y two\nz three\n", "lines 2-")
+        rss.check("after the downloads")
+        # Replace in the 1 TiB file: streamed into a copy next to it, which the sandbox's
+        # writable layer has no room for: a clean error, the file as it was, no copy left.
+        t = time.monotonic()
+        try:
+            fs.replace_contents([ContentReplaceEntry(path="/tmp/big", old_content="x", new_content="y")])
+            raise AssertionError("replace in a 1 TiB file must fail for want of room")
+        except SandboxApiException as e:
+            check(e.status_code == 507, f"replace status {e.status_code}: {e}")
+        print(f"REPLACE_1TIB_S {time.monotonic() - t:.1f}", flush=True)
+        rss.check("after the replace")
+        info = fs.get_file_info(["/tmp/big"])["/tmp/big"]
+        check(info.size == tib, f"size after the failed replace: {info.size}")
+        left = a.commands.run("ls -A /tmp").text.split()
+        check(sorted(left) == ["big", "small"], f"/tmp after the failed replace: {left}")
+        # ... and in a small one, as before.
+        fs.replace_contents([ContentReplaceEntry(path="/tmp/small", old_content="two", new_content="2")])
+        check(fs.read_file("/tmp/small") == "x one\ny 2\nz three\n", "replaced")
+        alive(b, "after the replace")
+        rss.check("at the end")
+        rss.report()
+    finally:
+        a.kill()
+        b.kill()
+
+
+def hostile_body(path, headers, rss, what, total=20 * 10**9):
+    """POSTs `path` announcing a `total`-byte body and sends it as fast as the daemon reads,
+    checking its memory every 16 MiB. Returns (status of the answer or None, bytes sent)."""
+    host, port = DOMAIN.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    head = f"POST {path} HTTP/1.1\r\nHost: {DOMAIN}\r\nContent-Type: application/json\r\nContent-Length: {total}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    s.sendall(head.encode())
+    chunk = b" " * (1 << 20)
+    sent = 0
+    s.settimeout(5)
+    try:
+        while sent < total:
+            s.sendall(chunk)
+            sent += len(chunk)
+            if sent % (16 << 20) == 0:
+                rss.check(f"{what}: {sent >> 20} MiB sent")
+    except OSError:
+        pass  # the daemon stopped reading (answered, closed)
+    s.settimeout(10)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            more = s.recv(65536)
+            if not more:
+                break
+            data += more
+    except OSError:
+        pass
+    s.close()
+    status = int(data.split()[1]) if data.startswith(b"HTTP/1.1 ") else None
+    print(f"HOSTILE {what}: status {status} after {sent >> 20} MiB", flush=True)
+    return status, sent
+
+
+def body_limits():
+    """Huge bodies: refused (401) before a byte of them is read without the right token or
+    key, 413 past the JSON limit with them; the daemon's memory does not grow."""
+    check(API_KEY, "the body_limits scenario needs OSB_API_KEY")
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg)
+    b = SandboxSync.create("host", connection_config=cfg)
+    try:
+        endpoint, token = execd_endpoint(a)
+        prefix = endpoint[endpoint.index("/"):]
+        alive(b, "before")
+        rss = Rss()
+        cases = [
+            (f"{prefix}/files/permissions", {}, 401, "permissions without a token"),
+            (f"{prefix}/files/permissions", token, 413, "permissions with the token"),
+            (f"{prefix}/command", token, 413, "command with the token"),
+            (f"{prefix}/files/upload", {}, 401, "upload without a token"),
+            ("/v1/sandboxes", {}, 401, "create without the API key"),
+            ("/v1/sandboxes", {"OPEN-SANDBOX-API-KEY": API_KEY}, 413, "create with the API key"),
+        ]
+        for path, headers, want, what in cases:
+            status, sent = hostile_body(path, headers, rss, what)
+            check(sent <= 64 << 20, f"{what}: the daemon read {sent >> 20} MiB of the body")
+            check(status == want, f"{what}: status {status}, expected {want}")
+            alive(b, what)
+        rss.check("at the end")
+        rss.report()
+        # The 413 is a JSON error, as every other.
+        r = httpx.post(f"http://{endpoint}/command", content=b" " * (5 << 20), headers={**token, "Content-Type": "application/json"})
+        check(r.status_code == 413 and r.json()["code"] == "REQUEST_TOO_LARGE", f"{r.status_code} {r.text}")
+    finally:
+        a.kill()
+        b.kill()
+
+
+class Zeros(io.RawIOBase):
+    """`n` zero bytes, made as they are read."""
+
+    def __init__(self, n):
+        self.left = n
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        k = min(len(b), self.left)
+        b[:k] = bytes(k)
+        self.left -= k
+        return k
+
+
+def upload_limit():
+    """`--max-upload 8M --max-request-body 64K`: an upload under the limit works, one over
+    it is answered 413 and leaves nothing (the old file intact); a JSON body over 64 KiB is
+    413 too."""
+    import hashlib
+
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        fs = sbx.files
+        data = os.urandom(4 << 20)
+        fs.write_file("/tmp/up/ok.bin", data)
+        check(hashlib.sha256(fs.read_bytes("/tmp/up/ok.bin")).digest() == hashlib.sha256(data).digest(), "4 MiB round trip")
+        e = expect_api_error(lambda: fs.write_file("/tmp/up/big.bin", Zeros(64 << 20)), 413)
+        print(f"UPLOAD_413 {e}", flush=True)
+        e = expect_api_error(lambda: fs.write_file("/tmp/up/ok.bin", Zeros(64 << 20)), 413)
+        check(hashlib.sha256(fs.read_bytes("/tmp/up/ok.bin")).digest() == hashlib.sha256(data).digest(), "the old file after a refused upload")
+        left = sbx.commands.run("ls -A /tmp/up").text.split()
+        check(left == ["ok.bin"], f"/tmp/up after refused uploads: {left}")
+        e = expect_api_error(lambda: sbx.commands.run("echo " + "x" * (100 << 10)), 413, "REQUEST_TOO_LARGE")
+        check("--max-request-body" in str(e), f"{e}")
+        check(sbx.commands.run("echo small").text == "small", "a small command")
+    finally:
+        sbx.kill()
+
+
+def log_flood():
+    """16 background commands writing as fast as they can, 4 of them short lines (what a line
+    costs beyond its text counts), 12 of them 60 KB lines (their logs together go over the
+    sandbox's budget): the logs stay within the budget (64 MiB of text; a ring buffer may
+    hold up to twice what it keeps), the oldest lines go (the cursor still counts every line),
+    another sandbox keeps answering."""
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg)
+    b = SandboxSync.create("host", connection_config=cfg)
+    bound = 64 * 2 + RSS_BOUND_MIB
+    long_line = "L" * 60000
+    try:
+        alive(b, "before")
+        rss = Rss()
+        run = lambda cmd: a.commands.run(cmd, opts=RunCommandOpts(background=True)).id
+        ids = [run("yes s") for _ in range(4)] + [run(f"yes {long_line}") for _ in range(12)]
+        endpoint, headers = execd_endpoint(a)
+
+        def logs(cid):
+            r = httpx.get(f"http://{endpoint}/command/{cid}/logs", params={"cursor": 0}, headers=headers, timeout=60)
+            check(r.status_code == 200, f"logs {r.status_code}")
+            return r.text.splitlines(), int(r.headers["EXECD-COMMANDS-TAIL-CURSOR"])
+
+        trimmed = False
+        for i in range(40):
+            time.sleep(1)
+            now, hwm = daemon_memory()
+            check(now - rss.base <= bound and hwm <= max(rss.base_hwm, rss.base + bound),
+                  f"log flood, {i + 1} s: the daemon's RSS went {rss.base} -> {now} MiB (peak {hwm}; bound +{bound})")
+            alive(b, f"log flood, {i + 1} s")
+            if i >= 5 and i % 3 == 0:
+                lines, tail = logs(ids[4])
+                if tail > len(lines):
+                    trimmed = True
+                    break
+        check(trimmed, "the logs never went over the sandbox's budget: the scenario proves nothing")
+        for cid in ids:
+            a.commands.interrupt(cid)
+        lines, tail = logs(ids[-1])
+        check(lines and all(l == long_line for l in lines[-10:]), f"logs {[l[:20] for l in lines[-3:]]}")
+        now, hwm = daemon_memory()
+        print(f"RSS_MIB base {rss.base} now {now} hwm {hwm} after {i + 1} s; a log keeps {len(lines)} of {tail} lines", flush=True)
+        alive(b, "after")
+    finally:
+        a.kill()
+        b.kill()
+
 SCENARIOS = {
     "egress": egress,
     "code": code,
@@ -969,6 +1304,11 @@ SCENARIOS = {
     "port_proxy": port_proxy,
     "run_as_user": run_as_user,
     "many": lambda: asyncio.run(many()),
+    "output_flood": output_flood,
+    "log_flood": log_flood,
+    "big_files": big_files,
+    "body_limits": body_limits,
+    "upload_limit": upload_limit,
 }
 
 if __name__ == "__main__":

@@ -68,6 +68,17 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Appends a regular file `name` (mode 0644) holding `data` to an archive being built.
+pub fn append_file(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(data.len() as u64);
+    h.set_path(name).unwrap();
+    h.set_cksum();
+    b.append(&h, data).unwrap();
+}
+
 /// An image for a `docker save` archive.
 pub struct SavedImage {
     pub repo_tags: Vec<String>,
@@ -83,15 +94,7 @@ pub fn docker_save(path: &Path, images: &[SavedImage], layer_path: Option<&str>)
     let mut b = tar::Builder::new(Vec::new());
     let mut written = std::collections::BTreeSet::new();
     let mut manifest = Vec::new();
-    let add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        h.set_path(name).unwrap();
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-    };
+    let add = append_file;
     for img in images {
         let diff_ids: Vec<String> = img.layers.iter().map(|l| sha256(l)).collect();
         let mut layer_names = Vec::new();
@@ -321,4 +324,27 @@ pub fn run_in(root: &Path, img: &str, cmd: &[&str]) -> RunOutput {
         .root(root)
         .env("AGENTRUN_NO_DAEMON", "1")
         .run()
+}
+
+/// Adds to the store at `root` an image `name` made from the busybox rootfs (built under
+/// `dir`) after `mutate` changed it: for images a test needs hostile or odd (a `/tmp` that
+/// links to `/`, a setuid binary).
+pub fn busybox_variant(dir: &Path, root: &Path, name: &str, mutate: impl FnOnce(&Path)) {
+    let rootfs = dir.join(format!("{name}-rootfs"));
+    let mut build = Command::new(crate::workspace_root().join("images/busybox/build.sh"));
+    build.arg(&rootfs);
+    run_with_timeout(build, None, Duration::from_secs(120)).success();
+    mutate(&rootfs);
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "image".as_ref(),
+        "add".as_ref(),
+        name.as_ref(),
+        rootfs.as_os_str(),
+    ];
+    crate::agentrun(args)
+        .root(root)
+        .timeout(Duration::from_secs(120))
+        .run()
+        .success();
+    fs::remove_dir_all(&rootfs).unwrap();
 }

@@ -837,6 +837,7 @@ pub fn host_cgroup_mode() -> &'static str {
     const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
     fn fs_type(p: &str) -> Option<i64> {
         let c = std::ffi::CString::new(p).unwrap();
+        // SAFETY: statfs is plain old data; all zeroes is a valid value.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: valid path and out pointer.
         let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
@@ -1184,6 +1185,50 @@ pub fn host_ipv4_addrs() -> Vec<std::net::Ipv4Addr> {
         libc::freeifaddrs(ifap);
     }
     out
+}
+
+/// A TCP server on the host's loopback standing in for a host a sandbox reaches through the
+/// egress proxy: `serve` gets each connection, one at a time. Stops (and is joined) on
+/// drop; never runs longer than a minute.
+pub struct LoopbackServer {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LoopbackServer {
+    pub fn start(mut serve: impl FnMut(TcpStream) + Send + 'static) -> LoopbackServer {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let Ok((c, _)) = l.accept() else {
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                c.set_nonblocking(false).unwrap();
+                serve(c);
+            }
+        });
+        LoopbackServer {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! - [`Containerd`]: `containerd` (Debian package) on its own socket, root and state dirs
 //!   under a temp dir, CRI and unused snapshotters disabled, stopped (and everything it
 //!   started killed and deleted) on drop.
+//! - [`SeccompAgent`]: a seccomp agent (the runtime spec's "seccomp notify"): it takes the
+//!   container process state and the notify fd from the runtime over `SCM_RIGHTS` and answers
+//!   every notification (seccomp_unotify(2)).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -331,8 +334,8 @@ impl Drop for Containerd {
         // containerd leaves its overlay snapshots mounted only while it runs; unmount anything
         // left under its root so the temp dir can go.
         for m in crate::mounts_under(&self.dir).into_iter().rev() {
-            // SAFETY: umount2 on a path we own; failure only leaves the mount.
             let c = std::ffi::CString::new(m.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: umount2 on a path we own; failure only leaves the mount.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     }
@@ -412,5 +415,150 @@ pub fn child_cgroups(dirs: &[PathBuf]) -> Vec<PathBuf> {
 pub fn remove_cgroup_dirs(name: &str) {
     for d in cgroup_dirs(name) {
         let _ = fs::remove_dir(&d);
+    }
+}
+
+/// How a [`SeccompAgent`] answers notified syscalls.
+#[derive(Debug, Clone, Copy)]
+pub enum Answer {
+    /// Fail the syscall with this errno.
+    Errno(i32),
+    /// Let the kernel run it (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`).
+    Continue,
+}
+
+/// A seccomp agent listening on a unix socket until dropped. Every connection is a runtime
+/// handing over one notify fd with the container process state (JSON); each fd gets a thread
+/// answering its notifications until the processes behind it are gone.
+pub struct SeccompAgent {
+    pub path: PathBuf,
+    states: std::sync::mpsc::Receiver<(Value, usize)>,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SeccompAgent {
+    pub fn start(path: &Path, answer: Answer) -> SeccompAgent {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = std::os::unix::net::UnixListener::bind(path)
+            .unwrap_or_else(|e| panic!("binding {}: {e}", path.display()));
+        listener.set_nonblocking(true).unwrap();
+        let (tx, states) = std::sync::mpsc::channel();
+        let answered = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, halt) = (answered.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                let conn = match listener.accept() {
+                    Ok((c, _)) => c,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    Err(e) => panic!("agent accept: {e}"),
+                };
+                conn.set_nonblocking(false).unwrap();
+                let (state, fds) = receive_state(&conn);
+                let n = fds.len();
+                let _ = tx.send((state, n));
+                for fd in fds {
+                    let count = count.clone();
+                    std::thread::spawn(move || answer_notifications(fd, answer, &count));
+                }
+            }
+        });
+        SeccompAgent {
+            path: path.to_owned(),
+            states,
+            answered,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The next container process state a runtime sent, and how many fds came with it.
+    pub fn next_state(&self, timeout: Duration) -> Option<(Value, usize)> {
+        self.states.recv_timeout(timeout).ok()
+    }
+
+    /// How many notifications were answered so far.
+    pub fn answered(&self) -> usize {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for SeccompAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Receives one message: the JSON state and the fds passed with it.
+fn receive_state(conn: &std::os::unix::net::UnixStream) -> (Value, Vec<std::os::fd::OwnedFd>) {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+    let msg = recvmsg::<UnixAddr>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .expect("agent recvmsg");
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().unwrap() {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel installed these fds in this process for this message.
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    let len = msg.bytes;
+    let state = serde_json::from_slice(&buf[..len])
+        .unwrap_or_else(|e| panic!("agent got no JSON state ({e}): {:?}", &buf[..len]));
+    (state, fds)
+}
+
+/// Answers the notifications of one notify fd until its processes are gone.
+fn answer_notifications(
+    fd: std::os::fd::OwnedFd,
+    answer: Answer,
+    count: &std::sync::atomic::AtomicUsize,
+) {
+    use std::os::fd::AsRawFd;
+    let recv = nix::request_code_readwrite!(b'!', 0, std::mem::size_of::<libc::seccomp_notif>());
+    let send =
+        nix::request_code_readwrite!(b'!', 1, std::mem::size_of::<libc::seccomp_notif_resp>());
+    loop {
+        // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
+        let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        // SAFETY: `req` is a seccomp_notif the ioctl fills in.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), recv as _, &mut req) } != 0 {
+            return; // ENOENT: nobody left behind this filter
+        }
+        let (error, flags) = match answer {
+            Answer::Errno(e) => (-e, 0),
+            Answer::Continue => (0, libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32),
+        };
+        let mut resp = libc::seccomp_notif_resp {
+            id: req.id,
+            val: 0,
+            error,
+            flags,
+        };
+        // SAFETY: `resp` is a seccomp_notif_resp the ioctl reads.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), send as _, &mut resp) } == 0 {
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }

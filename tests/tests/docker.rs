@@ -1059,3 +1059,302 @@ c.remove()
         d.daemon.log()
     );
 }
+
+// --- Memory bounds (issue 15, item 4) -------------------------------------------------------
+// The daemon's RSS (`/proc/<pid>/status`) must stay within RSS_BOUND_MIB of what it was when
+// an attack began, and another container must keep answering. Every buffer these attacks can
+// fill is at most a few MiB (a 64 KiB tar chunk in flight, a 4 MiB JSON body); the unbounded
+// daemon (before the fix) read a 1 TiB file or a 20 GB body whole.
+const RSS_BOUND_MIB: u64 = 64;
+
+/// (VmRSS, VmHWM) of a process, in MiB.
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("the daemon's status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+            / 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+struct RssBound {
+    pid: u32,
+    base: u64,
+    base_hwm: u64,
+}
+
+impl RssBound {
+    fn new(pid: u32) -> RssBound {
+        let (base, base_hwm) = memory_of(pid);
+        RssBound {
+            pid,
+            base,
+            base_hwm,
+        }
+    }
+
+    fn check(&self, what: &str) {
+        let (rss, hwm) = memory_of(self.pid);
+        assert!(
+            rss <= self.base + RSS_BOUND_MIB && hwm <= self.base_hwm.max(self.base + RSS_BOUND_MIB),
+            "{what}: the daemon's RSS went {} -> {rss} MiB (peak {hwm}; bound +{RSS_BOUND_MIB})",
+            self.base
+        );
+    }
+}
+
+impl DockerDaemon {
+    /// `GET /containers/{name}/archive?path=`, streamed: waits for the answer (checking the
+    /// daemon's memory each second), checks it is a 200 with the stat header and a tar naming
+    /// `file`, then reads up to `max` bytes of it (or to its end) checking the memory every
+    /// 16 MiB. Returns the bytes of the body read.
+    fn archive_stream(
+        &mut self,
+        rss: &RssBound,
+        name: &str,
+        path: &str,
+        file: &str,
+        max: u64,
+    ) -> u64 {
+        let what = format!("get_archive {path}");
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        write!(
+            s,
+            "GET /containers/{name}/archive?path={path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut got: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut waited = 0;
+        let mut head: Option<usize> = None;
+        // The head, and the first tar block.
+        let body_at = loop {
+            let n = match s.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && waited < 60 => {
+                    waited += 1;
+                    rss.check(&format!("{what}: no answer after {waited} s"));
+                    assert!(
+                        self.daemon.is_running(),
+                        "the daemon died on {what}\n{}",
+                        self.daemon.log()
+                    );
+                    continue;
+                }
+                Err(e) => panic!("{what}: {e}\n{}", self.daemon.log()),
+            };
+            assert!(n > 0, "{what} ended: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+            if head.is_none() {
+                if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let h = String::from_utf8_lossy(&got[..i]).into_owned();
+                    assert!(
+                        h.starts_with("HTTP/1.1 200"),
+                        "{what}: {}",
+                        String::from_utf8_lossy(&got)
+                    );
+                    assert!(
+                        h.to_ascii_lowercase()
+                            .contains("x-docker-container-path-stat"),
+                        "{h}"
+                    );
+                    head = Some(i + 4);
+                }
+            }
+            if let Some(at) = head {
+                if got.len() >= at + 1024 {
+                    break at;
+                }
+            }
+        };
+        assert!(
+            got[body_at..body_at + 1024]
+                .windows(file.len())
+                .any(|w| w == file.as_bytes()),
+            "{what}: no tar header for {file} in {:?}",
+            String::from_utf8_lossy(&got[body_at..body_at + 1024])
+        );
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut body = (got.len() - body_at) as u64;
+        while body < max {
+            let n = s
+                .read(&mut buf)
+                .unwrap_or_else(|e| panic!("{what} after {body} bytes: {e}"));
+            if n == 0 {
+                break;
+            }
+            body += n as u64;
+            if body % (16 << 20) < n as u64 {
+                rss.check(&format!("{what}, {} MiB in", body >> 20));
+            }
+        }
+        rss.check(&format!("after {what}"));
+        body
+    }
+
+    fn alive(&self, name: &str, what: &str) {
+        let out = self.docker(&["exec", name, "echo", "alive"]);
+        assert_eq!(
+            out.stdout(),
+            "alive\n",
+            "{what}: {name} stopped answering\n{out}"
+        );
+    }
+
+    /// POSTs `path` announcing a 20 GB body and sends it as fast as the daemon reads it,
+    /// checking its memory every 16 MiB. Returns the answer's head (empty if none) and the
+    /// bytes sent.
+    fn hostile_post(&self, path: &str, rss: &RssBound, what: &str) -> (String, u64) {
+        let total: u64 = 20_000_000_000;
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: {total}\r\n\r\n"
+        )
+        .unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        let chunk = vec![b' '; 1 << 20];
+        let mut sent = 0u64;
+        while sent < total {
+            if s.write_all(&chunk).is_err() {
+                break; // the daemon stopped reading (answered, closed)
+            }
+            sent += chunk.len() as u64;
+            if sent.is_multiple_of(16 << 20) {
+                rss.check(&format!("{what}: {} MiB sent", sent >> 20));
+            }
+        }
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        eprintln!("{what}: answered after {} MiB", sent >> 20);
+        (String::from_utf8_lossy(&head).into_owned(), sent)
+    }
+}
+
+/// Sparse files in a container fetched with `get_archive`, streamed: 2 GiB whole, 1 TiB (the
+/// client reads 64 MiB and hangs up); and 20 GB JSON bodies for create and exec (413 after
+/// the limit): the daemon's memory stays put and another container keeps answering. (Before
+/// the fix the 2 GiB file was read into memory, twice, and the 1 TiB one answered 500.)
+#[test]
+fn docker_api_memory_stays_bounded_under_huge_files_and_bodies() {
+    let Some(_l) = setup() else { return };
+    let mut d = start();
+    for name in ["big", "other"] {
+        d.docker(&["run", "-d", "--name", name, "busybox", "sleep", "600"])
+            .success();
+    }
+    d.docker(&[
+        "exec",
+        "big",
+        "sh",
+        "-c",
+        "truncate -s 1099511627776 /tmp/big && truncate -s 2147483648 /tmp/mid && echo hello > /tmp/small",
+    ])
+    .success();
+    d.alive("other", "before");
+    let rss = RssBound::new(d.daemon.pid());
+
+    // A 2 GiB sparse file, whole (the unfixed daemon read it into memory, twice).
+    let got = d.archive_stream(&rss, "big", "/tmp/mid", "mid", u64::MAX);
+    assert!(
+        got > 2 << 30,
+        "get_archive of /tmp/mid ended at {got} bytes"
+    );
+    // The 1 TiB file: 64 MiB of its tar, then the client hangs up.
+    let got = d.archive_stream(&rss, "big", "/tmp/big", "big", 64 << 20);
+    assert!(
+        got >= 64 << 20,
+        "get_archive of /tmp/big ended at {got} bytes"
+    );
+    rss.check("after get_archive");
+    d.alive("other", "after get_archive");
+    // docker cp still carries small files both ways.
+    let out = d.docker(&["cp", "big:/tmp/small", "-"]);
+    assert!(out.stdout().contains("hello\n"), "{out}");
+
+    for (path, what) in [
+        ("/containers/create", "create"),
+        ("/containers/other/exec", "exec create"),
+    ] {
+        let (head, sent) = d.hostile_post(path, &rss, what);
+        assert!(
+            // The limit, then at most 64 MiB drained while the 413 goes out.
+            sent <= 128 << 20,
+            "{what}: the daemon read {} MiB",
+            sent >> 20
+        );
+        assert!(
+            head.starts_with("HTTP/1.1 413") && head.contains("max-request-body"),
+            "{what}: {head}"
+        );
+        d.alive("other", what);
+    }
+    rss.check("at the end");
+    d.docker(&["rm", "-f", "big", "other"]).success();
+}
+
+/// `--max-upload 8M`: `docker cp` and docker-py `put_archive` of a 4 MiB file work, of 16 MiB
+/// are refused with 413 naming the flag; a build context over it too.
+#[test]
+fn docker_uploads_over_max_upload_get_413() {
+    let Some(_l) = setup() else { return };
+    let d = start_with(&["--pool-size", "1", "--max-upload", "8M"]);
+    d.docker(&["run", "-d", "--name", "up", "busybox", "sleep", "600"])
+        .success();
+    let small = d._dir.path().join("small.bin");
+    fs::write(&small, vec![7u8; 4 << 20]).unwrap();
+    d.docker(&["cp", small.to_str().unwrap(), "up:/tmp/"])
+        .success();
+    let out = d.docker(&["exec", "up", "wc", "-c", "/tmp/small.bin"]);
+    assert_eq!(
+        out.success().split_whitespace().next(),
+        Some("4194304"),
+        "{out}"
+    );
+    let big = d._dir.path().join("big.bin");
+    fs::write(&big, vec![7u8; 16 << 20]).unwrap();
+    let out = d.docker(&["cp", big.to_str().unwrap(), "up:/tmp/"]);
+    assert_ne!(out.code(), 0, "{out}");
+    assert!(out.stderr().contains("max-upload"), "{out}");
+    let out = d.python(
+        r#"
+import io, tarfile
+c = client.containers.get("up")
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    data = bytes(16 << 20)
+    info = tarfile.TarInfo("big2.bin"); info.size = len(data)
+    t.addfile(info, io.BytesIO(data))
+try:
+    c.put_archive("/tmp", buf.getvalue())
+    print("accepted")
+except docker.errors.APIError as e:
+    print(e.status_code, e.explanation)
+"#,
+    );
+    let said = out.success();
+    assert!(
+        said.starts_with("413 ") && said.contains("max-upload"),
+        "{out}"
+    );
+    // A build context over the limit.
+    let ctx = context(d._dir.path(), "FROM busybox\nCOPY big.bin /\n");
+    fs::write(ctx.join("big.bin"), vec![1u8; 16 << 20]).unwrap();
+    let out = d.docker(&["build", "-t", "toobig:1", ctx.to_str().unwrap()]);
+    assert_ne!(out.code(), 0, "{out}");
+    assert!(out.stderr().contains("max-upload"), "{out}");
+    d.docker(&["rm", "-f", "up"]).success();
+}

@@ -485,3 +485,312 @@ print(r, ctypes.get_errno())
         .unwrap_or(0);
     assert_eq!(r, -1, "io_uring_setup succeeded inside the sandbox\n{out}");
 }
+
+/// Runs `py` in a sandbox (the default profile) and parses the JSON it prints last.
+fn python_json(py: &str) -> (serde_json::Value, RunOutput) {
+    let out = exec(["python3", "-c", py]).run();
+    let stdout = out.success();
+    let last = stdout.lines().last().unwrap_or_default().to_owned();
+    let v = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    (v, out)
+}
+
+#[test]
+fn vsock_and_other_socket_families_are_refused() {
+    // On a VM host (this one), AF_VSOCK reaches the hypervisor from any network namespace:
+    // before the fix `socket(40, 1)` worked and `connect((2, 1024))` got ECONNRESET from the
+    // host. Families a sandbox does not need fail as if the kernel lacked them.
+    let Some(_l) = setup() else { return };
+    let py = r#"
+import errno, json, socket
+def try_socket(family, type_=socket.SOCK_STREAM, proto=0):
+    try:
+        s = socket.socket(family, type_, proto)
+        s.close()
+        return 0
+    except OSError as e:
+        return e.errno
+def try_pair(family):
+    try:
+        a, b = socket.socketpair(family, socket.SOCK_STREAM)
+        a.close(); b.close()
+        return 0
+    except OSError as e:
+        return e.errno
+res = {
+  'vsock': try_socket(40),
+  'vsock_dgram': try_socket(40, socket.SOCK_DGRAM),
+  'packet': try_socket(17, socket.SOCK_RAW),
+  'alg': try_socket(38, socket.SOCK_SEQPACKET),
+  'key': try_socket(15, socket.SOCK_RAW, 2),
+  'bluetooth': try_socket(31, socket.SOCK_STREAM),
+  'vsock_pair': try_pair(40),
+  'netlink_audit': try_socket(16, socket.SOCK_RAW, 9),
+  'netlink_sock_diag': try_socket(16, socket.SOCK_RAW, 4),
+  'netlink_generic': try_socket(16, socket.SOCK_RAW, 16),
+  'unix': try_socket(socket.AF_UNIX),
+  'unix_pair': try_pair(socket.AF_UNIX),
+  'inet': try_socket(socket.AF_INET),
+  'inet6': try_socket(socket.AF_INET6),
+  'netlink_route': try_socket(16, socket.SOCK_RAW, 0),
+  'getaddrinfo': socket.getaddrinfo('localhost', 80)[0][4][1],
+}
+# The attack itself: a vsock connection to the host (CID 2).
+try:
+    s = socket.socket(40, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect((2, 1024))
+    res['vsock_connect'] = 'connected'
+except OSError as e:
+    res['vsock_connect'] = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps(res))
+"#;
+    let (res, out) = python_json(py);
+    let eafnosupport = libc::EAFNOSUPPORT as i64;
+    let eprotonosupport = libc::EPROTONOSUPPORT as i64;
+    let mut failures = Vec::new();
+    for (name, want) in [
+        ("vsock", eafnosupport),
+        ("vsock_dgram", eafnosupport),
+        ("packet", eafnosupport),
+        ("alg", eafnosupport),
+        ("key", eafnosupport),
+        ("bluetooth", eafnosupport),
+        ("vsock_pair", eafnosupport),
+        ("netlink_audit", eprotonosupport),
+        ("netlink_sock_diag", eprotonosupport),
+        ("netlink_generic", eprotonosupport),
+        ("unix", 0),
+        ("unix_pair", 0),
+        ("inet", 0),
+        ("inet6", 0),
+        ("netlink_route", 0),
+        ("getaddrinfo", 80),
+    ] {
+        if res[name].as_i64() != Some(want) {
+            failures.push(format!("{name}: got {} want {want}", res[name]));
+        }
+    }
+    if res["vsock_connect"] != "EAFNOSUPPORT" {
+        failures.push(format!("vsock connect: {}", res["vsock_connect"]));
+    }
+    assert!(failures.is_empty(), "{}\n{out}", failures.join("\n"));
+}
+
+#[test]
+fn x32_syscall_numbers_are_refused() {
+    // x32 syscalls are x86_64 numbers with bit 30 set; seccompiler's rules match exact
+    // numbers, so on a kernel with x32 `syscall(0x40000000 | 272, CLONE_NEWUSER)` passed every
+    // deny rule. This kernel has no x32 (CONFIG_X86_X32_ABI unset) and would answer ENOSYS by
+    // itself: the filter's EPERM is what shows the number was refused before the kernel saw it.
+    let Some(_l) = setup() else { return };
+    if std::env::consts::ARCH != "x86_64" {
+        eprintln!("x32 exists only on x86_64; nothing to check");
+        return;
+    }
+    let py = r#"
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+X32 = 0x40000000
+res = {}
+for name, nr, args in [('unshare_newuser', X32 | 272, (L(0x10000000),)),
+                       ('getpid', X32 | 39, ()),
+                       ('read', X32 | 0, (L(0), None, L(0)))]:
+    ctypes.set_errno(0)
+    r = libc.syscall(L(nr), *args)
+    res[name] = [r, ctypes.get_errno()]
+print(json.dumps(res))
+"#;
+    let (res, out) = python_json(py);
+    for name in ["unshare_newuser", "getpid", "read"] {
+        assert_eq!(
+            (res[name][0].as_i64(), res[name][1].as_i64()),
+            (Some(-1), Some(libc::EPERM as i64)),
+            "{name} through its x32 number: want -1 EPERM (ENOSYS means the filter let it \
+             through to the kernel)\n{out}"
+        );
+    }
+}
+
+#[test]
+fn i386_syscalls_kill_the_process() {
+    // `int 0x80` from a 64-bit process makes an i386 syscall (this kernel has
+    // IA32_EMULATION): its numbers differ from x86_64's, so a filter that did not check the
+    // audit architecture would let `mount`, `unshare`, ... through under other numbers.
+    // seccompiler's filters and agentrun's ABI guard kill the process (SIGSYS).
+    let Some(_l) = setup() else { return };
+    if std::env::consts::ARCH != "x86_64" {
+        eprintln!("int 0x80 is x86 only; nothing to check");
+        return;
+    }
+    let py = r#"
+import ctypes, mmap, sys
+# mov eax, 20 (i386 getpid); int 0x80; ret
+code = bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3])
+m = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+f = ctypes.CFUNCTYPE(ctypes.c_int)(addr)
+print('before', flush=True)
+print('i386 getpid returned', f(), flush=True)
+"#;
+    let out = exec(["python3", "-c", py]).run();
+    assert!(
+        out.stdout().contains("before"),
+        "the helper did not run\n{out}"
+    );
+    assert!(
+        !out.stdout().contains("returned"),
+        "an i386 syscall ran inside the sandbox\n{out}"
+    );
+    out.assert_code(128 + libc::SIGSYS);
+}
+
+#[test]
+fn ioctl_personality_and_pidfd_getfd_are_refused() {
+    let Some(_l) = setup() else { return };
+    let py = r#"
+import ctypes, json, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+NR = {'x86_64': dict(ioctl=16, personality=135, pidfd_open=434, pidfd_getfd=438),
+      'aarch64': dict(ioctl=29, personality=92, pidfd_open=434, pidfd_getfd=438)}[platform.machine()]
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(L(NR[name]), *args)
+    return [r, ctypes.get_errno()]
+c = ctypes.c_char(b'x')
+res = {}
+# TIOCSTI / TIOCLINUX with garbage in the upper 32 bits: the kernel uses the low 32.
+res['tiocsti_hi'] = call('ioctl', L(0), L(0x100005412), ctypes.byref(c))
+res['tioclinux_hi'] = call('ioctl', L(0), L(0xffffffff0000541c), ctypes.byref(c))
+res['tiocsti'] = call('ioctl', L(0), L(0x5412), ctypes.byref(c))
+# personality: Docker's values pass, READ_IMPLIES_EXEC and ADDR_NO_RANDOMIZE do not.
+res['personality_query'] = call('personality', L(0xffffffff))
+res['personality_linux'] = call('personality', L(0))
+res['personality_read_implies_exec'] = call('personality', L(0x0400000))
+res['personality_no_randomize'] = call('personality', L(0x0040000))
+# pidfd_getfd: take an fd from a process (here our own, which ptrace rules allow).
+pidfd = call('pidfd_open', L(os.getpid()), L(0))
+res['pidfd_open'] = pidfd
+res['pidfd_getfd'] = call('pidfd_getfd', L(pidfd[0]), L(1), L(0))
+print(json.dumps(res))
+"#;
+    let (res, out) = python_json(py);
+    let get = |k: &str| (res[k][0].as_i64().unwrap(), res[k][1].as_i64().unwrap());
+    let eperm = (-1, libc::EPERM as i64);
+    let mut failures = Vec::new();
+    for k in [
+        "tiocsti_hi",
+        "tioclinux_hi",
+        "tiocsti",
+        "personality_read_implies_exec",
+        "personality_no_randomize",
+        "pidfd_getfd",
+    ] {
+        if get(k) != eperm {
+            failures.push(format!("{k}: {:?}, want -1 EPERM", get(k)));
+        }
+    }
+    for k in ["personality_query", "personality_linux", "pidfd_open"] {
+        if get(k).0 < 0 {
+            failures.push(format!("{k}: {:?}, want success", get(k)));
+        }
+    }
+    assert!(failures.is_empty(), "{}\n{out}", failures.join("\n"));
+}
+
+#[test]
+fn sandbox_init_is_not_dumpable() {
+    // The command shares the init's uid and Landlock domain; only the init being
+    // non-dumpable keeps its memory, environment and fds out of the command's reach.
+    let Some(_l) = setup() else { return };
+    let py = r#"
+import json
+res = {}
+for f in ['environ', 'mem', 'fd/0']:
+    try:
+        open('/proc/1/' + f, 'rb').close()
+        res[f] = 'opened'
+    except OSError as e:
+        res[f] = e.errno
+print(json.dumps(res))
+"#;
+    let (res, out) = python_json(py);
+    for f in ["environ", "mem", "fd/0"] {
+        assert_eq!(
+            res[f].as_i64(),
+            Some(libc::EACCES as i64),
+            "/proc/1/{f} of the init must not open from the command\n{out}"
+        );
+    }
+}
+
+#[test]
+fn landlock_rules_do_not_follow_links_in_the_image() {
+    // An image whose /tmp links to /: the default profile's write rule on /tmp, opened
+    // following the link, made the whole root writable (`echo x > /etc/x` worked).
+    let Some(_l) = setup() else { return };
+    if host_landlock_abi() < 1 {
+        panic!("this host has no Landlock; the test needs it");
+    }
+    let dir = tempdir();
+    let root = dir.path().join("root");
+    agentrun_e2e::images::busybox_variant(dir.path(), &root, "tmplink", |rootfs| {
+        let tmp = rootfs.join("tmp");
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).unwrap();
+        }
+        std::os::unix::fs::symlink("/", &tmp).unwrap();
+    });
+    let out = agentrun_e2e::images::run_in(
+        &root,
+        "tmplink",
+        &[
+            "sh",
+            "-c",
+            "echo x > /etc/x && echo WROTE-ETC; ls /etc/x 2>/dev/null",
+        ],
+    );
+    assert!(
+        !out.stdout().contains("WROTE-ETC"),
+        "the image's /tmp -> / link made /etc writable\n{out}"
+    );
+    out.assert_code(125);
+    assert!(
+        out.stderr().contains("/tmp") && out.stderr().contains("symlink"),
+        "the refusal must name the path and say why\n{out}"
+    );
+    // The same image with /tmp a real directory runs, and /etc stays read-only.
+    agentrun_e2e::images::busybox_variant(dir.path(), &root, "plain", |_| {});
+    let out = agentrun_e2e::images::run_in(
+        &root,
+        "plain",
+        &[
+            "sh",
+            "-c",
+            "echo x > /tmp/x && echo tmp-ok; (echo x > /etc/x) 2>/dev/null && echo WROTE-ETC; true",
+        ],
+    );
+    let stdout = out.success();
+    assert!(
+        stdout.contains("tmp-ok") && !stdout.contains("WROTE-ETC"),
+        "{out}"
+    );
+}
+
+#[test]
+fn merged_usr_links_still_work_under_strict() {
+    // Readable rules follow the image's links inside the root when the target is already
+    // readable: the host image's /bin -> usr/bin under `strict` (readable /usr, /bin, ...).
+    let Some(_l) = setup() else { return };
+    let out = exec_with(
+        ["--profile", "strict"],
+        ["sh", "-c", "ls /bin/sh /lib >/dev/null && echo ok"],
+    )
+    .run();
+    assert_eq!(out.success(), "ok\n", "{out}");
+}

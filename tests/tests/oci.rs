@@ -13,6 +13,13 @@
 //!   (`ctr run --seccomp`) and the profile annotation; nothing left behind.
 //! - `profile_annotation_confines_the_container` and `bad_profile_annotation_fails_create`.
 //! - `lifetime_span_is_exported_at_delete`: one span per container, create..delete.
+//! - `seccomp_notify_hands_the_listener_to_the_agent`: `SCMP_ACT_NOTIFY` rules with a
+//!   `listenerPath`: a seccomp agent gets the state and the notify fd at `create` (and at
+//!   `exec`) and answers the container's syscalls; what cannot work is refused at `create`.
+//! - `refusals_carry_their_cause`: the line the shim reports names the errno, the unknown
+//!   capability, the symlinked /proc or /sys.
+//! - `exec_cpu_affinity_is_honoured`: `process.execCPUAffinity` from config.json and from
+//!   `exec --process`, seen from inside through /proc/self/status.
 //!
 //! These tests need root, runc, containerd and umoci (hack/test installs them).
 
@@ -21,12 +28,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentrun_e2e::oci::{busybox_image_tar, Bundle, CgroupParent, Containerd, IMAGE, NAMESPACE};
+use agentrun_e2e::oci::{
+    busybox_image_tar, Answer, Bundle, CgroupParent, Containerd, SeccompAgent, IMAGE, NAMESPACE,
+};
 use agentrun_e2e::otlp::OtlpReceiver;
 use agentrun_e2e::{
     agentrun_bin, all_processes, mounts_under, setup, tempdir, wait_until, Running,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// What a runtime command did. Its stdout/stderr go to files, not pipes: a container created
 /// by it inherits them and keeps them open.
@@ -907,4 +916,268 @@ fn failed_create_reports_why_and_leaves_nothing() {
         "cgroups left: {:?}",
         cgp.children()
     );
+}
+
+/// Sets a seccomp section notifying `names` to the agent at `listener`.
+fn notify_rules(c: &mut Value, names: &[&str], listener: &Path) {
+    c["linux"]["seccomp"] = json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "listenerPath": listener,
+        "listenerMetadata": "agent-meta",
+        "syscalls": [{"names": names, "action": "SCMP_ACT_NOTIFY"}],
+    });
+}
+
+/// Nothing of container `id` is left: no state, no directory under `root`, no cgroup.
+fn assert_gone(root: &Path, id: &str, cgp: &CgroupParent) {
+    assert_eq!(Rt::Agentrun.run(root, &["state", id]).code, 1);
+    assert!(!root.join(id).exists(), "{id}: state dir left");
+    assert!(
+        cgp.children().is_empty(),
+        "cgroups left: {:?}",
+        cgp.children()
+    );
+}
+
+#[test]
+fn seccomp_notify_hands_the_listener_to_the_agent() {
+    let Some(_lock) = setup() else { return };
+    let work = tempdir();
+    let cgp = CgroupParent::new("agentrun-e2e-notify");
+    let root = work.path().join("root");
+    let agent = SeccompAgent::start(
+        &work.path().join("agent.sock"),
+        Answer::Errno(libc::ENOMEDIUM),
+    );
+    let mkdir = "mkdir /tmp/notified; echo mkdir=$?";
+
+    // `run`: the agent gets the state and the fd during create, and answers mkdir.
+    let b = Bundle::new(
+        &work.path().join("b1"),
+        &["sh", "-c", mkdir],
+        &cgp.path(),
+        "n1",
+    );
+    b.edit(|c| notify_rules(c, &["mkdir", "mkdirat"], &agent.path));
+    let out = Rt::Agentrun.run(&root, &["run", "--bundle", b.dir.to_str().unwrap(), "n1"]);
+    assert_eq!((out.code, out.stdout.as_str()), (0, "mkdir=1\n"), "{out:?}");
+    assert!(out.stderr.contains("No medium found"), "{out:?}");
+    let (state, fds) = agent.next_state(Duration::from_secs(1)).expect("no state");
+    assert_eq!(fds, 1, "{state}");
+    assert_eq!(state["fds"], json!(["seccompFd"]), "{state}");
+    assert_eq!(state["metadata"], "agent-meta", "{state}");
+    assert_eq!(state["state"]["id"], "n1", "{state}");
+    assert_eq!(state["state"]["status"], "creating", "{state}");
+    assert_eq!(state["state"]["bundle"], b.dir.to_str().unwrap(), "{state}");
+    assert!(state["pid"].as_i64().unwrap() > 0 && state["pid"] == state["state"]["pid"]);
+    assert!(agent.answered() >= 1);
+    assert_gone(&root, "n1", &cgp);
+
+    // `create` returns once the agent has the fd; `exec` hands over the new process's.
+    let b = Bundle::new(
+        &work.path().join("b2"),
+        &["sleep", "100"],
+        &cgp.path(),
+        "n2",
+    );
+    b.edit(|c| notify_rules(c, &["mkdir", "mkdirat"], &agent.path));
+    Rt::Agentrun
+        .run(
+            &root,
+            &["create", "--bundle", b.dir.to_str().unwrap(), "n2"],
+        )
+        .ok();
+    let (state, _) = agent
+        .next_state(Duration::from_secs(2))
+        .expect("create returned before the agent had the notify fd");
+    let created = Rt::Agentrun.run(&root, &["state", "n2"]).json();
+    assert_eq!(state["pid"], created["pid"], "{state} {created}");
+    Rt::Agentrun.run(&root, &["start", "n2"]).ok();
+    let out = Rt::Agentrun.run(&root, &["exec", "n2", "sh", "-c", mkdir]);
+    assert_eq!((out.code, out.stdout.as_str()), (0, "mkdir=1\n"), "{out:?}");
+    assert!(out.stderr.contains("No medium found"), "{out:?}");
+    let (state, _) = agent
+        .next_state(Duration::from_secs(1))
+        .expect("no exec state");
+    assert_eq!(state["state"]["status"], "running", "{state}");
+    assert_ne!(state["pid"], created["pid"], "{state}");
+    Rt::Agentrun.run(&root, &["delete", "--force", "n2"]).ok();
+    assert_gone(&root, "n2", &cgp);
+
+    // Notified syscalls the runtime itself needs after the handover (close, read, openat,
+    // execve) wait for the agent instead of deadlocking.
+    let cont = SeccompAgent::start(&work.path().join("cont.sock"), Answer::Continue);
+    let b = Bundle::new(&work.path().join("b3"), &["true"], &cgp.path(), "n3");
+    let names = ["execve", "openat", "open", "read", "close"];
+    b.edit(|c| notify_rules(c, &names, &cont.path));
+    let out = Rt::Agentrun.run(&root, &["run", "--bundle", b.dir.to_str().unwrap(), "n3"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(cont.answered() >= 1);
+    assert_gone(&root, "n3", &cgp);
+
+    // What cannot work fails `create` with one line naming why, and leaves nothing.
+    let dead = work.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap()); // a socket nobody serves
+    type Edit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+    let cases: [(&str, Edit); 4] = [
+        (
+            "failed to connect with seccomp agent",
+            Box::new(|c| notify_rules(c, &["mkdir"], &dead)),
+        ),
+        (
+            "listenerPath",
+            Box::new(|c| {
+                notify_rules(c, &["mkdir"], Path::new("/"));
+                c["linux"]["seccomp"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("listenerPath");
+            }),
+        ),
+        (
+            "sendmsg",
+            Box::new(|c| notify_rules(c, &["sendmsg"], &agent.path)),
+        ),
+        (
+            "default",
+            Box::new(|c| {
+                notify_rules(c, &["mkdir"], &agent.path);
+                c["linux"]["seccomp"]["defaultAction"] = "SCMP_ACT_NOTIFY".into();
+            }),
+        ),
+    ];
+    for (i, (want, edit)) in cases.iter().enumerate() {
+        let id = format!("bad{i}");
+        let b = Bundle::new(&work.path().join(&id), &["true"], &cgp.path(), &id);
+        b.edit(|c| edit(c));
+        let out = Rt::Agentrun.run(&root, &["create", "--bundle", b.dir.to_str().unwrap(), &id]);
+        assert_eq!(out.code, 1, "{want}: {out:?}");
+        let last = out.stderr.lines().last().unwrap_or_default();
+        assert!(last.contains(want), "{want}: {out:?}");
+        assert_gone(&root, &id, &cgp);
+    }
+}
+
+#[test]
+fn refusals_carry_their_cause() {
+    let Some(_lock) = setup() else { return };
+    let work = tempdir();
+    let cgp = CgroupParent::new("agentrun-e2e-cause");
+    let root = work.path().join("root");
+    let symlinked = |fs: &'static str| {
+        move |rootfs: &Path| {
+            let dir = rootfs.join(fs);
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(rootfs.join(format!("{fs}-real"))).unwrap();
+            std::os::unix::fs::symlink(format!("{fs}-real"), &dir).unwrap();
+        }
+    };
+    type Edit = Box<dyn Fn(&mut Value)>;
+    type Prepare = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Edit, Prepare)> = vec![
+        // Inheritable capabilities outside an (unset, so empty) bounding set: capset EPERM.
+        (
+            "Operation not permitted",
+            Box::new(|c| {
+                let caps = json!(["CAP_SYS_ADMIN"]);
+                c["process"]["capabilities"] = json!({
+                    "effective": caps, "permitted": caps, "inheritable": caps, "ambient": []
+                });
+            }),
+            Box::new(|_| {}),
+        ),
+        (
+            "CAP_NOPE",
+            Box::new(|c| c["process"]["capabilities"]["bounding"] = json!(["CAP_NOPE"])),
+            Box::new(|_| {}),
+        ),
+        (
+            "must be mounted on ordinary directory",
+            Box::new(|_| {}),
+            Box::new(symlinked("proc")),
+        ),
+        (
+            "must be mounted on ordinary directory",
+            Box::new(|_| {}),
+            Box::new(symlinked("sys")),
+        ),
+    ];
+    for (i, (want, edit, prepare)) in cases.iter().enumerate() {
+        let id = format!("cause{i}");
+        let b = Bundle::new(&work.path().join(&id), &["true"], &cgp.path(), &id);
+        b.edit(|c| edit(c));
+        prepare(&b.dir.join("rootfs"));
+        let log = work.path().join(format!("{id}.log"));
+        let mut c = Rt::Agentrun.command(&root);
+        c.arg("--log")
+            .arg(&log)
+            .args(["--log-format", "json", "create", "--bundle"])
+            .arg(&b.dir)
+            .arg(&id);
+        let out = run(c);
+        assert_eq!(out.code, 1, "{want}: {out:?}");
+        let text = fs::read_to_string(&log).unwrap();
+        let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        // The line containerd's shim reports, and the bare message on stderr.
+        let msg = last["msg"].as_str().unwrap();
+        assert!(msg.contains(want), "{want}: {text}");
+        assert!(out.stderr.contains(want), "{want}: {out:?}");
+        assert_gone(&root, &id, &cgp);
+    }
+}
+
+#[test]
+fn exec_cpu_affinity_is_honoured() {
+    let Some(_lock) = setup() else { return };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "this test needs 2 CPUs to tell affinities apart, the host has {cpus}"
+    );
+    let work = tempdir();
+    let cgp = CgroupParent::new("agentrun-e2e-affinity");
+    let root = work.path().join("root");
+    let b = Bundle::new(
+        &work.path().join("b"),
+        &["sleep", "100"],
+        &cgp.path(),
+        "aff",
+    );
+    b.edit(|c| c["process"]["execCPUAffinity"] = json!({"initial": "0", "final": "1"}));
+    Rt::Agentrun
+        .run(
+            &root,
+            &[
+                "run",
+                "--detach",
+                "--bundle",
+                b.dir.to_str().unwrap(),
+                "aff",
+            ],
+        )
+        .ok();
+    let grep = ["grep", "Cpus_allowed_list", "/proc/self/status"];
+    // From config.json: the process runs on the final set; the initial one is logged (debug)
+    // from libcontainer's intermediate process, before it joins the cgroup.
+    let out = Rt::Agentrun.run(
+        &root,
+        &[&["--debug", "exec", "aff"][..], &grep[..]].concat(),
+    );
+    assert_eq!(out.ok(), "Cpus_allowed_list:\t1\n", "{out:?}");
+    assert!(out.stderr.contains("affinity: 0x1"), "{out:?}");
+    // From `exec --process`: its own affinity.
+    let process = work.path().join("process.json");
+    let spec: Value =
+        serde_json::from_slice(&fs::read(b.dir.join("config.json")).unwrap()).unwrap();
+    let mut p = spec["process"].clone();
+    p["args"] = json!(grep);
+    p["execCPUAffinity"] = json!({"initial": "1", "final": "0"});
+    fs::write(&process, p.to_string()).unwrap();
+    let out = Rt::Agentrun.run(
+        &root,
+        &["exec", "--process", process.to_str().unwrap(), "aff"],
+    );
+    assert_eq!(out.ok(), "Cpus_allowed_list:\t0\n", "{out:?}");
+    Rt::Agentrun.run(&root, &["delete", "--force", "aff"]).ok();
+    assert_gone(&root, "aff", &cgp);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use agentrun_egress::{DecisionSink, Proxy};
+use agentrun_egress::{DecisionSink, FailureSink, Proxy};
 use agentrun_image::ImageStore;
 use agentrun_policy::{
     format_bytes, parse_bytes, parse_duration, validate_env_key, Action, Decision, NetworkPolicy,
@@ -583,9 +583,12 @@ pub(crate) fn start_proxy(
     recorder: &Recorder,
 ) -> anyhow::Result<Proxy> {
     let listener = agentrun_egress::bind(socket)?;
-    let r = recorder.clone();
+    let (r, r2) = (recorder.clone(), recorder.clone());
     let sink: DecisionSink = Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
-    Ok(Proxy::start(listener, socket, plan.network.clone(), sink))
+    let failures: FailureSink = Arc::new(move |a, d, f| r2.failure(a, d, f));
+    Ok(Proxy::builder(plan.network.clone(), sink)
+        .failures(failures)
+        .start(listener, socket))
 }
 
 /// Subscribes to the run's kernel-level denials (Landlock audit records) when Landlock can

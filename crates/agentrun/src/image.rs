@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentrun_image::reference::{familiar, repo_and_tag};
-use agentrun_image::{ImageConfig, ImageStore, PullOptions};
+use agentrun_image::{ImageConfig, ImageStore, PullOptions, UnpackLimits};
 use anyhow::{bail, Context};
 use clap::Subcommand;
+use serde::Deserialize;
 
 use crate::Paths;
 
@@ -19,6 +20,8 @@ pub enum ImageCommand {
         /// Name the image REF (the archive must hold one image).
         #[arg(long, value_name = "REF")]
         name: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Pull an image from a registry (Docker config credentials; loopback registries over HTTP).
     Pull {
@@ -29,6 +32,8 @@ pub enum ImageCommand {
         /// Network timeout per request, in seconds.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Make a one-layer image NAME from a root filesystem directory (copied into the store).
     Add {
@@ -47,6 +52,8 @@ pub enum ImageCommand {
         /// The image's working directory.
         #[arg(long)]
         workdir: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Build an image from a Dockerfile (the legacy builder: FROM a stored image, RUN in a
     /// sandbox without network, COPY/ADD from the context, ENV/WORKDIR/CMD/...).
@@ -68,6 +75,8 @@ pub enum ImageCommand {
         /// Print only the image id.
         #[arg(short, long)]
         quiet: bool,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// List images.
     #[command(alias = "list")]
@@ -107,6 +116,107 @@ pub enum ImageCommand {
     },
 }
 
+/// What unpacking may cost (`--max-*` flags, else `AGENTRUN_IMAGE_MAX_*`, else defaults):
+/// the defence against decompression bombs and archives made to fill the store.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LimitArgs {
+    /// Most bytes an archive, or the layers of one import or pull together, may unpack to
+    /// (e.g. 64G, the default; 0: no limit) [env: AGENTRUN_IMAGE_MAX_BYTES]
+    #[arg(long, value_name = "SIZE", value_parser = parse_limit_size)]
+    max_bytes: Option<u64>,
+    /// Most tar entries one operation may unpack (default 1000000; 0: no limit)
+    /// [env: AGENTRUN_IMAGE_MAX_ENTRIES]
+    #[arg(long, value_name = "N")]
+    max_entries: Option<u64>,
+    /// Most a compressed stream may expand, uncompressed bytes per compressed byte, once it
+    /// has unpacked 64 MiB (default 100; 0: no limit) [env: AGENTRUN_IMAGE_MAX_RATIO]
+    #[arg(long, value_name = "N")]
+    max_ratio: Option<u64>,
+    /// Most path components an entry may have (default 128; 0: no limit)
+    /// [env: AGENTRUN_IMAGE_MAX_DEPTH]
+    #[arg(long, value_name = "N")]
+    max_depth: Option<u64>,
+}
+
+/// `[image_limits]` in `agentrun serve --config`: the same limits for the Docker API's pulls
+/// and build contexts.
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    max_bytes: Option<SizeValue>,
+    max_entries: Option<u64>,
+    max_ratio: Option<u64>,
+    max_depth: Option<u64>,
+}
+
+/// A size in a config file: `"64G"` or a number of bytes.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+fn parse_limit_size(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    agentrun_policy::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+impl LimitArgs {
+    /// The limits in force: each flag, else its environment variable, else `config`, else
+    /// the default.
+    pub fn resolve(&self, config: Option<&LimitConfig>) -> anyhow::Result<UnpackLimits> {
+        let d = UnpackLimits::default();
+        let config = config.cloned().unwrap_or_default();
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let number = |name: &str| -> anyhow::Result<Option<u64>> {
+            env(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .with_context(|| format!("{name}={v:?}: expected a whole number"))
+                })
+                .transpose()
+        };
+        let config_bytes = match config.max_bytes {
+            Some(SizeValue::Bytes(b)) => Some(b),
+            Some(SizeValue::Text(t)) => Some(
+                parse_limit_size(&t).map_err(|e| anyhow::anyhow!("image_limits.max_bytes: {e}"))?,
+            ),
+            None => None,
+        };
+        let env_bytes = env("AGENTRUN_IMAGE_MAX_BYTES")
+            .map(|v| {
+                parse_limit_size(&v).map_err(|e| anyhow::anyhow!("AGENTRUN_IMAGE_MAX_BYTES: {e}"))
+            })
+            .transpose()?;
+        Ok(UnpackLimits {
+            max_bytes: self
+                .max_bytes
+                .or(env_bytes)
+                .or(config_bytes)
+                .unwrap_or(d.max_bytes),
+            max_entries: self
+                .max_entries
+                .or(number("AGENTRUN_IMAGE_MAX_ENTRIES")?)
+                .or(config.max_entries)
+                .unwrap_or(d.max_entries),
+            max_ratio: self
+                .max_ratio
+                .or(number("AGENTRUN_IMAGE_MAX_RATIO")?)
+                .or(config.max_ratio)
+                .unwrap_or(d.max_ratio),
+            max_depth: self
+                .max_depth
+                .or(number("AGENTRUN_IMAGE_MAX_DEPTH")?)
+                .or(config.max_depth)
+                .unwrap_or(d.max_depth),
+        })
+    }
+}
+
 /// The PATH an image made by `image add` gets unless told otherwise (Docker's default).
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -136,9 +246,16 @@ fn short_id(id: &str) -> &str {
 }
 
 pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
-    let store = ImageStore::open(&paths.root)?;
+    let limits = match &cmd {
+        ImageCommand::Import { limits, .. }
+        | ImageCommand::Pull { limits, .. }
+        | ImageCommand::Add { limits, .. }
+        | ImageCommand::Build { limits, .. } => limits.resolve(None)?,
+        _ => UnpackLimits::default(),
+    };
+    let store = ImageStore::open(&paths.root)?.with_limits(limits);
     match cmd {
-        ImageCommand::Import { file, name } => {
+        ImageCommand::Import { file, name, .. } => {
             for (rec, names) in store.import(&file, name.as_deref())? {
                 if names.is_empty() {
                     println!("Loaded image ID: {}", rec.id);
@@ -152,6 +269,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             reference,
             insecure_registries,
             timeout,
+            ..
         } => {
             let opts = PullOptions {
                 insecure_registries,
@@ -169,6 +287,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             entrypoint,
             env,
             workdir,
+            ..
         } => {
             let mut env = env;
             for e in &env {
@@ -196,6 +315,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             build_arg,
             profile,
             quiet,
+            ..
         } => {
             let mut opts = agentrun_build::BuildOptions::new(context);
             opts.dockerfile = file;

@@ -149,6 +149,24 @@ fn main() -> ExitCode {
         socket: cli.socket,
         audit_dir: cli.audit_dir,
     };
+    // Commands that keep images or sandboxes under the store and the state dir make both
+    // private first (creating or repairing them; see agentrun_runtime::hostdirs).
+    if matches!(
+        cli.command,
+        Command::Exec(_) | Command::Serve(_) | Command::Gc | Command::Image(_)
+    ) {
+        match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
+            Ok(repairs) => {
+                for line in repairs {
+                    eprintln!("agentrun: {line}");
+                }
+            }
+            Err(e) => {
+                eprintln!("agentrun: {}", one_line(&e.to_string()));
+                return ExitCode::from(EXIT_AGENTRUN_ERROR);
+            }
+        }
+    }
     let result = match cli.command {
         Command::Exec(args) => return exec::run(*args, &paths),
         Command::Policy(cmd) => return policy_cmd::run(cmd),

@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
-    /// API key the OpenSandbox API requires in OPEN-SANDBOX-API-KEY (none: no check).
+    /// API key the OpenSandbox API requires in OPEN-SANDBOX-API-KEY (none: no check, which
+    /// --listen allows on a loopback address only, unless --insecure-no-auth).
     #[arg(
         long,
         value_name = "KEY",
@@ -49,8 +50,22 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// Serve --listen on a non-loopback address without an API key: anyone who reaches it
+    /// can run code in every sandbox and read every sandbox's execd token.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// Largest JSON request body either API reads (413 above it); default 4M.
+    #[arg(long, value_name = "SIZE")]
+    max_request_body: Option<String>,
+    /// Largest upload (OpenSandbox /files/upload, Docker put_archive and build context),
+    /// streamed to disk (413 above it); default 1G.
+    #[arg(long, value_name = "SIZE")]
+    max_upload: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `docker_socket`, `shell_max_runs`, `shell_max_age` (flags win).
+    /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`,
+    /// `shell_max_runs`, `shell_max_age`, and an `[image_limits]` table (`max_bytes`,
+    /// `max_entries`, `max_ratio`, `max_depth`: what the Docker API's pulls and builds may
+    /// unpack; the `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also serve the Docker Engine API subset on this unix socket (mode 0600), for
@@ -73,6 +88,10 @@ struct ServeConfig {
     api_key: Option<String>,
     shell_max_runs: Option<u64>,
     shell_max_age: Option<String>,
+    insecure_no_auth: Option<bool>,
+    max_request_body: Option<String>,
+    max_upload: Option<String>,
+    image_limits: Option<crate::image::LimitConfig>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -116,6 +135,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         agentrun_policy::Profile::load(&p.profile)
             .with_context(|| format!("--pool {}:{}", p.image, p.profile))?;
     }
+    let image_limits = crate::image::LimitArgs::default().resolve(file.image_limits.as_ref())?;
     let kept: usize = pools.iter().map(|p| p.target).sum();
     if max == 0 || kept > max {
         bail!("the pools keep {kept} sandboxes ready: --max-sandboxes ({max}) must be at least that, and > 0");
@@ -150,12 +170,43 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(1, 64),
     };
+    let size = |flag: &str, arg: &Option<String>, key: &Option<String>, default: u64| match arg
+        .as_deref()
+        .or(key.as_deref())
+    {
+        Some(s) => agentrun_policy::parse_bytes(s).with_context(|| format!("--{flag}")),
+        None => Ok(default),
+    };
+    let max_request_body = size(
+        "max-request-body",
+        &args.max_request_body,
+        &file.max_request_body,
+        agentrun_opensandbox::DEFAULT_MAX_REQUEST_BODY as u64,
+    )?;
+    let max_upload = size(
+        "max-upload",
+        &args.max_upload,
+        &file.max_upload,
+        agentrun_opensandbox::DEFAULT_MAX_UPLOAD,
+    )?;
+    let limits = agentrun_opensandbox::Limits {
+        max_request_body: usize::try_from(max_request_body).unwrap_or(usize::MAX),
+        max_upload,
+    };
     let mut frontends: Vec<Box<dyn daemon::Frontend>> = Vec::new();
     if let Some(listen) = args.listen.or(file.listen) {
+        let api_key = args
+            .api_key
+            .clone()
+            .or(file.api_key.clone())
+            .filter(|k| !k.is_empty());
+        let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
+        check_exposure(listen, api_key.is_some(), insecure)?;
         frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend {
             options: agentrun_opensandbox::OpenSandboxOptions {
                 listen,
-                api_key: args.api_key.clone().or(file.api_key.clone()),
+                api_key,
+                limits,
                 image_root: paths.root.clone(),
                 audit_dir: paths.audit_dir(),
                 workers: std::thread::available_parallelism()
@@ -171,10 +222,48 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 root: paths.root.clone(),
                 state_dir: paths.state_dir.clone(),
                 mode: 0o600,
+                max_request_body,
+                max_upload,
+                image_limits,
             },
         }));
     }
     daemon::run(&opts, frontends)?;
+    Ok(())
+}
+
+/// Whether an address is reachable from this host only.
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// `--listen` beyond loopback needs an API key: the lifecycle API hands out every sandbox's
+/// execd token. Without one it is refused, unless `--insecure-no-auth` asks for it (then a
+/// warning says what that means).
+fn check_exposure(
+    listen: std::net::SocketAddr,
+    has_key: bool,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if has_key || is_loopback(listen.ip()) {
+        return Ok(());
+    }
+    if !insecure {
+        bail!(
+            "--listen {listen} is not a loopback address: set an API key (--api-key or AGENTRUN_API_KEY), or pass --insecure-no-auth to serve it without one"
+        );
+    }
+    eprintln!(
+        "agentrun: WARNING: --insecure-no-auth: the OpenSandbox API on {listen} has NO API KEY. \
+         Anyone who can reach this address can create sandboxes, run code in any of them and \
+         read every sandbox's execd token. Use --api-key (or AGENTRUN_API_KEY) unless the \
+         network itself is trusted."
+    );
     Ok(())
 }
 

@@ -126,6 +126,35 @@ impl Recorder {
         }
     }
 
+    /// Traces and keeps a connection the egress proxy could not make after the policy
+    /// allowed it (`d`): a name that does not resolve, an upstream that refuses. An error,
+    /// not a decision: an `egress.connect` span with status Error and `error.type`, and an
+    /// audit record of kind `error`; never counted as a violation.
+    pub fn failure(&self, action: &Action, d: &Decision, f: &agentrun_egress::Failure) {
+        let mut g = self.lock();
+        let mut span = g.parent.child("egress.connect");
+        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
+        if let Some(id) = &g.sandbox_id {
+            span.set_attribute("sandbox.id", id.clone());
+        }
+        g.children.push(span.end());
+        let record = AuditRecord {
+            kind: "error".into(),
+            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
+            trace_id: g.trace_id.clone(),
+            action: action.name().into(),
+            resource: action.resource(),
+            decision: "error".into(),
+            rule: d.rule_id.clone(),
+            reason: f.message.clone(),
+            profile: g.profile.clone(),
+            ..Default::default()
+        };
+        if let Err(e) = g.audit.append(&record) {
+            eprintln!("agentrun: {e}");
+        }
+    }
+
     /// The sandbox exists: held decisions are written with its id.
     pub fn set_sandbox(&self, id: &str) -> Result<(), AuditError> {
         let mut g = self.lock();

@@ -111,6 +111,8 @@ pub struct CopyLayer<'a> {
     pub owner: (u64, u64),
     /// ADD: unpack local tar archives at the destination.
     pub unpack_archives: bool,
+    /// What unpacking such an archive may cost (the store's limits).
+    pub limits: agentrun_image::UnpackLimits,
 }
 
 impl CopyLayer<'_> {
@@ -229,7 +231,8 @@ impl CopyLayer<'_> {
     }
 
     /// ADD of a local archive: its entries, re-rooted at `at` (the layer unpacker applies the
-    /// usual path rules to them).
+    /// usual path rules to them). The archive is read under the store's unpack limits, so a
+    /// decompression bomb in the context is refused by its expansion ratio.
     fn append_archive(
         &self,
         b: &mut tar::Builder<&mut dyn Write>,
@@ -238,20 +241,12 @@ impl CopyLayer<'_> {
     ) -> Result<(), BuildError> {
         let bad = |e: io::Error| BuildError::Context(format!("{}: {e}", src.display()));
         let f = File::open(src).map_err(bad)?;
-        let reader: Box<dyn Read> = if is_gzip(src) {
-            Box::new(flate2::read::MultiGzDecoder::new(f))
-        } else {
-            Box::new(f)
-        };
-        let mut archive = tar::Archive::new(reader);
-        for entry in archive.entries().map_err(bad)? {
-            let mut entry = entry.map_err(bad)?;
+        agentrun_image::for_each_tar_entry(f, self.limits, src, |entry| {
             let mut h = entry.header().clone();
-            let path = entry.path().map_err(bad)?.into_owned();
+            let path = entry.path()?.into_owned();
             if path.components().any(|c| matches!(c, Component::ParentDir)) {
-                return Err(BuildError::Context(format!(
-                    "{}: entry {} leaves the destination",
-                    src.display(),
+                return Err(io::Error::other(format!(
+                    "entry {} leaves the destination",
                     path.display()
                 )));
             }
@@ -262,11 +257,7 @@ impl CopyLayer<'_> {
             let name = at.join(rel_path);
             match h.entry_type() {
                 tar::EntryType::Symlink | tar::EntryType::Link => {
-                    let link = entry
-                        .link_name()
-                        .map_err(bad)?
-                        .unwrap_or_default()
-                        .into_owned();
+                    let link = entry.link_name()?.unwrap_or_default().into_owned();
                     let link = if h.entry_type() == tar::EntryType::Link {
                         at.join(
                             link.components()
@@ -276,12 +267,12 @@ impl CopyLayer<'_> {
                     } else {
                         link
                     };
-                    b.append_link(&mut h, &name, link).map_err(bad)?;
+                    b.append_link(&mut h, &name, link)
                 }
-                _ => b.append_data(&mut h, &name, &mut entry).map_err(bad)?,
+                _ => b.append_data(&mut h, &name, entry),
             }
-        }
-        Ok(())
+        })
+        .map_err(|e| BuildError::Context(e.to_string()))
     }
 }
 
@@ -305,10 +296,6 @@ fn magic(p: &Path) -> [u8; 262] {
         let _ = f.read(&mut buf);
     }
     buf
-}
-
-fn is_gzip(p: &Path) -> bool {
-    magic(p).starts_with(&[0x1f, 0x8b])
 }
 
 fn is_archive(p: &Path) -> bool {

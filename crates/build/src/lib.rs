@@ -242,6 +242,7 @@ pub fn build(
                             layers: &tops,
                             owner: (0, 0),
                             unpack_archives: false,
+                            limits: store.limits(),
                         }
                         .write(&[], &format!("{dir}/"), w)
                         .map_err(|e| std::io::Error::other(e.to_string()))
@@ -265,6 +266,7 @@ pub fn build(
                     layers: &tops,
                     owner,
                     unpack_archives: *add,
+                    limits: store.limits(),
                 };
                 // A context error is reported as itself, not as the store's write error.
                 let mut failure = None;

@@ -6,7 +6,8 @@
 //! created containers alike: the files are in the container's sandbox, which lives until the
 //! container is removed (a created one gets it now). Regular files, directories, symlinks
 //! (carried as links, never followed) and hard links within one archive are carried;
-//! devices, FIFOs and sockets are left out.
+//! devices, FIFOs and sockets are left out. Both directions stream: a tar is written and
+//! read as it goes, never held whole (a 1 TiB sparse file costs the daemon a 64 KiB chunk).
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, SandboxFs};
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use hyper::body::Frame;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
@@ -46,7 +47,8 @@ async fn sandbox_fs(ctx: Arc<Context>, c: Arc<Container>) -> Result<SandboxFs, B
         .map_err(|e| Box::new(error(StatusCode::CONFLICT, &e.to_string())))
 }
 
-fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
+/// `?path=` of the archive endpoints: (absolute path, path relative to the container root).
+pub fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
     let p = q
         .get("path")
         .filter(|p| !p.is_empty())
@@ -81,7 +83,12 @@ fn not_found(abs: &str, c: &Container, head: bool) -> Reply {
     )
 }
 
-/// `HEAD` / `GET /containers/{id}/archive?path=`: the stat header (and a tar of the path).
+/// Bytes of a `get_archive` tar in flight between the thread writing it and the client.
+const TAR_CHUNK: usize = 64 * 1024;
+
+/// `HEAD` / `GET /containers/{id}/archive?path=`: the stat header (and a tar of the path,
+/// streamed as it is written: the daemon holds a chunk, never a file; an error midway ends
+/// the body short, so the client sees a failed transfer, not a truncated archive).
 pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Method) -> Reply {
     let head = method == Method::HEAD;
     let (abs, rel) = match path_param(q) {
@@ -97,7 +104,7 @@ pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Metho
     let follow = abs.ends_with('/') || abs.ends_with("/.");
     let result = tokio::task::spawn_blocking(move || {
         as_sandbox_root(
-            || -> Result<(serde_json::Value, Option<Vec<u8>>), rustix::io::Errno> {
+            || -> Result<(serde_json::Value, SandboxFs, PathBuf, String, bool), rustix::io::Errno> {
                 let mut rel2 = rel;
                 if follow && fs.stat(&rel2)?.kind() == "symlink" {
                     rel2 = fs.resolve(&rel2)?;
@@ -122,28 +129,22 @@ pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Metho
                         .map(|d| d.to_rfc3339()).unwrap_or_default(),
                     "linkTarget": link_target,
                 });
-                if head {
-                    return Ok((stat, None));
-                }
-                let mut b = tar::Builder::new(Vec::new());
-                let base = PathBuf::from(if name == "/" { "." } else { &name });
-                append(&fs, &mut b, &rel2, &base, entry.is_dir())?;
-                let bytes = b.into_inner().map_err(|_| rustix::io::Errno::IO)?;
-                Ok((stat, Some(bytes)))
+                Ok((stat, fs, rel2, name, entry.is_dir()))
             },
         )
     })
     .await;
-    let (stat, tar) = match result {
+    let (stat, fs, rel, name, is_dir) = match result {
         Ok(Ok(v)) => v,
         Ok(Err(rustix::io::Errno::NOENT)) => return not_found(&abs, &c2, head),
         Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{abs}: {e}")),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
     let header = base64_encode(serde_json::to_vec(&stat).expect("json").as_slice());
-    let body = match tar {
-        Some(t) => http_body_util::Full::new(Bytes::from(t)).boxed(),
-        None => http_body_util::Empty::<Bytes>::new().boxed(),
+    let body = if head {
+        crate::http::boxed(http_body_util::Empty::<Bytes>::new())
+    } else {
+        tar_body(fs, rel, name, is_dir)
     };
     let mut r = Response::new(body);
     r.headers_mut()
@@ -154,14 +155,70 @@ pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Metho
     r
 }
 
-fn append(
+/// The tar of `rel` (named `name` in it), written on a blocking thread as the client reads it.
+fn tar_body(fs: SandboxFs, rel: PathBuf, name: String, is_dir: bool) -> crate::http::Body {
+    let (reader, writer) = tokio::io::duplex(TAR_CHUNK);
+    let writer = tokio_util::io::SyncIoBridge::new(writer);
+    let (outcome_tx, outcome) = tokio::sync::oneshot::channel::<std::io::Error>();
+    tokio::task::spawn_blocking(move || {
+        let written = as_sandbox_root(|| -> std::io::Result<()> {
+            let mut b = tar::Builder::new(writer);
+            let base = PathBuf::from(if name == "/" { "." } else { &name });
+            append(&fs, &mut b, &rel, &base, is_dir)?;
+            b.into_inner()?.flush()
+        });
+        // The writer is gone by now: the body ends, with this error after what was sent.
+        if let Err(e) = written {
+            let _ = outcome_tx.send(e);
+        }
+    });
+    use tokio_stream::StreamExt as _;
+    let data = tokio_util::io::ReaderStream::with_capacity(reader, TAR_CHUNK)
+        .map(|chunk| chunk.map(Frame::data).map_err(crate::http::BoxError::from));
+    let failure = tokio_stream::once(outcome).then(|outcome| async move {
+        outcome
+            .await
+            .ok()
+            .map(|e| Err(crate::http::BoxError::from(e)))
+    });
+    let failure = tokio_stream::StreamExt::filter_map(failure, |x| x);
+    http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(data.chain(failure)))
+}
+
+/// A file's data for the tar: exactly `len` bytes, or an error if the file ends sooner (it
+/// shrank since its header was written: the archive would be corrupt).
+struct Exactly<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exactly<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file shrank while it was archived",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn append<W: Write>(
     fs: &SandboxFs,
-    b: &mut tar::Builder<Vec<u8>>,
+    b: &mut tar::Builder<W>,
     rel: &Path,
     name: &Path,
     is_dir: bool,
-) -> Result<(), rustix::io::Errno> {
-    let io = |_| rustix::io::Errno::IO;
+) -> std::io::Result<()> {
     let entry = fs.stat(rel)?;
     let mut h = tar::Header::new_gnu();
     h.set_mode(entry.stat.st_mode & 0o7777);
@@ -171,7 +228,7 @@ fn append(
     if is_dir {
         h.set_entry_type(tar::EntryType::Directory);
         h.set_size(0);
-        b.append_data(&mut h, name, std::io::empty()).map_err(io)?;
+        b.append_data(&mut h, name, std::io::empty())?;
         for child in fs.walk(rel, 1)? {
             let child_name = child.path.rsplit('/').next().unwrap_or("").to_owned();
             append(
@@ -183,25 +240,33 @@ fn append(
             )?;
         }
     } else if entry.kind() == "file" {
-        let mut f = fs.open_regular(rel)?;
-        let mut data = Vec::new();
-        f.read_to_end(&mut data).map_err(io)?;
+        let f = fs.open_regular(rel)?;
+        // The size of what is open, read exactly (streamed: never the whole file in memory).
+        let len = f.metadata()?.len();
         h.set_entry_type(tar::EntryType::Regular);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, name, &data[..]).map_err(io)?;
+        h.set_size(len);
+        b.append_data(
+            &mut h,
+            name,
+            Exactly {
+                inner: std::io::BufReader::with_capacity(TAR_CHUNK, f),
+                left: len,
+            },
+        )?;
     } else if entry.kind() == "symlink" {
         // The link itself, as written (not followed).
         let target = fs.readlink(rel)?;
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
-        b.append_link(&mut h, name, Path::new(&target))
-            .map_err(io)?;
+        b.append_link(&mut h, name, Path::new(&target))?;
     }
     // Devices, FIFOs and sockets are left out.
     Ok(())
 }
 
-/// `PUT /containers/{id}/archive?path=`: unpacks the tar body into `path` (a directory).
+/// `PUT /containers/{id}/archive?path=`: unpacks the tar body into `path` (a directory) as
+/// it arrives, at most `--max-upload` bytes of it (413 above, with what came before it
+/// unpacked, as an interrupted `docker cp` leaves it).
 pub async fn put(
     ctx: Arc<Context>,
     c: Arc<Container>,
@@ -212,94 +277,18 @@ pub async fn put(
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let body: Bytes = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
+    let limit = ctx.limits.max_upload;
     let fs = match sandbox_fs(ctx, c.clone()).await {
         Ok(f) => f,
         Err(r) => return *r,
     };
+    let (body, over_limit) = crate::http::body_reader(req.into_body(), limit);
     let c2 = c.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        as_sandbox_root(|| -> Result<(), String> {
-            // As dockerd: the extraction point may be (or go through) a link, followed in
-            // the container's root.
-            let rel = fs.resolve(&rel).map_err(|e| format!("500:{e}"))?;
-            match fs.stat(&rel) {
-                Ok(e) if e.is_dir() => {}
-                Ok(_) => return Err("400:extraction point is not a directory".into()),
-                Err(rustix::io::Errno::NOENT) => return Err("404".into()),
-                Err(e) => return Err(format!("500:{e}")),
-            }
-            let mut archive = tar::Archive::new(&body[..]);
-            let entries = archive
-                .entries()
-                .map_err(|e| format!("400:not a tar archive: {e}"))?;
-            for entry in entries {
-                let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
-                let path = entry
-                    .path()
-                    .map_err(|e| format!("400:{e}"))?
-                    .to_string_lossy()
-                    .into_owned();
-                // Inside `path`, whatever the entry says (`..` cannot climb out of it).
-                let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
-                if inner.as_os_str().is_empty() {
-                    continue;
-                }
-                let target = rel.join(inner);
-                let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
-                let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
-                let kind = entry.header().entry_type();
-                if matches!(
-                    kind,
-                    tar::EntryType::Regular
-                        | tar::EntryType::Continuous
-                        | tar::EntryType::Symlink
-                        | tar::EntryType::Link
-                ) {
-                    // As dockerd: what is there is replaced, not written through (a symlink
-                    // in the way is removed, not followed). Directories stay.
-                    match fs.stat(&target) {
-                        Ok(e) if !e.is_dir() => fs.remove_file(&target).map_err(failed)?,
-                        _ => {}
-                    }
-                }
-                match kind {
-                    tar::EntryType::Directory => {
-                        fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?
-                    }
-                    tar::EntryType::Regular | tar::EntryType::Continuous => {
-                        let mut f = fs.create_file(&target, mode).map_err(failed)?;
-                        std::io::copy(&mut entry, &mut f)
-                            .and_then(|_| f.flush())
-                            .map_err(|e| format!("500:{}: {e}", target.display()))?;
-                    }
-                    tar::EntryType::Symlink => {
-                        let link = entry
-                            .link_name_bytes()
-                            .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
-                        let link = std::ffi::OsStr::from_bytes(&link).to_owned();
-                        fs.symlink(&link, &target).map_err(failed)?;
-                    }
-                    tar::EntryType::Link => {
-                        // A name earlier in the archive, under the same extraction point.
-                        let link = entry
-                            .link_name_bytes()
-                            .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
-                        let link = String::from_utf8_lossy(&link).into_owned();
-                        let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
-                        fs.hard_link(&rel.join(from), &target).map_err(failed)?;
-                    }
-                    // Devices, FIFOs and sockets are not written.
-                    _ => {}
-                }
-            }
-            Ok(())
-        })
-    })
-    .await;
+    let result =
+        tokio::task::spawn_blocking(move || as_sandbox_root(|| extract(&fs, &rel, body))).await;
+    if over_limit.load(std::sync::atomic::Ordering::SeqCst) {
+        return crate::http::too_large(limit, "max-upload");
+    }
     match result {
         Ok(Ok(())) => crate::http::empty(StatusCode::OK),
         Ok(Err(e)) if e == "404" => not_found(&abs, &c2, false),
@@ -313,6 +302,85 @@ pub async fn put(
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+/// Unpacks a `PUT .../archive` tar body into the directory `rel` of a container's root (the
+/// extraction point may be or go through a link, followed inside the root, as dockerd does).
+/// Run it inside [`as_sandbox_root`]. `Err` is `"STATUS:message"` (`"404"` alone: no such
+/// extraction point).
+pub fn extract(fs: &SandboxFs, rel: &Path, body: impl std::io::Read) -> Result<(), String> {
+    // As dockerd: the extraction point may be (or go through) a link, followed in
+    // the container's root.
+    let rel = fs.resolve(rel).map_err(|e| format!("500:{e}"))?;
+    match fs.stat(&rel) {
+        Ok(e) if e.is_dir() => {}
+        Ok(_) => return Err("400:extraction point is not a directory".into()),
+        Err(rustix::io::Errno::NOENT) => return Err("404".into()),
+        Err(e) => return Err(format!("500:{e}")),
+    }
+    let mut archive = tar::Archive::new(body);
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("400:not a tar archive: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
+        let path = entry
+            .path()
+            .map_err(|e| format!("400:{e}"))?
+            .to_string_lossy()
+            .into_owned();
+        // Inside `path`, whatever the entry says (`..` cannot climb out of it).
+        let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
+        if inner.as_os_str().is_empty() {
+            continue;
+        }
+        let target = rel.join(inner);
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+        let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
+        let kind = entry.header().entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::Regular
+                | tar::EntryType::Continuous
+                | tar::EntryType::Symlink
+                | tar::EntryType::Link
+        ) {
+            // As dockerd: what is there is replaced, not written through (a symlink
+            // in the way is removed, not followed). Directories stay.
+            match fs.stat(&target) {
+                Ok(e) if !e.is_dir() => fs.remove_file(&target).map_err(failed)?,
+                _ => {}
+            }
+        }
+        match kind {
+            tar::EntryType::Directory => fs.mkdir_p(&target, mode.max(0o700)).map_err(failed)?,
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mut f = fs.create_file(&target, mode).map_err(failed)?;
+                std::io::copy(&mut entry, &mut f)
+                    .and_then(|_| f.flush())
+                    .map_err(|e| format!("500:{}: {e}", target.display()))?;
+            }
+            tar::EntryType::Symlink => {
+                let link = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
+                let link = std::ffi::OsStr::from_bytes(&link).to_owned();
+                fs.symlink(&link, &target).map_err(failed)?;
+            }
+            tar::EntryType::Link => {
+                // A name earlier in the archive, under the same extraction point.
+                let link = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
+                let link = String::from_utf8_lossy(&link).into_owned();
+                let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
+                fs.hard_link(&rel.join(from), &target).map_err(failed)?;
+            }
+            // Devices, FIFOs and sockets are not written.
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn base64_encode(data: &[u8]) -> String {

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -18,6 +17,8 @@ use crate::Context;
 /// How long an attach stream of an exited container waits for more output while the
 /// process's pipes are still open (a background child may hold them).
 const EXITED_DRAIN: Duration = Duration::from_millis(200);
+/// Stdin an attached client may send a container before it starts (kept for its start).
+const PENDING_STDIN: usize = 1024 * 1024;
 
 pub fn no_such(key: &str) -> Reply {
     error(StatusCode::NOT_FOUND, &format!("No such container: {key}"))
@@ -31,12 +32,12 @@ fn valid_name(n: &str) -> bool {
 
 /// `POST /containers/create?name=`
 pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
-    let body: Value = match req.into_body().collect().await {
-        Ok(b) => match serde_json::from_slice(&b.to_bytes()) {
+    let body: Value = match crate::http::read_body(req.into_body(), &ctx.limits).await {
+        Ok(b) => match serde_json::from_slice(&b) {
             Ok(v) => v,
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
         },
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(r) => return *r,
     };
     let config = match ContainerConfig::from_body(&body) {
         Ok(c) => c,
@@ -53,7 +54,10 @@ pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming
         }
         Err(e) => return crate::images::image_error(&config.image, &e),
     };
-    let id = new_id();
+    let id = match new_id() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     let name = match q.get("name").filter(|n| !n.is_empty()) {
         Some(n) => {
             let n = n.strip_prefix('/').unwrap_or(n);
@@ -338,7 +342,7 @@ pub fn logs(ctx: &Context, key: &str, q: &Query) -> Reply {
     let tail = q.get("tail").and_then(|t| t.parse::<usize>().ok());
     let follow = q.bool("follow");
     let mut live = c.output.subscribe();
-    let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.clone();
+    let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
     let (reply, tx) = streaming(if tty {
         "application/vnd.docker.raw-stream"
     } else {
@@ -453,19 +457,30 @@ pub fn attach(
         let (mut rd, mut wr) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
         let wanted = |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
         if with_logs {
-            let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.clone();
+            let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
             for (s, b) in kept {
                 if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
                     return;
                 }
             }
         }
-        // Stdin: to the process if it runs, else kept for it.
+        // Stdin: to the process if it runs (through its bounded writer: a process not
+        // reading its stdin holds up this client only), else kept for it (at most
+        // PENDING_STDIN; then the client waits for the start).
         let c_in = c.clone();
         let input = tokio::spawn(async move {
             use tokio::io::AsyncReadExt;
             let mut buf = vec![0u8; 16 * 1024];
+            let mut changed = c_in.changed.subscribe();
             loop {
+                while want_in && {
+                    let st = lock(&c_in.state);
+                    st.status == Status::Created && st.pending_stdin.len() >= PENDING_STDIN
+                } {
+                    if changed.changed().await.is_err() {
+                        return;
+                    }
+                }
                 let n = match rd.read(&mut buf).await {
                     Ok(0) | Err(_) => 0,
                     Ok(n) => n,
@@ -476,24 +491,29 @@ pub fn attach(
                     }
                     continue;
                 }
-                let mut guard = lock(&c_in.state);
-                let st = &mut *guard;
-                if n == 0 {
-                    if st.status == Status::Created {
-                        st.stdin_closed_early = true;
-                    } else if c_in.config.stdin_once || !c_in.config.tty {
-                        st.stdin = None;
+                let writer = {
+                    let mut guard = lock(&c_in.state);
+                    let st = &mut *guard;
+                    if n == 0 {
+                        if st.status == Status::Created {
+                            st.stdin_closed_early = true;
+                        } else if c_in.config.stdin_once || !c_in.config.tty {
+                            st.stdin = None;
+                        }
+                        break;
                     }
-                    break;
-                }
-                match st.stdin.as_mut() {
-                    Some(w) => {
-                        let _ = std::io::Write::write_all(w, &buf[..n]);
+                    match st.stdin.as_ref() {
+                        Some(w) => Some(w.clone()),
+                        None => {
+                            if st.status == Status::Created {
+                                st.pending_stdin.extend_from_slice(&buf[..n]);
+                            }
+                            None
+                        }
                     }
-                    None if st.status == Status::Created => {
-                        st.pending_stdin.extend_from_slice(&buf[..n])
-                    }
-                    None => {}
+                };
+                if let Some(w) = writer {
+                    let _ = w.send(Bytes::copy_from_slice(&buf[..n])).await;
                 }
             }
         });

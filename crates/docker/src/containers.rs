@@ -18,7 +18,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -43,6 +42,9 @@ const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// Output kept per container for `logs` (older output is dropped first).
 const LOG_CAP: usize = 8 * 1024 * 1024;
+/// What a kept chunk costs besides its bytes (its entry and allocation), counted against
+/// [`LOG_CAP`]: a process writing a byte at a time cannot make 8 MiB of log cost 500 MiB.
+const CHUNK_COST: usize = 64;
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -204,8 +206,9 @@ pub struct State {
     pub error: String,
     pub started_at: Option<SystemTime>,
     pub finished_at: Option<SystemTime>,
-    /// Writer to the main process's stdin (pipe or pty master).
-    pub stdin: Option<File>,
+    /// The main process's stdin (pipe or pty master), written by a thread of its own
+    /// ([`crate::stream::stdin_writer`]: bounded, in order); `None` closes it.
+    pub stdin: Option<tokio::sync::mpsc::Sender<Bytes>>,
     /// Stdin attached before start, kept for the process.
     pub pending_stdin: Vec<u8>,
     pub stdin_closed_early: bool,
@@ -232,7 +235,7 @@ pub struct Container {
     /// Every state change bumps it (wait, attach end).
     pub changed: watch::Sender<u64>,
     /// (stream: 1 stdout / 2 stderr, bytes), kept for logs.
-    pub logs: Mutex<(Vec<(u8, Bytes)>, usize)>,
+    pub logs: Mutex<(std::collections::VecDeque<(u8, Bytes)>, usize)>,
     pub output: broadcast::Sender<(u8, Bytes)>,
     /// The main process's pty (`Tty`) and its window size.
     pub pty: crate::pty::Pty,
@@ -280,7 +283,7 @@ impl Container {
             }),
             making: Mutex::new(()),
             changed: watch::channel(0).0,
-            logs: Mutex::new((Vec::new(), 0)),
+            logs: Mutex::new(Default::default()),
             output: broadcast::channel(1024).0,
             pty,
             open_outputs: Mutex::new(0),
@@ -394,11 +397,12 @@ impl Container {
     pub fn record_output(&self, stream: u8, data: Bytes) {
         {
             let mut logs = lock(&self.logs);
-            logs.1 += data.len();
-            logs.0.push((stream, data.clone()));
+            logs.1 += data.len() + CHUNK_COST;
+            logs.0.push_back((stream, data.clone()));
             while logs.1 > LOG_CAP && !logs.0.is_empty() {
-                let (_, first) = logs.0.remove(0);
-                logs.1 -= first.len();
+                if let Some((_, first)) = logs.0.pop_front() {
+                    logs.1 -= first.len() + CHUNK_COST;
+                }
             }
         }
         let _ = self.output.send((stream, data));
@@ -574,13 +578,10 @@ impl Containers {
     }
 }
 
-/// A new 64-hex id.
-pub fn new_id() -> String {
-    let mut b = [0u8; 32];
-    if let Ok(mut f) = File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut b);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// A new 64-hex id (from [`agentrun_runtime::random`]: getrandom, never a predictable
+/// fallback).
+pub fn new_id() -> Result<String, agentrun_runtime::random::RandomError> {
+    agentrun_runtime::random::hex(32)
 }
 
 /// Docker-style generated names.
@@ -808,10 +809,13 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         st.exit_code = 0;
         st.error.clear();
         st.ports = published;
-        st.stdin = stdin;
-        if let Some(w) = st.stdin.as_mut() {
+        st.stdin = stdin.map(crate::stream::stdin_writer);
+        if let Some(w) = st.stdin.as_ref() {
+            // Its queue is empty: this never waits (the process may not even exist yet).
             let pending = std::mem::take(&mut st.pending_stdin);
-            let _ = w.write_all(&pending);
+            if !pending.is_empty() {
+                let _ = w.try_send(Bytes::from(pending));
+            }
         }
         if st.stdin_closed_early {
             st.stdin = None;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use agentrun_pool::live::ProcessSpec;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -49,6 +48,64 @@ pub struct ExecState {
     pub pid: i32,
 }
 
+/// What a `POST /containers/{id}/exec` body asks for (parsed without the container: the
+/// defaults for `WorkingDir` and `User` come from it later).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub cmd: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// `None`: the container's working directory.
+    pub working_dir: Option<String>,
+    /// `None`: the container's user.
+    pub user: Option<String>,
+    pub tty: bool,
+    pub attach_stdin: bool,
+    /// `ConsoleSize` (rows, columns), if given and not 0x0.
+    pub console_size: Option<(u16, u16)>,
+}
+
+impl ExecRequest {
+    /// Parses an exec create body; `Err` is the 400 message.
+    pub fn from_body(body: &Value) -> Result<Self, &'static str> {
+        let cmd = body["Cmd"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty())
+            .ok_or("No exec command specified")?;
+        let env = body["Env"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .filter_map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let nonempty = |key: &str| {
+            body[key]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        Ok(ExecRequest {
+            cmd,
+            env,
+            working_dir: nonempty("WorkingDir"),
+            user: nonempty("User"),
+            tty: body["Tty"].as_bool().unwrap_or(false),
+            attach_stdin: body["AttachStdin"].as_bool().unwrap_or(false),
+            console_size: crate::pty::console_size(&body["ConsoleSize"]),
+        })
+    }
+}
+
 /// `POST /containers/{id}/exec`
 pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
     if c.status() != Status::Running {
@@ -57,50 +114,28 @@ pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
             &format!("Container {} is not running", c.id),
         );
     }
-    let Some(cmd) = body["Cmd"].as_array().map(|a| {
-        a.iter()
-            .filter_map(|x| x.as_str().map(str::to_owned))
-            .collect::<Vec<_>>()
-    }) else {
-        return error(StatusCode::BAD_REQUEST, "No exec command specified");
+    let req = match ExecRequest::from_body(body) {
+        Ok(r) => r,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
-    if cmd.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "No exec command specified");
-    }
-    let env = body["Env"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str())
-                .filter_map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let working_dir = body["WorkingDir"]
-        .as_str()
-        .filter(|w| !w.is_empty())
-        .map(str::to_owned)
-        .unwrap_or_else(|| c.working_dir());
-    let user = body["User"]
-        .as_str()
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .or_else(|| c.user());
+    let working_dir = req.working_dir.unwrap_or_else(|| c.working_dir());
+    let user = req.user.or_else(|| c.user());
+    let id = match new_id() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     let pty = crate::pty::Pty::default();
-    if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
+    if let Some((h, w)) = req.console_size {
         let _ = pty.resize(h, w);
     }
     let exec = Arc::new(Exec {
-        id: new_id(),
+        id,
         container: c,
-        cmd,
-        env,
+        cmd: req.cmd,
+        env: req.env,
         working_dir,
-        tty: body["Tty"].as_bool().unwrap_or(false),
-        attach_stdin: body["AttachStdin"].as_bool().unwrap_or(false),
+        tty: req.tty,
+        attach_stdin: req.attach_stdin,
         user,
         pty,
         state: Mutex::new(ExecState::default()),
@@ -148,10 +183,13 @@ fn no_such(id: &str) -> Reply {
 }
 
 /// `POST /exec/{id}/start`
-pub async fn start(ctx: Arc<Context>, id: &str, mut req: Request<hyper::body::Incoming>) -> Reply {
-    let body: Value = match req.body_mut().collect().await {
-        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or(json!({})),
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incoming>) -> Reply {
+    // The body is read here; the request (its upgrade) goes on without it.
+    let (parts, body) = req.into_parts();
+    let mut req = Request::from_parts(parts, ());
+    let body: Value = match crate::http::read_body(body, &ctx.limits).await {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or(json!({})),
+        Err(r) => return *r,
     };
     let Some(exec) = lock(&ctx.execs).get(id).cloned() else {
         return no_such(id);
@@ -238,7 +276,7 @@ async fn spawn(
     want_stdin: bool,
     out: mpsc::Sender<(u8, Bytes)>,
     exit: oneshot::Sender<i32>,
-) -> Result<Option<std::sync::mpsc::Sender<Bytes>>, String> {
+) -> Result<Option<mpsc::Sender<Bytes>>, String> {
     let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
     // An exited container keeps its sandbox (its files): only a running one takes execs.
     let (sandbox, exits) = {
@@ -386,4 +424,35 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
         exec.id,
         exec.cmd
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_bodies() {
+        let r = ExecRequest::from_body(&json!({
+            "Cmd": ["sh", "-c", "id", 5], "Env": ["A=1", "NOEQ"], "WorkingDir": "",
+            "User": "nobody", "Tty": true, "ConsoleSize": [24, 80],
+        }))
+        .unwrap();
+        assert_eq!(r.cmd, vec!["sh", "-c", "id"]);
+        assert_eq!(r.env, vec![("A".to_string(), "1".to_string())]);
+        assert_eq!(r.working_dir, None);
+        assert_eq!(r.user.as_deref(), Some("nobody"));
+        assert!(r.tty && !r.attach_stdin);
+        assert_eq!(r.console_size, Some((24, 80)));
+        for bad in [
+            json!({}),
+            json!({"Cmd": []}),
+            json!({"Cmd": "ls"}),
+            json!(null),
+        ] {
+            assert_eq!(
+                ExecRequest::from_body(&bad),
+                Err("No exec command specified")
+            );
+        }
+    }
 }

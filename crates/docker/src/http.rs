@@ -1,14 +1,17 @@
 //! HTTP plumbing of the Docker API: version prefixes, query parsing with dockerd's boolean
-//! rules, JSON and error responses, streamed bodies. Handlers live in [`crate::images`] and
-//! [`crate::system`].
+//! rules, JSON and error responses, streamed bodies, request bodies read within [`Limits`].
+//! Handlers live in [`crate::images`], [`crate::system`] and the container modules.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use hyper::body::Frame;
+use hyper::body::{Frame, Incoming};
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,8 +21,151 @@ use tokio_stream::StreamExt;
 pub const API_VERSION: &str = "1.44";
 pub const MIN_API_VERSION: &str = "1.24";
 
-pub type Body = BoxBody<Bytes, Infallible>;
+/// Why a streamed body stopped short (the client sees the connection end mid-body).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
 pub type Reply = Response<Body>;
+
+/// How much of a request body the API reads (`agentrun serve --max-request-body`,
+/// `--max-upload`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A JSON body (create, exec), read whole.
+    pub max_request_body: u64,
+    /// A tar body (`put_archive`, a build context), streamed to disk.
+    pub max_upload: u64,
+}
+
+/// 413, naming the limit and the flag that sets it.
+pub fn too_large(limit: u64, flag: &str) -> Reply {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("request body larger than {limit} bytes (agentrun serve --{flag})"),
+    )
+}
+
+/// How long, and how much of, the rest of a body over its limit is still read (and thrown
+/// away) while the 413 goes out: a client still sending (the docker CLI, requests) reads the
+/// answer instead of a broken pipe. Nothing of it is kept.
+const DRAIN_AFTER_LIMIT: Duration = Duration::from_secs(10);
+const DRAIN_BYTES: usize = 64 << 20;
+
+/// The data of a request body, at most `limit` bytes: past them an error, `over` set, and the
+/// rest of the body drained in the background ([`DRAIN_AFTER_LIMIT`]). A body dropped before
+/// its end (its reader refused what it read: a build context over an unpack limit, a tar that
+/// is not one) is drained the same way, so the client reads the answer.
+struct CappedBody {
+    body: Option<Incoming>,
+    left: u64,
+    over: Arc<AtomicBool>,
+}
+
+impl CappedBody {
+    fn new(body: Incoming, limit: u64) -> (CappedBody, Arc<AtomicBool>) {
+        let over = Arc::new(AtomicBool::new(false));
+        let capped = CappedBody {
+            body: Some(body),
+            left: limit,
+            over: over.clone(),
+        };
+        (capped, over)
+    }
+}
+
+impl tokio_stream::Stream for CappedBody {
+    type Item = std::io::Result<Bytes>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let over = || std::io::Error::other("request body over the limit");
+        loop {
+            let Some(body) = self.body.as_mut() else {
+                return Poll::Ready(self.over.load(Ordering::SeqCst).then(|| Err(over())));
+            };
+            let frame = match hyper::body::Body::poll_frame(std::pin::Pin::new(body), cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    self.body = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Some(Err(std::io::Error::other(e))))
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if data.len() as u64 > self.left {
+                self.over.store(true, Ordering::SeqCst);
+                if let Some(rest) = self.body.take() {
+                    drain_in_background(rest);
+                }
+                return Poll::Ready(Some(Err(over())));
+            }
+            self.left -= data.len() as u64;
+            return Poll::Ready(Some(Ok(data)));
+        }
+    }
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        if let Some(rest) = self.body.take() {
+            drain_in_background(rest);
+        }
+    }
+}
+
+/// Reads and throws away the rest of a body for at most [`DRAIN_AFTER_LIMIT`] and
+/// [`DRAIN_BYTES`] (on the runtime this thread belongs to; a blocking task's thread has one).
+fn drain_in_background(mut rest: Incoming) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let until = tokio::time::Instant::now() + DRAIN_AFTER_LIMIT;
+        let mut drained = 0;
+        while let Ok(Some(Ok(f))) = tokio::time::timeout_at(until, rest.frame()).await {
+            drained += f.data_ref().map_or(0, Bytes::len);
+            if drained > DRAIN_BYTES {
+                break;
+            }
+        }
+    });
+}
+
+/// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that
+/// the answer is 413 (the rest is drained a while, never kept).
+pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Reply>> {
+    let (mut capped, over) = CappedBody::new(body, limits.max_request_body);
+    let mut whole = Vec::new();
+    while let Some(chunk) = capped.next().await {
+        match chunk {
+            Ok(b) => whole.extend_from_slice(&b),
+            Err(_) if over.load(Ordering::SeqCst) => {
+                return Err(Box::new(too_large(
+                    limits.max_request_body,
+                    "max-request-body",
+                )))
+            }
+            Err(e) => return Err(Box::new(error(StatusCode::BAD_REQUEST, &e.to_string()))),
+        }
+    }
+    Ok(Bytes::from(whole))
+}
+
+/// A request body as a blocking reader (for a blocking thread: a tar unpacked as it
+/// arrives), at most `limit` bytes: reading past them fails, and the returned flag says the
+/// limit was why (answer 413).
+pub fn body_reader(body: Incoming, limit: u64) -> (impl std::io::Read + Send, Arc<AtomicBool>) {
+    let (capped, over) = CappedBody::new(body, limit);
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(capped));
+    (reader, over)
+}
 
 /// A request path without its optional `/vX.Y` prefix; `Err(message)` for a version we do not
 /// speak (a 400 for the client).
@@ -85,11 +231,12 @@ impl Query {
     }
 }
 
-fn boxed<B>(b: B) -> Body
+/// A body that cannot fail, as a [`Body`].
+pub fn boxed<B>(b: B) -> Body
 where
     B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static,
 {
-    b.boxed()
+    b.map_err(|never| match never {}).boxed()
 }
 
 pub fn empty(status: StatusCode) -> Reply {
@@ -122,7 +269,7 @@ pub fn error(status: StatusCode, message: &str) -> Reply {
 /// A streamed 200 body: what is sent on the returned channel, as it comes.
 pub fn streaming(content_type: &str) -> (Reply, mpsc::Sender<Bytes>) {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, BoxError>(Frame::data(b)));
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     r.headers_mut()
         .insert("content-type", content_type.parse().expect("header"));

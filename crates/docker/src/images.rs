@@ -1,12 +1,10 @@
 //! Image endpoints: list, inspect, tag, remove, pull (`POST /images/create`) and the legacy
 //! builder (`POST /build`), all over agentrun's image store.
 
-use std::path::PathBuf;
+use std::path::{Component, PathBuf};
 
 use agentrun_image::reference::{familiar, normalize};
 use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::StatusCode;
 use serde_json::json;
 
@@ -216,85 +214,108 @@ pub async fn pull(ctx: &Context, q: &Query) -> Reply {
     }
 }
 
-/// `POST /build`: the context tar arrives as the body (length or chunked); progress streams
-/// back as `{"stream": ...}` lines ending with `Successfully built <id>`.
-pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
-    let bytes: Bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("reading the build context: {e}"),
-            )
-        }
-    };
+/// The build options `POST /build`'s query asks for (`dockerfile`, `t`, `buildargs`; the
+/// context directory is filled in once the body is unpacked); `Err` is the 400 message.
+pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> {
     if q.get("remote").is_some_and(|r| !r.is_empty()) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "remote build contexts are not supported: send the context as a tar",
-        );
+        return Err("remote build contexts are not supported: send the context as a tar".into());
     }
     let mut opts = agentrun_build::BuildOptions::new(PathBuf::new());
     if let Some(f) = q.get("dockerfile").filter(|f| !f.is_empty()) {
-        opts.dockerfile = PathBuf::from(f);
+        // Read from inside the context, never from the daemon's file system.
+        let p = PathBuf::from(f);
+        if !p
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(format!(
+                "dockerfile {f:?}: must be a path inside the build context"
+            ));
+        }
+        opts.dockerfile = p;
     }
     opts.tags = q.all("t").into_iter().filter(|t| !t.is_empty()).collect();
     if let Some(args) = q.get("buildargs").filter(|a| !a.is_empty()) {
-        match serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args) {
-            Ok(m) => {
-                for (k, v) in m {
-                    if let Some(v) = v {
-                        opts.build_args.insert(k, v);
-                    }
-                }
+        let m = serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args)
+            .map_err(|e| format!("buildargs: {e}"))?;
+        for (k, v) in m {
+            if let Some(v) = v {
+                opts.build_args.insert(k, v);
             }
-            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("buildargs: {e}")),
         }
     }
     for t in &opts.tags {
-        if let Err(e) = normalize(t) {
-            return error(StatusCode::BAD_REQUEST, &e.to_string());
-        }
+        normalize(t).map_err(|e| e.to_string())?;
     }
+    Ok(opts)
+}
+
+/// `POST /build`: the context tar arrives as the body (length or chunked) and is unpacked as
+/// it arrives (at most `--max-upload` bytes of it: 413 above); progress streams back as
+/// `{"stream": ...}` lines ending with `Successfully built <id>`.
+pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
+    let mut opts = match build_options(q) {
+        Ok(o) => o,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
     let quiet = q.bool("q");
+    let dir = match tempdir_in(&ctx.tmp_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("build context: {e}"),
+            )
+        }
+    };
+    let limit = ctx.limits.max_upload;
+    let (reader, over_limit) = crate::http::body_reader(body, limit);
+    let into = dir.clone();
+    let context_store = ctx.store.clone();
+    let unpacked =
+        tokio::task::spawn_blocking(move || context_store.unpack_context(reader, &into)).await;
+    let failed = match unpacked {
+        _ if over_limit.load(std::sync::atomic::Ordering::SeqCst) => {
+            Some(crate::http::too_large(limit, "max-upload"))
+        }
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(error(
+            StatusCode::BAD_REQUEST,
+            &format!("build context: {e}"),
+        )),
+        Err(e) => Some(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    };
+    if let Some(reply) = failed {
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        return reply;
+    }
     let (reply, tx) = streaming("application/json");
     let store = ctx.store.clone();
     let paths = ctx.runtime_paths.clone();
     let host = ctx.host.clone();
-    let tmp_root = ctx.tmp_dir.clone();
     tokio::task::spawn_blocking(move || {
         let send = |v: serde_json::Value| {
             let _ = tx.blocking_send(json_line(&v));
         };
-        let dir = match tempdir_in(&tmp_root) {
-            Ok(d) => d,
-            Err(e) => return send(build_error(&format!("build context: {e}"))),
+        opts.context = dir.clone();
+        let build_host = agentrun_build::BuildHost {
+            paths: &paths,
+            host: &host,
         };
-        let result = (|| {
-            agentrun_image::unpack_context(&bytes[..], &dir)
-                .map_err(|e| format!("build context: {e}"))?;
-            opts.context = dir.clone();
-            let build_host = agentrun_build::BuildHost {
-                paths: &paths,
-                host: &host,
-            };
-            agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
-                if quiet {
-                    return;
+        let result = agentrun_build::build(&store, &build_host, &opts, &mut |ev| {
+            if quiet {
+                return;
+            }
+            let text = match ev {
+                agentrun_build::BuildEvent::Step { index, total, text } => {
+                    format!("Step {index}/{total} : {text}\n")
                 }
-                let text = match ev {
-                    agentrun_build::BuildEvent::Step { index, total, text } => {
-                        format!("Step {index}/{total} : {text}\n")
-                    }
-                    agentrun_build::BuildEvent::Output(b) => {
-                        String::from_utf8_lossy(b).into_owned()
-                    }
-                    agentrun_build::BuildEvent::Note(n) => format!("{n}\n"),
-                };
-                send(json!({ "stream": text }));
-            })
-            .map_err(|e| e.to_string())
-        })();
+                agentrun_build::BuildEvent::Output(b) => String::from_utf8_lossy(b).into_owned(),
+                agentrun_build::BuildEvent::Note(n) => format!("{n}\n"),
+            };
+            send(json!({ "stream": text }));
+        })
+        .map_err(|e| e.to_string());
         let _ = std::fs::remove_dir_all(&dir);
         match result {
             Ok(rec) => {
@@ -343,4 +364,38 @@ fn tempdir_in(parent: &std::path::Path) -> std::io::Result<PathBuf> {
         }
     }
     Err(std::io::Error::other("no free temp dir name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_options_read_the_query() {
+        let q = Query::parse(Some(
+            "t=seed%2Fimg%3A1&t=&dockerfile=sub%2FDockerfile&buildargs=%7B%22A%22%3A%221%22%2C%22B%22%3Anull%7D",
+        ));
+        let o = build_options(&q).unwrap();
+        assert_eq!(o.tags, vec!["seed/img:1".to_string()]);
+        assert_eq!(o.dockerfile, PathBuf::from("sub/Dockerfile"));
+        assert_eq!(o.build_args.get("A").map(String::as_str), Some("1"));
+        assert!(!o.build_args.contains_key("B"));
+        assert!(build_options(&Query::parse(Some("t=UPPER"))).is_err());
+        assert!(build_options(&Query::parse(Some("buildargs=%5B"))).is_err());
+        assert!(build_options(&Query::parse(Some("remote=x"))).is_err());
+    }
+
+    #[test]
+    fn the_dockerfile_must_be_inside_the_context() {
+        for bad in ["/etc/shadow", "../x", "sub/../../x"] {
+            let q = Query::parse(Some(&format!("dockerfile={bad}")));
+            let err = build_options(&q).unwrap_err();
+            assert!(err.contains("inside the build context"), "{bad}: {err}");
+        }
+        let q = Query::parse(Some("dockerfile=./docker/Dockerfile.dev"));
+        assert_eq!(
+            build_options(&q).unwrap().dockerfile,
+            PathBuf::from("./docker/Dockerfile.dev")
+        );
+    }
 }

@@ -6,6 +6,11 @@
 //! query rules, `{"message"}` errors with the texts clients match on. Served today: system
 //! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
 //! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
+//!
+//! Nothing a client sends is held whole without a bound: JSON bodies are read up to
+//! [`http::Limits::max_request_body`], tar bodies (`put_archive`, build contexts) are
+//! unpacked as they arrive up to [`http::Limits::max_upload`] (413 above either), and
+//! `get_archive` streams its tar.
 
 pub mod archive;
 pub mod container_api;
@@ -62,6 +67,7 @@ pub struct Context {
     pub tmp_dir: PathBuf,
     pub containers: Arc<std::sync::Mutex<containers::Containers>>,
     pub execs: std::sync::Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
+    pub limits: http::Limits,
 }
 
 /// Where and over what to serve.
@@ -74,6 +80,12 @@ pub struct DockerApiOptions {
     pub state_dir: PathBuf,
     /// Socket mode (default 0600: root only, like dockerd's socket without a docker group).
     pub mode: u32,
+    /// Largest JSON request body (413 above it).
+    pub max_request_body: u64,
+    /// Largest tar body (`put_archive`, build context), unpacked as it arrives (413 above).
+    pub max_upload: u64,
+    /// What pulls and build contexts may unpack.
+    pub image_limits: agentrun_image::UnpackLimits,
 }
 
 /// A running server; [`DockerServer::stop`] ends it and removes its socket.
@@ -110,13 +122,17 @@ impl DockerServer {
             .map_err(io("listen", &opts.socket))?;
         let ctx = Arc::new(Context {
             live,
-            store: ImageStore::open(&opts.root)?,
+            store: ImageStore::open(&opts.root)?.with_limits(opts.image_limits),
             root: opts.root.clone(),
             runtime_paths: RuntimePaths::new(&opts.state_dir),
             host: HostInfo::probe(),
             tmp_dir: opts.state_dir.join("docker-tmp"),
             containers: Default::default(),
             execs: Default::default(),
+            limits: http::Limits {
+                max_request_body: opts.max_request_body,
+                max_upload: opts.max_upload,
+            },
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let socket = opts.socket.clone();
@@ -253,18 +269,24 @@ async fn traced(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply
     reply
 }
 
+/// The path a request's target names: without its `/vX.Y` prefix, percent-decoded (image
+/// names may come encoded). `Err` is the 400 message for an API version not spoken.
+pub fn request_path(raw_path: &str) -> Result<String, String> {
+    let path = strip_version(raw_path)?;
+    Ok(percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned())
+}
+
 /// Dispatches one request. Image names contain `/`, so paths are matched by hand.
 async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
     let method = req.method().clone();
     let raw_path = req.uri().path().to_owned();
     let query = Query::parse(req.uri().query());
-    let path = match strip_version(&raw_path) {
-        Ok(p) => p.to_owned(),
+    let decoded = match request_path(&raw_path) {
+        Ok(p) => p,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    let decoded = percent_encoding::percent_decode_str(&path)
-        .decode_utf8_lossy()
-        .into_owned();
     let path = decoded.as_str();
     match (&method, path) {
         (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),
@@ -314,9 +336,9 @@ async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply 
                         return container_api::no_such(&key);
                     };
                     let body: serde_json::Value =
-                        match http_body_util::BodyExt::collect(req.into_body()).await {
-                            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
-                            Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+                        match http::read_body(req.into_body(), &ctx.limits).await {
+                            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+                            Err(r) => return *r,
                         };
                     exec::create(&ctx, c, &body)
                 }

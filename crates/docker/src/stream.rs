@@ -28,9 +28,7 @@ pub fn frame(stream: u8, data: &[u8], tty: bool) -> Vec<u8> {
 
 /// The `101 UPGRADED` answer to a hijack request.
 pub fn upgraded_reply(tty: bool) -> Reply {
-    let mut r = Response::new(http_body_util::BodyExt::boxed(
-        http_body_util::Empty::<Bytes>::new(),
-    ));
+    let mut r = Response::new(crate::http::boxed(http_body_util::Empty::<Bytes>::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
     h.insert("connection", "Upgrade".parse().expect("header"));
@@ -75,12 +73,17 @@ pub fn pump_with(mut reader: File, mut sink: impl FnMut(Bytes) -> bool + Send + 
     });
 }
 
+/// Chunks of a client's stdin queued for a process (16 KiB each at most).
+const STDIN_QUEUE: usize = 4;
+
 /// Writes what arrives on the returned channel to a blocking fd, on a thread of its own;
-/// dropping the sender closes the fd (the process sees EOF on stdin).
-pub fn stdin_writer(mut w: File) -> std::sync::mpsc::Sender<Bytes> {
-    let (tx, rx) = std::sync::mpsc::channel::<Bytes>();
+/// dropping the sender closes the fd (the process sees EOF on stdin). The channel holds
+/// [`STDIN_QUEUE`] chunks: while a process does not read its stdin, the client's bytes wait
+/// in its connection, not in the daemon.
+pub fn stdin_writer(mut w: File) -> mpsc::Sender<Bytes> {
+    let (tx, mut rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     std::thread::spawn(move || {
-        for chunk in rx {
+        while let Some(chunk) = rx.blocking_recv() {
             if w.write_all(&chunk).is_err() {
                 break;
             }
@@ -96,7 +99,7 @@ pub type HijackIo = TokioIo<Upgraded>;
 /// dropped: EOF for the process). Returns when the client's side is done.
 pub async fn client_to_stdin(
     mut rd: tokio::io::ReadHalf<HijackIo>,
-    stdin: Option<std::sync::mpsc::Sender<Bytes>>,
+    stdin: Option<mpsc::Sender<Bytes>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -104,7 +107,7 @@ pub async fn client_to_stdin(
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 if let Some(tx) = &stdin {
-                    let _ = tx.send(Bytes::copy_from_slice(&buf[..n]));
+                    let _ = tx.send(Bytes::copy_from_slice(&buf[..n])).await;
                 }
             }
         }

@@ -5,16 +5,23 @@
 //! the sandbox's init bridges `127.0.0.1:3128` inside the sandbox to that socket
 //! (`agentrun_runtime::net`), and the command gets `HTTP_PROXY`/`HTTPS_PROXY` pointing there.
 //!
-//! For each connection the proxy reads one request head:
+//! For each connection the proxy reads one request head ([`request`], parsed with
+//! `httparse` and refused on anything two parsers could read two ways):
 //! - `CONNECT host:port` (HTTPS and any TCP tunnel), or
-//! - an absolute-form HTTP request (`GET http://host[:port]/path`), forwarded in origin form;
+//! - an absolute-form HTTP request (`GET http://host[:port]/path`), forwarded in origin form,
+//!   one request per connection, its body re-framed by the proxy;
 //!
-//! asks the [`NetworkPolicy`] about `host:port` *before* resolving anything, reports the
-//! decision to the caller's [`DecisionSink`], and then either answers `403` (naming the rule)
-//! or resolves the name itself, refuses names that resolve to loopback, link-local,
-//! multicast or unspecified addresses (rebinding to host-internal services), connects and
-//! relays bytes both ways. Threads, not async: the cold path starts the proxy after the
-//! sandbox exists, in a process that must otherwise stay single-threaded while it is created.
+//! asks the [`NetworkPolicy`] about `host:port` *before* resolving anything; if it allows,
+//! resolves the name itself (a [`Resolve`]r: the system's unless a test gives another) and
+//! asks the policy about every address it got ([`NetworkPolicy::check_address`]: a wildcard
+//! or `mode = "all"` never reaches a private or host-internal address, a name never reaches a
+//! host-internal one). The decision goes to the caller's [`DecisionSink`] before it is acted
+//! on; a denial is answered `403` naming the rule. A name that does not resolve, or an
+//! upstream that cannot be reached, is not a policy decision: it is answered `502` with the
+//! reason and reported to the [`FailureSink`] as an error. Then the proxy connects (to the
+//! addresses it checked: no second lookup to rebind) and relays bytes. Threads, not async:
+//! the cold path starts the proxy after the sandbox exists, in a process that must
+//! otherwise stay single-threaded while it is created.
 //!
 //! The policy is shared ([`SharedPolicy`]) and may be replaced while the proxy runs
 //! ([`Proxy::set_policy`], for the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`).
@@ -22,8 +29,10 @@
 //! change, connections already relaying are decided again and those the new policy denies
 //! are cut (and the denial reported).
 
+pub mod request;
+
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -34,10 +43,10 @@ use std::time::Duration;
 
 use agentrun_policy::{Action, Decision, NetworkPolicy};
 
+pub use request::{parse_request_head, Body, HeadError, RequestHead, MAX_HEAD};
+
 /// Port the sandbox's init listens on inside the sandbox.
 pub const SANDBOX_PROXY_PORT: u16 = 3128;
-/// Largest request head accepted.
-const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head, and an upstream to accept.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,6 +67,53 @@ pub enum EgressError {
 /// Returns whether the decision was recorded: an allow that could not be recorded is not
 /// acted on (the client gets 503).
 pub type DecisionSink = Arc<dyn Fn(&Action, &Decision) -> bool + Send + Sync>;
+
+/// Receives what went wrong with a connection the policy allowed (`decision`): an error to
+/// record as one (span status, audit record kind), never a denial.
+pub type FailureSink = Arc<dyn Fn(&Action, &Decision, &Failure) + Send + Sync>;
+
+/// A connection the policy allowed that could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub kind: FailureKind,
+    /// One line: what failed and why.
+    pub message: String,
+}
+
+/// What failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The name did not resolve (or resolved to nothing).
+    Resolve,
+    /// No address of it accepted the connection in time.
+    Connect,
+}
+
+impl FailureKind {
+    /// The `error.type` it is recorded with.
+    pub fn error_type(self) -> &'static str {
+        match self {
+            FailureKind::Resolve => "resolve",
+            FailureKind::Connect => "connect",
+        }
+    }
+}
+
+/// Turns a host name into addresses. The proxy resolves names itself (the sandbox has no
+/// DNS); [`SystemResolver`] unless a caller (a test) gives another.
+pub trait Resolve: Send + Sync {
+    fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>>;
+}
+
+/// The host's resolver (`getaddrinfo`: `/etc/hosts`, then DNS, as `nsswitch.conf` says).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        Ok((host, port).to_socket_addrs()?.collect())
+    }
+}
 
 /// A network policy that can be replaced while a proxy decides with it.
 pub type SharedPolicy = Arc<RwLock<NetworkPolicy>>;
@@ -94,9 +150,16 @@ pub struct Proxy {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+/// What every connection of a proxy uses.
+struct Shared {
     policy: SharedPolicy,
     sink: DecisionSink,
-    open: Arc<Mutex<OpenConns>>,
+    failures: Option<FailureSink>,
+    resolver: Arc<dyn Resolve>,
+    open: Mutex<OpenConns>,
 }
 
 /// The connections relaying now: where they lead, and handles to cut them.
@@ -117,30 +180,41 @@ fn lock_open(m: &Mutex<OpenConns>) -> std::sync::MutexGuard<'_, OpenConns> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Proxy {
-    /// Serves `listener` (from [`bind`] at `path`) on a new thread, with a fixed policy.
-    pub fn start(
-        listener: UnixListener,
-        path: &Path,
-        policy: NetworkPolicy,
-        sink: DecisionSink,
-    ) -> Proxy {
-        Self::start_shared(listener, path, Arc::new(RwLock::new(policy)), sink)
+/// How a proxy is set up: its policy and decision sink, and optionally where failures go
+/// and how names are resolved. [`ProxyBuilder::start`] serves.
+pub struct ProxyBuilder {
+    policy: SharedPolicy,
+    sink: DecisionSink,
+    failures: Option<FailureSink>,
+    resolver: Arc<dyn Resolve>,
+}
+
+impl ProxyBuilder {
+    /// Reports connections the policy allowed but that failed (DNS, connect) to `sink`.
+    pub fn failures(mut self, sink: FailureSink) -> Self {
+        self.failures = Some(sink);
+        self
     }
 
-    /// Like [`Proxy::start`], deciding every new connection with whatever `policy` holds
-    /// at that moment.
-    pub fn start_shared(
-        listener: UnixListener,
-        path: &Path,
-        policy: SharedPolicy,
-        sink: DecisionSink,
-    ) -> Proxy {
+    /// Resolves names with `resolver` instead of the system's.
+    pub fn resolver(mut self, resolver: Arc<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Serves `listener` (from [`bind`] at `path`) on a new thread.
+    pub fn start(self, listener: UnixListener, path: &Path) -> Proxy {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let active = Arc::new(AtomicUsize::new(0));
-        let open: Arc<Mutex<OpenConns>> = Arc::default();
-        let (policy2, sink2, open2) = (policy.clone(), sink.clone(), open.clone());
+        let shared = Arc::new(Shared {
+            policy: self.policy,
+            sink: self.sink,
+            failures: self.failures,
+            resolver: self.resolver,
+            open: Mutex::default(),
+        });
+        let shared2 = shared.clone();
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
             .spawn(move || {
@@ -159,12 +233,11 @@ impl Proxy {
                         );
                         continue;
                     }
-                    let (policy, sink, done) = (policy2.clone(), sink2.clone(), active.clone());
-                    let open = open2.clone();
+                    let (shared, done) = (shared2.clone(), active.clone());
                     let spawned = std::thread::Builder::new()
                         .name("egress-conn".into())
                         .spawn(move || {
-                            let _ = handle(conn, &policy, &sink, &open);
+                            let _ = handle(conn, &shared);
                             done.fetch_sub(1, Ordering::SeqCst);
                         });
                     if spawned.is_err() {
@@ -178,33 +251,64 @@ impl Proxy {
             path: path.to_owned(),
             stopping,
             accept,
+            shared,
+        }
+    }
+}
+
+impl Proxy {
+    /// A proxy deciding with a fixed `policy`, reporting decisions to `sink`.
+    pub fn builder(policy: NetworkPolicy, sink: DecisionSink) -> ProxyBuilder {
+        Self::builder_shared(Arc::new(RwLock::new(policy)), sink)
+    }
+
+    /// A proxy deciding every new connection with whatever `policy` holds at that moment.
+    pub fn builder_shared(policy: SharedPolicy, sink: DecisionSink) -> ProxyBuilder {
+        ProxyBuilder {
             policy,
             sink,
-            open,
+            failures: None,
+            resolver: Arc::new(SystemResolver),
         }
     }
 
+    /// Serves `listener` (from [`bind`] at `path`) on a new thread, with a fixed policy.
+    pub fn start(
+        listener: UnixListener,
+        path: &Path,
+        policy: NetworkPolicy,
+        sink: DecisionSink,
+    ) -> Proxy {
+        Self::builder(policy, sink).start(listener, path)
+    }
+
+    /// Like [`Proxy::start`], deciding every new connection with whatever `policy` holds
+    /// at that moment.
+    pub fn start_shared(
+        listener: UnixListener,
+        path: &Path,
+        policy: SharedPolicy,
+        sink: DecisionSink,
+    ) -> Proxy {
+        Self::builder_shared(policy, sink).start(listener, path)
+    }
+
     /// Puts `policy` in force: the next connection is decided by it, and every connection
-    /// relaying now is decided again; those it denies are cut, each denial reported to the
-    /// sink. Returns how many were cut.
+    /// relaying now is decided again (its name, then the address it is connected to); those
+    /// it denies are cut, each denial reported to the sink. Returns how many were cut.
     pub fn set_policy(&self, policy: NetworkPolicy) -> usize {
-        let mut open = lock_open(&self.open);
-        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy.clone();
+        let mut open = lock_open(&self.shared.open);
+        *self
+            .shared
+            .policy
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = policy.clone();
         let mut cut = Vec::new();
         for (id, c) in &open.conns {
             let mut d = policy.check(&c.host, c.port);
-            if d.allow && !explicit(&policy, &d) {
-                // Only `mode = "all"` allows it now: an internal address needs a rule naming it.
+            if d.allow {
                 if let Ok(peer) = c.upstream.peer_addr() {
-                    if internal(peer.ip()) || private(peer.ip()) {
-                        d = Decision::deny(
-                            "network.internal_address",
-                            format!(
-                                "{} is internal or private; only a rule naming it allows it",
-                                peer.ip()
-                            ),
-                        );
-                    }
+                    d = policy.check_address(&c.host, c.port, &d, peer.ip());
                 }
             }
             if !d.allow {
@@ -213,7 +317,7 @@ impl Proxy {
                     host: c.host.clone(),
                     port: c.port,
                 };
-                (self.sink)(&action, &d);
+                (self.shared.sink)(&action, &d);
                 let _ = c.client.shutdown(Shutdown::Both);
                 let _ = c.upstream.shutdown(Shutdown::Both);
                 cut.push(*id);
@@ -227,7 +331,8 @@ impl Proxy {
 
     /// The policy in force.
     pub fn policy(&self) -> NetworkPolicy {
-        self.policy
+        self.shared
+            .policy
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -258,77 +363,66 @@ impl Drop for Proxy {
     }
 }
 
-/// A parsed request head.
-#[derive(Debug, PartialEq, Eq)]
-struct Head {
-    connect: bool,
-    host: String,
-    port: u16,
-    /// For forwarded HTTP: the head rewritten to origin form.
-    forward: Vec<u8>,
-}
-
-/// Whether the rule that allowed `d` names a host (not only `mode = "all"` or `*`).
-fn explicit(policy: &NetworkPolicy, d: &Decision) -> bool {
-    policy
-        .rules
-        .iter()
-        .any(|r| r.id == d.rule_id && r.host != "*")
-}
-
-fn handle(
-    mut client: UnixStream,
-    policy: &RwLock<NetworkPolicy>,
-    sink: &DecisionSink,
-    open: &Mutex<OpenConns>,
-) -> io::Result<()> {
-    client.set_read_timeout(Some(IO_TIMEOUT))?;
-    let (head_bytes, rest) = match read_head(&mut client)? {
-        Some(x) => x,
-        None => return Ok(()),
+/// The addresses `host` leads to: itself if it is an address, else what the resolver says.
+fn addresses(resolver: &dyn Resolve, host: &str, port: u16) -> Result<Vec<SocketAddr>, Failure> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let failed = |why: String| Failure {
+        kind: FailureKind::Resolve,
+        message: format!("cannot resolve {host}: {why}"),
     };
-    let head = match parse_head(&head_bytes) {
-        Ok(h) => h,
-        Err(why) => return respond(&mut client, 400, "Bad Request", &format!("agentrun: {why}")),
+    let addrs = resolver
+        .resolve(host, port)
+        .map_err(|e| failed(e.to_string()))?;
+    if addrs.is_empty() {
+        return Err(failed("no address".into()));
+    }
+    Ok(addrs)
+}
+
+fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
+    client.set_read_timeout(Some(IO_TIMEOUT))?;
+    let (head, rest) = match read_head(&mut client)? {
+        Ok(Some(x)) => x,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            return respond(&mut client, e.status, e.reason(), &format!("agentrun: {e}"));
+        }
     };
     let action = Action::Connect {
         host: head.host.clone(),
         port: head.port,
     };
-    // The policy in force now decides this connection (it may be replaced at any time).
-    let (mut decision, explicit) = {
-        let policy = policy.read().unwrap_or_else(|p| p.into_inner());
-        let d = policy.check(&head.host, head.port);
-        // Allowed by a rule naming the host, or only by `mode = "all"`.
-        let explicit = explicit(&policy, &d);
-        (d, explicit)
-    };
-    let mut upstream = None;
+    // The policy in force now decides this connection (it may be replaced at any time):
+    // the name first, then every address it leads to.
+    let mut decision = shared
+        .policy
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .check(&head.host, head.port);
+    let mut addrs = Vec::new();
+    let mut failure = None;
     if decision.allow {
-        match resolve(&head.host, head.port, explicit).map_err(|mut d| {
-            d.reason = format!("{} (after rule {} allowed it)", d.reason, decision.rule_id);
-            d
-        }) {
-            Ok(addrs) => match connect_any(&addrs) {
-                Ok(s) => upstream = Some(s),
-                Err(e) => {
-                    sink(&action, &decision);
-                    let msg = format!("agentrun: {}: {e}", action.resource());
-                    return respond(&mut client, 502, "Bad Gateway", &msg);
+        match addresses(shared.resolver.as_ref(), &head.host, head.port) {
+            Ok(list) => {
+                let policy = shared.policy.read().unwrap_or_else(|p| p.into_inner());
+                for a in &list {
+                    let d = policy.check_address(&head.host, head.port, &decision, a.ip());
+                    if !d.allow {
+                        let reason =
+                            format!("{} (after rule {} allowed it)", d.reason, decision.rule_id);
+                        decision = Decision { reason, ..d };
+                        break;
+                    }
                 }
-            },
-            Err(d) => decision = d,
+                addrs = list;
+            }
+            Err(f) => failure = Some(f),
         }
     }
-    let recorded = sink(&action, &decision);
-    if decision.allow && !recorded {
-        let msg = format!(
-            "agentrun: {}: the decision could not be recorded",
-            action.resource()
-        );
-        return respond(&mut client, 503, "Service Unavailable", &msg);
-    }
-    let Some(mut upstream) = upstream else {
+    let recorded = (shared.sink)(&action, &decision);
+    if !decision.allow {
         let msg = format!(
             "agentrun: {} denied by rule {}: {}",
             action.resource(),
@@ -336,26 +430,46 @@ fn handle(
             decision.reason
         );
         return respond(&mut client, 403, "Forbidden", &msg);
+    }
+    if !recorded {
+        let msg = format!(
+            "agentrun: {}: the decision could not be recorded",
+            action.resource()
+        );
+        return respond(&mut client, 503, "Service Unavailable", &msg);
+    }
+    let mut upstream = match failure.map_or_else(|| connect_any(&addrs, &head.host), Err) {
+        Ok(s) => s,
+        Err(f) => {
+            if let Some(failures) = &shared.failures {
+                failures(&action, &decision, &f);
+            }
+            let msg = format!("agentrun: {}: {}", action.resource(), f.message);
+            return respond(&mut client, 502, "Bad Gateway", &msg);
+        }
     };
     client.set_read_timeout(None)?;
     if head.connect {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+        upstream.write_all(&rest)?;
     } else {
         upstream.write_all(&head.forward)?;
     }
-    upstream.write_all(&rest)?;
     // Registered so that a policy change can cut it. A change made since the decision (it
     // holds this lock while it swaps) is seen here: decide again under the lock.
     let id = {
-        let mut o = lock_open(open);
-        let now = policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .check(&head.host, head.port);
+        let mut o = lock_open(&shared.open);
+        let policy = shared.policy.read().unwrap_or_else(|p| p.into_inner());
+        let mut now = policy.check(&head.host, head.port);
+        if now.allow {
+            if let Ok(peer) = upstream.peer_addr() {
+                now = policy.check_address(&head.host, head.port, &now, peer.ip());
+            }
+        }
         if !now.allow {
             let mut d = now;
             d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
-            sink(&action, &d);
+            (shared.sink)(&action, &d);
             let _ = client.shutdown(Shutdown::Both);
             let _ = upstream.shutdown(Shutdown::Both);
             return Ok(());
@@ -375,181 +489,43 @@ fn handle(
         }
         id
     };
-    let result = relay(client, upstream);
-    lock_open(open).conns.remove(&id);
+    let result = if head.connect {
+        relay(client, upstream)
+    } else {
+        forward(client, upstream, head.body, rest)
+    };
+    lock_open(&shared.open).conns.remove(&id);
     result
 }
 
-/// Reads until the end of the head; returns (head, bytes read past it). `None` on EOF.
-fn read_head(c: &mut UnixStream) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+/// Reads a request head: `Ok(Ok(Some((head, bytes read past it))))`, `Ok(Ok(None))` on EOF
+/// before anything was sent, `Ok(Err(_))` for a head to refuse.
+#[allow(clippy::type_complexity)]
+fn read_head(c: &mut UnixStream) -> io::Result<Result<Option<(RequestHead, Vec<u8>)>, HeadError>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
     loop {
         let n = c.read(&mut chunk)?;
         if n == 0 {
-            return Ok(None);
+            if buf.is_empty() {
+                return Ok(Ok(None));
+            }
+            return Ok(Err(HeadError {
+                status: 400,
+                message: "the request head ends early".into(),
+            }));
         }
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let rest = buf.split_off(end + 4);
-            return Ok(Some((buf, rest)));
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "head too large"));
+        match parse_request_head(&buf) {
+            Ok(Some((head, len))) => return Ok(Ok(Some((head, buf.split_off(len))))),
+            Ok(None) => {}
+            Err(e) => return Ok(Err(e)),
         }
     }
 }
 
-fn parse_head(head: &[u8]) -> Result<Head, String> {
-    let text = std::str::from_utf8(head).map_err(|_| "request head is not UTF-8".to_string())?;
-    let mut lines = text.split("\r\n");
-    let first = lines.next().unwrap_or_default();
-    let mut parts = first.split(' ');
-    let (method, target, version) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(m), Some(t), Some(v)) if v.starts_with("HTTP/") => (m, t, v),
-        _ => return Err(format!("malformed request line {first:?}")),
-    };
-    if method.eq_ignore_ascii_case("CONNECT") {
-        let (host, port) = split_authority(target, None)?;
-        return Ok(Head {
-            connect: true,
-            host,
-            port,
-            forward: Vec::new(),
-        });
-    }
-    let rest = target.strip_prefix("http://").ok_or_else(|| {
-        format!("{target:?}: the proxy forwards http:// URLs; use CONNECT for anything else")
-    })?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let (host, port) = split_authority(authority, Some(80))?;
-    let mut forward = format!("{method} {path} {version}\r\n");
-    for line in lines.filter(|l| !l.is_empty()) {
-        let name = line.split(':').next().unwrap_or_default().trim();
-        if name.eq_ignore_ascii_case("proxy-connection")
-            || name.eq_ignore_ascii_case("proxy-authorization")
-        {
-            continue;
-        }
-        forward.push_str(line);
-        forward.push_str("\r\n");
-    }
-    forward.push_str("\r\n");
-    Ok(Head {
-        connect: false,
-        host,
-        port,
-        forward: forward.into_bytes(),
-    })
-}
-
-/// `host:port`, `[v6]:port` or (with a default port) `host`.
-fn split_authority(a: &str, default_port: Option<u16>) -> Result<(String, u16), String> {
-    let a = a.rsplit_once('@').map_or(a, |(_, h)| h);
-    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("bad authority {a:?}"))?;
-        (h, after.strip_prefix(':'))
-    } else {
-        match a.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (a, None),
-        }
-    };
-    let port = match port {
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("bad port in {a:?}"))?,
-        None => default_port.ok_or_else(|| format!("{a:?}: CONNECT needs host:port"))?,
-    };
-    if host.is_empty() {
-        return Err(format!("no host in {a:?}"));
-    }
-    Ok((host.to_ascii_lowercase(), port))
-}
-
-/// Whether an address is private to the host or its network (RFC 1918, CGNAT, unique local),
-/// besides [`internal`].
-fn private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_private() || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
-        }
-        IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xfe00) == 0xfc00
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| private(IpAddr::V4(v4)))
-        }
-    }
-}
-
-/// Whether an address is one a name must never resolve to through the proxy.
-fn internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast()
-        }
-        IpAddr::V6(v6) => {
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| internal(IpAddr::V4(v4)))
-        }
-    }
-}
-
-/// Resolves `host` (the proxy does DNS, never the sandbox). A literal IP is used as is (the
-/// policy allowed exactly it); a name resolving to an internal address is refused.
-///
-/// `explicit`: a rule named this host (not just `mode = "all"`). Without one, literal and
-/// resolved addresses must also not be internal or private: "all" means the internet, not
-/// the host's own services or its network.
-fn resolve(host: &str, port: u16, explicit: bool) -> Result<Vec<SocketAddr>, Decision> {
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        if !explicit && (internal(ip) || private(ip)) {
-            return Err(Decision::deny(
-                "network.internal_address",
-                format!("{ip} is internal or private; only a rule naming it allows it"),
-            ));
-        }
-        return Ok(vec![SocketAddr::new(ip, port)]);
-    }
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Decision::deny("network.resolve", format!("cannot resolve {host}: {e}")))?
-        .collect();
-    if let Some(bad) = addrs
-        .iter()
-        .find(|a| internal(a.ip()) || (!explicit && private(a.ip())))
-    {
-        return Err(Decision::deny(
-            "network.resolved_address",
-            format!(
-                "{host} resolves to internal address {} (allow the address itself to reach it)",
-                bad.ip()
-            ),
-        ));
-    }
-    if addrs.is_empty() {
-        return Err(Decision::deny(
-            "network.resolve",
-            format!("{host} has no address"),
-        ));
-    }
-    Ok(addrs)
-}
-
-fn connect_any(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+/// Connects to the first address that answers.
+fn connect_any(addrs: &[SocketAddr], host: &str) -> Result<TcpStream, Failure> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     for a in addrs {
         match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
@@ -557,7 +533,10 @@ fn connect_any(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
             Err(e) => last = e,
         }
     }
-    Err(last)
+    Err(Failure {
+        kind: FailureKind::Connect,
+        message: format!("cannot connect to {host}: {last}"),
+    })
 }
 
 fn respond(c: &mut UnixStream, code: u16, text: &str, body: &str) -> io::Result<()> {
@@ -571,7 +550,7 @@ fn respond(c: &mut UnixStream, code: u16, text: &str, body: &str) -> io::Result<
     Ok(())
 }
 
-/// Copies both ways until both sides are done.
+/// Copies both ways until both sides are done (a CONNECT tunnel).
 fn relay(client: UnixStream, upstream: TcpStream) -> io::Result<()> {
     let mut c2 = client.try_clone()?;
     let mut u2 = upstream.try_clone()?;
@@ -587,64 +566,253 @@ fn relay(client: UnixStream, upstream: TcpStream) -> io::Result<()> {
     Ok(())
 }
 
+/// A forwarded request: its body (framed by the proxy) upstream, then nothing more from
+/// the client; the response back until the upstream closes (the head asked it to).
+fn forward(client: UnixStream, upstream: TcpStream, body: Body, rest: Vec<u8>) -> io::Result<()> {
+    let mut to_client = client.try_clone()?;
+    let mut up = upstream.try_clone()?;
+    let waker = client.try_clone()?;
+    let sender = std::thread::spawn(move || {
+        let mut from = BufReader::new(io::Cursor::new(rest).chain(client));
+        if request::relay_body(body, &mut from, &mut up).is_err() {
+            // A body that ends early or breaks its framing: the request is void.
+            let _ = up.shutdown(Shutdown::Both);
+        }
+    });
+    let mut u = upstream;
+    let _ = io::copy(&mut u, &mut to_client);
+    let _ = waker.shutdown(Shutdown::Both);
+    let _ = sender.join();
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::sync::Mutex;
 
-    #[test]
-    fn parses_connect_and_absolute_form() {
-        let h = parse_head(b"CONNECT PyPI.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n").unwrap();
-        assert!(h.connect);
-        assert_eq!((h.host.as_str(), h.port), ("pypi.org", 443));
-        let h = parse_head(
-            b"GET http://127.0.0.1:8080/a?b=1 HTTP/1.1\r\nHost: x\r\nProxy-Connection: keep-alive\r\n\r\n",
-        )
-        .unwrap();
-        assert!(!h.connect);
-        assert_eq!((h.host.as_str(), h.port), ("127.0.0.1", 8080));
-        assert_eq!(
-            String::from_utf8(h.forward).unwrap(),
-            "GET /a?b=1 HTTP/1.1\r\nHost: x\r\n\r\n"
-        );
-        let h = parse_head(b"GET http://[::1]/ HTTP/1.0\r\n\r\n").unwrap();
-        assert_eq!((h.host.as_str(), h.port), ("::1", 80));
-        assert!(parse_head(b"GET /relative HTTP/1.1\r\n\r\n").is_err());
-        assert!(parse_head(b"CONNECT host HTTP/1.1\r\n\r\n").is_err());
-        assert!(parse_head(b"garbage\r\n\r\n").is_err());
+    /// A resolver from a table (a name missing from it does not resolve).
+    struct TableResolver(Vec<(&'static str, Vec<&'static str>)>);
+
+    impl Resolve for TableResolver {
+        fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+            let (_, ips) = self
+                .0
+                .iter()
+                .find(|(h, _)| *h == host)
+                .ok_or_else(|| io::Error::other("Name or service not known"))?;
+            Ok(ips
+                .iter()
+                .map(|ip| SocketAddr::new(ip.parse().unwrap(), port))
+                .collect())
+        }
     }
 
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// A proxy with `policy`, a table resolver, and sinks writing what they get to `seen`.
+    fn proxy_with(
+        tag: &str,
+        policy: NetworkPolicy,
+        table: TableResolver,
+    ) -> (Proxy, PathBuf, Seen) {
+        let dir =
+            std::env::temp_dir().join(format!("agentrun-egress-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.sock");
+        let seen: Seen = Arc::default();
+        let (s1, s2) = (seen.clone(), seen.clone());
+        let sink: DecisionSink = Arc::new(move |a, d| {
+            s1.lock().unwrap().push(format!(
+                "{} {} {} {}",
+                d.verdict(),
+                a.resource(),
+                d.rule_id,
+                d.reason
+            ));
+            true
+        });
+        let failures: FailureSink = Arc::new(move |a, d, f| {
+            s2.lock().unwrap().push(format!(
+                "error {} {} {} {}",
+                a.resource(),
+                d.rule_id,
+                f.kind.error_type(),
+                f.message
+            ));
+        });
+        let proxy = Proxy::builder(policy, sink)
+            .failures(failures)
+            .resolver(Arc::new(table))
+            .start(bind(&path).unwrap(), &path);
+        (proxy, path, seen)
+    }
+
+    fn ask(path: &Path, req: &str) -> String {
+        let mut c = UnixStream::connect(path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    /// Names are resolved by the proxy and every address is checked: a wildcard never
+    /// reaches a private or host-internal address; a name that does not resolve and an
+    /// upstream that refuses are errors (502), not denials.
     #[test]
-    fn internal_addresses() {
-        for a in [
-            "127.0.0.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
+    fn resolved_addresses_are_checked_and_failures_are_errors_not_denials() {
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let mut policy = NetworkPolicy::default();
+        policy
+            .allow_hosts(
+                "cli.allow_host",
+                &[
+                    "*.wild.test".into(),
+                    format!("127.0.0.1:{closed_port}"),
+                    "exact.test".into(),
+                ],
+            )
+            .unwrap();
+        let table = TableResolver(vec![
+            ("metadata.wild.test", vec!["169.254.169.254"]),
+            ("private.wild.test", vec!["93.184.216.34", "10.1.2.3"]),
+            ("nat64.wild.test", vec!["64:ff9b::a9fe:a9fe"]),
+            ("loop.wild.test", vec!["127.0.0.1"]),
+            ("exact.test", vec!["127.0.0.1"]),
+        ]);
+        let (proxy, path, seen) = proxy_with("resolve", policy, table);
+        for (host, ip) in [
+            ("metadata.wild.test", "169.254.169.254"),
+            ("private.wild.test", "10.1.2.3"),
+            ("nat64.wild.test", "64:ff9b::a9fe:a9fe"),
+            ("loop.wild.test", "127.0.0.1"),
+            ("exact.test", "127.0.0.1"),
         ] {
-            assert!(internal(a.parse().unwrap()), "{a}");
+            let r = ask(&path, &format!("CONNECT {host}:443 HTTP/1.1\r\n\r\n"));
+            assert!(r.starts_with("HTTP/1.1 403 Forbidden"), "{host}: {r}");
+            assert!(
+                r.contains("network.resolved_address") && r.contains(ip),
+                "{host}: {r}"
+            );
         }
-        for a in ["151.101.0.223", "10.1.2.3", "2a04:4e42::223"] {
-            assert!(!internal(a.parse().unwrap()), "{a}");
+        let r = ask(
+            &path,
+            "GET http://nosuch.wild.test/ HTTP/1.1\r\nHost: nosuch.wild.test\r\n\r\n",
+        );
+        assert!(r.starts_with("HTTP/1.1 502 Bad Gateway"), "{r}");
+        assert!(
+            r.contains("cannot resolve nosuch.wild.test: Name or service not known"),
+            "{r}"
+        );
+        let r = ask(
+            &path,
+            &format!("CONNECT 127.0.0.1:{closed_port} HTTP/1.1\r\n\r\n"),
+        );
+        assert!(r.starts_with("HTTP/1.1 502 Bad Gateway"), "{r}");
+        assert!(r.contains("cannot connect to 127.0.0.1"), "{r}");
+        proxy.stop();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 9, "{seen:#?}");
+        for s in &seen[..5] {
+            assert!(
+                s.starts_with("deny ") && s.contains(" network.resolved_address "),
+                "{s}"
+            );
         }
-        let d = resolve("localhost", 80, true).unwrap_err();
-        assert_eq!(d.rule_id, "network.resolved_address");
-        assert!(resolve("127.0.0.1", 80, true).is_ok(), "a rule named it");
-        for ip in [
-            "127.0.0.1",
-            "10.0.0.1",
-            "192.168.1.1",
-            "100.64.0.1",
-            "169.254.169.254",
-            "fd00::1",
-        ] {
-            let d = resolve(ip, 80, false).unwrap_err();
-            assert_eq!(d.rule_id, "network.internal_address", "{ip}");
+        assert!(
+            seen[5].starts_with("allow nosuch.wild.test:80 cli.allow_host[0]"),
+            "{seen:#?}"
+        );
+        assert!(
+            seen[6]
+                .starts_with("error nosuch.wild.test:80 cli.allow_host[0] resolve cannot resolve"),
+            "{seen:#?}"
+        );
+        assert!(seen[7].starts_with(&format!("allow 127.0.0.1:{closed_port} cli.allow_host[1]")));
+        assert!(seen[8].starts_with(&format!(
+            "error 127.0.0.1:{closed_port} cli.allow_host[1] connect"
+        )));
+    }
+
+    /// Hostile heads through the real proxy: each refused with its status, nothing reaches
+    /// the upstream; a chunked body arrives re-framed, and what follows it is dropped.
+    #[test]
+    fn smuggling_attempts_never_reach_the_upstream() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let got: Seen = Arc::default();
+        let g2 = got.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = upstream.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Read until the proxy has sent the whole re-framed body (the last chunk).
+            while !req.ends_with(b"0\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            // Anything more the proxy sends after the body would be a smuggled request.
+            s.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .unwrap();
+            g2.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&req).into_owned());
+        });
+        let mut policy = NetworkPolicy::default();
+        policy
+            .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+            .unwrap();
+        let (proxy, path, seen) = proxy_with("smuggle", policy, TableResolver(Vec::new()));
+        let a = format!("127.0.0.1:{port}");
+        let hostile = [
+            (format!("POST http://{a}/ HTTP/1.1\r\nHost: {a}\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX"), 400),
+            (format!("POST http://{a}/ HTTP/1.1\r\nHost: {a}\r\nContent-Length: 1\r\nContent-Length: 40\r\n\r\n"), 400),
+            (format!("GET http://{a}/ HTTP/1.1\r\nHost: {a}\r\nX: 1\r\n Transfer-Encoding: chunked\r\n\r\n"), 400),
+            (format!("GET http://{a}/ HTTP/1.1\nHost: {a}\nTransfer-Encoding: chunked\n\n"), 400),
+            (format!("GET http://{a}/ HTTP/1.1\r\nHost: evil.example\r\n\r\n"), 400),
+            (format!("GET http://{a}/ HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000)), 431),
+            (format!("POST http://{a}/ HTTP/1.1\r\nHost: {a}\r\nTransfer-Encoding: identity\r\n\r\n"), 501),
+        ];
+        for (req, status) in &hostile {
+            let r = ask(&path, req);
+            assert!(
+                r.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{req:?}: {r}"
+            );
         }
-        assert!(resolve("151.101.0.223", 443, false).is_ok());
+        let r = ask(
+            &path,
+            &format!(
+                "POST http://{a}/upload HTTP/1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n3;x=y\r\nabc\r\n0\r\nTrailer: t\r\n\r\nGET http://{a}/smuggled HTTP/1.1\r\nHost: {a}\r\n\r\n"
+            ),
+        );
+        assert!(r.starts_with("HTTP/1.1 200 OK") && r.ends_with("ok"), "{r}");
+        server.join().unwrap();
+        proxy.stop();
+        let got = got.lock().unwrap();
+        assert_eq!(
+            got.as_slice(),
+            [format!(
+                "POST /upload HTTP/1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            )]
+        );
+        // Refused heads are not decisions: only the one request was decided.
+        assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
     }
 
     /// A real proxy on a unix socket in front of a real loopback HTTP server.
@@ -690,7 +858,7 @@ mod tests {
             out
         };
         let r = ask(format!(
-            "GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            "GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
         ));
         assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
         assert!(r.ends_with("hello GET /x HTTP/1.1"), "{r}");
@@ -760,7 +928,7 @@ mod tests {
             let mut c = UnixStream::connect(&path).unwrap();
             write!(
                 c,
-                "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n"
+                "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
             )
             .unwrap();
             let mut out = String::new();

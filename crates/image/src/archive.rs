@@ -14,15 +14,18 @@ use std::path::{Component, Path, PathBuf};
 use oci_spec::image::{ImageIndex, ImageManifest};
 use serde::Deserialize;
 
-use crate::blobs::temp_path;
+use crate::blobs::{read_document, temp_path};
 use crate::digest::hex_of;
 use crate::layer::decompress;
+use crate::limits::{drain, Budget, TarError, TarGuard, UnpackLimits};
 use crate::reference;
 use crate::store::{ImageStore, DOCKER_LIST, OCI_INDEX, OCI_LAYER_GZIP, OCI_LAYER_TAR};
 use crate::{ImageError, ImageRecord};
 
 const NAME_ANNOTATION: &str = "io.containerd.image.name";
 const REF_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+/// How deep image indexes may nest in an OCI layout (real ones: 1, an index of manifests).
+const MAX_INDEX_DEPTH: usize = 8;
 
 /// One image of `docker save`'s manifest.json.
 #[derive(Deserialize)]
@@ -46,15 +49,31 @@ impl ImageStore {
         if let Some(n) = name {
             reference::normalize(n)?;
         }
-        let _w = self.writer_lock()?;
         let meta = fs::metadata(path).map_err(ImageError::io("cannot read", path))?;
-        if meta.is_dir() {
-            return self.import_dir(path, name);
+        let result = (|| {
+            let _w = self.writer_lock()?;
+            if meta.is_dir() {
+                return self.import_dir(path, name);
+            }
+            let staged = temp_path(&self.tmp_dir(), "import");
+            let result = extract_archive(path, &staged, &self.budget())
+                .and_then(|()| self.import_dir(&staged, name));
+            let _ = fs::remove_dir_all(&staged);
+            result
+        })();
+        if result.is_err() {
+            // Nothing half-imported stays: blobs and layers no image refers to go.
+            self.discard_unreferenced();
         }
-        let staged = temp_path(&self.tmp_dir(), "import");
-        let result = extract_archive(path, &staged).and_then(|()| self.import_dir(&staged, name));
-        let _ = fs::remove_dir_all(&staged);
         result
+    }
+
+    /// Unpacks a build context (a tar, optionally compressed, as `docker build` sends it)
+    /// into `dest` under the store's limits: directories, regular files (modes kept) and
+    /// symlinks, which may be absolute; the builder never follows a context symlink out of
+    /// the context.
+    pub fn unpack_context(&self, r: impl Read, dest: &Path) -> Result<(), ImageError> {
+        extract_tar(r, dest, Path::new("build context"), true, &self.budget())
     }
 
     fn import_dir(
@@ -91,8 +110,10 @@ impl ImageStore {
             found[0].1 = vec![n.to_owned()];
         }
         let mut out = Vec::new();
+        // The layers of every image of the archive share one budget.
+        let budget = self.budget();
         for (manifest_digest, names) in found {
-            let rec = self.commit(&manifest_digest, &names)?;
+            let rec = self.commit(&manifest_digest, &names, &budget)?;
             let names = names
                 .iter()
                 .filter_map(|n| reference::normalize(n).ok())
@@ -114,7 +135,7 @@ impl ImageStore {
     /// gives them.
     fn oci_manifests(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, ImageError> {
         let index_path = dir.join("index.json");
-        let index = ImageIndex::from_file(&index_path)
+        let index = ImageIndex::from_reader(&read_document(&index_path)?[..])
             .map_err(|e| ImageError::source(&index_path, format!("bad index.json: {e}")))?;
         let mut out = Vec::new();
         for desc in index.manifests() {
@@ -128,28 +149,37 @@ impl ImageStore {
                 .into_iter()
                 .collect();
             let manifest_digest =
-                self.oci_image_manifest(dir, &digest, desc.media_type().as_ref())?;
+                self.oci_image_manifest(dir, &digest, desc.media_type().as_ref(), 0)?;
             out.push((manifest_digest, names));
         }
         Ok(out)
     }
 
     /// Stores the manifest `digest` (resolving an index to its linux/amd64 manifest) with its
-    /// config and layers; returns the image manifest's digest.
+    /// config and layers; returns the image manifest's digest. `depth`: indexes above this
+    /// one (a blob's content is checked against its name only when stored, so an index can
+    /// name itself: the nesting is bounded).
     fn oci_image_manifest(
         &self,
         dir: &Path,
         digest: &str,
         media_type: &str,
+        depth: usize,
     ) -> Result<String, ImageError> {
         let src = inside(dir, &format!("blobs/sha256/{}", hex_of(digest)?))?;
-        let bytes = fs::read(&src).map_err(ImageError::io("read", &src))?;
+        let bytes = read_document(&src)?;
         if media_type == OCI_INDEX || media_type == DOCKER_LIST {
+            if depth >= MAX_INDEX_DEPTH {
+                return Err(ImageError::source(
+                    &src,
+                    format!("image indexes nested more than {MAX_INDEX_DEPTH} deep"),
+                ));
+            }
             let index = ImageIndex::from_reader(&bytes[..])
                 .map_err(|e| ImageError::source(&src, format!("bad index: {e}")))?;
             let child = pick_platform(&index)
                 .ok_or_else(|| ImageError::source(&src, "no linux/amd64 image in this index"))?;
-            return self.oci_image_manifest(dir, &child.0, &child.1);
+            return self.oci_image_manifest(dir, &child.0, &child.1, depth + 1);
         }
         let manifest = ImageManifest::from_reader(&bytes[..])
             .map_err(|e| ImageError::source(&src, format!("bad manifest: {e}")))?;
@@ -165,13 +195,13 @@ impl ImageStore {
     /// The images of a `docker save` archive, stored as OCI images.
     fn docker_manifests(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, ImageError> {
         let mpath = dir.join("manifest.json");
-        let bytes = fs::read(&mpath).map_err(ImageError::io("read", &mpath))?;
+        let bytes = read_document(&mpath)?;
         let entries: Vec<DockerSaveEntry> = serde_json::from_slice(&bytes)
             .map_err(|e| ImageError::source(&mpath, format!("bad manifest.json: {e}")))?;
         let mut out = Vec::new();
         for e in entries {
             let cpath = inside(dir, &e.config)?;
-            let config = fs::read(&cpath).map_err(ImageError::io("read", &cpath))?;
+            let config = read_document(&cpath)?;
             let mut layers = Vec::new();
             for l in &e.layers {
                 let lpath = inside(dir, l)?;
@@ -319,18 +349,65 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ImageError> {
     Ok(real)
 }
 
-/// Unpacks an archive (tar, optionally compressed) into `dest`: directories, regular files and
-/// relative symlinks (older `docker save` links duplicate layers) only.
-fn extract_archive(path: &Path, dest: &Path) -> Result<(), ImageError> {
-    let f = File::open(path).map_err(ImageError::io("open", path))?;
-    extract_tar(f, dest, path, false)
+/// Reads every entry of a tar (optionally gzip- or zstd-compressed) under `limits`, for a
+/// caller that copies the entries elsewhere (a build's `ADD` of a local archive): bytes,
+/// entries, expansion and depth are charged and refused as for an import. `what` names the
+/// archive in errors. An error `f` returns is passed on as an [`ImageError::Source`].
+pub fn for_each_tar_entry<R: Read>(
+    r: R,
+    limits: UnpackLimits,
+    what: &Path,
+    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>) -> io::Result<()>,
+) -> Result<(), ImageError> {
+    read_guarded(r, &Budget::new(limits), what, |entry, _| {
+        f(entry).map_err(|e| e.to_string())
+    })
 }
 
-/// Unpacks a build context (a tar, optionally compressed, as `docker build` sends it) into
-/// `dest`: directories, regular files (modes kept) and symlinks, which may be absolute; the
-/// builder never follows a context symlink out of the context.
-pub fn unpack_context(r: impl Read, dest: &Path) -> Result<(), ImageError> {
-    extract_tar(r, dest, Path::new("build context"), true)
+/// The one loop over a tar's entries under a budget (archives, build contexts, `ADD`):
+/// `f` gets each entry and its path; what it leaves unread is drained (and charged). Its
+/// error, or the limit behind it, fails the whole archive.
+fn read_guarded<R: Read>(
+    r: R,
+    budget: &Budget,
+    what: &Path,
+    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>, &Path) -> Result<(), String>,
+) -> Result<(), ImageError> {
+    let guard = TarGuard::new(budget);
+    // A limit the guard hit explains any failure better than the error it caused.
+    let bad = |m: String| match guard.exceeded() {
+        Some(x) => x.into_error(what.display().to_string()),
+        None => ImageError::source(what, m),
+    };
+    let stream = decompress(guard.compressed(r)).map_err(|e| bad(format!("reading: {e}")))?;
+    let reader: Box<dyn Read + '_> = Box::new(guard.unpacked(stream));
+    let mut archive = tar::Archive::new(reader);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| bad(format!("not a tar archive: {e}")))?;
+    while let Some(entry) = guard.next_entry(&mut entries) {
+        let mut entry = entry.map_err(|e| match e {
+            TarError::Limit(x) => x.into_error(what.display().to_string()),
+            TarError::Io(e) => bad(format!("not a tar archive: {e}")),
+        })?;
+        let path = entry
+            .path()
+            .map_err(|e| bad(format!("bad entry path: {e}")))?
+            .into_owned();
+        budget
+            .check_depth(&path)
+            .map_err(|x| x.into_error(what.display().to_string()))?;
+        f(&mut entry, &path).map_err(bad)?;
+        drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Unpacks an archive (tar, optionally compressed) into `dest`: directories, regular files and
+/// relative symlinks (older `docker save` links duplicate layers) only.
+fn extract_archive(path: &Path, dest: &Path, budget: &Budget) -> Result<(), ImageError> {
+    let f = File::open(path).map_err(ImageError::io("open", path))?;
+    extract_tar(f, dest, path, false, budget)
 }
 
 fn extract_tar(
@@ -338,31 +415,23 @@ fn extract_tar(
     dest: &Path,
     what: &Path,
     absolute_symlinks: bool,
+    budget: &Budget,
 ) -> Result<(), ImageError> {
-    let bad = |m: String| ImageError::source(what, m);
     fs::create_dir_all(dest).map_err(ImageError::io("create", dest))?;
-    let stream = decompress(r).map_err(|e| bad(format!("reading: {e}")))?;
-    let mut archive = tar::Archive::new(stream);
-    let entries = archive
-        .entries()
-        .map_err(|e| bad(format!("not a tar archive: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| bad(format!("not a tar archive: {e}")))?;
-        let raw = entry
-            .path()
-            .map_err(|e| bad(format!("bad entry path: {e}")))?
-            .into_owned();
+    read_guarded(r, budget, what, |entry, raw| {
         // The same path rules as layer entries: no `..`, parents are real directories
         // (never a symlink from the archive).
-        let rel =
-            crate::layer::relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
-        let Some(rel) = rel else { continue };
-        let target = crate::layer::safe_parent(dest, &rel)
-            .map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
+        let Some(rel) =
+            crate::layer::relative(raw).map_err(|why| format!("entry {raw:?}: {why}"))?
+        else {
+            return Ok(());
+        };
+        let target =
+            crate::layer::safe_parent(dest, &rel).map_err(|why| format!("entry {raw:?}: {why}"))?;
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match entry.header().entry_type() {
             tar::EntryType::Directory if !target.is_dir() => {
-                fs::create_dir(&target).map_err(ImageError::io("create", &target))?;
+                fs::create_dir(&target).map_err(|e| format!("create {}: {e}", target.display()))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let _ = fs::remove_file(&target);
@@ -370,25 +439,65 @@ fn extract_tar(
                     .write(true)
                     .create_new(true)
                     .open(&target)
-                    .map_err(ImageError::io("create", &target))?;
-                io::copy(&mut entry, &mut out).map_err(ImageError::io("write", &target))?;
+                    .map_err(|e| format!("create {}: {e}", target.display()))?;
+                io::copy(entry, &mut out)
+                    .map_err(|e| format!("write {}: {e}", target.display()))?;
                 use std::os::unix::fs::PermissionsExt;
                 let _ = fs::set_permissions(&target, fs::Permissions::from_mode(mode));
             }
             tar::EntryType::Symlink => {
                 let link = entry
                     .link_name()
-                    .map_err(|e| bad(format!("bad link: {e}")))?
-                    .ok_or_else(|| bad(format!("symlink {raw:?} without target")))?;
+                    .map_err(|e| format!("bad link: {e}"))?
+                    .ok_or_else(|| format!("symlink {raw:?} without target"))?;
                 if link.is_absolute() && !absolute_symlinks {
-                    return Err(bad(format!("entry {raw:?} is an absolute symlink")));
+                    return Err(format!("entry {raw:?} is an absolute symlink"));
                 }
                 let _ = fs::remove_file(&target);
                 std::os::unix::fs::symlink(&link, &target)
-                    .map_err(ImageError::io("symlink", &target))?;
+                    .map_err(|e| format!("symlink {}: {e}", target.display()))?;
             }
             _ => {}
         }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("agentrun-archive-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
     }
-    Ok(())
+
+    /// An index whose entry names itself (the file name is the digest; what the file holds is
+    /// only checked when it is stored, after the recursion): refused, not a stack overflow
+    /// that takes the importing process down.
+    #[test]
+    fn an_index_that_contains_itself_is_refused() {
+        let layout = tempdir("selfindex");
+        let store_root = tempdir("selfindex-store");
+        let hex = "a".repeat(64);
+        let entry = serde_json::json!({
+            "mediaType": OCI_INDEX, "digest": format!("sha256:{hex}"), "size": 1,
+        });
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [entry]});
+        fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+        fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .unwrap();
+        fs::write(layout.join("index.json"), index.to_string()).unwrap();
+        fs::write(layout.join("blobs/sha256").join(&hex), index.to_string()).unwrap();
+        let store = ImageStore::open(&store_root).unwrap();
+        let err = store.import(&layout, None).unwrap_err().to_string();
+        assert!(err.contains("nested"), "{err}");
+        fs::remove_dir_all(&layout).unwrap();
+        fs::remove_dir_all(&store_root).unwrap();
+    }
 }

@@ -20,6 +20,32 @@ pub struct BlobStore {
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The largest JSON document (manifest, index, image config) read into memory. Registries
+/// refuse manifests over 4 MiB; configs are a few KiB.
+pub const MAX_DOCUMENT: u64 = 16 << 20;
+
+/// Reads a JSON document from a file, refusing one over [`MAX_DOCUMENT`].
+pub fn read_document(path: &Path) -> Result<Vec<u8>, ImageError> {
+    read_capped(
+        File::open(path).map_err(ImageError::io("read", path))?,
+        path,
+    )
+}
+
+fn read_capped(f: File, path: &Path) -> Result<Vec<u8>, ImageError> {
+    let mut buf = Vec::new();
+    f.take(MAX_DOCUMENT + 1)
+        .read_to_end(&mut buf)
+        .map_err(ImageError::io("read", path))?;
+    if buf.len() as u64 > MAX_DOCUMENT {
+        return Err(ImageError::source(
+            path,
+            format!("a JSON document over {} MiB: refused", MAX_DOCUMENT >> 20),
+        ));
+    }
+    Ok(buf)
+}
+
 /// A unique temporary path under `tmp` (pid + sequence: concurrent processes never collide).
 pub fn temp_path(tmp: &Path, tag: &str) -> PathBuf {
     let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -56,12 +82,10 @@ impl BlobStore {
         })
     }
 
+    /// Reads a JSON document (a manifest, an index, a config), at most [`MAX_DOCUMENT`].
     pub fn read(&self, digest: &str) -> Result<Vec<u8>, ImageError> {
-        let mut buf = Vec::new();
-        self.open_blob(digest)?
-            .read_to_end(&mut buf)
-            .map_err(ImageError::io("read", self.path(digest)?))?;
-        Ok(buf)
+        let p = self.path(digest)?;
+        read_capped(self.open_blob(digest)?, &p)
     }
 
     /// Stores what `write` produces; `expected` (if given) must be its digest. Returns the

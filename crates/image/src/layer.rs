@@ -27,6 +27,7 @@ use nix::sys::stat::{mknod, Mode, SFlag};
 
 use crate::blobs::{temp_path, BlobStore};
 use crate::digest::{hex_of, HashingReader};
+use crate::limits::{drain, Budget, TarError, TarGuard};
 use crate::ImageError;
 
 const WHITEOUT_PREFIX: &str = ".wh.";
@@ -60,38 +61,61 @@ pub fn decompress<'a>(r: impl Read + 'a) -> io::Result<Box<dyn Read + 'a>> {
     })
 }
 
-/// Unpacks a (possibly compressed) layer tarball into `dest` (an empty directory).
-pub fn unpack(blob: impl Read, dest: &Path, layer: &str) -> Result<UnpackReport, ImageError> {
-    let bad = |message: String| ImageError::Layer {
-        layer: layer.to_owned(),
-        message,
+/// Unpacks a (possibly compressed) layer tarball into `dest` (an empty directory), charging
+/// what it unpacks to `budget` (see [`crate::limits`]).
+pub fn unpack(
+    blob: impl Read,
+    dest: &Path,
+    layer: &str,
+    budget: &Budget,
+) -> Result<UnpackReport, ImageError> {
+    let guard = TarGuard::new(budget);
+    // A limit the guard hit explains any failure better than the error it caused.
+    let fail = |message: String| match guard.exceeded() {
+        Some(x) => x.into_error(format!("layer {layer}")),
+        None => ImageError::Layer {
+            layer: layer.to_owned(),
+            message,
+        },
     };
-    let stream = decompress(blob).map_err(|e| bad(format!("reading: {e}")))?;
-    let mut hashing = HashingReader::new(stream);
+    let stream = decompress(guard.compressed(blob)).map_err(|e| fail(format!("reading: {e}")))?;
+    let mut hashing = HashingReader::new(guard.unpacked(stream));
     let mut report = UnpackReport::default();
     let mut dir_times: Vec<(PathBuf, i64)> = Vec::new();
     {
         let mut archive = tar::Archive::new(&mut hashing);
-        let entries = archive
+        let mut entries = archive
             .entries()
-            .map_err(|e| bad(format!("not a tar stream: {e}")))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| bad(format!("corrupt tar stream: {e}")))?;
+            .map_err(|e| fail(format!("not a tar stream: {e}")))?;
+        while let Some(entry) = guard.next_entry(&mut entries) {
+            let mut entry = entry.map_err(|e| match e {
+                TarError::Limit(x) => x.into_error(format!("layer {layer}")),
+                TarError::Io(e) => fail(format!("corrupt tar stream: {e}")),
+            })?;
             let raw = entry
                 .path()
-                .map_err(|e| bad(format!("bad entry path: {e}")))?
+                .map_err(|e| fail(format!("bad entry path: {e}")))?
                 .into_owned();
-            let rel = relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
-            let Some(rel) = rel else { continue };
-            apply_entry(&mut entry, dest, &rel, &mut report, &mut dir_times)
-                .map_err(|why| bad(format!("entry {}: {why}", rel.display())))?;
+            let rel = relative(&raw).map_err(|why| fail(format!("entry {raw:?}: {why}")))?;
+            let Some(rel) = rel else {
+                drain(&mut entry).map_err(|e| fail(format!("reading: {e}")))?;
+                continue;
+            };
+            budget
+                .check_depth(&rel)
+                .map_err(|x| x.into_error(format!("layer {layer}")))?;
+            apply_entry(&mut entry, dest, &rel, &mut report, &mut dir_times, &guard)
+                .map_err(|why| fail(format!("entry {}: {why}", rel.display())))?;
+            drain(&mut entry).map_err(|e| fail(format!("reading: {e}")))?;
         }
     }
     // Directory mtimes last: creating their entries changed them.
     for (dir, mtime) in dir_times.iter().rev() {
         set_mtime(dir, *mtime);
     }
-    let (diff_id, _) = hashing.finish().map_err(|e| bad(format!("reading: {e}")))?;
+    let (diff_id, _) = hashing
+        .finish()
+        .map_err(|e| fail(format!("reading: {e}")))?;
     report.diff_id = diff_id;
     Ok(report)
 }
@@ -153,6 +177,7 @@ fn apply_entry<R: Read>(
     rel: &Path,
     report: &mut UnpackReport,
     dir_times: &mut Vec<(PathBuf, i64)>,
+    guard: &TarGuard<'_>,
 ) -> Result<(), String> {
     let name = rel.file_name().unwrap_or_default().as_bytes();
     let path = safe_parent(root, rel)?;
@@ -169,6 +194,14 @@ fn apply_entry<R: Read>(
         if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
             // Other aufs metadata (.wh..wh.plnk, ...): no meaning for overlayfs.
             return Ok(());
+        }
+        // A whiteout hides one entry of its own directory: `.wh.`, `.wh..` and `.wh...`
+        // would name the directory itself or its parent.
+        if hidden.is_empty() || hidden == b"." || hidden == b".." || hidden.contains(&b'/') {
+            return Err(format!(
+                "whiteout {:?} does not name an entry of its directory (refused: it would remove a parent directory)",
+                OsStr::from_bytes(name)
+            ));
         }
         let target = path.with_file_name(OsStr::from_bytes(hidden));
         clear(&target)?;
@@ -195,14 +228,20 @@ fn apply_entry<R: Read>(
         }
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
             clear(&path)?;
-            let mut f = OpenOptions::new()
+            let f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .custom_flags(libc::O_NOFOLLOW)
                 .mode(0o600)
                 .open(&path)
                 .map_err(|e| format!("create: {e}"))?;
-            report.content_bytes += io::copy(entry, &mut f).map_err(|e| format!("write: {e}"))?;
+            // A sparse file's holes are written as zeros that were never in the stream:
+            // they are charged as they are written.
+            let mut out = ChargedWriter {
+                inner: f,
+                guard: (kind == tar::EntryType::GNUSparse).then_some(guard),
+            };
+            report.content_bytes += io::copy(entry, &mut out).map_err(|e| format!("write: {e}"))?;
         }
         tar::EntryType::Symlink => {
             let target = entry
@@ -262,6 +301,25 @@ fn apply_entry<R: Read>(
     Ok(())
 }
 
+/// A file being written, charging what it writes to the guard when it has one.
+struct ChargedWriter<'g, 'b> {
+    inner: File,
+    guard: Option<&'g TarGuard<'b>>,
+}
+
+impl io::Write for ChargedWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(g) = self.guard {
+            g.charge_written(buf.len() as u64)?;
+        }
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The xattrs a PAX header carries that a layer may set: `user.*` and file capabilities.
 /// (`trusted.*` and `security.*` others would be host-level metadata, never taken from a tar.)
 fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> {
@@ -310,12 +368,14 @@ impl LayerStore {
         Ok(self.dir.join(hex_of(diff_id)?).join("fs"))
     }
 
-    /// Unpacks the blob `blob_digest` as layer `diff_id` unless it is there already.
+    /// Unpacks the blob `blob_digest` as layer `diff_id` unless it is there already,
+    /// charging `budget`.
     pub fn ensure(
         &self,
         blobs: &BlobStore,
         blob_digest: &str,
         diff_id: &str,
+        budget: &Budget,
     ) -> Result<UnpackReport, ImageError> {
         let fs_path = self.fs_path(diff_id)?;
         if fs_path.is_dir() {
@@ -330,7 +390,7 @@ impl LayerStore {
             fs::create_dir_all(&staged).map_err(ImageError::io("create", &staged))?;
             fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))
                 .map_err(ImageError::io("chmod", &staged))?;
-            let report = unpack(blobs.open_blob(blob_digest)?, &staged, blob_digest)?;
+            let report = unpack(blobs.open_blob(blob_digest)?, &staged, blob_digest, budget)?;
             if report.diff_id != diff_id {
                 return Err(ImageError::DigestMismatch {
                     what: format!("layer {blob_digest} (uncompressed)"),
@@ -538,6 +598,10 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
+    fn up(tar: &[u8], dest: &Path) -> Result<UnpackReport, ImageError> {
+        unpack(tar, dest, "t", &Budget::new(Default::default()))
+    }
+
     fn tempdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("agentrun-layer-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
@@ -572,6 +636,15 @@ mod tests {
         fn file(mut self, path: &str, data: &str) -> Self {
             let h = Self::header(tar::EntryType::Regular, path, data.len() as u64);
             self.0.append(&h, data.as_bytes()).unwrap();
+            self
+        }
+        /// A file with a path of any length (a GNU long name when it needs one).
+        fn file_long(mut self, path: &str, data: &str) -> Self {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            self.0.append_data(&mut h, path, data.as_bytes()).unwrap();
             self
         }
         fn dir(mut self, path: &str) -> Self {
@@ -609,7 +682,7 @@ mod tests {
             .file("opt/.wh..wh..opq", "")
             .file("opt/new", "n")
             .bytes();
-        unpack(&tar[..], &d, "t").unwrap();
+        up(&tar, &d).unwrap();
         let m = fs::symlink_metadata(d.join("etc/motd")).unwrap();
         assert!(m.file_type().is_char_device());
         assert_eq!(m.rdev(), 0);
@@ -624,10 +697,188 @@ mod tests {
     }
 
     #[test]
+    fn whiteouts_of_the_directory_itself_or_its_parent_are_refused() {
+        // The layer is unpacked into base/fs; base/sentinel stands for what lies beside it.
+        for (what, tar) in [
+            (
+                ".wh..",
+                TarBuilder::new()
+                    .dir("d/")
+                    .file("d/keep", "k")
+                    .file("d/.wh..", ""),
+            ),
+            (
+                ".wh...",
+                TarBuilder::new()
+                    .dir("d/")
+                    .file("d/keep", "k")
+                    .file("d/.wh...", ""),
+            ),
+            ("top .wh...", TarBuilder::new().file(".wh...", "")),
+            (
+                ".wh.",
+                TarBuilder::new()
+                    .dir("d/")
+                    .file("d/keep", "k")
+                    .file("d/.wh.", ""),
+            ),
+        ] {
+            let base = tempdir("badwh");
+            let dest = base.join("fs");
+            fs::create_dir(&dest).unwrap();
+            fs::write(base.join("sentinel"), "s").unwrap();
+            let err = up(&tar.bytes(), &dest).unwrap_err().to_string();
+            assert!(
+                err.contains("does not name an entry of its directory"),
+                "{what}: {err}"
+            );
+            assert!(base.join("sentinel").exists(), "{what}: removed a parent");
+            if what != "top .wh..." {
+                assert_eq!(
+                    fs::read_to_string(dest.join("d/keep")).unwrap(),
+                    "k",
+                    "{what}"
+                );
+            }
+            fs::remove_dir_all(&base).unwrap();
+        }
+    }
+
+    /// A zstd frame: `prefix` in raw blocks, then `zeros` zero bytes in RLE blocks (4 bytes
+    /// per 128 KiB: a 32768:1 expansion, as a bomb would use).
+    pub(crate) fn zstd_rle_frame(prefix: &[u8], zeros: u64) -> Vec<u8> {
+        assert!(zeros > 0);
+        // Magic, frame header descriptor (no size, no checksum), window 1 MiB.
+        let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x50];
+        let block = |f: &mut Vec<u8>, last: bool, kind: u32, size: u64| {
+            let h = u32::from(last) | (kind << 1) | ((size as u32) << 3);
+            f.extend_from_slice(&h.to_le_bytes()[..3]);
+        };
+        for chunk in prefix.chunks(128 << 10) {
+            block(&mut f, false, 0, chunk.len() as u64);
+            f.extend_from_slice(chunk);
+        }
+        let mut left = zeros;
+        while left > 0 {
+            let n = left.min(128 << 10);
+            left -= n;
+            block(&mut f, left == 0, 1, n);
+            f.push(0);
+        }
+        f
+    }
+
+    /// A tar whose one file is `size` zero bytes, as a zstd frame of RLE blocks.
+    fn zstd_bomb(size: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path("zeros").unwrap();
+        h.set_mode(0o644);
+        h.set_size(size);
+        h.set_cksum();
+        zstd_rle_frame(h.as_bytes(), size + 1024)
+    }
+
+    #[test]
+    fn a_zstd_bomb_is_refused_by_its_expansion_ratio_and_leaves_a_partial_file_only() {
+        // 1 TiB declared; refused once it has unpacked 64 MiB.
+        let bomb = zstd_bomb(1 << 40);
+        assert!(bomb.len() < 40 << 20);
+        let d = tempdir("zbomb");
+        let err = up(&bomb, &d).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImageError::Limit {
+                    limit: crate::Limit::Ratio,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("max_ratio") && msg.contains("--max-ratio"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        assert!(fs::metadata(d.join("zeros")).unwrap().len() <= 80 << 20);
+        // With the ratio off, the byte limit stops it.
+        let limits = crate::UnpackLimits {
+            max_ratio: 0,
+            max_bytes: 96 << 20,
+            ..Default::default()
+        };
+        let d2 = tempdir("zbomb2");
+        let err = unpack(&bomb[..], &d2, "t", &Budget::new(limits)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImageError::Limit {
+                    limit: crate::Limit::Bytes,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // A legitimate zero-filled file under the floor unpacks (and hashes) fine.
+        let small = zstd_bomb(8 << 20);
+        let d3 = tempdir("zsmall");
+        up(&small, &d3).unwrap();
+        assert_eq!(fs::metadata(d3.join("zeros")).unwrap().len(), 8 << 20);
+        for p in [d, d2, d3] {
+            fs::remove_dir_all(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn entries_and_depth_are_limited() {
+        let mut t = TarBuilder::new();
+        for i in 0..50 {
+            t = t.file(&format!("f{i}"), "");
+        }
+        let tar = t.bytes();
+        let limits = crate::UnpackLimits {
+            max_entries: 20,
+            ..Default::default()
+        };
+        let d = tempdir("entries");
+        let err = unpack(&tar[..], &d, "t", &Budget::new(limits)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImageError::Limit {
+                    limit: crate::Limit::Entries,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let deep = "a/".repeat(40) + "f";
+        let tar = TarBuilder::new().file_long(&deep, "x").bytes();
+        let limits = crate::UnpackLimits {
+            max_depth: 16,
+            ..Default::default()
+        };
+        let err = unpack(&tar[..], &d, "t", &Budget::new(limits)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImageError::Limit {
+                    limit: crate::Limit::Depth,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn dotdot_paths_are_refused() {
         let d = tempdir("dotdot");
         let tar = TarBuilder::new().file("../../escaped", "x").bytes();
-        let err = unpack(&tar[..], &d, "t").unwrap_err().to_string();
+        let err = up(&tar, &d).unwrap_err().to_string();
         assert!(err.contains("'..'"), "{err}");
         assert!(!d.parent().unwrap().join("escaped").exists());
         fs::remove_dir_all(&d).unwrap();
@@ -641,7 +892,7 @@ mod tests {
             .link(tar::EntryType::Symlink, "evil", outside.to_str().unwrap())
             .file("evil/pwned", "x")
             .bytes();
-        let err = unpack(&tar[..], &d, "t").unwrap_err().to_string();
+        let err = up(&tar, &d).unwrap_err().to_string();
         assert!(err.contains("symlink"), "{err}");
         assert!(!outside.join("pwned").exists());
         // Absolute symlinks themselves are kept as they are (they resolve inside a sandbox).
@@ -649,7 +900,7 @@ mod tests {
             .link(tar::EntryType::Symlink, "abs", "/etc/passwd")
             .bytes();
         let d2 = tempdir("symlink2");
-        unpack(&tar[..], &d2, "t").unwrap();
+        up(&tar, &d2).unwrap();
         assert_eq!(
             fs::read_link(d2.join("abs")).unwrap(),
             Path::new("/etc/passwd")
@@ -667,7 +918,7 @@ mod tests {
             .link(tar::EntryType::Link, "b", "a")
             .device("dev/null")
             .bytes();
-        let r = unpack(&tar[..], &d, "t").unwrap();
+        let r = up(&tar, &d).unwrap();
         assert_eq!(r.skipped_devices, 1);
         assert!(!d.join("dev/null").exists());
         let (a, b) = (
@@ -679,12 +930,12 @@ mod tests {
             .link(tar::EntryType::Link, "shadow", "/etc/shadow")
             .bytes();
         let d2 = tempdir("hard2");
-        let err = unpack(&tar[..], &d2, "t").unwrap_err().to_string();
+        let err = up(&tar, &d2).unwrap_err().to_string();
         assert!(err.contains("not in this layer"), "{err}");
         let tar = TarBuilder::new()
             .link(tar::EntryType::Link, "up", "../x")
             .bytes();
-        assert!(unpack(&tar[..], &d2, "t").is_err());
+        assert!(up(&tar, &d2).is_err());
         fs::remove_dir_all(&d).unwrap();
         fs::remove_dir_all(&d2).unwrap();
     }
@@ -724,7 +975,7 @@ mod tests {
         );
         // Unpacked again, the markers are overlay markers.
         let d = tempdir("upper-back");
-        unpack(&tar[..], &d, "t").unwrap();
+        up(&tar, &d).unwrap();
         assert!(fs::symlink_metadata(d.join("gone"))
             .unwrap()
             .file_type()
@@ -744,7 +995,7 @@ mod tests {
         let mut tar = Vec::new();
         tar_dir(&src, &mut tar).unwrap();
         let dst = tempdir("dst");
-        let r = unpack(&tar[..], &dst, "t").unwrap();
+        let r = up(&tar, &dst).unwrap();
         assert_eq!(r.diff_id, crate::digest::of_bytes(&tar));
         let m = fs::metadata(dst.join("bin/tool")).unwrap();
         assert_eq!(m.mode() & 0o7777, 0o4755);

@@ -10,20 +10,26 @@
 //! - OCI images in the content-addressed [`ImageStore`]: imported from OCI layouts or `docker
 //!   save` tars, pulled from registries, or made from a root filesystem directory. Layers are
 //!   unpacked once into their own directories and shared by every image that has them.
+//!
+//! Every tar the store unpacks is read under [`UnpackLimits`] (bytes, entries, expansion
+//! ratio, depth): a decompression bomb or an archive made to fill the disk is refused in one
+//! line, and what the failed operation had written is removed.
 
 mod archive;
 mod blobs;
 mod digest;
 pub mod host;
 mod layer;
+mod limits;
 mod pull;
 pub mod reference;
 mod store;
 
 use std::path::PathBuf;
 
-pub use archive::unpack_context;
-pub use layer::{tar_upper, LayerLease};
+pub use archive::for_each_tar_entry;
+pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
+pub use limits::{Budget, Limit, UnpackLimits};
 pub use pull::PullOptions;
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
@@ -52,6 +58,13 @@ pub enum ImageError {
         what: String,
         expected: String,
         actual: String,
+    },
+    /// An archive or layer over one of the [`UnpackLimits`]: nothing of it is kept.
+    #[error("{what}: {detail}; {}", limit.how_to_raise())]
+    Limit {
+        what: String,
+        limit: Limit,
+        detail: String,
     },
     #[error("pulling {reference}: {message}")]
     Pull { reference: String, message: String },

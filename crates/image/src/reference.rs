@@ -45,10 +45,27 @@ pub fn normalize_plain(name: &str) -> Option<String> {
         Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" => (first, rest),
         _ => ("docker.io", name),
     };
-    if path.is_empty() || domain.ends_with(':') {
+    if path.is_empty() || !plain_domain(domain) {
         return None;
     }
     let last = path.rsplit('/').next().unwrap_or(path);
+    let (repo, tag) = match path.split_once(':') {
+        Some((repo, tag)) if !repo.contains(':') && !tag.contains(['/', ':']) => (repo, Some(tag)),
+        Some(_) => return None,
+        None => (path, None),
+    };
+    if !repo.split('/').all(plain_component) || tag.is_some_and(|t| !plain_tag(t)) {
+        return None;
+    }
+    // The parser's limit on the repository (`library/` included).
+    let library = if domain == "docker.io" && !repo.contains('/') {
+        "library/".len()
+    } else {
+        0
+    };
+    if library + repo.len() > 255 {
+        return None;
+    }
     let mut full = String::with_capacity(name.len() + 24);
     full.push_str(domain);
     full.push('/');
@@ -60,6 +77,58 @@ pub fn normalize_plain(name: &str) -> Option<String> {
         full.push_str(":latest");
     }
     Some(full)
+}
+
+/// A registry host as the plain normalizer takes it: dot-separated alphanumeric labels
+/// (inner `-` allowed), an optional numeric port.
+fn plain_domain(domain: &str) -> bool {
+    let (host, port) = match domain.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (domain, None),
+    };
+    let label = |l: &str| {
+        !l.is_empty()
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    host.split('.').all(label)
+        && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A repository path component: `[a-z0-9]+` runs joined by `.`, `_`, `__` or `-`s.
+fn plain_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    let alnum = |x: &u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+    if b.is_empty() || !alnum(&b[0]) || !alnum(&b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(&b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(&b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-')) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A tag: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+fn plain_tag(t: &str) -> bool {
+    let b = t.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter()
+            .all(|x| x.is_ascii_alphanumeric() || b"_.-".contains(x))
 }
 
 /// The short form Docker prints: `docker.io/library/` and `docker.io/` dropped.
@@ -139,8 +208,35 @@ mod tests {
         ] {
             assert_eq!(normalize_plain(n), Some(normalize(n).unwrap()), "{n}");
         }
-        for odd in ["", "a b", "UPPER", "x@sha256:abc", "a//b"] {
+        // Found by the image_reference fuzz target: the plain normalizer took names the
+        // parser refuses (an empty tag, separators at the ends, ...).
+        for odd in [
+            "",
+            "a b",
+            "UPPER",
+            "x@sha256:abc",
+            "a//b",
+            "x:",
+            "x:-",
+            "-x",
+            "x.",
+            "a/b:c/d",
+            "local-:5000/x",
+            "a:b:c",
+            "a...b",
+        ] {
             assert_eq!(normalize_plain(odd), None, "{odd}");
+        }
+        // Repository names over 255 characters (the fuzz target's second finding).
+        let long = format!("org/{}", "a".repeat(251));
+        assert_eq!(normalize_plain(&long), Some(normalize(&long).unwrap()));
+        for odd in [
+            format!("org/{}", "a".repeat(252)),
+            "a".repeat(248),
+            format!("ghcr.io/{}/x:1", "b".repeat(254)),
+        ] {
+            assert!(normalize(&odd).is_err(), "{odd}");
+            assert_eq!(normalize_plain(&odd), None, "{odd}");
         }
     }
 

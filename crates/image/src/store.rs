@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::blobs::{temp_path, BlobStore};
 use crate::digest::hex_of;
 use crate::layer::LayerStore;
+use crate::limits::{Budget, CappedWriter, UnpackLimits};
 use crate::reference;
 use crate::{host, Image, ImageError};
 
@@ -177,6 +178,7 @@ pub struct ImageStore {
     root: PathBuf,
     pub(crate) blobs: BlobStore,
     pub(crate) layers: LayerStore,
+    limits: UnpackLimits,
 }
 
 type Refs = BTreeMap<String, String>;
@@ -198,7 +200,34 @@ impl ImageStore {
             blobs: BlobStore::open(&root)?,
             layers: LayerStore::open(&root)?,
             root,
+            limits: UnpackLimits::default(),
         })
+    }
+
+    /// The store with every unpack it does held to `limits` (default:
+    /// [`UnpackLimits::default`]).
+    pub fn with_limits(mut self, limits: UnpackLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> UnpackLimits {
+        self.limits
+    }
+
+    /// A fresh budget for one operation.
+    pub(crate) fn budget(&self) -> Budget {
+        Budget::new(self.limits)
+    }
+
+    /// After a failed write: what it stored that no image refers to (blobs, unpacked
+    /// layers) is removed, unless another writer is at work (then `prune` or the next `rm`
+    /// removes it). Call with the writer lock released.
+    pub(crate) fn discard_unreferenced(&self) {
+        let Ok(_gc) = self.lock("gc.lock", FlockArg::LockExclusiveNonblock) else {
+            return;
+        };
+        let _ = self.collect_garbage(&mut PruneReport::default());
     }
 
     pub(crate) fn tmp_dir(&self) -> PathBuf {
@@ -361,12 +390,13 @@ impl ImageStore {
             .collect())
     }
 
-    /// Makes an image record from a stored manifest: unpacks its layers (once per store) and
-    /// names it. Call with the writer lock held.
+    /// Makes an image record from a stored manifest: unpacks its layers (once per store),
+    /// charging `budget`, and names it. Call with the writer lock held.
     pub(crate) fn commit(
         &self,
         manifest_digest: &str,
         names: &[String],
+        budget: &Budget,
     ) -> Result<ImageRecord, ImageError> {
         let bytes = self.blobs.read(manifest_digest)?;
         let manifest = ImageManifest::from_reader(&bytes[..]).map_err(|e| {
@@ -403,7 +433,7 @@ impl ImageStore {
         let mut size = 0;
         for (desc, diff_id) in manifest.layers().iter().zip(diff_ids) {
             let digest = desc.digest().to_string();
-            self.layers.ensure(&self.blobs, &digest, diff_id)?;
+            self.layers.ensure(&self.blobs, &digest, diff_id, budget)?;
             size += self.layers.size(diff_id);
             layers.push(LayerRecord {
                 digest,
@@ -480,19 +510,36 @@ impl ImageStore {
     }
 
     /// Stores an uncompressed layer tar produced by `write` and unpacks it (call with a
-    /// [`WriteGuard`] held).
+    /// [`WriteGuard`] held). Both are held to the store's limits.
     pub fn put_layer(
         &self,
         write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<LayerRecord, ImageError> {
-        let (digest, size) = self.blobs.put_with(None, "layer", write)?;
-        self.layers.ensure(&self.blobs, &digest, &digest)?;
+        let (digest, size) = self.put_layer_blob(write)?;
+        self.layers
+            .ensure(&self.blobs, &digest, &digest, &self.budget())?;
         Ok(LayerRecord {
             digest: digest.clone(),
             media_type: OCI_LAYER_TAR.into(),
             size,
             diff_id: digest,
         })
+    }
+
+    /// Stores the layer tar `write` produces as a blob, refusing one over `max_bytes`.
+    fn put_layer_blob(
+        &self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(String, u64), ImageError> {
+        let max = self.limits.max_bytes;
+        let over = std::cell::Cell::new(false);
+        let result = self.blobs.put_with(None, "layer", |w| {
+            write(&mut CappedWriter::new(w, max, &over))
+        });
+        if over.get() {
+            return Err(CappedWriter::exceeded(max).into_error("layer"));
+        }
+        result
     }
 
     /// A runnable image from layers (bottom first) and a run configuration that no record
@@ -536,7 +583,7 @@ impl ImageStore {
             .map(|l| (l.digest.clone(), l.size, l.media_type.as_str()))
             .collect();
         let manifest = self.put_manifest(&serde_json::to_vec(config).expect("json"), &refs)?;
-        self.commit(&manifest, names)
+        self.commit(&manifest, names, &self.budget())
     }
 
     /// Makes a one-layer image from a root filesystem directory (like `docker import`), with
@@ -555,10 +602,21 @@ impl ImageStore {
         if !meta.is_dir() {
             return Err(ImageError::source(src, "not a directory"));
         }
+        let result = self.add_dir_locked(name, src, config);
+        if result.is_err() {
+            self.discard_unreferenced();
+        }
+        result
+    }
+
+    fn add_dir_locked(
+        &self,
+        name: &str,
+        src: &Path,
+        config: &ImageConfig,
+    ) -> Result<ImageRecord, ImageError> {
         let _w = self.writer_lock()?;
-        let (digest, size) = self
-            .blobs
-            .put_with(None, "layer", |w| crate::layer::tar_dir(src, w))?;
+        let (digest, size) = self.put_layer_blob(|w| crate::layer::tar_dir(src, w))?;
         let oci_config = serde_json::json!({
             "created": rfc3339_now(),
             "architecture": "amd64",
@@ -578,7 +636,7 @@ impl ImageStore {
             &serde_json::to_vec(&oci_config).expect("json"),
             &[(digest, size, OCI_LAYER_TAR)],
         )?;
-        self.commit(&manifest, &[name.to_owned()])
+        self.commit(&manifest, &[name.to_owned()], &self.budget())
     }
 
     /// Lists the images, the built-in one first, then by name.

@@ -58,6 +58,7 @@ impl Hardening {
             None if profile.seccomp_baseline == "default" => Some(
                 agentrun_runtime::seccomp::default_profile(
                     agentrun_policy::seccomp_denied_syscalls(),
+                    &profile.seccomp_sockets,
                 )
                 .map_err(|e| OciError::Invalid(e.to_string()))?,
             ),

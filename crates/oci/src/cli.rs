@@ -68,7 +68,7 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
     match run(&ctx, cli.command) {
         Ok(code) => code,
         Err(e) => {
-            let mut msg = chain(&e);
+            let mut msg = crate::error::chain(&e);
             // libcontainer's own errors are terse; its first logged error says what failed.
             if let (OciError::Container(_), Some(detail)) = (&e, crate::log::first_detail()) {
                 if !msg.contains(&detail) {
@@ -108,22 +108,6 @@ fn run(ctx: &Context, command: Command) -> Result<i32, OciError> {
             )),
         },
     }
-}
-
-/// An error and its sources, `: `-separated (libcontainer's own messages are terse, e.g.
-/// "io error", and the cause is in the source).
-fn chain(e: &OciError) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// Errors are logged on one line.

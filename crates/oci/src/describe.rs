@@ -10,7 +10,8 @@ use serde_json::json;
 
 use crate::OciError;
 
-/// Seccomp actions agentrun's compiler implements (see `agentrun_runtime::seccomp`).
+/// Seccomp actions agentrun's compiler implements (see `agentrun_runtime::seccomp`;
+/// `SCMP_ACT_NOTIFY` with a `listenerPath`, see [`crate::seccomp_notify`]).
 const SECCOMP_ACTIONS: &[&str] = &[
     "SCMP_ACT_ALLOW",
     "SCMP_ACT_ERRNO",
@@ -18,6 +19,7 @@ const SECCOMP_ACTIONS: &[&str] = &[
     "SCMP_ACT_KILL_PROCESS",
     "SCMP_ACT_KILL_THREAD",
     "SCMP_ACT_LOG",
+    "SCMP_ACT_NOTIFY",
     "SCMP_ACT_TRACE",
     "SCMP_ACT_TRAP",
 ];

@@ -56,3 +56,19 @@ impl OciError {
         }
     }
 }
+
+/// An error and its sources, `: `-separated (libcontainer's and oci-spec's own messages are
+/// terse, e.g. "io error", "serde failed", and the cause is in the source).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}

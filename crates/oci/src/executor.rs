@@ -8,19 +8,27 @@
 //! 2. the spec's seccomp section (or the profile's baseline), compiled with seccompiler by
 //!    `agentrun_runtime::seccomp`, installed last so nothing after it needs a filtered call.
 //!
+//! The section's `SCMP_ACT_NOTIFY` rules are the exception: their filter is installed earlier,
+//! in `setup_envs` (libcontainer's last step before the init reports ready, so during
+//! `create`), and its listener handed to the seccomp agent ([`crate::seccomp_notify`]).
+//!
 //! Installing either without CAP_SYS_ADMIN needs no_new_privs: when the spec did not set it,
 //! the executor does (runc can install seccomp before dropping capabilities; libcontainer's
 //! executor runs after). A setuid program in such a container cannot gain privileges.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use caps::{CapSet, Capability};
-use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
+use libcontainer::workload::{
+    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
+};
 use oci_spec::runtime::Spec;
 
 use crate::annotations::Hardening;
+use crate::seccomp_notify::Handover;
 
 /// Exit code when the process cannot be found (as a shell).
 const EXIT_NOT_FOUND: i32 = 127;
@@ -29,7 +37,17 @@ const EXIT_CANNOT_EXEC: i32 = 126;
 
 /// Executes the spec's process with the spec's seccomp and the annotations' hardening.
 #[derive(Clone, Debug, Default)]
-pub struct OciExecutor;
+pub struct OciExecutor {
+    /// The notify filter to install and hand over, when the spec has notify rules.
+    notify: Option<Handover>,
+}
+
+impl OciExecutor {
+    /// An executor that also installs the spec's notify filter and hands its listener over.
+    pub fn with_notify(notify: Option<Handover>) -> Self {
+        OciExecutor { notify }
+    }
+}
 
 impl Executor for OciExecutor {
     fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
@@ -48,11 +66,30 @@ impl Executor for OciExecutor {
         Ok(())
     }
 
+    fn setup_envs(&self, envs: HashMap<String, String>) -> Result<(), ExecutorSetEnvsError> {
+        // What libcontainer's default does: the process environment is exactly `envs`.
+        for (key, _) in std::env::vars_os() {
+            std::env::remove_var(key);
+        }
+        for (key, value) in envs {
+            std::env::set_var(key, value);
+        }
+        if let Some(notify) = &self.notify {
+            // The filter needs no_new_privs without CAP_SYS_ADMIN, as in `confine`.
+            allow_seccomp().map_err(ExecutorSetEnvsError::Other)?;
+            notify.run().map_err(|e| {
+                say(&format!("seccomp notify: {e}"));
+                ExecutorSetEnvsError::Other(format!("seccomp notify: {e}"))
+            })?;
+        }
+        Ok(())
+    }
+
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
         let Some(args) = spec_args(spec) else {
             return Err(ExecutorError::InvalidArg);
         };
-        if let Err(msg) = confine(spec) {
+        if let Err(msg) = confine(spec, self.notify.is_some()) {
             say(&format!("cannot confine the container process: {msg}"));
             std::process::exit(EXIT_CANNOT_EXEC);
         }
@@ -76,11 +113,19 @@ impl Executor for OciExecutor {
     }
 }
 
-/// Applies Landlock and seccomp to the calling process.
-fn confine(spec: &Spec) -> Result<(), String> {
+/// Applies Landlock and seccomp to the calling process; `notified`: the notify filter was
+/// installed by `setup_envs`.
+fn confine(spec: &Spec, notified: bool) -> Result<(), String> {
     let hardening = Hardening::from_spec(spec).map_err(|e| e.to_string())?;
     let filters = match &hardening.seccomp {
-        Some(section) => agentrun_runtime::seccomp::compile(section).map_err(|e| e.to_string())?,
+        Some(section) => {
+            let (filters, notify) = agentrun_runtime::seccomp::compile_with_notify(section)
+                .map_err(|e| e.to_string())?;
+            if notify.is_some() && !notified {
+                return Err("the spec's SCMP_ACT_NOTIFY rules were not installed".into());
+            }
+            filters
+        }
         None => Vec::new(),
     };
     let landlock_abi = agentrun_runtime::landlock::abi();
@@ -93,18 +138,28 @@ fn confine(spec: &Spec) -> Result<(), String> {
         .as_ref()
         .and_then(|p| p.no_new_privileges())
         .unwrap_or(false);
-    let sys_admin =
-        caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false);
-    if !nnp && !sys_admin {
-        // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag on this process.
-        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-            return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
-        }
+    if !nnp {
+        allow_seccomp()?;
     }
     if let Some(rules) = landlock {
         agentrun_runtime::landlock::restrict(rules, landlock_abi).map_err(|e| e.to_string())?;
     }
     agentrun_runtime::seccomp::install(&filters).map_err(|e| e.to_string())
+}
+
+/// Sets no_new_privs unless the process has CAP_SYS_ADMIN: installing a seccomp filter (or a
+/// Landlock ruleset) needs one or the other.
+fn allow_seccomp() -> Result<(), String> {
+    let sys_admin =
+        caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false);
+    if sys_admin {
+        return Ok(());
+    }
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag on this process.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn spec_args(spec: &Spec) -> Option<&Vec<String>> {

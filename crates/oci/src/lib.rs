@@ -12,7 +12,8 @@
 //! In this mode the container process is exactly what `config.json` says. agentrun's
 //! [`executor`] applies the spec's seccomp section (libcontainer built without libseccomp
 //! ignores it) and adds agentrun's own hardening only when an annotation asks for it
-//! ([`annotations`]). One span per container lifetime, created at `create` and exported at
+//! ([`annotations`]); `SCMP_ACT_NOTIFY` rules are handed to the spec's seccomp agent
+//! ([`seccomp_notify`]). One span per container lifetime, created at `create` and exported at
 //! `delete` ([`record`]).
 //!
 //! [`invocation`] decides whether an `agentrun` command line is a runc-style one.
@@ -29,6 +30,7 @@ mod lifecycle;
 mod log;
 mod manage;
 pub mod record;
+pub mod seccomp_notify;
 
 use std::ffi::OsString;
 

@@ -17,13 +17,14 @@ use liboci_cli::{Create, Exec, Kill, Run};
 use nix::sys::signal::{kill as send_signal, sigprocmask, SigSet, SigmaskHow, Signal as NixSignal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use oci_spec::runtime::Spec;
+use oci_spec::runtime::{ContainerState, Spec};
 
 use crate::annotations::Hardening;
 use crate::cli::Context;
 use crate::container;
 use crate::executor::OciExecutor;
 use crate::record::Record;
+use crate::seccomp_notify::{self, Forwarder, StateTemplate};
 use crate::OciError;
 
 /// Signals `run`/`exec` pass on to the process they wait for.
@@ -50,16 +51,33 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
     let bundle =
         std::fs::canonicalize(&args.bundle).map_err(|e| OciError::io("bundle", &args.bundle, e))?;
     let config = bundle.join("config.json");
-    let spec =
-        Spec::load(&config).map_err(|e| OciError::Invalid(format!("{}: {e}", config.display())))?;
-    // Bad annotations fail here, before anything exists.
+    // oci-spec's own message is "serde failed": the cause (e.g. "no variant for CAP_FOO") is
+    // in its source.
+    let spec = Spec::load(&config).map_err(|e| {
+        OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
+    })?;
+    // Bad annotations and notify rules that cannot work fail here, before anything exists.
     let hardening = Hardening::from_spec(&spec)?;
+    let notify_plan = seccomp_notify::plan(hardening.seccomp.as_ref())?;
     if dir.exists() {
         return Err(OciError::Exists(id));
     }
     make_root(&ctx.root)?;
+    let (forwarder, handover) = match &notify_plan {
+        Some(plan) => {
+            let state = StateTemplate {
+                id: id.clone(),
+                status: ContainerState::Creating,
+                bundle: bundle.clone(),
+                annotations: spec.annotations().clone(),
+            };
+            let (f, h) = Forwarder::spawn(plan, state)?;
+            (Some(f), Some(h))
+        }
+        None => (None, None),
+    };
     let built = ContainerBuilder::new(id.clone(), SyscallType::default())
-        .with_executor(OciExecutor)
+        .with_executor(OciExecutor::with_notify(handover))
         .with_pid_file(args.pid_file.as_ref())?
         .with_console_socket(args.console_socket.as_ref())
         .with_root_path(&ctx.root)?
@@ -70,16 +88,28 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
         .with_detach(true)
         .with_no_pivot(args.no_pivot)
         .build();
-    let container = match built {
-        Ok(c) => c,
-        Err(e) => {
+    ctx.logger.relay_children();
+    // The agent must have the notify fd before `create` returns, as with runc.
+    let forwarded = forwarder.map_or(Ok(()), |f| f.finish(built.is_ok()));
+    let container = match (built, forwarded) {
+        (Ok(c), Ok(())) => c,
+        (built, forwarded) => {
             // Nothing of a failed create may stay behind (libcontainer removes what it made
             // on most paths; a half-written directory is not a container).
             if let Ok(mut c) = container::load(&ctx.root, &id) {
+                if let Some(pid) = c.pid() {
+                    let _ = send_signal(pid, NixSignal::SIGKILL);
+                    wait_gone(Some(pid.as_raw()));
+                }
                 let _ = c.delete(true);
             }
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e.into());
+            // A failed handover is the cause (its forwarder killed the init).
+            return Err(match (built, forwarded) {
+                (_, Err(e)) => e,
+                (Err(e), _) => e.into(),
+                (Ok(_), Ok(())) => unreachable!("handled above"),
+            });
         }
     };
     Record::new(&spec, &bundle, hardening.profile).save(&container.root)
@@ -184,6 +214,8 @@ pub fn run(ctx: &Context, args: Run) -> Result<i32, OciError> {
         (Ok(()), None) => Err(OciError::Invalid("container has no process".into())),
         (Err(e), _) => Err(e),
     };
+    // What the container's init reported after `start` (a startContainer hook, the exec).
+    ctx.logger.relay_children();
     let deleted = if args.keep {
         Ok(())
     } else {
@@ -215,9 +247,29 @@ pub fn exec(ctx: &Context, args: Exec) -> Result<i32, OciError> {
         Some((u, g)) => (Some(u), g),
         None => (None, None),
     };
+    // The container's notify rules apply to the new process too: its listener goes to the
+    // agent as well (state "running").
+    let config = c.bundle().join("config.json");
+    let spec = Spec::load(&config).map_err(|e| {
+        OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
+    })?;
+    let notify_plan = seccomp_notify::plan(Hardening::from_spec(&spec)?.seccomp.as_ref())?;
+    let (forwarder, handover) = match &notify_plan {
+        Some(plan) => {
+            let state = StateTemplate {
+                id: c.id().to_owned(),
+                status: ContainerState::Running,
+                bundle: c.bundle().clone(),
+                annotations: c.state.annotations.clone(),
+            };
+            let (f, h) = Forwarder::spawn(plan, state)?;
+            (Some(f), Some(h))
+        }
+        None => (None, None),
+    };
     let forwarding = (!args.detach).then(block_forwarded);
     let pid = ContainerBuilder::new(args.container_id.clone(), SyscallType::default())
-        .with_executor(OciExecutor)
+        .with_executor(OciExecutor::with_notify(handover))
         .with_root_path(&ctx.root)?
         .with_console_socket(args.console_socket.as_ref())
         .with_pid_file(args.pid_file.as_ref())?
@@ -237,13 +289,24 @@ pub fn exec(ctx: &Context, args: Exec) -> Result<i32, OciError> {
         .with_ignore_paused(args.ignore_paused)
         .with_sub_cgroup(args.cgroup)
         .build();
-    let pid = match pid {
-        Ok(p) => p,
-        Err(e) => {
+    ctx.logger.relay_children();
+    let forwarded = forwarder.map_or(Ok(()), |f| f.finish(pid.is_ok()));
+    let pid = match (pid, forwarded) {
+        (Ok(p), Ok(())) => p,
+        (pid, forwarded) => {
+            if let Ok(p) = &pid {
+                // Its notified syscalls would never be answered.
+                let _ = send_signal(*p, NixSignal::SIGKILL);
+                let _ = waitpid(*p, None);
+            }
             if let Some(f) = &forwarding {
                 let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&f.previous), None);
             }
-            return Err(e.into());
+            return Err(match (pid, forwarded) {
+                (_, Err(e)) => e,
+                (Err(e), _) => e.into(),
+                (Ok(_), Ok(())) => unreachable!("handled above"),
+            });
         }
     };
     match forwarding {

@@ -3,15 +3,24 @@
 //! why a command failed); without `--log` they go to stderr as logrus text lines.
 //! Either way the bare message is also printed on stderr, as runc does.
 //!
-//! libcontainer reports the detail of a failure (which file, which syscall) through `tracing`
-//! only; [`Logger::install`] routes its events, error level (debug with `--debug`), into the
-//! same log, as runc-style lines written before agentrun's own final error line (the one the
-//! shim reports). Only events of the agentrun process itself are written: libcontainer's
-//! cloned children run on after fds are closed and the root is pivoted, where the log path
-//! means something else.
+//! libcontainer reports the detail of a failure (which file, which syscall, which errno)
+//! through `tracing` only, and mostly from the processes it clones: the intermediate process
+//! and the container's init, which send the agentrun process no more than their top-level
+//! error ("failed syscall", "failed to prepare rootfs"). [`Logger::install`] routes the events
+//! of the agentrun process itself (error level; debug with `--debug`) into the log directly.
+//! The cloned processes cannot write there (the root is pivoted, the log path means something
+//! else, stderr may be the container's terminal), so they append their events to a memfd
+//! inherited from the agentrun process (libcontainer clones without exec; the memfd is
+//! close-on-exec, so the container's process never holds it), and
+//! [`Logger::relay_children`] copies them into the log after libcontainer returns. The first
+//! error of a child is the closest to the cause, and [`first_detail`] prefers it: it completes
+//! the final error line the shim reports (e.g. "... failed syscall (failed to drop
+//! capabilities: EPERM: Operation not permitted)").
 
 use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -29,6 +38,7 @@ pub struct Logger {
 impl Logger {
     /// Makes this logger the process's `tracing` subscriber (libcontainer's events).
     pub fn install(&self) {
+        let _ = CHILD_LOG.set(child_log());
         let sub = EventLog {
             logger: self.clone(),
             pid: std::process::id(),
@@ -44,6 +54,39 @@ impl Logger {
     /// Logs `msg` at error level.
     pub fn error(&self, msg: &str) {
         self.write("error", msg, true);
+    }
+
+    /// Copies the events libcontainer's cloned processes left since the last call into the
+    /// log (call it when libcontainer returns, whether it failed or not).
+    pub fn relay_children(&self) {
+        let Some(Some(fd)) = CHILD_LOG.get() else {
+            return;
+        };
+        let Ok(mut offset) = CHILD_LOG_READ.lock() else {
+            return;
+        };
+        let mut text = Vec::new();
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = nix::sys::uio::pread(fd.as_fd(), &mut buf, *offset) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+            *offset += n as i64;
+        }
+        for line in String::from_utf8_lossy(&text).lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let level = event["level"].as_str().unwrap_or("debug");
+            let msg = event["msg"].as_str().unwrap_or_default();
+            if level == "error" {
+                if let Ok(mut d) = CHILD_DETAIL.lock() {
+                    d.get_or_insert_with(|| msg.to_owned());
+                }
+            }
+            self.write(level, msg, false);
+        }
     }
 
     /// Writes one line at `level`; `echo`: also the bare message on stderr (with `--log`).
@@ -75,12 +118,29 @@ impl Logger {
 
 /// The first error libcontainer reported through `tracing` in this process (the closest to
 /// the cause; later ones are the same failure propagating up).
-static FIRST_DETAIL: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+static FIRST_DETAIL: Mutex<Option<String>> = Mutex::new(None);
+/// The first error a cloned process reported (it failed before this process noticed).
+static CHILD_DETAIL: Mutex<Option<String>> = Mutex::new(None);
+/// The memfd the cloned processes append their events to (`None`: it could not be made).
+static CHILD_LOG: OnceLock<Option<OwnedFd>> = OnceLock::new();
+/// How far [`Logger::relay_children`] has read it.
+static CHILD_LOG_READ: Mutex<i64> = Mutex::new(0);
 
-/// The first error-level detail libcontainer logged, to complete its terse final errors
-/// ("failed to create container: io error").
+/// The first error-level detail libcontainer logged, a cloned process's first, to complete
+/// its terse final errors ("failed to create container: io error").
 pub fn first_detail() -> Option<String> {
-    FIRST_DETAIL.lock().ok().and_then(|d| d.clone())
+    let child = CHILD_DETAIL.lock().ok().and_then(|d| d.clone());
+    child.or_else(|| FIRST_DETAIL.lock().ok().and_then(|d| d.clone()))
+}
+
+/// A close-on-exec memfd in append mode (each event one `write`, so events of concurrent
+/// processes do not interleave).
+fn child_log() -> Option<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+    let fd = memfd_create(c"agentrun-oci-log", MemFdCreateFlag::MFD_CLOEXEC).ok()?;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_APPEND)).ok()?;
+    Some(fd)
 }
 
 /// A `tracing` subscriber writing events (no spans) through a [`Logger`].
@@ -117,7 +177,9 @@ impl Visit for Line {
 
 impl Subscriber for EventLog {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        metadata.is_event() && *metadata.level() <= self.max
+        // Events, and `enabled!` hints (libcontainer asks before computing some debug lines,
+        // e.g. the "affinity: 0x..." of `execCPUAffinity`); spans are not recorded.
+        !metadata.is_span() && *metadata.level() <= self.max
     }
     fn new_span(&self, _: &Attributes<'_>) -> Id {
         Id::from_u64(1)
@@ -125,9 +187,7 @@ impl Subscriber for EventLog {
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &Event<'_>) {
-        if std::process::id() != self.pid {
-            return;
-        }
+        let own = std::process::id() == self.pid;
         let mut line = Line::default();
         event.record(&mut line);
         let mut msg = line.message;
@@ -142,6 +202,15 @@ impl Subscriber for EventLog {
             _ => "debug",
         };
         let msg = crate::cli::one_line(&msg);
+        if !own {
+            // A process libcontainer cloned: leave the event for the agentrun process.
+            if let Some(Some(fd)) = CHILD_LOG.get() {
+                let mut line = serde_json::json!({"level": level, "msg": msg}).to_string();
+                line.push('\n');
+                let _ = nix::unistd::write(fd, line.as_bytes());
+            }
+            return;
+        }
         if level == "error" {
             if let Ok(mut d) = FIRST_DETAIL.lock() {
                 d.get_or_insert_with(|| msg.clone());

@@ -5,13 +5,16 @@
 //! last expression) and ends with `execution_complete` or an `error` carrying the Python
 //! exception (`ename`, `evalue`, `traceback`). Interrupting an execution sends SIGINT
 //! (`KeyboardInterrupt`). Other languages answer 400.
+//!
+//! An interpreter's output is read through bounded queues ([`crate::execd::queued_lines`]):
+//! what it prints between executions (a thread printing forever) waits there, then in its
+//! pipe, and then the printing thread blocks until the next execution reads it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -21,8 +24,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::error::{ApiError, ApiResult};
-use crate::execd::{event, execd, pipe, read_lines, sid_of, spawn, stream_response};
+use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::execd::{event, event_queue, execd, pipe, queued_lines, sid_of, spawn, stream_response};
 use crate::{lock, random_token, Record, Server};
 
 const DRIVER: &str = include_str!("code_driver.py");
@@ -44,10 +47,7 @@ pub struct Context {
     process: u64,
     stdin: tokio::sync::Mutex<tokio::net::unix::pipe::Sender>,
     /// Lines of its stdout and stderr, consumed by the execution in progress.
-    lines: tokio::sync::Mutex<(
-        mpsc::UnboundedReceiver<String>,
-        mpsc::UnboundedReceiver<String>,
-    )>,
+    lines: tokio::sync::Mutex<(mpsc::Receiver<String>, mpsc::Receiver<String>)>,
     marker: String,
     dead: Arc<AtomicBool>,
 }
@@ -89,6 +89,7 @@ fn check_language(language: &str) -> ApiResult<String> {
 }
 
 async fn start_context(
+    server: &Server,
     rec: &Record,
     language: &str,
     cwd: Option<String>,
@@ -97,7 +98,7 @@ async fn start_context(
         return Err(ApiError::conflict("the sandbox is paused"));
     }
     let (in_r, in_w) = pipe()?;
-    let marker = format!("\u{1}agentrun-{}:", random_token());
+    let marker = format!("\u{1}agentrun-{}:", random_token()?);
     let argv = vec!["python3".into(), "-u".into(), "-c".into(), DRIVER.into()];
     let env = vec![
         ("AGENTRUN_CODE_MARKER".to_string(), marker.clone()),
@@ -115,14 +116,7 @@ async fn start_context(
         }
         Err(e) => return Err(e.into()),
     };
-    let (otx, orx) = mpsc::unbounded_channel();
-    let (etx, erx) = mpsc::unbounded_channel();
-    tokio::spawn(read_lines(out, move |l| {
-        let _ = otx.send(l);
-    }));
-    tokio::spawn(read_lines(err, move |l| {
-        let _ = etx.send(l);
-    }));
+    let (orx, erx) = (queued_lines(server, out), queued_lines(server, err));
     let dead = Arc::new(AtomicBool::new(false));
     let d = dead.clone();
     tokio::spawn(async move {
@@ -132,7 +126,7 @@ async fn start_context(
     let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let ctx = Arc::new(Context {
-        id: random_token(),
+        id: random_token()?,
         language: language.to_owned(),
         process: pid,
         stdin: tokio::sync::Mutex::new(stdin),
@@ -150,16 +144,22 @@ struct CreateContext {
     cwd: Option<String>,
 }
 
+/// A create-context body: (the language, checked; the working directory asked for).
+pub fn parse_create_context(body: &[u8]) -> ApiResult<(String, Option<String>)> {
+    let req: CreateContext = serde_json::from_slice(body).map_err(bad_body)?;
+    let language = check_language(req.language.as_deref().unwrap_or("python"))?;
+    Ok((language, req.cwd))
+}
+
 async fn create_context(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: CreateContext = serde_json::from_slice(&body).map_err(bad_body)?;
-    let language = check_language(req.language.as_deref().unwrap_or("python"))?;
-    let ctx = start_context(&rec, &language, req.cwd).await?;
+    let (language, cwd) = parse_create_context(&body)?;
+    let ctx = start_context(&server, &rec, &language, cwd).await?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
 }
 
@@ -271,9 +271,22 @@ async fn interrupt(
 }
 
 #[derive(Deserialize)]
-struct RunCode {
+pub struct RunCode {
     code: String,
     context: Option<ContextRef>,
+}
+
+/// A run-code body, checked: the code is not blank.
+pub fn parse_run_code(body: &[u8]) -> ApiResult<RunCode> {
+    let req: RunCode = serde_json::from_slice(body).map_err(bad_body)?;
+    if req.code.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "code is empty",
+        ));
+    }
+    Ok(req)
 }
 
 #[derive(Deserialize)]
@@ -286,17 +299,10 @@ async fn run(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: RunCode = serde_json::from_slice(&body).map_err(bad_body)?;
-    if req.code.trim().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            "code is empty",
-        ));
-    }
+    let req = parse_run_code(&body)?;
     let (id, language) = match &req.context {
         Some(c) => (c.id.clone().filter(|i| !i.is_empty()), c.language.clone()),
         None => (None, None),
@@ -315,7 +321,7 @@ async fn run(
             match existing.filter(|c| !c.dead.load(Ordering::SeqCst)) {
                 Some(c) => c,
                 None => {
-                    let c = start_context(&rec, &language, None).await?;
+                    let c = start_context(&server, &rec, &language, None).await?;
                     lock(&rec.code).defaults.insert(language, c.id.clone());
                     c
                 }
@@ -329,7 +335,7 @@ async fn run(
             "the context's interpreter has exited",
         ));
     }
-    let exec_id = random_token();
+    let exec_id = random_token()?;
     lock(&rec.code)
         .executions
         .insert(exec_id.clone(), ctx.id.clone());
@@ -344,64 +350,76 @@ async fn run(
         "process.command_line",
         req.code.chars().take(256).collect::<String>(),
     );
-    let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(event("init", json!({"text": exec_id})));
+    let (tx, rx) = event_queue();
+    let _ = tx.try_send(event("init", json!({"text": exec_id})));
     let request = format!("{}\n", json!({"code": req.code}));
     let rec2 = rec.clone();
     tokio::spawn(async move {
         let started = Instant::now();
         let mut lines = ctx.lines.lock().await;
-        let written = {
-            let mut stdin = ctx.stdin.lock().await;
-            tokio::io::AsyncWriteExt::write_all(&mut *stdin, request.as_bytes()).await
-        };
+        let mut stdin = ctx.stdin.lock().await;
+        // Written while the output is read: an interpreter blocked on a full pipe (output
+        // from between executions) reads no request until that output is taken.
+        let write = tokio::io::AsyncWriteExt::write_all(&mut *stdin, request.as_bytes());
+        tokio::pin!(write);
+        let mut writing = true;
+        let mut err_open = true;
         let mut failed = None;
-        if written.is_ok() {
-            let (out, err) = &mut *lines;
-            loop {
-                tokio::select! {
-                    l = out.recv() => match l {
-                        None => { failed = Some(json!({"ename": "DeadKernelError", "evalue": "the interpreter exited", "traceback": []})); break; }
-                        Some(l) => match l.strip_prefix(ctx.marker.as_str()) {
-                            None => { let _ = tx.send(event("stdout", json!({"text": l}))); }
-                            Some(j) => {
-                                let ev: Value = serde_json::from_str(j).unwrap_or(Value::Null);
-                                match ev["t"].as_str().unwrap_or("") {
-                                    "count" => { let _ = tx.send(event("execution_count", json!({"execution_count": ev["n"]}))); }
-                                    "stdout" | "stderr" => { let _ = tx.send(event(ev["t"].as_str().unwrap_or("stdout"), json!({"text": ev["text"]}))); }
-                                    "result" => { let _ = tx.send(event("result", json!({"results": {"text": ev["text"]}}))); }
-                                    "done" => break,
-                                    _ => { failed = Some(json!({"ename": ev["ename"], "evalue": ev["evalue"], "traceback": ev["traceback"]})); break; }
-                                }
-                            }
-                        }
-                    },
-                    l = err.recv() => if let Some(l) = l { let _ = tx.send(event("stderr", json!({"text": l}))); },
+        let dead = || json!({"ename": "DeadKernelError", "evalue": "the interpreter exited", "traceback": []});
+        let (out, err) = &mut *lines;
+        loop {
+            tokio::select! {
+                w = &mut write, if writing => {
+                    writing = false;
+                    if w.is_err() {
+                        failed = Some(dead());
+                        break;
+                    }
                 }
+                l = out.recv() => match l {
+                    None => { failed = Some(dead()); break; }
+                    Some(l) => match l.strip_prefix(ctx.marker.as_str()) {
+                        None => { let _ = tx.send(event("stdout", json!({"text": l}))).await; }
+                        Some(j) => {
+                            let ev: Value = serde_json::from_str(j).unwrap_or(Value::Null);
+                            let sent = match ev["t"].as_str().unwrap_or("") {
+                                "count" => event("execution_count", json!({"execution_count": ev["n"]})),
+                                "stdout" | "stderr" => event(ev["t"].as_str().unwrap_or("stdout"), json!({"text": ev["text"]})),
+                                "result" => event("result", json!({"results": {"text": ev["text"]}})),
+                                "done" => break,
+                                _ => { failed = Some(json!({"ename": ev["ename"], "evalue": ev["evalue"], "traceback": ev["traceback"]})); break; }
+                            };
+                            let _ = tx.send(sent).await;
+                        }
+                    }
+                },
+                l = err.recv(), if err_open => match l {
+                    Some(l) => { let _ = tx.send(event("stderr", json!({"text": l}))).await; }
+                    None => err_open = false,
+                },
             }
-            // Raw stderr that arrived before the end.
-            while let Ok(l) = err.try_recv() {
-                let _ = tx.send(event("stderr", json!({"text": l})));
-            }
-        } else {
-            failed = Some(
-                json!({"ename": "DeadKernelError", "evalue": "the interpreter exited", "traceback": []}),
-            );
         }
+        // Raw stderr that arrived before the end.
+        while let Ok(l) = err.try_recv() {
+            let _ = tx.send(event("stderr", json!({"text": l}))).await;
+        }
+        drop(lines);
         lock(&rec2.code).executions.remove(&exec_id);
         match failed {
             None => {
-                let _ = tx.send(event(
-                    "execution_complete",
-                    json!({"execution_time": started.elapsed().as_millis() as i64}),
-                ));
+                let _ = tx
+                    .send(event(
+                        "execution_complete",
+                        json!({"execution_time": started.elapsed().as_millis() as i64}),
+                    ))
+                    .await;
             }
             Some(e) => {
                 span.set_error(
                     e["ename"].as_str().unwrap_or("error"),
                     e["evalue"].as_str().unwrap_or(""),
                 );
-                let _ = tx.send(event("error", json!({"error": e})));
+                let _ = tx.send(event("error", json!({"error": e}))).await;
             }
         }
         span.set_attribute("sandbox.duration_ms", started.elapsed().as_millis() as i64);

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
 
-use agentrun_egress::{DecisionSink, Proxy};
+use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
 use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
 use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
 use axum::body::Bytes;
@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::{authorize, sid_of};
 use crate::{lock, Server};
 
@@ -56,7 +56,10 @@ impl SandboxEgress {
     ) -> Result<Self, agentrun_egress::EgressError> {
         let listener = agentrun_egress::bind(socket)?;
         let sink = decision_sink(id.to_owned(), audit.clone(), trace.clone());
-        let proxy = Proxy::start(listener, socket, policy.to_network_policy(), sink);
+        let failures = failure_sink(id.to_owned(), audit.clone(), trace.clone());
+        let proxy = Proxy::builder(policy.to_network_policy(), sink)
+            .failures(failures)
+            .start(listener, socket);
         Ok(SandboxEgress {
             sandbox_id: id.to_owned(),
             policy: Mutex::new(policy),
@@ -158,6 +161,37 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
     })
 }
 
+/// Traces and audits a connection sandbox `id`'s proxy could not make after the policy
+/// allowed it (a name that does not resolve, an upstream that refuses): an `egress.connect`
+/// span with status Error, an audit record of kind `error`. Not a denial.
+fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
+    Arc::new(move |action: &Action, d: &Decision, f: &Failure| {
+        let mut span = RunSpan::start("egress.connect", Some(&trace));
+        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
+        span.set_attribute("sandbox.id", id.clone());
+        let record = AuditRecord {
+            kind: "error".into(),
+            sandbox_id: id.clone(),
+            trace_id: trace_id(&trace),
+            action: action.name().into(),
+            resource: action.resource(),
+            decision: "error".into(),
+            rule: d.rule_id.clone(),
+            reason: f.message.clone(),
+            profile: PROFILE.into(),
+            ..Default::default()
+        };
+        if let Err(e) = audit.append(&record) {
+            eprintln!("agentrun: sandbox {id}: {e}");
+        }
+        if agentrun_telemetry::export_enabled() {
+            let _ = std::thread::Builder::new()
+                .name("egress-span".into())
+                .spawn(move || span.finish());
+        }
+    })
+}
+
 /// The `PolicyStatusResponse` of a policy.
 fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
     let (mode, policy) = match policy {
@@ -197,7 +231,7 @@ pub async fn patch_policy(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
         &server,
@@ -214,7 +248,7 @@ pub async fn delete_policy(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
         &server,

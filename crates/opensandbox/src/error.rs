@@ -1,5 +1,10 @@
-//! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects.
+//! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects;
+//! [`JsonBody`], a request body read whole within the server's limit (413 above it).
 
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -40,6 +45,10 @@ impl ApiError {
     pub fn not_supported(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", message)
     }
+    /// A request body over a limit (413).
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "REQUEST_TOO_LARGE", message)
+    }
     /// A required query parameter is absent (400).
     pub fn missing_query(name: &str) -> Self {
         Self::new(
@@ -76,3 +85,28 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A request body (JSON), read whole: at most the server's `--max-request-body` bytes, else
+/// a 413 JSON error and nothing more is read (axum's [`axum::extract::DefaultBodyLimit`], set
+/// by [`crate::router`], bounds the read).
+pub struct JsonBody(pub Bytes);
+
+impl FromRequest<Arc<crate::Server>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, server: &Arc<crate::Server>) -> Result<Self, ApiError> {
+        Bytes::from_request(req, server)
+            .await
+            .map(JsonBody)
+            .map_err(|r| {
+                if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::too_large(format!(
+                        "request body larger than {} bytes (agentrun serve --max-request-body)",
+                        server.limits.max_request_body
+                    ))
+                } else {
+                    ApiError::new(r.status(), "INVALID_REQUEST_BODY", r.body_text())
+                }
+            })
+    }
+}

@@ -6,35 +6,54 @@
 //! Output reaches agentrun through pipes whose write ends are passed into the sandbox; each
 //! line becomes one bare-JSON event (`{"type":"stdout","text":...}` + blank line), as real
 //! execd streams them.
+//!
+//! Every buffer between a process and a client is bounded. A run's event stream is a queue of
+//! [`EVENT_QUEUE`] events: a client that reads slowly (or not at all) makes its process wait
+//! on its pipe, as a terminal or `docker attach` does. A session's shell and a code context's
+//! interpreter are read through a queue of [`LINE_QUEUE`] lines that only a run in progress
+//! drains: output written between runs (`yes &`) waits there, then in the pipe, and then the
+//! writer blocks until the next run reads it. A command's log keeps its newest 8 MiB, and a
+//! sandbox's logs together at most [`crate::lines::SANDBOX_LOG_BUDGET`] (the oldest finished
+//! commands are forgotten first).
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_pool::live::{ProcessExit, ProcessSpec};
 use agentrun_pool::PoolError;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::AsyncReadExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::lifecycle::{constant_time_eq, finish_span};
-use crate::lines::LineSplitter;
+use crate::lines::{LineLog, PipeLines, LOG_CAP_BYTES};
 use crate::{lock, now_ms, random_token, rfc3339, Record, Server};
 
-/// How long output is still read after a process exited (children may hold the pipes).
+/// How long output is still waited for after a process exited (children may hold the pipes).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
+/// After [`OUTPUT_GRACE`], output already in the pipe is still taken, this much at most
+/// (children that keep writing would otherwise hold the run open forever). A count, not a
+/// time: a starved daemon is late, and what the process wrote must not be lost for that.
+const OUTPUT_AFTER_GRACE: usize = 1024 * 1024;
 /// Keep-alive interval of event streams.
 const PING_EVERY: Duration = Duration::from_secs(3);
+/// Events a run's stream holds for its client (each at most one line, 64 KiB of text).
+pub(crate) const EVENT_QUEUE: usize = 16;
+/// Lines of a session's or code context's stdout (and as many of its stderr) held until a run
+/// reads them.
+pub(crate) const LINE_QUEUE: usize = 16;
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -103,6 +122,44 @@ fn execd_any_state(server: &Server, sid: &str, headers: &HeaderMap) -> ApiResult
     authorize(server, sid, headers, crate::EXECD_TOKEN_HEADER)
 }
 
+/// Middleware of `/execd/{sid}/...`: the sandbox's execd token must be in the headers before
+/// anything reads the request's body (401, or 404 for no such sandbox, having read none of
+/// it). Handlers check it again where they need the record.
+pub(crate) async fn require_execd_token(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match authorize(
+        &server,
+        sid_of(&p),
+        req.headers(),
+        crate::EXECD_TOKEN_HEADER,
+    ) {
+        Ok(_) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// [`require_execd_token`] for `/egress/{sid}/...` and its token.
+pub(crate) async fn require_egress_token(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match authorize(
+        &server,
+        sid_of(&p),
+        req.headers(),
+        crate::EGRESS_TOKEN_HEADER,
+    ) {
+        Ok(_) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Extracts the first path segment (the sandbox id) of a nested route.
 pub(crate) fn sid_of(p: &HashMap<String, String>) -> &str {
     p.get("sid").map(String::as_str).unwrap_or("")
@@ -142,9 +199,14 @@ pub(crate) fn event(kind: &str, extra: Value) -> Bytes {
     Bytes::from(s)
 }
 
+/// The queue of a run's event stream: [`EVENT_QUEUE`] events, then senders wait for the client.
+pub(crate) fn event_queue() -> (mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>) {
+    mpsc::channel(EVENT_QUEUE)
+}
+
 /// A streaming response of events.
-pub(crate) fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response {
-    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+pub(crate) fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let body = Body::from_stream(tokio_stream::StreamExt::map(
         stream,
         Ok::<_, std::convert::Infallible>,
@@ -169,18 +231,55 @@ pub struct Command {
     pub state: Mutex<CommandState>,
 }
 
-#[derive(Default)]
+impl Command {
+    /// A command now running, its log counting against `rec`'s log budget.
+    fn running(rec: &Record, id: String, content: String, process: u64) -> Command {
+        Command {
+            id,
+            content,
+            process: Mutex::new(Some(process)),
+            started_at: Utc::now(),
+            state: Mutex::new(CommandState {
+                running: true,
+                exit_code: None,
+                error: String::new(),
+                finished_at: None,
+                log: LineLog::new(LOG_CAP_BYTES, rec.log_budget.clone()),
+            }),
+        }
+    }
+
+    /// Marks it finished with `exit_code`.
+    fn finish(&self, rec: &Record, exit_code: i32, error: String) {
+        {
+            let mut st = lock(&self.state);
+            st.running = false;
+            st.exit_code = Some(exit_code);
+            st.finished_at = Some(Utc::now());
+            st.error = error;
+        }
+        if self.id != ENTRYPOINT {
+            rec.finished_commands.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 pub struct CommandState {
     pub running: bool,
     pub exit_code: Option<i32>,
     pub error: String,
     pub finished_at: Option<DateTime<Utc>>,
-    /// stdout and stderr lines, in arrival order (the newest [`crate::lines::LOG_CAP_BYTES`]).
-    pub log: crate::lines::LineLog,
+    /// stdout and stderr lines, in arrival order (the newest [`LOG_CAP_BYTES`], less when its
+    /// sandbox's logs are over their budget).
+    pub log: LineLog,
 }
 
+/// The id of the sandbox's main process among its commands.
+const ENTRYPOINT: &str = "entrypoint";
+
+/// A `POST .../command` body as sent.
 #[derive(Deserialize)]
-struct RunCommand {
+pub struct RunCommand {
     command: Option<String>,
     argv: Option<Vec<String>>,
     cwd: Option<String>,
@@ -270,25 +369,107 @@ pub(crate) async fn spawn_as(
     Ok((p.id, out_r, err_r, rx))
 }
 
-/// Reads a pipe line by line into `sink` until EOF.
-pub(crate) async fn read_lines(fd: OwnedFd, sink: impl Fn(String) + Send + 'static) {
-    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return;
-    };
-    let mut split = LineSplitter::default();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                for l in split.push(&buf[..n]) {
-                    sink(l);
-                }
+/// The lines of a pipe (a session's shell, a code context's interpreter), read into a queue
+/// of [`LINE_QUEUE`] lines: when nobody takes them the reading stops and the process blocks
+/// on its pipe once that is full. Ends at EOF or when the receiver is dropped.
+pub(crate) fn queued_lines(server: &Server, fd: OwnedFd) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel(LINE_QUEUE);
+    server.output.spawn(async move {
+        let mut lines = PipeLines::new(fd);
+        while let Some(l) = lines.next().await {
+            if tx.send(l).await.is_err() {
+                break;
             }
         }
+    });
+    rx
+}
+
+/// Adds `line` to `cmd`'s log. Over the sandbox's log budget, its oldest finished commands
+/// are forgotten first; if that is not enough the log drops its own oldest lines.
+fn keep(rec: &Record, cmd: &Command, line: &str) {
+    if rec.log_budget.would_exceed(LineLog::cost(line))
+        && rec.finished_commands.load(Ordering::SeqCst) > 0
+    {
+        forget_finished(rec, LineLog::cost(line));
     }
-    if let Some(l) = split.finish() {
-        sink(l);
+    lock(&cmd.state).log.push(line);
+}
+
+/// Forwards one output stream of a command: every line into its log and, while a client
+/// follows the run (`live`), as an event to it, waiting while the client's queue is full.
+/// Once the process exited (`exited`), output is still waited for during [`OUTPUT_GRACE`],
+/// and what is already in the pipe is taken until it would wait (at most
+/// [`OUTPUT_AFTER_GRACE`] more; time spent waiting on the client does not count): then `done`
+/// fires and the client is let go, as children may hold the pipe open forever; the log keeps
+/// taking what comes until EOF.
+async fn pump_output(
+    rec: Arc<Record>,
+    cmd: Arc<Command>,
+    fd: OwnedFd,
+    kind: &'static str,
+    mut live: Option<mpsc::Sender<Bytes>>,
+    mut exited: watch::Receiver<bool>,
+    done: oneshot::Sender<()>,
+) {
+    let mut lines = PipeLines::new(fd);
+    let mut done = Some(done);
+    let mut stop_at: Option<tokio::time::Instant> = None;
+    let mut after_grace = 0usize;
+    loop {
+        let line = match (done.is_some(), stop_at) {
+            (false, _) => lines.next().await,
+            (true, None) => tokio::select! {
+                l = lines.next() => l,
+                _ = exited.wait_for(|e| *e) => {
+                    stop_at = Some(tokio::time::Instant::now() + OUTPUT_GRACE);
+                    continue;
+                }
+            },
+            (true, Some(at)) => {
+                // Within the grace, wait for output; past it, take what is in the pipe
+                // already (a busy daemon may look late: that is not lost), up to a cap
+                // (children that never stop writing).
+                let now = tokio::time::Instant::now();
+                let next = if now < at {
+                    tokio::select! {
+                        l = lines.next() => Some(l),
+                        // Then what is in the pipe, below.
+                        _ = tokio::time::sleep_until(at) => continue,
+                    }
+                } else if after_grace < OUTPUT_AFTER_GRACE && lines.has_pending() {
+                    let l = lines.next().await;
+                    after_grace += l.as_ref().map_or(0, |l| l.len() + 1);
+                    Some(l)
+                } else {
+                    None
+                };
+                match next {
+                    Some(l) => l,
+                    None => {
+                        live = None;
+                        if let Some(d) = done.take() {
+                            let _ = d.send(());
+                        }
+                        continue;
+                    }
+                }
+            }
+        };
+        let Some(l) = line else { break };
+        if let Some(t) = &live {
+            let waited = tokio::time::Instant::now();
+            if t.send(event(kind, json!({ "text": &l }))).await.is_err() {
+                live = None; // the client went away: the log still gets everything
+            }
+            if let Some(at) = stop_at.as_mut() {
+                *at += waited.elapsed();
+            }
+        }
+        keep(&rec, &cmd, &l);
+    }
+    if let Some(d) = done {
+        let _ = d.send(());
     }
 }
 
@@ -310,80 +491,85 @@ pub async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiRes
         }
         Err(e) => return Err(e.into()),
     };
-    let cmd = Arc::new(Command {
-        id: "entrypoint".into(),
-        content: rec.entrypoint.join(" "),
-        process: Mutex::new(Some(id)),
-        started_at: Utc::now(),
-        state: Mutex::new(CommandState {
-            running: true,
-            ..Default::default()
-        }),
-    });
+    let cmd = Arc::new(Command::running(
+        rec,
+        ENTRYPOINT.into(),
+        rec.entrypoint.join(" "),
+        id,
+    ));
     remember(rec, &cmd);
-    for fd in [out, err] {
-        let c = cmd.clone();
-        tokio::spawn(read_lines(fd, move |l| {
-            lock(&c.state).log.push(l);
-        }));
+    let (exited_tx, exited) = watch::channel(false);
+    for (fd, kind) in [(out, "stdout"), (err, "stderr")] {
+        let (done, _) = oneshot::channel();
+        server.output.spawn(pump_output(
+            rec.clone(),
+            cmd.clone(),
+            fd,
+            kind,
+            None,
+            exited.clone(),
+            done,
+        ));
     }
     let (live, rec) = (server.live.clone(), rec.clone());
     tokio::spawn(async move {
         let e = exit.await.unwrap_or_default();
-        {
-            let mut st = lock(&cmd.state);
-            st.running = false;
-            st.exit_code = Some(e.exit_code);
-            st.finished_at = Some(Utc::now());
-        }
+        let _ = exited_tx.send(true);
+        cmd.finish(&rec, e.exit_code, String::new());
         rec.entrypoint_exited(&live, e.exit_code);
     });
     Ok(())
+}
+
+fn invalid_body(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+/// A `POST .../command` body, checked without the sandbox: exactly one of a non-empty
+/// `command` or `argv`, `gid` only with `uid`. Returns it with the command's user (`UID[:GID]`,
+/// numeric ids inside the sandbox, whose root is 0; without `gid`, the group is the user's
+/// primary group from the sandbox's /etc/passwd).
+pub fn parse_run_command(body: &[u8]) -> ApiResult<(RunCommand, Option<String>)> {
+    let req: RunCommand = serde_json::from_slice(body)
+        .map_err(|e| invalid_body(format!("invalid request body: {e}")))?;
+    let user = match (req.uid, req.gid) {
+        (None, None) => None,
+        (Some(u), None) => Some(u.to_string()),
+        (Some(u), Some(g)) => Some(format!("{u}:{g}")),
+        (None, Some(_)) => return Err(invalid_body("gid needs uid".into())),
+    };
+    match (&req.command, &req.argv) {
+        (Some(c), None) if !c.trim().is_empty() => {}
+        (None, Some(a)) if !a.is_empty() => {}
+        _ => {
+            return Err(invalid_body(
+                "give exactly one of a non-empty command or argv".into(),
+            ))
+        }
+    }
+    Ok((req, user))
 }
 
 async fn run_command(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: RunCommand = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            format!("invalid request body: {e}"),
-        )
-    })?;
-    // The command's user: numeric ids inside the sandbox (its root is 0); the group is the
-    // user's primary group from the sandbox's /etc/passwd unless `gid` is given.
-    let user = match (req.uid, req.gid) {
-        (None, None) => None,
-        (Some(u), None) => Some(u.to_string()),
-        (Some(u), Some(g)) => Some(format!("{u}:{g}")),
-        (None, Some(_)) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                "gid needs uid",
-            ))
-        }
-    };
+    let (req, user) = parse_run_command(&body)?;
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict("the sandbox is paused"));
     }
     let (argv, content) = match (&req.command, &req.argv) {
-        (Some(c), None) if !c.trim().is_empty() => (
+        (Some(c), _) => (
             vec![shell(&rec).to_string(), "-c".into(), c.clone()],
             c.clone(),
         ),
-        (None, Some(a)) if !a.is_empty() => (a.clone(), a.join(" ")),
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                "give exactly one of a non-empty command or argv",
-            ))
+        (None, a) => {
+            let a = a.clone().unwrap_or_default();
+            let content = a.join(" ");
+            (a, content)
         }
     };
     let cwd = req
@@ -412,10 +598,10 @@ async fn run_command(
             span.set_attribute("process.exit.code", exit_code as i64);
             span.set_error("spawn", &message);
             finish_span(span);
-            let id = random_token();
-            let (tx, rx) = mpsc::unbounded_channel();
-            let _ = tx.send(event("init", json!({"text": id})));
-            let _ = tx.send(event(
+            let id = random_token()?;
+            let (tx, rx) = event_queue();
+            let _ = tx.try_send(event("init", json!({"text": id})));
+            let _ = tx.try_send(event(
                 "error",
                 json!({"error": {"ename": "CommandExecError", "evalue": exit_code.to_string(), "traceback": [message]}}),
             ));
@@ -423,36 +609,31 @@ async fn run_command(
         }
         Err(e) => return Err(e.into()),
     };
-    let cmd = Arc::new(Command {
-        id: random_token(),
-        content,
-        process: Mutex::new(Some(pid)),
-        started_at: Utc::now(),
-        state: Mutex::new(CommandState {
-            running: true,
-            ..Default::default()
-        }),
-    });
+    let cmd = Arc::new(Command::running(&rec, random_token()?, content, pid));
     remember(&rec, &cmd);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(event("init", json!({"text": cmd.id})));
+    let (tx, rx) = event_queue();
+    let _ = tx.try_send(event("init", json!({"text": cmd.id})));
     let live_tx = if req.background {
-        let _ = tx.send(event("execution_complete", json!({"execution_time": 0})));
+        let _ = tx.try_send(event("execution_complete", json!({"execution_time": 0})));
         None
     } else {
         Some(tx)
     };
-    let readers: Vec<_> = [(out, "stdout"), (err, "stderr")]
+    let (exited_tx, exited) = watch::channel(false);
+    let readers: Vec<oneshot::Receiver<()>> = [(out, "stdout"), (err, "stderr")]
         .into_iter()
         .map(|(fd, kind)| {
-            let c = cmd.clone();
-            let t = live_tx.clone();
-            tokio::spawn(read_lines(fd, move |l| {
-                if let Some(t) = &t {
-                    let _ = t.send(event(kind, json!({"text": l})));
-                }
-                lock(&c.state).log.push(l);
-            }))
+            let (done, done_rx) = oneshot::channel();
+            server.output.spawn(pump_output(
+                rec.clone(),
+                cmd.clone(),
+                fd,
+                kind,
+                live_tx.clone(),
+                exited.clone(),
+                done,
+            ));
+            done_rx
         })
         .collect();
     let sandbox = rec.sandbox.clone();
@@ -467,8 +648,9 @@ async fn run_command(
             tokio::select! {
                 r = &mut exit => break r.unwrap_or_default(),
                 _ = ping.tick() => {
+                    // A keep-alive: not needed (so not waited for) while output queues up.
                     if let Some(t) = &live_tx {
-                        let _ = t.send(event("ping", json!({"text": "pong"})));
+                        let _ = t.try_send(event("ping", json!({"text": "pong"})));
                     }
                 }
                 _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
@@ -477,24 +659,22 @@ async fn run_command(
                 }
             }
         };
+        let _ = exited_tx.send(true);
         for r in readers {
-            let _ = tokio::time::timeout(OUTPUT_GRACE, r).await;
+            let _ = r.await;
         }
         let elapsed = started.elapsed().as_millis() as i64;
-        {
-            let mut st = lock(&cmd.state);
-            st.running = false;
-            st.exit_code = Some(result.exit_code);
-            st.finished_at = Some(Utc::now());
-            if timed_out {
-                st.error = format!(
-                    "timed out after {} ms",
-                    timeout.unwrap_or_default().as_millis()
-                );
-            } else if result.exit_code != 0 {
-                st.error = format!("exit status {}", result.exit_code);
-            }
-        }
+        let error = if timed_out {
+            format!(
+                "timed out after {} ms",
+                timeout.unwrap_or_default().as_millis()
+            )
+        } else if result.exit_code != 0 {
+            format!("exit status {}", result.exit_code)
+        } else {
+            String::new()
+        };
+        cmd.finish(&rec, result.exit_code, error);
         span.set_attribute("process.exit.code", result.exit_code as i64);
         span.set_attribute("process.pid", pid as i64);
         span.set_attribute("sandbox.timed_out", timed_out);
@@ -523,7 +703,7 @@ async fn run_command(
                     json!({"error": {"ename": "CommandExecError", "evalue": result.exit_code.to_string(), "traceback": [why]}}),
                 )
             };
-            let _ = t.send(last);
+            let _ = t.send(last).await;
         }
     });
     Ok(stream_response(rx))
@@ -555,20 +735,33 @@ const KEPT_FINISHED_COMMANDS: usize = 256;
 
 /// Adds `cmd` to the sandbox's commands, forgetting the oldest finished ones beyond
 /// [`KEPT_FINISHED_COMMANDS`] (the entrypoint is always kept): with each command's log
-/// capped too, what a long-lived sandbox holds in memory is bounded.
+/// capped and all of them within the sandbox's log budget, what a long-lived sandbox holds in
+/// memory is bounded.
 fn remember(rec: &Record, cmd: &Arc<Command>) {
+    lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
+    forget_finished(rec, 0);
+}
+
+/// Forgets the oldest finished commands (never the entrypoint) while more than
+/// [`KEPT_FINISHED_COMMANDS`] are kept or `incoming` more log bytes would go over the
+/// sandbox's log budget.
+fn forget_finished(rec: &Record, incoming: usize) {
     let mut commands = lock(&rec.commands);
-    commands.insert(cmd.id.clone(), cmd.clone());
     let mut finished: Vec<(DateTime<Utc>, String)> = commands
         .values()
-        .filter(|c| c.id != "entrypoint" && !lock(&c.state).running)
+        .filter(|c| c.id != ENTRYPOINT && !lock(&c.state).running)
         .map(|c| (c.started_at, c.id.clone()))
         .collect();
-    if finished.len() > KEPT_FINISHED_COMMANDS {
-        finished.sort();
-        for (_, id) in &finished[..finished.len() - KEPT_FINISHED_COMMANDS] {
-            commands.remove(id);
+    finished.sort();
+    let mut excess = finished.len().saturating_sub(KEPT_FINISHED_COMMANDS);
+    for (_, id) in finished {
+        if excess == 0 && !rec.log_budget.would_exceed(incoming) {
+            break;
         }
+        // Its log goes with the last reference (a logs request may still hold one).
+        drop(commands.remove(&id));
+        rec.finished_commands.fetch_sub(1, Ordering::SeqCst);
+        excess = excess.saturating_sub(1);
     }
 }
 
@@ -612,11 +805,7 @@ async fn command_logs(
     let rec = execd_any_state(&server, sid_of(&p), &headers)?;
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
-    let mut text = String::new();
-    for l in st.log.since(q.cursor.unwrap_or(0)) {
-        text.push_str(if l == "\n" { "" } else { l });
-        text.push('\n');
-    }
+    let text = st.log.text_since(q.cursor.unwrap_or(0));
     Ok((
         [
             ("content-type", "text/plain; charset=utf-8".to_string()),
@@ -633,38 +822,35 @@ pub struct Session {
     pub id: String,
     process: u64,
     stdin: tokio::sync::Mutex<tokio::net::unix::pipe::Sender>,
-    /// Output lines (stdout, stderr) of the shell, consumed by the run in progress.
-    out: tokio::sync::Mutex<(
-        mpsc::UnboundedReceiver<String>,
-        mpsc::UnboundedReceiver<String>,
-    )>,
+    /// Output lines (stdout, stderr) of the shell, consumed by the run in progress
+    /// ([`queued_lines`]: bounded, the shell waits when nobody reads).
+    out: tokio::sync::Mutex<(mpsc::Receiver<String>, mpsc::Receiver<String>)>,
     marker: String,
     dead: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// A create-session body (empty: all defaults).
 #[derive(Deserialize, Default)]
-struct CreateSession {
+pub struct CreateSession {
     cwd: Option<String>,
+}
+
+/// Parses a create-session body; an empty or blank body means the defaults.
+pub fn parse_create_session(body: &[u8]) -> ApiResult<CreateSession> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(CreateSession::default());
+    }
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}")))
 }
 
 async fn create_session(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = execd(&server, sid_of(&p), &headers)?;
-    let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
-        CreateSession::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST_BODY",
-                format!("invalid request body: {e}"),
-            )
-        })?
-    };
+    let req = parse_create_session(&body)?;
     if rec.state().0 == "Paused" {
         return Err(ApiError::conflict("the sandbox is paused"));
     }
@@ -683,14 +869,7 @@ async fn create_session(
     )
     .await
     .map_err(ApiError::from)?;
-    let (otx, orx) = mpsc::unbounded_channel();
-    let (etx, erx) = mpsc::unbounded_channel();
-    tokio::spawn(read_lines(out, move |l| {
-        let _ = otx.send(l);
-    }));
-    tokio::spawn(read_lines(err, move |l| {
-        let _ = etx.send(l);
-    }));
+    let (orx, erx) = (queued_lines(&server, out), queued_lines(&server, err));
     let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let d = dead.clone();
     tokio::spawn(async move {
@@ -700,11 +879,11 @@ async fn create_session(
     let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let session = Arc::new(Session {
-        id: random_token(),
+        id: random_token()?,
         process: pid,
         stdin: tokio::sync::Mutex::new(stdin),
         out: tokio::sync::Mutex::new((orx, erx)),
-        marker: format!("__agentrun_{}_", random_token()),
+        marker: format!("__agentrun_{}_", random_token()?),
         dead,
     });
     lock(&rec.sessions).insert(session.id.clone(), session.clone());
@@ -732,11 +911,17 @@ async fn delete_session(
     Ok(StatusCode::OK)
 }
 
+/// A run-in-session body.
 #[derive(Deserialize)]
-struct RunInSession {
+pub struct RunInSession {
     command: String,
     cwd: Option<String>,
     timeout: Option<u64>,
+}
+
+/// Parses a run-in-session body.
+pub fn parse_run_in_session(body: &[u8]) -> ApiResult<RunInSession> {
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}")))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -747,17 +932,11 @@ async fn run_in_session(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
     let session = find_session(&rec, p.get("ssid").map(String::as_str).unwrap_or(""))?;
-    let req: RunInSession = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            format!("invalid request body: {e}"),
-        )
-    })?;
+    let req = parse_run_in_session(&body)?;
     if session.dead.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -785,47 +964,50 @@ async fn run_in_session(
         "process.command_line",
         req.command.chars().take(256).collect::<String>(),
     );
-    let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(event("init", json!({"text": session.id})));
+    let (tx, rx) = event_queue();
+    let _ = tx.try_send(event("init", json!({"text": session.id})));
     let sandbox = rec.sandbox.clone();
     let timeout = req.timeout.filter(|t| *t > 0).map(Duration::from_millis);
     tokio::spawn(async move {
         let started = Instant::now();
         let mut out = session.out.lock().await;
-        {
-            let mut stdin = session.stdin.lock().await;
-            if tokio::io::AsyncWriteExt::write_all(&mut *stdin, script.as_bytes())
-                .await
-                .is_err()
-            {
-                let _ = tx.send(event("error", json!({"error": {"ename": "CommandExecError", "evalue": "1", "traceback": ["the session's shell has exited"]}})));
-                return;
-            }
-        }
+        let mut stdin = session.stdin.lock().await;
+        // The script is written while the output is read: a shell blocked on a full pipe
+        // (output from before this run) reads no script until that output is taken.
+        let write = tokio::io::AsyncWriteExt::write_all(&mut *stdin, script.as_bytes());
+        tokio::pin!(write);
+        let mut writing = true;
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let (mut code, mut out_done, mut err_done) = (None::<i32>, false, false);
         let mut timed_out = false;
         let (o, e) = &mut *out;
         while !(out_done && err_done) {
             tokio::select! {
+                w = &mut write, if writing => {
+                    writing = false;
+                    if w.is_err() {
+                        let _ = tx.send(event("error", json!({"error": {"ename": "CommandExecError", "evalue": "1", "traceback": ["the session's shell has exited"]}}))).await;
+                        return;
+                    }
+                }
                 l = o.recv(), if !out_done => match l {
                     Some(l) => match l.find(&session.marker) {
                         Some(i) => {
-                            if i > 0 { let _ = tx.send(event("stdout", json!({"text": &l[..i]}))); }
+                            if i > 0 { let _ = tx.send(event("stdout", json!({"text": &l[..i]}))).await; }
                             code = l[i + session.marker.len()..].trim().parse().ok();
                             out_done = true;
                         }
-                        None => { let _ = tx.send(event("stdout", json!({"text": l}))); }
+                        None => { let _ = tx.send(event("stdout", json!({"text": l}))).await; }
                     },
                     None => { out_done = true; err_done = true; }
                 },
                 l = e.recv(), if !err_done => match l {
                     Some(l) => match l.find(&session.marker) {
                         Some(i) => {
-                            if i > 0 { let _ = tx.send(event("stderr", json!({"text": &l[..i]}))); }
+                            if i > 0 { let _ = tx.send(event("stderr", json!({"text": &l[..i]}))).await; }
                             err_done = true;
                         }
-                        None => { let _ = tx.send(event("stderr", json!({"text": l}))); }
+                        None => { let _ = tx.send(event("stderr", json!({"text": l}))).await; }
                     },
                     None => { out_done = true; err_done = true; }
                 },
@@ -859,7 +1041,7 @@ async fn run_in_session(
                 json!({"error": {"ename": "CommandExecError", "evalue": code.to_string(), "traceback": [why]}}),
             )
         };
-        let _ = tx.send(last);
+        let _ = tx.send(last).await;
     });
     Ok(stream_response(rx))
 }
@@ -884,7 +1066,7 @@ async fn metrics_watch(
 ) -> ApiResult<Response> {
     let rec = execd(&server, sid_of(&p), &headers)?;
     let mut sample = (Instant::now(), rec.sandbox.usage()?.cpu_ns);
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = event_queue();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -897,7 +1079,7 @@ async fn metrics_watch(
             };
             let mut line = m.to_string();
             line.push_str("\n\n");
-            if tx.send(Bytes::from(line)).is_err() {
+            if tx.send(Bytes::from(line)).await.is_err() {
                 break; // the client went away
             }
         }

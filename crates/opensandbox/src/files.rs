@@ -1,14 +1,20 @@
 //! The execd file API of one sandbox: upload, download (Range, offset/limit), info, search,
 //! move, replace, permissions, mkdir, delete, list. Every path goes through [`agentrun_runtime::fsroot`]
 //! (resolved inside the sandbox, with the sandbox root's credentials) on a blocking thread.
+//!
+//! File contents never sit whole in the daemon's memory: uploads are written as they arrive
+//! (into a hidden file renamed over the target once complete; over `--max-upload` the
+//! answer is 413 and nothing is left), downloads and `replace` stream in 64 KiB chunks
+//! ([`crate::filestream`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{Multipart, Path, RawQuery, State};
+use axum::body::Body;
+use axum::extract::multipart::{MultipartError, MultipartRejection};
+use axum::extract::{DefaultBodyLimit, Multipart, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,7 +24,7 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{rfc3339, Record, Server};
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
 
@@ -29,7 +35,12 @@ const MAX_ENTRIES: usize = 100_000;
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
-        .route("/files/upload", post(upload))
+        .route(
+            "/files/upload",
+            post(upload).layer(DefaultBodyLimit::max(
+                usize::try_from(server.limits.max_upload).unwrap_or(usize::MAX),
+            )),
+        )
         .route("/files/download", get(download))
         .route("/files/info", get(info))
         .route("/files", axum::routing::delete(delete_files))
@@ -181,24 +192,54 @@ fn check_owner(owner: &Option<String>, group: &Option<String>) -> ApiResult<()> 
 }
 
 #[derive(Deserialize)]
-struct FileMeta {
+struct RawFileMeta {
     path: String,
     owner: Option<String>,
     group: Option<String>,
     mode: Option<u32>,
 }
 
+/// An upload's `metadata` part, checked: where the next `file` part goes and its mode.
+pub struct FileMeta {
+    /// As sent (for messages).
+    pub path: String,
+    /// Relative to the sandbox root.
+    pub rel: PathBuf,
+    pub mode: u32,
+}
+
+/// Parses and checks an upload's `metadata` part (owner root only, mode in octal digits,
+/// default 755).
+pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
+    let m: RawFileMeta = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE_METADATA",
+            format!("metadata: {e}"),
+        )
+    })?;
+    check_owner(&m.owner, &m.group)?;
+    Ok(FileMeta {
+        rel: rel(&m.path)?,
+        mode: mode_from_digits(m.mode.unwrap_or(755))?,
+        path: m.path,
+    })
+}
+
 async fn upload(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    mut multipart: Multipart,
+    multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
-    let result = write_parts(&rec, &mut multipart).await;
+    let mut multipart =
+        multipart.map_err(|r| ApiError::new(r.status(), "INVALID_FILE", r.body_text()))?;
+    let result = write_parts(&rec, server.limits, &mut multipart).await;
     if result.is_err() {
-        // Read the rest of the body before answering: a client still sending a chunked body
-        // would otherwise see the connection closed instead of the error.
+        // Read the rest of the body (at most up to the upload limit, and nothing of it is
+        // kept) before answering: a client still sending a chunked body would otherwise see
+        // the connection closed instead of the error.
         while let Ok(Some(mut field)) = multipart.next_field().await {
             while let Ok(Some(_)) = field.chunk().await {}
         }
@@ -206,65 +247,126 @@ async fn upload(
     result
 }
 
-async fn write_parts(rec: &Record, multipart: &mut Multipart) -> ApiResult<StatusCode> {
+/// A multipart error as an API error: 413 for a body over the upload limit.
+fn multipart_error(e: MultipartError, limits: crate::Limits) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(format!(
+            "upload larger than {} bytes (agentrun serve --max-upload)",
+            limits.max_upload
+        ))
+    } else {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE",
+            format!("multipart: {e}"),
+        )
+    }
+}
+
+/// Where an upload to `path` is written until it is complete: a hidden name next to it, so
+/// an upload cut short (by the client, an error or the limit) never leaves a partial file or
+/// clobbers the old one; the complete file is renamed over `path`.
+fn upload_name(path: &std::path::Path) -> ApiResult<PathBuf> {
+    // At most 64 characters of the name: the hidden name must fit NAME_MAX (255) too.
+    let name: String = path
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(64).collect())
+        .unwrap_or_default();
+    Ok(path.with_file_name(format!(".{name}.agentrun-{}", crate::random_token()?)))
+}
+
+async fn write_parts(
+    rec: &Record,
+    limits: crate::Limits,
+    multipart: &mut Multipart,
+) -> ApiResult<StatusCode> {
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE", m);
     let mut meta: Option<FileMeta> = None;
     while let Some(mut field) = multipart
         .next_field()
         .await
-        .map_err(|e| bad(format!("multipart: {e}")))?
+        .map_err(|e| multipart_error(e, limits))?
     {
         match field.name() {
             Some("metadata") => {
-                let bytes = field
-                    .bytes()
+                // Metadata is small JSON: read within the JSON limit, not the upload's.
+                let mut bytes = Vec::new();
+                while let Some(chunk) = field
+                    .chunk()
                     .await
-                    .map_err(|e| bad(format!("multipart: {e}")))?;
-                let m: FileMeta = serde_json::from_slice(&bytes).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "INVALID_FILE_METADATA",
-                        format!("metadata: {e}"),
-                    )
-                })?;
-                check_owner(&m.owner, &m.group)?;
-                meta = Some(m);
+                    .map_err(|e| multipart_error(e, limits))?
+                {
+                    if bytes.len() + chunk.len() > limits.max_request_body {
+                        return Err(ApiError::too_large(format!(
+                            "a metadata part larger than {} bytes (agentrun serve --max-request-body)",
+                            limits.max_request_body
+                        )));
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                meta = Some(parse_file_meta(&bytes)?);
             }
             Some("file") => {
                 let m = meta
                     .take()
                     .ok_or_else(|| bad("a file part must follow its metadata part".into()))?;
-                let path = rel(&m.path)?;
-                let mode = mode_from_digits(m.mode.unwrap_or(755))?;
-                let shown = m.path.clone();
+                let (path, mode) = (m.rel.clone(), m.mode);
+                let partial = upload_name(&path)?;
+                let (shown, p2) = (m.path.clone(), partial.clone());
                 let file = with_fs(rec, move |fs| {
-                    fs.create_file(&path, mode).map_err(|e| errno(e, &shown))
+                    fs.create_file(&p2, mode).map_err(|e| errno(e, &shown))
                 })
                 .await?;
-                // Writing to an open file needs no more permission checks.
-                let mut file = file;
-                while let Some(chunk) = field
-                    .chunk()
-                    .await
-                    .map_err(|e| bad(format!("multipart: {e}")))?
-                {
-                    let (f, res) = tokio::task::spawn_blocking(move || {
-                        let r = file.write_all(&chunk);
-                        (file, r)
-                    })
-                    .await
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
-                    file = f;
-                    res.map_err(|e| match e.raw_os_error() {
-                        Some(n) => errno(Errno::from_raw_os_error(n), &m.path),
-                        None => ApiError::internal(e.to_string()),
-                    })?;
-                }
+                let written = write_field(&mut field, file, &m.path, limits).await;
+                let shown = m.path.clone();
+                let done = with_fs(rec, move |fs| {
+                    let moved = written
+                        .and_then(|()| fs.rename(&partial, &path).map_err(|e| errno(e, &shown)));
+                    if moved.is_err() {
+                        let _ = fs.remove_file(&partial);
+                    }
+                    moved
+                })
+                .await;
+                done?;
             }
             other => return Err(bad(format!("unexpected multipart part {other:?}"))),
         }
     }
     Ok(StatusCode::OK)
+}
+
+/// Streams a file part into `file`, a chunk at a time.
+async fn write_field(
+    field: &mut axum::extract::multipart::Field<'_>,
+    mut file: std::fs::File,
+    shown: &str,
+    limits: crate::Limits,
+) -> ApiResult<()> {
+    // Writing to an open file needs no more permission checks.
+    while let Some(chunk) = field
+        .chunk()
+        .await
+        .map_err(|e| multipart_error(e, limits))?
+    {
+        let (f, res) = tokio::task::spawn_blocking(move || {
+            let r = file.write_all(&chunk);
+            (file, r)
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+        file = f;
+        res.map_err(|e| io_error(e, shown))?;
+    }
+    Ok(())
+}
+
+/// An I/O error on an open file, as the API reports it.
+fn io_error(e: std::io::Error, path: &str) -> ApiError {
+    match e.raw_os_error() {
+        Some(n) => errno(Errno::from_raw_os_error(n), path),
+        None => ApiError::internal(format!("{path}: {e}")),
+    }
 }
 
 fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
@@ -282,7 +384,7 @@ fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
-fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
+pub fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
     let spec = h.trim().strip_prefix("bytes=")?;
     if spec.contains(',') {
         return None;
@@ -306,6 +408,37 @@ fn parse_range(h: &str, size: u64) -> Option<(u64, u64)> {
     (start <= end && start < size).then_some((start, end))
 }
 
+/// Bytes of a download read at a time.
+const DOWNLOAD_CHUNK: usize = 64 * 1024;
+
+/// A body streaming `len` bytes of `file` from where it stands, in [`DOWNLOAD_CHUNK`]s: the
+/// daemon holds a chunk, never the file. A file that shrinks meanwhile ends the body early
+/// (the client sees it short of its length).
+fn file_body(file: std::fs::File, len: u64) -> Body {
+    let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
+    Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        reader,
+        DOWNLOAD_CHUNK,
+    ))
+}
+
+/// A body made by `produce` writing on a blocking thread, streamed as it writes (at most
+/// [`DOWNLOAD_CHUNK`] in flight); a client that goes away makes the writes fail.
+fn produced_body(
+    produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send + 'static,
+) -> Body {
+    let (reader, writer) = tokio::io::duplex(DOWNLOAD_CHUNK);
+    let mut writer = tokio_util::io::SyncIoBridge::new(writer);
+    tokio::task::spawn_blocking(move || {
+        // Dropping the writer ends the body (after what it wrote).
+        let _ = produce(&mut writer);
+    });
+    Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        reader,
+        DOWNLOAD_CHUNK,
+    ))
+}
+
 async fn download(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
@@ -316,13 +449,13 @@ async fn download(
     let pairs = query_pairs(&q);
     let path = required(&pairs, "path")?;
     let relp = rel(&path)?;
-    let offset: Option<usize> = query_one(&pairs, "offset")
+    let offset: Option<u64> = query_one(&pairs, "offset")
         .map(|v| {
             v.parse()
                 .map_err(|_| ApiError::bad_request("offset must be a number"))
         })
         .transpose()?;
-    let limit: Option<usize> = query_one(&pairs, "limit")
+    let limit: Option<u64> = query_one(&pairs, "limit")
         .map(|v| {
             v.parse()
                 .map_err(|_| ApiError::bad_request("limit must be a number"))
@@ -343,52 +476,53 @@ async fn download(
     })
     .await?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let path2 = path.clone();
-    tokio::task::spawn_blocking(move || -> ApiResult<Response> {
-        let mut file = file;
-        let io = |e: std::io::Error| ApiError::internal(format!("{path2}: {e}"));
-        if offset.is_some() || limit.is_some() {
-            let mut text = String::new();
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(io)?;
-            let start = offset.unwrap_or(1).max(1) - 1;
-            let lines = String::from_utf8_lossy(&bytes);
-            for l in lines
-                .split_inclusive('\n')
-                .skip(start)
-                .take(limit.unwrap_or(usize::MAX))
-            {
-                text.push_str(l);
-            }
-            return Ok(([("content-type", "text/plain; charset=utf-8")], text).into_response());
-        }
-        if let Some(r) = range {
-            let Some((a, b)) = parse_range(&r, size) else {
-                return Ok((
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    [("content-range", format!("bytes */{size}"))],
-                )
-                    .into_response());
-            };
-            file.seek(SeekFrom::Start(a)).map_err(io)?;
-            let mut buf = vec![0u8; (b - a + 1) as usize];
-            file.read_exact(&mut buf).map_err(io)?;
+    if offset.is_some() || limit.is_some() {
+        // Lines `offset` (1-based) to `offset + limit - 1`, streamed as they are read.
+        let skip = offset.unwrap_or(1).max(1) - 1;
+        let take = limit.unwrap_or(u64::MAX);
+        let body = produced_body(move |w| {
+            crate::filestream::copy_lines(
+                std::io::BufReader::with_capacity(DOWNLOAD_CHUNK, file),
+                w,
+                skip,
+                take,
+            )
+        });
+        return Ok(([("content-type", "text/plain; charset=utf-8")], body).into_response());
+    }
+    if let Some(r) = range {
+        let Some((a, b)) = parse_range(&r, size) else {
             return Ok((
-                StatusCode::PARTIAL_CONTENT,
-                [
-                    ("content-type", "application/octet-stream".to_string()),
-                    ("content-range", format!("bytes {a}-{b}/{size}")),
-                ],
-                buf,
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [("content-range", format!("bytes */{size}"))],
             )
                 .into_response());
-        }
-        let mut buf = Vec::with_capacity(size as usize);
-        file.read_to_end(&mut buf).map_err(io)?;
-        Ok(([("content-type", "application/octet-stream")], buf).into_response())
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?
+        };
+        let mut file = file;
+        let file = tokio::task::spawn_blocking(move || file.seek(SeekFrom::Start(a)).map(|_| file))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| io_error(e, &path))?;
+        let len = b - a + 1;
+        return Ok((
+            StatusCode::PARTIAL_CONTENT,
+            [
+                ("content-type", "application/octet-stream".to_string()),
+                ("content-range", format!("bytes {a}-{b}/{size}")),
+                ("content-length", len.to_string()),
+            ],
+            file_body(file, len),
+        )
+            .into_response());
+    }
+    Ok((
+        [
+            ("content-type", "application/octet-stream".to_string()),
+            ("content-length", size.to_string()),
+        ],
+        file_body(file, size),
+    )
+        .into_response())
 }
 
 async fn info(
@@ -457,7 +591,7 @@ struct Perm {
     group: Option<String>,
 }
 
-fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
+fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -467,20 +601,26 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
     })
 }
 
-async fn permissions(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
-    let req: BTreeMap<String, Perm> = parse_body(&body)?;
+/// A permissions body: (path relative to the root, path as sent, mode to set), checked.
+pub fn parse_permissions(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Option<u32>)>> {
+    let req: BTreeMap<String, Perm> = parse_body(body)?;
     let mut todo = Vec::new();
     for (path, perm) in req {
         check_owner(&perm.owner, &perm.group)?;
         let mode = perm.mode.map(mode_from_digits).transpose()?;
         todo.push((rel(&path)?, path, mode));
     }
+    Ok(todo)
+}
+
+async fn permissions(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> ApiResult<StatusCode> {
+    let rec = authorized(&server, &p, &headers)?;
+    let todo = parse_permissions(&body)?;
     with_fs(&rec, move |fs| {
         for (r, p, mode) in todo {
             match mode {
@@ -501,18 +641,22 @@ struct Move {
     dest: String,
 }
 
+/// A move body: (from, to, from as sent), both relative to the root.
+pub fn parse_moves(body: &[u8]) -> ApiResult<Vec<(PathBuf, PathBuf, String)>> {
+    let req: Vec<Move> = parse_body(body)?;
+    req.into_iter()
+        .map(|m| Ok((rel(&m.src)?, rel(&m.dest)?, m.src)))
+        .collect()
+}
+
 async fn mv(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
-    let req: Vec<Move> = parse_body(&body)?;
-    let todo = req
-        .into_iter()
-        .map(|m| Ok((rel(&m.src)?, rel(&m.dest)?, m.src)))
-        .collect::<ApiResult<Vec<_>>>()?;
+    let todo = parse_moves(&body)?;
     with_fs(&rec, move |fs| {
         for (a, b, shown) in todo {
             fs.rename(&a, &b).map_err(|e| errno(e, &shown))?;
@@ -520,6 +664,15 @@ async fn mv(
         Ok(StatusCode::OK)
     })
     .await
+}
+
+/// A search's `pattern` as a glob matcher (`*` stays within one path component).
+pub fn search_matcher(pattern: &str) -> ApiResult<globset::GlobMatcher> {
+    Ok(globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| ApiError::bad_request(format!("pattern {pattern:?}: {e}")))?
+        .compile_matcher())
 }
 
 async fn search(
@@ -534,11 +687,7 @@ async fn search(
     let pattern = query_one(&pairs, "pattern")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "**".into());
-    let glob = globset::GlobBuilder::new(&pattern)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| ApiError::bad_request(format!("pattern {pattern:?}: {e}")))?
-        .compile_matcher();
+    let glob = search_matcher(&pattern)?;
     let relp = rel(&dir)?;
     with_fs(&rec, move |fs| {
         let entries = fs.walk(&relp, SEARCH_DEPTH).map_err(|e| errno(e, &dir))?;
@@ -560,21 +709,14 @@ async fn search(
 }
 
 #[derive(Deserialize)]
-struct Replace {
+pub struct Replace {
     old: String,
     new: String,
 }
 
-async fn replace(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let rec = authorized(&server, &p, &headers)?;
-    let verbose = query_one(&query_pairs(&q), "verbose").is_some_and(|v| v == "true" || v == "1");
-    let req: BTreeMap<String, Replace> = parse_body(&body)?;
+/// A replace body: (path relative to the root, path as sent, what to replace), checked.
+pub fn parse_replacements(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Replace)>> {
+    let req: BTreeMap<String, Replace> = parse_body(body)?;
     let todo = req
         .into_iter()
         .map(|(path, r)| Ok((rel(&path)?, path, r)))
@@ -582,23 +724,23 @@ async fn replace(
     if todo.iter().any(|(_, _, r)| r.old.is_empty()) {
         return Err(ApiError::bad_request("old must not be empty"));
     }
+    Ok(todo)
+}
+
+async fn replace(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let rec = authorized(&server, &p, &headers)?;
+    let verbose = query_one(&query_pairs(&q), "verbose").is_some_and(|v| v == "true" || v == "1");
+    let todo = parse_replacements(&body)?;
     let counts = with_fs(&rec, move |fs| {
         let mut counts = serde_json::Map::new();
         for (r, p, rep) in todo {
-            let mut text = String::new();
-            let mut f = fs.open_regular(&r).map_err(|e| errno(e, &p))?;
-            f.read_to_string(&mut text).map_err(|_| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_FILE_CONTENT",
-                    format!("{p}: not UTF-8 text"),
-                )
-            })?;
-            let n = text.matches(&rep.old).count();
-            let mode = fs.stat(&r).map_err(|e| errno(e, &p))?.stat.st_mode & 0o7777;
-            let mut out = fs.create_file(&r, mode).map_err(|e| errno(e, &p))?;
-            out.write_all(text.replace(&rep.old, &rep.new).as_bytes())
-                .map_err(|e| ApiError::internal(format!("{p}: {e}")))?;
+            let n = replace_in_file(fs, &r, &p, &rep)?;
             counts.insert(p, json!({"replacedCount": n}));
         }
         Ok(counts)
@@ -609,6 +751,43 @@ async fn replace(
     } else {
         Ok(StatusCode::OK.into_response())
     }
+}
+
+/// Replaces every `rep.old` in the file `r` by `rep.new`, streaming it into a new file next
+/// to it (same mode) that is renamed over it, as `sed -i` does: bounded memory whatever the
+/// file's size, and the file is never seen half written. Returns the count.
+fn replace_in_file(fs: &SandboxFs, r: &std::path::Path, p: &str, rep: &Replace) -> ApiResult<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    let src = fs.open_regular(r).map_err(|e| errno(e, p))?;
+    let mode = src
+        .metadata()
+        .map_err(|e| io_error(e, p))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    let partial = upload_name(r)?;
+    let out = fs.create_file(&partial, mode).map_err(|e| errno(e, p))?;
+    let replaced = crate::filestream::replace_all(
+        src,
+        std::io::BufWriter::with_capacity(64 * 1024, out),
+        rep.old.as_bytes(),
+        rep.new.as_bytes(),
+    );
+    let result = match replaced {
+        // Nothing to change: the file stays as it is.
+        Ok(0) => Ok(0),
+        Ok(n) => fs.rename(&partial, r).map(|()| n).map_err(|e| errno(e, p)),
+        Err(crate::filestream::ReplaceError::NotUtf8) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE_CONTENT",
+            format!("{p}: not UTF-8 text"),
+        )),
+        Err(crate::filestream::ReplaceError::Io(e)) => Err(io_error(e, p)),
+    };
+    if !matches!(result, Ok(n) if n > 0) {
+        let _ = fs.remove_file(&partial);
+    }
+    result
 }
 
 async fn list_dir(
@@ -657,7 +836,7 @@ async fn mkdirs(
     State(server): State<Arc<Server>>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
     let rec = authorized(&server, &p, &headers)?;
     let req: BTreeMap<String, Perm> = parse_body(&body)?;

@@ -15,12 +15,20 @@
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
+//!
+//! Nothing a client sends or a sandbox writes is held in memory without a bound: the API key
+//! (`/v1`) and the per-sandbox tokens (`/execd`, `/egress`) are checked from the headers
+//! before any body is read; JSON bodies are read up to [`Limits::max_request_body`], uploads
+//! are streamed to the sandbox's files up to [`Limits::max_upload`] (413 above either);
+//! downloads, `replace` and process output are streamed in bounded chunks and queues (see
+//! [`files`] and [`execd`]).
 
 pub mod code;
 pub mod egress;
 pub mod error;
 pub mod execd;
 pub mod files;
+pub mod filestream;
 pub mod lifecycle;
 mod lines;
 pub mod proxy;
@@ -59,6 +67,33 @@ pub struct OpenSandboxOptions {
     pub workers: usize,
     /// The audit log's directory (egress decisions and policy changes).
     pub audit_dir: PathBuf,
+    /// Request body limits.
+    pub limits: Limits,
+}
+
+/// How much of a request body the API reads (`agentrun serve --max-request-body`,
+/// `--max-upload`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A JSON request body, read whole (413 above it).
+    pub max_request_body: usize,
+    /// A file upload's request body, streamed to the sandbox's files (413 above it; what was
+    /// written is removed).
+    pub max_upload: u64,
+}
+
+/// Default of [`Limits::max_request_body`]: 4 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
+/// Default of [`Limits::max_upload`]: 1 GiB.
+pub const DEFAULT_MAX_UPLOAD: u64 = 1 << 30;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            max_upload: DEFAULT_MAX_UPLOAD,
+        }
+    }
 }
 
 /// The OpenSandbox front end of the daemon.
@@ -100,12 +135,23 @@ impl Frontend for OpenSandboxFrontend {
             .enable_all()
             .build()
             .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        // Process output is read on a runtime of its own: a sandbox flooding its pipes
+        // keeps this thread busy, not the workers answering every other sandbox's requests
+        // (the kernel shares the CPU between the threads).
+        let output = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("opensandbox-output")
+            .enable_all()
+            .build()
+            .map_err(|e| PoolError::Io("tokio runtime", e))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = Arc::new(Server {
+            output: output.handle().clone(),
             live,
             store,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             listen: opts.listen,
+            limits: opts.limits,
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });
@@ -137,6 +183,7 @@ impl Frontend for OpenSandboxFrontend {
                     server.records_lock().clear();
                 });
                 runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+                output.shutdown_timeout(std::time::Duration::from_secs(2));
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         Ok(Box::new(Running {
@@ -146,8 +193,10 @@ impl Frontend for OpenSandboxFrontend {
     }
 }
 
-/// The whole HTTP app.
+/// The whole HTTP app. Tokens and the API key are checked by middleware, before any
+/// extractor reads a body; bodies are read within [`Limits`].
 pub fn router(server: Arc<Server>) -> axum::Router {
+    use axum::middleware::from_fn_with_state;
     axum::Router::new()
         .merge(lifecycle::routes(server.clone()))
         .nest(
@@ -155,9 +204,19 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             execd::routes(server.clone())
                 .merge(files::routes(server.clone()))
                 .merge(code::routes(server.clone()))
-                .merge(proxy::routes(server.clone())),
+                .merge(proxy::routes(server.clone()))
+                .route_layer(from_fn_with_state(
+                    server.clone(),
+                    execd::require_execd_token,
+                )),
         )
-        .nest("/egress/{sid}", execd::egress_routes(server.clone()))
+        .nest(
+            "/egress/{sid}",
+            execd::egress_routes(server.clone()).route_layer(from_fn_with_state(
+                server.clone(),
+                execd::require_egress_token,
+            )),
+        )
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("NOT_FOUND", format!("no such endpoint {}", uri.path()))
         })
@@ -168,7 +227,9 @@ pub fn router(server: Arc<Server>) -> axum::Router {
                 "method not allowed on this endpoint",
             )
         })
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::extract::DefaultBodyLimit::max(
+            server.limits.max_request_body,
+        ))
         .layer(axum::middleware::from_fn(lifecycle::request_id))
 }
 
@@ -178,6 +239,9 @@ pub struct Server {
     pub store: agentrun_image::ImageStore,
     pub api_key: Option<String>,
     pub listen: SocketAddr,
+    pub limits: Limits,
+    /// The runtime reading process output (see [`execd`]).
+    pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,
     records: Mutex<HashMap<String, Arc<Record>>>,
 }
@@ -239,6 +303,10 @@ pub struct Record {
     /// Set once its processes are killed and its teardown is under way.
     pub torn_down: std::sync::atomic::AtomicBool,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
+    /// What all its command logs hold together (bounded: [`lines::SANDBOX_LOG_BUDGET`]).
+    pub log_budget: Arc<lines::LogBudget>,
+    /// How many finished commands (not the entrypoint) `commands` holds.
+    pub finished_commands: std::sync::atomic::AtomicUsize,
     pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
     pub code: Mutex<code::CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
@@ -319,10 +387,8 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
-/// 32 random hex digits.
-pub fn random_token() -> String {
-    let mut b = [0u8; 16];
-    let _ = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// 32 random hex digits (from [`agentrun_runtime::random`]: getrandom, never a predictable
+/// fallback); a 500 when the kernel gives no randomness.
+pub fn random_token() -> ApiResult<String> {
+    agentrun_runtime::random::hex(16).map_err(|e| ApiError::internal(e.to_string()))
 }

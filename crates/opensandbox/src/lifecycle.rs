@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_pool::live::LiveSpec;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{lock, random_token, rfc3339, Record, Server};
 
 /// Longest `timeout` accepted (seconds).
@@ -58,13 +58,16 @@ pub fn routes(server: Arc<Server>) -> Router {
 
 /// Echoes `X-Request-ID`, or makes one.
 pub async fn request_id(req: Request, next: Next) -> Response {
-    let id = req
-        .headers()
-        .get("x-request-id")
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from_str(&random_token()).expect("hex is a header value"));
+    // Without randomness the response just has no request id.
+    let id = req.headers().get("x-request-id").cloned().or_else(|| {
+        random_token()
+            .ok()
+            .and_then(|t| HeaderValue::from_str(&t).ok())
+    });
     let mut resp = next.run(req).await;
-    resp.headers_mut().insert("x-request-id", id);
+    if let Some(id) = id {
+        resp.headers_mut().insert("x-request-id", id);
+    }
     resp
 }
 
@@ -99,7 +102,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn parse_json<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
+fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
@@ -111,9 +114,10 @@ struct ImageSpec {
     auth: Option<Value>,
 }
 
+/// A `POST /v1/sandboxes` body as sent.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct CreateRequest {
+pub struct CreateRequest {
     image: Option<ImageSpec>,
     snapshot_id: Option<String>,
     template_id: Option<String>,
@@ -213,12 +217,20 @@ fn host_arch() -> &'static str {
 }
 
 /// What the create request asks for, validated.
-struct Validated {
+pub struct Validated {
     spec: LiveSpec,
     entrypoint: Vec<String>,
     timeout: Option<i64>,
     /// `networkPolicy` (`None`: absent or null, no network at all).
     network: Option<agentrun_policy::OpenSandboxPolicy>,
+}
+
+/// A `POST /v1/sandboxes` body parsed and checked: everything about a create request that
+/// needs no sandbox (the handler's first step; the `opensandbox_api` fuzz target drives it).
+pub fn parse_create(body: &[u8]) -> ApiResult<(CreateRequest, Validated)> {
+    let req = parse_json(body)?;
+    let v = validate(&req)?;
+    Ok((req, v))
 }
 
 fn validate(req: &CreateRequest) -> ApiResult<Validated> {
@@ -384,10 +396,9 @@ pub fn finish_span(span: agentrun_telemetry::RunSpan) {
 async fn create(
     State(server): State<Arc<Server>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let req: CreateRequest = parse_json(&body)?;
-    let v = validate(&req)?;
+    let (req, v) = parse_create(&body)?;
     let mut span =
         agentrun_telemetry::RunSpan::start("sandbox.create", traceparent(&headers).as_deref());
     span.set_attribute("openinference.span.kind", "TOOL");
@@ -449,8 +460,8 @@ async fn create_sandbox(
     let rec = Arc::new(Record {
         id: sandbox.id().to_owned(),
         sandbox: sandbox.clone(),
-        token: random_token(),
-        egress_token: random_token(),
+        token: random_token()?,
+        egress_token: random_token()?,
         image: v.spec.image.clone(),
         entrypoint: v.entrypoint.clone(),
         shell: std::sync::OnceLock::new(),
@@ -465,6 +476,8 @@ async fn create_sandbox(
         netns: Default::default(),
         torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
+        log_budget: Default::default(),
+        finished_commands: Default::default(),
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
@@ -614,17 +627,13 @@ struct RenewRequest {
     expires_at: String,
 }
 
-async fn renew(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let rec = server.record(&id)?;
-    let req: RenewRequest = parse_json(&body)?;
+/// A renew body's `expiresAt`, checked against `now` (in the future, at most
+/// `MAX_TIMEOUT_S` away).
+pub fn parse_renew(body: &[u8], now: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
+    let req: RenewRequest = parse_json(body)?;
     let t: DateTime<Utc> = DateTime::parse_from_rfc3339(&req.expires_at)
         .map_err(|e| ApiError::bad_request(format!("expiresAt {:?}: {e}", req.expires_at)))?
         .with_timezone(&Utc);
-    let now = Utc::now();
     if t <= now {
         return Err(ApiError::bad_request("expiresAt must be in the future"));
     }
@@ -633,29 +642,48 @@ async fn renew(
             "expiresAt may be at most {MAX_TIMEOUT_S} s from now"
         )));
     }
+    Ok(t)
+}
+
+async fn renew(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Json<Value>> {
+    let rec = server.record(&id)?;
+    let t = parse_renew(&body, Utc::now())?;
     *lock(&rec.expires_at) = Some(t);
     Ok(Json(json!({"expiresAt": rfc3339(t)})))
+}
+
+/// `metadata` after a `PATCH .../metadata` body (a value of `null` removes its key), checked.
+pub fn patch_metadata_body(
+    mut metadata: BTreeMap<String, String>,
+    body: &[u8],
+) -> ApiResult<BTreeMap<String, String>> {
+    let patch: BTreeMap<String, Option<String>> = parse_json(body)?;
+    for (k, v) in patch {
+        match v {
+            Some(v) => {
+                metadata.insert(k, v);
+            }
+            None => {
+                metadata.remove(&k);
+            }
+        }
+    }
+    check_metadata(&metadata)?;
+    Ok(metadata)
 }
 
 async fn patch_metadata(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
-    let patch: BTreeMap<String, Option<String>> = parse_json(&body)?;
-    let mut next = lock(&rec.metadata).clone();
-    for (k, v) in patch {
-        match v {
-            Some(v) => {
-                next.insert(k, v);
-            }
-            None => {
-                next.remove(&k);
-            }
-        }
-    }
-    check_metadata(&next)?;
+    let current = lock(&rec.metadata).clone();
+    let next = patch_metadata_body(current, &body)?;
     *lock(&rec.metadata) = next;
     Ok(Json(sandbox_json(&rec)))
 }

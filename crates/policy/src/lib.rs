@@ -9,6 +9,7 @@
 
 pub mod decision;
 pub mod network;
+pub mod seccomp;
 mod units;
 
 use std::collections::BTreeMap;
@@ -19,9 +20,10 @@ use serde::{Deserialize, Serialize};
 
 pub use decision::{normalize, Action, Decision, WORKSPACE};
 pub use network::{
-    HostRule, NetworkMode, NetworkPolicy, NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule,
-    RuleAction,
+    AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
+    OpenSandboxPolicy, OpenSandboxRule, RuleAction,
 };
+pub use seccomp::{seccomp_denied_syscalls, SocketPolicy, PERSONALITY_ALLOWED, SOCKET_FAMILIES};
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
 /// Errors from loading or validating a profile.
@@ -105,6 +107,9 @@ pub struct Profile {
     pub env_allow: Option<Vec<String>>,
     /// Seccomp baseline name; `default` is the Docker-like deny list in [`seccomp_denied_syscalls`].
     pub seccomp_baseline: String,
+    /// The sockets the seccomp baseline lets the sandbox open (`[seccomp]
+    /// allow_socket_families` on top of the baseline's; see [`seccomp`]).
+    pub seccomp_sockets: SocketPolicy,
 }
 
 #[derive(Deserialize)]
@@ -170,6 +175,8 @@ struct RawEnv {
 #[serde(deny_unknown_fields)]
 struct RawSeccomp {
     baseline: Option<String>,
+    #[serde(default)]
+    allow_socket_families: Vec<String>,
 }
 
 impl Profile {
@@ -328,6 +335,8 @@ impl Profile {
                 format!("unknown baseline {baseline:?} (known: default)"),
             ));
         }
+        let seccomp_sockets = SocketPolicy::with_families(&raw.seccomp.allow_socket_families)
+            .map_err(|m| invalid("seccomp.allow_socket_families", m))?;
         for key in raw.env.defaults.keys() {
             validate_env_key(key).map_err(|m| invalid("env.defaults", m))?;
         }
@@ -351,6 +360,7 @@ impl Profile {
             env_defaults: raw.env.defaults,
             env_allow: raw.env.allow,
             seccomp_baseline: baseline,
+            seccomp_sockets,
         })
     }
 }
@@ -476,75 +486,6 @@ pub fn validate_env_key(key: &str) -> Result<(), String> {
     }
 }
 
-/// Syscalls the `default` seccomp baseline denies with EPERM, in the spirit of Docker's default
-/// profile: kernel-module and kexec loading, mounts and namespace changes, tracing, keyrings,
-/// BPF, perf, userfaultfd, io_uring (it bypasses seccomp's per-syscall view), handle-based opens, clock/time changes, swap, reboot, accounting,
-/// personality tricks and obsolete or dangerous calls.
-pub fn seccomp_denied_syscalls() -> &'static [&'static str] {
-    &[
-        "acct",
-        "add_key",
-        "bpf",
-        "clock_adjtime",
-        "clock_settime",
-        "create_module",
-        "delete_module",
-        "finit_module",
-        "fsconfig",
-        "fsmount",
-        "fsopen",
-        "fspick",
-        "get_kernel_syms",
-        "get_mempolicy",
-        "init_module",
-        "ioperm",
-        "io_uring_enter",
-        "io_uring_register",
-        "io_uring_setup",
-        "iopl",
-        "kcmp",
-        "kexec_file_load",
-        "kexec_load",
-        "keyctl",
-        "lookup_dcookie",
-        "mbind",
-        "mount",
-        "mount_setattr",
-        "move_mount",
-        "move_pages",
-        "name_to_handle_at",
-        "nfsservctl",
-        "open_by_handle_at",
-        "open_tree",
-        "perf_event_open",
-        "pivot_root",
-        "process_vm_readv",
-        "process_vm_writev",
-        "ptrace",
-        "query_module",
-        "quotactl",
-        "quotactl_fd",
-        "reboot",
-        "request_key",
-        "set_mempolicy",
-        "setns",
-        "settimeofday",
-        "swapoff",
-        "swapon",
-        "syslog",
-        "umount",
-        "umount2",
-        "unshare",
-        "uselib",
-        "userfaultfd",
-        "ustat",
-        "vhangup",
-        "vm86",
-        "vm86old",
-        "_sysctl",
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,21 +567,20 @@ mod tests {
         );
         let e = Profile::parse("[filesystem]\nhidden = [\"/a/../b\"]\n", "t").unwrap_err();
         assert!(e.to_string().contains("'..'"), "{e}");
+        let e = Profile::parse("[seccomp]\nallow_socket_families = [\"vsok\"]\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2: field `seccomp.allow_socket_families`") && e.contains("vsok"),
+            "{e}"
+        );
     }
 
     #[test]
-    fn denylist_covers_the_dangerous_calls() {
-        let d = seccomp_denied_syscalls();
-        for s in [
-            "ptrace",
-            "mount",
-            "unshare",
-            "setns",
-            "bpf",
-            "keyctl",
-            "kexec_load",
-        ] {
-            assert!(d.contains(&s), "{s}");
-        }
+    fn socket_families_default_to_the_baseline() {
+        let d = Profile::builtin("default").unwrap();
+        assert_eq!(d.seccomp_sockets, SocketPolicy::default());
+        let p = Profile::parse("[seccomp]\nallow_socket_families = [\"alg\"]\n", "t").unwrap();
+        assert!(p.seccomp_sockets.allows(38, 0));
     }
 }

@@ -5,6 +5,28 @@
 //! [`NetworkPolicy::check`] about every `host:port` before it resolves or connects anything.
 //! Rules are evaluated in order; the first match decides; otherwise the default action does.
 //! [`NetworkPolicy::from_opensandbox`] maps an OpenSandbox `networkPolicy` onto this model.
+//!
+//! A rule names a host (`pypi.org`), a wildcard (`*.pythonhosted.org`, never matching an IP
+//! literal), every host (`*`), an address (`127.0.0.1`, `[::1]`) or a range (`10.0.0.0/8`,
+//! `[fd00::/8]`), each with an optional port. What a connection may reach once its name is
+//! resolved is decided by [`NetworkPolicy::check_address`], by the [`AddressScope`] of each
+//! address:
+//! - **public**: whatever the rules decided for the name;
+//! - **private** (RFC 1918, CGNAT, benchmarking, unique-local `fc00::/7`, site-local): through
+//!   a name only when an allow rule names that exact host (`internal.corp:443`, not
+//!   `*.corp`, `*` or `mode = "all"`) or an allow rule names the address or its range; asked
+//!   for literally, only when an allow rule names the address or its range;
+//! - **host-internal** (loopback, link-local incl. `169.254.169.254`, cloud metadata such as
+//!   `168.63.129.16`, `100.100.100.200`, `fd00:ec2::254`, unspecified, multicast, broadcast,
+//!   reserved): never through a name; asked for literally, only when an allow rule names the
+//!   address or its range.
+//!
+//! IPv4 embedded in IPv6 (mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`, NAT64
+//! `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo `2001::/32`) is judged as the
+//! IPv4 address it reaches. A deny rule naming an address or range denies it whatever name
+//! led there.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,12 +84,28 @@ impl HostRule {
         if self.port.is_some_and(|p| p != port) {
             return false;
         }
+        let literal = parse_ip(host);
+        if let Some(net) = self.address() {
+            return literal.is_some_and(|ip| net.contains(ip));
+        }
         match self.host.strip_prefix("*.") {
             _ if self.host == "*" => true,
+            // An address is not a name under a domain: `*.1` does not cover 10.0.0.1.
+            _ if literal.is_some() => false,
             // `*.example.com` covers sub.example.com and a.b.example.com, not example.com.
             Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}")),
             None => self.host == host,
         }
+    }
+
+    /// The address or range this rule names, if it names one.
+    pub fn address(&self) -> Option<IpNet> {
+        IpNet::parse(&self.host)
+    }
+
+    /// Whether the rule names one host exactly (not a wildcard, `*`, an address or a range).
+    pub fn names_exact_host(&self) -> bool {
+        !self.host.starts_with('*') && self.address().is_none()
     }
 
     /// `host[:port]` as written in a profile.
@@ -75,8 +113,173 @@ impl HostRule {
         match self.port {
             Some(p) if self.host.contains(':') => format!("[{}]:{p}", self.host),
             Some(p) => format!("{}:{p}", self.host),
+            None if self.host.contains(':') => format!("[{}]", self.host),
             None => self.host.clone(),
         }
+    }
+}
+
+/// An address or a range of addresses (`10.0.0.0/8`, `fd00::/8`; a bare address is a
+/// range of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// `ADDR` or `ADDR/PREFIX`; `None` if it is neither.
+    pub fn parse(s: &str) -> Option<IpNet> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr = parse_ip(addr)?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                p.parse::<u8>().ok().filter(|p| *p <= max)?
+            }
+            Some(_) => return None,
+            None => max,
+        };
+        Some(IpNet { addr, prefix })
+    }
+
+    /// Whether `ip` is in this range (IPv4-mapped IPv6 is compared as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An IP literal (IPv4-mapped IPv6 as IPv4), or `None` for a name.
+fn parse_ip(host: &str) -> Option<IpAddr> {
+    host.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// What an address reaches (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressScope {
+    /// The internet.
+    Public,
+    /// A private network the host is on.
+    Private,
+    /// The host itself, its link, or a cloud metadata service.
+    HostInternal,
+}
+
+impl AddressScope {
+    /// The scope of `ip`.
+    pub fn of(ip: IpAddr) -> AddressScope {
+        match ip {
+            IpAddr::V4(v4) => scope_v4(v4),
+            IpAddr::V6(v6) => scope_v6(v6),
+        }
+    }
+
+    /// How it reads in a reason.
+    pub fn describe(self) -> &'static str {
+        match self {
+            AddressScope::Public => "public",
+            AddressScope::Private => "private",
+            AddressScope::HostInternal => "host-internal",
+        }
+    }
+}
+
+fn in_v4(ip: Ipv4Addr, net: [u8; 4], prefix: u32) -> bool {
+    let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(Ipv4Addr::from(net)) & mask
+}
+
+fn scope_v4(ip: Ipv4Addr) -> AddressScope {
+    const INTERNAL: [([u8; 4], u32); 8] = [
+        ([0, 0, 0, 0], 8),          // "this network", unspecified
+        ([127, 0, 0, 0], 8),        // loopback
+        ([169, 254, 0, 0], 16),     // link-local, incl. 169.254.169.254 (metadata)
+        ([224, 0, 0, 0], 4),        // multicast
+        ([240, 0, 0, 0], 4),        // reserved, broadcast
+        ([168, 63, 129, 16], 32),   // Azure wireserver / metadata
+        ([100, 100, 100, 200], 32), // Alibaba Cloud metadata
+        ([192, 0, 0, 192], 32),     // Oracle Cloud metadata (legacy)
+    ];
+    const PRIVATE: [([u8; 4], u32); 6] = [
+        ([10, 0, 0, 0], 8),
+        ([172, 16, 0, 0], 12),
+        ([192, 168, 0, 0], 16),
+        ([100, 64, 0, 0], 10), // carrier-grade NAT
+        ([198, 18, 0, 0], 15), // benchmarking
+        ([192, 0, 0, 0], 24),  // IETF protocol assignments
+    ];
+    if INTERNAL.iter().any(|(n, p)| in_v4(ip, *n, *p)) {
+        AddressScope::HostInternal
+    } else if PRIVATE.iter().any(|(n, p)| in_v4(ip, *n, *p)) {
+        AddressScope::Private
+    } else {
+        AddressScope::Public
+    }
+}
+
+/// The IPv4 address an IPv6 address reaches through a translation or tunnel mechanism.
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(ip);
+    let seg = ip.segments();
+    let low32 = Ipv4Addr::from(bits as u32);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4); // ::ffff:a.b.c.d
+    }
+    if bits >> 32 == 0 && bits > 1 {
+        return Some(low32); // ::a.b.c.d (deprecated IPv4-compatible)
+    }
+    if bits >> 32 == 0xffff_0000 {
+        return Some(low32); // ::ffff:0:a.b.c.d (SIIT)
+    }
+    if bits >> 32 == 0x0064_ff9b_0000_0000_0000_0000 {
+        return Some(low32); // 64:ff9b::/96 (NAT64)
+    }
+    if seg[0] == 0x64 && seg[1] == 0xff9b && seg[2] == 1 {
+        return Some(low32); // 64:ff9b:1::/48 (local NAT64)
+    }
+    if seg[0] == 0x2002 {
+        return Some(Ipv4Addr::from(((bits >> 80) & 0xffff_ffff) as u32)); // 6to4
+    }
+    if seg[0] == 0x2001 && seg[1] == 0 {
+        return Some(Ipv4Addr::from(!(bits as u32))); // Teredo client
+    }
+    None
+}
+
+fn scope_v6(ip: Ipv6Addr) -> AddressScope {
+    if let Some(v4) = embedded_v4(ip) {
+        return scope_v4(v4);
+    }
+    let seg = ip.segments();
+    let internal = ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (seg[0] & 0xffc0) == 0xfe80 // link-local
+        || ip == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) // AWS metadata
+        || (seg[0] == 0x100 && seg[1..4] == [0, 0, 0]); // discard-only 100::/64
+    if internal {
+        AddressScope::HostInternal
+    } else if (seg[0] & 0xfe00) == 0xfc00 || (seg[0] & 0xffc0) == 0xfec0 {
+        AddressScope::Private // unique-local fc00::/7 (incl. fd00::/8), site-local
+    } else {
+        AddressScope::Public
     }
 }
 
@@ -119,6 +322,11 @@ fn validate_host_pattern(host: &str) -> Result<(), String> {
     if host == "*" || host.parse::<std::net::IpAddr>().is_ok() {
         return Ok(());
     }
+    if host.contains('/') {
+        return IpNet::parse(host).map(drop).ok_or_else(|| {
+            format!("{host:?} is not an address range (ADDR/PREFIX, e.g. 10.0.0.0/8)")
+        });
+    }
     let name = host.strip_prefix("*.").unwrap_or(host);
     let label_ok = |l: &str| {
         !l.is_empty()
@@ -129,7 +337,7 @@ fn validate_host_pattern(host: &str) -> Result<(), String> {
     };
     if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
         return Err(format!(
-            "{host:?} is not a host name, '*.domain' wildcard or IP address"
+            "{host:?} is not a host name, '*.domain' wildcard, IP address or ADDR/PREFIX range"
         ));
     }
     Ok(())
@@ -316,10 +524,14 @@ impl NetworkPolicy {
     }
 
     /// Decides a connection to `host:port`. The host is compared case-insensitively and
-    /// literally: names are never resolved here (an allowed name does not allow its address).
+    /// literally: names are never resolved here (an allowed name does not allow its address:
+    /// see [`NetworkPolicy::check_address`]).
     pub fn check(&self, host: &str, port: u16) -> Decision {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let host = host.trim_start_matches('[').trim_end_matches(']');
+        // An IPv4-mapped address is its IPv4 address.
+        let canonical = parse_ip(host).map(|ip| ip.to_string());
+        let host = canonical.as_deref().unwrap_or(host);
         if self.mode == NetworkMode::None {
             return Decision::deny(
                 "network.mode",
@@ -343,6 +555,63 @@ impl NetworkPolicy {
                 "network.default",
                 format!("{host}:{port} is not in the allowlist"),
             ),
+        }
+    }
+
+    /// Decides whether a connection to `host:port` that `decided` allowed may go to `ip`:
+    /// `host` itself when it is an address, or one of the addresses the proxy resolved it
+    /// to. Returns `decided` when it may, a denial naming why otherwise (see the module doc
+    /// for the scopes). Every address a name resolves to must pass.
+    pub fn check_address(&self, host: &str, port: u16, decided: &Decision, ip: IpAddr) -> Decision {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let ip = ip.to_canonical();
+        let literal = parse_ip(host).is_some();
+        let ip_text = ip.to_string();
+        // The first rule naming this address or a range holding it.
+        let by_address = self
+            .rules
+            .iter()
+            .find(|r| r.address().is_some() && r.matches(&ip_text, port));
+        if let Some(r) = by_address.filter(|r| r.action == RuleAction::Deny) {
+            return Decision {
+                allow: false,
+                rule_id: r.id.clone(),
+                reason: format!("{host}:{port} reaches {ip}, denied by {}", r.target()),
+            };
+        }
+        let named_by_address = by_address.is_some();
+        let scope = AddressScope::of(ip);
+        // An allow rule naming this very host (not a wildcard, `*` or `mode = "all"`).
+        let exact_name = self.rules.iter().any(|r| {
+            r.action == RuleAction::Allow && r.names_exact_host() && r.matches(host, port)
+        });
+        let allowed = match scope {
+            AddressScope::Public => true,
+            AddressScope::Private => named_by_address || (!literal && exact_name),
+            AddressScope::HostInternal => literal && named_by_address,
+        };
+        if allowed {
+            return decided.clone();
+        }
+        let scope = scope.describe();
+        if literal {
+            Decision::deny(
+                "network.internal_address",
+                format!(
+                    "{ip} is a {scope} address; only a rule naming it (or its range) allows it"
+                ),
+            )
+        } else {
+            let how = if scope == "private" {
+                "a rule naming this host exactly, or the address or its range, allows it"
+            } else {
+                "a name never reaches it: use the address, with a rule naming it"
+            };
+            Decision::deny(
+                "network.resolved_address",
+                format!("{host} resolves to {ip}, a {scope} address; {how}"),
+            )
         }
     }
 
@@ -396,6 +665,178 @@ mod tests {
         assert!(p.check("127.0.0.1", 8080).allow);
         assert!(!p.check("127.0.0.2", 8080).allow);
         assert!(!p.check("evil.example", 443).allow);
+    }
+
+    #[test]
+    fn address_scopes() {
+        use AddressScope::*;
+        for (a, want) in [
+            ("8.8.8.8", Public),
+            ("151.101.0.223", Public),
+            ("2a04:4e42::223", Public),
+            ("10.1.2.3", Private),
+            ("172.16.0.1", Private),
+            ("172.31.255.255", Private),
+            ("172.32.0.1", Public),
+            ("192.168.1.1", Private),
+            ("100.64.0.1", Private),
+            ("198.18.0.1", Private),
+            ("fd00::1", Private),
+            ("fc00::1", Private),
+            ("127.0.0.1", HostInternal),
+            ("127.255.0.9", HostInternal),
+            ("0.0.0.0", HostInternal),
+            ("0.1.2.3", HostInternal),
+            ("169.254.169.254", HostInternal),
+            ("168.63.129.16", HostInternal),
+            ("100.100.100.200", HostInternal),
+            ("224.0.0.1", HostInternal),
+            ("255.255.255.255", HostInternal),
+            ("::", HostInternal),
+            ("::1", HostInternal),
+            ("fe80::1", HostInternal),
+            ("ff02::1", HostInternal),
+            ("fd00:ec2::254", HostInternal),
+            // IPv4 inside IPv6 is judged as the IPv4 address it reaches.
+            ("::ffff:127.0.0.1", HostInternal),
+            ("::ffff:169.254.169.254", HostInternal),
+            ("::ffff:10.0.0.1", Private),
+            ("::127.0.0.1", HostInternal),
+            ("64:ff9b::a9fe:a9fe", HostInternal),
+            ("64:ff9b::10.0.0.1", Private),
+            ("64:ff9b::8.8.8.8", Public),
+            ("64:ff9b:1::7f00:1", HostInternal),
+            ("2002:7f00:1::", HostInternal),
+            ("2002:a00:1::", Private),
+            ("2001:0:4136:e378:8000:63bf:80ff:fffe", HostInternal), // Teredo client 127.0.0.1
+        ] {
+            assert_eq!(AddressScope::of(a.parse().unwrap()), want, "{a}");
+        }
+    }
+
+    #[test]
+    fn ranges_and_addresses_as_rules() {
+        let p = allowlist(&["10.0.0.0/8:443", "[fd00::/8]", "*.1", "[::1]:80"]);
+        assert!(p.check("10.1.2.3", 443).allow);
+        assert!(!p.check("10.1.2.3", 80).allow);
+        assert!(!p.check("11.0.0.1", 443).allow);
+        assert!(p.check("fd12::1", 1).allow);
+        assert!(p.check("[fd12::1]", 1).allow);
+        assert!(p.check("::ffff:10.0.0.9", 443).allow, "mapped is IPv4");
+        assert!(p.check("::1", 80).allow);
+        // A wildcard never covers an address.
+        assert!(!p.check("192.168.0.1", 8080).allow);
+        assert!(p.check("host.1", 1).allow);
+        assert_eq!(p.rules[1].target(), "[fd00::/8]");
+        for bad in [
+            "10.0.0.0/33",
+            "10.0.0.0/",
+            "10.0.0.0/x",
+            "a.com/8",
+            "[fd00::/129]",
+        ] {
+            assert!(
+                HostRule::parse("x", RuleAction::Allow, bad).is_err(),
+                "{bad}"
+            );
+        }
+        let n = IpNet::parse("172.16.0.0/12").unwrap();
+        assert!(n.contains("172.31.1.1".parse().unwrap()));
+        assert!(!n.contains("172.32.0.1".parse().unwrap()));
+        assert!(IpNet::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
+    }
+
+    fn reach(p: &NetworkPolicy, host: &str, port: u16, ip: &str) -> Decision {
+        let d = p.check(host, port);
+        assert!(d.allow, "{host}: {d:?}");
+        p.check_address(host, port, &d, ip.parse().unwrap())
+    }
+
+    #[test]
+    fn resolved_addresses_need_a_rule_naming_them() {
+        let p = allowlist(&[
+            "*.corp.example",
+            "exact.corp.example:443",
+            "*.svc.example",
+            "10.9.0.0/16",
+            "127.0.0.1:8080",
+        ]);
+        // A wildcard reaches public addresses only.
+        assert!(reach(&p, "www.corp.example", 443, "93.184.216.34").allow);
+        for ip in [
+            "10.0.0.1",
+            "fd00::1",
+            "64:ff9b::a00:1",
+            "::ffff:192.168.1.1",
+        ] {
+            let d = reach(&p, "www.corp.example", 443, ip);
+            assert_eq!(d.rule_id, "network.resolved_address", "{ip}: {d:?}");
+            assert!(d.reason.contains("private"), "{d:?}");
+        }
+        for ip in [
+            "169.254.169.254",
+            "127.0.0.1",
+            "168.63.129.16",
+            "::1",
+            "fd00:ec2::254",
+        ] {
+            let d = reach(&p, "metadata.corp.example", 80, ip);
+            assert_eq!(d.rule_id, "network.resolved_address", "{ip}: {d:?}");
+            assert!(d.reason.contains("host-internal"), "{d:?}");
+        }
+        // A rule naming the exact host reaches a private address, not a host-internal one.
+        // (the wildcard before it decided the name; the exact rule still counts)
+        let d = reach(&p, "exact.corp.example", 443, "10.0.0.1");
+        assert!(d.allow, "{d:?}");
+        assert!(!reach(&p, "exact.corp.example", 8443, "10.0.0.1").allow);
+        assert!(!reach(&p, "exact.corp.example", 443, "127.0.0.1").allow);
+        // A range rule lets any allowed name reach addresses in it.
+        assert!(reach(&p, "db.svc.example", 5432, "10.9.3.4").allow);
+        assert!(!reach(&p, "db.svc.example", 5432, "10.8.3.4").allow);
+        // A name never reaches a host-internal address, even one a rule names.
+        assert!(!reach(&p, "x.svc.example", 8080, "127.0.0.1").allow);
+        // Literals: only a rule naming the address (or range).
+        assert!(reach(&p, "127.0.0.1", 8080, "127.0.0.1").allow);
+        assert!(reach(&p, "10.9.0.1", 1, "10.9.0.1").allow);
+
+        // mode = "all": public yes, private and internal no, unless a rule names them.
+        let mut all = NetworkPolicy {
+            mode: NetworkMode::All,
+            rules: Vec::new(),
+        };
+        all.allow_hosts("cli.allow_host", &["192.168.7.7:22".into()])
+            .unwrap();
+        assert!(reach(&all, "example.com", 443, "93.184.216.34").allow);
+        for (host, ip, rule) in [
+            ("example.com", "10.0.0.1", "network.resolved_address"),
+            ("10.0.0.1", "10.0.0.1", "network.internal_address"),
+            (
+                "169.254.169.254",
+                "169.254.169.254",
+                "network.internal_address",
+            ),
+            (
+                "::ffff:169.254.169.254",
+                "169.254.169.254",
+                "network.internal_address",
+            ),
+        ] {
+            assert_eq!(reach(&all, host, 80, ip).rule_id, rule, "{host}");
+        }
+        assert!(reach(&all, "192.168.7.7", 22, "192.168.7.7").allow);
+        // A deny rule naming an address holds whatever name leads there.
+        let mut p = NetworkPolicy {
+            mode: NetworkMode::All,
+            rules: vec![
+                HostRule::parse("network.deny[0]", RuleAction::Deny, "93.184.216.0/24").unwrap(),
+            ],
+        };
+        let d = reach(&p, "example.com", 443, "93.184.216.34");
+        assert_eq!(d.rule_id, "network.deny[0]");
+        p.rules.clear();
+        assert!(reach(&p, "example.com", 443, "93.184.216.34").allow);
     }
 
     #[test]

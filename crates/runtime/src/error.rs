@@ -28,6 +28,8 @@ pub enum RuntimeError {
     Spec(#[from] oci_spec::OciSpecError),
     #[error(transparent)]
     Image(#[from] agentrun_image::ImageError),
+    #[error(transparent)]
+    Random(#[from] crate::random::RandomError),
 }
 
 impl RuntimeError {
@@ -58,6 +60,7 @@ impl RuntimeError {
             RuntimeError::Spec(_) => "spec",
             RuntimeError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
             RuntimeError::Image(_) => "image",
+            RuntimeError::Random(_) => "random",
         }
     }
 }

@@ -12,6 +12,11 @@
 //!   up loopback, confines itself (capabilities, Landlock, the spec's seccomp section compiled
 //!   with seccompiler: libcontainer without libseccomp ignores it) and becomes the command's
 //!   PID 1 ([`crate::reaper`]).
+//!
+//! Both modes make the init non-dumpable (`PR_SET_DUMPABLE` 0) first thing, rather than rely
+//! on a side effect of libcontainer's setresuid: no process of the sandbox's user namespace
+//! may ptrace it or open its `/proc/<pid>/mem`, `environ` or fds, and what it forks (cells,
+//! their PID 1) inherits that.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -59,6 +64,9 @@ pub struct SandboxExecutor {
     pub cwd: String,
     /// Where the egress proxy's socket is inside the sandbox (a cell's relay connects there).
     pub egress_socket: PathBuf,
+    /// The socket families the profile lets a command use (the shell's own filter, which its
+    /// cells inherit, must not refuse them).
+    pub sockets: agentrun_policy::SocketPolicy,
 }
 
 /// Capabilities a shell's init keeps for its whole life (besides the command's): mounts and
@@ -69,9 +77,17 @@ impl Executor for SandboxExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
         // libcontainer only logs an executor error (through `tracing`, unseen here): say it on
         // the sandbox's stderr and exit with agentrun's setup-failure code instead.
-        let err = match self.mode {
-            InitMode::Shell => self.start_shell(spec),
-            InitMode::Spec => self.start_spec(spec),
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) only clears a flag of this process.
+        let err = if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            Err(fail(format!(
+                "prctl(PR_SET_DUMPABLE): {}",
+                std::io::Error::last_os_error()
+            )))
+        } else {
+            match self.mode {
+                InitMode::Shell => self.start_shell(spec),
+                InitMode::Spec => self.start_spec(spec),
+            }
         };
         if let Err(e) = err {
             let _ = writeln!(
@@ -118,8 +134,9 @@ impl SandboxExecutor {
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
         unsafe { libc::close_range(INIT_CONTROL_FD as u32 + 1, u32::MAX, 0) };
         let run_filters = self.run_filters(spec)?;
-        let shell_section = shell::shell_filter(agentrun_policy::seccomp_denied_syscalls())
-            .map_err(|e| fail(e.to_string()))?;
+        let shell_section =
+            shell::shell_filter(agentrun_policy::seccomp_denied_syscalls(), &self.sockets)
+                .map_err(|e| fail(e.to_string()))?;
         let shell_filters = seccomp::compile(&shell_section).map_err(|e| fail(e.to_string()))?;
         self.loopback_up()?;
         // Watched from now on (opened while CAP_NET_ADMIN is still held).

@@ -11,7 +11,8 @@
 //! [`control`] the protocol; [`sandbox`] ties a shell's life together (and `image build`'s
 //! one-command sandboxes); [`fsroot`] reaches files inside a running sandbox from the host
 //! without ever resolving a path outside it; [`gc`] cleans up after killed runs; [`host`]
-//! says what this host enforces.
+//! says what this host enforces; [`hostdirs`] keeps the image store and the state dir
+//! private; [`random`] makes every id and token (getrandom, failing closed).
 
 pub mod cell;
 pub mod cellrun;
@@ -22,11 +23,13 @@ pub mod executor;
 pub mod fsroot;
 pub mod gc;
 pub mod host;
+pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
 pub mod net;
 pub mod netns;
+pub mod random;
 pub mod reaper;
 pub mod rootfs;
 pub mod sandbox;

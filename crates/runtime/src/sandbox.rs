@@ -233,12 +233,8 @@ pub enum SandboxStdio {
 /// Placeholder `process.args` of a shell: commands come later, each in a cell.
 const SHELL_ARGS: &str = "agentrun-shell";
 
-fn random_id() -> String {
-    let mut b = [0u8; 6];
-    let _ =
-        fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("ar-{hex}")
+fn random_id() -> Result<String, RuntimeError> {
+    Ok(format!("ar-{}", crate::random::hex(6)?))
 }
 
 /// `pid starttime` of this process: identifies the owner of a state dir for `gc`.
@@ -294,7 +290,7 @@ impl Sandbox {
         host: &HostInfo,
         stdio: SandboxStdio,
     ) -> Result<Sandbox, RuntimeError> {
-        let id = random_id();
+        let id = random_id()?;
         let state = paths.sandboxes().join(&id);
         for d in [paths.sandboxes(), paths.containers()] {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
@@ -449,7 +445,10 @@ impl Sandbox {
             cwd: PathBuf::from("/"),
             resources: profile.resources.clone(),
             binds: prepared.binds.clone(),
-            seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())?,
+            seccomp: crate::seccomp::default_profile(
+                agentrun_policy::seccomp_denied_syscalls(),
+                &profile.seccomp_sockets,
+            )?,
             init_caps,
             // A shell's are the most a cell may get (raising is not possible in a cell); the
             // most we may set is our own hard limit.
@@ -493,6 +492,7 @@ impl Sandbox {
             program: "agentrun".into(),
             cwd: cwd.to_string_lossy().into_owned(),
             egress_socket: PathBuf::from(EGRESS_DIR_IN_SANDBOX).join(EGRESS_SOCKET),
+            sockets: profile.seccomp_sockets.clone(),
         };
         self.enforcement = Enforcement {
             landlock: host.landlock_enforcement(),
@@ -791,13 +791,14 @@ pub(crate) fn destroy_leftovers(
     Ok(())
 }
 
-/// The container's init sets up mounts as the sandbox's unprivileged uid, so every directory
-/// above the state dir must be searchable by others (a `mktemp -d` parent, mode 0700, is not).
+/// The container's init sets up mounts as the sandbox's unprivileged root, so every directory
+/// above the state dir must be searchable by it: by others, or by its group (the state dir
+/// itself, see [`crate::hostdirs`]). A `mktemp -d` parent, mode 0700, is not.
 fn check_searchable(dir: &Path) -> Result<(), RuntimeError> {
     use std::os::unix::fs::MetadataExt;
     for d in dir.ancestors() {
         let Ok(meta) = fs::metadata(d) else { continue };
-        if meta.mode() & 0o001 == 0 {
+        if !crate::hostdirs::sandbox_root_can_search(&meta) {
             return Err(RuntimeError::InvalidInput(format!(
                 "state dir {} is not usable: {} (mode {:o}) is not searchable by the sandbox's \
                  uid; use a directory whose parents are world-searchable (chmod o+x)",

@@ -53,14 +53,17 @@ const CELL_NAMESPACES: &[u64] = &[
 ];
 
 /// The shell's init's seccomp filter, as an OCI section (see the module doc): the run's
-/// profile for `denied` less what making a cell needs.
-pub fn shell_filter(denied: &[&str]) -> Result<LinuxSeccomp, SeccompError> {
+/// profile for `denied` and `sockets` less what making a cell needs.
+pub fn shell_filter(
+    denied: &[&str],
+    sockets: &agentrun_policy::SocketPolicy,
+) -> Result<LinuxSeccomp, SeccompError> {
     let kept: Vec<&str> = denied
         .iter()
         .copied()
         .filter(|n| !CELL_MAKING.contains(n))
         .collect();
-    let mut section = seccomp::default_profile(&kept)?;
+    let mut section = seccomp::default_profile(&kept, sockets)?;
     if let Some(rules) = section.syscalls().clone() {
         let rules = rules
             .into_iter()
@@ -378,9 +381,9 @@ fn clone_cell() -> nix::Result<Cloned> {
     match pid {
         p if p < 0 => Err(nix::Error::last()),
         0 => Ok(Cloned::Child),
-        // SAFETY: the kernel installed this pidfd for us.
         p => Ok(Cloned::Parent {
             pid: p as i32,
+            // SAFETY: the kernel installed this pidfd for us (CLONE_PIDFD); nobody else owns it.
             pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
         }),
     }
@@ -393,7 +396,7 @@ mod tests {
     #[test]
     fn the_shell_filter_allows_cell_making_and_nothing_more() {
         let denied = agentrun_policy::seccomp_denied_syscalls();
-        let section = shell_filter(denied).unwrap();
+        let section = shell_filter(denied, &Default::default()).unwrap();
         let rules = section.syscalls().clone().unwrap();
         let names: Vec<&String> = rules.iter().flat_map(|r| r.names()).collect();
         for n in CELL_MAKING {

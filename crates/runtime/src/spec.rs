@@ -225,8 +225,11 @@ mod tests {
                 target: "/usr".into(),
                 writable: false,
             }],
-            seccomp: crate::seccomp::default_profile(agentrun_policy::seccomp_denied_syscalls())
-                .unwrap(),
+            seccomp: crate::seccomp::default_profile(
+                agentrun_policy::seccomp_denied_syscalls(),
+                &Default::default(),
+            )
+            .unwrap(),
             init_caps: vec![Capability::CAP_KILL, Capability::CAP_NET_ADMIN],
             nofile: 512,
             nproc: 64,

@@ -47,7 +47,8 @@ fn io(path: &Path, source: std::io::Error) -> AuditError {
 pub struct AuditRecord {
     /// RFC 3339, UTC, milliseconds.
     pub time: String,
-    /// `decision` or `run`.
+    /// `decision`, `run`, `policy` (an egress policy change), or `error` (a connection the
+    /// policy allowed that could not be made).
     pub kind: String,
     pub sandbox_id: String,
     pub trace_id: String,
@@ -55,7 +56,7 @@ pub struct AuditRecord {
     pub action: String,
     /// The path, `host:port`, variable or command line.
     pub resource: String,
-    /// `allow` / `deny` (decisions), `ok` / `error` (runs).
+    /// `allow` / `deny` (decisions), `ok` / `error` (runs), `error` (errors).
     pub decision: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,

@@ -268,6 +268,26 @@ impl RunSpan {
         }
     }
 
+    /// The attributes of an `egress.connect` span: a connection for `action` that rule
+    /// `rule_id` allowed could not be made (`error_type`, e.g. `resolve`, and `message`).
+    /// Status Error: a failure, not a decision.
+    pub fn set_connect_failure(
+        &mut self,
+        action: &agentrun_policy::Action,
+        rule_id: &str,
+        error_type: &str,
+        message: &str,
+    ) {
+        self.set_attribute("sandbox.action", action.name());
+        self.set_attribute("sandbox.resource", action.resource());
+        self.set_attribute("sandbox.rule_id", rule_id.to_owned());
+        if let agentrun_policy::Action::Connect { host, port } = action {
+            self.set_attribute("server.address", host.clone());
+            self.set_attribute("server.port", i64::from(*port));
+        }
+        self.set_error(error_type, message);
+    }
+
     pub fn set_attribute(&mut self, key: &'static str, value: impl Into<AttrValue>) {
         let value = value.into();
         match self.attributes.iter_mut().find(|(k, _)| *k == key) {
