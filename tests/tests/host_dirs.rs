@@ -45,6 +45,27 @@ fn quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }
 
+/// `/proc/PID/root/<tail>` of every process whose root holds `tail` (starting with
+/// `content`): how root reaches a running sandbox's files.
+fn cell_roots_holding(tail: &str, content: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let p = e.path().join("root").join(tail);
+        if fs::read(&p).is_ok_and(|b| b.starts_with(content.as_bytes())) {
+            found.push(p);
+        }
+    }
+    found
+}
+
 #[test]
 fn store_and_state_dir_are_unreachable_for_other_users() {
     let Some(_l) = setup() else { return };
@@ -100,14 +121,26 @@ fn store_and_state_dir_are_unreachable_for_other_users() {
         .into_iter()
         .chain(named("suid2/true"))
         .collect();
-    let secrets = named("tmp/secret");
     assert!(
         suid.iter().any(|p| p.starts_with(&root)) && suid.iter().any(|p| p.starts_with(&state)),
-        "setuid files expected in the image's layer and the sandbox's rootfs: {suid:?}"
+        "setuid files expected in the image's layer and the shell's rootfs: {suid:?}"
     );
+    // The run's own files live in its cell's writable layer, a tmpfs mounted only in the
+    // cell's mount namespace: no path under the state dir leads there (before cells, the
+    // upper dir was). A host user could still try the cell's root through /proc.
     assert!(
-        secrets.iter().any(|p| p.starts_with(&state)),
-        "the sandbox's file expected under the state dir: {secrets:?}"
+        named("tmp/secret").is_empty(),
+        "the run's writable layer is reachable under the host's directories: {:?}",
+        named("tmp/secret")
+    );
+    let secrets = cell_roots_holding("tmp/secret", "sandbox-secret");
+    let suid: Vec<PathBuf> = suid
+        .into_iter()
+        .chain(cell_roots_holding("tmp/suid2/true", ""))
+        .collect();
+    assert!(
+        !secrets.is_empty(),
+        "the sandbox's file expected through its process's /proc/PID/root"
     );
     for p in suid.iter().chain(&secrets) {
         assert!(

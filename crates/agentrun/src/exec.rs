@@ -425,7 +425,11 @@ fn execute(
     }
     if !no_daemon && !keep_bundle {
         if let Some(client) = DaemonClient::connect(&socket) {
-            return crate::warm::execute(&client, &plan, span, recorder);
+            match crate::warm::execute(&client, &plan, &paths.root, span, recorder) {
+                Some(code) => return code,
+                // The daemon serves another store: this run's image is not among its own.
+                None => span.set_attribute("sandbox.cold_reason", "daemon_store"),
+            }
         }
     }
     execute_cold(plan, paths, keep_bundle, span, recorder)

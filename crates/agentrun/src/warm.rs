@@ -9,6 +9,7 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
 use std::time::Duration;
 
 use agentrun_egress::Proxy;
@@ -26,7 +27,15 @@ use crate::exec::{
 };
 use crate::trace::Recorder;
 
-pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder: &Recorder) -> i32 {
+/// The run's exit code; `None` when the daemon serves another image store than `store` (then
+/// nothing ran: the caller runs it cold).
+pub fn execute(
+    client: &DaemonClient,
+    plan: &Plan,
+    store: &Path,
+    span: &mut RunSpan,
+    recorder: &Recorder,
+) -> Option<i32> {
     let signals = block_signals();
     // The cell's PID 1 makes the run's Landlock domain; its denials during this run are
     // matched by that pid, which the reply carries. Subscribed before the request goes,
@@ -35,12 +44,13 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
     let msg = ClientMessage::Exec {
         request: Box::new(plan.request.clone()),
         timeout_ms: plan.timeout.map(|t| t.as_millis() as u64),
+        store: Some(store.to_path_buf()),
     };
     // Capped output goes through pipes we pump; else the command writes to our fds.
     let mut pumps = match plan.output_cap {
         Some(cap) => match OutputPipes::new(cap) {
             Ok(p) => Some(p),
-            Err(e) => return fail(span, "io", &e.into()),
+            Err(e) => return Some(fail(span, "io", &e.into())),
         },
         None => None,
     };
@@ -49,11 +59,11 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
         None => [0, 1, 2],
     };
     if let Err(e) = client.send(&msg, &stdio) {
-        return fail(
+        return Some(fail(
             span,
             "daemon",
             &anyhow::Error::new(e).context("sending to the daemon"),
-        );
+        ));
     }
     if let Some(p) = pumps.as_mut() {
         p.close_write_ends();
@@ -87,7 +97,7 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
-            Err(e) => return fail(span, "daemon", &anyhow::Error::new(e).context("poll")),
+            Err(e) => return Some(fail(span, "daemon", &anyhow::Error::new(e).context("poll"))),
         }
         let ready = |i: usize| {
             fds.get(i)
@@ -130,11 +140,11 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
                 // The run's proxy, in this process: its decisions are this run's, on disk
                 // (with the sandbox's id) before any is acted on.
                 if let Err(e) = recorder.set_sandbox(&sandbox_id) {
-                    return fail(span, "audit", &e.into());
+                    return Some(fail(span, "audit", &e.into()));
                 }
                 match start_proxy(&socket, plan, recorder) {
                     Ok(p) => proxy = Some(p),
-                    Err(e) => return fail(span, "egress", &e),
+                    Err(e) => return Some(fail(span, "egress", &e)),
                 }
                 let _ = client.send(&ClientMessage::EgressReady, &[]);
             }
@@ -148,7 +158,7 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
     if let Some(p) = proxy {
         p.stop();
     }
-    match reply {
+    Some(match reply {
         Ok(DaemonReply::Exec(r)) => {
             if let Some(w) = watch {
                 if r.init_pid > 0 {
@@ -157,6 +167,7 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
             }
             finish(r, plan, span, pumps)
         }
+        Ok(DaemonReply::OtherStore { .. }) => return None,
         Ok(DaemonReply::Error { message }) => fail(span, "daemon", &anyhow::anyhow!(message)),
         Ok(other) => fail(
             span,
@@ -164,7 +175,7 @@ pub fn execute(client: &DaemonClient, plan: &Plan, span: &mut RunSpan, recorder:
             &anyhow::anyhow!("unexpected reply {other:?}"),
         ),
         Err(e) => fail(span, "daemon", &anyhow::Error::new(e)),
-    }
+    })
 }
 
 /// The pipes of a run whose output is capped.

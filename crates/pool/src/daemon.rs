@@ -54,6 +54,8 @@ struct Shared {
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
     landlock_abi: u32,
+    /// The image store the factories serve (canonical when it could be resolved).
+    store: PathBuf,
     /// Mapping namespaces of the runs' idmapped mounts (each costs a fork: made once).
     mappings: Mutex<MappingCache>,
 }
@@ -123,6 +125,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         cgroup,
         swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
         landlock_abi: agentrun_runtime::landlock::abi(),
+        store: std::fs::canonicalize(&opts.root).unwrap_or_else(|_| opts.root.clone()),
         mappings: Mutex::new(MappingCache::new()),
     });
     let live = Arc::new(LiveManager::new(shared.pool.clone()));
@@ -286,9 +289,18 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             ClientMessage::Exec {
                 request,
                 timeout_ms,
+                store,
             },
             fds,
-        ) => exec(shared, conn.as_fd(), *request, timeout_ms, fds),
+        ) => match store.filter(|s| !same_store(s, &shared.store)) {
+            Some(_) => reply(
+                conn.as_fd(),
+                &DaemonReply::OtherStore {
+                    store: shared.store.clone(),
+                },
+            ),
+            None => exec(shared, conn.as_fd(), *request, timeout_ms, fds),
+        },
         (ClientMessage::Ps, _) => reply(
             conn.as_fd(),
             &DaemonReply::Ps {
@@ -305,6 +317,11 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             },
         ),
     }
+}
+
+/// Whether a client's store path names the daemon's (canonical) store.
+fn same_store(client: &Path, ours: &Path) -> bool {
+    client == ours || std::fs::canonicalize(client).is_ok_and(|c| c == ours)
 }
 
 fn exec(

@@ -21,6 +21,11 @@ pub enum ClientMessage {
     Exec {
         request: Box<ExecRequest>,
         timeout_ms: Option<u64>,
+        /// The client's image store (`AGENTRUN_ROOT`): a daemon serving another one answers
+        /// [`DaemonReply::OtherStore`] and the client runs cold (its images are not the
+        /// daemon's). `None`: whatever the daemon serves.
+        #[serde(default)]
+        store: Option<std::path::PathBuf>,
     },
     /// Forward a signal to the running command.
     Signal { signal: i32 },
@@ -105,6 +110,11 @@ pub enum DaemonReply {
         sandboxes: Vec<SandboxInfo>,
     },
     PoolStatus(crate::pool::PoolStatus),
+    /// The daemon serves another image store than the client's [`ClientMessage::Exec`]
+    /// named; nothing was run.
+    OtherStore {
+        store: std::path::PathBuf,
+    },
     Error {
         message: String,
     },
