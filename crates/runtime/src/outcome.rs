@@ -85,22 +85,12 @@ impl RunOutcome {
         run_duration: Duration,
     ) -> Self {
         let reported = init.as_ref().map(|r| (r.exit_code, r.signal));
-        let (exit_code, signal) = settle(reported, timed_out, stats.oom_kills);
-        let (usage, error) = match init {
-            Some(r) => (Some(r.usage), r.error),
-            None => (None, None),
-        };
-        RunOutcome {
-            exit_code,
-            signal,
-            timed_out,
-            oom_killed: stats.oom_kills > 0,
-            stats,
-            run_duration,
-            usage,
-            error,
-            ..Default::default()
+        let mut outcome = Self::settled(reported, timed_out, stats, run_duration);
+        if let Some(r) = init {
+            outcome.usage = Some(r.usage);
+            outcome.error = r.error;
         }
+        outcome
     }
 
     /// A one-command sandbox's run (`image build`), settled from its init's wait status
@@ -118,7 +108,20 @@ impl RunOutcome {
             Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
             _ => (EXIT_SETUP_FAILED, None),
         };
-        let (exit_code, signal) = settle(Some(reported), timed_out, stats.oom_kills);
+        let mut outcome = Self::settled(Some(reported), timed_out, stats, run_duration);
+        outcome.usage = usage;
+        outcome
+    }
+
+    /// What every settled run has: its exit code and signal by [`settle`], its timeout, OOM
+    /// kills and duration.
+    fn settled(
+        reported: Option<(i32, Option<i32>)>,
+        timed_out: bool,
+        stats: CgroupStats,
+        run_duration: Duration,
+    ) -> Self {
+        let (exit_code, signal) = settle(reported, timed_out, stats.oom_kills);
         RunOutcome {
             exit_code,
             signal,
@@ -126,7 +129,6 @@ impl RunOutcome {
             oom_killed: stats.oom_kills > 0,
             stats,
             run_duration,
-            usage,
             ..Default::default()
         }
     }
