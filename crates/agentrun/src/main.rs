@@ -8,10 +8,13 @@
 //! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
 mod audit_cmd;
+mod cold;
 mod exec;
 mod image;
 mod info;
+mod plan;
 mod policy_cmd;
+mod run;
 mod serve;
 mod trace;
 mod warm;
@@ -61,7 +64,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command in a fresh sandbox and tear it down afterwards.
-    Exec(Box<exec::ExecArgs>),
+    Exec(Box<plan::ExecArgs>),
     /// Show what this host can enforce.
     Info(info::InfoArgs),
     /// Manage images.

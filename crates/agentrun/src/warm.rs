@@ -15,27 +15,25 @@ use std::time::Duration;
 use agentrun_egress::Proxy;
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::protocol::{ClientMessage, DaemonReply, ExecReply};
-use agentrun_runtime::cgroup::CgroupStats;
 use agentrun_runtime::sandbox::OutputStream;
-use agentrun_runtime::RunOutcome;
-use agentrun_telemetry::RunSpan;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::exec::{
-    block_signals, fail, landlock_subscribe, landlock_watch, record_enforcement,
-    record_kernel_denials, report, start_proxy, Plan,
+use crate::plan::Plan;
+use crate::run::{
+    block_signals, landlock_subscribe, landlock_watch, record_kernel_denials, start_proxy,
+    RunRecord,
 };
 use crate::trace::Recorder;
 
-/// The run's exit code; `None` when the daemon serves another image store than `store` (then
-/// nothing ran: the caller runs it cold).
-pub fn execute(
+/// Runs `plan` in a cell of one of the daemon's shells, through `client`; `None` when the
+/// daemon serves another image store than `store` (then nothing ran: the caller runs it cold).
+pub(crate) fn execute(
     client: &DaemonClient,
     plan: &Plan,
     store: &Path,
-    span: &mut RunSpan,
     recorder: &Recorder,
-) -> Option<i32> {
+) -> Option<RunRecord> {
+    let mut run = RunRecord::default();
     let signals = block_signals();
     // The cell's PID 1 makes the run's Landlock domain; its denials during this run are
     // matched by that pid, which the reply carries. Subscribed before the request goes,
@@ -50,7 +48,7 @@ pub fn execute(
     let mut pumps = match plan.output_cap {
         Some(cap) => match OutputPipes::new(cap) {
             Ok(p) => Some(p),
-            Err(e) => return Some(fail(span, "io", &e.into())),
+            Err(e) => return Some(run.fail("io", &e.into())),
         },
         None => None,
     };
@@ -59,8 +57,7 @@ pub fn execute(
         None => [0, 1, 2],
     };
     if let Err(e) = client.send(&msg, &stdio) {
-        return Some(fail(
-            span,
+        return Some(run.fail(
             "daemon",
             &anyhow::Error::new(e).context("sending to the daemon"),
         ));
@@ -68,7 +65,8 @@ pub fn execute(
     if let Some(p) = pumps.as_mut() {
         p.close_write_ends();
     }
-    let watch = landlock_watch(subscription, span);
+    let watch = landlock_watch(subscription);
+    run.landlock_audit = Some(watch.is_some());
     let mut proxy: Option<Proxy> = None;
     let mut buf = vec![0u8; 64 * 1024];
     let stdout = std::io::stdout();
@@ -97,7 +95,7 @@ pub fn execute(
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
-            Err(e) => return Some(fail(span, "daemon", &anyhow::Error::new(e).context("poll"))),
+            Err(e) => return Some(run.fail("daemon", &anyhow::Error::new(e).context("poll"))),
         }
         let ready = |i: usize| {
             fds.get(i)
@@ -140,11 +138,11 @@ pub fn execute(
                 // The run's proxy, in this process: its decisions are this run's, on disk
                 // (with the sandbox's id) before any is acted on.
                 if let Err(e) = recorder.set_sandbox(&sandbox_id) {
-                    return Some(fail(span, "audit", &e.into()));
+                    return Some(run.fail("audit", &e.into()));
                 }
                 match start_proxy(&socket, plan, recorder) {
                     Ok(p) => proxy = Some(p),
-                    Err(e) => return Some(fail(span, "egress", &e)),
+                    Err(e) => return Some(run.fail("egress", &e)),
                 }
                 let _ = client.send(&ClientMessage::EgressReady, &[]);
             }
@@ -162,19 +160,16 @@ pub fn execute(
         Ok(DaemonReply::Exec(r)) => {
             if let Some(w) = watch {
                 if r.init_pid > 0 {
-                    record_kernel_denials(w.finish(r.init_pid), plan, recorder, span);
+                    let denials = w.finish(r.init_pid);
+                    run.kernel_denials = Some(record_kernel_denials(denials, plan, recorder));
                 }
             }
-            finish(r, plan, span, pumps)
+            finish(run, r, pumps)
         }
         Ok(DaemonReply::OtherStore { .. }) => return None,
-        Ok(DaemonReply::Error { message }) => fail(span, "daemon", &anyhow::anyhow!(message)),
-        Ok(other) => fail(
-            span,
-            "daemon",
-            &anyhow::anyhow!("unexpected reply {other:?}"),
-        ),
-        Err(e) => fail(span, "daemon", &anyhow::Error::new(e)),
+        Ok(DaemonReply::Error { message }) => run.fail("daemon", &anyhow::anyhow!(message)),
+        Ok(other) => run.fail("daemon", &anyhow::anyhow!("unexpected reply {other:?}")),
+        Err(e) => run.fail("daemon", &anyhow::Error::new(e)),
     })
 }
 
@@ -245,41 +240,22 @@ impl OutputPipes {
     }
 }
 
-fn finish(r: ExecReply, plan: &Plan, span: &mut RunSpan, pumps: Option<OutputPipes>) -> i32 {
-    span.set_attribute("sandbox.pool_hit", r.pool_hit);
-    span.set_attribute("sandbox.shell_runs", r.shell_runs as i64);
+/// The daemon's reply on the run's record; capped output was counted here.
+fn finish(mut run: RunRecord, r: ExecReply, pumps: Option<OutputPipes>) -> RunRecord {
+    run.pool_hit = r.pool_hit;
+    run.shell_runs = Some(r.shell_runs);
     if !r.sandbox_id.is_empty() {
-        span.set_attribute("sandbox.id", r.sandbox_id.clone());
-        span.set_attribute("container.id", r.sandbox_id.clone());
-        record_enforcement(span, &r.enforcement);
+        run.sandbox_id = Some(r.sandbox_id.clone());
+        run.enforcement = Some(r.enforcement.clone());
     }
-    let mut outcome = RunOutcome {
-        exit_code: r.exit_code,
-        signal: r.signal,
-        timed_out: r.timed_out,
-        oom_killed: r.oom_killed,
-        stats: CgroupStats {
-            peak_memory_bytes: r.peak_memory_bytes,
-            oom_kills: u64::from(r.oom_killed),
-        },
-        init_pid: r.init_pid,
-        run_duration: Duration::from_millis(r.duration_ms),
-        usage: r.usage,
-        ..Default::default()
-    };
     if let Some(e) = &r.error {
-        return fail(span, "daemon", &anyhow::anyhow!("{e}"));
+        return run.fail("daemon", &anyhow::anyhow!("{e}"));
     }
-    // The cell could not set itself up: it said so on the command's stderr.
-    outcome.error.clone_from(&r.cell_error);
+    // A cell that could not set itself up said so on the command's stderr.
+    let mut outcome = r.outcome();
     let counted = pumps.is_some();
     if let Some(mut p) = pumps {
         outcome.count_output(&mut p.streams);
     }
-    report(&outcome, plan, span, counted);
-    if outcome.output_truncated {
-        eprintln!("agentrun: output over the profile's output cap was dropped");
-        span.set_attribute("sandbox.output_truncated", true);
-    }
-    outcome.exit_code
+    run.ran(outcome, counted)
 }

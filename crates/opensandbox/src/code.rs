@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use agentrun_telemetry::ExecSpan;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -339,17 +340,11 @@ async fn run(
     lock(&rec.code)
         .executions
         .insert(exec_id.clone(), ctx.id.clone());
-    let mut span = agentrun_telemetry::RunSpan::start(
-        "sandbox.exec",
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-    );
-    span.set_attribute("openinference.span.kind", "TOOL");
-    span.set_attribute("sandbox.id", rec.id.as_str());
-    span.set_attribute("process.executable.name", "python3");
-    span.set_attribute(
-        "process.command_line",
-        req.code.chars().take(256).collect::<String>(),
-    );
+    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+        .sandbox(&rec.id)
+        .executable("python3")
+        .command_line(&req.code)
+        .start();
     let (tx, rx) = event_queue();
     let _ = tx.try_send(event("init", json!({"text": exec_id})));
     let request = format!("{}\n", json!({"code": req.code}));

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use agentrun_pool::live::{ProcessExit, ProcessSpec};
 use agentrun_pool::PoolError;
+use agentrun_telemetry::ExecSpan;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -577,18 +578,11 @@ async fn run_command(
         .clone()
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| "/".into());
-    let mut span = agentrun_telemetry::RunSpan::start(
-        "sandbox.exec",
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-    );
-    span.set_attribute("openinference.span.kind", "TOOL");
-    span.set_attribute("sandbox.id", rec.id.as_str());
-    span.set_attribute("container.id", rec.id.as_str());
-    span.set_attribute("process.executable.name", argv[0].as_str());
-    span.set_attribute(
-        "process.command_line",
-        content.chars().take(256).collect::<String>(),
-    );
+    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+        .sandbox(&rec.id)
+        .executable(&argv[0])
+        .command_line(&content)
+        .start();
     let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
     env.push(("TRACEPARENT".into(), span.traceparent()));
     let started = Instant::now();
@@ -954,16 +948,10 @@ async fn run_in_session(
         req.command,
         m = session.marker
     ));
-    let mut span = agentrun_telemetry::RunSpan::start(
-        "sandbox.exec",
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-    );
-    span.set_attribute("openinference.span.kind", "TOOL");
-    span.set_attribute("sandbox.id", rec.id.as_str());
-    span.set_attribute(
-        "process.command_line",
-        req.command.chars().take(256).collect::<String>(),
-    );
+    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+        .sandbox(&rec.id)
+        .command_line(&req.command)
+        .start();
     let (tx, rx) = event_queue();
     let _ = tx.try_send(event("init", json!({"text": session.id})));
     let sandbox = rec.sandbox.clone();

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentrun_runtime::cellrun::{cell_request, settle, CellRun, MappingCache, RunMounts};
+use agentrun_runtime::cellrun::{cell_request, CellRun, MappingCache, RunMounts};
 use agentrun_runtime::cgroup::CgroupMode;
 use agentrun_runtime::control::{self, CellCommand, CellWork};
-use agentrun_runtime::RuntimePaths;
+use agentrun_runtime::{RunOutcome, RuntimePaths};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -416,7 +416,7 @@ fn exec(
         egress_port,
         CellWork::Run(CellCommand {
             argv: request.args.clone(),
-            env: request.environment(&profile, &shell.image.env_pairs()),
+            env: request.environment(&profile, &shell.image),
             cwd: request.working_dir(&shell.image),
         }),
     );
@@ -438,20 +438,11 @@ fn exec(
     let result = crate::run::wait(&cell, timeout, conn, meter);
     let verdict = match result {
         Ok(r) => {
-            out.duration_ms = r.duration.as_millis() as u64;
-            out.timed_out = r.timed_out;
-            out.peak_memory_bytes = r.stats.peak_memory_bytes;
-            out.oom_killed = r.stats.oom_kills > 0;
-            let (code, signal) = settle(r.init.as_ref(), r.timed_out, r.stats.oom_kills);
-            out.exit_code = code;
-            out.signal = signal;
-            match &r.init {
-                Some(init) => {
-                    out.usage = Some(init.usage);
-                    out.cell_error.clone_from(&init.error);
-                }
-                None if r.timed_out || out.oom_killed || r.client_gone => {}
-                None => out.error = Some("the sandbox's cell died before reporting".into()),
+            let outcome = RunOutcome::of_cell(r.init.clone(), r.timed_out, r.stats, r.duration);
+            out.record(&outcome);
+            let explained = r.timed_out || outcome.oom_killed || r.client_gone;
+            if r.init.is_none() && !explained {
+                out.error = Some("the sandbox's cell died before reporting".into());
             }
             if !r.client_gone {
                 reply(conn, &DaemonReply::Exec(out));

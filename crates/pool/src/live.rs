@@ -534,10 +534,7 @@ impl LiveManager {
             self.pool.release(shell, Verdict::Discard("cell_failed"));
             return Err(PoolError::Invalid("the cell has no channel".into()));
         };
-        let mut over = shell.image.env_pairs();
-        over.extend(spec.env.iter().cloned());
-        let env = profile
-            .environment(&over)
+        let env = agentrun_runtime::cellrun::environment(&profile, &shell.image, &spec.env)
             .into_iter()
             .filter_map(|kv| {
                 kv.split_once('=')

@@ -9,7 +9,10 @@
 //! decisions are the run's spans and audit records) and answers
 //! [`ClientMessage::EgressReady`] before the cell starts.
 
-use agentrun_runtime::Enforcement;
+use std::time::Duration;
+
+use agentrun_runtime::cgroup::CgroupStats;
+use agentrun_runtime::{Enforcement, RunOutcome};
 use serde::{Deserialize, Serialize};
 
 use crate::recipe::ExecRequest;
@@ -63,6 +66,40 @@ pub struct ExecReply {
     /// said so on the command's stderr.
     #[serde(default)]
     pub cell_error: Option<String>,
+}
+
+impl ExecReply {
+    /// Puts a settled run's end ([`RunOutcome::of_cell`]) in the reply.
+    pub fn record(&mut self, o: &RunOutcome) {
+        self.exit_code = o.exit_code;
+        self.signal = o.signal;
+        self.timed_out = o.timed_out;
+        self.oom_killed = o.oom_killed;
+        self.peak_memory_bytes = o.stats.peak_memory_bytes;
+        self.duration_ms = o.run_duration.as_millis() as u64;
+        self.usage = o.usage;
+        self.cell_error.clone_from(&o.error);
+    }
+
+    /// The run's end as the daemon settled it, back in a [`RunOutcome`] (without output
+    /// counts: the command wrote to the client's own fds).
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome {
+            exit_code: self.exit_code,
+            signal: self.signal,
+            timed_out: self.timed_out,
+            oom_killed: self.oom_killed,
+            stats: CgroupStats {
+                peak_memory_bytes: self.peak_memory_bytes,
+                oom_kills: u64::from(self.oom_killed),
+            },
+            init_pid: self.init_pid,
+            run_duration: Duration::from_millis(self.duration_ms),
+            usage: self.usage,
+            error: self.cell_error.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// One shell as `agentrun ps` shows it.

@@ -92,12 +92,13 @@ pub struct ExecRequest {
 }
 
 impl ExecRequest {
-    /// The full environment of the command: profile defaults, then the image's `Env`, then
-    /// the request's values.
-    pub fn environment(&self, profile: &Profile, image_env: &[(String, String)]) -> Vec<String> {
-        let mut over = image_env.to_vec();
-        over.extend(self.env.iter().cloned());
-        profile.environment(&over)
+    /// The full environment of the command (see [`agentrun_runtime::cellrun::environment`]).
+    pub fn environment(
+        &self,
+        profile: &Profile,
+        image: &agentrun_image::ImageConfig,
+    ) -> Vec<String> {
+        agentrun_runtime::cellrun::environment(profile, image, &self.env)
     }
 
     /// The working directory: `--cwd`, else the image's default (see

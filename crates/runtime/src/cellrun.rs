@@ -2,7 +2,7 @@
 //! ([`RunMounts`]), its Landlock rules ([`cell_rules`]), the request sent to a shell's init
 //! with the fds it needs and the cell's pidfd received back ([`CellRun::start`]), signals and
 //! kills through that pidfd, the result read from the cell's own channel, the cell's end
-//! awaited ([`await_end`]), and the exit code made of it all ([`settle`]).
+//! awaited ([`await_end`]); [`crate::outcome`] settles what it reported.
 //!
 //! The cold path (`agentrun exec` without a daemon: [`crate::Sandbox::run_cell`]) and the
 //! daemon's pool both go through here, so a run is the same either way.
@@ -131,6 +131,19 @@ pub fn user_mounts(workspace: Option<&Path>, mounts: &[UserMount]) -> Vec<UserMo
         .collect();
     all.extend(mounts.iter().cloned());
     all
+}
+
+/// A run's whole environment (`KEY=VALUE`): the profile's defaults, then the image's `Env`,
+/// then the run's own values (`-e`, an API request's env, TRACEPARENT, the egress proxy's);
+/// later ones win, nothing comes from the host. Every run shape assembles it here.
+pub fn environment(
+    profile: &Profile,
+    image: &agentrun_image::ImageConfig,
+    run_env: &[(String, String)],
+) -> Vec<String> {
+    let mut over = image.env_pairs();
+    over.extend(run_env.iter().cloned());
+    profile.environment(&over)
 }
 
 /// The request for a cell running `work`, from the run's profile (overrides applied: tmpfs
@@ -345,49 +358,10 @@ pub fn await_end(
     }
 }
 
-/// The exit code of a run (DESIGN.md's conventions) and the signal that ended it, from the
-/// cell's result (`None`: its PID 1 died without one), whether agentrun timed it out, and the
-/// OOM kills of the run: 124 timed out; 137 OOM-killed; 125 the cell could not be made or
-/// died without a result; else the command's own code (128+N for signal N).
-pub fn settle(init: Option<&InitResult>, timed_out: bool, oom_kills: u64) -> (i32, Option<i32>) {
-    let (code, signal) = match init {
-        Some(r) => (r.exit_code, r.signal),
-        None if oom_kills > 0 => (128 + libc::SIGKILL, Some(libc::SIGKILL)),
-        None => (125, None),
-    };
-    if timed_out {
-        (124, signal)
-    } else if oom_kills > 0 && signal == Some(libc::SIGKILL) {
-        (137, signal)
-    } else {
-        (code, signal)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
-
-    #[test]
-    fn exit_codes_follow_the_conventions() {
-        let ok = InitResult {
-            exit_code: 3,
-            ..Default::default()
-        };
-        assert_eq!(settle(Some(&ok), false, 0), (3, None));
-        assert_eq!(settle(Some(&ok), true, 0).0, 124);
-        let killed = InitResult {
-            exit_code: 137,
-            signal: Some(9),
-            ..Default::default()
-        };
-        assert_eq!(settle(Some(&killed), false, 1), (137, Some(9)));
-        assert_eq!(settle(Some(&killed), false, 0), (137, Some(9)));
-        assert_eq!(settle(None, false, 0), (125, None));
-        assert_eq!(settle(None, false, 2).0, 137);
-        assert_eq!(settle(None, true, 0).0, 124);
-    }
 
     #[test]
     fn workspace_comes_first_and_rules_cover_mounts() {

@@ -7,7 +7,7 @@
 //! agentrun's init as its PID 1 ([`shell`]), which makes a cell per request ([`cell`]): new
 //! pid, mount and ipc namespaces, a fresh writable layer, the run's mounts, then rlimits,
 //! capabilities, Landlock ([`landlock`]) and seccomp compiled with seccompiler ([`seccomp`]),
-//! and the cell's PID 1 ([`reaper`]) runs the command. [`cellrun`] is a run's host side;
+//! and the cell's PID 1 ([`reaper`]) runs the command. [`cellrun`] is a run's host side, [`outcome`] how it ended (the exit code rules);
 //! [`control`] the protocol; [`sandbox`] ties a shell's life together (and `image build`'s
 //! one-command sandboxes); [`fsroot`] reaches files inside a running sandbox from the host
 //! without ever resolving a path outside it; [`gc`] cleans up after killed runs; [`host`]
@@ -29,6 +29,7 @@ pub mod kaudit;
 pub mod landlock;
 pub mod net;
 pub mod netns;
+pub mod outcome;
 pub mod random;
 pub mod reaper;
 pub mod rootfs;
@@ -41,7 +42,7 @@ pub mod user;
 
 pub use error::RuntimeError;
 pub use host::HostInfo;
+pub use outcome::{RunEnd, RunOutcome};
 pub use sandbox::{
-    Enforcement, RunOutcome, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder,
-    SandboxStdio,
+    Enforcement, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder, SandboxStdio,
 };

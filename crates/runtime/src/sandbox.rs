@@ -28,11 +28,12 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::cgroup::{CgroupMode, CgroupStats};
+use crate::cgroup::CgroupMode;
 use crate::error::RuntimeError;
 use crate::executor::{InitMode, SandboxExecutor};
 use crate::host::HostInfo;
 use crate::landlock::LandlockRules;
+use crate::outcome::RunOutcome;
 use crate::rootfs::{self, UserMount};
 use crate::spec::{self, SpecInput};
 
@@ -148,32 +149,7 @@ impl SandboxConfigBuilder {
     }
 }
 
-/// The result of a run.
-#[derive(Debug, Clone, Default)]
-pub struct RunOutcome {
-    /// The code `agentrun exec` exits with (see DESIGN.md's conventions).
-    pub exit_code: i32,
-    /// Signal that ended the command, when the init reported 128+N or was killed.
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub oom_killed: bool,
-    pub stats: CgroupStats,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    /// The first bytes of stderr, for the span.
-    pub stderr_preview: Vec<u8>,
-    /// Host pid of the sandbox's init.
-    pub init_pid: i32,
-    /// Time from start to exit.
-    pub run_duration: Duration,
-    /// CPU time and peak RSS of everything that ran in the sandbox.
-    pub usage: Option<crate::control::ResourceUsage>,
-    /// stdout or stderr went over the profile's output cap; the rest was dropped.
-    pub output_truncated: bool,
-    /// The cell could not be set up around the command (exit 125): why.
-    pub error: Option<String>,
-}
-
+/// The output pumps' part of an outcome.
 impl RunOutcome {
     /// Takes the byte counts, the stderr preview and whether output was cut from the pumps.
     pub fn count_output(&mut self, streams: &mut [OutputStream; 2]) {
@@ -415,12 +391,9 @@ impl Sandbox {
             }
         }
 
-        // Profile defaults, then the image's Env, then the caller's values.
         self.image_config = config.image.config.clone();
         self.image_id = config.image.id.clone();
-        let mut env_over = self.image_config.env_pairs();
-        env_over.extend(config.env.iter().cloned());
-        let env = profile.environment(&env_over);
+        let env = crate::cellrun::environment(profile, &self.image_config, &config.env);
         let cwd = config.cwd.clone().unwrap_or_else(|| {
             PathBuf::from(config.image.config.default_cwd(config.workspace.is_some()))
         });
@@ -595,7 +568,7 @@ impl Sandbox {
         timeout: Option<Duration>,
         signals: Option<&SignalFd>,
     ) -> Result<RunOutcome, RuntimeError> {
-        use crate::cellrun::{settle, CellError, CellRun};
+        use crate::cellrun::{CellError, CellRun};
         let started = Instant::now();
         let control = self
             .control
@@ -611,10 +584,6 @@ impl Sandbox {
             Err(e) => return Err(RuntimeError::Container(e.to_string())),
         };
         drop((stdin, out_w, err_w));
-        let mut outcome = RunOutcome {
-            init_pid: cell.pid,
-            ..Default::default()
-        };
         let mut streams = [
             OutputStream::new(Some(out_r), self.output_cap),
             OutputStream::new(Some(err_r), self.output_cap),
@@ -631,18 +600,11 @@ impl Sandbox {
             timeout.map(|t| started + t),
             signals,
         )?;
-        outcome.timed_out = end.timed_out;
-        outcome.run_duration = end.ran.unwrap_or_else(|| started.elapsed());
+        let stats = meter.map(|m| m.finish()).unwrap_or_default();
+        let ran = end.ran.unwrap_or_else(|| started.elapsed());
+        let mut outcome = RunOutcome::of_cell(result, end.timed_out, stats, ran);
+        outcome.init_pid = cell.pid;
         outcome.count_output(&mut streams);
-        if let Some(m) = meter {
-            outcome.stats = m.finish();
-        }
-        outcome.oom_killed = outcome.stats.oom_kills > 0;
-        let (code, signal) = settle(result.as_ref(), outcome.timed_out, outcome.stats.oom_kills);
-        outcome.exit_code = code;
-        outcome.signal = signal;
-        outcome.usage = result.as_ref().map(|r| r.usage);
-        outcome.error = result.and_then(|r| r.error);
         Ok(outcome)
     }
 
@@ -663,10 +625,6 @@ impl Sandbox {
             .map(Pid::from_raw)
             .ok_or_else(|| RuntimeError::Container("container has no init pid".into()))?;
         let pidfd = pidfd_open(init)?;
-        let mut outcome = RunOutcome {
-            init_pid: init.as_raw(),
-            ..Default::default()
-        };
         let mut streams = [
             OutputStream::new(self.stdout.take(), self.output_cap),
             OutputStream::new(self.stderr.take(), self.output_cap),
@@ -685,30 +643,13 @@ impl Sandbox {
             timeout.map(|t| started + t),
             signals,
         )?;
-        let status = target.status;
+        let stats = self.cgroup.map(|cg| cg.stats(&self.id)).unwrap_or_default();
+        let ran = end.ran.unwrap_or_else(|| started.elapsed());
         // The init's usage includes the command's and every child it reaped.
-        outcome.usage = target.usage;
-        outcome.timed_out = end.timed_out;
-        outcome.run_duration = end.ran.unwrap_or_else(|| started.elapsed());
+        let mut outcome =
+            RunOutcome::of_init(target.status, target.usage, end.timed_out, stats, ran);
+        outcome.init_pid = init.as_raw();
         outcome.count_output(&mut streams);
-        if let Some(cg) = self.cgroup {
-            outcome.stats = cg.stats(&self.id);
-        }
-        outcome.oom_killed = outcome.stats.oom_kills > 0;
-        let (code, signal) = match status {
-            Some(WaitStatus::Exited(_, c)) if c > 128 && c < 128 + 65 => (c, Some(c - 128)),
-            Some(WaitStatus::Exited(_, c)) => (c, None),
-            Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
-            _ => (125, None),
-        };
-        outcome.signal = signal;
-        outcome.exit_code = if outcome.timed_out {
-            124
-        } else if outcome.oom_killed && signal == Some(libc::SIGKILL) {
-            137
-        } else {
-            code
-        };
         Ok(outcome)
     }
 

@@ -1,6 +1,6 @@
 //! OpenTelemetry export for agentrun.
 //!
-//! agentrun records one span per sandbox run (`sandbox.exec`), with one child span per policy
+//! agentrun records one span per sandbox run (`sandbox.exec`, built by [`ExecSpan`]), with one child span per policy
 //! decision (`policy.check`), and sends them over OTLP to whatever the standard `OTEL_*`
 //! environment variables point at. Nothing else configures it. [`audit`] keeps the durable,
 //! local record of the same runs and decisions.
@@ -53,11 +53,13 @@
 
 pub mod audit;
 mod context;
+mod exec_span;
 mod export;
 pub mod metrics;
 mod span;
 
 pub use audit::{AuditLog, AuditRecord};
 pub use context::TraceContext;
+pub use exec_span::{command_line, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
 pub use export::export_enabled;
 pub use span::{AttrValue, FinishedSpan, RunSpan};

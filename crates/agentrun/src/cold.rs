@@ -1,0 +1,157 @@
+//! The cold path of a run (`AGENTRUN_NO_DAEMON=1`, no daemon answering, or `--keep-bundle`):
+//! one shell built in this process ([`Sandbox::create`], single-threaded), one cell run in it
+//! ([`Sandbox::run_cell`], the same cell a pooled shell makes), its output pumped here, the
+//! shell destroyed.
+
+use std::os::fd::OwnedFd;
+
+use agentrun_image::ImageStore;
+use agentrun_pool::PoolError;
+use agentrun_runtime::cellrun::{cell_request, MappingCache, RunMounts};
+use agentrun_runtime::control::{CellCommand, CellWork};
+use agentrun_runtime::{HostInfo, RuntimePaths, Sandbox, SandboxStdio};
+
+use crate::plan::Plan;
+use crate::run::{
+    block_signals, landlock_subscribe, landlock_watch, record_kernel_denials, start_proxy,
+    RunRecord,
+};
+use crate::trace::Recorder;
+use crate::Paths;
+
+/// Runs `plan` in a shell of its own; `keep_bundle` keeps the shell's config.json.
+pub(crate) fn execute(
+    plan: &Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    recorder: &Recorder,
+) -> RunRecord {
+    let mut run = RunRecord::default();
+    let store = match ImageStore::open(&paths.root) {
+        Ok(s) => s,
+        Err(e) => return run.fail("image", &e.into()),
+    };
+    let req = &plan.request;
+    let (config, profile) = match req
+        .recipe
+        .to_config(&store)
+        .and_then(|c| Ok((c, req.recipe.profile()?)))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let kind = match &e {
+                PoolError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
+                _ => "invalid_input",
+            };
+            return run.fail(kind, &e.into());
+        }
+    };
+    let runtime_paths = RuntimePaths::new(&paths.state_dir);
+    // Clean up after runs that were killed; cheap when there is nothing to do.
+    let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
+    let host = HostInfo::probe();
+
+    let signals = block_signals();
+    let stdin = match stdin_fd() {
+        Ok(fd) => fd,
+        Err(e) => return run.fail("io", &e),
+    };
+    let mut sandbox = match Sandbox::create(&config, &runtime_paths, &host, SandboxStdio::Shell)
+        .and_then(|mut s| s.start().map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let kind = e.kind();
+            return run.fail(kind, &anyhow::Error::new(e).context("creating sandbox"));
+        }
+    };
+    run.sandbox_id = Some(sandbox.id().to_string());
+    // The run's mounts, made here (forks for the id mappings: before any thread starts).
+    let user_mounts = req.recipe.user_mounts();
+    let mounts = match RunMounts::prepare(&user_mounts, &mut MappingCache::new()) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = sandbox.destroy();
+            let kind = e.kind();
+            return run.fail(kind, &anyhow::Error::new(e).context("creating sandbox"));
+        }
+    };
+    let mut enforcement = sandbox.enforcement().clone();
+    enforcement.idmapped_mounts &= mounts.idmapped;
+    run.enforcement = Some(enforcement);
+    // Nothing runs unless the decisions so far are on disk.
+    if let Err(e) = recorder.set_sandbox(sandbox.id()) {
+        let _ = sandbox.destroy();
+        return run.fail("audit", &e.into());
+    }
+    // The shell exists (created single-threaded): the proxy's threads may start now.
+    let proxy = if plan.network.needs_proxy() {
+        match start_proxy(&sandbox.egress_socket(), plan, recorder) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let _ = sandbox.destroy();
+                return run.fail("egress", &e);
+            }
+        }
+    } else {
+        None
+    };
+    if keep_bundle {
+        match sandbox.keep_bundle() {
+            Ok(dir) => eprintln!("agentrun: bundle kept at {}", dir.display()),
+            Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
+        }
+    }
+    let cell_req = cell_request(
+        &profile,
+        host.landlock_abi,
+        &user_mounts,
+        &mounts,
+        req.recipe.egress_port,
+        CellWork::Run(CellCommand {
+            argv: req.args.clone(),
+            env: req.environment(&profile, sandbox.image_config()),
+            cwd: req.working_dir(sandbox.image_config()),
+        }),
+    );
+    let watch = landlock_watch(landlock_subscribe(host.landlock_abi));
+    run.landlock_audit = Some(watch.is_some());
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let result = sandbox.run_cell(
+        &cell_req,
+        mounts,
+        stdin,
+        &mut stdout.lock(),
+        &mut stderr.lock(),
+        plan.timeout,
+        signals.as_ref(),
+    );
+    if let Some(p) = proxy {
+        p.stop();
+    }
+    if let (Some(w), Ok(o)) = (watch, &result) {
+        run.kernel_denials = Some(record_kernel_denials(w.finish(o.init_pid), plan, recorder));
+    }
+    let destroyed = sandbox.destroy();
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            let kind = e.kind();
+            return run.fail(kind, &anyhow::Error::new(e).context("running sandbox"));
+        }
+    };
+    if let Err(e) = destroyed {
+        eprintln!("agentrun: warning: cleanup incomplete ({e}); `agentrun gc` will retry");
+    }
+    run.ran(outcome, true)
+}
+
+/// The command's stdin: ours, duplicated (or /dev/null when we have none).
+fn stdin_fd() -> anyhow::Result<OwnedFd> {
+    use std::os::fd::AsFd;
+    match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => Ok(fd),
+        Err(_) => Ok(std::fs::File::open("/dev/null")?.into()),
+    }
+}
