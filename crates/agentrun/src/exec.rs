@@ -370,7 +370,6 @@ fn plan(args: ExecArgs, span: &RunSpan, recorder: &Recorder) -> Result<Plan, Pla
                     .network
                     .needs_proxy()
                     .then_some(agentrun_egress::SANDBOX_PROXY_PORT),
-                dedicated: false,
             },
             args: args.command,
             env,

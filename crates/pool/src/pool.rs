@@ -176,9 +176,6 @@ impl State {
 
     /// The kept pool a recipe can be served from.
     fn pool_for(&self, recipe: &SandboxRecipe) -> Option<usize> {
-        if recipe.dedicated {
-            return None;
-        }
         self.pools
             .iter()
             .position(|p| p.spec.image == recipe.image && p.spec.profile == recipe.profile)
