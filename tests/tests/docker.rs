@@ -385,7 +385,10 @@ fn containers_with_binds_and_limits_take_a_pooled_shell() {
     );
     let after = d.daemon.pool_status();
     assert_eq!(
-        (after[0].hits - before[0].hits, after[0].misses - before[0].misses),
+        (
+            after[0].hits - before[0].hits,
+            after[0].misses - before[0].misses
+        ),
         (2, 0),
         "both containers took a ready shell of the pool: {before:?} -> {mid:?} -> {after:?}\n{}",
         d.daemon.log()
