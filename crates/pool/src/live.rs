@@ -493,6 +493,8 @@ impl LiveManager {
         recipe.overrides.pids = spec.pids;
         let profile = recipe.profile()?;
         let (mut shell, hit) = self.pool.acquire(&recipe)?;
+        // It goes with the sandbox (see `release`): its pool may replace it already.
+        self.pool.keep(&shell);
         let mut limits = RunLimits::of(&profile);
         limits.cpus = spec.cpus.unwrap_or(limits.cpus);
         limits.memory_bytes = spec.memory_bytes.unwrap_or(limits.memory_bytes);

@@ -408,6 +408,19 @@ impl Pool {
         self.changed.notify_all();
     }
 
+    /// `shell` will not come back to its pool (a long-lived sandbox keeps it, and it is
+    /// discarded with the sandbox): its pool is refilled now, as if it were gone, rather than
+    /// after `LENT_GRACE` or the sandbox's end (a `docker run --rm` loop takes a shell every
+    /// few ms and gives none back). It stays counted against the cap while it exists.
+    pub fn keep(&self, shell: &PooledShell) {
+        let mut st = self.lock();
+        if let Some(l) = st.lent.get_mut(&shell.id) {
+            l.home = None;
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
     /// The run on `shell` is over and its shell is being checked for reuse: a run that finds
     /// the pool empty meanwhile waits for it rather than having one made.
     pub fn recycling(&self, shell: &mut PooledShell) {
