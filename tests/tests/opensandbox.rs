@@ -11,8 +11,9 @@
 //! interrupt, timeout, session, renew, pause/resume, kill), the async flow, list filters and
 //! pagination, 400s for what agentrun cannot serve, API-key and execd-token checks, TTL
 //! expiry, path escapes through the file API, 20 sandboxes at once, Python code contexts, and
-//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`, and the
-//! `networkPolicy` enforced by the egress proxy and changed live through `/policy`.
+//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`, the
+//! `networkPolicy` enforced by the egress proxy and changed live through `/policy`, and a
+//! sandbox with `networkPolicy` and `resourceLimits` served from the pool.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
