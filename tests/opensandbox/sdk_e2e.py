@@ -954,6 +954,40 @@ def egress():
         c.kill()
 
 
+def pooled_shapes():
+    """A sandbox with a networkPolicy and resourceLimits (issue 13): the Rust side checks that a
+    pooled shell served it (`sandbox.pool_hit`, `agentrun pool status`); here, that it works:
+    the policy allows the upstream and denies another host, the limits are in force and the
+    memory limit is enforced (the OOM killer ends a command over it: 137) without taking the
+    sandbox down."""
+    up, seen = upstream()
+    cfg = sync_config()
+    sbx = SandboxSync.create(
+        "host",
+        connection_config=cfg,
+        timeout=timedelta(minutes=10),
+        resource={"cpu": "500m", "memory": "96Mi"},
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="127.0.0.1")]),
+    )
+    print("SANDBOX", sbx.id, flush=True)
+    try:
+        got = fetch(sbx, f"http://{up}/pooled")
+        check(got == "status 200 upstream says /pooled", f"allowed host: {got!r}")
+        got = fetch(sbx, "http://other.example.org/x")
+        check(got.startswith("status 403") and "rule network.default" in got, f"another host: {got!r}")
+        check(seen == ["/pooled"], f"upstream saw {seen}")
+        check(sbx.commands.run(f"exec 3<>/dev/tcp/{up.replace(':', '/')}").exit_code != 0, "direct connect to the upstream")
+        check(cgroup_file(sbx.id, "memory.limit_in_bytes", "memory.max") == str(96 << 20), "memory limit")
+        m = sbx.get_metrics()
+        check(m.cpu_count == 0.5 and m.memory_total_in_mib == 96.0, f"metrics {m}")
+        ex = sbx.commands.run("python3 -c 'b = b\"x\" * (256 << 20); print(len(b))'")
+        check(ex.exit_code == 137 and not ex.text, f"over the memory limit: exit {ex.exit_code} {ex.text!r}")
+        check(sbx.commands.run("echo alive").text == "alive", "the sandbox after the OOM")
+        check(fetch(sbx, f"http://{up}/after").startswith("status 200"), "the proxy after the OOM")
+    finally:
+        sbx.kill()
+
+
 # --- Memory bounds of the daemon (issue 15, item 4) ------------------------------------------
 # The attacks below come from one sandbox or one client; the daemon must stay within a bound of
 # the memory it had when they began (OSB_DAEMON_PID: `agentrun serve`), and another sandbox must
@@ -1289,6 +1323,7 @@ def log_flood():
 
 SCENARIOS = {
     "egress": egress,
+    "pooled_shapes": pooled_shapes,
     "code": code,
     "traces": traces,
     "sync_flow": sync_flow,

@@ -295,7 +295,8 @@ fn containers_come_from_a_pool_of_their_image() {
     assert_eq!(out.success(), "/leak\n", "{out}");
     let out = d.docker(&["run", "--rm", "busybox", "ls", "/leak"]);
     assert_ne!(out.status.code(), Some(0), "{out}");
-    // A bind mount makes the container unusual: made on demand, still served.
+    // A bind mount: attached in the container's cell (see
+    // containers_with_binds_and_limits_take_a_pooled_shell).
     let dir = tempdir();
     let bind = format!("{}:/data", dir.path().display());
     let out = d.docker(&[
@@ -312,6 +313,91 @@ fn containers_come_from_a_pool_of_their_image() {
     assert_eq!(
         std::fs::read_to_string(dir.path().join("f")).unwrap(),
         "hi\n"
+    );
+}
+
+/// What CodeInterpreterTool-like callers send: a bind of the working directory and a memory
+/// limit. Such a container takes a shell of the busybox:container pool like any other (its
+/// bind is attached in its cell, its limit written to the shell's cgroup): `agentrun pool
+/// status` counts a hit for each; the bind is visible and writable, the limit is enforced (the
+/// OOM killer ends a container over it: 137), and each such shell goes with its container
+/// (`long_lived`), never back to the pool.
+#[test]
+fn containers_with_binds_and_limits_take_a_pooled_shell() {
+    let Some(_l) = setup() else { return };
+    let d = start_with(&["--pool", "busybox:container=2"]);
+    let ready = || {
+        let p = d.daemon.pool_status();
+        (p[0].ready == p[0].target).then_some(p)
+    };
+    let waited = Duration::from_secs(60);
+    let before = wait_until(waited, ready).expect("the busybox:container pool fills");
+    let discarded = |d: &DockerDaemon| -> u64 {
+        let out = d
+            .daemon
+            .agentrun(["pool", "status", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run()
+            .success();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["discarded"]["long_lived"].as_u64().unwrap_or(0)
+    };
+    let long_lived = discarded(&d);
+    let dir = tempdir();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(dir.path().join("in.txt"), "from the host\n").unwrap();
+    let bind = format!("{}:/data", dir.path().display());
+    let out = d.docker(&[
+        "run",
+        "--rm",
+        "-v",
+        &bind,
+        "-m",
+        "64m",
+        "busybox",
+        "sh",
+        "-c",
+        "cat /data/in.txt; echo from the container > /data/out.txt",
+    ]);
+    assert_eq!(out.success(), "from the host\n", "{out}");
+    assert_eq!(
+        fs::read_to_string(dir.path().join("out.txt")).unwrap(),
+        "from the container\n"
+    );
+    // Over the limit: the container's process (dd) fills a 128 MiB buffer from /dev/zero.
+    let mid = wait_until(waited, ready).expect("the pool refills");
+    let out = d.docker(&[
+        "run",
+        "--rm",
+        "-v",
+        &bind,
+        "-m",
+        "48m",
+        "busybox",
+        "sh",
+        "-c",
+        "echo before > /data/oom.txt; exec dd if=/dev/zero of=/dev/null bs=128M count=1",
+    ]);
+    assert_eq!(out.status.code(), Some(137), "OOM-killed\n{out}");
+    assert_eq!(
+        fs::read_to_string(dir.path().join("oom.txt")).unwrap(),
+        "before\n"
+    );
+    let after = d.daemon.pool_status();
+    assert_eq!(
+        (
+            after[0].hits - before[0].hits,
+            after[0].misses - before[0].misses
+        ),
+        (2, 0),
+        "both containers took a ready shell of the pool: {before:?} -> {mid:?} -> {after:?}\n{}",
+        d.daemon.log()
+    );
+    let gone = wait_until(waited, || (discarded(&d) >= long_lived + 2).then_some(()));
+    assert!(
+        gone.is_some(),
+        "each container's shell goes with it (long_lived)\n{}",
+        d.daemon.log()
     );
 }
 

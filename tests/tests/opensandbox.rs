@@ -11,8 +11,9 @@
 //! interrupt, timeout, session, renew, pause/resume, kill), the async flow, list filters and
 //! pagination, 400s for what agentrun cannot serve, API-key and execd-token checks, TTL
 //! expiry, path escapes through the file API, 20 sandboxes at once, Python code contexts, and
-//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`, and the
-//! `networkPolicy` enforced by the egress proxy and changed live through `/policy`.
+//! the `sandbox.create` / `sandbox.exec` spans under the caller's `traceparent`, the
+//! `networkPolicy` enforced by the egress proxy and changed live through `/policy`, and a
+//! sandbox with `networkPolicy` and `resourceLimits` served from the pool.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -458,6 +459,61 @@ fn network_policy_is_enforced_and_changed_live() {
 /// Runs a memory-bound scenario (issue 15, item 4) against a daemon started with `extra`;
 /// the scenario reads the daemon's RSS from `/proc/<pid>/status` (`OSB_DAEMON_PID`) and fails
 /// when it grows past its bound or when another sandbox stops answering.
+/// A sandbox with a `networkPolicy` and `resourceLimits` takes a ready shell of the pool kept
+/// for its image and profile (`sandbox.pool_hit=true` on its `sandbox.create` span, a hit in
+/// `agentrun pool status`), and still works (the scenario: the policy allows the upstream and
+/// denies another host, the memory limit is enforced); its shell goes with it (`long_lived`).
+#[test]
+fn network_policy_and_resource_limits_take_a_pooled_shell() {
+    let Some(_lock) = setup() else { return };
+    let rx = OtlpReceiver::grpc();
+    let env: Vec<(&str, String)> = rx.otel_env();
+    let (d, domain) = start(&env, &[]);
+    let full = || {
+        let p = d.default_pool();
+        (p.ready == p.target).then_some(p)
+    };
+    let before = wait_until(Duration::from_secs(60), full).expect("the pool fills");
+    let out = scenario(&d, &domain, "pooled_shapes", &[]);
+    let sid = printed(&out, "SANDBOX").to_string();
+    let after = d.default_pool();
+    assert_eq!(
+        (after.hits - before.hits, after.misses - before.misses),
+        (1, 0),
+        "the sandbox took a ready shell: {before:?} -> {after:?}\n{}",
+        d.log()
+    );
+    let spans = wait_until(Duration::from_secs(20), || {
+        let spans = rx.spans();
+        spans
+            .iter()
+            .any(|s| s.name == "sandbox.create" && s.attr("sandbox.id") == sid)
+            .then_some(spans)
+    })
+    .unwrap_or_else(|| panic!("no sandbox.create span of {sid}: {:#?}", rx.spans()));
+    let create = spans
+        .iter()
+        .find(|s| s.name == "sandbox.create" && s.attr("sandbox.id") == sid)
+        .unwrap();
+    assert_eq!(
+        create.typed_attr("sandbox.pool_hit", "bool"),
+        "true",
+        "{create:#?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(
+        &d.agentrun(["pool", "status", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run()
+            .success(),
+    )
+    .unwrap();
+    assert!(
+        v["discarded"]["long_lived"].as_u64().unwrap_or(0) >= 1,
+        "its shell went with it: {v}"
+    );
+    stop_clean(d);
+}
+
 fn run_memory_scenario(name: &str, extra: &[&str], env: &[(&str, String)]) {
     let Some(_lock) = setup() else { return };
     let (d, domain) = start(&[], extra);

@@ -276,7 +276,6 @@ impl Plan {
                         .network
                         .needs_proxy()
                         .then_some(agentrun_egress::SANDBOX_PROXY_PORT),
-                    dedicated: false,
                 },
                 args: args.command,
                 env,

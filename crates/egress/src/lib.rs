@@ -148,6 +148,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, EgressError> {
 /// A running proxy. [`Proxy::stop`] (or dropping it) stops accepting connections.
 pub struct Proxy {
     path: PathBuf,
+    /// The socket file's (device, inode) when it was ours: a later proxy may bind the same
+    /// path (the next run on a reused shell), and that one's file is not ours to remove.
+    file: Option<(u64, u64)>,
+    /// A duplicate of the listener, shut down to wake the accept loop (connecting to `path`
+    /// could reach a later proxy bound there instead).
+    waker: Option<UnixStream>,
     stopping: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
@@ -215,6 +221,16 @@ impl ProxyBuilder {
             open: Mutex::default(),
         });
         let shared2 = shared.clone();
+        let file = std::fs::metadata(path).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        // A socket fd the std types can shut down (`shutdown(2)` on a listening socket
+        // makes a blocked `accept` fail at once).
+        let waker = listener
+            .try_clone()
+            .ok()
+            .map(|l| UnixStream::from(std::os::fd::OwnedFd::from(l)));
         let accept = std::thread::Builder::new()
             .name("egress-accept".into())
             .spawn(move || {
@@ -249,6 +265,8 @@ impl ProxyBuilder {
             .ok();
         Proxy {
             path: path.to_owned(),
+            file,
+            waker,
             stopping,
             accept,
             shared,
@@ -345,15 +363,25 @@ impl Proxy {
 
     fn shutdown(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop. If the socket is gone already (its directory was removed),
+        // Wake the accept loop through the listener itself. Without a duplicate of it,
         // nothing can wake it: leave the thread rather than block forever.
-        let woken = UnixStream::connect(&self.path).is_ok();
+        let woken = self
+            .waker
+            .take()
+            .is_some_and(|w| w.shutdown(Shutdown::Both).is_ok());
         if let Some(h) = self.accept.take() {
             if woken {
                 let _ = h.join();
             }
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Our socket file only: another proxy may have been bound at the path since.
+        let now = std::fs::metadata(&self.path).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        if now.is_some() && now == self.file {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -656,6 +684,34 @@ mod tests {
         let mut out = String::new();
         let _ = c.read_to_string(&mut out);
         out
+    }
+
+    /// A shell's proxy socket path serves one run after another: a proxy stopped after the
+    /// next one was bound at its path (a slow client of the previous run) leaves the next
+    /// one's socket file and listener alone, and makes no connection to it.
+    #[test]
+    fn a_stopped_proxy_leaves_a_later_one_at_its_path_alone() {
+        let table = || TableResolver(Vec::new());
+        let (first, path, seen1) = proxy_with("reuse", NetworkPolicy::default(), table());
+        let seen2: Seen = Arc::default();
+        let s2 = seen2.clone();
+        let sink: DecisionSink = Arc::new(move |a, d| {
+            s2.lock()
+                .unwrap()
+                .push(format!("{} {}", d.verdict(), a.resource()));
+            true
+        });
+        let second = Proxy::builder(NetworkPolicy::default(), sink)
+            .resolver(Arc::new(table()))
+            .start(bind(&path).unwrap(), &path);
+        first.stop();
+        assert!(path.exists(), "the later proxy's socket file was removed");
+        let r = ask(&path, "CONNECT denied.test:443 HTTP/1.1\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 403 Forbidden"), "{r}");
+        assert_eq!(*seen2.lock().unwrap(), ["deny denied.test:443"]);
+        assert!(seen1.lock().unwrap().is_empty());
+        second.stop();
+        assert!(!path.exists(), "a proxy removes its own socket file");
     }
 
     /// Names are resolved by the proxy and every address is checked: a wildcard never

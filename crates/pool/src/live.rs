@@ -1,12 +1,15 @@
 //! Long-lived sandboxes: the core the OpenSandbox API (and the Docker Engine API) is built on.
 //!
 //! A long-lived sandbox is one shell with one long-lived cell: a [`LiveManager`] takes a shell
-//! from the warm pool (or has one made on demand when no pool keeps its image and profile, or
-//! the sandbox has mounts or a network policy: those still get a shell of their own), makes
-//! a long-lived cell in it whose PID 1 speaks the persistent dialect on the cell's channel
-//! (see [`agentrun_runtime::control`]), and keeps it until [`LiveManager::delete`], which
-//! kills the cell and destroys the shell (a long-lived sandbox's id is its shell's: a reused
-//! shell would show the same id twice):
+//! from the warm pool kept for its image and profile (or has one made on demand when no pool
+//! keeps them), whatever else the sandbox asks for: its limits are written to the shell's
+//! cgroup, its mounts (Docker binds) are made on the host and attached in its cell, and a
+//! network policy is the cell's egress relay to the proxy the caller serves on the shell's
+//! egress socket, as for a run. It then makes a long-lived cell in the shell whose PID 1
+//! speaks the persistent dialect on the cell's channel (see [`agentrun_runtime::control`]),
+//! and keeps it until [`LiveManager::delete`], which kills the cell and destroys the shell
+//! (discard reason `long_lived`: a long-lived sandbox's id is its shell's, and a reused shell
+//! would show the same id twice):
 //!
 //! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
 //!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:
@@ -61,14 +64,13 @@ pub struct LiveSpec {
     /// Environment of every process, over the profile's defaults and the image's `Env`.
     pub env: Vec<(String, String)>,
     /// Host directories mounted in (live binds: Docker's `HostConfig.Binds`), made on the host
-    /// and attached in the cell like a run's. A sandbox with mounts gets a shell of its own
-    /// for now (see [`SandboxRecipe::dedicated`]).
+    /// and attached in the cell like a run's (a pooled shell serves it).
     pub mounts: Vec<agentrun_runtime::rootfs::UserMount>,
     /// Task limit (`None`: the profile's).
     pub pids: Option<u32>,
     /// Relay this loopback port inside the sandbox to an egress proxy the caller serves at
-    /// [`LiveSandbox::egress_socket`] (a network policy). Such a sandbox gets a shell of its
-    /// own for now.
+    /// [`LiveSandbox::egress_socket`] (a network policy). Every shell has that socket's
+    /// directory, so a pooled shell serves it.
     pub egress_port: Option<u16>,
 }
 
@@ -478,20 +480,21 @@ impl LiveManager {
     }
 
     /// A new long-lived sandbox: a shell from the pool kept for its image and profile if
-    /// there is one ready, else made now, with a long-lived cell in it. Blocks while it is
-    /// made.
+    /// there is one ready (whatever its limits, mounts and egress port), else made now, with
+    /// a long-lived cell in it. Blocks while it is made.
     pub fn create(&self, spec: &LiveSpec) -> Result<Arc<LiveSandbox>, PoolError> {
         let mut recipe = SandboxRecipe {
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             mounts: spec.mounts.clone(),
             egress_port: spec.egress_port,
-            dedicated: !spec.mounts.is_empty() || spec.egress_port.is_some(),
             ..SandboxRecipe::default()
         };
         recipe.overrides.pids = spec.pids;
         let profile = recipe.profile()?;
         let (mut shell, hit) = self.pool.acquire(&recipe)?;
+        // It goes with the sandbox (see `release`): its pool may replace it already.
+        self.pool.keep(&shell);
         let mut limits = RunLimits::of(&profile);
         limits.cpus = spec.cpus.unwrap_or(limits.cpus);
         limits.memory_bytes = spec.memory_bytes.unwrap_or(limits.memory_bytes);

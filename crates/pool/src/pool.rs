@@ -176,9 +176,6 @@ impl State {
 
     /// The kept pool a recipe can be served from.
     fn pool_for(&self, recipe: &SandboxRecipe) -> Option<usize> {
-        if recipe.dedicated {
-            return None;
-        }
         self.pools
             .iter()
             .position(|p| p.spec.image == recipe.image && p.spec.profile == recipe.profile)
@@ -408,6 +405,19 @@ impl Pool {
     /// (or over), so the pool may replace it now.
     pub fn refill(&self) {
         self.lock().refill_holdoff = None;
+        self.changed.notify_all();
+    }
+
+    /// `shell` will not come back to its pool (a long-lived sandbox keeps it, and it is
+    /// discarded with the sandbox): its pool is refilled now, as if it were gone, rather than
+    /// after `LENT_GRACE` or the sandbox's end (a `docker run --rm` loop takes a shell every
+    /// few ms and gives none back). It stays counted against the cap while it exists.
+    pub fn keep(&self, shell: &PooledShell) {
+        let mut st = self.lock();
+        if let Some(l) = st.lent.get_mut(&shell.id) {
+            l.home = None;
+        }
+        drop(st);
         self.changed.notify_all();
     }
 

@@ -2,8 +2,10 @@
 //!
 //! A recipe's image and profile make the shell ([`SandboxRecipe::to_config`]: the CLI's cold
 //! path and the factory processes build shells the same way); everything else in it (resource
-//! overrides, workspace, mounts, allowed hosts) is the run's, applied to its cell and to the
-//! shell's cgroup for the run, so any run of an image and profile can take a pooled shell.
+//! overrides, workspace, mounts, allowed hosts, egress port) is the run's, applied to its cell
+//! and to the shell's cgroup for the run, so any run of an image and profile, and any
+//! long-lived sandbox (Docker binds and limits, an OpenSandbox `networkPolicy`), can take a
+//! pooled shell.
 
 use std::path::PathBuf;
 
@@ -35,10 +37,6 @@ pub struct SandboxRecipe {
     /// (long-lived sandboxes with a network policy; CLI runs follow their profile).
     #[serde(default)]
     pub egress_port: Option<u16>,
-    /// Take a shell of its own, never a pooled one (and discard it after): long-lived
-    /// sandboxes with mounts or a network policy, for now.
-    #[serde(default)]
-    pub dedicated: bool,
 }
 
 impl Default for SandboxRecipe {
@@ -51,7 +49,6 @@ impl Default for SandboxRecipe {
             mounts: Vec::new(),
             allow_hosts: Vec::new(),
             egress_port: None,
-            dedicated: false,
         }
     }
 }
