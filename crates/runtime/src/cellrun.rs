@@ -241,8 +241,10 @@ impl CellRun {
                 let pidfd = fds
                     .pop()
                     .ok_or_else(|| CellError::NotMade("no pidfd with the cell".into()))?;
-                let pid = pidfd_pid(pidfd.as_fd())
-                    .ok_or_else(|| CellError::NotMade("the cell is gone already".into()))?;
+                let Some(pid) = pidfd_pid(pidfd.as_fd()) else {
+                    // It failed at once (a setup error): its report on its channel says why.
+                    return Err(CellError::NotMade(early_failure(host_end.as_fd())));
+                };
                 Ok(CellRun {
                     cell,
                     pid,
@@ -300,6 +302,27 @@ impl CellRun {
         self.signal(libc::SIGKILL);
     }
 }
+
+/// Why a cell that is gone before it was seen running failed: the error its PID 1 reported on
+/// its channel (without the "cannot make the cell: " it starts with), if it did.
+fn early_failure(channel: BorrowedFd<'_>) -> String {
+    let report = control::wait_readable(channel, Some(EARLY_REPORT_WAIT))
+        .ok()
+        .filter(|readable| *readable)
+        .and_then(|_| control::recv_json::<InitResult>(channel).ok().flatten())
+        .and_then(|(r, _)| r.error);
+    match report {
+        Some(e) => e
+            .strip_prefix("cannot make the cell: ")
+            .map(str::to_owned)
+            .unwrap_or(e),
+        None => "the cell is gone already".into(),
+    }
+}
+
+/// How long [`early_failure`] waits for the report of a cell already gone (it is written
+/// before the cell's PID 1 exits: normally there at once).
+const EARLY_REPORT_WAIT: Duration = Duration::from_millis(200);
 
 /// Sends `signal` through a pidfd.
 pub fn pidfd_signal(pidfd: BorrowedFd<'_>, signal: i32) {
@@ -362,6 +385,23 @@ pub fn await_end(
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    #[test]
+    fn a_cell_gone_at_once_is_explained_by_its_report() {
+        let (host, cell) = control::seqpacket_pair().unwrap();
+        let report = InitResult {
+            exit_code: 125,
+            error: Some("cannot make the cell: landlock: /tmp is a symlink".into()),
+            ..Default::default()
+        };
+        control::send_json(cell.as_fd(), &report, &[]).unwrap();
+        drop(cell);
+        assert_eq!(early_failure(host.as_fd()), "landlock: /tmp is a symlink");
+        // No report at all (killed before it could write one).
+        let (host, cell) = control::seqpacket_pair().unwrap();
+        drop(cell);
+        assert_eq!(early_failure(host.as_fd()), "the cell is gone already");
+    }
 
     #[test]
     fn workspace_comes_first_and_rules_cover_mounts() {
