@@ -738,6 +738,10 @@ pub async fn expiry_loop(server: Arc<Server>) {
             .map(|r| r.id.clone())
             .collect();
         for id in due {
+            // Ended by its timeout: its shell is not reused (as a run's after a timeout).
+            if let Ok(rec) = server.record(&id) {
+                rec.sandbox.taint("timeout");
+            }
             if let Err(e) = delete_sandbox(&server, &id).await {
                 eprintln!("agentrun: expiring sandbox {id}: {}", e.message);
             }
