@@ -7,9 +7,15 @@
 //! network policy is the cell's egress relay to the proxy the caller serves on the shell's
 //! egress socket, as for a run. It then makes a long-lived cell in the shell whose PID 1
 //! speaks the persistent dialect on the cell's channel (see [`agentrun_runtime::control`]),
-//! and keeps it until [`LiveManager::delete`], which kills the cell and destroys the shell
-//! (discard reason `long_lived`: a long-lived sandbox's id is its shell's, and a reused shell
-//! would show the same id twice):
+//! and keeps it until [`LiveManager::delete`], which kills the cell and gives the shell back
+//! to its pool with the verdict a run's shell gets (the cell's end awaited, nothing left in
+//! the shell's cgroup, nothing of the shell changed, no OOM kill; the pool's max runs and
+//! age), unless anything the sandbox did outlives its cell ([`LiveSandbox::taint`]: it was
+//! paused, expired, had sockets made in its network namespace, or its egress proxy still
+//! listens): then the shell is discarded. A sandbox has an id of its own
+//! ([`LiveSandbox::id`], random, the form of a shell's), apart from its shell's
+//! ([`LiveSandbox::shell_id`]: the cgroup, state dir and egress socket it uses), so a shell
+//! serving one sandbox after another never shows an id twice:
 //!
 //! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
 //!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:

@@ -723,7 +723,8 @@ pub struct PoolStatus {
     /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
     /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
     /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
-    /// `unpooled`, `long_lived` (a long-lived sandbox's shell goes with it), `shutdown`.
+    /// `unpooled`, `shutdown`; after a long-lived sandbox also `paused`, `ports`,
+    /// `netns_sockets`, `egress_bound`, `limits_unknown` (see [`crate::live`]).
     #[serde(default)]
     pub discarded: BTreeMap<String, u64>,
     #[serde(default)]
