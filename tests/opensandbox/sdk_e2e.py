@@ -1375,9 +1375,12 @@ def reuse():
     cfg = sync_config()
     a = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
     try:
-        a.commands.run("echo one > /left; echo one > /tmp/left; sleep 7331003", opts=RunCommandOpts(background=True))
+        # (The default profile lets commands write /tmp but not /: the file API writes both.)
+        a.files.write_file("/left", "one")
+        a.commands.run("echo one > /tmp/left2; sleep 7331003", opts=RunCommandOpts(background=True))
+        a.files.write_file("/tmp/left", "one")
         deadline = time.monotonic() + 10
-        while a.commands.run("test -e /left && test -e /tmp/left && echo there").text != "there":
+        while a.commands.run("test -e /left && test -e /tmp/left && test -e /tmp/left2 && echo there").text != "there":
             check(time.monotonic() < deadline, "the first sandbox's files were not written")
             time.sleep(0.05)
         shell = shell_of(a.id)
@@ -1390,9 +1393,9 @@ def reuse():
     try:
         check(b.id != a.id, f"the second sandbox has the first's id {a.id}")
         check(shell_of(b.id) == shell, f"the second sandbox is not in shell {shell}: {ps()}")
-        r = b.commands.run("test -e /left || test -e /tmp/left || echo clean")
+        r = b.commands.run("test -e /left || test -e /tmp/left || test -e /tmp/left2 || echo clean")
         check(r.text == "clean", f"the first sandbox's files are there: {r.text!r}")
-        r = b.commands.run("ls -a / /tmp | grep -cx left")
+        r = b.commands.run("ls -a / /tmp | grep -cx 'left2*'")
         check(r.text == "0", f"the first sandbox's files are listed: {r.text!r}")
         r = b.commands.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
         check("cat" in r.text, f"no process list: {r.text!r}")

@@ -308,15 +308,20 @@ fn the_next_sandbox_reuses_the_shell_and_sees_nothing(live: &LiveManager) {
     let first = live.create(&spec()).unwrap();
     let a = start(
         &first,
-        &[
-            "/bin/sh",
-            "-c",
-            "echo one > /tmp/left; echo one > /left; sleep 7331002 &",
-        ],
+        &["/bin/sh", "-c", "echo one > /tmp/left; sleep 7331002 &"],
         &[],
     )
     .unwrap();
     assert_eq!(a.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    // (The default profile lets processes write /tmp, not /: the e2e scenario `reuse` in
+    // tests/opensandbox writes / too, through the file API.)
+    let c = start(
+        &first,
+        &["/bin/sh", "-c", "test -e /tmp/left && echo there"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "there\n");
     first.set_limits(Some(0.5), Some(200 << 20)).unwrap();
     assert_eq!(memory_limit(first.shell_id()), 200 << 20);
     let (id, shell) = (first.id().to_owned(), first.shell_id().to_owned());
