@@ -411,6 +411,8 @@ async fn create(
             span.set_attribute("sandbox.id", rec.id.as_str());
             span.set_attribute("container.id", rec.id.as_str());
             span.set_attribute("sandbox.pool_hit", rec.sandbox.pool_hit());
+            // The shell it runs in (its cgroup's name; a shell serves sandbox after sandbox).
+            span.set_attribute("sandbox.shell_id", rec.sandbox.shell_id());
         }
         Err(e) => span.set_error(e.code, &e.message),
     }
