@@ -51,7 +51,7 @@ for _ in $(seq 600); do
 done
 table=$("$venv/bin/python" "$repo/hack/bench.d/osb_latency.py" "127.0.0.1:$port" "$runs")
 echo "$table" >"$tmp/table.md"
-pool=$("$tmp/agentrun" pool status --json | python3 -c 'import json,sys; p=json.load(sys.stdin)["pools"][0]; print(p["hits"], "pool hits,", p["misses"], "misses")')
+pool=$("$tmp/agentrun" pool status --json | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["pools"][0]; print(p["hits"], "pool hits,", p["misses"], "misses; shells discarded:", s.get("discarded") or "none")')
 stop
 left=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*/agentrun/*' 2>/dev/null | while read -r d; do [ -e "$tmp/state/sandboxes/$(basename "$d")" ] && echo "$d"; done || true)
 left+=$(ls -A "$tmp/state/sandboxes" 2>/dev/null || true)

@@ -3,7 +3,9 @@
 
     python sdk_e2e.py SCENARIO
 
-Environment: OSB_DOMAIN (host:port of agentrun's API), OSB_API_KEY (optional), and for the
+Environment: OSB_DOMAIN (host:port of agentrun's API), OSB_API_KEY (optional), OSB_AGENTRUN
+(the agentrun binary, with AGENTRUN_STATE_DIR naming the daemon's state: `agentrun ps --json`
+maps a sandbox's id to the shell it runs in, whose cgroup holds its processes), and for the
 escape scenario OSB_HOST_SECRET (a host file the sandbox must never reach) and OSB_HOST_PROBE
 (a host path that must never be created). Prints "OK SCENARIO" at the end; any failed check
 raises (non-zero exit, traceback).
@@ -15,6 +17,7 @@ import json
 import os
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -58,11 +61,59 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def ps():
+    """`agentrun ps --json`: one entry a shell (`id`), with the long-lived sandbox it serves
+    (`sandbox`), if any."""
+    agentrun = os.environ.get("OSB_AGENTRUN")
+    check(agentrun, "OSB_AGENTRUN is not set")
+    out = subprocess.run([agentrun, "ps", "--json"], capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, f"agentrun ps --json: {out.returncode} {out.stderr}")
+    return json.loads(out.stdout)
+
+
+def shell_of(sid):
+    """The shell a sandbox runs in (the name of its cgroup): a sandbox's id is its own."""
+    entries = ps()
+    for e in entries:
+        if e.get("sandbox") == sid:
+            return e["id"]
+    raise AssertionError(f"no shell serves sandbox {sid}: {entries}")
+
+
+def cgroup_procs(shell):
+    """The processes in a shell's cgroup; None once the cgroup is gone."""
+    for p in ("/sys/fs/cgroup/pids/agentrun", "/sys/fs/cgroup/agentrun"):
+        f = f"{p}/{shell}/cgroup.procs"
+        if os.path.exists(f):
+            try:
+                return [int(x) for x in open(f).read().split()]
+            except FileNotFoundError:
+                return None
+    return None
+
+
+def wait_shell_released(shell, secs=10):
+    """Waits until the shell of a sandbox that ended is either gone (discarded, its cgroup
+    removed) or back in its pool with nothing of the sandbox left: listed as ready, serving
+    no sandbox, its cgroup holding its init alone. Returns "gone" or "reused"."""
+    deadline = time.monotonic() + secs
+    while True:
+        procs = cgroup_procs(shell)
+        if procs is None:
+            return "gone"
+        entry = next((e for e in ps() if e["id"] == shell), None)
+        if entry and entry["state"] == "ready" and entry.get("sandbox") is None and procs == [entry["pid"]]:
+            return "reused"
+        check(time.monotonic() < deadline, f"shell {shell} neither gone nor idle: {entry} procs {procs}")
+        time.sleep(0.05)
+
+
 def cgroup_file(sid, v1, v2):
-    for p in (f"/sys/fs/cgroup/memory/agentrun/{sid}/{v1}", f"/sys/fs/cgroup/agentrun/{sid}/{v2}"):
+    shell = shell_of(sid)
+    for p in (f"/sys/fs/cgroup/memory/agentrun/{shell}/{v1}", f"/sys/fs/cgroup/agentrun/{shell}/{v2}"):
         if os.path.exists(p):
             return open(p).read().strip()
-    raise AssertionError(f"no memory cgroup file for {sid}")
+    raise AssertionError(f"no memory cgroup file for {sid} (shell {shell})")
 
 
 def expect_api_error(fn, status, code=None):
@@ -241,12 +292,7 @@ def subprocess_count(sid):
 
 
 def init_pid(sid):
-    procs = None
-    for p in ("/sys/fs/cgroup/pids/agentrun", "/sys/fs/cgroup/agentrun"):
-        f = f"{p}/{sid}/cgroup.procs"
-        if os.path.exists(f):
-            procs = [int(x) for x in open(f).read().split()]
-            break
+    procs = cgroup_procs(shell_of(sid))
     check(procs, f"no cgroup for {sid}")
     # The sandbox's processes see the root of its cell, whose PID 1 is the child of the
     # shell's init (the process whose parent is outside the sandbox).
@@ -408,10 +454,12 @@ def expiry():
     info = sbx.get_info()
     check((info.expires_at - info.created_at).total_seconds() == 60, f"expiresAt {info}")
     sid = sbx.id
+    shell = shell_of(sid)
     sbx.renew(timedelta(seconds=2))
     time.sleep(4)
     expect_api_error(lambda: SandboxManagerSync.create(connection_config=cfg).get_sandbox_info(sid), 404)
-    check(not os.path.exists(f"/sys/fs/cgroup/pids/agentrun/{sid}") and not os.path.exists(f"/sys/fs/cgroup/agentrun/{sid}"), "cgroup still there")
+    # Ended by its timeout: its shell is discarded, never reused (as a run's after a timeout).
+    check(wait_shell_released(shell) == "gone", "the expired sandbox's shell is still there")
     try:
         sbx.commands.run("echo too late")
         raise AssertionError("an expired sandbox must not run commands")
@@ -445,6 +493,7 @@ def entrypoint_exit():
         r = httpx.post(f"{BASE}/sandboxes", json=dict(body, entrypoint=ep), headers=lifecycle_headers())
         check(r.status_code == 202, f"create {r.status_code} {r.text}")
         ids[name] = r.json()["id"]
+    shells = {name: shell_of(sid) for name, sid in ids.items()}
     failed = wait_state(mgr, ids["fail"], {"Failed"})
     check(failed.status.reason == "ENTRYPOINT_FAILED" and "code 3" in (failed.status.message or ""), f"failed status {failed.status}")
     done = wait_state(mgr, ids["ok"], {"Terminated"})
@@ -453,11 +502,9 @@ def entrypoint_exit():
     listed = {s.id: s.status.state for s in mgr.list_sandbox_infos(SandboxFilter()).sandbox_infos}
     check(listed.get(ids["fail"]) == "Failed" and listed.get(ids["ok"]) == "Terminated", f"list {listed}")
     sid = ids["fail"]
-    # Every process is gone (the background sleep too): the sandbox's cgroup is removed.
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/sys/fs/cgroup/pids/agentrun/{sid}") or os.path.exists(f"/sys/fs/cgroup/agentrun/{sid}"):
-        check(time.monotonic() < deadline, "the ended sandbox's cgroup is still there")
-        time.sleep(0.05)
+    # Every process is gone (the background sleep too): its shell is gone, or back in the
+    # pool with its init alone in its cgroup.
+    wait_shell_released(shells["fail"])
     ep = httpx.get(f"{BASE}/sandboxes/{sid}/endpoints/44772", headers=lifecycle_headers()).json()
     execd = f"http://{ep['endpoint']}"
     r = httpx.post(f"{execd}/command", json={"command": "echo hi"}, headers=ep["headers"])
@@ -1321,7 +1368,47 @@ def log_flood():
         a.kill()
         b.kill()
 
+def reuse():
+    """Two sandboxes one after the other on a pool of one shell: each has an id of its own,
+    both run in the same shell (pool hits), and the second sees nothing of the first (its
+    files in / and /tmp, its processes)."""
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    try:
+        # (The default profile lets commands write /tmp but not /: the file API writes both.)
+        a.files.write_file("/left", "one")
+        a.commands.run("echo one > /tmp/left2; sleep 7331003", opts=RunCommandOpts(background=True))
+        a.files.write_file("/tmp/left", "one")
+        deadline = time.monotonic() + 10
+        while a.commands.run("test -e /left && test -e /tmp/left && test -e /tmp/left2 && echo there").text != "there":
+            check(time.monotonic() < deadline, "the first sandbox's files were not written")
+            time.sleep(0.05)
+        shell = shell_of(a.id)
+        check(a.id != shell, f"sandbox id {a.id} is its shell's")
+    finally:
+        a.kill()
+        a.close()
+    check(wait_shell_released(shell) == "reused", f"shell {shell} was not given back to its pool")
+    b = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    try:
+        check(b.id != a.id, f"the second sandbox has the first's id {a.id}")
+        check(shell_of(b.id) == shell, f"the second sandbox is not in shell {shell}: {ps()}")
+        r = b.commands.run("test -e /left || test -e /tmp/left || test -e /tmp/left2 || echo clean")
+        check(r.text == "clean", f"the first sandbox's files are there: {r.text!r}")
+        r = b.commands.run("ls -a / /tmp | grep -cx 'left2*'")
+        check(r.text == "0", f"the first sandbox's files are listed: {r.text!r}")
+        r = b.commands.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        check("cat" in r.text, f"no process list: {r.text!r}")
+        check("sleep 7331003" not in r.text, f"the first sandbox's process is there: {r.text!r}")
+    finally:
+        b.kill()
+        b.close()
+    print("SHELL", shell, flush=True)
+    print("IDS", a.id, b.id, flush=True)
+
+
 SCENARIOS = {
+    "reuse": reuse,
     "egress": egress,
     "pooled_shapes": pooled_shapes,
     "code": code,

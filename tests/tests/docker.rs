@@ -320,8 +320,8 @@ fn containers_come_from_a_pool_of_their_image() {
 /// limit. Such a container takes a shell of the busybox:container pool like any other (its
 /// bind is attached in its cell, its limit written to the shell's cgroup): `agentrun pool
 /// status` counts a hit for each; the bind is visible and writable, the limit is enforced (the
-/// OOM killer ends a container over it: 137), and each such shell goes with its container
-/// (`long_lived`), never back to the pool.
+/// OOM killer ends a container over it: 137); the shell of the container that was OOM-killed
+/// is discarded (`oom`), never back to the pool.
 #[test]
 fn containers_with_binds_and_limits_take_a_pooled_shell() {
     let Some(_l) = setup() else { return };
@@ -340,9 +340,9 @@ fn containers_with_binds_and_limits_take_a_pooled_shell() {
             .run()
             .success();
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["discarded"]["long_lived"].as_u64().unwrap_or(0)
+        v["discarded"]["oom"].as_u64().unwrap_or(0)
     };
-    let long_lived = discarded(&d);
+    let oom = discarded(&d);
     let dir = tempdir();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
     fs::write(dir.path().join("in.txt"), "from the host\n").unwrap();
@@ -393,10 +393,10 @@ fn containers_with_binds_and_limits_take_a_pooled_shell() {
         "both containers took a ready shell of the pool: {before:?} -> {mid:?} -> {after:?}\n{}",
         d.daemon.log()
     );
-    let gone = wait_until(waited, || (discarded(&d) >= long_lived + 2).then_some(()));
+    let gone = wait_until(waited, || (discarded(&d) > oom).then_some(()));
     assert!(
         gone.is_some(),
-        "each container's shell goes with it (long_lived)\n{}",
+        "the OOM-killed container's shell is discarded (oom)\n{}",
         d.daemon.log()
     );
 }
@@ -647,7 +647,29 @@ print(stat["name"], stat["size"])
     d.docker(&["rm", "-f", "cp1"]).success();
 }
 
-/// The sandbox a host process runs in (from its `agentrun/<id>` cgroup).
+/// Whether shell `shell` is done with a removed container: gone (no cgroup, state dir or
+/// mount left), or back in its pool with nothing of the container in it (`agentrun ps` lists
+/// it ready and serving no sandbox, its cgroups hold its init alone).
+fn shell_released(d: &DockerDaemon, shell: &str) -> bool {
+    let state = d.daemon.state().join("sandboxes").join(shell);
+    let cgroups = sandbox_cgroups(shell);
+    if cgroups.is_empty() && !state.exists() && mounts_under(&state).is_empty() {
+        return true;
+    }
+    let ps = d.daemon.ps();
+    let Some(e) = ps.iter().find(|e| e.id == shell) else {
+        return false;
+    };
+    e.state == "ready"
+        && e.raw["sandbox"].is_null()
+        && cgroups.iter().all(|cg| {
+            fs::read_to_string(cg.join("cgroup.procs"))
+                .map(|p| p.split_whitespace().all(|pid| pid == e.pid.to_string()))
+                .unwrap_or(true)
+        })
+}
+
+/// The shell a host process runs in (from its `agentrun/<id>` cgroup).
 fn sandbox_of(pid: i32) -> String {
     let cg = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     cg.lines()
@@ -825,23 +847,22 @@ print(c.put_archive("/esc/tmp", buf.getvalue()))
     let out = d.docker(&["exec", "keep", "cat", "/runs.txt"]);
     assert_eq!(out.success(), "run\nrun\nrun\n", "{out}");
 
-    // rm takes everything: processes, mounts, cgroups, state.
+    // rm takes everything of the container: its processes, and its shell's cgroups, state and
+    // mounts, or the shell is back in its pool with nothing of the container left.
     d.docker(&["rm", "-f", "keep"]).success();
     let state = d.daemon.state().join("sandboxes").join(&sandbox);
     let gone = wait_until(Duration::from_secs(10), || {
-        (!Path::new(&format!("/proc/{init}")).exists()
-            && sandbox_cgroups(&sandbox).is_empty()
-            && !state.exists()
-            && mounts_under(&state).is_empty())
-        .then_some(())
+        (!Path::new(&format!("/proc/{init}")).exists() && shell_released(&d, &sandbox))
+            .then_some(())
     });
     assert!(
         gone.is_some(),
-        "left after rm: init alive {}, cgroups {:?}, state dir {}, mounts {:?}",
+        "left after rm: init alive {}, cgroups {:?}, state dir {}, mounts {:?}, ps {:#?}",
         Path::new(&format!("/proc/{init}")).exists(),
         sandbox_cgroups(&sandbox),
         state.exists(),
-        mounts_under(&state)
+        mounts_under(&state),
+        d.daemon.ps()
     );
 
     // An AutoRemove container survives its restart (autogen restarts them), and goes at stop.

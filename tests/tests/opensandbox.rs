@@ -46,12 +46,17 @@ fn free_port() -> u16 {
 
 /// A daemon serving the OpenSandbox API on a fresh loopback port.
 fn start(env: &[(&str, String)], extra: &[&str]) -> (Daemon, String) {
+    start_with_pool("2", env, extra)
+}
+
+/// [`start`] with a pool of `size` shells.
+fn start_with_pool(size: &str, env: &[(&str, String)], extra: &[&str]) -> (Daemon, String) {
     let mut d = Daemon::unstarted();
     for (k, v) in env {
         d.set_env(k, v);
     }
     let domain = format!("127.0.0.1:{}", free_port());
-    let mut args = vec!["--pool-size", "2", "--listen", domain.as_str()];
+    let mut args = vec!["--pool-size", size, "--listen", domain.as_str()];
     args.extend_from_slice(extra);
     d.launch(args);
     (d, domain)
@@ -64,6 +69,9 @@ fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) -> Str
     cmd.arg(workspace_root().join("tests/opensandbox/sdk_e2e.py"))
         .arg(name)
         .env("OSB_DOMAIN", domain)
+        // `agentrun ps --json` of this daemon: which shell serves which sandbox.
+        .env("OSB_AGENTRUN", agentrun_bin())
+        .env("AGENTRUN_STATE_DIR", d.state())
         .env("OPENSANDBOX_DISABLE_METRICS", "1")
         .env_remove("OPEN_SANDBOX_API_KEY")
         .env_remove("OPEN_SANDBOX_DOMAIN");
@@ -462,7 +470,58 @@ fn network_policy_is_enforced_and_changed_live() {
 /// A sandbox with a `networkPolicy` and `resourceLimits` takes a ready shell of the pool kept
 /// for its image and profile (`sandbox.pool_hit=true` on its `sandbox.create` span, a hit in
 /// `agentrun pool status`), and still works (the scenario: the policy allows the upstream and
-/// denies another host, the memory limit is enforced); its shell goes with it (`long_lived`).
+/// denies another host, the memory limit is enforced); its shell, where a command was
+/// OOM-killed, is discarded (`oom`), never reused.
+/// Two sandboxes one after the other with a pool of one shell: each has an id of its own, the
+/// second runs in the first one's shell (given back to the pool when the first was killed: two
+/// pool hits, no shell made on demand, none discarded), and sees nothing of the first (its
+/// files in `/` and `/tmp`, its processes).
+#[test]
+fn consecutive_sandboxes_reuse_one_shell_and_see_nothing_of_each_other() {
+    let Some(_lock) = setup() else { return };
+    let (d, domain) = start_with_pool("1", &[], &[]);
+    let full = || {
+        let p = d.default_pool();
+        (p.ready == p.target).then_some(p)
+    };
+    let before = wait_until(Duration::from_secs(60), full).expect("the pool fills");
+    let out = scenario(&d, &domain, "reuse", &[]);
+    let shell = printed(&out, "SHELL").to_string();
+    let ids = printed(&out, "IDS").to_string();
+    let after = d.default_pool();
+    assert_eq!(
+        (after.hits - before.hits, after.misses - before.misses),
+        (2, 0),
+        "both sandboxes took a ready shell: {before:?} -> {after:?}\n{}",
+        d.log()
+    );
+    for id in ids.split(' ') {
+        assert_ne!(id, shell, "a sandbox's id is its shell's");
+        assert_eq!(id.len(), shell.len(), "ids {ids}, shell {shell}");
+        assert!(id.starts_with("ar-"), "ids {ids}");
+    }
+    let ps = d.ps();
+    let entry = ps
+        .iter()
+        .find(|e| e.id == shell)
+        .unwrap_or_else(|| panic!("shell {shell} is not listed: {ps:#?}"));
+    assert_eq!(entry.state, "ready", "{ps:#?}");
+    let v: serde_json::Value = serde_json::from_str(
+        &d.agentrun(["pool", "status", "--json"])
+            .timeout(Duration::from_secs(30))
+            .run()
+            .success(),
+    )
+    .unwrap();
+    // (A ready shell beyond the target may be trimmed when idle: not a verdict.)
+    let verdicts: Vec<_> = v["discarded"]
+        .as_object()
+        .map(|m| m.keys().filter(|k| *k != "idle").cloned().collect())
+        .unwrap_or_default();
+    assert!(verdicts.is_empty(), "a shell was discarded: {v}");
+    stop_clean(d);
+}
+
 #[test]
 fn network_policy_and_resource_limits_take_a_pooled_shell() {
     let Some(_lock) = setup() else { return };
@@ -507,8 +566,9 @@ fn network_policy_and_resource_limits_take_a_pooled_shell() {
             .success(),
     )
     .unwrap();
+    // A command in it was OOM-killed: its shell is discarded, not reused.
     assert!(
-        v["discarded"]["long_lived"].as_u64().unwrap_or(0) >= 1,
+        v["discarded"]["oom"].as_u64().unwrap_or(0) >= 1,
         "its shell went with it: {v}"
     );
     stop_clean(d);

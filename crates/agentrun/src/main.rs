@@ -74,7 +74,7 @@ enum Command {
     Gc,
     /// Run the daemon: a warm pool of ready sandboxes that `agentrun exec` uses.
     Serve(serve::ServeArgs),
-    /// List the daemon's sandboxes.
+    /// List the daemon's shells (ID) and the long-lived sandbox each serves (SANDBOX).
     Ps {
         /// Print JSON.
         #[arg(long)]

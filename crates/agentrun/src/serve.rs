@@ -286,19 +286,22 @@ pub fn ps(json: bool, paths: &Paths) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&sandboxes)?);
         return Ok(());
     }
+    // One line a shell: ID is the shell's (its cgroup's and state dir's name), SANDBOX the
+    // long-lived sandbox (OpenSandbox sandbox, Docker container) it serves now, if any.
     println!(
-        "{:<16} {:<8} {:>8} {:<10} {:<10} {:>8}",
-        "ID", "STATE", "PID", "IMAGE", "PROFILE", "AGE"
+        "{:<16} {:<8} {:>8} {:<10} {:<10} {:>8} {:<16}",
+        "ID", "STATE", "PID", "IMAGE", "PROFILE", "AGE", "SANDBOX"
     );
     for s in sandboxes {
         println!(
-            "{:<16} {:<8} {:>8} {:<10} {:<10} {:>7.1}s",
+            "{:<16} {:<8} {:>8} {:<10} {:<10} {:>7.1}s {:<16}",
             s.id,
             s.state,
             s.pid,
             s.image,
             s.profile,
-            s.age_ms as f64 / 1000.0
+            s.age_ms as f64 / 1000.0,
+            s.sandbox.as_deref().unwrap_or("-")
         );
     }
     Ok(())

@@ -708,6 +708,11 @@ pub fn start(ctx: &Context, c: &Arc<Container>) -> Result<(), (u16, String)> {
         make_stdio(c.config.tty, c.config.open_stdin).map_err(|e| (500, format!("stdio: {e}")))?;
     let bindings = crate::ports::bindings(&c.config.host_config_raw, &c.exposed_ports())
         .map_err(|e| (400, e))?;
+    if !bindings.is_empty() {
+        // Listeners on the host that connect into the shell's network namespace: its shell
+        // is not reused after the container.
+        sandbox.taint("ports");
+    }
     let published =
         crate::ports::publish(&c.name, &bindings, sandbox.init_pid()).map_err(|e| (500, e))?;
     let mut env: Vec<(String, String)> = c

@@ -411,6 +411,8 @@ async fn create(
             span.set_attribute("sandbox.id", rec.id.as_str());
             span.set_attribute("container.id", rec.id.as_str());
             span.set_attribute("sandbox.pool_hit", rec.sandbox.pool_hit());
+            // The shell it runs in (its cgroup's name; a shell serves sandbox after sandbox).
+            span.set_attribute("sandbox.shell_id", rec.sandbox.shell_id());
         }
         Err(e) => span.set_error(e.code, &e.message),
     }
@@ -738,6 +740,10 @@ pub async fn expiry_loop(server: Arc<Server>) {
             .map(|r| r.id.clone())
             .collect();
         for id in due {
+            // Ended by its timeout: its shell is not reused (as a run's after a timeout).
+            if let Ok(rec) = server.record(&id) {
+                rec.sandbox.taint("timeout");
+            }
             if let Err(e) = delete_sandbox(&server, &id).await {
                 eprintln!("agentrun: expiring sandbox {id}: {}", e.message);
             }

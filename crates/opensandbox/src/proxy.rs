@@ -49,6 +49,9 @@ async fn connect(rec: &Record, port: u16) -> ApiResult<tokio::net::TcpStream> {
     let sockets = match rec.netns.get() {
         Some(s) => s.clone(),
         None => {
+            // A thread in the shell's network namespace: its shell is not reused after the
+            // sandbox.
+            rec.sandbox.taint("netns_sockets");
             let made = agentrun_runtime::netns::NetnsSockets::of_process(rec.sandbox.init_pid())
                 .map_err(|e| ApiError::internal(format!("entering the sandbox's network: {e}")))?;
             rec.netns.get_or_init(|| made).clone()

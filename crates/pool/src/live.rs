@@ -7,9 +7,15 @@
 //! network policy is the cell's egress relay to the proxy the caller serves on the shell's
 //! egress socket, as for a run. It then makes a long-lived cell in the shell whose PID 1
 //! speaks the persistent dialect on the cell's channel (see [`agentrun_runtime::control`]),
-//! and keeps it until [`LiveManager::delete`], which kills the cell and destroys the shell
-//! (discard reason `long_lived`: a long-lived sandbox's id is its shell's, and a reused shell
-//! would show the same id twice):
+//! and keeps it until [`LiveManager::delete`], which kills the cell and gives the shell back
+//! to its pool with the verdict a run's shell gets (the cell's end awaited, nothing left in
+//! the shell's cgroup, nothing of the shell changed, no OOM kill; the pool's max runs and
+//! age), unless anything the sandbox did outlives its cell ([`LiveSandbox::taint`]: it was
+//! paused, expired, had sockets made in its network namespace, or its egress proxy still
+//! listens): then the shell is discarded. A sandbox has an id of its own
+//! ([`LiveSandbox::id`], random, the form of a shell's), apart from its shell's
+//! ([`LiveSandbox::shell_id`]: the cgroup, state dir and egress socket it uses), so a shell
+//! serving one sandbox after another never shows an id twice:
 //!
 //! - [`LiveSandbox::spawn`] starts any number of processes over time, each with its own argv,
 //!   environment (over the sandbox's), working directory and stdio fds (passed, not copied:
@@ -162,8 +168,20 @@ struct Events {
 
 /// A long-lived sandbox. Shared (`Arc`); it lives until [`LiveManager::delete`].
 pub struct LiveSandbox {
-    /// The shell's id (its cgroup's name).
+    /// Its own id (random, the same form as a shell's), which the APIs show.
     id: String,
+    /// The id of the shell it runs in (its cgroup's and state dir's name); the shell may
+    /// serve other runs and sandboxes before and after it.
+    shell_id: String,
+    /// The number of its cell in the shell (awaited at the end).
+    cell: u64,
+    /// Why its shell must not be reused after it, if anything put it in doubt
+    /// ([`LiveSandbox::taint`]).
+    doubt: Mutex<Option<&'static str>>,
+    /// Its cell was killed on purpose ([`LiveSandbox::kill`] or the delete).
+    killed: AtomicBool,
+    /// The shell's OOM-kill count when the sandbox was made.
+    oom_base: u64,
     image: String,
     profile: String,
     /// Host pid of the cell's PID 1.
@@ -193,8 +211,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl LiveSandbox {
+    /// Its own id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+    /// The id of the shell it runs in: the name of its cgroup and state dir (what
+    /// `agentrun ps` lists, with this sandbox's id beside it).
+    pub fn shell_id(&self) -> &str {
+        &self.shell_id
+    }
+    /// Puts its shell in doubt: when the sandbox goes, the shell is discarded (counted
+    /// under `reason`, the first one given) rather than given back to its pool. For what the
+    /// caller did to the shell that a cell's end does not undo (sockets made in its network
+    /// namespace, ports published into it) or that ended it badly (a timeout).
+    pub fn taint(&self, reason: &'static str) {
+        lock(&self.doubt).get_or_insert(reason);
     }
     pub fn image(&self) -> &str {
         &self.image
@@ -295,6 +326,7 @@ impl LiveSandbox {
     pub fn kill(&self) {
         let pooled = lock(&self.pooled);
         if pooled.is_some() {
+            self.killed.store(true, Ordering::SeqCst);
             if self.is_paused() {
                 let _ = self.resume();
             }
@@ -349,8 +381,26 @@ impl LiveSandbox {
         if cpus.is_none() && memory_bytes.is_none() {
             return Ok(());
         }
-        self.cgroup()?
-            .set_limits(&self.id, cpus, memory_bytes, self.swap_limit)?;
+        let mut pooled = lock(&self.pooled);
+        let Some(shell) = pooled.as_mut() else {
+            return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
+        };
+        let written =
+            self.cgroup()?
+                .set_limits(&self.shell_id, cpus, memory_bytes, self.swap_limit);
+        // What the shell's cgroup holds now (the next run on the shell rewrites what differs
+        // from its own, see `run::apply_limits`); unknown after a failed write.
+        if written.is_err() {
+            self.taint("limits_unknown");
+        }
+        written?;
+        if let Some(c) = cpus {
+            shell.limits.cpus = c;
+        }
+        if let Some(m) = memory_bytes {
+            shell.limits.memory_bytes = m;
+        }
+        drop(pooled);
         let mut l = lock(&self.limits);
         if let Some(c) = cpus {
             l.0 = c;
@@ -362,22 +412,24 @@ impl LiveSandbox {
     }
 
     /// Freezes every process (cgroup freezer).
+    /// Its shell is not reused after a sandbox that was ever frozen.
     pub fn pause(&self) -> Result<(), PoolError> {
-        self.cgroup()?.freeze(&self.id, true)?;
+        self.taint("paused");
+        self.cgroup()?.freeze(&self.shell_id, true)?;
         self.paused.store(true, Ordering::SeqCst);
         Ok(())
     }
 
     /// Thaws it.
     pub fn resume(&self) -> Result<(), PoolError> {
-        self.cgroup()?.freeze(&self.id, false)?;
+        self.cgroup()?.freeze(&self.shell_id, false)?;
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
     }
 
     /// CPU time and memory of every process in it.
     pub fn usage(&self) -> Result<CgroupUsage, PoolError> {
-        Ok(self.cgroup()?.usage(&self.id)?)
+        Ok(self.cgroup()?.usage(&self.shell_id)?)
     }
 
     /// Its root directory as its processes see it (`O_PATH`), for `openat2(RESOLVE_IN_ROOT)`.
@@ -492,9 +544,11 @@ impl LiveManager {
         };
         recipe.overrides.pids = spec.pids;
         let profile = recipe.profile()?;
+        // Its own id: the shell it runs in serves other runs and sandboxes before and after.
+        let id = agentrun_runtime::sandbox::random_id()?;
         let (mut shell, hit) = self.pool.acquire(&recipe)?;
-        // It goes with the sandbox (see `release`): its pool may replace it already.
-        self.pool.keep(&shell);
+        // It is back only when the sandbox goes (see `release`): its pool may replace it now.
+        self.pool.keep(&shell, &id);
         let mut limits = RunLimits::of(&profile);
         limits.cpus = spec.cpus.unwrap_or(limits.cpus);
         limits.memory_bytes = spec.memory_bytes.unwrap_or(limits.memory_bytes);
@@ -531,7 +585,7 @@ impl LiveManager {
                 return Err(PoolError::Invalid(e.to_string()));
             }
         };
-        let cell_pid = cell.pid;
+        let (cell_pid, cell_no) = (cell.pid, cell.cell);
         let (channel, pidfd) = cell.into_parts();
         let Some(control) = channel else {
             self.pool.release(shell, Verdict::Discard("cell_failed"));
@@ -546,8 +600,14 @@ impl LiveManager {
             .collect();
         let events = Arc::new(Mutex::new(Events::default()));
         let reader = control.try_clone();
+        let oom_base = self.cgroup.map_or(0, |cg| cg.stats(&shell.id).oom_kills);
         let sandbox = Arc::new(LiveSandbox {
-            id: shell.id.clone(),
+            id,
+            shell_id: shell.id.clone(),
+            cell: cell_no,
+            doubt: Mutex::new(None),
+            killed: AtomicBool::new(false),
+            oom_base,
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             init_pid: cell_pid,
@@ -611,6 +671,8 @@ impl LiveManager {
         Ok(())
     }
 
+    /// Ends the sandbox's cell and gives its shell back with the verdict a run's shell gets
+    /// (see [`LiveManager::verdict`]).
     fn release(&self, sandbox: &LiveSandbox) {
         sandbox.deleted.store(true, Ordering::SeqCst);
         if sandbox.is_paused() {
@@ -618,15 +680,49 @@ impl LiveManager {
             let _ = sandbox.resume();
         }
         let shell = lock(&sandbox.pooled).take();
-        if let Some(shell) = shell {
+        if let Some(mut shell) = shell {
+            // Its init died by itself, unless it was killed on purpose (checked before the
+            // kill below).
+            let died = lock(&sandbox.events).dead && !sandbox.killed.load(Ordering::SeqCst);
             // The cell ends (its PID 1 killed, and every process with it); the shell is
             // judged once the cell is gone.
+            sandbox.killed.store(true, Ordering::SeqCst);
             agentrun_runtime::cellrun::pidfd_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
-            // A long-lived sandbox's id is its shell's (its cgroup's name, which the APIs'
-            // clients and tests find it by): the shell goes with it, so an id is never seen
-            // twice. Reusing it would need an id of the sandbox's own (the next step).
-            self.pool.release(shell, Verdict::Discard("long_lived"));
+            self.pool.recycling(&mut shell);
+            let verdict = if died {
+                Verdict::Discard("cell_died")
+            } else {
+                self.verdict(sandbox, &shell)
+            };
+            self.pool.release(shell, verdict);
         }
+    }
+
+    /// Whether the shell of a sandbox whose cell was just killed may serve again: not when
+    /// anything put it in doubt ([`LiveSandbox::taint`]: sockets in its network namespace, a
+    /// freeze, a timeout), an OOM kill happened in it, an egress proxy still listens on its
+    /// socket (the caller stops it before the delete), or the checks after a run's cell fail
+    /// ([`crate::run::cell_end_verdict`]: the cell's end reported, nothing of the shell
+    /// changed, nothing left in its cgroup but its init). The pool then applies its own
+    /// (max runs, max age, unpooled shells). Limits need no reset: the next run rewrites
+    /// what differs from the shell's record of them, which [`LiveSandbox::set_limits`] keeps.
+    fn verdict(&self, sandbox: &LiveSandbox, shell: &PooledShell) -> Verdict {
+        if let Some(reason) = *lock(&sandbox.doubt) {
+            return Verdict::Discard(reason);
+        }
+        if let Some(cg) = self.cgroup {
+            if cg.stats(&shell.id).oom_kills > sandbox.oom_base {
+                return Verdict::Discard("oom");
+            }
+        }
+        if shell
+            .egress_socket
+            .as_deref()
+            .is_some_and(|p| p.symlink_metadata().is_ok())
+        {
+            return Verdict::Discard("egress_bound");
+        }
+        crate::run::cell_end_verdict(shell, sandbox.cell, self.cgroup)
     }
 
     /// Deletes every live sandbox (daemon shutdown).

@@ -115,6 +115,8 @@ struct Lent {
     home: Option<usize>,
     /// Its run is over; it is being checked for reuse.
     recycling: bool,
+    /// The id of the long-lived sandbox it serves, if it serves one.
+    sandbox: Option<String>,
 }
 
 /// A shell lent out for this long is not counted on to come back soon: its pool is refilled
@@ -408,14 +410,17 @@ impl Pool {
         self.changed.notify_all();
     }
 
-    /// `shell` will not come back to its pool (a long-lived sandbox keeps it, and it is
-    /// discarded with the sandbox): its pool is refilled now, as if it were gone, rather than
-    /// after `LENT_GRACE` or the sandbox's end (a `docker run --rm` loop takes a shell every
-    /// few ms and gives none back). It stays counted against the cap while it exists.
-    pub fn keep(&self, shell: &PooledShell) {
+    /// `shell` serves the long-lived sandbox `sandbox` (shown beside it by `ps`) and is not
+    /// counted on to come back soon: its pool is refilled now, as if it were gone, rather
+    /// than after `LENT_GRACE` or the sandbox's end (a `docker run --rm` loop takes a shell
+    /// every few ms). It stays counted against the cap while it exists; when the sandbox goes
+    /// it comes back through [`Pool::release`] like a run's shell (ready shells beyond the
+    /// target are trimmed when idle).
+    pub fn keep(&self, shell: &PooledShell, sandbox: &str) {
         let mut st = self.lock();
         if let Some(l) = st.lent.get_mut(&shell.id) {
             l.home = None;
+            l.sandbox = Some(sandbox.to_owned());
         }
         drop(st);
         self.changed.notify_all();
@@ -648,6 +653,7 @@ impl Pool {
                 profile: p.spec.profile.clone(),
                 age_ms: sh.created.elapsed().as_millis() as u64,
                 cells: sh.runs,
+                sandbox: None,
             })
         });
         let running = st.lent.iter().map(|(id, r)| SandboxInfo {
@@ -658,6 +664,7 @@ impl Pool {
             profile: r.profile.clone(),
             age_ms: r.started.elapsed().as_millis() as u64,
             cells: r.cells,
+            sandbox: r.sandbox.clone(),
         });
         ready.chain(running).collect()
     }
@@ -716,7 +723,8 @@ pub struct PoolStatus {
     /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
     /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
     /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
-    /// `unpooled`, `long_lived` (a long-lived sandbox's shell goes with it), `shutdown`.
+    /// `unpooled`, `shutdown`; after a long-lived sandbox also `paused`, `ports`,
+    /// `netns_sockets`, `egress_bound`, `limits_unknown` (see [`crate::live`]).
     #[serde(default)]
     pub discarded: BTreeMap<String, u64>,
     #[serde(default)]
@@ -734,6 +742,7 @@ fn lent(sh: &PooledShell, recipe: &SandboxRecipe, home: Option<usize>) -> Lent {
         cells: sh.runs,
         home,
         recycling: false,
+        sandbox: None,
     }
 }
 

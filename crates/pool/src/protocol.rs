@@ -105,6 +105,7 @@ impl ExecReply {
 /// One shell as `agentrun ps` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SandboxInfo {
+    /// The shell's id (its cgroup's and state dir's name).
     pub id: String,
     /// `ready` (pooled, idle) or `running` (a run or a long-lived sandbox in it).
     pub state: String,
@@ -116,6 +117,10 @@ pub struct SandboxInfo {
     /// Cells it has served.
     #[serde(default)]
     pub cells: u64,
+    /// The id of the long-lived sandbox (OpenSandbox sandbox, Docker container) it serves
+    /// now, if any: a sandbox's own id, not the shell's (the shell may serve others after).
+    #[serde(default)]
+    pub sandbox: Option<String>,
 }
 
 /// Counters of one kept pool.

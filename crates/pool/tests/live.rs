@@ -207,8 +207,11 @@ fn limits_pause_and_root(live: &LiveManager) {
         .unwrap();
     assert_eq!(sb.limits(), (0.5, 256 << 20));
     assert_eq!(sb.usage().unwrap().memory_limit_bytes, 256 << 20);
-    let v1 = format!("/sys/fs/cgroup/cpu/agentrun/{}/cpu.cfs_quota_us", sb.id());
-    let v2 = format!("/sys/fs/cgroup/agentrun/{}/cpu.max", sb.id());
+    let v1 = format!(
+        "/sys/fs/cgroup/cpu/agentrun/{}/cpu.cfs_quota_us",
+        sb.shell_id()
+    );
+    let v2 = format!("/sys/fs/cgroup/agentrun/{}/cpu.max", sb.shell_id());
     let quota = std::fs::read_to_string(&v1)
         .or_else(|_| std::fs::read_to_string(&v2))
         .unwrap();
@@ -252,7 +255,16 @@ fn limits_pause_and_root(live: &LiveManager) {
     .unwrap();
     assert!(std::fs::File::from(f).metadata().unwrap().len() > 0);
     drop(ticker);
+    let shell = sb.shell_id().to_owned();
     live.delete(sb.id()).unwrap();
+    // A sandbox that was ever frozen takes its shell with it.
+    let next = live.create(&spec()).unwrap();
+    assert_ne!(
+        next.shell_id(),
+        shell,
+        "the paused sandbox's shell was reused"
+    );
+    live.delete(next.id()).unwrap();
 }
 
 fn delete_reports_running_processes_lost(live: &LiveManager) {
@@ -277,9 +289,22 @@ fn delete_reports_running_processes_lost(live: &LiveManager) {
     assert!(matches!(live.delete(sb.id()), Err(PoolError::NotFound(_))));
 }
 
-/// A deleted sandbox takes its shell with it: the next sandbox has another shell, and nothing
-/// of the first one's files or processes.
-fn the_next_sandbox_gets_a_shell_of_its_own(live: &LiveManager) {
+/// The memory limit in force on a shell's cgroup.
+fn memory_limit(shell: &str) -> u64 {
+    let v1 = format!("/sys/fs/cgroup/memory/agentrun/{shell}/memory.limit_in_bytes");
+    let v2 = format!("/sys/fs/cgroup/agentrun/{shell}/memory.max");
+    std::fs::read_to_string(&v1)
+        .or_else(|_| std::fs::read_to_string(&v2))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A deleted sandbox gives its shell back: the next sandbox has an id of its own, the same
+/// shell (the most recently returned is taken first), its own limits, and nothing of the
+/// first one's files (in `/` and `/tmp`) or processes.
+fn the_next_sandbox_reuses_the_shell_and_sees_nothing(live: &LiveManager) {
     let first = live.create(&spec()).unwrap();
     let a = start(
         &first,
@@ -288,16 +313,44 @@ fn the_next_sandbox_gets_a_shell_of_its_own(live: &LiveManager) {
     )
     .unwrap();
     assert_eq!(a.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
-    let shell = first.id().to_owned();
-    live.delete(&shell).unwrap();
+    // (The default profile lets processes write /tmp, not /: the e2e scenario `reuse` in
+    // tests/opensandbox writes / too, through the file API.)
+    let c = start(
+        &first,
+        &["/bin/sh", "-c", "test -e /tmp/left && echo there"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "there\n");
+    first.set_limits(Some(0.5), Some(200 << 20)).unwrap();
+    assert_eq!(memory_limit(first.shell_id()), 200 << 20);
+    let (id, shell) = (first.id().to_owned(), first.shell_id().to_owned());
+    assert_ne!(id, shell, "a sandbox's id is its own");
+    live.delete(&id).unwrap();
     let second = live.create(&spec()).unwrap();
-    assert_ne!(second.id(), shell, "a sandbox id is never seen twice");
-    let b = start(&second, &["/bin/sh", "-c", "ls /tmp"], &[]).unwrap();
+    assert_ne!(second.id(), id, "a sandbox id is never seen twice");
+    assert_eq!(second.shell_id(), shell, "the shell was not reused");
+    assert!(second.pool_hit());
+    assert_eq!(
+        memory_limit(&shell),
+        second.limits().1,
+        "the first sandbox's memory limit is still in force"
+    );
+    let b = start(
+        &second,
+        &[
+            "/bin/sh",
+            "-c",
+            "ls -a / /tmp; test -e /left || test -e /tmp/left || echo clean",
+        ],
+        &[],
+    )
+    .unwrap();
     assert_eq!(b.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
     let out = b.out.recv_timeout(WAIT).unwrap();
     assert!(
-        !out.contains("left"),
-        "the first sandbox's file is there: {out:?}"
+        out.lines().any(|l| l == "clean") && !out.lines().any(|l| l == "left"),
+        "the first sandbox's files are there: {out:?}"
     );
     assert!(
         host_pids_running("sleep 7331002").is_empty(),
@@ -340,8 +393,8 @@ fn main() {
         ("delete_reports_running_processes_lost", |l| {
             delete_reports_running_processes_lost(l)
         }),
-        ("the_next_sandbox_gets_a_shell_of_its_own", |l| {
-            the_next_sandbox_gets_a_shell_of_its_own(l)
+        ("the_next_sandbox_reuses_the_shell_and_sees_nothing", |l| {
+            the_next_sandbox_reuses_the_shell_and_sees_nothing(l)
         }),
         ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
     ];

@@ -209,7 +209,8 @@ pub enum SandboxStdio {
 /// Placeholder `process.args` of a shell: commands come later, each in a cell.
 const SHELL_ARGS: &str = "agentrun-shell";
 
-fn random_id() -> Result<String, RuntimeError> {
+/// A new sandbox id (`ar-` and 12 hex digits): shells' and long-lived sandboxes'.
+pub fn random_id() -> Result<String, RuntimeError> {
     Ok(format!("ar-{}", crate::random::hex(6)?))
 }
 
