@@ -644,11 +644,12 @@ mod tests {
         tag: &str,
         policy: NetworkPolicy,
         table: TableResolver,
-    ) -> (Proxy, PathBuf, Seen) {
-        let dir =
-            std::env::temp_dir().join(format!("agentrun-egress-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("proxy.sock");
+    ) -> (Proxy, PathBuf, Seen, tempfile::TempDir) {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("agentrun-egress-{tag}-"))
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("proxy.sock");
         let seen: Seen = Arc::default();
         let (s1, s2) = (seen.clone(), seen.clone());
         let sink: DecisionSink = Arc::new(move |a, d| {
@@ -674,7 +675,7 @@ mod tests {
             .failures(failures)
             .resolver(Arc::new(table))
             .start(bind(&path).unwrap(), &path);
-        (proxy, path, seen)
+        (proxy, path, seen, dir)
     }
 
     fn ask(path: &Path, req: &str) -> String {
@@ -692,7 +693,7 @@ mod tests {
     #[test]
     fn a_stopped_proxy_leaves_a_later_one_at_its_path_alone() {
         let table = || TableResolver(Vec::new());
-        let (first, path, seen1) = proxy_with("reuse", NetworkPolicy::default(), table());
+        let (first, path, seen1, _dir) = proxy_with("reuse", NetworkPolicy::default(), table());
         let seen2: Seen = Arc::default();
         let s2 = seen2.clone();
         let sink: DecisionSink = Arc::new(move |a, d| {
@@ -740,7 +741,7 @@ mod tests {
             ("loop.wild.test", vec!["127.0.0.1"]),
             ("exact.test", vec!["127.0.0.1"]),
         ]);
-        let (proxy, path, seen) = proxy_with("resolve", policy, table);
+        let (proxy, path, seen, _dir) = proxy_with("resolve", policy, table);
         for (host, ip) in [
             ("metadata.wild.test", "169.254.169.254"),
             ("private.wild.test", "10.1.2.3"),
@@ -833,7 +834,7 @@ mod tests {
         policy
             .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
             .unwrap();
-        let (proxy, path, seen) = proxy_with("smuggle", policy, TableResolver(Vec::new()));
+        let (proxy, path, seen, _dir) = proxy_with("smuggle", policy, TableResolver(Vec::new()));
         let a = format!("127.0.0.1:{port}");
         let hostile = [
             (format!("POST http://{a}/ HTTP/1.1\r\nHost: {a}\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX"), 400),
