@@ -662,7 +662,8 @@ impl LiveManager {
         all
     }
 
-    /// Kills everything in the sandbox and destroys it. Blocks until it is gone.
+    /// Kills everything in the sandbox and gives its shell back ([`LiveManager::release`]).
+    /// Blocks until its cell is gone.
     pub fn delete(&self, id: &str) -> Result<(), PoolError> {
         let sandbox = lock(&self.sandboxes)
             .remove(id)
