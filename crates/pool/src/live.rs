@@ -662,7 +662,7 @@ impl LiveManager {
         all
     }
 
-    /// Kills everything in the sandbox and gives its shell back ([`LiveManager::release`]).
+    /// Kills everything in the sandbox and gives its shell back (see `release`).
     /// Blocks until its cell is gone.
     pub fn delete(&self, id: &str) -> Result<(), PoolError> {
         let sandbox = lock(&self.sandboxes)
