@@ -1805,15 +1805,35 @@ impl Daemon {
         parse_pool_status(&out.stdout())
     }
 
-    /// The top-level `unpooled` counter: runs no kept pool could serve (made on demand).
-    pub fn unpooled(&self) -> u64 {
+    /// `agentrun pool status --json` as JSON (it must succeed).
+    pub fn pool_status_json(&self) -> serde_json::Value {
         let out = self
             .agentrun(["pool", "status", "--json"])
             .timeout(Duration::from_secs(30))
             .run();
-        let v: serde_json::Value = serde_json::from_str(&out.stdout())
-            .unwrap_or_else(|e| panic!("`agentrun pool status --json` is not JSON ({e}): {out}"));
-        json_u64(&v, "unpooled", "agentrun pool status --json")
+        serde_json::from_str(&out.success())
+            .unwrap_or_else(|e| panic!("`agentrun pool status --json` is not JSON ({e}): {out}"))
+    }
+
+    /// The top-level `unpooled` counter: runs no kept pool could serve (made on demand).
+    pub fn unpooled(&self) -> u64 {
+        json_u64(
+            &self.pool_status_json(),
+            "unpooled",
+            "agentrun pool status --json",
+        )
+    }
+
+    /// Shells discarded so far, by reason (`pool status --json`'s `discarded`).
+    pub fn discarded(&self) -> std::collections::BTreeMap<String, u64> {
+        self.pool_status_json()["discarded"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The pool for the default key (image `host`, profile `default`).

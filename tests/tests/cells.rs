@@ -29,29 +29,6 @@ use agentrun_e2e::*;
 
 const FILL: Duration = Duration::from_secs(60);
 
-/// `pool status --json` as JSON.
-fn status(d: &Daemon) -> serde_json::Value {
-    let out = d
-        .agentrun(["pool", "status", "--json"])
-        .timeout(Duration::from_secs(30))
-        .run();
-    serde_json::from_str(&out.success())
-        .unwrap_or_else(|e| panic!("pool status --json is not JSON ({e})\n{out}"))
-}
-
-/// Shells discarded so far, by reason.
-fn discarded(d: &Daemon) -> BTreeMap<String, u64> {
-    let v = status(d);
-    v["discarded"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The one ready shell of a pool of one (waits for it to be back).
 fn the_shell(d: &Daemon) -> PsEntry {
     let mut last = Vec::new();
@@ -225,7 +202,7 @@ fn nothing_of_run_one_is_visible_to_run_two_on_the_same_shell() {
         .find(|p| p.profile == "container")
         .unwrap();
     assert_eq!((pool.hits, pool.misses), (2, 0), "{pool:?}\n{}", d.log());
-    assert!(discarded(&d).is_empty(), "{:?}", discarded(&d));
+    assert!(d.discarded().is_empty(), "{:?}", d.discarded());
 }
 
 #[test]
@@ -266,7 +243,7 @@ fn a_run_cannot_change_its_shell() {
     );
     let after = the_shell(&d);
     assert_eq!((after.id, after.pid), (shell.id, shell.pid));
-    assert!(discarded(&d).is_empty(), "{:?}", discarded(&d));
+    assert!(d.discarded().is_empty(), "{:?}", d.discarded());
     // And the next run sees the shell as it was.
     let out = d
         .exec([
@@ -305,7 +282,7 @@ fn a_shell_changed_or_left_with_a_process_is_discarded() {
     client.wait_or_kill(Duration::from_secs(30)).assert_code(0);
     let mut last = BTreeMap::new();
     let gone = wait_until(FILL, || {
-        last = discarded(&d);
+        last = d.discarded();
         (last.get("shell_changed") == Some(&1)).then_some(())
     });
     assert!(
@@ -331,7 +308,7 @@ fn a_shell_changed_or_left_with_a_process_is_discarded() {
     fs::write(&procs, sleeper.id().to_string()).unwrap();
     client.wait_or_kill(Duration::from_secs(30)).assert_code(0);
     let gone = wait_until(FILL, || {
-        last = discarded(&d);
+        last = d.discarded();
         (last.get("outlived") == Some(&1)).then_some(())
     });
     let _ = sleeper.kill();
@@ -362,7 +339,7 @@ fn a_cell_that_cannot_be_made_fails_that_run_only() {
     assert!(err.contains("/etc/hostname"), "{out}");
     let mut last = BTreeMap::new();
     let gone = wait_until(FILL, || {
-        last = discarded(&d);
+        last = d.discarded();
         (last.get("cell_failed") == Some(&1)).then_some(())
     });
     assert!(gone.is_some(), "{last:?}\n{}", d.log());
@@ -409,7 +386,7 @@ fn oom_timeout_disconnect_and_big_output_on_a_reused_shell() {
     out.assert_code(124);
     assert_no_sandboxed_process(&["sleep", "3172"], Duration::from_secs(10), "after 124");
     assert_no_sandboxed_process(&["sleep", "3173"], Duration::ZERO, "after 124");
-    let d2 = discarded(&d);
+    let d2 = d.discarded();
     assert_eq!(
         (d2.get("oom"), d2.get("timeout")),
         (Some(&1), Some(&1)),
@@ -535,7 +512,7 @@ fn every_run_shape_takes_a_pooled_shell() {
         server.accepted() >= 1,
         "the allowed host was reached through the proxy"
     );
-    assert!(discarded(&d).is_empty(), "{:?}", discarded(&d));
+    assert!(d.discarded().is_empty(), "{:?}", d.discarded());
 }
 
 #[test]
@@ -551,8 +528,8 @@ fn a_shell_serves_at_most_its_max_runs() {
         second.id, first.id,
         "a shell past --shell-max-runs is replaced"
     );
-    assert_eq!(discarded(&d).get("max_runs"), Some(&1));
-    let v = status(&d);
+    assert_eq!(d.discarded().get("max_runs"), Some(&1));
+    let v = d.pool_status_json();
     assert_eq!(v["cells"].as_u64(), Some(2), "{v}");
     assert_eq!(v["shell_max_runs"].as_u64(), Some(2), "{v}");
 }

@@ -332,16 +332,8 @@ fn containers_with_binds_and_limits_take_a_pooled_shell() {
     };
     let waited = Duration::from_secs(60);
     let before = wait_until(waited, ready).expect("the busybox:container pool fills");
-    let discarded = |d: &DockerDaemon| -> u64 {
-        let out = d
-            .daemon
-            .agentrun(["pool", "status", "--json"])
-            .timeout(Duration::from_secs(30))
-            .run()
-            .success();
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["discarded"]["oom"].as_u64().unwrap_or(0)
-    };
+    let discarded =
+        |d: &DockerDaemon| -> u64 { d.daemon.discarded().get("oom").copied().unwrap_or(0) };
     let oom = discarded(&d);
     let dir = tempdir();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();

@@ -480,11 +480,7 @@ fn network_policy_is_enforced_and_changed_live() {
 fn consecutive_sandboxes_reuse_one_shell_and_see_nothing_of_each_other() {
     let Some(_lock) = setup() else { return };
     let (d, domain) = start_with_pool("1", &[], &[]);
-    let full = || {
-        let p = d.default_pool();
-        (p.ready == p.target).then_some(p)
-    };
-    let before = wait_until(Duration::from_secs(60), full).expect("the pool fills");
+    let before = d.wait_pool_full(Duration::from_secs(60));
     let out = scenario(&d, &domain, "reuse", &[]);
     let shell = printed(&out, "SHELL").to_string();
     let ids = printed(&out, "IDS").to_string();
@@ -506,19 +502,10 @@ fn consecutive_sandboxes_reuse_one_shell_and_see_nothing_of_each_other() {
         .find(|e| e.id == shell)
         .unwrap_or_else(|| panic!("shell {shell} is not listed: {ps:#?}"));
     assert_eq!(entry.state, "ready", "{ps:#?}");
-    let v: serde_json::Value = serde_json::from_str(
-        &d.agentrun(["pool", "status", "--json"])
-            .timeout(Duration::from_secs(30))
-            .run()
-            .success(),
-    )
-    .unwrap();
     // (A ready shell beyond the target may be trimmed when idle: not a verdict.)
-    let verdicts: Vec<_> = v["discarded"]
-        .as_object()
-        .map(|m| m.keys().filter(|k| *k != "idle").cloned().collect())
-        .unwrap_or_default();
-    assert!(verdicts.is_empty(), "a shell was discarded: {v}");
+    let discarded = d.discarded();
+    let verdicts: Vec<_> = discarded.keys().filter(|k| *k != "idle").collect();
+    assert!(verdicts.is_empty(), "a shell was discarded: {discarded:?}");
     stop_clean(d);
 }
 
@@ -528,11 +515,7 @@ fn network_policy_and_resource_limits_take_a_pooled_shell() {
     let rx = OtlpReceiver::grpc();
     let env: Vec<(&str, String)> = rx.otel_env();
     let (d, domain) = start(&env, &[]);
-    let full = || {
-        let p = d.default_pool();
-        (p.ready == p.target).then_some(p)
-    };
-    let before = wait_until(Duration::from_secs(60), full).expect("the pool fills");
+    let before = d.wait_pool_full(Duration::from_secs(60));
     let out = scenario(&d, &domain, "pooled_shapes", &[]);
     let sid = printed(&out, "SANDBOX").to_string();
     let after = d.default_pool();
@@ -559,17 +542,11 @@ fn network_policy_and_resource_limits_take_a_pooled_shell() {
         "true",
         "{create:#?}"
     );
-    let v: serde_json::Value = serde_json::from_str(
-        &d.agentrun(["pool", "status", "--json"])
-            .timeout(Duration::from_secs(30))
-            .run()
-            .success(),
-    )
-    .unwrap();
     // A command in it was OOM-killed: its shell is discarded, not reused.
+    let discarded = d.discarded();
     assert!(
-        v["discarded"]["oom"].as_u64().unwrap_or(0) >= 1,
-        "its shell went with it: {v}"
+        discarded.get("oom").copied().unwrap_or(0) >= 1,
+        "its shell went with it: {discarded:?}"
     );
     stop_clean(d);
 }
