@@ -296,6 +296,29 @@ pub(crate) fn narrow_capabilities(keep: &[Capability]) -> Result<(), caps::error
     caps::set(None, CapSet::Permitted, &permitted)
 }
 
+/// Blocks until `control` or `signals` is readable (an interrupted wait is retried) and says
+/// which: the event loop of a PID 1 that serves a channel and reaps its children (a shell's
+/// init, a long-lived cell's PID 1).
+pub(crate) fn wait_either(
+    control: std::os::fd::BorrowedFd<'_>,
+    signals: &nix::sys::signalfd::SignalFd,
+) -> nix::Result<(bool, bool)> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let mut pfds = [
+            PollFd::new(control, PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+        let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
+        return Ok((ready(&pfds[0]), ready(&pfds[1])));
+    }
+}
+
 /// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports
 /// every process's start and exit, reaps orphans. Never returns.
 pub(crate) fn serve_live(control: OwnedFd) -> ! {
@@ -369,18 +392,9 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
         }
     };
     loop {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut pfds = [
-            PollFd::new(control.as_fd(), PollFlags::POLLIN),
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut pfds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::Error::EINTR) => continue,
-            Err(_) => exit_now(EXIT_SETUP_FAILED),
-        }
-        let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
-        let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
+        let Ok((control_ready, signal_ready)) = wait_either(control.as_fd(), &signals) else {
+            exit_now(EXIT_SETUP_FAILED)
+        };
         if signal_ready {
             // Only SIGCHLD matters; other signals sent to PID 1 are dropped (the host talks
             // to processes through the channel).

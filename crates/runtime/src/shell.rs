@@ -156,18 +156,10 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
     loop {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut pfds = [
-            PollFd::new(control.as_fd(), PollFlags::POLLIN),
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut pfds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::Error::EINTR) => continue,
-            Err(_) => std::process::exit(EXIT_SETUP_FAILED),
-        }
-        let control_ready = pfds[0].revents().is_some_and(|r| !r.is_empty());
-        let signal_ready = pfds[1].revents().is_some_and(|r| !r.is_empty());
+        let Ok((control_ready, signal_ready)) = reaper::wait_either(control.as_fd(), &signals)
+        else {
+            std::process::exit(EXIT_SETUP_FAILED)
+        };
         if signal_ready {
             while let Ok(Some(_)) = signals.read_signal() {}
             while let Some((pid, status, _)) = reaper::reap_one() {
