@@ -68,22 +68,19 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
 /// config.json made for this run) needs this process to build the shell.
 fn execute(plan: &Plan, paths: &Paths, keep_bundle: bool, recorder: &Recorder) -> RunRecord {
     let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
+    let mut cold_reason = keep_bundle.then_some("keep_bundle");
     if !no_daemon && !keep_bundle {
         if let Some(client) = DaemonClient::connect(&paths.socket()) {
             match crate::warm::execute(&client, plan, &paths.root, recorder) {
                 Some(record) => return record,
-                None => {
-                    // The daemon serves another store: this run's image is not among its own.
-                    let mut record = crate::cold::execute(plan, paths, keep_bundle, recorder);
-                    record.cold_reason = Some("daemon_store");
-                    return record;
-                }
+                // The daemon serves another store: this run's image is not among its own.
+                None => cold_reason = Some("daemon_store"),
             }
         }
     }
     let mut record = crate::cold::execute(plan, paths, keep_bundle, recorder);
-    if keep_bundle {
-        record.cold_reason = Some("keep_bundle");
+    if cold_reason.is_some() {
+        record.cold_reason = cold_reason;
     }
     record
 }
