@@ -23,12 +23,13 @@ use nix::sys::socket::{
     accept4, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
 };
 
+use crate::factory::{apply_limits, RunLimits};
 use crate::factory::{FactoryClient, FactoryPaths, PooledShell};
 use crate::live::LiveManager;
-use crate::pool::{Pool, PoolLimits, Verdict};
+use crate::pool::{Pool, PoolLimits};
 use crate::protocol::{ClientMessage, DaemonReply, ExecReply};
 use crate::recipe::ExecRequest;
-use crate::run::{apply_limits, RunLimits};
+use crate::run::Verdict;
 use crate::PoolError;
 
 /// Daemon settings.

@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use agentrun_image::ImageStore;
+use agentrun_policy::Profile;
+use agentrun_runtime::cgroup::CgroupMode;
 use agentrun_runtime::control::{self, recv_json, send_json};
 use agentrun_runtime::{Enforcement, HostInfo, RuntimePaths, Sandbox, SandboxStdio};
 use nix::sys::wait::waitpid;
@@ -82,11 +84,53 @@ pub struct PooledShell {
     /// Cells it has served.
     pub runs: u64,
     /// The cgroup limits in force (each run sets its own when they differ).
-    pub limits: crate::run::RunLimits,
+    pub limits: RunLimits,
     /// The kept pool it goes back to after a run (`None`: destroyed after its run).
     pub home: Option<usize>,
     /// Its run is over and it is being checked for reuse ([`crate::pool::Pool::recycling`]).
     pub recycling: bool,
+}
+
+/// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
+/// last run's: ~30 µs; a cgroup per cell would cost ~0.2 ms and up to several ms of waiting
+/// to move its first process in, see README).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunLimits {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub cpus: f64,
+}
+
+impl RunLimits {
+    pub fn of(profile: &Profile) -> Self {
+        RunLimits {
+            memory_bytes: profile.resources.memory_bytes,
+            pids: profile.resources.pids,
+            cpus: profile.resources.cpus,
+        }
+    }
+}
+
+/// Puts `want` in force on the shell's cgroup (only what differs from what is).
+pub fn apply_limits(
+    shell: &mut PooledShell,
+    want: RunLimits,
+    cgroup: Option<CgroupMode>,
+    swap_limit: bool,
+) -> Result<(), PoolError> {
+    let Some(cg) = cgroup else { return Ok(()) };
+    let have = shell.limits;
+    if have == want {
+        return Ok(());
+    }
+    let cpus = (have.cpus != want.cpus).then_some(want.cpus);
+    let memory = (have.memory_bytes != want.memory_bytes).then_some(want.memory_bytes);
+    cg.set_limits(&shell.id, cpus, memory, swap_limit)?;
+    if have.pids != want.pids {
+        cg.set_pids(&shell.id, want.pids)?;
+    }
+    shell.limits = want;
+    Ok(())
 }
 
 /// The daemon's handle on the factory process. Requests are serialized.
@@ -182,7 +226,7 @@ impl FactoryClient {
                     egress_socket,
                     factory: 0,
                     runs: 0,
-                    limits: crate::run::RunLimits::of(&recipe.profile()?),
+                    limits: RunLimits::of(&recipe.profile()?),
                     home: None,
                     recycling: false,
                 })

@@ -1,11 +1,11 @@
 //! The warm pool and the daemon around it.
 //!
 //! - [`factory`]: the single-threaded processes that make and destroy shells (the only place
-//!   libcontainer is called in the daemon).
+//!   libcontainer is called in the daemon), and a shell's cgroup limits.
 //! - [`pool`]: ready shells per (image, profile), reused run after run (a fresh cell each),
 //!   discarded when in doubt, refilled in the background.
-//! - [`run`]: one run in a pooled shell's cell (the run's limits, stdio fds passed, not
-//!   copied; the shell judged after it).
+//! - [`run`]: one run in a pooled shell's cell (stdio fds passed, not copied; the shell
+//!   judged after it: its [`run::Verdict`]).
 //! - [`live`]: long-lived sandboxes (one shell, one long-lived cell: many processes over
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.

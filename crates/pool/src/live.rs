@@ -49,10 +49,10 @@ use agentrun_runtime::control::{
 use agentrun_runtime::Enforcement;
 
 use crate::factory::PooledShell;
+use crate::factory::{apply_limits, RunLimits};
 use crate::pool::Pool;
-use crate::pool::Verdict;
 use crate::recipe::{SandboxRecipe, DEFAULT_PROFILE};
-use crate::run::{apply_limits, RunLimits};
+use crate::run::Verdict;
 use crate::PoolError;
 
 /// How long a spawn waits for the init's answer.
@@ -389,7 +389,7 @@ impl LiveSandbox {
             self.cgroup()?
                 .set_limits(&self.shell_id, cpus, memory_bytes, self.swap_limit);
         // What the shell's cgroup holds now (the next run on the shell rewrites what differs
-        // from its own, see `run::apply_limits`); unknown after a failed write.
+        // from its own, see `factory::apply_limits`); unknown after a failed write.
         if written.is_err() {
             self.taint("limits_unknown");
         }

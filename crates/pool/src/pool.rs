@@ -8,8 +8,9 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::factory::{FactoryClient, PooledShell};
-use crate::protocol::{PoolInfo, SandboxInfo};
+use crate::protocol::{PoolInfo, PoolStatus, SandboxInfo};
 use crate::recipe::SandboxRecipe;
+use crate::run::Verdict;
 use crate::PoolError;
 
 /// How long an on-demand run waits for room under `max_sandboxes`.
@@ -94,15 +95,6 @@ impl PoolLimits {
             shell_max_age: DEFAULT_SHELL_MAX_AGE,
         }
     }
-}
-
-/// What becomes of a shell after a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Clean: back to its pool (unless it is too old or served too many runs).
-    Reuse,
-    /// In doubt (or not wanted): destroyed. The reason is counted in `pool status`.
-    Discard(&'static str),
 }
 
 struct Lent {
@@ -698,39 +690,6 @@ impl Pool {
             shell_max_age_s: self.limits.shell_max_age.as_secs(),
         }
     }
-}
-
-/// What `agentrun pool status` shows.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct PoolStatus {
-    pub pools: Vec<PoolInfo>,
-    /// Runs whose image and profile no pool keeps.
-    pub unpooled: u64,
-    /// Shells created, and creations that failed, since the daemon started.
-    pub created: u64,
-    pub create_failures: u64,
-    /// Shells lent out (a run or a long-lived sandbox in them).
-    pub running: usize,
-    pub max_sandboxes: usize,
-    /// Shells that exist now (ready, running, being made or torn down).
-    #[serde(default)]
-    pub shells: usize,
-    /// Cells served (one per run, one per long-lived sandbox).
-    #[serde(default)]
-    pub cells: u64,
-    /// Shells discarded, by reason: `timeout`, `oom`, `killed` (client gone or signalled
-    /// away), `cell_failed` (a cell could not be made), `cell_died` (its PID 1 died without a
-    /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
-    /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
-    /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
-    /// `unpooled`, `shutdown`; after a long-lived sandbox also `paused`, `ports`,
-    /// `netns_sockets`, `egress_bound`, `limits_unknown` (see [`crate::live`]).
-    #[serde(default)]
-    pub discarded: BTreeMap<String, u64>,
-    #[serde(default)]
-    pub shell_max_runs: u64,
-    #[serde(default)]
-    pub shell_max_age_s: u64,
 }
 
 fn lent(sh: &PooledShell, recipe: &SandboxRecipe, home: Option<usize>) -> Lent {

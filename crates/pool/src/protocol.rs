@@ -9,6 +9,7 @@
 //! decisions are the run's spans and audit records) and answers
 //! [`ClientMessage::EgressReady`] before the cell starts.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentrun_runtime::cgroup::CgroupStats;
@@ -151,7 +152,7 @@ pub enum DaemonReply {
     Ps {
         sandboxes: Vec<SandboxInfo>,
     },
-    PoolStatus(crate::pool::PoolStatus),
+    PoolStatus(PoolStatus),
     /// The daemon serves another image store than the client's [`ClientMessage::Exec`]
     /// named; nothing was run.
     OtherStore {
@@ -160,4 +161,37 @@ pub enum DaemonReply {
     Error {
         message: String,
     },
+}
+
+/// What `agentrun pool status` shows.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub pools: Vec<PoolInfo>,
+    /// Runs whose image and profile no pool keeps.
+    pub unpooled: u64,
+    /// Shells created, and creations that failed, since the daemon started.
+    pub created: u64,
+    pub create_failures: u64,
+    /// Shells lent out (a run or a long-lived sandbox in them).
+    pub running: usize,
+    pub max_sandboxes: usize,
+    /// Shells that exist now (ready, running, being made or torn down).
+    #[serde(default)]
+    pub shells: usize,
+    /// Cells served (one per run, one per long-lived sandbox).
+    #[serde(default)]
+    pub cells: u64,
+    /// Shells discarded, by reason: `timeout`, `oom`, `killed` (client gone or signalled
+    /// away), `cell_failed` (a cell could not be made), `cell_died` (its PID 1 died without a
+    /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
+    /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
+    /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
+    /// `unpooled`, `shutdown`; after a long-lived sandbox also `paused`, `ports`,
+    /// `netns_sockets`, `egress_bound`, `limits_unknown` (see [`crate::live`]).
+    #[serde(default)]
+    pub discarded: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub shell_max_runs: u64,
+    #[serde(default)]
+    pub shell_max_age_s: u64,
 }

@@ -6,60 +6,25 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use agentrun_policy::Profile;
 use agentrun_runtime::cellrun::{await_end, CellEnd, CellRun};
 use agentrun_runtime::cgroup::{CgroupMode, CgroupStats, RunMeter};
 use agentrun_runtime::control::{self, InitResult};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::factory::PooledShell;
-use crate::pool::Verdict;
 use crate::protocol::ClientMessage;
 use crate::PoolError;
 
 /// How long the teardown of a cell may take before its shell is given up on.
 const END_WAIT: Duration = Duration::from_secs(5);
 
-/// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
-/// last run's: ~30 µs; a cgroup per cell would cost ~0.2 ms and up to several ms of waiting
-/// to move its first process in, see README).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RunLimits {
-    pub memory_bytes: u64,
-    pub pids: u32,
-    pub cpus: f64,
-}
-
-impl RunLimits {
-    pub fn of(profile: &Profile) -> Self {
-        RunLimits {
-            memory_bytes: profile.resources.memory_bytes,
-            pids: profile.resources.pids,
-            cpus: profile.resources.cpus,
-        }
-    }
-}
-
-/// Puts `want` in force on the shell's cgroup (only what differs from what is).
-pub fn apply_limits(
-    shell: &mut PooledShell,
-    want: RunLimits,
-    cgroup: Option<CgroupMode>,
-    swap_limit: bool,
-) -> Result<(), PoolError> {
-    let Some(cg) = cgroup else { return Ok(()) };
-    let have = shell.limits;
-    if have == want {
-        return Ok(());
-    }
-    let cpus = (have.cpus != want.cpus).then_some(want.cpus);
-    let memory = (have.memory_bytes != want.memory_bytes).then_some(want.memory_bytes);
-    cg.set_limits(&shell.id, cpus, memory, swap_limit)?;
-    if have.pids != want.pids {
-        cg.set_pids(&shell.id, want.pids)?;
-    }
-    shell.limits = want;
-    Ok(())
+/// What becomes of a shell after a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Clean: back to its pool (unless it is too old or served too many runs).
+    Reuse,
+    /// In doubt (or not wanted): destroyed. The reason is counted in `pool status`.
+    Discard(&'static str),
 }
 
 /// How a run ended.
