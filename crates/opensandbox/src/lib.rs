@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use agentrun_pool::daemon::{Frontend, RunningFrontend};
 use agentrun_pool::live::{LiveManager, LiveSandbox};
-use agentrun_pool::PoolError;
+use agentrun_pool::{lock, PoolError};
 use chrono::{DateTime, SecondsFormat, Utc};
 
 pub use error::{ApiError, ApiResult};
@@ -244,10 +244,6 @@ pub struct Server {
     pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,
     records: Mutex<HashMap<String, Arc<Record>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Server {
