@@ -14,22 +14,22 @@
 //! open connections it denies are cut) and is audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
 //! and no proxy; its policy cannot be changed.
 
-use std::collections::HashMap;
-use std::path::Path as FsPath;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
 use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
+use agentrun_pool::lock;
 use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
 use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
+use axum::http::StatusCode;
+use axum::routing::{any, get};
+use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use crate::auth::EgressSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::execd::{authorize, sid_of};
-use crate::{lock, Server};
+use crate::{Record, Server};
 
 /// The profile name decisions are recorded under.
 const PROFILE: &str = "opensandbox.networkPolicy";
@@ -49,7 +49,7 @@ impl SandboxEgress {
     /// Starts the proxy of sandbox `id` on `socket` (the sandbox's egress socket).
     pub fn start(
         id: &str,
-        socket: &FsPath,
+        socket: &Path,
         policy: OpenSandboxPolicy,
         audit: AuditLog,
         trace: String,
@@ -192,6 +192,25 @@ fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
     })
 }
 
+/// The egress sidecar's API of one sandbox, served under `/egress/{sid}`.
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route(
+            "/policy",
+            get(get_policy).patch(patch_policy).delete(delete_policy),
+        )
+        .route("/credential-vault", any(credential_vault))
+        .route("/credential-vault/{*rest}", any(credential_vault))
+        .with_state(server)
+}
+
+/// The sidecar's credential vault: not supported (501, once the token checks out).
+async fn credential_vault(_: EgressSandbox) -> ApiResult<StatusCode> {
+    Err(ApiError::not_supported(
+        "the credential vault is not supported",
+    ))
+}
+
 /// The `PolicyStatusResponse` of a policy.
 fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
     let (mode, policy) = match policy {
@@ -208,7 +227,7 @@ fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
     json!({"status": "ok", "mode": mode, "enforcementMode": "proxy", "policy": policy})
 }
 
-fn egress_of(rec: &crate::Record) -> ApiResult<&SandboxEgress> {
+fn egress_of(rec: &Record) -> ApiResult<&SandboxEgress> {
     rec.egress.as_ref().ok_or_else(|| {
         ApiError::conflict(format!(
             "sandbox {} was created without a networkPolicy: it has no network, and its egress policy cannot be changed",
@@ -217,26 +236,17 @@ fn egress_of(rec: &crate::Record) -> ApiResult<&SandboxEgress> {
     })
 }
 
-pub async fn get_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> ApiResult<Json<Value>> {
-    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+async fn get_policy(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
     let policy = rec.egress.as_ref().map(SandboxEgress::policy);
     Ok(Json(status(policy.as_ref())))
 }
 
-pub async fn patch_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+async fn patch_policy(
+    EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
-        &server,
-        &p,
-        &headers,
+        &rec,
         &body,
         "net.policy.patch",
         "[{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}]",
@@ -244,16 +254,12 @@ pub async fn patch_policy(
     )
 }
 
-pub async fn delete_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+async fn delete_policy(
+    EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
-        &server,
-        &p,
-        &headers,
+        &rec,
         &body,
         "net.policy.delete",
         "a list of targets",
@@ -264,19 +270,16 @@ pub async fn delete_policy(
 /// PATCH and DELETE `/policy`: the body parsed as `T` (else 400 saying what was `expected`),
 /// the change audited (`action`, the body as the resource) and applied to the live proxy.
 fn change_policy<T: serde::de::DeserializeOwned + serde::Serialize>(
-    server: &Server,
-    p: &HashMap<String, String>,
-    headers: &HeaderMap,
+    rec: &Record,
     body: &Bytes,
     action: &str,
     expected: &str,
     apply: impl FnOnce(&mut OpenSandboxPolicy, &T) -> Result<(), agentrun_policy::NetworkPolicyError>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let rec = authorize(server, sid_of(p), headers, crate::EGRESS_TOKEN_HEADER)?;
     let asked: T = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: expected {expected}: {e}"))
     })?;
-    let egress = egress_of(&rec)?;
+    let egress = egress_of(rec)?;
     let resource = serde_json::to_string(&asked).unwrap_or_default();
     let next = tokio::task::block_in_place(|| {
         egress.change(action, resource, |policy| apply(policy, &asked))

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_pool::live::LiveSpec;
+use agentrun_pool::{lock, PoolError};
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -17,8 +18,11 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::{lock, random_token, rfc3339, Record, Server};
+use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
+use crate::process::{dev_null, spawn};
+use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 
 /// Longest `timeout` accepted (seconds).
 const MAX_TIMEOUT_S: i64 = 86_400;
@@ -39,7 +43,7 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/metrics/events", post(metrics_event))
         .layer(axum::middleware::from_fn_with_state(
             server.clone(),
-            api_key,
+            require_api_key,
         ))
         .with_state(server);
     Router::new()
@@ -69,37 +73,6 @@ pub async fn request_id(req: Request, next: Next) -> Response {
         resp.headers_mut().insert("x-request-id", id);
     }
     resp
-}
-
-/// `OPEN-SANDBOX-API-KEY`, when a key is configured.
-async fn api_key(State(server): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &server.api_key {
-        match req.headers().get("open-sandbox-api-key") {
-            None => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "MISSING_API_KEY",
-                    "missing OPEN-SANDBOX-API-KEY header",
-                )
-                .into_response()
-            }
-            Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "INVALID_API_KEY",
-                    "invalid API key",
-                )
-                .into_response()
-            }
-            Some(_) => {}
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares secrets without an early exit.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
@@ -353,7 +326,9 @@ fn sandbox_json(rec: &Record) -> Value {
     let (state, since) = rec.state();
     let (reason, message) = match &*lock(&rec.ended) {
         Some((reason, why)) => (*reason, why.clone()),
-        None if state == "Paused" => ("SANDBOX_PAUSED", "agentrun sandbox paused".into()),
+        None if state == SandboxState::Paused => {
+            ("SANDBOX_PAUSED", "agentrun sandbox paused".into())
+        }
         None => ("SANDBOX_RUNNING", "agentrun sandbox running".into()),
     };
     let mut v = json!({
@@ -384,13 +359,6 @@ fn traceparent(headers: &HeaderMap) -> Option<String> {
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-}
-
-/// Runs a span's export off the async threads (it may block on the network).
-pub fn finish_span(span: agentrun_telemetry::RunSpan) {
-    if agentrun_telemetry::export_enabled() {
-        tokio::task::spawn_blocking(move || span.finish());
-    }
 }
 
 async fn create(
@@ -473,7 +441,7 @@ async fn create_sandbox(
         network_policy: req.network_policy.clone().filter(|p| !p.is_null()),
         egress,
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
-        state: Mutex::new(("Running", now)),
+        state: Mutex::new((SandboxState::Running, now)),
         ended: Mutex::new(None),
         netns: Default::default(),
         torn_down: Default::default(),
@@ -485,7 +453,7 @@ async fn create_sandbox(
         cpu_sample: Mutex::new((Instant::now(), 0)),
     });
     // The entrypoint is the sandbox's main process.
-    if let Err(e) = crate::execd::start_entrypoint(server, &rec).await {
+    if let Err(e) = start_entrypoint(server, &rec).await {
         let live = server.live.clone();
         let id = rec.id.clone();
         let rec2 = rec.clone();
@@ -500,6 +468,36 @@ async fn create_sandbox(
     }
     server.insert(rec.clone());
     Ok(rec)
+}
+
+/// The sandbox's main process: the create request's entrypoint, a command of the sandbox
+/// (its output kept as the sandbox's log, last lines only). When it exits, the sandbox ends
+/// ([`Record::entrypoint_exited`]).
+async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
+    let argv = rec.entrypoint.clone();
+    let p = match spawn(rec, argv, Vec::new(), "/".into(), dev_null()?).await {
+        Ok(p) => p,
+        Err(PoolError::Spawn { message, .. }) => {
+            return Err(ApiError::bad_request(format!("entrypoint: {message}")))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let cmd = Arc::new(Command::running(
+        rec,
+        ENTRYPOINT.into(),
+        rec.entrypoint.join(" "),
+        p.id,
+    ));
+    remember(rec, &cmd);
+    let (exited, _) = pump_outputs(server, rec, &cmd, p.stdout, p.stderr, None);
+    let (live, rec, exit) = (server.live.clone(), rec.clone(), p.exit);
+    tokio::spawn(async move {
+        let e = exit.await.unwrap_or_default();
+        let _ = exited.send(true);
+        cmd.finish(&rec, e.exit_code, String::new());
+        rec.entrypoint_exited(&live, e.exit_code);
+    });
+    Ok(())
 }
 
 async fn get_one(
@@ -551,7 +549,9 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     let matching: Vec<Value> = server
         .all()
         .iter()
-        .filter(|r| states.is_empty() || states.contains(&r.state().0.to_ascii_lowercase()))
+        .filter(|r| {
+            states.is_empty() || states.contains(&r.state().0.as_str().to_ascii_lowercase())
+        })
         .filter(|r| {
             let m = lock(&r.metadata);
             meta.iter().all(|(k, v)| m.get(k) == Some(v))
@@ -583,7 +583,7 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     let rec = server
         .remove(id)
         .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))?;
-    rec.set_state("Terminated");
+    rec.set_state(SandboxState::Terminated);
     // Every process dies now; the teardown (mounts, cgroups, state) finishes off the request.
     rec.tear_down(&server.live);
     Ok(())
@@ -600,13 +600,13 @@ async fn delete(
 async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
     rec.check_running()?;
-    if rec.state().0 == "Paused" {
+    if rec.state().0 == SandboxState::Paused {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is already paused"
         )));
     }
     rec.sandbox.pause()?;
-    rec.set_state("Paused");
+    rec.set_state(SandboxState::Paused);
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -615,11 +615,11 @@ async fn resume(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
-    if rec.state().0 != "Paused" {
+    if rec.state().0 != SandboxState::Paused {
         return Err(ApiError::conflict(format!("sandbox {id} is not paused")));
     }
     rec.sandbox.resume()?;
-    rec.set_state("Running");
+    rec.set_state(SandboxState::Running);
     Ok(StatusCode::ACCEPTED)
 }
 
