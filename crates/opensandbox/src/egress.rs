@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
 use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
 use agentrun_pool::lock;
-use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
+use agentrun_telemetry::decision::{EGRESS_CONNECT, POLICY_CHECK};
+use agentrun_telemetry::{trace_id_of, AuditLog, AuditRecord, DecisionScope, RunSpan};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::routing::{any, get};
@@ -88,7 +89,7 @@ impl SandboxEgress {
         let record = AuditRecord {
             kind: "policy".into(),
             sandbox_id: self.sandbox_id.clone(),
-            trace_id: trace_id(&self.trace),
+            trace_id: trace_id_of(&self.trace),
             action: action.into(),
             resource,
             decision: "applied".into(),
@@ -121,42 +122,45 @@ impl SandboxEgress {
     }
 }
 
-fn trace_id(traceparent: &str) -> String {
-    traceparent.split('-').nth(1).unwrap_or_default().to_owned()
+/// The scope of sandbox `id`'s decisions, in the trace of `traceparent`.
+fn scope<'a>(id: &'a str, trace_id: &'a str) -> DecisionScope<'a> {
+    DecisionScope {
+        profile: PROFILE,
+        sandbox_id: Some(id),
+        trace_id,
+    }
+}
+
+/// Appends `record` to the audit log; whether it is on disk (a failure is logged).
+fn append(audit: &AuditLog, id: &str, record: &AuditRecord) -> bool {
+    match audit.append(record) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(target: "agentrun::opensandbox::egress", sandbox = %id, "audit log: {e}");
+            false
+        }
+    }
+}
+
+/// Exports `span` on a thread of its own: the export may block on the network, never on a
+/// connection's path.
+fn export(span: RunSpan) {
+    if agentrun_telemetry::export_enabled() {
+        let _ = std::thread::Builder::new()
+            .name("egress-span".into())
+            .spawn(move || span.finish());
+    }
 }
 
 /// Traces and audits each of the proxy's decisions for sandbox `id`. An allow is acted on
 /// only once its audit record is on disk.
 fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
+    let trace_id = trace_id_of(&trace);
     Arc::new(move |action: &Action, d: &Decision| {
-        let mut span = RunSpan::start("policy.check", Some(&trace));
-        span.set_decision(action, d, PROFILE, "egress-proxy");
-        span.set_attribute("sandbox.id", id.clone());
-        let record = AuditRecord {
-            kind: "decision".into(),
-            sandbox_id: id.clone(),
-            trace_id: trace_id(&trace),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: d.verdict().into(),
-            rule: d.rule_id.clone(),
-            reason: d.reason.clone(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
-        let recorded = match audit.append(&record) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("agentrun: sandbox {id}: {e}");
-                false
-            }
-        };
-        // The export may block on the network: never on the connection's path.
-        if agentrun_telemetry::export_enabled() {
-            let _ = std::thread::Builder::new()
-                .name("egress-span".into())
-                .spawn(move || span.finish());
-        }
+        let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
+        let record = scope(&id, &trace_id).decision(&mut span, action, d, "egress-proxy");
+        let recorded = append(&audit, &id, &record);
+        export(span);
         recorded
     })
 }
@@ -165,30 +169,13 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
 /// allowed it (a name that does not resolve, an upstream that refuses): an `egress.connect`
 /// span with status Error, an audit record of kind `error`. Not a denial.
 fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
+    let trace_id = trace_id_of(&trace);
     Arc::new(move |action: &Action, d: &Decision, f: &Failure| {
-        let mut span = RunSpan::start("egress.connect", Some(&trace));
-        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
-        span.set_attribute("sandbox.id", id.clone());
-        let record = AuditRecord {
-            kind: "error".into(),
-            sandbox_id: id.clone(),
-            trace_id: trace_id(&trace),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: "error".into(),
-            rule: d.rule_id.clone(),
-            reason: f.message.clone(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
-        if let Err(e) = audit.append(&record) {
-            eprintln!("agentrun: sandbox {id}: {e}");
-        }
-        if agentrun_telemetry::export_enabled() {
-            let _ = std::thread::Builder::new()
-                .name("egress-span".into())
-                .spawn(move || span.finish());
-        }
+        let mut span = RunSpan::start(EGRESS_CONNECT, Some(&trace));
+        let record =
+            scope(&id, &trace_id).failure(&mut span, action, d, f.kind.error_type(), &f.message);
+        append(&audit, &id, &record);
+        export(span);
     })
 }
 

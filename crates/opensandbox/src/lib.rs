@@ -159,7 +159,7 @@ impl Frontend for OpenSandboxFrontend {
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });
-        eprintln!("agentrun: OpenSandbox API on http://{}/v1", opts.listen);
+        tracing::info!(target: "agentrun::opensandbox", "OpenSandbox API on http://{}/v1", opts.listen);
         let thread = std::thread::Builder::new()
             .name("opensandbox".into())
             .spawn(move || {
@@ -171,7 +171,7 @@ impl Frontend for OpenSandboxFrontend {
                             let _ = tcp.set_nodelay(true);
                         }),
                         Err(e) => {
-                            eprintln!("agentrun: OpenSandbox API: {e}");
+                            tracing::error!(target: "agentrun::opensandbox", "OpenSandbox API: the listener: {e}");
                             return;
                         }
                     };

@@ -745,7 +745,7 @@ pub async fn expiry_loop(server: Arc<Server>) {
                 rec.sandbox.taint("timeout");
             }
             if let Err(e) = delete_sandbox(&server, &id).await {
-                eprintln!("agentrun: expiring sandbox {id}: {}", e.message);
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "expiring the sandbox: {}", e.message);
             }
         }
     }

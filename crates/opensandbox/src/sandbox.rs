@@ -157,7 +157,7 @@ impl Record {
                 p.stop();
             }
             if let Err(e) = live.delete(&id) {
-                tracing::warn!(target: "agentrun::opensandbox", sandbox = %id, "deleting the sandbox: {e}");
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "deleting the sandbox: {e}");
             }
         });
     }
