@@ -44,7 +44,7 @@ impl Token {
 
     fn of(self, rec: &Record) -> &str {
         match self {
-            Token::Execd => &rec.token,
+            Token::Execd => &rec.execd_token,
             Token::Egress => &rec.egress_token,
         }
     }

@@ -1,17 +1,22 @@
 //! The OpenSandbox API served by `agentrun serve --listen ADDR`, so that the official
-//! OpenSandbox SDKs work against agentrun unchanged (see `specs/opensandbox/WIRE.md`).
+//! OpenSandbox SDKs work against agentrun unchanged (the API as the SDK 1.1.1 speaks it: the
+//! `opensandbox` e2e tests drive it with the official SDKs).
 //!
 //! - [`lifecycle`]: `/v1/sandboxes...` (create, get, list, delete, pause/resume, renew,
-//!   metadata, endpoints), with the `OPEN-SANDBOX-API-KEY` check, `X-Request-ID` echo and
-//!   TTL expiry.
-//! - [`execd`]: the per-sandbox execd API (commands, sessions, metrics) that OpenSandbox runs
-//!   inside each container; here agentrun serves it itself under `/execd/{id}`, guarded by a
-//!   per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside the
-//!   image besides what the user asked for.
+//!   metadata, endpoints), `X-Request-ID` echo, TTL expiry; a sandbox's entrypoint.
+//! - [`execd`]: the per-sandbox execd API (ping, commands, sessions, metrics) that OpenSandbox
+//!   runs inside each container; here agentrun serves it itself under `/execd/{sid}`, guarded
+//!   by a per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside
+//!   the image besides what the user asked for.
 //! - [`files`]: the execd file API, every path resolved inside the sandbox ([`agentrun_runtime::fsroot`]).
 //! - [`code`]: code interpreting (Python contexts).
+//! - [`proxy`]: execd's port proxy into the sandbox.
 //! - [`egress`]: the `networkPolicy`, enforced by a per-sandbox egress proxy, and the egress
-//!   sidecar's `/policy` (under `/egress/{sid}`) that changes it live.
+//!   sidecar's API (under `/egress/{sid}`) that changes it live.
+//! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
+//! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`].
+//! - [`process`] / [`events`]: processes in a sandbox (pipes, the interactive ones of sessions
+//!   and code contexts) and the event streams their output reaches clients by.
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
@@ -21,7 +26,7 @@
 //! before any body is read; JSON bodies are read up to [`Limits::max_request_body`], uploads
 //! are streamed to the sandbox's files up to [`Limits::max_upload`] (413 above either);
 //! downloads, `replace` and process output are streamed in bounded chunks and queues (see
-//! [`files`] and [`execd`]).
+//! [`files`], [`events`], [`process`] and [`execd::commands`]).
 
 pub mod auth;
 pub mod code;

@@ -430,7 +430,7 @@ async fn create_sandbox(
     let rec = Arc::new(Record {
         id: sandbox.id().to_owned(),
         sandbox: sandbox.clone(),
-        token: random_token()?,
+        execd_token: random_token()?,
         egress_token: random_token()?,
         image: v.spec.image.clone(),
         entrypoint: v.entrypoint.clone(),
@@ -705,7 +705,7 @@ async fn endpoint(
     match port {
         crate::EXECD_PORT => Ok(Json(json!({
             "endpoint": format!("{host}/execd/{id}"),
-            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.execd_token},
         }))),
         crate::EGRESS_PORT => Ok(Json(json!({
             "endpoint": format!("{host}/egress/{id}"),
@@ -714,7 +714,7 @@ async fn endpoint(
         // Any other port: execd's proxy to 127.0.0.1:port inside the sandbox.
         p => Ok(Json(json!({
             "endpoint": format!("{host}/execd/{id}/proxy/{p}"),
-            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.execd_token},
         }))),
     }
 }

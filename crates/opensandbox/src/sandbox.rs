@@ -85,7 +85,7 @@ pub struct Record {
     pub id: String,
     pub sandbox: Arc<LiveSandbox>,
     /// The execd token (`X-EXECD-ACCESS-TOKEN`) and the egress one.
-    pub token: String,
+    pub execd_token: String,
     pub egress_token: String,
     pub image: String,
     pub entrypoint: Vec<String>,
@@ -107,7 +107,7 @@ pub struct Record {
     /// Set once its processes are killed and its teardown is under way.
     pub torn_down: std::sync::atomic::AtomicBool,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
-    /// What all its command logs hold together (bounded: [`lines::SANDBOX_LOG_BUDGET`]).
+    /// What all its command logs hold together (bounded: `SANDBOX_LOG_BUDGET`).
     pub log_budget: Arc<lines::LogBudget>,
     /// How many finished commands (not the entrypoint) `commands` holds.
     pub finished_commands: std::sync::atomic::AtomicUsize,

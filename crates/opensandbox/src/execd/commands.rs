@@ -4,9 +4,9 @@
 //! whole process group. The sandbox's entrypoint is a command too (started by
 //! [`crate::lifecycle`]), its output kept as the sandbox's log.
 //!
-//! A command's log keeps its newest [`LOG_CAP_BYTES`], and a sandbox's logs together at most
-//! [`crate::lines::SANDBOX_LOG_BUDGET`] (the oldest finished commands are forgotten first);
-//! at most [`KEPT_FINISHED_COMMANDS`] finished commands are kept.
+//! A command's log keeps its newest 8 MiB (`LOG_CAP_BYTES`), and a sandbox's logs together
+//! at most `SANDBOX_LOG_BUDGET` (the oldest finished commands are forgotten first); at most
+//! `KEPT_FINISHED_COMMANDS` (256) finished commands are kept.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -98,7 +98,7 @@ pub struct CommandState {
     pub exit_code: Option<i32>,
     pub error: String,
     pub finished_at: Option<DateTime<Utc>>,
-    /// stdout and stderr lines, in arrival order (the newest [`LOG_CAP_BYTES`], less when its
+    /// stdout and stderr lines, in arrival order (the newest `LOG_CAP_BYTES`, less when its
     /// sandbox's logs are over their budget).
     pub log: LineLog,
 }
