@@ -64,10 +64,10 @@ async fn create(
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| "/".into());
     let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
-    let shell = InteractiveProcess::start(&server, &rec, argv, Vec::new(), cwd).await?;
+    let process = InteractiveProcess::start(&server, &rec, argv, Vec::new(), cwd).await?;
     let session = Arc::new(Session {
         id: random_token()?,
-        shell,
+        shell: process,
         marker: format!("__agentrun_{}_", random_token()?),
     });
     lock(&rec.sessions).insert(session.id.clone(), session.clone());
