@@ -5,14 +5,17 @@
 //! host, listening on the socket in the sandbox's state dir. The proxy decides every
 //! connection with [`agentrun_policy::NetworkPolicy::check`] on the rules mapped from the
 //! policy ([`OpenSandboxPolicy::to_network_policy`]); each decision is a `policy.check` span
-//! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id.
+//! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id, made by
+//! [`agentrun_telemetry::DecisionScope`] as the CLI's runs make theirs.
 //!
-//! `/egress/{sid}/policy` (what the endpoint lookup for port 18080 hands out, guarded by the
-//! per-sandbox `OPENSANDBOX-EGRESS-AUTH` token) serves `GET` (the policy in force), `PATCH`
-//! (merge rules: incoming first, one rule per target) and `DELETE` (remove rules by target).
+//! The egress sidecar's API, [`routes`] under `/egress/{sid}` (what the endpoint lookup for
+//! port 18080 hands out, guarded by the per-sandbox `OPENSANDBOX-EGRESS-AUTH` token):
+//! `/policy` serves `GET` (the policy in force), `PATCH` (merge rules: incoming first, one
+//! rule per target) and `DELETE` (remove rules by target); `/credential-vault` answers 501.
 //! A change replaces the proxy's policy at once (the next connection is decided by it, and
-//! open connections it denies are cut) and is audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
-//! and no proxy; its policy cannot be changed.
+//! open connections it denies are cut) and is audited. A sandbox created without a
+//! `networkPolicy` has no network at all (loopback only) and no proxy; its policy cannot be
+//! changed.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

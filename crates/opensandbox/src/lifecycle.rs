@@ -1,5 +1,6 @@
 //! The lifecycle API (`/v1/sandboxes...`): create, get, list, delete, pause/resume, renew,
-//! metadata patch, endpoint lookup; API-key check, `X-Request-ID`, TTL expiry.
+//! metadata patch, endpoint lookup (behind [`crate::auth::require_api_key`]); `X-Request-ID`,
+//! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
