@@ -55,7 +55,8 @@ pub(super) fn routes(server: Arc<Server>) -> Router {
 pub struct Command {
     pub id: String,
     pub content: String,
-    pub process: Mutex<Option<u64>>,
+    /// Its process (and process group) in the sandbox.
+    pub process: u64,
     pub started_at: DateTime<Utc>,
     pub state: Mutex<CommandState>,
 }
@@ -66,7 +67,7 @@ impl Command {
         Command {
             id,
             content,
-            process: Mutex::new(Some(process)),
+            process,
             started_at: Utc::now(),
             state: Mutex::new(CommandState {
                 running: true,
@@ -414,10 +415,8 @@ async fn interrupt(
 ) -> ApiResult<StatusCode> {
     let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
     let cmd = find_command(&rec, &id)?;
-    if let Some(pid) = *lock(&cmd.process) {
-        // The whole process group: everything the command started.
-        rec.sandbox.signal(pid, libc::SIGKILL, true)?;
-    }
+    // The whole process group: everything the command started.
+    rec.sandbox.signal(cmd.process, libc::SIGKILL, true)?;
     Ok(StatusCode::OK)
 }
 
