@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use agentrun_policy::{Action, Decision};
 use agentrun_telemetry::audit::AuditError;
-use agentrun_telemetry::{AuditLog, AuditRecord, FinishedSpan, RunSpan};
+use agentrun_telemetry::decision::{EGRESS_CONNECT, POLICY_CHECK};
+use agentrun_telemetry::{
+    trace_id_of, AuditLog, AuditRecord, DecisionScope, FinishedSpan, RunSpan,
+};
 
 /// Records decisions; cheap to clone, safe to share with the proxy's threads.
 #[derive(Clone)]
@@ -34,12 +37,7 @@ struct Inner {
 
 impl Recorder {
     pub fn new(parent: &RunSpan, audit: AuditLog, profile: &str) -> Self {
-        let trace_id = parent
-            .traceparent()
-            .split('-')
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
+        let trace_id = trace_id_of(&parent.traceparent());
         Recorder {
             inner: Arc::new(Mutex::new(Inner {
                 parent: parent.clone(),
@@ -90,29 +88,16 @@ impl Recorder {
         if !d.allow {
             g.denials += 1;
         }
-        let mut span = g.parent.child("policy.check");
-        span.set_decision(action, d, &g.profile, enforced_by);
-        if let Some(id) = &g.sandbox_id {
-            span.set_attribute("sandbox.id", id.clone());
+        let mut span = g.parent.child(POLICY_CHECK);
+        let mut record = g.scope().decision(&mut span, action, d, enforced_by);
+        if let Some(time) = time {
+            record.time = time;
         }
         if g.sandbox_id.is_some() {
             g.children.push(span.end());
         } else {
             g.pending_spans.push(span);
         }
-        let record = AuditRecord {
-            kind: "decision".into(),
-            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
-            trace_id: g.trace_id.clone(),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: d.verdict().into(),
-            rule: d.rule_id.clone(),
-            reason: d.reason.clone(),
-            profile: g.profile.clone(),
-            time: time.unwrap_or_else(agentrun_telemetry::audit::now_rfc3339),
-            exit: None,
-        };
         if g.sandbox_id.is_none() {
             g.pending.push(record);
             return false;
@@ -132,24 +117,11 @@ impl Recorder {
     /// audit record of kind `error`; never counted as a violation.
     pub fn failure(&self, action: &Action, d: &Decision, f: &agentrun_egress::Failure) {
         let mut g = self.lock();
-        let mut span = g.parent.child("egress.connect");
-        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
-        if let Some(id) = &g.sandbox_id {
-            span.set_attribute("sandbox.id", id.clone());
-        }
+        let mut span = g.parent.child(EGRESS_CONNECT);
+        let record = g
+            .scope()
+            .failure(&mut span, action, d, f.kind.error_type(), &f.message);
         g.children.push(span.end());
-        let record = AuditRecord {
-            kind: "error".into(),
-            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
-            trace_id: g.trace_id.clone(),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: "error".into(),
-            rule: d.rule_id.clone(),
-            reason: f.message.clone(),
-            profile: g.profile.clone(),
-            ..Default::default()
-        };
         if let Err(e) = g.audit.append(&record) {
             eprintln!("agentrun: {e}");
         }
@@ -193,6 +165,14 @@ impl Recorder {
 }
 
 impl Inner {
+    fn scope(&self) -> DecisionScope<'_> {
+        DecisionScope {
+            profile: &self.profile,
+            sandbox_id: self.sandbox_id.as_deref(),
+            trace_id: &self.trace_id,
+        }
+    }
+
     fn flush(&mut self) -> Result<(), AuditError> {
         let id = self.sandbox_id.clone().unwrap_or_default();
         for mut span in std::mem::take(&mut self.pending_spans) {

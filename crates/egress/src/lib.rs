@@ -29,6 +29,7 @@
 //! change, connections already relaying are decided again and those the new policy denies
 //! are cut (and the denial reported).
 
+mod relay;
 pub mod request;
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use std::time::Duration;
 
 use agentrun_policy::{Action, Decision, NetworkPolicy};
 
+pub use relay::{relay, Duplex};
 pub use request::{parse_request_head, Body, HeadError, RequestHead, MAX_HEAD};
 
 /// Port the sandbox's init listens on inside the sandbox.
@@ -575,22 +577,6 @@ fn respond(c: &mut UnixStream, code: u16, text: &str, body: &str) -> io::Result<
     );
     c.write_all(msg.as_bytes())?;
     let _ = c.shutdown(Shutdown::Write);
-    Ok(())
-}
-
-/// Copies both ways until both sides are done (a CONNECT tunnel).
-fn relay(client: UnixStream, upstream: TcpStream) -> io::Result<()> {
-    let mut c2 = client.try_clone()?;
-    let mut u2 = upstream.try_clone()?;
-    let up = std::thread::spawn(move || {
-        let mut c = client;
-        let _ = io::copy(&mut c, &mut u2);
-        let _ = u2.shutdown(Shutdown::Write);
-    });
-    let mut u = upstream;
-    let _ = io::copy(&mut u, &mut c2);
-    let _ = c2.shutdown(Shutdown::Write);
-    let _ = up.join();
     Ok(())
 }
 

@@ -6,15 +6,15 @@
 //! exception (`ename`, `evalue`, `traceback`). Interrupting an execution sends SIGINT
 //! (`KeyboardInterrupt`). Other languages answer 400.
 //!
-//! An interpreter's output is read through bounded queues ([`crate::execd::queued_lines`]):
+//! An interpreter's output is read through bounded queues ([`crate::process::queued_lines`]):
 //! what it prints between executions (a thread printing forever) waits there, then in its
 //! pipe, and then the printing thread blocks until the next execution reads it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use agentrun_pool::lock;
 use agentrun_telemetry::ExecSpan;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -23,34 +23,32 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
+use crate::auth::ExecdSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::execd::{event, event_queue, execd, pipe, queued_lines, sid_of, spawn, stream_response};
-use crate::{lock, random_token, Record, Server};
+use crate::events::{event, event_queue, stream_response};
+use crate::process::InteractiveProcess;
+use crate::{finish_span, random_token, Record, Server};
 
 const DRIVER: &str = include_str!("code_driver.py");
 
 /// The code state of one sandbox.
 #[derive(Default)]
 pub struct CodeState {
-    contexts: HashMap<String, Arc<Context>>,
+    contexts: HashMap<String, Arc<CodeContext>>,
     /// The context used when a request names none, per language.
     defaults: HashMap<String, String>,
     /// Execution id -> context id (for interrupts).
     executions: HashMap<String, String>,
 }
 
-/// One interpreter process.
-pub struct Context {
+/// One code context: a persistent interpreter running agentrun's driver.
+pub struct CodeContext {
     id: String,
     language: String,
-    process: u64,
-    stdin: tokio::sync::Mutex<tokio::net::unix::pipe::Sender>,
-    /// Lines of its stdout and stderr, consumed by the execution in progress.
-    lines: tokio::sync::Mutex<(mpsc::Receiver<String>, mpsc::Receiver<String>)>,
+    interpreter: InteractiveProcess,
+    /// Starts each line the driver writes for agentrun (not the code's own output).
     marker: String,
-    dead: Arc<AtomicBool>,
 }
 
 pub fn routes(server: Arc<Server>) -> Router {
@@ -69,11 +67,7 @@ pub fn routes(server: Arc<Server>) -> Router {
 }
 
 fn bad_body(e: serde_json::Error) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "INVALID_REQUEST_BODY",
-        format!("invalid request body: {e}"),
-    )
+    ApiError::invalid_body(format!("invalid request body: {e}"))
 }
 
 fn check_language(language: &str) -> ApiResult<String> {
@@ -94,11 +88,8 @@ async fn start_context(
     rec: &Record,
     language: &str,
     cwd: Option<String>,
-) -> ApiResult<Arc<Context>> {
-    if rec.state().0 == "Paused" {
-        return Err(ApiError::conflict("the sandbox is paused"));
-    }
-    let (in_r, in_w) = pipe()?;
+) -> ApiResult<Arc<CodeContext>> {
+    rec.check_not_paused()?;
     let marker = format!("\u{1}agentrun-{}:", random_token()?);
     let argv = vec!["python3".into(), "-u".into(), "-c".into(), DRIVER.into()];
     let env = vec![
@@ -106,8 +97,8 @@ async fn start_context(
         ("PYTHONIOENCODING".to_string(), "utf-8".to_string()),
     ];
     let cwd = cwd.filter(|c| !c.is_empty()).unwrap_or_else(|| "/".into());
-    let (pid, out, err, exit) = match spawn(rec, argv, env, cwd, in_r).await {
-        Ok(x) => x,
+    let interpreter = match InteractiveProcess::start(server, rec, argv, env, cwd).await {
+        Ok(p) => p,
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -117,23 +108,11 @@ async fn start_context(
         }
         Err(e) => return Err(e.into()),
     };
-    let (orx, erx) = (queued_lines(server, out), queued_lines(server, err));
-    let dead = Arc::new(AtomicBool::new(false));
-    let d = dead.clone();
-    tokio::spawn(async move {
-        let _ = exit.await;
-        d.store(true, Ordering::SeqCst);
-    });
-    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let ctx = Arc::new(Context {
+    let ctx = Arc::new(CodeContext {
         id: random_token()?,
         language: language.to_owned(),
-        process: pid,
-        stdin: tokio::sync::Mutex::new(stdin),
-        lines: tokio::sync::Mutex::new((orx, erx)),
+        interpreter,
         marker,
-        dead,
     });
     lock(&rec.code).contexts.insert(ctx.id.clone(), ctx.clone());
     Ok(ctx)
@@ -153,12 +132,10 @@ pub fn parse_create_context(body: &[u8]) -> ApiResult<(String, Option<String>)> 
 }
 
 async fn create_context(
+    ExecdSandbox(rec): ExecdSandbox,
     State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Json<Value>> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let (language, cwd) = parse_create_context(&body)?;
     let ctx = start_context(&server, &rec, &language, cwd).await?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
@@ -171,12 +148,9 @@ struct LanguageQuery {
 }
 
 async fn list_contexts(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Query(q): Query<LanguageQuery>,
-    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let st = lock(&rec.code);
     let mut all: Vec<Value> = st
         .contexts
@@ -192,7 +166,7 @@ async fn list_contexts(
     Ok(Json(Value::Array(all)))
 }
 
-fn find(rec: &Record, id: &str) -> ApiResult<Arc<Context>> {
+fn find(rec: &Record, id: &str) -> ApiResult<Arc<CodeContext>> {
     lock(&rec.code)
         .contexts
         .get(id)
@@ -201,25 +175,21 @@ fn find(rec: &Record, id: &str) -> ApiResult<Arc<Context>> {
 }
 
 async fn get_context(
-    State(server): State<Arc<Server>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let ctx = find(&rec, p.get("ctx").map(String::as_str).unwrap_or(""))?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
 }
 
-fn stop(rec: &Record, ctx: &Context) {
-    let _ = rec.sandbox.signal(ctx.process, libc::SIGKILL, true);
+fn stop(rec: &Record, ctx: &CodeContext) {
+    let _ = rec.sandbox.signal(ctx.interpreter.id, libc::SIGKILL, true);
 }
 
 async fn delete_context(
-    State(server): State<Arc<Server>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let id = p.get("ctx").map(String::as_str).unwrap_or("");
     let ctx = {
         let mut st = lock(&rec.code);
@@ -232,14 +202,11 @@ async fn delete_context(
 }
 
 async fn delete_by_language(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Query(q): Query<LanguageQuery>,
-    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let language = check_language(q.language.as_deref().unwrap_or("python"))?;
-    let gone: Vec<Arc<Context>> = {
+    let gone: Vec<Arc<CodeContext>> = {
         let mut st = lock(&rec.code);
         st.defaults.remove(&language);
         let ids: Vec<String> = st
@@ -257,17 +224,15 @@ async fn delete_by_language(
 }
 
 async fn interrupt(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Query(q): Query<LanguageQuery>,
-    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let id = q.id.ok_or_else(|| ApiError::missing_query("id"))?;
     // An execution id, or a context id.
     let ctx_id = lock(&rec.code).executions.get(&id).cloned().unwrap_or(id);
     let ctx = find(&rec, &ctx_id)?;
-    rec.sandbox.signal(ctx.process, libc::SIGINT, false)?;
+    rec.sandbox
+        .signal(ctx.interpreter.id, libc::SIGINT, false)?;
     Ok(StatusCode::OK)
 }
 
@@ -281,11 +246,7 @@ pub struct RunCode {
 pub fn parse_run_code(body: &[u8]) -> ApiResult<RunCode> {
     let req: RunCode = serde_json::from_slice(body).map_err(bad_body)?;
     if req.code.trim().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            "code is empty",
-        ));
+        return Err(ApiError::invalid_body("code is empty"));
     }
     Ok(req)
 }
@@ -297,12 +258,11 @@ struct ContextRef {
 }
 
 async fn run(
+    ExecdSandbox(rec): ExecdSandbox,
     State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let rec = execd(&server, sid_of(&p), &headers)?;
     let req = parse_run_code(&body)?;
     let (id, language) = match &req.context {
         Some(c) => (c.id.clone().filter(|i| !i.is_empty()), c.language.clone()),
@@ -319,7 +279,7 @@ async fn run(
                     .and_then(|i| st.contexts.get(i))
                     .cloned()
             };
-            match existing.filter(|c| !c.dead.load(Ordering::SeqCst)) {
+            match existing.filter(|c| !c.interpreter.is_dead()) {
                 Some(c) => c,
                 None => {
                     let c = start_context(&server, &rec, &language, None).await?;
@@ -329,30 +289,30 @@ async fn run(
             }
         }
     };
-    if ctx.dead.load(Ordering::SeqCst) {
+    if ctx.interpreter.is_dead() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "CONTEXT_DEAD",
             "the context's interpreter has exited",
         ));
     }
-    let exec_id = random_token()?;
+    let execution_id = random_token()?;
     lock(&rec.code)
         .executions
-        .insert(exec_id.clone(), ctx.id.clone());
+        .insert(execution_id.clone(), ctx.id.clone());
     let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
         .sandbox(&rec.id)
         .executable("python3")
         .command_line(&req.code)
         .start();
     let (tx, rx) = event_queue();
-    let _ = tx.try_send(event("init", json!({"text": exec_id})));
+    let _ = tx.try_send(event("init", json!({"text": execution_id})));
     let request = format!("{}\n", json!({"code": req.code}));
     let rec2 = rec.clone();
     tokio::spawn(async move {
         let started = Instant::now();
-        let mut lines = ctx.lines.lock().await;
-        let mut stdin = ctx.stdin.lock().await;
+        let mut lines = ctx.interpreter.output.lock().await;
+        let mut stdin = ctx.interpreter.stdin.lock().await;
         // Written while the output is read: an interpreter blocked on a full pipe (output
         // from between executions) reads no request until that output is taken.
         let write = tokio::io::AsyncWriteExt::write_all(&mut *stdin, request.as_bytes());
@@ -399,7 +359,7 @@ async fn run(
             let _ = tx.send(event("stderr", json!({"text": l}))).await;
         }
         drop(lines);
-        lock(&rec2.code).executions.remove(&exec_id);
+        lock(&rec2.code).executions.remove(&execution_id);
         match failed {
             None => {
                 let _ = tx
@@ -418,7 +378,7 @@ async fn run(
             }
         }
         span.set_attribute("sandbox.duration_ms", started.elapsed().as_millis() as i64);
-        crate::lifecycle::finish_span(span);
+        finish_span(span);
     });
     Ok(stream_response(rx))
 }

@@ -5,31 +5,35 @@
 //! host, listening on the socket in the sandbox's state dir. The proxy decides every
 //! connection with [`agentrun_policy::NetworkPolicy::check`] on the rules mapped from the
 //! policy ([`OpenSandboxPolicy::to_network_policy`]); each decision is a `policy.check` span
-//! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id.
+//! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id, made by
+//! [`agentrun_telemetry::DecisionScope`] as the CLI's runs make theirs.
 //!
-//! `/egress/{sid}/policy` (what the endpoint lookup for port 18080 hands out, guarded by the
-//! per-sandbox `OPENSANDBOX-EGRESS-AUTH` token) serves `GET` (the policy in force), `PATCH`
-//! (merge rules: incoming first, one rule per target) and `DELETE` (remove rules by target).
+//! The egress sidecar's API, [`routes`] under `/egress/{sid}` (what the endpoint lookup for
+//! port 18080 hands out, guarded by the per-sandbox `OPENSANDBOX-EGRESS-AUTH` token):
+//! `/policy` serves `GET` (the policy in force), `PATCH` (merge rules: incoming first, one
+//! rule per target) and `DELETE` (remove rules by target); `/credential-vault` answers 501.
 //! A change replaces the proxy's policy at once (the next connection is decided by it, and
-//! open connections it denies are cut) and is audited. A sandbox created without a `networkPolicy` has no network at all (loopback only)
-//! and no proxy; its policy cannot be changed.
+//! open connections it denies are cut) and is audited. A sandbox created without a
+//! `networkPolicy` has no network at all (loopback only) and no proxy; its policy cannot be
+//! changed.
 
-use std::collections::HashMap;
-use std::path::Path as FsPath;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
 use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
-use agentrun_telemetry::{AuditLog, AuditRecord, RunSpan};
+use agentrun_pool::lock;
+use agentrun_telemetry::decision::{EGRESS_CONNECT, POLICY_CHECK};
+use agentrun_telemetry::{trace_id_of, AuditLog, AuditRecord, DecisionScope, RunSpan};
 use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
+use axum::http::StatusCode;
+use axum::routing::{any, get};
+use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use crate::auth::EgressSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::execd::{authorize, sid_of};
-use crate::{lock, Server};
+use crate::{Record, Server};
 
 /// The profile name decisions are recorded under.
 const PROFILE: &str = "opensandbox.networkPolicy";
@@ -49,7 +53,7 @@ impl SandboxEgress {
     /// Starts the proxy of sandbox `id` on `socket` (the sandbox's egress socket).
     pub fn start(
         id: &str,
-        socket: &FsPath,
+        socket: &Path,
         policy: OpenSandboxPolicy,
         audit: AuditLog,
         trace: String,
@@ -88,7 +92,7 @@ impl SandboxEgress {
         let record = AuditRecord {
             kind: "policy".into(),
             sandbox_id: self.sandbox_id.clone(),
-            trace_id: trace_id(&self.trace),
+            trace_id: trace_id_of(&self.trace),
             action: action.into(),
             resource,
             decision: "applied".into(),
@@ -121,42 +125,45 @@ impl SandboxEgress {
     }
 }
 
-fn trace_id(traceparent: &str) -> String {
-    traceparent.split('-').nth(1).unwrap_or_default().to_owned()
+/// The scope of sandbox `id`'s decisions, in the trace of `traceparent`.
+fn scope<'a>(id: &'a str, trace_id: &'a str) -> DecisionScope<'a> {
+    DecisionScope {
+        profile: PROFILE,
+        sandbox_id: Some(id),
+        trace_id,
+    }
+}
+
+/// Appends `record` to the audit log; whether it is on disk (a failure is logged).
+fn append(audit: &AuditLog, id: &str, record: &AuditRecord) -> bool {
+    match audit.append(record) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(target: "agentrun::opensandbox::egress", sandbox = %id, "audit log: {e}");
+            false
+        }
+    }
+}
+
+/// Exports `span` on a thread of its own: the export may block on the network, never on a
+/// connection's path.
+fn export(span: RunSpan) {
+    if agentrun_telemetry::export_enabled() {
+        let _ = std::thread::Builder::new()
+            .name("egress-span".into())
+            .spawn(move || span.finish());
+    }
 }
 
 /// Traces and audits each of the proxy's decisions for sandbox `id`. An allow is acted on
 /// only once its audit record is on disk.
 fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
+    let trace_id = trace_id_of(&trace);
     Arc::new(move |action: &Action, d: &Decision| {
-        let mut span = RunSpan::start("policy.check", Some(&trace));
-        span.set_decision(action, d, PROFILE, "egress-proxy");
-        span.set_attribute("sandbox.id", id.clone());
-        let record = AuditRecord {
-            kind: "decision".into(),
-            sandbox_id: id.clone(),
-            trace_id: trace_id(&trace),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: d.verdict().into(),
-            rule: d.rule_id.clone(),
-            reason: d.reason.clone(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
-        let recorded = match audit.append(&record) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("agentrun: sandbox {id}: {e}");
-                false
-            }
-        };
-        // The export may block on the network: never on the connection's path.
-        if agentrun_telemetry::export_enabled() {
-            let _ = std::thread::Builder::new()
-                .name("egress-span".into())
-                .spawn(move || span.finish());
-        }
+        let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
+        let record = scope(&id, &trace_id).decision(&mut span, action, d, "egress-proxy");
+        let recorded = append(&audit, &id, &record);
+        export(span);
         recorded
     })
 }
@@ -165,31 +172,33 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
 /// allowed it (a name that does not resolve, an upstream that refuses): an `egress.connect`
 /// span with status Error, an audit record of kind `error`. Not a denial.
 fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
+    let trace_id = trace_id_of(&trace);
     Arc::new(move |action: &Action, d: &Decision, f: &Failure| {
-        let mut span = RunSpan::start("egress.connect", Some(&trace));
-        span.set_connect_failure(action, &d.rule_id, f.kind.error_type(), &f.message);
-        span.set_attribute("sandbox.id", id.clone());
-        let record = AuditRecord {
-            kind: "error".into(),
-            sandbox_id: id.clone(),
-            trace_id: trace_id(&trace),
-            action: action.name().into(),
-            resource: action.resource(),
-            decision: "error".into(),
-            rule: d.rule_id.clone(),
-            reason: f.message.clone(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
-        if let Err(e) = audit.append(&record) {
-            eprintln!("agentrun: sandbox {id}: {e}");
-        }
-        if agentrun_telemetry::export_enabled() {
-            let _ = std::thread::Builder::new()
-                .name("egress-span".into())
-                .spawn(move || span.finish());
-        }
+        let mut span = RunSpan::start(EGRESS_CONNECT, Some(&trace));
+        let record =
+            scope(&id, &trace_id).failure(&mut span, action, d, f.kind.error_type(), &f.message);
+        append(&audit, &id, &record);
+        export(span);
     })
+}
+
+/// The egress sidecar's API of one sandbox, served under `/egress/{sid}`.
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route(
+            "/policy",
+            get(get_policy).patch(patch_policy).delete(delete_policy),
+        )
+        .route("/credential-vault", any(credential_vault))
+        .route("/credential-vault/{*rest}", any(credential_vault))
+        .with_state(server)
+}
+
+/// The sidecar's credential vault: not supported (501, once the token checks out).
+async fn credential_vault(_: EgressSandbox) -> ApiResult<StatusCode> {
+    Err(ApiError::not_supported(
+        "the credential vault is not supported",
+    ))
 }
 
 /// The `PolicyStatusResponse` of a policy.
@@ -208,7 +217,7 @@ fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
     json!({"status": "ok", "mode": mode, "enforcementMode": "proxy", "policy": policy})
 }
 
-fn egress_of(rec: &crate::Record) -> ApiResult<&SandboxEgress> {
+fn egress_of(rec: &Record) -> ApiResult<&SandboxEgress> {
     rec.egress.as_ref().ok_or_else(|| {
         ApiError::conflict(format!(
             "sandbox {} was created without a networkPolicy: it has no network, and its egress policy cannot be changed",
@@ -217,26 +226,17 @@ fn egress_of(rec: &crate::Record) -> ApiResult<&SandboxEgress> {
     })
 }
 
-pub async fn get_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> ApiResult<Json<Value>> {
-    let rec = authorize(&server, sid_of(&p), &headers, crate::EGRESS_TOKEN_HEADER)?;
+async fn get_policy(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
     let policy = rec.egress.as_ref().map(SandboxEgress::policy);
     Ok(Json(status(policy.as_ref())))
 }
 
-pub async fn patch_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+async fn patch_policy(
+    EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
-        &server,
-        &p,
-        &headers,
+        &rec,
         &body,
         "net.policy.patch",
         "[{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}]",
@@ -244,16 +244,12 @@ pub async fn patch_policy(
     )
 }
 
-pub async fn delete_policy(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+async fn delete_policy(
+    EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     change_policy(
-        &server,
-        &p,
-        &headers,
+        &rec,
         &body,
         "net.policy.delete",
         "a list of targets",
@@ -264,19 +260,16 @@ pub async fn delete_policy(
 /// PATCH and DELETE `/policy`: the body parsed as `T` (else 400 saying what was `expected`),
 /// the change audited (`action`, the body as the resource) and applied to the live proxy.
 fn change_policy<T: serde::de::DeserializeOwned + serde::Serialize>(
-    server: &Server,
-    p: &HashMap<String, String>,
-    headers: &HeaderMap,
+    rec: &Record,
     body: &Bytes,
     action: &str,
     expected: &str,
     apply: impl FnOnce(&mut OpenSandboxPolicy, &T) -> Result<(), agentrun_policy::NetworkPolicyError>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let rec = authorize(server, sid_of(p), headers, crate::EGRESS_TOKEN_HEADER)?;
     let asked: T = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: expected {expected}: {e}"))
     })?;
-    let egress = egress_of(&rec)?;
+    let egress = egress_of(rec)?;
     let resource = serde_json::to_string(&asked).unwrap_or_default();
     let next = tokio::task::block_in_place(|| {
         egress.change(action, resource, |policy| apply(policy, &asked))

@@ -49,6 +49,10 @@ impl ApiError {
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "REQUEST_TOO_LARGE", message)
     }
+    /// A request body that does not parse or says something impossible (400).
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+    }
     /// A required query parameter is absent (400).
     pub fn missing_query(name: &str) -> Self {
         Self::new(

@@ -7,14 +7,14 @@
 //! answer is 413 and nothing is left), downloads and `replace` stream in 64 KiB chunks
 //! ([`crate::filestream`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::multipart::{MultipartError, MultipartRejection};
-use axum::extract::{DefaultBodyLimit, Multipart, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Multipart, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,6 +24,7 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::auth::ExecdSandboxAnyState;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{rfc3339, Record, Server};
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
@@ -112,9 +113,7 @@ async fn with_fs<T: Send + 'static>(
     rec: &Record,
     f: impl FnOnce(&SandboxFs) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    if rec.state().0 == "Paused" {
-        return Err(ApiError::conflict("the sandbox is paused"));
-    }
+    rec.check_not_paused()?;
     let root = rec.sandbox.root()?;
     tokio::task::spawn_blocking(move || {
         let fs = SandboxFs::new(root);
@@ -122,19 +121,6 @@ async fn with_fs<T: Send + 'static>(
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
-}
-
-fn authorized(
-    server: &Server,
-    p: &HashMap<String, String>,
-    headers: &HeaderMap,
-) -> ApiResult<Arc<Record>> {
-    crate::execd::authorize(
-        server,
-        p.get("sid").map(String::as_str).unwrap_or(""),
-        headers,
-        crate::EXECD_TOKEN_HEADER,
-    )
 }
 
 /// execd's mode: decimal digits that read as octal (755 = 0o755).
@@ -227,12 +213,10 @@ pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
 }
 
 async fn upload(
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let mut multipart =
         multipart.map_err(|r| ApiError::new(r.status(), "INVALID_FILE", r.body_text()))?;
     let result = write_parts(&rec, server.limits, &mut multipart).await;
@@ -440,12 +424,10 @@ fn produced_body(
 }
 
 async fn download(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let rec = authorized(&server, &p, &headers)?;
     let pairs = query_pairs(&q);
     let path = required(&pairs, "path")?;
     let relp = rel(&path)?;
@@ -526,12 +508,9 @@ async fn download(
 }
 
 async fn info(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = authorized(&server, &p, &headers)?;
     let paths: Vec<String> = query_pairs(&q)
         .into_iter()
         .filter(|(k, _)| k == "path")
@@ -557,12 +536,9 @@ async fn info(
 }
 
 async fn delete_files(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let paths: Vec<String> = query_pairs(&q)
         .into_iter()
         .filter(|(k, _)| k == "path")
@@ -614,12 +590,9 @@ pub fn parse_permissions(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Option<
 }
 
 async fn permissions(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let todo = parse_permissions(&body)?;
     with_fs(&rec, move |fs| {
         for (r, p, mode) in todo {
@@ -650,12 +623,9 @@ pub fn parse_moves(body: &[u8]) -> ApiResult<Vec<(PathBuf, PathBuf, String)>> {
 }
 
 async fn mv(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let todo = parse_moves(&body)?;
     with_fs(&rec, move |fs| {
         for (a, b, shown) in todo {
@@ -676,12 +646,9 @@ pub fn search_matcher(pattern: &str) -> ApiResult<globset::GlobMatcher> {
 }
 
 async fn search(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = authorized(&server, &p, &headers)?;
     let pairs = query_pairs(&q);
     let dir = required(&pairs, "path")?;
     let pattern = query_one(&pairs, "pattern")
@@ -728,13 +695,10 @@ pub fn parse_replacements(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Replac
 }
 
 async fn replace(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let rec = authorized(&server, &p, &headers)?;
     let verbose = query_one(&query_pairs(&q), "verbose").is_some_and(|v| v == "true" || v == "1");
     let todo = parse_replacements(&body)?;
     let counts = with_fs(&rec, move |fs| {
@@ -791,12 +755,9 @@ fn replace_in_file(fs: &SandboxFs, r: &std::path::Path, p: &str, rep: &Replace) 
 }
 
 async fn list_dir(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let rec = authorized(&server, &p, &headers)?;
     let pairs = query_pairs(&q);
     let dir = required(&pairs, "path")?;
     let depth: usize = query_one(&pairs, "depth")
@@ -833,12 +794,9 @@ async fn list_dir(
 }
 
 async fn mkdirs(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let req: BTreeMap<String, Perm> = parse_body(&body)?;
     let mut todo = Vec::new();
     for (path, perm) in req {
@@ -859,12 +817,9 @@ async fn mkdirs(
 }
 
 async fn delete_dirs(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
+    ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let rec = authorized(&server, &p, &headers)?;
     let paths: Vec<String> = query_pairs(&q)
         .into_iter()
         .filter(|(k, _)| k == "path")

@@ -1,17 +1,22 @@
 //! The OpenSandbox API served by `agentrun serve --listen ADDR`, so that the official
-//! OpenSandbox SDKs work against agentrun unchanged (see `specs/opensandbox/WIRE.md`).
+//! OpenSandbox SDKs work against agentrun unchanged (the API as the SDK 1.1.1 speaks it: the
+//! `opensandbox` e2e tests drive it with the official SDKs).
 //!
 //! - [`lifecycle`]: `/v1/sandboxes...` (create, get, list, delete, pause/resume, renew,
-//!   metadata, endpoints), with the `OPEN-SANDBOX-API-KEY` check, `X-Request-ID` echo and
-//!   TTL expiry.
-//! - [`execd`]: the per-sandbox execd API (commands, sessions, metrics) that OpenSandbox runs
-//!   inside each container; here agentrun serves it itself under `/execd/{id}`, guarded by a
-//!   per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside the
-//!   image besides what the user asked for.
+//!   metadata, endpoints), `X-Request-ID` echo, TTL expiry; a sandbox's entrypoint.
+//! - [`execd`]: the per-sandbox execd API (ping, commands, sessions, metrics) that OpenSandbox
+//!   runs inside each container; here agentrun serves it itself under `/execd/{sid}`, guarded
+//!   by a per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside
+//!   the image besides what the user asked for.
 //! - [`files`]: the execd file API, every path resolved inside the sandbox ([`agentrun_runtime::fsroot`]).
 //! - [`code`]: code interpreting (Python contexts).
+//! - [`proxy`]: execd's port proxy into the sandbox.
 //! - [`egress`]: the `networkPolicy`, enforced by a per-sandbox egress proxy, and the egress
-//!   sidecar's `/policy` (under `/egress/{sid}`) that changes it live.
+//!   sidecar's API (under `/egress/{sid}`) that changes it live.
+//! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
+//! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`].
+//! - [`process`] / [`events`]: processes in a sandbox (pipes, the interactive ones of sessions
+//!   and code contexts) and the event streams their output reaches clients by.
 //!
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
@@ -21,30 +26,34 @@
 //! before any body is read; JSON bodies are read up to [`Limits::max_request_body`], uploads
 //! are streamed to the sandbox's files up to [`Limits::max_upload`] (413 above either);
 //! downloads, `replace` and process output are streamed in bounded chunks and queues (see
-//! [`files`] and [`execd`]).
+//! [`files`], [`events`], [`process`] and [`execd::commands`]).
 
+pub mod auth;
 pub mod code;
 pub mod egress;
 pub mod error;
+pub mod events;
 pub mod execd;
 pub mod files;
 pub mod filestream;
 pub mod lifecycle;
 mod lines;
+pub mod process;
 pub mod proxy;
+pub mod sandbox;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
 use agentrun_pool::daemon::{Frontend, RunningFrontend};
-use agentrun_pool::live::{LiveManager, LiveSandbox};
+use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 pub use error::{ApiError, ApiResult};
+pub use sandbox::{Record, SandboxState, Server};
 
 /// The execd port the SDK asks the endpoint of.
 pub const EXECD_PORT: u16 = 44772;
@@ -155,7 +164,7 @@ impl Frontend for OpenSandboxFrontend {
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });
-        eprintln!("agentrun: OpenSandbox API on http://{}/v1", opts.listen);
+        tracing::info!(target: "agentrun::opensandbox", "OpenSandbox API on http://{}/v1", opts.listen);
         let thread = std::thread::Builder::new()
             .name("opensandbox".into())
             .spawn(move || {
@@ -167,7 +176,7 @@ impl Frontend for OpenSandboxFrontend {
                             let _ = tcp.set_nodelay(true);
                         }),
                         Err(e) => {
-                            eprintln!("agentrun: OpenSandbox API: {e}");
+                            tracing::error!(target: "agentrun::opensandbox", "OpenSandbox API: the listener: {e}");
                             return;
                         }
                     };
@@ -207,14 +216,14 @@ pub fn router(server: Arc<Server>) -> axum::Router {
                 .merge(proxy::routes(server.clone()))
                 .route_layer(from_fn_with_state(
                     server.clone(),
-                    execd::require_execd_token,
+                    auth::require_execd_token,
                 )),
         )
         .nest(
             "/egress/{sid}",
-            execd::egress_routes(server.clone()).route_layer(from_fn_with_state(
+            egress::routes(server.clone()).route_layer(from_fn_with_state(
                 server.clone(),
-                execd::require_egress_token,
+                auth::require_egress_token,
             )),
         )
         .fallback(|uri: axum::http::Uri| async move {
@@ -233,150 +242,6 @@ pub fn router(server: Arc<Server>) -> axum::Router {
         .layer(axum::middleware::from_fn(lifecycle::request_id))
 }
 
-/// Shared state of the API.
-pub struct Server {
-    pub live: Arc<LiveManager>,
-    pub store: agentrun_image::ImageStore,
-    pub api_key: Option<String>,
-    pub listen: SocketAddr,
-    pub limits: Limits,
-    /// The runtime reading process output (see [`execd`]).
-    pub output: tokio::runtime::Handle,
-    pub audit: agentrun_telemetry::AuditLog,
-    records: Mutex<HashMap<String, Arc<Record>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Server {
-    fn records_lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Record>>> {
-        lock(&self.records)
-    }
-
-    pub fn record(&self, id: &str) -> ApiResult<Arc<Record>> {
-        self.records_lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))
-    }
-
-    pub fn insert(&self, rec: Arc<Record>) {
-        self.records_lock().insert(rec.id.clone(), rec);
-    }
-
-    pub fn remove(&self, id: &str) -> Option<Arc<Record>> {
-        self.records_lock().remove(id)
-    }
-
-    pub fn all(&self) -> Vec<Arc<Record>> {
-        let mut v: Vec<_> = self.records_lock().values().cloned().collect();
-        v.sort_by_key(|r| r.created_at);
-        v
-    }
-}
-
-/// The OpenSandbox view of one live sandbox.
-pub struct Record {
-    pub id: String,
-    pub sandbox: Arc<LiveSandbox>,
-    /// The execd token (`X-EXECD-ACCESS-TOKEN`) and the egress one.
-    pub token: String,
-    pub egress_token: String,
-    pub image: String,
-    pub entrypoint: Vec<String>,
-    /// The shell commands run under (`/bin/bash` if the image has it), found once.
-    pub shell: std::sync::OnceLock<&'static str>,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: Mutex<Option<DateTime<Utc>>>,
-    pub metadata: Mutex<BTreeMap<String, String>>,
-    pub network_policy: Option<serde_json::Value>,
-    /// The enforced network policy and its proxy (`None`: no networkPolicy, no network).
-    pub egress: Option<egress::SandboxEgress>,
-    pub extensions: Option<serde_json::Value>,
-    pub state: Mutex<(&'static str, DateTime<Utc>)>,
-    /// Why the sandbox ended by itself (its entrypoint exited): status reason and message.
-    pub ended: Mutex<Option<(&'static str, String)>>,
-    /// The thread that makes sockets in its network namespace (the port proxy), once needed.
-    pub netns: std::sync::OnceLock<agentrun_runtime::netns::NetnsSockets>,
-    /// Set once its processes are killed and its teardown is under way.
-    pub torn_down: std::sync::atomic::AtomicBool,
-    pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
-    /// What all its command logs hold together (bounded: [`lines::SANDBOX_LOG_BUDGET`]).
-    pub log_budget: Arc<lines::LogBudget>,
-    /// How many finished commands (not the entrypoint) `commands` holds.
-    pub finished_commands: std::sync::atomic::AtomicUsize,
-    pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
-    pub code: Mutex<code::CodeState>,
-    /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
-    pub cpu_sample: Mutex<(Instant, u64)>,
-}
-
-impl Record {
-    pub fn state(&self) -> (&'static str, DateTime<Utc>) {
-        *lock(&self.state)
-    }
-    pub fn set_state(&self, s: &'static str) {
-        *lock(&self.state) = (s, Utc::now());
-    }
-
-    /// Kills every process of the sandbox now and tears it down (mounts, cgroups, state) in
-    /// the background; once only, whoever asks first (delete, expiry, the entrypoint's exit).
-    pub fn tear_down(&self, live: &Arc<LiveManager>) {
-        if self
-            .torn_down
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        self.sandbox.kill();
-        let live = live.clone();
-        let id = self.id.clone();
-        let proxy = self
-            .egress
-            .as_ref()
-            .and_then(egress::SandboxEgress::take_proxy);
-        tokio::task::spawn_blocking(move || {
-            // The egress proxy goes first: its socket lives in the state dir the delete removes.
-            if let Some(p) = proxy {
-                p.stop();
-            }
-            if let Err(e) = live.delete(&id) {
-                eprintln!("agentrun: deleting sandbox {id}: {e}");
-            }
-        });
-    }
-
-    /// The sandbox's main process exited with `code`: like a container whose main process
-    /// ends, the sandbox stops (every process killed, torn down). It stays listed, as
-    /// `Terminated` (code 0) or `Failed`, until deleted or expired.
-    pub fn entrypoint_exited(&self, live: &Arc<LiveManager>, code: i32) {
-        if self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
-            return; // deleted or expired: that is why it exited
-        }
-        let (state, reason) = if code == 0 {
-            ("Terminated", "ENTRYPOINT_EXITED")
-        } else {
-            ("Failed", "ENTRYPOINT_FAILED")
-        };
-        *lock(&self.ended) = Some((reason, format!("the entrypoint exited with code {code}")));
-        self.set_state(state);
-        self.tear_down(live);
-    }
-
-    /// `Err` (409) once the sandbox has ended by itself.
-    pub fn check_running(&self) -> ApiResult<()> {
-        match &*lock(&self.ended) {
-            Some((_, why)) => Err(ApiError::conflict(format!(
-                "sandbox {} is not running: {why}",
-                self.id
-            ))),
-            None => Ok(()),
-        }
-    }
-}
-
 /// RFC 3339 with milliseconds and `Z`.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -391,4 +256,11 @@ pub fn now_ms() -> i64 {
 /// fallback); a 500 when the kernel gives no randomness.
 pub fn random_token() -> ApiResult<String> {
     agentrun_runtime::random::hex(16).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Runs a span's export off the async threads (it may block on the network).
+pub fn finish_span(span: agentrun_telemetry::RunSpan) {
+    if agentrun_telemetry::export_enabled() {
+        tokio::task::spawn_blocking(move || span.finish());
+    }
 }

@@ -121,7 +121,7 @@ impl PipeLines {
 
 /// Bytes of command output one sandbox keeps in all its command logs together: when a push
 /// would go over, the oldest finished commands are forgotten first (see
-/// `execd::make_room`), then the pushing log drops its own oldest lines.
+/// `execd::commands`, which keeps each line), then the pushing log drops its own oldest lines.
 pub const SANDBOX_LOG_BUDGET: usize = 64 * 1024 * 1024;
 
 /// The log bytes of one sandbox, shared by its commands' logs.

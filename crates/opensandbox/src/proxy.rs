@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Request};
 use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::any;
@@ -21,8 +21,8 @@ use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
 
+use crate::auth::ExecdSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::execd::{execd, sid_of};
 use crate::{Record, Server};
 
 /// Headers that carry agentrun credentials: never forwarded into the sandbox.
@@ -73,11 +73,10 @@ async fn connect(rec: &Record, port: u16) -> ApiResult<tokio::net::TcpStream> {
 }
 
 async fn proxy(
-    State(server): State<Arc<Server>>,
+    ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
     mut req: Request,
 ) -> ApiResult<Response> {
-    let rec = execd(&server, sid_of(&p), req.headers())?;
     let port = p
         .get("port")
         .and_then(|s| s.parse::<u16>().ok())

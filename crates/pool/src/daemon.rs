@@ -398,7 +398,7 @@ fn exec(
     }
     let user_mounts = request.recipe.user_mounts();
     let mounts = {
-        let mut cache = shared.mappings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = crate::lock(&shared.mappings);
         RunMounts::prepare(&user_mounts, &mut cache)
     };
     let mounts = match mounts {

@@ -184,7 +184,7 @@ impl FactoryClient {
     }
 
     fn call(&self, req: &FactoryRequest) -> Result<(FactoryReply, Vec<OwnedFd>), PoolError> {
-        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        let sock = crate::lock(&self.sock);
         send_json(sock.as_fd(), req, &[])?;
         recv_json::<FactoryReply>(sock.as_fd())?
             .ok_or_else(|| PoolError::Factory("the sandbox factory exited".into()))

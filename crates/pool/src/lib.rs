@@ -20,6 +20,15 @@ pub mod protocol;
 pub mod recipe;
 pub mod run;
 
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, also when a thread panicked holding it: what it guards stays usable (every
+/// user of the pool's and the API front ends' mutexes keeps its data consistent between
+/// statements, so a panic leaves nothing half-made behind).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Errors of the pool and daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use agentrun_runtime::cellrun::{cell_request, CellRun, MappingCache, RunMounts};
@@ -53,7 +53,7 @@ use crate::factory::{apply_limits, RunLimits};
 use crate::pool::Pool;
 use crate::recipe::{SandboxRecipe, DEFAULT_PROFILE};
 use crate::run::Verdict;
-use crate::PoolError;
+use crate::{lock, PoolError};
 
 /// How long a spawn waits for the init's answer.
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -204,10 +204,6 @@ pub struct LiveSandbox {
     /// Handed back to the pool on delete.
     pooled: Mutex<Option<PooledShell>>,
     egress_socket: Option<std::path::PathBuf>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl LiveSandbox {

@@ -293,7 +293,7 @@ impl Pool {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.state)
     }
 
     /// A shell for `recipe`: a ready one from the pool kept for it (a hit), one of that pool

@@ -14,7 +14,7 @@
 //! the command lacks.
 
 use std::io;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -40,29 +40,13 @@ impl EgressBridge {
                     let socket = socket.clone();
                     let _ = std::thread::Builder::new().spawn(move || {
                         if let Ok(up) = UnixStream::connect(&socket) {
-                            relay(conn, up);
+                            let _ = agentrun_egress::relay(conn, up);
                         }
                     });
                 }
             })?;
         Ok(())
     }
-}
-
-/// Copies both ways until both sides are done.
-fn relay(tcp: TcpStream, unix: UnixStream) {
-    let (Ok(mut t2), Ok(mut u2)) = (tcp.try_clone(), unix.try_clone()) else {
-        return;
-    };
-    let up = std::thread::spawn(move || {
-        let mut t = tcp;
-        let _ = io::copy(&mut t, &mut u2);
-        let _ = u2.shutdown(Shutdown::Write);
-    });
-    let mut u = unix;
-    let _ = io::copy(&mut u, &mut t2);
-    let _ = t2.shutdown(Shutdown::Write);
-    let _ = up.join();
 }
 
 /// Sets IFF_UP on `lo` in the current network namespace (needs CAP_NET_ADMIN there).

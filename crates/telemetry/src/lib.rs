@@ -53,6 +53,7 @@
 
 pub mod audit;
 mod context;
+pub mod decision;
 mod exec_span;
 mod export;
 pub mod metrics;
@@ -60,6 +61,7 @@ mod span;
 
 pub use audit::{AuditLog, AuditRecord};
 pub use context::TraceContext;
+pub use decision::{trace_id_of, DecisionScope};
 pub use exec_span::{command_line, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
 pub use export::export_enabled;
 pub use span::{AttrValue, FinishedSpan, RunSpan};

@@ -1,11 +1,13 @@
 //! The lifecycle API (`/v1/sandboxes...`): create, get, list, delete, pause/resume, renew,
-//! metadata patch, endpoint lookup; API-key check, `X-Request-ID`, TTL expiry.
+//! metadata patch, endpoint lookup (behind [`crate::auth::require_api_key`]); `X-Request-ID`,
+//! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
-use std::collections::BTreeMap;
+mod request;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentrun_pool::live::LiveSpec;
+use agentrun_pool::{lock, PoolError};
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -13,15 +15,19 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use chrono::Utc;
 use serde_json::{json, Value};
 
+use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::{lock, random_token, rfc3339, Record, Server};
-
-/// Longest `timeout` accepted (seconds).
-const MAX_TIMEOUT_S: i64 = 86_400;
+use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
+use crate::process::{dev_null, spawn};
+use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
+use request::host_arch;
+pub use request::{
+    parse_cpu, parse_create, parse_memory, parse_renew, patch_metadata_body, CreateRequest,
+    Validated,
+};
 
 pub fn routes(server: Arc<Server>) -> Router {
     let v1 = Router::new()
@@ -39,7 +45,7 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/metrics/events", post(metrics_event))
         .layer(axum::middleware::from_fn_with_state(
             server.clone(),
-            api_key,
+            require_api_key,
         ))
         .with_state(server);
     Router::new()
@@ -71,289 +77,14 @@ pub async fn request_id(req: Request, next: Next) -> Response {
     resp
 }
 
-/// `OPEN-SANDBOX-API-KEY`, when a key is configured.
-async fn api_key(State(server): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &server.api_key {
-        match req.headers().get("open-sandbox-api-key") {
-            None => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "MISSING_API_KEY",
-                    "missing OPEN-SANDBOX-API-KEY header",
-                )
-                .into_response()
-            }
-            Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "INVALID_API_KEY",
-                    "invalid API key",
-                )
-                .into_response()
-            }
-            Some(_) => {}
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares secrets without an early exit.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ImageSpec {
-    uri: String,
-    auth: Option<Value>,
-}
-
-/// A `POST /v1/sandboxes` body as sent.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CreateRequest {
-    image: Option<ImageSpec>,
-    snapshot_id: Option<String>,
-    template_id: Option<String>,
-    entrypoint: Option<Vec<String>>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    timeout: Option<i64>,
-    #[serde(default)]
-    resource_limits: BTreeMap<String, String>,
-    /// Scheduling hints (Kubernetes requests): accepted, the limits are what is enforced.
-    #[serde(default)]
-    #[allow(dead_code)]
-    resource_requests: Option<BTreeMap<String, String>>,
-    network_policy: Option<Value>,
-    credential_proxy: Option<Value>,
-    #[serde(default)]
-    secure_access: bool,
-    #[serde(default)]
-    volumes: Vec<Value>,
-    platform: Option<Value>,
-    lifecycle: Option<Value>,
-    extensions: Option<Value>,
-}
-
-/// `"500m"`, `"2"`, `"0.5"` -> cores.
-pub fn parse_cpu(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let v = match s.strip_suffix('m') {
-        Some(m) => m.parse::<f64>().ok()? / 1000.0,
-        None => s.parse::<f64>().ok()?,
-    };
-    (v > 0.0 && v <= 1024.0 && v.is_finite()).then_some(v)
-}
-
-/// `"512Mi"`, `"2Gi"`, `"1G"`, `"512M"`, `"1048576"` -> bytes.
-pub fn parse_memory(s: &str) -> Option<u64> {
-    let s = s.trim().to_ascii_lowercase();
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(digits);
-    let n: u64 = n.parse().ok()?;
-    let unit = unit.trim_end_matches('b');
-    let mult: u64 = match unit {
-        "" => 1,
-        "k" => 1000,
-        "m" => 1000u64.pow(2),
-        "g" => 1000u64.pow(3),
-        "t" => 1000u64.pow(4),
-        "ki" => 1 << 10,
-        "mi" => 1 << 20,
-        "gi" => 1 << 30,
-        "ti" => 1 << 40,
-        _ => return None,
-    };
-    n.checked_mul(mult).filter(|v| *v > 0)
-}
-
-fn label_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-}
-
-fn check_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
-    for (k, v) in m {
-        let name = k.rsplit('/').next().unwrap_or(k);
-        if k.starts_with("opensandbox.io/") {
-            return Err(ApiError::bad_request(format!(
-                "metadata key {k:?}: the opensandbox.io/ prefix is reserved"
-            )));
-        }
-        if !label_ok(name) || k.len() > 253 {
-            return Err(ApiError::bad_request(format!(
-                "metadata key {k:?} is not a valid label key"
-            )));
-        }
-        if !v.is_empty() && !label_ok(v) {
-            return Err(ApiError::bad_request(format!(
-                "metadata value {v:?} (key {k:?}) is not a valid label value"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn host_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
-/// What the create request asks for, validated.
-pub struct Validated {
-    spec: LiveSpec,
-    entrypoint: Vec<String>,
-    timeout: Option<i64>,
-    /// `networkPolicy` (`None`: absent or null, no network at all).
-    network: Option<agentrun_policy::OpenSandboxPolicy>,
-}
-
-/// A `POST /v1/sandboxes` body parsed and checked: everything about a create request that
-/// needs no sandbox (the handler's first step; the `opensandbox_api` fuzz target drives it).
-pub fn parse_create(body: &[u8]) -> ApiResult<(CreateRequest, Validated)> {
-    let req = parse_json(body)?;
-    let v = validate(&req)?;
-    Ok((req, v))
-}
-
-fn validate(req: &CreateRequest) -> ApiResult<Validated> {
-    let bad = |m: &str| Err(ApiError::bad_request(m.to_string()));
-    if req.snapshot_id.is_some() {
-        return bad("snapshotId: snapshots are not supported by agentrun");
-    }
-    if req.template_id.is_some() {
-        return bad("templateId: templates are not supported by agentrun");
-    }
-    let Some(image) = &req.image else {
-        return bad("image is required");
-    };
-    if image.uri.trim().is_empty() {
-        return bad("image.uri is required");
-    }
-    if image.auth.as_ref().is_some_and(|a| !a.is_null()) {
-        return bad("image.auth: registry credentials are not supported here; pull the image into agentrun's store first (agentrun image pull)");
-    }
-    let entrypoint = req.entrypoint.clone().unwrap_or_default();
-    if entrypoint.is_empty() || entrypoint[0].is_empty() {
-        return bad("entrypoint must have at least one element");
-    }
-    if req.secure_access {
-        return bad("secureAccess=true is not supported: execd access is always guarded by a per-sandbox token");
-    }
-    if !req.volumes.is_empty() {
-        return bad("volumes are not supported by agentrun's OpenSandbox API yet");
-    }
-    if req.lifecycle.as_ref().is_some_and(|v| !v.is_null()) {
-        return bad("lifecycle hooks are not supported");
-    }
-    if req
-        .credential_proxy
-        .as_ref()
-        .and_then(|c| c.get("enabled"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-    {
-        return bad("credentialProxy is not supported");
-    }
-    if let Some(p) = req.platform.as_ref().filter(|p| !p.is_null()) {
-        let os = p.get("os").and_then(Value::as_str).unwrap_or("linux");
-        let arch = p.get("arch").and_then(Value::as_str).unwrap_or(host_arch());
-        if os != "linux" || arch != host_arch() {
-            return Err(ApiError::bad_request(format!(
-                "platform {os}/{arch} is not available: this host runs linux/{}",
-                host_arch()
-            )));
-        }
-    }
-    if let Some(t) = req.timeout {
-        if !(1..=MAX_TIMEOUT_S).contains(&t) {
-            return Err(ApiError::bad_request(format!(
-                "timeout must be between 1 and {MAX_TIMEOUT_S} seconds (or null for no expiry)"
-            )));
-        }
-    }
-    check_metadata(&req.metadata)?;
-    let mut cpus = None;
-    let mut memory = None;
-    for (k, v) in &req.resource_limits {
-        match k.as_str() {
-            "cpu" => {
-                cpus = Some(parse_cpu(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.cpu {v:?}: expected cores (\"2\", \"0.5\") or millicores (\"500m\")"))
-                })?)
-            }
-            "memory" => {
-                let m = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.memory {v:?}: expected a size such as \"512Mi\" or \"2Gi\""))
-                })?;
-                if m < 4 << 20 {
-                    return bad("resourceLimits.memory must be at least 4Mi");
-                }
-                memory = Some(m)
-            }
-            "gpu" if v.trim() == "0" => {}
-            "gpu" => return bad("resourceLimits.gpu: GPUs are not supported"),
-            other => {
-                return Err(ApiError::bad_request(format!("resourceLimits.{other} is not supported (cpu, memory)")))
-            }
-        }
-    }
-    let mut spec = LiveSpec::new(image.uri.trim())
-        .cpus(cpus)
-        .memory_bytes(memory);
-    for (k, v) in &req.env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(ApiError::bad_request(format!(
-                "env {k:?}: invalid variable"
-            )));
-        }
-        spec = spec.env(k, v);
-    }
-    let network = match req.network_policy.as_ref().filter(|p| !p.is_null()) {
-        Some(p) => Some(
-            agentrun_policy::OpenSandboxPolicy::from_value(p.clone())
-                .map_err(|e| ApiError::bad_request(e.to_string()))?,
-        ),
-        None => None,
-    };
-    if network.is_some() {
-        // Every process reaches the network only through the egress bridge and proxy.
-        spec = spec.egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT));
-        for (k, v) in agentrun_egress::proxy_env() {
-            spec = spec.env(k, v);
-        }
-    }
-    Ok(Validated {
-        spec,
-        entrypoint,
-        timeout: req.timeout,
-        network,
-    })
-}
-
 /// The `Sandbox` JSON of a record.
 fn sandbox_json(rec: &Record) -> Value {
     let (state, since) = rec.state();
     let (reason, message) = match &*lock(&rec.ended) {
         Some((reason, why)) => (*reason, why.clone()),
-        None if state == "Paused" => ("SANDBOX_PAUSED", "agentrun sandbox paused".into()),
+        None if state == SandboxState::Paused => {
+            ("SANDBOX_PAUSED", "agentrun sandbox paused".into())
+        }
         None => ("SANDBOX_RUNNING", "agentrun sandbox running".into()),
     };
     let mut v = json!({
@@ -384,13 +115,6 @@ fn traceparent(headers: &HeaderMap) -> Option<String> {
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-}
-
-/// Runs a span's export off the async threads (it may block on the network).
-pub fn finish_span(span: agentrun_telemetry::RunSpan) {
-    if agentrun_telemetry::export_enabled() {
-        tokio::task::spawn_blocking(move || span.finish());
-    }
 }
 
 async fn create(
@@ -462,7 +186,7 @@ async fn create_sandbox(
     let rec = Arc::new(Record {
         id: sandbox.id().to_owned(),
         sandbox: sandbox.clone(),
-        token: random_token()?,
+        execd_token: random_token()?,
         egress_token: random_token()?,
         image: v.spec.image.clone(),
         entrypoint: v.entrypoint.clone(),
@@ -473,7 +197,7 @@ async fn create_sandbox(
         network_policy: req.network_policy.clone().filter(|p| !p.is_null()),
         egress,
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
-        state: Mutex::new(("Running", now)),
+        state: Mutex::new((SandboxState::Running, now)),
         ended: Mutex::new(None),
         netns: Default::default(),
         torn_down: Default::default(),
@@ -485,7 +209,7 @@ async fn create_sandbox(
         cpu_sample: Mutex::new((Instant::now(), 0)),
     });
     // The entrypoint is the sandbox's main process.
-    if let Err(e) = crate::execd::start_entrypoint(server, &rec).await {
+    if let Err(e) = start_entrypoint(server, &rec).await {
         let live = server.live.clone();
         let id = rec.id.clone();
         let rec2 = rec.clone();
@@ -500,6 +224,36 @@ async fn create_sandbox(
     }
     server.insert(rec.clone());
     Ok(rec)
+}
+
+/// The sandbox's main process: the create request's entrypoint, a command of the sandbox
+/// (its output kept as the sandbox's log, last lines only). When it exits, the sandbox ends
+/// ([`Record::entrypoint_exited`]).
+async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
+    let argv = rec.entrypoint.clone();
+    let p = match spawn(rec, argv, Vec::new(), "/".into(), dev_null()?).await {
+        Ok(p) => p,
+        Err(PoolError::Spawn { message, .. }) => {
+            return Err(ApiError::bad_request(format!("entrypoint: {message}")))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let cmd = Arc::new(Command::running(
+        rec,
+        ENTRYPOINT.into(),
+        rec.entrypoint.join(" "),
+        p.id,
+    ));
+    remember(rec, &cmd);
+    let (exited, _) = pump_outputs(server, rec, &cmd, p.stdout, p.stderr, None);
+    let (live, rec, exit) = (server.live.clone(), rec.clone(), p.exit);
+    tokio::spawn(async move {
+        let e = exit.await.unwrap_or_default();
+        let _ = exited.send(true);
+        cmd.finish(&rec, e.exit_code, String::new());
+        rec.entrypoint_exited(&live, e.exit_code);
+    });
+    Ok(())
 }
 
 async fn get_one(
@@ -551,7 +305,9 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     let matching: Vec<Value> = server
         .all()
         .iter()
-        .filter(|r| states.is_empty() || states.contains(&r.state().0.to_ascii_lowercase()))
+        .filter(|r| {
+            states.is_empty() || states.contains(&r.state().0.as_str().to_ascii_lowercase())
+        })
         .filter(|r| {
             let m = lock(&r.metadata);
             meta.iter().all(|(k, v)| m.get(k) == Some(v))
@@ -583,7 +339,7 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     let rec = server
         .remove(id)
         .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))?;
-    rec.set_state("Terminated");
+    rec.set_state(SandboxState::Terminated);
     // Every process dies now; the teardown (mounts, cgroups, state) finishes off the request.
     rec.tear_down(&server.live);
     Ok(())
@@ -600,13 +356,13 @@ async fn delete(
 async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
     rec.check_running()?;
-    if rec.state().0 == "Paused" {
+    if rec.state().0 == SandboxState::Paused {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is already paused"
         )));
     }
     rec.sandbox.pause()?;
-    rec.set_state("Paused");
+    rec.set_state(SandboxState::Paused);
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -615,36 +371,12 @@ async fn resume(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
-    if rec.state().0 != "Paused" {
+    if rec.state().0 != SandboxState::Paused {
         return Err(ApiError::conflict(format!("sandbox {id} is not paused")));
     }
     rec.sandbox.resume()?;
-    rec.set_state("Running");
+    rec.set_state(SandboxState::Running);
     Ok(StatusCode::ACCEPTED)
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RenewRequest {
-    expires_at: String,
-}
-
-/// A renew body's `expiresAt`, checked against `now` (in the future, at most
-/// `MAX_TIMEOUT_S` away).
-pub fn parse_renew(body: &[u8], now: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
-    let req: RenewRequest = parse_json(body)?;
-    let t: DateTime<Utc> = DateTime::parse_from_rfc3339(&req.expires_at)
-        .map_err(|e| ApiError::bad_request(format!("expiresAt {:?}: {e}", req.expires_at)))?
-        .with_timezone(&Utc);
-    if t <= now {
-        return Err(ApiError::bad_request("expiresAt must be in the future"));
-    }
-    if t > now + chrono::Duration::seconds(MAX_TIMEOUT_S) {
-        return Err(ApiError::bad_request(format!(
-            "expiresAt may be at most {MAX_TIMEOUT_S} s from now"
-        )));
-    }
-    Ok(t)
 }
 
 async fn renew(
@@ -656,26 +388,6 @@ async fn renew(
     let t = parse_renew(&body, Utc::now())?;
     *lock(&rec.expires_at) = Some(t);
     Ok(Json(json!({"expiresAt": rfc3339(t)})))
-}
-
-/// `metadata` after a `PATCH .../metadata` body (a value of `null` removes its key), checked.
-pub fn patch_metadata_body(
-    mut metadata: BTreeMap<String, String>,
-    body: &[u8],
-) -> ApiResult<BTreeMap<String, String>> {
-    let patch: BTreeMap<String, Option<String>> = parse_json(body)?;
-    for (k, v) in patch {
-        match v {
-            Some(v) => {
-                metadata.insert(k, v);
-            }
-            None => {
-                metadata.remove(&k);
-            }
-        }
-    }
-    check_metadata(&metadata)?;
-    Ok(metadata)
 }
 
 async fn patch_metadata(
@@ -705,7 +417,7 @@ async fn endpoint(
     match port {
         crate::EXECD_PORT => Ok(Json(json!({
             "endpoint": format!("{host}/execd/{id}"),
-            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.execd_token},
         }))),
         crate::EGRESS_PORT => Ok(Json(json!({
             "endpoint": format!("{host}/egress/{id}"),
@@ -714,7 +426,7 @@ async fn endpoint(
         // Any other port: execd's proxy to 127.0.0.1:port inside the sandbox.
         p => Ok(Json(json!({
             "endpoint": format!("{host}/execd/{id}/proxy/{p}"),
-            "headers": {crate::EXECD_TOKEN_HEADER: rec.token},
+            "headers": {crate::EXECD_TOKEN_HEADER: rec.execd_token},
         }))),
     }
 }
@@ -745,38 +457,8 @@ pub async fn expiry_loop(server: Arc<Server>) {
                 rec.sandbox.taint("timeout");
             }
             if let Err(e) = delete_sandbox(&server, &id).await {
-                eprintln!("agentrun: expiring sandbox {id}: {}", e.message);
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "expiring the sandbox: {}", e.message);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_and_memory_units() {
-        assert_eq!(parse_cpu("500m"), Some(0.5));
-        assert_eq!(parse_cpu("2"), Some(2.0));
-        assert_eq!(parse_cpu("0.25"), Some(0.25));
-        assert_eq!(parse_cpu("0"), None);
-        assert_eq!(parse_cpu("x"), None);
-        assert_eq!(parse_memory("512Mi"), Some(512 << 20));
-        assert_eq!(parse_memory("2Gi"), Some(2 << 30));
-        assert_eq!(parse_memory("1G"), Some(1_000_000_000));
-        assert_eq!(parse_memory("512M"), Some(512_000_000));
-        assert_eq!(parse_memory("1048576"), Some(1 << 20));
-        assert_eq!(parse_memory("1gib"), Some(1 << 30));
-        assert_eq!(parse_memory("lots"), None);
-    }
-
-    #[test]
-    fn metadata_rules() {
-        let m = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
-        assert!(check_metadata(&m("project", "demo")).is_ok());
-        assert!(check_metadata(&m("opensandbox.io/x", "y")).is_err());
-        assert!(check_metadata(&m("bad key", "y")).is_err());
-        assert!(check_metadata(&m("k", "-bad")).is_err());
     }
 }

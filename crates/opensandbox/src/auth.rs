@@ -1,0 +1,196 @@
+//! Who may call what: the API key of `/v1` (`OPEN-SANDBOX-API-KEY`, when one is set) and each
+//! sandbox's own tokens, `X-EXECD-ACCESS-TOKEN` for `/execd/{sid}` and
+//! `OPENSANDBOX-EGRESS-AUTH` for `/egress/{sid}` (handed out by the endpoint lookup).
+//!
+//! Every secret is compared in constant time and checked from the headers before anything
+//! reads a request's body: by middleware on the routes ([`require_api_key`],
+//! [`require_execd_token`], [`require_egress_token`]), then by the extractor a handler takes
+//! its sandbox with ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`EgressSandbox`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::{ApiError, ApiResult};
+use crate::{Record, Server};
+
+/// Compares secrets without an early exit.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Which of its sandbox's tokens a request must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Token {
+    /// `X-EXECD-ACCESS-TOKEN`: the execd API (commands, sessions, files, code, the port proxy).
+    Execd,
+    /// `OPENSANDBOX-EGRESS-AUTH`: the egress sidecar's API.
+    Egress,
+}
+
+impl Token {
+    /// The header it travels in.
+    pub fn header(self) -> &'static str {
+        match self {
+            Token::Execd => crate::EXECD_TOKEN_HEADER,
+            Token::Egress => crate::EGRESS_TOKEN_HEADER,
+        }
+    }
+
+    fn of(self, rec: &Record) -> &str {
+        match self {
+            Token::Execd => &rec.execd_token,
+            Token::Egress => &rec.egress_token,
+        }
+    }
+}
+
+/// The sandbox `sid` a request is for, once its `token` checks out (404 for no such sandbox,
+/// 401 for a missing or wrong token).
+pub fn authorize(
+    server: &Server,
+    sid: &str,
+    headers: &HeaderMap,
+    token: Token,
+) -> ApiResult<Arc<Record>> {
+    let rec = server.record(sid)?;
+    let ok = headers
+        .get(token.header())
+        .is_some_and(|v| constant_time_eq(v.as_bytes(), token.of(&rec).as_bytes()));
+    if !ok {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            format!("invalid or missing header {}", token.header()),
+        ));
+    }
+    Ok(rec)
+}
+
+/// The sandbox id of a route nested under `/execd/{sid}` or `/egress/{sid}`.
+fn sid_of(p: &HashMap<String, String>) -> &str {
+    p.get("sid").map(String::as_str).unwrap_or("")
+}
+
+/// The sandbox of a request's `{sid}`, its `token` checked.
+async fn sandbox_of(
+    parts: &mut Parts,
+    server: &Arc<Server>,
+    token: Token,
+) -> ApiResult<Arc<Record>> {
+    let Path(p) = Path::<HashMap<String, String>>::from_request_parts(parts, server)
+        .await
+        .map_err(|r| ApiError::new(r.status(), "INVALID_PATH", r.body_text()))?;
+    authorize(server, sid_of(&p), &parts.headers, token)
+}
+
+/// The sandbox of an `/execd/{sid}/...` request: its execd token checked, and still running
+/// (409 once it ended by itself).
+pub struct ExecdSandbox(pub Arc<Record>);
+
+impl FromRequestParts<Arc<Server>> for ExecdSandbox {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Arc<Server>) -> ApiResult<Self> {
+        let rec = sandbox_of(parts, server, Token::Execd).await?;
+        rec.check_running()?;
+        Ok(ExecdSandbox(rec))
+    }
+}
+
+/// [`ExecdSandbox`] for what still answers after the sandbox ended (files, command status and
+/// logs).
+pub struct ExecdSandboxAnyState(pub Arc<Record>);
+
+impl FromRequestParts<Arc<Server>> for ExecdSandboxAnyState {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Arc<Server>) -> ApiResult<Self> {
+        sandbox_of(parts, server, Token::Execd)
+            .await
+            .map(ExecdSandboxAnyState)
+    }
+}
+
+/// The sandbox of an `/egress/{sid}/...` request, its egress token checked.
+pub struct EgressSandbox(pub Arc<Record>);
+
+impl FromRequestParts<Arc<Server>> for EgressSandbox {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Arc<Server>) -> ApiResult<Self> {
+        sandbox_of(parts, server, Token::Egress)
+            .await
+            .map(EgressSandbox)
+    }
+}
+
+/// Middleware of `/v1`: `OPEN-SANDBOX-API-KEY`, when a key is configured.
+pub async fn require_api_key(
+    State(server): State<Arc<Server>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &server.api_key {
+        match req.headers().get("open-sandbox-api-key") {
+            None => {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "MISSING_API_KEY",
+                    "missing OPEN-SANDBOX-API-KEY header",
+                )
+                .into_response()
+            }
+            Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "INVALID_API_KEY",
+                    "invalid API key",
+                )
+                .into_response()
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
+}
+
+/// Middleware of `/execd/{sid}/...`: the sandbox's execd token must be in the headers before
+/// anything reads the request's body (401, or 404 for no such sandbox, having read none of
+/// it). Handlers check it again with the extractor they take the sandbox with.
+pub async fn require_execd_token(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    require_token(&server, &p, Token::Execd, req, next).await
+}
+
+/// [`require_execd_token`] for `/egress/{sid}/...` and its token.
+pub async fn require_egress_token(
+    State(server): State<Arc<Server>>,
+    Path(p): Path<HashMap<String, String>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    require_token(&server, &p, Token::Egress, req, next).await
+}
+
+async fn require_token(
+    server: &Server,
+    p: &HashMap<String, String>,
+    token: Token,
+    req: Request,
+    next: Next,
+) -> Response {
+    match authorize(server, sid_of(p), req.headers(), token) {
+        Ok(_) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}

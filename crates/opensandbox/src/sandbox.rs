@@ -1,0 +1,192 @@
+//! The API's state: every sandbox it serves, as a [`Record`] (the OpenSandbox view of one of
+//! the pool's live sandboxes: its tokens, state, metadata, expiry, commands, sessions and
+//! code contexts), kept by the [`Server`]; and a sandbox's lifecycle [`SandboxState`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use agentrun_pool::live::{LiveManager, LiveSandbox};
+use agentrun_pool::lock;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ApiResult};
+use crate::{code, egress, execd, lines, Limits};
+
+/// A sandbox's lifecycle state, as the lifecycle API spells it (`SandboxState` of the
+/// OpenSandbox spec; agentrun has no transitional states: pause, resume and delete are done
+/// before they answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SandboxState {
+    Running,
+    Paused,
+    /// Deleted, or its entrypoint exited with code 0.
+    Terminated,
+    /// Its entrypoint exited with another code.
+    Failed,
+}
+
+impl SandboxState {
+    /// The wire name (`"Running"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "Running",
+            SandboxState::Paused => "Paused",
+            SandboxState::Terminated => "Terminated",
+            SandboxState::Failed => "Failed",
+        }
+    }
+}
+
+/// Shared state of the API.
+pub struct Server {
+    pub live: Arc<LiveManager>,
+    pub store: agentrun_image::ImageStore,
+    pub api_key: Option<String>,
+    pub listen: SocketAddr,
+    pub limits: Limits,
+    /// The runtime reading process output (see [`execd`]).
+    pub output: tokio::runtime::Handle,
+    pub audit: agentrun_telemetry::AuditLog,
+    pub(crate) records: Mutex<HashMap<String, Arc<Record>>>,
+}
+
+impl Server {
+    pub(crate) fn records_lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Record>>> {
+        lock(&self.records)
+    }
+
+    pub fn record(&self, id: &str) -> ApiResult<Arc<Record>> {
+        self.records_lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found("SANDBOX::NOT_FOUND", format!("no sandbox {id}")))
+    }
+
+    pub fn insert(&self, rec: Arc<Record>) {
+        self.records_lock().insert(rec.id.clone(), rec);
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Record>> {
+        self.records_lock().remove(id)
+    }
+
+    pub fn all(&self) -> Vec<Arc<Record>> {
+        let mut v: Vec<_> = self.records_lock().values().cloned().collect();
+        v.sort_by_key(|r| r.created_at);
+        v
+    }
+}
+
+/// The OpenSandbox view of one live sandbox.
+pub struct Record {
+    pub id: String,
+    pub sandbox: Arc<LiveSandbox>,
+    /// The execd token (`X-EXECD-ACCESS-TOKEN`) and the egress one.
+    pub execd_token: String,
+    pub egress_token: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    /// The shell commands run under (`/bin/bash` if the image has it), found once.
+    pub shell: std::sync::OnceLock<&'static str>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Mutex<Option<DateTime<Utc>>>,
+    pub metadata: Mutex<BTreeMap<String, String>>,
+    pub network_policy: Option<serde_json::Value>,
+    /// The enforced network policy and its proxy (`None`: no networkPolicy, no network).
+    pub egress: Option<egress::SandboxEgress>,
+    pub extensions: Option<serde_json::Value>,
+    /// Its state and when it entered it.
+    pub state: Mutex<(SandboxState, DateTime<Utc>)>,
+    /// Why the sandbox ended by itself (its entrypoint exited): status reason and message.
+    pub ended: Mutex<Option<(&'static str, String)>>,
+    /// The thread that makes sockets in its network namespace (the port proxy), once needed.
+    pub netns: std::sync::OnceLock<agentrun_runtime::netns::NetnsSockets>,
+    /// Set once its processes are killed and its teardown is under way.
+    pub torn_down: std::sync::atomic::AtomicBool,
+    pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
+    /// What all its command logs hold together (bounded: `SANDBOX_LOG_BUDGET`).
+    pub log_budget: Arc<lines::LogBudget>,
+    /// How many finished commands (not the entrypoint) `commands` holds.
+    pub finished_commands: std::sync::atomic::AtomicUsize,
+    pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
+    pub code: Mutex<code::CodeState>,
+    /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
+    pub cpu_sample: Mutex<(Instant, u64)>,
+}
+
+impl Record {
+    /// Its state and when it entered it.
+    pub fn state(&self) -> (SandboxState, DateTime<Utc>) {
+        *lock(&self.state)
+    }
+
+    pub fn set_state(&self, s: SandboxState) {
+        *lock(&self.state) = (s, Utc::now());
+    }
+
+    /// `Err` (409) while the sandbox is paused: nothing new starts in it, no file is touched.
+    pub fn check_not_paused(&self) -> ApiResult<()> {
+        if self.state().0 == SandboxState::Paused {
+            return Err(ApiError::conflict("the sandbox is paused"));
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the sandbox now and tears it down (mounts, cgroups, state) in
+    /// the background; once only, whoever asks first (delete, expiry, the entrypoint's exit).
+    pub fn tear_down(&self, live: &Arc<LiveManager>) {
+        if self
+            .torn_down
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        self.sandbox.kill();
+        let live = live.clone();
+        let id = self.id.clone();
+        let proxy = self
+            .egress
+            .as_ref()
+            .and_then(egress::SandboxEgress::take_proxy);
+        tokio::task::spawn_blocking(move || {
+            // The egress proxy goes first: its socket lives in the state dir the delete removes.
+            if let Some(p) = proxy {
+                p.stop();
+            }
+            if let Err(e) = live.delete(&id) {
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "deleting the sandbox: {e}");
+            }
+        });
+    }
+
+    /// The sandbox's main process exited with `code`: like a container whose main process
+    /// ends, the sandbox stops (every process killed, torn down). It stays listed, as
+    /// `Terminated` (code 0) or `Failed`, until deleted or expired.
+    pub fn entrypoint_exited(&self, live: &Arc<LiveManager>, code: i32) {
+        if self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // deleted or expired: that is why it exited
+        }
+        let (state, reason) = if code == 0 {
+            (SandboxState::Terminated, "ENTRYPOINT_EXITED")
+        } else {
+            (SandboxState::Failed, "ENTRYPOINT_FAILED")
+        };
+        *lock(&self.ended) = Some((reason, format!("the entrypoint exited with code {code}")));
+        self.set_state(state);
+        self.tear_down(live);
+    }
+
+    /// `Err` (409) once the sandbox has ended by itself.
+    pub fn check_running(&self) -> ApiResult<()> {
+        match &*lock(&self.ended) {
+            Some((_, why)) => Err(ApiError::conflict(format!(
+                "sandbox {} is not running: {why}",
+                self.id
+            ))),
+            None => Ok(()),
+        }
+    }
+}
