@@ -4,25 +4,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Path, Request, State};
 use bytes::Bytes;
-use hyper::{Request, StatusCode};
+use hyper::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use crate::containers::{self, generated_name, lock, new_id, Container, ContainerConfig, Status};
-use crate::http::{empty, error, json, streaming, Query, Reply};
-use crate::stream;
-use crate::Context;
+use crate::containers::{self, generated_name, new_id, Container, ContainerConfig, Status};
+use crate::error::{DockerError, DockerResult};
+use crate::http::{empty, json, streaming, Query, Reply};
+use crate::{lock, stream, ApiState, TRACE};
+
+type Api = State<Arc<ApiState>>;
+type Key = Path<String>;
 
 /// How long an attach stream of an exited container waits for more output while the
 /// process's pipes are still open (a background child may hold them).
 const EXITED_DRAIN: Duration = Duration::from_millis(200);
 /// Stdin an attached client may send a container before it starts (kept for its start).
 const PENDING_STDIN: usize = 1024 * 1024;
-
-pub fn no_such(key: &str) -> Reply {
-    error(StatusCode::NOT_FOUND, &format!("No such container: {key}"))
-}
 
 fn valid_name(n: &str) -> bool {
     let mut chars = n.chars();
@@ -31,43 +31,25 @@ fn valid_name(n: &str) -> bool {
 }
 
 /// `POST /containers/create?name=`
-pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
-    let body: Value = match crate::http::read_body(req.into_body(), &ctx.limits).await {
-        Ok(b) => match serde_json::from_slice(&b) {
-            Ok(v) => v,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
-        },
-        Err(r) => return *r,
-    };
-    let config = match ContainerConfig::from_body(&body) {
-        Ok(c) => c,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-    };
-    if let Err(e) = config.mounts() {
-        return error(StatusCode::BAD_REQUEST, &e);
-    }
+pub async fn create(State(ctx): Api, q: Query, req: Request) -> DockerResult {
+    let body = crate::http::read_body(req.into_body(), &ctx.limits).await?;
+    let config = ContainerConfig::parse(&body)?;
     let image = match ctx.store.find(&config.image) {
         Ok(r) => r,
         Err(agentrun_image::ImageError::NotFound(_))
         | Err(agentrun_image::ImageError::InvalidName(..)) => {
-            return crate::images::not_found(&config.image)
+            return Err(DockerError::no_such_image(&config.image))
         }
-        Err(e) => return crate::images::image_error(&config.image, &e),
+        Err(e) => return Err(crate::images::image_error(&config.image, &e)),
     };
-    let id = match new_id() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
     let name = match q.get("name").filter(|n| !n.is_empty()) {
         Some(n) => {
             let n = n.strip_prefix('/').unwrap_or(n);
             if !valid_name(n) {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!(
-                        "Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
-                    ),
-                );
+                return Err(DockerError::bad_request(format!(
+                    "Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
+                )));
             }
             n.to_owned()
         }
@@ -83,33 +65,30 @@ pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming
     {
         let mut all = lock(&ctx.containers);
         if let Some(other) = all.name_taken(&name) {
-            return error(
-                StatusCode::CONFLICT,
-                &format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name."),
-            );
+            return Err(DockerError::conflict(format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name.")));
         }
         all.by_id.insert(id.clone(), c);
     }
-    json(StatusCode::CREATED, &json!({"Id": id, "Warnings": []}))
+    Ok(json(
+        StatusCode::CREATED,
+        &json!({"Id": id, "Warnings": []}),
+    ))
 }
 
-/// The container `key` names, or the 404 to answer.
-fn find(ctx: &Context, key: &str) -> Result<Arc<Container>, Box<Reply>> {
+/// The container `key` names (full id, unique id prefix or name), or the 404 to answer.
+pub fn find(ctx: &ApiState, key: &str) -> Result<Arc<Container>, DockerError> {
     lock(&ctx.containers)
         .find(key)
-        .ok_or_else(|| Box::new(no_such(key)))
+        .ok_or_else(|| DockerError::no_such_container(key))
 }
 
 /// `GET /containers/{id}/json`
-pub fn inspect(ctx: &Context, key: &str) -> Reply {
-    match find(ctx, key) {
-        Ok(c) => json(StatusCode::OK, &c.inspect()),
-        Err(r) => *r,
-    }
+pub async fn inspect(State(ctx): Api, Path(key): Key) -> DockerResult {
+    Ok(json(StatusCode::OK, &find(&ctx, &key)?.inspect()))
 }
 
 /// `GET /containers/json?all=&filters=`
-pub fn list(ctx: &Context, q: &Query) -> Reply {
+pub async fn list(State(ctx): Api, q: Query) -> Reply {
     let all = q.bool("all");
     let filters: Value = q
         .get("filters")
@@ -166,28 +145,30 @@ pub fn list(ctx: &Context, q: &Query) -> Reply {
 }
 
 /// `POST /containers/{id}/start`
-pub async fn start(ctx: Arc<Context>, key: &str) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn start(State(ctx): Api, Path(key): Key) -> DockerResult {
+    start_container(ctx, &key).await
+}
+
+/// Starts the container `key` names (on a blocking thread: the sandbox may be made now); a
+/// failed start removes an AutoRemove container.
+async fn start_container(ctx: Arc<ApiState>, key: &str) -> DockerResult {
+    let c = find(&ctx, key)?;
     if c.status() == Status::Running {
-        return empty(StatusCode::NOT_MODIFIED);
+        return Ok(empty(StatusCode::NOT_MODIFIED));
     }
     let ctx2 = ctx.clone();
     let c2 = c.clone();
-    match tokio::task::spawn_blocking(move || containers::start(&ctx2, &c2)).await {
-        Ok(Ok(())) => empty(StatusCode::NO_CONTENT),
-        Ok(Err((code, msg))) => {
+    match tokio::task::spawn_blocking(move || containers::start(&ctx2, &c2))
+        .await
+        .map_err(DockerError::join)?
+    {
+        Ok(()) => Ok(empty(StatusCode::NO_CONTENT)),
+        Err(e) => {
             if c.config.auto_remove {
                 containers::remove(&ctx, &c);
             }
-            error(
-                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                &msg,
-            )
+            Err(e)
         }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -198,29 +179,23 @@ fn stop_timeout(q: &Query) -> Duration {
 }
 
 /// `POST /containers/{id}/stop?t=`
-pub async fn stop(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let t = stop_timeout(q);
+pub async fn stop(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
+    let t = stop_timeout(&q);
     let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, t))
         .await
         .unwrap_or(false);
-    if stopped {
+    Ok(if stopped {
         empty(StatusCode::NO_CONTENT)
     } else {
         empty(StatusCode::NOT_MODIFIED)
-    }
+    })
 }
 
 /// `POST /containers/{id}/restart?t=`
-pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let t = stop_timeout(q);
+pub async fn restart(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
+    let t = stop_timeout(&q);
     let c2 = c.clone();
     // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
     // in the same sandbox, on the same files.
@@ -235,63 +210,51 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     let _restarting = Restarting(c.clone());
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // (A failed start removes an AutoRemove container itself.)
-    start(ctx, &c.id).await
+    start_container(ctx, &c.id).await
 }
 
 /// `POST /containers/{id}/kill?signal=`
-pub fn kill(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn kill(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
     let sig = match q.get("signal").filter(|s| !s.is_empty()) {
-        Some(s) => match crate::signals::parse(s) {
-            Some(n) => n,
-            None => return error(StatusCode::BAD_REQUEST, &format!("Invalid signal: {s}")),
-        },
+        Some(s) => crate::signals::parse(s)
+            .ok_or_else(|| DockerError::bad_request(format!("Invalid signal: {s}")))?,
         None => libc::SIGKILL,
     };
     if containers::signal(&c, sig) {
-        empty(StatusCode::NO_CONTENT)
+        Ok(empty(StatusCode::NO_CONTENT))
     } else {
-        error(
-            StatusCode::CONFLICT,
-            &format!(
-                "Cannot kill container: {key}: Container {} is not running",
-                c.id
-            ),
-        )
+        Err(DockerError::conflict(format!(
+            "Cannot kill container: {key}: Container {} is not running",
+            c.id
+        )))
     }
 }
 
 /// `DELETE /containers/{id}?force=`
-pub async fn delete(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn delete(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
     if c.status() == Status::Running && !q.bool("force") {
-        return error(
-            StatusCode::CONFLICT,
-            &format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id),
-        );
+        return Err(DockerError::conflict(format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id)));
     }
     let _ = tokio::task::spawn_blocking(move || containers::remove(&ctx, &c)).await;
-    empty(StatusCode::NO_CONTENT)
+    Ok(empty(StatusCode::NO_CONTENT))
+}
+
+/// `POST /containers/{id}/resize?h=&w=`
+pub async fn resize(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
+    crate::routes::resize(&c.pty, &q, StatusCode::OK)
 }
 
 /// `POST /containers/{id}/wait?condition=`: headers at once, the status when it is met.
-pub fn wait(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn wait(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
     let condition = q.get("condition").unwrap_or("not-running").to_owned();
     if !["not-running", "next-exit", "removed"].contains(&condition.as_str()) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!("invalid condition: \"{condition}\""),
-        );
+        return Err(DockerError::bad_request(format!(
+            "invalid condition: \"{condition}\""
+        )));
     }
     let (reply, tx) = streaming("application/json");
     let mut rx = c.changed.subscribe();
@@ -319,30 +282,26 @@ pub fn wait(ctx: &Context, key: &str, q: &Query) -> Reply {
                 &json!({"StatusCode": code, "Error": null}),
             ))
             .await;
-        crate::trace!("wait {} ({condition}): answered", c.id);
+        tracing::debug!(target: TRACE, "wait {} ({condition}): answered", c.id);
     });
-    reply
+    Ok(reply)
 }
 
 /// `GET /containers/{id}/logs?stdout=&stderr=&follow=&tail=`
-pub fn logs(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn logs(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&ctx, &key)?;
     let (want_out, want_err) = (q.bool("stdout"), q.bool("stderr"));
     if !want_out && !want_err {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(DockerError::bad_request(
             "You must choose at least one stream",
-        );
+        ));
     }
     let tty = c.config.tty;
     let wanted = move |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
     let tail = q.get("tail").and_then(|t| t.parse::<usize>().ok());
     let follow = q.bool("follow");
     let mut live = c.output.subscribe();
-    let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
+    let kept = lock(&c.logs).snapshot();
     let (reply, tx) = streaming(if tty {
         "application/vnd.docker.raw-stream"
     } else {
@@ -397,7 +356,7 @@ pub fn logs(ctx: &Context, key: &str, q: &Query) -> Reply {
             }
         }
     });
-    reply
+    Ok(reply)
 }
 
 /// The last `n` lines of a stream of chunks.
@@ -422,21 +381,12 @@ fn tail_lines(chunks: Vec<(u8, Bytes)>, n: usize) -> Vec<(u8, Bytes)> {
 /// `POST /containers/{id}/attach?stream=&stdin=&stdout=&stderr=&logs=`: a hijack that
 /// carries the main process's output (and stdin to it), from before start if need be, until
 /// the container exits.
-pub fn attach(
-    ctx: &Context,
-    key: &str,
-    q: &Query,
-    mut req: Request<hyper::body::Incoming>,
-) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn attach(State(ctx): Api, Path(key): Key, q: Query, mut req: Request) -> DockerResult {
+    let c = find(&ctx, &key)?;
     if !stream::wants_upgrade(&req) {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(DockerError::bad_request(
             "attach needs an upgraded (hijacked) connection",
-        );
+        ));
     }
     let tty = c.config.tty;
     let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
@@ -450,14 +400,14 @@ pub fn attach(
         let up = match upgrade.await {
             Ok(up) => up,
             Err(e) => {
-                crate::trace!("attach {}: upgrade failed: {e}", c.id);
+                tracing::debug!(target: TRACE, "attach {}: upgrade failed: {e}", c.id);
                 return;
             }
         };
         let (mut rd, mut wr) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
         let wanted = |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
         if with_logs {
-            let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
+            let kept = lock(&c.logs).snapshot();
             for (s, b) in kept {
                 if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
                     return;
@@ -574,7 +524,7 @@ pub fn attach(
         }
         input.abort();
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-        crate::trace!("attach {} done", c.id);
+        tracing::debug!(target: TRACE, "attach {} done", c.id);
     });
-    stream::upgraded_reply(tty)
+    Ok(stream::upgraded_reply(tty))
 }

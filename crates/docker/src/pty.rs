@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use crate::containers::lock;
 use crate::http::Query;
+use crate::lock;
 
 /// Rows and columns.
 type Size = (u16, u16);

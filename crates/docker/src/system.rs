@@ -4,7 +4,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 
 use crate::http::{empty, json, Reply, API_VERSION, MIN_API_VERSION};
-use crate::Context;
+use crate::ApiState;
 
 /// The version agentrun reports as the engine's.
 const ENGINE_VERSION: &str = concat!("agentrun-", env!("CARGO_PKG_VERSION"));
@@ -75,7 +75,7 @@ pub fn version() -> Reply {
 }
 
 /// `GET /info`: the minimal object `docker info` accepts, with real counts.
-pub fn info(ctx: &Context) -> Reply {
+pub fn info(ctx: &ApiState) -> Reply {
     let images = ctx
         .store
         .list()

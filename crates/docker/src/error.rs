@@ -1,0 +1,71 @@
+//! API errors: a status and the `{"message"}` body every dockerd error has, with the texts
+//! clients match on (`No such container: X`, `No such image: X`, ...).
+
+use axum::response::{IntoResponse, Response};
+use hyper::StatusCode;
+
+/// An error answer of the Docker API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct DockerError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl DockerError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        DockerError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+    /// 404 with the text the docker CLI and docker-py map to "no such container".
+    pub fn no_such_container(key: &str) -> Self {
+        Self::not_found(format!("No such container: {key}"))
+    }
+    /// 404 with the text docker-py maps to `ImageNotFound`.
+    pub fn no_such_image(name: &str) -> Self {
+        Self::not_found(format!("No such image: {name}"))
+    }
+    /// 404 for an exec id nobody made.
+    pub fn no_such_exec(id: &str) -> Self {
+        Self::not_found(format!("No such exec instance: {id}"))
+    }
+    /// 413, naming the limit and the flag that sets it.
+    pub fn too_large(limit: u64, flag: &str) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {limit} bytes (agentrun serve --{flag})"),
+        )
+    }
+    /// A blocking task that panicked or was cancelled.
+    pub fn join(e: tokio::task::JoinError) -> Self {
+        Self::internal(e.to_string())
+    }
+
+    /// The answer: `{"message": ...}` with the status.
+    pub fn reply(&self) -> crate::http::Reply {
+        crate::http::error(self.status, &self.message)
+    }
+}
+
+impl IntoResponse for DockerError {
+    fn into_response(self) -> Response {
+        self.reply().into_response()
+    }
+}
+
+/// What a handler answers: its reply, or an error as `{"message"}`.
+pub type DockerResult<T = crate::http::Reply> = Result<T, DockerError>;
