@@ -69,3 +69,25 @@ impl IntoResponse for DockerError {
 
 /// What a handler answers: its reply, or an error as `{"message"}`.
 pub type DockerResult<T = crate::http::Reply> = Result<T, DockerError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn an_error_is_dockerds_message_object() {
+        let r = DockerError::no_such_container("web").into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(r.headers()["content-type"], "application/json");
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, serde_json::json!({"message": "No such container: web"}));
+        let e = DockerError::too_large(4096, "max-request-body");
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            e.message,
+            "request body larger than 4096 bytes (agentrun serve --max-request-body)"
+        );
+    }
+}

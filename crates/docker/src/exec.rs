@@ -16,7 +16,7 @@ use crate::container_api::find;
 use crate::containers::{new_id, Container, Status};
 use crate::error::{DockerError, DockerResult};
 use crate::http::{json, Query};
-use crate::stdio::{make_stdio, Stdio};
+use crate::stdio::Stdio;
 use crate::stream::{self, HijackIo};
 use crate::{lock, ApiState, TRACE};
 
@@ -280,7 +280,7 @@ async fn spawn(
     out: mpsc::Sender<(u8, Bytes)>,
     exit: oneshot::Sender<i32>,
 ) -> Result<Option<mpsc::Sender<Bytes>>, String> {
-    let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
+    let stdio = Stdio::open(tty, want_stdin).map_err(|e| e.to_string())?;
     // An exited container keeps its sandbox (its files): only a running one takes execs.
     let (sandbox, exits) = {
         let st = lock(&exec.container.state);

@@ -6,7 +6,8 @@
 //! query rules, `{"message"}` errors ([`error::DockerError`]) with the texts clients match
 //! on. The routes ([`routes`], axum over hyper's HTTP/1 with upgrades for the hijacked attach
 //! and exec streams) serve system ([`system`]: ping, version, info), images ([`images`]:
-//! list, inspect, tag, remove, pull, build), containers ([`container_api`] over the model in
+//! list, inspect, tag, remove, pull, build), containers ([`container_api`],
+//! [`container_streams`] over the model in
 //! [`containers`]: each one an agentrun long-lived sandbox), exec ([`exec`]), archives
 //! ([`archive`]: `docker cp`) and published ports ([`ports`]).
 //!
@@ -22,6 +23,7 @@
 
 pub mod archive;
 pub mod container_api;
+pub mod container_streams;
 pub mod containers;
 pub mod error;
 pub mod exec;

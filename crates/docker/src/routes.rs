@@ -23,7 +23,9 @@ use tower::ServiceExt;
 
 use crate::error::{DockerError, DockerResult};
 use crate::http::{strip_version, Query, Reply};
-use crate::{archive, container_api, exec, images, system, ApiState, LOG, TRACE};
+use crate::{
+    archive, container_api, container_streams, exec, images, system, ApiState, LOG, TRACE,
+};
 
 type Api = State<Arc<ApiState>>;
 type Key = Path<String>;
@@ -67,9 +69,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/containers/{key}/stop", post(container_api::stop))
         .route("/containers/{key}/restart", post(container_api::restart))
         .route("/containers/{key}/kill", post(container_api::kill))
-        .route("/containers/{key}/wait", post(container_api::wait))
-        .route("/containers/{key}/logs", get(container_api::logs))
-        .route("/containers/{key}/attach", post(container_api::attach))
+        .route("/containers/{key}/wait", post(container_streams::wait))
+        .route("/containers/{key}/logs", get(container_streams::logs))
+        .route("/containers/{key}/attach", post(container_streams::attach))
         .route("/containers/{key}/resize", post(container_api::resize))
         .route("/containers/{key}/exec", post(exec::create))
         .route(

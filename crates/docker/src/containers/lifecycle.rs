@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use super::model::{Container, Status};
 use crate::error::DockerError;
-use crate::stdio::{make_stdio, Stdio};
+use crate::stdio::Stdio;
 use crate::ApiState;
 use crate::{lock, TRACE};
 
@@ -77,7 +77,7 @@ pub fn start(ctx: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
         stdin,
         outputs,
         pty,
-    } = make_stdio(c.config.tty, c.config.open_stdin)
+    } = Stdio::open(c.config.tty, c.config.open_stdin)
         .map_err(|e| DockerError::internal(format!("stdio: {e}")))?;
     let published = publish_ports(c, &sandbox)?;
     let (env, user) = main_env(c);
