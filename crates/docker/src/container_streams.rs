@@ -354,3 +354,29 @@ async fn drain_after_exit(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_counts_lines_across_chunks_per_stream() {
+        let chunks = vec![
+            (1, Bytes::from_static(b"a\nb")),
+            (1, Bytes::from_static(b"c\nd\n")),
+            (2, Bytes::from_static(b"err\n")),
+            (1, Bytes::from_static(b"last")),
+        ];
+        let got: Vec<(u8, Bytes)> = tail_lines(chunks.clone(), 3);
+        assert_eq!(
+            got,
+            vec![
+                (1, Bytes::from_static(b"d\n")),
+                (2, Bytes::from_static(b"err\n")),
+                (1, Bytes::from_static(b"last")),
+            ]
+        );
+        assert_eq!(tail_lines(chunks.clone(), 0), vec![]);
+        assert_eq!(tail_lines(chunks, 10)[1], (1, Bytes::from_static(b"bc\n")));
+    }
+}

@@ -293,3 +293,75 @@ pub fn generated_name(id: &str) -> String {
         &id[..6]
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(id: &str, name: &str, config: ContainerConfig, image: ImageConfig) -> Container {
+        Container::new(id.into(), name.into(), config, "sha256:img".into(), image)
+    }
+
+    #[test]
+    fn found_by_id_unique_prefix_or_name() {
+        let mut all = Containers::default();
+        for (id, name) in [
+            ("abcd1234", "web"),
+            ("abcd9999", "db"),
+            ("ffff0000", "cache"),
+        ] {
+            let c = container(id, name, ContainerConfig::default(), ImageConfig::default());
+            all.by_id.insert(id.into(), Arc::new(c));
+        }
+        let id_of = |key: &str| all.find(key).map(|c| c.id.clone());
+        assert_eq!(id_of("abcd1234").as_deref(), Some("abcd1234"));
+        assert_eq!(id_of("/web").as_deref(), Some("abcd1234"));
+        assert_eq!(id_of("db").as_deref(), Some("abcd9999"));
+        assert_eq!(id_of("ffff").as_deref(), Some("ffff0000"));
+        assert_eq!(id_of("abcd"), None, "an ambiguous prefix");
+        assert_eq!(id_of("fff"), None, "a prefix under 4 characters");
+        assert_eq!(all.name_taken("cache").as_deref(), Some("ffff0000"));
+        assert_eq!(all.name_taken("nope"), None);
+    }
+
+    #[test]
+    fn argv_user_and_working_dir_fall_back_to_the_image() {
+        let image = ImageConfig {
+            entrypoint: Some(vec!["/init".into()]),
+            cmd: Some(vec!["serve".into()]),
+            user: "app".into(),
+            working_dir: "/srv".into(),
+            ..Default::default()
+        };
+        let c = container("1", "a", ContainerConfig::default(), image.clone());
+        assert_eq!(c.argv(), vec!["/init", "serve"]);
+        assert_eq!(c.user().as_deref(), Some("app"));
+        assert_eq!(c.working_dir(), "/srv");
+        // A request's Cmd replaces the image's; its Entrypoint resets the image's Cmd too.
+        let cmd = ContainerConfig {
+            cmd: Some(vec!["echo".into(), "hi".into()]),
+            ..Default::default()
+        };
+        assert_eq!(
+            container("2", "b", cmd, image.clone()).argv(),
+            vec!["/init", "echo", "hi"]
+        );
+        let ep = ContainerConfig {
+            entrypoint: Some(vec!["sh".into()]),
+            user: "0".into(),
+            working_dir: "/w".into(),
+            ..Default::default()
+        };
+        let c = container("3", "c", ep, image);
+        assert_eq!(c.argv(), vec!["sh"]);
+        assert_eq!(c.user().as_deref(), Some("0"));
+        assert_eq!(c.working_dir(), "/w");
+    }
+
+    #[test]
+    fn generated_names_come_from_the_id() {
+        let n = generated_name("0123456789abcdef");
+        assert!(n.ends_with("_012345"), "{n}");
+        assert_eq!(n, generated_name("0123456789abcdef"));
+    }
+}
