@@ -29,8 +29,8 @@ use crate::ApiState;
 
 /// The container's files (its sandbox's root; a sandbox is made now for a container never
 /// started).
-async fn sandbox_fs(ctx: Arc<ApiState>, c: Arc<Container>) -> Result<SandboxFs, DockerError> {
-    let sb = tokio::task::spawn_blocking(move || crate::containers::ensure_sandbox(&ctx, &c))
+async fn sandbox_fs(api: Arc<ApiState>, c: Arc<Container>) -> Result<SandboxFs, DockerError> {
+    let sb = tokio::task::spawn_blocking(move || crate::containers::ensure_sandbox(&api, &c))
         .await
         .map_err(DockerError::join)??;
     sb.root()
@@ -83,15 +83,15 @@ const TAR_CHUNK: usize = 64 * 1024;
 /// streamed as it is written: the daemon holds a chunk, never a file; an error midway ends
 /// the body short, so the client sees a failed transfer, not a truncated archive).
 pub async fn get(
-    State(ctx): State<Arc<ApiState>>,
+    State(api): State<Arc<ApiState>>,
     UrlPath(key): UrlPath<String>,
     q: Query,
     method: Method,
 ) -> DockerResult {
-    let c = find(&ctx, &key)?;
+    let c = find(&api, &key)?;
     let head = method == Method::HEAD;
     let (abs, rel) = path_param(&q)?;
-    let fs = sandbox_fs(ctx, c.clone()).await?;
+    let fs = sandbox_fs(api, c.clone()).await?;
     let c2 = c.clone();
     // `link/` or `link/.` means what the link leads to; `link` the link itself.
     let follow = abs.ends_with('/') || abs.ends_with("/.");
@@ -261,15 +261,15 @@ fn append<W: Write>(
 /// it arrives, at most `--max-upload` bytes of it (413 above, with what came before it
 /// unpacked, as an interrupted `docker cp` leaves it).
 pub async fn put(
-    State(ctx): State<Arc<ApiState>>,
+    State(api): State<Arc<ApiState>>,
     UrlPath(key): UrlPath<String>,
     q: Query,
     req: Request,
 ) -> DockerResult {
-    let c = find(&ctx, &key)?;
+    let c = find(&api, &key)?;
     let (abs, rel) = path_param(&q)?;
-    let limit = ctx.limits.max_upload;
-    let fs = sandbox_fs(ctx, c.clone()).await?;
+    let limit = api.limits.max_upload;
+    let fs = sandbox_fs(api, c.clone()).await?;
     let (body, over_limit) = crate::http::body_reader(req.into_body(), limit);
     let c2 = c.clone();
     let result =

@@ -24,10 +24,10 @@ fn valid_name(n: &str) -> bool {
 }
 
 /// `POST /containers/create?name=`
-pub async fn create(State(ctx): Api, q: Query, req: Request) -> DockerResult {
-    let body = crate::http::read_body(req.into_body(), &ctx.limits).await?;
+pub async fn create(State(api): Api, q: Query, req: Request) -> DockerResult {
+    let body = crate::http::read_body(req.into_body(), &api.limits).await?;
     let config = ContainerConfig::parse(&body)?;
-    let image = match ctx.store.find(&config.image) {
+    let image = match api.store.find(&config.image) {
         Ok(r) => r,
         Err(agentrun_image::ImageError::NotFound(_))
         | Err(agentrun_image::ImageError::InvalidName(..)) => {
@@ -56,7 +56,7 @@ pub async fn create(State(ctx): Api, q: Query, req: Request) -> DockerResult {
         image.config.clone(),
     ));
     {
-        let mut all = lock(&ctx.containers);
+        let mut all = lock(&api.containers);
         if let Some(other) = all.name_taken(&name) {
             return Err(DockerError::conflict(format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name.")));
         }
@@ -69,19 +69,19 @@ pub async fn create(State(ctx): Api, q: Query, req: Request) -> DockerResult {
 }
 
 /// The container `key` names (full id, unique id prefix or name), or the 404 to answer.
-pub fn find(ctx: &ApiState, key: &str) -> Result<Arc<Container>, DockerError> {
-    lock(&ctx.containers)
+pub fn find(api: &ApiState, key: &str) -> Result<Arc<Container>, DockerError> {
+    lock(&api.containers)
         .find(key)
         .ok_or_else(|| DockerError::no_such_container(key))
 }
 
 /// `GET /containers/{id}/json`
-pub async fn inspect(State(ctx): Api, Path(key): Key) -> DockerResult {
-    Ok(json(StatusCode::OK, &find(&ctx, &key)?.inspect()))
+pub async fn inspect(State(api): Api, Path(key): Key) -> DockerResult {
+    Ok(json(StatusCode::OK, &find(&api, &key)?.inspect()))
 }
 
 /// `GET /containers/json?all=&filters=`
-pub async fn list(State(ctx): Api, q: Query) -> Reply {
+pub async fn list(State(api): Api, q: Query) -> Reply {
     let all = q.bool("all");
     let filters: Value = q
         .get("filters")
@@ -104,7 +104,7 @@ pub async fn list(State(ctx): Api, q: Query) -> Reply {
         wanted("label"),
         wanted("ancestor"),
     );
-    let mut out: Vec<(std::time::SystemTime, Value)> = lock(&ctx.containers)
+    let mut out: Vec<(std::time::SystemTime, Value)> = lock(&api.containers)
         .by_id
         .values()
         .filter(|c| all || !statuses.is_empty() || c.status() == Status::Running)
@@ -138,27 +138,27 @@ pub async fn list(State(ctx): Api, q: Query) -> Reply {
 }
 
 /// `POST /containers/{id}/start`
-pub async fn start(State(ctx): Api, Path(key): Key) -> DockerResult {
-    start_container(ctx, &key).await
+pub async fn start(State(api): Api, Path(key): Key) -> DockerResult {
+    start_container(api, &key).await
 }
 
 /// Starts the container `key` names (on a blocking thread: the sandbox may be made now); a
 /// failed start removes an AutoRemove container.
-async fn start_container(ctx: Arc<ApiState>, key: &str) -> DockerResult {
-    let c = find(&ctx, key)?;
+async fn start_container(api: Arc<ApiState>, key: &str) -> DockerResult {
+    let c = find(&api, key)?;
     if c.status() == Status::Running {
         return Ok(empty(StatusCode::NOT_MODIFIED));
     }
-    let ctx2 = ctx.clone();
+    let api2 = api.clone();
     let c2 = c.clone();
-    match tokio::task::spawn_blocking(move || containers::start(&ctx2, &c2))
+    match tokio::task::spawn_blocking(move || containers::start(&api2, &c2))
         .await
         .map_err(DockerError::join)?
     {
         Ok(()) => Ok(empty(StatusCode::NO_CONTENT)),
         Err(e) => {
             if c.config.auto_remove {
-                containers::remove(&ctx, &c);
+                containers::remove(&api, &c);
             }
             Err(e)
         }
@@ -172,8 +172,8 @@ fn stop_timeout(q: &Query) -> Duration {
 }
 
 /// `POST /containers/{id}/stop?t=`
-pub async fn stop(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn stop(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let t = stop_timeout(&q);
     let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, t))
         .await
@@ -186,8 +186,8 @@ pub async fn stop(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
 }
 
 /// `POST /containers/{id}/restart?t=`
-pub async fn restart(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn restart(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let t = stop_timeout(&q);
     let c2 = c.clone();
     // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
@@ -203,12 +203,12 @@ pub async fn restart(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult 
     let _restarting = Restarting(c.clone());
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // (A failed start removes an AutoRemove container itself.)
-    start_container(ctx, &c.id).await
+    start_container(api, &c.id).await
 }
 
 /// `POST /containers/{id}/kill?signal=`
-pub async fn kill(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn kill(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let sig = match q.get("signal").filter(|s| !s.is_empty()) {
         Some(s) => crate::signals::parse(s)
             .ok_or_else(|| DockerError::bad_request(format!("Invalid signal: {s}")))?,
@@ -225,17 +225,17 @@ pub async fn kill(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
 }
 
 /// `DELETE /containers/{id}?force=`
-pub async fn delete(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn delete(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     if c.status() == Status::Running && !q.bool("force") {
         return Err(DockerError::conflict(format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id)));
     }
-    let _ = tokio::task::spawn_blocking(move || containers::remove(&ctx, &c)).await;
+    let _ = tokio::task::spawn_blocking(move || containers::remove(&api, &c)).await;
     Ok(empty(StatusCode::NO_CONTENT))
 }
 
 /// `POST /containers/{id}/resize?h=&w=`
-pub async fn resize(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn resize(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     crate::routes::resize(&c.pty, &q, StatusCode::OK)
 }

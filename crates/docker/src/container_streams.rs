@@ -30,8 +30,8 @@ const EXITED_DRAIN: Duration = Duration::from_millis(200);
 const PENDING_STDIN: usize = 1024 * 1024;
 
 /// `POST /containers/{id}/wait?condition=`: headers at once, the status when it is met.
-pub async fn wait(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn wait(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let condition = q.get("condition").unwrap_or("not-running").to_owned();
     if !["not-running", "next-exit", "removed"].contains(&condition.as_str()) {
         return Err(DockerError::bad_request(format!(
@@ -70,8 +70,8 @@ pub async fn wait(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
 }
 
 /// `GET /containers/{id}/logs?stdout=&stderr=&follow=&tail=`
-pub async fn logs(State(ctx): Api, Path(key): Key, q: Query) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn logs(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let (want_out, want_err) = (q.bool("stdout"), q.bool("stderr"));
     if !want_out && !want_err {
         return Err(DockerError::bad_request(
@@ -183,8 +183,8 @@ impl Wanted {
 /// `POST /containers/{id}/attach?stream=&stdin=&stdout=&stderr=&logs=`: a hijack that
 /// carries the main process's output (and stdin to it), from before start if need be, until
 /// the container exits.
-pub async fn attach(State(ctx): Api, Path(key): Key, q: Query, mut req: Request) -> DockerResult {
-    let c = find(&ctx, &key)?;
+pub async fn attach(State(api): Api, Path(key): Key, q: Query, mut req: Request) -> DockerResult {
+    let c = find(&api, &key)?;
     if !stream::wants_upgrade(&req) {
         return Err(DockerError::bad_request(
             "attach needs an upgraded (hijacked) connection",

@@ -113,9 +113,9 @@ impl ExecRequest {
 }
 
 /// `POST /containers/{id}/exec`
-pub async fn create(State(ctx): Api, Path(key): Path<String>, req: Request) -> DockerResult {
-    let c = find(&ctx, &key)?;
-    let body = crate::http::read_body(req.into_body(), &ctx.limits).await?;
+pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> DockerResult {
+    let c = find(&api, &key)?;
+    let body = crate::http::read_body(req.into_body(), &api.limits).await?;
     let body: Value = serde_json::from_slice(&body).unwrap_or_default();
     if c.status() != Status::Running {
         return Err(DockerError::conflict(format!(
@@ -144,21 +144,21 @@ pub async fn create(State(ctx): Api, Path(key): Path<String>, req: Request) -> D
         state: Mutex::new(ExecState::default()),
     });
     let id = exec.id.clone();
-    lock(&ctx.execs).insert(id.clone(), exec);
+    lock(&api.execs).insert(id.clone(), exec);
     Ok(json(StatusCode::CREATED, &json!({ "Id": id })))
 }
 
 /// The exec instance `id` names, or the 404 to answer.
-fn find_exec(ctx: &ApiState, id: &str) -> Result<Arc<Exec>, DockerError> {
-    lock(&ctx.execs)
+fn find_exec(api: &ApiState, id: &str) -> Result<Arc<Exec>, DockerError> {
+    lock(&api.execs)
         .get(id)
         .cloned()
         .ok_or_else(|| DockerError::no_such_exec(id))
 }
 
 /// `GET /exec/{id}/json`
-pub async fn inspect(State(ctx): Api, Path(id): Path<String>) -> DockerResult {
-    let e = find_exec(&ctx, &id)?;
+pub async fn inspect(State(api): Api, Path(id): Path<String>) -> DockerResult {
+    let e = find_exec(&api, &id)?;
     let st = lock(&e.state);
     Ok(json(
         StatusCode::OK,
@@ -185,19 +185,19 @@ pub async fn inspect(State(ctx): Api, Path(id): Path<String>) -> DockerResult {
 }
 
 /// `POST /exec/{id}/resize?h=&w=`
-pub async fn resize(State(ctx): Api, Path(id): Path<String>, q: Query) -> DockerResult {
-    let e = find_exec(&ctx, &id)?;
+pub async fn resize(State(api): Api, Path(id): Path<String>, q: Query) -> DockerResult {
+    let e = find_exec(&api, &id)?;
     crate::routes::resize(&e.pty, &q, StatusCode::CREATED)
 }
 
 /// `POST /exec/{id}/start`
-pub async fn start(State(ctx): Api, Path(id): Path<String>, req: Request) -> DockerResult {
+pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> DockerResult {
     // The body is read here; the request (its upgrade) goes on without it.
     let (parts, body) = req.into_parts();
     let mut req = hyper::Request::from_parts(parts, ());
-    let body = crate::http::read_body(body, &ctx.limits).await?;
+    let body = crate::http::read_body(body, &api.limits).await?;
     let body: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-    let exec = find_exec(&ctx, &id)?;
+    let exec = find_exec(&api, &id)?;
     {
         let mut st = lock(&exec.state);
         if st.started {

@@ -61,9 +61,9 @@ fn config_json(rec: &ImageRecord) -> serde_json::Value {
 }
 
 /// `GET /images/{name}/json`
-pub fn inspect(ctx: &ApiState, name: &str) -> DockerResult {
-    let rec = ctx.store.find(name).map_err(|e| image_error(name, &e))?;
-    let tags = repo_tags(&ctx.store, &rec);
+pub fn inspect(api: &ApiState, name: &str) -> DockerResult {
+    let rec = api.store.find(name).map_err(|e| image_error(name, &e))?;
+    let tags = repo_tags(&api.store, &rec);
     Ok(json(
         StatusCode::OK,
         &json!({
@@ -91,14 +91,14 @@ pub fn inspect(ctx: &ApiState, name: &str) -> DockerResult {
 }
 
 /// `GET /images/json`
-pub fn list(ctx: &ApiState) -> DockerResult {
+pub fn list(api: &ApiState) -> DockerResult {
     let mut out = Vec::new();
-    let images = ctx
+    let images = api
         .store
         .list()
         .map_err(|e| DockerError::internal(e.to_string()))?;
     for info in images.into_iter().filter(|i| !i.id.is_empty()) {
-        let Ok(rec) = ctx.store.record(&info.id) else {
+        let Ok(rec) = api.store.record(&info.id) else {
             continue;
         };
         out.push(json!({
@@ -118,7 +118,7 @@ pub fn list(ctx: &ApiState) -> DockerResult {
 }
 
 /// `POST /images/{name}/tag?repo=&tag=`
-pub fn tag(ctx: &ApiState, name: &str, q: &Query) -> DockerResult {
+pub fn tag(api: &ApiState, name: &str, q: &Query) -> DockerResult {
     let Some(repo) = q.get("repo").filter(|r| !r.is_empty()) else {
         return Err(DockerError::bad_request(
             "repository name (repo) is required",
@@ -128,15 +128,15 @@ pub fn tag(ctx: &ApiState, name: &str, q: &Query) -> DockerResult {
         Some(t) => format!("{repo}:{t}"),
         None => repo.to_owned(),
     };
-    ctx.store
+    api.store
         .tag(name, &target)
         .map_err(|e| image_error(name, &e))?;
     Ok(crate::http::empty(StatusCode::CREATED))
 }
 
 /// `DELETE /images/{name}?force=`
-pub fn remove(ctx: &ApiState, name: &str, q: &Query) -> DockerResult {
-    let lines = ctx
+pub fn remove(api: &ApiState, name: &str, q: &Query) -> DockerResult {
+    let lines = api
         .store
         .remove(name, q.bool("force"))
         .map_err(|e| image_error(name, &e))?;
@@ -152,7 +152,7 @@ pub fn remove(ctx: &ApiState, name: &str, q: &Query) -> DockerResult {
 }
 
 /// `POST /images/create?fromImage=&tag=`: a pull through the store's registry client.
-pub async fn pull(ctx: &ApiState, q: &Query) -> DockerResult {
+pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
     let Some(from) = q.get("fromImage").filter(|f| !f.is_empty()) else {
         return Err(DockerError::bad_request(
             "fromImage is required (importing from a tarball is not supported: use `agentrun image import`)",
@@ -164,7 +164,7 @@ pub async fn pull(ctx: &ApiState, q: &Query) -> DockerResult {
         None => from.to_owned(),
     };
     let full = normalize(&name).map_err(|e| DockerError::bad_request(e.to_string()))?;
-    let store = ctx.store.clone();
+    let store = api.store.clone();
     let n = name.clone();
     let result = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default())).await;
     match result {
@@ -241,15 +241,15 @@ pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> 
 /// `POST /build`: the context tar arrives as the body (length or chunked) and is unpacked as
 /// it arrives (at most `--max-upload` bytes of it: 413 above); progress streams back as
 /// `{"stream": ...}` lines ending with `Successfully built <id>`.
-pub async fn build(ctx: &ApiState, q: &Query, body: axum::body::Body) -> DockerResult {
+pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerResult {
     let mut opts = build_options(q).map_err(DockerError::bad_request)?;
     let quiet = q.bool("q");
-    let dir = tempdir_in(&ctx.tmp_dir)
+    let dir = tempdir_in(&api.tmp_dir)
         .map_err(|e| DockerError::internal(format!("build context: {e}")))?;
-    let limit = ctx.limits.max_upload;
+    let limit = api.limits.max_upload;
     let (reader, over_limit) = crate::http::body_reader(body, limit);
     let into = dir.clone();
-    let context_store = ctx.store.clone();
+    let context_store = api.store.clone();
     let unpacked =
         tokio::task::spawn_blocking(move || context_store.unpack_context(reader, &into)).await;
     let failed = match unpacked {
@@ -265,9 +265,9 @@ pub async fn build(ctx: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
         return Err(e);
     }
     let (reply, tx) = streaming("application/json");
-    let store = ctx.store.clone();
-    let paths = ctx.runtime_paths.clone();
-    let host = ctx.host.clone();
+    let store = api.store.clone();
+    let paths = api.runtime_paths.clone();
+    let host = api.host.clone();
     tokio::task::spawn_blocking(move || {
         let send = |v: serde_json::Value| {
             let _ = tx.blocking_send(json_line(&v));

@@ -140,7 +140,7 @@ impl DockerServer {
         std_listener
             .set_nonblocking(true)
             .map_err(io("listen", &opts.socket))?;
-        let ctx = Arc::new(ApiState {
+        let api = Arc::new(ApiState {
             live,
             store: ImageStore::open(&opts.root)?.with_limits(opts.image_limits),
             root: opts.root.clone(),
@@ -170,11 +170,11 @@ impl DockerServer {
                         return;
                     }
                 };
-                rt.block_on(routes::serve(std_listener, ctx.clone(), stop_rx));
+                rt.block_on(routes::serve(std_listener, api.clone(), stop_rx));
                 // Containers do not outlive the API that made them.
-                let all: Vec<_> = lock(&ctx.containers).by_id.values().cloned().collect();
+                let all: Vec<_> = lock(&api.containers).by_id.values().cloned().collect();
                 for c in all {
-                    containers::remove(&ctx, &c);
+                    containers::remove(&api, &c);
                 }
                 rt.shutdown_timeout(std::time::Duration::from_secs(5));
             })

@@ -75,8 +75,8 @@ pub fn version() -> Reply {
 }
 
 /// `GET /info`: the minimal object `docker info` accepts, with real counts.
-pub fn info(ctx: &ApiState) -> Reply {
-    let images = ctx
+pub fn info(api: &ApiState) -> Reply {
+    let images = api
         .store
         .list()
         .map(|l| l.iter().filter(|i| !i.id.is_empty()).count())
@@ -105,7 +105,7 @@ pub fn info(ctx: &ApiState) -> Reply {
             "OperatingSystem": "agentrun",
             "KernelVersion": kernel(),
             "Name": hostname,
-            "DockerRootDir": ctx.root.display().to_string(),
+            "DockerRootDir": api.root.display().to_string(),
             "SecurityOptions": ["name=seccomp,profile=builtin", "name=userns", "name=landlock"],
             "Runtimes": {"agentrun": {"path": "agentrun"}},
             "DefaultRuntime": "agentrun",

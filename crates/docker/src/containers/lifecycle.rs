@@ -25,7 +25,7 @@ const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// The container's sandbox (its filesystem): the one it has, or a new one when it has none
 /// yet (never started) or its init died (the files went with it). Made once, even when a
 /// start and a `docker cp` ask at the same time.
-pub fn ensure_sandbox(ctx: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSandbox>, DockerError> {
+pub fn ensure_sandbox(api: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSandbox>, DockerError> {
     let _making = lock(&c.making);
     let old = lock(&c.state).sandbox.clone();
     if let Some(sb) = old {
@@ -33,7 +33,7 @@ pub fn ensure_sandbox(ctx: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
             return Ok(sb);
         }
         lock(&c.state).sandbox = None;
-        let _ = ctx.live.delete(sb.id());
+        let _ = api.live.delete(sb.id());
     }
     let mounts = c.config.mounts().map_err(DockerError::bad_request)?;
     let mut spec = LiveSpec::new(c.image_id.clone())
@@ -42,14 +42,14 @@ pub fn ensure_sandbox(ctx: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
         .cpus(c.config.cpus);
     spec.mounts = mounts;
     spec.pids = c.config.pids;
-    let sandbox = ctx
+    let sandbox = api
         .live
         .create(&spec)
         .map_err(|e| DockerError::internal(format!("creating the container's sandbox: {e}")))?;
     let mut st = lock(&c.state);
     if st.removed {
         drop(st);
-        let _ = ctx.live.delete(sandbox.id());
+        let _ = api.live.delete(sandbox.id());
         return Err(DockerError::no_such_container(&c.id));
     }
     st.sandbox = Some(sandbox.clone());
@@ -59,7 +59,7 @@ pub fn ensure_sandbox(ctx: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
 /// Starts a container: its sandbox (kept from an earlier run, else made now), its published
 /// ports, its main process, the pumps of its output. `Err` is the answer to the start (the
 /// container is back in the state it was in).
-pub fn start(ctx: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
+pub fn start(api: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
     let argv = c.argv();
     if argv.is_empty() {
         return Err(DockerError::bad_request("no command specified"));
@@ -69,8 +69,8 @@ pub fn start(ctx: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
     // most); the start lets it go on once the main process exited (or the start failed): on
     // a 2-core machine, making one at the same time slowed the spawn by ~1 ms, and the exit's
     // answer.
-    let refill = Refill(ctx.live.clone());
-    let sandbox = ensure_sandbox(ctx, c)?;
+    let refill = Refill(api.live.clone());
+    let sandbox = ensure_sandbox(api, c)?;
     let t_sandbox = t0.elapsed();
     let Stdio {
         child,
@@ -81,7 +81,7 @@ pub fn start(ctx: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
         .map_err(|e| DockerError::internal(format!("stdio: {e}")))?;
     let published = publish_ports(c, &sandbox)?;
     let (env, user) = main_env(c);
-    let on_exit = exit_hook(ctx, c, &sandbox);
+    let on_exit = exit_hook(api, c, &sandbox);
     c.pty.set_master(pty);
     let before = mark_running(c, stdin, published);
     *lock(&c.open_outputs) = outputs.len();
@@ -203,14 +203,14 @@ fn mark_running(
 /// its output read to its end (bounded), the exit recorded, and an AutoRemove container
 /// removed.
 fn exit_hook(
-    ctx: &ApiState,
+    api: &ApiState,
     c: &Arc<Container>,
     sandbox: &Arc<LiveSandbox>,
 ) -> agentrun_pool::live::ExitHook {
     let weak = Arc::downgrade(c);
     let weak_sandbox = Arc::downgrade(sandbox);
-    let live = ctx.live.clone();
-    let containers = ctx.containers.clone();
+    let live = api.live.clone();
+    let containers = api.containers.clone();
     Box::new(move |exit: agentrun_pool::live::ProcessExit| {
         let Some(c) = weak.upgrade() else { return };
         tracing::debug!(
@@ -445,7 +445,7 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
 
 /// Kills and forgets a container (its processes and published ports first; its sandbox's
 /// teardown in the background).
-pub fn remove(ctx: &ApiState, c: &Arc<Container>) {
+pub fn remove(api: &ApiState, c: &Arc<Container>) {
     let (sb, ports) = {
         let mut st = lock(&c.state);
         st.removed = true;
@@ -458,10 +458,10 @@ pub fn remove(ctx: &ApiState, c: &Arc<Container>) {
     if let Some(sb) = &sb {
         sb.kill();
     }
-    lock(&ctx.containers).by_id.remove(&c.id);
+    lock(&api.containers).by_id.remove(&c.id);
     c.bump();
     if let Some(sb) = sb {
-        let live = ctx.live.clone();
+        let live = api.live.clone();
         std::thread::spawn(move || {
             let _ = live.delete(sb.id());
         });

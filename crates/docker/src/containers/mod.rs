@@ -32,4 +32,4 @@ pub use inspect::rfc3339;
 pub use lifecycle::{
     ensure_sandbox, is_user_error, remove, signal, start, stop, CONTAINER_PROFILE,
 };
-pub use model::{generated_name, new_id, Container, Containers, State, Status};
+pub use model::{generated_name, new_id, Container, ContainerState, Containers, Status};

@@ -1,7 +1,7 @@
 //! The container model: a [`Container`] (what create asked for, the image it runs, its
-//! changing [`State`], its output log and the channels that tell waiters and attached clients
-//! about changes), its [`Status`], and [`Containers`], every container by id and name, with
-//! the ids and generated names they get.
+//! changing [`ContainerState`], its output log and the channels that tell waiters and
+//! attached clients about changes), its [`Status`], and [`Containers`], every container by
+//! id and name, with the ids and generated names they get.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -35,7 +35,7 @@ impl Status {
 }
 
 /// The changing part of a container.
-pub struct State {
+pub struct ContainerState {
     pub status: Status,
     pub sandbox: Option<Arc<LiveSandbox>>,
     /// The main process (sandbox process id, pid inside).
@@ -68,7 +68,7 @@ pub struct Container {
     pub config: ContainerConfig,
     pub image_id: String,
     pub image_config: ImageConfig,
-    pub state: Mutex<State>,
+    pub state: Mutex<ContainerState>,
     /// Held while the container's sandbox is being made (start, or `docker cp` before it).
     pub(super) making: Mutex<()>,
     /// Every state change bumps it (wait, attach end).
@@ -103,7 +103,7 @@ impl Container {
             config,
             image_id,
             image_config,
-            state: Mutex::new(State {
+            state: Mutex::new(ContainerState {
                 status: Status::Created,
                 sandbox: None,
                 main: None,
