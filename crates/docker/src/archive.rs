@@ -23,8 +23,8 @@ use serde_json::json;
 
 use crate::container_api::find;
 use crate::containers::Container;
-use crate::error::{DockerError, DockerResult};
-use crate::http::Query;
+use crate::error::DockerError;
+use crate::http::{DockerResult, Query};
 use crate::ApiState;
 
 /// The container's files (its sandbox's root; a sandbox is made now for a container never

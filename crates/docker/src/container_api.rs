@@ -10,8 +10,8 @@ use hyper::StatusCode;
 use serde_json::{json, Value};
 
 use crate::containers::{self, generated_name, new_id, Container, ContainerConfig, Status};
-use crate::error::{DockerError, DockerResult};
-use crate::http::{empty, json, Query, Reply};
+use crate::error::DockerError;
+use crate::http::{empty, json, DockerResult, Query, Reply};
 use crate::{lock, ApiState};
 
 type Api = State<Arc<ApiState>>;
@@ -237,5 +237,6 @@ pub async fn delete(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
 /// `POST /containers/{id}/resize?h=&w=`
 pub async fn resize(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
     let c = find(&api, &key)?;
-    crate::routes::resize(&c.pty, &q, StatusCode::OK)
+    c.pty.resize_to_query(&q)?;
+    Ok(crate::http::empty(StatusCode::OK))
 }

@@ -15,8 +15,8 @@ use tokio::sync::broadcast::Receiver;
 
 use crate::container_api::find;
 use crate::containers::{Container, Status};
-use crate::error::{DockerError, DockerResult};
-use crate::http::{streaming, Query};
+use crate::error::DockerError;
+use crate::http::{streaming, DockerResult, Query};
 use crate::stream::{self, HijackIo};
 use crate::{lock, ApiState, TRACE};
 

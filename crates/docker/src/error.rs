@@ -2,6 +2,7 @@
 //! clients match on (`No such container: X`, `No such image: X`, ...).
 
 use axum::response::{IntoResponse, Response};
+use hyper::header::CONTENT_TYPE;
 use hyper::StatusCode;
 
 /// An error answer of the Docker API.
@@ -54,21 +55,16 @@ impl DockerError {
     pub fn join(e: tokio::task::JoinError) -> Self {
         Self::internal(e.to_string())
     }
-
-    /// The answer: `{"message": ...}` with the status.
-    pub fn reply(&self) -> crate::http::Reply {
-        crate::http::error(self.status, &self.message)
-    }
 }
 
+/// The answer: `{"message": ...}` with the status, as every dockerd error.
 impl IntoResponse for DockerError {
     fn into_response(self) -> Response {
-        self.reply().into_response()
+        let body = serde_json::to_vec(&serde_json::json!({ "message": self.message }))
+            .expect("a JSON string");
+        (self.status, [(CONTENT_TYPE, "application/json")], body).into_response()
     }
 }
-
-/// What a handler answers: its reply, or an error as `{"message"}`.
-pub type DockerResult<T = crate::http::Reply> = Result<T, DockerError>;
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::container_api::find;
 use crate::containers::{new_id, Container, Status};
-use crate::error::{DockerError, DockerResult};
-use crate::http::{json, Query};
+use crate::error::DockerError;
+use crate::http::{json, DockerResult, Query};
 use crate::stdio::Stdio;
 use crate::stream::{self, HijackIo};
 use crate::{lock, ApiState, TRACE};
@@ -187,7 +187,8 @@ pub async fn inspect(State(api): Api, Path(id): Path<String>) -> DockerResult {
 /// `POST /exec/{id}/resize?h=&w=`
 pub async fn resize(State(api): Api, Path(id): Path<String>, q: Query) -> DockerResult {
     let e = find_exec(&api, &id)?;
-    crate::routes::resize(&e.pty, &q, StatusCode::CREATED)
+    e.pty.resize_to_query(&q)?;
+    Ok(crate::http::empty(StatusCode::CREATED))
 }
 
 /// `POST /exec/{id}/start`

@@ -28,6 +28,8 @@ pub const MIN_API_VERSION: &str = "1.24";
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 pub type Reply = Response<Body>;
+/// What a handler answers: its reply, or an error as `{"message"}`.
+pub type DockerResult<T = Reply> = Result<T, DockerError>;
 
 /// How much of a request body the API reads (`agentrun serve --max-request-body`,
 /// `--max-upload`).
@@ -266,11 +268,6 @@ pub fn text(status: StatusCode, body: &str) -> Reply {
     let mut r = Response::new(boxed(Full::new(Bytes::from(body.to_owned()))));
     *r.status_mut() = status;
     r
-}
-
-/// `{"message": ...}`, as every dockerd error.
-pub fn error(status: StatusCode, message: &str) -> Reply {
-    json(status, &serde_json::json!({ "message": message }))
 }
 
 /// A streamed 200 body: what is sent on the returned channel, as it comes.

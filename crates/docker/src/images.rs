@@ -8,8 +8,8 @@ use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
 use hyper::StatusCode;
 use serde_json::json;
 
-use crate::error::{DockerError, DockerResult};
-use crate::http::{json, json_line, streaming, Query};
+use crate::error::DockerError;
+use crate::http::{json, json_line, streaming, DockerResult, Query};
 use crate::ApiState;
 
 /// The answer to an image store error about the image `name`.

@@ -21,8 +21,8 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
-use crate::error::{DockerError, DockerResult};
-use crate::http::{strip_version, Query, Reply};
+use crate::error::DockerError;
+use crate::http::{strip_version, DockerResult, Query, Reply};
 use crate::{
     archive, container_api, container_streams, exec, images, system, ApiState, LOG, TRACE,
 };
@@ -93,18 +93,18 @@ async fn ping(method: Method) -> Reply {
 }
 
 /// `GET /images/{name}/json`.
-async fn image_get(State(api): Api, Path(rest): Key, method: Method) -> DockerResult {
+async fn image_get(State(api): Api, Path(rest): Key, method: Method) -> Response {
     match rest.strip_suffix("/json") {
-        Some(name) if method != Method::HEAD => images::inspect(&api, name),
-        _ => Ok(not_found_route(method).await),
+        Some(name) if method != Method::HEAD => images::inspect(&api, name).into_response(),
+        _ => not_found_route(method).await,
     }
 }
 
 /// `POST /images/{name}/tag?repo=&tag=`.
-async fn image_post(State(api): Api, Path(rest): Key, q: Query) -> DockerResult {
+async fn image_post(State(api): Api, Path(rest): Key, q: Query) -> Response {
     match rest.strip_suffix("/tag") {
-        Some(name) => images::tag(&api, name, &q),
-        None => Ok(not_found_route(Method::POST).await),
+        Some(name) => images::tag(&api, name, &q).into_response(),
+        None => not_found_route(Method::POST).await,
     }
 }
 
@@ -114,19 +114,11 @@ async fn image_delete(State(api): Api, Path(name): Key, q: Query) -> DockerResul
 }
 
 /// dockerd's answer to a path or method it does not serve.
-async fn not_found_route(method: Method) -> Reply {
+async fn not_found_route(method: Method) -> Response {
     if method == Method::HEAD {
-        return crate::http::empty(StatusCode::NOT_FOUND);
+        return crate::http::empty(StatusCode::NOT_FOUND).into_response();
     }
-    DockerError::not_found("page not found").reply()
-}
-
-/// `POST /containers/{id}/resize`, `POST /exec/{id}/resize`: `h` rows, `w` columns.
-pub fn resize(pty: &crate::pty::Pty, query: &Query, ok: StatusCode) -> DockerResult {
-    let (h, w) = crate::pty::query_size(query).map_err(DockerError::bad_request)?;
-    pty.resize(h, w)
-        .map_err(|e| DockerError::internal(format!("resizing the tty: {e}")))?;
-    Ok(crate::http::empty(ok))
+    DockerError::not_found("page not found").into_response()
 }
 
 /// The request without its `/vX.Y` path prefix; `Err` is the 400 for a version not spoken.

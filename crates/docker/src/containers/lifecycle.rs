@@ -118,16 +118,21 @@ pub fn start(api: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
                 },
                 t_spawn.elapsed().as_secs_f64() * 1e3
             );
-            let mut st = lock(&c.state);
-            if st.status == Status::Running {
-                st.main = Some((p.id, p.pid));
-            }
-            drop(st);
-            c.bump();
+            record_main(c, p);
             Ok(())
         }
         Err(e) => Err(start_failed(c, before, &argv[0], &e)),
     }
+}
+
+/// The main process runs: its ids are recorded (unless it already exited).
+fn record_main(c: &Container, p: agentrun_pool::live::Process) {
+    let mut st = lock(&c.state);
+    if st.status == Status::Running {
+        st.main = Some((p.id, p.pid));
+    }
+    drop(st);
+    c.bump();
 }
 
 /// The container's published ports (its `PortBindings`, or every exposed port with
