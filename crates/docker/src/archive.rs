@@ -15,50 +15,41 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, SandboxFs};
+use axum::extract::{Path as UrlPath, Request, State};
 use bytes::Bytes;
 use hyper::body::Frame;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
+use crate::container_api::find;
 use crate::containers::Container;
-use crate::http::{error, Query, Reply};
-use crate::Context;
+use crate::error::DockerError;
+use crate::http::{DockerResult, Query};
+use crate::ApiState;
 
-async fn sandbox_fs(ctx: Arc<Context>, c: Arc<Container>) -> Result<SandboxFs, Box<Reply>> {
-    let made =
-        tokio::task::spawn_blocking(move || crate::containers::ensure_sandbox(&ctx, &c)).await;
-    let sb = match made {
-        Ok(Ok(sb)) => sb,
-        Ok(Err((code, msg))) => {
-            return Err(Box::new(error(
-                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                &msg,
-            )))
-        }
-        Err(e) => {
-            return Err(Box::new(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &e.to_string(),
-            )))
-        }
-    };
+/// The container's files (its sandbox's root; a sandbox is made now for a container never
+/// started).
+async fn sandbox_fs(api: Arc<ApiState>, c: Arc<Container>) -> Result<SandboxFs, DockerError> {
+    let sb = tokio::task::spawn_blocking(move || crate::containers::ensure_sandbox(&api, &c))
+        .await
+        .map_err(DockerError::join)??;
     sb.root()
         .map(SandboxFs::new)
-        .map_err(|e| Box::new(error(StatusCode::CONFLICT, &e.to_string())))
+        .map_err(|e| DockerError::conflict(e.to_string()))
 }
 
 /// `?path=` of the archive endpoints: (absolute path, path relative to the container root).
-pub fn path_param(q: &Query) -> Result<(String, PathBuf), Box<Reply>> {
+pub fn path_param(q: &Query) -> Result<(String, PathBuf), DockerError> {
     let p = q
         .get("path")
         .filter(|p| !p.is_empty())
-        .ok_or_else(|| error(StatusCode::BAD_REQUEST, "path is required"))?;
+        .ok_or_else(|| DockerError::bad_request("path is required"))?;
     let abs = if p.starts_with('/') {
         p.to_owned()
     } else {
         format!("/{p}")
     };
-    let rel = relative(&abs).map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, &e)))?;
+    let rel = relative(&abs).map_err(DockerError::bad_request)?;
     Ok((abs, rel))
 }
 
@@ -73,14 +64,16 @@ fn go_mode(st_mode: u32) -> u64 {
     perm | kind
 }
 
-fn not_found(abs: &str, c: &Container, head: bool) -> Reply {
+/// A path the container does not have: dockerd's 404 (without a body to `HEAD`: the Go
+/// client breaks on a body there).
+fn not_found(abs: &str, c: &Container, head: bool) -> DockerResult {
     if head {
-        return crate::http::empty(StatusCode::NOT_FOUND);
+        return Ok(crate::http::empty(StatusCode::NOT_FOUND));
     }
-    error(
-        StatusCode::NOT_FOUND,
-        &format!("Could not find the file {abs} in container {}", c.name),
-    )
+    Err(DockerError::not_found(format!(
+        "Could not find the file {abs} in container {}",
+        c.name
+    )))
 }
 
 /// Bytes of a `get_archive` tar in flight between the thread writing it and the client.
@@ -89,16 +82,16 @@ const TAR_CHUNK: usize = 64 * 1024;
 /// `HEAD` / `GET /containers/{id}/archive?path=`: the stat header (and a tar of the path,
 /// streamed as it is written: the daemon holds a chunk, never a file; an error midway ends
 /// the body short, so the client sees a failed transfer, not a truncated archive).
-pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Method) -> Reply {
+pub async fn get(
+    State(api): State<Arc<ApiState>>,
+    UrlPath(key): UrlPath<String>,
+    q: Query,
+    method: Method,
+) -> DockerResult {
+    let c = find(&api, &key)?;
     let head = method == Method::HEAD;
-    let (abs, rel) = match path_param(q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let fs = match sandbox_fs(ctx, c.clone()).await {
-        Ok(f) => f,
-        Err(r) => return *r,
-    };
+    let (abs, rel) = path_param(&q)?;
+    let fs = sandbox_fs(api, c.clone()).await?;
     let c2 = c.clone();
     // `link/` or `link/.` means what the link leads to; `link` the link itself.
     let follow = abs.ends_with('/') || abs.ends_with("/.");
@@ -137,8 +130,8 @@ pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Metho
     let (stat, fs, rel, name, is_dir) = match result {
         Ok(Ok(v)) => v,
         Ok(Err(rustix::io::Errno::NOENT)) => return not_found(&abs, &c2, head),
-        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{abs}: {e}")),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Ok(Err(e)) => return Err(DockerError::internal(format!("{abs}: {e}"))),
+        Err(e) => return Err(DockerError::join(e)),
     };
     let header = base64_encode(serde_json::to_vec(&stat).expect("json").as_slice());
     let body = if head {
@@ -152,7 +145,7 @@ pub async fn get(ctx: Arc<Context>, c: Arc<Container>, q: &Query, method: &Metho
     if let Ok(v) = header.parse() {
         r.headers_mut().insert("x-docker-container-path-stat", v);
     }
-    r
+    Ok(r)
 }
 
 /// The tar of `rel` (named `name` in it), written on a blocking thread as the client reads it.
@@ -268,75 +261,72 @@ fn append<W: Write>(
 /// it arrives, at most `--max-upload` bytes of it (413 above, with what came before it
 /// unpacked, as an interrupted `docker cp` leaves it).
 pub async fn put(
-    ctx: Arc<Context>,
-    c: Arc<Container>,
-    q: &Query,
-    req: Request<hyper::body::Incoming>,
-) -> Reply {
-    let (abs, rel) = match path_param(q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let limit = ctx.limits.max_upload;
-    let fs = match sandbox_fs(ctx, c.clone()).await {
-        Ok(f) => f,
-        Err(r) => return *r,
-    };
+    State(api): State<Arc<ApiState>>,
+    UrlPath(key): UrlPath<String>,
+    q: Query,
+    req: Request,
+) -> DockerResult {
+    let c = find(&api, &key)?;
+    let (abs, rel) = path_param(&q)?;
+    let limit = api.limits.max_upload;
+    let fs = sandbox_fs(api, c.clone()).await?;
     let (body, over_limit) = crate::http::body_reader(req.into_body(), limit);
     let c2 = c.clone();
     let result =
         tokio::task::spawn_blocking(move || as_sandbox_root(|| extract(&fs, &rel, body))).await;
     if over_limit.load(std::sync::atomic::Ordering::SeqCst) {
-        return crate::http::too_large(limit, "max-upload");
+        return Err(DockerError::too_large(limit, "max-upload"));
     }
-    match result {
-        Ok(Ok(())) => crate::http::empty(StatusCode::OK),
-        Ok(Err(e)) if e == "404" => not_found(&abs, &c2, false),
-        Ok(Err(e)) => {
-            let (code, msg) = e.split_once(':').unwrap_or(("500", &e));
-            error(
-                StatusCode::from_u16(code.parse().unwrap_or(500))
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                msg,
-            )
-        }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    match result.map_err(DockerError::join)? {
+        Ok(()) => Ok(crate::http::empty(StatusCode::OK)),
+        Err(e) if e.status == StatusCode::NOT_FOUND => not_found(&abs, &c2, false),
+        Err(e) => Err(e),
     }
 }
 
 /// Unpacks a `PUT .../archive` tar body into the directory `rel` of a container's root (the
 /// extraction point may be or go through a link, followed inside the root, as dockerd does).
-/// Run it inside [`as_sandbox_root`]. `Err` is `"STATUS:message"` (`"404"` alone: no such
-/// extraction point).
-pub fn extract(fs: &SandboxFs, rel: &Path, body: impl std::io::Read) -> Result<(), String> {
+/// Run it inside [`as_sandbox_root`]. `Err` is the answer (a 404: no such extraction point).
+pub fn extract(fs: &SandboxFs, rel: &Path, body: impl std::io::Read) -> Result<(), DockerError> {
     // As dockerd: the extraction point may be (or go through) a link, followed in
     // the container's root.
-    let rel = fs.resolve(rel).map_err(|e| format!("500:{e}"))?;
+    let rel = fs
+        .resolve(rel)
+        .map_err(|e| DockerError::internal(e.to_string()))?;
     match fs.stat(&rel) {
         Ok(e) if e.is_dir() => {}
-        Ok(_) => return Err("400:extraction point is not a directory".into()),
-        Err(rustix::io::Errno::NOENT) => return Err("404".into()),
-        Err(e) => return Err(format!("500:{e}")),
+        Ok(_) => {
+            return Err(DockerError::bad_request(
+                "extraction point is not a directory",
+            ))
+        }
+        Err(rustix::io::Errno::NOENT) => {
+            return Err(DockerError::not_found("no such extraction point"))
+        }
+        Err(e) => return Err(DockerError::internal(e.to_string())),
     }
     let mut archive = tar::Archive::new(body);
     let entries = archive
         .entries()
-        .map_err(|e| format!("400:not a tar archive: {e}"))?;
+        .map_err(|e| DockerError::bad_request(format!("not a tar archive: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| format!("400:corrupt tar archive: {e}"))?;
+        let mut entry =
+            entry.map_err(|e| DockerError::bad_request(format!("corrupt tar archive: {e}")))?;
         let path = entry
             .path()
-            .map_err(|e| format!("400:{e}"))?
+            .map_err(|e| DockerError::bad_request(e.to_string()))?
             .to_string_lossy()
             .into_owned();
         // Inside `path`, whatever the entry says (`..` cannot climb out of it).
-        let inner = relative(&format!("/{path}")).map_err(|e| format!("400:{e}"))?;
+        let inner =
+            relative(&format!("/{path}")).map_err(|e| DockerError::bad_request(e.to_string()))?;
         if inner.as_os_str().is_empty() {
             continue;
         }
         let target = rel.join(inner);
         let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
-        let failed = |e: rustix::io::Errno| format!("500:{}: {e}", target.display());
+        let failed =
+            |e: rustix::io::Errno| DockerError::internal(format!("{}: {e}", target.display()));
         let kind = entry.header().entry_type();
         if matches!(
             kind,
@@ -358,22 +348,23 @@ pub fn extract(fs: &SandboxFs, rel: &Path, body: impl std::io::Read) -> Result<(
                 let mut f = fs.create_file(&target, mode).map_err(failed)?;
                 std::io::copy(&mut entry, &mut f)
                     .and_then(|_| f.flush())
-                    .map_err(|e| format!("500:{}: {e}", target.display()))?;
+                    .map_err(|e| DockerError::internal(format!("{}: {e}", target.display())))?;
             }
             tar::EntryType::Symlink => {
-                let link = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| format!("400:{path}: symlink without a target"))?;
+                let link = entry.link_name_bytes().ok_or_else(|| {
+                    DockerError::bad_request(format!("{path}: symlink without a target"))
+                })?;
                 let link = std::ffi::OsStr::from_bytes(&link).to_owned();
                 fs.symlink(&link, &target).map_err(failed)?;
             }
             tar::EntryType::Link => {
                 // A name earlier in the archive, under the same extraction point.
-                let link = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| format!("400:{path}: hard link without a target"))?;
+                let link = entry.link_name_bytes().ok_or_else(|| {
+                    DockerError::bad_request(format!("{path}: hard link without a target"))
+                })?;
                 let link = String::from_utf8_lossy(&link).into_owned();
-                let from = relative(&format!("/{link}")).map_err(|e| format!("400:{e}"))?;
+                let from = relative(&format!("/{link}"))
+                    .map_err(|e| DockerError::bad_request(e.to_string()))?;
                 fs.hard_link(&rel.join(from), &target).map_err(failed)?;
             }
             // Devices, FIFOs and sockets are not written.

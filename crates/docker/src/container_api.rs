@@ -1,28 +1,21 @@
-//! Container endpoints: create, inspect, list, start, stop, restart, kill, wait, logs,
-//! attach, resize, remove (the state machine itself is in [`crate::containers`]).
+//! Container endpoints that answer at once: create, inspect, list, start, stop, restart,
+//! kill, resize, remove (the state machine itself is in [`crate::containers`]; the streamed
+//! ones, wait, logs and attach, in [`crate::container_streams`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hyper::{Request, StatusCode};
+use axum::extract::{Path, Request, State};
+use hyper::StatusCode;
 use serde_json::{json, Value};
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use crate::containers::{self, generated_name, lock, new_id, Container, ContainerConfig, Status};
-use crate::http::{empty, error, json, streaming, Query, Reply};
-use crate::stream;
-use crate::Context;
+use crate::containers::{self, generated_name, new_id, Container, ContainerConfig, Status};
+use crate::error::DockerError;
+use crate::http::{empty, json, DockerResult, Query, Reply};
+use crate::{lock, ApiState};
 
-/// How long an attach stream of an exited container waits for more output while the
-/// process's pipes are still open (a background child may hold them).
-const EXITED_DRAIN: Duration = Duration::from_millis(200);
-/// Stdin an attached client may send a container before it starts (kept for its start).
-const PENDING_STDIN: usize = 1024 * 1024;
-
-pub fn no_such(key: &str) -> Reply {
-    error(StatusCode::NOT_FOUND, &format!("No such container: {key}"))
-}
+type Api = State<Arc<ApiState>>;
+type Key = Path<String>;
 
 fn valid_name(n: &str) -> bool {
     let mut chars = n.chars();
@@ -31,43 +24,25 @@ fn valid_name(n: &str) -> bool {
 }
 
 /// `POST /containers/create?name=`
-pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming>) -> Reply {
-    let body: Value = match crate::http::read_body(req.into_body(), &ctx.limits).await {
-        Ok(b) => match serde_json::from_slice(&b) {
-            Ok(v) => v,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
-        },
-        Err(r) => return *r,
-    };
-    let config = match ContainerConfig::from_body(&body) {
-        Ok(c) => c,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-    };
-    if let Err(e) = config.mounts() {
-        return error(StatusCode::BAD_REQUEST, &e);
-    }
-    let image = match ctx.store.find(&config.image) {
+pub async fn create(State(api): Api, q: Query, req: Request) -> DockerResult {
+    let body = crate::http::read_body(req.into_body(), &api.limits).await?;
+    let config = ContainerConfig::parse(&body)?;
+    let image = match api.store.find(&config.image) {
         Ok(r) => r,
         Err(agentrun_image::ImageError::NotFound(_))
         | Err(agentrun_image::ImageError::InvalidName(..)) => {
-            return crate::images::not_found(&config.image)
+            return Err(DockerError::no_such_image(&config.image))
         }
-        Err(e) => return crate::images::image_error(&config.image, &e),
+        Err(e) => return Err(crate::images::image_error(&config.image, &e)),
     };
-    let id = match new_id() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
     let name = match q.get("name").filter(|n| !n.is_empty()) {
         Some(n) => {
             let n = n.strip_prefix('/').unwrap_or(n);
             if !valid_name(n) {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!(
-                        "Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
-                    ),
-                );
+                return Err(DockerError::bad_request(format!(
+                    "Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
+                )));
             }
             n.to_owned()
         }
@@ -81,35 +56,32 @@ pub async fn create(ctx: &Context, q: &Query, req: Request<hyper::body::Incoming
         image.config.clone(),
     ));
     {
-        let mut all = lock(&ctx.containers);
+        let mut all = lock(&api.containers);
         if let Some(other) = all.name_taken(&name) {
-            return error(
-                StatusCode::CONFLICT,
-                &format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name."),
-            );
+            return Err(DockerError::conflict(format!("Conflict. The container name \"/{name}\" is already in use by container \"{other}\". You have to remove (or rename) that container to be able to reuse that name.")));
         }
         all.by_id.insert(id.clone(), c);
     }
-    json(StatusCode::CREATED, &json!({"Id": id, "Warnings": []}))
+    Ok(json(
+        StatusCode::CREATED,
+        &json!({"Id": id, "Warnings": []}),
+    ))
 }
 
-/// The container `key` names, or the 404 to answer.
-fn find(ctx: &Context, key: &str) -> Result<Arc<Container>, Box<Reply>> {
-    lock(&ctx.containers)
+/// The container `key` names (full id, unique id prefix or name), or the 404 to answer.
+pub fn find(api: &ApiState, key: &str) -> Result<Arc<Container>, DockerError> {
+    lock(&api.containers)
         .find(key)
-        .ok_or_else(|| Box::new(no_such(key)))
+        .ok_or_else(|| DockerError::no_such_container(key))
 }
 
 /// `GET /containers/{id}/json`
-pub fn inspect(ctx: &Context, key: &str) -> Reply {
-    match find(ctx, key) {
-        Ok(c) => json(StatusCode::OK, &c.inspect()),
-        Err(r) => *r,
-    }
+pub async fn inspect(State(api): Api, Path(key): Key) -> DockerResult {
+    Ok(json(StatusCode::OK, &find(&api, &key)?.inspect()))
 }
 
 /// `GET /containers/json?all=&filters=`
-pub fn list(ctx: &Context, q: &Query) -> Reply {
+pub async fn list(State(api): Api, q: Query) -> Reply {
     let all = q.bool("all");
     let filters: Value = q
         .get("filters")
@@ -132,7 +104,7 @@ pub fn list(ctx: &Context, q: &Query) -> Reply {
         wanted("label"),
         wanted("ancestor"),
     );
-    let mut out: Vec<(std::time::SystemTime, Value)> = lock(&ctx.containers)
+    let mut out: Vec<(std::time::SystemTime, Value)> = lock(&api.containers)
         .by_id
         .values()
         .filter(|c| all || !statuses.is_empty() || c.status() == Status::Running)
@@ -166,28 +138,30 @@ pub fn list(ctx: &Context, q: &Query) -> Reply {
 }
 
 /// `POST /containers/{id}/start`
-pub async fn start(ctx: Arc<Context>, key: &str) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn start(State(api): Api, Path(key): Key) -> DockerResult {
+    start_container(api, &key).await
+}
+
+/// Starts the container `key` names (on a blocking thread: the sandbox may be made now); a
+/// failed start removes an AutoRemove container.
+async fn start_container(api: Arc<ApiState>, key: &str) -> DockerResult {
+    let c = find(&api, key)?;
     if c.status() == Status::Running {
-        return empty(StatusCode::NOT_MODIFIED);
+        return Ok(empty(StatusCode::NOT_MODIFIED));
     }
-    let ctx2 = ctx.clone();
+    let api2 = api.clone();
     let c2 = c.clone();
-    match tokio::task::spawn_blocking(move || containers::start(&ctx2, &c2)).await {
-        Ok(Ok(())) => empty(StatusCode::NO_CONTENT),
-        Ok(Err((code, msg))) => {
+    match tokio::task::spawn_blocking(move || containers::start(&api2, &c2))
+        .await
+        .map_err(DockerError::join)?
+    {
+        Ok(()) => Ok(empty(StatusCode::NO_CONTENT)),
+        Err(e) => {
             if c.config.auto_remove {
-                containers::remove(&ctx, &c);
+                containers::remove(&api, &c);
             }
-            error(
-                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                &msg,
-            )
+            Err(e)
         }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -198,29 +172,23 @@ fn stop_timeout(q: &Query) -> Duration {
 }
 
 /// `POST /containers/{id}/stop?t=`
-pub async fn stop(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let t = stop_timeout(q);
+pub async fn stop(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
+    let t = stop_timeout(&q);
     let stopped = tokio::task::spawn_blocking(move || containers::stop(&c, t))
         .await
         .unwrap_or(false);
-    if stopped {
+    Ok(if stopped {
         empty(StatusCode::NO_CONTENT)
     } else {
         empty(StatusCode::NOT_MODIFIED)
-    }
+    })
 }
 
 /// `POST /containers/{id}/restart?t=`
-pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let t = stop_timeout(q);
+pub async fn restart(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
+    let t = stop_timeout(&q);
     let c2 = c.clone();
     // Not removed by its stop even with AutoRemove (as dockerd); the main process runs again
     // in the same sandbox, on the same files.
@@ -235,346 +203,40 @@ pub async fn restart(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
     let _restarting = Restarting(c.clone());
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // (A failed start removes an AutoRemove container itself.)
-    start(ctx, &c.id).await
+    start_container(api, &c.id).await
 }
 
 /// `POST /containers/{id}/kill?signal=`
-pub fn kill(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn kill(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     let sig = match q.get("signal").filter(|s| !s.is_empty()) {
-        Some(s) => match crate::signals::parse(s) {
-            Some(n) => n,
-            None => return error(StatusCode::BAD_REQUEST, &format!("Invalid signal: {s}")),
-        },
+        Some(s) => crate::signals::parse(s)
+            .ok_or_else(|| DockerError::bad_request(format!("Invalid signal: {s}")))?,
         None => libc::SIGKILL,
     };
     if containers::signal(&c, sig) {
-        empty(StatusCode::NO_CONTENT)
+        Ok(empty(StatusCode::NO_CONTENT))
     } else {
-        error(
-            StatusCode::CONFLICT,
-            &format!(
-                "Cannot kill container: {key}: Container {} is not running",
-                c.id
-            ),
-        )
+        Err(DockerError::conflict(format!(
+            "Cannot kill container: {key}: Container {} is not running",
+            c.id
+        )))
     }
 }
 
 /// `DELETE /containers/{id}?force=`
-pub async fn delete(ctx: Arc<Context>, key: &str, q: &Query) -> Reply {
-    let c = match find(&ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+pub async fn delete(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
     if c.status() == Status::Running && !q.bool("force") {
-        return error(
-            StatusCode::CONFLICT,
-            &format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id),
-        );
+        return Err(DockerError::conflict(format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id)));
     }
-    let _ = tokio::task::spawn_blocking(move || containers::remove(&ctx, &c)).await;
-    empty(StatusCode::NO_CONTENT)
+    let _ = tokio::task::spawn_blocking(move || containers::remove(&api, &c)).await;
+    Ok(empty(StatusCode::NO_CONTENT))
 }
 
-/// `POST /containers/{id}/wait?condition=`: headers at once, the status when it is met.
-pub fn wait(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let condition = q.get("condition").unwrap_or("not-running").to_owned();
-    if !["not-running", "next-exit", "removed"].contains(&condition.as_str()) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!("invalid condition: \"{condition}\""),
-        );
-    }
-    let (reply, tx) = streaming("application/json");
-    let mut rx = c.changed.subscribe();
-    let exits_at_start = lock(&c.state).exits;
-    tokio::spawn(async move {
-        loop {
-            let done = {
-                let st = lock(&c.state);
-                match condition.as_str() {
-                    "next-exit" => st.exits > exits_at_start,
-                    "removed" => st.removed,
-                    _ => st.status != Status::Running,
-                }
-            };
-            if done {
-                break;
-            }
-            if rx.changed().await.is_err() {
-                break;
-            }
-        }
-        let code = lock(&c.state).exit_code;
-        let _ = tx
-            .send(crate::http::json_line(
-                &json!({"StatusCode": code, "Error": null}),
-            ))
-            .await;
-        crate::trace!("wait {} ({condition}): answered", c.id);
-    });
-    reply
-}
-
-/// `GET /containers/{id}/logs?stdout=&stderr=&follow=&tail=`
-pub fn logs(ctx: &Context, key: &str, q: &Query) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let (want_out, want_err) = (q.bool("stdout"), q.bool("stderr"));
-    if !want_out && !want_err {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "You must choose at least one stream",
-        );
-    }
-    let tty = c.config.tty;
-    let wanted = move |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
-    let tail = q.get("tail").and_then(|t| t.parse::<usize>().ok());
-    let follow = q.bool("follow");
-    let mut live = c.output.subscribe();
-    let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
-    let (reply, tx) = streaming(if tty {
-        "application/vnd.docker.raw-stream"
-    } else {
-        "application/vnd.docker.multiplexed-stream"
-    });
-    tokio::spawn(async move {
-        let mut chunks: Vec<(u8, Bytes)> = kept.into_iter().filter(|(s, _)| wanted(*s)).collect();
-        if let Some(n) = tail {
-            chunks = tail_lines(chunks, n);
-        }
-        for (s, b) in chunks {
-            if tx
-                .send(Bytes::from(stream::frame(s, &b, tty)))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        if !follow {
-            return;
-        }
-        let mut changed = c.changed.subscribe();
-        loop {
-            if c.status() != Status::Running {
-                // Whatever the pumps still deliver, briefly.
-                while let Ok(Ok((s, b))) =
-                    tokio::time::timeout(Duration::from_millis(100), live.recv()).await
-                {
-                    if wanted(s)
-                        && tx
-                            .send(Bytes::from(stream::frame(s, &b, tty)))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                }
-                return;
-            }
-            tokio::select! {
-                got = live.recv() => match got {
-                    Ok((s, b)) => {
-                        if wanted(s) && tx.send(Bytes::from(stream::frame(s, &b, tty))).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => {}
-                    Err(RecvError::Closed) => return,
-                },
-                _ = changed.changed() => {}
-            }
-        }
-    });
-    reply
-}
-
-/// The last `n` lines of a stream of chunks.
-fn tail_lines(chunks: Vec<(u8, Bytes)>, n: usize) -> Vec<(u8, Bytes)> {
-    let mut lines: Vec<(u8, Vec<u8>)> = Vec::new();
-    for (s, b) in chunks {
-        for piece in b.split_inclusive(|c| *c == b'\n') {
-            match lines.last_mut() {
-                Some((ls, l)) if *ls == s && !l.ends_with(b"\n") => l.extend_from_slice(piece),
-                _ => lines.push((s, piece.to_vec())),
-            }
-        }
-    }
-    let skip = lines.len().saturating_sub(n);
-    lines
-        .into_iter()
-        .skip(skip)
-        .map(|(s, l)| (s, Bytes::from(l)))
-        .collect()
-}
-
-/// `POST /containers/{id}/attach?stream=&stdin=&stdout=&stderr=&logs=`: a hijack that
-/// carries the main process's output (and stdin to it), from before start if need be, until
-/// the container exits.
-pub fn attach(
-    ctx: &Context,
-    key: &str,
-    q: &Query,
-    mut req: Request<hyper::body::Incoming>,
-) -> Reply {
-    let c = match find(ctx, key) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    if !stream::wants_upgrade(&req) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "attach needs an upgraded (hijacked) connection",
-        );
-    }
-    let tty = c.config.tty;
-    let (want_out, want_err, want_in) = (q.bool("stdout"), q.bool("stderr"), q.bool("stdin"));
-    let with_logs = q.bool("logs");
-    let mut live = c.output.subscribe();
-    // The run this attach is for: the current one, or the next (`docker start -a` attaches
-    // to an exited container, then starts it).
-    let exits_at_attach = lock(&c.state).exits;
-    let upgrade = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        let up = match upgrade.await {
-            Ok(up) => up,
-            Err(e) => {
-                crate::trace!("attach {}: upgrade failed: {e}", c.id);
-                return;
-            }
-        };
-        let (mut rd, mut wr) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
-        let wanted = |s: u8| (s == 1 && want_out) || (s == 2 && want_err);
-        if with_logs {
-            let kept: Vec<(u8, Bytes)> = lock(&c.logs).0.iter().cloned().collect();
-            for (s, b) in kept {
-                if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
-                    return;
-                }
-            }
-        }
-        // Stdin: to the process if it runs (through its bounded writer: a process not
-        // reading its stdin holds up this client only), else kept for it (at most
-        // PENDING_STDIN; then the client waits for the start).
-        let c_in = c.clone();
-        let input = tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let mut buf = vec![0u8; 16 * 1024];
-            let mut changed = c_in.changed.subscribe();
-            loop {
-                while want_in && {
-                    let st = lock(&c_in.state);
-                    st.status == Status::Created && st.pending_stdin.len() >= PENDING_STDIN
-                } {
-                    if changed.changed().await.is_err() {
-                        return;
-                    }
-                }
-                let n = match rd.read(&mut buf).await {
-                    Ok(0) | Err(_) => 0,
-                    Ok(n) => n,
-                };
-                if !want_in {
-                    if n == 0 {
-                        break;
-                    }
-                    continue;
-                }
-                let writer = {
-                    let mut guard = lock(&c_in.state);
-                    let st = &mut *guard;
-                    if n == 0 {
-                        if st.status == Status::Created {
-                            st.stdin_closed_early = true;
-                        } else if c_in.config.stdin_once || !c_in.config.tty {
-                            st.stdin = None;
-                        }
-                        break;
-                    }
-                    match st.stdin.as_ref() {
-                        Some(w) => Some(w.clone()),
-                        None => {
-                            if st.status == Status::Created {
-                                st.pending_stdin.extend_from_slice(&buf[..n]);
-                            }
-                            None
-                        }
-                    }
-                };
-                if let Some(w) = writer {
-                    let _ = w.send(Bytes::copy_from_slice(&buf[..n])).await;
-                }
-            }
-        });
-        let mut changed = c.changed.subscribe();
-        loop {
-            // Exited (a fast container may have run and exited between two looks): forward
-            // the rest of its output, until its pumps reached EOF (then what is queued is all
-            // there is) or, bounded, 200 ms without output.
-            let ended = {
-                let st = lock(&c.state);
-                st.status == Status::Exited && st.exits > exits_at_attach
-            };
-            if ended {
-                let mut deadline = tokio::time::Instant::now() + EXITED_DRAIN;
-                loop {
-                    if !c.outputs_open() {
-                        loop {
-                            match live.try_recv() {
-                                Ok((s, b)) => {
-                                    if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
-                                        break;
-                                    }
-                                }
-                                Err(TryRecvError::Lagged(_)) => {}
-                                Err(_) => break,
-                            }
-                        }
-                        break;
-                    }
-                    tokio::select! {
-                        got = tokio::time::timeout_at(deadline, live.recv()) => match got {
-                            Ok(Ok((s, b))) => {
-                                deadline = tokio::time::Instant::now() + EXITED_DRAIN;
-                                if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
-                                    break;
-                                }
-                            }
-                            Ok(Err(RecvError::Lagged(_))) => {}
-                            _ => break,
-                        },
-                        _ = changed.changed() => {}
-                    }
-                }
-                break;
-            }
-            tokio::select! {
-                got = live.recv() => match got {
-                    Ok((s, b)) => {
-                        if wanted(s) && !stream::send(&mut wr, s, &b, tty).await {
-                            break;
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => {}
-                    Err(RecvError::Closed) => break,
-                },
-                _ = changed.changed() => {}
-            }
-        }
-        input.abort();
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-        crate::trace!("attach {} done", c.id);
-    });
-    stream::upgraded_reply(tty)
+/// `POST /containers/{id}/resize?h=&w=`
+pub async fn resize(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
+    let c = find(&api, &key)?;
+    c.pty.resize_to_query(&q)?;
+    Ok(crate::http::empty(StatusCode::OK))
 }

@@ -6,15 +6,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentrun_pool::live::ProcessSpec;
+use axum::extract::{Path, Request, State};
 use bytes::Bytes;
-use hyper::{Request, StatusCode};
+use hyper::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::containers::{lock, make_stdio, new_id, Container, Status};
-use crate::http::{error, json, Reply};
+use crate::container_api::find;
+use crate::containers::{new_id, Container, Status};
+use crate::error::DockerError;
+use crate::http::{json, DockerResult, Query};
+use crate::stdio::Stdio;
 use crate::stream::{self, HijackIo};
-use crate::Context;
+use crate::{lock, ApiState, TRACE};
+
+type Api = State<Arc<ApiState>>;
 
 /// Pause between the hijack answer and the process start (see [`session`]).
 const CLIENT_READS_ANSWER: Duration = Duration::from_millis(50);
@@ -107,23 +113,20 @@ impl ExecRequest {
 }
 
 /// `POST /containers/{id}/exec`
-pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
+pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> DockerResult {
+    let c = find(&api, &key)?;
+    let body = crate::http::read_body(req.into_body(), &api.limits).await?;
+    let body: Value = serde_json::from_slice(&body).unwrap_or_default();
     if c.status() != Status::Running {
-        return error(
-            StatusCode::CONFLICT,
-            &format!("Container {} is not running", c.id),
-        );
+        return Err(DockerError::conflict(format!(
+            "Container {} is not running",
+            c.id
+        )));
     }
-    let req = match ExecRequest::from_body(body) {
-        Ok(r) => r,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
-    };
+    let req = ExecRequest::from_body(&body).map_err(DockerError::bad_request)?;
     let working_dir = req.working_dir.unwrap_or_else(|| c.working_dir());
     let user = req.user.or_else(|| c.user());
-    let id = match new_id() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
     let pty = crate::pty::Pty::default();
     if let Some((h, w)) = req.console_size {
         let _ = pty.resize(h, w);
@@ -141,17 +144,23 @@ pub fn create(ctx: &Context, c: Arc<Container>, body: &Value) -> Reply {
         state: Mutex::new(ExecState::default()),
     });
     let id = exec.id.clone();
-    lock(&ctx.execs).insert(id.clone(), exec);
-    json(StatusCode::CREATED, &json!({ "Id": id }))
+    lock(&api.execs).insert(id.clone(), exec);
+    Ok(json(StatusCode::CREATED, &json!({ "Id": id })))
+}
+
+/// The exec instance `id` names, or the 404 to answer.
+fn find_exec(api: &ApiState, id: &str) -> Result<Arc<Exec>, DockerError> {
+    lock(&api.execs)
+        .get(id)
+        .cloned()
+        .ok_or_else(|| DockerError::no_such_exec(id))
 }
 
 /// `GET /exec/{id}/json`
-pub fn inspect(ctx: &Context, id: &str) -> Reply {
-    let Some(e) = lock(&ctx.execs).get(id).cloned() else {
-        return no_such(id);
-    };
+pub async fn inspect(State(api): Api, Path(id): Path<String>) -> DockerResult {
+    let e = find_exec(&api, &id)?;
     let st = lock(&e.state);
-    json(
+    Ok(json(
         StatusCode::OK,
         &json!({
             "ID": e.id,
@@ -172,43 +181,38 @@ pub fn inspect(ctx: &Context, id: &str) -> Reply {
             "DetachKeys": "",
             "Pid": st.pid,
         }),
-    )
+    ))
 }
 
-fn no_such(id: &str) -> Reply {
-    error(
-        StatusCode::NOT_FOUND,
-        &format!("No such exec instance: {id}"),
-    )
+/// `POST /exec/{id}/resize?h=&w=`
+pub async fn resize(State(api): Api, Path(id): Path<String>, q: Query) -> DockerResult {
+    let e = find_exec(&api, &id)?;
+    e.pty.resize_to_query(&q)?;
+    Ok(crate::http::empty(StatusCode::CREATED))
 }
 
 /// `POST /exec/{id}/start`
-pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incoming>) -> Reply {
+pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> DockerResult {
     // The body is read here; the request (its upgrade) goes on without it.
     let (parts, body) = req.into_parts();
-    let mut req = Request::from_parts(parts, ());
-    let body: Value = match crate::http::read_body(body, &ctx.limits).await {
-        Ok(b) => serde_json::from_slice(&b).unwrap_or(json!({})),
-        Err(r) => return *r,
-    };
-    let Some(exec) = lock(&ctx.execs).get(id).cloned() else {
-        return no_such(id);
-    };
+    let mut req = hyper::Request::from_parts(parts, ());
+    let body = crate::http::read_body(body, &api.limits).await?;
+    let body: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    let exec = find_exec(&api, &id)?;
     {
         let mut st = lock(&exec.state);
         if st.started {
-            return error(
-                StatusCode::CONFLICT,
-                &format!("Exec command {id} has already run"),
-            );
+            return Err(DockerError::conflict(format!(
+                "Exec command {id} has already run"
+            )));
         }
         st.started = true;
     }
     if exec.container.status() != Status::Running {
-        return error(
-            StatusCode::CONFLICT,
-            &format!("Container {} is not running", exec.container.id),
-        );
+        return Err(DockerError::conflict(format!(
+            "Container {} is not running",
+            exec.container.id
+        )));
     }
     let tty = body["Tty"].as_bool().unwrap_or(exec.tty);
     if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
@@ -219,7 +223,7 @@ pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incomi
         tokio::task::spawn_blocking(move || {
             let _ = run_detached(&e, tty);
         });
-        return crate::http::empty(StatusCode::OK);
+        return Ok(crate::http::empty(StatusCode::OK));
     }
     if stream::wants_upgrade(&req) {
         let upgrade = hyper::upgrade::on(&mut req);
@@ -228,7 +232,7 @@ pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incomi
                 session(exec, tty, hyper_util::rt::TokioIo::new(up)).await;
             }
         });
-        return stream::upgraded_reply(tty);
+        return Ok(stream::upgraded_reply(tty));
     }
     // No hijack: output only, as a streamed body.
     let (reply, tx) = stream::body_sender();
@@ -252,7 +256,7 @@ pub async fn start(ctx: Arc<Context>, id: &str, req: Request<hyper::body::Incomi
             }
         }
     });
-    reply
+    Ok(reply)
 }
 
 fn run_detached(e: &Arc<Exec>, tty: bool) -> Result<(), String> {
@@ -277,7 +281,7 @@ async fn spawn(
     out: mpsc::Sender<(u8, Bytes)>,
     exit: oneshot::Sender<i32>,
 ) -> Result<Option<mpsc::Sender<Bytes>>, String> {
-    let stdio = make_stdio(tty, want_stdin).map_err(|e| e.to_string())?;
+    let stdio = Stdio::open(tty, want_stdin).map_err(|e| e.to_string())?;
     // An exited container keeps its sandbox (its files): only a running one takes execs.
     let (sandbox, exits) = {
         let st = lock(&exec.container.state);
@@ -287,7 +291,7 @@ async fn spawn(
         }
     };
     let sandbox2 = sandbox.clone();
-    let crate::containers::Stdio {
+    let Stdio {
         child,
         stdin,
         outputs,
@@ -419,7 +423,8 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
     }
     input.abort();
     let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-    crate::trace!(
+    tracing::debug!(
+        target: TRACE,
         "exec {} {:?}: {sent} bytes, ended by {how}",
         exec.id,
         exec.cmd

@@ -1,6 +1,6 @@
 //! HTTP plumbing of the Docker API: version prefixes, query parsing with dockerd's boolean
-//! rules, JSON and error responses, streamed bodies, request bodies read within [`Limits`].
-//! Handlers live in [`crate::images`], [`crate::system`] and the container modules.
+//! rules (the [`Query`] extractor), JSON and error responses, streamed bodies, request bodies
+//! read within [`Limits`]. The routes are in [`crate::routes`].
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -8,14 +8,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body as RequestBody;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+
+use crate::error::DockerError;
 
 /// The API version agentrun speaks (dockerd 25's), and the oldest prefix it accepts.
 pub const API_VERSION: &str = "1.44";
@@ -25,6 +28,8 @@ pub const MIN_API_VERSION: &str = "1.24";
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 pub type Reply = Response<Body>;
+/// What a handler answers: its reply, or an error as `{"message"}`.
+pub type DockerResult<T = Reply> = Result<T, DockerError>;
 
 /// How much of a request body the API reads (`agentrun serve --max-request-body`,
 /// `--max-upload`).
@@ -34,14 +39,6 @@ pub struct Limits {
     pub max_request_body: u64,
     /// A tar body (`put_archive`, a build context), streamed to disk.
     pub max_upload: u64,
-}
-
-/// 413, naming the limit and the flag that sets it.
-pub fn too_large(limit: u64, flag: &str) -> Reply {
-    error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        &format!("request body larger than {limit} bytes (agentrun serve --{flag})"),
-    )
 }
 
 /// How long, and how much of, the rest of a body over its limit is still read (and thrown
@@ -55,13 +52,13 @@ const DRAIN_BYTES: usize = 64 << 20;
 /// its end (its reader refused what it read: a build context over an unpack limit, a tar that
 /// is not one) is drained the same way, so the client reads the answer.
 struct CappedBody {
-    body: Option<Incoming>,
+    body: Option<RequestBody>,
     left: u64,
     over: Arc<AtomicBool>,
 }
 
 impl CappedBody {
-    fn new(body: Incoming, limit: u64) -> (CappedBody, Arc<AtomicBool>) {
+    fn new(body: RequestBody, limit: u64) -> (CappedBody, Arc<AtomicBool>) {
         let over = Arc::new(AtomicBool::new(false));
         let capped = CappedBody {
             body: Some(body),
@@ -122,7 +119,7 @@ impl Drop for CappedBody {
 
 /// Reads and throws away the rest of a body for at most [`DRAIN_AFTER_LIMIT`] and
 /// [`DRAIN_BYTES`] (on the runtime this thread belongs to; a blocking task's thread has one).
-fn drain_in_background(mut rest: Incoming) {
+fn drain_in_background(mut rest: RequestBody) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -140,19 +137,19 @@ fn drain_in_background(mut rest: Incoming) {
 
 /// A JSON request body, read whole but at most `limits.max_request_body` bytes: above that
 /// the answer is 413 (the rest is drained a while, never kept).
-pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Reply>> {
+pub async fn read_body(body: RequestBody, limits: &Limits) -> Result<Bytes, DockerError> {
     let (mut capped, over) = CappedBody::new(body, limits.max_request_body);
     let mut whole = Vec::new();
     while let Some(chunk) = capped.next().await {
         match chunk {
             Ok(b) => whole.extend_from_slice(&b),
             Err(_) if over.load(Ordering::SeqCst) => {
-                return Err(Box::new(too_large(
+                return Err(DockerError::too_large(
                     limits.max_request_body,
                     "max-request-body",
-                )))
+                ))
             }
-            Err(e) => return Err(Box::new(error(StatusCode::BAD_REQUEST, &e.to_string()))),
+            Err(e) => return Err(DockerError::bad_request(e.to_string())),
         }
     }
     Ok(Bytes::from(whole))
@@ -161,7 +158,7 @@ pub async fn read_body(body: Incoming, limits: &Limits) -> Result<Bytes, Box<Rep
 /// A request body as a blocking reader (for a blocking thread: a tar unpacked as it
 /// arrives), at most `limit` bytes: reading past them fails, and the returned flag says the
 /// limit was why (answer 413).
-pub fn body_reader(body: Incoming, limit: u64) -> (impl std::io::Read + Send, Arc<AtomicBool>) {
+pub fn body_reader(body: RequestBody, limit: u64) -> (impl std::io::Read + Send, Arc<AtomicBool>) {
     let (capped, over) = CappedBody::new(body, limit);
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(capped));
     (reader, over)
@@ -198,9 +195,21 @@ pub fn strip_version(path: &str) -> Result<&str, String> {
     Ok(tail)
 }
 
-/// Query parameters (repeated keys keep every value, in order).
+/// Query parameters (repeated keys keep every value, in order); an extractor that never
+/// fails (a malformed pair is skipped, as dockerd's Go parser does).
 #[derive(Debug, Default)]
 pub struct Query(BTreeMap<String, Vec<String>>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Query {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut hyper::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Infallible> {
+        Ok(Query::parse(parts.uri.query()))
+    }
+}
 
 impl Query {
     pub fn parse(q: Option<&str>) -> Query {
@@ -259,11 +268,6 @@ pub fn text(status: StatusCode, body: &str) -> Reply {
     let mut r = Response::new(boxed(Full::new(Bytes::from(body.to_owned()))));
     *r.status_mut() = status;
     r
-}
-
-/// `{"message": ...}`, as every dockerd error.
-pub fn error(status: StatusCode, message: &str) -> Reply {
-    json(status, &serde_json::json!({ "message": message }))
 }
 
 /// A streamed 200 body: what is sent on the returned channel, as it comes.

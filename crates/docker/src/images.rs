@@ -8,22 +8,19 @@ use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
 use hyper::StatusCode;
 use serde_json::json;
 
-use crate::http::{error, json, json_line, streaming, Query, Reply};
-use crate::Context;
+use crate::error::DockerError;
+use crate::http::{json, json_line, streaming, DockerResult, Query};
+use crate::ApiState;
 
-/// 404 with the text docker-py maps to `ImageNotFound`.
-pub fn not_found(name: &str) -> Reply {
-    error(StatusCode::NOT_FOUND, &format!("No such image: {name}"))
-}
-
-pub fn image_error(name: &str, e: &ImageError) -> Reply {
+/// The answer to an image store error about the image `name`.
+pub fn image_error(name: &str, e: &ImageError) -> DockerError {
     match e {
-        ImageError::NotFound(_) => not_found(name),
-        ImageError::InvalidName(..) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        ImageError::NotFound(_) => DockerError::no_such_image(name),
+        ImageError::InvalidName(..) => DockerError::bad_request(e.to_string()),
         ImageError::Ambiguous(_) | ImageError::InUse { .. } | ImageError::BuiltIn(_) => {
-            error(StatusCode::CONFLICT, &e.to_string())
+            DockerError::conflict(e.to_string())
         }
-        _ => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        _ => DockerError::internal(e.to_string()),
     }
 }
 
@@ -64,13 +61,10 @@ fn config_json(rec: &ImageRecord) -> serde_json::Value {
 }
 
 /// `GET /images/{name}/json`
-pub fn inspect(ctx: &Context, name: &str) -> Reply {
-    let rec = match ctx.store.find(name) {
-        Ok(r) => r,
-        Err(e) => return image_error(name, &e),
-    };
-    let tags = repo_tags(&ctx.store, &rec);
-    json(
+pub fn inspect(api: &ApiState, name: &str) -> DockerResult {
+    let rec = api.store.find(name).map_err(|e| image_error(name, &e))?;
+    let tags = repo_tags(&api.store, &rec);
+    Ok(json(
         StatusCode::OK,
         &json!({
             "Id": rec.id,
@@ -93,18 +87,18 @@ pub fn inspect(ctx: &Context, name: &str) -> Reply {
             },
             "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
         }),
-    )
+    ))
 }
 
 /// `GET /images/json`
-pub fn list(ctx: &Context) -> Reply {
+pub fn list(api: &ApiState) -> DockerResult {
     let mut out = Vec::new();
-    let images = match ctx.store.list() {
-        Ok(i) => i,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    let images = api
+        .store
+        .list()
+        .map_err(|e| DockerError::internal(e.to_string()))?;
     for info in images.into_iter().filter(|i| !i.id.is_empty()) {
-        let Ok(rec) = ctx.store.record(&info.id) else {
+        let Ok(rec) = api.store.record(&info.id) else {
             continue;
         };
         out.push(json!({
@@ -120,63 +114,57 @@ pub fn list(ctx: &Context) -> Reply {
             "Containers": -1,
         }));
     }
-    json(StatusCode::OK, &serde_json::Value::Array(out))
+    Ok(json(StatusCode::OK, &serde_json::Value::Array(out)))
 }
 
 /// `POST /images/{name}/tag?repo=&tag=`
-pub fn tag(ctx: &Context, name: &str, q: &Query) -> Reply {
+pub fn tag(api: &ApiState, name: &str, q: &Query) -> DockerResult {
     let Some(repo) = q.get("repo").filter(|r| !r.is_empty()) else {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(DockerError::bad_request(
             "repository name (repo) is required",
-        );
+        ));
     };
     let target = match q.get("tag").filter(|t| !t.is_empty()) {
         Some(t) => format!("{repo}:{t}"),
         None => repo.to_owned(),
     };
-    match ctx.store.tag(name, &target) {
-        Ok(_) => crate::http::empty(StatusCode::CREATED),
-        Err(e) => image_error(name, &e),
-    }
+    api.store
+        .tag(name, &target)
+        .map_err(|e| image_error(name, &e))?;
+    Ok(crate::http::empty(StatusCode::CREATED))
 }
 
 /// `DELETE /images/{name}?force=`
-pub fn remove(ctx: &Context, name: &str, q: &Query) -> Reply {
-    match ctx.store.remove(name, q.bool("force")) {
-        Ok(lines) => {
-            let items: Vec<serde_json::Value> = lines
-                .iter()
-                .filter_map(|l| {
-                    l.strip_prefix("Untagged: ")
-                        .map(|n| json!({"Untagged": n}))
-                        .or_else(|| l.strip_prefix("Deleted: ").map(|d| json!({"Deleted": d})))
-                })
-                .collect();
-            json(StatusCode::OK, &serde_json::Value::Array(items))
-        }
-        Err(e) => image_error(name, &e),
-    }
+pub fn remove(api: &ApiState, name: &str, q: &Query) -> DockerResult {
+    let lines = api
+        .store
+        .remove(name, q.bool("force"))
+        .map_err(|e| image_error(name, &e))?;
+    let items: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| {
+            l.strip_prefix("Untagged: ")
+                .map(|n| json!({"Untagged": n}))
+                .or_else(|| l.strip_prefix("Deleted: ").map(|d| json!({"Deleted": d})))
+        })
+        .collect();
+    Ok(json(StatusCode::OK, &serde_json::Value::Array(items)))
 }
 
 /// `POST /images/create?fromImage=&tag=`: a pull through the store's registry client.
-pub async fn pull(ctx: &Context, q: &Query) -> Reply {
+pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
     let Some(from) = q.get("fromImage").filter(|f| !f.is_empty()) else {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(DockerError::bad_request(
             "fromImage is required (importing from a tarball is not supported: use `agentrun image import`)",
-        );
+        ));
     };
     let name = match q.get("tag").filter(|t| !t.is_empty()) {
         Some(t) if t.starts_with("sha256:") => format!("{from}@{t}"),
         Some(t) => format!("{from}:{t}"),
         None => from.to_owned(),
     };
-    let full = match normalize(&name) {
-        Ok(f) => f,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    let store = ctx.store.clone();
+    let full = normalize(&name).map_err(|e| DockerError::bad_request(e.to_string()))?;
+    let store = api.store.clone();
     let n = name.clone();
     let result = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default())).await;
     match result {
@@ -192,7 +180,7 @@ pub async fn pull(ctx: &Context, q: &Query) -> Reply {
                     let _ = tx.send(json_line(&l)).await;
                 }
             });
-            reply
+            Ok(reply)
         }
         Ok(Err(e)) => {
             let msg = e.to_string();
@@ -205,12 +193,12 @@ pub async fn pull(ctx: &Context, q: &Query) -> Reply {
             } else {
                 StatusCode::INTERNAL_SERVER_ERROR
             };
-            error(
+            Err(DockerError::new(
                 status,
-                &format!("pull access denied for {name}, repository does not exist or may require 'docker login': {msg}"),
-            )
+                format!("pull access denied for {name}, repository does not exist or may require 'docker login': {msg}"),
+            ))
         }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => Err(DockerError::join(e)),
     }
 }
 
@@ -253,46 +241,33 @@ pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> 
 /// `POST /build`: the context tar arrives as the body (length or chunked) and is unpacked as
 /// it arrives (at most `--max-upload` bytes of it: 413 above); progress streams back as
 /// `{"stream": ...}` lines ending with `Successfully built <id>`.
-pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Reply {
-    let mut opts = match build_options(q) {
-        Ok(o) => o,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
-    };
+pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerResult {
+    let mut opts = build_options(q).map_err(DockerError::bad_request)?;
     let quiet = q.bool("q");
-    let dir = match tempdir_in(&ctx.tmp_dir) {
-        Ok(d) => d,
-        Err(e) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("build context: {e}"),
-            )
-        }
-    };
-    let limit = ctx.limits.max_upload;
+    let dir = tempdir_in(&api.tmp_dir)
+        .map_err(|e| DockerError::internal(format!("build context: {e}")))?;
+    let limit = api.limits.max_upload;
     let (reader, over_limit) = crate::http::body_reader(body, limit);
     let into = dir.clone();
-    let context_store = ctx.store.clone();
+    let context_store = api.store.clone();
     let unpacked =
         tokio::task::spawn_blocking(move || context_store.unpack_context(reader, &into)).await;
     let failed = match unpacked {
         _ if over_limit.load(std::sync::atomic::Ordering::SeqCst) => {
-            Some(crate::http::too_large(limit, "max-upload"))
+            Some(DockerError::too_large(limit, "max-upload"))
         }
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(error(
-            StatusCode::BAD_REQUEST,
-            &format!("build context: {e}"),
-        )),
-        Err(e) => Some(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+        Ok(Err(e)) => Some(DockerError::bad_request(format!("build context: {e}"))),
+        Err(e) => Some(DockerError::join(e)),
     };
-    if let Some(reply) = failed {
+    if let Some(e) = failed {
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
-        return reply;
+        return Err(e);
     }
     let (reply, tx) = streaming("application/json");
-    let store = ctx.store.clone();
-    let paths = ctx.runtime_paths.clone();
-    let host = ctx.host.clone();
+    let store = api.store.clone();
+    let paths = api.runtime_paths.clone();
+    let host = api.host.clone();
     tokio::task::spawn_blocking(move || {
         let send = |v: serde_json::Value| {
             let _ = tx.blocking_send(json_line(&v));
@@ -337,7 +312,7 @@ pub async fn build(ctx: &Context, q: &Query, body: hyper::body::Incoming) -> Rep
             Err(msg) => send(build_error(&msg)),
         }
     });
-    reply
+    Ok(reply)
 }
 
 fn build_error(msg: &str) -> serde_json::Value {

@@ -3,44 +3,63 @@
 //!
 //! What clients really send is in `../shared/specs/docker/WIRE.md`; this crate serves it:
 //! API 1.44 advertised, any `/v1.24`..`/v1.44` prefix or none accepted, dockerd's boolean
-//! query rules, `{"message"}` errors with the texts clients match on. Served today: system
-//! ([`system`]: ping, version, info) and images ([`images`]: list, inspect, tag, remove,
-//! pull, build). Containers and exec come with agentrun's long-lived sandboxes.
+//! query rules, `{"message"}` errors ([`error::DockerError`]) with the texts clients match
+//! on. The routes ([`routes`], axum over hyper's HTTP/1 with upgrades for the hijacked attach
+//! and exec streams) serve system ([`system`]: ping, version, info), images ([`images`]:
+//! list, inspect, tag, remove, pull, build), containers ([`container_api`],
+//! [`container_streams`] over the model in
+//! [`containers`]: each one an agentrun long-lived sandbox), exec ([`exec`]), archives
+//! ([`archive`]: `docker cp`) and published ports ([`ports`]).
 //!
 //! Nothing a client sends is held whole without a bound: JSON bodies are read up to
 //! [`http::Limits::max_request_body`], tar bodies (`put_archive`, build contexts) are
 //! unpacked as they arrive up to [`http::Limits::max_upload`] (413 above either), and
 //! `get_archive` streams its tar.
+//!
+//! Logging is `tracing`: every request with its answer and time, and the end of hijacked
+//! streams, are `debug` events of the target [`TRACE`] (`agentrun::docker::http`); failures
+//! that reach no client are `warn`/`error` events of the target `agentrun::docker`. The
+//! binary sets up the subscriber.
 
 pub mod archive;
 pub mod container_api;
+pub mod container_streams;
 pub mod containers;
+pub mod error;
 pub mod exec;
 pub mod http;
 pub mod images;
 pub mod ports;
 pub mod pty;
+pub mod routes;
 pub mod signals;
+pub mod stdio;
 pub mod stream;
 pub mod system;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use agentrun_image::ImageStore;
 use agentrun_pool::daemon::{Frontend, RunningFrontend};
 use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use agentrun_runtime::{HostInfo, RuntimePaths};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 
-use crate::http::{error, strip_version, Query, Reply};
+/// The `tracing` target of the request and stream trace (each request's answer and time,
+/// how hijacked streams ended, the timings of a container's start).
+pub const TRACE: &str = "agentrun::docker::http";
+
+/// The `tracing` target of failures no client sees (a port listener, the server itself).
+pub const LOG: &str = "agentrun::docker";
+
+/// Locks a mutex, taking it over from a panicked holder (every state here stays consistent
+/// between statements that hold it).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +74,9 @@ pub enum DockerApiError {
     Image(#[from] agentrun_image::ImageError),
 }
 
-/// What handlers share.
-pub struct Context {
+/// What the handlers share: the daemon's long-lived sandboxes, the image store, every
+/// container and exec instance, the request limits.
+pub struct ApiState {
     /// The daemon's long-lived sandboxes (containers are made of them).
     pub live: Arc<LiveManager>,
     pub store: ImageStore,
@@ -65,8 +85,8 @@ pub struct Context {
     pub host: HostInfo,
     /// Scratch space (build contexts).
     pub tmp_dir: PathBuf,
-    pub containers: Arc<std::sync::Mutex<containers::Containers>>,
-    pub execs: std::sync::Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
+    pub containers: Arc<Mutex<containers::Containers>>,
+    pub execs: Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
     pub limits: http::Limits,
 }
 
@@ -120,7 +140,7 @@ impl DockerServer {
         std_listener
             .set_nonblocking(true)
             .map_err(io("listen", &opts.socket))?;
-        let ctx = Arc::new(Context {
+        let api = Arc::new(ApiState {
             live,
             store: ImageStore::open(&opts.root)?.with_limits(opts.image_limits),
             root: opts.root.clone(),
@@ -146,19 +166,15 @@ impl DockerServer {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        eprintln!("agentrun: docker API: {e}");
+                        tracing::error!(target: LOG, "docker API: tokio runtime: {e}");
                         return;
                     }
                 };
-                rt.block_on(serve(std_listener, ctx.clone(), stop_rx));
+                rt.block_on(routes::serve(std_listener, api.clone(), stop_rx));
                 // Containers do not outlive the API that made them.
-                let all: Vec<_> = containers::lock(&ctx.containers)
-                    .by_id
-                    .values()
-                    .cloned()
-                    .collect();
+                let all: Vec<_> = lock(&api.containers).by_id.values().cloned().collect();
                 for c in all {
-                    containers::remove(&ctx, &c);
+                    containers::remove(&api, &c);
                 }
                 rt.shutdown_timeout(std::time::Duration::from_secs(5));
             })
@@ -208,7 +224,7 @@ impl Frontend for DockerFrontend {
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
         let server = DockerServer::start(&self.options, live)
             .map_err(|e| PoolError::Invalid(format!("docker API: {e}")))?;
-        eprintln!("agentrun: Docker API on {}", server.socket().display());
+        tracing::info!(target: LOG, "Docker API on {}", server.socket().display());
         Ok(Box::new(server))
     }
 }
@@ -217,213 +233,4 @@ impl RunningFrontend for DockerServer {
     fn stop(self: Box<Self>) {
         DockerServer::stop(*self);
     }
-}
-
-async fn serve(
-    listener: std::os::unix::net::UnixListener,
-    ctx: Arc<Context>,
-    mut stop: oneshot::Receiver<()>,
-) {
-    let listener = match UnixListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("agentrun: docker API: {e}");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let ctx = ctx.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let ctx = ctx.clone();
-                        async move { Ok::<_, std::convert::Infallible>(traced(ctx, req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades()
-                        .await;
-                });
-            }
-        }
-    }
-}
-
-/// [`route`], logging each request's answer and how long it took (`AGENTRUN_DOCKER_TRACE=1`;
-/// a stream's time is the time to its headers).
-async fn traced(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
-    if !trace() {
-        return route(ctx, req).await;
-    }
-    let t0 = std::time::Instant::now();
-    let what = format!("{} {}", req.method(), req.uri());
-    let reply = route(ctx, req).await;
-    trace_line(format_args!(
-        "{what}: {} in {:.2} ms",
-        reply.status().as_u16(),
-        t0.elapsed().as_secs_f64() * 1e3
-    ));
-    reply
-}
-
-/// The path a request's target names: without its `/vX.Y` prefix, percent-decoded (image
-/// names may come encoded). `Err` is the 400 message for an API version not spoken.
-pub fn request_path(raw_path: &str) -> Result<String, String> {
-    let path = strip_version(raw_path)?;
-    Ok(percent_encoding::percent_decode_str(path)
-        .decode_utf8_lossy()
-        .into_owned())
-}
-
-/// Dispatches one request. Image names contain `/`, so paths are matched by hand.
-async fn route(ctx: Arc<Context>, req: Request<hyper::body::Incoming>) -> Reply {
-    let method = req.method().clone();
-    let raw_path = req.uri().path().to_owned();
-    let query = Query::parse(req.uri().query());
-    let decoded = match request_path(&raw_path) {
-        Ok(p) => p,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
-    };
-    let path = decoded.as_str();
-    match (&method, path) {
-        (&Method::GET | &Method::HEAD, "/_ping") => system::ping(&method),
-        (&Method::GET, "/version") => system::version(),
-        (&Method::GET, "/info") => system::info(&ctx),
-        (&Method::GET, "/images/json") => images::list(&ctx),
-        (&Method::POST, "/images/create") => images::pull(&ctx, &query).await,
-        (&Method::POST, "/build") => images::build(&ctx, &query, req.into_body()).await,
-        (&Method::POST, "/containers/create") => container_api::create(&ctx, &query, req).await,
-        (&Method::GET, "/containers/json") => container_api::list(&ctx, &query),
-        (m, p) if p.starts_with("/images/") => {
-            let rest = &p["/images/".len()..];
-            if let (&Method::GET, Some(name)) = (m, rest.strip_suffix("/json")) {
-                images::inspect(&ctx, name)
-            } else if let (&Method::POST, Some(name)) = (m, rest.strip_suffix("/tag")) {
-                images::tag(&ctx, name, &query)
-            } else if m == Method::DELETE {
-                images::remove(&ctx, rest, &query)
-            } else {
-                not_found_route(&method)
-            }
-        }
-        (m, p) if p.starts_with("/containers/") => {
-            let rest = &p["/containers/".len()..];
-            let (key, action) = rest.split_once('/').unwrap_or((rest, ""));
-            let key = key.to_owned();
-            match (m, action) {
-                (&Method::GET, "json") => container_api::inspect(&ctx, &key),
-                (&Method::POST, "start") => container_api::start(ctx.clone(), &key).await,
-                (&Method::POST, "stop") => container_api::stop(&ctx, &key, &query).await,
-                (&Method::POST, "restart") => {
-                    container_api::restart(ctx.clone(), &key, &query).await
-                }
-                (&Method::POST, "kill") => container_api::kill(&ctx, &key, &query),
-                (&Method::POST, "wait") => container_api::wait(&ctx, &key, &query),
-                (&Method::GET, "logs") => container_api::logs(&ctx, &key, &query),
-                (&Method::POST, "attach") => container_api::attach(&ctx, &key, &query, req),
-                (&Method::POST, "resize") => {
-                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
-                        return container_api::no_such(&key);
-                    };
-                    resize(&c.pty, &query, StatusCode::OK)
-                }
-                (&Method::DELETE, "") => container_api::delete(ctx.clone(), &key, &query).await,
-                (&Method::POST, "exec") => {
-                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
-                        return container_api::no_such(&key);
-                    };
-                    let body: serde_json::Value =
-                        match http::read_body(req.into_body(), &ctx.limits).await {
-                            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
-                            Err(r) => return *r,
-                        };
-                    exec::create(&ctx, c, &body)
-                }
-                (&Method::GET | &Method::HEAD | &Method::PUT, "archive") => {
-                    let Some(c) = containers::lock(&ctx.containers).find(&key) else {
-                        return container_api::no_such(&key);
-                    };
-                    if m == Method::PUT {
-                        archive::put(ctx.clone(), c, &query, req).await
-                    } else {
-                        archive::get(ctx.clone(), c, &query, m).await
-                    }
-                }
-                _ => not_found_route(&method),
-            }
-        }
-        (m, p) if p.starts_with("/exec/") => {
-            let rest = &p["/exec/".len()..];
-            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
-            let id = id.to_owned();
-            match (m, action) {
-                (&Method::POST, "start") => exec::start(ctx.clone(), &id, req).await,
-                (&Method::GET, "json") => exec::inspect(&ctx, &id),
-                (&Method::POST, "resize") => {
-                    let Some(e) = containers::lock(&ctx.execs).get(&id).cloned() else {
-                        return error(
-                            StatusCode::NOT_FOUND,
-                            &format!("No such exec instance: {id}"),
-                        );
-                    };
-                    resize(&e.pty, &query, StatusCode::CREATED)
-                }
-                _ => not_found_route(&method),
-            }
-        }
-        _ => not_found_route(&method),
-    }
-}
-
-/// `POST /containers/{id}/resize`, `POST /exec/{id}/resize`: `h` rows, `w` columns.
-fn resize(pty: &pty::Pty, query: &Query, ok: StatusCode) -> Reply {
-    match pty::query_size(query) {
-        Ok((h, w)) => match pty.resize(h, w) {
-            Ok(()) => http::empty(ok),
-            Err(e) => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("resizing the tty: {e}"),
-            ),
-        },
-        Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
-    }
-}
-
-/// `AGENTRUN_DOCKER_TRACE=1`: log every request (its answer and time) and the end of streams
-/// on stderr, each line stamped with CLOCK_MONOTONIC (seconds, as `perf record -k mono`).
-pub fn trace() -> bool {
-    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRACE.get_or_init(|| std::env::var("AGENTRUN_DOCKER_TRACE").as_deref() == Ok("1"))
-}
-
-/// Writes one trace line (see [`trace`]); use the [`trace!`] macro.
-pub fn trace_line(args: std::fmt::Arguments<'_>) {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the time into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    let now = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
-    eprintln!("agentrun: docker API: [{now:.6}] {args}");
-}
-
-/// Logs a line when `AGENTRUN_DOCKER_TRACE=1` (see [`trace`]).
-#[macro_export]
-macro_rules! trace {
-    ($($arg:tt)*) => {
-        if $crate::trace() {
-            $crate::trace_line(format_args!($($arg)*));
-        }
-    };
-}
-
-fn not_found_route(method: &Method) -> Reply {
-    if method == Method::HEAD {
-        return http::empty(StatusCode::NOT_FOUND);
-    }
-    error(StatusCode::NOT_FOUND, "page not found")
 }

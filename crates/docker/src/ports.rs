@@ -186,7 +186,7 @@ pub fn publish(
             let listener = match TcpListener::from_std(l) {
                 Ok(l) => l,
                 Err(e) => {
-                    eprintln!("agentrun: docker API: listening on {bound}: {e}");
+                    tracing::warn!(target: crate::LOG, "docker API: listening on {bound}: {e}");
                     return;
                 }
             };
@@ -213,7 +213,7 @@ async fn forward(
     let socket = match sockets.socket().await {
         Ok(fd) => TcpSocket::from_std_stream(std::net::TcpStream::from(fd)),
         Err(e) => {
-            crate::trace!("port {port}: socket in the container: {e}");
+            tracing::debug!(target: crate::TRACE, "port {port}: socket in the container: {e}");
             return;
         }
     };

@@ -8,8 +8,9 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use crate::containers::lock;
+use crate::error::DockerError;
 use crate::http::Query;
+use crate::lock;
 
 /// Rows and columns.
 type Size = (u16, u16);
@@ -29,6 +30,13 @@ impl Pty {
             Some(master) => set_size(master, rows, cols),
             None => Ok(()),
         }
+    }
+
+    /// The size a `POST .../resize?h=&w=` asks for (400 when it is not one).
+    pub fn resize_to_query(&self, query: &Query) -> Result<(), DockerError> {
+        let (rows, cols) = query_size(query).map_err(DockerError::bad_request)?;
+        self.resize(rows, cols)
+            .map_err(|e| DockerError::internal(format!("resizing the tty: {e}")))
     }
 
     /// The process's pty is `master` (a handle of its own): the recorded size, if any, is

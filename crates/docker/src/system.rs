@@ -4,7 +4,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 
 use crate::http::{empty, json, Reply, API_VERSION, MIN_API_VERSION};
-use crate::Context;
+use crate::ApiState;
 
 /// The version agentrun reports as the engine's.
 const ENGINE_VERSION: &str = concat!("agentrun-", env!("CARGO_PKG_VERSION"));
@@ -75,8 +75,8 @@ pub fn version() -> Reply {
 }
 
 /// `GET /info`: the minimal object `docker info` accepts, with real counts.
-pub fn info(ctx: &Context) -> Reply {
-    let images = ctx
+pub fn info(api: &ApiState) -> Reply {
+    let images = api
         .store
         .list()
         .map(|l| l.iter().filter(|i| !i.id.is_empty()).count())
@@ -105,7 +105,7 @@ pub fn info(ctx: &Context) -> Reply {
             "OperatingSystem": "agentrun",
             "KernelVersion": kernel(),
             "Name": hostname,
-            "DockerRootDir": ctx.root.display().to_string(),
+            "DockerRootDir": api.root.display().to_string(),
             "SecurityOptions": ["name=seccomp,profile=builtin", "name=userns", "name=landlock"],
             "Runtimes": {"agentrun": {"path": "agentrun"}},
             "DefaultRuntime": "agentrun",
