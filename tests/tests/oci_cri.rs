@@ -16,10 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
-use agentrun_e2e::otlp::OtlpReceiver;
-use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
-use hyper_util::rt::TokioIo;
 use agentrun_e2e::cri::v1::runtime_service_client::RuntimeServiceClient;
 use agentrun_e2e::cri::v1::{
     security_profile::ProfileType, ContainerConfig, ContainerMetadata, ContainerState,
@@ -30,6 +26,10 @@ use agentrun_e2e::cri::v1::{
     RunPodSandboxRequest, SecurityProfile, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
 };
+use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
+use agentrun_e2e::otlp::OtlpReceiver;
+use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
+use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// containerd's CRI plugin configuration: an `agentrun` runtime handler as in

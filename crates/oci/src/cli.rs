@@ -38,7 +38,7 @@ pub(crate) struct Context {
     pub logger: Logger,
 }
 
-pub(crate) fn main(args: Vec<OsString>) -> i32 {
+pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer)) -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
@@ -55,7 +55,7 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
         json: cli.global.log_format.as_deref() == Some("json"),
         debug: cli.global.debug,
     };
-    logger.install();
+    install_log(logger.layer());
     let ctx = Context {
         root: cli
             .global

@@ -92,8 +92,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     // What a killed daemon left behind goes first.
     let report = agentrun_runtime::gc::collect(&paths);
     if !report.removed.is_empty() {
-        eprintln!(
-            "agentrun: removed {} leftover sandbox(es)",
+        tracing::info!(
+            target: "agentrun::pool",
+            "removed {} leftover sandbox(es)",
             report.removed.len()
         );
     }
@@ -157,8 +158,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         .iter()
         .map(|p| format!("{}:{}={}", p.image, p.profile, p.target))
         .collect();
-    eprintln!(
-        "agentrun: serving on {} (pools {}; at most {} sandboxes)",
+    tracing::info!(
+        target: "agentrun::pool",
+        "serving on {} (pools {}; at most {} sandboxes)",
         opts.socket.display(),
         if pools.is_empty() {
             "none".into()
@@ -194,11 +196,11 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
                         .spawn(move || serve_client(&s, conn));
                 }
                 Err(nix::Error::EINTR) | Err(nix::Error::ECONNABORTED) => {}
-                Err(e) => eprintln!("agentrun: accept: {e}"),
+                Err(e) => tracing::warn!(target: "agentrun::pool", "accept: {e}"),
             }
         }
     }
-    eprintln!("agentrun: shutting down");
+    tracing::info!(target: "agentrun::pool", "shutting down");
     drop(listener);
     let _ = std::fs::remove_file(&opts.socket);
     for r in running_frontends {

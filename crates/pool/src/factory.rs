@@ -123,7 +123,7 @@ impl FactoryClient {
                 let code = match serve(theirs, &paths) {
                     Ok(()) => 0,
                     Err(e) => {
-                        eprintln!("agentrun: sandbox factory: {e}");
+                        tracing::error!(target: "agentrun::pool", "sandbox factory: {e}");
                         1
                     }
                 };
