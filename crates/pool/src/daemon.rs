@@ -301,7 +301,7 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
                     store: shared.store.clone(),
                 },
             ),
-            None => exec(shared, conn.as_fd(), *request, timeout_ms, fds),
+            None => run_in_pooled_shell(shared, conn.as_fd(), *request, timeout_ms, fds),
         },
         (ClientMessage::Ps, _) => reply(
             conn.as_fd(),
@@ -326,7 +326,9 @@ fn same_store(client: &Path, ours: &Path) -> bool {
     client == ours || std::fs::canonicalize(client).is_ok_and(|c| c == ours)
 }
 
-fn exec(
+/// Serves a client's `Exec` message: runs its request in a fresh cell of a pooled shell and
+/// replies with how it ended.
+fn run_in_pooled_shell(
     shared: &Shared,
     conn: BorrowedFd<'_>,
     request: ExecRequest,
