@@ -22,7 +22,7 @@ const END_WAIT: Duration = Duration::from_secs(5);
 
 /// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
 /// last run's: ~30 µs; a cgroup per cell would cost ~0.2 ms and up to several ms of waiting
-/// to move its first process in, see README).
+/// to move its first process in, see docs/daemon.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RunLimits {
     pub memory_bytes: u64,
