@@ -150,7 +150,11 @@ fn main() -> ExitCode {
         }
     };
     if !matches!(cli.command, Command::Oci { .. }) {
-        logging::init(logging::Mode::Agentrun, None);
+        let mode = match cli.command {
+            Command::Serve(_) => logging::Mode::Daemon,
+            _ => logging::Mode::Command,
+        };
+        logging::init(mode, None);
     }
     let paths = Paths {
         root: cli.root,
