@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+pub mod cri;
 pub mod images;
 pub mod oci;
 pub mod otlp;

@@ -1,5 +1,5 @@
 //! agentrun as a Kubernetes runtime handler, through containerd's CRI plugin, driven by a CRI
-//! client (the `k8s-cri` crate's generated gRPC client) the way the kubelet drives it:
+//! client (the generated gRPC client in tests/src/cri) the way the kubelet drives it:
 //! RunPodSandbox with `runtime_handler = "agentrun"` (the runtime configured exactly as
 //! docs/kubernetes.md says: runc shim, `BinaryName` = agentrun, annotations passed through),
 //! CreateContainer/StartContainer, ContainerStatus (exit code), the container log, ExecSync,
@@ -16,12 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
-use agentrun_e2e::otlp::OtlpReceiver;
-use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
-use hyper_util::rt::TokioIo;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
+use agentrun_e2e::cri::v1::runtime_service_client::RuntimeServiceClient;
+use agentrun_e2e::cri::v1::{
     security_profile::ProfileType, ContainerConfig, ContainerMetadata, ContainerState,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
@@ -30,6 +26,10 @@ use k8s_cri::v1::{
     RunPodSandboxRequest, SecurityProfile, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
 };
+use agentrun_e2e::oci::{busybox_image_tar, CgroupParent, Containerd, IMAGE, PAUSE_IMAGE};
+use agentrun_e2e::otlp::OtlpReceiver;
+use agentrun_e2e::{agentrun_bin, all_processes, mounts_under, run_with_timeout, setup, tempdir};
+use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// containerd's CRI plugin configuration: an `agentrun` runtime handler as in

@@ -71,7 +71,7 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
             if favordynmods {
                 "yes"
             } else {
-                "no (each new sandbox waits an RCU grace period to join its cgroups; see README, \"Host tuning\")"
+                "no (each new sandbox waits an RCU grace period to join its cgroups; see docs/benchmarks.md, \"Host tuning\")"
             }
         );
     }

@@ -12,6 +12,7 @@ mod cold;
 mod exec;
 mod image;
 mod info;
+mod logging;
 mod plan;
 mod policy_cmd;
 mod run;
@@ -131,7 +132,9 @@ fn main() -> ExitCode {
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(oci_args) = agentrun_oci::invocation::runc_args(&args) {
-        let code = agentrun_oci::main(oci_args);
+        let code = agentrun_oci::main(oci_args, |log| {
+            logging::init(logging::Mode::OciRuntime, Some(log))
+        });
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = match Cli::try_parse_from(args) {
@@ -146,6 +149,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_AGENTRUN_ERROR);
         }
     };
+    if !matches!(cli.command, Command::Oci { .. }) {
+        let mode = match cli.command {
+            Command::Serve(_) => logging::Mode::Daemon,
+            _ => logging::Mode::Command,
+        };
+        logging::init(mode, None);
+    }
     let paths = Paths {
         root: cli.root,
         state_dir: cli.state_dir,
@@ -183,7 +193,9 @@ fn main() -> ExitCode {
         Command::Oci { args } => {
             let mut argv = vec![std::ffi::OsString::from("agentrun")];
             argv.extend(args);
-            let code = agentrun_oci::main(argv);
+            let code = agentrun_oci::main(argv, |log| {
+                logging::init(logging::Mode::OciRuntime, Some(log))
+            });
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
     };

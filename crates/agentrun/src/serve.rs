@@ -258,8 +258,9 @@ fn check_exposure(
             "--listen {listen} is not a loopback address: set an API key (--api-key or AGENTRUN_API_KEY), or pass --insecure-no-auth to serve it without one"
         );
     }
-    eprintln!(
-        "agentrun: WARNING: --insecure-no-auth: the OpenSandbox API on {listen} has NO API KEY. \
+    tracing::warn!(
+        target: "agentrun::serve",
+        "WARNING: --insecure-no-auth: the OpenSandbox API on {listen} has NO API KEY. \
          Anyone who can reach this address can create sandboxes, run code in any of them and \
          read every sandbox's execd token. Use --api-key (or AGENTRUN_API_KEY) unless the \
          network itself is trusted."

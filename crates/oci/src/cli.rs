@@ -31,14 +31,15 @@ enum Command {
     Common(Box<CommonCmd>),
 }
 
-/// What every command gets: where state lives and how to log.
-pub(crate) struct Context {
+/// runc's global options as every command uses them: where state lives, the cgroup driver,
+/// how to log.
+pub(crate) struct Globals {
     pub root: PathBuf,
     pub systemd_cgroup: bool,
     pub logger: Logger,
 }
 
-pub(crate) fn main(args: Vec<OsString>) -> i32 {
+pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer)) -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
@@ -55,8 +56,8 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
         json: cli.global.log_format.as_deref() == Some("json"),
         debug: cli.global.debug,
     };
-    logger.install();
-    let ctx = Context {
+    install_log(logger.layer());
+    let globals = Globals {
         root: cli
             .global
             .root
@@ -65,7 +66,7 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
         systemd_cgroup: cli.global.systemd_cgroup,
         logger,
     };
-    match run(&ctx, cli.command) {
+    match run(&globals, cli.command) {
         Ok(code) => code,
         Err(e) => {
             let mut msg = crate::error::chain(&e);
@@ -75,32 +76,34 @@ pub(crate) fn main(args: Vec<OsString>) -> i32 {
                     msg = format!("{msg} ({detail})");
                 }
             }
-            ctx.logger.error(&one_line(&msg));
+            globals.logger.error(&one_line(&msg));
             1
         }
     }
 }
 
 /// Runs one command; its exit code on success.
-fn run(ctx: &Context, command: Command) -> Result<i32, OciError> {
+fn run(globals: &Globals, command: Command) -> Result<i32, OciError> {
     use crate::{describe, info, lifecycle, manage};
     match command {
         Command::Standard(cmd) => match *cmd {
-            StandardCmd::Create(a) => lifecycle::create(ctx, a).map(|()| 0),
-            StandardCmd::Start(a) => lifecycle::start(ctx, &a.container_id).map(|()| 0),
-            StandardCmd::State(a) => info::state(ctx, &a.container_id).map(|()| 0),
-            StandardCmd::Kill(a) => lifecycle::kill(ctx, a).map(|()| 0),
-            StandardCmd::Delete(a) => lifecycle::delete(ctx, &a.container_id, a.force).map(|()| 0),
+            StandardCmd::Create(a) => lifecycle::create(globals, a).map(|()| 0),
+            StandardCmd::Start(a) => lifecycle::start(globals, &a.container_id).map(|()| 0),
+            StandardCmd::State(a) => info::state(globals, &a.container_id).map(|()| 0),
+            StandardCmd::Kill(a) => lifecycle::kill(globals, a).map(|()| 0),
+            StandardCmd::Delete(a) => {
+                lifecycle::delete(globals, &a.container_id, a.force).map(|()| 0)
+            }
         },
         Command::Common(cmd) => match *cmd {
-            CommonCmd::Run(a) => lifecycle::run(ctx, a),
-            CommonCmd::Exec(a) => lifecycle::exec(ctx, a),
-            CommonCmd::Ps(a) => info::ps(ctx, a).map(|()| 0),
-            CommonCmd::List(a) => info::list(ctx, a).map(|()| 0),
-            CommonCmd::Events(a) => info::events(ctx, a).map(|()| 0),
-            CommonCmd::Pause(a) => manage::pause(ctx, &a.container_id).map(|()| 0),
-            CommonCmd::Resume(a) => manage::resume(ctx, &a.container_id).map(|()| 0),
-            CommonCmd::Update(a) => manage::update(ctx, a).map(|()| 0),
+            CommonCmd::Run(a) => lifecycle::run(globals, a),
+            CommonCmd::Exec(a) => lifecycle::exec(globals, a),
+            CommonCmd::Ps(a) => info::ps(globals, a).map(|()| 0),
+            CommonCmd::List(a) => info::list(globals, a).map(|()| 0),
+            CommonCmd::Events(a) => info::events(globals, a).map(|()| 0),
+            CommonCmd::Pause(a) => manage::pause(globals, &a.container_id).map(|()| 0),
+            CommonCmd::Resume(a) => manage::resume(globals, &a.container_id).map(|()| 0),
+            CommonCmd::Update(a) => manage::update(globals, a).map(|()| 0),
             CommonCmd::Features(_) => describe::features().map(|()| 0),
             CommonCmd::Spec(a) => describe::spec(a).map(|()| 0),
             CommonCmd::Checkpointt(_) => Err(OciError::Invalid(

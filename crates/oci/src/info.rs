@@ -10,13 +10,13 @@ use libcontainer::container::{Container, ContainerStatus};
 use liboci_cli::{Events, List, Ps};
 use serde_json::{json, Value};
 
-use crate::cli::Context;
+use crate::cli::Globals;
 use crate::container::{self, RuncState};
 use crate::OciError;
 
 /// `state ID`: the container's state as indented JSON.
-pub fn state(ctx: &Context, id: &str) -> Result<(), OciError> {
-    let c = container::load(&ctx.root, id)?;
+pub fn state(globals: &Globals, id: &str) -> Result<(), OciError> {
+    let c = container::load(&globals.root, id)?;
     // runc's `state` leaves the owner empty (its `list` fills it in).
     let state = RuncState {
         owner: String::new(),
@@ -27,10 +27,10 @@ pub fn state(ctx: &Context, id: &str) -> Result<(), OciError> {
 }
 
 /// `list`: a table (`--format table`, `-q` for ids only) or a JSON array (`null` when empty).
-pub fn list(ctx: &Context, args: List) -> Result<(), OciError> {
-    let states: Vec<RuncState> = container::ids(&ctx.root)?
+pub fn list(globals: &Globals, args: List) -> Result<(), OciError> {
+    let states: Vec<RuncState> = container::ids(&globals.root)?
         .iter()
-        .filter_map(|id| container::load(&ctx.root, id).ok())
+        .filter_map(|id| container::load(&globals.root, id).ok())
         .map(|c| RuncState::of(&c))
         .collect();
     if args.quiet {
@@ -101,8 +101,8 @@ fn tabulate<const N: usize>(rows: &[[String; N]]) -> String {
 
 /// `ps ID`: the container's processes, as pids (`--format json`) or as `ps`'s own table
 /// (`ps -ef` or the given ps options), filtered to them.
-pub fn ps(ctx: &Context, args: Ps) -> Result<(), OciError> {
-    let c = container::load(&ctx.root, &args.container_id)?;
+pub fn ps(globals: &Globals, args: Ps) -> Result<(), OciError> {
+    let c = container::load(&globals.root, &args.container_id)?;
     let pids: Vec<i32> = cgroup_manager(&c)?
         .get_all_pids()
         .map_err(|e| OciError::Cgroup(e.to_string()))?
@@ -159,8 +159,8 @@ pub fn ps(ctx: &Context, args: Ps) -> Result<(), OciError> {
 
 /// `events ID`: the container's cgroup statistics as runc's `stats` events, once (`--stats`)
 /// or every `--interval` seconds until the container stops.
-pub fn events(ctx: &Context, args: Events) -> Result<(), OciError> {
-    let mut c = container::load(&ctx.root, &args.container_id)?;
+pub fn events(globals: &Globals, args: Events) -> Result<(), OciError> {
+    let mut c = container::load(&globals.root, &args.container_id)?;
     if c.status() == ContainerStatus::Stopped {
         return Err(OciError::NotRunning);
     }

@@ -41,10 +41,16 @@ pub const DEFAULT_ROOT: &str = "/run/agentrun-oci";
 
 /// Runs a runc-style command line (`args[0]` is the program name) and returns the process
 /// exit code: 0, 1 on error (the message on stderr and, with `--log`, in the log file), or the
-/// container process's code for `run` and `exec` without `--detach`.
-pub fn main(args: Vec<OsString>) -> i32 {
-    cli::main(args)
+/// container process's code for `run` and `exec` without `--detach`. `install_log` is called
+/// once the command line is parsed, with runc's log as a `tracing` layer: the caller makes it
+/// part of the process's subscriber.
+pub fn main(args: Vec<OsString>, install_log: impl FnOnce(LogLayer)) -> i32 {
+    cli::main(args, install_log)
 }
+
+/// runc's log (`--log`, `--log-format`, `--debug`; the `log` module) as a layer of the process's
+/// `tracing` subscriber, which the binary sets up.
+pub type LogLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
 
 /// Prints `text` and a newline on stdout; a reader that went away is not an error.
 pub(crate) fn output(text: &str) {

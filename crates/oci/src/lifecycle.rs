@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use oci_spec::runtime::{ContainerState, Spec};
 
 use crate::annotations::Hardening;
-use crate::cli::Context;
+use crate::cli::Globals;
 use crate::container;
 use crate::executor::OciExecutor;
 use crate::record::Record;
@@ -39,10 +39,10 @@ const FORWARDED: &[NixSignal] = &[
 ];
 
 /// `create`: sets the container up from its bundle; its process waits for `start`.
-pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
+pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
     let id = args.container_id;
-    let dir = container::dir(&ctx.root, &id)?;
-    if ctx.systemd_cgroup {
+    let dir = container::dir(&globals.root, &id)?;
+    if globals.systemd_cgroup {
         // libcgroups is built without its systemd manager (it would pull in D-Bus).
         return Err(OciError::Invalid(
             "the systemd cgroup driver is not supported: use cgroupfs (containerd: SystemdCgroup = false)".into(),
@@ -62,7 +62,7 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
     if dir.exists() {
         return Err(OciError::Exists(id));
     }
-    make_root(&ctx.root)?;
+    make_root(&globals.root)?;
     let (forwarder, handover) = match &notify_plan {
         Some(plan) => {
             let state = StateTemplate {
@@ -80,15 +80,15 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
         .with_executor(OciExecutor::with_notify(handover))
         .with_pid_file(args.pid_file.as_ref())?
         .with_console_socket(args.console_socket.as_ref())
-        .with_root_path(&ctx.root)?
+        .with_root_path(&globals.root)?
         .with_preserved_fds(args.preserve_fds)
         .validate_id()?
         .as_init(&bundle)
-        .with_systemd(ctx.systemd_cgroup)
+        .with_systemd(globals.systemd_cgroup)
         .with_detach(true)
         .with_no_pivot(args.no_pivot)
         .build();
-    ctx.logger.relay_children();
+    globals.logger.relay_children();
     // The agent must have the notify fd before `create` returns, as with runc.
     let forwarded = forwarder.map_or(Ok(()), |f| f.finish(built.is_ok()));
     let container = match (built, forwarded) {
@@ -96,7 +96,7 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
         (built, forwarded) => {
             // Nothing of a failed create may stay behind (libcontainer removes what it made
             // on most paths; a half-written directory is not a container).
-            if let Ok(mut c) = container::load(&ctx.root, &id) {
+            if let Ok(mut c) = container::load(&globals.root, &id) {
                 if let Some(pid) = c.pid() {
                     let _ = send_signal(pid, NixSignal::SIGKILL);
                     wait_gone(Some(pid.as_raw()));
@@ -116,8 +116,8 @@ pub fn create(ctx: &Context, args: Create) -> Result<(), OciError> {
 }
 
 /// `start`: runs the created container's process.
-pub fn start(ctx: &Context, id: &str) -> Result<(), OciError> {
-    let mut c = container::load(&ctx.root, id)?;
+pub fn start(globals: &Globals, id: &str) -> Result<(), OciError> {
+    let mut c = container::load(&globals.root, id)?;
     match c.status() {
         ContainerStatus::Created => Ok(c.start()?),
         ContainerStatus::Stopped => Err(OciError::Invalid(
@@ -131,8 +131,8 @@ pub fn start(ctx: &Context, id: &str) -> Result<(), OciError> {
 }
 
 /// `kill ID [SIGNAL]`.
-pub fn kill(ctx: &Context, args: Kill) -> Result<(), OciError> {
-    let mut c = container::load(&ctx.root, &args.container_id)?;
+pub fn kill(globals: &Globals, args: Kill) -> Result<(), OciError> {
+    let mut c = container::load(&globals.root, &args.container_id)?;
     let signal = Signal::try_from(args.signal.as_str())
         .map_err(|_| OciError::Invalid(format!("unknown signal {:?}", args.signal)))?;
     if c.status() == ContainerStatus::Stopped && !args.all {
@@ -143,9 +143,9 @@ pub fn kill(ctx: &Context, args: Kill) -> Result<(), OciError> {
 }
 
 /// `delete [--force] ID`; finishes the container's lifetime span.
-pub fn delete(ctx: &Context, id: &str, force: bool) -> Result<(), OciError> {
-    let dir = container::dir(&ctx.root, id)?;
-    let mut c = match container::load(&ctx.root, id) {
+pub fn delete(globals: &Globals, id: &str, force: bool) -> Result<(), OciError> {
+    let dir = container::dir(&globals.root, id)?;
+    let mut c = match container::load(&globals.root, id) {
         Ok(c) => c,
         Err(OciError::NotExist) => {
             // An aborted create can leave a directory without a state file (runc does the same).
@@ -184,7 +184,7 @@ pub fn delete(ctx: &Context, id: &str, force: bool) -> Result<(), OciError> {
 }
 
 /// `run`: create, start and, unless `--detach`, wait, delete and return the exit code.
-pub fn run(ctx: &Context, args: Run) -> Result<i32, OciError> {
+pub fn run(globals: &Globals, args: Run) -> Result<i32, OciError> {
     let id = args.container_id.clone();
     if !args.detach && !args.no_subreaper {
         // Orphans of the container's init come to us, not to PID 1.
@@ -192,7 +192,7 @@ pub fn run(ctx: &Context, args: Run) -> Result<i32, OciError> {
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     }
     create(
-        ctx,
+        globals,
         Create {
             bundle: args.bundle,
             console_socket: args.console_socket,
@@ -204,30 +204,30 @@ pub fn run(ctx: &Context, args: Run) -> Result<i32, OciError> {
         },
     )?;
     if args.detach {
-        return start(ctx, &id).map(|()| 0);
+        return start(globals, &id).map(|()| 0);
     }
-    let pid = container::load(&ctx.root, &id)?.pid();
+    let pid = container::load(&globals.root, &id)?.pid();
     let forwarding = block_forwarded();
-    let started = start(ctx, &id);
+    let started = start(globals, &id);
     let code = match (started, pid) {
         (Ok(()), Some(pid)) => wait_forwarding(pid, &forwarding),
         (Ok(()), None) => Err(OciError::Invalid("container has no process".into())),
         (Err(e), _) => Err(e),
     };
     // What the container's init reported after `start` (a startContainer hook, the exec).
-    ctx.logger.relay_children();
+    globals.logger.relay_children();
     let deleted = if args.keep {
         Ok(())
     } else {
-        delete(ctx, &id, true)
+        delete(globals, &id, true)
     };
     let code = code?;
     deleted.map(|()| code)
 }
 
 /// `exec`: runs a process in a running container (`--process FILE` or `ID CMD...`).
-pub fn exec(ctx: &Context, args: Exec) -> Result<i32, OciError> {
-    let c = container::load(&ctx.root, &args.container_id)?;
+pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
+    let c = container::load(&globals.root, &args.container_id)?;
     match c.status() {
         ContainerStatus::Running => {}
         ContainerStatus::Paused if args.ignore_paused => {}
@@ -270,7 +270,7 @@ pub fn exec(ctx: &Context, args: Exec) -> Result<i32, OciError> {
     let forwarding = (!args.detach).then(block_forwarded);
     let pid = ContainerBuilder::new(args.container_id.clone(), SyscallType::default())
         .with_executor(OciExecutor::with_notify(handover))
-        .with_root_path(&ctx.root)?
+        .with_root_path(&globals.root)?
         .with_console_socket(args.console_socket.as_ref())
         .with_pid_file(args.pid_file.as_ref())?
         .with_preserved_fds(args.preserve_fds)
@@ -289,7 +289,7 @@ pub fn exec(ctx: &Context, args: Exec) -> Result<i32, OciError> {
         .with_ignore_paused(args.ignore_paused)
         .with_sub_cgroup(args.cgroup)
         .build();
-    ctx.logger.relay_children();
+    globals.logger.relay_children();
     let forwarded = forwarder.map_or(Ok(()), |f| f.finish(pid.is_ok()));
     let pid = match (pid, forwarded) {
         (Ok(p), Ok(())) => p,

@@ -6,7 +6,7 @@
 //! libcontainer reports the detail of a failure (which file, which syscall, which errno)
 //! through `tracing` only, and mostly from the processes it clones: the intermediate process
 //! and the container's init, which send the agentrun process no more than their top-level
-//! error ("failed syscall", "failed to prepare rootfs"). [`Logger::install`] routes the events
+//! error ("failed syscall", "failed to prepare rootfs"). [`Logger::layer`] routes the events
 //! of the agentrun process itself (error level; debug with `--debug`) into the log directly.
 //! The cloned processes cannot write there (the root is pivoted, the log path means something
 //! else, stderr may be the container's terminal), so they append their events to a memfd
@@ -23,8 +23,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::layer::{Context, Layer};
 
 /// Where and how errors are logged.
 #[derive(Debug, Clone, Default)]
@@ -36,19 +37,26 @@ pub struct Logger {
 }
 
 impl Logger {
-    /// Makes this logger the process's `tracing` subscriber (libcontainer's events).
-    pub fn install(&self) {
+    /// The `tracing` layer that writes libcontainer's events through this logger (error level;
+    /// debug with `--debug`). The binary adds it to the process's one subscriber.
+    pub fn layer(&self) -> crate::LogLayer {
         let _ = CHILD_LOG.set(child_log());
-        let sub = EventLog {
+        let max = if self.debug {
+            Level::DEBUG
+        } else {
+            Level::ERROR
+        };
+        let log = RuncLog {
             logger: self.clone(),
             pid: std::process::id(),
-            max: if self.debug {
-                Level::DEBUG
-            } else {
-                Level::ERROR
-            },
         };
-        let _ = tracing::subscriber::set_global_default(sub);
+        // Events, and `enabled!` hints (libcontainer asks before computing some debug lines,
+        // e.g. the "affinity: 0x..." of `execCPUAffinity`); spans are not recorded. A filter of
+        // this layer only: the process's other layers keep their own.
+        log.with_filter(filter_fn(move |m: &Metadata<'_>| {
+            !m.is_span() && *m.level() <= max
+        }))
+        .boxed()
     }
 
     /// Logs `msg` at error level.
@@ -143,12 +151,12 @@ fn child_log() -> Option<OwnedFd> {
     Some(fd)
 }
 
-/// A `tracing` subscriber writing events (no spans) through a [`Logger`].
-struct EventLog {
+/// A `tracing` layer writing events (no spans) through a [`Logger`]: runc's log of an OCI
+/// runtime command.
+struct RuncLog {
     logger: Logger,
     /// The agentrun process; events of other processes (libcontainer's clones) are dropped.
     pid: u32,
-    max: Level,
 }
 
 /// Collects an event's message and fields into one line.
@@ -175,18 +183,8 @@ impl Visit for Line {
     }
 }
 
-impl Subscriber for EventLog {
-    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        // Events, and `enabled!` hints (libcontainer asks before computing some debug lines,
-        // e.g. the "affinity: 0x..." of `execCPUAffinity`); spans are not recorded.
-        !metadata.is_span() && *metadata.level() <= self.max
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
+impl<S: Subscriber> Layer<S> for RuncLog {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let own = std::process::id() == self.pid;
         let mut line = Line::default();
         event.record(&mut line);
@@ -219,6 +217,4 @@ impl Subscriber for EventLog {
         // libcontainer's errors are details of the error agentrun reports last: not echoed.
         self.logger.write(level, &msg, false);
     }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
 }

@@ -10,13 +10,13 @@ use liboci_cli::Update;
 use oci_spec::runtime::LinuxResources;
 use serde_json::{Map, Value};
 
-use crate::cli::Context;
+use crate::cli::Globals;
 use crate::container;
 use crate::OciError;
 
 /// `pause ID`.
-pub fn pause(ctx: &Context, id: &str) -> Result<(), OciError> {
-    let mut c = container::load(&ctx.root, id)?;
+pub fn pause(globals: &Globals, id: &str) -> Result<(), OciError> {
+    let mut c = container::load(&globals.root, id)?;
     match c.status() {
         ContainerStatus::Running => Ok(c.pause()?),
         _ => Err(OciError::NotRunning),
@@ -24,8 +24,8 @@ pub fn pause(ctx: &Context, id: &str) -> Result<(), OciError> {
 }
 
 /// `resume ID`.
-pub fn resume(ctx: &Context, id: &str) -> Result<(), OciError> {
-    let mut c = container::load(&ctx.root, id)?;
+pub fn resume(globals: &Globals, id: &str) -> Result<(), OciError> {
+    let mut c = container::load(&globals.root, id)?;
     match c.status() {
         ContainerStatus::Paused => Ok(c.resume()?),
         _ => Err(OciError::Invalid("container not paused".into())),
@@ -33,8 +33,8 @@ pub fn resume(ctx: &Context, id: &str) -> Result<(), OciError> {
 }
 
 /// `update ID`.
-pub fn update(ctx: &Context, args: Update) -> Result<(), OciError> {
-    let c = container::load(&ctx.root, &args.container_id)?;
+pub fn update(globals: &Globals, args: Update) -> Result<(), OciError> {
+    let c = container::load(&globals.root, &args.container_id)?;
     if c.status() == ContainerStatus::Stopped {
         return Err(OciError::NotRunning);
     }

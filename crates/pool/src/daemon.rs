@@ -93,8 +93,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     // What a killed daemon left behind goes first.
     let report = agentrun_runtime::gc::collect(&paths);
     if !report.removed.is_empty() {
-        eprintln!(
-            "agentrun: removed {} leftover sandbox(es)",
+        tracing::info!(
+            target: "agentrun::pool",
+            "removed {} leftover sandbox(es)",
             report.removed.len()
         );
     }
@@ -158,8 +159,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         .iter()
         .map(|p| format!("{}:{}={}", p.image, p.profile, p.target))
         .collect();
-    eprintln!(
-        "agentrun: serving on {} (pools {}; at most {} sandboxes)",
+    tracing::info!(
+        target: "agentrun::pool",
+        "serving on {} (pools {}; at most {} sandboxes)",
         opts.socket.display(),
         if pools.is_empty() {
             "none".into()
@@ -195,11 +197,11 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
                         .spawn(move || serve_client(&s, conn));
                 }
                 Err(nix::Error::EINTR) | Err(nix::Error::ECONNABORTED) => {}
-                Err(e) => eprintln!("agentrun: accept: {e}"),
+                Err(e) => tracing::warn!(target: "agentrun::pool", "accept: {e}"),
             }
         }
     }
-    eprintln!("agentrun: shutting down");
+    tracing::info!(target: "agentrun::pool", "shutting down");
     drop(listener);
     let _ = std::fs::remove_file(&opts.socket);
     for r in running_frontends {
@@ -300,7 +302,7 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
                     store: shared.store.clone(),
                 },
             ),
-            None => exec(shared, conn.as_fd(), *request, timeout_ms, fds),
+            None => run_in_pooled_shell(shared, conn.as_fd(), *request, timeout_ms, fds),
         },
         (ClientMessage::Ps, _) => reply(
             conn.as_fd(),
@@ -325,7 +327,9 @@ fn same_store(client: &Path, ours: &Path) -> bool {
     client == ours || std::fs::canonicalize(client).is_ok_and(|c| c == ours)
 }
 
-fn exec(
+/// Serves a client's `Exec` message: runs its request in a fresh cell of a pooled shell and
+/// replies with how it ended.
+fn run_in_pooled_shell(
     shared: &Shared,
     conn: BorrowedFd<'_>,
     request: ExecRequest,

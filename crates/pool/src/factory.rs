@@ -93,7 +93,7 @@ pub struct PooledShell {
 
 /// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
 /// last run's: ~30 µs; a cgroup per cell would cost ~0.2 ms and up to several ms of waiting
-/// to move its first process in, see README).
+/// to move its first process in, see docs/daemon.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RunLimits {
     pub memory_bytes: u64,
@@ -167,7 +167,7 @@ impl FactoryClient {
                 let code = match serve(theirs, &paths) {
                     Ok(()) => 0,
                     Err(e) => {
-                        eprintln!("agentrun: sandbox factory: {e}");
+                        tracing::error!(target: "agentrun::pool", "sandbox factory: {e}");
                         1
                     }
                 };

@@ -558,8 +558,9 @@ impl Pool {
                 Err(e) => {
                     st.create_failures += 1;
                     drop(st);
-                    eprintln!(
-                        "agentrun: pool {}: creating a shell failed: {e}",
+                    tracing::warn!(
+                        target: "agentrun::pool",
+                        "pool {}: creating a shell failed: {e}",
                         recipe.image
                     );
                     // Don't spin on a persistent failure.

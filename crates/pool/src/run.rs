@@ -143,7 +143,7 @@ pub fn cell_end_verdict(shell: &PooledShell, cell: u64, cgroup: Option<CgroupMod
         Ok(CellEnd::Ended {
             changed: Some(what),
         }) => {
-            eprintln!("agentrun: shell {} discarded: {what}", shell.id);
+            tracing::info!(target: "agentrun::pool", "shell {} discarded: {what}", shell.id);
             return Verdict::Discard("shell_changed");
         }
         Ok(CellEnd::Late) => return Verdict::Discard("teardown_slow"),
@@ -152,8 +152,9 @@ pub fn cell_end_verdict(shell: &PooledShell, cell: u64, cgroup: Option<CgroupMod
     if let Some(cg) = cgroup {
         let pids = cg.pids(&shell.id);
         if pids != [shell.init_pid] {
-            eprintln!(
-                "agentrun: shell {} discarded: processes {:?} outlived their cell",
+            tracing::info!(
+                target: "agentrun::pool",
+                "shell {} discarded: processes {:?} outlived their cell",
                 shell.id,
                 pids.iter()
                     .filter(|p| **p != shell.init_pid)

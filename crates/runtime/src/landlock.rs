@@ -30,8 +30,9 @@
 //! command's denied accesses (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`). The kernel emits them
 //! as `AUDIT_LANDLOCK_ACCESS` records (with the domain, pid, path and the blocked right) only
 //! while the audit subsystem is enabled on the host (`auditctl -e 1` or `audit=1`); then they
-//! are in the host's audit log (auditd, journald). agentrun does not turn audit on by itself
-//! and does not yet collect these records into its own audit log.
+//! are in the host's audit log (auditd, journald). agentrun does not turn audit on by itself;
+//! when it is on, [`crate::kaudit`] reads the records of a run and `agentrun exec` writes each
+//! into agentrun's own audit log and the run's span as a policy decision.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
