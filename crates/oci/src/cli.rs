@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use liboci_cli::{CommonCmd, GlobalOpts, StandardCmd};
 
-use crate::log::Logger;
+use crate::globals::Globals;
+use crate::log::{one_line, Logger};
 use crate::OciError;
 
 #[derive(Parser, Debug)]
@@ -29,14 +30,6 @@ enum Command {
     Standard(Box<StandardCmd>),
     #[command(flatten)]
     Common(Box<CommonCmd>),
-}
-
-/// runc's global options as every command uses them: where state lives, the cgroup driver,
-/// how to log.
-pub(crate) struct Globals {
-    pub root: PathBuf,
-    pub systemd_cgroup: bool,
-    pub logger: Logger,
 }
 
 pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer)) -> i32 {
@@ -111,9 +104,4 @@ fn run(globals: &Globals, command: Command) -> Result<i32, OciError> {
             )),
         },
     }
-}
-
-/// Errors are logged on one line.
-pub(crate) fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -10,8 +10,8 @@ use libcontainer::container::{Container, ContainerStatus};
 use liboci_cli::{Events, List, Ps};
 use serde_json::{json, Value};
 
-use crate::cli::Globals;
 use crate::container::{self, RuncState};
+use crate::globals::Globals;
 use crate::OciError;
 
 /// `state ID`: the container's state as indented JSON.

@@ -24,6 +24,7 @@ mod container;
 mod describe;
 mod error;
 pub mod executor;
+mod globals;
 mod info;
 pub mod invocation;
 mod lifecycle;

@@ -20,9 +20,9 @@ use nix::unistd::Pid;
 use oci_spec::runtime::{ContainerState, Spec};
 
 use crate::annotations::Hardening;
-use crate::cli::Globals;
 use crate::container;
 use crate::executor::OciExecutor;
+use crate::globals::Globals;
 use crate::record::Record;
 use crate::seccomp_notify::{self, Forwarder, StateTemplate};
 use crate::OciError;

@@ -199,7 +199,7 @@ impl<S: Subscriber> Layer<S> for RuncLog {
             Level::INFO => "info",
             _ => "debug",
         };
-        let msg = crate::cli::one_line(&msg);
+        let msg = one_line(&msg);
         if !own {
             // A process libcontainer cloned: leave the event for the agentrun process.
             if let Some(Some(fd)) = CHILD_LOG.get() {
@@ -217,4 +217,9 @@ impl<S: Subscriber> Layer<S> for RuncLog {
         // libcontainer's errors are details of the error agentrun reports last: not echoed.
         self.logger.write(level, &msg, false);
     }
+}
+
+/// Errors are logged on one line.
+pub(crate) fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -10,8 +10,8 @@ use liboci_cli::Update;
 use oci_spec::runtime::LinuxResources;
 use serde_json::{Map, Value};
 
-use crate::cli::Globals;
 use crate::container;
+use crate::globals::Globals;
 use crate::OciError;
 
 /// `pause ID`.
