@@ -42,7 +42,10 @@ pub enum Mode {
 /// (a command other than `serve`, [`ENV`] unset) no subscriber is installed: setting one up
 /// costs ~0.05 ms (release build), which every `agentrun exec` would pay for no line.
 pub fn init(mode: Mode, runc_log: Option<agentrun_oci::LogLayer>) {
-    let configured = std::env::var(ENV).ok().filter(|v| !v.trim().is_empty());
+    let configured = std::env::var(ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .or_else(docker_trace_filter);
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
     match (&configured, mode) {
         (Some(spec), _) => layers.push(
@@ -67,6 +70,13 @@ pub fn init(mode: Mode, runc_log: Option<agentrun_oci::LogLayer>) {
     }
     use tracing_subscriber::layer::SubscriberExt;
     let _ = tracing::subscriber::set_global_default(Registry::default().with(layers));
+}
+
+/// `AGENTRUN_DOCKER_TRACE=1` (the Docker API's request trace before there was a filter) still
+/// works where `AGENTRUN_LOG` is unset: it is that filter's `agentrun::docker::http=debug`.
+fn docker_trace_filter() -> Option<String> {
+    (std::env::var("AGENTRUN_DOCKER_TRACE").ok().as_deref() == Some("1"))
+        .then(|| "agentrun=info,agentrun::docker::http=debug".to_string())
 }
 
 /// `agentrun: <message> <fields>`: the line the daemons have always printed.
