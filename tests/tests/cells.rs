@@ -14,6 +14,8 @@
 //! - a cell that cannot be made fails that run only (125, one line), the shell is discarded;
 //! - OOM (137 + message), timeout (124, the whole cell killed), a client gone mid-run and
 //!   10 MB of output on a reused shell; the run's peak memory is its own after a heavy run on the same shell;
+//! - an idle shell holds a spare cell (cloned into namespaces of its own, its root built) that
+//!   the next run takes; a run asking for another writable-layer size gets a cell of its own;
 //! - every run shape takes a pooled shell (workspace, --ro/--rw, limits, env, allowlist
 //!   profiles with the run's own egress proxy); a shell serves at most --shell-max-runs runs.
 //!
@@ -532,4 +534,91 @@ fn a_shell_serves_at_most_its_max_runs() {
     let v = d.pool_status_json();
     assert_eq!(v["cells"].as_u64(), Some(2), "{v}");
     assert_eq!(v["shell_max_runs"].as_u64(), Some(2), "{v}");
+}
+
+/// The processes in shell `id`'s cgroup (host pids).
+fn shell_processes(id: &str) -> Vec<i32> {
+    let procs = ["pids", "memory", "cpu"]
+        .iter()
+        .map(|c| format!("/sys/fs/cgroup/{c}/agentrun/{id}/cgroup.procs"))
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| format!("/sys/fs/cgroup/agentrun/{id}/cgroup.procs"));
+    fs::read_to_string(procs)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn an_idle_shell_holds_a_spare_cell_and_a_run_of_another_size_gets_its_own() {
+    let Some(_l) = setup_exclusive() else { return };
+    let d = one_shell("default", &[]);
+    let shell = the_shell(&d);
+    // Idle in its pool, the shell holds its init and one spare cell, cloned ahead of the next
+    // run into pid and mount namespaces of its own.
+    let ns = |pid: i32, kind: &str| fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok();
+    let spare = wait_until(FILL, || {
+        let procs = shell_processes(&shell.id);
+        (procs.len() == 2).then(|| *procs.iter().find(|p| **p != shell.pid).unwrap())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no spare cell beside the init: {:?}\n{}",
+            shell_processes(&shell.id),
+            d.log()
+        )
+    });
+    for kind in ["pid", "mnt", "ipc"] {
+        assert_ne!(ns(spare, kind), ns(shell.pid, kind), "{kind}");
+    }
+    // A run takes it: the run's command is that process's child.
+    // (Shorter than the pool's grace for a lent shell: no replacement is made meanwhile.)
+    let mut client = d.exec(["sleep", "0.6"]).spawn();
+    let took = wait_until(Duration::from_secs(10), || {
+        let children = fs::read_to_string(format!("/proc/{spare}/task/{spare}/children")).ok()?;
+        children
+            .split_whitespace()
+            .any(|c| {
+                fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "sleep")
+            })
+            .then_some(())
+    });
+    client.wait_or_kill(Duration::from_secs(30)).assert_code(0);
+    assert!(
+        took.is_some(),
+        "the run did not take the spare {spare}\n{}",
+        d.log()
+    );
+    // A run asking for another writable-layer size gets a cell of that size, made for it;
+    // the next run has the profile's size again; all on the same shell.
+    let fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=8 2>&1; echo dd=$?";
+    assert_eq!(the_shell(&d).id, shell.id);
+    let small = d
+        .exec_with(["--tmpfs-size", "4M"], ["sh", "-c", fill])
+        .run();
+    let stdout = small.success();
+    assert!(
+        stdout.contains("No space left on device") && stdout.contains("dd=1"),
+        "8 MB fit in a 4M writable layer\n{small}"
+    );
+    assert_eq!(the_shell(&d).id, shell.id);
+    let out = d.exec(["sh", "-c", fill]).run();
+    assert!(
+        out.success().contains("dd=0"),
+        "the profile's writable layer is back\n{out}"
+    );
+    assert_eq!(
+        the_shell(&d).id,
+        shell.id,
+        "the same shell served all three"
+    );
+    let v = d.pool_status_json();
+    assert_eq!(v["cells"].as_u64(), Some(3), "{v}");
+    assert!(d.discarded().is_empty(), "{:?}", d.discarded());
+    // And a spare again, waiting for the next run.
+    let again = wait_until(FILL, || {
+        (shell_processes(&shell.id).len() == 2).then_some(())
+    });
+    assert!(again.is_some(), "{:?}", shell_processes(&shell.id));
 }

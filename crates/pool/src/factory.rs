@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use agentrun_image::ImageStore;
 use agentrun_policy::Profile;
 use agentrun_runtime::cgroup::CgroupMode;
-use agentrun_runtime::control::{self, recv_json, send_json};
+use agentrun_runtime::control::{self, recv_json, send_json, ShellRequest};
 use agentrun_runtime::{Enforcement, HostInfo, RuntimePaths, Sandbox, SandboxStdio};
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, ForkResult, Pid};
@@ -85,10 +85,25 @@ pub struct PooledShell {
     pub runs: u64,
     /// The cgroup limits in force (each run sets its own when they differ).
     pub limits: RunLimits,
+    /// The size of its cells' writable layer under its profile (a spare cell is made ahead
+    /// with it, see [`PooledShell::prepare_spare`]).
+    pub tmpfs_bytes: u64,
     /// The kept pool it goes back to after a run (`None`: destroyed after its run).
     pub home: Option<usize>,
     /// Its run is over and it is being checked for reuse ([`crate::pool::Pool::recycling`]).
     pub recycling: bool,
+}
+
+impl PooledShell {
+    /// Asks its init to make a spare cell ([`ShellRequest::Prepare`]) while the shell waits in
+    /// its pool, so that the next run finds its cell's root built. Best effort: without one, a
+    /// run has its cell made when it comes.
+    pub fn prepare_spare(&self) {
+        let prepare = ShellRequest::Prepare {
+            tmpfs_bytes: self.tmpfs_bytes,
+        };
+        let _ = send_json(self.control.as_fd(), &prepare, &[]);
+    }
 }
 
 /// The cgroup limits of one run (the shell's cgroup is rewritten when they differ from the
@@ -214,6 +229,7 @@ impl FactoryClient {
                     .pop()
                     .ok_or_else(|| PoolError::Factory("no control channel received".into()))?;
                 let pidfd = agentrun_runtime::sandbox::pidfd_open(Pid::from_raw(init_pid))?;
+                let profile = recipe.profile()?;
                 Ok(PooledShell {
                     id,
                     init_pid,
@@ -226,7 +242,8 @@ impl FactoryClient {
                     egress_socket,
                     factory: 0,
                     runs: 0,
-                    limits: RunLimits::of(&recipe.profile()?),
+                    limits: RunLimits::of(&profile),
+                    tmpfs_bytes: profile.resources.tmpfs_bytes,
                     home: None,
                     recycling: false,
                 })

@@ -463,6 +463,7 @@ impl Pool {
         match (verdict, home) {
             (Verdict::Reuse, Some(i)) => {
                 st.lent.remove(&id);
+                shell.prepare_spare();
                 st.pools[i].ready.push_front((shell, Instant::now()));
                 drop(st);
             }
@@ -552,6 +553,7 @@ impl Pool {
                         return;
                     }
                     st.pools[pick].image_id.clone_from(&sh.image_id);
+                    sh.prepare_spare();
                     st.pools[pick].ready.push_back((sh, Instant::now()));
                     backoff = Duration::from_millis(50);
                 }

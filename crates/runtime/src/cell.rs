@@ -1,19 +1,21 @@
 //! A cell: what one run sees, made by a shell's init per request (see [`crate::shell`]).
 //!
-//! The shell's init clones with new pid, mount and ipc namespaces; the child (the cell's
-//! PID 1) runs [`enter`]:
-//! 1. keeps only the fds of its request (the cell's channel, the run's stdio, its mounts) and
-//!    dies with the shell's init (PDEATHSIG);
+//! The shell's init clones with new pid, mount and ipc namespaces, usually ahead of the run
+//! (a *spare*, made while the shell waits in its pool; see [`crate::shell`]); the child (the
+//! cell's PID 1) runs [`prepare`], which does steps 1 and 2 before the run is known, then takes
+//! the run's request (with the cell's channel, the run's stdio and its mounts) from the init:
+//! 1. keeps only its channel to the init and dies with the shell's init (PDEATHSIG);
 //! 2. builds its root: a tmpfs (the run's `tmpfs_size`) over the shell's scratch directory
 //!    holding the overlay's upper and work dirs, an overlay with the shell's root as its lower
 //!    layer (`userxattr`: whiteouts and opaque dirs as user xattrs on the tmpfs), a `/proc` of
 //!    its own pid namespace with the shell's masked and read-only `/proc` paths applied again,
 //!    the shell's other top-level mounts moved in (`/dev`, `/sys`, image binds such as the
 //!    `host` image's `/usr`, the profile's hidden paths, the egress socket's directory), fresh
-//!    `/dev/shm`, `/dev/mqueue` and `/dev/pts`, and the run's own mounts: detached mounts made
-//!    and idmapped on the host, passed as fds and attached with `move_mount` on a target
-//!    opened inside the new root (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
-//! 3. `pivot_root`s into it and detaches the shell's root;
+//!    `/dev/shm`, `/dev/mqueue` and `/dev/pts`; `pivot_root`s into it and detaches the
+//!    shell's root;
+//! 3. attaches the run's own mounts: detached mounts made and idmapped on the host, passed as
+//!    fds and attached with `move_mount` on a target opened inside the new root
+//!    (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
 //! 4. confines itself: rlimits, the command's capabilities (bounding set included), Landlock,
 //!    the run's seccomp filter (on top of the shell's, which it inherited);
 //! 5. becomes the run's PID 1 ([`crate::reaper`]): starts the command, forwards signals, and
@@ -33,7 +35,7 @@ use caps::Capability;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use seccompiler::BpfProgram;
 
-use crate::control::{self, CellMount, CellRequest, CellWork, InitResult};
+use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
 use crate::landlock::{self, LandlockRules};
 use crate::reaper::{self, Command, EXIT_SETUP_FAILED};
 
@@ -49,7 +51,8 @@ pub(crate) struct CellTemplate {
     pub command_caps: Vec<Capability>,
     /// The host's Landlock ABI.
     pub landlock_abi: u32,
-    /// The run's seccomp filter (compiled once, installed in each cell).
+    /// The run's seccomp filter beyond the shell's, which every cell inherits (compiled once,
+    /// installed in each cell; see `seccomp::narrowing`).
     pub run_filters: Vec<BpfProgram>,
     /// A directory of the shell's root the cell's tmpfs goes over (it holds the overlay's
     /// upper, work and merged dirs; the overlay's lower layer shows what is under it).
@@ -77,12 +80,43 @@ impl SetupError {
 
 type Setup<T> = Result<T, SetupError>;
 
-/// The cell's PID 1, right after the shell's init cloned it. Never returns.
-pub(crate) fn enter(template: &CellTemplate, req: CellRequest, fds: Vec<OwnedFd>) -> ! {
-    keep_only(&fds);
+/// A cell's PID 1, right after the shell's init cloned it (ahead of its run, or for a run
+/// that came when no spare fitted; see [`crate::shell`]): builds the cell's root for a
+/// writable layer of `tmpfs_bytes`, then waits on `channel` for the run's request, which the
+/// init hands on as the host sent it (message and fds), and runs it. The init's end of
+/// `channel` closing first (the spare is not wanted, or the shell is going) ends it. Never
+/// returns.
+pub(crate) fn prepare(template: &CellTemplate, tmpfs_bytes: u64, channel: OwnedFd) -> ! {
+    keep_only(std::slice::from_ref(&channel));
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process: if the shell's init
     // dies, the cell dies with it.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let root = build_root(template, tmpfs_bytes);
+    let (bytes, fds) = match control::recv(channel.as_fd()) {
+        Ok(Some(m)) => m,
+        Ok(None) | Err(_) => reaper::exit_now(0),
+    };
+    drop(channel);
+    match serde_json::from_slice::<ShellRequest>(&bytes) {
+        Ok(ShellRequest::Cell(req)) if req.tmpfs_bytes == tmpfs_bytes => {
+            run(template, root, req, fds)
+        }
+        Ok(_) => fail_early(
+            fds.first().map(|f| f.as_fd()),
+            None,
+            "a spare cell got a request it was not made for",
+        ),
+        Err(e) => fail_early(
+            fds.first().map(|f| f.as_fd()),
+            None,
+            &format!("bad cell request: {e}"),
+        ),
+    }
+}
+
+/// The rest of a cell once its root is built (or failed, `root`): the run's mounts,
+/// confinement, then the command or the long-lived dialect.
+fn run(template: &CellTemplate, root: Setup<()>, req: CellRequest, fds: Vec<OwnedFd>) -> ! {
     let fixed = req.fixed_fds();
     if fds.len() != fixed + req.mounts.len() {
         let msg = format!(
@@ -105,8 +139,9 @@ pub(crate) fn enter(template: &CellTemplate, req: CellRequest, fds: Vec<OwnedFd>
     };
     let mounts: Vec<(CellMount, OwnedFd)> = req.mounts.iter().cloned().zip(fds).collect();
     let stderr = stdio.as_ref().map(|s| s[2].as_raw_fd());
-    if let Err(SetupError(msg)) =
-        build_root(template, req.tmpfs_bytes, mounts).and_then(|()| confine(template, &req))
+    if let Err(SetupError(msg)) = root
+        .and_then(|()| attach_run_mounts(mounts))
+        .and_then(|()| confine(template, &req))
     {
         fail_early(
             Some(channel.as_fd()),
@@ -173,6 +208,10 @@ fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str)
             ..Default::default()
         };
         let _ = control::send_json(ch, &result, &[]);
+        // As after a run: the host takes the report and lets go (bounded). A cell failing the
+        // moment its request comes (its root was built ahead) is then still there when the
+        // host looks at the cell it was told of, and its report reads like any run's.
+        let _ = control::wait_readable(ch, Some(LINGER));
     }
     reaper::exit_now(EXIT_SETUP_FAILED)
 }
@@ -225,8 +264,10 @@ fn under(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// Builds the cell's root and pivots into it (see the module doc).
-fn build_root(t: &CellTemplate, tmpfs_bytes: u64, mounts: Vec<(CellMount, OwnedFd)>) -> Setup<()> {
+/// Builds the cell's root and pivots into it (see the module doc); the run's own mounts are
+/// attached afterwards ([`attach_run_mounts`]), so that a spare cell can be built before its
+/// run is known.
+fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
     let scratch = &t.scratch;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mnt(
@@ -305,12 +346,6 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64, mounts: Vec<(CellMount, OwnedF
             (!opts.is_empty()).then_some(opts),
         )?;
     }
-    if !mounts.is_empty() {
-        let root_fd = open_path(&root)?;
-        for (m, fd) in mounts {
-            attach_run_mount(&root_fd, &m, fd)?;
-        }
-    }
     nix::unistd::chdir(&root).map_err(|e| SetupError::sys("entering the cell's root", e))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| SetupError::sys("pivot_root", e))?;
     umount2(".", MntFlags::MNT_DETACH)
@@ -376,6 +411,18 @@ fn open_path(p: &Path) -> Setup<OwnedFd> {
     .map_err(|e| SetupError::sys(format!("opening {}", p.display()), e))?;
     // SAFETY: open returned a new fd that nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Attaches the run's mounts in the cell's root (the process's `/` by now).
+fn attach_run_mounts(mounts: Vec<(CellMount, OwnedFd)>) -> Setup<()> {
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    let root_fd = open_path(Path::new("/"))?;
+    for (m, fd) in mounts {
+        attach_run_mount(&root_fd, &m, fd)?;
+    }
+    Ok(())
 }
 
 /// `openat2(root, rel, O_PATH, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: symlinks of the image

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use agentrun_policy::Profile;
 
-use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent};
+use crate::control::{
+    self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent, ShellRequest,
+};
 use crate::error::RuntimeError;
 use crate::idmap::{detached_clone_idmapped, MappingNamespace};
 use crate::rootfs::UserMount;
@@ -229,7 +231,8 @@ impl CellRun {
             ))
             .into());
         }
-        control::send_json(control, req, &raw).map_err(|_| CellError::ShellGone)?;
+        control::send_json(control, &ShellRequest::Cell(req.clone()), &raw)
+            .map_err(|_| CellError::ShellGone)?;
         // Ours are copies: the cell has its own now.
         drop(cell_end);
         drop(mounts);

@@ -1,8 +1,10 @@
 //! The control channels between the host and a shell's init, a cell's PID 1, and fd passing.
 //!
 //! A shell's init holds one end of a `SOCK_SEQPACKET` socketpair (fd 3 in the container,
-//! [`INIT_CONTROL_FD`]). Every run is a cell: the host sends one [`CellRequest`] with the
-//! cell's fds attached (`SCM_RIGHTS`, in [`CellRequest::fd_order`]): the host end's peer of a
+//! [`INIT_CONTROL_FD`]), on which the host sends [`ShellRequest`]s. A pooled shell is asked to
+//! [`ShellRequest::Prepare`] a spare cell whenever it goes back to its pool, so that the next
+//! run finds its cell's root built. Every run is a cell: the host sends one [`CellRequest`]
+//! ([`ShellRequest::Cell`]) with the cell's fds attached (`SCM_RIGHTS`, in [`CellRequest::fd_order`]): the host end's peer of a
 //! fresh channel for the cell, then (for a command) its stdin, stdout and stderr, then one
 //! detached mount per [`CellMount`]. The init answers [`ShellEvent::Started`] with a pidfd of
 //! the cell's PID 1 attached (or [`ShellEvent::Failed`]) and, once that PID 1 has exited and
@@ -39,6 +41,17 @@ pub const INIT_CONTROL_FD: RawFd = 3;
 pub const MAX_MESSAGE: usize = 1 << 20;
 /// Most fds one message may carry.
 pub const MAX_FDS: usize = 32;
+
+/// What the host asks of a shell's init.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ShellRequest {
+    /// Make a cell for a run (see the module doc for the fds that come with it).
+    Cell(CellRequest),
+    /// Have a spare cell ready for the next run, its root built with a writable layer of
+    /// `tmpfs_bytes` (no answer; a request of another size gets a cell made for it then).
+    Prepare { tmpfs_bytes: u64 },
+}
 
 /// One cell for a shell's init to make (see the module doc for the fds that come with it).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -133,11 +133,17 @@ impl SandboxExecutor {
         // these close-on-exec, and this process never execs.
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
         unsafe { libc::close_range(INIT_CONTROL_FD as u32 + 1, u32::MAX, 0) };
-        let run_filters = self.run_filters(spec)?;
         let shell_section =
             shell::shell_filter(agentrun_policy::seccomp_denied_syscalls(), &self.sockets)
                 .map_err(|e| fail(e.to_string()))?;
         let shell_filters = seccomp::compile(&shell_section).map_err(|e| fail(e.to_string()))?;
+        // A cell inherits the shell's filter: it adds only what the run's has beyond it (see
+        // `seccomp::narrowing`), or the whole run filter when that cannot be said exactly.
+        let run_section = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref());
+        let run_filters = match run_section.and_then(|s| seccomp::narrowing(s, &shell_section)) {
+            Some(rest) => seccomp::compile_on_top(&rest).map_err(|e| fail(e.to_string()))?,
+            None => self.run_filters(spec)?,
+        };
         self.loopback_up()?;
         // Watched from now on (opened while CAP_NET_ADMIN is still held).
         let watch = shell::ShellWatch::start();
@@ -183,6 +189,7 @@ impl SandboxExecutor {
                 .collect(),
             egress_socket: self.egress_socket.clone(),
         };
+        shell::shed_covered_mounts().map_err(|e| fail(e.to_string()))?;
         let mut keep = self.command_caps.clone();
         keep.extend_from_slice(SHELL_CAPS);
         reaper::narrow_capabilities(&keep).map_err(|e| fail(format!("capabilities: {e}")))?;

@@ -341,6 +341,77 @@ pub fn compile(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> 
     }
 }
 
+/// The part of `run` that a process already under `base`'s filters still lacks, when there
+/// is one that says it exactly: `Some(section)` if `run` and `base` both allow by default (with
+/// the same architectures and flags, and only deny-type rules) and every rule of `base` is one
+/// of `run`'s (compared per syscall name); the section then holds `run`'s other rules. `None`
+/// otherwise: the caller installs all of `run`.
+///
+/// The kernel runs every filter of a stack and the most restrictive answer wins, so `base`'s
+/// filters plus this section's give each syscall the answer `run`'s would: the rules are the
+/// same set, grouped differently. A shell's cells use it ([`crate::shell`]): they inherit the
+/// shell's filter, which is the run's less what making a cell needs, and add only that part
+/// (a few rules instead of the whole profile compiled and JIT-compiled again per cell).
+pub fn narrowing(run: &LinuxSeccomp, base: &LinuxSeccomp) -> Option<LinuxSeccomp> {
+    let allow = LinuxSeccompAction::ScmpActAllow;
+    let plain = |s: &LinuxSeccomp| {
+        s.default_action() == allow
+            && s.listener_path().is_none()
+            && s.syscalls().iter().flatten().all(|r| {
+                !matches!(
+                    r.action(),
+                    LinuxSeccompAction::ScmpActAllow | LinuxSeccompAction::ScmpActNotify
+                )
+            })
+    };
+    if !plain(run)
+        || !plain(base)
+        || run.architectures() != base.architectures()
+        || run.flags() != base.flags()
+        || run.default_errno_ret() != base.default_errno_ret()
+    {
+        return None;
+    }
+    let run_rules = per_name(run);
+    let base_rules = per_name(base);
+    if !base_rules.iter().all(|r| run_rules.contains(r)) {
+        return None;
+    }
+    let rest: Vec<LinuxSyscall> = run_rules
+        .into_iter()
+        .filter(|r| !base_rules.contains(r))
+        .collect();
+    let mut section = run.clone();
+    section.set_syscalls(Some(rest));
+    Some(section)
+}
+
+/// A section's rules, one per syscall name.
+fn per_name(section: &LinuxSeccomp) -> Vec<LinuxSyscall> {
+    section
+        .syscalls()
+        .iter()
+        .flatten()
+        .flat_map(|r| {
+            r.names().iter().map(move |n| {
+                let mut one = r.clone();
+                one.set_names(vec![n.clone()]);
+                one
+            })
+        })
+        .collect()
+}
+
+/// Compiles a section (one without `SCMP_ACT_NOTIFY` rules) into the programs to install on
+/// top of a stack that already starts with the [`abi_guard`]: one filter per action, no guard
+/// again.
+pub fn compile_on_top(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> {
+    let mut programs = compile(section)?;
+    debug_assert_eq!(programs.first(), Some(&abi_guard()));
+    programs.remove(0);
+    Ok(programs)
+}
+
 /// Compiles an OCI seccomp section into the BPF programs to install, in order, and the
 /// filter of its `SCMP_ACT_NOTIFY` rules, if it has any, to install with
 /// [`install_with_listener`].
@@ -828,5 +899,117 @@ mod tests {
             compile_with_notify(&section),
             Err(SeccompError::NotifyDefault)
         ));
+    }
+
+    /// What the kernel answers for filters installed in `installed` order: it runs them newest
+    /// first and keeps the first answer of the most restrictive action (so among two errnos of
+    /// equal precedence, the newer filter's).
+    fn kernel_answer(installed: &[BpfProgram], nr: i64, arch: u32, args: [u64; 6]) -> u32 {
+        installed
+            .iter()
+            .rev()
+            .map(|p| run_program(p, nr as i32, arch, args))
+            .min_by_key(|r| (r & libc::SECCOMP_RET_ACTION_FULL) as i32)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_cells_narrowing_on_top_of_its_shells_filter_answers_as_the_run_filter() {
+        let widened = SocketPolicy::with_families(&["netlink", "vsock", "alg"]).unwrap();
+        for sockets in [SocketPolicy::default(), widened] {
+            let denied = agentrun_policy::seccomp_denied_syscalls();
+            let run = default_profile(denied, &sockets).unwrap();
+            let shell = crate::shell::shell_filter(denied, &sockets).unwrap();
+            let rest = narrowing(&run, &shell).expect("the shell's rules are the run's");
+            // Only what making a cell needs is left to add: a handful of rules.
+            let names: Vec<&String> = rest
+                .syscalls()
+                .iter()
+                .flatten()
+                .flat_map(|r| r.names())
+                .collect();
+            assert!(names.len() <= 8, "{names:?}");
+            let shell_progs = compile(&shell).unwrap();
+            let cell: Vec<BpfProgram> = shell_progs
+                .iter()
+                .cloned()
+                .chain(compile_on_top(&rest).unwrap())
+                .collect();
+            let before: Vec<BpfProgram> = shell_progs
+                .iter()
+                .cloned()
+                .chain(compile(&run).unwrap())
+                .collect();
+            let run_alone = compile(&run).unwrap();
+            assert!(cell.len() < before.len());
+            let mut patterns: Vec<[u64; 6]> = vec![[0; 6], [u64::MAX; 6], [1, 2, 3, 4, 5, 6]];
+            for f in CLONE_NS_FLAGS {
+                patterns.push([*f | libc::SIGCHLD as u64, 0, 0, 0, 0, 0]);
+            }
+            patterns.push([
+                (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::SIGCHLD)
+                    as u64,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ]);
+            for req in [libc::TIOCSTI, libc::TIOCLINUX, 0x1_0000_5412] {
+                patterns.push([1, req, 0, 0, 0, 0]);
+            }
+            for p in PERSONALITY_ALLOWED
+                .iter()
+                .chain(&[0x0040_0000, 0xffff_ffff])
+            {
+                patterns.push([*p, 0, 0, 0, 0, 0]);
+            }
+            let mut socket_patterns = patterns.clone();
+            for family in 0..48u64 {
+                for protocol in [0u64, 4, 9, 16] {
+                    socket_patterns.push([family, 1, protocol, 0, 0, 0]);
+                }
+            }
+            let mut arches = vec![(AUDIT_ARCH_NATIVE, 0i64), (0x4000_0003, 0)];
+            #[cfg(target_arch = "x86_64")]
+            arches.push((AUDIT_ARCH_NATIVE, i64::from(X32_SYSCALL_BIT)));
+            for nr in 0..=470i64 {
+                let socket = nr == libc::SYS_socket || nr == libc::SYS_socketpair;
+                for (arch, bit) in &arches {
+                    for args in if socket { &socket_patterns } else { &patterns } {
+                        let nr = nr | bit;
+                        let want = kernel_answer(&before, nr, *arch, *args);
+                        assert_eq!(
+                            kernel_answer(&cell, nr, *arch, *args),
+                            want,
+                            "syscall {nr:#x} arch {arch:#x} args {args:x?}"
+                        );
+                        assert_eq!(kernel_answer(&run_alone, nr, *arch, *args), want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_narrowing_when_the_base_is_not_part_of_the_run() {
+        let denied = agentrun_policy::seccomp_denied_syscalls();
+        let run = default_profile(denied, &SocketPolicy::default()).unwrap();
+        // A base that denies what the run allows: installing the rest on it would deny more.
+        let mut wider: Vec<&str> = denied.to_vec();
+        wider.push("getpid");
+        let base = default_profile(&wider, &SocketPolicy::default()).unwrap();
+        assert!(narrowing(&run, &base).is_none());
+        // Other socket families: the base's socket rule is not the run's.
+        let other =
+            default_profile(denied, &SocketPolicy::with_families(&["vsock"]).unwrap()).unwrap();
+        assert!(narrowing(&run, &other).is_none());
+        // A default-deny run is never narrowed.
+        let mut strict = run.clone();
+        strict.set_default_action(LinuxSeccompAction::ScmpActErrno);
+        assert!(narrowing(&strict, &run).is_none());
+        // The same section: nothing to add.
+        let same = narrowing(&run, &run).unwrap();
+        assert!(same.syscalls().as_ref().is_none_or(|s| s.is_empty()));
     }
 }

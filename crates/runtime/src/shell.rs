@@ -25,6 +25,17 @@
 //!   ([`crate::cell`]), and the shell's network namespace has nothing but `lo`;
 //! - it is single-threaded and does little: receive a request, clone, report, reap.
 //!
+//! Cells are cloned ahead of their runs: when the host asks ([`ShellRequest::Prepare`], which
+//! the pool does each time the shell goes back to its pool), the init clones a *spare* cell
+//! that builds its root (tmpfs, overlay, `/proc`, `/dev`, `pivot_root`) while the shell is idle
+//! and then waits on a channel of its own. A run's request is handed to the spare as it came
+//! (message and fds); the spare attaches the run's mounts, confines itself and runs it, so a
+//! run's wait for its cell is the hand-over and the confinement, not the namespaces and
+//! mounts. A spare is made after the previous cell has ended and the host has judged the
+//! shell, so nothing of a run is in it; a request of another writable-layer size than the
+//! spare's, or one that finds no spare (the cold path, a spare that died), has a cell cloned
+//! for it then, the same way.
+//!
 //! Its protocol is in [`crate::control`]. When the host closes the channel, it exits, which
 //! kills every cell (they are in child pid namespaces of the shell's).
 
@@ -32,12 +43,14 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
 
 use crate::cell::{self, CellTemplate};
-use crate::control::{self, CellRequest, ShellEvent};
+use crate::control::{self, ShellEvent, ShellRequest};
+use crate::error::RuntimeError;
 use crate::reaper::{self, EXIT_SETUP_FAILED};
 use crate::seccomp::{self, SeccompError};
 
@@ -136,6 +149,27 @@ pub(crate) fn top_level_mounts() -> std::io::Result<Vec<PathBuf>> {
     Ok(top)
 }
 
+/// Unmounts what of the shell's own mount tree every cell covers with its own: the masks and
+/// read-only binds under the shell's `/proc` (a cell mounts a `/proc` of its own pid namespace
+/// and masks that one) and the shell's `/dev/shm`, `/dev/mqueue` and `/dev/pts` (a cell mounts
+/// fresh ones). A cell starts as a copy of the init's mount namespace, so every mount kept
+/// here would be copied and torn down again for each run. The bare `/proc` stays: the kernel
+/// lets a cell mount a new proc only where one is already fully visible. Nothing of a cell
+/// ever sees the shell's `/proc` (a cell pivots away from the shell's root and detaches it).
+pub(crate) fn shed_covered_mounts() -> std::io::Result<()> {
+    let proc_dir = Path::new("/proc");
+    let dev_fresh = ["/dev/shm", "/dev/mqueue", "/dev/pts"].map(Path::new);
+    // Deepest first.
+    let covered = crate::rootfs::mounts_under(Path::new("/"))
+        .into_iter()
+        .filter(|p| (p.starts_with(proc_dir) && p != proc_dir) || dev_fresh.contains(&p.as_path()));
+    for point in covered {
+        nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| std::io::Error::other(format!("unmounting {}: {e}", point.display())))?;
+    }
+    Ok(())
+}
+
 /// Serves cell requests on `control` until the host closes it. Never returns.
 pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     let mut mask = SigSet::empty();
@@ -155,6 +189,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     init.watch.settle();
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
+    let mut spare: Option<Spare> = None;
     loop {
         let Ok((control_ready, signal_ready)) = reaper::wait_either(control.as_fd(), &signals)
         else {
@@ -163,6 +198,10 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         if signal_ready {
             while let Ok(Some(_)) = signals.read_signal() {}
             while let Some((pid, status, _)) = reaper::reap_one() {
+                if spare.as_ref().is_some_and(|s| s.pid == pid) {
+                    // The spare died before a run took it: the next one makes another.
+                    spare = None;
+                }
                 if let Some(cell) = cells.remove(&pid) {
                     let (code, _) = reaper::decode_status(status);
                     let changed = init.watch.changes();
@@ -182,8 +221,15 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 // cell.
                 Ok(None) | Err(_) => std::process::exit(0),
             };
-            let req: CellRequest = match serde_json::from_slice(&bytes) {
-                Ok(r) => r,
+            let req = match serde_json::from_slice::<ShellRequest>(&bytes) {
+                Ok(ShellRequest::Cell(r)) => r,
+                Ok(ShellRequest::Prepare { tmpfs_bytes }) => {
+                    if !spare.as_ref().is_some_and(|s| s.tmpfs_bytes == tmpfs_bytes) {
+                        // An unwanted spare ends when its channel closes.
+                        spare = Spare::make(&init.template, tmpfs_bytes).ok();
+                    }
+                    continue;
+                }
                 Err(e) => {
                     let ev = ShellEvent::Failed {
                         cell: 0,
@@ -194,32 +240,86 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 }
             };
             let id = req.cell;
-            match clone_cell() {
-                Ok(Cloned::Child) => {
-                    // The cell's PID 1. Nothing here returns; a panic must not unwind into the
-                    // copy of the shell's loop.
-                    let entered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        cell::enter(&init.template, req, fds)
-                    }));
-                    let _ = entered;
-                    reaper::exit_now(EXIT_SETUP_FAILED)
-                }
-                Ok(Cloned::Parent { pid, pidfd }) => {
-                    drop(fds);
-                    cells.insert(pid, id);
-                    let ev = ShellEvent::Started { cell: id, pid };
-                    let _ = control::send_json(control.as_fd(), &ev, &[pidfd.as_raw_fd()]);
+            // The spare if it fits and lives, else one cloned now.
+            let cell = match spare
+                .take()
+                .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
+            {
+                Some(s) => Ok(s),
+                None => Spare::make(&init.template, req.tmpfs_bytes),
+            };
+            match cell {
+                Ok(cell) => {
+                    // Started before the request is handed on: a cell that fails at once
+                    // (a mount it cannot attach) must not be gone before the host sees it.
+                    cells.insert(cell.pid, id);
+                    let ev = ShellEvent::Started {
+                        cell: id,
+                        pid: cell.pid,
+                    };
+                    let _ = control::send_json(control.as_fd(), &ev, &[cell.pidfd.as_raw_fd()]);
+                    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                    // Should it fail, the cell's channel closes with `fds` unread: the host
+                    // gets no result and discards the shell.
+                    let _ = cell.hand(&bytes, &raw);
                 }
                 Err(e) => {
-                    drop(fds);
                     let ev = ShellEvent::Failed {
                         cell: id,
-                        message: format!("clone: {}", e.desc().to_lowercase()),
+                        message: e,
                     };
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
             }
         }
+    }
+}
+
+/// A cell cloned ahead of its run, building its root while the shell is idle
+/// ([`cell::prepare`]); a run's request is handed to it on its channel.
+struct Spare {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// The init's end of the spare's channel (closing it ends an unused spare).
+    channel: OwnedFd,
+    tmpfs_bytes: u64,
+}
+
+impl Spare {
+    /// Clones a spare cell with a writable layer of `tmpfs_bytes`.
+    fn make(template: &CellTemplate, tmpfs_bytes: u64) -> Result<Spare, String> {
+        let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+        match clone_cell() {
+            Ok(Cloned::Child) => {
+                // The cell's PID 1. Nothing here returns; a panic must not unwind into the
+                // copy of the shell's loop. `ours` is closed with every other fd of the init.
+                std::mem::forget(ours);
+                let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    cell::prepare(template, tmpfs_bytes, theirs)
+                }));
+                let _ = prepared;
+                reaper::exit_now(EXIT_SETUP_FAILED)
+            }
+            Ok(Cloned::Parent { pid, pidfd }) => Ok(Spare {
+                pid,
+                pidfd,
+                channel: ours,
+                tmpfs_bytes,
+            }),
+            Err(e) => Err(format!("clone: {}", e.desc().to_lowercase())),
+        }
+    }
+
+    /// Whether it still runs (its pidfd is readable once it has exited).
+    fn alive(&self) -> bool {
+        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+    }
+
+    /// Hands a run's request (the host's message and fds, as they came) to the spare, which
+    /// becomes that run's cell.
+    fn hand(self, request: &[u8], fds: &[i32]) -> Result<(), RuntimeError> {
+        control::send(self.channel.as_fd(), request, fds)
     }
 }
 
