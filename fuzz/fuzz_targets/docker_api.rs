@@ -64,7 +64,6 @@ fuzz_target!(|data: &[u8]| {
             };
             let (path, query) = target.split_once('?').unwrap_or((target, ""));
             let _ = strip_version(path);
-            let _ = agentrun_docker::request_path(path);
             let q = Query::parse(Some(query));
             let _ = agentrun_docker::archive::path_param(&q);
             if let Some(s) = q.get("signal") {
