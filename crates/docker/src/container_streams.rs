@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentrun_pool::lock;
 use axum::extract::{Path, Request, State};
 use bytes::Bytes;
 use serde_json::json;
@@ -18,7 +19,7 @@ use crate::containers::{Container, Status};
 use crate::error::DockerError;
 use crate::http::{streaming, DockerResult, Query};
 use crate::stream::{self, HijackIo};
-use crate::{lock, ApiState, TRACE};
+use crate::{ApiState, TRACE};
 
 type Api = State<Arc<ApiState>>;
 type Key = Path<String>;

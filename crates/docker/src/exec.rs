@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentrun_pool::live::ProcessSpec;
+use agentrun_pool::lock;
 use axum::extract::{Path, Request, State};
 use bytes::Bytes;
 use hyper::StatusCode;
@@ -18,7 +19,7 @@ use crate::error::DockerError;
 use crate::http::{json, DockerResult, Query};
 use crate::stdio::Stdio;
 use crate::stream::{self, HijackIo};
-use crate::{lock, ApiState, TRACE};
+use crate::{ApiState, TRACE};
 
 type Api = State<Arc<ApiState>>;
 

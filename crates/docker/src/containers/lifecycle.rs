@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
+use agentrun_pool::lock;
 use agentrun_pool::pool::REFILL_HOLDOFF;
 use bytes::Bytes;
 
 use super::model::{Container, Status};
 use crate::error::DockerError;
 use crate::stdio::Stdio;
-use crate::ApiState;
-use crate::{lock, TRACE};
+use crate::{ApiState, TRACE};
 
 /// The built-in profile containers run under (`bundles/container.toml`: rootfs writable, no
 /// network).

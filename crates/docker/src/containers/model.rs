@@ -9,12 +9,12 @@ use std::time::{Instant, SystemTime};
 
 use agentrun_image::ImageConfig;
 use agentrun_pool::live::LiveSandbox;
+use agentrun_pool::lock;
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
 use super::config::ContainerConfig;
 use super::output_log::OutputLog;
-use crate::lock;
 
 /// Where a container is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
