@@ -220,10 +220,7 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
         let _ = exec.pty.resize(h, w);
     }
     if body["Detach"].as_bool().unwrap_or(false) {
-        let e = exec.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = run_detached(&e, tty);
-        });
+        tokio::spawn(run_detached(exec, tty));
         return Ok(crate::http::empty(StatusCode::OK));
     }
     if stream::wants_upgrade(&req) {
@@ -260,17 +257,13 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     Ok(reply)
 }
 
-fn run_detached(e: &Arc<Exec>, tty: bool) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
-        let (exit_tx, _exit_rx) = oneshot::channel();
-        spawn(e, tty, false, out_tx, exit_tx).await?;
+/// A detached exec: its output read and thrown away until it ends.
+async fn run_detached(exec: Arc<Exec>, tty: bool) {
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+    let (exit_tx, _exit_rx) = oneshot::channel();
+    if spawn(&exec, tty, false, out_tx, exit_tx).await.is_ok() {
         while out_rx.recv().await.is_some() {}
-        Ok(())
-    })
+    }
 }
 
 /// Starts the process; output goes to `out`, the exit code to `exit`. On failure to start,
@@ -339,8 +332,8 @@ async fn spawn(
                 let _ = sandbox2.signal(p.id, libc::SIGKILL, true);
             }
             lock(&exec.state).pid = p.pid;
-            for (s, r) in outputs {
-                stream::pump(r, s, out.clone());
+            for (s, fd) in outputs {
+                stream::pump_to(fd, s, out.clone());
             }
             Ok(stdin.map(stream::stdin_writer))
         }

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use agentrun_pool::stdio::StdioStream;
 use tokio::io::AsyncReadExt;
 
 /// The longest line kept whole: a longer run of bytes without a newline is cut into lines of
@@ -70,7 +71,7 @@ impl LineSplitter {
 /// full (backpressure). What is held between two calls is at most one read (16 KiB) and one
 /// partial line ([`MAX_LINE`]).
 pub struct PipeLines {
-    rx: Option<tokio::net::unix::pipe::Receiver>,
+    rx: Option<StdioStream>,
     split: LineSplitter,
     ready: VecDeque<String>,
     buf: Box<[u8]>,
@@ -79,7 +80,7 @@ pub struct PipeLines {
 impl PipeLines {
     pub fn new(fd: OwnedFd) -> Self {
         PipeLines {
-            rx: tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok(),
+            rx: StdioStream::new(fd).ok(),
             split: LineSplitter::default(),
             ready: VecDeque::new(),
             buf: vec![0u8; 16 * 1024].into_boxed_slice(),
@@ -90,11 +91,7 @@ impl PipeLines {
     /// pipe holds bytes (asked of the kernel, not of the reactor, which may not have looked
     /// yet).
     pub fn has_pending(&self) -> bool {
-        !self.ready.is_empty()
-            || self
-                .rx
-                .as_ref()
-                .is_some_and(|rx| rustix::io::ioctl_fionread(rx).is_ok_and(|n| n > 0))
+        !self.ready.is_empty() || self.rx.as_ref().is_some_and(StdioStream::has_pending)
     }
 
     /// The next line; `None` at EOF. Cancel-safe (no line is lost if the future is dropped).

@@ -10,6 +10,8 @@
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
+//! - [`stdio`]: what the front ends share about a live sandbox's processes: their pipes or
+//!   pty, our ends read and written on the front ends' tokio runtimes, output pumped.
 
 pub mod client;
 pub mod daemon;
@@ -19,6 +21,7 @@ pub mod pool;
 pub mod protocol;
 pub mod recipe;
 pub mod run;
+pub mod stdio;
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -45,7 +45,7 @@ pub struct ContainerState {
     pub error: String,
     pub started_at: Option<SystemTime>,
     pub finished_at: Option<SystemTime>,
-    /// The main process's stdin (pipe or pty master), written by a thread of its own
+    /// The main process's stdin (pipe or pty master), written by a task of its own
     /// ([`crate::stream::stdin_writer`]: bounded, in order); `None` closes it.
     pub stdin: Option<tokio::sync::mpsc::Sender<Bytes>>,
     /// Stdin attached before start, kept for the process.

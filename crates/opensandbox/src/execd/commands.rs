@@ -31,7 +31,7 @@ use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 use crate::lines::{LineLog, PipeLines, LOG_CAP_BYTES};
-use crate::process::{dev_null, shell, spawn_as, Spawned};
+use crate::process::{shell, spawn, Spawned};
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 
 /// How long output is still waited for after a process exited (children may hold the pipes).
@@ -303,7 +303,8 @@ async fn run(
         stdout,
         stderr,
         exit,
-    } = match spawn_as(&rec, argv, env, cwd, dev_null()?, user).await {
+        ..
+    } = match spawn(&rec, argv, env, cwd, false, user).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
             span.set_attribute("process.exit.code", exit_code as i64);

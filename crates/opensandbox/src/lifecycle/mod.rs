@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
-use crate::process::{dev_null, spawn};
+use crate::process::spawn;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 use request::host_arch;
 pub use request::{
@@ -231,7 +231,7 @@ async fn create_sandbox(
 /// ([`Record::entrypoint_exited`]).
 async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let argv = rec.entrypoint.clone();
-    let p = match spawn(rec, argv, Vec::new(), "/".into(), dev_null()?).await {
+    let p = match spawn(rec, argv, Vec::new(), "/".into(), false, None).await {
         Ok(p) => p,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(ApiError::bad_request(format!("entrypoint: {message}")))
