@@ -7,6 +7,7 @@ mod request;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentrun_pool::output_log::LogBudget;
 use agentrun_pool::{lock, PoolError};
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
+use crate::lines::SANDBOX_LOG_BUDGET;
 use crate::process::spawn;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 use request::host_arch;
@@ -202,7 +204,7 @@ async fn create_sandbox(
         netns: Default::default(),
         torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
-        log_budget: Default::default(),
+        log_budget: Arc::new(LogBudget::with_cap(SANDBOX_LOG_BUDGET)),
         finished_commands: Default::default(),
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
