@@ -145,20 +145,14 @@ impl Record {
         {
             return;
         }
-        self.sandbox.kill();
-        let live = live.clone();
-        let id = self.id.clone();
         let proxy = self
             .egress
             .as_ref()
             .and_then(egress::SandboxEgress::take_proxy);
-        tokio::task::spawn_blocking(move || {
-            // The egress proxy goes first: its socket lives in the state dir the delete removes.
+        // The egress proxy goes first: its socket lives in the state dir the delete removes.
+        live.tear_down(&self.sandbox, move || {
             if let Some(p) = proxy {
                 p.stop();
-            }
-            if let Err(e) = live.delete(&id) {
-                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "deleting the sandbox: {e}");
             }
         });
     }

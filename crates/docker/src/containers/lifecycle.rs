@@ -247,11 +247,7 @@ fn exit_hook(
         // only the init is left in it (the SIGKILL above ended the rest). It dies now, and the
         // teardown (mounts, cgroups, state dir) finishes off this thread.
         if let Some(sb) = gone {
-            sb.kill();
-            let live = live.clone();
-            std::thread::spawn(move || {
-                let _ = live.delete(sb.id());
-            });
+            live.tear_down(&sb, || {});
         }
     })
 }
@@ -464,14 +460,8 @@ pub fn remove(api: &ApiState, c: &Arc<Container>) {
     // teardown (mounts, cgroups, state dir) finishes off the request, as a delete does in
     // the OpenSandbox API.
     if let Some(sb) = &sb {
-        sb.kill();
+        api.live.tear_down(sb, || {});
     }
     lock(&api.containers).by_id.remove(&c.id);
     c.bump();
-    if let Some(sb) = sb {
-        let live = api.live.clone();
-        std::thread::spawn(move || {
-            let _ = live.delete(sb.id());
-        });
-    }
 }
