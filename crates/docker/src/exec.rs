@@ -55,10 +55,11 @@ pub struct ExecState {
     pub pid: i32,
 }
 
-/// What a `POST /containers/{id}/exec` body asks for (parsed without the container: the
+/// What a `POST /containers/{id}/exec` body asks for (Docker's `ExecConfig`, as
+/// [`crate::containers::ContainerConfig`] is a create's; parsed without the container: the
 /// defaults for `WorkingDir` and `User` come from it later).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecRequest {
+pub struct ExecConfig {
     pub cmd: Vec<String>,
     pub env: Vec<(String, String)>,
     /// `None`: the container's working directory.
@@ -71,7 +72,7 @@ pub struct ExecRequest {
     pub console_size: Option<(u16, u16)>,
 }
 
-impl ExecRequest {
+impl ExecConfig {
     /// Parses an exec create body; `Err` is the 400 message.
     pub fn from_body(body: &Value) -> Result<Self, &'static str> {
         let cmd = body["Cmd"]
@@ -101,7 +102,7 @@ impl ExecRequest {
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
         };
-        Ok(ExecRequest {
+        Ok(ExecConfig {
             cmd,
             env,
             working_dir: nonempty("WorkingDir"),
@@ -124,7 +125,7 @@ pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> D
             c.id
         )));
     }
-    let req = ExecRequest::from_body(&body).map_err(DockerError::bad_request)?;
+    let req = ExecConfig::from_body(&body).map_err(DockerError::bad_request)?;
     let working_dir = req.working_dir.unwrap_or_else(|| c.working_dir());
     let user = req.user.or_else(|| c.user());
     let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
@@ -431,7 +432,7 @@ mod tests {
 
     #[test]
     fn exec_bodies() {
-        let r = ExecRequest::from_body(&json!({
+        let r = ExecConfig::from_body(&json!({
             "Cmd": ["sh", "-c", "id", 5], "Env": ["A=1", "NOEQ"], "WorkingDir": "",
             "User": "nobody", "Tty": true, "ConsoleSize": [24, 80],
         }))
@@ -449,7 +450,7 @@ mod tests {
             json!(null),
         ] {
             assert_eq!(
-                ExecRequest::from_body(&bad),
+                ExecConfig::from_body(&bad),
                 Err("No exec command specified")
             );
         }
