@@ -2,14 +2,14 @@
 //! CLI send on the socket. The first byte picks the request; the rest is its body or query:
 //! - 0: `POST /containers/create` body -> `ContainerConfig` (ports, binds, limits), then the
 //!   container record made of it (argv, user, ports, inspect and list JSON);
-//! - 1: `POST /containers/{id}/exec` body -> `ExecRequest`;
+//! - 1: `POST /containers/{id}/exec` body -> `ExecConfig`;
 //! - 2: `POST /build` query -> build options (dockerfile path, tags, buildargs);
-//! - 3: a request target (`/v1.44/containers/x/kill?signal=...`): version prefix, percent
-//!   decoding, query, the archive `path` parameter, signal names.
+//! - 3: a request target (`/v1.44/containers/x/kill?signal=...`): version prefix, query,
+//!   the archive `path` parameter, signal names (the path's percent-decoding is axum's).
 #![no_main]
 
 use agentrun_docker::containers::{Container, ContainerConfig};
-use agentrun_docker::exec::ExecRequest;
+use agentrun_docker::exec::ExecConfig;
 use agentrun_docker::http::{strip_version, Query};
 use agentrun_image::ImageConfig;
 use libfuzzer_sys::fuzz_target;
@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         }
         1 => {
             if let Ok(body) = serde_json::from_slice::<serde_json::Value>(rest) {
-                let _ = ExecRequest::from_body(&body);
+                let _ = ExecConfig::from_body(&body);
             }
         }
         2 => {

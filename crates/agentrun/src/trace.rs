@@ -65,7 +65,7 @@ impl Recorder {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        agentrun_pool::lock(&self.inner)
     }
 
     /// Traces and keeps one decision. Returns whether it is on disk (always false before the

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentrun_pool::lock;
 use axum::extract::{Path, Request, State};
 use hyper::StatusCode;
 use serde_json::{json, Value};
@@ -12,7 +13,7 @@ use serde_json::{json, Value};
 use crate::containers::{self, generated_name, new_id, Container, ContainerConfig, Status};
 use crate::error::DockerError;
 use crate::http::{empty, json, DockerResult, Query, Reply};
-use crate::{lock, ApiState};
+use crate::ApiState;
 
 type Api = State<Arc<ApiState>>;
 type Key = Path<String>;

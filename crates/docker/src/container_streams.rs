@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentrun_pool::lock;
 use axum::extract::{Path, Request, State};
 use bytes::Bytes;
 use serde_json::json;
@@ -18,7 +19,7 @@ use crate::containers::{Container, Status};
 use crate::error::DockerError;
 use crate::http::{streaming, DockerResult, Query};
 use crate::stream::{self, HijackIo};
-use crate::{lock, ApiState, TRACE};
+use crate::{ApiState, TRACE};
 
 type Api = State<Arc<ApiState>>;
 type Key = Path<String>;
@@ -83,7 +84,7 @@ pub async fn logs(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
     let tail = q.get("tail").and_then(|t| t.parse::<usize>().ok());
     let follow = q.bool("follow");
     let mut live = c.output.subscribe();
-    let kept = lock(&c.logs).snapshot();
+    let kept = c.kept_output();
     let (reply, tx) = streaming(if tty {
         "application/vnd.docker.raw-stream"
     } else {
@@ -209,7 +210,7 @@ pub async fn attach(State(api): Api, Path(key): Key, q: Query, mut req: Request)
         };
         let (rd, mut wr) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
         if with_logs {
-            let kept = lock(&c.logs).snapshot();
+            let kept = c.kept_output();
             for (s, b) in kept {
                 if wanted.wants(s) && !stream::send(&mut wr, s, &b, tty).await {
                     return;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentrun_pool::live::ProcessSpec;
+use agentrun_pool::lock;
 use axum::extract::{Path, Request, State};
 use bytes::Bytes;
 use hyper::StatusCode;
@@ -18,7 +19,7 @@ use crate::error::DockerError;
 use crate::http::{json, DockerResult, Query};
 use crate::stdio::Stdio;
 use crate::stream::{self, HijackIo};
-use crate::{lock, ApiState, TRACE};
+use crate::{ApiState, TRACE};
 
 type Api = State<Arc<ApiState>>;
 
@@ -54,10 +55,11 @@ pub struct ExecState {
     pub pid: i32,
 }
 
-/// What a `POST /containers/{id}/exec` body asks for (parsed without the container: the
+/// What a `POST /containers/{id}/exec` body asks for (Docker's `ExecConfig`, as
+/// [`crate::containers::ContainerConfig`] is a create's; parsed without the container: the
 /// defaults for `WorkingDir` and `User` come from it later).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecRequest {
+pub struct ExecConfig {
     pub cmd: Vec<String>,
     pub env: Vec<(String, String)>,
     /// `None`: the container's working directory.
@@ -70,7 +72,7 @@ pub struct ExecRequest {
     pub console_size: Option<(u16, u16)>,
 }
 
-impl ExecRequest {
+impl ExecConfig {
     /// Parses an exec create body; `Err` is the 400 message.
     pub fn from_body(body: &Value) -> Result<Self, &'static str> {
         let cmd = body["Cmd"]
@@ -100,7 +102,7 @@ impl ExecRequest {
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
         };
-        Ok(ExecRequest {
+        Ok(ExecConfig {
             cmd,
             env,
             working_dir: nonempty("WorkingDir"),
@@ -123,7 +125,7 @@ pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> D
             c.id
         )));
     }
-    let req = ExecRequest::from_body(&body).map_err(DockerError::bad_request)?;
+    let req = ExecConfig::from_body(&body).map_err(DockerError::bad_request)?;
     let working_dir = req.working_dir.unwrap_or_else(|| c.working_dir());
     let user = req.user.or_else(|| c.user());
     let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
@@ -219,10 +221,7 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
         let _ = exec.pty.resize(h, w);
     }
     if body["Detach"].as_bool().unwrap_or(false) {
-        let e = exec.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = run_detached(&e, tty);
-        });
+        tokio::spawn(run_detached(exec, tty));
         return Ok(crate::http::empty(StatusCode::OK));
     }
     if stream::wants_upgrade(&req) {
@@ -259,17 +258,13 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     Ok(reply)
 }
 
-fn run_detached(e: &Arc<Exec>, tty: bool) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
-        let (exit_tx, _exit_rx) = oneshot::channel();
-        spawn(e, tty, false, out_tx, exit_tx).await?;
+/// A detached exec: its output read and thrown away until it ends.
+async fn run_detached(exec: Arc<Exec>, tty: bool) {
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+    let (exit_tx, _exit_rx) = oneshot::channel();
+    if spawn(&exec, tty, false, out_tx, exit_tx).await.is_ok() {
         while out_rx.recv().await.is_some() {}
-        Ok(())
-    })
+    }
 }
 
 /// Starts the process; output goes to `out`, the exit code to `exit`. On failure to start,
@@ -338,8 +333,8 @@ async fn spawn(
                 let _ = sandbox2.signal(p.id, libc::SIGKILL, true);
             }
             lock(&exec.state).pid = p.pid;
-            for (s, r) in outputs {
-                stream::pump(r, s, out.clone());
+            for (s, fd) in outputs {
+                stream::pump_to(fd, s, out.clone());
             }
             Ok(stdin.map(stream::stdin_writer))
         }
@@ -437,7 +432,7 @@ mod tests {
 
     #[test]
     fn exec_bodies() {
-        let r = ExecRequest::from_body(&json!({
+        let r = ExecConfig::from_body(&json!({
             "Cmd": ["sh", "-c", "id", 5], "Env": ["A=1", "NOEQ"], "WorkingDir": "",
             "User": "nobody", "Tty": true, "ConsoleSize": [24, 80],
         }))
@@ -455,7 +450,7 @@ mod tests {
             json!(null),
         ] {
             assert_eq!(
-                ExecRequest::from_body(&bad),
+                ExecConfig::from_body(&bad),
                 Err("No exec command specified")
             );
         }

@@ -39,11 +39,12 @@ pub mod system;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use agentrun_image::ImageStore;
 use agentrun_pool::daemon::{Frontend, RunningFrontend};
 use agentrun_pool::live::LiveManager;
+use agentrun_pool::lock;
 use agentrun_pool::PoolError;
 use agentrun_runtime::{HostInfo, RuntimePaths};
 use tokio::sync::oneshot;
@@ -54,12 +55,6 @@ pub const TRACE: &str = "agentrun::docker::http";
 
 /// The `tracing` target of failures no client sees (a port listener, the server itself).
 pub const LOG: &str = "agentrun::docker";
-
-/// Locks a mutex, taking it over from a panicked holder (every state here stays consistent
-/// between statements that hold it).
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]

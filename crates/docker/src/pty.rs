@@ -6,11 +6,11 @@
 use std::fs::File;
 use std::sync::Mutex;
 
+use agentrun_pool::lock;
 use serde_json::Value;
 
 use crate::error::DockerError;
 use crate::http::Query;
-use crate::lock;
 
 /// Rows and columns.
 type Size = (u16, u16);

@@ -1,10 +1,11 @@
 //! Streams of the Docker API: the 8-byte multiplexed frame format (non-TTY output), the
 //! hijacked connection (`101 UPGRADED`, then a raw bidirectional pipe: stdin in, frames out,
-//! a read EOF meaning "stdin closed"), and blocking-fd pumps into async channels.
+//! a read EOF meaning "stdin closed"), a process's output pumped into a channel and its
+//! stdin written from one (on tokio, through [`agentrun_pool::stdio`]).
 
-use std::fs::File;
-use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 
+use agentrun_pool::stdio::{pump, StdioStream};
 use bytes::Bytes;
 use hyper::upgrade::Upgraded;
 use hyper::{Response, StatusCode};
@@ -50,41 +51,31 @@ pub fn wants_upgrade<B>(req: &hyper::Request<B>) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("tcp"))
 }
 
-/// Reads a blocking fd on a thread of its own into `tx` as `(stream, bytes)`, until EOF.
-pub fn pump(reader: File, stream: u8, tx: mpsc::Sender<(u8, Bytes)>) {
-    pump_with(reader, move |b| tx.blocking_send((stream, b)).is_ok());
-}
-
-/// Reads a blocking fd on a thread of its own, handing each chunk to `sink` until EOF or
-/// until `sink` says stop (false).
-pub fn pump_with(mut reader: File, mut sink: impl FnMut(Bytes) -> bool + Send + 'static) {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if !sink(Bytes::copy_from_slice(&buf[..n])) {
-                        break;
-                    }
-                }
-            }
-        }
-    });
+/// Reads a process's output (our end, `fd`) on the current tokio runtime into `tx` as
+/// `(stream, bytes)`, until EOF or until nobody receives ([`agentrun_pool::stdio::pump`]: a
+/// full channel holds the reading up).
+pub fn pump_to(fd: OwnedFd, stream: u8, tx: mpsc::Sender<(u8, Bytes)>) {
+    tokio::spawn(pump(fd, move |b| {
+        let tx = tx.clone();
+        async move { tx.send((stream, b)).await.is_ok() }
+    }));
 }
 
 /// Chunks of a client's stdin queued for a process (16 KiB each at most).
 const STDIN_QUEUE: usize = 4;
 
-/// Writes what arrives on the returned channel to a blocking fd, on a thread of its own;
-/// dropping the sender closes the fd (the process sees EOF on stdin). The channel holds
-/// [`STDIN_QUEUE`] chunks: while a process does not read its stdin, the client's bytes wait
-/// in its connection, not in the daemon.
-pub fn stdin_writer(mut w: File) -> mpsc::Sender<Bytes> {
+/// Writes what arrives on the returned channel to a process's stdin (our end, `fd`), on the
+/// current tokio runtime; dropping the sender closes it (the process sees EOF on stdin). The
+/// channel holds [`STDIN_QUEUE`] chunks: while a process does not read its stdin, the
+/// client's bytes wait in its connection, not in the daemon.
+pub fn stdin_writer(fd: OwnedFd) -> mpsc::Sender<Bytes> {
     let (tx, mut rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
-    std::thread::spawn(move || {
-        while let Some(chunk) = rx.blocking_recv() {
-            if w.write_all(&chunk).is_err() {
+    tokio::spawn(async move {
+        let Ok(mut stdin) = StdioStream::new(fd) else {
+            return;
+        };
+        while let Some(chunk) = rx.recv().await {
+            if stdin.write_all(&chunk).await.is_err() {
                 break;
             }
         }

@@ -1,40 +1,26 @@
-//! Processes in a sandbox, as execd starts them: with stdout and stderr pipes whose write ends
-//! are passed into the sandbox ([`spawn`], [`spawn_as`]), under the image's shell
-//! ([`shell`]); and the interactive ones that stay between runs, a session's shell and a code
-//! context's interpreter ([`InteractiveProcess`]), whose output is read through a queue of
-//! [`LINE_QUEUE`] lines that only a run in progress drains: output written between runs
-//! (`yes &`) waits there, then in the pipe, and then the writer blocks until the next run
-//! reads it.
+//! Processes in a sandbox, as execd starts them: with stdout and stderr pipes (and a stdin
+//! pipe or `/dev/null`: [`agentrun_pool::stdio::Pipes`]) whose other ends are passed into the
+//! sandbox ([`spawn`]), under the image's shell ([`shell`]); and the interactive ones that
+//! stay between runs, a session's shell and a code context's interpreter
+//! ([`InteractiveProcess`]), whose output is read through a queue of [`LINE_QUEUE`] lines that
+//! only a run in progress drains: output written between runs (`yes &`) waits there, then in
+//! the pipe, and then the writer blocks until the next run reads it.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agentrun_pool::live::{ProcessExit, ProcessSpec};
+use agentrun_pool::stdio::{Pipes, StdioStream};
 use agentrun_pool::PoolError;
-use tokio::net::unix::pipe::Sender as PipeSender;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{ApiError, ApiResult};
 use crate::lines::PipeLines;
 use crate::{Record, Server};
 
 /// Lines of an interactive process's stdout (and as many of its stderr) held until a run
 /// reads them.
 pub const LINE_QUEUE: usize = 16;
-
-/// A pipe, both ends close-on-exec.
-pub fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| ApiError::internal(format!("pipe: {e}")))
-}
-
-/// `/dev/null`, the stdin of a process that reads none.
-pub fn dev_null() -> ApiResult<OwnedFd> {
-    std::fs::File::open("/dev/null")
-        .map(OwnedFd::from)
-        .map_err(|e| ApiError::internal(format!("/dev/null: {e}")))
-}
 
 /// The shell commands run under: bash if the image has it, else sh (found once per sandbox).
 pub fn shell(rec: &Record) -> &'static str {
@@ -63,6 +49,8 @@ fn find_shell(rec: &Record) -> &'static str {
 pub struct Spawned {
     /// Its id in the sandbox (what [`agentrun_pool::live::LiveSandbox::signal`] takes).
     pub id: u64,
+    /// Our end of its stdin, when it has a pipe as stdin (else it reads `/dev/null`).
+    pub stdin: Option<OwnedFd>,
     /// The read ends of its stdout and stderr.
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
@@ -70,36 +58,30 @@ pub struct Spawned {
     pub exit: oneshot::Receiver<ProcessExit>,
 }
 
-/// Starts a process in the sandbox with stdout/stderr pipes, as the sandbox's root.
+/// Starts a process in the sandbox with stdout/stderr pipes ([`Pipes`]), and a stdin pipe
+/// when `stdin` (else `/dev/null`), as `user` (`uid[:gid]`, resolved by the sandbox's init;
+/// `None`: the sandbox's root).
 pub async fn spawn(
     rec: &Record,
     argv: Vec<String>,
     env: Vec<(String, String)>,
     cwd: String,
-    stdin: OwnedFd,
-) -> Result<Spawned, PoolError> {
-    spawn_as(rec, argv, env, cwd, stdin, None).await
-}
-
-/// [`spawn`] as `user` (`uid[:gid]`, resolved by the sandbox's init; `None`: the sandbox's
-/// root).
-pub async fn spawn_as(
-    rec: &Record,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
-    stdin: OwnedFd,
+    stdin: bool,
     user: Option<String>,
 ) -> Result<Spawned, PoolError> {
-    let (out_r, out_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
-    let (err_r, err_w) = pipe().map_err(|e| PoolError::Invalid(e.message))?;
+    let Pipes {
+        child,
+        stdin,
+        stdout,
+        stderr,
+    } = Pipes::open(stdin).map_err(|e| PoolError::Io("pipes", e))?;
     let (tx, rx) = oneshot::channel();
     let sandbox = rec.sandbox.clone();
     let spec = ProcessSpec {
         argv,
         env,
         cwd,
-        stdio: [stdin, out_w, err_w],
+        stdio: child,
         new_session: false,
         user,
         on_exit: Box::new(move |e| {
@@ -111,8 +93,9 @@ pub async fn spawn_as(
         .map_err(|e| PoolError::Invalid(e.to_string()))??;
     Ok(Spawned {
         id: p.id,
-        stdout: out_r,
-        stderr: err_r,
+        stdin,
+        stdout,
+        stderr,
         exit: rx,
     })
 }
@@ -139,7 +122,7 @@ pub fn queued_lines(server: &Server, fd: OwnedFd) -> mpsc::Receiver<String> {
 pub struct InteractiveProcess {
     /// Its id in the sandbox.
     pub id: u64,
-    pub stdin: tokio::sync::Mutex<PipeSender>,
+    pub stdin: tokio::sync::Mutex<StdioStream>,
     /// Its stdout and stderr lines, consumed by the run in progress ([`queued_lines`]).
     pub output: tokio::sync::Mutex<(mpsc::Receiver<String>, mpsc::Receiver<String>)>,
     /// Set once it exited (or was killed).
@@ -155,9 +138,7 @@ impl InteractiveProcess {
         env: Vec<(String, String)>,
         cwd: String,
     ) -> Result<InteractiveProcess, PoolError> {
-        let (in_r, in_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| PoolError::Sys("pipe", e))?;
-        let p = spawn(rec, argv, env, cwd, in_r).await?;
+        let p = spawn(rec, argv, env, cwd, true, None).await?;
         let output = (
             queued_lines(server, p.stdout),
             queued_lines(server, p.stderr),
@@ -169,7 +150,10 @@ impl InteractiveProcess {
             let _ = exit.await;
             d.store(true, Ordering::SeqCst);
         });
-        let stdin = PipeSender::from_owned_fd(in_w).map_err(|e| PoolError::Io("stdin pipe", e))?;
+        let stdin = p
+            .stdin
+            .ok_or_else(|| PoolError::Invalid("no stdin pipe".into()))
+            .and_then(|fd| StdioStream::new(fd).map_err(|e| PoolError::Io("stdin pipe", e)))?;
         Ok(InteractiveProcess {
             id: p.id,
             stdin: tokio::sync::Mutex::new(stdin),

@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use agentrun_pool::live::{LiveManager, LiveSandbox};
 use agentrun_pool::lock;
+use agentrun_pool::output_log::LogBudget;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
-use crate::{code, egress, execd, lines, Limits};
+use crate::{code, egress, execd, Limits};
 
 /// A sandbox's lifecycle state, as the lifecycle API spells it (`SandboxState` of the
 /// OpenSandbox spec; agentrun has no transitional states: pause, resume and delete are done
@@ -108,7 +109,7 @@ pub struct Record {
     pub torn_down: std::sync::atomic::AtomicBool,
     pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
     /// What all its command logs hold together (bounded: `SANDBOX_LOG_BUDGET`).
-    pub log_budget: Arc<lines::LogBudget>,
+    pub log_budget: Arc<LogBudget>,
     /// How many finished commands (not the entrypoint) `commands` holds.
     pub finished_commands: std::sync::atomic::AtomicUsize,
     pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
@@ -144,20 +145,14 @@ impl Record {
         {
             return;
         }
-        self.sandbox.kill();
-        let live = live.clone();
-        let id = self.id.clone();
         let proxy = self
             .egress
             .as_ref()
             .and_then(egress::SandboxEgress::take_proxy);
-        tokio::task::spawn_blocking(move || {
-            // The egress proxy goes first: its socket lives in the state dir the delete removes.
+        // The egress proxy goes first: its socket lives in the state dir the delete removes.
+        live.tear_down(&self.sandbox, move || {
             if let Some(p) = proxy {
                 p.stop();
-            }
-            if let Err(e) = live.delete(&id) {
-                tracing::warn!(target: "agentrun::opensandbox::lifecycle", sandbox = %id, "deleting the sandbox: {e}");
             }
         });
     }

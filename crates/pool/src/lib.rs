@@ -10,15 +10,20 @@
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
+//! - [`stdio`] / [`output_log`]: what the front ends share about a live sandbox's processes:
+//!   their pipes or pty (our ends read and written on the front ends' tokio runtimes, output
+//!   pumped) and their newest output, kept in bounded memory.
 
 pub mod client;
 pub mod daemon;
 pub mod factory;
 pub mod live;
+pub mod output_log;
 pub mod pool;
 pub mod protocol;
 pub mod recipe;
 pub mod run;
+pub mod stdio;
 
 use std::sync::{Mutex, MutexGuard};
 

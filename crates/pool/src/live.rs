@@ -668,6 +668,51 @@ impl LiveManager {
         Ok(())
     }
 
+    /// Tears `sandbox` down off the caller's path, as the API front ends do when a client
+    /// removes one or its main process ends: every process in it is killed now
+    /// ([`LiveSandbox::kill`]: gone for its clients at once), and on a thread of its own
+    /// `before_delete` runs (what must go before the sandbox's state dir does: an egress proxy
+    /// listening in it), then [`LiveManager::delete`] (the cell's end awaited, the shell given
+    /// back to its pool or discarded). A sandbox deleted meanwhile by someone else (the
+    /// daemon's shutdown) is left to them.
+    pub fn tear_down(
+        self: &Arc<Self>,
+        sandbox: &LiveSandbox,
+        before_delete: impl FnOnce() + Send + 'static,
+    ) {
+        sandbox.kill();
+        let live = self.clone();
+        let id = sandbox.id().to_owned();
+        let delete = move || {
+            before_delete();
+            match live.delete(&id) {
+                Ok(()) | Err(PoolError::NotFound(_)) => {}
+                Err(e) => tracing::warn!(
+                    target: "agentrun::pool",
+                    sandbox = %id,
+                    "deleting the sandbox: {e}"
+                ),
+            }
+        };
+        // Where no thread can be made, the delete runs here.
+        let job = Arc::new(Mutex::new(Some(delete)));
+        let on_thread = job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("live-delete".into())
+            .spawn(move || {
+                let delete = lock(&on_thread).take();
+                if let Some(delete) = delete {
+                    delete();
+                }
+            });
+        if spawned.is_err() {
+            let delete = lock(&job).take();
+            if let Some(delete) = delete {
+                delete();
+            }
+        }
+    }
+
     /// Ends the sandbox's cell and gives its shell back with the verdict a run's shell gets
     /// (see [`LiveManager::verdict`]).
     fn release(&self, sandbox: &LiveSandbox) {

@@ -7,10 +7,10 @@
 //! mapping. nix does not wrap `open_tree`/`mount_setattr`/`move_mount`, so they are called
 //! through `libc::syscall` here.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -136,26 +136,36 @@ pub fn attach_clone(
 /// Attaches a detached mount (from [`detached_clone`]) at the host path `target`.
 pub fn attach_tree(tree: &OwnedFd, target: &Path) -> Result<(), RuntimeError> {
     let dst = cpath(target)?;
+    move_mount(tree.as_fd(), libc::AT_FDCWD, &dst, MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(|e| RuntimeError::io("move_mount to", target, e))
+}
+
+/// move_mount(2) of the detached tree `tree` to `to_path` relative to `to_dir` (with
+/// `MOVE_MOUNT_T_EMPTY_PATH` in `flags`: onto what `to_dir` is open on).
+fn move_mount(
+    tree: BorrowedFd<'_>,
+    to_dir: RawFd,
+    to_path: &CStr,
+    flags: libc::c_uint,
+) -> std::io::Result<()> {
     let empty = c"";
-    // SAFETY: move_mount of our detached tree onto an existing directory path.
+    // SAFETY: move_mount with a detached tree's fd we hold, a directory fd (or AT_FDCWD) the
+    // caller holds, and two NUL-terminated paths that outlive the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_FDCWD,
-            dst.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            to_dir,
+            to_path.as_ptr(),
+            flags,
         )
     };
     if rc < 0 {
-        return Err(RuntimeError::io(
-            "move_mount to",
-            target,
-            std::io::Error::last_os_error(),
-        ));
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
-    Ok(())
 }
 
 /// A detached clone of the mount tree at `source` (`open_tree(OPEN_TREE_CLONE)`), idmapped
@@ -247,23 +257,12 @@ pub fn detached_clone_idmapped(
 /// Attaches a detached mount (from [`detached_clone`]) on the directory or file `target` is
 /// open on (an `O_PATH` fd).
 pub fn move_detached(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> std::io::Result<()> {
-    let empty = c"";
-    // SAFETY: move_mount between two fds we hold, both with empty paths.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            target.as_raw_fd(),
-            empty.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    move_mount(
+        tree,
+        target.as_raw_fd(),
+        c"",
+        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+    )
 }
 
 /// Whether this host can make idmapped mounts of `dir`'s filesystem.

@@ -264,19 +264,21 @@ pub(crate) fn debug_log(msg: &str) {
     }
 }
 
+/// A fake environment for tests, read as [`env_nonempty`] reads the real one (an empty value
+/// is unset); the real process environment is never modified by the tests.
+#[cfg(test)]
+pub(crate) fn fake_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).filter(|v| !v.is_empty()).cloned()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fake_env as env;
     use super::*;
-    use std::collections::HashMap;
-
-    /// A fake environment; the real process environment is never modified by these tests.
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).filter(|v| !v.is_empty()).cloned()
-    }
 
     fn res_get(r: &Resource, k: &'static str) -> Option<String> {
         r.get(&opentelemetry::Key::new(k)).map(|v| v.to_string())

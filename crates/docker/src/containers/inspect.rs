@@ -3,10 +3,10 @@
 
 use std::time::SystemTime;
 
+use agentrun_pool::lock;
 use serde_json::{json, Value};
 
 use super::model::{Container, Status};
-use crate::lock;
 
 impl Container {
     /// `docker inspect`.

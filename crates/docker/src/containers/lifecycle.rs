@@ -2,18 +2,20 @@
 //! stdio, the main process, its output pumps and the exit that follows), [`signal`],
 //! [`stop`] and [`remove`].
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
+use agentrun_pool::lock;
 use agentrun_pool::pool::REFILL_HOLDOFF;
+use agentrun_pool::stdio::pump;
 use bytes::Bytes;
 
 use super::model::{Container, Status};
 use crate::error::DockerError;
 use crate::stdio::Stdio;
-use crate::ApiState;
-use crate::{lock, TRACE};
+use crate::{ApiState, TRACE};
 
 /// The built-in profile containers run under (`bundles/container.toml`: rootfs writable, no
 /// network).
@@ -57,8 +59,9 @@ pub fn ensure_sandbox(api: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
 }
 
 /// Starts a container: its sandbox (kept from an earlier run, else made now), its published
-/// ports, its main process, the pumps of its output. `Err` is the answer to the start (the
-/// container is back in the state it was in).
+/// ports, its main process, the pumps of its output and the writer of its stdin (tasks of the
+/// API's runtime: called on one of its blocking threads). `Err` is the answer to the start
+/// (the container is back in the state it was in).
 pub fn start(api: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
     let argv = c.argv();
     if argv.is_empty() {
@@ -102,7 +105,7 @@ pub fn start(api: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
         drop(refill);
     }
     // The pumps start once the process runs (its output waits in the pipe or pty meanwhile):
-    // their threads are not made on the way to it. An exit that comes first waits for them.
+    // nothing of them is on the way to it. An exit that comes first waits for them.
     start_output_pumps(c, outputs);
     match spawned {
         Ok(p) => {
@@ -176,7 +179,7 @@ fn main_env(c: &Container) -> (Vec<(String, String)>, Option<String>) {
 /// had, for a start that fails.
 fn mark_running(
     c: &Container,
-    stdin: Option<std::fs::File>,
+    stdin: Option<OwnedFd>,
     published: Option<crate::ports::Published>,
 ) -> Status {
     let mut guard = lock(&c.state);
@@ -244,11 +247,7 @@ fn exit_hook(
         // only the init is left in it (the SIGKILL above ended the rest). It dies now, and the
         // teardown (mounts, cgroups, state dir) finishes off this thread.
         if let Some(sb) = gone {
-            sb.kill();
-            let live = live.clone();
-            std::thread::spawn(move || {
-                let _ = live.delete(sb.id());
-            });
+            live.tear_down(&sb, || {});
         }
     })
 }
@@ -309,22 +308,22 @@ fn hold_refill_until_exit(refill: Refill, c: &Arc<Container>, exits_before: u64)
     });
 }
 
-/// One pump thread per output of the main process, each keeping what it reads in the
-/// container's log and sending it to attached clients until EOF.
-fn start_output_pumps(c: &Arc<Container>, outputs: Vec<(u8, std::fs::File)>) {
-    for (stream, reader) in outputs {
+/// One pump per output of the main process (a task of the API's runtime), each keeping what
+/// it reads in the container's log and sending it to attached clients until EOF.
+fn start_output_pumps(c: &Arc<Container>, outputs: Vec<(u8, OwnedFd)>) {
+    for (stream, fd) in outputs {
         let weak = Arc::downgrade(c);
         let done = OutputDone(weak.clone());
-        crate::stream::pump_with(reader, move |b| {
+        tokio::spawn(pump(fd, move |b| {
             let _ = &done; // dropped with the pump: at EOF
-            match weak.upgrade() {
+            std::future::ready(match weak.upgrade() {
                 Some(c) => {
                     c.record_output(stream, b);
                     true
                 }
                 None => false,
-            }
-        });
+            })
+        }));
     }
 }
 
@@ -461,14 +460,8 @@ pub fn remove(api: &ApiState, c: &Arc<Container>) {
     // teardown (mounts, cgroups, state dir) finishes off the request, as a delete does in
     // the OpenSandbox API.
     if let Some(sb) = &sb {
-        sb.kill();
+        api.live.tear_down(sb, || {});
     }
     lock(&api.containers).by_id.remove(&c.id);
     c.bump();
-    if let Some(sb) = sb {
-        let live = api.live.clone();
-        std::thread::spawn(move || {
-            let _ = live.delete(sb.id());
-        });
-    }
 }

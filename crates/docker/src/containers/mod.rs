@@ -18,14 +18,14 @@
 //! daemon's channel closes; `gc` at the next start removes what a killed factory left).
 //!
 //! The files, one job each: [`config`] (what create asks for), [`model`] (the container and
-//! its state), [`inspect`] (its JSON), [`lifecycle`] (start, stop, remove), [`output_log`]
-//! (what `logs` replays). The endpoints are in [`crate::container_api`].
+//! its state, its output kept for `logs` in an [`agentrun_pool::output_log::OutputLog`]),
+//! [`inspect`] (its JSON), [`lifecycle`] (start, stop, remove). The endpoints are in
+//! [`crate::container_api`].
 
 pub mod config;
 pub mod inspect;
 pub mod lifecycle;
 pub mod model;
-pub mod output_log;
 
 pub use config::ContainerConfig;
 pub use inspect::rfc3339;

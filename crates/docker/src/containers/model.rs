@@ -9,12 +9,15 @@ use std::time::{Instant, SystemTime};
 
 use agentrun_image::ImageConfig;
 use agentrun_pool::live::LiveSandbox;
+use agentrun_pool::lock;
+use agentrun_pool::output_log::OutputLog;
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
 use super::config::ContainerConfig;
-use super::output_log::OutputLog;
-use crate::lock;
+
+/// Output kept per container for `logs` and `attach?logs=1` (older output is dropped first).
+pub const OUTPUT_LOG_CAP: usize = 8 * 1024 * 1024;
 
 /// Where a container is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +48,7 @@ pub struct ContainerState {
     pub error: String,
     pub started_at: Option<SystemTime>,
     pub finished_at: Option<SystemTime>,
-    /// The main process's stdin (pipe or pty master), written by a thread of its own
+    /// The main process's stdin (pipe or pty master), written by a task of its own
     /// ([`crate::stream::stdin_writer`]: bounded, in order); `None` closes it.
     pub stdin: Option<tokio::sync::mpsc::Sender<Bytes>>,
     /// Stdin attached before start, kept for the process.
@@ -73,7 +76,8 @@ pub struct Container {
     pub(super) making: Mutex<()>,
     /// Every state change bumps it (wait, attach end).
     pub changed: watch::Sender<u64>,
-    /// (stream: 1 stdout / 2 stderr, bytes), kept for logs.
+    /// Its main process's output (stream: 1 stdout / 2 stderr, bytes), kept for logs: the
+    /// newest [`OUTPUT_LOG_CAP`] bytes.
     pub logs: Mutex<OutputLog>,
     pub output: broadcast::Sender<(u8, Bytes)>,
     /// The main process's pty (`Tty`) and its window size.
@@ -122,7 +126,7 @@ impl Container {
             }),
             making: Mutex::new(()),
             changed: watch::channel(0).0,
-            logs: Mutex::new(Default::default()),
+            logs: Mutex::new(OutputLog::new(OUTPUT_LOG_CAP)),
             output: broadcast::channel(1024).0,
             pty,
             open_outputs: Mutex::new(0),
@@ -234,8 +238,16 @@ impl Container {
 
     /// Keeps output for logs and sends it to attached clients.
     pub fn record_output(&self, stream: u8, data: Bytes) {
-        lock(&self.logs).push(stream, data.clone());
+        lock(&self.logs).push(stream, &data);
         let _ = self.output.send((stream, data));
+    }
+
+    /// The output kept for logs, oldest first, as `(stream, bytes)`.
+    pub fn kept_output(&self) -> Vec<(u8, Bytes)> {
+        lock(&self.logs)
+            .since(0)
+            .map(|(stream, bytes)| (stream, bytes.copied().collect::<Vec<u8>>().into()))
+            .collect()
     }
 }
 

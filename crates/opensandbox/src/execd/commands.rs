@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentrun_pool::output_log::OutputLog;
 use agentrun_pool::{lock, PoolError};
 use agentrun_telemetry::ExecSpan;
 use axum::body::Bytes;
@@ -30,8 +31,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
-use crate::lines::{LineLog, PipeLines, LOG_CAP_BYTES};
-use crate::process::{dev_null, shell, spawn_as, Spawned};
+use crate::lines::{command_log, text_since, PipeLines};
+use crate::process::{shell, spawn, Spawned};
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 
 /// How long output is still waited for after a process exited (children may hold the pipes).
@@ -74,7 +75,7 @@ impl Command {
                 exit_code: None,
                 error: String::new(),
                 finished_at: None,
-                log: LineLog::new(LOG_CAP_BYTES, rec.log_budget.clone()),
+                log: command_log(rec.log_budget.clone()),
             }),
         }
     }
@@ -101,7 +102,7 @@ pub struct CommandState {
     pub finished_at: Option<DateTime<Utc>>,
     /// stdout and stderr lines, in arrival order (the newest `LOG_CAP_BYTES`, less when its
     /// sandbox's logs are over their budget).
-    pub log: LineLog,
+    pub log: OutputLog,
 }
 
 /// The id of the sandbox's main process among its commands.
@@ -122,15 +123,15 @@ pub struct RunCommand {
     envs: HashMap<String, String>,
 }
 
-/// Adds `line` to `cmd`'s log. Over the sandbox's log budget, its oldest finished commands
-/// are forgotten first; if that is not enough the log drops its own oldest lines.
-fn keep(rec: &Record, cmd: &Command, line: &str) {
-    if rec.log_budget.would_exceed(LineLog::cost(line))
-        && rec.finished_commands.load(Ordering::SeqCst) > 0
-    {
-        forget_finished(rec, LineLog::cost(line));
+/// Adds `line` of `stream` (1 stdout, 2 stderr) to `cmd`'s log. Over the sandbox's log
+/// budget, its oldest finished commands are forgotten first; if that is not enough the log
+/// drops its own oldest lines.
+fn keep(rec: &Record, cmd: &Command, stream: u8, line: &str) {
+    let cost = OutputLog::cost(line.len());
+    if rec.log_budget.would_exceed(cost) && rec.finished_commands.load(Ordering::SeqCst) > 0 {
+        forget_finished(rec, cost);
     }
-    lock(&cmd.state).log.push(line);
+    lock(&cmd.state).log.push(stream, line.as_bytes());
 }
 
 /// Forwards one output stream of a command: every line into its log and, while a client
@@ -149,6 +150,7 @@ async fn pump_output(
     mut exited: watch::Receiver<bool>,
     done: oneshot::Sender<()>,
 ) {
+    let stream = if kind == "stderr" { 2 } else { 1 };
     let mut lines = PipeLines::new(fd);
     let mut done = Some(done);
     let mut stop_at: Option<tokio::time::Instant> = None;
@@ -203,7 +205,7 @@ async fn pump_output(
                 *at += waited.elapsed();
             }
         }
-        keep(&rec, &cmd, &l);
+        keep(&rec, &cmd, stream, &l);
     }
     if let Some(d) = done {
         let _ = d.send(());
@@ -303,7 +305,8 @@ async fn run(
         stdout,
         stderr,
         exit,
-    } = match spawn_as(&rec, argv, env, cwd, dev_null()?, user).await {
+        ..
+    } = match spawn(&rec, argv, env, cwd, false, user).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
             span.set_attribute("process.exit.code", exit_code as i64);
@@ -491,7 +494,7 @@ async fn logs(
 ) -> ApiResult<Response> {
     let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
     let st = lock(&cmd.state);
-    let text = st.log.text_since(q.cursor.unwrap_or(0));
+    let text = text_since(&st.log, q.cursor.unwrap_or(0));
     Ok((
         [
             ("content-type", "text/plain; charset=utf-8".to_string()),

@@ -7,6 +7,7 @@ mod request;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentrun_pool::output_log::LogBudget;
 use agentrun_pool::{lock, PoolError};
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
@@ -21,7 +22,8 @@ use serde_json::{json, Value};
 use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
-use crate::process::{dev_null, spawn};
+use crate::lines::SANDBOX_LOG_BUDGET;
+use crate::process::spawn;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 use request::host_arch;
 pub use request::{
@@ -202,7 +204,7 @@ async fn create_sandbox(
         netns: Default::default(),
         torn_down: Default::default(),
         commands: Mutex::new(Default::default()),
-        log_budget: Default::default(),
+        log_budget: Arc::new(LogBudget::with_cap(SANDBOX_LOG_BUDGET)),
         finished_commands: Default::default(),
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
@@ -231,7 +233,7 @@ async fn create_sandbox(
 /// ([`Record::entrypoint_exited`]).
 async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let argv = rec.entrypoint.clone();
-    let p = match spawn(rec, argv, Vec::new(), "/".into(), dev_null()?).await {
+    let p = match spawn(rec, argv, Vec::new(), "/".into(), false, None).await {
         Ok(p) => p,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(ApiError::bad_request(format!("entrypoint: {message}")))
