@@ -224,7 +224,10 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             let req = match serde_json::from_slice::<ShellRequest>(&bytes) {
                 Ok(ShellRequest::Cell(r)) => r,
                 Ok(ShellRequest::Prepare { tmpfs_bytes }) => {
-                    if !spare.as_ref().is_some_and(|s| s.tmpfs_bytes == tmpfs_bytes) {
+                    if spare
+                        .as_ref()
+                        .is_none_or(|s| s.tmpfs_bytes != tmpfs_bytes || !s.alive())
+                    {
                         // An unwanted spare ends when its channel closes.
                         spare = Spare::make(&init.template, tmpfs_bytes).ok();
                     }
