@@ -289,7 +289,8 @@ def cpu(bin_, daemon_pid, n, opts):
             return True
     # The daemon and its factories (shell inits and cells are counted by their cgroups).
     helpers = [p for p in descendants(daemon_pid) if not in_shell(p)]
-    shells = [s["id"] for s in (run_json(bin_, "ps", "--json") or [])]
+    before = {s["id"]: s.get("cells", 0) for s in (run_json(bin_, "ps", "--json") or [])}
+    shells = list(before)
     d0 = sum(proc_cpu(p) for p in helpers)
     s0 = {i: cgroup_cpu(i) for i in shells}
     c0 = children_cpu()
@@ -299,11 +300,15 @@ def cpu(bin_, daemon_pid, n, opts):
                        check=False)
     client = (children_cpu() - c0) / n
     daemon = (sum(proc_cpu(p) for p in helpers) - d0) / n
-    after = {s["id"] for s in (run_json(bin_, "ps", "--json") or [])}
-    used = [cgroup_cpu(i) - s0[i] for i in shells if s0[i] is not None and i in after
+    after = {s["id"]: s.get("cells", 0) for s in (run_json(bin_, "ps", "--json") or [])}
+    # Per cell of the shells that were there throughout (a shell discarded meanwhile, at
+    # --shell-max-runs, and its replacement are left out with the cells they served).
+    kept = [i for i in shells if s0[i] is not None and i in after
             and cgroup_cpu(i) is not None]
+    used = sum(cgroup_cpu(i) - s0[i] for i in kept)
+    cells = sum(after[i] - before[i] for i in kept)
     lost = [i for i in shells if i not in after]
-    shell = sum(used) / n
+    shell = used / cells if cells else float("nan")
     env["AGENTRUN_NO_DAEMON"] = "1"
     c0 = children_cpu()
     m = max(10, n // 5)
@@ -312,7 +317,8 @@ def cpu(bin_, daemon_pid, n, opts):
                        check=False)
     cold = (children_cpu() - c0) / m
     label = " ".join(opts) or "(plain)"
-    note = f" ({len(lost)} shells discarded meanwhile: their CPU is not counted)" if lost else ""
+    note = (f" (per cell of the {len(kept)} shells there throughout: {cells} of the {n} runs;"
+            f" {len(lost)} discarded meanwhile)") if lost or cells != n else ""
     print(f"| `{label}` | {daemon * 1e3:.2f} | {shell * 1e3:.2f} | "
           f"**{(daemon + shell) * 1e3:.2f}** | {client * 1e3:.2f} | {cold * 1e3:.2f} |{note}")
 
