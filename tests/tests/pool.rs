@@ -349,6 +349,13 @@ fn without_a_daemon_exec_takes_the_cold_path() {
         ids,
         "AGENTRUN_NO_DAEMON=1 took a pooled sandbox"
     );
+    // The same with `--no-daemon`.
+    let out = d
+        .exec_with(["--no-daemon"], ["sh", "-c", "echo flag-cold"])
+        .run();
+    assert_eq!(out.success(), "flag-cold\n", "{out}");
+    assert_eq!(served(&d), n0, "--no-daemon must not go through the daemon");
+    assert_eq!(ready_ids(&d), ids, "--no-daemon took a pooled sandbox");
 
     // The daemon was SIGKILLed: its socket file may be left, nobody answers it.
     d.kill9();

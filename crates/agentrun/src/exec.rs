@@ -32,9 +32,10 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     let recorder = Recorder::new(&span, AuditLog::new(paths.audit_dir()), &args.profile);
     let command_line = agentrun_telemetry::command_line(&args.command.join(" "));
     let keep_bundle = args.keep_bundle;
+    let no_daemon = args.no_daemon || std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
     let record = match Plan::new(args, &span.traceparent(), &recorder) {
         Ok(plan) => {
-            let record = execute(&plan, paths, keep_bundle, &recorder);
+            let record = execute(&plan, paths, keep_bundle, no_daemon, &recorder);
             record.tell(&plan);
             record
         }
@@ -64,10 +65,16 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     ExitCode::from(code as u8)
 }
 
-/// Every run shape goes to the daemon when it answers; only a kept bundle (a shell's
-/// config.json made for this run) needs this process to build the shell.
-fn execute(plan: &Plan, paths: &Paths, keep_bundle: bool, recorder: &Recorder) -> RunRecord {
-    let no_daemon = std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
+/// Every run shape goes to the daemon when it answers, unless asked not to (`no_daemon`);
+/// a kept bundle (a shell's config.json made for this run) needs this process to build the
+/// shell.
+fn execute(
+    plan: &Plan,
+    paths: &Paths,
+    keep_bundle: bool,
+    no_daemon: bool,
+    recorder: &Recorder,
+) -> RunRecord {
     let mut cold_reason = keep_bundle.then_some("keep_bundle");
     if !no_daemon && !keep_bundle {
         if let Some(client) = DaemonClient::connect(&paths.socket()) {

@@ -67,6 +67,10 @@ pub struct ExecArgs {
     /// Keep the generated OCI config.json and print where it is.
     #[arg(long)]
     pub(crate) keep_bundle: bool,
+    /// Run without the daemon even if one answers: a shell made for this run and torn down
+    /// after it (as `AGENTRUN_NO_DAEMON=1`).
+    #[arg(long)]
+    pub(crate) no_daemon: bool,
     /// The command and its arguments (default: the image's Entrypoint + Cmd).
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
