@@ -92,17 +92,36 @@ def cgroup_procs(shell):
     return None
 
 
+def is_spare_cell(pid, init):
+    """Whether `pid` is a shell's spare cell: a child of the shell's init in a pid namespace
+    of its own, with no process of its own (a cell made ahead of the next run, nothing of an
+    earlier one)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+        ppid = int(next(l.split()[1] for l in status.splitlines() if l.startswith("PPid:")))
+        own_ns = os.readlink(f"/proc/{pid}/ns/pid") != os.readlink(f"/proc/{init}/ns/pid")
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except (OSError, StopIteration, ValueError):
+        return False
+    return ppid == init and own_ns and not children
+
+
 def wait_shell_released(shell, secs=10):
     """Waits until the shell of a sandbox that ended is either gone (discarded, its cgroup
     removed) or back in its pool with nothing of the sandbox left: listed as ready, serving
-    no sandbox, its cgroup holding its init alone. Returns "gone" or "reused"."""
+    no sandbox, its cgroup holding its init and at most its spare cell. Returns "gone" or
+    "reused"."""
     deadline = time.monotonic() + secs
     while True:
         procs = cgroup_procs(shell)
         if procs is None:
             return "gone"
         entry = next((e for e in ps() if e["id"] == shell), None)
-        if entry and entry["state"] == "ready" and entry.get("sandbox") is None and procs == [entry["pid"]]:
+        idle = entry and entry["state"] == "ready" and entry.get("sandbox") is None
+        others = [p for p in procs if entry and p != entry["pid"]]
+        if idle and entry["pid"] in procs and len(others) <= 1 and all(
+            is_spare_cell(p, entry["pid"]) for p in others
+        ):
             return "reused"
         check(time.monotonic() < deadline, f"shell {shell} neither gone nor idle: {entry} procs {procs}")
         time.sleep(0.05)
