@@ -302,12 +302,7 @@ fn a_shell_changed_or_left_with_a_process_is_discarded() {
         .unwrap();
     let mut client = d.exec(["sleep", "1"]).spawn();
     std::thread::sleep(Duration::from_millis(300));
-    let procs = ["pids", "memory", "cpu"]
-        .iter()
-        .map(|c| format!("/sys/fs/cgroup/{c}/agentrun/{}/cgroup.procs", next.id))
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or_else(|| format!("/sys/fs/cgroup/agentrun/{}/cgroup.procs", next.id));
-    fs::write(&procs, sleeper.id().to_string()).unwrap();
+    fs::write(shell_procs_file(&next.id), sleeper.id().to_string()).unwrap();
     client.wait_or_kill(Duration::from_secs(30)).assert_code(0);
     let gone = wait_until(FILL, || {
         last = d.discarded();
@@ -536,14 +531,18 @@ fn a_shell_serves_at_most_its_max_runs() {
     assert_eq!(v["shell_max_runs"].as_u64(), Some(2), "{v}");
 }
 
-/// The processes in shell `id`'s cgroup (host pids).
-fn shell_processes(id: &str) -> Vec<i32> {
-    let procs = ["pids", "memory", "cpu"]
+/// The `cgroup.procs` file of shell `id`'s cgroup (a v1 controller's, or the unified one).
+fn shell_procs_file(id: &str) -> String {
+    ["pids", "memory", "cpu"]
         .iter()
         .map(|c| format!("/sys/fs/cgroup/{c}/agentrun/{id}/cgroup.procs"))
         .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or_else(|| format!("/sys/fs/cgroup/agentrun/{id}/cgroup.procs"));
-    fs::read_to_string(procs)
+        .unwrap_or_else(|| format!("/sys/fs/cgroup/agentrun/{id}/cgroup.procs"))
+}
+
+/// The processes in shell `id`'s cgroup (host pids).
+fn shell_processes(id: &str) -> Vec<i32> {
+    fs::read_to_string(shell_procs_file(id))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())

@@ -333,12 +333,9 @@ fn to_filter_rules(map: RuleMap) -> BTreeMap<i64, Vec<SeccompRule>> {
 /// [`abi_guard`] first, then one filter per action; a section with `SCMP_ACT_NOTIFY` rules is
 /// refused (see [`compile_with_notify`]).
 pub fn compile(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> {
-    match compile_with_notify(section)? {
-        (programs, None) => Ok(programs),
-        (_, Some(_)) => Err(SeccompError::UnsupportedAction(
-            LinuxSeccompAction::ScmpActNotify,
-        )),
-    }
+    let mut programs = compile_on_top(section)?;
+    programs.insert(0, abi_guard());
+    Ok(programs)
 }
 
 /// The part of `run` that a process already under `base`'s filters still lacks, when there
@@ -406,16 +403,28 @@ fn per_name(section: &LinuxSeccomp) -> Vec<LinuxSyscall> {
 /// top of a stack that already starts with the [`abi_guard`]: one filter per action, no guard
 /// again.
 pub fn compile_on_top(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> {
-    let mut programs = compile(section)?;
-    debug_assert_eq!(programs.first(), Some(&abi_guard()));
-    programs.remove(0);
-    Ok(programs)
+    match action_filters(section)? {
+        (programs, None) => Ok(programs),
+        (_, Some(_)) => Err(SeccompError::UnsupportedAction(
+            LinuxSeccompAction::ScmpActNotify,
+        )),
+    }
 }
 
-/// Compiles an OCI seccomp section into the BPF programs to install, in order, and the
-/// filter of its `SCMP_ACT_NOTIFY` rules, if it has any, to install with
-/// [`install_with_listener`].
+/// Compiles an OCI seccomp section into the BPF programs to install, in order (the
+/// [`abi_guard`] first), and the filter of its `SCMP_ACT_NOTIFY` rules, if it has any, to
+/// install with [`install_with_listener`].
 pub fn compile_with_notify(
+    section: &LinuxSeccomp,
+) -> Result<(Vec<BpfProgram>, Option<BpfProgram>), SeccompError> {
+    let (mut programs, notify) = action_filters(section)?;
+    programs.insert(0, abi_guard());
+    Ok((programs, notify))
+}
+
+/// A section's rules as one filter per action (and the notify filter, if any), without the
+/// [`abi_guard`].
+fn action_filters(
     section: &LinuxSeccomp,
 ) -> Result<(Vec<BpfProgram>, Option<BpfProgram>), SeccompError> {
     if section.default_action() == LinuxSeccompAction::ScmpActNotify {
@@ -450,7 +459,7 @@ pub fn compile_with_notify(
         };
         add_rules(&mut groups[idx].1, sc)?;
     }
-    let mut programs = vec![abi_guard()];
+    let mut programs = Vec::new();
     if default != SeccompAction::Allow {
         // Deny by default, allow the listed syscalls.
         let filter = SeccompFilter::new(
