@@ -318,6 +318,56 @@ fn other_image_through_the_daemon() {
     assert_eq!(out.success(), "host\n", "{out}");
 }
 
+/// The host image's trees an update moved aside (`rootfs.old.*`).
+fn old_host_trees(root: &std::path::Path) -> Vec<String> {
+    entries(&root.join("images/host"))
+        .into_iter()
+        .filter(|n| n.starts_with("rootfs.old."))
+        .collect()
+}
+
+#[test]
+fn a_host_update_while_shells_run_leaves_them_working() {
+    // A host update (here: the image's stamp made stale, as a changed /etc/ld.so.cache makes
+    // it) rebuilds the host image; the pooled shells still have the old tree as their lower
+    // layer. Emptying it under them made every later run of those shells "command not found".
+    let Some(_l) = setup_exclusive() else { return };
+    let root = tempdir();
+    fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut d = Daemon::unstarted().with_env("AGENTRUN_ROOT", root.path());
+    d.launch(["--pool-size", "2"]);
+    d.wait_pool_full(FILL);
+    let probe = ["sh", "-c", "ls /bin/sh >/dev/null && cat /etc/hostname"];
+    assert_eq!(d.exec(probe).run().success(), "sandbox\n");
+
+    let stamp = root.path().join("images/host/layout");
+    fs::write(&stamp, "stale\n").unwrap();
+    // A cold run rebuilds it (as the first run after a host update does).
+    let out = d.agentrun(["exec", "--no-daemon", "--", "/bin/true"]).run();
+    out.assert_code(0);
+    assert_ne!(fs::read_to_string(&stamp).unwrap(), "stale\n", "rebuilt");
+    assert_eq!(
+        old_host_trees(root.path()).len(),
+        1,
+        "the old tree stays while the pooled shells use it"
+    );
+    // Every pooled shell still runs commands (two shells: runs enough to reach both).
+    for n in 0..4 {
+        let out = d.exec(probe).run();
+        assert_eq!(
+            out.success(),
+            "sandbox\n",
+            "run {n} after the rebuild\n{out}"
+        );
+    }
+
+    d.terminate(Duration::from_secs(30)).assert_code(0);
+    // Nothing uses the old tree now: gc removes it and keeps the current one.
+    d.agentrun(["gc"]).run().assert_code(0);
+    assert_eq!(old_host_trees(root.path()), Vec::<String>::new());
+    assert!(root.path().join("images/host/rootfs/etc/passwd").is_file());
+}
+
 #[test]
 fn without_a_daemon_exec_takes_the_cold_path() {
     let Some(_l) = setup_exclusive() else { return };

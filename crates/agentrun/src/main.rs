@@ -71,7 +71,8 @@ enum Command {
     /// Manage images.
     #[command(subcommand)]
     Image(image::ImageCommand),
-    /// Remove what killed runs left behind (processes, mounts, cgroups, state dirs).
+    /// Remove what killed runs left behind (processes, mounts, cgroups, state dirs) and host
+    /// image trees an update replaced that nothing uses any more.
     Gc,
     /// Run the daemon: a warm pool of ready sandboxes that `agentrun exec` uses.
     Serve(serve::ServeArgs),
@@ -216,6 +217,11 @@ fn gc(paths: &Paths) -> anyhow::Result<()> {
     }
     for (id, why) in &report.failed {
         eprintln!("agentrun: could not remove {id}: {why}");
+    }
+    if paths.root.is_dir() {
+        if let Ok(store) = agentrun_image::ImageStore::open(&paths.root) {
+            store.collect_host_image();
+        }
     }
     if report.failed.is_empty() {
         Ok(())

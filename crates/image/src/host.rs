@@ -7,7 +7,7 @@
 //! any of `/bin`, `/sbin`, `/lib*` that are real directories) is bind-mounted read-only on top.
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use crate::{HostBind, Image, ImageConfig, ImageError};
@@ -126,15 +126,90 @@ fn build(dir: &Path, stamp: &str) -> Result<(), ImageError> {
     let _ = fs::remove_dir_all(&tmp);
     populate(&tmp)?;
     let rootfs = dir.join("rootfs");
-    let old = dir.join(format!("rootfs.old.{}", std::process::id()));
     if rootfs.exists() {
-        // Running sandboxes keep their overlay on the old tree: move it aside, not delete it
-        // under them; it is removed once nothing has it open (best effort right away).
+        // Running sandboxes and pooled shells have the old tree bound as their lower layer:
+        // move it aside under a name of its own, never empty it under them.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let old = dir.join(format!("{OLD_TREE}{}.{nanos}", std::process::id()));
         fs::rename(&rootfs, &old).map_err(ImageError::io("rename", &rootfs))?;
     }
     fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename", &tmp))?;
-    let _ = fs::remove_dir_all(&old);
+    remove_unused_old_trees(dir);
     fs::write(dir.join("layout"), stamp).map_err(ImageError::io("write", dir.join("layout")))
+}
+
+/// The name prefix of a tree an update moved aside.
+const OLD_TREE: &str = "rootfs.old.";
+
+/// Removes the trees earlier builds moved aside that no mount uses any more, in any mount
+/// namespace (a daemon's shells bind the tree in the daemon's). One still mounted stays for a
+/// later build (or `agentrun gc`) to remove. Best effort: a tree that cannot be checked stays.
+pub(crate) fn remove_unused_old_trees(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let old: Vec<_> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(OLD_TREE))
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    let Some(mounts) = all_mounts() else {
+        return;
+    };
+    let Some(dir_name) = dir.file_name() else {
+        return;
+    };
+    for entry in old {
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let dev = format!(
+            "{}:{}",
+            nix::sys::stat::major(meta.dev()),
+            nix::sys::stat::minor(meta.dev())
+        );
+        // A mount of the tree (or of anything in it) has a root on the same device whose path
+        // goes through `<image dir>/<tree>`; a false match only keeps a tree.
+        let name = entry.file_name();
+        let in_use = mounts.iter().any(|(majmin, root)| {
+            *majmin == dev
+                && root
+                    .components()
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .any(|w| w[0].as_os_str() == dir_name && w[1].as_os_str() == name)
+        });
+        if !in_use {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// (device, root) of every mount of every mount namespace on the host; `None` if this
+/// process cannot read them all (then nothing is removed).
+fn all_mounts() -> Option<Vec<(String, std::path::PathBuf)>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for proc in procfs::process::all_processes().ok()?.flatten() {
+        // A process that exits meanwhile is skipped; any other failure fails the check.
+        let Ok(ns) = fs::metadata(format!("/proc/{}/ns/mnt", proc.pid)) else {
+            continue;
+        };
+        if !seen.insert(ns.ino()) {
+            continue;
+        }
+        match proc.mountinfo() {
+            Ok(info) => out.extend(info.into_iter().map(|m| (m.majmin, m.root.into()))),
+            Err(procfs::ProcError::NotFound(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+    Some(out)
 }
 
 fn populate(root: &Path) -> Result<(), ImageError> {

@@ -204,6 +204,12 @@ impl ImageStore {
         })
     }
 
+    /// Removes what earlier builds of the host image moved aside and no mount uses any more
+    /// (a host update rebuilds it while shells and sandboxes still use the old tree).
+    pub fn collect_host_image(&self) {
+        host::remove_unused_old_trees(&self.root.join("images").join(HOST_IMAGE));
+    }
+
     /// The store with every unpack it does held to `limits` (default:
     /// [`UnpackLimits::default`]).
     pub fn with_limits(mut self, limits: UnpackLimits) -> Self {
