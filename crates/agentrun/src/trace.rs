@@ -181,9 +181,11 @@ impl Inner {
             }
             self.children.push(span.end());
         }
+        // Written now, made durable by the run's own record (`Recorder::run`): the start of
+        // a run waits for no disk flush of its own.
         for mut r in std::mem::take(&mut self.pending) {
             r.sandbox_id = id.clone();
-            self.audit.append(&r)?;
+            self.audit.append_written(&r)?;
         }
         Ok(())
     }
