@@ -34,7 +34,7 @@ pub(crate) fn execute(
     let req = &plan.request;
     let (config, profile) = match req
         .recipe
-        .to_config(&store)
+        .to_config(&store, false)
         .and_then(|c| Ok((c, req.recipe.profile()?)))
     {
         Ok(c) => c,
@@ -112,10 +112,15 @@ pub(crate) fn execute(
             argv: req.args.clone(),
             env: req.environment(&profile, sandbox.image_config()),
             cwd: req.working_dir(sandbox.image_config()),
+            zygote: false,
         }),
     );
     let watch = landlock_watch(landlock_subscribe(host.landlock_abi));
     run.landlock_audit = Some(watch.is_some());
+    if profile.python.zygote {
+        run.zygote = Some(false);
+        run.zygote_fallback = Some("a one-run sandbox (the cold path) has no zygote".into());
+    }
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let result = sandbox.run_cell(

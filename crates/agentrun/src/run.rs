@@ -49,6 +49,9 @@ pub(crate) struct RunRecord {
     pub failure: Option<(&'static str, String)>,
     /// The policy refused the run before anything ran: why.
     pub denied: Option<String>,
+    /// A run whose profile has a Python zygote: whether the zygote forked it, and if not why.
+    pub zygote: Option<bool>,
+    pub zygote_fallback: Option<String>,
 }
 
 impl RunRecord {
@@ -123,6 +126,12 @@ impl RunRecord {
         }
         if let Some(n) = self.shell_runs {
             span.set_attribute("sandbox.shell_runs", n as i64);
+        }
+        if let Some(used) = self.zygote {
+            span.set_attribute("sandbox.zygote", used);
+        }
+        if let Some(why) = &self.zygote_fallback {
+            span.set_attribute("sandbox.zygote_fallback", why.clone());
         }
         if let Some(id) = &self.sandbox_id {
             span.set_attribute("sandbox.id", id.clone());

@@ -244,6 +244,8 @@ impl OutputPipes {
 fn finish(mut run: RunRecord, r: ExecReply, pumps: Option<OutputPipes>) -> RunRecord {
     run.pool_hit = r.pool_hit;
     run.shell_runs = Some(r.shell_runs);
+    run.zygote = r.zygote;
+    run.zygote_fallback = r.zygote_fallback.clone();
     if !r.sandbox_id.is_empty() {
         run.sandbox_id = Some(r.sandbox_id.clone());
         run.enforcement = Some(r.enforcement.clone());

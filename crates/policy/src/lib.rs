@@ -110,6 +110,17 @@ pub struct Profile {
     /// The sockets the seccomp baseline lets the sandbox open (`[seccomp]
     /// allow_socket_families` on top of the baseline's; see [`seccomp`]).
     pub seccomp_sockets: SocketPolicy,
+    /// `[python]`: a zygote per pooled shell (see [`PythonSettings`]).
+    pub python: PythonSettings,
+}
+
+/// `[python]` of a profile: whether each pooled shell keeps a Python zygote (a python3 started
+/// ahead, with `preload` imported, that forks the process of each `python3` run instead of an
+/// exec), and what it imports. A module that cannot be imported is reported and skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonSettings {
+    pub zygote: bool,
+    pub preload: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +137,17 @@ struct RawProfile {
     env: RawEnv,
     #[serde(default)]
     seccomp: RawSeccomp,
+    #[serde(default)]
+    python: RawPython,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPython {
+    #[serde(default)]
+    zygote: bool,
+    #[serde(default)]
+    preload: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -343,6 +365,21 @@ impl Profile {
         for key in raw.env.allow.iter().flatten() {
             validate_env_key(key).map_err(|m| invalid("env.allow", m))?;
         }
+        for module in &raw.python.preload {
+            let valid = module.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars
+                    .next()
+                    .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                    && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+            });
+            if !valid {
+                return Err(invalid(
+                    "python.preload",
+                    format!("{module:?} is not a module name (dotted Python identifiers)"),
+                ));
+            }
+        }
         Ok(Profile {
             name: raw.name.unwrap_or_else(|| origin.to_owned()),
             filesystem: FsPolicy {
@@ -361,6 +398,10 @@ impl Profile {
             env_allow: raw.env.allow,
             seccomp_baseline: baseline,
             seccomp_sockets,
+            python: PythonSettings {
+                zygote: raw.python.zygote,
+                preload: raw.python.preload,
+            },
         })
     }
 }
@@ -489,6 +530,30 @@ pub fn validate_env_key(key: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_zygote_settings_parse_and_preload_names_are_checked() {
+        let ci = Profile::builtin("code-interpreter").unwrap();
+        assert!(ci.python.zygote);
+        assert!(ci.python.preload.iter().any(|m| m == "numpy"));
+        assert_eq!(
+            Profile::builtin("default").unwrap().python,
+            PythonSettings::default()
+        );
+        let p = Profile::parse(
+            "[python]\nzygote = true\npreload = [\"numpy\", \"xml.etree.ElementTree\", \"_x1\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.python.preload.len(), 3);
+        for bad in ["os; import x", "1abc", "a..b", "", "a.b-c"] {
+            let text = format!("[python]\npreload = [{bad:?}]\n");
+            let err = Profile::parse(&text, "t").unwrap_err().to_string();
+            assert!(err.contains("python.preload"), "{bad:?}: {err}");
+        }
+        let err = Profile::parse("[python]\nzygot = true\n", "t").unwrap_err();
+        assert!(err.to_string().contains("zygot"), "{err}");
+    }
 
     #[test]
     fn builtin_profiles_parse() {

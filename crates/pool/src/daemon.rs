@@ -423,6 +423,7 @@ fn run_in_pooled_shell(
             argv: request.args.clone(),
             env: request.environment(&profile, &shell.image),
             cwd: request.working_dir(&shell.image),
+            zygote: profile.python.zygote,
         }),
     );
     let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
@@ -445,6 +446,10 @@ fn run_in_pooled_shell(
         Ok(r) => {
             let outcome = RunOutcome::of_cell(r.init.clone(), r.timed_out, r.stats, r.duration);
             out.record(&outcome);
+            if let Some(init) = &r.init {
+                out.zygote = init.zygote;
+                out.zygote_fallback = init.zygote_fallback.clone();
+            }
             let explained = r.timed_out || outcome.oom_killed || r.client_gone;
             if r.init.is_none() && !explained {
                 out.error = Some("the sandbox's cell died before reporting".into());

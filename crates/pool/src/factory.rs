@@ -388,7 +388,7 @@ fn create(
     recipe: &SandboxRecipe,
     all_cpus: Option<&nix::sched::CpuSet>,
 ) -> Result<(Sandbox, OwnedFd), PoolError> {
-    let config = recipe.to_config(store)?;
+    let config = recipe.to_config(store, true)?;
     let mut sandbox = Sandbox::create(&config, paths, host, SandboxStdio::Shell)?;
     sandbox.start()?;
     // The init was born with the factory's niceness and CPUs; the command must run at normal

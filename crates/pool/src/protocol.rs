@@ -67,6 +67,11 @@ pub struct ExecReply {
     /// said so on the command's stderr.
     #[serde(default)]
     pub cell_error: Option<String>,
+    /// The profile has a Python zygote: whether it forked this run, and if not why.
+    #[serde(default)]
+    pub zygote: Option<bool>,
+    #[serde(default)]
+    pub zygote_fallback: Option<String>,
 }
 
 impl ExecReply {

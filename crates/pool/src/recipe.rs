@@ -67,9 +67,13 @@ impl SandboxRecipe {
 
     /// The configuration of a shell for this recipe: its image and profile (overrides
     /// applied: a shell made for one run, as the cold path's, needs no limits changed).
-    pub fn to_config(&self, store: &ImageStore) -> Result<SandboxConfig, PoolError> {
+    /// `pooled`: a shell for many runs (the daemon's), which starts the profile's Python
+    /// zygote if it asks for one.
+    pub fn to_config(&self, store: &ImageStore, pooled: bool) -> Result<SandboxConfig, PoolError> {
         let image = store.resolve(&self.image)?;
-        Ok(SandboxConfig::builder(image, self.profile()?, Vec::new()).build())
+        Ok(SandboxConfig::builder(image, self.profile()?, Vec::new())
+            .zygote(pooled)
+            .build())
     }
 
     /// The run's mounts: the workspace (at `/workspace`) first, then `--ro`/`--rw`.

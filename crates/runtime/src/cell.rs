@@ -38,6 +38,7 @@ use seccompiler::BpfProgram;
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
 use crate::landlock::{self, LandlockRules};
 use crate::reaper::{self, Command, EXIT_SETUP_FAILED};
+use crate::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
 
 /// How long a cell's PID 1 waits, after reporting its result, for the host to close the
 /// channel before it exits (and the cell is torn down). The host closes it once its client
@@ -66,6 +67,8 @@ pub(crate) struct CellTemplate {
     pub proc_readonly: Vec<PathBuf>,
     /// Where the egress proxy's socket is, inside the sandbox.
     pub egress_socket: PathBuf,
+    /// The shell's Python zygote, if its profile asks for one ([`crate::zygote`]).
+    pub zygote: Option<ZygoteConfig>,
 }
 
 /// Why a cell could not be made.
@@ -84,10 +87,21 @@ type Setup<T> = Result<T, SetupError>;
 /// that came when no spare fitted; see [`crate::shell`]): builds the cell's root for a
 /// writable layer of `tmpfs_bytes`, then waits on `channel` for the run's request, which the
 /// init hands on as the host sent it (message and fds), and runs it. The init's end of
-/// `channel` closing first (the spare is not wanted, or the shell is going) ends it. Never
+/// `channel` closing first (the spare is not wanted, or the shell is going) ends it. `zygote`:
+/// the fds of the shell's zygote's channel and ready pipe, which the cell keeps. Never
 /// returns.
-pub(crate) fn prepare(template: &CellTemplate, tmpfs_bytes: u64, channel: OwnedFd) -> ! {
-    keep_only(std::slice::from_ref(&channel));
+pub(crate) fn prepare(
+    template: &CellTemplate,
+    tmpfs_bytes: u64,
+    channel: OwnedFd,
+    zygote: Option<(RawFd, RawFd)>,
+) -> ! {
+    let mut keep = vec![channel.as_raw_fd()];
+    keep.extend(zygote.iter().flat_map(|(a, b)| [*a, *b]));
+    keep_only(&keep);
+    // SAFETY: the init's fds, copied into this process by the clone; nothing else here owns
+    // them.
+    let link = zygote.map(|fds| unsafe { ZygoteLink::adopt(fds) });
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process: if the shell's init
     // dies, the cell dies with it.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
@@ -99,7 +113,7 @@ pub(crate) fn prepare(template: &CellTemplate, tmpfs_bytes: u64, channel: OwnedF
     drop(channel);
     match serde_json::from_slice::<ShellRequest>(&bytes) {
         Ok(ShellRequest::Cell(req)) if req.tmpfs_bytes == tmpfs_bytes => {
-            run(template, root, req, fds)
+            run(template, root, req, fds, link)
         }
         Ok(_) => fail_early(
             fds.first().map(|f| f.as_fd()),
@@ -116,7 +130,13 @@ pub(crate) fn prepare(template: &CellTemplate, tmpfs_bytes: u64, channel: OwnedF
 
 /// The rest of a cell once its root is built (or failed, `root`): the run's mounts,
 /// confinement, then the command or the long-lived dialect.
-fn run(template: &CellTemplate, root: Setup<()>, req: CellRequest, fds: Vec<OwnedFd>) -> ! {
+fn run(
+    template: &CellTemplate,
+    root: Setup<()>,
+    req: CellRequest,
+    fds: Vec<OwnedFd>,
+    link: Option<ZygoteLink>,
+) -> ! {
     let fixed = req.fixed_fds();
     if fds.len() != fixed + req.mounts.len() {
         let msg = format!(
@@ -139,16 +159,25 @@ fn run(template: &CellTemplate, root: Setup<()>, req: CellRequest, fds: Vec<Owne
     };
     let mounts: Vec<(CellMount, OwnedFd)> = req.mounts.iter().cloned().zip(fds).collect();
     let stderr = stdio.as_ref().map(|s| s[2].as_raw_fd());
-    if let Err(SetupError(msg)) = root
+    let mut plan = None;
+    let confined = root
         .and_then(|()| attach_run_mounts(mounts))
-        .and_then(|()| confine(template, &req))
-    {
-        fail_early(
+        .and_then(|()| {
+            // The zygote's way in is opened while the cell's PID 1 still can.
+            plan = match &req.work {
+                CellWork::Run(cmd) if cmd.zygote => Some(zygote_plan(template, link, cmd)),
+                _ => None,
+            };
+            confine(template, &req, matches!(plan, Some(Ok(_))))
+        });
+    let ruleset = match confined {
+        Ok(r) => r,
+        Err(SetupError(msg)) => fail_early(
             Some(channel.as_fd()),
             stderr,
             &format!("cannot make the cell: {msg}"),
-        );
-    }
+        ),
+    };
     if reaper::block_all_signals().is_err() {
         fail_early(Some(channel.as_fd()), stderr, "cannot block signals");
     }
@@ -169,22 +198,38 @@ fn run(template: &CellTemplate, root: Setup<()>, req: CellRequest, fds: Vec<Owne
         CellWork::Run(cmd) => {
             // The command's stdio becomes ours: its spawn inherits it, and our messages about
             // it go to its stderr.
-            if let Some(stdio) = stdio {
+            if let Some(stdio) = &stdio {
                 for (n, fd) in stdio.iter().enumerate() {
                     // SAFETY: dup2 onto 0, 1, 2 of fds we own.
                     unsafe { libc::dup2(fd.as_raw_fd(), n as RawFd) };
                 }
             }
-            let result = match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
-                Ok(cmd) => reaper::run_to_end(&cmd),
-                Err(reaper::BadCommand(msg)) => {
-                    reaper::say_on(2, &msg);
-                    InitResult {
-                        exit_code: EXIT_SETUP_FAILED,
-                        error: Some(msg),
-                        ..Default::default()
-                    }
+            let forked = match (plan, &stdio) {
+                (Some(Ok((invocation, place, link))), Some(stdio)) => {
+                    let parts = zygote::RunParts {
+                        invocation: &invocation,
+                        argv: &cmd.argv,
+                        env: &cmd.env,
+                        cwd: &cmd.cwd,
+                        nofile: req.nofile,
+                        nproc: req.nproc,
+                        stdio,
+                        landlock: ruleset.as_ref(),
+                    };
+                    Some(zygote::fork_run(&link, &place, &parts))
                 }
+                (Some(Err(why)), _) => Some(Err(why)),
+                (Some(Ok(_)), None) | (None, _) => None,
+            };
+            drop(ruleset);
+            let result = match forked {
+                Some(Ok(child)) => zygote::supervise(child),
+                Some(Err(why)) => InitResult {
+                    zygote: Some(false),
+                    zygote_fallback: Some(why),
+                    ..exec_command(cmd)
+                },
+                None => exec_command(cmd),
             };
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run
@@ -193,6 +238,39 @@ fn run(template: &CellTemplate, root: Setup<()>, req: CellRequest, fds: Vec<Owne
             reaper::exit_now(result.exit_code)
         }
     }
+}
+
+/// Runs the command the usual way: spawned (the exec) by this PID 1, which waits for it.
+fn exec_command(cmd: crate::control::CellCommand) -> InitResult {
+    match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
+        Ok(cmd) => reaper::run_to_end(&cmd),
+        Err(reaper::BadCommand(msg)) => {
+            reaper::say_on(2, &msg);
+            InitResult {
+                exit_code: EXIT_SETUP_FAILED,
+                error: Some(msg),
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// Whether the run can go through the shell's zygote, and what the zygote's child needs to
+/// enter this cell; else why not.
+fn zygote_plan(
+    template: &CellTemplate,
+    link: Option<ZygoteLink>,
+    cmd: &crate::control::CellCommand,
+) -> Result<(Invocation, CellPlace, ZygoteLink), String> {
+    let Some(config) = &template.zygote else {
+        return Err("the shell has no zygote".into());
+    };
+    let Some(link) = link else {
+        return Err("the shell's zygote is not running".into());
+    };
+    let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
+    let place = CellPlace::open().map_err(|e| format!("opening the cell's namespaces: {e}"))?;
+    Ok((invocation, place, link))
 }
 
 /// Reports a cell that could not be made (on its channel and, for a command, its stderr)
@@ -218,8 +296,8 @@ fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str)
 
 /// Closes every fd but 0, 1, 2 and `keep`: nothing of the shell's init (its control channel
 /// above all) stays open in the cell.
-fn keep_only(keep: &[OwnedFd]) {
-    let mut raw: Vec<u32> = keep.iter().map(|f| f.as_raw_fd() as u32).collect();
+fn keep_only(keep: &[RawFd]) {
+    let mut raw: Vec<u32> = keep.iter().map(|f| *f as u32).collect();
     raw.sort_unstable();
     let mut next = 3u32;
     for fd in raw {
@@ -497,8 +575,9 @@ fn attach_run_mount(root: &OwnedFd, m: &CellMount, tree: OwnedFd) -> Setup<()> {
 }
 
 /// Rlimits, capabilities, Landlock, seccomp: after this, the cell's PID 1 can do no more than
-/// the command may (it keeps no_new_privs from the shell).
-fn confine(t: &CellTemplate, req: &CellRequest) -> Setup<()> {
+/// the command may (it keeps no_new_privs from the shell). With `share_ruleset`, returns a
+/// copy of the cell's Landlock ruleset (for the zygote's child; `None` without Landlock).
+fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Option<OwnedFd>> {
     use nix::sys::resource::{setrlimit, Resource};
     for (res, value, name) in [
         (Resource::RLIMIT_NOFILE, req.nofile, "nofile"),
@@ -509,14 +588,18 @@ fn confine(t: &CellTemplate, req: &CellRequest) -> Setup<()> {
     }
     reaper::narrow_capabilities(&t.command_caps)
         .map_err(|e| SetupError(format!("capabilities: {e}")))?;
+    let mut shared = None;
     if let Some(rules) = &req.landlock {
         let rules = LandlockRules {
             readable: rules.readable.clone(),
             writable: rules.writable.clone(),
         };
-        landlock::restrict(&rules, t.landlock_abi).map_err(|e| SetupError(e.to_string()))?;
+        shared = landlock::restrict_sharing(&rules, t.landlock_abi, share_ruleset)
+            .map_err(|e| SetupError(e.to_string()))?
+            .1;
     }
-    crate::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))
+    crate::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))?;
+    Ok(shared)
 }
 
 #[cfg(test)]

@@ -125,6 +125,9 @@ pub struct CellCommand {
     /// The whole environment, `KEY=VALUE`.
     pub env: Vec<String>,
     pub cwd: String,
+    /// Run it through the shell's Python zygote if it can take it (see [`crate::zygote`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zygote: bool,
 }
 
 /// What a shell's init reports about its cells.
@@ -208,6 +211,13 @@ pub struct InitResult {
     /// The cell could not be set up around the command (exit code 125): why, in one line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A run that asked for the shell's Python zygote: whether the zygote forked it
+    /// (`None`: it did not ask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zygote: Option<bool>,
+    /// Why the zygote did not run it (it was exec'd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zygote_fallback: Option<String>,
 }
 
 /// CPU time and peak RSS of a command and the children it waited for (`getrusage`).
@@ -378,6 +388,7 @@ mod tests {
                 argv: vec!["true".into()],
                 env: vec![],
                 cwd: "/".into(),
+                zygote: true,
             }),
         };
         let v = serde_json::to_value(&cell).unwrap();
@@ -413,6 +424,8 @@ mod tests {
                 signal: Some(9),
                 usage: ResourceUsage::default(),
                 error: None,
+                zygote: Some(false),
+                zygote_fallback: Some("interpreter option -I".into()),
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();

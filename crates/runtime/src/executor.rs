@@ -32,6 +32,7 @@ use crate::landlock::{self, LandlockRules};
 use crate::reaper::{self, Command};
 use crate::seccomp;
 use crate::shell::{self, ShellInit};
+use crate::zygote::ZygoteConfig;
 
 pub use crate::reaper::EXIT_SETUP_FAILED;
 
@@ -67,6 +68,8 @@ pub struct SandboxExecutor {
     /// The socket families the profile lets a command use (the shell's own filter, which its
     /// cells inherit, must not refuse them).
     pub sockets: agentrun_policy::SocketPolicy,
+    /// The shell's Python zygote (shell mode only; see [`crate::zygote`]).
+    pub zygote: Option<ZygoteConfig>,
 }
 
 /// Capabilities a shell's init keeps for its whole life (besides the command's): mounts and
@@ -133,9 +136,12 @@ impl SandboxExecutor {
         // these close-on-exec, and this process never execs.
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
         unsafe { libc::close_range(INIT_CONTROL_FD as u32 + 1, u32::MAX, 0) };
-        let shell_section =
-            shell::shell_filter(agentrun_policy::seccomp_denied_syscalls(), &self.sockets)
-                .map_err(|e| fail(e.to_string()))?;
+        let shell_section = shell::shell_filter(
+            agentrun_policy::seccomp_denied_syscalls(),
+            &self.sockets,
+            self.zygote.is_some(),
+        )
+        .map_err(|e| fail(e.to_string()))?;
         let shell_filters = seccomp::compile(&shell_section).map_err(|e| fail(e.to_string()))?;
         // A cell inherits the shell's filter: it adds only what the run's has beyond it (see
         // `seccomp::narrowing`), or the whole run filter when that cannot be said exactly.
@@ -188,10 +194,14 @@ impl SandboxExecutor {
                 .map(|(p, _)| p)
                 .collect(),
             egress_socket: self.egress_socket.clone(),
+            zygote: self.zygote.clone(),
         };
         shell::shed_covered_mounts().map_err(|e| fail(e.to_string()))?;
         let mut keep = self.command_caps.clone();
         keep.extend_from_slice(SHELL_CAPS);
+        if self.zygote.is_some() {
+            keep.push(Capability::CAP_SYS_CHROOT);
+        }
         reaper::narrow_capabilities(&keep).map_err(|e| fail(format!("capabilities: {e}")))?;
         // SAFETY: prctl on this process only. PDEATHSIG is set after every credential change
         // (they clear it): if agentrun dies, the shell dies with it. Non-dumpable: no process

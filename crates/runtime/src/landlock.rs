@@ -91,6 +91,8 @@ pub enum LandlockError {
     LinkOutside { path: PathBuf, target: String },
     #[error("landlock: opening {path} for a rule: {errno}")]
     Open { path: PathBuf, errno: Errno },
+    #[error("landlock: copying the ruleset: {0}")]
+    Share(std::io::Error),
 }
 
 /// How symlinks in a rule's path are treated (see the module doc).
@@ -222,6 +224,17 @@ pub fn abi() -> u32 {
 /// Restricts the calling process (and its future children), whose root is the sandbox's.
 /// Requires no_new_privs.
 pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatus, LandlockError> {
+    restrict_sharing(rules, host_abi, false).map(|(status, _)| status)
+}
+
+/// [`restrict`], and with `share` a copy of the ruleset it enforced: another process given it
+/// (a cell's Python zygote child, see [`crate::zygote`]) restricts itself to exactly the same
+/// rules with `landlock_restrict_self`.
+pub fn restrict_sharing(
+    rules: &LandlockRules,
+    host_abi: u32,
+    share: bool,
+) -> Result<(RestrictionStatus, Option<std::os::fd::OwnedFd>), LandlockError> {
     let abi = TARGET_ABI;
     let root = rustix::fs::open(
         "/",
@@ -256,14 +269,20 @@ pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatu
     } else {
         created
     };
-    let status = created
+    let created = created
         .add_rules(beneath(readable, AccessFs::from_read(abi)))?
         .add_rules(beneath(writable, AccessFs::from_all(abi)))?
         .add_rules(beneath(
             devices,
             AccessFs::from_read(abi) | AccessFs::from_write(abi),
-        ))?
-        .restrict_self()?;
+        ))?;
+    let shared = if share {
+        let copy = created.try_clone().map_err(LandlockError::Share)?;
+        Option::<std::os::fd::OwnedFd>::from(copy)
+    } else {
+        None
+    };
+    let status = created.restrict_self()?;
     let expected = if host_abi == 0 {
         RulesetStatus::NotEnforced
     } else if host_abi >= TARGET_ABI as u32 {
@@ -277,7 +296,7 @@ pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatu
     if expected == RulesetStatus::FullyEnforced && status.ruleset != RulesetStatus::FullyEnforced {
         return Err(LandlockError::NotEnforced(status.ruleset));
     }
-    Ok(status)
+    Ok((status, shared))
 }
 
 /// How Landlock is enforced on a host with `host_abi`: "full", "partial (ABI n)" or "none".

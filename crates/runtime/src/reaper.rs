@@ -238,7 +238,7 @@ fn supervise(child: Pid) -> InitResult {
                 exit_code,
                 signal,
                 usage: children_usage(),
-                error: None,
+                ..Default::default()
             };
         }
     }
@@ -255,7 +255,7 @@ pub(crate) fn decode_status(status: i32) -> (i32, Option<i32>) {
 }
 
 /// CPU time and peak RSS of every child reaped so far.
-fn children_usage() -> ResourceUsage {
+pub(crate) fn children_usage() -> ResourceUsage {
     // SAFETY: rusage is plain old data; getrusage fills it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage with a valid out-pointer.
@@ -411,7 +411,7 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
                         exit_code,
                         signal,
                         usage: (&usage).into(),
-                        error: None,
+                        ..Default::default()
                     },
                 });
             }

@@ -36,6 +36,7 @@ use crate::landlock::LandlockRules;
 use crate::outcome::RunOutcome;
 use crate::rootfs::{self, UserMount};
 use crate::spec::{self, SpecInput};
+use crate::zygote::ZygoteConfig;
 
 /// Capabilities the sandboxed command keeps (all confined to its user namespace).
 const COMMAND_CAPS: &[Capability] = &[
@@ -92,6 +93,10 @@ pub struct SandboxConfig {
     /// records renames as copies (no redirect/metacopy xattrs a layer tar cannot carry), and no
     /// `/workspace` is added to it.
     pub for_commit: bool,
+    /// A pooled shell: start the profile's Python zygote in it if the profile asks for one
+    /// (`[python] zygote`; see [`crate::zygote`]). A one-run shell (the cold path) has none: it
+    /// would import the preload list for a single run.
+    pub zygote: bool,
 }
 
 /// Where the egress proxy's socket directory appears inside the sandbox.
@@ -117,6 +122,7 @@ impl SandboxConfig {
                 mounts: Vec::new(),
                 cwd: None,
                 for_commit: false,
+                zygote: false,
             },
         }
     }
@@ -142,6 +148,11 @@ impl SandboxConfigBuilder {
     /// See [`SandboxConfig::for_commit`].
     pub fn for_commit(mut self, yes: bool) -> Self {
         self.config.for_commit = yes;
+        self
+    }
+    /// See [`SandboxConfig::zygote`].
+    pub fn zygote(mut self, yes: bool) -> Self {
+        self.config.zygote = yes;
         self
     }
     pub fn build(self) -> SandboxConfig {
@@ -391,6 +402,23 @@ impl Sandbox {
                 }
             }
         }
+        // The zygote enters each cell's mount namespace (setns needs CAP_SYS_CHROOT too).
+        let zygote = (shell && config.zygote && profile.python.zygote).then(|| ZygoteConfig {
+            preload: profile.python.preload.clone(),
+            env: crate::cellrun::environment(profile, &config.image.config, &[]),
+        });
+        if zygote.is_some() {
+            let chroot = Capability::CAP_SYS_CHROOT;
+            if !has(&chroot) {
+                return Err(RuntimeError::Unsupported(format!(
+                    "{chroot} is not in this host's capability bounding set: the profile's \
+                     Python zygote needs it (in the sandbox's own user namespace)"
+                )));
+            }
+            if !init_caps.contains(&chroot) {
+                init_caps.push(chroot);
+            }
+        }
 
         self.image_config = config.image.config.clone();
         self.image_id = config.image.id.clone();
@@ -467,6 +495,7 @@ impl Sandbox {
             cwd: cwd.to_string_lossy().into_owned(),
             egress_socket: PathBuf::from(EGRESS_DIR_IN_SANDBOX).join(EGRESS_SOCKET),
             sockets: profile.seccomp_sockets.clone(),
+            zygote,
         };
         self.enforcement = Enforcement {
             landlock: host.landlock_enforcement(),

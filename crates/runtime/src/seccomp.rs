@@ -928,7 +928,7 @@ mod tests {
         for sockets in [SocketPolicy::default(), widened] {
             let denied = agentrun_policy::seccomp_denied_syscalls();
             let run = default_profile(denied, &sockets).unwrap();
-            let shell = crate::shell::shell_filter(denied, &sockets).unwrap();
+            let shell = crate::shell::shell_filter(denied, &sockets, false).unwrap();
             let rest = narrowing(&run, &shell).expect("the shell's rules are the run's");
             // Only what making a cell needs is left to add: a handful of rules.
             let names: Vec<&String> = rest

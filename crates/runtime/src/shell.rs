@@ -40,7 +40,7 @@
 //! kills every cell (they are in child pid namespaces of the shell's).
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -53,6 +53,7 @@ use crate::control::{self, ShellEvent, ShellRequest};
 use crate::error::RuntimeError;
 use crate::reaper::{self, EXIT_SETUP_FAILED};
 use crate::seccomp::{self, SeccompError};
+use crate::zygote::Zygote;
 
 /// Syscalls of the run's deny list that making a cell needs (allowed to the shell's init,
 /// still denied in every cell by the run's own filter).
@@ -66,15 +67,18 @@ const CELL_NAMESPACES: &[u64] = &[
 ];
 
 /// The shell's init's seccomp filter, as an OCI section (see the module doc): the run's
-/// profile for `denied` and `sockets` less what making a cell needs.
+/// profile for `denied` and `sockets` less what making a cell needs; with `zygote`, less
+/// `setns` too (a Python zygote's child enters its cell's namespaces, see [`crate::zygote`];
+/// every cell's own filter denies it again).
 pub fn shell_filter(
     denied: &[&str],
     sockets: &agentrun_policy::SocketPolicy,
+    zygote: bool,
 ) -> Result<LinuxSeccomp, SeccompError> {
     let kept: Vec<&str> = denied
         .iter()
         .copied()
-        .filter(|n| !CELL_MAKING.contains(n))
+        .filter(|n| !(CELL_MAKING.contains(n) || (zygote && *n == "setns")))
         .collect();
     let mut section = seccomp::default_profile(&kept, sockets)?;
     if let Some(rules) = section.syscalls().clone() {
@@ -187,6 +191,13 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         std::process::exit(EXIT_SETUP_FAILED);
     }
     init.watch.settle();
+    // Started under the shell's filter, which it inherits; a cell finds it ready (its imports
+    // done) or not by itself (see `crate::zygote`).
+    let mut zygote = init.template.zygote.as_ref().and_then(|config| {
+        Zygote::start(config, &init.template)
+            .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+            .ok()
+    });
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
     let mut spare: Option<Spare> = None;
@@ -198,6 +209,20 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         if signal_ready {
             while let Ok(Some(_)) = signals.read_signal() {}
             while let Some((pid, status, _)) = reaper::reap_one() {
+                if zygote.as_ref().is_some_and(|z| z.pid == pid) {
+                    // Started again (bounded); a spare holding the dead one's channel is made
+                    // again, so the next run finds the new one.
+                    let z = zygote.as_mut().expect("checked");
+                    reaper::say_on(2, "the Python zygote ended; starting it again");
+                    if !z.restart() {
+                        zygote = None;
+                    }
+                    if let Some(old) = spare.take() {
+                        let link = zygote.as_ref().map(Zygote::link);
+                        spare = Spare::make(&init.template, old.tmpfs_bytes, link).ok();
+                    }
+                    continue;
+                }
                 if spare.as_ref().is_some_and(|s| s.pid == pid) {
                     // The spare died before a run took it: the next one makes another.
                     spare = None;
@@ -229,7 +254,8 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         .is_none_or(|s| s.tmpfs_bytes != tmpfs_bytes || !s.alive())
                     {
                         // An unwanted spare ends when its channel closes.
-                        spare = Spare::make(&init.template, tmpfs_bytes).ok();
+                        let link = zygote.as_ref().map(Zygote::link);
+                        spare = Spare::make(&init.template, tmpfs_bytes, link).ok();
                     }
                     continue;
                 }
@@ -249,7 +275,11 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
             {
                 Some(s) => Ok(s),
-                None => Spare::make(&init.template, req.tmpfs_bytes),
+                None => Spare::make(
+                    &init.template,
+                    req.tmpfs_bytes,
+                    zygote.as_ref().map(Zygote::link),
+                ),
             };
             match cell {
                 Ok(cell) => {
@@ -289,8 +319,13 @@ struct Spare {
 }
 
 impl Spare {
-    /// Clones a spare cell with a writable layer of `tmpfs_bytes`.
-    fn make(template: &CellTemplate, tmpfs_bytes: u64) -> Result<Spare, String> {
+    /// Clones a spare cell with a writable layer of `tmpfs_bytes` (keeping the zygote's
+    /// `link` fds, if any).
+    fn make(
+        template: &CellTemplate,
+        tmpfs_bytes: u64,
+        link: Option<(RawFd, RawFd)>,
+    ) -> Result<Spare, String> {
         let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
         match clone_cell() {
             Ok(Cloned::Child) => {
@@ -298,7 +333,7 @@ impl Spare {
                 // copy of the shell's loop. `ours` is closed with every other fd of the init.
                 std::mem::forget(ours);
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    cell::prepare(template, tmpfs_bytes, theirs)
+                    cell::prepare(template, tmpfs_bytes, theirs, link)
                 }));
                 let _ = prepared;
                 reaper::exit_now(EXIT_SETUP_FAILED)
@@ -491,7 +526,7 @@ mod tests {
     #[test]
     fn the_shell_filter_allows_cell_making_and_nothing_more() {
         let denied = agentrun_policy::seccomp_denied_syscalls();
-        let section = shell_filter(denied, &Default::default()).unwrap();
+        let section = shell_filter(denied, &Default::default(), false).unwrap();
         let rules = section.syscalls().clone().unwrap();
         let names: Vec<&String> = rules.iter().flat_map(|r| r.names()).collect();
         for n in CELL_MAKING {
@@ -533,5 +568,32 @@ mod tests {
             );
         }
         assert!(!seccomp::compile(&section).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_zygote_shell_also_allows_setns_and_its_cells_deny_it_again() {
+        let denied = agentrun_policy::seccomp_denied_syscalls();
+        let sockets = Default::default();
+        let names = |s: &LinuxSeccomp| -> Vec<String> {
+            s.syscalls()
+                .iter()
+                .flatten()
+                .flat_map(|r| r.names().clone())
+                .collect()
+        };
+        let plain = shell_filter(denied, &sockets, false).unwrap();
+        let zygote = shell_filter(denied, &sockets, true).unwrap();
+        assert!(names(&plain).iter().any(|n| n == "setns"));
+        assert!(!names(&zygote).iter().any(|n| n == "setns"));
+        for n in ["unshare", "ptrace", "bpf", "open_tree"] {
+            assert!(
+                names(&zygote).iter().any(|x| x == n),
+                "{n} must stay denied"
+            );
+        }
+        // What a cell adds on top of the zygote shell's filter denies setns again.
+        let run = seccomp::default_profile(denied, &sockets).unwrap();
+        let rest = seccomp::narrowing(&run, &zygote).expect("the run's filter narrows the shell's");
+        assert!(names(&rest).iter().any(|n| n == "setns"));
     }
 }

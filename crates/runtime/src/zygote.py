@@ -1,0 +1,434 @@
+# agentrun's Python zygote (see crates/runtime/src/zygote.rs, which ships this file inside the
+# agentrun binary and starts it as `python3 -c <this file> MODULE...` in a shell).
+#
+# It imports the preload modules, then serves fork requests from the shell's cells on fd 3.
+# For each request it forks a child *into the requesting cell* (its pid namespace through
+# setns before the fork; its mount and ipc namespaces and root in the child), which confines
+# itself exactly as the cell prepared it (rlimits, capabilities, the cell's Landlock ruleset,
+# the run's seccomp filter), takes the run's stdio, environment and working directory, and
+# runs the code as `__main__` the way a fresh `python3` would. The zygote reaps its children
+# and reports each one's wait status and resource usage on the run's report socket.
+#
+# Everything the child needs is decided on the Rust side; this file only performs it. The
+# zygote never runs a run's code itself: only its forked children do, after confinement.
+import sys
+import os
+
+_BOOT = globals()
+_ZYGOTE_FD = 3
+_READY_FD = 4
+
+
+def _fatal(msg):
+    try:
+        os.write(2, ("agentrun zygote: %s\n" % msg).encode())
+    finally:
+        os._exit(125)
+
+
+try:
+    import ctypes
+    import json
+    import resource
+    import selectors
+    import signal
+    import socket
+    import struct
+except Exception as e:  # an image without the standard library's C modules
+    _fatal("cannot start: %s: %s" % (type(e).__name__, e))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_ARCH = os.uname().machine
+# capget/capset numbers (the rest go through glibc's wrappers).
+_SYS = {
+    "x86_64": {"capget": 125, "capset": 126},
+    "aarch64": {"capget": 90, "capset": 91},
+}.get(_ARCH)
+_SYS_LANDLOCK_RESTRICT_SELF = 446  # the same on every architecture
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_PR_SET_PDEATHSIG = 1
+_PR_SET_SECCOMP = 22
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SECCOMP_MODE_FILTER = 2
+_CAP_VERSION_3 = 0x20080522
+
+
+def _check(rc, what):
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _install_filter(program):
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    _check(
+        _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+        "seccomp",
+    )
+
+
+def _narrow_capabilities(keep, last_cap):
+    for cap in range(last_cap + 1):
+        if cap not in keep:
+            rc = _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+            if rc != 0 and ctypes.get_errno() != 22:  # EINVAL: a cap this kernel lacks
+                _check(rc, "dropping capability %d" % cap)
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
+    if _SYS is None:
+        raise OSError(0, "capabilities: unknown architecture %s" % _ARCH)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.syscall(_SYS["capget"], ctypes.byref(header), data), "capget")
+    for i in range(2):
+        mask = 0
+        for cap in keep:
+            if cap // 32 == i:
+                mask |= 1 << (cap % 32)
+        data[i].effective &= mask
+        data[i].permitted &= mask
+        data[i].inheritable = 0
+    _check(_libc.syscall(_SYS["capset"], ctypes.byref(header), data), "capset")
+
+
+def _setns(fd, kind, what):
+    _check(_libc.setns(fd, kind), "setns " + what)
+
+
+# --- start-up: what every child installs, then the preload list --------------------------------
+
+_chan = socket.socket(fileno=_ZYGOTE_FD)
+_setup = json.loads(_chan.recv(1 << 20))
+_FILTERS = [bytes.fromhex(p) for p in _setup["filters"]]
+_KEEP_CAPS = frozenset(_setup["keep_caps"])
+with open("/proc/sys/kernel/cap_last_cap") as f:
+    _LAST_CAP = int(f.read())
+_OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+# -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
+_UNBUFFERED = sys.stdout.write_through
+
+for _name in sys.argv[1:]:
+    try:
+        __import__(_name)
+    except BaseException as e:  # reported and skipped, never fatal
+        os.write(2, ("agentrun zygote: preload %s skipped: %s: %s\n"
+                     % (_name, type(e).__name__, e)).encode())
+del _name
+sys.stdout.flush()
+sys.stderr.flush()
+import gc  # noqa: E402
+
+gc.collect()
+# Objects made so far stay out of the collector's reach: the children's collections then do not
+# touch (and copy) the pages that hold them.
+gc.freeze()
+os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+class _Run:
+    """One fork request, as the cell sent it."""
+
+    def __init__(self, req, fds):
+        self.req = req
+        (self.report, self.pidns, self.mntns, self.ipcns, self.root,
+         self.stdin, self.stdout, self.stderr) = fds[:8]
+        self.landlock = fds[8] if req.get("landlock") else None
+        self.fds = fds
+
+    def close_all(self, keep=()):
+        for fd in self.fds:
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _send(fd, msg):
+    try:
+        os.write(fd, json.dumps(msg).encode())
+        return True
+    except OSError:
+        return False
+
+
+def _serve():
+    """The zygote's loop. Returns only in a forked child, with its run."""
+    sel = selectors.DefaultSelector()
+    sel.register(_chan, selectors.EVENT_READ)
+    children = {}  # pidfd -> (pid, report fd)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is _chan:
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(_chan, 1 << 20, 16)
+                except OSError:
+                    os._exit(0)
+                if not msg:
+                    os._exit(0)  # the shell's init is gone
+                try:
+                    run = _Run(json.loads(msg), fds)
+                except Exception:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                try:
+                    _setns(run.pidns, _CLONE_NEWPID, "pid")
+                    pid = os.fork()
+                except OSError as e:
+                    _send(run.report, {"failed": "fork: %s" % e})
+                    run.close_all()
+                    continue
+                if pid == 0:
+                    sel.close()
+                    return run
+                _setns(_OWN_PIDNS, _CLONE_NEWPID, "pid (back)")
+                run.close_all(keep=(run.report,))
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, run.report)
+                sel.register(pidfd, selectors.EVENT_READ)
+            else:
+                pidfd = key.fd
+                sel.unregister(pidfd)
+                pid, report = children.pop(pidfd)
+                os.close(pidfd)
+                _, status, ru = os.wait4(pid, 0)
+                _send(report, {"exit": status, "user_us": int(ru.ru_utime * 1e6),
+                               "system_us": int(ru.ru_stime * 1e6), "max_rss_kb": ru.ru_maxrss})
+                os.close(report)
+
+
+def _enter(run):
+    """In the forked child: becomes the run's process, confined like an exec'd one."""
+    req = run.req
+    _libc.prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    _setns(run.mntns, _CLONE_NEWNS, "mnt")
+    os.fchdir(run.root)
+    os.chroot(".")
+    _setns(run.ipcns, _CLONE_NEWIPC, "ipc")
+    os.setpgid(0, 0)
+    for res, value in ((resource.RLIMIT_NOFILE, req["nofile"]),
+                       (resource.RLIMIT_NPROC, req["nproc"]),
+                       (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (value, value))
+    _narrow_capabilities(_KEEP_CAPS, _LAST_CAP)
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if run.landlock is not None:
+        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, run.landlock, 0), "landlock")
+    for program in _FILTERS:
+        _install_filter(program)
+    # From here on the process can do no more than an exec'd command of the run.
+    try:
+        # The zygote is in the shell's cgroup too: under memory pressure the run goes first.
+        with open("/proc/self/oom_score_adj") as f:
+            adj = int(f.read())
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(min(1000, adj + 500)))
+    except OSError:
+        pass
+    for n, fd in enumerate((run.stdin, run.stdout, run.stderr)):
+        os.dup2(fd, n)
+    os.chdir(req["cwd"])
+
+
+def _fallback_reason(req):
+    """Why this run should be exec'd after all (what only the cell's files can tell)."""
+    mode = req["mode"]
+    if mode == "file":
+        path = req["target"]
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "the script cannot be opened"
+        import stat
+        if not stat.S_ISREG(st.st_mode):
+            return "the script is not a regular file"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+                f.seek(0, 2)
+                if f.tell() >= 22:
+                    f.seek(-22, 2)
+                    if f.read(4) == b"PK\x05\x06" or head == b"PK\x03\x04":
+                        return "the script is a zip archive"
+        except OSError:
+            return "the script cannot be read"
+    if mode == "stdin" and os.isatty(0):
+        return "stdin is a terminal (interactive)"
+    return None
+
+
+def _fresh_stdio():
+    """sys.stdin/stdout/stderr as a fresh interpreter makes them on the run's fds 0, 1, 2."""
+    import io
+    unbuffered = _UNBUFFERED
+    made = []
+    for fd, old, name in ((0, sys.__stdin__, "<stdin>"), (1, sys.__stdout__, "<stdout>"),
+                          (2, sys.__stderr__, "<stderr>")):
+        raw = io.FileIO(fd, "rb" if fd == 0 else "wb", closefd=False)
+        if fd == 0:
+            buf = io.BufferedReader(raw)
+        elif unbuffered:
+            buf = raw
+        else:
+            buf = io.BufferedWriter(raw)
+        raw.name = name
+        line_buffering = not unbuffered and fd != 0 and (fd == 2 or raw.isatty())
+        text = io.TextIOWrapper(buf, encoding=old.encoding, errors=old.errors, newline="\n",
+                                line_buffering=line_buffering, write_through=bool(unbuffered))
+        text.mode = "r" if fd == 0 else "w"
+        made.append(text)
+    sys.stdin, sys.stdout, sys.stderr = made
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = made
+
+
+def _reset_interpreter(req):
+    """What a fresh interpreter would have that the zygote's copy does not."""
+    import importlib
+    import warnings
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    for kv in req["env"]:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    sys.orig_argv = list(req["orig_argv"])
+    importlib.invalidate_caches()
+    warnings._filters_mutated()
+    warnings.onceregistry.clear()
+    # os.fork reseeded `random`; numpy's global generator is the zygote's until reseeded.
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is not None:
+        try:
+            nprandom.seed()
+        except Exception:
+            pass
+    _fresh_stdio()
+
+
+def _main_module(**attrs):
+    import builtins
+    import types
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={}, **attrs)
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def _user_traceback(tb):
+    """The traceback without the zygote's own frames (a fresh interpreter has none)."""
+    while tb is not None and tb.tb_frame.f_globals is _BOOT:
+        tb = tb.tb_next
+    return tb
+
+
+def _run(req):
+    """Runs the request's code as `__main__`; returns only by raising (SystemExit at the end)."""
+    import importlib.machinery
+    mode, target, args = req["mode"], req.get("target"), req["args"]
+    if mode == "module":
+        import runpy
+        sys.argv = ["-m"] + args
+        sys.path[0] = os.getcwd()
+        _main_module(__loader__=importlib.machinery.BuiltinImporter, __spec__=None,
+                     __package__=None, __doc__=None)
+        runpy._run_module_as_main(target)
+        return
+    if mode == "command":
+        sys.argv = ["-c"] + args
+        sys.path[0] = ""
+        source, filename = target, "<string>"
+        g = _main_module(__loader__=importlib.machinery.BuiltinImporter, __spec__=None,
+                         __package__=None, __doc__=None)
+    elif mode == "stdin":
+        sys.argv = args if args else [""]
+        sys.path[0] = ""
+        source, filename = sys.stdin.buffer.read(), "<stdin>"
+        g = _main_module(__loader__=importlib.machinery.BuiltinImporter, __spec__=None,
+                         __package__=None, __doc__=None)
+    else:
+        sys.argv = [target] + args
+        path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
+        with open(path, "rb") as f:
+            source = f.read()
+        filename = path
+        g = _main_module(__file__=path, __cached__=None, __spec__=None, __package__=None,
+                         __doc__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    code = compile(source, filename, "exec", dont_inherit=True)
+    exec(code, g)
+
+
+# --- a child from here on --------------------------------------------------------------------
+
+_run_req = _serve()
+try:
+    _enter(_run_req)
+    _why = _fallback_reason(_run_req.req)
+except BaseException as e:
+    _send(_run_req.report, {"failed": "%s: %s" % (type(e).__name__, e)})
+    os._exit(125)
+if _why is not None:
+    _send(_run_req.report, {"fallback": _why})
+    os._exit(125)
+_send(_run_req.report, {"started": os.getpid()})
+os.closerange(3, 1 << 30)
+_reset_interpreter(_run_req.req)
+_req = _run_req.req
+del _run_req, _why
+try:
+    _run(_req)
+except SystemExit:
+    raise
+except KeyboardInterrupt as e:
+    # A fresh interpreter prints it, finishes (threads, atexit), then dies of SIGINT.
+    e.__traceback__ = _user_traceback(e.__traceback__)
+    sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+    sys.excepthook(type(e), e, e.__traceback__)
+    import atexit
+    import threading
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)
+except BaseException as e:
+    # The default hook prints the exception's own traceback: trim that one.
+    e.__traceback__ = _user_traceback(e.__traceback__)
+    sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+    sys.excepthook(type(e), e, e.__traceback__)
+    del e
+    sys.exit(1)

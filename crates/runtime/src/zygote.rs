@@ -1,0 +1,676 @@
+//! A Python zygote in a shell (profile `[python] zygote`): a `python3` the shell's init starts
+//! ahead, with the profile's preload list imported, that forks the process of each eligible
+//! `python3` run *into the run's cell* instead of the cell exec'ing `python3` (SOCK, USENIX
+//! ATC '18). What this module owns:
+//! - which runs may use it ([`invocation`]: the command line and the start-up environment;
+//!   anything else is exec'd as always, with the reason recorded);
+//! - the init's side ([`Zygote`]): starting it (`python3 -c <zygote.py> MODULE...`, the
+//!   bootstrap shipped in this binary: nothing is installed into images), its readiness (a pipe
+//!   whose write end it closes once its imports are done), restarting it when it dies;
+//! - the cell's side ([`fork_run`], [`supervise`]): the request (the cell's pid, mount and ipc
+//!   namespaces and root, the run's stdio, a copy of the cell's Landlock ruleset), and the
+//!   run's end as the zygote, its parent, reports it.
+//!
+//! The zygote runs with the init's privileges (CAP_SYS_ADMIN, CAP_SETPCAP and CAP_SYS_CHROOT
+//! in the shell's user namespace, under the shell's seccomp filter, which in a zygote shell
+//! also allows `setns`): it must enter a cell's namespaces. Like the init it is out of every
+//! cell's reach: not in any cell's pid namespace, no fd of it in a cell, its memory copied on
+//! write. Its children confine themselves before anything of the run executes: rlimits,
+//! capabilities (bounding set included), no_new_privs, the cell's own Landlock ruleset, the
+//! run's seccomp filter on top of the shell's: the same as an exec'd command of that cell.
+//! The image's Python code (site, the preload modules) runs in it with those privileges before
+//! any run: a zygote trusts its image as the shell trusts its `/usr`.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::control::{self, InitResult, ResourceUsage};
+use crate::reaper;
+
+/// The bootstrap the zygote runs (`python3 -c`).
+const BOOTSTRAP: &str = include_str!("zygote.py");
+
+/// The fds the zygote finds its channel and its ready pipe on.
+const ZYGOTE_CHANNEL_FD: RawFd = 3;
+const ZYGOTE_READY_FD: RawFd = 4;
+
+/// How long a cell waits for the zygote's child to say it runs (or why not) before it execs
+/// the command instead.
+const FORK_WAIT: Duration = Duration::from_secs(2);
+
+/// How often a shell's init starts its zygote again after it died.
+const MAX_RESTARTS: u32 = 3;
+
+/// A shell's zygote, as the profile and image ask for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZygoteConfig {
+    /// Modules imported ahead (one that fails is reported and skipped).
+    pub preload: Vec<String>,
+    /// The environment it starts with: the pool's (profile defaults, then the image's `Env`),
+    /// which a run's start-up variables must match to use it.
+    pub env: Vec<String>,
+}
+
+/// How the zygote's child runs the code (`python3`'s modes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PythonMode {
+    /// `python3 -c CODE`
+    Command,
+    /// `python3 FILE`
+    File,
+    /// `python3 -m MODULE`
+    Module,
+    /// `python3` or `python3 -` with the program on stdin.
+    Stdin,
+}
+
+/// A run the zygote can take: `python3`'s mode, its target (code, file or module) and the
+/// arguments after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub mode: PythonMode,
+    pub target: Option<String>,
+    pub args: Vec<String>,
+}
+
+/// Variables a fresh interpreter (or a preloaded module) reads when it starts: a run whose
+/// value of one differs from the zygote's is exec'd. By name, then by prefix and suffix.
+const STARTUP_VARIABLES: &[&str] = &[
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+];
+const STARTUP_PREFIXES: &[&str] = &[
+    "PYTHON",
+    "LC_",
+    "OPENBLAS_",
+    "OMP_",
+    "MKL_",
+    "NUMEXPR_",
+    "MPL",
+    "GOTO_",
+];
+const STARTUP_SUFFIXES: &[&str] = &["_NUM_THREADS"];
+
+fn startup_variable(key: &str) -> bool {
+    STARTUP_VARIABLES.contains(&key)
+        || STARTUP_PREFIXES.iter().any(|p| key.starts_with(p))
+        || STARTUP_SUFFIXES.iter().any(|s| key.ends_with(s))
+}
+
+/// Whether the zygote can run `argv` with `env` (`KEY=VALUE`), given the zygote's own
+/// environment: the invocation, or why not (a short reason for the span).
+pub fn invocation(
+    argv: &[String],
+    env: &[String],
+    zygote_env: &[String],
+) -> Result<Invocation, String> {
+    match argv.first().map(String::as_str) {
+        Some("python3") => {}
+        Some(other) => return Err(format!("not python3: {other}")),
+        None => return Err("no command".into()),
+    }
+    let rest = &argv[1..];
+    let inv = match rest.first().map(String::as_str) {
+        None => Invocation {
+            mode: PythonMode::Stdin,
+            target: None,
+            args: Vec::new(),
+        },
+        Some("-") => Invocation {
+            mode: PythonMode::Stdin,
+            target: None,
+            args: rest.to_vec(),
+        },
+        Some(flag @ ("-c" | "-m")) => {
+            let Some(target) = rest.get(1) else {
+                return Err(format!("{flag} without its argument"));
+            };
+            Invocation {
+                mode: if flag == "-c" {
+                    PythonMode::Command
+                } else {
+                    PythonMode::Module
+                },
+                target: Some(target.clone()),
+                args: rest[2..].to_vec(),
+            }
+        }
+        Some(flag) if flag.starts_with('-') => {
+            let shown: String = flag.chars().take(16).collect();
+            return Err(format!("interpreter option {shown}"));
+        }
+        Some(file) => Invocation {
+            mode: PythonMode::File,
+            target: Some(file.to_string()),
+            args: rest[1..].to_vec(),
+        },
+    };
+    let pairs = |e: &[String]| -> Vec<(String, String)> {
+        e.iter()
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| startup_variable(k))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let (ours, theirs) = (pairs(env), pairs(zygote_env));
+    let value = |list: &[(String, String)], key: &str| {
+        list.iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    for (key, _) in ours.iter().chain(&theirs) {
+        if value(&ours, key) != value(&theirs, key) {
+            return Err(format!(
+                "environment variable {key} differs from the zygote's"
+            ));
+        }
+    }
+    Ok(inv)
+}
+
+// --- the shell's init ------------------------------------------------------------------------
+
+/// What every child of the zygote installs: sent once, when it starts.
+#[derive(Serialize)]
+struct ZygoteSetup {
+    /// The run's seccomp filter beyond the shell's (BPF programs, hex).
+    filters: Vec<String>,
+    /// Capabilities the command keeps (numbers).
+    keep_caps: Vec<u8>,
+}
+
+/// A running zygote, held by the shell's init.
+pub(crate) struct Zygote {
+    pub pid: i32,
+    /// The init's end of the zygote's channel; cells send their fork requests on copies.
+    channel: OwnedFd,
+    /// Read end of the pipe whose write end the zygote closes when its imports are done.
+    ready: OwnedFd,
+    config: ZygoteConfig,
+    setup: Vec<u8>,
+    restarts: u32,
+}
+
+impl Zygote {
+    /// Starts the zygote (the init is single-threaded: it forks and execs `python3`).
+    pub(crate) fn start(
+        config: &ZygoteConfig,
+        template: &crate::cell::CellTemplate,
+    ) -> Result<Zygote, String> {
+        let setup = ZygoteSetup {
+            filters: template
+                .run_filters
+                .iter()
+                .map(|p| {
+                    p.iter()
+                        .flat_map(|i| {
+                            let mut b = Vec::with_capacity(8);
+                            b.extend_from_slice(&i.code.to_ne_bytes());
+                            b.push(i.jt);
+                            b.push(i.jf);
+                            b.extend_from_slice(&i.k.to_ne_bytes());
+                            b
+                        })
+                        .map(|b| format!("{b:02x}"))
+                        .collect()
+                })
+                .collect(),
+            keep_caps: template.command_caps.iter().map(|c| c.index()).collect(),
+        };
+        let setup = serde_json::to_vec(&setup).map_err(|e| e.to_string())?;
+        let (channel, ready) = launch(config, &setup)?;
+        Ok(Zygote {
+            pid: channel.0,
+            channel: channel.1,
+            ready,
+            config: config.clone(),
+            setup,
+            restarts: 0,
+        })
+    }
+
+    /// Starts it again after it died (at most [`MAX_RESTARTS`] times in the shell's life);
+    /// `false`: no more.
+    pub(crate) fn restart(&mut self) -> bool {
+        if self.restarts >= MAX_RESTARTS {
+            return false;
+        }
+        self.restarts += 1;
+        match launch(&self.config, &self.setup) {
+            Ok(((pid, channel), ready)) => {
+                self.pid = pid;
+                self.channel = channel;
+                self.ready = ready;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The fds a cell keeps to reach it: its channel and its ready pipe.
+    pub(crate) fn link(&self) -> (RawFd, RawFd) {
+        (self.channel.as_raw_fd(), self.ready.as_raw_fd())
+    }
+}
+
+/// Forks and execs the zygote; returns (pid, the init's end of its channel) and the ready
+/// pipe's read end. The setup message is waiting on the channel when it starts.
+fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<((i32, OwnedFd), OwnedFd), String> {
+    let python =
+        find_in_path("python3", &config.env).ok_or("no python3 on the image's PATH".to_string())?;
+    let cstr =
+        |s: &str| CString::new(s).map_err(|_| "a NUL byte in the zygote's command".to_string());
+    let mut argv = vec![cstr("python3")?, cstr("-c")?, cstr(BOOTSTRAP)?];
+    for m in &config.preload {
+        argv.push(cstr(m)?);
+    }
+    let env: Vec<CString> = config
+        .env
+        .iter()
+        .map(|kv| cstr(kv))
+        .collect::<Result<_, _>>()?;
+    let program = cstr(&python.to_string_lossy())?;
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+
+    let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    let (ready_r, ready_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    control::send(ours.as_fd(), setup, &[]).map_err(|e| e.to_string())?;
+    // SAFETY: the shell's init is single-threaded; the child only makes async-signal-safe
+    // calls (fcntl, dup2, close_range, sigprocmask, signal, prctl, chdir, execve, _exit) on
+    // data prepared above.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer is to data owned by this (copied) stack frame.
+        unsafe {
+            let chan = libc::fcntl(theirs.as_raw_fd(), libc::F_DUPFD, 10);
+            let ready = libc::fcntl(ready_w.as_raw_fd(), libc::F_DUPFD, 10);
+            if chan < 0
+                || ready < 0
+                || libc::dup2(chan, ZYGOTE_CHANNEL_FD) < 0
+                || libc::dup2(ready, ZYGOTE_READY_FD) < 0
+            {
+                libc::_exit(125);
+            }
+            libc::close_range(ZYGOTE_READY_FD as u32 + 1, u32::MAX, 0);
+            for sig in 1..libc::SIGRTMIN() {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            libc::chdir(c"/".as_ptr());
+            libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    drop(theirs);
+    drop(ready_w);
+    Ok(((pid, ours), ready_r))
+}
+
+/// `name` looked up in the `PATH` of `env` (`KEY=VALUE`), as the run's `python3` would be.
+fn find_in_path(name: &str, env: &[String]) -> Option<PathBuf> {
+    let path = env
+        .iter()
+        .rev()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':').filter(|d| !d.is_empty()).find_map(|dir| {
+        let p = Path::new(dir).join(name);
+        nix::unistd::access(&p, nix::unistd::AccessFlags::X_OK)
+            .is_ok()
+            .then_some(p)
+    })
+}
+
+// --- the cell ---------------------------------------------------------------------------------
+
+/// A cell's hold on its shell's zygote (copies of the init's fds, kept through the clone).
+pub(crate) struct ZygoteLink {
+    pub channel: OwnedFd,
+    pub ready: OwnedFd,
+}
+
+impl ZygoteLink {
+    /// Takes the fds the cell inherited from the init.
+    ///
+    /// # Safety
+    /// `fds` must be open in this process and owned by nothing else in it.
+    pub(crate) unsafe fn adopt(fds: (RawFd, RawFd)) -> ZygoteLink {
+        // SAFETY: the caller's contract.
+        unsafe {
+            ZygoteLink {
+                channel: OwnedFd::from_raw_fd(fds.0),
+                ready: OwnedFd::from_raw_fd(fds.1),
+            }
+        }
+    }
+
+    /// Whether the zygote has done its imports (or is gone: then the request fails).
+    fn ready(&self) -> bool {
+        control::wait_readable(self.ready.as_fd(), Some(Duration::ZERO)).unwrap_or(false)
+    }
+}
+
+/// The cell's namespaces and root, opened before it confines itself (for the zygote's child
+/// to enter).
+pub(crate) struct CellPlace {
+    pidns: OwnedFd,
+    mntns: OwnedFd,
+    ipcns: OwnedFd,
+    root: OwnedFd,
+}
+
+impl CellPlace {
+    pub(crate) fn open() -> std::io::Result<CellPlace> {
+        let open = |p: &str| std::fs::File::open(p).map(OwnedFd::from);
+        Ok(CellPlace {
+            pidns: open("/proc/self/ns/pid")?,
+            mntns: open("/proc/self/ns/mnt")?,
+            ipcns: open("/proc/self/ns/ipc")?,
+            root: open("/")?,
+        })
+    }
+}
+
+/// One fork request (the fds travel alongside: report, pid/mnt/ipc namespaces, root, stdin,
+/// stdout, stderr, and the Landlock ruleset when `landlock`).
+#[derive(Serialize)]
+struct ForkRequest<'a> {
+    mode: &'a PythonMode,
+    target: Option<&'a str>,
+    args: &'a [String],
+    orig_argv: &'a [String],
+    env: &'a [String],
+    cwd: &'a str,
+    nofile: u64,
+    nproc: u64,
+    landlock: bool,
+}
+
+/// What the zygote or its child says on a run's report socket.
+#[derive(Deserialize, Default)]
+struct Report {
+    started: Option<i32>,
+    failed: Option<String>,
+    fallback: Option<String>,
+    exit: Option<i32>,
+    #[serde(default)]
+    user_us: u64,
+    #[serde(default)]
+    system_us: u64,
+    #[serde(default)]
+    max_rss_kb: u64,
+}
+
+/// A run the zygote's child has taken: its pid (in the cell) and the socket its end comes on.
+pub(crate) struct Forked {
+    pid: i32,
+    report: OwnedFd,
+}
+
+/// What the cell's request says of the run (for [`fork_run`]).
+pub(crate) struct RunParts<'a> {
+    pub invocation: &'a Invocation,
+    pub argv: &'a [String],
+    pub env: &'a [String],
+    pub cwd: &'a str,
+    pub nofile: u64,
+    pub nproc: u64,
+    pub stdio: &'a [OwnedFd; 3],
+    pub landlock: Option<&'a OwnedFd>,
+}
+
+/// Asks the zygote for a child in this cell running `run`; waits (bounded) until the child
+/// says it runs. An error says why not, before anything of the run executed: the caller execs
+/// the command instead.
+pub(crate) fn fork_run(
+    link: &ZygoteLink,
+    place: &CellPlace,
+    run: &RunParts<'_>,
+) -> Result<Forked, String> {
+    if !link.ready() {
+        return Err("the zygote is not ready (still importing)".into());
+    }
+    let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    let req = ForkRequest {
+        mode: &run.invocation.mode,
+        target: run.invocation.target.as_deref(),
+        args: &run.invocation.args,
+        orig_argv: run.argv,
+        env: run.env,
+        cwd: run.cwd,
+        nofile: run.nofile,
+        nproc: run.nproc,
+        landlock: run.landlock.is_some(),
+    };
+    let mut fds = vec![
+        theirs.as_raw_fd(),
+        place.pidns.as_raw_fd(),
+        place.mntns.as_raw_fd(),
+        place.ipcns.as_raw_fd(),
+        place.root.as_raw_fd(),
+        run.stdio[0].as_raw_fd(),
+        run.stdio[1].as_raw_fd(),
+        run.stdio[2].as_raw_fd(),
+    ];
+    if let Some(l) = run.landlock {
+        fds.push(l.as_raw_fd());
+    }
+    control::send_json(link.channel.as_fd(), &req, &fds)
+        .map_err(|_| "the zygote is gone".to_string())?;
+    drop(theirs);
+    if !control::wait_readable(ours.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
+        return Err(format!(
+            "the zygote did not answer within {} s",
+            FORK_WAIT.as_secs()
+        ));
+    }
+    match control::recv_json::<Report>(ours.as_fd()) {
+        Ok(Some((
+            Report {
+                started: Some(pid), ..
+            },
+            _,
+        ))) => Ok(Forked { pid, report: ours }),
+        Ok(Some((
+            Report {
+                fallback: Some(why),
+                ..
+            },
+            _,
+        ))) => Err(why),
+        Ok(Some((
+            Report {
+                failed: Some(why), ..
+            },
+            _,
+        ))) => Err(format!("the zygote's child failed: {why}")),
+        Ok(Some(_)) => Err("the zygote sent something else".into()),
+        Ok(None) | Err(_) => Err("the zygote is gone".into()),
+    }
+}
+
+/// The cell's PID 1 while the zygote's child runs (every signal blocked by the caller):
+/// forwards signals to the child's process group, reaps orphans (the child's own children
+/// that outlive it are the cell's PID 1's), and returns how the child ended as its parent,
+/// the zygote, reports it.
+pub(crate) fn supervise(forked: Forked) -> InitResult {
+    use nix::sys::signal::{kill, SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use nix::unistd::Pid;
+    let gone = |msg: &str| InitResult {
+        exit_code: reaper::EXIT_SETUP_FAILED,
+        error: Some(msg.to_string()),
+        zygote: Some(true),
+        ..Default::default()
+    };
+    let Ok(signals) = SignalFd::with_flags(
+        &SigSet::all(),
+        SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK,
+    ) else {
+        return gone("cannot watch signals");
+    };
+    let child = Pid::from_raw(forked.pid);
+    loop {
+        let Ok((report_ready, signal_ready)) = reaper::wait_either(forked.report.as_fd(), &signals)
+        else {
+            return gone("cannot wait for the run");
+        };
+        if signal_ready {
+            while let Ok(Some(info)) = signals.read_signal() {
+                let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+                    continue;
+                };
+                if sig == Signal::SIGCHLD {
+                    while reaper::reap_one().is_some() {}
+                } else if kill(Pid::from_raw(-child.as_raw()), sig).is_err() {
+                    let _ = kill(child, sig);
+                }
+            }
+        }
+        if report_ready {
+            return match control::recv_json::<Report>(forked.report.as_fd()) {
+                Ok(Some((
+                    Report {
+                        exit: Some(status),
+                        user_us,
+                        system_us,
+                        max_rss_kb,
+                        ..
+                    },
+                    _,
+                ))) => {
+                    while reaper::reap_one().is_some() {}
+                    let (exit_code, signal) = reaper::decode_status(status);
+                    let orphans = reaper::children_usage();
+                    InitResult {
+                        exit_code,
+                        signal,
+                        usage: ResourceUsage {
+                            user_us: user_us + orphans.user_us,
+                            system_us: system_us + orphans.system_us,
+                            max_rss_kb: max_rss_kb.max(orphans.max_rss_kb),
+                        },
+                        error: None,
+                        zygote: Some(true),
+                        zygote_fallback: None,
+                    }
+                }
+                _ => {
+                    let _ = kill(child, Signal::SIGKILL);
+                    let msg = "the zygote ended during the run: its exit status is lost";
+                    reaper::say_on(2, msg);
+                    gone(msg)
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_command_line_shapes_python3_runs_are_recognised() {
+        let env = v(&["PATH=/usr/bin", "HOME=/root"]);
+        let ok = |argv: &[&str]| invocation(&v(argv), &env, &env);
+        let inv = ok(&["python3", "-c", "print(1)", "a", "-x"]).unwrap();
+        assert_eq!(inv.mode, PythonMode::Command);
+        assert_eq!(inv.target.as_deref(), Some("print(1)"));
+        assert_eq!(inv.args, v(&["a", "-x"]));
+        let inv = ok(&["python3", "-m", "http.server", "8000"]).unwrap();
+        assert_eq!((inv.mode, inv.args), (PythonMode::Module, v(&["8000"])));
+        let inv = ok(&["python3", "x.py", "-c", "y"]).unwrap();
+        assert_eq!(inv.mode, PythonMode::File);
+        assert_eq!(inv.target.as_deref(), Some("x.py"));
+        assert_eq!(inv.args, v(&["-c", "y"]));
+        assert_eq!(ok(&["python3"]).unwrap().mode, PythonMode::Stdin);
+        let inv = ok(&["python3", "-", "a"]).unwrap();
+        assert_eq!((inv.mode, inv.args), (PythonMode::Stdin, v(&["-", "a"])));
+        for (argv, why) in [
+            (&["python3", "-I", "-c", "1"][..], "interpreter option -I"),
+            (&["python3", "-u", "x.py"][..], "interpreter option -u"),
+            (&["python3", "-cprint(1)"][..], "interpreter option"),
+            (&["python3", "-c"][..], "-c without"),
+            (&["python3", "--", "x.py"][..], "interpreter option --"),
+            (&["python", "-c", "1"][..], "not python3"),
+            (&["/usr/bin/python3", "-c", "1"][..], "not python3"),
+            (&["sh", "-c", "python3 -c 1"][..], "not python3"),
+        ] {
+            let err = ok(argv).unwrap_err();
+            assert!(err.contains(why), "{argv:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn start_up_variables_must_match_the_zygotes_and_others_may_differ() {
+        let zyg = v(&[
+            "PATH=/usr/bin",
+            "HOME=/root",
+            "LANG=C.UTF-8",
+            "PYTHONUNBUFFERED=1",
+        ]);
+        let argv = v(&["python3", "-c", "1"]);
+        let mut run = zyg.clone();
+        run.extend(v(&[
+            "TRACEPARENT=00-abc",
+            "FOO=bar",
+            "HTTP_PROXY=http://127.0.0.1:3128",
+        ]));
+        assert!(invocation(&argv, &run, &zyg).is_ok());
+        for (extra, key) in [
+            ("PYTHONPATH=/x", "PYTHONPATH"),
+            ("PYTHONHASHSEED=0", "PYTHONHASHSEED"),
+            ("PYTHONUNBUFFERED=0", "PYTHONUNBUFFERED"),
+            ("LC_ALL=C", "LC_ALL"),
+            ("HOME=/tmp", "HOME"),
+            ("OMP_NUM_THREADS=1", "OMP_NUM_THREADS"),
+            ("MPLBACKEND=agg", "MPLBACKEND"),
+        ] {
+            let mut r = zyg.clone();
+            r.push(extra.to_string());
+            let err = invocation(&argv, &r, &zyg).unwrap_err();
+            assert!(err.contains(key), "{extra}: {err}");
+        }
+        // A variable the zygote has and the run lacks.
+        let less: Vec<String> = zyg
+            .iter()
+            .filter(|kv| !kv.starts_with("PYTHONUNBUFFERED"))
+            .cloned()
+            .collect();
+        assert!(invocation(&argv, &less, &zyg)
+            .unwrap_err()
+            .contains("PYTHONUNBUFFERED"));
+    }
+
+    #[test]
+    fn python3_is_found_on_the_environments_path() {
+        let env = v(&["PATH=/nonexistent:/usr/bin:/bin"]);
+        if Path::new("/usr/bin/python3").exists() {
+            assert_eq!(
+                find_in_path("python3", &env),
+                Some(PathBuf::from("/usr/bin/python3"))
+            );
+        }
+        assert_eq!(find_in_path("no-such-program-xyz", &env), None);
+    }
+}
