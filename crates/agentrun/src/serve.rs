@@ -332,6 +332,34 @@ pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
             "{} / {}: {} ready of {}; {} hits, {} misses",
             p.image, p.profile, p.ready, p.target, p.hits, p.misses
         );
+        if let Some(z) = &p.zygote {
+            let skipped: Vec<String> = z
+                .skipped
+                .iter()
+                .map(|(m, why)| format!("{m} ({why})"))
+                .collect();
+            println!(
+                "  python zygote: {}; preloaded: {}; skipped: {}; PSS {:.1} MiB",
+                if z.ready {
+                    "ready"
+                } else if z.pid.is_some() {
+                    "importing"
+                } else {
+                    "not running"
+                },
+                if z.preloaded.is_empty() {
+                    "none".into()
+                } else {
+                    z.preloaded.join(", ")
+                },
+                if skipped.is_empty() {
+                    "none".into()
+                } else {
+                    skipped.join(", ")
+                },
+                z.pss_bytes as f64 / (1 << 20) as f64
+            );
+        }
     }
     println!(
         "shells: {} (running {}, max {}); cells served: {}; unpooled runs: {}; created: {}, \

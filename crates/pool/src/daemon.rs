@@ -59,6 +59,8 @@ struct Shared {
     store: PathBuf,
     /// Mapping namespaces of the runs' idmapped mounts (each costs a fork: made once).
     mappings: Mutex<MappingCache>,
+    /// Where the shells' state is (their init logs hold their zygotes' reports).
+    paths: RuntimePaths,
 }
 
 /// A service the daemon runs beside its socket on the same pool (the OpenSandbox HTTP API,
@@ -129,6 +131,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         landlock_abi: agentrun_runtime::landlock::abi(),
         store: std::fs::canonicalize(&opts.root).unwrap_or_else(|_| opts.root.clone()),
         mappings: Mutex::new(MappingCache::new()),
+        paths: paths.clone(),
     });
     let live = Arc::new(LiveManager::new(shared.pool.clone()));
     let mut running_frontends = Vec::new();
@@ -311,7 +314,15 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             },
         ),
         (ClientMessage::PoolStatus, _) => {
-            reply(conn.as_fd(), &DaemonReply::PoolStatus(shared.pool.status()))
+            let mut status = shared.pool.status();
+            for (i, info) in status.pools.iter_mut().enumerate() {
+                info.zygote = shared.pool.ready_shell(i).and_then(|(id, init)| {
+                    let log = shared.paths.sandboxes().join(id).join("init.log");
+                    let z = agentrun_runtime::zygote::status(init, &log);
+                    (z.pid.is_some() || z.ready || !z.skipped.is_empty()).then_some(z)
+                });
+            }
+            reply(conn.as_fd(), &DaemonReply::PoolStatus(status))
         }
         (ClientMessage::Signal { .. } | ClientMessage::EgressReady, _) => reply(
             conn.as_fd(),

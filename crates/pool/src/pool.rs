@@ -665,6 +665,13 @@ impl Pool {
     }
 
     /// Per-pool counters, runs no pool could serve, shells, cells, discards, the cap.
+    /// A ready shell of pool `i`: its id and its init's host pid.
+    pub fn ready_shell(&self, i: usize) -> Option<(String, i32)> {
+        let st = self.lock();
+        let (sh, _) = st.pools.get(i)?.ready.front()?;
+        Some((sh.id.clone(), sh.init_pid))
+    }
+
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();
         let shells = st.total();
@@ -679,6 +686,7 @@ impl Pool {
                     target: p.spec.target,
                     hits: p.hits,
                     misses: p.misses,
+                    zygote: None,
                 })
                 .collect(),
             unpooled: st.unpooled,

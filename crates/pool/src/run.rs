@@ -130,6 +130,7 @@ pub fn verdict(
     match &run.init {
         None => return Verdict::Discard("cell_died"),
         Some(r) if r.error.is_some() => return Verdict::Discard("cell_failed"),
+        Some(r) if r.zygote_fault => return Verdict::Discard("zygote_failed"),
         Some(_) => {}
     }
     cell_end_verdict(shell, cell, cgroup)
@@ -153,7 +154,10 @@ pub fn cell_end_verdict(shell: &PooledShell, cell: u64, cgroup: Option<CgroupMod
         let strays: Vec<i32> = cg
             .pids(&shell.id)
             .into_iter()
-            .filter(|p| *p != shell.init_pid && !is_shell_helper(*p, shell.init_pid))
+            .filter(|p| {
+                *p != shell.init_pid
+                    && !agentrun_runtime::zygote::is_shell_helper(*p, shell.init_pid)
+            })
             .collect();
         if !strays.is_empty() {
             tracing::info!(
@@ -165,29 +169,4 @@ pub fn cell_end_verdict(shell: &PooledShell, cell: u64, cgroup: Option<CgroupMod
         }
     }
     Verdict::Reuse
-}
-
-/// Whether host pid `pid` is one of the init's own helpers (the Python zygote): a child of the
-/// init in the shell's own pid namespace. Every process of a run is in its cell's pid
-/// namespace, one level further down, so none can pass for one.
-fn is_shell_helper(pid: i32, init: i32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let parent_is_init = field("PPid:").and_then(|p| p.parse::<i32>().ok()) == Some(init);
-    let depth = field("NSpid:").map_or(0, |ns| ns.split_whitespace().count());
-    let init_depth = std::fs::read_to_string(format!("/proc/{init}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .map(|ns| ns.split_whitespace().count())
-        });
-    parent_is_init && Some(depth) == init_depth
 }

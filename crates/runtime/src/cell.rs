@@ -218,15 +218,16 @@ fn run(
                     };
                     Some(zygote::fork_run(&link, &place, &parts))
                 }
-                (Some(Err(why)), _) => Some(Err(why)),
+                (Some(Err(why)), _) => Some(Err(why.into())),
                 (Some(Ok(_)), None) | (None, _) => None,
             };
             drop(ruleset);
             let result = match forked {
                 Some(Ok(child)) => zygote::supervise(child),
-                Some(Err(why)) => InitResult {
+                Some(Err(not)) => InitResult {
                     zygote: Some(false),
-                    zygote_fallback: Some(why),
+                    zygote_fallback: Some(not.reason),
+                    zygote_fault: not.fault,
                     ..exec_command(cmd)
                 },
                 None => exec_command(cmd),

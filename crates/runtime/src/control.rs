@@ -218,6 +218,9 @@ pub struct InitResult {
     /// Why the zygote did not run it (it was exec'd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zygote_fallback: Option<String>,
+    /// The zygote failed (gone, silent, its child failing): the shell is replaced.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zygote_fault: bool,
 }
 
 /// CPU time and peak RSS of a command and the children it waited for (`getrusage`).

@@ -128,13 +128,17 @@ _OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 # -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
 _UNBUFFERED = sys.stdout.write_through
 
+_report = {"preloaded": [], "skipped": {}}
 for _name in sys.argv[1:]:
     try:
         __import__(_name)
+        _report["preloaded"].append(_name)
     except BaseException as e:  # reported and skipped, never fatal
-        os.write(2, ("agentrun zygote: preload %s skipped: %s: %s\n"
-                     % (_name, type(e).__name__, e)).encode())
+        _report["skipped"][_name] = "%s: %s" % (type(e).__name__, e)
 del _name
+# One line in the shell's init log, which `agentrun pool status` reads.
+os.write(2, ("agentrun zygote: ready: %s\n" % json.dumps(_report)).encode())
+del _report
 sys.stdout.flush()
 sys.stderr.flush()
 import gc  # noqa: E402
@@ -175,6 +179,13 @@ def _send(fd, msg):
         return False
 
 
+def _hung_up(fd):
+    import select
+    p = select.poll()
+    p.register(fd, select.POLLHUP)
+    return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+
+
 def _serve():
     """The zygote's loop. Returns only in a forked child, with its run."""
     sel = selectors.DefaultSelector()
@@ -195,6 +206,9 @@ def _serve():
                     for fd in fds:
                         os.close(fd)
                     continue
+                if _hung_up(run.report):
+                    run.close_all()  # a request its cell stopped waiting for
+                    continue
                 try:
                     _setns(run.pidns, _CLONE_NEWPID, "pid")
                     pid = os.fork()
@@ -204,6 +218,9 @@ def _serve():
                     continue
                 if pid == 0:
                     sel.close()
+                    # Its fd is closed with the others before the run; the object must not
+                    # close that number again later (by then it may be one of the run's).
+                    _chan.detach()
                     return run
                 _setns(_OWN_PIDNS, _CLONE_NEWPID, "pid (back)")
                 run.close_all(keep=(run.report,))
@@ -399,7 +416,8 @@ except BaseException as e:
 if _why is not None:
     _send(_run_req.report, {"fallback": _why})
     os._exit(125)
-_send(_run_req.report, {"started": os.getpid()})
+if not _send(_run_req.report, {"started": os.getpid()}):
+    os._exit(125)  # the cell gave up on us (it exec'd the command instead): run nothing
 os.closerange(3, 1 << 30)
 _reset_interpreter(_run_req.req)
 _req = _run_req.req

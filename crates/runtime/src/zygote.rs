@@ -336,6 +336,87 @@ fn find_in_path(name: &str, env: &[String]) -> Option<PathBuf> {
     })
 }
 
+/// A shell's zygote as the host sees it (`agentrun pool status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZygoteStatus {
+    /// Its host pid; `None`: not running (not started yet, or it could not start).
+    pub pid: Option<i32>,
+    /// It has imported its preload list and serves.
+    pub ready: bool,
+    pub preloaded: Vec<String>,
+    /// Modules it could not import, with why.
+    pub skipped: std::collections::BTreeMap<String, String>,
+    /// Its proportional set size (its share of the pages it shares with its children and
+    /// other processes), bytes.
+    pub pss_bytes: u64,
+}
+
+/// The status of the zygote of the shell whose init has host pid `init`, from `/proc` and the
+/// report line the zygote writes to the shell's `init_log` once its imports are done.
+pub fn status(init: i32, init_log: &Path) -> ZygoteStatus {
+    let children =
+        std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
+    let pid = children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|p| is_shell_helper(*p, init));
+    let mut st = ZygoteStatus {
+        pid,
+        ..Default::default()
+    };
+    if let Some(pid) = pid {
+        st.pss_bytes = pss_bytes(pid).unwrap_or(0);
+    }
+    #[derive(Deserialize)]
+    struct Ready {
+        preloaded: Vec<String>,
+        skipped: std::collections::BTreeMap<String, String>,
+    }
+    let log = std::fs::read_to_string(init_log).unwrap_or_default();
+    if let Some(r) = log
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("agentrun zygote: ready: "))
+        .and_then(|j| serde_json::from_str::<Ready>(j).ok())
+    {
+        st.ready = pid.is_some();
+        st.preloaded = r.preloaded;
+        st.skipped = r.skipped;
+    }
+    st
+}
+
+/// `Pss` of `/proc/PID/smaps_rollup`, bytes.
+fn pss_bytes(pid: i32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Whether host pid `pid` is one of a shell init's own helpers (its Python zygote): a child of
+/// the init (host pid `init`) in the shell's own pid namespace. Every process of a run is in
+/// its cell's pid namespace, one level further down, so none can pass for one.
+pub fn is_shell_helper(pid: i32, init: i32) -> bool {
+    let field = |pid: i32, name: &str| -> Option<String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    let depth = |pid: i32| field(pid, "NSpid:").map(|ns| ns.split_whitespace().count());
+    field(pid, "PPid:").and_then(|p| p.parse::<i32>().ok()) == Some(init)
+        && depth(pid).is_some()
+        && depth(pid) == depth(init)
+}
+
 // --- the cell ---------------------------------------------------------------------------------
 
 /// A cell's hold on its shell's zygote (copies of the init's fds, kept through the clone).
@@ -434,18 +515,47 @@ pub(crate) struct RunParts<'a> {
     pub landlock: Option<&'a OwnedFd>,
 }
 
+/// Why the zygote did not take a run (before anything of the run executed: the cell execs
+/// the command instead).
+#[derive(Debug)]
+pub(crate) struct NotForked {
+    pub reason: String,
+    /// The zygote misbehaved (gone, silent, failing): the host replaces the shell.
+    pub fault: bool,
+}
+
+impl NotForked {
+    fn fault(reason: impl Into<String>) -> Self {
+        NotForked {
+            reason: reason.into(),
+            fault: true,
+        }
+    }
+}
+
+impl From<String> for NotForked {
+    /// A run the zygote cannot take: no fault of it.
+    fn from(reason: String) -> Self {
+        NotForked {
+            reason,
+            fault: false,
+        }
+    }
+}
+
 /// Asks the zygote for a child in this cell running `run`; waits (bounded) until the child
-/// says it runs. An error says why not, before anything of the run executed: the caller execs
-/// the command instead.
+/// says it runs.
 pub(crate) fn fork_run(
     link: &ZygoteLink,
     place: &CellPlace,
     run: &RunParts<'_>,
-) -> Result<Forked, String> {
+) -> Result<Forked, NotForked> {
     if !link.ready() {
-        return Err("the zygote is not ready (still importing)".into());
+        return Err("the zygote is not ready (still importing)"
+            .to_string()
+            .into());
     }
-    let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    let (ours, theirs) = control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
     let req = ForkRequest {
         mode: &run.invocation.mode,
         target: run.invocation.target.as_deref(),
@@ -471,13 +581,13 @@ pub(crate) fn fork_run(
         fds.push(l.as_raw_fd());
     }
     control::send_json(link.channel.as_fd(), &req, &fds)
-        .map_err(|_| "the zygote is gone".to_string())?;
+        .map_err(|_| NotForked::fault("the zygote is gone"))?;
     drop(theirs);
     if !control::wait_readable(ours.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
-        return Err(format!(
+        return Err(NotForked::fault(format!(
             "the zygote did not answer within {} s",
             FORK_WAIT.as_secs()
-        ));
+        )));
     }
     match control::recv_json::<Report>(ours.as_fd()) {
         Ok(Some((
@@ -492,15 +602,17 @@ pub(crate) fn fork_run(
                 ..
             },
             _,
-        ))) => Err(why),
+        ))) => Err(why.into()),
         Ok(Some((
             Report {
                 failed: Some(why), ..
             },
             _,
-        ))) => Err(format!("the zygote's child failed: {why}")),
-        Ok(Some(_)) => Err("the zygote sent something else".into()),
-        Ok(None) | Err(_) => Err("the zygote is gone".into()),
+        ))) => Err(NotForked::fault(format!(
+            "the zygote's child failed: {why}"
+        ))),
+        Ok(Some(_)) => Err(NotForked::fault("the zygote sent something else")),
+        Ok(None) | Err(_) => Err(NotForked::fault("the zygote is gone")),
     }
 }
 
@@ -565,9 +677,8 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
                             system_us: system_us + orphans.system_us,
                             max_rss_kb: max_rss_kb.max(orphans.max_rss_kb),
                         },
-                        error: None,
                         zygote: Some(true),
-                        zygote_fallback: None,
+                        ..Default::default()
                     }
                 }
                 _ => {

@@ -1,0 +1,344 @@
+//! The Python zygote in the daemon's pool (issue 14), end to end: what it enforces, how it
+//! fails, what the operator sees. (`zygote.rs` holds the differential corpus: the same output
+//! as a fresh interpreter.)
+//!
+//! Contract under test:
+//! - a run forked by the zygote is confined exactly like an exec'd one of the same profile:
+//!   capabilities, no_new_privs, seccomp filters, Landlock (writes outside the profile's
+//!   writable paths denied), rlimits, its own pid namespace (it sees only its cell), the same
+//!   environment and working directory; its span says `sandbox.zygote=true`;
+//! - a zygote that is killed fails no run, and its shell's init starts it again; one that
+//!   hangs fails no run either (the run is exec'd after a bounded wait, with the reason on
+//!   the span) and its shell is replaced;
+//! - `agentrun pool status` shows each pool's zygote: ready, what it imported, what it skipped
+//!   (a module that cannot be imported is reported, never fatal), its PSS;
+//! - runs the zygote cannot take (interpreter options, start-up variables, another program,
+//!   the cold path) are exec'd and say why on the span;
+//! - nothing is left on the host after the daemon stops.
+//!
+//! Needs root; holds the exclusive e2e lock (a daemon).
+
+use std::time::Duration;
+
+use agentrun_e2e::otlp::{OtlpReceiver, ReceivedSpan};
+use agentrun_e2e::*;
+
+/// How long a pool with a zygote may take to fill and its zygote to import (debug build).
+const READY: Duration = Duration::from_secs(90);
+
+/// A profile file: the default profile with a zygote preloading `preload`.
+fn zygote_profile(dir: &std::path::Path, preload: &[&str]) -> String {
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bundles/default.toml"
+    ))
+    .expect("bundles/default.toml");
+    let list: Vec<String> = preload.iter().map(|m| format!("{m:?}")).collect();
+    let text = format!(
+        "{}\n[python]\nzygote = true\npreload = [{}]\n",
+        base.replace("name = \"default\"", "name = \"zygote-test\""),
+        list.join(", ")
+    );
+    let path = dir.join("zygote-test.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+struct Setup {
+    d: Daemon,
+    rx: OtlpReceiver,
+    profile: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A daemon keeping a pool of `size` shells of the host image with the zygote profile.
+fn start(preload: &[&str], size: usize) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = zygote_profile(dir.path(), preload);
+    let rx = OtlpReceiver::grpc();
+    let mut d = Daemon::unstarted();
+    for (k, v) in rx.otel_env() {
+        d.set_env(k, v);
+    }
+    d.launch([
+        "--pool-size".to_string(),
+        "1".into(),
+        "--pool".into(),
+        format!("host:{profile}={size}"),
+    ]);
+    Setup {
+        d,
+        rx,
+        profile,
+        _dir: dir,
+    }
+}
+
+impl Setup {
+    /// Runs `python3 -c CODE` with the zygote profile; returns the output and its span (found
+    /// by a token unique to this run in its command line).
+    fn python(&self, code: &str) -> (RunOutput, ReceivedSpan) {
+        self.run_with(&[], &["python3", "-c", code])
+    }
+
+    fn run_with(&self, opts: &[&str], cmd: &[&str]) -> (RunOutput, ReceivedSpan) {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = format!("run-{}-{n}", std::process::id());
+        let mut cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        // A comment opening the code (the span keeps the command line's start), or a harmless
+        // last argument, marks the run's span.
+        match cmd.iter().position(|a| a == "-c") {
+            Some(i) if cmd[0].contains("python") => {
+                cmd[i + 1] = format!("#{token}\n{}", cmd[i + 1])
+            }
+            _ => cmd.push(token.clone()),
+        }
+        let mut all = vec!["--profile".to_string(), self.profile.clone()];
+        all.extend(opts.iter().map(|s| s.to_string()));
+        let out = self
+            .d
+            .exec_with(all, cmd)
+            .timeout(Duration::from_secs(60))
+            .run();
+        let span = wait_until(Duration::from_secs(15), || {
+            self.rx.spans().into_iter().find(|s| {
+                s.name == "sandbox.exec" && s.attr("process.command_line").contains(&token)
+            })
+        })
+        .unwrap_or_else(|| panic!("no sandbox.exec span for {token}\n{out}\n{}", self.d.log()));
+        (out, span)
+    }
+
+    /// Runs `print(1)` until one run is forked by a zygote (the pool's shells are made and
+    /// their zygotes import in the background).
+    fn wait_zygote(&self) {
+        let used = wait_until(READY, || {
+            let (out, span) = self.python("print(1)");
+            assert_eq!(out.stdout(), "1\n", "{out}\n{}", self.d.log());
+            (span.attr("sandbox.zygote") == "true").then_some(())
+        });
+        assert!(
+            used.is_some(),
+            "no run went through a zygote within {READY:?}\n{}",
+            self.d.log()
+        );
+    }
+
+    /// The pool's zygote status (`pool status --json`).
+    fn zygote_status(&self) -> serde_json::Value {
+        let st = self.d.pool_status_json();
+        st["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["profile"] == self.profile.as_str())
+            .map(|p| p["zygote"].clone())
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// What a process can do and see, printed for comparison between the zygote and exec.
+const PROBE: &str = r#"
+import os, resource, sys
+print("fds", sorted(os.listdir("/proc/self/fd")))
+st = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
+for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters"):
+    print(k, st[k].strip())
+for p in ("/etc/agentrun-probe", "/usr/agentrun-probe", "/tmp/agentrun-probe", "/root/agentrun-probe"):
+    try:
+        open(p, "w").close(); print("write", p, "ok")
+    except OSError as e:
+        print("write", p, e.errno)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("unshare", libc.unshare(0x00020000), ctypes.get_errno())
+print("setns", libc.setns(os.open("/proc/self/ns/mnt", os.O_RDONLY), 0), ctypes.get_errno())
+print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+print("ids", os.getuid(), os.getgid(), os.getgroups(), os.getpgrp() == os.getpid(), os.getsid(0) == os.getsid(1))
+print("cwd", os.getcwd())
+for r in ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"):
+    print(r, resource.getrlimit(getattr(resource, r)))
+print("env", sorted(k for k in os.environ if k != "TRACEPARENT"))
+print("mnt", len(open("/proc/self/mountinfo").read().splitlines()))
+"#;
+
+#[test]
+fn a_forked_run_is_confined_exactly_like_an_exec_d_one() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let (zyg, span) = s.python(PROBE);
+    assert_eq!(span.attr("sandbox.zygote"), "true", "{span:#?}");
+    // `-X utf8` is an interpreter option: the same code, exec'd in the same pool.
+    let (exec, span) = s.run_with(&[], &["python3", "-X", "utf8=0", "-c", PROBE]);
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert!(
+        span.attr("sandbox.zygote_fallback")
+            .contains("interpreter option -X"),
+        "{span:#?}"
+    );
+    assert_eq!(zyg.code(), 0, "{zyg}");
+    assert_eq!(exec.code(), 0, "{exec}");
+    assert_eq!(zyg.stdout(), exec.stdout(), "zygote:\n{zyg}\nexec:\n{exec}");
+    let lines = zyg.stdout();
+    // Not only equal: what the profile says.
+    assert!(
+        lines.contains("CapEff 0000000000000000") || !lines.contains("CapEff 0000003"),
+        "{lines}"
+    );
+    assert!(lines.contains("NoNewPrivs 1"), "{lines}");
+    assert!(lines.contains("Seccomp 2"), "{lines}");
+    assert!(
+        lines.contains("write /etc/agentrun-probe 13"),
+        "Landlock denies /etc: {lines}"
+    );
+    assert!(lines.contains("write /tmp/agentrun-probe ok"), "{lines}");
+    assert!(
+        lines.contains("unshare -1 1\n"),
+        "seccomp/caps deny unshare: {lines}"
+    );
+    assert!(
+        lines.contains("setns -1 1\n"),
+        "setns denied in the run: {lines}"
+    );
+    assert!(
+        lines.contains("pids [1, 2]"),
+        "only its cell's processes: {lines}"
+    );
+    assert!(
+        lines.contains("fds ['0', '1', '2', '3']"),
+        "only 0, 1, 2 (and the listing's): {lines}"
+    );
+}
+
+#[test]
+fn a_killed_zygote_fails_no_run_and_is_started_again() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let before = s.zygote_status();
+    let pid = before["pid"].as_i64().expect("a zygote pid") as i32;
+    assert!(before["ready"].as_bool().unwrap(), "{before}");
+    // SAFETY: kill(2) of a process of the test's own daemon.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (out, _) = s.python("print('after the kill')");
+    assert_eq!(out.stdout(), "after the kill\n", "{out}\n{}", s.d.log());
+    s.wait_zygote();
+    let after = s.zygote_status();
+    let new = after["pid"].as_i64().expect("a zygote pid again") as i32;
+    assert_ne!(new, pid, "{after}");
+    assert!(after["ready"].as_bool().unwrap(), "{after}");
+}
+
+#[test]
+fn a_hung_zygote_fails_no_run_and_its_shell_is_replaced() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let pid = s.zygote_status()["pid"].as_i64().expect("a zygote pid") as i32;
+    // SAFETY: kill(2) of a process of the test's own daemon.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let (out, span) = s.python("print('despite the hang')");
+    assert_eq!(out.stdout(), "despite the hang\n", "{out}\n{}", s.d.log());
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert!(
+        span.attr("sandbox.zygote_fallback")
+            .contains("did not answer"),
+        "{span:#?}"
+    );
+    // The shell is discarded for it; a new shell's zygote takes the next runs.
+    s.wait_zygote();
+    let st = s.d.pool_status_json();
+    assert!(
+        st["discarded"]["zygote_failed"].as_u64().unwrap_or(0) >= 1,
+        "the shell with the hung zygote must be discarded: {st}"
+    );
+    // SAFETY: as above (it may be gone with its shell already).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+#[test]
+fn pool_status_shows_the_zygote_its_imports_and_its_memory() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json", "no_such_module_here", "email.mime.text"], 1);
+    s.wait_zygote();
+    let z = s.zygote_status();
+    assert_eq!(z["ready"], true, "{z}");
+    assert_eq!(
+        z["preloaded"],
+        serde_json::json!(["json", "email.mime.text"]),
+        "{z}"
+    );
+    let why = z["skipped"]["no_such_module_here"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("ModuleNotFoundError"), "{z}");
+    let pss = z["pss_bytes"].as_u64().unwrap();
+    assert!(pss > 1 << 20 && pss < 512 << 20, "PSS {pss}: {z}");
+    let text = s.d.agentrun(["pool", "status"]).run().success();
+    assert!(
+        text.contains(
+            "python zygote: ready; preloaded: json, email.mime.text; skipped: no_such_module_here"
+        ),
+        "{text}"
+    );
+    // A skipped module is only that: the preloaded ones are there in runs.
+    let (out, span) = s.python("import sys; print('json' in sys.modules)");
+    assert_eq!(span.attr("sandbox.zygote"), "true");
+    assert_eq!(out.stdout(), "True\n", "{out}");
+}
+
+#[test]
+fn runs_the_zygote_cannot_take_are_exec_d_and_say_why() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    for (opts, cmd, why) in [
+        (
+            &[][..],
+            &["python3", "-I", "-c", "print(7)"][..],
+            "interpreter option -I",
+        ),
+        (
+            &["-e", "PYTHONPATH=/nowhere"][..],
+            &["python3", "-c", "print(7)"][..],
+            "PYTHONPATH",
+        ),
+        (
+            &["-e", "PYTHONHASHSEED=0"][..],
+            &["python3", "-c", "print(7)"][..],
+            "PYTHONHASHSEED",
+        ),
+        (
+            &[][..],
+            &["/usr/bin/python3", "-c", "print(7)"][..],
+            "not python3",
+        ),
+        (&[][..], &["sh", "-c", "echo 7; : "][..], "not python3"),
+    ] {
+        let (out, span) = s.run_with(opts, cmd);
+        assert_eq!(out.stdout(), "7\n", "{cmd:?}: {out}");
+        assert_eq!(span.attr("sandbox.zygote"), "false", "{cmd:?}: {span:#?}");
+        assert!(
+            span.attr("sandbox.zygote_fallback").contains(why),
+            "{cmd:?}: reason must name {why:?}: {span:#?}"
+        );
+    }
+    // A script that does not exist: python3's own message, from an exec.
+    let (out, span) = s.run_with(&[], &["python3", "/no/such/script.py"]);
+    assert_eq!(out.code(), 2, "{out}");
+    assert!(
+        out.stderr()
+            .contains("can't open file '/no/such/script.py'"),
+        "{out}"
+    );
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    // The cold path has no pooled shell, so no zygote.
+    let out = exec_with(
+        ["--no-daemon", "--profile", s.profile.as_str()],
+        ["python3", "-c", "print(8)"],
+    )
+    .run();
+    assert_eq!(out.success(), "8\n");
+}
