@@ -429,6 +429,7 @@ mod tests {
                 error: None,
                 zygote: Some(false),
                 zygote_fallback: Some("interpreter option -I".into()),
+                zygote_fault: false,
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
