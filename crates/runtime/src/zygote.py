@@ -14,6 +14,34 @@
 import sys
 import os
 
+# What a fresh interpreter has when its program starts: modules, and signals ignored (the
+# interpreter's own SIGPIPE and SIGXFSZ, and what it inherited, as an exec'd command does).
+_FRESH_MODULES = frozenset(sys.modules)
+
+
+def _sigset(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                mask = int(line.split()[1], 16)
+                return frozenset(n + 1 for n in range(64) if mask >> n & 1)
+    return frozenset()
+
+
+_FRESH_IGNORED = _sigset("SigIgn:")
+
+# The preload list first, so that what it imports is told apart from what this file imports
+# (which a run's process does not keep, see _reset_interpreter).
+_report = {"preloaded": [], "skipped": {}}
+for _name in sys.argv[1:]:
+    try:
+        __import__(_name)
+        _report["preloaded"].append(_name)
+    except BaseException as e:  # reported and skipped, never fatal
+        _report["skipped"][_name] = "%s: %s" % (type(e).__name__, e)
+del _name
+_PRELOADED_MODULES = frozenset(sys.modules) - _FRESH_MODULES
+
 _BOOT = globals()
 _ZYGOTE_FD = 3
 _READY_FD = 4
@@ -41,8 +69,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ARCH = os.uname().machine
 # capget/capset numbers (the rest go through glibc's wrappers).
 _SYS = {
-    "x86_64": {"capget": 125, "capset": 126},
-    "aarch64": {"capget": 90, "capset": 91},
+    "x86_64": {"capget": 125, "capset": 126, "rt_sigaction": 13},
+    "aarch64": {"capget": 90, "capset": 91, "rt_sigaction": 134},
 }.get(_ARCH)
 _SYS_LANDLOCK_RESTRICT_SELF = 446  # the same on every architecture
 _CLONE_NEWNS = 0x00020000
@@ -128,14 +156,6 @@ _OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 # -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
 _UNBUFFERED = sys.stdout.write_through
 
-_report = {"preloaded": [], "skipped": {}}
-for _name in sys.argv[1:]:
-    try:
-        __import__(_name)
-        _report["preloaded"].append(_name)
-    except BaseException as e:  # reported and skipped, never fatal
-        _report["skipped"][_name] = "%s: %s" % (type(e).__name__, e)
-del _name
 # One line in the shell's init log, which `agentrun pool status` reads.
 os.write(2, ("agentrun zygote: ready: %s\n" % json.dumps(_report)).encode())
 del _report
@@ -322,16 +342,45 @@ def _fresh_stdio():
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = made
 
 
+def _ignore_raw(sig):
+    """SIG_IGN for a signal glibc keeps to itself (32, 33: sigaction refuses them; glibc
+    installs its handler again when it needs one)."""
+    if _SYS is None:
+        return
+    act = (ctypes.c_ulong * 4)(1, 0, 0, 0)  # handler SIG_IGN, flags, (restorer,) mask
+    if _ARCH == "aarch64":
+        act = (ctypes.c_ulong * 3)(1, 0, 0)
+    _libc.syscall(_SYS["rt_sigaction"], sig, act, None, 8)
+
+
+def _fresh_signals():
+    """Signal dispositions as a fresh interpreter has them: what it was started with ignored,
+    SIGINT raising KeyboardInterrupt, the rest default."""
+    caught = _sigset("SigCgt:")
+    ignored = _sigset("SigIgn:")
+    for sig in range(1, 65):
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        want_ignored = sig in _FRESH_IGNORED
+        if sig == signal.SIGINT:
+            signal.signal(sig, signal.default_int_handler)
+        elif want_ignored and sig not in ignored:
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (OSError, ValueError):
+                _ignore_raw(sig)
+        elif not want_ignored and (sig in ignored or sig in caught):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # glibc's own (its handler does nothing unless glibc asked for it)
+
+
 def _reset_interpreter(req):
     """What a fresh interpreter would have that the zygote's copy does not."""
     import importlib
     import warnings
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2, signal.SIGALRM):
-        signal.signal(sig, signal.SIG_DFL)
+    _fresh_signals()
     os.environ.clear()
     for kv in req["env"]:
         k, _, v = kv.partition("=")
@@ -348,6 +397,10 @@ def _reset_interpreter(req):
         except Exception:
             pass
     _fresh_stdio()
+    # The modules this file imported are the zygote's, not the run's: a fresh interpreter
+    # has only its own and (here) the preload list's. Ours keep working for this file.
+    for name in set(sys.modules) - _FRESH_MODULES - _PRELOADED_MODULES:
+        del sys.modules[name]
 
 
 def _main_module(**attrs):
@@ -388,7 +441,8 @@ def _run(req):
         sys.argv = args if args else [""]
         sys.path[0] = ""
         source, filename = sys.stdin.buffer.read(), "<stdin>"
-        g = _main_module(__loader__=importlib.machinery.BuiltinImporter, __spec__=None,
+        g = _main_module(__file__="<stdin>", __cached__=None,
+                         __loader__=importlib.machinery.BuiltinImporter, __spec__=None,
                          __package__=None, __doc__=None)
     else:
         sys.argv = [target] + args
@@ -432,8 +486,9 @@ except KeyboardInterrupt as e:
     sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
     sys.excepthook(type(e), e, e.__traceback__)
     import atexit
-    import threading
-    threading._shutdown()
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
