@@ -91,11 +91,10 @@ async fn start_context(
 ) -> ApiResult<Arc<CodeContext>> {
     rec.check_not_paused()?;
     let marker = format!("\u{1}agentrun-{}:", random_token()?);
-    let argv = vec!["python3".into(), "-u".into(), "-c".into(), DRIVER.into()];
-    let env = vec![
-        ("AGENTRUN_CODE_MARKER".to_string(), marker.clone()),
-        ("PYTHONIOENCODING".to_string(), "utf-8".to_string()),
-    ];
+    // No interpreter options nor PYTHON* variables (the driver sets its streams up itself):
+    // a sandbox whose profile has a Python zygote forks the context from it.
+    let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
+    let env = vec![("AGENTRUN_CODE_MARKER".to_string(), marker.clone())];
     let cwd = cwd.filter(|c| !c.is_empty()).unwrap_or_else(|| "/".into());
     let interpreter = match InteractiveProcess::start(server, rec, argv, env, cwd).await {
         Ok(p) => p,

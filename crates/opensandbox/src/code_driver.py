@@ -12,6 +12,12 @@ import sys
 import traceback
 
 MARK = os.environ.pop("AGENTRUN_CODE_MARKER")
+# UTF-8 whatever the locale, and written through (what `-u` and PYTHONIOENCODING would do,
+# which would keep a context from being forked by the sandbox's Python zygote).
+for _stream in (sys.stdin, sys.stdout, sys.stderr):
+    _stream.reconfigure(encoding="utf-8")
+for _stream in (sys.stdout, sys.stderr):
+    _stream.reconfigure(write_through=True)
 REAL = sys.__stdout__
 REQUESTS = sys.stdin
 sys.stdin = io.StringIO()

@@ -160,15 +160,21 @@ fn run(
     let mounts: Vec<(CellMount, OwnedFd)> = req.mounts.iter().cloned().zip(fds).collect();
     let stderr = stdio.as_ref().map(|s| s[2].as_raw_fd());
     let mut plan = None;
+    let mut live_plan = None;
     let confined = root
         .and_then(|()| attach_run_mounts(mounts))
         .and_then(|()| {
             // The zygote's way in is opened while the cell's PID 1 still can.
-            plan = match &req.work {
-                CellWork::Run(cmd) if cmd.zygote => Some(zygote_plan(template, link, cmd)),
-                _ => None,
-            };
-            confine(template, &req, matches!(plan, Some(Ok(_))))
+            match &req.work {
+                CellWork::Run(cmd) if cmd.zygote => plan = Some(zygote_plan(template, link, cmd)),
+                CellWork::Live => live_plan = live_zygote_plan(template, link),
+                CellWork::Run(_) => {}
+            }
+            confine(
+                template,
+                &req,
+                matches!(plan, Some(Ok(_))) || live_plan.is_some(),
+            )
         });
     let ruleset = match confined {
         Ok(r) => r,
@@ -194,7 +200,17 @@ fn run(
         }
     }
     match req.work {
-        CellWork::Live => reaper::serve_live(channel),
+        CellWork::Live => {
+            let zygote = live_plan.map(|(link, place)| zygote::LiveZygote {
+                link,
+                place,
+                ruleset,
+                env: template.zygote.as_ref().map(|z| z.env.clone()).unwrap_or_default(),
+                nofile: req.nofile,
+                nproc: req.nproc,
+            });
+            reaper::serve_live(channel, zygote)
+        }
         CellWork::Run(cmd) => {
             // The command's stdio becomes ours: its spawn inherits it, and our messages about
             // it go to its stderr.
@@ -272,6 +288,18 @@ fn zygote_plan(
     let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
     let place = CellPlace::open().map_err(|e| format!("opening the cell's namespaces: {e}"))?;
     Ok((invocation, place, link))
+}
+
+/// A long-lived cell's hold on the shell's zygote, if it has one (its processes that can be
+/// forked are; see [`zygote::LiveZygote`]).
+fn live_zygote_plan(
+    template: &CellTemplate,
+    link: Option<ZygoteLink>,
+) -> Option<(ZygoteLink, CellPlace)> {
+    template.zygote.as_ref()?;
+    let link = link?;
+    let place = CellPlace::open().ok()?;
+    Some((link, place))
 }
 
 /// Reports a cell that could not be made (on its channel and, for a command, its stderr)

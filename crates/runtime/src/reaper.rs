@@ -319,9 +319,40 @@ pub(crate) fn wait_either(
     }
 }
 
+/// [`wait_either`] for a long-lived PID 1, also over the report sockets of the processes the
+/// zygote forked: (control readable, signals readable, ids of forked processes that ended).
+fn wait_live(
+    control: std::os::fd::BorrowedFd<'_>,
+    signals: &nix::sys::signalfd::SignalFd,
+    forked: &HashMap<u64, crate::zygote::Forked>,
+) -> nix::Result<(bool, bool, Vec<u64>)> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ids: Vec<u64> = forked.keys().copied().collect();
+    loop {
+        let mut pfds = vec![
+            PollFd::new(control, PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        pfds.extend(ids.iter().map(|id| PollFd::new(forked[id].report(), PollFlags::POLLIN)));
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+        let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
+        let ended = ids
+            .iter()
+            .zip(&pfds[2..])
+            .filter(|(_, p)| ready(p))
+            .map(|(id, _)| *id)
+            .collect();
+        return Ok((ready(&pfds[0]), ready(&pfds[1]), ended));
+    }
+}
+
 /// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports
 /// every process's start and exit, reaps orphans. Never returns.
-pub(crate) fn serve_live(control: OwnedFd) -> ! {
+pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZygote>) -> ! {
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let all = SigSet::all();
     if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
@@ -334,6 +365,8 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
     // pid -> id, and id -> pid (= its process group), of the processes still running.
     let mut by_pid: HashMap<i32, u64> = HashMap::new();
     let mut by_id: HashMap<u64, i32> = HashMap::new();
+    // Processes the zygote forked (not our children: their end comes on their report socket).
+    let mut forked: HashMap<u64, crate::zygote::Forked> = HashMap::new();
     let send = |ev: &LiveEvent| {
         // A failed send means the host is gone; the next recv sees EOF and we exit.
         let _ = control::send_json(control.as_fd(), ev, &[]);
@@ -341,10 +374,27 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
     let handle = |req: LiveRequest,
                   fds: Vec<OwnedFd>,
                   by_pid: &mut HashMap<i32, u64>,
-                  by_id: &mut HashMap<u64, i32>| match req {
+                  by_id: &mut HashMap<u64, i32>,
+                  forked: &mut HashMap<u64, crate::zygote::Forked>| match req {
         LiveRequest::Spawn(sp) => {
             let id = sp.id;
             let stdio: Result<[OwnedFd; 3], _> = fds.try_into();
+            // Through the zygote if it takes it; else (and on any failure of it) exec'd.
+            let stdio = match (stdio, &zygote) {
+                (Ok(stdio), Some(z)) => match z.spawn(&sp, &stdio) {
+                    Ok(child) => {
+                        by_id.insert(id, child.pid());
+                        send(&LiveEvent::Started {
+                            id,
+                            pid: child.pid(),
+                        });
+                        forked.insert(id, child);
+                        return;
+                    }
+                    Err(_) => Ok(stdio),
+                },
+                (stdio, _) => stdio,
+            };
             let cmd = match stdio {
                 Ok(stdio) => Command::new(sp.argv, &sp.env, sp.cwd, Some(stdio)),
                 Err(_) => Err(BadCommand("a process needs exactly 3 fds (stdio)".into())),
@@ -392,9 +442,20 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
         }
     };
     loop {
-        let Ok((control_ready, signal_ready)) = wait_either(control.as_fd(), &signals) else {
+        let Ok((control_ready, signal_ready, ended)) =
+            wait_live(control.as_fd(), &signals, &forked)
+        else {
             exit_now(EXIT_SETUP_FAILED)
         };
+        for id in ended {
+            if let Some(child) = forked.remove(&id) {
+                by_id.remove(&id);
+                send(&LiveEvent::Exited {
+                    id,
+                    result: child.end(),
+                });
+            }
+        }
         if signal_ready {
             // Only SIGCHLD matters; other signals sent to PID 1 are dropped (the host talks
             // to processes through the channel).
@@ -419,7 +480,7 @@ pub(crate) fn serve_live(control: OwnedFd) -> ! {
         if control_ready {
             match control::recv(control.as_fd()) {
                 Ok(Some((bytes, fds))) => match serde_json::from_slice::<LiveRequest>(&bytes) {
-                    Ok(req) => handle(req, fds, &mut by_pid, &mut by_id),
+                    Ok(req) => handle(req, fds, &mut by_pid, &mut by_id, &mut forked),
                     Err(_) => continue,
                 },
                 // The host closed the channel: the sandbox is over. Exiting PID 1 kills every

@@ -22,7 +22,7 @@
 //! any run: a zygote trusts its image as the shell trusts its `/usr`.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -628,6 +628,7 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
         exit_code: reaper::EXIT_SETUP_FAILED,
         error: Some(msg.to_string()),
         zygote: Some(true),
+        zygote_fault: true,
         ..Default::default()
     };
     let Ok(signals) = SignalFd::with_flags(
@@ -655,40 +656,119 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
             }
         }
         if report_ready {
-            return match control::recv_json::<Report>(forked.report.as_fd()) {
-                Ok(Some((
-                    Report {
-                        exit: Some(status),
+            let mut result = forked.end();
+            if result.error.is_none() {
+                while reaper::reap_one().is_some() {}
+                let orphans = reaper::children_usage();
+                result.usage.user_us += orphans.user_us;
+                result.usage.system_us += orphans.system_us;
+                result.usage.max_rss_kb = result.usage.max_rss_kb.max(orphans.max_rss_kb);
+            } else {
+                reaper::say_on(2, result.error.as_deref().unwrap_or_default());
+            }
+            return result;
+        }
+    }
+}
+
+impl Forked {
+    /// The child's pid in the cell.
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The socket the child's end is reported on (readable once it has ended, or the zygote
+    /// is gone).
+    pub(crate) fn report(&self) -> BorrowedFd<'_> {
+        self.report.as_fd()
+    }
+
+    /// How the child ended, as the zygote reports it once [`Forked::report`] is readable. The
+    /// zygote gone instead: the child is killed and the result is a setup failure (its status
+    /// is lost).
+    pub(crate) fn end(&self) -> InitResult {
+        match control::recv_json::<Report>(self.report.as_fd()) {
+            Ok(Some((
+                Report {
+                    exit: Some(status),
+                    user_us,
+                    system_us,
+                    max_rss_kb,
+                    ..
+                },
+                _,
+            ))) => {
+                let (exit_code, signal) = reaper::decode_status(status);
+                InitResult {
+                    exit_code,
+                    signal,
+                    usage: ResourceUsage {
                         user_us,
                         system_us,
                         max_rss_kb,
-                        ..
                     },
-                    _,
-                ))) => {
-                    while reaper::reap_one().is_some() {}
-                    let (exit_code, signal) = reaper::decode_status(status);
-                    let orphans = reaper::children_usage();
-                    InitResult {
-                        exit_code,
-                        signal,
-                        usage: ResourceUsage {
-                            user_us: user_us + orphans.user_us,
-                            system_us: system_us + orphans.system_us,
-                            max_rss_kb: max_rss_kb.max(orphans.max_rss_kb),
-                        },
-                        zygote: Some(true),
-                        ..Default::default()
-                    }
+                    zygote: Some(true),
+                    ..Default::default()
                 }
-                _ => {
-                    let _ = kill(child, Signal::SIGKILL);
-                    let msg = "the zygote ended during the run: its exit status is lost";
-                    reaper::say_on(2, msg);
-                    gone(msg)
+            }
+            _ => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                InitResult {
+                    exit_code: reaper::EXIT_SETUP_FAILED,
+                    error: Some("the zygote ended during the run: its exit status is lost".into()),
+                    zygote: Some(true),
+                    zygote_fault: true,
+                    ..Default::default()
                 }
-            };
+            }
         }
+    }
+}
+
+/// What a long-lived cell keeps to have its processes forked by the shell's zygote: the
+/// zygote, the cell's namespaces and root, its Landlock ruleset, its limits.
+pub(crate) struct LiveZygote {
+    pub link: ZygoteLink,
+    pub place: CellPlace,
+    pub ruleset: Option<OwnedFd>,
+    /// The zygote's environment (a process's start-up variables must match it).
+    pub env: Vec<String>,
+    pub nofile: u64,
+    pub nproc: u64,
+}
+
+impl LiveZygote {
+    /// Forks `sp` from the zygote if it can take it (see [`invocation`]; not as another user,
+    /// nor in a session of its own: a terminal's process is exec'd).
+    pub(crate) fn spawn(
+        &self,
+        sp: &control::SpawnRequest,
+        stdio: &[OwnedFd; 3],
+    ) -> Result<Forked, NotForked> {
+        if sp.user.as_deref().is_some_and(|u| !u.is_empty()) {
+            return Err("runs as another user".to_string().into());
+        }
+        if sp.new_session {
+            return Err("a session of its own (a terminal)".to_string().into());
+        }
+        let invocation = invocation(&sp.argv, &sp.env, &self.env)?;
+        fork_run(
+            &self.link,
+            &self.place,
+            &RunParts {
+                invocation: &invocation,
+                argv: &sp.argv,
+                env: &sp.env,
+                cwd: &sp.cwd,
+                nofile: self.nofile,
+                nproc: self.nproc,
+                stdio,
+                landlock: self.ruleset.as_ref(),
+            },
+        )
     }
 }
 

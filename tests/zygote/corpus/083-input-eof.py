@@ -1,0 +1,6 @@
+# about: input() on an empty stdin: EOFError
+# mode: c
+# stdin: ""
+# exit: 1
+print('reading')
+input()

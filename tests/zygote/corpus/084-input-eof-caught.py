@@ -1,0 +1,6 @@
+# about: EOFError caught
+# mode: c
+try:
+    input()
+except EOFError as e:
+    print('eof', repr(e))

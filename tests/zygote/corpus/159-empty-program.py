@@ -1,0 +1,2 @@
+# about: a program that does nothing (only this comment)
+# mode: c

@@ -1,0 +1,1 @@
+"""The package the -m snippets run (corpus/011, 012)."""
