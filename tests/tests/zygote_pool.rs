@@ -342,3 +342,27 @@ fn runs_the_zygote_cannot_take_are_exec_d_and_say_why() {
     .run();
     assert_eq!(out.success(), "8\n");
 }
+
+#[test]
+fn the_clients_ctrl_c_reaches_a_forked_run_as_keyboard_interrupt() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let code = "import time\nprint('up', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n";
+    let mut run =
+        s.d.exec_with(["--profile", s.profile.as_str()], ["python3", "-c", code])
+            .spawn();
+    let up = wait_until(Duration::from_secs(30), || {
+        run.stdout_so_far().contains("up").then_some(())
+    });
+    assert!(
+        up.is_some(),
+        "the run never started: {}",
+        run.stderr_so_far()
+    );
+    run.signal(libc::SIGINT);
+    let out = run.wait_or_kill(Duration::from_secs(20));
+    assert_eq!(out.stdout(), "up\ninterrupted\n", "{out}");
+    assert!(out.stderr().contains("KeyboardInterrupt"), "{out}");
+    assert_eq!(out.code(), 130, "{out}");
+}

@@ -124,6 +124,8 @@ pub struct ProcessExit {
     pub usage: ResourceUsage,
     /// The sandbox went away (deleted, or its init died) before the process reported.
     pub lost: bool,
+    /// The shell's Python zygote forked it (instead of an exec).
+    pub zygote: bool,
 }
 
 /// Called once, from the sandbox's event thread, when a process has exited.
@@ -479,6 +481,7 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                         signal: result.signal,
                         usage: result.usage,
                         lost: false,
+                        zygote: result.zygote == Some(true),
                     });
                 }
             }
@@ -496,6 +499,7 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                         signal: Some(libc::SIGKILL),
                         usage: ResourceUsage::default(),
                         lost: true,
+                        zygote: false,
                     });
                 }
                 return;

@@ -378,6 +378,89 @@ fn many_sandboxes_in_parallel(live: &Arc<LiveManager>) {
     assert!(live.list().is_empty());
 }
 
+/// A sandbox whose profile has a Python zygote: its python3 processes are forked by the
+/// zygote (once it has imported its preload list), confined as exec'd ones, signalled and
+/// reported the same way; others are exec'd.
+fn python_processes_are_forked_by_the_zygote(live: &LiveManager) {
+    let dir = tempfile_dir();
+    let profile = dir.join("zygote.toml");
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bundles/default.toml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &profile,
+        format!("{base}\n[python]\nzygote = true\npreload = [\"json\"]\n"),
+    )
+    .unwrap();
+    let mut spec = spec();
+    spec.profile = profile.to_string_lossy().into_owned();
+    let sb = live.create(&spec).unwrap();
+    let code = "import os, sys; print(os.environ['A'], sys.argv[1:], os.getppid()); sys.exit(4)";
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        let p = start(&sb, &["python3", "-c", code, "x"], &[]).unwrap();
+        let e = p.exit.recv_timeout(WAIT).unwrap();
+        assert_eq!(e.exit_code, 4);
+        let out = p.out.recv_timeout(WAIT).unwrap();
+        if e.zygote {
+            // Its parent, the zygote, is outside the sandbox's pid namespace.
+            assert_eq!(out, "from-create ['x'] 0\n");
+            break e;
+        }
+        assert_eq!(out, "from-create ['x'] 1\n");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never forked by the zygote"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!exit.lost);
+    // Signalled through its process group like any process of the sandbox.
+    let p = start(
+        &sb,
+        &[
+            "python3",
+            "-c",
+            "import time; print('up', flush=True); time.sleep(100)",
+        ],
+        &[],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sb.signal(p.id, libc::SIGTERM, true).unwrap();
+    let e = p.exit.recv_timeout(WAIT).unwrap();
+    assert_eq!(
+        (e.exit_code, e.signal, e.zygote),
+        (143, Some(libc::SIGTERM), true)
+    );
+    // Stopping every process (a container's stop) reaches the forked ones too.
+    let p = start(&sb, &["python3", "-c", "import time; time.sleep(100)"], &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sb.signal_all(libc::SIGKILL).unwrap();
+    let e = p.exit.recv_timeout(WAIT).unwrap();
+    assert_eq!((e.signal, e.zygote), (Some(libc::SIGKILL), true));
+    // Not python3: exec'd.
+    let sh = start(&sb, &["/bin/sh", "-c", "exit 0"], &[]).unwrap();
+    assert!(!sh.exit.recv_timeout(WAIT).unwrap().zygote);
+    live.delete(sb.id()).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "agentrun-live-zygote-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 fn main() {
     type Case = fn(&Arc<LiveManager>);
     let cases: Vec<(&str, Case)> = vec![
@@ -397,6 +480,9 @@ fn main() {
             the_next_sandbox_reuses_the_shell_and_sees_nothing(l)
         }),
         ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
+        ("python_processes_are_forked_by_the_zygote", |l| {
+            python_processes_are_forked_by_the_zygote(l)
+        }),
     ];
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -205,7 +205,11 @@ fn run(
                 link,
                 place,
                 ruleset,
-                env: template.zygote.as_ref().map(|z| z.env.clone()).unwrap_or_default(),
+                env: template
+                    .zygote
+                    .as_ref()
+                    .map(|z| z.env.clone())
+                    .unwrap_or_default(),
                 nofile: req.nofile,
                 nproc: req.nproc,
             });

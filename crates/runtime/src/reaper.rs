@@ -333,7 +333,10 @@ fn wait_live(
             PollFd::new(control, PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
-        pfds.extend(ids.iter().map(|id| PollFd::new(forked[id].report(), PollFlags::POLLIN)));
+        pfds.extend(
+            ids.iter()
+                .map(|id| PollFd::new(forked[id].report(), PollFlags::POLLIN)),
+        );
         match poll(&mut pfds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
@@ -427,7 +430,9 @@ pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZyg
             }
         }
         LiveRequest::Signal { id, signal, group } => {
-            if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
+            if let Some(child) = forked.get(&id) {
+                child.signal(signal, group);
+            } else if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
                 let target = if group { -pid } else { pid };
                 let _ = kill(Pid::from_raw(target), sig);
             }
@@ -438,6 +443,11 @@ pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZyg
             // refuses forks with a fatal signal pending).
             if let Ok(sig) = Signal::try_from(signal) {
                 let _ = kill(Pid::from_raw(-1), sig);
+            }
+            // The zygote's children are out of our reach (their own Landlock domains): it
+            // signals them for us.
+            for child in forked.values() {
+                child.signal(signal, true);
             }
         }
     };

@@ -209,11 +209,12 @@ def _hung_up(fd):
 def _serve():
     """The zygote's loop. Returns only in a forked child, with its run."""
     sel = selectors.DefaultSelector()
-    sel.register(_chan, selectors.EVENT_READ)
+    sel.register(_chan, selectors.EVENT_READ, "request")
     children = {}  # pidfd -> (pid, report fd)
+    by_report = {}  # report fd -> pid
     while True:
         for key, _ in sel.select():
-            if key.fileobj is _chan:
+            if key.data == "request":
                 try:
                     msg, fds, _flags, _addr = socket.recv_fds(_chan, 1 << 20, 16)
                 except OSError:
@@ -246,13 +247,39 @@ def _serve():
                 run.close_all(keep=(run.report,))
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = (pid, run.report)
-                sel.register(pidfd, selectors.EVENT_READ)
+                by_report[run.report] = pid
+                sel.register(pidfd, selectors.EVENT_READ, "exit")
+                sel.register(run.report, selectors.EVENT_READ, "signal")
+            elif key.data == "signal":
+                # The cell asks for a signal to the child or its group. It cannot send it
+                # itself: the child restricted itself into a Landlock domain of its own, and
+                # Landlock lets no process outside it signal into it; the zygote has none.
+                pid = by_report.get(key.fd)
+                try:
+                    msg = json.loads(os.read(key.fd, 4096) or b"null")
+                except (OSError, ValueError):
+                    msg = None
+                if pid is None or not isinstance(msg, dict):
+                    sel.unregister(key.fd)  # the cell closed its end: nothing more to send
+                    continue
+                try:
+                    if msg.get("group"):
+                        os.killpg(pid, msg["signal"])
+                    else:
+                        os.kill(pid, msg["signal"])
+                except (OSError, KeyError, TypeError, ValueError):
+                    pass
             else:
                 pidfd = key.fd
                 sel.unregister(pidfd)
                 pid, report = children.pop(pidfd)
                 os.close(pidfd)
                 _, status, ru = os.wait4(pid, 0)
+                if by_report.pop(report, None) is not None:
+                    try:
+                        sel.unregister(report)
+                    except KeyError:
+                        pass
                 _send(report, {"exit": status, "user_us": int(ru.ru_utime * 1e6),
                                "system_us": int(ru.ru_stime * 1e6), "max_rss_kb": ru.ru_maxrss})
                 os.close(report)

@@ -621,9 +621,8 @@ pub(crate) fn fork_run(
 /// that outlive it are the cell's PID 1's), and returns how the child ended as its parent,
 /// the zygote, reports it.
 pub(crate) fn supervise(forked: Forked) -> InitResult {
-    use nix::sys::signal::{kill, SigSet, Signal};
+    use nix::sys::signal::{SigSet, Signal};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
-    use nix::unistd::Pid;
     let gone = |msg: &str| InitResult {
         exit_code: reaper::EXIT_SETUP_FAILED,
         error: Some(msg.to_string()),
@@ -637,7 +636,6 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
     ) else {
         return gone("cannot watch signals");
     };
-    let child = Pid::from_raw(forked.pid);
     loop {
         let Ok((report_ready, signal_ready)) = reaper::wait_either(forked.report.as_fd(), &signals)
         else {
@@ -650,8 +648,8 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
                 };
                 if sig == Signal::SIGCHLD {
                     while reaper::reap_one().is_some() {}
-                } else if kill(Pid::from_raw(-child.as_raw()), sig).is_err() {
-                    let _ = kill(child, sig);
+                } else {
+                    forked.signal(sig as i32, true);
                 }
             }
         }
@@ -672,6 +670,18 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
 }
 
 impl Forked {
+    /// Sends `signal` to the child (its process group with `group`) through the zygote: the
+    /// child restricted itself into a Landlock domain of its own, into which Landlock lets no
+    /// process of the cell signal (its PID 1 included); the zygote is in none.
+    pub(crate) fn signal(&self, signal: i32, group: bool) {
+        #[derive(Serialize)]
+        struct SignalRequest {
+            signal: i32,
+            group: bool,
+        }
+        let _ = control::send_json(self.report.as_fd(), &SignalRequest { signal, group }, &[]);
+    }
+
     /// The child's pid in the cell.
     pub(crate) fn pid(&self) -> i32 {
         self.pid
