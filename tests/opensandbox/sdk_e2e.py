@@ -834,6 +834,42 @@ def code():
         sbx.kill()
 
 
+def code_zygote():
+    """The daemon's OpenSandbox profile has a Python zygote: a code context is a fork of it
+    (its parent, the zygote, is outside the sandbox's pid namespace: getppid() is 0 where an
+    exec'd interpreter sees 1) and keeps its state."""
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+    from code_interpreter.models.code_sync import SupportedLanguageSync
+
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        ci = CodeInterpreterSync.create(sandbox=sbx, skip_health_check=True)
+        deadline = time.time() + 60
+        while True:
+            # A shell's zygote imports its preload list in the background: the first
+            # contexts of a fresh shell may be exec'd.
+            ctx = ci.codes.create_context(SupportedLanguageSync.PYTHON)
+            r = ci.codes.run("import os\nos.getppid()", context=ctx)
+            if [res.text for res in r.result] == ["0"]:
+                break
+            check([res.text for res in r.result] == ["1"], f"ppid: {r.result} {r.error}")
+            check(time.time() < deadline, "no context forked by the zygote within 60 s")
+            ci.codes.delete_context(ctx.id)
+            time.sleep(0.5)
+        r = ci.codes.run("y = 20", context=ctx)
+        r = ci.codes.run("print('state', y * 2)\ny + 1", context=ctx)
+        check([m.text for m in r.logs.stdout] == ["state 40"], f"stdout {r.logs.stdout}")
+        check([res.text for res in r.result] == ["21"], f"state kept: {r.result}")
+        r = ci.codes.run("import json\njson.dumps({'a': [1, 2]})", context=ctx)
+        check([res.text for res in r.result] == ["'{\"a\": [1, 2]}'"], f"{r.result}")
+        ci.codes.delete_context(ctx.id)
+        # A command string runs under the image's shell, which execs python3: not forked.
+        ex = sbx.commands.run("python3 -c 'import os; print(os.getppid())'")
+        check([m.text for m in ex.logs.stdout] == ["1"], f"python3 command: {ex.logs.stdout} {ex.logs.stderr}")
+    finally:
+        sbx.kill()
+
+
 FETCH = r"""
 import sys, urllib.request, urllib.error
 try:
@@ -1431,6 +1467,7 @@ SCENARIOS = {
     "egress": egress,
     "pooled_shapes": pooled_shapes,
     "code": code,
+    "code_zygote": code_zygote,
     "traces": traces,
     "sync_flow": sync_flow,
     "async_flow": lambda: asyncio.run(async_flow()),

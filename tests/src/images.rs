@@ -348,3 +348,54 @@ pub fn busybox_variant(dir: &Path, root: &Path, name: &str, mutate: impl FnOnce(
         .success();
     fs::remove_dir_all(&rootfs).unwrap();
 }
+
+/// Adds `name` to the store at `root`: the host's own Python 3 (/usr/bin/python3.11, its
+/// standard library, Debian's pip and the shared libraries they load) copied into a rootfs at
+/// `rootfs` (removed afterwards) and added with `agentrun image add` (CMD python3, WORKDIR
+/// /workspace): a Python image for the Docker API's tests, made offline.
+pub fn host_python_image(rootfs: &Path, root: &Path, name: &str) {
+    let script = r#"
+set -euo pipefail
+r=$1
+mkdir -p "$r/usr/bin" "$r/usr/lib/python3/dist-packages" "$r/etc" "$r/tmp" "$r/workspace"
+chmod 1777 "$r/tmp"
+ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; mkdir -p "$r/usr/lib64"; ln -s usr/lib64 "$r/lib64"
+cp -a /usr/bin/python3.11 /usr/bin/pip "$r/usr/bin/"
+ln -s python3.11 "$r/usr/bin/python3"; ln -s python3.11 "$r/usr/bin/python"
+cp -a /usr/lib/python3.11 "$r/usr/lib/"
+# Debian's PEP 668 marker: the tool's image (python:3.12-alpine) has none, pip installs there.
+rm -f "$r/usr/lib/python3.11/EXTERNALLY-MANAGED"
+cp -a /usr/lib/python3/dist-packages/pip "$r/usr/lib/python3/dist-packages/"
+cp -a /etc/ld.so.cache "$r/etc/"
+mkdir -p "$r/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/"
+printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
+printf 'root:x:0:\n' >"$r/etc/group"
+for f in /usr/bin/python3.11 /usr/lib/python3.11/lib-dynload/*.so; do ldd "$f"; done |
+    awk '/=> \//{ print $3 } /^\t\/.*ld-linux/{ print $1 }' | sort -u |
+    while read -r lib; do
+        real=$(readlink -f "$lib")
+        for p in "$lib" "$real"; do
+            p=${p#/usr}
+            mkdir -p "$r/usr$(dirname "$p")"
+            cp -an "/usr$p" "$r/usr$p" 2>/dev/null || cp -an "$p" "$r/usr$p"
+        done
+    done
+"#;
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(script).arg("bash").arg(rootfs);
+    run_with_timeout(cmd, None, Duration::from_secs(120)).success();
+    crate::agentrun([
+        "image".as_ref(),
+        "add".as_ref(),
+        name.as_ref(),
+        rootfs.as_os_str(),
+        "--cmd".as_ref(),
+        "python3".as_ref(),
+        "--workdir".as_ref(),
+        "/workspace".as_ref(),
+    ])
+    .root(root)
+    .run()
+    .success();
+    fs::remove_dir_all(rootfs).unwrap();
+}

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentrun_e2e::images::busybox_store;
+use agentrun_e2e::images::{busybox_store, host_python_image};
 use agentrun_e2e::*;
 
 /// A daemon with the Docker API on `<state>/docker.sock`, over a store holding `busybox`.
@@ -84,57 +84,15 @@ impl DockerDaemon {
     }
 }
 
-/// `code-interpreter:latest`: the host's own Python 3 (/usr/bin/python3.11, its standard
-/// library, Debian's pip and the shared libraries they load) copied into a rootfs and added
-/// to the store with `agentrun image add` (CMD python3, WORKDIR /workspace), as WIRE.md 5.1.2
-/// allows: seeded, so CodeInterpreterTool finds it and builds nothing (there is no network
-/// for its `FROM python:3.12-alpine`).
+/// `code-interpreter:latest`: the host's own Python 3 ([`host_python_image`]), seeded in the
+/// daemon's store as WIRE.md 5.1.2 allows, so CodeInterpreterTool finds it and builds nothing
+/// (there is no network for its `FROM python:3.12-alpine`).
 fn add_code_interpreter_image(d: &DockerDaemon) {
-    let rootfs = d.dir.path().join("python-rootfs");
-    let script = r#"
-set -euo pipefail
-r=$1
-mkdir -p "$r/usr/bin" "$r/usr/lib/python3/dist-packages" "$r/etc" "$r/tmp" "$r/workspace"
-chmod 1777 "$r/tmp"
-ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; mkdir -p "$r/usr/lib64"; ln -s usr/lib64 "$r/lib64"
-cp -a /usr/bin/python3.11 /usr/bin/pip "$r/usr/bin/"
-ln -s python3.11 "$r/usr/bin/python3"; ln -s python3.11 "$r/usr/bin/python"
-cp -a /usr/lib/python3.11 "$r/usr/lib/"
-# Debian's PEP 668 marker: the tool's image (python:3.12-alpine) has none, pip installs there.
-rm -f "$r/usr/lib/python3.11/EXTERNALLY-MANAGED"
-cp -a /usr/lib/python3/dist-packages/pip "$r/usr/lib/python3/dist-packages/"
-cp -a /etc/ld.so.cache "$r/etc/"
-mkdir -p "$r/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/"
-printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
-printf 'root:x:0:\n' >"$r/etc/group"
-for f in /usr/bin/python3.11 /usr/lib/python3.11/lib-dynload/*.so; do ldd "$f"; done |
-    awk '/=> \//{ print $3 } /^\t\/.*ld-linux/{ print $1 }' | sort -u |
-    while read -r lib; do
-        real=$(readlink -f "$lib")
-        for p in "$lib" "$real"; do
-            p=${p#/usr}
-            mkdir -p "$r/usr$(dirname "$p")"
-            cp -an "/usr$p" "$r/usr$p" 2>/dev/null || cp -an "$p" "$r/usr$p"
-        done
-    done
-"#;
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(script).arg("bash").arg(&rootfs);
-    run_with_timeout(cmd, None, Duration::from_secs(120)).success();
-    agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        "code-interpreter:latest".as_ref(),
-        rootfs.as_os_str(),
-        "--cmd".as_ref(),
-        "python3".as_ref(),
-        "--workdir".as_ref(),
-        "/workspace".as_ref(),
-    ])
-    .root(&d.root)
-    .run()
-    .success();
-    fs::remove_dir_all(&rootfs).unwrap();
+    host_python_image(
+        &d.dir.path().join("python-rootfs"),
+        &d.root,
+        "code-interpreter:latest",
+    );
 }
 
 #[test]

@@ -244,6 +244,26 @@ fn code_interpreter_runs_python_in_persistent_contexts() {
     run_scenario("code");
 }
 
+/// With `serve --opensandbox-profile` naming a profile with a Python zygote, a code context is
+/// a fork of the sandbox's shell's zygote, and keeps its state there.
+#[test]
+fn code_contexts_are_forked_from_the_zygote_of_the_sandboxs_profile() {
+    let Some(_lock) = setup() else { return };
+    let dir = tempdir();
+    let base = std::fs::read_to_string(workspace_root().join("bundles/default.toml")).unwrap();
+    let profile = dir.path().join("zygote.toml");
+    std::fs::write(
+        &profile,
+        format!("{base}\n[python]\nzygote = true\npreload = [\"json\"]\n"),
+    )
+    .unwrap();
+    let profile = profile.to_string_lossy().into_owned();
+    let pool = format!("host:{profile}=2");
+    let (d, domain) = start(&[], &["--opensandbox-profile", &profile, "--pool", &pool]);
+    scenario(&d, &domain, "code_zygote", &[]);
+    stop_clean(d);
+}
+
 /// The value after `KEY ` on a line of the scenario's output.
 fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
     stdout

@@ -366,3 +366,93 @@ fn the_clients_ctrl_c_reaches_a_forked_run_as_keyboard_interrupt() {
     assert!(out.stderr().contains("KeyboardInterrupt"), "{out}");
     assert_eq!(out.code(), 130, "{out}");
 }
+
+/// `serve --docker-profile` naming a profile with a Python zygote: `docker exec CONTAINER
+/// python3 -c CODE` (the shape of CrewAI's CodeInterpreterTool) is forked by the zygote of the
+/// container's shell; one with an interpreter option is exec'd.
+#[test]
+fn docker_exec_of_python3_is_forked_from_the_containers_zygote() {
+    let Some(_l) = setup_exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bundles/container.toml"
+    ))
+    .unwrap();
+    let profile = dir.path().join("container-zygote.toml");
+    std::fs::write(
+        &profile,
+        format!("{base}\n[python]\nzygote = true\npreload = [\"json\"]\n"),
+    )
+    .unwrap();
+    let root = dir.path().join("root");
+    agentrun_e2e::images::host_python_image(&dir.path().join("rootfs"), &root, "pyhost:latest");
+    let mut d = Daemon::unstarted().with_env("AGENTRUN_ROOT", &root);
+    let socket = d.state().join("docker.sock");
+    d.launch([
+        "--pool-size".as_ref(),
+        "1".as_ref(),
+        "--docker-socket".as_ref(),
+        socket.as_os_str(),
+        "--docker-profile".as_ref(),
+        profile.as_os_str(),
+    ]);
+    let docker = |args: &[&str]| {
+        let mut cmd = std::process::Command::new("docker");
+        cmd.args(args)
+            .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+            .env("DOCKER_CONFIG", dir.path().join("docker-config"));
+        run_with_timeout(cmd, None, Duration::from_secs(120))
+    };
+    let id = docker(&[
+        "run",
+        "-d",
+        "pyhost:latest",
+        "python3",
+        "-c",
+        "import time; time.sleep(600)",
+    ])
+    .success()
+    .trim()
+    .to_string();
+    let forked = wait_until(READY, || {
+        let out = docker(&[
+            "exec",
+            &id,
+            "python3",
+            "-c",
+            "import os; print(os.getppid())",
+        ]);
+        let ppid = out.success();
+        (ppid == "0\n").then_some(())
+    });
+    assert!(
+        forked.is_some(),
+        "docker exec python3 was never forked by a zygote\n{}",
+        d.log()
+    );
+    let out = docker(&[
+        "exec",
+        &id,
+        "python3",
+        "-c",
+        "import sys; print(sys.argv[1:]); sys.exit(3)",
+        "a",
+    ]);
+    assert_eq!(
+        (out.code(), out.stdout()),
+        (3, "['a']\n".to_string()),
+        "{out}"
+    );
+    // An interpreter option: exec'd (its parent is the container's PID 1).
+    let out = docker(&[
+        "exec",
+        &id,
+        "python3",
+        "-I",
+        "-c",
+        "import os; print(os.getppid())",
+    ]);
+    assert_eq!(out.success(), "1\n", "python3 -I is exec'd");
+    docker(&["rm", "-f", &id]).success();
+}

@@ -72,6 +72,14 @@ pub struct ServeArgs {
     /// docker-py / docker CLI with DOCKER_HOST=unix://PATH.
     #[arg(long, value_name = "PATH")]
     docker_socket: Option<PathBuf>,
+    /// The profile OpenSandbox sandboxes run under (built-in name or file; default
+    /// `default`). One with `[python] zygote` forks their code contexts and `python3`
+    /// commands from a preloaded interpreter.
+    #[arg(long, value_name = "PROFILE")]
+    opensandbox_profile: Option<String>,
+    /// The profile Docker API containers run under (default `container`).
+    #[arg(long, value_name = "PROFILE")]
+    docker_profile: Option<String>,
 }
 
 /// `agentrun serve --config FILE`.
@@ -92,6 +100,8 @@ struct ServeConfig {
     max_request_body: Option<String>,
     max_upload: Option<String>,
     image_limits: Option<crate::image::LimitConfig>,
+    opensandbox_profile: Option<String>,
+    docker_profile: Option<String>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -194,6 +204,24 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         max_upload,
     };
     let mut frontends: Vec<Box<dyn daemon::Frontend>> = Vec::new();
+    let api_profile = |flag: Option<String>, file: Option<String>, default: &str, what: &str| {
+        let name = flag.or(file).unwrap_or_else(|| default.to_string());
+        agentrun_policy::Profile::load(&name)
+            .with_context(|| format!("--{what}-profile {name}"))
+            .map(|_| name)
+    };
+    let opensandbox_profile = api_profile(
+        args.opensandbox_profile.clone(),
+        file.opensandbox_profile.clone(),
+        agentrun_pool::recipe::DEFAULT_PROFILE,
+        "opensandbox",
+    )?;
+    let docker_profile = api_profile(
+        args.docker_profile.clone(),
+        file.docker_profile.clone(),
+        agentrun_docker::containers::CONTAINER_PROFILE,
+        "docker",
+    )?;
     if let Some(listen) = args.listen.or(file.listen) {
         let api_key = args
             .api_key
@@ -212,6 +240,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 workers: std::thread::available_parallelism()
                     .map_or(2, |n| n.get())
                     .min(8),
+                profile: opensandbox_profile,
             },
         }));
     }
@@ -225,6 +254,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 max_request_body,
                 max_upload,
                 image_limits,
+                profile: docker_profile,
             },
         }));
     }

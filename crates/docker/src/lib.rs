@@ -83,6 +83,8 @@ pub struct ApiState {
     pub containers: Arc<Mutex<containers::Containers>>,
     pub execs: Mutex<std::collections::HashMap<String, Arc<exec::Exec>>>,
     pub limits: http::Limits,
+    /// The profile containers run under ([`DockerApiOptions::profile`]).
+    pub profile: String,
 }
 
 /// Where and over what to serve.
@@ -101,6 +103,10 @@ pub struct DockerApiOptions {
     pub max_upload: u64,
     /// What pulls and build contexts may unpack.
     pub image_limits: agentrun_image::UnpackLimits,
+    /// The profile containers run under (built-in name or file; `serve --docker-profile`,
+    /// default [`containers::CONTAINER_PROFILE`]). One with a Python zygote has the `python3`
+    /// processes of `docker exec` (a code interpreter's shape) forked by it.
+    pub profile: String,
 }
 
 /// A running server; [`DockerServer::stop`] ends it and removes its socket.
@@ -148,6 +154,7 @@ impl DockerServer {
                 max_request_body: opts.max_request_body,
                 max_upload: opts.max_upload,
             },
+            profile: opts.profile.clone(),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let socket = opts.socket.clone();

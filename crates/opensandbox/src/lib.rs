@@ -78,6 +78,10 @@ pub struct OpenSandboxOptions {
     pub audit_dir: PathBuf,
     /// Request body limits.
     pub limits: Limits,
+    /// The profile every sandbox runs under (built-in name or file; `serve
+    /// --opensandbox-profile`, default `default`). One with a Python zygote has its code
+    /// contexts and `python3` commands forked by it.
+    pub profile: String,
 }
 
 /// How much of a request body the API reads (`agentrun serve --max-request-body`,
@@ -161,6 +165,7 @@ impl Frontend for OpenSandboxFrontend {
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             listen: opts.listen,
             limits: opts.limits,
+            profile: opts.profile.clone(),
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });

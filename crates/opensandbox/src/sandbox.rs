@@ -48,6 +48,8 @@ pub struct Server {
     pub api_key: Option<String>,
     pub listen: SocketAddr,
     pub limits: Limits,
+    /// The profile of every sandbox ([`crate::OpenSandboxOptions::profile`]).
+    pub profile: String,
     /// The runtime reading process output (see [`execd`]).
     pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,

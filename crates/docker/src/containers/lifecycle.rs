@@ -39,7 +39,7 @@ pub fn ensure_sandbox(api: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
     }
     let mounts = c.config.mounts().map_err(DockerError::bad_request)?;
     let mut spec = LiveSpec::new(c.image_id.clone())
-        .profile(CONTAINER_PROFILE)
+        .profile(&api.profile)
         .memory_bytes(c.config.memory)
         .cpus(c.config.cpus);
     spec.mounts = mounts;

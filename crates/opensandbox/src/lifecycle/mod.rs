@@ -124,7 +124,8 @@ async fn create(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let (req, v) = parse_create(&body)?;
+    let (req, mut v) = parse_create(&body)?;
+    v.spec.profile = server.profile.clone();
     let mut span =
         agentrun_telemetry::RunSpan::start("sandbox.create", traceparent(&headers).as_deref());
     span.set_attribute("openinference.span.kind", "TOOL");
