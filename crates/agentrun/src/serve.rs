@@ -63,7 +63,8 @@ pub struct ServeArgs {
     max_upload: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
     /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`,
-    /// `shell_max_runs`, `shell_max_age`, and an `[image_limits]` table (`max_bytes`,
+    /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`, and an
+    /// `[image_limits]` table (`max_bytes`,
     /// `max_entries`, `max_ratio`, `max_depth`: what the Docker API's pulls and builds may
     /// unpack; the `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
     #[arg(long, value_name = "FILE")]

@@ -191,7 +191,8 @@ pub struct PoolStatus {
     pub cells: u64,
     /// Shells discarded, by reason: `timeout`, `oom`, `killed` (client gone or signalled
     /// away), `cell_failed` (a cell could not be made), `cell_died` (its PID 1 died without a
-    /// result), `outlived` (a process of a run outlived its cell), `shell_changed`,
+    /// result), `outlived` (a process of a run outlived its cell), `zygote_failed` (its
+    /// Python zygote hung or failed during a run), `shell_changed`,
     /// `init_error` (the shell's init failed or is gone), `teardown_slow`, `max_runs`,
     /// `max_age`, `idle` (an extra shell unused), `room` (made room for another),
     /// `unpooled`, `shutdown`; after a long-lived sandbox also `paused`, `ports`,
