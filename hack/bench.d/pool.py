@@ -3,13 +3,21 @@
 
     pool.py wait-socket SOCKET PID SECS     # 0 once SOCKET accepts a connection; 1 if PID died
                                             # or SECS passed (reason on stdout)
-    pool.py status BIN                      # pool counters as JSON {ready,target,hits,misses,...}
+    pool.py status BIN [PROFILE]            # pool counters as JSON {ready,target,hits,misses,...}
                                             # summed over pools ({} when unavailable)
-    pool.py ready BIN STATE_DIR             # JSON list of idle pooled sandboxes [{id,pid}]
-    pool.py wait-full BIN STATE_DIR SECS    # waits until the pool is full and idle; prints count
-    pool.py mem BIN STATE_DIR DAEMON_PID    # markdown: host memory per idle pooled sandbox
+    pool.py ready BIN STATE_DIR [PROFILE]   # JSON list of idle pooled sandboxes [{id,pid}]
+    pool.py wait-full BIN STATE_DIR SECS [PROFILE]  # waits until the pool is full and idle;
+                                            # prints count
+    pool.py mem BIN STATE_DIR DAEMON_PID [PROFILE]  # markdown: host memory per idle pooled
+                                            # sandbox
+    pool.py mem-row LABEL BIN STATE_DIR DAEMON_PID [PROFILE]  # the same, one markdown row:
+                                            # label, shells, processes and python3 processes
+                                            # per shell, RSS, PSS, of which python3's PSS,
+                                            # tmpfs, PSS + tmpfs, memory cgroup (MiB)
     pool.py cpu BIN DAEMON_PID N [OPT...]   # markdown: CPU per run of `BIN exec OPT... -- /bin/true`
                                             # back to back, warm (daemon side + client) and cold
+PROFILE: only the pools (and shells) of that profile, as `agentrun ps`/`pool status` name it
+(a profile file by its absolute path).
 """
 import json
 import os
@@ -34,9 +42,9 @@ def run_json(bin_, *args):
         return None
 
 
-def status(bin_):
+def status(bin_, profile=None):
     """Pool counters summed over pools (the `pools` list of `agentrun pool status --json`,
-    or any list of objects with `ready` and `target`)."""
+    or any list of objects with `ready` and `target`); with `profile`, over its pools."""
     data = run_json(bin_, "pool", "status", "--json")
     if data is None:
         return {}
@@ -45,6 +53,8 @@ def status(bin_):
         pools = [data]
     out = {}
     for p in pools if isinstance(pools, list) else []:
+        if profile is not None and isinstance(p, dict) and p.get("profile") != profile:
+            continue
         for k, v in p.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[k] = out.get(k, 0) + v
@@ -62,15 +72,17 @@ def cgroup_dirs():
     return f"{CG}/agentrun"
 
 
-def ready(bin_, state_dir):
-    """Idle pooled sandboxes: from `agentrun ps --json` (state "ready"); without it, every
-    sandbox cgroup whose state dir is ours (the daemon's pool, when nothing runs)."""
+def ready(bin_, state_dir, profile=None):
+    """Idle pooled sandboxes: from `agentrun ps --json` (state "ready"; with `profile`, of
+    that profile); without it, every sandbox cgroup whose state dir is ours (the daemon's
+    pool, when nothing runs)."""
     data = run_json(bin_, "ps", "--json")
     if isinstance(data, dict):
         data = data.get("sandboxes", [])
     if isinstance(data, list):
         return [{"id": s.get("id"), "pid": s.get("pid")} for s in data
-                if isinstance(s, dict) and s.get("state") == "ready"]
+                if isinstance(s, dict) and s.get("state") == "ready"
+                and (profile is None or s.get("profile") == profile)]
     out, parent = [], cgroup_dirs()
     for id_ in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         if os.path.isdir(os.path.join(state_dir, "sandboxes", id_)):
@@ -78,14 +90,14 @@ def ready(bin_, state_dir):
     return out
 
 
-def wait_full(bin_, state_dir, secs):
+def wait_full(bin_, state_dir, secs, profile=None):
     """Full: the pool's ready count reached its target (when `pool status` says so), else the
     ready count stayed the same, and non-zero, for 2 s."""
     deadline = time.monotonic() + secs
     last, since = None, time.monotonic()
     while time.monotonic() < deadline:
-        st = status(bin_)
-        n = len(ready(bin_, state_dir))
+        st = status(bin_, profile)
+        n = len(ready(bin_, state_dir, profile))
         if st.get("target") and st.get("ready", 0) >= st["target"] and n >= st["target"]:
             time.sleep(0.5)  # let the last one settle (page faults of a fresh init)
             return n, "full"
@@ -195,13 +207,21 @@ def mib(b):
     return f"{b / 2**20:.2f}"
 
 
-def mem(bin_, state_dir, daemon_pid):
-    sbs = ready(bin_, state_dir)
+def is_python(pid):
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def mem_stats(bin_, state_dir, daemon_pid, profile=None):
+    """Memory of the idle pooled sandboxes (of `profile`), summed (`n` of them), and of the
+    daemon's other descendants; None when there is no idle pooled sandbox."""
+    sbs = ready(bin_, state_dir, profile)
     if not sbs:
-        print("unavailable: no idle pooled sandbox found")
-        return
-    rows, in_sandboxes = [], set()
-    tot = {"rss": 0, "pss": 0, "tmpfs": 0, "cg": 0, "procs": 0}
+        return None
+    in_sandboxes = set()
+    tot = {"rss": 0, "pss": 0, "tmpfs": 0, "cg": 0, "procs": 0, "py_procs": 0, "py_pss": 0}
     tmpfs_missing = cg_missing = 0
     for sb in sbs:
         pids, cg = procs_of(sb["pid"], sb["id"])
@@ -210,6 +230,9 @@ def mem(bin_, state_dir, daemon_pid):
         for p in pids:
             r, s = mem_of(p)
             rss, pss = rss + r, pss + s
+            if is_python(p):
+                tot["py_procs"] += 1
+                tot["py_pss"] += s
         t = tmpfs_used(daemon_pid, state_dir, sb["id"])
         c = mem_cgroup(cg, sb["id"])
         tmpfs_missing += t is None
@@ -219,12 +242,35 @@ def mem(bin_, state_dir, daemon_pid):
         tot["tmpfs"] += t or 0
         tot["cg"] += c or 0
         tot["procs"] += len(pids)
-    n = len(sbs)
     host = [p for p in descendants(daemon_pid) if p not in in_sandboxes]
     hrss = hpss = 0
     for p in host:
         r, s = mem_of(p)
         hrss, hpss = hrss + r, hpss + s
+    return {"n": len(sbs), "tot": tot, "tmpfs_missing": tmpfs_missing,
+            "cg_missing": cg_missing, "host": len(host), "hrss": hrss, "hpss": hpss}
+
+
+def mem_row(label, bin_, state_dir, daemon_pid, profile=None):
+    m = mem_stats(bin_, state_dir, daemon_pid, profile)
+    if m is None:
+        print(f"| {label} | unavailable: no idle pooled sandbox found | | | | | | | | |")
+        return
+    n, tot = m["n"], m["tot"]
+    tmpfs = "n/a" if m["tmpfs_missing"] == n else mib(tot["tmpfs"] / n)
+    cg = "n/a" if m["cg_missing"] == n else mib(tot["cg"] / n)
+    print(f"| {label} | {n} | {tot['procs'] / n:.1f} | {tot['py_procs'] / n:.1f} | "
+          f"{mib(tot['rss'] / n)} | {mib(tot['pss'] / n)} | {mib(tot['py_pss'] / n)} | {tmpfs} | "
+          f"**{mib((tot['pss'] + tot['tmpfs']) / n)}** | {cg} |")
+
+
+def mem(bin_, state_dir, daemon_pid, profile=None):
+    m = mem_stats(bin_, state_dir, daemon_pid, profile)
+    if m is None:
+        print("unavailable: no idle pooled sandbox found")
+        return
+    n, tot, tmpfs_missing, cg_missing = m["n"], m["tot"], m["tmpfs_missing"], m["cg_missing"]
+    host, hrss, hpss = m["host"], m["hrss"], m["hpss"]
     print(f"{n} idle pooled sandboxes, {tot['procs']} processes in them "
           f"({tot['procs'] / n:.1f} per sandbox).\n")
     print("| per idle pooled sandbox | MiB |")
@@ -238,7 +284,7 @@ def mem(bin_, state_dir, daemon_pid):
     if cg_missing < n:
         print(f"| memory cgroup usage (kernel's charge: incl. page cache, kernel memory) | "
               f"{mib(tot['cg'] / n)} |")
-    print(f"\nHost side, not per sandbox: the daemon and its helpers ({len(host)} processes) "
+    print(f"\nHost side, not per sandbox: the daemon and its helpers ({host} processes) "
           f"RSS {mib(hrss)} MiB, PSS {mib(hpss)} MiB.")
 
 
@@ -366,14 +412,16 @@ def main():
     if cmd == "wait-socket":
         sys.exit(wait_socket(args[0], int(args[1]), float(args[2])))
     elif cmd == "status":
-        print(json.dumps(status(args[0])))
+        print(json.dumps(status(*args[:2])))
     elif cmd == "ready":
-        print(json.dumps(ready(args[0], args[1])))
+        print(json.dumps(ready(*args[:3])))
     elif cmd == "wait-full":
-        n, how = wait_full(args[0], args[1], float(args[2]))
+        n, how = wait_full(args[0], args[1], float(args[2]), *args[3:4])
         print(n, how)
     elif cmd == "mem":
-        mem(args[0], args[1], int(args[2]))
+        mem(args[0], args[1], int(args[2]), *args[3:4])
+    elif cmd == "mem-row":
+        mem_row(args[0], args[1], args[2], int(args[3]), *args[4:5])
     elif cmd == "cpu":
         cpu(args[0], int(args[1]), int(args[2]), args[3:])
     else:
