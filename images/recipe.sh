@@ -2,6 +2,9 @@
 #
 # recipe_args NAME "$@"   parses [--import] [--name NAME] [DIR] into $import, $name, $dir
 #                         (DIR default: <repo>/.cache/images/NAME/rootfs); sets $repo.
+# recipe_debootstrap      checks for debootstrap and root; sets $mirror (DEBIAN_MIRROR, else
+#                         the first URI of apt's debian.sources, else deb.debian.org) and
+#                         $suite (DEBIAN_SUITE, else this host's codename).
 # recipe_import DIR ARGS  with --import: `agentrun image add $name DIR ARGS...` using
 #                         $AGENTRUN_BIN (default <repo>/target/debug/agentrun); honours
 #                         $AGENTRUN_ROOT like agentrun itself.
@@ -38,4 +41,22 @@ recipe_import() {
     # A new import takes the name; the old image's content goes with `agentrun image prune`.
     "$bin" image add "$name" "$rootfs" "$@"
     echo "imported as image '$name'${AGENTRUN_ROOT:+ into $AGENTRUN_ROOT}" >&2
+}
+
+recipe_debootstrap() {
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        echo "build.sh: debootstrap not found: apt-get install debootstrap" >&2
+        exit 1
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        echo "build.sh: debootstrap needs root" >&2
+        exit 1
+    fi
+
+    mirror=${DEBIAN_MIRROR:-}
+    if [ -z "$mirror" ] && [ -r /etc/apt/sources.list.d/debian.sources ]; then
+        mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
+    fi
+    mirror=${mirror:-http://deb.debian.org/debian}
+    suite=${DEBIAN_SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")}
 }

@@ -29,21 +29,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../recipe.sh"
 recipe_args python-data "$@"
 
-if ! command -v debootstrap >/dev/null 2>&1; then
-    echo "build.sh: debootstrap not found: apt-get install debootstrap" >&2
-    exit 1
-fi
-if [ "$(id -u)" != 0 ]; then
-    echo "build.sh: debootstrap needs root" >&2
-    exit 1
-fi
-
-mirror=${DEBIAN_MIRROR:-}
-if [ -z "$mirror" ] && [ -r /etc/apt/sources.list.d/debian.sources ]; then
-    mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
-fi
-mirror=${mirror:-http://deb.debian.org/debian}
-suite=${DEBIAN_SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")}
+recipe_debootstrap
 # Installed with apt in the new root, not with debootstrap --include: debootstrap takes the
 # first of every "A | B" dependency, and Debian's python3-fonttools (matplotlib needs it)
 # depends on "python3-scipy | python3-munkres", scipy on pythran, pythran on g++, boost and

@@ -17,21 +17,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../recipe.sh"
 recipe_args python "$@"
 
-if ! command -v debootstrap >/dev/null 2>&1; then
-    echo "build.sh: debootstrap not found: apt-get install debootstrap" >&2
-    exit 1
-fi
-if [ "$(id -u)" != 0 ]; then
-    echo "build.sh: debootstrap needs root" >&2
-    exit 1
-fi
-
-mirror=${DEBIAN_MIRROR:-}
-if [ -z "$mirror" ] && [ -r /etc/apt/sources.list.d/debian.sources ]; then
-    mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
-fi
-mirror=${mirror:-http://deb.debian.org/debian}
-suite=${DEBIAN_SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")}
+recipe_debootstrap
 
 parent=$(dirname "$dir")
 mkdir -p "$parent"
