@@ -560,8 +560,13 @@ def _finish(code, sigint=False):
     del main
     gc.collect()
     import io
-    std = {id(x) for x in (sys.stdin, sys.stdout, sys.stderr)}
-    std |= {id(getattr(x, "buffer", None)) for x in (sys.stdin, sys.stdout, sys.stderr)}
+    # The standard streams stay open (and so do the layers under them), as at the
+    # interpreter's exit.
+    std = set()
+    for x in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__):
+        while x is not None and id(x) not in std:
+            std.add(id(x))
+            x = getattr(x, "buffer", None) or getattr(x, "raw", None)
     for obj in gc.get_objects():
         if isinstance(obj, io.IOBase) and id(obj) not in std:
             try:
