@@ -191,13 +191,19 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         std::process::exit(EXIT_SETUP_FAILED);
     }
     init.watch.settle();
-    // Started under the shell's filter, which it inherits; a cell finds it ready (its imports
-    // done) or not by itself (see `crate::zygote`).
-    let mut zygote = init.template.zygote.as_ref().and_then(|config| {
+    // Started under the shell's filter, which it inherits, with the first request (a pooled
+    // shell's first spare): by then the host has given the init its final priority and CPUs,
+    // which the zygote and the runs it forks inherit. A cell finds it ready (its imports done)
+    // or not by itself (see `crate::zygote`).
+    let mut zygote: Option<Zygote> = None;
+    let mut zygote_pending = init.template.zygote.is_some();
+    let start_zygote = |pending: &mut bool| -> Option<Zygote> {
+        *pending = false;
+        let config = init.template.zygote.as_ref()?;
         Zygote::start(config, &init.template)
             .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
             .ok()
-    });
+    };
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
     let mut spare: Option<Spare> = None;
@@ -246,6 +252,9 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 // cell.
                 Ok(None) | Err(_) => std::process::exit(0),
             };
+            if zygote_pending {
+                zygote = start_zygote(&mut zygote_pending);
+            }
             let req = match serde_json::from_slice::<ShellRequest>(&bytes) {
                 Ok(ShellRequest::Cell(r)) => r,
                 Ok(ShellRequest::Prepare { tmpfs_bytes }) => {

@@ -119,7 +119,7 @@ def _install_filter(program):
 
 def _narrow_capabilities(keep, last_cap):
     for cap in range(last_cap + 1):
-        if cap not in keep:
+        if cap not in keep and cap in _BOUNDING:
             rc = _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
             if rc != 0 and ctypes.get_errno() != 22:  # EINVAL: a cap this kernel lacks
                 _check(rc, "dropping capability %d" % cap)
@@ -152,6 +152,11 @@ _FILTERS = [bytes.fromhex(p) for p in _setup["filters"]]
 _KEEP_CAPS = frozenset(_setup["keep_caps"])
 with open("/proc/sys/kernel/cap_last_cap") as f:
     _LAST_CAP = int(f.read())
+with open("/proc/self/status") as f:
+    _BOUNDING = frozenset(
+        n for line in f if line.startswith("CapBnd:")
+        for n in range(64) if int(line.split()[1], 16) >> n & 1
+    )
 _OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 # -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
 _UNBUFFERED = sys.stdout.write_through
@@ -167,7 +172,6 @@ gc.collect()
 # Objects made so far stay out of the collector's reach: the children's collections then do not
 # touch (and copy) the pages that hold them.
 gc.freeze()
-os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
 
 
 # --- serving ---------------------------------------------------------------------------------
@@ -380,27 +384,33 @@ def _ignore_raw(sig):
     _libc.syscall(_SYS["rt_sigaction"], sig, act, None, 8)
 
 
-def _fresh_signals():
-    """Signal dispositions as a fresh interpreter has them: what it was started with ignored,
-    SIGINT raising KeyboardInterrupt, the rest default."""
+def _signal_fixes():
+    """What differs between the zygote's signal dispositions (which its children inherit)
+    and a fresh interpreter's: what it was started with ignored, SIGINT raising
+    KeyboardInterrupt, the rest default. Worked out once, in the zygote: [(signal, action)]."""
     caught = _sigset("SigCgt:")
     ignored = _sigset("SigIgn:")
+    fixes = [(signal.SIGINT, signal.default_int_handler)]
     for sig in range(1, 65):
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT):
             continue
         want_ignored = sig in _FRESH_IGNORED
-        if sig == signal.SIGINT:
-            signal.signal(sig, signal.default_int_handler)
-        elif want_ignored and sig not in ignored:
-            try:
-                signal.signal(sig, signal.SIG_IGN)
-            except (OSError, ValueError):
-                _ignore_raw(sig)
+        if want_ignored and sig not in ignored:
+            fixes.append((sig, signal.SIG_IGN))
         elif not want_ignored and (sig in ignored or sig in caught):
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass  # glibc's own (its handler does nothing unless glibc asked for it)
+            fixes.append((sig, signal.SIG_DFL))
+    return fixes
+
+
+def _fresh_signals():
+    """Signal dispositions as a fresh interpreter has them (see _signal_fixes)."""
+    for sig, action in _SIGNAL_FIXES:
+        try:
+            signal.signal(sig, action)
+        except (OSError, ValueError):
+            if action is signal.SIG_IGN:
+                _ignore_raw(sig)
+            # else glibc's own (its handler does nothing unless glibc asked for it)
 
 
 def _reset_interpreter(req):
@@ -487,6 +497,8 @@ def _run(req):
 
 # --- a child from here on --------------------------------------------------------------------
 
+_SIGNAL_FIXES = _signal_fixes()
+os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
 _run_req = _serve()
 try:
     _enter(_run_req)
