@@ -316,11 +316,19 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
         (ClientMessage::PoolStatus, _) => {
             let mut status = shared.pool.status();
             for (i, info) in status.pools.iter_mut().enumerate() {
-                info.zygote = shared.pool.ready_shell(i).and_then(|(id, init)| {
-                    let log = shared.paths.sandboxes().join(id).join("init.log");
-                    let z = agentrun_runtime::zygote::status(init, &log);
-                    (z.pid.is_some() || z.ready || !z.skipped.is_empty()).then_some(z)
-                });
+                let has_zygote = agentrun_policy::Profile::load(&info.profile)
+                    .is_ok_and(|p| p.python.zygote);
+                if !has_zygote {
+                    continue;
+                }
+                // One of its ready shells' (not running: none ready, or it could not start).
+                info.zygote = Some(shared.pool.ready_shell(i).map_or_else(
+                    Default::default,
+                    |(id, init)| {
+                        let log = shared.paths.sandboxes().join(id).join("init.log");
+                        agentrun_runtime::zygote::status(init, &log)
+                    },
+                ));
             }
             reply(conn.as_fd(), &DaemonReply::PoolStatus(status))
         }

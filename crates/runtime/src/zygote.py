@@ -33,6 +33,7 @@ _FRESH_IGNORED = _sigset("SigIgn:")
 # The preload list first, so that what it imports is told apart from what this file imports
 # (which a run's process does not keep, see _reset_interpreter).
 _report = {"preloaded": [], "skipped": {}}
+_name = None
 for _name in sys.argv[1:]:
     try:
         __import__(_name)
@@ -58,6 +59,7 @@ try:
     import ctypes
     import json
     import resource
+    import select
     import selectors
     import signal
     import socket
@@ -204,7 +206,6 @@ def _send(fd, msg):
 
 
 def _hung_up(fd):
-    import select
     p = select.poll()
     p.register(fd, select.POLLHUP)
     return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
@@ -435,9 +436,11 @@ def _reset_interpreter(req):
             pass
     _fresh_stdio()
     # The modules this file imported are the zygote's, not the run's: a fresh interpreter
-    # has only its own and (here) the preload list's. Ours keep working for this file.
-    for name in set(sys.modules) - _FRESH_MODULES - _PRELOADED_MODULES:
-        del sys.modules[name]
+    # has only its own and (here) the preload list's. Ours keep working for this file. (A
+    # list worked out in the zygote: going over every module here would write to, and so
+    # copy, the pages of all their names.)
+    for name in _OWN_MODULES:
+        sys.modules.pop(name, None)
 
 
 def _main_module(**attrs):
@@ -498,6 +501,7 @@ def _run(req):
 # --- a child from here on --------------------------------------------------------------------
 
 _SIGNAL_FIXES = _signal_fixes()
+_OWN_MODULES = tuple(set(sys.modules) - _FRESH_MODULES - _PRELOADED_MODULES)
 os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
 _run_req = _serve()
 try:
