@@ -555,28 +555,21 @@ fn random_hex(n: usize) -> String {
 
 /// A command writing stdout and stderr to one pipe (`sh -c 'exec "$@" 2>&1'`).
 fn merged(cmd: Command) -> Command {
-    let mut sh = Command::new("/bin/sh");
-    sh.arg("-c")
-        .arg("exec \"$@\" 2>&1")
-        .arg("sh")
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => sh.env(k, v),
-            None => sh.env_remove(k),
-        };
-    }
-    sh
+    wrapped("/bin/sh", "exec \"$@\" 2>&1", cmd)
 }
 
 /// A command whose stdout is a pipe to `true` (no reader once it exited); its exit status is
 /// the command's (`bash -o pipefail`).
 fn stdout_closed(cmd: Command) -> Command {
-    let mut sh = Command::new("/bin/bash");
+    wrapped("/bin/bash", "set -o pipefail; \"$@\" | true", cmd)
+}
+
+/// `cmd` run by `shell -c script` as `"$@"`, with `cmd`'s environment changes.
+fn wrapped(shell: &str, script: &str, cmd: Command) -> Command {
+    let mut sh = Command::new(shell);
     sh.arg("-c")
-        .arg("set -o pipefail; \"$@\" | true")
-        .arg("bash")
+        .arg(script)
+        .arg(shell)
         .arg(cmd.get_program())
         .args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
