@@ -316,8 +316,8 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
         (ClientMessage::PoolStatus, _) => {
             let mut status = shared.pool.status();
             for (i, info) in status.pools.iter_mut().enumerate() {
-                let has_zygote = agentrun_policy::Profile::load(&info.profile)
-                    .is_ok_and(|p| p.python.zygote);
+                let has_zygote =
+                    agentrun_policy::Profile::load(&info.profile).is_ok_and(|p| p.python.zygote);
                 if !has_zygote {
                     continue;
                 }
