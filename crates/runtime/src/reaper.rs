@@ -303,19 +303,28 @@ pub(crate) fn wait_either(
     control: std::os::fd::BorrowedFd<'_>,
     signals: &nix::sys::signalfd::SignalFd,
 ) -> nix::Result<(bool, bool)> {
+    let ready = wait_readable_any(&[control, signals.as_fd()])?;
+    Ok((ready[0], ready[1]))
+}
+
+/// Blocks until one of `fds` is readable (or hung up; an interrupted wait is retried); says
+/// which are.
+fn wait_readable_any(fds: &[std::os::fd::BorrowedFd<'_>]) -> nix::Result<Vec<bool>> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut pfds: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
     loop {
-        let mut pfds = [
-            PollFd::new(control, PollFlags::POLLIN),
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        ];
         match poll(&mut pfds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
             Err(e) => return Err(e),
         }
-        let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
-        return Ok((ready(&pfds[0]), ready(&pfds[1])));
+        return Ok(pfds
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect());
     }
 }
 
@@ -326,31 +335,17 @@ fn wait_live(
     signals: &nix::sys::signalfd::SignalFd,
     forked: &HashMap<u64, crate::zygote::Forked>,
 ) -> nix::Result<(bool, bool, Vec<u64>)> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let ids: Vec<u64> = forked.keys().copied().collect();
-    loop {
-        let mut pfds = vec![
-            PollFd::new(control, PollFlags::POLLIN),
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        ];
-        pfds.extend(
-            ids.iter()
-                .map(|id| PollFd::new(forked[id].report(), PollFlags::POLLIN)),
-        );
-        match poll(&mut pfds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::Error::EINTR) => continue,
-            Err(e) => return Err(e),
-        }
-        let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
-        let ended = ids
-            .iter()
-            .zip(&pfds[2..])
-            .filter(|(_, p)| ready(p))
-            .map(|(id, _)| *id)
-            .collect();
-        return Ok((ready(&pfds[0]), ready(&pfds[1]), ended));
-    }
+    let mut fds = vec![control, signals.as_fd()];
+    fds.extend(ids.iter().map(|id| forked[id].report()));
+    let ready = wait_readable_any(&fds)?;
+    let ended = ids
+        .iter()
+        .zip(&ready[2..])
+        .filter(|(_, r)| **r)
+        .map(|(id, _)| *id)
+        .collect();
+    Ok((ready[0], ready[1], ended))
 }
 
 /// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports

@@ -196,14 +196,8 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     // which the zygote and the runs it forks inherit. A cell finds it ready (its imports done)
     // or not by itself (see `crate::zygote`).
     let mut zygote: Option<Zygote> = None;
-    let mut zygote_pending = init.template.zygote.is_some();
-    let start_zygote = |pending: &mut bool| -> Option<Zygote> {
-        *pending = false;
-        let config = init.template.zygote.as_ref()?;
-        Zygote::start(config, &init.template)
-            .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
-            .ok()
-    };
+    // The profile's zygote, until it is started.
+    let mut zygote_to_start = init.template.zygote.as_ref();
     // Cell pid (in the shell's pid namespace) -> the host's id for it.
     let mut cells: HashMap<i32, u64> = HashMap::new();
     let mut spare: Option<Spare> = None;
@@ -215,7 +209,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         if signal_ready {
             while let Ok(Some(_)) = signals.read_signal() {}
             while let Some((pid, status, _)) = reaper::reap_one() {
-                if zygote.as_ref().is_some_and(|z| z.pid == pid) {
+                if zygote.as_ref().is_some_and(|z| z.pid() == pid) {
                     // Started again (bounded); a spare holding the dead one's channel is made
                     // again, so the next run finds the new one.
                     let z = zygote.as_mut().expect("checked");
@@ -252,8 +246,10 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 // cell.
                 Ok(None) | Err(_) => std::process::exit(0),
             };
-            if zygote_pending {
-                zygote = start_zygote(&mut zygote_pending);
+            if let Some(config) = zygote_to_start.take() {
+                zygote = Zygote::start(config, &init.template)
+                    .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+                    .ok();
             }
             let req = match serde_json::from_slice::<ShellRequest>(&bytes) {
                 Ok(ShellRequest::Cell(r)) => r,

@@ -146,23 +146,29 @@ pub enum SpawnStep {
     Exec,
 }
 
+/// The search path when the environment has no `PATH`.
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
 /// Finds `argv0` in `PATH` of the calling process's environment, as `posix_spawnp` would.
 fn lookup(argv0: &CString) -> Result<CString, nix::Error> {
     let bytes = argv0.as_bytes();
     if bytes.contains(&b'/') {
         return Ok(argv0.clone());
     }
-    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into());
     let name = std::str::from_utf8(bytes).map_err(|_| nix::Error::ENOENT)?;
-    for dir in path.split(':') {
+    let found = find_program(name, &path).ok_or(nix::Error::ENOENT)?;
+    CString::new(found.into_os_string().into_encoded_bytes()).map_err(|_| nix::Error::ENOENT)
+}
+
+/// The first `DIR/name` that is a file, for the entries of the search path `path` in order
+/// (an empty entry is the working directory).
+pub(crate) fn find_program(name: &str, path: &str) -> Option<std::path::PathBuf> {
+    path.split(':').find_map(|dir| {
         let dir = if dir.is_empty() { "." } else { dir };
         let candidate = std::path::Path::new(dir).join(name);
-        if candidate.is_file() {
-            return CString::new(candidate.into_os_string().into_encoded_bytes())
-                .map_err(|_| nix::Error::ENOENT);
-        }
-    }
-    Err(nix::Error::ENOENT)
+        candidate.is_file().then_some(candidate)
+    })
 }
 
 /// [`spawn`] as another user: the same process group/session, signal state, stdio and

@@ -186,11 +186,7 @@ struct ZygoteSetup {
 
 /// A running zygote, held by the shell's init.
 pub(crate) struct Zygote {
-    pub pid: i32,
-    /// The init's end of the zygote's channel; cells send their fork requests on copies.
-    channel: OwnedFd,
-    /// Read end of the pipe whose write end the zygote closes when its imports are done.
-    ready: OwnedFd,
+    process: Launched,
     config: ZygoteConfig,
     setup: Vec<u8>,
     restarts: u32,
@@ -223,11 +219,8 @@ impl Zygote {
             keep_caps: template.command_caps.iter().map(|c| c.index()).collect(),
         };
         let setup = serde_json::to_vec(&setup).map_err(|e| e.to_string())?;
-        let (channel, ready) = launch(config, &setup)?;
         Ok(Zygote {
-            pid: channel.0,
-            channel: channel.1,
-            ready,
+            process: launch(config, &setup)?,
             config: config.clone(),
             setup,
             restarts: 0,
@@ -242,25 +235,39 @@ impl Zygote {
         }
         self.restarts += 1;
         match launch(&self.config, &self.setup) {
-            Ok(((pid, channel), ready)) => {
-                self.pid = pid;
-                self.channel = channel;
-                self.ready = ready;
+            Ok(process) => {
+                self.process = process;
                 true
             }
             Err(_) => false,
         }
     }
 
+    /// Its pid (in the shell's pid namespace).
+    pub(crate) fn pid(&self) -> i32 {
+        self.process.pid
+    }
+
     /// The fds a cell keeps to reach it: its channel and its ready pipe.
     pub(crate) fn link(&self) -> (RawFd, RawFd) {
-        (self.channel.as_raw_fd(), self.ready.as_raw_fd())
+        (
+            self.process.channel.as_raw_fd(),
+            self.process.ready.as_raw_fd(),
+        )
     }
 }
 
-/// Forks and execs the zygote; returns (pid, the init's end of its channel) and the ready
-/// pipe's read end. The setup message is waiting on the channel when it starts.
-fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<((i32, OwnedFd), OwnedFd), String> {
+/// A zygote process as [`launch`] started it.
+struct Launched {
+    pid: i32,
+    /// The init's end of the zygote's channel; cells send their fork requests on copies.
+    channel: OwnedFd,
+    /// Read end of the pipe whose write end the zygote closes when its imports are done.
+    ready: OwnedFd,
+}
+
+/// Forks and execs the zygote. The setup message is waiting on its channel when it starts.
+fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
     let python =
         find_in_path("python3", &config.env).ok_or("no python3 on the image's PATH".to_string())?;
     let cstr =
@@ -318,22 +325,22 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<((i32, OwnedFd), OwnedF
     }
     drop(theirs);
     drop(ready_w);
-    Ok(((pid, ours), ready_r))
+    Ok(Launched {
+        pid,
+        channel: ours,
+        ready: ready_r,
+    })
 }
 
-/// `name` looked up in the `PATH` of `env` (`KEY=VALUE`), as the run's `python3` would be.
+/// `name` looked up in the `PATH` of `env` (`KEY=VALUE`) as a cell's spawn looks up the
+/// run's `python3` ([`crate::spawn::find_program`]).
 fn find_in_path(name: &str, env: &[String]) -> Option<PathBuf> {
     let path = env
         .iter()
         .rev()
         .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    path.split(':').filter(|d| !d.is_empty()).find_map(|dir| {
-        let p = Path::new(dir).join(name);
-        nix::unistd::access(&p, nix::unistd::AccessFlags::X_OK)
-            .is_ok()
-            .then_some(p)
-    })
+        .unwrap_or(crate::spawn::DEFAULT_PATH);
+    crate::spawn::find_program(name, path)
 }
 
 /// A shell's zygote as the host sees it (`agentrun pool status`).
