@@ -19,13 +19,19 @@ import os
 _FRESH_MODULES = frozenset(sys.modules)
 
 
-def _sigset(field):
+def _status_bits(field):
+    """The bits set in a hex mask of /proc/self/status (`SigIgn:`, `CapBnd:`, ...)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field):
                 mask = int(line.split()[1], 16)
-                return frozenset(n + 1 for n in range(64) if mask >> n & 1)
+                return frozenset(n for n in range(64) if mask >> n & 1)
     return frozenset()
+
+
+def _sigset(field):
+    """The signals of a signal mask of /proc/self/status (signal N is bit N-1)."""
+    return frozenset(n + 1 for n in _status_bits(field))
 
 
 _FRESH_IGNORED = _sigset("SigIgn:")
@@ -154,11 +160,7 @@ _FILTERS = [bytes.fromhex(p) for p in _setup["filters"]]
 _KEEP_CAPS = frozenset(_setup["keep_caps"])
 with open("/proc/sys/kernel/cap_last_cap") as f:
     _LAST_CAP = int(f.read())
-with open("/proc/self/status") as f:
-    _BOUNDING = frozenset(
-        n for line in f if line.startswith("CapBnd:")
-        for n in range(64) if int(line.split()[1], 16) >> n & 1
-    )
+_BOUNDING = _status_bits("CapBnd:")
 _OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 # -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
 _UNBUFFERED = sys.stdout.write_through
