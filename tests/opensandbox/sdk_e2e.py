@@ -2,6 +2,7 @@
 `agentrun serve --listen`. Run by tests/tests/opensandbox.rs, one scenario per process:
 
     python sdk_e2e.py SCENARIO
+    python sdk_e2e.py AREA:SCENARIO     (a scenario of sdk_AREA.py, beside this file)
 
 Environment: OSB_DOMAIN (host:port of agentrun's API), OSB_API_KEY (optional), OSB_AGENTRUN
 (the agentrun binary, with AGENTRUN_STATE_DIR naming the daemon's state: `agentrun ps --json`
@@ -1492,5 +1493,13 @@ SCENARIOS = {
 if __name__ == "__main__":
     os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
     name = sys.argv[1]
-    SCENARIOS[name]()
+    if ":" in name:
+        # AREA:SCENARIO: a scenario of tests/opensandbox/sdk_AREA.py (which imports its
+        # helpers from this module).
+        import importlib
+
+        area, scenario_name = name.split(":", 1)
+        importlib.import_module(f"sdk_{area}").SCENARIOS[scenario_name]()
+    else:
+        SCENARIOS[name]()
     print(f"OK {name}")

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 pub mod cri;
 pub mod images;
 pub mod oci;
+pub mod osb;
 pub mod otlp;
 
 /// First host uid of the sandbox user namespace mapping: sandbox uid 0 is host uid
