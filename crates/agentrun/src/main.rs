@@ -18,6 +18,7 @@ mod policy_cmd;
 mod run;
 mod serve;
 mod trace;
+mod volume_cmd;
 mod warm;
 
 use std::path::PathBuf;
@@ -88,6 +89,9 @@ enum Command {
     /// Profiles (policy as code).
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCommand),
+    /// Named volumes (what OpenSandbox `pvc` volumes mount).
+    #[command(subcommand)]
+    Volume(volume_cmd::VolumeCommand),
     /// Show the audit log: every run and every policy decision.
     Audit(audit_cmd::AuditArgs),
     /// The runc-compatible OCI runtime (create, start, state, kill, delete, exec, ...), for
@@ -167,7 +171,7 @@ fn main() -> ExitCode {
     // private first (creating or repairing them; see agentrun_runtime::hostdirs).
     if matches!(
         cli.command,
-        Command::Exec(_) | Command::Serve(_) | Command::Gc | Command::Image(_)
+        Command::Exec(_) | Command::Serve(_) | Command::Gc | Command::Image(_) | Command::Volume(_)
     ) {
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
@@ -185,6 +189,7 @@ fn main() -> ExitCode {
         Command::Exec(args) => return exec::run(*args, &paths),
         Command::Policy(cmd) => return policy_cmd::run(cmd),
         Command::Audit(args) => audit_cmd::run(args, &paths),
+        Command::Volume(cmd) => volume_cmd::run(cmd, &paths),
         Command::Info(args) => info::run(args, &paths),
         Command::Image(cmd) => image::run(cmd, &paths),
         Command::Gc => gc(&paths),

@@ -63,7 +63,8 @@ pub struct ServeArgs {
     max_upload: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
     /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`,
-    /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`, and an
+    /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
+    /// `volume_roots` (a list), and an
     /// `[image_limits]` table (`max_bytes`,
     /// `max_entries`, `max_ratio`, `max_depth`: what the Docker API's pulls and builds may
     /// unpack; the `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
@@ -81,6 +82,10 @@ pub struct ServeArgs {
     /// The profile Docker API containers run under (default `container`).
     #[arg(long, value_name = "PROFILE")]
     docker_profile: Option<String>,
+    /// A host directory OpenSandbox `host` volumes may come from (repeatable; none: host
+    /// volumes are refused with 400). Paths are resolved inside it, never leaving it.
+    #[arg(long = "volume-root", value_name = "DIR")]
+    volume_roots: Vec<PathBuf>,
 }
 
 /// `agentrun serve --config FILE`.
@@ -103,6 +108,7 @@ struct ServeConfig {
     image_limits: Option<crate::image::LimitConfig>,
     opensandbox_profile: Option<String>,
     docker_profile: Option<String>,
+    volume_roots: Option<Vec<PathBuf>>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -223,6 +229,13 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         agentrun_docker::containers::CONTAINER_PROFILE,
         "docker",
     )?;
+    let volume_roots = if !args.volume_roots.is_empty() {
+        args.volume_roots.clone()
+    } else {
+        file.volume_roots.clone().unwrap_or_default()
+    };
+    let volume_roots = agentrun_runtime::volume::VolumeRoots::new(&volume_roots)
+        .map_err(|e| anyhow::anyhow!("--volume-root: {e}"))?;
     if let Some(listen) = args.listen.or(file.listen) {
         let api_key = args
             .api_key
@@ -242,6 +255,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                     .map_or(2, |n| n.get())
                     .min(8),
                 profile: opensandbox_profile,
+                volume_roots,
             },
         }));
     }

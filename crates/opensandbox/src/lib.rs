@@ -82,6 +82,9 @@ pub struct OpenSandboxOptions {
     /// --opensandbox-profile`, default `default`). One with a Python zygote has its code
     /// contexts and `python3` commands forked by it.
     pub profile: String,
+    /// The host directories `host` volumes may come from (`serve --volume-root`; none: host
+    /// volumes are refused). Named (`pvc`) volumes live under `image_root/volumes`.
+    pub volume_roots: agentrun_runtime::volume::VolumeRoots,
 }
 
 /// How much of a request body the API reads (`agentrun serve --max-request-body`,
@@ -166,6 +169,8 @@ impl Frontend for OpenSandboxFrontend {
             listen: opts.listen,
             limits: opts.limits,
             profile: opts.profile.clone(),
+            volume_roots: opts.volume_roots.clone(),
+            volume_store: agentrun_runtime::volume::VolumeStore::new(&opts.image_root),
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
         });

@@ -50,6 +50,10 @@ pub struct Server {
     pub limits: Limits,
     /// The profile of every sandbox ([`crate::OpenSandboxOptions::profile`]).
     pub profile: String,
+    /// Where host volumes may come from ([`crate::OpenSandboxOptions::volume_roots`]).
+    pub volume_roots: agentrun_runtime::volume::VolumeRoots,
+    /// The named volumes (`$AGENTRUN_ROOT/volumes`).
+    pub volume_store: agentrun_runtime::volume::VolumeStore,
     /// The runtime reading process output (see [`execd`]).
     pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,
@@ -118,6 +122,8 @@ pub struct Record {
     pub code: Mutex<code::CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
     pub cpu_sample: Mutex<(Instant, u64)>,
+    /// The named volumes it holds (in use until it is torn down).
+    pub volumes: Mutex<Vec<crate::lifecycle::volumes::HeldVolume>>,
 }
 
 impl Record {
@@ -151,12 +157,18 @@ impl Record {
             .egress
             .as_ref()
             .and_then(egress::SandboxEgress::take_proxy);
-        // The egress proxy goes first: its socket lives in the state dir the delete removes.
-        live.tear_down(&self.sandbox, move || {
-            if let Some(p) = proxy {
-                p.stop();
-            }
-        });
+        let volumes = std::mem::take(&mut *lock(&self.volumes));
+        // The egress proxy goes first: its socket lives in the state dir the delete removes;
+        // the volumes last, once no process of the sandbox has them mounted.
+        live.tear_down(
+            &self.sandbox,
+            move || {
+                if let Some(p) = proxy {
+                    p.stop();
+                }
+            },
+            move || crate::lifecycle::volumes::release(volumes, false),
+        );
     }
 
     /// The sandbox's main process exited with `code`: like a container whose main process

@@ -677,12 +677,14 @@ impl LiveManager {
     /// ([`LiveSandbox::kill`]: gone for its clients at once), and on a thread of its own
     /// `before_delete` runs (what must go before the sandbox's state dir does: an egress proxy
     /// listening in it), then [`LiveManager::delete`] (the cell's end awaited, the shell given
-    /// back to its pool or discarded). A sandbox deleted meanwhile by someone else (the
-    /// daemon's shutdown) is left to them.
+    /// back to its pool or discarded), then `after_delete` (what may go only once nothing of
+    /// the sandbox is left: the volumes it held). A sandbox deleted meanwhile by someone else
+    /// (the daemon's shutdown) is left to them.
     pub fn tear_down(
         self: &Arc<Self>,
         sandbox: &LiveSandbox,
         before_delete: impl FnOnce() + Send + 'static,
+        after_delete: impl FnOnce() + Send + 'static,
     ) {
         sandbox.kill();
         let live = self.clone();
@@ -697,6 +699,7 @@ impl LiveManager {
                     "deleting the sandbox: {e}"
                 ),
             }
+            after_delete();
         };
         // Where no thread can be made, the delete runs here.
         let job = Arc::new(Mutex::new(Some(delete)));

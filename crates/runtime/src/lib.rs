@@ -39,6 +39,7 @@ pub mod shell;
 pub mod spawn;
 pub mod spec;
 pub mod user;
+pub mod volume;
 pub mod zygote;
 
 pub use error::RuntimeError;

@@ -247,7 +247,7 @@ fn exit_hook(
         // only the init is left in it (the SIGKILL above ended the rest). It dies now, and the
         // teardown (mounts, cgroups, state dir) finishes off this thread.
         if let Some(sb) = gone {
-            live.tear_down(&sb, || {});
+            live.tear_down(&sb, || {}, || {});
         }
     })
 }
@@ -460,7 +460,7 @@ pub fn remove(api: &ApiState, c: &Arc<Container>) {
     // teardown (mounts, cgroups, state dir) finishes off the request, as a delete does in
     // the OpenSandbox API.
     if let Some(sb) = &sb {
-        api.live.tear_down(sb, || {});
+        api.live.tear_down(sb, || {}, || {});
     }
     lock(&api.containers).by_id.remove(&c.id);
     c.bump();

@@ -3,6 +3,7 @@
 //! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
 mod request;
+pub mod volumes;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -158,11 +159,25 @@ async fn create_sandbox(
     if let Err(e) = server.store.resolve(&v.spec.image) {
         return Err(ApiError::bad_request(format!("image.uri: {e}")));
     }
+    // Its volumes are opened (and named ones made, and held) before it exists; what the
+    // mounts name are these fds, mounted while they are open.
     let live = server.live.clone();
-    let spec = v.spec.clone();
-    let sandbox = tokio::task::spawn_blocking(move || live.create(&spec))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let mut spec = v.spec.clone();
+    let (specs, srv) = (v.volumes.clone(), server.clone());
+    let made = tokio::task::spawn_blocking(move || {
+        let opened = volumes::open(&specs, &srv.volume_roots, &srv.volume_store)?;
+        spec.mounts.extend(opened.mounts.iter().cloned());
+        match live.create(&spec) {
+            Ok(sandbox) => Ok((sandbox, opened.held)),
+            Err(e) => {
+                volumes::release(opened.held, true);
+                Err(ApiError::from(e))
+            }
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (sandbox, held) = made?;
     // Its egress proxy listens before anything runs in it.
     let egress = match (v.network.clone(), sandbox.egress_socket()) {
         (Some(policy), Some(socket)) => {
@@ -178,7 +193,11 @@ async fn create_sandbox(
                 Err(e) => {
                     let live = server.live.clone();
                     let id = sandbox.id().to_owned();
-                    let _ = tokio::task::spawn_blocking(move || live.delete(&id)).await;
+                    let _ = tokio::task::spawn_blocking(move || {
+                        let _ = live.delete(&id);
+                        volumes::release(held, true);
+                    })
+                    .await;
                     return Err(ApiError::internal(e.to_string()));
                 }
             }
@@ -210,6 +229,7 @@ async fn create_sandbox(
         sessions: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
+        volumes: Mutex::new(held),
     });
     // The entrypoint is the sandbox's main process.
     if let Err(e) = start_entrypoint(server, &rec).await {
@@ -220,7 +240,8 @@ async fn create_sandbox(
             if let Some(e) = &rec2.egress {
                 e.stop();
             }
-            live.delete(&id)
+            let _ = live.delete(&id);
+            volumes::release(std::mem::take(&mut *lock(&rec2.volumes)), true);
         })
         .await;
         return Err(e);

@@ -1,6 +1,6 @@
 //! The lifecycle API's request bodies, parsed and checked without a sandbox (the handlers'
 //! first step; the `opensandbox_api` fuzz target drives them): a create request (image,
-//! entrypoint, env, metadata, timeout, resource limits, `networkPolicy`, and the fields
+//! entrypoint, env, metadata, timeout, resource limits, `networkPolicy`, `volumes`, and the fields
 //! agentrun refuses), a renew, a metadata patch.
 
 use std::collections::BTreeMap;
@@ -136,6 +136,8 @@ pub struct Validated {
     pub(super) timeout: Option<i64>,
     /// `networkPolicy` (`None`: absent or null, no network at all).
     pub(super) network: Option<agentrun_policy::OpenSandboxPolicy>,
+    /// `volumes`, checked (opened on the host when the sandbox is made).
+    pub(super) volumes: Vec<super::volumes::VolumeSpec>,
 }
 
 /// A `POST /v1/sandboxes` body parsed and checked: everything about a create request that
@@ -170,9 +172,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     if req.secure_access {
         return bad("secureAccess=true is not supported: execd access is always guarded by a per-sandbox token");
     }
-    if !req.volumes.is_empty() {
-        return bad("volumes are not supported by agentrun's OpenSandbox API yet");
-    }
+    let volumes = super::volumes::parse(&req.volumes)?;
     if req.lifecycle.as_ref().is_some_and(|v| !v.is_null()) {
         return bad("lifecycle hooks are not supported");
     }
@@ -258,6 +258,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         entrypoint,
         timeout: req.timeout,
         network,
+        volumes,
     })
 }
 

@@ -1,0 +1,137 @@
+//! OpenSandbox `volumes` through `agentrun serve --listen --volume-root DIR`, driven by the
+//! official SDK (`tests/opensandbox/sdk_volumes.py`, sync and async): host volumes under the
+//! root (read-write, read-only, subPath, files owned like the directory on the host), named
+//! (`pvc`) volumes agentrun keeps (made on first use, kept across sandboxes, held while used,
+//! `deleteOnSandboxTermination`, `agentrun volume ls/inspect/rm`), and every way out of a
+//! root refused with a 400 (paths outside, `..`, symlinks, a symlink one sandbox planted for
+//! the next). Each test ends with the daemon stopped and nothing left on the host.
+
+use std::os::unix::fs::symlink;
+
+use agentrun_e2e::osb::*;
+use agentrun_e2e::*;
+
+/// A volume root the daemon allows and a directory outside it, as the scenarios expect.
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    root: String,
+    outside: String,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    let outside = tmp.path().join("outside");
+    for d in [root.join("seed"), root.join("owned"), outside.clone()] {
+        std::fs::create_dir_all(&d).unwrap();
+    }
+    std::fs::write(root.join("seed/hello.txt"), "hello from the host").unwrap();
+    std::fs::write(outside.join("secret.txt"), "host secret").unwrap();
+    std::os::unix::fs::chown(root.join("owned"), Some(1234), Some(1234)).unwrap();
+    symlink(&outside, root.join("escape")).unwrap();
+    Dirs {
+        root: root.display().to_string(),
+        outside: outside.display().to_string(),
+        _tmp: tmp,
+    }
+}
+
+fn run_volumes(name: &str) {
+    let Some(_lock) = setup() else { return };
+    let dirs = dirs();
+    let (d, domain) = start(&[], &["--volume-root", &dirs.root]);
+    let suffix = format!("{}-{}", std::process::id(), name.replace('_', "-"));
+    scenario(
+        &d,
+        &domain,
+        &format!("volumes:{name}"),
+        &[
+            ("OSB_VOLUME_ROOT", dirs.root.clone()),
+            ("OSB_OUTSIDE", dirs.outside.clone()),
+            ("OSB_SUFFIX", suffix),
+        ],
+    );
+    stop_clean(d);
+    assert_eq!(
+        std::fs::read_to_string(format!("{}/secret.txt", dirs.outside)).unwrap(),
+        "host secret"
+    );
+}
+
+#[test]
+fn host_volumes_mount_read_write_read_only_and_sub_paths_owned_like_their_directory() {
+    run_volumes("host_volumes");
+}
+
+#[test]
+fn host_paths_outside_the_volume_roots_and_escapes_get_400() {
+    run_volumes("host_refused");
+}
+
+#[test]
+fn named_volumes_are_kept_across_sandboxes_and_held_while_used() {
+    run_volumes("named_volumes");
+}
+
+#[test]
+fn a_volume_root_that_does_not_exist_stops_serve_with_one_line() {
+    let Some(_lock) = setup() else { return };
+    let d = Daemon::unstarted();
+    let out = d
+        .agentrun([
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--volume-root",
+            "/nonexistent/agentrun-volume-root",
+        ])
+        .timeout(std::time::Duration::from_secs(30))
+        .run();
+    assert_eq!(out.status.code(), Some(125), "{out}");
+    let err = out.stderr();
+    assert!(
+        err.contains("--volume-root") && err.contains("/nonexistent/agentrun-volume-root"),
+        "{out}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{out}");
+}
+
+#[test]
+fn volume_cli_creates_lists_inspects_and_removes_named_volumes() {
+    let Some(_lock) = setup() else { return };
+    let root = tempdir();
+    let d = Daemon::unstarted();
+    let cli = |args: &[&str]| d.agentrun(args).env("AGENTRUN_ROOT", root.path()).run();
+    let out = cli(&["volume", "create", "cli-vol", "--owner", "1234:1235"]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let data = root.path().join("volumes/cli-vol/data");
+    let meta = std::fs::metadata(&data).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.uid(), meta.gid()), (1234, 1235));
+    let out = cli(&["volume", "create", "cli-vol"]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    assert!(out.stderr().contains("already exists"), "{out}");
+    for bad in [
+        &["volume", "create", "Bad_Name"][..],
+        &["volume", "rm", "nope"],
+        &["volume", "create", "x", "--owner", "a:b"],
+    ] {
+        let out = cli(bad);
+        assert_eq!(out.status.code(), Some(125), "{bad:?}: {out}");
+        assert_eq!(out.stderr().trim().lines().count(), 1, "{bad:?}: {out}");
+    }
+    let out = cli(&["volume", "ls"]);
+    assert!(out.stdout().contains("cli-vol\tno\t"), "{out}");
+    let out = cli(&["volume", "inspect", "cli-vol"]);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    assert_eq!(v[0]["mountpoint"], data.display().to_string(), "{out}");
+    assert_eq!(v[0]["created_by"], "cli", "{out}");
+    // prune without --force on a pipe refuses, with one line; with it, removes.
+    let out = cli(&["volume", "prune"]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    assert!(out.stderr().contains("--force"), "{out}");
+    assert!(data.exists());
+    let out = cli(&["volume", "prune", "--force"]);
+    assert_eq!(out.stdout().trim(), "cli-vol", "{out}");
+    assert!(!root.path().join("volumes/cli-vol").exists());
+}
