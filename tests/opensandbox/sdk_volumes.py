@@ -250,7 +250,57 @@ async def named_volumes():
     check(keep not in volume_ls() and not os.path.exists(data), "removed with its files")
 
 
+async def host_volumes_async():
+    """The async SDK mounts host volumes the same way (read-only here)."""
+    sbx = await Sandbox.create(
+        "host",
+        connection_config=async_config(),
+        volumes=[Volume(name="seed", host=Host(path=f"{ROOT}/seed"), mount_path="/seed", read_only=True)],
+    )
+    try:
+        ex = await sbx.commands.run("cat /seed/hello.txt; echo; (echo x > /seed/y) 2>&1; echo rc=$?")
+        out = [m.text for m in ex.logs.stdout]
+        check(out[0] == "hello from the host" and out[-1] == "rc=1", f"async host ro: {out} {ex.logs.stderr}")
+        check(any("Read-only file system" in l for l in out), f"EROFS: {out}")
+        check(sorted(os.listdir(f"{ROOT}/seed")) == ["hello.txt"], "unchanged")
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
+def named_volumes_sync():
+    """The sync SDK with a named volume made by `agentrun volume create --owner`: files a
+    sandbox writes land owned by that owner on the host, and are there for the next sandbox."""
+    name = f"owned-{SUFFIX}"
+    code, _, err = agentrun("volume", "create", name, "--owner", "1234:1234")
+    check(code == 0, f"volume create: {err}")
+    data = volume_ls()[name]["mountpoint"]
+    vol = [Volume(name="o", pvc=PVC(claim_name=name, create_if_not_exists=False), mount_path="/o")]
+    a = SandboxSync.create("host", connection_config=sync_config(), volumes=vol)
+    try:
+        code, out, err = run(a, "echo one > /o/f.txt && stat -c %u /o/f.txt")
+        check(code == 0 and out == "0", f"write: {out!r} {err!r}")
+    finally:
+        a.kill()
+    st = os.stat(f"{data}/f.txt")
+    check((st.st_uid, st.st_gid) == (1234, 1234), f"owned by the volume's owner: {st.st_uid}:{st.st_gid}")
+    b = SandboxSync.create("host", connection_config=sync_config(), volumes=vol)
+    try:
+        check(b.files.read_file("/o/f.txt") == "one\n", "seen by the next sandbox")
+    finally:
+        b.kill()
+    deadline = time.monotonic() + 20
+    while True:
+        code, out, err = agentrun("volume", "rm", name)
+        if code == 0:
+            break
+        check("in use" in err and time.monotonic() < deadline, f"rm: {err}")
+        time.sleep(0.2)
+
+
 SCENARIOS = {
+    "host_volumes_async": lambda: asyncio.run(host_volumes_async()),
+    "named_volumes_sync": named_volumes_sync,
     "host_volumes": host_volumes,
     "host_refused": host_refused,
     "named_volumes": lambda: asyncio.run(named_volumes()),

@@ -37,9 +37,23 @@ fn dirs() -> Dirs {
 }
 
 fn run_volumes(name: &str) {
+    run_volumes_with(name, false)
+}
+
+/// Runs scenario `name` against a daemon allowing the scenario's volume root, given on the
+/// command line or (`config`) in a `--config` file's `volume_roots`.
+fn run_volumes_with(name: &str, config: bool) {
     let Some(_lock) = setup() else { return };
     let dirs = dirs();
-    let (d, domain) = start(&[], &["--volume-root", &dirs.root]);
+    let config_file = dirs._tmp.path().join("serve.toml");
+    std::fs::write(&config_file, format!("volume_roots = [{:?}]\n", dirs.root)).unwrap();
+    let config_path = config_file.display().to_string();
+    let extra: [&str; 2] = if config {
+        ["--config", &config_path]
+    } else {
+        ["--volume-root", &dirs.root]
+    };
+    let (d, domain) = start(&[], &extra);
     let suffix = format!("{}-{}", std::process::id(), name.replace('_', "-"));
     scenario(
         &d,
@@ -65,7 +79,18 @@ fn host_volumes_mount_read_write_read_only_and_sub_paths_owned_like_their_direct
 
 #[test]
 fn host_paths_outside_the_volume_roots_and_escapes_get_400() {
-    run_volumes("host_refused");
+    // The root comes from the config file's `volume_roots` here.
+    run_volumes_with("host_refused", true);
+}
+
+#[test]
+fn host_volumes_with_the_async_sdk() {
+    run_volumes("host_volumes_async");
+}
+
+#[test]
+fn named_volumes_made_by_the_cli_keep_their_owner_with_the_sync_sdk() {
+    run_volumes("named_volumes_sync");
 }
 
 #[test]
