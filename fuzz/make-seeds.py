@@ -320,6 +320,14 @@ OS_CREATE = {
 }
 seeds = [
     (0, "create", json.dumps(OS_CREATE)),
+    (0, "create-volumes", json.dumps({**OS_CREATE, "volumes": [
+        {"name": "work", "host": {"path": "/srv/volumes/work"}, "mountPath": "/mnt/work"},
+        {"name": "ro", "host": {"path": "/srv/volumes"}, "mountPath": "/mnt/ro", "readOnly": True, "subPath": "a/./b"},
+        {"name": "data", "pvc": {"claimName": "shared", "createIfNotExists": False, "deleteOnSandboxTermination": True,
+                                 "storageClass": None, "storage": "1Gi", "accessModes": ["ReadWriteOnce"]},
+         "mountPath": "/data"},
+        {"name": "bad", "host": {"path": "/srv/../etc"}, "mountPath": "/proc/x", "subPath": "../.."},
+        {"name": "oss", "ossfs": {"bucket": "b"}, "mountPath": "/o"}]})),
     (0, "create-bad", '{"image":{"uri":"x","auth":{"u":"p"}},"entrypoint":[""],"snapshotId":"s","volumes":[{}]}'),
     (1, "renew", '{"expiresAt":"2027-01-15T08:00:00Z"}'),
     (1, "renew-offset", '{"expiresAt":"2027-01-15T08:00:00.123+05:30"}'),
