@@ -298,7 +298,21 @@ def named_volumes_sync():
         time.sleep(0.2)
 
 
+def left_running():
+    """A sandbox holding a named volume made with deleteOnSandboxTermination, and one holding
+    a kept volume, left running for the daemon's shutdown (the test checks after it)."""
+    for claim, temp in ((f"gone-{SUFFIX}", True), (f"kept-{SUFFIX}", False)):
+        sbx = SandboxSync.create(
+            "host",
+            connection_config=sync_config(),
+            volumes=[Volume(name="v", pvc=PVC(claim_name=claim, delete_on_sandbox_termination=temp), mount_path="/v")],
+        )
+        check(run(sbx, "echo x > /v/x")[0] == 0, "write")
+        check(volume_ls()[claim]["in_use"], f"{claim} held")
+
+
 SCENARIOS = {
+    "left_running": left_running,
     "host_volumes_async": lambda: asyncio.run(host_volumes_async()),
     "named_volumes_sync": named_volumes_sync,
     "host_volumes": host_volumes,

@@ -99,6 +99,37 @@ fn named_volumes_are_kept_across_sandboxes_and_held_while_used() {
 }
 
 #[test]
+fn at_shutdown_volumes_made_to_go_with_their_sandbox_go_and_the_others_stay() {
+    let Some(_lock) = setup() else { return };
+    let (d, domain) = start(&[], &[]);
+    let suffix = format!("{}-shutdown", std::process::id());
+    scenario(
+        &d,
+        &domain,
+        "volumes:left_running",
+        &[("OSB_SUFFIX", suffix.clone())],
+    );
+    let state = d.state().to_path_buf();
+    stop_clean(d);
+    let ls = Daemon::unstarted()
+        .agentrun(["volume", "ls", "--json"])
+        .env("AGENTRUN_STATE_DIR", &state)
+        .run();
+    let names: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout())
+        .unwrap_or_else(|e| panic!("{e}: {ls}"))
+        .iter()
+        .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(!names.contains(&format!("gone-{suffix}")), "{names:?}");
+    let kept = format!("kept-{suffix}");
+    let kept_entry = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout()).unwrap();
+    let kept_entry = kept_entry.iter().find(|v| v["name"] == kept.as_str());
+    assert!(kept_entry.is_some_and(|v| v["in_use"] == false), "{ls}");
+    let rm = Daemon::unstarted().agentrun(["volume", "rm", &kept]).run();
+    assert_eq!(rm.status.code(), Some(0), "{rm}");
+}
+
+#[test]
 fn a_volume_root_that_does_not_exist_stops_serve_with_one_line() {
     let Some(_lock) = setup() else { return };
     let d = Daemon::unstarted();

@@ -198,8 +198,14 @@ impl Frontend for OpenSandboxFrontend {
                         })
                         .await;
                     expiry.abort();
-                    // Sandboxes are deleted by the daemon's LiveManager::shutdown.
-                    server.records_lock().clear();
+                    // Sandboxes are deleted by the daemon's LiveManager::shutdown; the named
+                    // volumes they made to go with them go now (their processes are being
+                    // killed), the others are let go.
+                    let records: Vec<_> = server.records_lock().drain().map(|(_, r)| r).collect();
+                    for rec in records {
+                        let held = std::mem::take(&mut *agentrun_pool::lock(&rec.volumes));
+                        lifecycle::volumes::release(held, false);
+                    }
                 });
                 runtime.shutdown_timeout(std::time::Duration::from_secs(2));
                 output.shutdown_timeout(std::time::Duration::from_secs(2));
