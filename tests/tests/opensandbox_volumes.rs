@@ -36,6 +36,26 @@ fn dirs() -> Dirs {
     }
 }
 
+/// Removes the named volumes a test made (names ending in its suffix), passed or failed: the
+/// daemon's store is the host's.
+struct VolumeSweep(String);
+
+impl Drop for VolumeSweep {
+    fn drop(&mut self) {
+        let ls = Daemon::unstarted()
+            .agentrun(["volume", "ls", "--json"])
+            .run();
+        let Ok(all) = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout()) else {
+            return;
+        };
+        for v in all {
+            if let Some(name) = v["name"].as_str().filter(|n| n.ends_with(&self.0)) {
+                let _ = Daemon::unstarted().agentrun(["volume", "rm", name]).run();
+            }
+        }
+    }
+}
+
 fn run_volumes(name: &str) {
     run_volumes_with(name, false)
 }
@@ -53,8 +73,9 @@ fn run_volumes_with(name: &str, config: bool) {
     } else {
         ["--volume-root", &dirs.root]
     };
-    let (d, domain) = start(&[], &extra);
     let suffix = format!("{}-{}", std::process::id(), name.replace('_', "-"));
+    let _sweep = VolumeSweep(suffix.clone());
+    let (d, domain) = start(&[], &extra);
     scenario(
         &d,
         &domain,
@@ -103,6 +124,7 @@ fn at_shutdown_volumes_made_to_go_with_their_sandbox_go_and_the_others_stay() {
     let Some(_lock) = setup() else { return };
     let (d, domain) = start(&[], &[]);
     let suffix = format!("{}-shutdown", std::process::id());
+    let _sweep = VolumeSweep(suffix.clone());
     scenario(
         &d,
         &domain,
