@@ -236,6 +236,9 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
     };
     let volume_roots = agentrun_runtime::volume::VolumeRoots::new(&volume_roots)
         .map_err(|e| anyhow::anyhow!("--volume-root: {e}"))?;
+    for w in volume_roots.warnings() {
+        eprintln!("agentrun: warning: {w}");
+    }
     if let Some(listen) = args.listen.or(file.listen) {
         let api_key = args
             .api_key

@@ -226,6 +226,24 @@ impl VolumeRoots {
         Ok(VolumeRoots { roots })
     }
 
+    /// What the operator should know about the roots: one line for each root-owned root that
+    /// other host users can reach. In a root-owned directory the sandbox's root writes as the
+    /// host's root (the idmapping), so a setuid-root file a sandbox leaves there (it is
+    /// `nosuid` inside, not outside) is one for any host user who can reach it.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (given, real) in &self.roots {
+            let Ok(m) = fs::metadata(real) else { continue };
+            if m.uid() == 0 && m.mode() & 0o005 != 0 {
+                out.push(format!(
+                    "volume root {} is root-owned and other users can enter it: files sandboxes write there are the host root's, setuid bits included; make it 0700 or owned by an unprivileged user",
+                    given.display()
+                ));
+            }
+        }
+        out
+    }
+
     /// The allowed roots, for messages: `"/srv/a, /srv/b"` or `"none are allowed: ..."`.
     pub fn describe(&self) -> String {
         if self.roots.is_empty() {
@@ -698,6 +716,11 @@ mod tests {
             roots.open(&format!("{r}/../outside"), Path::new("")),
             Err(VolumeError::Invalid(_))
         ));
+        // A root-owned 0755 root is reachable by other users: said; 0700 is not.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(roots.warnings().len(), 1, "{:?}", roots.warnings());
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(roots.warnings().is_empty());
         let none = VolumeRoots::default();
         let e = none.open("/tmp", Path::new("")).unwrap_err();
         assert!(e.to_string().contains("--volume-root"), "{e}");
