@@ -3,10 +3,12 @@
 own token in itself, and never forwards a credential into the sandbox.
 
 Scenarios (run by tests/tests/opensandbox_proxy.rs through `sdk_e2e.py proxy:NAME`, against a
-daemon started with `--api-key $OSB_API_KEY`):
+daemon started with `--api-key $OSB_API_KEY`, but no_key):
   sync   the sync SDK through the proxy: commands (streamed), files, background logs,
-         egress policy get/patch, a user's HTTP server and a WebSocket on a sandbox port
-  async  the same with the async SDK
+         egress policy get/patch, a user's HTTP server and a WebSocket on a sandbox port,
+         a Python code context
+  async  the same with the async SDK (but code)
+  no_key against a daemon without a key (loopback): open as /v1 is, tokens still put in
   auth   what the proxy route refuses: no key, a wrong key, a token instead of the key
          (401), no such sandbox (404), bad ports (400), nothing listening (502)
 """
@@ -180,8 +182,13 @@ def sync():
         sbx.files.write_file("/tmp/server.py", USER_SERVER)
         sbx.commands.run("python3 /tmp/server.py", opts=RunCommandOpts(background=True))
         check_user_port(sbx.get_endpoint(USER_PORT))
-        # The server's own view agrees: the commands ran in this sandbox.
-        check(sbx.commands.run("cat /tmp/a.txt").text == "through the server", "same sandbox")
+        # Code contexts (`/code`) through the proxy too.
+        from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+
+        ci = CodeInterpreterSync.create(sandbox=sbx, skip_health_check=True)
+        r = ci.codes.run("x = 40\nprint('hi')\nx + 2")
+        check([m.text for m in r.logs.stdout] == ["hi"] and [res.text for res in r.result] == ["42"], f"code {r}")
+        check(ci.codes.run("open('/tmp/a.txt').read()").result[0].text == "'through the server'", "code sees the files")
     finally:
         sbx.kill()
 
@@ -288,8 +295,23 @@ def auth():
         sbx.kill()
 
 
+def no_key():
+    """A daemon without an API key (loopback only): the proxy route is as open as `/v1`, and
+    still puts the tokens in itself."""
+    check(not API_KEY, "no_key runs against a daemon without --api-key")
+    sbx = SandboxSync.create("host", connection_config=proxy_sync_config(api_key=None))
+    try:
+        check_endpoints(sbx.id, {EXECD_PORT: sbx.get_endpoint(EXECD_PORT)})
+        check(sbx.commands.run("echo open").text == "open", "a command without a key")
+        r = httpx.get(f"http://{DOMAIN}/v1/sandboxes/no-such-sandbox/proxy/{EXECD_PORT}/ping")
+        check(r.status_code == 404, f"unknown sandbox: {r.status_code} {r.text}")
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {
     "sync": sync,
+    "no_key": no_key,
     "async": lambda: asyncio.run(async_flow()),
     "auth": auth,
 }

@@ -2,8 +2,9 @@
 //! endpoint lookup returns with `use_server_proxy=true`), driven by the official SDK with
 //! `ConnectionConfig(use_server_proxy=True)` against a daemon with an API key: the scenarios
 //! of `tests/opensandbox/sdk_proxy.py` (sync and async SDK: commands streamed, files, logs,
-//! the egress policy, a user's HTTP server and WebSocket on a sandbox port; and what the
-//! route refuses). Each test stops its daemon and checks nothing is left on the host.
+//! the egress policy, a user's HTTP server and WebSocket on a sandbox port, code contexts;
+//! what the route refuses; and the route on a daemon without a key). Each test stops its
+//! daemon and checks nothing is left on the host.
 
 use agentrun_e2e::osb::*;
 use agentrun_e2e::*;
@@ -30,4 +31,12 @@ fn async_sdk_through_the_server_proxy() {
 #[test]
 fn server_proxy_needs_the_api_key() {
     run_with_key("proxy:auth");
+}
+
+#[test]
+fn server_proxy_without_a_key_on_loopback() {
+    let Some(_lock) = setup() else { return };
+    let (d, domain) = start(&[], &[]);
+    scenario(&d, &domain, "proxy:no_key", &[]);
+    stop_clean(d);
 }
