@@ -42,7 +42,8 @@ impl Token {
         }
     }
 
-    fn of(self, rec: &Record) -> &str {
+    /// The sandbox's value of this token.
+    pub(crate) fn of(self, rec: &Record) -> &str {
         match self {
             Token::Execd => &rec.execd_token,
             Token::Egress => &rec.egress_token,

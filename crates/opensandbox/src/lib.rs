@@ -11,6 +11,8 @@
 //! - [`files`]: the execd file API, every path resolved inside the sandbox ([`agentrun_runtime::fsroot`]).
 //! - [`code`]: code interpreting (Python contexts).
 //! - [`proxy`]: execd's port proxy into the sandbox.
+//! - [`server_proxy`]: `/v1/sandboxes/{id}/proxy/{port}`, every port's endpoint reached
+//!   through the server (`use_server_proxy=true`), behind the API key.
 //! - [`egress`]: the `networkPolicy`, enforced by a per-sandbox egress proxy, and the egress
 //!   sidecar's API (under `/egress/{sid}`) that changes it live.
 //! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
@@ -41,6 +43,7 @@ mod lines;
 pub mod process;
 pub mod proxy;
 pub mod sandbox;
+pub mod server_proxy;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -221,9 +224,41 @@ impl Frontend for OpenSandboxFrontend {
 /// The whole HTTP app. Tokens and the API key are checked by middleware, before any
 /// extractor reads a body; bodies are read within [`Limits`].
 pub fn router(server: Arc<Server>) -> axum::Router {
+    let sandboxes = sandbox_apis(server.clone());
+    let app = axum::Router::new()
+        .merge(lifecycle::routes(server.clone()))
+        .merge(server_proxy::routes(
+            server.clone(),
+            with_fallbacks(sandboxes.clone()),
+        ))
+        .merge(sandboxes);
+    with_fallbacks(app)
+        .layer(axum::extract::DefaultBodyLimit::max(
+            server.limits.max_request_body,
+        ))
+        .layer(axum::middleware::from_fn(lifecycle::request_id))
+}
+
+/// A JSON 404 for no such route and a JSON 405 for a method a route does not take.
+fn with_fallbacks(router: axum::Router) -> axum::Router {
+    router
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found("NOT_FOUND", format!("no such endpoint {}", uri.path()))
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                "method not allowed on this endpoint",
+            )
+        })
+}
+
+/// The per-sandbox APIs, each behind its sandbox's token: execd's (`/execd/{sid}`) and the
+/// egress sidecar's (`/egress/{sid}`). Reached directly or through [`server_proxy`].
+fn sandbox_apis(server: Arc<Server>) -> axum::Router {
     use axum::middleware::from_fn_with_state;
     axum::Router::new()
-        .merge(lifecycle::routes(server.clone()))
         .nest(
             "/execd/{sid}",
             execd::routes(server.clone())
@@ -237,25 +272,9 @@ pub fn router(server: Arc<Server>) -> axum::Router {
         )
         .nest(
             "/egress/{sid}",
-            egress::routes(server.clone()).route_layer(from_fn_with_state(
-                server.clone(),
-                auth::require_egress_token,
-            )),
+            egress::routes(server.clone())
+                .route_layer(from_fn_with_state(server, auth::require_egress_token)),
         )
-        .fallback(|uri: axum::http::Uri| async move {
-            ApiError::not_found("NOT_FOUND", format!("no such endpoint {}", uri.path()))
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "METHOD_NOT_ALLOWED",
-                "method not allowed on this endpoint",
-            )
-        })
-        .layer(axum::extract::DefaultBodyLimit::max(
-            server.limits.max_request_body,
-        ))
-        .layer(axum::middleware::from_fn(lifecycle::request_id))
 }
 
 /// RFC 3339 with milliseconds and `Z`.

@@ -1,11 +1,12 @@
-//! execd's port proxy: `{execd endpoint}/proxy/{port}/...` forwards HTTP, streaming both
+//! execd's port proxy: `{execd endpoint}/proxy/{port}/...` (also reached through
+//! [`crate::server_proxy`]) forwards HTTP, streaming both
 //! ways, and upgrades (WebSocket and the like) to `127.0.0.1:{port}` inside the sandbox. The
 //! endpoint lookup of any port other than execd's and egress's points here, as the official
 //! server's does (its execd runs the same proxy).
 //!
 //! The connection is made in the sandbox's network namespace from the host side
 //! ([`agentrun_runtime::netns`]); the sandbox itself still has no route out. The per-sandbox
-//! token and the API key are stripped from what is forwarded: code in the sandbox never
+//! tokens and the API key are stripped from what is forwarded: code in the sandbox never
 //! sees a credential that would let it drive its own (or another) sandbox.
 
 use std::collections::HashMap;
@@ -26,7 +27,11 @@ use crate::error::{ApiError, ApiResult};
 use crate::{Record, Server};
 
 /// Headers that carry agentrun credentials: never forwarded into the sandbox.
-const CREDENTIAL_HEADERS: [&str; 2] = [crate::EXECD_TOKEN_HEADER, "OPEN-SANDBOX-API-KEY"];
+const CREDENTIAL_HEADERS: [&str; 3] = [
+    crate::EXECD_TOKEN_HEADER,
+    crate::EGRESS_TOKEN_HEADER,
+    "OPEN-SANDBOX-API-KEY",
+];
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()

@@ -429,15 +429,38 @@ async fn patch_metadata(
 async fn endpoint(
     State(server): State<Arc<Server>>,
     Path((id, port)): Path<(String, u16)>,
+    RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
+    let mut use_server_proxy = false;
+    for (k, v) in query_pairs(&q) {
+        if k == "use_server_proxy" {
+            use_server_proxy = match v.to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "use_server_proxy must be true or false",
+                    ))
+                }
+            };
+        }
+    }
     // The address the client reached us by is the one it can reach execd by.
     let host = headers
         .get("host")
         .and_then(|h| h.to_str().ok())
         .map(str::to_owned)
         .unwrap_or_else(|| server.listen.to_string());
+    if use_server_proxy {
+        // Through the server, the API key is the credential: the server puts the sandbox's
+        // token in itself, so the token is not handed out.
+        return Ok(Json(json!({
+            "endpoint": crate::server_proxy::endpoint(&host, &id, port),
+            "headers": {},
+        })));
+    }
     match port {
         crate::EXECD_PORT => Ok(Json(json!({
             "endpoint": format!("{host}/execd/{id}"),
