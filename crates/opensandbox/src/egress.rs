@@ -8,20 +8,32 @@
 //! (child of the sandbox's `sandbox.create`) and an audit record with the sandbox id, made by
 //! [`agentrun_telemetry::DecisionScope`] as the CLI's runs make theirs.
 //!
+//! A name the policy allows that does not resolve is not a denial: the proxy answers `502`
+//! saying so, and it is audited and traced as an allow followed by an error (`egress.connect`,
+//! `error.type=resolve`). Upstream's sidecar answers a denied name with DNS NXDOMAIN, and an
+//! allowed one that does not exist with its resolver's NXDOMAIN (SERVFAIL when the resolver
+//! fails); behind a forward proxy the closest answers are 403 and 502.
+//!
 //! The egress sidecar's API, [`routes`] under `/egress/{sid}` (what the endpoint lookup for
-//! port 18080 hands out, guarded by the per-sandbox `OPENSANDBOX-EGRESS-AUTH` token):
-//! `/policy` serves `GET` (the policy in force), `PATCH` (merge rules: incoming first, one
-//! rule per target) and `DELETE` (remove rules by target); `/credential-vault` answers 501.
+//! port 18080 hands out, guarded by the per-sandbox `OPENSANDBOX-EGRESS-AUTH` token), as
+//! upstream's components/egress/policy_server.go serves it: `/policy` serves `GET` (the
+//! `PolicyStatusResponse` with the policy in force), `PATCH` (a non-empty list of rules merged
+//! by [`OpenSandboxPolicy::patch`]: incoming first, first per target wins, targets compared
+//! case-insensitively; `defaultAction` never changes) and `DELETE` (a non-empty JSON list of
+//! targets removed by [`OpenSandboxPolicy::remove`]; none of them in the policy: 200 with
+//! `reason: "no matching targets found"` and no change); both answer the status without the
+//! policy. `mode` is upstream's: `allow_all`/`deny_all` without rules, else `enforcing`;
+//! `enforcementMode` is `proxy`. `/credential-vault` answers 501.
 //! A change replaces the proxy's policy at once (the next connection is decided by it, and
 //! open connections it denies are cut) and is audited. A sandbox created without a
 //! `networkPolicy` has no network at all (loopback only) and no proxy; its policy cannot be
-//! changed.
+//! changed (409).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
-use agentrun_policy::{Action, Decision, OpenSandboxPolicy, OpenSandboxRule, RuleAction};
+use agentrun_policy::{Action, Decision, NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule};
 use agentrun_pool::lock;
 use agentrun_telemetry::decision::{EGRESS_CONNECT, POLICY_CHECK};
 use agentrun_telemetry::{trace_id_of, AuditLog, AuditRecord, DecisionScope, RunSpan};
@@ -79,16 +91,20 @@ impl SandboxEgress {
     }
 
     /// Applies `change` to the policy and puts the result in force; audited as `action`
-    /// (`resource`: what was asked). Nothing changes when `change` fails.
+    /// (`resource`: what was asked). Nothing changes when `change` fails, and nothing is
+    /// audited or applied when it reports that it changed nothing. Returns the policy in
+    /// force and whether it changed.
     fn change(
         &self,
         action: &str,
         resource: String,
-        change: impl FnOnce(&mut OpenSandboxPolicy) -> Result<(), agentrun_policy::NetworkPolicyError>,
-    ) -> ApiResult<OpenSandboxPolicy> {
+        change: impl FnOnce(&mut OpenSandboxPolicy) -> Result<bool, NetworkPolicyError>,
+    ) -> ApiResult<(OpenSandboxPolicy, bool)> {
         let mut current = lock(&self.policy);
         let mut next = current.clone();
-        change(&mut next).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if !change(&mut next).map_err(policy_error)? {
+            return Ok((next, false));
+        }
         let record = AuditRecord {
             kind: "policy".into(),
             sandbox_id: self.sandbox_id.clone(),
@@ -108,7 +124,7 @@ impl SandboxEgress {
             p.set_policy(next.to_network_policy());
         }
         *current = next.clone();
-        Ok(next)
+        Ok((next, true))
     }
 
     /// Stops the proxy (before the sandbox's state dir goes away).
@@ -201,20 +217,35 @@ async fn credential_vault(_: EgressSandbox) -> ApiResult<StatusCode> {
     ))
 }
 
-/// The `PolicyStatusResponse` of a policy.
-fn status(policy: Option<&OpenSandboxPolicy>) -> Value {
-    let (mode, policy) = match policy {
-        Some(p) => (
-            match p.default_action {
-                RuleAction::Allow => "allow_all",
-                RuleAction::Deny => "deny_all",
-            },
-            p.to_value(),
+/// What the sidecar reports as its `enforcementMode` (upstream: `dns` or `dns+nft`): every
+/// connection goes through agentrun's egress proxy.
+const ENFORCEMENT_MODE: &str = "proxy";
+
+/// The `PolicyStatusResponse` for `policy`, as upstream's sidecar answers: `mode` derived as
+/// upstream's `modeFromPolicy` (`allow_all`/`deny_all` without rules, else `enforcing`), the
+/// policy itself only when `with_policy` (GET; PATCH and DELETE leave it out), `reason` when
+/// there is one.
+fn status(policy: &OpenSandboxPolicy, with_policy: bool, reason: Option<&str>) -> Value {
+    let mut v = json!({"status": "ok", "mode": policy.mode(), "enforcementMode": ENFORCEMENT_MODE});
+    if with_policy {
+        v["policy"] = policy.to_value();
+    }
+    if let Some(r) = reason {
+        v["reason"] = json!(r);
+    }
+    v
+}
+
+/// A policy change refused: 400, or 413 for too many rules (as upstream).
+fn policy_error(e: NetworkPolicyError) -> ApiError {
+    match e {
+        NetworkPolicyError::TooManyRules(_) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "INVALID_PARAMETER",
+            e.to_string(),
         ),
-        // No networkPolicy: no network at all.
-        None => ("deny_all", json!({"defaultAction": "deny", "egress": []})),
-    };
-    json!({"status": "ok", "mode": mode, "enforcementMode": "proxy", "policy": policy})
+        NetworkPolicyError::Invalid(_) => ApiError::bad_request(e.to_string()),
+    }
 }
 
 fn egress_of(rec: &Record) -> ApiResult<&SandboxEgress> {
@@ -227,52 +258,59 @@ fn egress_of(rec: &Record) -> ApiResult<&SandboxEgress> {
 }
 
 async fn get_policy(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
-    let policy = rec.egress.as_ref().map(SandboxEgress::policy);
-    Ok(Json(status(policy.as_ref())))
+    // Without a networkPolicy: no network at all.
+    let policy = rec
+        .egress
+        .as_ref()
+        .map(SandboxEgress::policy)
+        .unwrap_or_else(|| OpenSandboxPolicy {
+            default_action: agentrun_policy::RuleAction::Deny,
+            egress: Vec::new(),
+        });
+    Ok(Json(status(&policy, true, None)))
 }
 
+/// `PATCH /policy`: a non-empty list of rules merged in (see [`OpenSandboxPolicy::patch`]).
 async fn patch_policy(
     EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    change_policy(
-        &rec,
+) -> ApiResult<Json<Value>> {
+    let rules: Vec<OpenSandboxRule> = parse(
         &body,
-        "net.policy.patch",
         "[{\"action\": \"allow\"|\"deny\", \"target\": \"...\"}]",
-        |policy, rules: &Vec<OpenSandboxRule>| policy.patch(rules),
-    )
+    )?;
+    let egress = egress_of(&rec)?;
+    let resource = serde_json::to_string(&rules).unwrap_or_default();
+    let (next, _) = tokio::task::block_in_place(|| {
+        egress.change("net.policy.patch", resource, |policy| {
+            policy.patch(&rules).map(|()| true)
+        })
+    })?;
+    Ok(Json(status(&next, false, None)))
 }
 
+/// `DELETE /policy`: a non-empty list of targets removed (see
+/// [`OpenSandboxPolicy::remove`]); when none of them is in the policy nothing changes and
+/// the answer says so (`reason`), as upstream's.
 async fn delete_policy(
     EgressSandbox(rec): EgressSandbox,
     JsonBody(body): JsonBody,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    change_policy(
-        &rec,
-        &body,
-        "net.policy.delete",
-        "a list of targets",
-        |policy, targets: &Vec<String>| policy.remove(targets).map(|_| ()),
-    )
+) -> ApiResult<Json<Value>> {
+    let targets: Vec<String> = parse(&body, "a list of targets")?;
+    let egress = egress_of(&rec)?;
+    let resource = serde_json::to_string(&targets).unwrap_or_default();
+    let (next, changed) = tokio::task::block_in_place(|| {
+        egress.change("net.policy.delete", resource, |policy| {
+            policy.remove(&targets).map(|n| n > 0)
+        })
+    })?;
+    let reason = (!changed).then_some("no matching targets found");
+    Ok(Json(status(&next, false, reason)))
 }
 
-/// PATCH and DELETE `/policy`: the body parsed as `T` (else 400 saying what was `expected`),
-/// the change audited (`action`, the body as the resource) and applied to the live proxy.
-fn change_policy<T: serde::de::DeserializeOwned + serde::Serialize>(
-    rec: &Record,
-    body: &Bytes,
-    action: &str,
-    expected: &str,
-    apply: impl FnOnce(&mut OpenSandboxPolicy, &T) -> Result<(), agentrun_policy::NetworkPolicyError>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let asked: T = serde_json::from_slice(body).map_err(|e| {
+/// A request body parsed as `T`, else 400 saying what was `expected`.
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes, expected: &str) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: expected {expected}: {e}"))
-    })?;
-    let egress = egress_of(rec)?;
-    let resource = serde_json::to_string(&asked).unwrap_or_default();
-    let next = tokio::task::block_in_place(|| {
-        egress.change(action, resource, |policy| apply(policy, &asked))
-    })?;
-    Ok((StatusCode::OK, Json(status(Some(&next)))))
+    })
 }

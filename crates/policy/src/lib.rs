@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use decision::{normalize, Action, Decision, WORKSPACE};
 pub use network::{
     AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
-    OpenSandboxPolicy, OpenSandboxRule, RuleAction,
+    OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
 };
 pub use seccomp::{seccomp_denied_syscalls, SocketPolicy, PERSONALITY_ALLOWED, SOCKET_FAMILIES};
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};

@@ -356,11 +356,19 @@ pub struct NetworkPolicy {
 pub enum NetworkPolicyError {
     #[error("networkPolicy: {0}")]
     Invalid(String),
+    /// A change would leave more than [`MAX_OPENSANDBOX_RULES`] rules.
+    #[error("egress rule total count {0} exceeds limit {MAX_OPENSANDBOX_RULES}")]
+    TooManyRules(usize),
 }
+
+/// The most rules an OpenSandbox policy may have after a `PATCH` (upstream's egress
+/// sidecar's default `OPENSANDBOX_EGRESS_MAX_RULES`).
+pub const MAX_OPENSANDBOX_RULES: usize = 4096;
 
 /// An OpenSandbox `networkPolicy` (`{"defaultAction", "egress": [{"action", "target"}]}`),
 /// normalised: `defaultAction` is always present (a missing one means deny; a `null` or `{}`
-/// policy means allow-all), targets are trimmed and lower-cased and checked. This is the form
+/// policy means allow-all), targets are trimmed and checked, and kept as written (as
+/// upstream's sidecar shows them); they are compared by [`OpenSandboxRule::key`]. This is the form
 /// the egress endpoint's `/policy` serves and changes; [`OpenSandboxPolicy::to_network_policy`]
 /// gives the rules [`NetworkPolicy::check`] decides with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -387,23 +395,26 @@ struct OsNetworkPolicy {
 }
 
 impl OpenSandboxRule {
-    /// The rule with its target normalised, or why it is not valid (`what` names it).
+    /// What a target is matched, deduplicated and deleted by: trimmed, lower-cased, without
+    /// a trailing dot (`"PyPI.org."` and `"pypi.org"` are one target).
+    pub fn key(target: &str) -> String {
+        target.trim().trim_end_matches('.').to_ascii_lowercase()
+    }
+
+    /// The rule with its target trimmed, or why it is not valid (`what` names it).
     fn checked(&self, what: &str) -> Result<Self, NetworkPolicyError> {
-        let target = self
-            .target
-            .trim()
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        if target.contains(':') || target.contains('/') {
+        let target = self.target.trim();
+        let key = Self::key(target);
+        if key.contains(':') || key.contains('/') {
             return Err(NetworkPolicyError::Invalid(format!(
                 "{what}.target {target:?}: only FQDNs and '*.domain' wildcards are supported"
             )));
         }
-        HostRule::parse("", self.action, &target)
+        HostRule::parse("", self.action, &key)
             .map_err(|e| NetworkPolicyError::Invalid(format!("{what}.target: {e}")))?;
         Ok(OpenSandboxRule {
             action: self.action,
-            target,
+            target: target.to_owned(),
         })
     }
 }
@@ -433,9 +444,12 @@ impl OpenSandboxPolicy {
         })
     }
 
-    /// `PATCH /policy`: merges `rules` in. Incoming rules come first (they win over existing
-    /// ones), an existing rule for a target named in `rules` is replaced, and within `rules`
-    /// the first rule for a target wins. Nothing changes when a rule is invalid.
+    /// `PATCH /policy`: merges `rules` in, as upstream's sidecar does. Incoming rules come
+    /// first (they win over existing ones), an existing rule for a target named in `rules` is
+    /// dropped, and within `rules` the first rule for a target wins; targets are compared by
+    /// [`OpenSandboxRule::key`]. `defaultAction` is never changed. Nothing changes when a
+    /// rule is invalid, `rules` is empty, or the result would have more than
+    /// [`MAX_OPENSANDBOX_RULES`] rules.
     pub fn patch(&mut self, rules: &[OpenSandboxRule]) -> Result<(), NetworkPolicyError> {
         if rules.is_empty() {
             return Err(NetworkPolicyError::Invalid(
@@ -443,38 +457,53 @@ impl OpenSandboxPolicy {
             ));
         }
         let mut merged: Vec<OpenSandboxRule> = Vec::with_capacity(rules.len() + self.egress.len());
+        let mut seen = std::collections::HashSet::new();
         for (i, r) in rules.iter().enumerate() {
             let r = r.checked(&format!("rules[{i}]"))?;
-            if !merged.iter().any(|m| m.target == r.target) {
+            if seen.insert(OpenSandboxRule::key(&r.target)) {
                 merged.push(r);
             }
         }
-        let kept: Vec<OpenSandboxRule> = self
-            .egress
-            .iter()
-            .filter(|e| !merged.iter().any(|m| m.target == e.target))
-            .cloned()
-            .collect();
-        merged.extend(kept);
+        for e in &self.egress {
+            if seen.insert(OpenSandboxRule::key(&e.target)) {
+                merged.push(e.clone());
+            }
+        }
+        if merged.len() > MAX_OPENSANDBOX_RULES {
+            return Err(NetworkPolicyError::TooManyRules(merged.len()));
+        }
         self.egress = merged;
         Ok(())
     }
 
-    /// `DELETE /policy`: removes the rules for `targets`; unknown targets are ignored.
-    /// Returns how many rules were removed.
+    /// `DELETE /policy`: removes the rules for `targets` (compared by
+    /// [`OpenSandboxRule::key`]; blank and unknown targets are ignored). `defaultAction` is
+    /// kept. Returns how many rules were removed; an empty `targets` is an error.
     pub fn remove(&mut self, targets: &[String]) -> Result<usize, NetworkPolicyError> {
         if targets.is_empty() {
             return Err(NetworkPolicyError::Invalid(
                 "at least one target is required".into(),
             ));
         }
-        let targets: Vec<String> = targets
+        let keys: std::collections::HashSet<String> = targets
             .iter()
-            .map(|t| t.trim().trim_end_matches('.').to_ascii_lowercase())
+            .map(|t| OpenSandboxRule::key(t))
+            .filter(|k| !k.is_empty())
             .collect();
         let before = self.egress.len();
-        self.egress.retain(|r| !targets.contains(&r.target));
+        self.egress
+            .retain(|r| !keys.contains(&OpenSandboxRule::key(&r.target)));
         Ok(before - self.egress.len())
+    }
+
+    /// The sidecar's derived `mode`, as upstream derives it: `allow_all` / `deny_all` for a
+    /// policy without rules (by its `defaultAction`), `enforcing` for one with rules.
+    pub fn mode(&self) -> &'static str {
+        match (self.egress.is_empty(), self.default_action) {
+            (true, RuleAction::Allow) => "allow_all",
+            (true, RuleAction::Deny) => "deny_all",
+            (false, _) => "enforcing",
+        }
     }
 
     /// The rules agentrun decides with: `networkPolicy.egress[i]` in order, then the
@@ -485,7 +514,12 @@ impl OpenSandboxPolicy {
             .iter()
             .enumerate()
             .filter_map(|(i, r)| {
-                HostRule::parse(format!("networkPolicy.egress[{i}]"), r.action, &r.target).ok()
+                HostRule::parse(
+                    format!("networkPolicy.egress[{i}]"),
+                    r.action,
+                    &OpenSandboxRule::key(&r.target),
+                )
+                .ok()
             })
             .collect();
         let mode = match self.default_action {
@@ -919,60 +953,178 @@ mod tests {
         }
     }
 
+    /// `(action, target)` rules of a table.
+    type Rules<'a> = &'a [(RuleAction, &'a str)];
+
+    /// A policy of `(action, target)` rules, deny by default.
+    fn os_policy(rules: &[(RuleAction, &str)]) -> OpenSandboxPolicy {
+        OpenSandboxPolicy {
+            default_action: RuleAction::Deny,
+            egress: rules.iter().map(|(a, t)| rule(*a, t)).collect(),
+        }
+    }
+
+    fn pairs(p: &OpenSandboxPolicy) -> Vec<(RuleAction, &str)> {
+        p.egress
+            .iter()
+            .map(|r| (r.action, r.target.as_str()))
+            .collect()
+    }
+
+    /// `PATCH /policy`, as upstream's sidecar merges (components/egress/policy_utils.go
+    /// `mergeEgressRules`): incoming first, first per target wins, targets compared
+    /// case-insensitively, wildcards as plain targets, `defaultAction` untouched.
     #[test]
-    fn opensandbox_patch_merges_incoming_first() {
+    fn opensandbox_patch_table() {
+        use RuleAction::{Allow, Deny};
+        let cases: &[(&str, Rules, Rules, Rules)] = &[
+            (
+                "incoming rules go first",
+                &[(Allow, "a.com")],
+                &[(Allow, "b.com")],
+                &[(Allow, "b.com"), (Allow, "a.com")],
+            ),
+            (
+                "an incoming rule replaces the existing one for its target",
+                &[(Allow, "a.com"), (Allow, "b.com")],
+                &[(Deny, "b.com")],
+                &[(Deny, "b.com"), (Allow, "a.com")],
+            ),
+            (
+                "targets are compared case-insensitively, kept as written",
+                &[(Allow, "PyPI.org")],
+                &[(Deny, "pypi.ORG"), (Allow, " c.com ")],
+                &[(Deny, "pypi.ORG"), (Allow, "c.com")],
+            ),
+            (
+                "within a patch the first rule for a target wins",
+                &[],
+                &[(Allow, "x.com"), (Deny, "X.com"), (Deny, "y.com")],
+                &[(Allow, "x.com"), (Deny, "y.com")],
+            ),
+            (
+                "a wildcard is its own target, not its domain's",
+                &[(Allow, "*.a.com"), (Allow, "a.com")],
+                &[(Deny, "b.a.com"), (Deny, "*.a.com")],
+                &[(Deny, "b.a.com"), (Deny, "*.a.com"), (Allow, "a.com")],
+            ),
+            (
+                "a trailing dot names the same target",
+                &[(Allow, "a.com.")],
+                &[(Deny, "a.com")],
+                &[(Deny, "a.com")],
+            ),
+        ];
+        for (name, before, incoming, after) in cases {
+            let mut p = os_policy(before);
+            let incoming: Vec<_> = incoming.iter().map(|(a, t)| rule(*a, t)).collect();
+            p.patch(&incoming).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(pairs(&p), *after, "{name}");
+            assert_eq!(p.default_action, RuleAction::Deny, "{name}");
+        }
+
+        // Refused, and nothing changes: no rules, an invalid rule anywhere in the patch,
+        // too many rules in the result.
+        let mut p = os_policy(&[(Allow, "a.com")]);
+        let before = p.clone();
+        assert!(matches!(p.patch(&[]), Err(NetworkPolicyError::Invalid(_))));
+        for bad in ["10.0.0.0/8", "1.2.3.4:80", "", "a..com", "-a.com"] {
+            assert!(
+                p.patch(&[rule(Allow, "d.com"), rule(Allow, bad)]).is_err(),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<_> = (0..MAX_OPENSANDBOX_RULES)
+            .map(|i| rule(Allow, &format!("h{i}.com")))
+            .collect();
+        assert_eq!(
+            p.patch(&many),
+            Err(NetworkPolicyError::TooManyRules(MAX_OPENSANDBOX_RULES + 1))
+        );
+        assert_eq!(p, before);
+        // Exactly the limit is fine (the existing a.com is one of them).
+        p.patch(&many[1..]).unwrap();
+        assert_eq!(p.egress.len(), MAX_OPENSANDBOX_RULES);
+    }
+
+    /// `DELETE /policy`, as upstream's `removeRulesByTarget`: by target, case-insensitively,
+    /// blank and unknown targets ignored, `defaultAction` kept.
+    #[test]
+    fn opensandbox_remove_table() {
+        use RuleAction::{Allow, Deny};
+        let start = [(Deny, "b.com"), (Allow, "*.a.com"), (Allow, "A.com")];
+        let cases: &[(&str, &[&str], usize, Rules)] = &[
+            (
+                "by target, case-insensitively",
+                &["B.COM"],
+                1,
+                &[(Allow, "*.a.com"), (Allow, "A.com")],
+            ),
+            ("unknown targets are ignored", &["nope.com"], 0, &start),
+            ("blank targets are ignored", &["", "  "], 0, &start),
+            (
+                "a wildcard removes only its own rule",
+                &["*.a.com"],
+                1,
+                &[(Deny, "b.com"), (Allow, "A.com")],
+            ),
+            (
+                "a domain does not remove its wildcard",
+                &["a.com", "x.a.com"],
+                1,
+                &[(Deny, "b.com"), (Allow, "*.a.com")],
+            ),
+            ("all of them", &["a.com", "*.A.com", "b.com."], 3, &[]),
+        ];
+        for (name, targets, removed, after) in cases {
+            let mut p = os_policy(&start);
+            p.default_action = Allow;
+            let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+            assert_eq!(p.remove(&targets).unwrap(), *removed, "{name}");
+            assert_eq!(pairs(&p), *after, "{name}");
+            assert_eq!(p.default_action, Allow, "{name}");
+        }
+        assert!(os_policy(&start).remove(&[]).is_err());
+    }
+
+    /// The sidecar's `mode`, as upstream's `modeFromPolicy`.
+    #[test]
+    fn opensandbox_mode() {
+        let mut p = os_policy(&[]);
+        assert_eq!(p.mode(), "deny_all");
+        p.default_action = RuleAction::Allow;
+        assert_eq!(p.mode(), "allow_all");
+        p.egress.push(rule(RuleAction::Deny, "a.com"));
+        assert_eq!(p.mode(), "enforcing");
+        p.default_action = RuleAction::Deny;
+        assert_eq!(p.mode(), "enforcing");
+    }
+
+    /// What is decided follows the merged order and the targets' keys.
+    #[test]
+    fn opensandbox_patched_policy_decides_in_order() {
         let mut p = OpenSandboxPolicy::from_value(serde_json::json!({
-            "egress": [{"action": "allow", "target": "a.com"}, {"action": "allow", "target": "b.com"}]
+            "egress": [{"action": "allow", "target": "a.com"}, {"action": "allow", "target": "B.com"}]
         }))
         .unwrap();
         assert_eq!(p.default_action, RuleAction::Deny);
         p.patch(&[
-            rule(RuleAction::Deny, "B.com."),
-            rule(RuleAction::Allow, "c.com"),
-            rule(RuleAction::Allow, "b.com"),
+            rule(RuleAction::Deny, "b.COM."),
+            rule(RuleAction::Allow, "*.c.com"),
         ])
         .unwrap();
-        let got: Vec<(RuleAction, &str)> = p
-            .egress
-            .iter()
-            .map(|r| (r.action, r.target.as_str()))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (RuleAction::Deny, "b.com"),
-                (RuleAction::Allow, "c.com"),
-                (RuleAction::Allow, "a.com"),
-            ]
-        );
         let n = p.to_network_policy();
         assert_eq!(n.check("b.com", 443).rule_id, "networkPolicy.egress[0]");
         assert!(!n.check("b.com", 443).allow);
-        assert!(n.check("a.com", 80).allow);
-        // Invalid rules change nothing.
-        let before = p.clone();
-        assert!(p
-            .patch(&[
-                rule(RuleAction::Allow, "d.com"),
-                rule(RuleAction::Allow, "10.0.0.0/8")
-            ])
-            .is_err());
-        assert!(p.patch(&[]).is_err());
-        assert_eq!(p, before);
-        // Delete is by target and idempotent.
-        assert_eq!(p.remove(&["B.COM".into(), "nope.com".into()]).unwrap(), 1);
-        assert_eq!(p.remove(&["b.com".into()]).unwrap(), 0);
-        assert!(p.remove(&[]).is_err());
-        assert_eq!(p.egress.len(), 2);
-        assert!(!p.to_network_policy().check("b.com", 443).allow);
-        assert_eq!(
-            p.to_network_policy().check("b.com", 443).rule_id,
-            "network.default"
-        );
+        assert!(n.check("x.c.com", 80).allow);
+        assert_eq!(n.check("a.com", 80).rule_id, "networkPolicy.egress[2]");
+        assert_eq!(p.remove(&["b.com".into()]).unwrap(), 1);
+        let n = p.to_network_policy();
+        assert_eq!(n.check("b.com", 443).rule_id, "network.default");
         assert_eq!(
             p.to_value(),
             serde_json::json!({"defaultAction": "deny", "egress": [
-                {"action": "allow", "target": "c.com"}, {"action": "allow", "target": "a.com"}]})
+                {"action": "allow", "target": "*.c.com"}, {"action": "allow", "target": "a.com"}]})
         );
     }
 }
