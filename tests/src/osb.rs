@@ -95,3 +95,11 @@ pub fn run_scenario(name: &str) {
     scenario(&d, &domain, name, &[]);
     stop_clean(d);
 }
+
+/// The value a scenario printed on a line `KEY value` (panics, with the output, if none).
+pub fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("the scenario printed no {key}:\n{stdout}"))
+}

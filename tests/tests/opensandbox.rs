@@ -175,14 +175,6 @@ fn code_contexts_are_forked_from_the_zygote_of_the_sandboxs_profile() {
     stop_clean(d);
 }
 
-/// The value after `KEY ` on a line of the scenario's output.
-fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("the scenario printed no {key}:\n{stdout}"))
-}
-
 /// `networkPolicy` through the SDK: a loopback HTTP server (started by the scenario) stands
 /// in for an allowed host and is reached through the proxy; a non-allowed host, a deny rule
 /// before a wildcard allow, PATCH (incoming rules win) and DELETE on a running sandbox take

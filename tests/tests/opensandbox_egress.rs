@@ -12,14 +12,6 @@ use agentrun_e2e::otlp::OtlpReceiver;
 use agentrun_e2e::*;
 use serde_json::Value;
 
-/// The value of the scenario's `KEY value` line.
-fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("the scenario printed no {key}:\n{stdout}"))
-}
-
 /// The audit log of `dir` as JSON records.
 fn audit_records(d: &Daemon, dir: &std::path::Path) -> Vec<Value> {
     d.agentrun(["audit", "--json"])
