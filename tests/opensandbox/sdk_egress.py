@@ -187,6 +187,24 @@ def policy_checks_raw(url, headers, up_target, fetch_status):
               f"{method} {body!r}: {r.status_code} {r.text}")
     r = httpx.get(url, headers=headers)
     check(r.json()["policy"] == {"defaultAction": "deny", "egress": []} and r.json()["mode"] == "deny_all", f"after refusals {r.text}")
+    # POST and PUT replace the whole policy (upstream's handlePost), in force at once.
+    for method in ("POST", "PUT"):
+        r = httpx.request(method, url, json={"defaultAction": "deny", "egress": [{"action": "allow", "target": up_target}]}, headers=headers)
+        check(r.status_code == 200 and r.json() == {"status": "ok", "mode": "enforcing", "enforcementMode": "proxy"},
+              f"{method} {r.status_code} {r.text}")
+        check(fetch_status() == "status 200", f"allowed by the {method}")
+        r = httpx.get(url, headers=headers)
+        check(r.json()["policy"] == {"defaultAction": "deny", "egress": [{"action": "allow", "target": up_target}]}, f"after {method}: {r.text}")
+    # An empty body resets it to deny-all.
+    r = httpx.post(url, content=b"", headers=headers)
+    check(r.status_code == 200 and r.json() == {"status": "ok", "mode": "deny_all", "enforcementMode": "proxy",
+                                                "reason": "policy reset to default deny-all"}, f"reset {r.status_code} {r.text}")
+    check(fetch_status() == "status 403", "denied after the reset")
+    for body in ([{"action": "allow", "target": "a.test"}], {"defaultAction": "maybe"}, {"egress": [{"action": "allow", "target": "10.0.0.0/8"}]}):
+        r = httpx.put(url, json=body, headers=headers)
+        check(r.status_code == 400 and "\n" not in r.json()["message"], f"PUT {body!r}: {r.status_code} {r.text}")
+    r = httpx.get(url, headers=headers)
+    check(r.json()["policy"] == {"defaultAction": "deny", "egress": []}, f"after refused PUTs {r.text}")
 
 
 def policy():

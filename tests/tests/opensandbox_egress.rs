@@ -168,7 +168,7 @@ fn unresolvable_allowed_names_are_errors_not_denials() {
 /// merge and delete semantics, its `mode`, its answers; every change that changes something
 /// is audited, a `DELETE` of targets not in the policy is not a change.
 #[test]
-fn policy_patch_and_delete_match_upstream() {
+fn policy_get_patch_delete_and_replace_match_upstream() {
     let Some(_lock) = setup() else { return };
     let audit = tempdir();
     let env = [("AGENTRUN_AUDIT_DIR", audit.path().display().to_string())];
@@ -214,6 +214,18 @@ fn policy_patch_and_delete_match_upstream() {
                     r#"[{"action":"deny","target":"127.0.0.1"}]"#
                 ),
                 ("net.policy.delete", r#"["127.0.0.1","b.a.test","x.test"]"#),
+                (
+                    "net.policy.replace",
+                    r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#
+                ),
+                (
+                    "net.policy.replace",
+                    r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"127.0.0.1"}]}"#
+                ),
+                (
+                    "net.policy.reset",
+                    r#"{"defaultAction":"deny","egress":[]}"#
+                ),
             ],
             "{all:#?}"
         );

@@ -22,7 +22,8 @@
 //! case-insensitively; `defaultAction` never changes) and `DELETE` (a non-empty JSON list of
 //! targets removed by [`OpenSandboxPolicy::remove`]; none of them in the policy: 200 with
 //! `reason: "no matching targets found"` and no change); both answer the status without the
-//! policy. `mode` is upstream's: `allow_all`/`deny_all` without rules, else `enforcing`;
+//! policy. `POST`/`PUT` replace the whole policy with the body's (an empty body resets it
+//! to deny-all, `reason` saying so). `mode` is upstream's: `allow_all`/`deny_all` without rules, else `enforcing`;
 //! `enforcementMode` is `proxy`. `/credential-vault` answers 501.
 //! A change replaces the proxy's policy at once (the next connection is decided by it, and
 //! open connections it denies are cut) and is audited. A sandbox created without a
@@ -203,7 +204,11 @@ pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
         .route(
             "/policy",
-            get(get_policy).patch(patch_policy).delete(delete_policy),
+            get(get_policy)
+                .patch(patch_policy)
+                .delete(delete_policy)
+                .post(replace_policy)
+                .put(replace_policy),
         )
         .route("/credential-vault", any(credential_vault))
         .route("/credential-vault/{*rest}", any(credential_vault))
@@ -287,6 +292,50 @@ async fn patch_policy(
         })
     })?;
     Ok(Json(status(&next, false, None)))
+}
+
+/// `POST`/`PUT /policy`: the whole policy replaced by the body (a `networkPolicy`:
+/// `defaultAction` and `egress`), or reset to deny-all when the body is empty, as upstream's
+/// `handlePost`; answers the status without the policy (`reason` on a reset).
+async fn replace_policy(
+    EgressSandbox(rec): EgressSandbox,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Json<Value>> {
+    let reset = body.iter().all(u8::is_ascii_whitespace);
+    let next = if reset {
+        OpenSandboxPolicy {
+            default_action: agentrun_policy::RuleAction::Deny,
+            egress: Vec::new(),
+        }
+    } else {
+        let value: Value = parse(&body, "a networkPolicy {\"defaultAction\", \"egress\"}")?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request(
+                "invalid request body: expected a networkPolicy object {\"defaultAction\", \"egress\"}",
+            ));
+        }
+        OpenSandboxPolicy::from_value(value).map_err(policy_error)?
+    };
+    if next.egress.len() > agentrun_policy::MAX_OPENSANDBOX_RULES {
+        return Err(policy_error(NetworkPolicyError::TooManyRules(
+            next.egress.len(),
+        )));
+    }
+    let egress = egress_of(&rec)?;
+    let resource = next.to_value().to_string();
+    let action = if reset {
+        "net.policy.reset"
+    } else {
+        "net.policy.replace"
+    };
+    let (next, _) = tokio::task::block_in_place(|| {
+        egress.change(action, resource, |policy| {
+            *policy = next;
+            Ok(true)
+        })
+    })?;
+    let reason = reset.then_some("policy reset to default deny-all");
+    Ok(Json(status(&next, false, reason)))
 }
 
 /// `DELETE /policy`: a non-empty list of targets removed (see
