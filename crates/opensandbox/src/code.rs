@@ -4,7 +4,9 @@
 //! `execution_count`, `stdout`/`stderr` lines, a `result` (`results.text` = the `repr` of the
 //! last expression) and ends with `execution_complete` or an `error` carrying the Python
 //! exception (`ename`, `evalue`, `traceback`). Interrupting an execution sends SIGINT
-//! (`KeyboardInterrupt`). Other languages answer 400.
+//! (`KeyboardInterrupt`); `init` is sent once the interpreter runs the execution, and the
+//! driver drops an interrupt between executions, so an interrupt never ends a context (as a
+//! Jupyter kernel's). Other languages answer 400.
 //!
 //! An interpreter's output is read through bounded queues ([`crate::process::queued_lines`]):
 //! what it prints between executions (a thread printing forever) waits there, then in its
@@ -305,7 +307,10 @@ async fn run(
         .command_line(&req.code)
         .start();
     let (tx, rx) = event_queue();
-    let _ = tx.try_send(event("init", json!({"text": execution_id})));
+    // `init` hands the client the execution's id, which an interrupt names: it is sent once
+    // the interpreter runs the execution (its `count` event), so an interrupt never reaches
+    // it between executions (or before anything else it says).
+    let mut init = Some(event("init", json!({"text": execution_id.clone()})));
     let request = format!("{}\n", json!({"code": req.code}));
     let rec2 = rec.clone();
     tokio::spawn(async move {
@@ -333,8 +338,12 @@ async fn run(
                 l = out.recv() => match l {
                     None => { failed = Some(dead()); break; }
                     Some(l) => match l.strip_prefix(ctx.marker.as_str()) {
-                        None => { let _ = tx.send(event("stdout", json!({"text": l}))).await; }
+                        None => {
+                            if let Some(i) = init.take() { let _ = tx.send(i).await; }
+                            let _ = tx.send(event("stdout", json!({"text": l}))).await;
+                        }
                         Some(j) => {
+                            if let Some(i) = init.take() { let _ = tx.send(i).await; }
                             let ev: Value = serde_json::from_str(j).unwrap_or(Value::Null);
                             let sent = match ev["t"].as_str().unwrap_or("") {
                                 "count" => event("execution_count", json!({"execution_count": ev["n"]})),
@@ -348,10 +357,16 @@ async fn run(
                     }
                 },
                 l = err.recv(), if err_open => match l {
-                    Some(l) => { let _ = tx.send(event("stderr", json!({"text": l}))).await; }
+                    Some(l) => {
+                        if let Some(i) = init.take() { let _ = tx.send(i).await; }
+                        let _ = tx.send(event("stderr", json!({"text": l}))).await;
+                    }
                     None => err_open = false,
                 },
             }
+        }
+        if let Some(i) = init.take() {
+            let _ = tx.send(i).await;
         }
         // Raw stderr that arrived before the end.
         while let Ok(l) = err.try_recv() {

@@ -4,10 +4,14 @@
 # context's marker: {"t":"count","n":N}, {"t":"stdout"|"stderr","text":line},
 # {"t":"result","text":repr}, then {"t":"done"} or {"t":"error","ename","evalue","traceback"}.
 # Output written to the fds directly (subprocesses) arrives unprefixed and is passed on as is.
+# An interrupt (SIGINT) raises KeyboardInterrupt in the running execution only, from its
+# "count" event on (agentrun hands out the execution's id then); between executions it is
+# dropped, as a Jupyter kernel's idle interrupt, so no interrupt ever ends the driver.
 import ast
 import io
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -49,6 +53,15 @@ class Lines(io.TextIOBase):
             self.buf = ""
 
 
+running = False
+
+
+def interrupt(signum, frame):
+    if running:
+        raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGINT, interrupt)
 env = {"__name__": "__main__", "__builtins__": __builtins__}
 count = 0
 for request in REQUESTS:
@@ -58,25 +71,29 @@ for request in REQUESTS:
         emit(t="error", ename="RequestError", evalue=str(e), traceback=[])
         continue
     count += 1
-    emit(t="count", n=count)
     out, err = Lines("stdout"), Lines("stderr")
     sys.stdout, sys.stderr = out, err
     try:
+        running = True
+        emit(t="count", n=count)
         tree = ast.parse(code, "<cell>", "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         exec(compile(tree, "<cell>", "exec"), env)
         value = eval(compile(last, "<cell>", "eval"), env) if last is not None else None
+        running = False
         out.end()
         err.end()
         if value is not None:
             emit(t="result", text=repr(value))
         emit(t="done")
     except BaseException as e:  # SystemExit and KeyboardInterrupt (interrupt) included
+        running = False
         out.end()
         err.end()
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         emit(t="error", ename=type(e).__name__, evalue=str(e), traceback=tb)
     finally:
+        running = False
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__

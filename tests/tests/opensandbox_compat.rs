@@ -1,0 +1,20 @@
+//! Behaviours of upstream OpenSandbox that its SDK e2e tests rely on, checked with the official
+//! SDK against `agentrun serve --listen` (`tests/opensandbox/sdk_compat.py`; the table of what
+//! is served is docs/opensandbox-compat.md).
+//!
+//! - A code interrupt stops the running execution with `KeyboardInterrupt` and the context
+//!   lives on with its globals, even when it arrives at once (from the `init` handler), and an
+//!   interrupt of an idle context changes nothing (upstream's
+//!   `test_code_interpreter_e2e*::test_08_code_execution_interrupt`), sync and async.
+
+use agentrun_e2e::osb::*;
+
+#[test]
+fn code_interrupt_keeps_the_context_sync() {
+    run_scenario("compat:code_interrupt_sync");
+}
+
+#[test]
+fn code_interrupt_keeps_the_context_async() {
+    run_scenario("compat:code_interrupt_async");
+}
