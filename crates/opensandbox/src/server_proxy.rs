@@ -58,10 +58,24 @@ pub fn routes(server: Arc<Server>, sandboxes: Router) -> Router {
         server: server.clone(),
         sandboxes,
     };
-    Router::new()
-        .route("/v1/sandboxes/{id}/proxy/{port}", any(forward))
-        .route("/v1/sandboxes/{id}/proxy/{port}/", any(forward))
-        .route("/v1/sandboxes/{id}/proxy/{port}/{*rest}", any(forward))
+    // Under `/v1` and at the root, as upstream's server mounts every route twice.
+    let mut router = Router::new();
+    for prefix in ["/v1", ""] {
+        router = router
+            .route(
+                &format!("{prefix}/sandboxes/{{id}}/proxy/{{port}}"),
+                any(forward),
+            )
+            .route(
+                &format!("{prefix}/sandboxes/{{id}}/proxy/{{port}}/"),
+                any(forward),
+            )
+            .route(
+                &format!("{prefix}/sandboxes/{{id}}/proxy/{{port}}/{{*rest}}"),
+                any(forward),
+            );
+    }
+    router
         .route_layer(from_fn_with_state(server, require_api_key))
         .with_state(state)
 }
@@ -80,7 +94,10 @@ fn target(sid: &str, port: u16, rest: &str) -> (String, Token) {
 /// path, so that the path reaches the route it is handed to exactly as it was sent.
 fn split_path(path: &str) -> ApiResult<(&str, u16, &str)> {
     let bad = || ApiError::bad_request(format!("not a server-proxy path: {path}"));
-    let tail = path.strip_prefix("/v1/sandboxes/").ok_or_else(bad)?;
+    let tail = path
+        .strip_prefix("/v1/sandboxes/")
+        .or_else(|| path.strip_prefix("/sandboxes/"))
+        .ok_or_else(bad)?;
     let (sid, tail) = tail.split_once('/').ok_or_else(bad)?;
     let tail = tail.strip_prefix("proxy/").ok_or_else(bad)?;
     let (port, rest) = match tail.find('/') {

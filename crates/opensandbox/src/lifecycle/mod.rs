@@ -15,7 +15,7 @@ use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -45,6 +45,14 @@ pub fn routes(server: Arc<Server>) -> Router {
         )
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
         .route("/sandboxes/{id}/snapshots", post(unsupported_snapshot))
+        .route("/snapshots", any(unsupported_snapshot))
+        .route("/snapshots/{snapshot_id}", any(unsupported_snapshot))
+        .route(
+            "/sandboxes/{id}/diagnostics/{kind}",
+            any(unsupported_diagnostics),
+        )
+        .route("/pools", any(unsupported_pools))
+        .route("/pools/{name}", any(unsupported_pools))
         .route("/metrics/events", post(metrics_event))
         .layer(axum::middleware::from_fn_with_state(
             server.clone(),
@@ -62,7 +70,9 @@ pub fn routes(server: Arc<Server>) -> Router {
                 Json(json!({"version": env!("CARGO_PKG_VERSION"), "server": "agentrun"}))
             }),
         )
-        .nest("/v1", v1)
+        // Under `/v1` (what the SDKs use) and at the root, as upstream's server.
+        .nest("/v1", v1.clone())
+        .merge(v1)
 }
 
 /// Echoes `X-Request-ID`, or makes one.
@@ -480,6 +490,14 @@ async fn endpoint(
 
 async fn unsupported_snapshot() -> ApiError {
     ApiError::not_supported("snapshots are not supported by agentrun")
+}
+
+async fn unsupported_diagnostics() -> ApiError {
+    ApiError::not_supported("diagnostics are not served by agentrun: a sandbox's decisions and runs are its spans and its audit records (agentrun audit --json, by sandbox_id), its shell is in `agentrun ps`")
+}
+
+async fn unsupported_pools() -> ApiError {
+    ApiError::not_supported("server-side pools (Kubernetes) are not served: agentrun keeps warm shells itself (agentrun serve --pool), and the SDK's client-side pool works unchanged")
 }
 
 async fn metrics_event(_body: Body) -> StatusCode {
