@@ -431,25 +431,19 @@ async fn download(
     let pairs = query_pairs(&q);
     let path = required(&pairs, "path")?;
     let relp = rel(&path)?;
-    let offset: Option<u64> = query_one(&pairs, "offset")
-        .map(|v| {
-            v.parse()
-                .map_err(|_| ApiError::bad_request("offset must be a number"))
-        })
-        .transpose()?;
-    let limit: Option<u64> = query_one(&pairs, "limit")
-        .map(|v| {
-            v.parse()
-                .map_err(|_| ApiError::bad_request("limit must be a number"))
-        })
-        .transpose()?;
+    let (offset, limit) = (query_one(&pairs, "offset"), query_one(&pairs, "limit"));
+    let lines_asked = [&offset, &limit]
+        .iter()
+        .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
     let range = headers
         .get("range")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if range.is_some() && (offset.is_some() || limit.is_some()) {
-        return Err(ApiError::bad_request(
-            "Range and offset/limit are mutually exclusive",
+    if range.is_some() && lines_asked {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "line-based reading (offset/limit) and byte range (Range header) are mutually exclusive",
         ));
     }
     let shown = path.clone();
@@ -458,10 +452,11 @@ async fn download(
     })
     .await?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if offset.is_some() || limit.is_some() {
+    // Checked once the file is open, as execd does (a missing file is a 404 first).
+    let window = crate::filestream::line_window(offset.as_deref(), limit.as_deref())
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", m))?;
+    if let Some((skip, take)) = window {
         // Lines `offset` (1-based) to `offset + limit - 1`, streamed as they are read.
-        let skip = offset.unwrap_or(1).max(1) - 1;
-        let take = limit.unwrap_or(u64::MAX);
         let body = produced_body(move |w| {
             crate::filestream::copy_lines(
                 std::io::BufReader::with_capacity(DOWNLOAD_CHUNK, file),
