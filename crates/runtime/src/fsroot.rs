@@ -479,6 +479,71 @@ mod tests {
         assert!(relative("/a\0b").is_err());
     }
 
+    /// chown/chmod (and reading past the mode) reach files of sandbox ids only, to sandbox ids
+    /// only, through links resolved inside the root. Needs root (skipped otherwise).
+    #[test]
+    fn owner_changes_stay_within_sandbox_ids() {
+        use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let tmp = std::env::temp_dir().join(format!("osb-fsroot-own-{}", std::process::id()));
+        let root = tmp.join("root");
+        std::fs::create_dir_all(root.join("tmp")).unwrap();
+        let host = tmp.join("host-file");
+        std::fs::write(&host, "host").unwrap();
+        std::fs::write(root.join("tmp/mine"), "mine").unwrap();
+        std::fs::set_permissions(root.join("tmp/mine"), PermissionsExt::from_mode(0o600)).unwrap();
+        // The sandbox's root owns its root directory and tmp (as an image's would look).
+        for p in [root.clone(), root.join("tmp"), root.join("tmp/mine")] {
+            chown(&p, Some(UID_BASE), Some(UID_BASE)).unwrap();
+        }
+        std::os::unix::fs::symlink(&host, root.join("tmp/link")).unwrap();
+        std::os::unix::fs::symlink("/../../../..", root.join("tmp/up")).unwrap();
+        let fd = rustix::fs::open(
+            &root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let fs = SandboxFs::new(fd);
+        let owner = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        };
+        let host_before = owner(&host);
+        as_sandbox_root(|| {
+            let mine = Path::new("tmp/mine");
+            fs.chown(mine, Some(1234), None).unwrap();
+            fs.chmod(mine, 0o4700).unwrap();
+            assert_eq!(owner(&root.join(mine)), (UID_BASE + 1234, UID_BASE, 0o4700));
+            // Another sandbox user's 0700 file: still readable, as by the sandbox's root.
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut fs.open_regular(mine).unwrap(), &mut s).unwrap();
+            assert_eq!(s, "mine");
+            fs.chown(mine, None, Some(65534)).unwrap();
+            assert_eq!(owner(&root.join(mine)).1, UID_BASE + 65534);
+            assert_eq!(fs.chown(mine, Some(UID_COUNT), None), Err(Errno::INVAL));
+            // The host path behind a link resolves inside the root (missing there).
+            for p in ["tmp/link", "tmp/up/host-file"] {
+                assert_eq!(fs.chown(Path::new(p), Some(0), Some(0)), Err(Errno::NOENT));
+                assert_eq!(fs.chmod(Path::new(p), 0o777), Err(Errno::NOENT));
+            }
+        });
+        // A host-owned file inside the root is refused.
+        std::fs::write(root.join("tmp/hosts"), "h").unwrap();
+        as_sandbox_root(|| {
+            assert_eq!(
+                fs.chown(Path::new("tmp/hosts"), Some(0), None),
+                Err(Errno::PERM)
+            );
+            assert_eq!(fs.chmod(Path::new("tmp/hosts"), 0o777), Err(Errno::PERM));
+        });
+        assert_eq!(owner(&root.join("tmp/hosts")).0, 0);
+        assert_eq!(owner(&host), host_before);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
     #[test]
     fn symlinks_resolve_inside_the_root() {
         let tmp = std::env::temp_dir().join(format!("osb-fsroot-{}", std::process::id()));
