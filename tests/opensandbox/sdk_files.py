@@ -62,6 +62,11 @@ def owners():
         check(ex.exit_code == 0 and ex.text == "x\nmore", f"alice writes her file: {ex.text!r} {ex.logs.stderr}")
         ex = sbx.commands.run("cat /tmp/own/alice.txt", opts=RunCommandOpts(uid=1000, gid=1000))
         check(ex.exit_code != 0, "uid 1000 reads alice's 600 file")
+        # Straight into /tmp (sticky), over a file another user owns, and into the workspace.
+        for p in ["/tmp/direct.txt", "/tmp/own/alice.txt", "/workspace/w.txt"]:
+            fs.write_files([WriteEntry(path=p, data="d", mode=644, owner="nobody", group="nogroup")])
+            check(stat(sbx, p) == "nobody nogroup 644" and fs.read_file(p) == "d", f"{p}: {stat(sbx, p)}")
+        fs.write_files([WriteEntry(path="/tmp/own/alice.txt", data="x\n", mode=600, owner="alice", group="crew")])
         # Numeric ids as they are, including ids no table names.
         fs.write_files([WriteEntry(path="/tmp/own/n.txt", data="n", mode=644, owner="2000", group="3000")])
         check(ids(sbx, "/tmp/own/n.txt") == "2000 3000", f"numeric: {ids(sbx, '/tmp/own/n.txt')}")
