@@ -1238,8 +1238,8 @@ def big_files():
                 break
         stream.close()
         check(got >= 8 << 20, f"line download stopped at {got}")
-        check(fs.read_file("/tmp/small", offset=2, limit=1) == "y two\n", "line 2")
-        check(fs.read_file("/tmp/small", offset=2) == "y two\nz three\n", "lines 2-")
+        check(fs.read_file("/tmp/small", offset=2, limit=1) == "y two", "line 2")
+        check(fs.read_file("/tmp/small", offset=2) == "y two\nz three", "lines 2-")
         rss.check("after the downloads")
         # Replace in the 1 TiB file: streamed into a copy next to it, which the sandbox's
         # writable layer has no room for: a clean error, the file as it was, no copy left.

@@ -2,6 +2,9 @@
 //! move, replace, permissions, mkdir, delete, list. Every path goes through [`agentrun_runtime::fsroot`]
 //! (resolved inside the sandbox, with the sandbox root's credentials) on a blocking thread.
 //!
+//! Owners are the sandbox's own users and groups ([`crate::accounts`]): names from its
+//! `/etc/passwd` and `/etc/group`, ids as the sandbox sees them.
+//!
 //! File contents never sit whole in the daemon's memory: uploads are written as they arrive
 //! (into a hidden file renamed over the target once complete; over `--max-upload` the
 //! answer is 413 and nothing is left), downloads and `replace` stream in 64 KiB chunks
@@ -24,10 +27,11 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::accounts::Accounts;
 use crate::auth::ExecdSandboxAnyState;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{rfc3339, Record, Server};
-use agentrun_runtime::fsroot::{as_sandbox_root, relative, Entry, SandboxFs};
+use agentrun_runtime::fsroot::{as_sandbox_root, relative, sandbox_id, Entry, SandboxFs};
 
 /// Deepest walk of a search.
 const SEARCH_DEPTH: usize = 64;
@@ -123,11 +127,15 @@ async fn with_fs<T: Send + 'static>(
     .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
-/// execd's mode: decimal digits that read as octal (755 = 0o755).
-fn mode_from_digits(m: u32) -> ApiResult<u32> {
+/// execd's mode: decimal digits that read as octal (755 = 0o755); 0 leaves the mode as it is.
+fn mode_from_digits(m: u32) -> ApiResult<Option<u32>> {
+    if m == 0 {
+        return Ok(None);
+    }
     u32::from_str_radix(&m.to_string(), 8)
         .ok()
         .filter(|v| *v <= 0o7777)
+        .map(Some)
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -141,15 +149,10 @@ fn mode_to_digits(m: u32) -> u32 {
     format!("{:o}", m & 0o7777).parse().unwrap_or(0)
 }
 
-fn owner_name(id: u32) -> String {
-    match id.checked_sub(agentrun_runtime::idmap::UID_BASE) {
-        Some(0) => "root".into(),
-        Some(n) if n < agentrun_runtime::idmap::UID_COUNT => n.to_string(),
-        _ => "nobody".into(),
-    }
-}
+/// The id the kernel shows inside the sandbox for a host id it does not map.
+const OVERFLOW_ID: u32 = 65534;
 
-fn file_info(e: &Entry) -> Value {
+fn file_info(e: &Entry, accounts: &Accounts) -> Value {
     let t = |s: i64, ns: i64| rfc3339(Utc.timestamp_opt(s, ns as u32).single().unwrap_or_default());
     json!({
         "path": e.path,
@@ -157,24 +160,96 @@ fn file_info(e: &Entry) -> Value {
         "size": e.stat.st_size,
         "modified_at": t(e.stat.st_mtime, e.stat.st_mtime_nsec as i64),
         "created_at": t(e.stat.st_ctime, e.stat.st_ctime_nsec as i64),
-        "owner": owner_name(e.stat.st_uid),
-        "group": owner_name(e.stat.st_gid),
+        "owner": accounts.user_name(sandbox_id(e.stat.st_uid).unwrap_or(OVERFLOW_ID)),
+        "group": accounts.group_name(sandbox_id(e.stat.st_gid).unwrap_or(OVERFLOW_ID)),
         "mode": mode_to_digits(e.stat.st_mode),
     })
 }
 
-/// Only the sandbox's root may own what the API creates (no chown across its users yet).
-fn check_owner(owner: &Option<String>, group: &Option<String>) -> ApiResult<()> {
-    for v in [owner, group].into_iter().flatten() {
-        if v != "root" && v != "0" {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "NOT_SUPPORTED",
-                format!("owner/group {v:?}: only root (the sandbox's) is supported"),
-            ));
+/// The `owner` and `group` asked for a file, as sent (an empty one is not asked, as execd).
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    owner: Option<String>,
+    group: Option<String>,
+}
+
+impl Ownership {
+    fn new(owner: Option<String>, group: Option<String>) -> Self {
+        Ownership {
+            owner: owner.filter(|o| !o.is_empty()),
+            group: group.filter(|g| !g.is_empty()),
         }
     }
+
+    fn is_asked(&self) -> bool {
+        self.owner.is_some() || self.group.is_some()
+    }
+
+    /// The sandbox uid and gid asked (`None`: unchanged), names looked up in the sandbox's
+    /// tables; an unknown name is a 400 naming it.
+    fn ids(&self, accounts: &Accounts) -> ApiResult<(Option<u32>, Option<u32>)> {
+        let bad = |e: crate::accounts::UnknownName| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_FILE_METADATA",
+                e.to_string(),
+            )
+        };
+        let uid = self
+            .owner
+            .as_deref()
+            .map(|o| accounts.uid(o))
+            .transpose()
+            .map_err(bad)?;
+        let gid = self
+            .group
+            .as_deref()
+            .map(|g| accounts.gid(g))
+            .transpose()
+            .map_err(bad)?;
+        for id in [uid, gid].into_iter().flatten() {
+            if agentrun_runtime::fsroot::host_id(id).is_err() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_FILE_METADATA",
+                    format!(
+                        "id {id}: not an id of the sandbox (0 to {})",
+                        agentrun_runtime::idmap::UID_COUNT - 1
+                    ),
+                ));
+            }
+        }
+        Ok((uid, gid))
+    }
+}
+
+/// Gives `r` the ids asked, then the mode (after the owner: a chown clears set-id bits).
+fn set_owner_and_mode(
+    fs: &SandboxFs,
+    r: &std::path::Path,
+    shown: &str,
+    (uid, gid): (Option<u32>, Option<u32>),
+    mode: Option<u32>,
+) -> ApiResult<()> {
+    if uid.is_some() || gid.is_some() {
+        fs.chown(r, uid, gid).map_err(|e| chown_error(e, shown))?;
+    }
+    if let Some(m) = mode {
+        fs.chmod(r, m).map_err(|e| chown_error(e, shown))?;
+    }
     Ok(())
+}
+
+/// A chown or chmod error: a file the sandbox's root cannot change is a 403.
+fn chown_error(e: Errno, shown: &str) -> ApiError {
+    match e {
+        Errno::OVERFLOW => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_FILE_METADATA",
+            format!("{shown}: this mount cannot store that owner"),
+        ),
+        e => errno(e, shown),
+    }
 }
 
 #[derive(Deserialize)]
@@ -185,17 +260,18 @@ struct RawFileMeta {
     mode: Option<u32>,
 }
 
-/// An upload's `metadata` part, checked: where the next `file` part goes and its mode.
+/// An upload's `metadata` part, checked: where the next `file` part goes, its mode and owner.
 pub struct FileMeta {
     /// As sent (for messages).
     pub path: String,
     /// Relative to the sandbox root.
     pub rel: PathBuf,
     pub mode: u32,
+    /// Names or ids, looked up in the sandbox when the file is written.
+    pub owner: Ownership,
 }
 
-/// Parses and checks an upload's `metadata` part (owner root only, mode in octal digits,
-/// default 755).
+/// Parses and checks an upload's `metadata` part (mode in octal digits, default (or 0) 755).
 pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
     let m: RawFileMeta = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::new(
@@ -204,10 +280,10 @@ pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
             format!("metadata: {e}"),
         )
     })?;
-    check_owner(&m.owner, &m.group)?;
     Ok(FileMeta {
         rel: rel(&m.path)?,
-        mode: mode_from_digits(m.mode.unwrap_or(755))?,
+        mode: mode_from_digits(m.mode.unwrap_or(0))?.unwrap_or(0o755),
+        owner: Ownership::new(m.owner, m.group),
         path: m.path,
     })
 }
@@ -294,17 +370,32 @@ async fn write_parts(
                 let m = meta
                     .take()
                     .ok_or_else(|| bad("a file part must follow its metadata part".into()))?;
-                let (path, mode) = (m.rel.clone(), m.mode);
+                let (path, mode, owner) = (m.rel.clone(), m.mode, m.owner.clone());
                 let partial = upload_name(&path)?;
                 let (shown, p2) = (m.path.clone(), partial.clone());
-                let file = with_fs(rec, move |fs| {
-                    fs.create_file(&p2, mode).map_err(|e| errno(e, &shown))
+                // Names are looked up before anything is written: an unknown one leaves nothing.
+                let (file, ids) = with_fs(rec, move |fs| {
+                    let ids = if owner.is_asked() {
+                        owner.ids(&Accounts::read(fs))?
+                    } else {
+                        (None, None)
+                    };
+                    let file = fs.create_file(&p2, mode).map_err(|e| errno(e, &shown))?;
+                    Ok((file, ids))
                 })
                 .await?;
                 let written = write_field(&mut field, file, &m.path, limits).await;
                 let shown = m.path.clone();
                 let done = with_fs(rec, move |fs| {
-                    let moved = written
+                    // The complete file gets its owner before it takes the name.
+                    let owned = written.and_then(|()| {
+                        if ids.0.is_some() || ids.1.is_some() {
+                            set_owner_and_mode(fs, &partial, &shown, ids, Some(mode))
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    let moved = owned
                         .and_then(|()| fs.rename(&partial, &path).map_err(|e| errno(e, &shown)));
                     if moved.is_err() {
                         let _ = fs.remove_file(&partial);
@@ -431,25 +522,19 @@ async fn download(
     let pairs = query_pairs(&q);
     let path = required(&pairs, "path")?;
     let relp = rel(&path)?;
-    let offset: Option<u64> = query_one(&pairs, "offset")
-        .map(|v| {
-            v.parse()
-                .map_err(|_| ApiError::bad_request("offset must be a number"))
-        })
-        .transpose()?;
-    let limit: Option<u64> = query_one(&pairs, "limit")
-        .map(|v| {
-            v.parse()
-                .map_err(|_| ApiError::bad_request("limit must be a number"))
-        })
-        .transpose()?;
+    let (offset, limit) = (query_one(&pairs, "offset"), query_one(&pairs, "limit"));
+    let lines_asked = [&offset, &limit]
+        .iter()
+        .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
     let range = headers
         .get("range")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if range.is_some() && (offset.is_some() || limit.is_some()) {
-        return Err(ApiError::bad_request(
-            "Range and offset/limit are mutually exclusive",
+    if range.is_some() && lines_asked {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "line-based reading (offset/limit) and byte range (Range header) are mutually exclusive",
         ));
     }
     let shown = path.clone();
@@ -458,10 +543,11 @@ async fn download(
     })
     .await?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if offset.is_some() || limit.is_some() {
+    // Checked once the file is open, as execd does (a missing file is a 404 first).
+    let window = crate::filestream::line_window(offset.as_deref(), limit.as_deref())
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", m))?;
+    if let Some((skip, take)) = window {
         // Lines `offset` (1-based) to `offset + limit - 1`, streamed as they are read.
-        let skip = offset.unwrap_or(1).max(1) - 1;
-        let take = limit.unwrap_or(u64::MAX);
         let body = produced_body(move |w| {
             crate::filestream::copy_lines(
                 std::io::BufReader::with_capacity(DOWNLOAD_CHUNK, file),
@@ -524,11 +610,12 @@ async fn info(
         .map(|p| rel(p))
         .collect::<ApiResult<Vec<_>>>()?;
     with_fs(&rec, move |fs| {
+        let accounts = Accounts::read(fs);
         let mut out = serde_json::Map::new();
         for (p, r) in paths.iter().zip(rels) {
             let mut e = fs.stat(&r).map_err(|e| errno(e, p))?;
             e.path = p.clone();
-            out.insert(p.clone(), file_info(&e));
+            out.insert(p.clone(), file_info(&e, &accounts));
         }
         Ok(Json(Value::Object(out)))
     })
@@ -577,14 +664,27 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     })
 }
 
-/// A permissions body: (path relative to the root, path as sent, mode to set), checked.
-pub fn parse_permissions(body: &[u8]) -> ApiResult<Vec<(PathBuf, String, Option<u32>)>> {
+/// One path's change of a permissions body.
+pub struct PermissionChange {
+    rel: PathBuf,
+    /// As sent (for messages).
+    path: String,
+    /// `None` (or 0 sent): unchanged.
+    mode: Option<u32>,
+    owner: Ownership,
+}
+
+/// A permissions body, checked (names are looked up in the sandbox when applied).
+pub fn parse_permissions(body: &[u8]) -> ApiResult<Vec<PermissionChange>> {
     let req: BTreeMap<String, Perm> = parse_body(body)?;
     let mut todo = Vec::new();
     for (path, perm) in req {
-        check_owner(&perm.owner, &perm.group)?;
-        let mode = perm.mode.map(mode_from_digits).transpose()?;
-        todo.push((rel(&path)?, path, mode));
+        todo.push(PermissionChange {
+            rel: rel(&path)?,
+            mode: perm.mode.map(mode_from_digits).transpose()?.flatten(),
+            owner: Ownership::new(perm.owner, perm.group),
+            path,
+        });
     }
     Ok(todo)
 }
@@ -595,13 +695,15 @@ async fn permissions(
 ) -> ApiResult<StatusCode> {
     let todo = parse_permissions(&body)?;
     with_fs(&rec, move |fs| {
-        for (r, p, mode) in todo {
-            match mode {
-                Some(m) => fs.chmod(&r, m).map_err(|e| errno(e, &p))?,
-                None => {
-                    fs.stat(&r).map_err(|e| errno(e, &p))?;
-                }
-            }
+        // Every name is looked up before anything changes.
+        let accounts = Accounts::read(fs);
+        let ids = todo
+            .iter()
+            .map(|c| c.owner.ids(&accounts))
+            .collect::<ApiResult<Vec<_>>>()?;
+        for (c, ids) in todo.iter().zip(ids) {
+            fs.stat(&c.rel).map_err(|e| errno(e, &c.path))?;
+            set_owner_and_mode(fs, &c.rel, &c.path, ids, c.mode)?;
         }
         Ok(StatusCode::OK)
     })
@@ -658,6 +760,7 @@ async fn search(
     let relp = rel(&dir)?;
     with_fs(&rec, move |fs| {
         let entries = fs.walk(&relp, SEARCH_DEPTH).map_err(|e| errno(e, &dir))?;
+        let accounts = Accounts::read(fs);
         let base = format!("{}/", dir.trim_end_matches('/'));
         let found: Vec<Value> = entries
             .iter()
@@ -668,7 +771,7 @@ async fn search(
                 glob.is_match(sub) || (!pattern.contains('/') && glob.is_match(name))
             })
             .take(MAX_ENTRIES)
-            .map(file_info)
+            .map(|e| file_info(e, &accounts))
             .collect();
         Ok(Json(Value::Array(found)))
     })
@@ -786,8 +889,13 @@ async fn list_dir(
             ));
         }
         let entries = fs.walk(&relp, depth).map_err(|e| errno(e, &dir))?;
+        let accounts = Accounts::read(fs);
         Ok(Json(Value::Array(
-            entries.iter().take(MAX_ENTRIES).map(file_info).collect(),
+            entries
+                .iter()
+                .take(MAX_ENTRIES)
+                .map(|e| file_info(e, &accounts))
+                .collect(),
         )))
     })
     .await
@@ -800,16 +908,25 @@ async fn mkdirs(
     let req: BTreeMap<String, Perm> = parse_body(&body)?;
     let mut todo = Vec::new();
     for (path, perm) in req {
-        check_owner(&perm.owner, &perm.group)?;
         todo.push((
             rel(&path)?,
             path,
-            mode_from_digits(perm.mode.unwrap_or(755))?,
+            mode_from_digits(perm.mode.unwrap_or(0))?.unwrap_or(0o755),
+            Ownership::new(perm.owner, perm.group),
         ));
     }
     with_fs(&rec, move |fs| {
-        for (r, p, m) in todo {
-            fs.mkdir_p(&r, m).map_err(|e| errno(e, &p))?;
+        let accounts = Accounts::read(fs);
+        let ids = todo
+            .iter()
+            .map(|(_, _, _, o)| o.ids(&accounts))
+            .collect::<ApiResult<Vec<_>>>()?;
+        for ((r, p, m, _), ids) in todo.iter().zip(ids) {
+            fs.mkdir_p(r, *m).map_err(|e| errno(e, p))?;
+            // The owner goes to the directory named (as execd), not to parents made for it.
+            if ids.0.is_some() || ids.1.is_some() {
+                set_owner_and_mode(fs, r, p, ids, Some(*m))?;
+            }
         }
         Ok(StatusCode::OK)
     })
@@ -844,9 +961,12 @@ mod tests {
 
     #[test]
     fn modes_are_octal_digits() {
-        assert_eq!(mode_from_digits(755).unwrap(), 0o755);
-        assert_eq!(mode_from_digits(644).unwrap(), 0o644);
+        assert_eq!(mode_from_digits(755).unwrap(), Some(0o755));
+        assert_eq!(mode_from_digits(644).unwrap(), Some(0o644));
+        assert_eq!(mode_from_digits(4755).unwrap(), Some(0o4755));
+        assert_eq!(mode_from_digits(0).unwrap(), None);
         assert!(mode_from_digits(789).is_err());
+        assert!(mode_from_digits(17777).is_err());
         assert_eq!(mode_to_digits(0o100644), 644);
     }
 

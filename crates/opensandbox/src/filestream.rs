@@ -7,11 +7,18 @@ use std::io::{self, BufRead, Read, Write};
 /// Bytes read at a time.
 const CHUNK: usize = 64 * 1024;
 
-/// Copies lines `skip` (0-based) to `skip + take - 1` of `r` to `w`, each with its `\n` (the
-/// last one may have none), as they are: bytes, not text. A line longer than memory is fine.
+/// Copies lines `skip` (0-based) to `skip + take - 1` of `r` to `w` as execd's line reading
+/// (a Go `bufio.Scanner` of lines) returns them: each line without its `\n` and without a
+/// `\r` just before it (or before the end of the file), joined by `\n`, with no newline after
+/// the last; a file ending with `\n` has no empty line after it. Bytes, not text; a line
+/// longer than memory is streamed as it is read (execd gives up on lines over 1 MiB).
 pub fn copy_lines(mut r: impl BufRead, mut w: impl Write, skip: u64, take: u64) -> io::Result<()> {
     let end = skip.saturating_add(take);
+    // The line being read (0-based), whether any of it has been seen, and whether a `\r`
+    // of it is held back until the next byte says whether it ends the line.
     let mut line = 0u64;
+    let mut started = false;
+    let mut held_cr = false;
     while line < end {
         let buf = r.fill_buf()?;
         if buf.is_empty() {
@@ -20,14 +27,30 @@ pub fn copy_lines(mut r: impl BufRead, mut w: impl Write, skip: u64, take: u64) 
         let mut used = 0;
         while used < buf.len() && line < end {
             let rest = &buf[used..];
-            let (n, newline) = match memchr::memchr(b'\n', rest) {
-                Some(i) => (i + 1, true),
-                None => (rest.len(), false),
+            let (text, newline) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
             };
+            used += text.len() + usize::from(newline);
             if line >= skip {
-                w.write_all(&rest[..n])?;
+                if !started && line > skip {
+                    w.write_all(b"\n")?;
+                }
+                if held_cr && !text.is_empty() {
+                    w.write_all(b"\r")?;
+                }
+                held_cr = false;
+                match text.split_last() {
+                    // A `\r` at the end of what is read so far: it goes if a `\n` or the end
+                    // of the file follows, so it is held until the next byte says.
+                    Some((b'\r', head)) => {
+                        w.write_all(head)?;
+                        held_cr = !newline;
+                    }
+                    _ => w.write_all(text)?,
+                }
             }
-            used += n;
+            started = !newline;
             if newline {
                 line += 1;
             }
@@ -35,6 +58,34 @@ pub fn copy_lines(mut r: impl BufRead, mut w: impl Write, skip: u64, take: u64) 
         r.consume(used);
     }
     w.flush()
+}
+
+/// The line window of a download's `offset` and `limit` query values, as execd reads them:
+/// `None` when both are absent or empty (the whole file, as bytes); otherwise the lines to
+/// skip and to take. Each must be a whole number from 1 (`+` allowed, as Go's `ParseInt`);
+/// the error names the value.
+pub fn line_window(
+    offset: Option<&str>,
+    limit: Option<&str>,
+) -> Result<Option<(u64, u64)>, String> {
+    let offset = offset.filter(|v| !v.is_empty());
+    let limit = limit.filter(|v| !v.is_empty());
+    if offset.is_none() && limit.is_none() {
+        return Ok(None);
+    }
+    let parse = |name: &str, v: Option<&str>| -> Result<Option<u64>, String> {
+        v.map(|v| {
+            v.parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .map(|n| n as u64)
+                .ok_or_else(|| format!("invalid query parameter '{name}': {v}"))
+        })
+        .transpose()
+    };
+    let offset = parse("offset", offset)?.unwrap_or(1);
+    let limit = parse("limit", limit)?.unwrap_or(u64::MAX);
+    Ok(Some((offset - 1, limit)))
 }
 
 /// Why a replace failed.
@@ -133,20 +184,89 @@ pub fn replace_all(
 mod tests {
     use super::*;
 
-    fn lines(text: &[u8], skip: u64, take: u64) -> Vec<u8> {
+    /// What a download with these `offset`/`limit` values returns, read `step` bytes at a time.
+    fn lines(text: &[u8], offset: Option<&str>, limit: Option<&str>, step: usize) -> Vec<u8> {
+        let (skip, take) = line_window(offset, limit).unwrap().unwrap();
         let mut out = Vec::new();
-        copy_lines(io::BufReader::with_capacity(3, text), &mut out, skip, take).unwrap();
+        copy_lines(
+            io::BufReader::with_capacity(step, text),
+            &mut out,
+            skip,
+            take,
+        )
+        .unwrap();
         out
     }
 
     #[test]
-    fn line_ranges() {
-        let text = b"one\ntwo\nthree\nfour";
-        assert_eq!(lines(text, 0, u64::MAX), text.to_vec());
-        assert_eq!(lines(text, 1, 2), b"two\nthree\n".to_vec());
-        assert_eq!(lines(text, 3, 5), b"four".to_vec());
-        assert_eq!(lines(text, 9, 1), b"".to_vec());
-        assert_eq!(lines(b"\xff\xfe\nx\n", 0, 1), b"\xff\xfe\n".to_vec());
+    fn line_windows_as_execd_reads_them() {
+        let five = &b"line1\nline2\nline3\nline4\nline5"[..];
+        // (file, offset, limit, body)
+        type Case<'a> = (&'a [u8], Option<&'a str>, Option<&'a str>, &'a [u8]);
+        let cases: &[Case] = &[
+            (five, Some("2"), Some("2"), b"line2\nline3"),
+            (five, Some("4"), None, b"line4\nline5"),
+            (five, None, Some("2"), b"line1\nline2"),
+            (five, Some("1"), None, b"line1\nline2\nline3\nline4\nline5"),
+            (five, Some("+2"), Some("1"), b"line2"),
+            (five, Some("5"), Some("9"), b"line5"),
+            (five, Some("6"), None, b""),
+            (five, Some("100"), Some("1"), b""),
+            (five, Some(""), Some("1"), b"line1"),
+            // A final newline ends the last line: no empty line after it.
+            (b"a\nb\n", None, Some("9"), b"a\nb"),
+            (b"a\nb\n", Some("3"), None, b""),
+            // Empty lines are lines.
+            (b"a\n\n\nb", Some("2"), Some("2"), b"\n"),
+            (b"\n", Some("1"), None, b""),
+            (b"\n\n", Some("1"), None, b"\n"),
+            (b"", Some("1"), Some("1"), b""),
+            // CRLF: the \r before a \n (or before the end) goes, any other stays.
+            (b"a\r\nb\r\nc\r", Some("1"), None, b"a\nb\nc"),
+            (b"a\r\r\nb\rc\n", Some("1"), None, b"a\r\nb\rc"),
+            (b"\r\n\r", Some("1"), None, b"\n"),
+            (b"\r", Some("1"), None, b""),
+            // Bytes as they are, UTF-8 or not.
+            (b"\xff\xfe\nx\n", None, Some("1"), b"\xff\xfe"),
+            ("é\nü".as_bytes(), Some("2"), None, "ü".as_bytes()),
+        ];
+        for &(text, offset, limit, want) in cases {
+            for step in [1, 2, 3, 64 * 1024] {
+                assert_eq!(
+                    lines(text, offset, limit, step),
+                    want,
+                    "{text:?} offset {offset:?} limit {limit:?} step {step}"
+                );
+            }
+        }
+        // A line far longer than a read is streamed whole.
+        let long = [vec![b'x'; 200_000], b"\r\nend".to_vec()].concat();
+        assert_eq!(lines(&long, None, Some("1"), 4096), vec![b'x'; 200_000]);
+        assert_eq!(lines(&long, Some("2"), None, 4096), b"end");
+    }
+
+    #[test]
+    fn line_window_values() {
+        assert_eq!(line_window(None, None), Ok(None));
+        assert_eq!(line_window(Some(""), Some("")), Ok(None));
+        assert_eq!(line_window(Some("3"), None), Ok(Some((2, u64::MAX))));
+        assert_eq!(line_window(None, Some("4")), Ok(Some((0, 4))));
+        for (o, l, name) in [
+            (Some("0"), None, "offset"),
+            (Some("-1"), None, "offset"),
+            (Some("abc"), Some("1"), "offset"),
+            (Some("1.5"), None, "offset"),
+            (Some("99999999999999999999"), None, "offset"),
+            (None, Some("0"), "limit"),
+            (None, Some("-3"), "limit"),
+            (Some("2"), Some("x"), "limit"),
+        ] {
+            let e = line_window(o, l).unwrap_err();
+            assert!(
+                e.starts_with(&format!("invalid query parameter '{name}': ")),
+                "{e}"
+            );
+        }
     }
 
     /// A reader handing out `step` bytes at a time, to cut matches and characters anywhere.

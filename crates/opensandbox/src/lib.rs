@@ -30,6 +30,7 @@
 //! downloads, `replace` and process output are streamed in bounded chunks and queues (see
 //! [`files`], [`events`], [`process`] and [`execd::commands`]).
 
+pub mod accounts;
 pub mod auth;
 pub mod code;
 pub mod egress;

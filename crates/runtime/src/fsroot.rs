@@ -12,14 +12,21 @@
 //! which also drops the filesystem capabilities. Files created get the sandbox's owner, and
 //! what the sandbox's root could not touch (host-owned files behind its mounts: /proc, /sys)
 //! the daemon will not touch on its behalf either.
+//!
+//! Changing the owner or mode of a file ([`SandboxFs::chown`], [`SandboxFs::chmod`]), and
+//! reading a file its mode closes to the sandbox's root ([`SandboxFs::open_regular`]), take
+//! the power the sandbox's root has in its own user namespace: over files whose owner and
+//! group are both sandbox ids, whoever of them owns it, and only to sandbox ids. The path is
+//! resolved as above with the sandbox's credentials; only the change itself, on that fd, is
+//! made with the daemon's filesystem capabilities.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::idmap::UID_BASE;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use crate::idmap::{UID_BASE, UID_COUNT};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Stat, Uid};
 use rustix::io::Errno;
 
 /// Runs `f` on this thread with fsuid/fsgid = the sandbox's root, then restores them.
@@ -35,6 +42,37 @@ pub fn as_sandbox_root<T>(f: impl FnOnce() -> T) -> T {
     nix::unistd::setfsuid(nix::unistd::Uid::from_raw(UID_BASE));
     let _restore = Restore;
     f()
+}
+
+/// Runs `f` (inside [`as_sandbox_root`]) with this thread's fsuid/fsgid back to the daemon's
+/// root, which gives back the filesystem capabilities (CAP_CHOWN, CAP_FOWNER) the switch
+/// dropped, then switches back to the sandbox's root.
+fn with_daemon_fs_caps<T>(f: impl FnOnce() -> T) -> T {
+    struct Back;
+    impl Drop for Back {
+        fn drop(&mut self) {
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(UID_BASE));
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(UID_BASE));
+        }
+    }
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(0));
+    let _back = Back;
+    f()
+}
+
+/// The host id of sandbox id `id` (`EINVAL` for an id the sandbox does not map).
+pub fn host_id(id: u32) -> Result<u32, Errno> {
+    if id < UID_COUNT {
+        Ok(UID_BASE + id)
+    } else {
+        Err(Errno::INVAL)
+    }
+}
+
+/// The sandbox id of host id `id`, if the sandbox maps it.
+pub fn sandbox_id(id: u32) -> Option<u32> {
+    id.checked_sub(UID_BASE).filter(|n| *n < UID_COUNT)
 }
 
 /// A request path made relative to the sandbox root, lexically normalised (`.` dropped, `..`
@@ -181,9 +219,15 @@ impl SandboxFs {
         Ok(std::fs::File::from(fd))
     }
 
-    /// Opens a regular file for reading (anything else, a FIFO or a device, is refused).
+    /// Opens a regular file for reading (anything else, a FIFO or a device, is refused). A
+    /// file of another sandbox user that its mode keeps from the sandbox's root is opened
+    /// anyway, as that root's DAC override would inside.
     pub fn open_regular(&self, rel: &Path) -> Result<std::fs::File, Errno> {
-        let fd = self.open(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK;
+        let fd = match self.open(rel, flags, 0) {
+            Err(Errno::ACCESS) => self.reopen(&self.open_to_change(rel)?, flags)?,
+            r => r?,
+        };
         let st = rustix::fs::fstat(&fd)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Errno::INVAL);
@@ -191,10 +235,50 @@ impl SandboxFs {
         Ok(std::fs::File::from(fd))
     }
 
-    /// Sets the permission bits of `rel` (followed inside the sandbox).
+    /// Opens `rel` (followed inside the sandbox; `O_PATH`) to change it or to read it past its
+    /// mode: `EPERM` unless its owner and group are both sandbox ids, as the sandbox's root's
+    /// own power goes.
+    fn open_to_change(&self, rel: &Path) -> Result<OwnedFd, Errno> {
+        let fd = self.open(rel, OFlags::PATH, 0)?;
+        let st = rustix::fs::fstat(&fd)?;
+        if sandbox_id(st.st_uid).is_none() || sandbox_id(st.st_gid).is_none() {
+            return Err(Errno::PERM);
+        }
+        Ok(fd)
+    }
+
+    /// Opens `fd` (an `O_PATH` fd of [`Self::open_to_change`]) again with `flags`, with the
+    /// daemon's filesystem capabilities.
+    fn reopen(&self, fd: &OwnedFd, flags: OFlags) -> Result<OwnedFd, Errno> {
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        with_daemon_fs_caps(|| {
+            rustix::fs::open(link.as_str(), flags | OFlags::CLOEXEC, Mode::empty())
+        })
+    }
+
+    /// Sets the permission bits of `rel` (followed inside the sandbox), whichever sandbox
+    /// id owns it.
     pub fn chmod(&self, rel: &Path, mode: u32) -> Result<(), Errno> {
-        let fd = self.open(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+        let fd = self.open_to_change(rel)?;
+        // fchmod refuses an O_PATH fd; its /proc/self/fd link is that very file.
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        with_daemon_fs_caps(|| {
+            rustix::fs::chmodat(
+                rustix::fs::CWD,
+                link.as_str(),
+                Mode::from_raw_mode(mode),
+                AtFlags::empty(),
+            )
+        })
+    }
+
+    /// Gives `rel` (followed inside the sandbox) to sandbox user `uid` and/or group `gid`
+    /// (`None`: unchanged; `EINVAL` for an id the sandbox does not map).
+    pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), Errno> {
+        let uid = uid.map(host_id).transpose()?.map(Uid::from_raw);
+        let gid = gid.map(host_id).transpose()?.map(Gid::from_raw);
+        let fd = self.open_to_change(rel)?;
+        with_daemon_fs_caps(|| rustix::fs::chownat(&fd, "", uid, gid, AtFlags::EMPTY_PATH))
     }
 
     /// Removes a file (or symlink); directories are refused.
@@ -393,6 +477,71 @@ mod tests {
         assert_eq!(relative("/").unwrap(), PathBuf::new());
         assert!(relative("a/b").is_err());
         assert!(relative("/a\0b").is_err());
+    }
+
+    /// chown/chmod (and reading past the mode) reach files of sandbox ids only, to sandbox ids
+    /// only, through links resolved inside the root. Needs root (skipped otherwise).
+    #[test]
+    fn owner_changes_stay_within_sandbox_ids() {
+        use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let tmp = std::env::temp_dir().join(format!("osb-fsroot-own-{}", std::process::id()));
+        let root = tmp.join("root");
+        std::fs::create_dir_all(root.join("tmp")).unwrap();
+        let host = tmp.join("host-file");
+        std::fs::write(&host, "host").unwrap();
+        std::fs::write(root.join("tmp/mine"), "mine").unwrap();
+        std::fs::set_permissions(root.join("tmp/mine"), PermissionsExt::from_mode(0o600)).unwrap();
+        // The sandbox's root owns its root directory and tmp (as an image's would look).
+        for p in [root.clone(), root.join("tmp"), root.join("tmp/mine")] {
+            chown(&p, Some(UID_BASE), Some(UID_BASE)).unwrap();
+        }
+        std::os::unix::fs::symlink(&host, root.join("tmp/link")).unwrap();
+        std::os::unix::fs::symlink("/../../../..", root.join("tmp/up")).unwrap();
+        let fd = rustix::fs::open(
+            &root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let fs = SandboxFs::new(fd);
+        let owner = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        };
+        let host_before = owner(&host);
+        as_sandbox_root(|| {
+            let mine = Path::new("tmp/mine");
+            fs.chown(mine, Some(1234), None).unwrap();
+            fs.chmod(mine, 0o4700).unwrap();
+            assert_eq!(owner(&root.join(mine)), (UID_BASE + 1234, UID_BASE, 0o4700));
+            // Another sandbox user's 0700 file: still readable, as by the sandbox's root.
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut fs.open_regular(mine).unwrap(), &mut s).unwrap();
+            assert_eq!(s, "mine");
+            fs.chown(mine, None, Some(65534)).unwrap();
+            assert_eq!(owner(&root.join(mine)).1, UID_BASE + 65534);
+            assert_eq!(fs.chown(mine, Some(UID_COUNT), None), Err(Errno::INVAL));
+            // The host path behind a link resolves inside the root (missing there).
+            for p in ["tmp/link", "tmp/up/host-file"] {
+                assert_eq!(fs.chown(Path::new(p), Some(0), Some(0)), Err(Errno::NOENT));
+                assert_eq!(fs.chmod(Path::new(p), 0o777), Err(Errno::NOENT));
+            }
+        });
+        // A host-owned file inside the root is refused.
+        std::fs::write(root.join("tmp/hosts"), "h").unwrap();
+        as_sandbox_root(|| {
+            assert_eq!(
+                fs.chown(Path::new("tmp/hosts"), Some(0), None),
+                Err(Errno::PERM)
+            );
+            assert_eq!(fs.chmod(Path::new("tmp/hosts"), 0o777), Err(Errno::PERM));
+        });
+        assert_eq!(owner(&root.join("tmp/hosts")).0, 0);
+        assert_eq!(owner(&host), host_before);
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]
