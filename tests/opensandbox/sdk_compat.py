@@ -84,7 +84,43 @@ async def code_interrupt_async():
         await sbx.kill()
 
 
+def routes():
+    """Upstream's server mounts every route at `/` and `/v1`, agentrun too (lifecycle and the
+    server proxy); the upstream routes agentrun does not serve answer 501 with a JSON error
+    saying why (snapshots, diagnostics, server-side pools, execd's /pty)."""
+    import httpx
+
+    from sdk_e2e import BASE, lifecycle_headers
+
+    root = BASE[: -len("/v1")]
+    h = lifecycle_headers()
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        a = httpx.get(f"{root}/v1/sandboxes/{sbx.id}", headers=h)
+        b = httpx.get(f"{root}/sandboxes/{sbx.id}", headers=h)
+        check(a.status_code == b.status_code == 200 and a.json()["id"] == b.json()["id"] == sbx.id, f"/ and /v1: {a.text} {b.text}")
+        r = httpx.get(f"{root}/sandboxes/{sbx.id}/proxy/44772/ping", headers=h)
+        check(r.status_code == 200, f"server proxy at the root: {r.status_code} {r.text}")
+        for method, path in [
+            ("GET", "/v1/snapshots"), ("GET", "/snapshots/x"), ("DELETE", "/v1/snapshots/x"),
+            ("POST", f"/v1/sandboxes/{sbx.id}/snapshots"),
+            ("GET", f"/v1/sandboxes/{sbx.id}/diagnostics/logs"), ("GET", f"/sandboxes/{sbx.id}/diagnostics/events"),
+            ("GET", "/v1/pools"), ("POST", "/v1/pools"), ("PUT", "/pools/p"),
+        ]:
+            r = httpx.request(method, f"{root}{path}", headers=h)
+            check(r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED" and r.json()["message"], f"{method} {path}: {r.status_code} {r.text}")
+        ep = sbx.get_endpoint(44772)
+        for method, path in [("POST", "/pty"), ("GET", "/pty/s1"), ("GET", "/pty/s1/ws")]:
+            r = httpx.request(method, f"http://{ep.endpoint}{path}", headers=ep.headers)
+            check(r.status_code == 501 and "PTY" in r.json()["message"], f"{method} {path}: {r.status_code} {r.text}")
+        r = httpx.get(f"{root}/v1/no-such-route", headers=h)
+        check(r.status_code == 404 and r.json()["code"] == "NOT_FOUND", f"unknown: {r.status_code} {r.text}")
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {
+    "routes": routes,
     "code_interrupt_sync": code_interrupt_sync,
     "code_interrupt_async": lambda: asyncio.run(code_interrupt_async()),
 }

@@ -18,3 +18,8 @@ fn code_interrupt_keeps_the_context_sync() {
 fn code_interrupt_keeps_the_context_async() {
     run_scenario("compat:code_interrupt_async");
 }
+
+#[test]
+fn routes_are_served_at_the_root_too_and_unserved_ones_say_why() {
+    run_scenario("compat:routes");
+}

@@ -28,10 +28,18 @@ pub use sessions::{parse_create_session, parse_run_in_session, Session};
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
         .route("/ping", get(ping))
+        .route("/pty", axum::routing::any(unsupported_pty))
+        .route("/pty/{*rest}", axum::routing::any(unsupported_pty))
         .with_state(server.clone())
         .merge(commands::routes(server.clone()))
         .merge(sessions::routes(server.clone()))
         .merge(metrics::routes(server))
+}
+
+async fn unsupported_pty() -> ApiError {
+    ApiError::not_supported(
+        "PTY sessions are not served by agentrun: use a session (/session) or a command",
+    )
 }
 
 async fn ping(ExecdSandbox(rec): ExecdSandbox) -> ApiResult<StatusCode> {
