@@ -119,7 +119,37 @@ def routes():
         sbx.kill()
 
 
+def cwd_expansion():
+    """`cwd` is expanded as upstream's execd expands it: `$VAR`/`${VAR}` from the sandbox's
+    environment and the command's `envs`, then `~` as `$HOME`; an unset variable is a 400."""
+    from opensandbox.models.execd import RunCommandOpts
+
+    from sdk_e2e import expect_api_error
+
+    sbx = SandboxSync.create("host", connection_config=sync_config(), env={"DATA": "/tmp/data"})
+    try:
+        check(sbx.commands.run("mkdir -p /tmp/data/sub").exit_code == 0, "mkdir")
+        for cwd, envs, want in [
+            ("~", None, "/root"),
+            ("~/sub", {"HOME": "/tmp/data"}, "/tmp/data/sub"),
+            ("$DATA", None, "/tmp/data"),
+            ("${DATA}/sub", None, "/tmp/data/sub"),
+            ("$W/sub", {"W": "/tmp/data"}, "/tmp/data/sub"),
+            ("/tmp/data", None, "/tmp/data"),
+        ]:
+            ex = sbx.commands.run("pwd", opts=RunCommandOpts(working_directory=cwd, envs=envs))
+            check(ex.text == want, f"cwd {cwd!r}: {ex.text!r} {ex.logs.stderr}")
+        e = expect_api_error(lambda: sbx.commands.run("pwd", opts=RunCommandOpts(working_directory="$NOPE/x")), 400)
+        check("NOPE" in str(e), f"unset variable: {e}")
+        session = sbx.commands.create_session(working_directory="~")
+        check(sbx.commands.run_in_session(session, "pwd").text == "/root", "session cwd ~")
+        check(sbx.commands.run_in_session(session, "pwd", working_directory="$DATA").text == "/tmp/data", "run_in_session cwd $DATA")
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {
+    "cwd_expansion": cwd_expansion,
     "routes": routes,
     "code_interrupt_sync": code_interrupt_sync,
     "code_interrupt_async": lambda: asyncio.run(code_interrupt_async()),

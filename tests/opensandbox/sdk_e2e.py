@@ -406,7 +406,7 @@ def bad_requests():
     base = {"image": {"uri": "host"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "2Gi"}}
     cases = [
         ({"secureAccess": True}, "secureAccess"),
-        ({"volumes": [{"name": "v", "mountPath": "/data", "host": {"path": "/etc"}}]}, "volumes"),
+        ({"volumes": [{"name": "v", "mountPath": "/data", "host": {"path": "/etc"}}]}, "--volume-root"),
         ({"resourceLimits": {"cpu": "lots"}}, "resourceLimits.cpu"),
         ({"resourceLimits": {"memory": "12parsecs"}}, "resourceLimits.memory"),
         ({"resourceLimits": {"gpu": "1"}}, "gpu"),

@@ -23,3 +23,8 @@ fn code_interrupt_keeps_the_context_async() {
 fn routes_are_served_at_the_root_too_and_unserved_ones_say_why() {
     run_scenario("compat:routes");
 }
+
+#[test]
+fn cwd_expands_variables_and_tilde_as_execd() {
+    run_scenario("compat:cwd_expansion");
+}

@@ -97,7 +97,7 @@ async fn start_context(
     // a sandbox whose profile has a Python zygote forks the context from it.
     let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
     let env = vec![("AGENTRUN_CODE_MARKER".to_string(), marker.clone())];
-    let cwd = cwd.filter(|c| !c.is_empty()).unwrap_or_else(|| "/".into());
+    let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &[])?;
     let interpreter = match InteractiveProcess::start(server, rec, argv, env, cwd).await {
         Ok(p) => p,
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {

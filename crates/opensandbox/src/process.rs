@@ -15,6 +15,7 @@ use agentrun_pool::stdio::{Pipes, StdioStream};
 use agentrun_pool::PoolError;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::{ApiError, ApiResult};
 use crate::lines::PipeLines;
 use crate::{Record, Server};
 
@@ -56,6 +57,104 @@ pub struct Spawned {
     pub stderr: OwnedFd,
     /// Fires once it exited.
     pub exit: oneshot::Receiver<ProcessExit>,
+}
+
+/// A request's `cwd` as upstream's execd takes it (`pathutil.ExpandPathWithEnv`): `$VAR` and
+/// `${VAR}` from the sandbox's environment with `overrides` (the command's `envs`) over it, a
+/// variable that is not set being a 400 naming it; then a leading `~` is `$HOME` (`/root`
+/// without one). Empty or absent: `/`. The result is a path inside the sandbox, resolved
+/// there by its init (never on the host).
+pub fn expand_cwd(
+    rec: &Record,
+    cwd: Option<&str>,
+    overrides: &[(String, String)],
+) -> ApiResult<String> {
+    let Some(cwd) = cwd.filter(|c| !c.is_empty()) else {
+        return Ok("/".into());
+    };
+    let env = rec.sandbox.env();
+    let lookup = |name: &str| {
+        overrides
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .or_else(|| env.get(name).map(String::as_str))
+    };
+    let expanded = expand_vars(cwd, lookup).map_err(|missing| {
+        ApiError::bad_request(format!(
+            "cwd {cwd:?}: path references undefined environment variables: {}",
+            missing.join(",")
+        ))
+    })?;
+    let home = || lookup("HOME").filter(|h| !h.is_empty()).unwrap_or("/root");
+    Ok(if expanded == "~" {
+        home().to_string()
+    } else if let Some(rest) = expanded.strip_prefix("~/") {
+        format!("{}/{rest}", home().trim_end_matches('/'))
+    } else {
+        expanded
+    })
+}
+
+/// `$NAME` and `${NAME}` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) in `s` replaced by `lookup`'s
+/// value; `Err` lists (sorted, once each) the names `lookup` does not know. A `$` not
+/// starting a name stays as it is.
+fn expand_vars<'a>(
+    s: &str,
+    lookup: impl Fn(&str) -> Option<&'a str>,
+) -> Result<String, Vec<String>> {
+    let mut out = String::with_capacity(s.len());
+    let mut missing: Vec<String> = Vec::new();
+    let name_len = |t: &str| {
+        let b = t.as_bytes();
+        if b.first()
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        {
+            b.iter()
+                .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
+                .count()
+        } else {
+            0
+        }
+    };
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let (name, consumed) = if let Some(inner) = after.strip_prefix('{') {
+            let n = name_len(inner);
+            if n > 0 && inner[n..].starts_with('}') {
+                (&inner[..n], n + 2)
+            } else {
+                ("", 0)
+            }
+        } else {
+            let n = name_len(after);
+            (&after[..n], n)
+        };
+        if consumed == 0 {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        match lookup(name) {
+            Some(v) => out.push_str(v),
+            None => {
+                if !missing.iter().any(|m| m == name) {
+                    missing.push(name.to_string());
+                }
+            }
+        }
+        rest = &after[consumed..];
+    }
+    out.push_str(rest);
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        missing.sort();
+        Err(missing)
+    }
 }
 
 /// Starts a process in the sandbox with stdout/stderr pipes ([`Pipes`]), and a stdin pipe
@@ -165,5 +264,31 @@ impl InteractiveProcess {
     /// Whether it exited.
     pub fn is_dead(&self) -> bool {
         self.dead.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_vars;
+
+    #[test]
+    fn variables_expand_as_execd_expands_them() {
+        let env = |n: &str| match n {
+            "HOME" => Some("/home/u"),
+            "W" => Some("work"),
+            "EMPTY" => Some(""),
+            _ => None,
+        };
+        let ok = |s: &str| expand_vars(s, env).unwrap();
+        assert_eq!(ok("/plain/path"), "/plain/path");
+        assert_eq!(ok("$HOME/$W"), "/home/u/work");
+        assert_eq!(ok("${HOME}/x${W}y"), "/home/u/xworky");
+        assert_eq!(ok("/a$EMPTY/b"), "/a/b");
+        assert_eq!(ok("/cost$5/$/x$"), "/cost$5/$/x$");
+        assert_eq!(ok("/${unclosed"), "/${unclosed");
+        assert_eq!(
+            expand_vars("$NOPE/${ALSO}/$NOPE", env),
+            Err(vec!["ALSO".to_string(), "NOPE".to_string()])
+        );
     }
 }

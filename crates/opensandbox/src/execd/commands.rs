@@ -287,17 +287,13 @@ async fn run(
             (a, content)
         }
     };
-    let cwd = req
-        .cwd
-        .clone()
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "/".into());
+    let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
+    let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
     let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
         .sandbox(&rec.id)
         .executable(&argv[0])
         .command_line(&content)
         .start();
-    let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
     env.push(("TRACEPARENT".into(), span.traceparent()));
     let started = Instant::now();
     let Spawned {

@@ -59,10 +59,7 @@ async fn create(
 ) -> ApiResult<Json<Value>> {
     let req = parse_create_session(&body)?;
     rec.check_not_paused()?;
-    let cwd = req
-        .cwd
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "/".into());
+    let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &[])?;
     let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
     let process = InteractiveProcess::start(&server, &rec, argv, Vec::new(), cwd).await?;
     let session = Arc::new(Session {
@@ -127,8 +124,9 @@ async fn run(
         ));
     }
     let mut script = String::new();
-    if let Some(cwd) = req.cwd.as_deref().filter(|c| !c.is_empty()) {
-        script.push_str(&format!("cd {} || true\n", shell_quote(cwd)));
+    if req.cwd.as_deref().is_some_and(|c| !c.is_empty()) {
+        let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &[])?;
+        script.push_str(&format!("cd {} || true\n", shell_quote(&cwd)));
     }
     // The group keeps cd/export in this shell; its stdin is not the shell's script.
     script.push_str(&format!(
