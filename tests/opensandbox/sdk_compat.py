@@ -148,7 +148,44 @@ def cwd_expansion():
         sbx.kill()
 
 
+def set_env():
+    """`commands.set_env` (the SDK appends to the file `$EXECD_ENVS` names) reaches every later
+    command, session and code context; a command's own `envs` win; quotes and `$` survive."""
+    from opensandbox.models.execd import RunCommandOpts
+
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        sbx.commands.set_env("GREETING", "hello world")
+        sbx.commands.set_env("TRICKY", "it's \"$HOME\" $5")
+        sbx.commands.set_env("PATH_PLUS", "$HOME/bin")
+        ex = sbx.commands.run('printf "%s|%s|%s" "$GREETING" "$TRICKY" "$PATH_PLUS"')
+        # The SDK writes a value with a quote in double quotes, where `$NAME` is expanded when
+        # the file is read (its own docstring says so); others single-quoted, literal.
+        check(ex.text == 'hello world|it\'s "/root" $5|$HOME/bin', f"set_env seen: {ex.text!r} {ex.logs.stderr}")
+        ex = sbx.commands.run('echo "$GREETING"', opts=RunCommandOpts(envs={"GREETING": "mine"}))
+        check(ex.text == "mine", f"the command's envs win: {ex.text!r}")
+        sbx.commands.set_env("GREETING", "again")
+        check(sbx.commands.run('echo "$GREETING"').text == "again", "the last set_env wins")
+        session = sbx.commands.create_session()
+        check(sbx.commands.run_in_session(session, 'echo "$GREETING"').text == "again", "sessions see it")
+    finally:
+        sbx.kill()
+
+
+async def set_env_async():
+    sbx = await Sandbox.create("host", connection_config=async_config())
+    try:
+        await sbx.commands.set_env("ASYNC_VAR", "a b")
+        ex = await sbx.commands.run('echo "$ASYNC_VAR"')
+        check(ex.logs.stdout and ex.logs.stdout[0].text == "a b", f"async set_env: {ex.logs.stdout} {ex.logs.stderr}")
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
 SCENARIOS = {
+    "set_env": set_env,
+    "set_env_async": lambda: asyncio.run(set_env_async()),
     "cwd_expansion": cwd_expansion,
     "routes": routes,
     "code_interrupt_sync": code_interrupt_sync,

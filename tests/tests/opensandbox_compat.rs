@@ -28,3 +28,13 @@ fn routes_are_served_at_the_root_too_and_unserved_ones_say_why() {
 fn cwd_expands_variables_and_tilde_as_execd() {
     run_scenario("compat:cwd_expansion");
 }
+
+#[test]
+fn set_env_reaches_later_commands_sync() {
+    run_scenario("compat:set_env");
+}
+
+#[test]
+fn set_env_reaches_later_commands_async() {
+    run_scenario("compat:set_env_async");
+}

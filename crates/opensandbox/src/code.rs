@@ -96,8 +96,9 @@ async fn start_context(
     // No interpreter options nor PYTHON* variables (the driver sets its streams up itself):
     // a sandbox whose profile has a Python zygote forks the context from it.
     let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
-    let env = vec![("AGENTRUN_CODE_MARKER".to_string(), marker.clone())];
-    let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &[])?;
+    let mut env = crate::execd::envfile::load(rec);
+    let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &env)?;
+    env.push(("AGENTRUN_CODE_MARKER".to_string(), marker.clone()));
     let interpreter = match InteractiveProcess::start(server, rec, argv, env, cwd).await {
         Ok(p) => p,
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {

@@ -78,8 +78,8 @@ pub fn expand_cwd(
             .iter()
             .rev()
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .or_else(|| env.get(name).map(String::as_str))
+            .map(|(_, v)| v.clone())
+            .or_else(|| env.get(name).cloned())
     };
     let expanded = expand_vars(cwd, lookup).map_err(|missing| {
         ApiError::bad_request(format!(
@@ -87,9 +87,13 @@ pub fn expand_cwd(
             missing.join(",")
         ))
     })?;
-    let home = || lookup("HOME").filter(|h| !h.is_empty()).unwrap_or("/root");
+    let home = || {
+        lookup("HOME")
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "/root".into())
+    };
     Ok(if expanded == "~" {
-        home().to_string()
+        home()
     } else if let Some(rest) = expanded.strip_prefix("~/") {
         format!("{}/{rest}", home().trim_end_matches('/'))
     } else {
@@ -97,13 +101,15 @@ pub fn expand_cwd(
     })
 }
 
+/// [`expand_vars`] with an unknown name expanded to nothing (Go's `os.ExpandEnv`).
+pub fn expand_vars_lenient(s: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    expand_vars(s, |k| Some(lookup(k).unwrap_or_default())).unwrap_or_default()
+}
+
 /// `$NAME` and `${NAME}` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) in `s` replaced by `lookup`'s
 /// value; `Err` lists (sorted, once each) the names `lookup` does not know. A `$` not
 /// starting a name stays as it is.
-fn expand_vars<'a>(
-    s: &str,
-    lookup: impl Fn(&str) -> Option<&'a str>,
-) -> Result<String, Vec<String>> {
+fn expand_vars(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, Vec<String>> {
     let mut out = String::with_capacity(s.len());
     let mut missing: Vec<String> = Vec::new();
     let name_len = |t: &str| {
@@ -139,7 +145,7 @@ fn expand_vars<'a>(
             continue;
         }
         match lookup(name) {
-            Some(v) => out.push_str(v),
+            Some(v) => out.push_str(&v),
             None => {
                 if !missing.iter().any(|m| m == name) {
                     missing.push(name.to_string());
@@ -273,11 +279,14 @@ mod tests {
 
     #[test]
     fn variables_expand_as_execd_expands_them() {
-        let env = |n: &str| match n {
-            "HOME" => Some("/home/u"),
-            "W" => Some("work"),
-            "EMPTY" => Some(""),
-            _ => None,
+        let env = |n: &str| {
+            match n {
+                "HOME" => Some("/home/u"),
+                "W" => Some("work"),
+                "EMPTY" => Some(""),
+                _ => None,
+            }
+            .map(str::to_string)
         };
         let ok = |s: &str| expand_vars(s, env).unwrap();
         assert_eq!(ok("/plain/path"), "/plain/path");

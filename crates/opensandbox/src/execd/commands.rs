@@ -287,7 +287,10 @@ async fn run(
             (a, content)
         }
     };
-    let mut env: Vec<(String, String)> = req.envs.into_iter().collect();
+    // The env file's variables (`set_env`), under the request's own.
+    let mut env = crate::execd::envfile::load(&rec);
+    env.retain(|(k, _)| !req.envs.contains_key(k));
+    env.extend(req.envs);
     let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
     let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
         .sandbox(&rec.id)

@@ -9,6 +9,7 @@
 //! [`crate::process::LINE_QUEUE`] lines, a command's log its newest 8 MiB.
 
 pub mod commands;
+pub mod envfile;
 pub mod metrics;
 pub mod sessions;
 

@@ -239,6 +239,13 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         }
         spec = spec.env(k, v);
     }
+    // The env file `commands.set_env` appends to (see execd::envfile), unless env names one.
+    if !req.env.contains_key(crate::execd::envfile::VARIABLE) {
+        spec = spec.env(
+            crate::execd::envfile::VARIABLE,
+            crate::execd::envfile::DEFAULT_PATH,
+        );
+    }
     let network = match req.network_policy.as_ref().filter(|p| !p.is_null()) {
         Some(p) => Some(
             agentrun_policy::OpenSandboxPolicy::from_value(p.clone())
