@@ -183,7 +183,44 @@ async def set_env_async():
         await sbx.close()
 
 
+def access_renew():
+    """`extensions["access.renew.extend.seconds"]`: traffic through the server proxy moves the
+    expiry to at least now + that (upstream's renew on access); without it nothing moves;
+    out-of-range values are a 400."""
+    from datetime import timedelta
+
+    import httpx
+    from opensandbox.config import ConnectionConfigSync
+
+    from sdk_e2e import BASE, DOMAIN, lifecycle_headers
+
+    cfg = ConnectionConfigSync(domain=DOMAIN, protocol="http", use_server_proxy=True)
+    ttl = timedelta(minutes=4)
+    renewed = SandboxSync.create("host", connection_config=cfg, timeout=ttl,
+                                 extensions={"access.renew.extend.seconds": "600"})
+    plain = SandboxSync.create("host", connection_config=cfg, timeout=ttl)
+    try:
+        for sbx, moves in ((renewed, True), (plain, False)):
+            info = sbx.get_info()
+            nominal = info.created_at + ttl
+            check(sbx.commands.run("echo hi").text == "hi", "a command through the server proxy")
+            after = sbx.get_info().expires_at
+            if moves:
+                check(after > nominal + timedelta(seconds=300), f"renewed on access: {after} vs nominal {nominal}")
+            else:
+                check(abs((after - nominal).total_seconds()) < 2, f"no extension, no renewal: {after} vs {nominal}")
+        body = {"image": {"uri": "host"}, "entrypoint": ["sleep", "infinity"], "timeout": 600, "resourceLimits": {}}
+        for bad in ("299", "86401", "soon"):
+            r = httpx.post(f"{BASE}/sandboxes", headers=lifecycle_headers(),
+                           json={**body, "extensions": {"access.renew.extend.seconds": bad}})
+            check(r.status_code == 400 and "access.renew.extend.seconds" in r.json()["message"], f"{bad}: {r.status_code} {r.text}")
+    finally:
+        renewed.kill()
+        plain.kill()
+
+
 SCENARIOS = {
+    "access_renew": access_renew,
     "set_env": set_env,
     "set_env_async": lambda: asyncio.run(set_env_async()),
     "cwd_expansion": cwd_expansion,

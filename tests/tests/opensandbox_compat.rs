@@ -38,3 +38,8 @@ fn set_env_reaches_later_commands_sync() {
 fn set_env_reaches_later_commands_async() {
     run_scenario("compat:set_env_async");
 }
+
+#[test]
+fn server_proxy_traffic_renews_a_sandbox_with_the_access_renew_extension() {
+    run_scenario("compat:access_renew");
+}

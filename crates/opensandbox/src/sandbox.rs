@@ -88,6 +88,10 @@ impl Server {
 }
 
 /// The OpenSandbox view of one live sandbox.
+/// Least time between two renewals on access of one sandbox (upstream's default
+/// `min_interval_seconds`).
+pub const ACCESS_RENEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Record {
     pub id: String,
     pub sandbox: Arc<LiveSandbox>,
@@ -122,6 +126,10 @@ pub struct Record {
     pub code: Mutex<code::CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
     pub cpu_sample: Mutex<(Instant, u64)>,
+    /// `extensions["access.renew.extend.seconds"]` ([`Record::renew_on_access`]).
+    pub access_renew_s: Option<i64>,
+    /// When traffic last renewed it.
+    pub access_renewed: Mutex<Option<Instant>>,
     /// The named volumes it holds (in use until it is torn down).
     pub volumes: Mutex<Vec<crate::lifecycle::volumes::HeldVolume>>,
 }
@@ -186,6 +194,25 @@ impl Record {
         *lock(&self.ended) = Some((reason, format!("the entrypoint exited with code {code}")));
         self.set_state(state);
         self.tear_down(live);
+    }
+
+    /// Traffic reached it through the server proxy: with an `access.renew.extend.seconds`
+    /// extension and an expiry, the expiry becomes at least now + that many seconds, as
+    /// upstream's renew-on-access does (at most once per [`ACCESS_RENEW_INTERVAL`]).
+    pub fn renew_on_access(&self) {
+        let Some(extend) = self.access_renew_s else {
+            return;
+        };
+        let mut last = lock(&self.access_renewed);
+        if last.is_some_and(|t| t.elapsed() < ACCESS_RENEW_INTERVAL) {
+            return;
+        }
+        let mut expires = lock(&self.expires_at);
+        if let Some(current) = *expires {
+            let candidate = Utc::now() + chrono::Duration::seconds(extend);
+            *expires = Some(candidate.max(current));
+            *last = Some(Instant::now());
+        }
     }
 
     /// `Err` (409) once the sandbox has ended by itself.

@@ -130,6 +130,7 @@ fn rewrite(server: &Server, mut req: Request) -> ApiResult<Request> {
     let (sid, port, rest) = split_path(req.uri().path())?;
     let (path, token) = target(sid, port, rest);
     let rec = server.record(sid)?;
+    rec.renew_on_access();
     let target = match req.uri().query() {
         Some(q) => format!("{path}?{q}"),
         None => path,

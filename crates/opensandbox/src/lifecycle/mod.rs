@@ -240,6 +240,8 @@ async fn create_sandbox(
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
         volumes: Mutex::new(held),
+        access_renew_s: v.access_renew_s,
+        access_renewed: Mutex::new(None),
     });
     // The entrypoint is the sandbox's main process.
     if let Err(e) = start_entrypoint(server, &rec).await {

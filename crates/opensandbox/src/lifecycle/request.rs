@@ -138,6 +138,35 @@ pub struct Validated {
     pub(super) network: Option<agentrun_policy::OpenSandboxPolicy>,
     /// `volumes`, checked (opened on the host when the sandbox is made).
     pub(super) volumes: Vec<super::volumes::VolumeSpec>,
+    /// `extensions["access.renew.extend.seconds"]`: traffic through the server proxy moves
+    /// the expiry to at least now + this ([`crate::Record::renew_on_access`]).
+    pub(super) access_renew_s: Option<i64>,
+}
+
+/// The extension key upstream renews a sandbox on access by.
+pub const ACCESS_RENEW_KEY: &str = "access.renew.extend.seconds";
+/// Its bounds (upstream's: 5 minutes to 24 hours).
+const ACCESS_RENEW_RANGE: std::ops::RangeInclusive<i64> = 300..=86_400;
+
+/// `extensions["access.renew.extend.seconds"]`, checked as upstream checks it (a base-10
+/// integer, as a string or a number, in [`ACCESS_RENEW_RANGE`]).
+fn access_renew(extensions: Option<&Value>) -> ApiResult<Option<i64>> {
+    let Some(raw) = extensions.and_then(|x| x.get(ACCESS_RENEW_KEY)) else {
+        return Ok(None);
+    };
+    let n = match raw {
+        Value::String(s) => s.trim().parse::<i64>().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    };
+    match n {
+        Some(n) if ACCESS_RENEW_RANGE.contains(&n) => Ok(Some(n)),
+        _ => Err(ApiError::bad_request(format!(
+            "extensions[{ACCESS_RENEW_KEY:?}] must be an integer number of seconds between {} and {}, got {raw}",
+            ACCESS_RENEW_RANGE.start(),
+            ACCESS_RENEW_RANGE.end()
+        ))),
+    }
 }
 
 /// A `POST /v1/sandboxes` body parsed and checked: everything about a create request that
@@ -266,6 +295,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         timeout: req.timeout,
         network,
         volumes,
+        access_renew_s: access_renew(req.extensions.as_ref())?,
     })
 }
 
@@ -331,6 +361,26 @@ mod tests {
         assert_eq!(parse_memory("1048576"), Some(1 << 20));
         assert_eq!(parse_memory("1gib"), Some(1 << 30));
         assert_eq!(parse_memory("lots"), None);
+    }
+
+    #[test]
+    fn access_renew_extension_as_upstream_checks_it() {
+        let x = |v: Value| access_renew(Some(&serde_json::json!({ACCESS_RENEW_KEY: v})));
+        assert_eq!(x(Value::from("300")).unwrap(), Some(300));
+        assert_eq!(x(Value::from(86_400)).unwrap(), Some(86_400));
+        for bad in [
+            Value::from("299"),
+            Value::from(86_401),
+            Value::from("5m"),
+            Value::Null,
+        ] {
+            assert!(x(bad.clone()).is_err(), "{bad}");
+        }
+        assert_eq!(access_renew(None).unwrap(), None);
+        assert_eq!(
+            access_renew(Some(&serde_json::json!({"other": 1}))).unwrap(),
+            None
+        );
     }
 
     #[test]
