@@ -103,3 +103,10 @@ pub fn printed<'a>(stdout: &'a str, key: &str) -> &'a str {
         .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
         .unwrap_or_else(|| panic!("the scenario printed no {key}:\n{stdout}"))
 }
+
+/// A daemon serving the OpenSandbox API whose spans go to `rx` and whose audit log is `audit`.
+pub fn start_observed(rx: &crate::otlp::OtlpReceiver, audit: &std::path::Path) -> (Daemon, String) {
+    let mut env: Vec<(&str, String)> = rx.otel_env();
+    env.push(("AGENTRUN_AUDIT_DIR", audit.display().to_string()));
+    start(&env, &[])
+}

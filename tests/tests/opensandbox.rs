@@ -187,9 +187,7 @@ fn network_policy_is_enforced_and_changed_live() {
     let Some(_lock) = setup() else { return };
     let audit = tempdir();
     let rx = OtlpReceiver::grpc();
-    let mut env: Vec<(&str, String)> = rx.otel_env();
-    env.push(("AGENTRUN_AUDIT_DIR", audit.path().display().to_string()));
-    let (d, domain) = start(&env, &[]);
+    let (d, domain) = start_observed(&rx, audit.path());
     let out = scenario(&d, &domain, "egress", &[]);
     let up = printed(&out, "UPSTREAM").to_string();
     let a = printed(&out, "SANDBOX_A").to_string();

@@ -46,9 +46,7 @@ fn unresolvable_allowed_names_are_errors_not_denials() {
     let Some(_lock) = setup() else { return };
     let audit = tempdir();
     let rx = OtlpReceiver::grpc();
-    let mut env: Vec<(&str, String)> = rx.otel_env();
-    env.push(("AGENTRUN_AUDIT_DIR", audit.path().display().to_string()));
-    let (d, domain) = start(&env, &[]);
+    let (d, domain) = start_observed(&rx, audit.path());
     let sync = printed(&scenario(&d, &domain, "egress:unresolved", &[]), "SANDBOX").to_string();
     let asyn = printed(
         &scenario(&d, &domain, "egress:unresolved_async", &[]),

@@ -466,6 +466,17 @@ fn remove_in(dir: impl AsFd, name: &OsStr) -> Result<(), Errno> {
 mod tests {
     use super::*;
 
+    /// A [`SandboxFs`] on directory `root`.
+    fn root_fs(root: &Path) -> SandboxFs {
+        let fd = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        SandboxFs::new(fd)
+    }
+
     #[test]
     fn relative_paths_are_clamped_at_the_root() {
         assert_eq!(relative("/a/b").unwrap(), PathBuf::from("a/b"));
@@ -506,13 +517,7 @@ mod tests {
         }
         std::os::unix::fs::symlink(&host, root.join("tmp/link")).unwrap();
         std::os::unix::fs::symlink("/../../../..", root.join("tmp/up")).unwrap();
-        let fd = rustix::fs::open(
-            &root,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap();
-        let fs = SandboxFs::new(fd);
+        let fs = root_fs(&root);
         let owner = |p: &Path| {
             let m = std::fs::metadata(p).unwrap();
             (m.uid(), m.gid(), m.mode() & 0o7777)
@@ -558,13 +563,7 @@ mod tests {
         std::fs::write(root.join("etc/passwd"), "inside").unwrap();
         std::os::unix::fs::symlink("/etc", root.join("abs")).unwrap();
         std::os::unix::fs::symlink("../../../../etc", root.join("rel")).unwrap();
-        let fd = rustix::fs::open(
-            &root,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap();
-        let fs = SandboxFs::new(fd);
+        let fs = root_fs(&root);
         for p in ["/abs/passwd", "/rel/passwd", "/../etc/passwd"] {
             let mut f = fs.open_regular(&relative(p).unwrap()).unwrap();
             let mut s = String::new();
