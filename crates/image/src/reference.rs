@@ -45,7 +45,8 @@ pub fn normalize_plain(name: &str) -> Option<String> {
         Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" => (first, rest),
         _ => ("docker.io", name),
     };
-    if path.is_empty() || !plain_domain(domain) {
+    // `index.docker.io` is Docker Hub's legacy name, which the parser rewrites: its answer.
+    if path.is_empty() || !plain_domain(domain) || domain == "index.docker.io" {
         return None;
     }
     let last = path.rsplit('/').next().unwrap_or(path);
@@ -224,9 +225,15 @@ mod tests {
             "local-:5000/x",
             "a:b:c",
             "a...b",
+            // Docker Hub's legacy name, rewritten by the parser (a fuzz finding).
+            "index.docker.io/b",
         ] {
             assert_eq!(normalize_plain(odd), None, "{odd}");
         }
+        assert_eq!(
+            normalize("index.docker.io/b").unwrap(),
+            "docker.io/library/b:latest"
+        );
         // Repository names over 255 characters (the fuzz target's second finding).
         let long = format!("org/{}", "a".repeat(251));
         assert_eq!(normalize_plain(&long), Some(normalize(&long).unwrap()));
