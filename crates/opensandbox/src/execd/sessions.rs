@@ -59,10 +59,10 @@ async fn create(
 ) -> ApiResult<Json<Value>> {
     let req = parse_create_session(&body)?;
     rec.check_not_paused()?;
-    let cwd =
-        crate::process::expand_cwd(&rec, req.cwd.as_deref(), &crate::execd::envfile::load(&rec))?;
-    let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
+    // The env file is read once: its variables expand cwd and start the shell.
     let env = crate::execd::envfile::load(&rec);
+    let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
+    let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
     let process = InteractiveProcess::start(&server, &rec, argv, env, cwd).await?;
     let session = Arc::new(Session {
         id: random_token()?,
