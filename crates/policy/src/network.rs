@@ -558,18 +558,17 @@ impl NetworkPolicy {
     /// allow rules and before any escalate rule (an explicit allow needs no approval). Turns
     /// `none` into `allowlist`; `all` stays `all`.
     pub fn allow_hosts(&mut self, id_prefix: &str, hosts: &[String]) -> Result<(), String> {
-        let mut at = self
+        let at = self
             .rules
             .iter()
             .position(|r| r.action == RuleAction::Escalate)
             .unwrap_or(self.rules.len());
-        for (i, h) in hosts.iter().enumerate() {
-            self.rules.insert(
-                at,
-                HostRule::parse(format!("{id_prefix}[{i}]"), RuleAction::Allow, h)?,
-            );
-            at += 1;
-        }
+        let added = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| HostRule::parse(format!("{id_prefix}[{i}]"), RuleAction::Allow, h))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.rules.splice(at..at, added);
         if !hosts.is_empty() && self.mode == NetworkMode::None {
             self.mode = NetworkMode::Allowlist;
         }
