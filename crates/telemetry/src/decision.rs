@@ -125,8 +125,9 @@ mod tests {
         assert_eq!(r.escalation, "");
         assert!(span.attribute("sandbox.escalation.outcome").is_none());
         // An escalation carries its outcome on the span and the record.
-        let e = Decision::escalate("network.escalate[0]", "connecting to example.com:443")
-            .settle(&agentrun_policy::Answer::TimedOut(std::time::Duration::from_secs(60)));
+        let e = Decision::escalate("network.escalate[0]", "connecting to example.com:443").settle(
+            &agentrun_policy::Answer::TimedOut(std::time::Duration::from_secs(60)),
+        );
         let mut span = RunSpan::start(POLICY_CHECK, None);
         let r = scope.decision(&mut span, &action, &e, "egress-proxy");
         assert_eq!(
