@@ -776,6 +776,38 @@ mod tests {
         assert!(NetworkPolicy::from_opensandbox(r#"{"defaultAction":"escalate"}"#).is_err());
     }
 
+    /// The shipped example of escalate rules parses and decides as its comments say.
+    #[test]
+    fn supervised_example_profile() {
+        let p = Profile::parse(
+            include_str!("../../../bundles/supervised.toml"),
+            "supervised.toml",
+        )
+        .unwrap();
+        let verdict = |a: Action| p.check(&a).verdict();
+        let c = |h: &str| Action::Connect {
+            host: h.into(),
+            port: 443,
+        };
+        assert_eq!(verdict(c("api.github.com")), "escalate");
+        assert_eq!(verdict(c("github.com")), "escalate");
+        assert_eq!(verdict(c("pypi.org")), "allow");
+        assert_eq!(verdict(c("example.com")), "deny");
+        assert_eq!(
+            verdict(Action::Write("/workspace/src/a.py".into())),
+            "escalate"
+        );
+        assert_eq!(
+            verdict(Action::Write("/workspace/out/a.txt".into())),
+            "allow"
+        );
+        assert_eq!(verdict(Action::Write("/etc/passwd".into())), "deny");
+        assert!(!p
+            .landlock_writable([])
+            .iter()
+            .any(|w| w == Path::new("/workspace")));
+    }
+
     #[test]
     fn socket_families_default_to_the_baseline() {
         let d = Profile::builtin("default").unwrap();
