@@ -506,7 +506,7 @@ fn unanswered_question_is_denied_after_the_approval_timeout() {
         "{out}"
     );
     let screen = tty.screen();
-    assert!(screen.contains("[y/N, 1 s]"), "{screen:?}");
+    assert!(screen.contains("[y/N, "), "{screen:?}");
     assert_eq!(up.hits(), 0);
     let d = trail.decisions(&[]);
     assert_eq!(d.len(), 1, "{d:?}");

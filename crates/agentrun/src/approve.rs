@@ -5,8 +5,9 @@
 //! `yes` approves, anything else, or no answer within the bound, denies. What was typed before
 //! the question appeared is discarded first (`tcflush`), so type-ahead never answers it; the
 //! sandbox cannot type into the terminal (TIOCSTI and TIOCLINUX are refused by its seccomp
-//! filter). One question at a time: concurrent ones wait their turn (each still bounded by the
-//! caller's wait). Without a controlling terminal (or with `--no-prompt`) there is no
+//! filter). One question at a time: concurrent ones wait their turn, each within the same
+//! bound, counted from when the proxy asked (a question whose time ran out while it waited is
+//! never shown; one the proxy stopped waiting for is withdrawn). Without a controlling terminal (or with `--no-prompt`) there is no
 //! approver, and escalate decisions are denied "needs approval".
 //!
 //! Both paths of `agentrun exec` run the egress proxy in this process (the warm path serves
@@ -59,12 +60,16 @@ fn open_tty() -> std::io::Result<File> {
 impl Approver for TerminalApprover {
     fn ask(&self, request: EscalationRequest) -> ApprovalFuture {
         let slot = Arc::new(Mutex::new(Slot::default()));
-        let (s, turn, timeout) = (slot.clone(), self.turn.clone(), self.timeout);
+        let (s, turn) = (slot.clone(), self.turn.clone());
+        // The caller's wait started now: the question's time is counted from here too.
+        let deadline = Instant::now() + self.timeout;
         let spawned = std::thread::Builder::new()
             .name("approve-tty".into())
             .spawn(move || {
                 let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(answer) = ask_on_tty(&request, timeout) {
+                // Nobody waits for the answer any more (the future was dropped).
+                let abandoned = || Arc::strong_count(&s) == 1;
+                if let Some(answer) = ask_on_tty(&request, deadline, &abandoned) {
                     let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
                     g.answer = Some(answer);
                     if let Some(w) = g.waker.take() {
@@ -104,13 +109,24 @@ impl Future for Answered {
     }
 }
 
-/// Asks `request` on the terminal; `None` when nobody answered within `timeout` (said so on
-/// the terminal) or the terminal went away.
-fn ask_on_tty(request: &EscalationRequest, timeout: Duration) -> Option<Approval> {
+/// How often an open question checks whether it is still wanted.
+const WANTED_CHECK: Duration = Duration::from_millis(250);
+
+/// Asks `request` on the terminal until `deadline`; `None` when nobody answered in time (said
+/// so on the terminal), the question was `abandoned` (withdrawn) or the terminal went away.
+fn ask_on_tty(
+    request: &EscalationRequest,
+    deadline: Instant,
+    abandoned: &dyn Fn() -> bool,
+) -> Option<Approval> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() || abandoned() {
+        return None;
+    }
     let mut tty = open_tty().ok()?;
     // Type-ahead must not answer a question it was not typed for.
     let _ = nix::sys::termios::tcflush(tty.as_fd(), nix::sys::termios::FlushArg::TCIFLUSH);
-    let secs = timeout.as_secs_f64();
+    let secs = left.as_secs_f64().round();
     write!(
         tty,
         "\r\nagentrun: {} [y/N, {secs:.0} s] ",
@@ -118,7 +134,6 @@ fn ask_on_tty(request: &EscalationRequest, timeout: Duration) -> Option<Approval
     )
     .ok()?;
     let _ = tty.flush();
-    let deadline = Instant::now() + timeout;
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
@@ -130,7 +145,11 @@ fn ask_on_tty(request: &EscalationRequest, timeout: Duration) -> Option<Approval
             );
             return None;
         }
-        let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        if abandoned() {
+            let _ = write!(tty, "\r\nagentrun: question withdrawn: denied\r\n");
+            return None;
+        }
+        let ms = u16::try_from(left.min(WANTED_CHECK).as_millis().max(1)).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(tty.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
