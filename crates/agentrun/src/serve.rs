@@ -260,18 +260,25 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
     for w in volume_roots.warnings() {
         eprintln!("agentrun: warning: {w}");
     }
+    // The one API key of the HTTP front ends, and whether they may go without one.
+    let api_key = args
+        .api_key
+        .clone()
+        .or(file.api_key.clone())
+        .filter(|k| !k.is_empty());
+    let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
     if let Some(listen) = args.listen.or(file.listen) {
-        let api_key = args
-            .api_key
-            .clone()
-            .or(file.api_key.clone())
-            .filter(|k| !k.is_empty());
-        let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
-        check_exposure(listen, api_key.is_some(), insecure)?;
+        check_exposure(
+            "--listen",
+            "the OpenSandbox API",
+            listen,
+            api_key.is_some(),
+            insecure,
+        )?;
         frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend {
             options: agentrun_opensandbox::OpenSandboxOptions {
                 listen,
-                api_key,
+                api_key: api_key.clone(),
                 limits,
                 image_root: paths.root.clone(),
                 audit_dir: paths.audit_dir(),
@@ -298,13 +305,13 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         }));
     }
     if let Some(listen) = args.mcp.or(file.mcp) {
-        let api_key = args
-            .api_key
-            .clone()
-            .or(file.api_key.clone())
-            .filter(|k| !k.is_empty());
-        let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
-        check_exposure(listen, api_key.is_some(), insecure)?;
+        check_exposure(
+            "--mcp",
+            "the MCP server",
+            listen,
+            api_key.is_some(),
+            insecure,
+        )?;
         let image = args
             .mcp_image
             .clone()
@@ -359,10 +366,13 @@ fn is_loopback(ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// `--listen` beyond loopback needs an API key: the lifecycle API hands out every sandbox's
-/// execd token. Without one it is refused, unless `--insecure-no-auth` asks for it (then a
-/// warning says what that means).
+/// An HTTP front end (`flag`: `--listen`, `--mcp`) beyond loopback needs an API key: both run
+/// code in sandboxes for whoever reaches them (and the lifecycle API hands out every
+/// sandbox's execd token). Without one it is refused, unless `--insecure-no-auth` asks for
+/// it (then a warning says what that means).
 fn check_exposure(
+    flag: &str,
+    what: &str,
     listen: std::net::SocketAddr,
     has_key: bool,
     insecure: bool,
@@ -372,15 +382,14 @@ fn check_exposure(
     }
     if !insecure {
         bail!(
-            "--listen {listen} is not a loopback address: set an API key (--api-key or AGENTRUN_API_KEY), or pass --insecure-no-auth to serve it without one"
+            "{flag} {listen} is not a loopback address: set an API key (--api-key or AGENTRUN_API_KEY), or pass --insecure-no-auth to serve it without one"
         );
     }
     tracing::warn!(
         target: "agentrun::serve",
-        "WARNING: --insecure-no-auth: the OpenSandbox API on {listen} has NO API KEY. \
-         Anyone who can reach this address can create sandboxes, run code in any of them and \
-         read every sandbox's execd token. Use --api-key (or AGENTRUN_API_KEY) unless the \
-         network itself is trusted."
+        "WARNING: --insecure-no-auth: {what} on {listen} has NO API KEY. \
+         Anyone who can reach this address can create sandboxes and run code in them. \
+         Use --api-key (or AGENTRUN_API_KEY) unless the network itself is trusted."
     );
     Ok(())
 }

@@ -317,7 +317,7 @@ pub async fn list(
 }
 
 /// The LIST script's `type \t size \t name \0` records.
-fn parse_listing(raw: &[u8]) -> Vec<Value> {
+pub fn parse_listing(raw: &[u8]) -> Vec<Value> {
     raw.split(|b| *b == 0)
         .filter_map(|rec| {
             let rec = String::from_utf8_lossy(rec);

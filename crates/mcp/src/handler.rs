@@ -58,18 +58,6 @@ impl McpServer {
     }
 }
 
-/// `s` cut to at most `max` bytes on a character boundary, `…` marking a cut.
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
 fn run_result(
     out: RunOutput,
     denials: Vec<Denial>,
@@ -361,7 +349,7 @@ impl rmcp::ServerHandler for McpServer {
         let args = request.arguments.clone().unwrap_or_default();
         span.set_attribute(
             "tool.parameters",
-            truncate(&Value::Object(args.clone()).to_string(), PARAMETERS_MAX),
+            agentrun_telemetry::cut(&Value::Object(args.clone()).to_string(), PARAMETERS_MAX),
         );
         span.set_attribute("sandbox.profile", self.shared().profile.name.clone());
         let result = match ToolCall::parse(&request.name, &args) {
@@ -393,16 +381,4 @@ fn text_of(r: &CallToolResult) -> String {
         .and_then(|c| c.as_text())
         .map(|t| t.text.clone())
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::truncate;
-
-    #[test]
-    fn parameters_are_cut_on_a_character_boundary() {
-        assert_eq!(truncate("abc", 3), "abc");
-        assert_eq!(truncate("abcd", 3), "abc…");
-        assert_eq!(truncate("aé", 2), "a…");
-    }
 }

@@ -37,20 +37,6 @@ pub struct HttpFrontend {
     pub workers: usize,
 }
 
-struct Running {
-    cancel: CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RunningFrontend for Running {
-    fn stop(mut self: Box<Self>) {
-        self.cancel.cancel();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Equal in time independent of where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -147,7 +133,7 @@ impl Frontend for HttpFrontend {
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         tracing::info!(target: "agentrun::mcp", "MCP server on http://{listen}{MCP_PATH}");
-        Ok(Box::new(Running {
+        Ok(Box::new(crate::Running {
             cancel,
             thread: Some(thread),
         }))

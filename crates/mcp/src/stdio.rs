@@ -29,20 +29,6 @@ pub struct StdioFrontend {
     pub output: OwnedFd,
 }
 
-struct Running {
-    cancel: CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RunningFrontend for Running {
-    fn stop(mut self: Box<Self>) {
-        self.cancel.cancel();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn is_fifo(fd: &OwnedFd) -> bool {
     nix::sys::stat::fstat(fd.as_raw_fd())
         .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFIFO)
@@ -111,7 +97,7 @@ impl Frontend for StdioFrontend {
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         tracing::info!(target: "agentrun::mcp", "MCP server on stdio");
-        Ok(Box::new(Running {
+        Ok(Box::new(crate::Running {
             cancel,
             thread: Some(thread),
         }))

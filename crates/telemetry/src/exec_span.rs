@@ -16,14 +16,21 @@ pub const COMMAND_LINE_MAX: usize = 256;
 
 /// `line`, cut to [`COMMAND_LINE_MAX`] bytes (on a character boundary, then `…`).
 pub fn command_line(line: &str) -> String {
-    if line.len() <= COMMAND_LINE_MAX {
-        return line.to_string();
+    cut(line, COMMAND_LINE_MAX)
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, `…` marking a cut: how any
+/// span attribute that carries what a caller sent (a command line, a tool's arguments) is
+/// bounded.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
     }
-    let mut cut = COMMAND_LINE_MAX;
-    while !line.is_char_boundary(cut) {
-        cut -= 1;
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
     }
-    format!("{}…", &line[..cut])
+    format!("{}…", &text[..end])
 }
 
 /// Builder of a run's `sandbox.exec` span (`openinference.span.kind` `TOOL`, the process's
@@ -107,6 +114,13 @@ impl<'a> ExecSpan<'a> {
 mod tests {
     use super::*;
     use crate::AttrValue;
+
+    #[test]
+    fn text_is_cut_on_a_character_boundary() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcd", 3), "abc…");
+        assert_eq!(cut("aé", 2), "a…");
+    }
 
     #[test]
     fn a_long_command_line_is_cut_on_a_character_boundary() {
