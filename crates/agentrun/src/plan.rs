@@ -311,7 +311,7 @@ fn check_path(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     Ok(abs)
 }
 
-fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
+pub fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     let abs = check_path(p, writable, flag)?;
     if !abs.is_dir() {
         bail!("{flag} {}: not a directory", p.display());
