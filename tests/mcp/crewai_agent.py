@@ -90,8 +90,18 @@ def run_crew(script):
 
 
 def obj(text):
+    """The tool's JSON object from what the agent observed. CrewAI appends a reminder of its
+    tools to every few observations ("You ONLY have access to the following tools..."):
+    only that may follow the object."""
     check(isinstance(text, str), "a text output", text)
-    return json.loads(text)
+    try:
+        o, end = json.JSONDecoder().raw_decode(text)
+    except ValueError as e:
+        raise AssertionError(f"the tool output is not a JSON object ({e}):\n{text}") from None
+    rest = text[end:].strip()
+    check(not rest or rest.startswith("You ONLY have access to the following tools"),
+          "nothing but CrewAI's tool reminder after the object", text)
+    return o
 
 
 def runs():
