@@ -7,6 +7,7 @@
 //! `ctr run --runc-binary`, `agentrun oci ...`, or this binary invoked as `runc`) go to the
 //! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
+mod approve;
 mod audit_cmd;
 mod cold;
 mod exec;

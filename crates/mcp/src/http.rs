@@ -105,7 +105,7 @@ impl Frontend for HttpFrontend {
             .build()
             .map_err(|e| PoolError::Io("tokio runtime", e))?;
         let idle = self.options.idle_timeout;
-        let shared = crate::stdio::shared(live, self.options, runtime.handle().clone())?;
+        let shared = crate::session::Shared::new(live, self.options, runtime.handle().clone())?;
         let cancel = CancellationToken::new();
         let mut config = StreamableHttpServerConfig::default();
         config.cancellation_token = cancel.child_token();

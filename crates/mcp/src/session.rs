@@ -38,6 +38,25 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// A server's shared state; process output is read on `output`. Fails on a profile that
+    /// does not load.
+    pub fn new(
+        live: Arc<LiveManager>,
+        options: McpOptions,
+        output: tokio::runtime::Handle,
+    ) -> Result<Arc<Shared>, agentrun_pool::PoolError> {
+        let profile = options
+            .load_profile()
+            .map_err(|e| agentrun_pool::PoolError::Invalid(e.to_string()))?;
+        Ok(Arc::new(Shared {
+            live,
+            profile,
+            audit: AuditLog::new(&options.audit_dir),
+            options,
+            output,
+        }))
+    }
+
     /// The working directory of runs and the base of relative paths.
     pub fn workdir(&self) -> &'static str {
         if self.options.workspace.is_some() {

@@ -67,24 +67,6 @@ fn writer(fd: OwnedFd) -> std::io::Result<Box<dyn AsyncWrite + Send + Unpin>> {
     Ok(Box::new(tokio::fs::File::from_std(File::from(fd))))
 }
 
-/// A server's shared state on the runtime `output` reads process output on.
-pub fn shared(
-    live: Arc<LiveManager>,
-    options: McpOptions,
-    output: tokio::runtime::Handle,
-) -> Result<Arc<Shared>, PoolError> {
-    let profile = options
-        .load_profile()
-        .map_err(|e| PoolError::Invalid(e.to_string()))?;
-    Ok(Arc::new(Shared {
-        live,
-        profile,
-        audit: agentrun_telemetry::AuditLog::new(&options.audit_dir),
-        options,
-        output,
-    }))
-}
-
 impl Frontend for StdioFrontend {
     fn start(
         self: Box<Self>,
@@ -96,7 +78,7 @@ impl Frontend for StdioFrontend {
             .enable_all()
             .build()
             .map_err(|e| PoolError::Io("tokio runtime", e))?;
-        let shared = shared(live, self.options, runtime.handle().clone())?;
+        let shared = Shared::new(live, self.options, runtime.handle().clone())?;
         let cancel = CancellationToken::new();
         let ct = cancel.clone();
         let (input, output) = (self.input, self.output);
