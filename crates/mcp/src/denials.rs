@@ -76,11 +76,18 @@ pub fn advice(profile: &Profile, action: &Action) -> String {
                 places.push(PathBuf::from(WORKSPACE));
             }
             places.extend(fs.writable.iter().cloned());
-            if places.is_empty() {
-                "this sandbox may write nowhere".into()
+            let mut s = if places.is_empty() {
+                "this sandbox may write nowhere".to_string()
             } else {
                 format!("writes are allowed only under {}", list(&places))
+            };
+            if !fs.escalate_write.is_empty() {
+                s.push_str(&format!(
+                    " (and, with a person's approval, through write_file under {})",
+                    list(&fs.escalate_write)
+                ));
             }
+            s
         }
         Action::Read(_) => {
             let mut places = vec![PathBuf::from(WORKSPACE)];
@@ -97,24 +104,34 @@ pub fn advice(profile: &Profile, action: &Action) -> String {
                 "network access is off in this profile (network.mode = \"none\"): no host can be reached".into()
             }
             _ => {
-                let allowed: Vec<String> = profile
-                    .network
-                    .rules
-                    .iter()
-                    .filter(|r| r.action == RuleAction::Allow)
-                    .map(|r| match r.port {
-                        Some(port) => format!("{}:{port}", r.host),
-                        None => r.host.clone(),
-                    })
-                    .collect();
-                if allowed.is_empty() {
-                    "no host is allowed".into()
+                let hosts = |action: RuleAction| -> Vec<String> {
+                    profile
+                        .network
+                        .rules
+                        .iter()
+                        .filter(|r| r.action == action)
+                        .map(|r| match r.port {
+                            Some(port) => format!("{}:{port}", r.host),
+                            None => r.host.clone(),
+                        })
+                        .collect()
+                };
+                let (allowed, asked) = (hosts(RuleAction::Allow), hosts(RuleAction::Escalate));
+                let mut s = if allowed.is_empty() {
+                    "no host is allowed without approval".to_string()
                 } else {
                     format!(
                         "only these hosts are reachable (through HTTP(S)_PROXY): {}",
                         allowed.join(", ")
                     )
+                };
+                if !asked.is_empty() {
+                    s.push_str(&format!(
+                        "; these need a person's approval: {}",
+                        asked.join(", ")
+                    ));
                 }
+                s
             }
         },
         _ => String::new(),

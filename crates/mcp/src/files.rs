@@ -173,16 +173,40 @@ async fn script(
     .map_err(|e| FileError::Failed("failed", e.to_string()))
 }
 
-/// `write_file`.
+/// `write_file`. A path the profile marks `escalate_write` is asked of the user (`peer`)
+/// first; an approved write is made from the host into the sandbox's root, as the sandbox's
+/// root would make it ([`agentrun_runtime::fsroot`]: resolved inside the sandbox, never out
+/// of it), since the kernel keeps the sandbox's own processes from writing there.
 pub async fn write(
     shared: &Shared,
     sandbox: &SessionSandbox,
     path: &Path,
     content: String,
+    peer: Option<&rmcp::service::Peer<rmcp::service::RoleServer>>,
     decide: &mut (dyn FnMut(&Action, &Decision) + Send),
 ) -> Result<Value, FileError> {
     let action = Action::Write(path.into());
-    check(shared, action.clone(), decide)?;
+    let mut d = shared.profile.check(&action);
+    let escalated = d.needs_approval();
+    if escalated {
+        d = crate::escalation::settle(
+            peer,
+            sandbox.id(),
+            &action,
+            d,
+            shared.options.approval_timeout,
+        )
+        .await;
+    }
+    decide(&action, &d);
+    if !d.allow {
+        return Err(FileError::Denied(Denial::of(
+            &shared.profile,
+            &action,
+            &d,
+            "policy",
+        )));
+    }
     if content.len() > MAX_WRITE {
         return Err(FileError::Failed(
             "too_large",
@@ -191,11 +215,41 @@ pub async fn write(
     }
     let bytes = content.len();
     let p = path.display().to_string();
+    if escalated {
+        write_approved(sandbox, &p, content.into_bytes()).await?;
+        return Ok(json!({"path": p, "bytes": bytes, "approved": true}));
+    }
     let c = script(shared, sandbox, WRITE, &[&p], Some(content.into_bytes())).await?;
     if c.output.exit_code != 0 {
         return Err(failure(shared, &action, &c));
     }
     Ok(json!({"path": p, "bytes": bytes}))
+}
+
+/// An approved write: the file made (parents too) in the sandbox's root with the sandbox
+/// root's credentials, on a blocking thread.
+async fn write_approved(
+    sandbox: &SessionSandbox,
+    path: &str,
+    content: Vec<u8>,
+) -> Result<(), FileError> {
+    use agentrun_runtime::fsroot::{as_sandbox_root, relative, SandboxFs};
+    use std::io::Write;
+    let live = sandbox.live.clone();
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let rel = relative(&path).map_err(|e| FileError::Failed("invalid_path", e))?;
+        let fs = SandboxFs::new(
+            live.root()
+                .map_err(|e| FileError::Failed("failed", e.to_string()))?,
+        );
+        let mut f = as_sandbox_root(|| fs.create_file(&rel, 0o644))
+            .map_err(|e| FileError::Failed("failed", format!("{path}: {e}")))?;
+        f.write_all(&content)
+            .map_err(|e| FileError::Failed("failed", format!("{path}: {e}")))
+    })
+    .await
+    .map_err(|e| FileError::Failed("failed", e.to_string()))?
 }
 
 /// `read_file`: lines `offset..offset+limit` (1-based), or the whole file.

@@ -120,8 +120,14 @@ impl McpServer {
         }
     }
 
-    async fn call(&self, call: ToolCall, span: &mut RunSpan) -> CallToolResult {
+    async fn call(
+        &self,
+        call: ToolCall,
+        span: &mut RunSpan,
+        peer: &rmcp::service::Peer<RoleServer>,
+    ) -> CallToolResult {
         let shared = self.shared().clone();
+        *agentrun_pool::lock(&self.session.peer) = Some(peer.clone());
         let lease = match self.session.lease().await {
             Ok(l) => l,
             Err(e) => return error_result("sandbox", e),
@@ -143,7 +149,15 @@ impl McpServer {
                 let r = match files::absolute(shared.workdir(), &path) {
                     Ok(p) => {
                         let mut decide = decider(&shared, &lease, &trace);
-                        files::write(&shared, &lease.sandbox, &p, content, &mut decide).await
+                        files::write(
+                            &shared,
+                            &lease.sandbox,
+                            &p,
+                            content,
+                            Some(peer),
+                            &mut decide,
+                        )
+                        .await
                     }
                     Err(e) => Err(e),
                 };
@@ -319,7 +333,6 @@ impl rmcp::ServerHandler for McpServer {
                     schema(t.input_schema),
                 )
                 .with_title(t.title)
-                .with_raw_output_schema(schema(t.output_schema))
                 .with_annotations(
                     ToolAnnotations::new()
                         .read_only(t.read_only)
@@ -352,7 +365,7 @@ impl rmcp::ServerHandler for McpServer {
         );
         span.set_attribute("sandbox.profile", self.shared().profile.name.clone());
         let result = match ToolCall::parse(&request.name, &args) {
-            Ok(call) => self.call(call, &mut span).await,
+            Ok(call) => self.call(call, &mut span, &context.peer).await,
             Err(e) if e.starts_with("unknown tool") => {
                 span.set_error("unknown_tool", &e);
                 export(span);

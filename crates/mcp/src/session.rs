@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_egress::{DecisionSink, Proxy};
-use agentrun_policy::{Action, Decision, Profile};
+use agentrun_policy::{Action, Approvals, Decision, Profile};
 use agentrun_pool::live::{LiveManager, LiveSandbox, LiveSpec};
 use agentrun_pool::lock;
 use agentrun_pool::python::PythonContext;
@@ -24,6 +24,7 @@ use agentrun_telemetry::decision::POLICY_CHECK;
 use agentrun_telemetry::{trace_id_of, AuditLog, DecisionScope, RunSpan};
 
 use crate::denials::Denial;
+use crate::escalation::{McpApprover, PeerSlot};
 use crate::McpOptions;
 
 /// What every session of a server shares.
@@ -134,14 +135,17 @@ pub struct SessionSandbox {
 impl SessionSandbox {
     /// Makes a sandbox (on a blocking thread: the pool's calls block) and starts its egress
     /// proxy when its profile needs one.
-    pub async fn create(shared: &Arc<Shared>) -> Result<Arc<SessionSandbox>, String> {
-        let s = shared.clone();
-        tokio::task::spawn_blocking(move || Self::create_blocking(&s))
+    pub async fn create(
+        shared: &Arc<Shared>,
+        peer: &PeerSlot,
+    ) -> Result<Arc<SessionSandbox>, String> {
+        let (s, peer) = (shared.clone(), peer.clone());
+        tokio::task::spawn_blocking(move || Self::create_blocking(&s, peer))
             .await
             .map_err(|e| e.to_string())?
     }
 
-    fn create_blocking(shared: &Shared) -> Result<Arc<SessionSandbox>, String> {
+    fn create_blocking(shared: &Shared, peer: PeerSlot) -> Result<Arc<SessionSandbox>, String> {
         let network = &shared.profile.network;
         let mut spec = LiveSpec::new(&shared.options.image)
             .profile(&shared.options.profile)
@@ -161,7 +165,19 @@ impl SessionSandbox {
             (true, Some(socket)) => {
                 let started = agentrun_egress::bind(socket).map(|listener| {
                     let sink = decision_sink(shared, live.id(), watch.clone());
-                    Proxy::builder(network.clone(), sink).start(listener, socket)
+                    // An escalate rule asks the session's client (approvals last the
+                    // sandbox's life).
+                    let approver = McpApprover {
+                        peer,
+                        runtime: shared.output.clone(),
+                        timeout: shared.options.approval_timeout,
+                    };
+                    Proxy::builder(network.clone(), sink)
+                        .sandbox_id(live.id())
+                        .approver(Arc::new(approver))
+                        .approval_timeout(shared.options.approval_timeout)
+                        .approvals(Arc::new(Approvals::new()))
+                        .start(listener, socket)
                 });
                 match started {
                     Ok(p) => Some(p),
@@ -241,6 +257,8 @@ pub struct Session {
     busy: AtomicUsize,
     /// Why the session's previous sandbox went (said to the next call).
     ended: Mutex<Option<String>>,
+    /// The client of the latest call, whom escalations ask.
+    pub peer: PeerSlot,
 }
 
 /// A call's hold on its session's sandbox: released (and, with `--one-shot`, the sandbox
@@ -273,6 +291,7 @@ impl Session {
             last_used: Mutex::new(Instant::now()),
             busy: AtomicUsize::new(0),
             ended: Mutex::new(None),
+            peer: PeerSlot::default(),
         });
         if !session.shared.options.one_shot {
             let weak = Arc::downgrade(&session);
@@ -302,7 +321,7 @@ impl Session {
             e
         };
         if self.shared.options.one_shot {
-            let sandbox = SessionSandbox::create(&self.shared)
+            let sandbox = SessionSandbox::create(&self.shared, &self.peer)
                 .await
                 .map_err(release)?;
             return Ok(Lease {
@@ -322,7 +341,7 @@ impl Session {
             });
         }
         let gone = slot.take();
-        let sandbox = SessionSandbox::create(&self.shared)
+        let sandbox = SessionSandbox::create(&self.shared, &self.peer)
             .await
             .map_err(release)?;
         *slot = Some(sandbox.clone());
