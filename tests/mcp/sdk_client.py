@@ -228,6 +228,14 @@ async def traced():
         check(not r.isError, "write_file", r)
 
 
+async def hold():
+    """A session with a live sandbox, then wait to be killed (the client crashing)."""
+    async with connect() as s:
+        expect_run(await py(s, "x = 1; print('ready')"), stdout="ready\n")
+        print("READY", flush=True)
+        await anyio.sleep(600)
+
+
 # --- escalation ------------------------------------------------------------------------------
 
 
@@ -338,6 +346,80 @@ def escalate_unasked():
     d = anyio.run(escalate, None, False, False)
     check("needs approval" in d["reason"], "the reason says approval was needed", d)
     check("cannot be asked" in d["reason"], "the reason says the client cannot be asked", d)
+
+
+def write_escalation_profile():
+    """A profile whose workspace is read-only but for /workspace/protected, and
+    /etc/agentrun-esc-probe (outside any writable path), which writes escalate."""
+    d = tempfile.mkdtemp(prefix="mcp-escw-")
+    path = os.path.join(d, "escalate-write.toml")
+    with open(path, "w") as f:
+        f.write(
+            'name = "mcp-escalate-write"\n'
+            "[filesystem]\n"
+            'workspace = "ro"\n'
+            'readable = ["/"]\n'
+            'writable = ["/tmp"]\n'
+            'escalate_write = ["/workspace/protected", "/etc/agentrun-esc-probe"]\n'
+            "[network]\n"
+            'mode = "none"\n'
+        )
+    args = json.loads(os.environ.get("MCP_ARGS", "[]")) + ["--profile", path]
+    os.environ["MCP_ARGS"] = json.dumps(args)
+
+
+async def escalate_write(approve):
+    write_escalation_profile()
+    cb, asked = elicitation(types.ElicitResult(action="accept", content={"approve": approve}))
+    async with connect(elicit=cb) as s:
+        r = await s.call_tool("write_file", {"path": "/workspace/protected/ok.txt", "content": "approved\n"})
+        eq(len(asked), 1, "asked once")
+        check("/workspace/protected/ok.txt" in asked[0].message, "the question names the path", asked[0].message)
+        if approve:
+            check(not r.isError, "the approved write is made", r)
+            eq(structured(r)["bytes"], 9, "bytes")
+            o = structured(await s.call_tool("read_file", {"path": "/workspace/protected/ok.txt"}))
+            eq(o["content"], "approved\n", "the sandbox sees the approved write")
+        else:
+            expect_denied(r, "fs.write", "/workspace/protected/ok.txt")
+        # A path that is not escalated is denied without asking.
+        r = await s.call_tool("write_file", {"path": "/workspace/other.txt", "content": "x"})
+        expect_denied(r, "fs.write", "/workspace/other.txt")
+        eq(len(asked), 1, "not asked for a plain deny")
+        # The code cannot write there itself, approval or not (the kernel).
+        o = expect_run(await py(s, "import os\nos.makedirs('/workspace/protected', exist_ok=True)\n"
+                                   "open('/workspace/protected/by-code.txt', 'w')"), exit_code=1)
+        check("PermissionError" in o["stderr"] or "Read-only" in o["stderr"], "the code is refused", o)
+        # An approved write outside the workspace (the host image's /etc) stays in the sandbox.
+        r = await s.call_tool("write_file", {"path": "/etc/agentrun-esc-probe", "content": "probe"})
+        print("ETC_PROBE", json.dumps({"isError": r.isError, "text": text_of(r)}))
+
+
+def escalate_write_yes():
+    anyio.run(escalate_write, True)
+
+
+def escalate_write_no():
+    anyio.run(escalate_write, False)
+
+
+async def escalate_timeout():
+    """No answer within --approval-timeout: denied, saying so."""
+    port = escalation_profile()
+
+    async def slow(context, params):
+        await anyio.sleep(20)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    # The SDK's client reads nothing else while a callback runs (it awaits server requests in
+    # its receive loop), so the result is read only after `slow` returns: when the server
+    # answered is its mcp.tool span's end (checked by the test), not the time seen here.
+    async with connect(elicit=slow) as s:
+        o = expect_run(await py(s, ESC_CODE.format(port=port)), stdout=None)
+    check("REFUSED" in o["stdout"], "refused", o)
+    eq(_Upstream.hits, [], "the upstream was never reached")
+    d = find_denial(o, "net.connect", f"127.0.0.1:{port}")
+    check("no answer within 3 s" in d["reason"], "the reason says no answer came", d)
 
 
 # --- HTTP ------------------------------------------------------------------------------------
@@ -492,11 +574,15 @@ if __name__ == "__main__":
         "files": run(files),
         "timeout": run(timeout),
         "traced": run(traced),
+        "hold": run(hold),
         "denials": run(denials),
         "escalate_yes": escalate_yes,
         "escalate_no": escalate_no,
         "escalate_decline": escalate_decline,
         "escalate_unasked": escalate_unasked,
+        "escalate_write_yes": escalate_write_yes,
+        "escalate_write_no": escalate_write_no,
+        "escalate_timeout": run(escalate_timeout),
         "http": run(http),
         "allowed_read": run(p_allowed_read),
         "read_outside": run(p_read_outside),

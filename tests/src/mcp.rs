@@ -181,7 +181,8 @@ impl McpEnv {
         out.stdout()
     }
 
-    /// The `agentrun` processes (any subcommand) running with this state dir.
+    /// The `agentrun` processes running with this state dir: the servers (`agentrun mcp`,
+    /// `serve`) and the helpers they start (a sandbox's own processes run the binary too).
     pub fn servers(&self) -> Vec<ProcInfo> {
         let want = format!("AGENTRUN_STATE_DIR={}", self.state.display());
         all_processes()

@@ -275,3 +275,100 @@ fn bad_options_fail_fast() {
     }
     env.assert_clean("bad options");
 }
+
+/// `escalate_write`: write_file to an escalated path asks; approved, the file is made (in the
+/// workspace: on the host) though the code itself still cannot write there; a write
+/// approved outside the workspace never reaches the host's own file.
+#[test]
+fn stdio_write_escalation_answered_yes() {
+    let Some(_lock) = setup() else { return };
+    let env = McpEnv::new();
+    let ws = workspace();
+    let ws_arg = ws.path().display().to_string();
+    let out = env.run(SDK, "escalate_write_yes", &["--workspace", &ws_arg]);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("protected/ok.txt")).unwrap(),
+        "approved\n"
+    );
+    assert!(!ws.path().join("other.txt").exists());
+    assert!(!ws.path().join("protected/by-code.txt").exists());
+    assert!(
+        !std::path::Path::new("/etc/agentrun-esc-probe").exists(),
+        "an approved write reached the host's /etc: {}",
+        osb::printed(&out, "ETC_PROBE")
+    );
+}
+
+#[test]
+fn stdio_write_escalation_answered_no() {
+    let Some(_lock) = setup() else { return };
+    let env = McpEnv::new();
+    let ws = workspace();
+    let ws_arg = ws.path().display().to_string();
+    env.run(SDK, "escalate_write_no", &["--workspace", &ws_arg]);
+    assert!(!ws.path().join("protected").exists());
+    assert!(!std::path::Path::new("/etc/agentrun-esc-probe").exists());
+}
+
+/// No answer within `--approval-timeout`: a deny, at the timeout.
+#[test]
+fn stdio_escalation_unanswered_denies_at_the_timeout() {
+    let Some(_lock) = setup() else { return };
+    let env = McpEnv::new();
+    env.run(SDK, "escalate_timeout", &["--approval-timeout", "3s"]);
+    // The client's callback answers after 20 s; the server answered the call at the timeout.
+    let spans = env.spans_until(|s| tool_spans(s, "run_python").len() == 1);
+    let t = tool_spans(&spans, "run_python");
+    assert_eq!(t.len(), 1, "{spans:#?}");
+    let took = t[0].duration();
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(15),
+        "the call took {took:?}"
+    );
+}
+
+/// The client dies (SIGKILL) with a session's sandbox up: the server sees its stdin close,
+/// tears everything down and exits.
+#[test]
+fn stdio_client_killed_leaves_nothing() {
+    let Some(_lock) = setup() else { return };
+    let env = McpEnv::new();
+    let mut client = Running::spawn(env.command(SDK, "hold", &[]), None);
+    let ready = wait_until(SCENARIO_TIMEOUT, || {
+        if client.exited() {
+            return Some(false);
+        }
+        client.stdout_so_far().contains("READY").then_some(true)
+    });
+    assert_eq!(
+        ready,
+        Some(true),
+        "the session came up: {}",
+        client.stderr_so_far()
+    );
+    // The server is the client's child (the processes it forks show the same command line).
+    let ppid = |pid: i32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_default();
+        after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok())
+    };
+    let servers = env.servers();
+    let mcp: Vec<_> = servers
+        .iter()
+        .filter(|p| ppid(p.pid) == Some(client.pid()))
+        .collect();
+    assert_eq!(
+        mcp.len(),
+        1,
+        "agentrun mcp is the client's child: {servers:#?}"
+    );
+    assert_eq!(mcp[0].cmdline.get(1).map(String::as_str), Some("mcp"));
+    client.kill9();
+    env.assert_clean("agentrun mcp after its client was killed");
+}
