@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 pub mod cri;
 pub mod images;
+pub mod mcp;
 pub mod oci;
 pub mod osb;
 pub mod otlp;
@@ -1330,9 +1331,11 @@ impl Leftovers {
             }
         }
         cgroups.sort();
-        let mut state_dirs: Vec<PathBuf> = fs::read_dir(state.join("sandboxes"))
-            .map(|rd| rd.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
+        let mut state_dirs: Vec<PathBuf> = sandbox_state_parents(state)
+            .into_iter()
+            .filter_map(|d| fs::read_dir(d).ok())
+            .flat_map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .collect();
         state_dirs.sort();
         Leftovers {
             processes: sandbox_processes(),
@@ -1357,13 +1360,28 @@ pub fn foreign_sandbox_ids(mine: &Path) -> std::collections::BTreeSet<String> {
         if dir == mine {
             continue;
         }
-        if let Ok(rd) = fs::read_dir(dir.join("sandboxes")) {
-            for e in rd.flatten() {
-                ids.insert(e.file_name().to_string_lossy().into_owned());
+        for sandboxes in sandbox_state_parents(&dir) {
+            if let Ok(rd) = fs::read_dir(sandboxes) {
+                for e in rd.flatten() {
+                    ids.insert(e.file_name().to_string_lossy().into_owned());
+                }
             }
         }
     }
     ids
+}
+
+/// The dirs holding sandbox state dirs under the agentrun state dir `state`: its own
+/// `sandboxes/`, and those of the `agentrun mcp` servers' slots (`mcp/<n>/sandboxes/`: each
+/// stdio MCP server runs its own pool in a slot of the state dir).
+pub fn sandbox_state_parents(state: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![state.join("sandboxes")];
+    if let Ok(rd) = fs::read_dir(state.join("mcp")) {
+        let mut slots: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("sandboxes")).collect();
+        slots.sort();
+        dirs.extend(slots);
+    }
+    dirs
 }
 
 /// State dirs of the agentrun processes running on the host (root-owned processes whose
