@@ -133,23 +133,25 @@ fn failure(shared: &Shared, action: &Action, c: &Captured) -> FileError {
             enforced_by: "kernel",
         });
     }
-    let kind = if stderr.contains("No such file or directory") {
-        "not_found"
+    let path = action.resource();
+    let (kind, message) = if stderr.contains("No such file or directory") {
+        ("not_found", format!("{path}: no such file or directory"))
     } else if stderr.contains("Is a directory") {
-        "is_a_directory"
+        ("is_a_directory", format!("{path} is a directory"))
     } else if stderr.contains("Not a directory") {
-        "not_a_directory"
+        (
+            "not_a_directory",
+            format!("{path}: a part of the path is not a directory"),
+        )
+    } else if first.is_empty() {
+        (
+            "failed",
+            format!("{path}: exit code {}", c.output.exit_code),
+        )
     } else {
-        "failed"
+        ("failed", first)
     };
-    FileError::Failed(
-        kind,
-        if first.is_empty() {
-            format!("exit code {}", c.output.exit_code)
-        } else {
-            first
-        },
-    )
+    FileError::Failed(kind, message)
 }
 
 async fn script(

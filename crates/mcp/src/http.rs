@@ -100,6 +100,7 @@ impl Frontend for HttpFrontend {
         }
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(idle);
+        let server_state = shared.clone();
         let service = StreamableHttpService::new(
             move || Ok(McpServer::new(shared.clone())),
             Arc::new(sessions),
@@ -129,7 +130,10 @@ impl Frontend for HttpFrontend {
                         .with_graceful_shutdown(async move { ct.cancelled().await })
                         .await;
                 });
+                // The sessions (dropped with the runtime's tasks) have their sandboxes torn
+                // down before the daemon's shutdown goes on.
                 runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+                server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         tracing::info!(target: "agentrun::mcp", "MCP server on http://{listen}{MCP_PATH}");

@@ -36,6 +36,56 @@ pub struct Shared {
     pub audit: AuditLog,
     /// The runtime process output is read on.
     pub output: tokio::runtime::Handle,
+    /// Teardowns under way on threads of their own (a session's end, `--one-shot`).
+    teardowns: Teardowns,
+}
+
+/// Sandbox teardowns running off the async threads, awaited before the server stops (a
+/// sandbox's egress proxy must stop before the daemon's shutdown removes its state dir).
+#[derive(Default, Clone)]
+struct Teardowns(Arc<(Mutex<usize>, std::sync::Condvar)>);
+
+impl Teardowns {
+    /// Destroys `sandbox` on a thread of its own.
+    fn spawn(&self, sandbox: Arc<SessionSandbox>, live: Arc<LiveManager>) {
+        *lock(&self.0 .0) += 1;
+        let this = self.clone();
+        let done = move || {
+            *lock(&this.0 .0) -= 1;
+            this.0 .1.notify_all();
+        };
+        let spawned = std::thread::Builder::new()
+            .name("mcp-teardown".into())
+            .spawn({
+                let (sandbox, live) = (sandbox.clone(), live.clone());
+                let done = done.clone();
+                move || {
+                    sandbox.destroy(&live);
+                    done();
+                }
+            });
+        if spawned.is_err() {
+            sandbox.destroy(&live);
+            done();
+        }
+    }
+
+    /// Waits up to `timeout` for every teardown to end.
+    fn wait(&self, timeout: Duration) {
+        let (count, cv) = &*self.0;
+        let mut n = lock(count);
+        let deadline = Instant::now() + timeout;
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            n = cv
+                .wait_timeout(n, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
 }
 
 impl Shared {
@@ -55,7 +105,13 @@ impl Shared {
             audit: AuditLog::new(&options.audit_dir),
             options,
             output,
+            teardowns: Teardowns::default(),
         }))
+    }
+
+    /// Waits (up to `timeout`) for the sandboxes of ended sessions to be torn down.
+    pub fn wait_for_teardowns(&self, timeout: Duration) {
+        self.teardowns.wait(timeout);
     }
 
     /// The working directory of runs and the base of relative paths.
@@ -204,8 +260,12 @@ impl SessionSandbox {
         if let Some(p) = lock(&self.proxy).take() {
             p.stop();
         }
-        if let Err(e) = live.delete(self.live.id()) {
-            tracing::warn!(target: "agentrun::mcp", sandbox = %self.live.id(), "delete: {e}");
+        match live.delete(self.live.id()) {
+            // Already gone: the daemon's shutdown deleted it first.
+            Ok(()) | Err(agentrun_pool::PoolError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(target: "agentrun::mcp", sandbox = %self.live.id(), "delete: {e}")
+            }
         }
     }
 
@@ -276,8 +336,10 @@ impl Drop for Lease {
         *lock(&self.session.last_used) = Instant::now();
         self.session.busy.fetch_sub(1, Ordering::SeqCst);
         if self.session.shared.options.one_shot {
-            let (sandbox, live) = (self.sandbox.clone(), self.session.shared.live.clone());
-            std::thread::spawn(move || sandbox.destroy(&live));
+            let shared = &self.session.shared;
+            shared
+                .teardowns
+                .spawn(self.sandbox.clone(), shared.live.clone());
         }
     }
 }
@@ -377,11 +439,8 @@ impl Drop for Session {
     /// The MCP session ended: its sandbox goes.
     fn drop(&mut self) {
         if let Some(s) = self.sandbox.get_mut().take() {
-            let live = self.shared.live.clone();
             // Not on the async threads: a delete blocks until the sandbox's end is awaited.
-            let _ = std::thread::Builder::new()
-                .name("mcp-teardown".into())
-                .spawn(move || s.destroy(&live));
+            self.shared.teardowns.spawn(s, self.shared.live.clone());
         }
     }
 }

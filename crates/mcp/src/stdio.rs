@@ -68,6 +68,7 @@ impl Frontend for StdioFrontend {
         let cancel = CancellationToken::new();
         let ct = cancel.clone();
         let (input, output) = (self.input, self.output);
+        let server_state = shared.clone();
         let thread = std::thread::Builder::new()
             .name("mcp-stdio".into())
             .spawn(move || {
@@ -88,12 +89,14 @@ impl Frontend for StdioFrontend {
                         }
                     }
                 });
-                // The session ended (its server, and with it its sandbox, dropped): the
-                // daemon stops. Every thread blocks SIGTERM and the daemon takes it from its
-                // signalfd, as it takes one sent by anyone else.
+                // The session ended: its server (dropped with the runtime's tasks) has its
+                // sandbox torn down, and once that is done the daemon is asked to stop.
+                // Every thread blocks SIGTERM and the daemon takes it from its signalfd, as
+                // it takes one sent by anyone else.
+                runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+                server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
                 // SAFETY: kill(2) on our own pid with a valid signal number.
                 unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
-                runtime.shutdown_timeout(std::time::Duration::from_secs(5));
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
         tracing::info!(target: "agentrun::mcp", "MCP server on stdio");
