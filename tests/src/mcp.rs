@@ -6,8 +6,9 @@
 //! process, mount, cgroup or state dir.
 //!
 //! The clients live in venvs `hack/test` makes (missing is a failure, never a skip):
-//! `.venv/mcp` (mcp, langgraph + langchain-mcp-adapters, google-adk) and `.venv/crewai-mcp`
-//! (crewai-tools[mcp] 1.13.0: crewai pins OpenTelemetry 1.34, google-adk needs a newer one).
+//! `.venv/mcp` (mcp, langgraph + langchain-mcp-adapters, google-adk) and `.venv/test`
+//! (crewai-tools 1.13.0 with mcpadapt: crewai pins OpenTelemetry 1.34, google-adk needs a
+//! newer one).
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
@@ -26,7 +27,7 @@ pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 pub enum Venv {
     /// `.venv/mcp`: mcp, langgraph, langchain-mcp-adapters, google-adk.
     Mcp,
-    /// `.venv/crewai-mcp`: crewai-tools[mcp] (MCPServerAdapter, mcpadapt).
+    /// `.venv/test`: crewai-tools with its `mcp` extra (MCPServerAdapter, mcpadapt).
     CrewAi,
 }
 
@@ -34,7 +35,7 @@ impl Venv {
     pub fn python(self) -> PathBuf {
         let dir = match self {
             Venv::Mcp => ".venv/mcp",
-            Venv::CrewAi => ".venv/crewai-mcp",
+            Venv::CrewAi => ".venv/test",
         };
         let p = workspace_root().join(dir).join("bin/python");
         assert!(
