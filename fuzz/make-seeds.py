@@ -359,4 +359,19 @@ put("opensandbox_api", "range", bytes([11]) + struct.pack("<Q", 1000) + b"bytes=
 put("opensandbox_api", "range-suffix", bytes([11]) + struct.pack("<Q", 1000) + b"bytes=-100")
 put("opensandbox_api", "range-open", bytes([11]) + struct.pack("<Q", 0) + b"bytes=5-")
 
+# mcp_tools: the first byte picks the parser (0 arguments, 1 run output, 2 a listing).
+for name, body in [
+    ("args-python", b'{"code":"print(1)","timeout":2.5}'),
+    ("args-read", b'{"path":"../etc/passwd","offset":1,"limit":3}'),
+    ("args-bad", b'{"path":"a\\u0000b","content":7,"x":null}'),
+]:
+    put("mcp_tools", name, bytes([0]) + body)
+for name, body in [
+    ("py-denied", b"Traceback:\nPermissionError: [Errno 13] Permission denied: '/etc/x'\n"),
+    ("sh-denied", b"sh: 1: cannot create /usr/lib/a: Read-only file system\ncat: /root/.ssh/id: Permission denied"),
+    ("no-net", b"urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name resolution>"),
+]:
+    put("mcp_tools", name, bytes([1]) + body)
+put("mcp_tools", "listing", bytes([2]) + b"file\t12\ta.txt\0dir\t0\tsub dir\0symlink\t0\tl\tx\0")
+
 print(f"seeds written under {CORPUS}", file=sys.stderr)
