@@ -24,6 +24,8 @@
 #    RUNS calls back to back, each timed in the client around `session.call_tool` (request
 #    written to the server's stdin to result parsed and checked): p50, p95, p99, min, max.
 #    Also the time from the server's spawn to `initialize` answered and to the first result.
+#    The floor row: the same client against hack/bench.d/mcp_null_server.py, a server that
+#    answers every call at once (agentrun's tools/list, so the same output-schema check).
 # 2. Throughput: K clients (CLIENTS), EACH ITS OWN SERVER PROCESS AND SESSION, closed loop
 #    for THROUGHPUT_SECS after a warm-up: stdio is one server per client (an MCP host spawns
 #    the server it talks to), and in agentrun's session mode a session is one sandbox with
@@ -148,13 +150,25 @@ for s in "${servers[@]}"; do
     : >"$tmp/server.err"
 done
 
+# The floor: a server that runs nothing (hack/bench.d/mcp_null_server.py, raw JSON-RPC, no
+# SDK), listing agentrun's tools so the client validates the same output schema.
+floor_name="no sandbox: mcp_null_server.py (the client and stdio alone)"
+floor_tools=
+# shellcheck disable=SC2086
+if [ -z "$agentrun_reason" ] && [ -z "${why["agentrun mcp (session)"]}" ] &&
+    "${client[@]}" tools -- $amcp >"$tmp/agentrun-tools.json" 2>/dev/null; then
+    floor_tools=$tmp/agentrun-tools.json
+fi
+why[$floor_name]=
+servers_rt=("${servers[@]}" "$floor_name|run_python|$py $here/mcp_null_server.py${floor_tools:+ $floor_tools}")
+
 # --- 1. round trip -----------------------------------------------------------------------------
 rt=$tmp/roundtrip.md
 {
     echo "| server | tool | p50 (ms) | p95 (ms) | p99 (ms) | min (ms) | max (ms) | mean (ms) | spawn → initialized (ms) | spawn → first result (ms) |"
     echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >"$rt"
-for s in "${servers[@]}"; do
+for s in "${servers_rt[@]}"; do
     IFS='|' read -r name tool cmd <<<"$s"
     if [ -n "${why[$name]}" ]; then
         echo "| $name | \`$tool\` | unavailable: ${why[$name]} | | | | | | | |" >>"$rt"
@@ -274,7 +288,7 @@ report=$tmp/report.md
     echo
     echo "#### Servers"
     echo
-    for s in "${servers[@]}"; do
+    for s in "${servers_rt[@]}"; do
         IFS='|' read -r name tool cmd <<<"$s"
         echo "- $name: \`$cmd\`, tool \`$tool\`"
     done | sed "s|$tmp|\$TMP|g; s|$repo/||g"

@@ -14,6 +14,8 @@ hack/bench.d/mcp.sh) driving a stdio MCP server, the same code for every server.
     mcp_client.py cold --tool T -- SERVER [ARG...]
         Spawn, initialize, one call, shut down (stdin closed, the server's exit awaited, as the
         SDK does): for hyperfine (whole process, the client's own start included).
+    mcp_client.py tools -- SERVER [ARG...]
+        Prints the server's `tools/list` result as JSON (for hack/bench.d/mcp_null_server.py).
     mcp_client.py import
         Only imports the SDK and exits: the client's own floor in the hyperfine session.
 
@@ -177,6 +179,12 @@ def load(a):
                       "first_error": next((r["first_error"] for r in results if r["first_error"]), None)}))
 
 
+async def tools(a):
+    async with Server(a.server, a.err) as s:
+        r = await s.session.list_tools()
+    print(r.model_dump_json(by_alias=True, exclude_none=True))
+
+
 async def cold(a):
     async with Server(a.server, a.err) as s:
         await s.call(a.tool)
@@ -184,7 +192,7 @@ async def cold(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["latency", "load", "worker", "cold", "import"])
+    ap.add_argument("mode", choices=["latency", "load", "worker", "cold", "tools", "import"])
     ap.add_argument("--tool", default="run_python")
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=50)
@@ -204,7 +212,7 @@ def main():
     if a.mode == "load":
         load(a)
     else:
-        asyncio.run({"latency": latency, "worker": worker, "cold": cold}[a.mode](a))
+        asyncio.run({"latency": latency, "worker": worker, "cold": cold, "tools": tools}[a.mode](a))
 
 
 if __name__ == "__main__":
