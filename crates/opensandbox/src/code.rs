@@ -8,9 +8,8 @@
 //! driver drops an interrupt between executions, so an interrupt never ends a context (as a
 //! Jupyter kernel's). Other languages answer 400.
 //!
-//! An interpreter's output is read through bounded queues ([`crate::process::queued_lines`]):
-//! what it prints between executions (a thread printing forever) waits there, then in its
-//! pipe, and then the printing thread blocks until the next execution reads it.
+//! The interpreters are [`agentrun_pool::python::PythonContext`]s (shared with the MCP
+//! server); this module maps their events onto execd's stream.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,10 +28,9 @@ use serde_json::{json, Value};
 use crate::auth::ExecdSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
-use crate::process::InteractiveProcess;
-use crate::{finish_span, random_token, Record, Server};
+use agentrun_pool::python::{CodeEvent, PythonContext};
 
-const DRIVER: &str = include_str!("code_driver.py");
+use crate::{finish_span, random_token, Record, Server};
 
 /// The code state of one sandbox.
 #[derive(Default)]
@@ -48,9 +46,7 @@ pub struct CodeState {
 pub struct CodeContext {
     id: String,
     language: String,
-    interpreter: InteractiveProcess,
-    /// Starts each line the driver writes for agentrun (not the code's own output).
-    marker: String,
+    python: Arc<PythonContext>,
 }
 
 pub fn routes(server: Arc<Server>) -> Router {
@@ -92,15 +88,10 @@ async fn start_context(
     cwd: Option<String>,
 ) -> ApiResult<Arc<CodeContext>> {
     rec.check_not_paused()?;
-    let marker = format!("\u{1}agentrun-{}:", random_token()?);
-    // No interpreter options nor PYTHON* variables (the driver sets its streams up itself):
-    // a sandbox whose profile has a Python zygote forks the context from it.
-    let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
-    let mut env = crate::execd::envfile::load(rec);
+    let env = crate::execd::envfile::load(rec);
     let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &env)?;
-    env.push(("AGENTRUN_CODE_MARKER".to_string(), marker.clone()));
-    let interpreter = match InteractiveProcess::start(server, rec, argv, env, cwd).await {
-        Ok(p) => p,
+    let python = match PythonContext::start(&server.output, &rec.sandbox, env, cwd).await {
+        Ok(p) => Arc::new(p),
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -113,8 +104,7 @@ async fn start_context(
     let ctx = Arc::new(CodeContext {
         id: random_token()?,
         language: language.to_owned(),
-        interpreter,
-        marker,
+        python,
     });
     lock(&rec.code).contexts.insert(ctx.id.clone(), ctx.clone());
     Ok(ctx)
@@ -185,7 +175,9 @@ async fn get_context(
 }
 
 fn stop(rec: &Record, ctx: &CodeContext) {
-    let _ = rec.sandbox.signal(ctx.interpreter.id, libc::SIGKILL, true);
+    let _ = rec
+        .sandbox
+        .signal(ctx.python.interpreter.id, libc::SIGKILL, true);
 }
 
 async fn delete_context(
@@ -234,7 +226,7 @@ async fn interrupt(
     let ctx_id = lock(&rec.code).executions.get(&id).cloned().unwrap_or(id);
     let ctx = find(&rec, &ctx_id)?;
     rec.sandbox
-        .signal(ctx.interpreter.id, libc::SIGINT, false)?;
+        .signal(ctx.python.interpreter.id, libc::SIGINT, false)?;
     Ok(StatusCode::OK)
 }
 
@@ -281,7 +273,7 @@ async fn run(
                     .and_then(|i| st.contexts.get(i))
                     .cloned()
             };
-            match existing.filter(|c| !c.interpreter.is_dead()) {
+            match existing.filter(|c| !c.python.is_dead()) {
                 Some(c) => c,
                 None => {
                     let c = start_context(&server, &rec, &language, None).await?;
@@ -291,7 +283,7 @@ async fn run(
             }
         }
     };
-    if ctx.interpreter.is_dead() {
+    if ctx.python.is_dead() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "CONTEXT_DEAD",
@@ -312,68 +304,33 @@ async fn run(
     // the interpreter runs the execution (its `count` event), so an interrupt never reaches
     // it between executions (or before anything else it says).
     let mut init = Some(event("init", json!({"text": execution_id.clone()})));
-    let request = format!("{}\n", json!({"code": req.code}));
+    let mut events = ctx.python.execute(&req.code);
     let rec2 = rec.clone();
     tokio::spawn(async move {
         let started = Instant::now();
-        let mut lines = ctx.interpreter.output.lock().await;
-        let mut stdin = ctx.interpreter.stdin.lock().await;
-        // Written while the output is read: an interpreter blocked on a full pipe (output
-        // from between executions) reads no request until that output is taken.
-        let write = tokio::io::AsyncWriteExt::write_all(&mut *stdin, request.as_bytes());
-        tokio::pin!(write);
-        let mut writing = true;
-        let mut err_open = true;
         let mut failed = None;
-        let dead = || json!({"ename": "DeadKernelError", "evalue": "the interpreter exited", "traceback": []});
-        let (out, err) = &mut *lines;
-        loop {
-            tokio::select! {
-                w = &mut write, if writing => {
-                    writing = false;
-                    if w.is_err() {
-                        failed = Some(dead());
-                        break;
-                    }
-                }
-                l = out.recv() => match l {
-                    None => { failed = Some(dead()); break; }
-                    Some(l) => match l.strip_prefix(ctx.marker.as_str()) {
-                        None => {
-                            if let Some(i) = init.take() { let _ = tx.send(i).await; }
-                            let _ = tx.send(event("stdout", json!({"text": l}))).await;
-                        }
-                        Some(j) => {
-                            if let Some(i) = init.take() { let _ = tx.send(i).await; }
-                            let ev: Value = serde_json::from_str(j).unwrap_or(Value::Null);
-                            let sent = match ev["t"].as_str().unwrap_or("") {
-                                "count" => event("execution_count", json!({"execution_count": ev["n"]})),
-                                "stdout" | "stderr" => event(ev["t"].as_str().unwrap_or("stdout"), json!({"text": ev["text"]})),
-                                "result" => event("result", json!({"results": {"text": ev["text"]}})),
-                                "done" => break,
-                                _ => { failed = Some(json!({"ename": ev["ename"], "evalue": ev["evalue"], "traceback": ev["traceback"]})); break; }
-                            };
-                            let _ = tx.send(sent).await;
-                        }
-                    }
-                },
-                l = err.recv(), if err_open => match l {
-                    Some(l) => {
-                        if let Some(i) = init.take() { let _ = tx.send(i).await; }
-                        let _ = tx.send(event("stderr", json!({"text": l}))).await;
-                    }
-                    None => err_open = false,
-                },
+        while let Some(ev) = events.recv().await {
+            if let Some(i) = init.take() {
+                let _ = tx.send(i).await;
             }
+            let sent = match ev {
+                CodeEvent::Running(n) => event("execution_count", json!({"execution_count": n})),
+                CodeEvent::Stdout(text) => event("stdout", json!({"text": text})),
+                CodeEvent::Stderr(text) => event("stderr", json!({"text": text})),
+                CodeEvent::Result(text) => event("result", json!({"results": {"text": text}})),
+                CodeEvent::Done => break,
+                CodeEvent::Error(e) => {
+                    failed = Some(
+                        json!({"ename": e.ename, "evalue": e.evalue, "traceback": e.traceback}),
+                    );
+                    break;
+                }
+            };
+            let _ = tx.send(sent).await;
         }
         if let Some(i) = init.take() {
             let _ = tx.send(i).await;
         }
-        // Raw stderr that arrived before the end.
-        while let Ok(l) = err.try_recv() {
-            let _ = tx.send(event("stderr", json!({"text": l}))).await;
-        }
-        drop(lines);
         lock(&rec2.code).executions.remove(&execution_id);
         match failed {
             None => {

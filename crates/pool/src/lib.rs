@@ -10,17 +10,22 @@
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
-//! - [`stdio`] / [`output_log`]: what the front ends share about a live sandbox's processes:
-//!   their pipes or pty (our ends read and written on the front ends' tokio runtimes, output
-//!   pumped) and their newest output, kept in bounded memory.
+//! - [`stdio`] / [`output_log`] / [`lines`] / [`process`] / [`python`]: what the front ends
+//!   share about a live sandbox's processes: their pipes or pty (our ends read and written on
+//!   the front ends' tokio runtimes, output pumped), their newest output kept in bounded
+//!   memory, their output as lines, the processes started with pipes and the interactive
+//!   ones, and the persistent Python contexts (OpenSandbox code contexts, MCP `run_python`).
 
 pub mod client;
 pub mod daemon;
 pub mod factory;
+pub mod lines;
 pub mod live;
 pub mod output_log;
 pub mod pool;
+pub mod process;
 pub mod protocol;
+pub mod python;
 pub mod recipe;
 pub mod run;
 pub mod stdio;

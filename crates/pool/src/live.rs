@@ -72,6 +72,8 @@ pub struct LiveSpec {
     /// Host directories mounted in (live binds: Docker's `HostConfig.Binds`), made on the host
     /// and attached in the cell like a run's (a pooled shell serves it).
     pub mounts: Vec<agentrun_runtime::rootfs::UserMount>,
+    /// Host directory mounted at `/workspace` (writable as far as the profile lets it be).
+    pub workspace: Option<std::path::PathBuf>,
     /// Task limit (`None`: the profile's).
     pub pids: Option<u32>,
     /// Relay this loopback port inside the sandbox to an egress proxy the caller serves at
@@ -89,9 +91,14 @@ impl LiveSpec {
             memory_bytes: None,
             env: Vec::new(),
             mounts: Vec::new(),
+            workspace: None,
             pids: None,
             egress_port: None,
         }
+    }
+    pub fn workspace(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.workspace = dir;
+        self
     }
     pub fn egress_port(mut self, port: Option<u16>) -> Self {
         self.egress_port = port;
@@ -539,6 +546,7 @@ impl LiveManager {
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             mounts: spec.mounts.clone(),
+            workspace: spec.workspace.clone(),
             egress_port: spec.egress_port,
             ..SandboxRecipe::default()
         };

@@ -31,9 +31,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
-use crate::lines::{command_log, text_since, PipeLines};
-use crate::process::{shell, spawn, Spawned};
+use crate::lines::{command_log, text_since};
+use crate::process::{shell, spawn};
 use crate::{finish_span, random_token, rfc3339, Record, Server};
+use agentrun_pool::lines::PipeLines;
+use agentrun_pool::process::Spawned;
 
 /// How long output is still waited for after a process exited (children may hold the pipes).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);

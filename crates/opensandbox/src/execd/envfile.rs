@@ -102,7 +102,7 @@ fn unescape(v: &str) -> String {
 
 /// `$VAR`/`${VAR}` from `env`, an unknown one empty (as Go's `os.ExpandEnv`).
 fn expand(v: &str, env: &impl Fn(&str) -> Option<String>) -> String {
-    crate::process::expand_vars_lenient(v, env)
+    agentrun_pool::process::expand_vars_lenient(v, env)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! ([`crate::process`]); each line becomes one event of the run's stream
 //! ([`crate::events`]). Every buffer between a process and a client is bounded: a run's
 //! stream holds [`crate::events::EVENT_QUEUE`] events, an interactive process's output
-//! [`crate::process::LINE_QUEUE`] lines, a command's log its newest 8 MiB.
+//! [`agentrun_pool::process::LINE_QUEUE`] lines, a command's log its newest 8 MiB.
 
 pub mod commands;
 pub mod envfile;

@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use crate::auth::ExecdSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
-use crate::process::{shell, InteractiveProcess};
+use crate::process::shell;
 use crate::{finish_span, random_token, Record, Server};
+use agentrun_pool::process::InteractiveProcess;
 
 pub(super) fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -63,7 +64,7 @@ async fn create(
     let env = crate::execd::envfile::load(&rec);
     let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
     let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
-    let process = InteractiveProcess::start(&server, &rec, argv, env, cwd).await?;
+    let process = InteractiveProcess::start(&server.output, &rec.sandbox, argv, env, cwd).await?;
     let session = Arc::new(Session {
         id: random_token()?,
         shell: process,
