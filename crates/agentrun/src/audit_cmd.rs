@@ -11,7 +11,7 @@ pub struct AuditArgs {
     /// (30s, 10m, 2h).
     #[arg(long, value_name = "T")]
     since: Option<String>,
-    /// Only denied decisions.
+    /// Only refused decisions (denials, and escalations nobody approved).
     #[arg(long)]
     deny: bool,
     /// Print the records as JSON lines.
@@ -34,7 +34,7 @@ pub fn run(args: AuditArgs, paths: &crate::Paths) -> anyhow::Result<()> {
     let records = log.read_all()?;
     let mut out = std::io::stdout().lock();
     for r in records {
-        if args.deny && !(r.kind == "decision" && r.decision == "deny") {
+        if args.deny && !refused(&r) {
             continue;
         }
         if let Some(t) = since {
@@ -55,7 +55,13 @@ pub fn run(args: AuditArgs, paths: &crate::Paths) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `TIME SANDBOX DECISION ACTION RESOURCE rule=... reason="..."` or, for runs,
+/// A decision that refused its action: a deny, or an escalate nobody approved.
+fn refused(r: &AuditRecord) -> bool {
+    r.kind == "decision"
+        && (r.decision == "deny" || (r.decision == "escalate" && r.escalation != "approved"))
+}
+
+/// `TIME SANDBOX DECISION ACTION RESOURCE rule=... [outcome=...] reason="..."` or, for runs,
 /// `TIME SANDBOX run exec "CMD" exit=N outcome`.
 fn format_line(r: &AuditRecord) -> String {
     let id = if r.sandbox_id.is_empty() {
@@ -74,8 +80,13 @@ fn format_line(r: &AuditRecord) -> String {
             r.trace_id
         )
     } else {
+        let outcome = if r.escalation.is_empty() {
+            String::new()
+        } else {
+            format!(" outcome={}", r.escalation)
+        };
         format!(
-            "{} {} {} {} {} rule={} reason={:?} trace={}",
+            "{} {} {} {} {} rule={}{outcome} reason={:?} trace={}",
             r.time, id, r.decision, r.action, r.resource, r.rule, r.reason, r.trace_id
         )
     }

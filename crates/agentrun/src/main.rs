@@ -7,12 +7,14 @@
 //! `ctr run --runc-binary`, `agentrun oci ...`, or this binary invoked as `runc`) go to the
 //! OCI runtime CLI; see `agentrun_oci::invocation` for how they are told apart.
 
+mod approve;
 mod audit_cmd;
 mod cold;
 mod exec;
 mod image;
 mod info;
 mod logging;
+mod mcp_cmd;
 mod plan;
 mod policy_cmd;
 mod run;
@@ -76,7 +78,7 @@ enum Command {
     /// image trees an update replaced that nothing uses any more.
     Gc,
     /// Run the daemon: a warm pool of ready sandboxes that `agentrun exec` uses.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// List the daemon's shells (ID) and the long-lived sandbox each serves (SANDBOX).
     Ps {
         /// Print JSON.
@@ -89,6 +91,9 @@ enum Command {
     /// Profiles (policy as code).
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCommand),
+    /// Serve MCP on stdio: tools that run code and touch files in sandboxes (run_python,
+    /// run_shell, write_file, read_file, list_files), with a warm pool of its own.
+    Mcp(Box<mcp_cmd::McpArgs>),
     /// Named volumes (what OpenSandbox `pvc` volumes mount).
     #[command(subcommand)]
     Volume(volume_cmd::VolumeCommand),
@@ -156,7 +161,7 @@ fn main() -> ExitCode {
     };
     if !matches!(cli.command, Command::Oci { .. }) {
         let mode = match cli.command {
-            Command::Serve(_) => logging::Mode::Daemon,
+            Command::Serve(_) | Command::Mcp(_) => logging::Mode::Daemon,
             _ => logging::Mode::Command,
         };
         logging::init(mode, None);
@@ -171,7 +176,12 @@ fn main() -> ExitCode {
     // private first (creating or repairing them; see agentrun_runtime::hostdirs).
     if matches!(
         cli.command,
-        Command::Exec(_) | Command::Serve(_) | Command::Gc | Command::Image(_) | Command::Volume(_)
+        Command::Exec(_)
+            | Command::Serve(_)
+            | Command::Mcp(_)
+            | Command::Gc
+            | Command::Image(_)
+            | Command::Volume(_)
     ) {
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
@@ -193,7 +203,8 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(args, &paths),
         Command::Image(cmd) => image::run(cmd, &paths),
         Command::Gc => gc(&paths),
-        Command::Serve(args) => serve::serve(args, &paths),
+        Command::Serve(args) => serve::serve(*args, &paths),
+        Command::Mcp(args) => mcp_cmd::run(*args, &paths),
         Command::Ps { json } => serve::ps(json, &paths),
         Command::Pool(cmd) => serve::pool(cmd, &paths),
         Command::Oci { args } => {

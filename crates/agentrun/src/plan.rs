@@ -4,12 +4,13 @@
 //! cold ([`crate::cold`]) and warm ([`crate::warm`]), execute a plan.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentrun_image::ImageStore;
 use agentrun_policy::{
-    parse_bytes, parse_duration, validate_env_key, Action, NetworkPolicy, Profile,
-    ResourceOverrides, WORKSPACE,
+    parse_bytes, parse_duration, validate_env_key, Action, Approver, NetworkPolicy, Profile,
+    ResourceOverrides, RuleAction, DEFAULT_APPROVAL_TIMEOUT, WORKSPACE,
 };
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_runtime::rootfs::UserMount;
@@ -71,6 +72,13 @@ pub struct ExecArgs {
     /// after it (as `AGENTRUN_NO_DAEMON=1`).
     #[arg(long)]
     pub(crate) no_daemon: bool,
+    /// Never ask on the terminal: what the profile marks escalate is denied ("needs
+    /// approval"), as it is when there is no terminal.
+    #[arg(long)]
+    no_prompt: bool,
+    /// How long a question on the terminal waits for an answer (default 60s); then denied.
+    #[arg(long, value_name = "DURATION")]
+    approval_timeout: Option<String>,
     /// The command and its arguments (default: the image's Entrypoint + Cmd).
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
@@ -85,6 +93,11 @@ pub(crate) struct Plan {
     pub(crate) network: NetworkPolicy,
     /// The profile caps output: only the cold path sees (and can cut) the bytes.
     pub(crate) output_cap: Option<u64>,
+    /// Who the run's egress proxy asks about escalate connections: the terminal, when there
+    /// is one (and the profile has escalate rules); none: they are denied "needs approval".
+    pub(crate) approver: Option<Arc<dyn Approver>>,
+    /// How long the approver's answer is waited for.
+    pub(crate) approval_timeout: Duration,
 }
 
 /// Exit code of a run the policy refused before anything ran (DESIGN.md).
@@ -157,6 +170,13 @@ impl Plan {
                 .context("--timeout")?
                 .map(|d| d.as_millis() as u64),
         };
+        let approval_timeout = args
+            .approval_timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .context("--approval-timeout")?
+            .unwrap_or(DEFAULT_APPROVAL_TIMEOUT);
         let mut profile = Profile::load(&args.profile)
             .map_err(anyhow::Error::from)?
             .with_overrides(&overrides)
@@ -262,7 +282,21 @@ impl Plan {
             env.extend(agentrun_egress::proxy_env());
         }
 
+        // Escalate decisions are made by the run's egress proxy, which runs in this process on
+        // both paths (cold and warm): the terminal is asked from here.
+        let escalates = profile
+            .network
+            .rules
+            .iter()
+            .any(|r| r.action == RuleAction::Escalate);
+        let approver = (escalates && !args.no_prompt)
+            .then(|| crate::approve::TerminalApprover::open(approval_timeout))
+            .flatten()
+            .map(|a| Arc::new(a) as Arc<dyn Approver>);
+
         Ok(Plan {
+            approver,
+            approval_timeout,
             timeout: profile.resources.timeout,
             memory_bytes: profile.resources.memory_bytes,
             network: profile.network.clone(),
@@ -311,7 +345,7 @@ fn check_path(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     Ok(abs)
 }
 
-fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
+pub fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf> {
     let abs = check_path(p, writable, flag)?;
     if !abs.is_dir() {
         bail!("{flag} {}: not a directory", p.display());

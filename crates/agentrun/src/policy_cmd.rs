@@ -1,7 +1,8 @@
 //! `agentrun policy check FILE|NAME`: validates a profile (errors give line, field and why)
-//! and, with `--connect`/`--read`/`--write`/`--env`, shows what it decides.
+//! and, with `--connect`/`--read`/`--write`/`--env`, shows what it decides (`allow`, `deny`
+//! or `escalate`: allowed only when a person approves; not allowed here).
 
-use agentrun_policy::{Action, NetworkMode, Profile};
+use agentrun_policy::{Action, NetworkMode, Profile, RuleAction};
 use clap::{Args, Subcommand};
 
 #[derive(Subcommand, Debug)]
@@ -40,16 +41,27 @@ pub fn run(cmd: PolicyCommand) -> std::process::ExitCode {
             return std::process::ExitCode::from(EXIT_INVALID);
         }
     };
+    let escalate_rules = profile
+        .network
+        .rules
+        .iter()
+        .filter(|r| r.action == RuleAction::Escalate)
+        .count();
+    let rules = match escalate_rules {
+        0 => format!("{} rules", profile.network.rules.len()),
+        n => format!("{} rules, {n} escalate", profile.network.rules.len()),
+    };
     let net = match profile.network.mode {
         NetworkMode::None => "none".to_string(),
-        NetworkMode::Allowlist => format!("allowlist ({} rules)", profile.network.rules.len()),
-        NetworkMode::All => format!(
-            "all, through the egress proxy ({} rules)",
-            profile.network.rules.len()
-        ),
+        NetworkMode::Allowlist => format!("allowlist ({rules})"),
+        NetworkMode::All => format!("all, through the egress proxy ({rules})"),
+    };
+    let escalate_write = match profile.filesystem.escalate_write.len() {
+        0 => String::new(),
+        n => format!(", {n} escalate_write"),
     };
     println!(
-        "{}: ok (profile {:?}; workspace {}; {} readable, {} writable, {} hidden paths; network {})",
+        "{}: ok (profile {:?}; workspace {}; {} readable, {} writable, {} hidden{escalate_write} paths; network {})",
         args.profile,
         profile.name,
         if profile.filesystem.workspace_writable {

@@ -227,9 +227,14 @@ pub(crate) fn start_proxy(
     let (r, r2) = (recorder.clone(), recorder.clone());
     let sink: DecisionSink = Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
     let failures: FailureSink = Arc::new(move |a, d, f| r2.failure(a, d, f));
-    Ok(Proxy::builder(plan.network.clone(), sink)
+    let mut builder = Proxy::builder(plan.network.clone(), sink)
         .failures(failures)
-        .start(listener, socket))
+        .approval_timeout(plan.approval_timeout)
+        .sandbox_id(recorder.sandbox_id().unwrap_or_default());
+    if let Some(a) = &plan.approver {
+        builder = builder.approver(a.clone());
+    }
+    Ok(builder.start(listener, socket))
 }
 
 /// Subscribes to the run's kernel-level denials (Landlock audit records) when Landlock can
@@ -280,6 +285,14 @@ pub(crate) fn record_kernel_denials(
         let by_profile = profile.map(|p| p.check(&action));
         let blockers = k.blockers.join(",");
         let decision = match by_profile {
+            // A process cannot be asked: a write that needs approval is denied in the kernel.
+            Some(d) if d.escalate => Decision::deny(
+                d.rule_id,
+                format!(
+                    "kernel denied {blockers}: {} (a process in the sandbox cannot be asked)",
+                    d.reason
+                ),
+            ),
             Some(d) if !d.allow => {
                 Decision::deny(d.rule_id, format!("kernel denied {blockers}: {}", d.reason))
             }

@@ -86,6 +86,22 @@ pub struct ServeArgs {
     /// volumes are refused with 400). Paths are resolved inside it, never leaving it.
     #[arg(long = "volume-root", value_name = "DIR")]
     volume_roots: Vec<PathBuf>,
+    /// Also serve MCP over Streamable HTTP at http://ADDR/mcp (one sandbox per MCP session;
+    /// the API key, when set, as `Authorization: Bearer KEY`).
+    #[arg(long, value_name = "ADDR")]
+    mcp: Option<std::net::SocketAddr>,
+    /// Image of the MCP sessions' sandboxes (default host).
+    #[arg(long, value_name = "IMAGE")]
+    mcp_image: Option<String>,
+    /// Profile of the MCP sessions' sandboxes (default `default`).
+    #[arg(long, value_name = "NAME|FILE")]
+    mcp_profile: Option<String>,
+    /// Host directory mounted at /workspace in every MCP session's sandbox.
+    #[arg(long, value_name = "DIR")]
+    mcp_workspace: Option<PathBuf>,
+    /// Also allow HOST[:PORT] in MCP sessions' sandboxes (repeatable).
+    #[arg(long = "mcp-allow-host", value_name = "HOST[:PORT]")]
+    mcp_allow_host: Vec<String>,
 }
 
 /// `agentrun serve --config FILE`.
@@ -109,6 +125,11 @@ struct ServeConfig {
     opensandbox_profile: Option<String>,
     docker_profile: Option<String>,
     volume_roots: Option<Vec<PathBuf>>,
+    mcp: Option<std::net::SocketAddr>,
+    mcp_image: Option<String>,
+    mcp_profile: Option<String>,
+    mcp_workspace: Option<PathBuf>,
+    mcp_allow_host: Option<Vec<String>>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -274,6 +295,54 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 image_limits,
                 profile: docker_profile,
             },
+        }));
+    }
+    if let Some(listen) = args.mcp.or(file.mcp) {
+        let api_key = args
+            .api_key
+            .clone()
+            .or(file.api_key.clone())
+            .filter(|k| !k.is_empty());
+        let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
+        check_exposure(listen, api_key.is_some(), insecure)?;
+        let image = args
+            .mcp_image
+            .clone()
+            .or(file.mcp_image.clone())
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
+        store
+            .resolve(&image)
+            .with_context(|| format!("--mcp-image {image}"))?;
+        let profile = api_profile(
+            args.mcp_profile.clone(),
+            file.mcp_profile.clone(),
+            DEFAULT_PROFILE,
+            "mcp",
+        )?;
+        let workspace = args
+            .mcp_workspace
+            .clone()
+            .or(file.mcp_workspace.clone())
+            .map(|w| crate::plan::check_dir(&w, true, "--mcp-workspace"))
+            .transpose()?;
+        let allow = if args.mcp_allow_host.is_empty() {
+            file.mcp_allow_host.clone().unwrap_or_default()
+        } else {
+            args.mcp_allow_host.clone()
+        };
+        let options = agentrun_mcp::McpOptions::new(image, profile, paths.audit_dir())
+            .workspace(workspace)
+            .allow_hosts(allow);
+        options
+            .load_profile()
+            .map_err(|e| anyhow::anyhow!("--mcp: {e}"))?;
+        frontends.push(Box::new(agentrun_mcp::HttpFrontend {
+            options,
+            listen,
+            api_key,
+            workers: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(8),
         }));
     }
     daemon::run(&opts, frontends)?;

@@ -59,6 +59,11 @@ impl Recorder {
         self.lock().profile = name.to_owned();
     }
 
+    /// The sandbox's id, once it exists.
+    pub fn sandbox_id(&self) -> Option<String> {
+        self.lock().sandbox_id.clone()
+    }
+
     /// The profile name decisions are recorded under.
     pub fn profile(&self) -> String {
         self.lock().profile.clone()

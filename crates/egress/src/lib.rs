@@ -23,6 +23,15 @@
 //! the cold path starts the proxy after the sandbox exists, in a process that must
 //! otherwise stay single-threaded while it is created.
 //!
+//! A connection whose decision is **escalate** (`[network] escalate`, or an address an escalate
+//! rule names) is held while the proxy's [`Approver`] asks a person ([`ProxyBuilder::approver`];
+//! the wait is bounded, [`ProxyBuilder::approval_timeout`], default 60 s), then allowed or
+//! denied; without an approver it is denied "needs approval". An approval is remembered per
+//! `host:port` in the proxy's [`Approvals`] ([`ProxyBuilder::approvals`]: share one per
+//! sandbox so that it holds for the sandbox's life across its runs' proxies); concurrent
+//! connections to one `host:port` share one question. The sink gets the settled decision
+//! (verdict `escalate`, its outcome in [`Decision::escalation`]).
+//!
 //! The policy is shared ([`SharedPolicy`]) and may be replaced while the proxy runs
 //! ([`Proxy::set_policy`], for the OpenSandbox egress endpoint's `PATCH`/`DELETE /policy`).
 //! Each connection is decided by the policy in force when its request head arrives; on a
@@ -42,7 +51,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agentrun_policy::{Action, Decision, NetworkPolicy};
+use agentrun_policy::{Action, Approvals, Approver, Decision, NetworkPolicy};
 
 pub use relay::{relay, Duplex};
 pub use request::{parse_request_head, Body, HeadError, RequestHead, MAX_HEAD};
@@ -167,7 +176,50 @@ struct Shared {
     sink: DecisionSink,
     failures: Option<FailureSink>,
     resolver: Arc<dyn Resolve>,
+    escalation: Escalation,
     open: Mutex<OpenConns>,
+}
+
+/// Who is asked about escalate decisions, for how long, and what was approved.
+#[derive(Clone)]
+struct Escalation {
+    approver: Option<Arc<dyn Approver>>,
+    sandbox_id: String,
+    timeout: Duration,
+    approvals: Arc<Approvals>,
+}
+
+impl Default for Escalation {
+    fn default() -> Self {
+        Escalation {
+            approver: None,
+            sandbox_id: String::new(),
+            timeout: agentrun_policy::DEFAULT_APPROVAL_TIMEOUT,
+            approvals: Arc::default(),
+        }
+    }
+}
+
+impl Escalation {
+    /// `d` on `action`, settled if it is an escalate decision (asking on this thread).
+    fn settle(&self, action: &Action, d: Decision) -> Decision {
+        self.approvals.settle_blocking(
+            self.approver.as_deref(),
+            &self.sandbox_id,
+            action,
+            d,
+            self.timeout,
+        )
+    }
+
+    /// `d` for a connection already open: an escalate decision is allowed when it was
+    /// approved (nobody is asked again; an open connection was approved or allowed).
+    fn recheck(&self, action: &Action, d: Decision) -> Decision {
+        if d.needs_approval() && self.approvals.is_approved(&Approvals::key(action)) {
+            return d.settle(&agentrun_policy::Answer::Approved);
+        }
+        d
+    }
 }
 
 /// The connections relaying now: where they lead, and handles to cut them.
@@ -195,9 +247,36 @@ pub struct ProxyBuilder {
     sink: DecisionSink,
     failures: Option<FailureSink>,
     resolver: Arc<dyn Resolve>,
+    escalation: Escalation,
 }
 
 impl ProxyBuilder {
+    /// Asks `approver` about connections whose decision is escalate (without one they are
+    /// denied "needs approval").
+    pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.escalation.approver = Some(approver);
+        self
+    }
+
+    /// How long a person has to answer (default 60 s); then the connection is denied.
+    pub fn approval_timeout(mut self, timeout: Duration) -> Self {
+        self.escalation.timeout = timeout;
+        self
+    }
+
+    /// Remembers approvals in `approvals` (share one per sandbox: an approval holds for the
+    /// sandbox's life); default: the proxy's own.
+    pub fn approvals(mut self, approvals: Arc<Approvals>) -> Self {
+        self.escalation.approvals = approvals;
+        self
+    }
+
+    /// The sandbox the proxy serves, named in the questions asked.
+    pub fn sandbox_id(mut self, id: impl Into<String>) -> Self {
+        self.escalation.sandbox_id = id.into();
+        self
+    }
+
     /// Reports connections the policy allowed but that failed (DNS, connect) to `sink`.
     pub fn failures(mut self, sink: FailureSink) -> Self {
         self.failures = Some(sink);
@@ -220,6 +299,7 @@ impl ProxyBuilder {
             sink: self.sink,
             failures: self.failures,
             resolver: self.resolver,
+            escalation: self.escalation,
             open: Mutex::default(),
         });
         let shared2 = shared.clone();
@@ -289,6 +369,7 @@ impl Proxy {
             sink,
             failures: None,
             resolver: Arc::new(SystemResolver),
+            escalation: Escalation::default(),
         }
     }
 
@@ -325,18 +406,14 @@ impl Proxy {
             .unwrap_or_else(|p| p.into_inner()) = policy.clone();
         let mut cut = Vec::new();
         for (id, c) in &open.conns {
-            let mut d = policy.check(&c.host, c.port);
-            if d.allow {
-                if let Ok(peer) = c.upstream.peer_addr() {
-                    d = policy.check_address(&c.host, c.port, &d, peer.ip());
-                }
-            }
+            let action = Action::Connect {
+                host: c.host.clone(),
+                port: c.port,
+            };
+            let peer = c.upstream.peer_addr().ok().map(|p| p.ip());
+            let mut d = decide_open(&policy, &self.shared.escalation, &action, peer);
             if !d.allow {
                 d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
-                let action = Action::Connect {
-                    host: c.host.clone(),
-                    port: c.port,
-                };
                 (self.shared.sink)(&action, &d);
                 let _ = c.client.shutdown(Shutdown::Both);
                 let _ = c.upstream.shutdown(Shutdown::Both);
@@ -433,24 +510,37 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         .check(&head.host, head.port);
     let mut addrs = Vec::new();
     let mut failure = None;
-    if decision.allow {
+    if decision.allow || decision.escalate {
         match addresses(shared.resolver.as_ref(), &head.host, head.port) {
             Ok(list) => {
                 let policy = shared.policy.read().unwrap_or_else(|p| p.into_inner());
                 for a in &list {
                     let d = policy.check_address(&head.host, head.port, &decision, a.ip());
-                    if !d.allow {
-                        let reason =
-                            format!("{} (after rule {} allowed it)", d.reason, decision.rule_id);
-                        decision = Decision { reason, ..d };
-                        break;
+                    if d.allow {
+                        continue;
                     }
+                    if d.escalate {
+                        // An address behind an escalate rule: the connection needs approval.
+                        decision = d;
+                        continue;
+                    }
+                    let verb = if decision.escalate {
+                        "escalated"
+                    } else {
+                        "allowed"
+                    };
+                    let reason =
+                        format!("{} (after rule {} {verb} it)", d.reason, decision.rule_id);
+                    decision = Decision { reason, ..d };
+                    break;
                 }
                 addrs = list;
             }
             Err(f) => failure = Some(f),
         }
     }
+    // Held while a person is asked (bounded); the settled decision is the one recorded.
+    let decision = shared.escalation.settle(&action, decision);
     let recorded = (shared.sink)(&action, &decision);
     if !decision.allow {
         let msg = format!(
@@ -490,12 +580,8 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     let id = {
         let mut o = lock_open(&shared.open);
         let policy = shared.policy.read().unwrap_or_else(|p| p.into_inner());
-        let mut now = policy.check(&head.host, head.port);
-        if now.allow {
-            if let Ok(peer) = upstream.peer_addr() {
-                now = policy.check_address(&head.host, head.port, &now, peer.ip());
-            }
-        }
+        let peer = upstream.peer_addr().ok().map(|p| p.ip());
+        let now = decide_open(&policy, &shared.escalation, &action, peer);
         if !now.allow {
             let mut d = now;
             d.reason = format!("{} (open connection cut: the policy changed)", d.reason);
@@ -526,6 +612,26 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     };
     lock_open(&shared.open).conns.remove(&id);
     result
+}
+
+/// Decides an open connection for `action` again (its name, then `peer`, the address it is
+/// connected to); an escalate decision stands if it was approved. Nobody is asked.
+fn decide_open(
+    policy: &NetworkPolicy,
+    escalation: &Escalation,
+    action: &Action,
+    peer: Option<IpAddr>,
+) -> Decision {
+    let Action::Connect { host, port } = action else {
+        return Decision::deny("network.default", "not a connection");
+    };
+    let mut d = policy.check(host, *port);
+    if d.allow || d.escalate {
+        if let Some(ip) = peer {
+            d = policy.check_address(host, *port, &d, ip);
+        }
+    }
+    escalation.recheck(action, d)
 }
 
 /// Reads a request head: `Ok(Ok(Some((head, bytes read past it))))`, `Ok(Ok(None))` on EOF
@@ -779,6 +885,133 @@ mod tests {
         assert!(seen[8].starts_with(&format!(
             "error 127.0.0.1:{closed_port} cli.allow_host[1] connect"
         )));
+    }
+
+    /// Answers from a queue (a missing answer: never answers), keeping every question.
+    struct Scripted {
+        answers: Mutex<Vec<Option<agentrun_policy::Approval>>>,
+        asked: Mutex<Vec<agentrun_policy::EscalationRequest>>,
+    }
+
+    impl agentrun_policy::Approver for Scripted {
+        fn ask(&self, q: agentrun_policy::EscalationRequest) -> agentrun_policy::ApprovalFuture {
+            self.asked.lock().unwrap().push(q);
+            let next = self.answers.lock().unwrap().remove(0);
+            match next {
+                Some(a) => Box::pin(std::future::ready(a)),
+                None => Box::pin(std::future::pending()),
+            }
+        }
+    }
+
+    /// An escalate host: held while the approver is asked, then relayed (approved; the
+    /// approval is remembered for the next connections), refused 403 (denied, no answer in
+    /// time, no approver); every decision reaches the sink as `escalate` with its outcome.
+    #[test]
+    fn escalate_asks_the_approver_and_remembers_approvals() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = upstream.accept().unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            }
+        });
+        let policy = |port: u16| {
+            agentrun_policy::Profile::parse(
+                &format!(
+                    "[network]\nmode = \"allowlist\"\nescalate = [\"127.0.0.1:{port}\", \"127.0.0.2:{port}\"]\n"
+                ),
+                "t",
+            )
+            .unwrap()
+            .network
+        };
+        let scripted = Arc::new(Scripted {
+            answers: Mutex::new(vec![
+                Some(agentrun_policy::Approval::Denied {
+                    why: "the user answered no".into(),
+                }),
+                Some(agentrun_policy::Approval::Approved),
+                None,
+            ]),
+            asked: Mutex::default(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        let seen: Seen = Arc::default();
+        let s1 = seen.clone();
+        let sink: DecisionSink = Arc::new(move |a, d| {
+            s1.lock().unwrap().push(format!(
+                "{} {} {} {} {}",
+                d.verdict(),
+                d.escalation.map_or("-", |o| o.as_str()),
+                a.resource(),
+                d.rule_id,
+                d.reason
+            ));
+            true
+        });
+        let proxy = Proxy::builder(policy(port), sink)
+            .approver(scripted.clone())
+            .approval_timeout(Duration::from_millis(300))
+            .sandbox_id("ar-test")
+            .start(bind(&path).unwrap(), &path);
+        let get = |host: &str| {
+            ask(
+                &path,
+                &format!("GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"),
+            )
+        };
+        let r = get("127.0.0.1");
+        assert!(r.starts_with("HTTP/1.1 403 Forbidden"), "{r}");
+        assert!(r.contains("not approved (the user answered no)"), "{r}");
+        for _ in 0..2 {
+            let r = get("127.0.0.1");
+            assert!(r.starts_with("HTTP/1.1 200 OK") && r.ends_with("ok"), "{r}");
+        }
+        let r = get("127.0.0.2");
+        assert!(r.contains("needs approval: no answer within 300 ms"), "{r}");
+        proxy.stop();
+        server.join().unwrap();
+        let asked = scripted.asked.lock().unwrap();
+        assert_eq!(asked.len(), 3, "the approval was remembered: {asked:?}");
+        assert_eq!(asked[0].sandbox_id, "ar-test");
+        assert_eq!(asked[0].action, "net.connect");
+        assert_eq!(asked[0].resource, format!("127.0.0.1:{port}"));
+        assert_eq!(asked[0].rule_id, "network.escalate[0]");
+        let seen = seen.lock().unwrap();
+        let outcomes: Vec<String> = seen
+            .iter()
+            .map(|s| s.split(' ').take(4).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                format!("escalate denied 127.0.0.1:{port} network.escalate[0]"),
+                format!("escalate approved 127.0.0.1:{port} network.escalate[0]"),
+                format!("escalate approved 127.0.0.1:{port} network.escalate[0]"),
+                format!("escalate timeout 127.0.0.2:{port} network.escalate[1]"),
+            ]
+        );
+        assert!(
+            seen[2].contains("earlier in this sandbox's life"),
+            "{seen:?}"
+        );
+
+        // No approver: denied, "needs approval".
+        let (proxy, path, seen, _dir) =
+            proxy_with("noapprover", policy(port), TableResolver(Vec::new()));
+        let r = ask(&path, &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"));
+        assert!(r.starts_with("HTTP/1.1 403 Forbidden"), "{r}");
+        assert!(
+            r.contains("needs approval (no one can be asked here): connecting to 127.0.0.1"),
+            "{r}"
+        );
+        proxy.stop();
+        assert!(seen.lock().unwrap()[0].starts_with("escalate "), "{seen:?}");
     }
 
     /// Hostile heads through the real proxy: each refused with its status, nothing reaches

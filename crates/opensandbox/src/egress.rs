@@ -74,6 +74,9 @@ impl SandboxEgress {
         let listener = agentrun_egress::bind(socket)?;
         let sink = decision_sink(id.to_owned(), audit.clone(), trace.clone());
         let failures = failure_sink(id.to_owned(), audit.clone(), trace.clone());
+        // No approver: the OpenSandbox API has no person to ask, and a `networkPolicy` cannot
+        // say escalate (never deserialized); an escalate decision would be denied "needs
+        // approval". A front end with someone to ask gives the builder an `approver`.
         let proxy = Proxy::builder(policy.to_network_policy(), sink)
             .failures(failures)
             .start(listener, socket);

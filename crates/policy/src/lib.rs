@@ -3,10 +3,12 @@
 //! A [`Profile`] says what a sandbox may do: which paths it may read, write or never see,
 //! which hosts it may reach, which resources it gets, which environment variables it may be
 //! given and which seccomp baseline applies. Profiles are TOML files (`bundles/*.toml` ships
-//! the built-in ones). [`Profile::check`] ([`decision`]) is the single place where allow/deny
-//! decisions are made. This crate is pure: it parses, validates and decides, and the runtime
-//! and the egress proxy translate the same profile into kernel mechanisms.
+//! the built-in ones). [`Profile::check`] ([`decision`]) is the single place where allow /
+//! deny / escalate decisions are made; [`approval`] is the hook through which a front end asks
+//! a person about an escalate decision. This crate is pure: it parses, validates and decides,
+//! and the runtime and the egress proxy translate the same profile into kernel mechanisms.
 
+pub mod approval;
 pub mod decision;
 pub mod network;
 pub mod seccomp;
@@ -18,7 +20,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use decision::{normalize, Action, Decision, WORKSPACE};
+pub use approval::{
+    ask_blocking, Answer, Approval, ApprovalFuture, Approvals, Approver, EscalationRequest,
+    DEFAULT_APPROVAL_TIMEOUT,
+};
+pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
 pub use network::{
     AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
     OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
@@ -90,6 +96,10 @@ pub struct FsPolicy {
     pub writable: Vec<PathBuf>,
     /// Paths masked inside the sandbox (empty tmpfs or /dev/null over them).
     pub hidden: Vec<PathBuf>,
+    /// Paths whose writes need a person's approval (`escalate_write`): never writable by
+    /// processes in the sandbox (Landlock cannot pause to ask), and [`Profile::check`] answers
+    /// escalate for a write there (a front end that can ask, e.g. an MCP `write_file`, asks).
+    pub escalate_write: Vec<PathBuf>,
     /// Whether `--rw` mounts are allowed.
     pub rw_mounts: bool,
 }
@@ -159,6 +169,8 @@ struct RawFilesystem {
     writable: Vec<PathBuf>,
     #[serde(default)]
     hidden: Vec<PathBuf>,
+    #[serde(default)]
+    escalate_write: Vec<PathBuf>,
     rw_mounts: Option<bool>,
 }
 
@@ -171,6 +183,8 @@ struct RawNetwork {
     allow: Vec<String>,
     #[serde(default)]
     deny: Vec<String>,
+    #[serde(default)]
+    escalate: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -304,6 +318,7 @@ impl Profile {
             ("filesystem.readable", &readable),
             ("filesystem.writable", &fs.writable),
             ("filesystem.hidden", &fs.hidden),
+            ("filesystem.escalate_write", &fs.escalate_write),
         ] {
             for p in list {
                 if !p.is_absolute() {
@@ -323,12 +338,21 @@ impl Profile {
                 format!("{} would hide everything", h.display()),
             ));
         }
+        validate_escalate_write(
+            &fs.escalate_write,
+            &fs.writable,
+            &fs.hidden,
+            workspace_writable,
+        )
+        .map_err(|m| invalid("filesystem.escalate_write", m))?;
 
         let net = raw.network;
         let mut rules = Vec::new();
+        // The order is the precedence (first match wins): deny, allow, escalate.
         for (field, action, list) in [
             ("network.deny", RuleAction::Deny, &net.deny),
             ("network.allow", RuleAction::Allow, &net.allow),
+            ("network.escalate", RuleAction::Escalate, &net.escalate),
         ] {
             for (i, spec) in list.iter().enumerate() {
                 rules.push(
@@ -340,13 +364,14 @@ impl Profile {
         if net.mode == NetworkMode::None && !rules.is_empty() {
             return Err(invalid(
                 "network.mode",
-                "\"none\" cannot have allow/deny rules (use mode = \"allowlist\")".into(),
+                "\"none\" cannot have allow/deny/escalate rules (use mode = \"allowlist\")".into(),
             ));
         }
-        if net.mode == NetworkMode::Allowlist && net.allow.is_empty() {
+        if net.mode == NetworkMode::Allowlist && net.allow.is_empty() && net.escalate.is_empty() {
             return Err(invalid(
                 "network.allow",
-                "mode = \"allowlist\" needs at least one HOST[:PORT] entry".into(),
+                "mode = \"allowlist\" needs at least one HOST[:PORT] entry (in allow or escalate)"
+                    .into(),
             ));
         }
 
@@ -387,6 +412,7 @@ impl Profile {
                 readable,
                 writable: fs.writable,
                 hidden: fs.hidden,
+                escalate_write: fs.escalate_write,
                 rw_mounts: fs.rw_mounts.unwrap_or(true),
             },
             network: NetworkPolicy {
@@ -404,6 +430,41 @@ impl Profile {
             },
         })
     }
+}
+
+/// Checks that every `escalate_write` path can be kept from processes by Landlock (whose rules
+/// only add access: nothing below a writable path can be taken back) and means something.
+fn validate_escalate_write(
+    escalate: &[PathBuf],
+    writable: &[PathBuf],
+    hidden: &[PathBuf],
+    workspace_writable: bool,
+) -> Result<(), String> {
+    for e in escalate {
+        if let Some(w) = writable.iter().find(|w| e.starts_with(w)) {
+            return Err(format!(
+                "{} is under writable {}: Landlock cannot take write access back below a \
+                 writable path (remove one of them)",
+                e.display(),
+                w.display()
+            ));
+        }
+        if workspace_writable && e.starts_with(decision::WORKSPACE) {
+            return Err(format!(
+                "{} is in the workspace, which is writable (workspace = \"rw\"): Landlock \
+                 cannot take write access back below it (set workspace = \"ro\")",
+                e.display()
+            ));
+        }
+        if let Some(h) = hidden.iter().find(|h| e.starts_with(h)) {
+            return Err(format!(
+                "{} is under hidden {}: it can never be written",
+                e.display(),
+                h.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A TOML error as one line, prefixed with its line number.
@@ -639,6 +700,112 @@ mod tests {
             e.contains("line 2: field `seccomp.allow_socket_families`") && e.contains("vsok"),
             "{e}"
         );
+    }
+
+    /// Escalate fields: parsed, and refused with line, field and why when Landlock could not
+    /// keep processes from writing there or the entry is not valid.
+    #[test]
+    fn escalate_fields_are_validated() {
+        let p = Profile::parse(
+            "[filesystem]\nescalate_write = [\"/etc/app\"]\n[network]\nmode = \"allowlist\"\nescalate = [\"*.github.com:443\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.filesystem.escalate_write, [PathBuf::from("/etc/app")]);
+        assert_eq!(p.network.rules[0].id, "network.escalate[0]");
+        assert_eq!(p.network.rules[0].action, RuleAction::Escalate);
+        let cases: &[(&str, &str)] = &[
+            (
+                "[filesystem]\nwritable = [\"/tmp\"]\nescalate_write = [\"/tmp/app\"]\n",
+                "line 3: field `filesystem.escalate_write`: /tmp/app is under writable /tmp",
+            ),
+            (
+                "[filesystem]\nescalate_write = [\"/workspace/deploy\"]\n",
+                "line 2: field `filesystem.escalate_write`: /workspace/deploy is in the workspace, which is writable",
+            ),
+            (
+                "[filesystem]\nhidden = [\"/etc/app\"]\nescalate_write = [\"/etc/app/x\"]\n",
+                "field `filesystem.escalate_write`: /etc/app/x is under hidden /etc/app",
+            ),
+            (
+                "[filesystem]\nescalate_write = [\"etc/app\"]\n",
+                "line 2: field `filesystem.escalate_write`: etc/app is not an absolute path",
+            ),
+            (
+                "[filesystem]\nescalate_write = [\"/a/../b\"]\n",
+                "field `filesystem.escalate_write`: /a/../b contains '..'",
+            ),
+            (
+                "\n[network]\nmode = \"allowlist\"\nescalate = [\"a b:443\"]\n",
+                "line 4: field `network.escalate`: \"a b\" is not a host name",
+            ),
+            (
+                "[network]\nescalate = [\"a.com\"]\n",
+                "\"none\" cannot have allow/deny/escalate rules",
+            ),
+            ("[network]\nescalat = [\"a.com\"]\n", "escalat"),
+        ];
+        for (text, want) in cases {
+            let e = Profile::parse(text, "t").unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}:\n  got  {e}\n  want {want}");
+        }
+        // The workspace read-only: an escalate_write path inside it is fine.
+        assert!(Profile::parse(
+            "[filesystem]\nworkspace = \"ro\"\nescalate_write = [\"/workspace/deploy\"]\n",
+            "t"
+        )
+        .is_ok());
+        // --allow-host goes before the escalate rules: an explicit allow needs no approval.
+        let mut p = p;
+        p.network
+            .allow_hosts("cli.allow_host", &["api.github.com:443".into()])
+            .unwrap();
+        let d = p.check(&Action::Connect {
+            host: "api.github.com".into(),
+            port: 443,
+        });
+        assert_eq!(
+            (d.verdict(), d.rule_id.as_str()),
+            ("allow", "cli.allow_host[0]")
+        );
+        // OpenSandbox policies never carry escalate.
+        assert!(NetworkPolicy::from_opensandbox(
+            r#"{"defaultAction":"deny","egress":[{"action":"escalate","target":"a.com"}]}"#
+        )
+        .is_err());
+        assert!(NetworkPolicy::from_opensandbox(r#"{"defaultAction":"escalate"}"#).is_err());
+    }
+
+    /// The shipped example of escalate rules parses and decides as its comments say.
+    #[test]
+    fn supervised_example_profile() {
+        let p = Profile::parse(
+            include_str!("../../../bundles/supervised.toml"),
+            "supervised.toml",
+        )
+        .unwrap();
+        let verdict = |a: Action| p.check(&a).verdict();
+        let c = |h: &str| Action::Connect {
+            host: h.into(),
+            port: 443,
+        };
+        assert_eq!(verdict(c("api.github.com")), "escalate");
+        assert_eq!(verdict(c("github.com")), "escalate");
+        assert_eq!(verdict(c("pypi.org")), "allow");
+        assert_eq!(verdict(c("example.com")), "deny");
+        assert_eq!(
+            verdict(Action::Write("/workspace/src/a.py".into())),
+            "escalate"
+        );
+        assert_eq!(
+            verdict(Action::Write("/workspace/out/a.txt".into())),
+            "allow"
+        );
+        assert_eq!(verdict(Action::Write("/etc/passwd".into())), "deny");
+        assert!(!p
+            .landlock_writable([])
+            .iter()
+            .any(|w| w == Path::new("/workspace")));
     }
 
     #[test]

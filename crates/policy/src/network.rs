@@ -45,12 +45,16 @@ pub enum NetworkMode {
     All,
 }
 
-/// Allow or deny.
+/// Allow, deny, or ask a person (escalate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RuleAction {
     Allow,
     Deny,
+    /// Only from a profile's `[network] escalate`: never read from an OpenSandbox
+    /// `networkPolicy` (whose API has allow and deny only, and no one to ask).
+    #[serde(skip_deserializing)]
+    Escalate,
 }
 
 /// One rule: a host pattern and an optional port.
@@ -283,6 +287,15 @@ fn scope_v6(ip: Ipv6Addr) -> AddressScope {
     }
 }
 
+/// `host:port`, `[v6]:port` for an IPv6 address.
+fn connect_target(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// Splits `HOST[:PORT]`; the host is lower-cased.
 fn split_host_port(spec: &str) -> Result<(String, Option<u16>), String> {
     if spec.is_empty() {
@@ -501,7 +514,7 @@ impl OpenSandboxPolicy {
     pub fn mode(&self) -> &'static str {
         match (self.egress.is_empty(), self.default_action) {
             (true, RuleAction::Allow) => "allow_all",
-            (true, RuleAction::Deny) => "deny_all",
+            (true, RuleAction::Deny | RuleAction::Escalate) => "deny_all",
             (false, _) => "enforcing",
         }
     }
@@ -524,7 +537,7 @@ impl OpenSandboxPolicy {
             .collect();
         let mode = match self.default_action {
             RuleAction::Allow => NetworkMode::All,
-            RuleAction::Deny => NetworkMode::Allowlist,
+            RuleAction::Deny | RuleAction::Escalate => NetworkMode::Allowlist,
         };
         NetworkPolicy { mode, rules }
     }
@@ -541,16 +554,21 @@ impl NetworkPolicy {
         self.mode != NetworkMode::None
     }
 
-    /// Adds `HOST[:PORT]` allow rules (e.g. `--allow-host`), ids `<id_prefix>[i]`. Turns
+    /// Adds `HOST[:PORT]` allow rules (e.g. `--allow-host`), ids `<id_prefix>[i]`, after the
+    /// allow rules and before any escalate rule (an explicit allow needs no approval). Turns
     /// `none` into `allowlist`; `all` stays `all`.
     pub fn allow_hosts(&mut self, id_prefix: &str, hosts: &[String]) -> Result<(), String> {
-        for (i, h) in hosts.iter().enumerate() {
-            self.rules.push(HostRule::parse(
-                format!("{id_prefix}[{i}]"),
-                RuleAction::Allow,
-                h,
-            )?);
-        }
+        let at = self
+            .rules
+            .iter()
+            .position(|r| r.action == RuleAction::Escalate)
+            .unwrap_or(self.rules.len());
+        let added = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| HostRule::parse(format!("{id_prefix}[{i}]"), RuleAction::Allow, h))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.rules.splice(at..at, added);
         if !hosts.is_empty() && self.mode == NetworkMode::None {
             self.mode = NetworkMode::Allowlist;
         }
@@ -573,14 +591,19 @@ impl NetworkPolicy {
             );
         }
         if let Some(rule) = self.rules.iter().find(|r| r.matches(host, port)) {
-            let verb = match rule.action {
-                RuleAction::Allow => "allowed",
-                RuleAction::Deny => "denied",
-            };
-            return Decision {
-                allow: rule.action == RuleAction::Allow,
-                rule_id: rule.id.clone(),
-                reason: format!("{host}:{port} {verb} by {}", rule.target()),
+            return match rule.action {
+                RuleAction::Allow => Decision::allow(
+                    rule.id.clone(),
+                    format!("{host}:{port} allowed by {}", rule.target()),
+                ),
+                RuleAction::Deny => Decision::deny(
+                    rule.id.clone(),
+                    format!("{host}:{port} denied by {}", rule.target()),
+                ),
+                RuleAction::Escalate => Decision::escalate(
+                    rule.id.clone(),
+                    &format!("connecting to {}", connect_target(host, port)),
+                ),
             };
         }
         match self.mode {
@@ -608,17 +631,20 @@ impl NetworkPolicy {
             .iter()
             .find(|r| r.address().is_some() && r.matches(&ip_text, port));
         if let Some(r) = by_address.filter(|r| r.action == RuleAction::Deny) {
-            return Decision {
-                allow: false,
-                rule_id: r.id.clone(),
-                reason: format!("{host}:{port} reaches {ip}, denied by {}", r.target()),
-            };
+            return Decision::deny(
+                r.id.clone(),
+                format!("{host}:{port} reaches {ip}, denied by {}", r.target()),
+            );
         }
         let named_by_address = by_address.is_some();
         let scope = AddressScope::of(ip);
-        // An allow rule naming this very host (not a wildcard, `*` or `mode = "all"`).
+        // An allow rule naming this very host (not a wildcard, `*` or `mode = "all"`); an
+        // escalate rule counts when the name itself needs approval (asking covers the address).
         let exact_name = self.rules.iter().any(|r| {
-            r.action == RuleAction::Allow && r.names_exact_host() && r.matches(host, port)
+            (r.action == RuleAction::Allow
+                || (decided.escalate && r.action == RuleAction::Escalate))
+                && r.names_exact_host()
+                && r.matches(host, port)
         });
         let allowed = match scope {
             AddressScope::Public => true,
@@ -626,6 +652,15 @@ impl NetworkPolicy {
             AddressScope::HostInternal => literal && named_by_address,
         };
         if allowed {
+            // An address behind an escalate rule needs approval even for an allowed name.
+            if let Some(r) = by_address.filter(|r| r.action == RuleAction::Escalate) {
+                if !decided.escalate {
+                    return Decision::escalate(
+                        r.id.clone(),
+                        &format!("connecting to {host}:{port} (at {ip})"),
+                    );
+                }
+            }
             return decided.clone();
         }
         let scope = scope.describe();

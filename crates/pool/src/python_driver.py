@@ -92,7 +92,12 @@ for request in REQUESTS:
         running = False
         out.end()
         err.end()
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        # The traceback starts at the user's code: this driver's own frame (it runs as
+        # `python3 -c`, file "<string>") is left out.
+        frames = e.__traceback__
+        if frames is not None and frames.tb_frame.f_code.co_filename == "<string>":
+            frames = frames.tb_next
+        tb = traceback.format_exception(type(e), e, frames)
         emit(t="error", ename=type(e).__name__, evalue=str(e), traceback=tb)
     finally:
         running = False

@@ -68,8 +68,11 @@ pub struct AuditRecord {
     pub action: String,
     /// The path, `host:port`, variable or command line.
     pub resource: String,
-    /// `allow` / `deny` (decisions), `ok` / `error` (runs), `error` (errors).
+    /// `allow` / `deny` / `escalate` (decisions), `ok` / `error` (runs), `error` (errors).
     pub decision: String,
+    /// How an `escalate` decision ended: `approved`, `denied`, `timeout`, `no_approver`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub escalation: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -43,6 +43,10 @@ impl DecisionScope<'_> {
         self.set_sandbox(span);
         AuditRecord {
             decision: d.verdict().into(),
+            escalation: d
+                .escalation
+                .map(|o| o.as_str().to_owned())
+                .unwrap_or_default(),
             reason: d.reason.clone(),
             ..self.record("decision", action, d)
         }
@@ -109,11 +113,7 @@ mod tests {
             host: "example.com".into(),
             port: 443,
         };
-        let d = Decision {
-            allow: false,
-            rule_id: "r1".into(),
-            reason: "denied".into(),
-        };
+        let d = Decision::deny("r1", "denied");
         let mut span = RunSpan::start(POLICY_CHECK, None);
         let r = scope.decision(&mut span, &action, &d, "egress-proxy");
         assert_eq!(
@@ -122,6 +122,24 @@ mod tests {
         );
         assert_eq!((r.sandbox_id.as_str(), r.trace_id.as_str()), ("sb", "t"));
         assert!(span.attribute("sandbox.id").is_some());
+        assert_eq!(r.escalation, "");
+        assert!(span.attribute("sandbox.escalation.outcome").is_none());
+        // An escalation carries its outcome on the span and the record.
+        let e = Decision::escalate("network.escalate[0]", "connecting to example.com:443").settle(
+            &agentrun_policy::Answer::TimedOut(std::time::Duration::from_secs(60)),
+        );
+        let mut span = RunSpan::start(POLICY_CHECK, None);
+        let r = scope.decision(&mut span, &action, &e, "egress-proxy");
+        assert_eq!(
+            (r.decision.as_str(), r.escalation.as_str()),
+            ("escalate", "timeout")
+        );
+        assert!(r.reason.contains("no answer within 60 s"), "{r:?}");
+        assert!(span.attribute("sandbox.escalation.outcome").is_some());
+        assert_eq!(
+            span.attribute("sandbox.blocked"),
+            Some(&crate::span::AttrValue::Bool(true))
+        );
         let mut span = RunSpan::start(EGRESS_CONNECT, None);
         let r = scope.failure(&mut span, &action, &d, "resolve", "no such host");
         assert_eq!(

@@ -260,6 +260,9 @@ impl RunSpan {
         self.set_attribute("sandbox.action", action.name());
         self.set_attribute("sandbox.resource", action.resource());
         self.set_attribute("sandbox.blocked", !d.allow);
+        if let Some(outcome) = d.escalation {
+            self.set_attribute("sandbox.escalation.outcome", outcome.as_str());
+        }
         self.set_attribute("sandbox.profile", profile.to_owned());
         self.set_attribute("sandbox.enforced_by", enforced_by.to_owned());
         if let agentrun_policy::Action::Connect { host, port } = action {

@@ -1,0 +1,175 @@
+//! `agentrun serve --mcp ADDR`: the MCP server over Streamable HTTP at `http://ADDR/mcp`,
+//! one sandbox per MCP session (`Mcp-Session-Id`), behind the API key.
+//!
+//! With a key, every request must carry `Authorization: Bearer KEY`; the key is checked
+//! (in constant time) before the body is read, and a missing or wrong one is a 401 JSON
+//! error. A session idle for the idle timeout is closed by the session manager, which drops
+//! its server and so tears down its sandbox. On a loopback address the `Host` header must be
+//! a loopback name (rmcp's DNS-rebinding guard); elsewhere the API key is the guard.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::live::LiveManager;
+use agentrun_pool::PoolError;
+use axum::extract::Request;
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::McpServer;
+use crate::McpOptions;
+
+/// The path the MCP endpoint is served at.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The HTTP front end.
+pub struct HttpFrontend {
+    pub options: McpOptions,
+    pub listen: SocketAddr,
+    /// Required as `Authorization: Bearer KEY` when set.
+    pub api_key: Option<String>,
+    /// Worker threads of its runtime.
+    pub workers: usize,
+}
+
+struct Running {
+    cancel: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningFrontend for Running {
+    fn stop(mut self: Box<Self>) {
+        self.cancel.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Equal in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `authorization` carries `key` as a bearer token.
+pub fn authorized(authorization: Option<&str>, key: &str) -> bool {
+    authorization
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then_some(token.trim())
+        })
+        .is_some_and(|t| same(t.as_bytes(), key.as_bytes()))
+}
+
+async fn require_key(key: Arc<String>, req: Request, next: Next) -> Response {
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if authorized(auth, &key) {
+        return next.run(req).await;
+    }
+    let body = serde_json::json!({
+        "code": "UNAUTHORIZED",
+        "message": "missing or wrong API key: send it as `Authorization: Bearer KEY`",
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+impl Frontend for HttpFrontend {
+    fn start(
+        self: Box<Self>,
+        live: Arc<LiveManager>,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let listener = std::net::TcpListener::bind(self.listen)
+            .map_err(|e| PoolError::Invalid(format!("--mcp {}: {e}", self.listen)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| PoolError::Io("listen", e))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.workers.max(1))
+            .thread_name("mcp-http")
+            .enable_all()
+            .build()
+            .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let idle = self.options.idle_timeout;
+        let shared = crate::session::Shared::new(live, self.options, runtime.handle().clone())?;
+        let cancel = CancellationToken::new();
+        let mut config = StreamableHttpServerConfig::default();
+        config.cancellation_token = cancel.child_token();
+        if !self.listen.ip().is_loopback() {
+            config = config.disable_allowed_hosts();
+        }
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(idle);
+        let service = StreamableHttpService::new(
+            move || Ok(McpServer::new(shared.clone())),
+            Arc::new(sessions),
+            config,
+        );
+        let mut app = axum::Router::new().nest_service(MCP_PATH, service);
+        if let Some(key) = self.api_key.filter(|k| !k.is_empty()) {
+            let key = Arc::new(key);
+            app = app.layer(axum::middleware::from_fn(move |req, next| {
+                require_key(key.clone(), req, next)
+            }));
+        }
+        let ct = cancel.clone();
+        let listen = self.listen;
+        let thread = std::thread::Builder::new()
+            .name("mcp-http".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(target: "agentrun::mcp", "MCP over HTTP: the listener: {e}");
+                            return;
+                        }
+                    };
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { ct.cancelled().await })
+                        .await;
+                });
+                runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            })
+            .map_err(|e| PoolError::Io("spawn thread", e))?;
+        tracing::info!(target: "agentrun::mcp", "MCP server on http://{listen}{MCP_PATH}");
+        Ok(Box::new(Running {
+            cancel,
+            thread: Some(thread),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authorized;
+
+    #[test]
+    fn only_the_bearer_key_is_let_in() {
+        assert!(authorized(Some("Bearer k3y"), "k3y"));
+        assert!(authorized(Some("bearer  k3y "), "k3y"));
+        for bad in [
+            None,
+            Some("k3y"),
+            Some("Bearer k3"),
+            Some("Basic k3y"),
+            Some("Bearer "),
+        ] {
+            assert!(!authorized(bad, "k3y"), "{bad:?}");
+        }
+    }
+}
