@@ -55,9 +55,10 @@ def summary(lat):
 def output_of(result):
     """The printed output of a call (str), or raises with what came back instead."""
     text = "".join(getattr(c, "text", "") for c in result.content or [])
-    if result.isError:
+    # mcp 1.x names them isError/structuredContent, mcp 2.x is_error/structured_content.
+    if getattr(result, "isError", None) or getattr(result, "is_error", None):
         raise RuntimeError(f"tool error: {text[:300]}")
-    obj = result.structuredContent
+    obj = getattr(result, "structuredContent", getattr(result, "structured_content", None))
     if obj is None:
         try:
             obj = json.loads(text)
