@@ -29,6 +29,7 @@ impl McpProcess {
             .arg("mcp")
             .args(args)
             .env("AGENTRUN_STATE_DIR", state)
+            .env("AGENTRUN_AUDIT_DIR", state.join("audit"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -193,9 +194,31 @@ fn one_shot_gives_every_call_a_fresh_sandbox() {
         "{r}"
     );
     let a = mcp.call("run_shell", json!({"command": "echo $$"}));
-    let b = mcp.call("run_shell", json!({"command": "echo $$"}));
+    let b = mcp.call("run_shell", json!({"command": "echo $$; exit 3"}));
     assert_ne!(a["sandbox_id"], b["sandbox_id"]);
     assert_eq!(mcp.close(Duration::from_secs(30)), 0);
+    // Each run is an audit record, as a CLI run is: its sandbox, command and exit code.
+    let audit = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", state.join("audit"))
+        .run();
+    let runs: Vec<Value> = audit
+        .success()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["kind"] == "run")
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0]["sandbox_id"], a["sandbox_id"]);
+    assert_eq!(runs[0]["decision"], "ok");
+    assert_eq!(runs[1]["exit"], 3);
+    assert_eq!(runs[1]["decision"], "error");
+    assert!(
+        runs[1]["resource"]
+            .as_str()
+            .unwrap()
+            .ends_with("echo $$; exit 3"),
+        "{runs:?}"
+    );
     assert_no_new_leftovers_in(&slot, &before);
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use agentrun_policy::{Action, Decision};
 use agentrun_telemetry::decision::POLICY_CHECK;
-use agentrun_telemetry::{trace_id_of, DecisionScope, ExecSpan, RunSpan};
+use agentrun_telemetry::{trace_id_of, AuditRecord, DecisionScope, ExecSpan, RunSpan};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
@@ -209,6 +209,26 @@ async fn run_code(
         Code::Shell(c) => run::shell(shared, &lease.sandbox, c, env, timeout).await,
     };
     exec.set_attribute("sandbox.duration_ms", started.elapsed().as_millis() as i64);
+    // The run's audit record, as a CLI run's: its command line, exit code and outcome.
+    let record = AuditRecord {
+        time: agentrun_telemetry::audit::now_rfc3339(),
+        kind: "run".into(),
+        sandbox_id: lease.sandbox.id().to_owned(),
+        trace_id: trace_id_of(trace),
+        action: "exec".into(),
+        resource: agentrun_telemetry::command_line(&format!("{executable} {line}")),
+        decision: match &result {
+            Ok(out) if out.exit_code == 0 => "ok",
+            _ => "error",
+        }
+        .into(),
+        exit: Some(result.as_ref().map_or(125, |o| o.exit_code)),
+        profile: shared.profile.name.clone(),
+        ..Default::default()
+    };
+    if let Err(e) = shared.audit.append(&record) {
+        tracing::error!(target: "agentrun::mcp", "audit log: {e}");
+    }
     let r = match result {
         Ok(out) => {
             exec.set_attribute("process.exit.code", out.exit_code as i64);
