@@ -3,7 +3,7 @@
 //!
 //! With a key, every request must carry `Authorization: Bearer KEY`; the key is checked
 //! (in constant time) before the body is read, and a missing or wrong one is a 401 JSON
-//! error. A session idle for the idle timeout is closed by the session manager, which drops
+//! error that closes the connection (its body unread, it cannot carry another request). A session idle for the idle timeout is closed by the session manager, which drops
 //! its server and so tears down its sandbox. On a loopback address the `Host` header must be
 //! a loopback name (rmcp's DNS-rebinding guard); elsewhere the API key is the guard.
 
@@ -66,9 +66,14 @@ async fn require_key(key: Arc<String>, req: Request, next: Next) -> Response {
         "code": "UNAUTHORIZED",
         "message": "missing or wrong API key: send it as `Authorization: Bearer KEY`",
     });
+    // The body is never read, so the connection cannot carry another request: say so, or a
+    // client that reuses it finds it closed under its next request.
     (
         StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
+        [
+            (header::WWW_AUTHENTICATE, "Bearer"),
+            (header::CONNECTION, "close"),
+        ],
         axum::Json(body),
     )
         .into_response()
