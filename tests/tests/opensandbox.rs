@@ -417,12 +417,19 @@ fn consecutive_sandboxes_reuse_one_shell_and_see_nothing_of_each_other() {
         assert_eq!(id.len(), shell.len(), "ids {ids}, shell {shell}");
         assert!(id.starts_with("ar-"), "ids {ids}");
     }
+    // The second sandbox's teardown runs off the delete's path: its shell is back in the
+    // pool once that is done.
+    let back = wait_until(Duration::from_secs(15), || {
+        d.ps()
+            .iter()
+            .any(|e| e.id == shell && e.state == "ready")
+            .then_some(())
+    });
     let ps = d.ps();
-    let entry = ps
-        .iter()
-        .find(|e| e.id == shell)
-        .unwrap_or_else(|| panic!("shell {shell} is not listed: {ps:#?}"));
-    assert_eq!(entry.state, "ready", "{ps:#?}");
+    assert!(
+        back.is_some(),
+        "shell {shell} is not back in the pool: {ps:#?}"
+    );
     // (A ready shell beyond the target may be trimmed when idle: not a verdict.)
     let discarded = d.discarded();
     let verdicts: Vec<_> = discarded.keys().filter(|k| *k != "idle").collect();
