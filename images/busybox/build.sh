@@ -7,7 +7,7 @@
 #             an existing DIR is replaced.
 #   --import  then register it: `agentrun image add NAME DIR --cmd /bin/sh` (NAME default:
 #             busybox).
-#             Uses $AGENTRUN_BIN (default <repo>/target/debug/agentrun) and honours
+#             Uses $AGENTRUN_BIN, else target/release or target/debug, else agentrun on PATH; honours
 #             $AGENTRUN_ROOT like agentrun itself.
 # env: BUSYBOX (path of a static busybox; default /bin/busybox from busybox-static).
 set -euo pipefail

@@ -6,8 +6,8 @@
 #   DIR       where to build the rootfs (default: <repo>/.cache/images/python/rootfs);
 #             an existing DIR is replaced.
 #   --import  then register it: `agentrun image add NAME DIR` (NAME default: python), with
-#             Cmd python3 and Docker's PATH. Uses $AGENTRUN_BIN (default
-#             <repo>/target/debug/agentrun) and honours $AGENTRUN_ROOT like agentrun itself.
+#             Cmd python3 and Docker's PATH. Uses $AGENTRUN_BIN, else
+#             target/release or target/debug, else agentrun on PATH; honours $AGENTRUN_ROOT.
 # env: DEBIAN_MIRROR (default: the first URI of /etc/apt/sources.list.d/debian.sources, else
 #      http://deb.debian.org/debian), DEBIAN_SUITE (default: this host's codename).
 # Needs root and debootstrap (apt-get install debootstrap).

@@ -50,6 +50,12 @@ pub(crate) fn execute(
     // Clean up after runs that were killed; cheap when there is nothing to do.
     let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
     let host = HostInfo::probe();
+    if host.landlock_abi == 0 {
+        eprintln!(
+            "agentrun: warning: {}",
+            agentrun_runtime::preflight::LANDLOCK_ABSENT
+        );
+    }
 
     let signals = block_signals();
     let stdin = match stdin_fd() {
@@ -62,7 +68,12 @@ pub(crate) fn execute(
         Ok(s) => s,
         Err(e) => {
             let kind = e.kind();
-            return run.fail(kind, &anyhow::Error::new(e).context("creating sandbox"));
+            // A host requirement's error is already the whole story: what to do.
+            let e = match e {
+                e @ agentrun_runtime::RuntimeError::Preflight(_) => anyhow::Error::new(e),
+                e => anyhow::Error::new(e).context("creating sandbox"),
+            };
+            return run.fail(kind, &e);
         }
     };
     run.sandbox_id = Some(sandbox.id().to_string());

@@ -25,6 +25,18 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
     let cgroup = host.cgroup.map(|c| c.as_str()).unwrap_or("none");
     let idmapped = host.idmapped_mounts.unwrap_or(false);
     let favordynmods = host.cgroup.is_some() && agentrun_runtime::cgroup::favordynmods();
+    // The controllers a sandbox's limits need that this host lacks.
+    let controllers_missing: Vec<&str> = match host.cgroup {
+        Some(mode) => {
+            let have = agentrun_runtime::preflight::controllers(mode);
+            agentrun_runtime::preflight::REQUIRED_CONTROLLERS
+                .iter()
+                .copied()
+                .filter(|c| !have.iter().any(|h| h == c))
+                .collect()
+        }
+        None => Vec::new(),
+    };
     if args.json {
         let v = json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -37,6 +49,7 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
             "cgroup": cgroup,
             "swap_limit": host.swap_limit,
             "cgroup_favordynmods": favordynmods,
+            "cgroup_controllers_missing": controllers_missing,
             "bounding_capabilities_missing": missing,
             "root": paths.root,
             "state_dir": paths.state_dir,
@@ -52,6 +65,12 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
         host.landlock_enforcement(),
         host.landlock_abi
     );
+    if host.landlock_abi == 0 {
+        println!(
+            "                   {}",
+            agentrun_runtime::preflight::LANDLOCK_ABSENT
+        );
+    }
     println!("seccomp:           {}", yes(host.seccomp));
     println!("user namespaces:   {}", yes(host.user_namespaces));
     println!(
@@ -64,6 +83,12 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
         }
     );
     println!("cgroups:           {cgroup}");
+    if !controllers_missing.is_empty() {
+        println!(
+            "cgroup controllers missing: {} (sandboxes cannot start; `agentrun exec` says how to fix it)",
+            controllers_missing.join(", ")
+        );
+    }
     println!("no-swap limit:     {}", yes(host.swap_limit));
     if host.cgroup.is_some() {
         println!(

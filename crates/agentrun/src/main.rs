@@ -26,6 +26,7 @@ mod warm;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agentrun_runtime::preflight;
 use clap::{Parser, Subcommand};
 
 /// Exit code for agentrun's own failures (DESIGN.md).
@@ -183,6 +184,11 @@ fn main() -> ExitCode {
             | Command::Image(_)
             | Command::Volume(_)
     ) {
+        // Not root: say so before anything fails on a permission (the store, the state dir).
+        if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
+            eprintln!("agentrun: {e}");
+            return ExitCode::from(EXIT_AGENTRUN_ERROR);
+        }
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
                 for line in repairs {
@@ -191,6 +197,21 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("agentrun: {}", one_line(&e.to_string()));
+                return ExitCode::from(EXIT_AGENTRUN_ERROR);
+            }
+        }
+    }
+    // The daemons check every host requirement at start, not at their first sandbox.
+    if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
+        let host = agentrun_runtime::HostInfo::probe();
+        match preflight::check(&preflight::HostFacts::probe(&host)) {
+            Ok(warnings) => {
+                for w in warnings {
+                    eprintln!("agentrun: warning: {w}");
+                }
+            }
+            Err(e) => {
+                eprintln!("agentrun: {e}");
                 return ExitCode::from(EXIT_AGENTRUN_ERROR);
             }
         }

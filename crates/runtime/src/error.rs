@@ -29,6 +29,8 @@ pub enum RuntimeError {
     #[error(transparent)]
     Image(#[from] agentrun_image::ImageError),
     #[error(transparent)]
+    Preflight(#[from] crate::preflight::PreflightError),
+    #[error(transparent)]
     Random(#[from] crate::random::RandomError),
 }
 
@@ -61,6 +63,7 @@ impl RuntimeError {
             RuntimeError::Image(agentrun_image::ImageError::NotFound(_)) => "image_not_found",
             RuntimeError::Image(_) => "image",
             RuntimeError::Random(_) => "random",
+            RuntimeError::Preflight(_) => "unsupported",
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod landlock;
 pub mod net;
 pub mod netns;
 pub mod outcome;
+pub mod preflight;
 pub mod random;
 pub mod reaper;
 pub mod rootfs;

@@ -323,15 +323,10 @@ impl Sandbox {
         host: &HostInfo,
         stdio: SandboxStdio,
     ) -> Result<(), RuntimeError> {
-        if !host.user_namespaces {
-            return Err(RuntimeError::Unsupported(
-                "user namespaces are disabled (/proc/sys/user/max_user_namespaces is 0)".into(),
-            ));
-        }
+        // Root, user namespaces, cgroups and their controllers, each a one-line fix.
+        crate::preflight::check(&crate::preflight::HostFacts::probe(host))?;
         let Some(cgroup) = host.cgroup else {
-            return Err(RuntimeError::Unsupported(
-                "no cgroup filesystem found".into(),
-            ));
+            return Err(crate::preflight::PreflightError::NoCgroups.into());
         };
         let shell = matches!(stdio, SandboxStdio::Shell);
         if config.args.is_empty() && !shell {
