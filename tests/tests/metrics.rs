@@ -401,3 +401,45 @@ fn metrics_beyond_loopback_needs_an_api_key() {
     assert_ne!(out.code(), 0, "{out}");
     assert!(out.stderr().contains("--metrics"), "{out}");
 }
+
+/// Commands of OpenSandbox sandboxes, run with the official SDK, are the daemon's runs too.
+#[test]
+fn opensandbox_commands_are_counted() {
+    let Some(_lock) = setup() else { return };
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (d, domain) = agentrun_e2e::osb::start_with_pool(
+        "1",
+        &[("AGENTRUN_API_KEY", String::new())],
+        &["--metrics", metrics.as_str()],
+    );
+    let script = r#"
+import os
+from datetime import timedelta
+from opensandbox import SandboxSync
+from opensandbox.config import ConnectionConfigSync
+cfg = ConnectionConfigSync(domain=os.environ["OSB_DOMAIN"], protocol="http")
+sbx = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+try:
+    assert sbx.commands.run("true").exit_code == 0
+    assert sbx.commands.run("exit 4").exit_code == 4
+finally:
+    sbx.kill()
+print("OK")
+"#;
+    let mut cmd = std::process::Command::new(agentrun_e2e::osb::python());
+    cmd.arg("-c")
+        .arg(script)
+        .env("OSB_DOMAIN", &domain)
+        .env("OPENSANDBOX_DISABLE_METRICS", "1")
+        .env_remove("OPEN_SANDBOX_API_KEY")
+        .env_remove("OPEN_SANDBOX_DOMAIN");
+    let out = run_with_timeout(cmd, None, Duration::from_secs(120));
+    assert!(out.stdout().contains("OK"), "{out}\n{}", d.log());
+    let scrape = get(&metrics, None);
+    let (s, _) = parse(&scrape.body);
+    let runs = |o: &str| value(&s, "agentrun_runs_total", &[("outcome", o)]);
+    assert_eq!(runs("ok"), 1.0, "{}", scrape.body);
+    assert_eq!(runs("error"), 1.0, "{}", scrape.body);
+    assert_eq!(value(&s, "agentrun_run_duration_seconds_count", &[]), 2.0);
+    agentrun_e2e::osb::stop_clean(d);
+}
