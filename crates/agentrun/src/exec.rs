@@ -49,6 +49,9 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     if let Err(e) = recorder.run(&command_line, code, record.audit_outcome()) {
         eprintln!("agentrun: {e}");
     }
+    if !no_daemon && record.cold_reason.is_none() {
+        report_denials(paths, &recorder.denied_rules());
+    }
     record.fill_span(&mut span);
     let (children, decisions, denials) = recorder.take();
     span.set_attribute("sandbox.policy_decisions", decisions);
@@ -63,6 +66,21 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     }
     span.finish_with(children);
     ExitCode::from(code as u8)
+}
+
+/// The run's denials, to the daemon's metrics (`agentrun_policy_denials_total`), when a
+/// daemon answers: a run it served, or one denied before any sandbox. Cold runs beside a
+/// daemon (`cold_reason`) are not its own and are not reported. Never fails the run.
+fn report_denials(paths: &Paths, rules: &[String]) {
+    if rules.is_empty() {
+        return;
+    }
+    if let Some(client) = DaemonClient::connect(&paths.socket()) {
+        let msg = agentrun_pool::protocol::ClientMessage::Denials {
+            rules: rules.to_vec(),
+        };
+        let _ = client.call(&msg);
+    }
 }
 
 /// Every run shape goes to the daemon when it answers, unless asked not to (`no_daemon`);

@@ -64,7 +64,7 @@ pub struct ServeArgs {
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
     /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`,
     /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
-    /// `volume_roots` (a list), and an
+    /// `volume_roots` (a list), `metrics`, and an
     /// `[image_limits]` table (`max_bytes`,
     /// `max_entries`, `max_ratio`, `max_depth`: what the Docker API's pulls and builds may
     /// unpack; the `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
@@ -102,6 +102,11 @@ pub struct ServeArgs {
     /// Also allow HOST[:PORT] in MCP sessions' sandboxes (repeatable).
     #[arg(long = "mcp-allow-host", value_name = "HOST[:PORT]")]
     mcp_allow_host: Vec<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (a listener of
+    /// its own: scrapers need no OpenSandbox key; the API key, when set, is required as
+    /// `Authorization: Bearer KEY`; beyond loopback only with a key or --insecure-no-auth).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// `agentrun serve --config FILE`.
@@ -130,6 +135,7 @@ struct ServeConfig {
     mcp_profile: Option<String>,
     mcp_workspace: Option<PathBuf>,
     mcp_allow_host: Option<Vec<String>>,
+    metrics: Option<std::net::SocketAddr>,
 }
 
 const DEFAULT_POOL_SIZE: usize = 4;
@@ -304,6 +310,21 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             },
         }));
     }
+    if let Some(listen) = args.metrics.or(file.metrics) {
+        check_exposure(
+            "--metrics",
+            "the Prometheus metrics",
+            listen,
+            api_key.is_some(),
+            insecure,
+        )?;
+        frontends.push(Box::new(
+            agentrun_opensandbox::prometheus::MetricsFrontend {
+                listen,
+                api_key: api_key.clone(),
+            },
+        ));
+    }
     if let Some(listen) = args.mcp.or(file.mcp) {
         check_exposure(
             "--mcp",
@@ -366,9 +387,10 @@ fn is_loopback(ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// An HTTP front end (`flag`: `--listen`, `--mcp`) beyond loopback needs an API key: both run
-/// code in sandboxes for whoever reaches them (and the lifecycle API hands out every
-/// sandbox's execd token). Without one it is refused, unless `--insecure-no-auth` asks for
+/// An HTTP front end (`flag`: `--listen`, `--mcp`, `--metrics`) beyond loopback needs an API
+/// key: the first two run code in sandboxes for whoever reaches them (and the lifecycle API
+/// hands out every sandbox's execd token); the metrics tell what runs, how often and what is
+/// denied, which is not for everyone who can reach the host either. Without one it is refused, unless `--insecure-no-auth` asks for
 /// it (then a warning says what that means).
 fn check_exposure(
     flag: &str,

@@ -33,6 +33,8 @@ struct Inner {
     children: Vec<FinishedSpan>,
     decisions: u64,
     denials: u64,
+    /// Rule ids of the denials, for the daemon's metrics.
+    denied_rules: Vec<String>,
 }
 
 impl Recorder {
@@ -50,6 +52,7 @@ impl Recorder {
                 children: Vec::new(),
                 decisions: 0,
                 denials: 0,
+                denied_rules: Vec::new(),
             })),
         }
     }
@@ -92,6 +95,7 @@ impl Recorder {
         g.decisions += 1;
         if !d.allow {
             g.denials += 1;
+            g.denied_rules.push(d.rule_id.clone());
         }
         let mut span = g.parent.child(POLICY_CHECK);
         let mut record = g.scope().decision(&mut span, action, d, enforced_by);
@@ -155,6 +159,11 @@ impl Recorder {
             ..Default::default()
         };
         g.audit.append(&record)
+    }
+
+    /// The rule ids of the denials so far.
+    pub fn denied_rules(&self) -> Vec<String> {
+        self.lock().denied_rules.clone()
     }
 
     /// The decision spans so far, and (decisions, denials).

@@ -209,6 +209,18 @@ async fn run_code(
         Code::Shell(c) => run::shell(shared, &lease.sandbox, c, env, timeout).await,
     };
     exec.set_attribute("sandbox.duration_ms", started.elapsed().as_millis() as i64);
+    {
+        use agentrun_pool::metrics::{global, outcome};
+        let o = match &result {
+            Ok(out) if out.timed_out => outcome::TIMEOUT,
+            Ok(out) if out.exit_code == 0 => outcome::OK,
+            Ok(_) => outcome::ERROR,
+            Err(_) => outcome::FAILED,
+        };
+        // The daemon's metrics when served by `agentrun serve --mcp` (in `agentrun mcp`
+        // nobody reads them).
+        global().run(o, started.elapsed());
+    }
     // The run's audit record, as a CLI run's: its command line, exit code and outcome.
     let record = AuditRecord {
         time: agentrun_telemetry::audit::now_rfc3339(),
@@ -236,6 +248,10 @@ async fn run_code(
                 exec.set_attribute("sandbox.timed_out", true);
             }
             let mut denials = lease.sandbox.watch.take();
+            // Reported denials only (not the ones explained from the output below).
+            for d in &denials {
+                agentrun_pool::metrics::global().denial(&d.rule_id);
+            }
             for d in explain_output(&shared.profile, &[&out.stderr, &out.stdout]) {
                 if !denials
                     .iter()
@@ -288,6 +304,9 @@ fn decider<'a>(
             trace_id: &trace_id,
         };
         let record = scope.decision(&mut span, action, d, "agentrun");
+        if !d.allow {
+            agentrun_pool::metrics::global().denial(&d.rule_id);
+        }
         if let Err(e) = shared.audit.append(&record) {
             tracing::error!(target: "agentrun::mcp", "audit log: {e}");
         }

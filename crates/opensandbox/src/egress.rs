@@ -182,6 +182,9 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
     Arc::new(move |action: &Action, d: &Decision| {
         let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
         let record = scope(&id, &trace_id).decision(&mut span, action, d, "egress-proxy");
+        if !d.allow {
+            agentrun_pool::metrics::global().denial(&d.rule_id);
+        }
         let recorded = append(&audit, &id, &record);
         export(span);
         recorded

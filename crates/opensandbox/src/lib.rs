@@ -17,6 +17,8 @@
 //!   sidecar's API (under `/egress/{sid}`) that changes it live.
 //! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
 //! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`].
+//! - [`prometheus`]: not the OpenSandbox API but served beside it: the daemon's Prometheus
+//!   endpoint (`serve --metrics ADDR`), on a listener of its own.
 //! - [`process`] / [`events`]: processes in a sandbox (pipes, the interactive ones of sessions
 //!   and code contexts) and the event streams their output reaches clients by.
 //!
@@ -42,6 +44,7 @@ pub mod filestream;
 pub mod lifecycle;
 mod lines;
 pub mod process;
+pub mod prometheus;
 pub mod proxy;
 pub mod sandbox;
 pub mod server_proxy;

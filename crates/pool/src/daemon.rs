@@ -332,6 +332,13 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             }
             reply(conn.as_fd(), &DaemonReply::PoolStatus(status))
         }
+        (ClientMessage::Denials { rules }, _) => {
+            let metrics = crate::metrics::global();
+            for rule in rules.iter().take(MAX_REPORTED_DENIALS) {
+                metrics.denial(rule);
+            }
+            reply(conn.as_fd(), &DaemonReply::Ok)
+        }
         (ClientMessage::Signal { .. } | ClientMessage::EgressReady, _) => reply(
             conn.as_fd(),
             &DaemonReply::Error {
@@ -340,6 +347,10 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
         ),
     }
 }
+
+/// Most denials one [`ClientMessage::Denials`] counts (a rule id is a label value: a
+/// client cannot grow the daemon's metrics without bound in one message).
+const MAX_REPORTED_DENIALS: usize = 1000;
 
 /// Whether a client's store path names the daemon's (canonical) store.
 fn same_store(client: &Path, ours: &Path) -> bool {
@@ -355,7 +366,10 @@ fn run_in_pooled_shell(
     timeout_ms: Option<u64>,
     stdio: Vec<OwnedFd>,
 ) {
+    let started = std::time::Instant::now();
+    let metrics = crate::metrics::global();
     let fail = |message: String| {
+        metrics.run(crate::metrics::outcome::FAILED, started.elapsed());
         reply(
             conn,
             &DaemonReply::Exec(ExecReply {
@@ -386,6 +400,7 @@ fn run_in_pooled_shell(
         ..Default::default()
     };
     let failed = |out: &mut ExecReply, message: String| {
+        metrics.run(crate::metrics::outcome::FAILED, started.elapsed());
         out.exit_code = 125;
         out.error = Some(message);
         reply(conn, &DaemonReply::Exec(out.clone()));
@@ -473,6 +488,7 @@ fn run_in_pooled_shell(
             if r.init.is_none() && !explained {
                 out.error = Some("the sandbox's cell died before reporting".into());
             }
+            metrics.run(run_outcome(&out), r.duration);
             if !r.client_gone {
                 reply(conn, &DaemonReply::Exec(out));
             }
@@ -490,6 +506,22 @@ fn run_in_pooled_shell(
         }
     };
     shared.pool.release(shell, verdict);
+}
+
+/// How a run that went to its end is counted (`agentrun_runs_total{outcome}`).
+fn run_outcome(out: &ExecReply) -> &'static str {
+    use crate::metrics::outcome;
+    if out.timed_out {
+        outcome::TIMEOUT
+    } else if out.oom_killed {
+        outcome::OOM
+    } else if out.error.is_some() || out.cell_error.is_some() {
+        outcome::FAILED
+    } else if out.exit_code == 0 {
+        outcome::OK
+    } else {
+        outcome::ERROR
+    }
 }
 
 /// Tells the client where to serve the run's egress proxy and waits until it does.

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod factory;
 pub mod lines;
 pub mod live;
+pub mod metrics;
 pub mod output_log;
 pub mod pool;
 pub mod process;

@@ -538,6 +538,11 @@ impl LiveManager {
         }
     }
 
+    /// The pool's counters (what `agentrun pool status` shows, without zygote details).
+    pub fn pool_status(&self) -> crate::protocol::PoolStatus {
+        self.pool.status()
+    }
+
     /// A new long-lived sandbox: a shell from the pool kept for its image and profile if
     /// there is one ready (whatever its limits, mounts and egress port), else made now, with
     /// a long-lived cell in it. Blocks while it is made.

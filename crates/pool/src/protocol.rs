@@ -35,6 +35,11 @@ pub enum ClientMessage {
     Signal { signal: i32 },
     /// The run's egress proxy listens on the socket of [`DaemonReply::Egress`].
     EgressReady,
+    /// After a run through the daemon: the rule ids of the policy decisions that denied
+    /// something in it (the client saw them: its egress proxy, the kernel's Landlock
+    /// reports, its plan). Counted in the daemon's metrics; answered with
+    /// [`DaemonReply::Ok`].
+    Denials { rules: Vec<String> },
     /// List sandboxes.
     Ps,
     /// Pool counters.
@@ -169,6 +174,8 @@ pub enum DaemonReply {
     Error {
         message: String,
     },
+    /// Done (for [`ClientMessage::Denials`]).
+    Ok,
 }
 
 /// What `agentrun pool status` shows.

@@ -310,6 +310,8 @@ async fn run(
     } = match spawn(&rec, argv, env, cwd, false, user).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
+            agentrun_pool::metrics::global()
+                .run(agentrun_pool::metrics::outcome::FAILED, started.elapsed());
             span.set_attribute("process.exit.code", exit_code as i64);
             span.set_error("spawn", &message);
             finish_span(span);
@@ -374,6 +376,17 @@ async fn run(
             String::new()
         };
         cmd.finish(&rec, result.exit_code, error);
+        {
+            use agentrun_pool::metrics::{global, outcome};
+            let o = if timed_out {
+                outcome::TIMEOUT
+            } else if result.exit_code == 0 {
+                outcome::OK
+            } else {
+                outcome::ERROR
+            };
+            global().run(o, started.elapsed());
+        }
         span.set_attribute("process.exit.code", result.exit_code as i64);
         span.set_attribute("process.pid", pid as i64);
         span.set_attribute("sandbox.timed_out", timed_out);

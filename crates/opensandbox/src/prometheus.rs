@@ -1,0 +1,124 @@
+//! The daemon's Prometheus endpoint (`agentrun serve --metrics ADDR`): `GET /metrics` on a
+//! listener of its own, the text of [`agentrun_pool::metrics`].
+//!
+//! Its own address rather than a route of `--listen`: a scraper then needs neither the
+//! OpenSandbox API nor its key (Prometheus sends no `OPEN-SANDBOX-API-KEY`), and the metrics
+//! can stay on loopback while the API is served further. What it shows is counts, not
+//! secrets, but it is still only served beyond loopback with the API key (or
+//! `--insecure-no-auth`, checked by `agentrun serve` as for `--listen`); when a key is set
+//! it is required here too, as `Authorization: Bearer KEY` (Prometheus's `authorization`
+//! / `bearer_token` scrape setting), compared in constant time.
+
+use std::sync::Arc;
+
+use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::live::LiveManager;
+use agentrun_pool::PoolError;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::auth::constant_time_eq;
+
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The metrics front end of the daemon.
+pub struct MetricsFrontend {
+    pub listen: std::net::SocketAddr,
+    /// Required as a bearer token when set.
+    pub api_key: Option<String>,
+}
+
+struct Endpoint {
+    live: Arc<LiveManager>,
+    api_key: Option<String>,
+}
+
+struct Running {
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningFrontend for Running {
+    fn stop(mut self: Box<Self>) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Frontend for MetricsFrontend {
+    fn start(
+        self: Box<Self>,
+        live: Arc<LiveManager>,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let listener = std::net::TcpListener::bind(self.listen)
+            .map_err(|e| PoolError::Invalid(format!("--metrics {}: {e}", self.listen)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| PoolError::Io("listen", e))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let endpoint = Arc::new(Endpoint {
+            live,
+            api_key: self.api_key.filter(|k| !k.is_empty()),
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tracing::info!(target: "agentrun::metrics", "Prometheus metrics on http://{}/metrics", self.listen);
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(target: "agentrun::metrics", "metrics: the listener: {e}");
+                            return;
+                        }
+                    };
+                    let app = axum::Router::new()
+                        .route("/metrics", get(scrape))
+                        .with_state(endpoint);
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = rx.await;
+                        })
+                        .await;
+                });
+                runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            })
+            .map_err(|e| PoolError::Io("spawn thread", e))?;
+        Ok(Box::new(Running {
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }))
+    }
+}
+
+async fn scrape(State(endpoint): State<Arc<Endpoint>>, headers: HeaderMap) -> Response {
+    if let Some(key) = &endpoint.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing or wrong API key (Authorization: Bearer KEY)\n",
+            )
+                .into_response();
+        }
+    }
+    let status = endpoint.live.pool_status();
+    let body = agentrun_pool::metrics::global()
+        .render(&status, agentrun_pool::metrics::resident_memory_bytes());
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+}
