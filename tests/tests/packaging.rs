@@ -55,7 +55,11 @@ fn serve_takes_the_socket_a_service_manager_bound() {
         })
         .unwrap_or(0)
         + status["unpooled"].as_u64().unwrap_or(0);
-    assert!(served >= 1, "the daemon served no run: {status}\n{}", d.log());
+    assert!(
+        served >= 1,
+        "the daemon served no run: {status}\n{}",
+        d.log()
+    );
     assert!(
         d.log().contains("(socket-activated)"),
         "the daemon does not say it took the passed socket\n{}",
@@ -109,7 +113,10 @@ fn completions_and_man_pages_come_from_the_cli() {
     require_bin();
     let out = agentrun(["completions", "bash"]).run();
     let script = out.success();
-    assert!(script.contains("agentrun__subcmd__serve"), "no serve in bash completions");
+    assert!(
+        script.contains("agentrun__subcmd__serve"),
+        "no serve in bash completions"
+    );
     let dir = tempdir();
     let path = dir.path().join("agentrun.bash");
     fs::write(&path, &script).unwrap();
@@ -130,10 +137,18 @@ fn completions_and_man_pages_come_from_the_cli() {
 
     let man = dir.path().join("man");
     agentrun(["man".as_ref(), man.as_os_str()]).run().success();
-    for page in ["agentrun.1", "agentrun-serve.1", "agentrun-exec.1", "agentrun-image-pull.1"] {
+    for page in [
+        "agentrun.1",
+        "agentrun-serve.1",
+        "agentrun-exec.1",
+        "agentrun-image-pull.1",
+    ] {
         assert!(man.join(page).is_file(), "no {page}");
     }
-    let out = host("man", ["-l", man.join("agentrun-serve.1").to_str().unwrap()]);
+    let out = host(
+        "man",
+        ["-l", man.join("agentrun-serve.1").to_str().unwrap()],
+    );
     let text = out.success();
     assert!(text.contains("--pool-size"), "agentrun-serve(1): {text}");
 }
