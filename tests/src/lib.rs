@@ -1784,6 +1784,18 @@ impl Daemon {
         }
     }
 
+    /// Takes `proc` as this daemon's process (one started another way than
+    /// [`Daemon::launch`], e.g. under a socket activator): stopped and cleaned up on drop.
+    pub fn adopt(&mut self, proc: Running) {
+        assert!(self.proc.is_none(), "daemon already running");
+        self.proc = Some(proc);
+    }
+
+    /// Takes the daemon's process back (the caller stops it).
+    pub fn take_proc(&mut self) -> Option<Running> {
+        self.proc.take()
+    }
+
     /// Is the daemon process still running?
     pub fn is_running(&mut self) -> bool {
         match self.proc.as_mut() {

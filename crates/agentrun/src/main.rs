@@ -11,6 +11,7 @@ mod approve;
 mod audit_cmd;
 mod cold;
 mod exec;
+mod gen_cmd;
 mod image;
 mod info;
 mod logging;
@@ -100,6 +101,19 @@ enum Command {
     Volume(volume_cmd::VolumeCommand),
     /// Show the audit log: every run and every policy decision.
     Audit(audit_cmd::AuditArgs),
+    /// Print the shell completion script for SHELL (e.g. to
+    /// /usr/share/bash-completion/completions/agentrun).
+    #[command(hide = true)]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (agentrun.1, agentrun-serve.1, ...) into DIR.
+    #[command(hide = true)]
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
     /// The runc-compatible OCI runtime (create, start, state, kill, delete, exec, ...), for
     /// containerd's runc shim and Kubernetes RuntimeClasses: see docs/kubernetes.md.
     Oci {
@@ -227,6 +241,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(*args, &paths),
         Command::Mcp(args) => mcp_cmd::run(*args, &paths),
         Command::Ps { json } => serve::ps(json, &paths),
+        Command::Completions { shell } => gen_cmd::completions(shell),
+        Command::Man { dir } => gen_cmd::man(&dir),
         Command::Pool(cmd) => serve::pool(cmd, &paths),
         Command::Oci { args } => {
             let mut argv = vec![std::ffi::OsString::from("agentrun")];

@@ -85,7 +85,11 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     // One daemon per state dir, for its whole life (a daemon that is still shutting down has
     // removed its socket but not yet its sandboxes).
     let _lock = lock_state_dir(&opts.state_dir)?;
-    if crate::client::DaemonClient::connect(&opts.socket).is_some() {
+    // A socket a service manager bound for us (socket activation): it owns the socket file,
+    // and connecting to it would reach our own queue.
+    let activated = crate::activation::take_listener()?;
+    let socket_activated = activated.is_some();
+    if !socket_activated && crate::client::DaemonClient::connect(&opts.socket).is_some() {
         return Err(PoolError::Invalid(format!(
             "a daemon already serves {}",
             opts.socket.display()
@@ -122,7 +126,10 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| PoolError::Sys("signalfd", e))?;
 
-    let listener = listen_on(&opts.socket)?;
+    let listener = match activated {
+        Some(fd) => fd,
+        None => listen_on(&opts.socket)?,
+    };
     let cgroup = CgroupMode::detect();
     let shared = Arc::new(Shared {
         pool: Arc::new(Pool::new(factories, opts.limits.clone())),
@@ -164,8 +171,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         .collect();
     tracing::info!(
         target: "agentrun::pool",
-        "serving on {} (pools {}; at most {} sandboxes)",
+        "serving on {}{} (pools {}; at most {} sandboxes)",
         opts.socket.display(),
+        if socket_activated { " (socket-activated)" } else { "" },
         if pools.is_empty() {
             "none".into()
         } else {
@@ -206,7 +214,9 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     }
     tracing::info!(target: "agentrun::pool", "shutting down");
     drop(listener);
-    let _ = std::fs::remove_file(&opts.socket);
+    if !socket_activated {
+        let _ = std::fs::remove_file(&opts.socket);
+    }
     for r in running_frontends {
         r.stop();
     }

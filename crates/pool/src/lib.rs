@@ -16,6 +16,7 @@
 //!   memory, their output as lines, the processes started with pipes and the interactive
 //!   ones, and the persistent Python contexts (OpenSandbox code contexts, MCP `run_python`).
 
+pub mod activation;
 pub mod client;
 pub mod daemon;
 pub mod factory;
