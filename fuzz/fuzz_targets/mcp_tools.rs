@@ -12,7 +12,13 @@ use agentrun_mcp::tools::ToolCall;
 use agentrun_policy::Profile;
 use libfuzzer_sys::fuzz_target;
 
-const TOOLS: [&str; 5] = ["run_python", "run_shell", "write_file", "read_file", "list_files"];
+const TOOLS: [&str; 5] = [
+    "run_python",
+    "run_shell",
+    "write_file",
+    "read_file",
+    "list_files",
+];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, rest)) = data.split_first() else {
@@ -34,7 +40,10 @@ fuzz_target!(|data: &[u8]| {
             for name in ["strict", "default", "code-interpreter"] {
                 let profile = Profile::builtin(name).expect("a built-in profile");
                 for d in explain_output(&profile, &[&text]) {
-                    assert!(d.resource.starts_with('/') || d.resource == "network", "{d:?}");
+                    assert!(
+                        d.resource.starts_with('/') || d.resource == "network",
+                        "{d:?}"
+                    );
                     assert!(!d.rule_id.is_empty() && !d.reason.is_empty(), "{d:?}");
                 }
             }
