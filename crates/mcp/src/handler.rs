@@ -272,7 +272,7 @@ async fn run_code(
             error_result("sandbox", e.to_string())
         }
     };
-    export(exec);
+    exec.finish_detached("mcp-span");
     r
 }
 
@@ -310,16 +310,7 @@ fn decider<'a>(
         if let Err(e) = shared.audit.append(&record) {
             tracing::error!(target: "agentrun::mcp", "audit log: {e}");
         }
-        export(span);
-    }
-}
-
-/// Exports `span` off the async threads (the export may block on the network).
-fn export(span: RunSpan) {
-    if agentrun_telemetry::export_enabled() {
-        let _ = std::thread::Builder::new()
-            .name("mcp-span".into())
-            .spawn(move || span.finish());
+        span.finish_detached("mcp-span");
     }
 }
 
@@ -395,7 +386,7 @@ impl rmcp::ServerHandler for McpServer {
             Ok(call) => self.call(call, &mut span, &context.peer).await,
             Err(e) if e.starts_with("unknown tool") => {
                 span.set_error("unknown_tool", &e);
-                export(span);
+                span.finish_detached("mcp-span");
                 return Err(ErrorData::invalid_params(e, None));
             }
             Err(e) => error_result("invalid_arguments", e),
@@ -409,7 +400,7 @@ impl rmcp::ServerHandler for McpServer {
                 .to_owned();
             span.set_error(&kind, &text_of(&result));
         }
-        export(span);
+        span.finish_detached("mcp-span");
         Ok(result.into())
     }
 }

@@ -299,11 +299,8 @@ fn decision_sink(shared: &Shared, id: &str, watch: Arc<RunWatch>) -> DecisionSin
         if !d.allow {
             lock(&watch.denials).push(Denial::of(&profile, action, d, "egress-proxy"));
         }
-        if agentrun_telemetry::export_enabled() {
-            let _ = std::thread::Builder::new()
-                .name("mcp-span".into())
-                .spawn(move || span.finish());
-        }
+        // Not on the connection's path: the export may block on the network.
+        span.finish_detached("mcp-span");
         recorded
     })
 }

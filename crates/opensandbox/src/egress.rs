@@ -165,16 +165,6 @@ fn append(audit: &AuditLog, id: &str, record: &AuditRecord) -> bool {
     }
 }
 
-/// Exports `span` on a thread of its own: the export may block on the network, never on a
-/// connection's path.
-fn export(span: RunSpan) {
-    if agentrun_telemetry::export_enabled() {
-        let _ = std::thread::Builder::new()
-            .name("egress-span".into())
-            .spawn(move || span.finish());
-    }
-}
-
 /// Traces and audits each of the proxy's decisions for sandbox `id`. An allow is acted on
 /// only once its audit record is on disk.
 fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
@@ -186,7 +176,7 @@ fn decision_sink(id: String, audit: AuditLog, trace: String) -> DecisionSink {
             agentrun_pool::metrics::global().denial(&d.rule_id);
         }
         let recorded = append(&audit, &id, &record);
-        export(span);
+        span.finish_detached("egress-span");
         recorded
     })
 }
@@ -201,7 +191,7 @@ fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
         let record =
             scope(&id, &trace_id).failure(&mut span, action, d, f.kind.error_type(), &f.message);
         append(&audit, &id, &record);
-        export(span);
+        span.finish_detached("egress-span");
     })
 }
 

@@ -329,6 +329,17 @@ impl RunSpan {
         crate::export::export_spans(vec![self.into_span_data(end_time)]);
     }
 
+    /// [`RunSpan::finish`] on a thread of its own (named `thread`), for callers on a path that
+    /// must not wait for the network (an async runtime's threads, a connection's). Nothing is
+    /// started when export is off.
+    pub fn finish_detached(self, thread: &str) {
+        if crate::export::export_enabled() {
+            let _ = std::thread::Builder::new()
+                .name(thread.into())
+                .spawn(move || self.finish());
+        }
+    }
+
     /// Builds the SDK's representation of this span, ending at `end_time`.
     pub(crate) fn into_span_data(self, end_time: SystemTime) -> SpanData {
         let flags = if self.context.sampled {
