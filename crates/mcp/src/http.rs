@@ -37,11 +37,6 @@ pub struct HttpFrontend {
     pub workers: usize,
 }
 
-/// Equal in time independent of where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Whether `authorization` carries `key` as a bearer token.
 pub fn authorized(authorization: Option<&str>, key: &str) -> bool {
     authorization
@@ -51,7 +46,7 @@ pub fn authorized(authorization: Option<&str>, key: &str) -> bool {
                 .eq_ignore_ascii_case("bearer")
                 .then_some(token.trim())
         })
-        .is_some_and(|t| same(t.as_bytes(), key.as_bytes()))
+        .is_some_and(|t| agentrun_pool::constant_time_eq(t.as_bytes(), key.as_bytes()))
 }
 
 async fn require_key(key: Arc<String>, req: Request, next: Next) -> Response {

@@ -16,13 +16,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use agentrun_pool::constant_time_eq;
+
 use crate::error::{ApiError, ApiResult};
 use crate::{Record, Server};
-
-/// Compares secrets without an early exit.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 /// Which of its sandbox's tokens a request must carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,6 +41,12 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Compares secrets (API keys, tokens) without an early exit: what every front end checks a
+/// credential with.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Errors of the pool and daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
