@@ -20,6 +20,7 @@ mod plan;
 mod policy_cmd;
 mod run;
 mod serve;
+mod top;
 mod trace;
 mod volume_cmd;
 mod warm;
@@ -87,6 +88,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A live view of the daemon: pools, running commands (kill one with k), runs/s and
+    /// latency over the last minute, and the newest policy denials.
+    Top(top::TopArgs),
     /// The daemon's pool.
     #[command(subcommand)]
     Pool(serve::PoolCommand),
@@ -232,6 +236,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Exec(args) => return exec::run(*args, &paths),
+        Command::Top(args) => return top::run(args, &paths),
         Command::Policy(cmd) => return policy_cmd::run(cmd),
         Command::Audit(args) => audit_cmd::run(args, &paths),
         Command::Volume(cmd) => volume_cmd::run(cmd, &paths),

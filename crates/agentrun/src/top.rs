@@ -1,0 +1,202 @@
+//! `agentrun top`: a live terminal view of the daemon reached on its control socket (pools,
+//! running commands, runs per second and latency over the last minute) and of the audit
+//! log's newest denials, with keys to filter and to kill a run.
+//!
+//! This module owns the command: its arguments, where the data comes from (one
+//! `DaemonClient::top` a refresh, the tail of the audit log), the terminal (raw mode and the
+//! alternate screen, restored on every way out, panics included) and the refresh loop.
+//! [`state`] is the model and the keys, [`view`] the drawing.
+
+mod observe;
+mod state;
+mod view;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use agentrun_pool::client::DaemonClient;
+use agentrun_telemetry::{AuditLog, AuditRecord};
+use anyhow::Context;
+use clap::Args;
+use ratatui::crossterm::event::{self, Event, KeyEventKind};
+
+use crate::{one_line, Paths};
+use state::{Action, TopState};
+
+/// Audit records read from the log's tail each refresh (the denials among them are shown).
+const AUDIT_TAIL: usize = 2000;
+/// Width of a `--once` frame when stdout is not a terminal.
+const TEXT_WIDTH: u16 = 160;
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Time between refreshes: 1s, 500ms, 2s, ... (at least 100ms).
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_interval)]
+    interval: Duration,
+    /// Print one plain-text frame and exit (what `top` does anyway when stdout is not a
+    /// terminal).
+    #[arg(long)]
+    once: bool,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = agentrun_policy::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("{s}: at least 100ms"));
+    }
+    Ok(d)
+}
+
+/// Where the picture comes from.
+struct Source {
+    socket: PathBuf,
+    audit: AuditLog,
+}
+
+/// Reaching the daemon failed.
+enum FetchError {
+    /// Nothing answers on the socket.
+    NoDaemon,
+    /// It answered with an error, or hung up.
+    Daemon(String),
+}
+
+impl Source {
+    fn client(&self) -> Result<DaemonClient, FetchError> {
+        DaemonClient::connect(&self.socket).ok_or(FetchError::NoDaemon)
+    }
+
+    fn snapshot(&self) -> Result<observe::Snapshot, FetchError> {
+        let client = self.client()?;
+        observe::snapshot(&client, &self.socket).map_err(|e| FetchError::Daemon(e.to_string()))
+    }
+
+    /// The refused decisions of the log's tail, oldest first.
+    fn refused(&self) -> Result<Vec<AuditRecord>, String> {
+        let all = self.audit.read_all().map_err(|e| e.to_string())?;
+        let start = all.len().saturating_sub(AUDIT_TAIL);
+        Ok(all[start..]
+            .iter()
+            .filter(|r| {
+                r.kind == "decision"
+                    && (r.decision == "deny"
+                        || (r.decision == "escalate" && r.escalation != "approved"))
+            })
+            .cloned()
+            .collect())
+    }
+
+    fn kill(&self, _id: &str) -> Result<(), String> {
+        Err("this daemon cannot kill runs".into())
+    }
+
+    /// One refresh of `state`; `Err` only when nothing answers.
+    fn refresh(&self, state: &mut TopState) -> Result<(), FetchError> {
+        let snap = self.snapshot()?;
+        match self.refused() {
+            Ok(refused) => state.update(snap, refused),
+            Err(e) => {
+                state.update(snap, Vec::new());
+                state.set_error(format!("audit log: {e}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn run(args: TopArgs, paths: &Paths) -> ExitCode {
+    let source = Source {
+        socket: paths.socket(),
+        audit: AuditLog::new(paths.audit_dir()),
+    };
+    let mut state = TopState::new(source.socket.display().to_string());
+    // The first picture decides: no daemon is one line and exit 1, not a broken screen.
+    match source.refresh(&mut state) {
+        Ok(()) => {}
+        Err(FetchError::NoDaemon) => {
+            eprintln!(
+                "agentrun top: no daemon at {} (start one with agentrun serve)",
+                source.socket.display()
+            );
+            return ExitCode::from(1);
+        }
+        Err(FetchError::Daemon(e)) => {
+            eprintln!("agentrun top: {}", one_line(&e));
+            return ExitCode::from(1);
+        }
+    }
+    let stdout = std::io::stdout();
+    if args.once || !stdout.is_terminal() {
+        let width = if stdout.is_terminal() {
+            ratatui::crossterm::terminal::size().map_or(TEXT_WIDTH, |(w, _)| w)
+        } else {
+            TEXT_WIDTH
+        };
+        print!("{}", view::render_text(&state, width));
+        return ExitCode::SUCCESS;
+    }
+    match live(&source, &mut state, args.interval) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentrun top: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Raw mode and the alternate screen for as long as it lives. `ratatui::try_init` also
+/// installs a panic hook that restores the terminal before the panic message is printed.
+struct TerminalGuard;
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+/// The live view until `q`.
+fn live(source: &Source, state: &mut TopState, interval: Duration) -> anyhow::Result<()> {
+    let _guard = TerminalGuard;
+    // Dropped before the guard: shows the cursor again, then the guard leaves raw mode and
+    // the alternate screen.
+    let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
+    let mut next = Instant::now() + interval;
+    loop {
+        terminal
+            .draw(|f| {
+                let area = f.area();
+                view::render(state, area, f.buffer_mut());
+            })
+            .context("cannot draw")?;
+        let wait = next.saturating_duration_since(Instant::now());
+        if event::poll(wait).context("cannot read the terminal")? {
+            if let Event::Key(key) = event::read().context("cannot read the terminal")? {
+                if key.kind != KeyEventKind::Press {
+                    continue;
+                }
+                match state.on_key(key) {
+                    Action::None => {}
+                    Action::Quit => return Ok(()),
+                    Action::Kill(id) => {
+                        let result = source.kill(&id);
+                        state.kill_result(&id, result);
+                        next = Instant::now();
+                    }
+                }
+            }
+        }
+        if Instant::now() >= next {
+            match source.refresh(state) {
+                Ok(()) => {}
+                Err(FetchError::NoDaemon) => state.set_error(format!(
+                    "no daemon at {} (start one with agentrun serve); retrying",
+                    source.socket.display()
+                )),
+                Err(FetchError::Daemon(e)) => state.set_error(format!("daemon: {}", one_line(&e))),
+            }
+            next = Instant::now() + interval;
+        }
+    }
+}
