@@ -23,6 +23,7 @@ pub mod factory;
 pub mod lines;
 pub mod live;
 pub mod metrics;
+pub mod observe;
 pub mod output_log;
 pub mod pool;
 pub mod process;
