@@ -1,6 +1,6 @@
 //! `agentrun audit [--since T] [--deny] [--json]`: the audit log, one line per record.
 
-use agentrun_telemetry::{AuditLog, AuditRecord};
+use agentrun_telemetry::{AuditLog, AuditQuery, AuditRecord};
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
@@ -31,17 +31,13 @@ fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
 pub fn run(args: AuditArgs, paths: &crate::Paths) -> anyhow::Result<()> {
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let log = AuditLog::new(paths.audit_dir());
-    let records = log.read_all()?;
+    let records = log.query(&AuditQuery {
+        since,
+        refused: args.deny,
+        ..AuditQuery::default()
+    })?;
     let mut out = std::io::stdout().lock();
     for r in records {
-        if args.deny && !refused(&r) {
-            continue;
-        }
-        if let Some(t) = since {
-            if r.timestamp().is_none_or(|rt| rt < t) {
-                continue;
-            }
-        }
         let line = if args.json {
             serde_json::to_string(&r)?
         } else {
@@ -53,12 +49,6 @@ pub fn run(args: AuditArgs, paths: &crate::Paths) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A decision that refused its action: a deny, or an escalate nobody approved.
-fn refused(r: &AuditRecord) -> bool {
-    r.kind == "decision"
-        && (r.decision == "deny" || (r.decision == "escalate" && r.escalation != "approved"))
 }
 
 /// `TIME SANDBOX DECISION ACTION RESOURCE rule=... [outcome=...] reason="..."` or, for runs,

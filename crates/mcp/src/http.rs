@@ -37,24 +37,12 @@ pub struct HttpFrontend {
     pub workers: usize,
 }
 
-/// Whether `authorization` carries `key` as a bearer token.
-pub fn authorized(authorization: Option<&str>, key: &str) -> bool {
-    authorization
-        .and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then_some(token.trim())
-        })
-        .is_some_and(|t| agentrun_pool::constant_time_eq(t.as_bytes(), key.as_bytes()))
-}
-
 async fn require_key(key: Arc<String>, req: Request, next: Next) -> Response {
     let auth = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if authorized(auth, &key) {
+    if agentrun_pool::bearer_authorized(auth, &key) {
         return next.run(req).await;
     }
     let body = serde_json::json!({
@@ -141,25 +129,5 @@ impl Frontend for HttpFrontend {
             cancel,
             thread: Some(thread),
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::authorized;
-
-    #[test]
-    fn only_the_bearer_key_is_let_in() {
-        assert!(authorized(Some("Bearer k3y"), "k3y"));
-        assert!(authorized(Some("bearer  k3y "), "k3y"));
-        for bad in [
-            None,
-            Some("k3y"),
-            Some("Bearer k3"),
-            Some("Basic k3y"),
-            Some("Bearer "),
-        ] {
-            assert!(!authorized(bad, "k3y"), "{bad:?}");
-        }
     }
 }

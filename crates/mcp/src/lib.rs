@@ -61,8 +61,6 @@ pub enum McpError {
     Policy(#[from] agentrun_policy::PolicyError),
     #[error("{0}")]
     Invalid(String),
-    #[error("{0}: {1}")]
-    Io(&'static str, std::io::Error),
 }
 
 /// Default of [`McpOptions::idle_timeout`].

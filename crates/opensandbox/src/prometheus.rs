@@ -19,8 +19,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use agentrun_pool::constant_time_eq;
-
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -106,9 +104,8 @@ async fn scrape(State(endpoint): State<Arc<Endpoint>>, headers: HeaderMap) -> Re
     if let Some(key) = &endpoint.api_key {
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            .and_then(|v| v.to_str().ok());
+        if !agentrun_pool::bearer_authorized(given, key) {
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],

@@ -6,6 +6,7 @@ use std::path::Path;
 use agentrun_runtime::control;
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 
+use crate::observe::Snapshot;
 use crate::protocol::{ClientMessage, DaemonReply};
 use crate::PoolError;
 
@@ -48,5 +49,30 @@ impl DaemonClient {
     pub fn call(&self, msg: &ClientMessage) -> Result<DaemonReply, PoolError> {
         self.send(msg, &[])?;
         self.recv()
+    }
+
+    /// The daemon's live picture (the connection serves this one request).
+    pub fn top(self) -> Result<Snapshot, PoolError> {
+        match self.call(&ClientMessage::Top)? {
+            DaemonReply::Top(s) => Ok(*s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Kills a running command ([`crate::observe::RunningCommand::id`]; the connection
+    /// serves this one request).
+    pub fn kill(self, id: &str) -> Result<(), PoolError> {
+        match self.call(&ClientMessage::Kill { id: id.to_owned() })? {
+            DaemonReply::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// An answer the request does not take: the daemon's error, or a daemon of another version.
+fn unexpected(reply: DaemonReply) -> PoolError {
+    match reply {
+        DaemonReply::Error { message } => PoolError::Invalid(message),
+        other => PoolError::Factory(format!("unexpected answer from the daemon: {other:?}")),
     }
 }

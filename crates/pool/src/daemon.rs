@@ -61,6 +61,8 @@ struct Shared {
     mappings: Mutex<MappingCache>,
     /// Where the shells' state is (their init logs hold their zygotes' reports).
     paths: RuntimePaths,
+    /// The long-lived sandboxes (for `top` and `kill`); gone once the daemon stops.
+    live: std::sync::Weak<LiveManager>,
 }
 
 /// A service the daemon runs beside its socket on the same pool (the OpenSandbox HTTP API,
@@ -131,16 +133,18 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         None => listen_on(&opts.socket)?,
     };
     let cgroup = CgroupMode::detect();
+    let pool = Arc::new(Pool::new(factories, opts.limits.clone()));
+    let live = Arc::new(LiveManager::new(pool.clone()));
     let shared = Arc::new(Shared {
-        pool: Arc::new(Pool::new(factories, opts.limits.clone())),
+        pool,
         cgroup,
         swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
         landlock_abi: agentrun_runtime::landlock::abi(),
         store: std::fs::canonicalize(&opts.root).unwrap_or_else(|_| opts.root.clone()),
         mappings: Mutex::new(MappingCache::new()),
         paths: paths.clone(),
+        live: Arc::downgrade(&live),
     });
-    let live = Arc::new(LiveManager::new(shared.pool.clone()));
     let mut running_frontends = Vec::new();
     for f in frontends {
         match f.start(live.clone()) {
@@ -349,12 +353,40 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             }
             reply(conn.as_fd(), &DaemonReply::Ok)
         }
+        (ClientMessage::Top, _) => match shared.live.upgrade() {
+            Some(live) => reply(
+                conn.as_fd(),
+                &DaemonReply::Top(Box::new(crate::observe::snapshot(&live))),
+            ),
+            None => reply(conn.as_fd(), &shutting_down()),
+        },
+        (ClientMessage::Kill { id }, _) => match shared.live.upgrade() {
+            Some(live) => match crate::observe::kill(&live, &id) {
+                Ok(()) => {
+                    tracing::info!(target: "agentrun::pool", "killed {id} on request");
+                    reply(conn.as_fd(), &DaemonReply::Ok)
+                }
+                Err(e) => reply(
+                    conn.as_fd(),
+                    &DaemonReply::Error {
+                        message: e.to_string(),
+                    },
+                ),
+            },
+            None => reply(conn.as_fd(), &shutting_down()),
+        },
         (ClientMessage::Signal { .. } | ClientMessage::EgressReady, _) => reply(
             conn.as_fd(),
             &DaemonReply::Error {
                 message: "no run to signal".into(),
             },
         ),
+    }
+}
+
+fn shutting_down() -> DaemonReply {
+    DaemonReply::Error {
+        message: "the daemon is shutting down".into(),
     }
 }
 
@@ -471,6 +503,18 @@ fn run_in_pooled_shell(
         }),
     );
     let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
+    let on_board = match crate::observe::board().register(
+        &shell.id,
+        &request.recipe.image,
+        &request.recipe.profile,
+        &request.args,
+    ) {
+        Ok(g) => g,
+        Err(e) => {
+            failed(&mut out, e.to_string());
+            return shared.pool.release(shell, Verdict::Reuse);
+        }
+    };
     let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
     let mut cell = match CellRun::start(shell.control.as_fd(), &cell_req, &raw, mounts) {
         Ok(c) => c,
@@ -485,7 +529,8 @@ fn run_in_pooled_shell(
     let timeout = timeout_ms
         .map(Duration::from_millis)
         .or(profile.resources.timeout);
-    let result = crate::run::wait(&cell, timeout, conn, meter);
+    let result = crate::run::wait(&cell, timeout, conn, meter, &on_board);
+    drop(on_board);
     let verdict = match result {
         Ok(r) => {
             let outcome = RunOutcome::of_cell(r.init.clone(), r.timed_out, r.stats, r.duration);
@@ -494,9 +539,14 @@ fn run_in_pooled_shell(
                 out.zygote = init.zygote;
                 out.zygote_fallback = init.zygote_fallback.clone();
             }
-            let explained = r.timed_out || outcome.oom_killed || r.client_gone;
+            let explained = r.timed_out || outcome.oom_killed || r.client_gone || r.killed;
             if r.init.is_none() && !explained {
                 out.error = Some("the sandbox's cell died before reporting".into());
+            }
+            if r.killed && r.init.is_none() {
+                // Killed on an operator's request: as a SIGKILL would end the command.
+                out.exit_code = 128 + libc::SIGKILL;
+                out.signal = Some(libc::SIGKILL);
             }
             metrics.run(run_outcome(&out), r.duration);
             if !r.client_gone {

@@ -23,6 +23,7 @@ pub mod factory;
 pub mod lines;
 pub mod live;
 pub mod metrics;
+pub mod observe;
 pub mod output_log;
 pub mod pool;
 pub mod process;
@@ -45,6 +46,20 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// credential with.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether an `Authorization` header value carries `key` as a bearer token (the scheme is
+/// case-insensitive, RFC 7235), compared in constant time: how the HTTP front ends that take
+/// `Authorization: Bearer KEY` (MCP, metrics) check it.
+pub fn bearer_authorized(authorization: Option<&str>, key: &str) -> bool {
+    authorization
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then_some(token.trim())
+        })
+        .is_some_and(|t| constant_time_eq(t.as_bytes(), key.as_bytes()))
 }
 
 /// Errors of the pool and daemon.
@@ -73,4 +88,24 @@ pub enum PoolError {
     /// A process could not start: the code a shell would give, and why.
     #[error("{message}")]
     Spawn { exit_code: i32, message: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_authorized;
+
+    #[test]
+    fn only_the_bearer_key_is_let_in() {
+        assert!(bearer_authorized(Some("Bearer k3y"), "k3y"));
+        assert!(bearer_authorized(Some("bearer  k3y "), "k3y"));
+        for bad in [
+            None,
+            Some("k3y"),
+            Some("Bearer k3"),
+            Some("Basic k3y"),
+            Some("Bearer "),
+        ] {
+            assert!(!bearer_authorized(bad, "k3y"), "{bad:?}");
+        }
+    }
 }

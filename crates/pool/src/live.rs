@@ -170,9 +170,27 @@ type StartReply = Result<i32, (i32, String)>;
 struct Events {
     /// Spawns waiting for Started/Failed.
     starting: HashMap<u64, mpsc::Sender<StartReply>>,
-    exits: HashMap<u64, ExitHook>,
+    /// Processes started (or starting) and not yet ended: what to call at their end.
+    exits: HashMap<u64, Running>,
     /// The init is gone (channel EOF).
     dead: bool,
+}
+
+/// A process of a sandbox until it ends.
+struct Running {
+    on_exit: ExitHook,
+    command: String,
+    started: SystemTime,
+}
+
+/// A process running in a long-lived sandbox, as [`LiveSandbox::processes`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningProcess {
+    /// Its id ([`Process::id`]).
+    pub id: u64,
+    /// Its command line ([`crate::observe::command_line`]).
+    pub command: String,
+    pub started: SystemTime,
 }
 
 /// A long-lived sandbox. Shared (`Arc`); it lives until [`LiveManager::delete`].
@@ -281,6 +299,11 @@ impl LiveSandbox {
             return Err(PoolError::Invalid(format!("sandbox {} is paused", self.id)));
         }
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let running = Running {
+            on_exit: spec.on_exit,
+            command: crate::observe::command_line(&spec.argv),
+            started: SystemTime::now(),
+        };
         let mut env = self.env.clone();
         env.extend(spec.env);
         let req = LiveRequest::Spawn(SpawnRequest {
@@ -298,7 +321,7 @@ impl LiveSandbox {
                 return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
             }
             ev.starting.insert(id, tx);
-            ev.exits.insert(id, spec.on_exit);
+            ev.exits.insert(id, running);
         }
         let raw: Vec<i32> = spec.stdio.iter().map(|f| f.as_raw_fd()).collect();
         let sent = control::send_json(self.control.as_fd(), &req, &raw);
@@ -323,6 +346,22 @@ impl LiveSandbox {
                 )))
             }
         }
+    }
+
+    /// The processes started in it that have not ended, oldest first.
+    pub fn processes(&self) -> Vec<RunningProcess> {
+        let ev = lock(&self.events);
+        let mut all: Vec<RunningProcess> = ev
+            .exits
+            .iter()
+            .map(|(id, r)| RunningProcess {
+                id: *id,
+                command: r.command.clone(),
+                started: r.started,
+            })
+            .collect();
+        all.sort_by_key(|p| p.id);
+        all
     }
 
     /// Kills every process in the sandbox now (SIGKILL to its cell's PID 1: the cell's pid
@@ -481,9 +520,9 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                 }
             }
             Ok(Some((LiveEvent::Exited { id, result }, _))) => {
-                if let Some(hook) = ev.exits.remove(&id) {
+                if let Some(running) = ev.exits.remove(&id) {
                     drop(ev);
-                    hook(ProcessExit {
+                    (running.on_exit)(ProcessExit {
                         exit_code: result.exit_code,
                         signal: result.signal,
                         usage: result.usage,
@@ -500,8 +539,8 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                 for (_, tx) in starting {
                     let _ = tx.send(Err((125, "the sandbox is gone".into())));
                 }
-                for (_, hook) in exits {
-                    hook(ProcessExit {
+                for (_, running) in exits {
+                    (running.on_exit)(ProcessExit {
                         exit_code: 128 + libc::SIGKILL,
                         signal: Some(libc::SIGKILL),
                         usage: ResourceUsage::default(),
@@ -541,6 +580,11 @@ impl LiveManager {
     /// The pool's counters (what `agentrun pool status` shows, without zygote details).
     pub fn pool_status(&self) -> crate::protocol::PoolStatus {
         self.pool.status()
+    }
+
+    /// Every shell of the pool, ready or lent (what `agentrun ps` shows).
+    pub fn shells(&self) -> Vec<crate::protocol::SandboxInfo> {
+        self.pool.sandboxes()
     }
 
     /// A new long-lived sandbox: a shell from the pool kept for its image and profile if

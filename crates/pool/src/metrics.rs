@@ -40,6 +40,8 @@ pub mod outcome {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// The last minute's run ends (what `agentrun top` and `/ui` show).
+    recent: crate::observe::Recent,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +63,7 @@ pub fn global() -> &'static Metrics {
 impl Metrics {
     /// One run ended with `outcome` (see [`outcome`]) after `duration`.
     pub fn run(&self, outcome: &str, duration: Duration) {
+        self.recent.record(duration);
         let mut g = crate::lock(&self.inner);
         *g.runs.entry(outcome.to_owned()).or_default() += 1;
         let secs = duration.as_secs_f64();
@@ -69,6 +72,11 @@ impl Metrics {
         }
         g.duration_sum += secs;
         g.duration_count += 1;
+    }
+
+    /// The ends of the last minute's runs.
+    pub fn recent(&self) -> &crate::observe::Recent {
+        &self.recent
     }
 
     /// A policy decision denied an action under `rule` (its rule id).

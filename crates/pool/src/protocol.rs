@@ -44,6 +44,11 @@ pub enum ClientMessage {
     Ps,
     /// Pool counters.
     PoolStatus,
+    /// The daemon's live picture (`agentrun top`): answered with [`DaemonReply::Top`].
+    Top,
+    /// Kill a running command ([`crate::observe::RunningCommand::id`]): answered with
+    /// [`DaemonReply::Ok`] or an error.
+    Kill { id: String },
 }
 
 /// The result of an `exec`.
@@ -166,6 +171,7 @@ pub enum DaemonReply {
         sandboxes: Vec<SandboxInfo>,
     },
     PoolStatus(PoolStatus),
+    Top(Box<crate::observe::Snapshot>),
     /// The daemon serves another image store than the client's [`ClientMessage::Exec`]
     /// named; nothing was run.
     OtherStore {
@@ -174,7 +180,7 @@ pub enum DaemonReply {
     Error {
         message: String,
     },
-    /// Done (for [`ClientMessage::Denials`]).
+    /// Done (for [`ClientMessage::Denials`] and [`ClientMessage::Kill`]).
     Ok,
 }
 

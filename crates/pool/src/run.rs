@@ -34,6 +34,8 @@ pub struct RunResult {
     pub init: Option<InitResult>,
     pub timed_out: bool,
     pub client_gone: bool,
+    /// An operator killed it ([`crate::observe::kill`]).
+    pub killed: bool,
     /// This run's peak memory and OOM kills.
     pub stats: CgroupStats,
     pub duration: Duration,
@@ -45,6 +47,7 @@ pub fn wait(
     timeout: Option<Duration>,
     client: BorrowedFd<'_>,
     meter: Option<RunMeter>,
+    board: &crate::observe::BoardGuard,
 ) -> Result<RunResult, PoolError> {
     let started = Instant::now();
     let deadline = timeout.map(|t| started + t);
@@ -68,7 +71,10 @@ pub fn wait(
             }
             _ => PollTimeout::try_from(60_000).unwrap_or(PollTimeout::MAX),
         };
-        let mut fds = vec![PollFd::new(channel, PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(channel, PollFlags::POLLIN),
+            PollFd::new(board.kill_fd(), PollFlags::POLLIN),
+        ];
         if client_open {
             fds.push(PollFd::new(client, PollFlags::POLLIN));
         }
@@ -83,8 +89,14 @@ pub fn wait(
                 .is_some_and(|r| !r.is_empty())
         };
         let cell_ready = ready(0);
-        let client_ready = client_open && ready(1);
+        let kill_asked = ready(1);
+        let client_ready = client_open && ready(2);
         drop(fds);
+        if kill_asked && board.take_kill() && !result.killed {
+            // Asked by an operator (`agentrun top`, `/ui`): the whole cell goes.
+            result.killed = true;
+            cell.kill();
+        }
         if cell_ready {
             // The result, or EOF: its PID 1 is gone without one (killed).
             result.init = cell.result();
@@ -124,7 +136,7 @@ pub fn verdict(
     if run.stats.oom_kills > 0 {
         return Verdict::Discard("oom");
     }
-    if run.client_gone {
+    if run.client_gone || run.killed {
         return Verdict::Discard("killed");
     }
     match &run.init {

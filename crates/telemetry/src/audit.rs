@@ -91,6 +91,73 @@ impl AuditRecord {
             .ok()
             .map(|t| t.with_timezone(&Utc))
     }
+
+    /// A decision that refused its action: a deny, or an escalate nobody approved.
+    pub fn refused(&self) -> bool {
+        self.kind == "decision"
+            && (self.decision == "deny"
+                || (self.decision == "escalate" && self.escalation != "approved"))
+    }
+}
+
+/// Which records [`AuditLog::query`] returns: every filter set must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// At or after.
+    pub since: Option<DateTime<Utc>>,
+    /// At or before.
+    pub until: Option<DateTime<Utc>>,
+    /// `decision`, `run`, `policy`, `error`.
+    pub kind: Option<String>,
+    /// `allow`, `deny`, `escalate`, `ok`, `error`.
+    pub decision: Option<String>,
+    /// Only refused decisions ([`AuditRecord::refused`]).
+    pub refused: bool,
+    /// This sandbox id.
+    pub sandbox: Option<String>,
+    /// This rule id.
+    pub rule: Option<String>,
+    /// This trace id.
+    pub trace: Option<String>,
+    /// A piece of the action, resource or reason (case-insensitive).
+    pub text: Option<String>,
+    /// At most this many, the newest (0: no limit).
+    pub limit: usize,
+}
+
+impl AuditQuery {
+    /// Whether `r` passes every filter set.
+    pub fn matches(&self, r: &AuditRecord) -> bool {
+        let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        if !(same(&self.kind, &r.kind)
+            && same(&self.decision, &r.decision)
+            && same(&self.sandbox, &r.sandbox_id)
+            && same(&self.rule, &r.rule)
+            && same(&self.trace, &r.trace_id))
+        {
+            return false;
+        }
+        if self.refused && !r.refused() {
+            return false;
+        }
+        if self.since.is_some() || self.until.is_some() {
+            let Some(t) = r.timestamp() else {
+                return false;
+            };
+            if self.since.is_some_and(|s| t < s) || self.until.is_some_and(|u| t > u) {
+                return false;
+            }
+        }
+        match &self.text {
+            Some(text) => {
+                let text = text.to_lowercase();
+                [&r.action, &r.resource, &r.reason]
+                    .iter()
+                    .any(|f| f.to_lowercase().contains(&text))
+            }
+            None => true,
+        }
+    }
 }
 
 /// The current time as an audit timestamp.
@@ -221,30 +288,80 @@ impl AuditLog {
         Ok(())
     }
 
+    /// The records `q` selects, oldest first (the newest `q.limit` of them when it is set).
+    pub fn query(&self, q: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut out: Vec<AuditRecord> = Vec::new();
+        self.each(|r| {
+            if q.matches(&r) {
+                out.push(r);
+            }
+        })?;
+        if q.limit > 0 && out.len() > q.limit {
+            out.drain(..out.len() - q.limit);
+        }
+        Ok(out)
+    }
+
+    /// The newest records of the current file that fit in its last `max_bytes`, oldest first:
+    /// what a live view polls, without reading the whole log each time.
+    pub fn recent(&self, max_bytes: u64) -> Result<Vec<AuditRecord>, AuditError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.dir.join(CURRENT);
+        let mut f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&path, e)),
+        };
+        let len = f.metadata().map_err(|e| io(&path, e))?.len();
+        let start = len.saturating_sub(max_bytes);
+        f.seek(SeekFrom::Start(start)).map_err(|e| io(&path, e))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).map_err(|e| io(&path, e))?;
+        // A start inside a line: that line's tail is not a record.
+        let body = if start > 0 {
+            match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => &buf[i + 1..],
+                None => &[][..],
+            }
+        } else {
+            &buf[..]
+        };
+        Ok(body
+            .split(|b| *b == b'\n')
+            .filter_map(|line| serde_json::from_slice::<AuditRecord>(line).ok())
+            .collect())
+    }
+
     /// Every record, oldest first (rotated files, then the current one). Lines that do not
     /// parse (a torn last write) are skipped.
     pub fn read_all(&self) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut out = Vec::new();
+        self.each(|r| out.push(r))?;
+        Ok(out)
+    }
+
+    /// Calls `f` with every record, oldest first.
+    fn each(&self, mut f: impl FnMut(AuditRecord)) -> Result<(), AuditError> {
         let mut files: Vec<PathBuf> = (1..=self.keep.max(64))
             .map(|n| self.dir.join(format!("{CURRENT}.{n}")))
             .filter(|p| p.exists())
             .collect();
         files.reverse();
         files.push(self.dir.join(CURRENT));
-        let mut out = Vec::new();
         for path in files {
-            let f = match File::open(&path) {
-                Ok(f) => f,
+            let file = match File::open(&path) {
+                Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io(&path, e)),
             };
-            for line in BufReader::new(f).lines() {
+            for line in BufReader::new(file).lines() {
                 let line = line.map_err(|e| io(&path, e))?;
                 if let Ok(r) = serde_json::from_str::<AuditRecord>(&line) {
-                    out.push(r);
+                    f(r);
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -262,6 +379,62 @@ mod tests {
             rule: "network.default".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn query_filters_and_keeps_the_newest() {
+        let dir = tmp();
+        let log = AuditLog::new(&dir);
+        for i in 0..10 {
+            let mut r = rec(i);
+            if i % 2 == 0 {
+                r.decision = "allow".into();
+                r.rule = "network.allow".into();
+                r.resource = "pypi.org:443".into();
+            }
+            log.append(&r).unwrap();
+        }
+        let denied = log
+            .query(&AuditQuery {
+                decision: Some("deny".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(denied.len(), 5);
+        assert!(denied.iter().all(AuditRecord::refused));
+        let newest = log
+            .query(&AuditQuery {
+                refused: true,
+                limit: 2,
+                ..Default::default()
+            })
+            .unwrap();
+        let ids: Vec<_> = newest.iter().map(|r| r.sandbox_id.as_str()).collect();
+        assert_eq!(ids, ["ar-7", "ar-9"]);
+        let text = log
+            .query(&AuditQuery {
+                text: Some("PYPI".into()),
+                sandbox: Some("ar-4".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(text.len(), 1);
+        assert_eq!(text[0].rule, "network.allow");
+        let future = log
+            .query(&AuditQuery {
+                since: Some(Utc::now() + chrono::Duration::hours(1)),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(future.is_empty());
+        // The tail: whole records only, oldest first.
+        let all = log.read_all().unwrap();
+        let line = serde_json::to_string(&all[9]).unwrap().len() as u64 + 1;
+        let tail = log.recent(line * 3 + line / 2).unwrap();
+        assert_eq!(tail, all[7..].to_vec());
+        assert_eq!(log.recent(1 << 20).unwrap(), all);
+        let _ = fs::remove_dir_all(&dir);
+        assert!(AuditLog::new(&dir).recent(100).unwrap().is_empty());
     }
 
     fn tmp() -> PathBuf {

@@ -59,7 +59,7 @@ mod export;
 pub mod metrics;
 mod span;
 
-pub use audit::{AuditLog, AuditRecord};
+pub use audit::{AuditLog, AuditQuery, AuditRecord};
 pub use context::TraceContext;
 pub use decision::{trace_id_of, DecisionScope};
 pub use exec_span::{command_line, cut, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
