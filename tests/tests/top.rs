@@ -10,6 +10,7 @@
 //! - `p` cycles the pool filter (all, then each image:profile), `?` shows the keys, up/down
 //!   select a command, `k` then `y` kills it (the `agentrun exec` client exits 137 and the run
 //!   leaves the screen), `q` quits with the terminal restored (cooked mode, main screen);
+//! - a daemon that stops answering leaves the last picture and a line saying so;
 //! - `--once` prints one plain-text frame.
 //!
 //! Every test holds the exclusive e2e lock (a daemon: see tests/tests/pool.rs).
@@ -88,10 +89,12 @@ impl Tmux {
 
     /// Waits (at most `timeout`) for a screen that `pred` accepts; panics with the last one.
     fn wait_screen(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         loop {
             let s = self.screen();
             if pred(&s) {
+                eprintln!("screen showed {what} after {:?}", start.elapsed());
                 return s;
             }
             if Instant::now() >= deadline {
@@ -170,6 +173,7 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
         p.iter().all(|p| p.ready == p.target).then_some(p)
     });
     assert!(full.is_some(), "pools never filled: {}", d.log());
+    let t0 = Instant::now();
 
     // A run the egress proxy refuses a connection: a denial in the audit log.
     let out = d
@@ -190,6 +194,7 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
         .find(|r| r["decision"] == "deny" && r["resource"] == "denied.example:80")
         .expect("the denial in the audit log");
     let denied_in = denial["sandbox_id"].as_str().unwrap().to_string();
+    eprintln!("denied run done after {:?}", t0.elapsed());
 
     // A long run to watch and kill.
     let mut sleeper = d.exec(["sleep", "30"]).spawn();
@@ -198,6 +203,7 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     })
     .unwrap_or_else(|| panic!("the sleep never ran: {}", d.log()));
 
+    eprintln!("sleep running after {:?}", t0.elapsed());
     // --once: one plain frame with the same content.
     let once = d.agentrun(["top", "--once"]).run();
     let frame = once.success();
@@ -266,6 +272,23 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     out.assert_code(137);
     tmux.wait_screen("the run gone and the kill reported", SHOW, |s| {
         line_with(s, &["sleep 30"]).is_none() && s.contains(&format!("killed {run_id}"))
+    });
+
+    // The daemon goes away: the last picture stays, a line says so.
+    let mut daemon = d.take_proc().expect("the daemon's process");
+    daemon.stop();
+    // Nothing of the killed run, or of the daemon, is left on the host.
+    let mut left = Leftovers::default();
+    let clean = wait_until(Duration::from_secs(15), || {
+        left = Leftovers::snapshot_own(d.state()).new_since(d.before());
+        left.is_empty().then_some(())
+    });
+    assert!(clean.is_some(), "left behind:\n{left}");
+    tmux.wait_screen("the daemon gone", SHOW, |s| {
+        s.contains(&format!(
+            "no daemon at {} (start one with agentrun serve); retrying",
+            d.socket().display()
+        )) && line_with(s, &["host", "strict", "1/1"]).is_some()
     });
 
     // q: top exits 0 and the shell after it finds the terminal as it was.

@@ -7,7 +7,6 @@
 //! alternate screen, restored on every way out, panics included) and the refresh loop.
 //! [`state`] is the model and the keys, [`view`] the drawing.
 
-mod observe;
 mod state;
 mod view;
 
@@ -17,6 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agentrun_pool::client::DaemonClient;
+use agentrun_pool::observe::Snapshot;
 use agentrun_telemetry::{AuditLog, AuditRecord};
 use anyhow::Context;
 use clap::Args;
@@ -25,8 +25,9 @@ use ratatui::crossterm::event::{self, Event, KeyEventKind};
 use crate::{one_line, Paths};
 use state::{Action, TopState};
 
-/// Audit records read from the log's tail each refresh (the denials among them are shown).
-const AUDIT_TAIL: usize = 2000;
+/// The audit log's tail read each refresh (the denials in it are shown): about a thousand
+/// records.
+const AUDIT_TAIL_BYTES: u64 = 256 << 10;
 /// Width of a `--once` frame when stdout is not a terminal.
 const TEXT_WIDTH: u16 = 160;
 
@@ -68,28 +69,27 @@ impl Source {
         DaemonClient::connect(&self.socket).ok_or(FetchError::NoDaemon)
     }
 
-    fn snapshot(&self) -> Result<observe::Snapshot, FetchError> {
-        let client = self.client()?;
-        observe::snapshot(&client, &self.socket).map_err(|e| FetchError::Daemon(e.to_string()))
+    fn snapshot(&self) -> Result<Snapshot, FetchError> {
+        self.client()?
+            .top()
+            .map_err(|e| FetchError::Daemon(e.to_string()))
     }
 
     /// The refused decisions of the log's tail, oldest first.
     fn refused(&self) -> Result<Vec<AuditRecord>, String> {
-        let all = self.audit.read_all().map_err(|e| e.to_string())?;
-        let start = all.len().saturating_sub(AUDIT_TAIL);
-        Ok(all[start..]
-            .iter()
-            .filter(|r| {
-                r.kind == "decision"
-                    && (r.decision == "deny"
-                        || (r.decision == "escalate" && r.escalation != "approved"))
-            })
-            .cloned()
-            .collect())
+        let mut tail = self
+            .audit
+            .recent(AUDIT_TAIL_BYTES)
+            .map_err(|e| e.to_string())?;
+        tail.retain(AuditRecord::refused);
+        Ok(tail)
     }
 
-    fn kill(&self, _id: &str) -> Result<(), String> {
-        Err("this daemon cannot kill runs".into())
+    fn kill(&self, id: &str) -> Result<(), String> {
+        match self.client() {
+            Err(_) => Err("the daemon does not answer".into()),
+            Ok(c) => c.kill(id).map_err(|e| one_line(&e.to_string())),
+        }
     }
 
     /// One refresh of `state`; `Err` only when nothing answers.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use agentrun_telemetry::AuditRecord;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::observe::{RunningCommand, Snapshot};
+use agentrun_pool::observe::{RunningCommand, Snapshot};
 
 /// Denials kept for the feed (the newest).
 pub const MAX_DENIALS: usize = 100;
@@ -306,6 +306,10 @@ impl TopState {
         if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
             return Action::Quit;
         }
+        // The keys line stays until the next key.
+        if key.code != KeyCode::Char('?') {
+            self.help = false;
+        }
         match std::mem::replace(&mut self.mode, Mode::Normal) {
             Mode::Filter(mut text) => {
                 match key.code {
@@ -374,7 +378,7 @@ impl TopState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::observe::Window;
+    use agentrun_pool::observe::Window;
     use agentrun_pool::protocol::{PoolInfo, PoolStatus, SandboxInfo};
 
     fn key(c: KeyCode) -> KeyEvent {
@@ -548,6 +552,18 @@ mod tests {
         );
         s.kill_result("run-1", Ok(()));
         assert_eq!(s.status, "killed run-1");
+    }
+
+    #[test]
+    fn the_keys_line_stays_until_the_next_key() {
+        let mut s = TopState::new("sock");
+        s.on_key(key(KeyCode::Char('?')));
+        assert!(s.help);
+        s.on_key(key(KeyCode::Down));
+        assert!(!s.help);
+        s.on_key(key(KeyCode::Char('?')));
+        s.on_key(key(KeyCode::Char('?')));
+        assert!(!s.help);
     }
 
     #[test]
