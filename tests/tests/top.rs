@@ -7,7 +7,8 @@
 //! - the screen shows each pool with its ready/target count, the running commands with their
 //!   id, sandbox and command, and the audit log's refused decisions (sandbox, action, rule,
 //!   resource), newest first;
-//! - `p` cycles the pool filter (all, then each image:profile), `?` shows the keys, up/down
+//! - `p` cycles the pool filter (all, then each image:profile), `/` or `f` takes a profile
+//!   filter (Enter applies it), `?` shows the keys, up/down
 //!   select a command, `k` then `y` kills it (the `agentrun exec` client exits 137 and the run
 //!   leaves the screen), `q` quits with the terminal restored (cooked mode, main screen);
 //! - a daemon that stops answering leaves the last picture and a line saying so;
@@ -251,6 +252,25 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     tmux.keys(&["p"]);
     tmux.wait_screen("every pool again", SHOW, |s| {
         s.contains("pool: all") && line_with(s, &["sleep 30"]).is_some()
+    });
+
+    // The profile filter: typed after `/`, applied on Enter; cleared the same way.
+    tmux.keys(&["/", "s", "t", "r", "i", "c", "t"]);
+    tmux.wait_screen("the filter prompt", SHOW, |s| {
+        s.contains("profile filter") && s.contains("strict_")
+    });
+    tmux.keys(&["Enter"]);
+    tmux.wait_screen("profile ~ strict", SHOW, |s| {
+        s.contains("profile ~ \"strict\"")
+            && line_with(s, &["host", "strict", "1/1"]).is_some()
+            && line_with(s, &["host", "default", "/2"]).is_none()
+            && line_with(s, &["sleep 30"]).is_none()
+    });
+    tmux.keys(&[
+        "f", "BSpace", "BSpace", "BSpace", "BSpace", "BSpace", "BSpace", "Enter",
+    ]);
+    tmux.wait_screen("no profile filter", SHOW, |s| {
+        s.contains("pool: all)") && line_with(s, &["sleep 30"]).is_some()
     });
 
     tmux.keys(&["?"]);

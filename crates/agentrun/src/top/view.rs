@@ -168,16 +168,20 @@ fn render_sparks(s: &TopState, area: Rect, buf: &mut Buffer) {
         ),
         None => (Vec::new(), Vec::new()),
     };
+    // A sparkline draws from the left and cuts what does not fit: keep the newest seconds.
+    let fits = usize::from(runs.width.saturating_sub(2));
+    let per_s = &per_s[per_s.len().saturating_sub(fits)..];
+    let p50 = &p50[p50.len().saturating_sub(fits)..];
     let peak = per_s.iter().copied().max().unwrap_or(0);
     Sparkline::default()
         .block(Block::bordered().title(format!(" runs/s, last minute (peak {peak}) ")))
-        .data(&per_s)
+        .data(per_s)
         .style(Style::default().fg(Color::Green))
         .render(runs, buf);
     let worst = p50.iter().flatten().copied().max().unwrap_or(0);
     Sparkline::default()
         .block(Block::bordered().title(format!(" p50 ms per second (peak {worst}) ")))
-        .data(&p50)
+        .data(p50)
         .style(Style::default().fg(Color::Yellow))
         .render(latency, buf);
 }
@@ -264,6 +268,19 @@ fn render_commands(s: &TopState, area: Rect, buf: &mut Buffer) {
             ])
         })
         .collect();
+    // Ids of processes of long-lived sandboxes (`SANDBOX/PROCESS`) are longer than `run-N`.
+    let id_width = commands
+        .iter()
+        .map(|c| c.id.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(8, 48) as u16;
+    let sandbox_width = commands
+        .iter()
+        .map(|c| c.sandbox.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(16, 40) as u16;
     let mut state = TableState::default().with_selected(s.selected_index());
     let title = if commands.is_empty() {
         " running commands: none ".to_string()
@@ -274,8 +291,8 @@ fn render_commands(s: &TopState, area: Rect, buf: &mut Buffer) {
         Table::new(
             rows,
             [
-                Constraint::Length(22),
-                Constraint::Length(22),
+                Constraint::Length(id_width),
+                Constraint::Length(sandbox_width),
                 Constraint::Length(16),
                 Constraint::Length(8),
                 Constraint::Length(5),
