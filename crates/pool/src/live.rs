@@ -209,6 +209,8 @@ pub struct LiveSandbox {
     killed: AtomicBool,
     /// The shell's OOM-kill count when the sandbox was made.
     oom_base: u64,
+    /// The shell's CPU time (ns) when the sandbox was made (the shell served others before).
+    cpu_base_ns: u64,
     image: String,
     profile: String,
     /// Host pid of the cell's PID 1.
@@ -346,6 +348,12 @@ impl LiveSandbox {
                 )))
             }
         }
+    }
+
+    /// Its shell's CPU time (ns) when it was made: what [`LiveSandbox::usage`]'s `cpu_ns`
+    /// counted before it.
+    pub fn cpu_base_ns(&self) -> u64 {
+        self.cpu_base_ns
     }
 
     /// The processes started in it that have not ended, oldest first.
@@ -658,6 +666,7 @@ impl LiveManager {
         let events = Arc::new(Mutex::new(Events::default()));
         let reader = control.try_clone();
         let oom_base = self.cgroup.map_or(0, |cg| cg.stats(&shell.id).oom_kills);
+        let cpu_base_ns = self.cgroup.and_then(|cg| cg.cpu_ns(&shell.id)).unwrap_or(0);
         let sandbox = Arc::new(LiveSandbox {
             id,
             shell_id: shell.id.clone(),
@@ -665,6 +674,7 @@ impl LiveManager {
             doubt: Mutex::new(None),
             killed: AtomicBool::new(false),
             oom_base,
+            cpu_base_ns,
             image: spec.image.clone(),
             profile: spec.profile.clone(),
             init_pid: cell_pid,

@@ -57,7 +57,8 @@ pub struct RunningCommand {
     pub command: String,
     pub started_unix_ms: u64,
     pub elapsed_ms: u64,
-    /// CPU time used so far by its sandbox's cgroup (the shell's: every process in it).
+    /// CPU time its sandbox has used since the run started (a run) or since the sandbox was
+    /// made (a process: every process of its sandbox counts, they share its cgroup).
     pub cpu_ms: Option<u64>,
     /// Memory its sandbox's cgroup uses now.
     pub memory_bytes: Option<u64>,
@@ -97,6 +98,7 @@ pub fn snapshot(live: &LiveManager) -> Snapshot {
     let cgroup = cgroup_mode();
     let usage = |shell: &str| cgroup.and_then(|cg| cg.usage(shell).ok());
     let mut commands = Vec::new();
+    let cpu_ms = |used_ns: u64, base_ns: u64| used_ns.saturating_sub(base_ns) / 1_000_000;
     for run in board().runs() {
         let u = usage(&run.shell);
         commands.push(RunningCommand {
@@ -109,7 +111,7 @@ pub fn snapshot(live: &LiveManager) -> Snapshot {
             command: run.command,
             started_unix_ms: unix_ms(run.started),
             elapsed_ms: elapsed_ms(run.started, now),
-            cpu_ms: u.map(|u| u.cpu_ns / 1_000_000),
+            cpu_ms: u.map(|u| cpu_ms(u.cpu_ns, run.cpu_base_ns)),
             memory_bytes: u.map(|u| u.memory_bytes),
         });
     }
@@ -130,7 +132,7 @@ pub fn snapshot(live: &LiveManager) -> Snapshot {
                 command: p.command,
                 started_unix_ms: unix_ms(p.started),
                 elapsed_ms: elapsed_ms(p.started, now),
-                cpu_ms: u.map(|u| u.cpu_ns / 1_000_000),
+                cpu_ms: u.map(|u| cpu_ms(u.cpu_ns, sandbox.cpu_base_ns())),
                 memory_bytes: u.map(|u| u.memory_bytes),
             });
         }
@@ -213,6 +215,8 @@ pub struct BoardRun {
     pub profile: String,
     pub command: String,
     pub started: SystemTime,
+    /// Its shell's CPU time (ns) when it started.
+    pub cpu_base_ns: u64,
 }
 
 /// A run's place on the [`Board`]: taken off when dropped. Its [`BoardGuard::kill_fd`] turns
@@ -250,6 +254,7 @@ impl Board {
             profile: profile.to_owned(),
             command: command_line(argv),
             started: SystemTime::now(),
+            cpu_base_ns: cgroup_mode().and_then(|cg| cg.cpu_ns(shell)).unwrap_or(0),
         };
         crate::lock(&self.runs).insert(id, BoardEntry { run, kill });
         Ok(BoardGuard { id, killed })

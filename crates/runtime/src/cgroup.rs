@@ -136,6 +136,22 @@ impl CgroupMode {
         }
     }
 
+    /// CPU time every process of a sandbox cgroup has used so far (ns): one file read, cheap
+    /// enough to take at a run's start (`cpuacct.usage`; v2: `usage_usec` of `cpu.stat`).
+    pub fn cpu_ns(self, id: &str) -> Option<u64> {
+        if self.unified() {
+            let stat = fs::read_to_string(self.dir("cpu", id).join("cpu.stat")).ok()?;
+            stat.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|us| us * 1000)
+        } else {
+            fs::read_to_string(self.dir("cpuacct", id).join("cpuacct.usage"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        }
+    }
+
     /// The pids of every process in a sandbox cgroup.
     pub fn pids(self, id: &str) -> Vec<i32> {
         fs::read_to_string(self.dir("pids", id).join("cgroup.procs"))
