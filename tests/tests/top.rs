@@ -228,6 +228,12 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     let denial_line = line_with(&screen, &["denied.example:80"]).unwrap();
     assert!(denial_line.contains(&denied_in), "{denial_line}\n{screen}");
     let run_line = line_with(&screen, &["sleep 30"]).unwrap().to_string();
+    // Its sandbox's memory, and the profile it runs under.
+    assert!(
+        run_line.contains(" MiB") && run_line.contains("default"),
+        "{run_line}\n{screen}"
+    );
+    eprintln!("{screen}");
     let run_id = run_line
         .split_whitespace()
         .find(|w| w.starts_with("run-"))
