@@ -78,7 +78,7 @@ pub struct TopState {
     pub mode: Mode,
     /// The selected running command's id.
     pub selected: Option<String>,
-    /// The last thing the user did came to this (a kill's result).
+    /// What the user's last action came to (a kill's result, a cancelled kill).
     pub status: String,
     /// Why the picture is not fresh (the daemon did not answer, the audit log could not be
     /// read); cleared by the next [`TopState::update`].

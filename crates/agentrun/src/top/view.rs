@@ -87,7 +87,7 @@ fn bold() -> Style {
 }
 
 /// `12.3 MiB`, `-` when unknown.
-pub fn bytes(b: Option<u64>) -> String {
+fn bytes(b: Option<u64>) -> String {
     match b {
         None => "-".into(),
         Some(b) if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
@@ -105,7 +105,7 @@ fn millis(ms: Option<f64>) -> String {
 }
 
 /// `42s`, `3m04s`, `2h05m`.
-pub fn duration(ms: u64) -> String {
+fn duration(ms: u64) -> String {
     let s = ms / 1000;
     if s < 60 {
         format!("{:.1}s", ms as f64 / 1000.0)
