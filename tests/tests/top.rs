@@ -11,7 +11,8 @@
 //!   filter (Enter applies it), `?` shows the keys, up/down
 //!   select a command, `k` then `y` kills it (the `agentrun exec` client exits 137 and the run
 //!   leaves the screen), `q` quits with the terminal restored (cooked mode, main screen);
-//! - a daemon that stops answering leaves the last picture and a line saying so;
+//! - a daemon that stops answering leaves the last picture and a line saying so; SIGTERM
+//!   ends `top` with exit 143, the terminal put back;
 //! - `--once` prints one plain-text frame.
 //!
 //! Every test holds the exclusive e2e lock (a daemon: see tests/tests/pool.rs).
@@ -33,7 +34,9 @@ struct Tmux {
 
 impl Tmux {
     fn start(command: &str) -> Tmux {
-        let server = format!("agentrun-top-test-{}", std::process::id());
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let server = format!("agentrun-top-test-{}-{n}", std::process::id());
         let t = Tmux { server };
         let out = t.run(&[
             "new-session",
@@ -74,6 +77,17 @@ impl Tmux {
         args.extend_from_slice(keys);
         let out = self.run(&args);
         assert!(out.status.success(), "tmux send-keys {keys:?}: {out:?}");
+    }
+
+    /// The pid of the pane's `agentrun top` (a child of the pane's shell).
+    fn top_pid(&self) -> Option<i32> {
+        let shell = self.var("pane_pid");
+        let children =
+            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
+        children.split_whitespace().find_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (comm.trim() == "agentrun").then(|| pid.parse().ok())?
+        })
     }
 
     /// A pane format variable (`#{alternate_on}`, ...).
@@ -322,6 +336,30 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     let screen = tmux.wait_screen("top's exit", SHOW, |s| s.contains("top-exit="));
     assert!(
         screen.contains("top-exit=0 stty=icanon echo"),
+        "exit code or terminal modes:\n{screen}"
+    );
+    assert_eq!(tmux.var("alternate_on"), "0", "{screen}");
+}
+
+#[test]
+fn top_puts_the_terminal_back_on_sigterm() {
+    let Some(_lock) = setup_exclusive() else {
+        return;
+    };
+    let audit = tempdir();
+    let mut d = Daemon::unstarted().with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    d.launch(["--pool-size", "1"]);
+    let tmux = Tmux::start(&top_command(&d, audit.path(), ""));
+    tmux.wait_screen("the pool", SHOW, |s| {
+        line_with(s, &["host", "default", "/1"]).is_some()
+    });
+    assert_eq!(tmux.var("alternate_on"), "1");
+    let pid = tmux.top_pid().expect("agentrun top's pid");
+    // SAFETY: kill(2) on the pid of the process this test started in the pane.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let screen = tmux.wait_screen("top's exit", SHOW, |s| s.contains("top-exit="));
+    assert!(
+        screen.contains("top-exit=143 stty=icanon echo"),
         "exit code or terminal modes:\n{screen}"
     );
     assert_eq!(tmux.var("alternate_on"), "0", "{screen}");

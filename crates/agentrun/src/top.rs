@@ -13,6 +13,8 @@ mod view;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrun_pool::client::DaemonClient;
@@ -30,6 +32,8 @@ use state::{Action, TopState};
 const AUDIT_TAIL_BYTES: u64 = 256 << 10;
 /// Width of a `--once` frame when stdout is not a terminal.
 const TEXT_WIDTH: u16 = 160;
+/// The longest wait for a key before looking at the signal flag again.
+const SIGNAL_CHECK: Duration = Duration::from_millis(200);
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
@@ -138,7 +142,7 @@ pub fn run(args: TopArgs, paths: &Paths) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     match live(&source, &mut state, args.interval) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("agentrun top: {}", one_line(&format!("{e:#}")));
             ExitCode::from(1)
@@ -156,29 +160,47 @@ impl Drop for TerminalGuard {
     }
 }
 
-/// The live view until `q`.
-fn live(source: &Source, state: &mut TopState, interval: Duration) -> anyhow::Result<()> {
+/// The live view until `q` (exit 0) or SIGTERM, SIGHUP or SIGINT (exit 128 + the signal),
+/// the terminal put back either way.
+fn live(source: &Source, state: &mut TopState, interval: Duration) -> anyhow::Result<ExitCode> {
+    let signalled = Arc::new(AtomicUsize::new(0));
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signalled), sig as usize)
+            .context("cannot handle signals")?;
+    }
     let _guard = TerminalGuard;
     // Dropped before the guard: shows the cursor again, then the guard leaves raw mode and
     // the alternate screen.
     let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
     let mut next = Instant::now() + interval;
     loop {
+        let sig = signalled.load(Ordering::Relaxed);
+        if sig != 0 {
+            return Ok(ExitCode::from(128 + sig as u8));
+        }
         terminal
             .draw(|f| {
                 let area = f.area();
                 view::render(state, area, f.buffer_mut());
             })
             .context("cannot draw")?;
-        let wait = next.saturating_duration_since(Instant::now());
-        if event::poll(wait).context("cannot read the terminal")? {
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .min(SIGNAL_CHECK);
+        let ready = match event::poll(wait) {
+            Ok(ready) => ready,
+            // A signal: looked at above.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("cannot read the terminal"),
+        };
+        if ready {
             if let Event::Key(key) = event::read().context("cannot read the terminal")? {
                 if key.kind != KeyEventKind::Press {
                     continue;
                 }
                 match state.on_key(key) {
                     Action::None => {}
-                    Action::Quit => return Ok(()),
+                    Action::Quit => return Ok(ExitCode::SUCCESS),
                     Action::Kill(id) => {
                         let result = source.kill(&id);
                         state.kill_result(&id, result);
