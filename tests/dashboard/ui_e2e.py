@@ -232,7 +232,6 @@ def search(d, **fields):
         el.send_keys(fields.get(name, "200" if name == "limit" else ""))
     for name in ("kind", "decision"):
         Select(form.find_element(By.NAME, name)).select_by_value(fields.get(name, ""))
-    before = d.find_element(By.ID, "audit-count").get_attribute("data-count")
     d.execute_script("document.getElementById('audit-count').removeAttribute('data-count')")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     wait_for(
@@ -240,7 +239,6 @@ def search(d, **fields):
         lambda: d.find_element(By.ID, "audit-count").get_attribute("data-count") is not None
         or text(d, "audit-error"),
     )
-    del before
     return rows(d, "audit")
 
 
