@@ -17,6 +17,8 @@
 //!   sidecar's API (under `/egress/{sid}`) that changes it live.
 //! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
 //! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`].
+//! - [`dashboard`]: not the OpenSandbox API but served beside it: the web dashboard at
+//!   `/ui` (the daemon's live picture and its audit log), behind the same API key.
 //! - [`prometheus`]: not the OpenSandbox API but served beside it: the daemon's Prometheus
 //!   endpoint (`serve --metrics ADDR`), on a listener of its own.
 //! - [`process`] / [`events`]: processes in a sandbox (pipes, the interactive ones of sessions
@@ -35,6 +37,7 @@
 pub mod accounts;
 pub mod auth;
 pub mod code;
+pub mod dashboard;
 pub mod egress;
 pub mod error;
 pub mod events;
@@ -235,7 +238,8 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             server.clone(),
             with_fallbacks(sandboxes.clone()),
         ))
-        .merge(sandboxes);
+        .merge(sandboxes)
+        .merge(dashboard::routes(server.clone()));
     with_fallbacks(app)
         .layer(axum::extract::DefaultBodyLimit::max(
             server.limits.max_request_body,

@@ -1,0 +1,382 @@
+//! The web dashboard of `agentrun serve --listen` at `/ui`, end to end.
+//!
+//! In a real headless Chromium (Debian's `chromium` + `chromium-driver`, driven by selenium
+//! from `.venv/ui`, both installed by `hack/test`; `tests/dashboard/ui_e2e.py`): the login
+//! with the API key, then the page showing the pool; live update (a `sleep 20` run started
+//! after the page loaded shows in the running table and leaves it, a few runs move runs/s
+//! and the sparklines); the audit search filtered by decision, sandbox, rule, text, time and
+//! kind, a run's trace link; a wrong key shows no data; a screenshot kept as a test
+//! artifact (`target/test-artifacts/dashboard.png`).
+//!
+//! Over plain HTTP: the JSON endpoints need the key or a session (401), answer bad query
+//! values with the API's 400 JSON error, carry the security headers, and without a key
+//! (loopback) are open like the API.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use agentrun_e2e::osb::{free_port, stop_clean};
+use agentrun_e2e::*;
+
+const KEY: &str = "dash-key-5e3f";
+/// Deadline of one browser scenario (Chromium start, 20 s waits, a debug daemon).
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request (`Connection: close`), `headers` as `Name: value` lines.
+fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).expect("connect to --listen");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    if !body.is_empty() {
+        head.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the response");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    // Small bodies: axum sends them with a content-length, not chunked.
+    Reply {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+fn get(addr: &str, path: &str, headers: &[&str]) -> Reply {
+    request(addr, "GET", path, headers, "")
+}
+
+/// A daemon serving `--listen` with `key` ("" for none) and an audit dir of its own.
+fn start(key: &str) -> (Daemon, String, tempfile::TempDir) {
+    let audit = tempdir();
+    let mut d = Daemon::unstarted()
+        .with_env("AGENTRUN_API_KEY", key)
+        .with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    let addr = format!("127.0.0.1:{}", free_port());
+    d.launch(["--pool-size", "1", "--listen", addr.as_str()]);
+    (d, addr, audit)
+}
+
+/// A run through the daemon whose egress proxy denies a connection (`network.default`).
+fn provoke_denial(d: &Daemon) {
+    let script = r#"
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://evil.example/", timeout=10)
+    print("OPEN")
+except urllib.error.HTTPError as e:
+    print(e.code)
+"#;
+    let out = d
+        .exec_with(["--allow-host", "127.0.0.1:9"], ["python3", "-c", script])
+        .run();
+    assert_eq!(out.success().trim(), "403", "{out}");
+}
+
+fn ui_python() -> PathBuf {
+    let p = workspace_root().join(".venv/ui/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run hack/test (it creates .venv/ui with selenium)",
+        p.display()
+    );
+    for bin in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} is missing: run hack/test (it installs chromium and chromium-driver)"
+        );
+    }
+    p
+}
+
+/// Runs browser scenario `name` against the daemon; panics with its output and the
+/// daemon's log. Returns its stdout.
+fn scenario(d: &Daemon, addr: &str, audit: &std::path::Path, name: &str) -> String {
+    let mut cmd = Command::new(ui_python());
+    cmd.arg(workspace_root().join("tests/dashboard/ui_e2e.py"))
+        .arg(name)
+        .env("UI_URL", format!("http://{addr}"))
+        .env("UI_KEY", KEY)
+        .env("UI_SCREENSHOT", screenshot_path())
+        .env("AGENTRUN", agentrun_bin())
+        .env("AGENTRUN_STATE_DIR", d.state())
+        .env("AGENTRUN_AUDIT_DIR", audit)
+        .env("CHROMIUM", "/usr/bin/chromium")
+        .env("CHROMEDRIVER", "/usr/bin/chromedriver")
+        // selenium-manager must never be asked (it would go to the network).
+        .env("SE_OFFLINE", "true")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .env_remove("AGENTRUN_NO_DAEMON");
+    let out = run_with_timeout(cmd, None, SCENARIO_TIMEOUT);
+    assert!(
+        out.status.code() == Some(0) && out.stdout().contains(&format!("OK {name}")),
+        "browser scenario {name} failed\n{out}\n{}",
+        d.log()
+    );
+    out.stdout()
+}
+
+fn screenshot_path() -> PathBuf {
+    let dir = agentrun_bin()
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|t| t.join("test-artifacts"))
+        .unwrap_or_else(|| workspace_root().join("target/test-artifacts"));
+    std::fs::create_dir_all(&dir).expect("create target/test-artifacts");
+    dir.join("dashboard.png")
+}
+
+#[test]
+fn chromium_login_live_update_filter_and_screenshot() {
+    let Some(_lock) = setup() else { return };
+    let (d, addr, audit) = start(KEY);
+    scenario(&d, &addr, audit.path(), "wrong_key");
+    scenario(&d, &addr, audit.path(), "login");
+    scenario(&d, &addr, audit.path(), "live");
+    provoke_denial(&d);
+    d.exec(["true"]).run().assert_code(0);
+    // A run in another shell (no pool keeps `strict`): records of another sandbox.
+    d.exec_with(["--profile", "strict"], ["true"])
+        .run()
+        .assert_code(0);
+    scenario(&d, &addr, audit.path(), "filter");
+
+    let png = screenshot_path();
+    let _ = std::fs::remove_file(&png);
+    let out = scenario(&d, &addr, audit.path(), "screenshot");
+    assert!(
+        out.contains(&format!("SCREENSHOT {}", png.display())),
+        "{out}"
+    );
+    let bytes = std::fs::read(&png).expect("the screenshot");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(bytes.len() > 20_000, "a {} byte screenshot", bytes.len());
+    println!("dashboard screenshot: {}", png.display());
+    stop_clean(d);
+}
+
+#[test]
+fn json_endpoints_need_the_key_and_check_their_queries() {
+    let Some(_lock) = setup() else { return };
+    let (d, addr, _audit) = start(KEY);
+    provoke_denial(&d);
+    let key = format!("OPEN-SANDBOX-API-KEY: {KEY}");
+    let wrong = format!("OPEN-SANDBOX-API-KEY: {KEY}x");
+
+    for path in [
+        "/ui/api/snapshot",
+        "/ui/api/audit",
+        "/ui/api/denials",
+        "/ui/app.js",
+    ] {
+        let none = get(&addr, path, &[]);
+        assert_eq!(none.status, 401, "{path}: {}", none.body);
+        assert_eq!(none.json()["code"], "MISSING_API_KEY", "{path}");
+        let bad = get(&addr, path, &[&wrong]);
+        assert_eq!(bad.status, 401, "{path}: {}", bad.body);
+        assert_eq!(bad.json()["code"], "INVALID_API_KEY", "{path}");
+        let forged = get(
+            &addr,
+            path,
+            &["Cookie: agentrun_ui=00112233445566778899aabbccddeeff"],
+        );
+        assert_eq!(forged.status, 401, "{path}: {}", forged.body);
+    }
+    // Without a session the page is the login form, and shows nothing of the daemon.
+    let page = get(&addr, "/ui", &[]);
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("name=\"key\"") && !page.body.contains("id=\"pools\""));
+    let page = get(&addr, "/ui", &[&wrong]);
+    assert_eq!(page.status, 401);
+    assert!(page.body.contains("Wrong API key."));
+    for h in [
+        ("content-security-policy", "default-src 'self'"),
+        ("content-security-policy", "frame-ancestors 'none'"),
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("cache-control", "no-store"),
+    ] {
+        assert!(
+            page.header(h.0).is_some_and(|v| v.contains(h.1)),
+            "{h:?} in {:?}",
+            page.headers
+        );
+    }
+    // The page has no inline script: the CSP would block it.
+    let full = get(&addr, "/ui", &[&key]);
+    assert_eq!(full.status, 200);
+    assert!(full.body.contains("<script src=\"/ui/app.js\""));
+    assert_eq!(full.body.matches("<script").count(), 1, "{}", full.body);
+
+    // The snapshot, by header.
+    let s = get(&addr, "/ui/api/snapshot", &[&key]);
+    assert_eq!(s.status, 200, "{}", s.body);
+    assert!(s
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/json"));
+    let s = s.json();
+    for field in [
+        "unix_ms",
+        "status",
+        "shells",
+        "commands",
+        "window",
+        "daemon_memory_bytes",
+    ] {
+        assert!(s.get(field).is_some(), "no {field} in {s}");
+    }
+    assert_eq!(s["status"]["pools"][0]["image"], "host", "{s}");
+    assert_eq!(s["status"]["pools"][0]["target"], 1, "{s}");
+    assert_eq!(s["window"]["seconds"], 60);
+    assert_eq!(s["window"]["runs_per_second"].as_array().unwrap().len(), 60);
+    assert!(s["window"]["runs"].as_u64().unwrap() >= 1, "{s}");
+
+    // A login: a 303 with a session cookie (not the key), which the endpoints accept.
+    let bad_login = request(&addr, "POST", "/ui/login", &[], &format!("key={KEY}x"));
+    assert_eq!(bad_login.status, 401);
+    assert!(bad_login.header("set-cookie").is_none());
+    let login = request(&addr, "POST", "/ui/login", &[], &format!("key={KEY}"));
+    assert_eq!(login.status, 303, "{}", login.body);
+    assert_eq!(login.header("location"), Some("/ui"));
+    let cookie = login.header("set-cookie").expect("a session cookie");
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    assert!(!cookie.contains(KEY), "{cookie}");
+    let session = format!("Cookie: {}", cookie.split(';').next().unwrap());
+    let s = get(&addr, "/ui/api/snapshot", &[&session]);
+    assert_eq!(s.status, 200, "{}", s.body);
+    let page = get(&addr, "/ui", &[&session]);
+    assert!(page.body.contains("id=\"pools\""));
+
+    // The audit search.
+    let all = get(&addr, "/ui/api/audit", &[&session]).json();
+    let all = all.as_array().expect("an array of records");
+    assert!(all.len() >= 2, "{all:?}");
+    let denied = get(&addr, "/ui/api/audit?decision=deny&limit=5", &[&key]).json();
+    let denied = denied.as_array().unwrap();
+    assert!(!denied.is_empty());
+    for r in denied {
+        assert_eq!(r["decision"], "deny", "{r}");
+        for f in [
+            "time",
+            "kind",
+            "sandbox_id",
+            "trace_id",
+            "action",
+            "resource",
+            "rule",
+        ] {
+            assert!(r.get(f).is_some(), "no {f} in {r}");
+        }
+    }
+    assert_eq!(denied[0]["rule"], "network.default");
+    let sandbox = denied[0]["sandbox_id"].as_str().unwrap();
+    let trace = denied[0]["trace_id"].as_str().unwrap();
+    let traced = get(&addr, &format!("/ui/api/audit?trace={trace}"), &[&key]).json();
+    let traced = traced.as_array().unwrap();
+    assert!(traced.iter().all(|r| r["trace_id"] == trace), "{traced:?}");
+    assert!(traced.iter().any(|r| r["kind"] == "run"), "{traced:?}");
+    let mine = get(
+        &addr,
+        &format!("/ui/api/audit?sandbox={sandbox}&kind=run"),
+        &[&key],
+    )
+    .json();
+    let mine = mine.as_array().unwrap();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(mine[0]["sandbox_id"], sandbox);
+    let limited = get(&addr, "/ui/api/audit?limit=1", &[&key]).json();
+    assert_eq!(limited.as_array().unwrap().len(), 1);
+    assert_eq!(limited[0], all[all.len() - 1], "the newest record");
+    let feed = get(&addr, "/ui/api/denials", &[&key]).json();
+    assert!(feed
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["decision"] == "deny"));
+    assert!(!feed.as_array().unwrap().is_empty());
+
+    // Bad query values: the API's 400, one line naming the parameter.
+    for (q, name) in [
+        ("kind=nope", "kind"),
+        ("decision=maybe", "decision"),
+        ("since=yesterday", "since"),
+        ("limit=0", "limit"),
+        ("limit=x", "limit"),
+        ("colour=red", "colour"),
+        ("since=1m&until=2h", "until"),
+    ] {
+        let r = get(&addr, &format!("/ui/api/audit?{q}"), &[&key]);
+        assert_eq!(r.status, 400, "{q}: {}", r.body);
+        let e = r.json();
+        assert_eq!(e["code"], "INVALID_PARAMETER", "{q}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains(name) && !msg.contains('\n'), "{q}: {msg}");
+    }
+    let r = get(&addr, "/ui/api/denials?limit=100000", &[&key]);
+    assert_eq!(r.status, 400, "{}", r.body);
+
+    // Logging out ends the session server-side.
+    let out = request(&addr, "POST", "/ui/logout", &[&session], "");
+    assert_eq!(out.status, 303);
+    assert_eq!(get(&addr, "/ui/api/snapshot", &[&session]).status, 401);
+    stop_clean(d);
+}
+
+#[test]
+fn without_a_key_the_dashboard_is_open_on_loopback() {
+    let Some(_lock) = setup() else { return };
+    let (d, addr, _audit) = start("");
+    let page = get(&addr, "/ui", &[]);
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("id=\"pools\""), "{}", page.body);
+    let s = get(&addr, "/ui/api/snapshot", &[]);
+    assert_eq!(s.status, 200, "{}", s.body);
+    assert_eq!(s.json()["status"]["pools"][0]["image"], "host");
+    assert_eq!(get(&addr, "/ui/api/audit", &[]).status, 200);
+    assert_eq!(get(&addr, "/ui/app.js", &[]).status, 200);
+    stop_clean(d);
+}
