@@ -10,8 +10,8 @@ use hyper::StatusCode;
 use serde_json::json;
 
 use crate::error::DockerError;
-use crate::pull_progress::PullStream;
 use crate::http::{json, json_line, streaming, DockerResult, Query};
+use crate::pull_progress::PullStream;
 use crate::ApiState;
 
 /// The answer to an image store error about the image `name`.
@@ -167,14 +167,14 @@ pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
     };
     let full = normalize(&name).map_err(|e| DockerError::bad_request(e.to_string()))?;
     let (repo, tag) = familiar_repo_and_tag(&full);
-    let (lines_tx, mut lines) = tokio::sync::mpsc::channel(64);
-    let progress = Arc::new(PullStream::new(lines_tx, repo, tag));
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let progress = PullStream::new(lines_tx, repo, tag);
+    let downloaded = progress.downloaded_flag();
     // The store held by the pull is the only holder of the line sender: `lines` ends when
     // the pull does.
-    let store = api.store.clone().with_progress(progress.clone());
+    let store = api.store.clone().with_progress(Arc::new(progress));
     let n = name.clone();
-    let mut pull =
-        tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default()));
+    let mut pull = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default()));
     // A pull failing before its first layer event (no such image, no registry) is answered
     // with an HTTP error; once lines flow, the answer is a 200 stream and a later failure
     // its last line, as dockerd does.
@@ -202,7 +202,7 @@ pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
         };
         let last = match outcome {
             Ok(Ok(rec)) => {
-                let status = if progress.downloaded() {
+                let status = if downloaded.load(std::sync::atomic::Ordering::SeqCst) {
                     format!("Status: Downloaded newer image for {image}")
                 } else {
                     format!("Status: Image is up to date for {image}")

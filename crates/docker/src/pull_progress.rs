@@ -3,9 +3,9 @@
 //! `progress` bar, `Download complete`, `Extracting`, `Pull complete`, `Already exists`),
 //! so the docker CLI draws its per-layer lines and SDKs get `current`/`total`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_image::{Phase, Progress};
@@ -27,43 +27,49 @@ struct Layer {
     sent: Instant,
 }
 
-/// Sends a pull's progress as dockerd's JSON lines into a response stream. The first line
+/// Sends a pull's progress as dockerd's JSON lines into a response stream. The channel is
+/// unbounded because the store reports from inside the pull's own I/O runtime, where a
+/// blocking send is not allowed; lines are throttled ([`EVERY`]), so it stays small. The first line
 /// is `Pulling from REPO` (sent with the first layer event, so a pull failing before it has
 /// a manifest is answered with an HTTP error instead of a stream).
 pub struct PullStream {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::UnboundedSender<Bytes>,
     repo: String,
     tag: String,
     started: AtomicBool,
-    downloaded: AtomicBool,
+    downloaded: Arc<AtomicBool>,
     layers: Mutex<HashMap<String, Layer>>,
+    /// Layers fetched and not yet ready.
+    fetched: Mutex<HashSet<String>>,
 }
 
 impl PullStream {
     /// A stream for a pull of `repo` (familiar name, no tag) at `tag`.
-    pub fn new(tx: mpsc::Sender<Bytes>, repo: String, tag: String) -> Self {
+    pub fn new(tx: mpsc::UnboundedSender<Bytes>, repo: String, tag: String) -> Self {
         PullStream {
             tx,
             repo,
             tag,
             started: AtomicBool::new(false),
-            downloaded: AtomicBool::new(false),
+            downloaded: Arc::default(),
             layers: Mutex::default(),
+            fetched: Mutex::default(),
         }
     }
 
-    /// Whether any layer was fetched (else the image was up to date).
-    pub fn downloaded(&self) -> bool {
-        self.downloaded.load(Ordering::SeqCst)
+    /// Set once any layer is fetched (else the image was up to date). Read it through this
+    /// flag, not by holding the stream: the line channel ends when the stream is dropped.
+    pub fn downloaded_flag(&self) -> Arc<AtomicBool> {
+        self.downloaded.clone()
     }
 
     fn send(&self, v: serde_json::Value) {
         if !self.started.swap(true, Ordering::SeqCst) {
             let head = json!({"status": format!("Pulling from {}", self.repo), "id": self.tag});
-            let _ = self.tx.blocking_send(json_line(&head));
+            let _ = self.tx.send(json_line(&head));
         }
         // A client gone away: the pull goes on (its content is kept), lines are dropped.
-        let _ = self.tx.blocking_send(json_line(&v));
+        let _ = self.tx.send(json_line(&v));
     }
 
     fn status(&self, id: &str, status: &str) {
@@ -93,6 +99,10 @@ impl Progress for PullStream {
     fn start(&self, id: &str, phase: Phase, total: Option<u64>) {
         if phase == Phase::Download {
             self.downloaded.store(true, Ordering::SeqCst);
+            self.fetched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_owned());
             self.status(id, "Pulling fs layer");
         }
         let l = Layer {
@@ -127,13 +137,22 @@ impl Progress for PullStream {
             l.current = l.total.unwrap_or(l.current).max(l.current);
             self.progress(id, &l);
         }
-        match phase {
-            Phase::Download => {
-                self.status(id, "Verifying Checksum");
-                self.status(id, "Download complete");
-            }
-            Phase::Extract => self.status(id, "Pull complete"),
-            _ => {}
+        if phase == Phase::Download {
+            self.status(id, "Verifying Checksum");
+            self.status(id, "Download complete");
+        }
+    }
+
+    fn ready(&self, id: &str) {
+        // Layers this pull fetched (one unpacked before by another image is not extracted
+        // again, but its pull is complete all the same).
+        if self
+            .fetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+        {
+            self.status(id, "Pull complete");
         }
     }
 

@@ -48,6 +48,9 @@ pub trait Progress: Send + Sync {
     fn finish(&self, _id: &str, _phase: Phase) {}
     /// The layer is already in the store: nothing to fetch or copy.
     fn exists(&self, _id: &str) {}
+    /// The layer is unpacked and ready for the image being stored: after its extraction, or
+    /// at once when another image had it unpacked already.
+    fn ready(&self, _id: &str) {}
 }
 
 /// Reports nothing: what a store reports to unless given an observer.

@@ -496,7 +496,7 @@ impl ImageStore {
     }
 
     /// Unpacks the layer blob `digest` (`size` bytes) unless it is unpacked already,
-    /// reporting it as [`Phase::Extract`].
+    /// reporting it as [`Phase::Extract`], then as ready.
     fn ensure_layer(
         &self,
         digest: &str,
@@ -504,15 +504,15 @@ impl ImageStore {
         diff_id: &str,
         budget: &Budget,
     ) -> Result<(), ImageError> {
-        if self.layers.fs_path(diff_id)?.is_dir() {
-            return Ok(());
+        if !self.layers.fs_path(diff_id)?.is_dir() {
+            self.progress
+                .phase(digest, Phase::Extract, Some(size), |tick| {
+                    self.layers
+                        .ensure(&self.blobs, digest, diff_id, budget, tick)
+                })?;
         }
-        self.progress
-            .phase(digest, Phase::Extract, Some(size), |tick| {
-                self.layers
-                    .ensure(&self.blobs, digest, diff_id, budget, tick)
-            })
-            .map(drop)
+        self.progress.0.ready(digest);
+        Ok(())
     }
 
     /// Stores `config` and an OCI manifest over `layers` (stored blobs: digest, size, media
