@@ -85,6 +85,16 @@ impl Bars {
     }
 }
 
+impl Drop for Bars {
+    /// A command failing midway leaves bars that never finished: they are cleared, so its
+    /// error starts a line of its own.
+    fn drop(&mut self) {
+        if !self.bars().is_empty() {
+            let _ = self.multi.clear();
+        }
+    }
+}
+
 impl Progress for Bars {
     fn start(&self, id: &str, phase: Phase, total: Option<u64>) {
         let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::hidden())
