@@ -192,7 +192,7 @@ pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
         if let Some(l) = first {
             let _ = tx.send(l).await;
         }
-        // Keep reading after a client has gone: the pull must not block on a full channel.
+        // A client gone away does not stop the pull: what it fetched is kept.
         while let Some(l) = lines.recv().await {
             let _ = tx.send(l).await;
         }
@@ -212,7 +212,8 @@ pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
                     json!({ "status": status }),
                 ]
             }
-            Ok(Err(e)) => vec![stream_error(&pull_error(&name, &e).message)],
+            // Midway: the registry knew the image, say what broke.
+            Ok(Err(e)) => vec![stream_error(&e.to_string())],
             Err(e) => vec![stream_error(&e.to_string())],
         };
         for l in last {
@@ -410,6 +411,19 @@ mod tests {
         assert!(build_options(&Query::parse(Some("t=UPPER"))).is_err());
         assert!(build_options(&Query::parse(Some("buildargs=%5B"))).is_err());
         assert!(build_options(&Query::parse(Some("remote=x"))).is_err());
+    }
+
+    #[test]
+    fn pull_streams_name_the_repository_and_tag_like_dockerd() {
+        let rt = |n: &str| familiar_repo_and_tag(&normalize(n).unwrap());
+        assert_eq!(rt("busybox"), ("busybox".into(), "latest".into()));
+        assert_eq!(rt("busybox:1.36"), ("busybox".into(), "1.36".into()));
+        assert_eq!(
+            rt("localhost:5000/team/app:7"),
+            ("localhost:5000/team/app".into(), "7".into())
+        );
+        let digest = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(rt(&format!("busybox@{digest}")), ("busybox".into(), digest));
     }
 
     #[test]
