@@ -230,11 +230,15 @@ impl RunOutput {
         );
         self
     }
-    /// Asserts exit 125 with a one-line `agentrun: ...` message on stderr.
+    /// Asserts exit 125 with a one-line `agentrun: ...` message on stderr (besides the
+    /// per-layer progress lines `image pull/import/export/build` print before it fails).
     pub fn assert_agentrun_error(&self) -> &Self {
         self.assert_code(125);
         let err = self.stderr();
-        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !is_layer_progress(l))
+            .collect();
         assert_eq!(
             lines.len(),
             1,
@@ -246,6 +250,24 @@ impl RunOutput {
         );
         self
     }
+}
+
+/// A line of `agentrun image`'s plain progress: `layer sha256:<12 hex>: <phase> ...` or
+/// `layer <id>: already exists`.
+pub fn is_layer_progress(line: &str) -> bool {
+    let Some((id, what)) = line.strip_prefix("layer ").and_then(|l| l.split_once(": ")) else {
+        return false;
+    };
+    !id.contains(' ')
+        && [
+            "downloading ",
+            "copying ",
+            "extracting ",
+            "exporting ",
+            "already exists",
+        ]
+        .iter()
+        .any(|p| what.starts_with(p))
 }
 
 fn clip(b: &[u8]) -> String {

@@ -221,7 +221,30 @@ fn docker_pull_goes_through_the_registry_client() {
         .success();
     let name = format!("{}/lib/tiny:7", reg.host());
     let out = d.docker(&["pull", &name]);
-    assert!(out.success().contains("Downloaded newer image"), "{out}");
+    assert_eq!(out.code(), 0, "{out}\n{}", d.daemon.log());
+    let shown = out.success();
+    assert!(shown.contains("Downloaded newer image"), "{out}");
+    // dockerd's per-layer lines, as the docker CLI prints them.
+    let layer = agentrun(["image", "inspect", &name])
+        .root(&d.root)
+        .run()
+        .success();
+    let layer: serde_json::Value = serde_json::from_str(&layer).unwrap();
+    let short = &layer[0]["layers"][0]["digest"].as_str().unwrap()[7..19];
+    for status in ["Pulling fs layer", "Download complete", "Pull complete"] {
+        assert!(
+            shown.contains(&format!("{short}: {status}")),
+            "no {status:?} for {short}: {out}"
+        );
+    }
+    assert!(
+        shown.contains(&format!("7: Pulling from {}/lib/tiny", reg.host())),
+        "{out}"
+    );
+    let out = d.docker(&["pull", &name]);
+    let shown = out.success();
+    assert!(shown.contains(&format!("{short}: Already exists")), "{out}");
+    assert!(shown.contains("Status: Image is up to date for "), "{out}");
     let out = d.docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
     assert!(out.success().lines().any(|l| l == name), "{out}");
     let out = d.docker(&["pull", &format!("{}/lib/missing:1", reg.host())]);
@@ -231,6 +254,140 @@ fn docker_pull_goes_through_the_registry_client() {
         reg.host()
     ));
     assert_eq!(out.success(), "True\n", "{out}");
+    // docker-py's low-level stream: Downloading events with current/total per layer, each
+    // layer complete, then the final status.
+    // An image whose layer neither the daemon's store nor the registry has yet (2 MiB that
+    // do not compress: several chunks).
+    let other = d._dir.path().join("other");
+    fs::create_dir_all(other.join("rootfs")).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..2 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fs::write(other.join("rootfs/noise.bin"), noise).unwrap();
+    let other_root = other.join("root");
+    agentrun([
+        "image",
+        "add",
+        "noise",
+        other.join("rootfs").to_str().unwrap(),
+    ])
+    .root(&other_root)
+    .run()
+    .success();
+    let other_tar = other.join("noise.tar");
+    agentrun([
+        "image",
+        "export",
+        "noise",
+        "-o",
+        other_tar.to_str().unwrap(),
+    ])
+    .root(&other_root)
+    .run()
+    .success();
+    reg.push(
+        &format!("oci-archive:{}", other_tar.display()),
+        "lib/tiny-zstd:7",
+        &["--dest-compress-format", "zstd", "--dest-compress"],
+    )
+    .success();
+    // A layer the registry lost: the stream has begun, so the failure is its last line
+    // (errorDetail), and the docker CLI reports it.
+    reg.push(
+        &format!("oci-archive:{}", other_tar.display()),
+        "lib/broken:1",
+        &[],
+    )
+    .success();
+    let out = d.python(&format!(
+        r#"
+import requests
+base = 'http://{host}/v2/lib/broken'
+m = requests.get(base + '/manifests/1', headers={{'Accept': 'application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json'}}).json()
+print(requests.delete(base + '/blobs/' + m['layers'][0]['digest']).status_code)
+events = list(client.api.pull('{host}/lib/broken', tag='1', stream=True, decode=True))
+print(events[0]['status'], events[1]['status'])
+print(events[-1]['errorDetail']['message'] == events[-1]['error'], 'lib/broken' in events[-1]['error'])
+"#,
+        host = reg.host()
+    ));
+    assert_eq!(
+        out.success(),
+        format!(
+            "202\nPulling from {}/lib/broken Pulling fs layer\nTrue True\n",
+            reg.host()
+        ),
+        "{out}"
+    );
+    let out = d.docker(&["pull", &format!("{}/lib/broken:1", reg.host())]);
+    assert_ne!(out.code(), 0, "{out}");
+    assert!(out.stdout().contains("Pulling fs layer"), "{out}");
+    assert!(out.stderr().contains("lib/broken"), "{out}");
+    let out = d.python(&format!(
+        r#"
+events = list(client.api.pull('{}/lib/tiny-zstd', tag='7', stream=True, decode=True))
+down = [e for e in events if e.get('status') == 'Downloading']
+ok = all(0 < e['progressDetail']['current'] <= e['progressDetail']['total'] and e['id'] for e in down)
+last = down[-1]['progressDetail'] if down else {{}}
+print(len(down) >= 2, ok, last.get('current') == last.get('total'), down[-1]['progress'].startswith('[====') if down else None)
+print(sorted(set(e['status'] for e in events if 'id' in e and e['status'] != 'Downloading' and e['status'] != 'Extracting' and not e['status'].startswith('Pulling from'))))
+print(events[-1]['status'].startswith('Status: Downloaded newer image for '), any(e['status'].startswith('Digest: sha256:') for e in events))
+"#,
+        reg.host()
+    ));
+    assert_eq!(
+        out.success(),
+        "True True True True\n['Download complete', 'Pull complete', 'Pulling fs layer', 'Verifying Checksum']\nTrue True\n",
+        "{out}"
+    );
+}
+
+#[test]
+fn docker_build_streams_its_steps_as_they_run() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    let ctx = context(
+        d._dir.path(),
+        "FROM busybox\nRUN sleep 2\nRUN echo second\n",
+    );
+    // docker-py's low-level build: each event timed as it arrives.
+    let out = d.python(&format!(
+        r#"
+import time
+t0 = time.monotonic()
+seen = []
+for e in client.api.build(path='{}', tag='slow:1', decode=True):
+    seen.append((time.monotonic() - t0, e))
+def when(text):
+    return next(t for t, e in seen if text in e.get('stream', ''))
+print(when('Step 3/3 : RUN echo second') - when('Step 1/3 : FROM busybox') >= 1.5)
+print(when('Step 2/3 : RUN sleep 2') < when('Step 3/3'))
+print(any(e.get('aux', {{}}).get('ID', '').startswith('sha256:') for _, e in seen))
+"#,
+        ctx.display()
+    ));
+    assert_eq!(
+        out.success(),
+        "True\nTrue\nTrue\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+    // The docker CLI prints the steps.
+    let out = d.docker(&["build", "-t", "slow:2", ctx.to_str().unwrap()]);
+    let shown = out.success();
+    for step in [
+        "Step 1/3 : FROM busybox",
+        "Step 2/3 : RUN sleep 2",
+        "Step 3/3 : RUN echo second",
+    ] {
+        assert!(shown.contains(step), "{out}");
+    }
 }
 
 #[test]

@@ -20,6 +20,9 @@ pub enum ImageCommand {
         /// Name the image REF (the archive must hold one image).
         #[arg(long, value_name = "REF")]
         name: Option<String>,
+        /// No progress on stderr.
+        #[arg(short, long)]
+        quiet: bool,
         #[command(flatten)]
         limits: LimitArgs,
     },
@@ -32,6 +35,9 @@ pub enum ImageCommand {
         /// Network timeout per request, in seconds.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// No progress on stderr.
+        #[arg(short, long)]
+        quiet: bool,
         #[command(flatten)]
         limits: LimitArgs,
     },
@@ -72,7 +78,7 @@ pub enum ImageCommand {
         /// Profile the RUN steps run under.
         #[arg(long, default_value = "build")]
         profile: String,
-        /// Print only the image id.
+        /// Print only the image id (and no progress on stderr).
         #[arg(short, long)]
         quiet: bool,
         #[command(flatten)]
@@ -113,6 +119,9 @@ pub enum ImageCommand {
         /// Output file (default: stdout, which must not be a terminal).
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// No progress on stderr.
+        #[arg(short, long)]
+        quiet: bool,
     },
 }
 
@@ -253,7 +262,17 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
         | ImageCommand::Build { limits, .. } => limits.resolve(None)?,
         _ => UnpackLimits::default(),
     };
-    let store = ImageStore::open(&paths.root)?.with_limits(limits);
+    // Long commands show their layers' progress on stderr (see crate::progress).
+    let quiet = match &cmd {
+        ImageCommand::Import { quiet, .. }
+        | ImageCommand::Pull { quiet, .. }
+        | ImageCommand::Build { quiet, .. }
+        | ImageCommand::Export { quiet, .. } => *quiet,
+        _ => true,
+    };
+    let store = ImageStore::open(&paths.root)?
+        .with_limits(limits)
+        .with_progress(crate::progress::for_stderr(quiet));
     match cmd {
         ImageCommand::Import { file, name, .. } => {
             for (rec, names) in store.import(&file, name.as_deref())? {
@@ -439,7 +458,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                 }
             );
         }
-        ImageCommand::Export { images, output } => match output {
+        ImageCommand::Export { images, output, .. } => match output {
             Some(path) if path.as_os_str() != "-" => {
                 let tmp = path.with_extension("partial");
                 let file = std::fs::File::create(&tmp)

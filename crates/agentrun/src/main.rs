@@ -18,6 +18,7 @@ mod logging;
 mod mcp_cmd;
 mod plan;
 mod policy_cmd;
+mod progress;
 mod run;
 mod serve;
 mod top;

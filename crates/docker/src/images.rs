@@ -2,6 +2,7 @@
 //! builder (`POST /build`), all over agentrun's image store.
 
 use std::path::{Component, PathBuf};
+use std::sync::Arc;
 
 use agentrun_image::reference::{familiar, normalize};
 use agentrun_image::{ImageError, ImageRecord, ImageStore, PullOptions};
@@ -10,6 +11,7 @@ use serde_json::json;
 
 use crate::error::DockerError;
 use crate::http::{json, json_line, streaming, DockerResult, Query};
+use crate::pull_progress::PullStream;
 use crate::ApiState;
 
 /// The answer to an image store error about the image `name`.
@@ -164,41 +166,91 @@ pub async fn pull(api: &ApiState, q: &Query) -> DockerResult {
         None => from.to_owned(),
     };
     let full = normalize(&name).map_err(|e| DockerError::bad_request(e.to_string()))?;
-    let store = api.store.clone();
+    let (repo, tag) = familiar_repo_and_tag(&full);
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let progress = PullStream::new(lines_tx, repo, tag);
+    let downloaded = progress.downloaded_flag();
+    // The store held by the pull is the only holder of the line sender: `lines` ends when
+    // the pull does.
+    let store = api.store.clone().with_progress(Arc::new(progress));
     let n = name.clone();
-    let result = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default())).await;
-    match result {
-        Ok(Ok(rec)) => {
-            let (reply, tx) = streaming("application/json");
-            let lines = [
-                json!({"status": format!("Pulling from {}", familiar(&full))}),
-                json!({"status": format!("Digest: {}", rec.manifest_digest)}),
-                json!({"status": format!("Status: Downloaded newer image for {}", familiar(&full))}),
-            ];
-            tokio::spawn(async move {
-                for l in lines {
-                    let _ = tx.send(json_line(&l)).await;
-                }
-            });
-            Ok(reply)
+    let mut pull = tokio::task::spawn_blocking(move || store.pull(&n, &PullOptions::default()));
+    // A pull failing before its first layer event (no such image, no registry) is answered
+    // with an HTTP error; once lines flow, the answer is a 200 stream and a later failure
+    // its last line, as dockerd does.
+    let (first, finished) = tokio::select! {
+        line = lines.recv() => (line, None),
+        done = &mut pull => match done {
+            Ok(Ok(rec)) => (lines.recv().await, Some(rec)),
+            Ok(Err(e)) => return Err(pull_error(&name, &e)),
+            Err(e) => return Err(DockerError::join(e)),
+        },
+    };
+    let (reply, tx) = streaming("application/json");
+    let image = familiar(&full);
+    tokio::spawn(async move {
+        if let Some(l) = first {
+            let _ = tx.send(l).await;
         }
-        Ok(Err(e)) => {
-            let msg = e.to_string();
-            let status = if msg.contains("MANIFEST_UNKNOWN")
-                || msg.contains("NAME_UNKNOWN")
-                || msg.contains("not found")
-                || msg.contains("404")
-            {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::INTERNAL_SERVER_ERROR
-            };
-            Err(DockerError::new(
-                status,
-                format!("pull access denied for {name}, repository does not exist or may require 'docker login': {msg}"),
-            ))
+        // A client gone away does not stop the pull: what it fetched is kept.
+        while let Some(l) = lines.recv().await {
+            let _ = tx.send(l).await;
         }
-        Err(e) => Err(DockerError::join(e)),
+        let outcome = match finished {
+            Some(rec) => Ok(Ok(rec)),
+            None => pull.await,
+        };
+        let last = match outcome {
+            Ok(Ok(rec)) => {
+                let status = if downloaded.load(std::sync::atomic::Ordering::SeqCst) {
+                    format!("Status: Downloaded newer image for {image}")
+                } else {
+                    format!("Status: Image is up to date for {image}")
+                };
+                vec![
+                    json!({"status": format!("Digest: {}", rec.manifest_digest)}),
+                    json!({ "status": status }),
+                ]
+            }
+            // Midway: the registry knew the image, say what broke.
+            Ok(Err(e)) => vec![stream_error(&e.to_string())],
+            Err(e) => vec![stream_error(&e.to_string())],
+        };
+        for l in last {
+            let _ = tx.send(json_line(&l)).await;
+        }
+    });
+    Ok(reply)
+}
+
+/// What a failed pull answers: 404 when the registry does not know the image.
+fn pull_error(name: &str, e: &ImageError) -> DockerError {
+    let msg = e.to_string();
+    let status = if msg.contains("MANIFEST_UNKNOWN")
+        || msg.contains("NAME_UNKNOWN")
+        || msg.contains("not found")
+        || msg.contains("404")
+    {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    DockerError::new(
+        status,
+        format!("pull access denied for {name}, repository does not exist or may require 'docker login': {msg}"),
+    )
+}
+
+/// `docker.io/library/busybox:1.36` as the pull stream's first line names it: (`busybox`,
+/// `1.36`); a digest reference's "tag" is its digest.
+fn familiar_repo_and_tag(full: &str) -> (String, String) {
+    let short = familiar(full);
+    if let Some((repo, digest)) = short.split_once('@') {
+        return (repo.to_owned(), digest.to_owned());
+    }
+    match short.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
+        Some((repo, tag)) => (repo.to_owned(), tag.to_owned()),
+        None => (short.clone(), "latest".to_owned()),
     }
 }
 
@@ -309,13 +361,14 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
                     }
                 }
             }
-            Err(msg) => send(build_error(&msg)),
+            Err(msg) => send(stream_error(&msg)),
         }
     });
     Ok(reply)
 }
 
-fn build_error(msg: &str) -> serde_json::Value {
+/// The last line of a progress stream that failed (`docker build`, `docker pull`).
+fn stream_error(msg: &str) -> serde_json::Value {
     json!({"errorDetail": {"message": msg}, "error": msg})
 }
 
@@ -358,6 +411,19 @@ mod tests {
         assert!(build_options(&Query::parse(Some("t=UPPER"))).is_err());
         assert!(build_options(&Query::parse(Some("buildargs=%5B"))).is_err());
         assert!(build_options(&Query::parse(Some("remote=x"))).is_err());
+    }
+
+    #[test]
+    fn pull_streams_name_the_repository_and_tag_like_dockerd() {
+        let rt = |n: &str| familiar_repo_and_tag(&normalize(n).unwrap());
+        assert_eq!(rt("busybox"), ("busybox".into(), "latest".into()));
+        assert_eq!(rt("busybox:1.36"), ("busybox".into(), "1.36".into()));
+        assert_eq!(
+            rt("localhost:5000/team/app:7"),
+            ("localhost:5000/team/app".into(), "7".into())
+        );
+        let digest = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(rt(&format!("busybox@{digest}")), ("busybox".into(), digest));
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod http;
 pub mod images;
 pub mod ports;
 pub mod pty;
+pub mod pull_progress;
 pub mod routes;
 pub mod signals;
 pub mod stdio;

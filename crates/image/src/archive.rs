@@ -18,6 +18,7 @@ use crate::blobs::{read_document, temp_path};
 use crate::digest::hex_of;
 use crate::layer::decompress;
 use crate::limits::{drain, Budget, TarError, TarGuard, UnpackLimits};
+use crate::progress::Phase;
 use crate::reference;
 use crate::store::{ImageStore, DOCKER_LIST, OCI_INDEX, OCI_LAYER_GZIP, OCI_LAYER_TAR};
 use crate::{ImageError, ImageRecord};
@@ -124,10 +125,22 @@ impl ImageStore {
     }
 
     /// Copies a blob from an OCI layout into the store, checking its digest.
+    /// Layers are reported as [`Phase::Copy`] (or as already stored).
     fn copy_layout_blob(&self, dir: &Path, digest: &str, what: &str) -> Result<(), ImageError> {
         let src = inside(dir, &format!("blobs/sha256/{}", hex_of(digest)?))?;
         let f = File::open(&src).map_err(ImageError::io("open", &src))?;
-        self.blobs.put_reader(Some(digest), what, f)?;
+        if what != "layer" {
+            self.blobs.put_reader(Some(digest), what, f)?;
+            return Ok(());
+        }
+        if self.blobs.has(digest) {
+            self.progress.exists(digest);
+            return Ok(());
+        }
+        let total = f.metadata().ok().map(|m| m.len());
+        self.progress.phase(digest, Phase::Copy, total, |tick| {
+            self.blobs.put_reader(Some(digest), what, tick.reader(f))
+        })?;
         Ok(())
     }
 
@@ -202,14 +215,25 @@ impl ImageStore {
         for e in entries {
             let cpath = inside(dir, &e.config)?;
             let config = read_document(&cpath)?;
+            // The blob's digest is known once it is stored: progress names a layer by its
+            // diff id (the digest of an uncompressed layer.tar, as docker saves them).
+            let diff_ids = serde_json::from_slice::<serde_json::Value>(&config)
+                .ok()
+                .and_then(|c| c.pointer("/rootfs/diff_ids").cloned())
+                .and_then(|d| serde_json::from_value::<Vec<String>>(d).ok())
+                .unwrap_or_default();
             let mut layers = Vec::new();
-            for l in &e.layers {
+            for (i, l) in e.layers.iter().enumerate() {
                 let lpath = inside(dir, l)?;
                 let mut f = File::open(&lpath).map_err(ImageError::io("open", &lpath))?;
                 let mut magic = [0u8; 2];
                 let gz = f.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
                 f.rewind().map_err(ImageError::io("read", &lpath))?;
-                let (digest, size) = self.blobs.put_reader(None, "layer", f)?;
+                let id = diff_ids.get(i).cloned().unwrap_or_else(|| l.clone());
+                let total = f.metadata().ok().map(|m| m.len());
+                let (digest, size) = self.progress.phase(&id, Phase::Copy, total, |tick| {
+                    self.blobs.put_reader(None, "layer", tick.reader(f))
+                })?;
                 let media = if gz { OCI_LAYER_GZIP } else { OCI_LAYER_TAR };
                 layers.push((digest, size, media));
             }
@@ -225,6 +249,7 @@ impl ImageStore {
     pub fn export(&self, names: &[String], out: impl Write) -> Result<(), ImageError> {
         let mut manifests = Vec::new();
         let mut blobs: Vec<String> = Vec::new();
+        let mut layer_blobs = std::collections::BTreeSet::new();
         for n in names {
             let rec = self.find(n)?;
             let full = reference::parse(n)
@@ -252,6 +277,7 @@ impl ImageStore {
                 "annotations": annotations,
                 "platform": {"architecture": rec.architecture, "os": rec.os},
             }));
+            layer_blobs.extend(rec.layers.iter().map(|l| l.digest.clone()));
             for d in std::iter::once(&rec.manifest_digest)
                 .chain(std::iter::once(&rec.id))
                 .chain(rec.layers.iter().map(|l| &l.digest))
@@ -298,14 +324,16 @@ impl ImageStore {
             tar.append_data(&mut h, p, io::empty()).map_err(io_err)?;
         }
         for d in &blobs {
-            let mut f = self.blobs.open_blob(d)?;
+            let f = self.blobs.open_blob(d)?;
             let size = f.metadata().map_err(io_err)?.len();
-            add(
-                &mut tar,
-                &format!("blobs/sha256/{}", hex_of(d)?),
-                size,
-                &mut f,
-            )?;
+            let path = format!("blobs/sha256/{}", hex_of(d)?);
+            if !layer_blobs.contains(d) {
+                add(&mut tar, &path, size, &mut { f })?;
+                continue;
+            }
+            self.progress.phase(d, Phase::Export, Some(size), |tick| {
+                add(&mut tar, &path, size, &mut tick.reader(f))
+            })?;
         }
         tar.into_inner().map_err(io_err)?.flush().map_err(io_err)
     }

@@ -28,6 +28,7 @@ use nix::sys::stat::{mknod, Mode, SFlag};
 use crate::blobs::{temp_path, BlobStore};
 use crate::digest::{hex_of, HashingReader};
 use crate::limits::{drain, Budget, TarError, TarGuard};
+use crate::progress::Tick;
 use crate::ImageError;
 
 const WHITEOUT_PREFIX: &str = ".wh.";
@@ -376,6 +377,7 @@ impl LayerStore {
         blob_digest: &str,
         diff_id: &str,
         budget: &Budget,
+        tick: &Tick<'_>,
     ) -> Result<UnpackReport, ImageError> {
         let fs_path = self.fs_path(diff_id)?;
         if fs_path.is_dir() {
@@ -390,7 +392,8 @@ impl LayerStore {
             fs::create_dir_all(&staged).map_err(ImageError::io("create", &staged))?;
             fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))
                 .map_err(ImageError::io("chmod", &staged))?;
-            let report = unpack(blobs.open_blob(blob_digest)?, &staged, blob_digest, budget)?;
+            let blob = tick.reader(blobs.open_blob(blob_digest)?);
+            let report = unpack(blob, &staged, blob_digest, budget)?;
             if report.diff_id != diff_id {
                 return Err(ImageError::DigestMismatch {
                     what: format!("layer {blob_digest} (uncompressed)"),

@@ -21,6 +21,7 @@ mod digest;
 pub mod host;
 mod layer;
 mod limits;
+mod progress;
 mod pull;
 pub mod reference;
 mod store;
@@ -30,6 +31,7 @@ use std::path::PathBuf;
 pub use archive::for_each_tar_entry;
 pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use limits::{Budget, Limit, UnpackLimits};
+pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,

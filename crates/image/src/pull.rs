@@ -23,6 +23,7 @@ use crate::archive::pick_platform;
 use crate::blobs::temp_path;
 use crate::digest::of_bytes;
 use crate::limits::{human_size, Exceeded, Limit};
+use crate::progress::{NoProgress, Phase, Progress, Tick};
 use crate::reference;
 use crate::store::{ImageStore, DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST};
 use crate::{ImageError, ImageRecord};
@@ -175,16 +176,29 @@ impl ImageStore {
                 }
                 .into_error(full.clone()));
             }
-            for (blob, size) in wanted {
+            // The config first (not reported: Docker shows layers only), then the layers.
+            for (i, (blob, size)) in wanted.into_iter().enumerate() {
+                let is_layer = i > 0;
                 if self.blobs.has(&blob) {
+                    if is_layer {
+                        self.progress.exists(&blob);
+                    }
                     continue;
                 }
-                self.fetch_blob(&client, &parsed, &blob, size)
+                let observer: &dyn Progress = if is_layer {
+                    &*self.progress.0
+                } else {
+                    &NoProgress
+                };
+                observer.start(&blob, Phase::Download, Some(size));
+                let tick = Tick::new(observer, &blob);
+                self.fetch_blob(&client, &parsed, &blob, size, &tick)
                     .await
                     .map_err(|e| match e {
                         ImageError::Io { .. } | ImageError::DigestMismatch { .. } => e,
                         other => perr(other.to_string()),
                     })?;
+                observer.finish(&blob, Phase::Download);
             }
             self.blobs.put_reader(Some(&digest), "manifest", &raw[..])?;
             Ok::<String, ImageError>(digest)
@@ -200,6 +214,7 @@ impl ImageStore {
         image: &Reference,
         digest: &str,
         size: u64,
+        tick: &Tick<'_>,
     ) -> Result<(), ImageError> {
         let tmp: PathBuf = temp_path(&self.tmp_dir(), "pull");
         let result = async {
@@ -210,6 +225,7 @@ impl ImageStore {
                 inner: tokio::io::BufWriter::new(file),
                 written: 0,
                 size,
+                tick,
             };
             client
                 .pull_blob(image, digest, &mut file)
@@ -237,14 +253,16 @@ impl ImageStore {
     }
 }
 
-/// A file being downloaded, refusing to grow past the size its descriptor declares.
-struct SizedWriter {
+/// A file being downloaded, refusing to grow past the size its descriptor declares, and
+/// reporting the bytes written to `tick`.
+struct SizedWriter<'a> {
     inner: tokio::io::BufWriter<tokio::fs::File>,
     written: u64,
     size: u64,
+    tick: &'a Tick<'a>,
 }
 
-impl tokio::io::AsyncWrite for SizedWriter {
+impl tokio::io::AsyncWrite for SizedWriter<'_> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -259,6 +277,7 @@ impl tokio::io::AsyncWrite for SizedWriter {
         let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = poll {
             self.written += n as u64;
+            self.tick.advance(n as u64);
         }
         poll
     }

@@ -28,6 +28,7 @@ use crate::blobs::{temp_path, BlobStore};
 use crate::digest::hex_of;
 use crate::layer::LayerStore;
 use crate::limits::{Budget, CappedWriter, UnpackLimits};
+use crate::progress::{Observer, Phase, Progress};
 use crate::reference;
 use crate::{host, Image, ImageError};
 
@@ -179,6 +180,7 @@ pub struct ImageStore {
     pub(crate) blobs: BlobStore,
     pub(crate) layers: LayerStore,
     limits: UnpackLimits,
+    pub(crate) progress: Observer,
 }
 
 type Refs = BTreeMap<String, String>;
@@ -201,6 +203,7 @@ impl ImageStore {
             layers: LayerStore::open(&root)?,
             root,
             limits: UnpackLimits::default(),
+            progress: Observer::default(),
         })
     }
 
@@ -214,6 +217,13 @@ impl ImageStore {
     /// [`UnpackLimits::default`]).
     pub fn with_limits(mut self, limits: UnpackLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// The store reporting the progress of pulls, imports, exports and layer unpacking to
+    /// `progress` (default: [`crate::NoProgress`]).
+    pub fn with_progress(mut self, progress: std::sync::Arc<dyn Progress>) -> Self {
+        self.progress = Observer(progress);
         self
     }
 
@@ -439,7 +449,7 @@ impl ImageStore {
         let mut size = 0;
         for (desc, diff_id) in manifest.layers().iter().zip(diff_ids) {
             let digest = desc.digest().to_string();
-            self.layers.ensure(&self.blobs, &digest, diff_id, budget)?;
+            self.ensure_layer(&digest, desc.size(), diff_id, budget)?;
             size += self.layers.size(diff_id);
             layers.push(LayerRecord {
                 digest,
@@ -485,6 +495,26 @@ impl ImageStore {
         Ok(rec)
     }
 
+    /// Unpacks the layer blob `digest` (`size` bytes) unless it is unpacked already,
+    /// reporting it as [`Phase::Extract`], then as ready.
+    fn ensure_layer(
+        &self,
+        digest: &str,
+        size: u64,
+        diff_id: &str,
+        budget: &Budget,
+    ) -> Result<(), ImageError> {
+        if !self.layers.fs_path(diff_id)?.is_dir() {
+            self.progress
+                .phase(digest, Phase::Extract, Some(size), |tick| {
+                    self.layers
+                        .ensure(&self.blobs, digest, diff_id, budget, tick)
+                })?;
+        }
+        self.progress.0.ready(digest);
+        Ok(())
+    }
+
     /// Stores `config` and an OCI manifest over `layers` (stored blobs: digest, size, media
     /// type); returns the manifest's digest.
     pub(crate) fn put_manifest(
@@ -522,8 +552,7 @@ impl ImageStore {
         write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<LayerRecord, ImageError> {
         let (digest, size) = self.put_layer_blob(write)?;
-        self.layers
-            .ensure(&self.blobs, &digest, &digest, &self.budget())?;
+        self.ensure_layer(&digest, size, &digest, &self.budget())?;
         Ok(LayerRecord {
             digest: digest.clone(),
             media_type: OCI_LAYER_TAR.into(),
