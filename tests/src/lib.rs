@@ -1744,6 +1744,21 @@ impl Daemon {
         self.exec_with::<[&str; 0], &str, I, S>([], cmd)
     }
 
+    /// A run through this daemon whose egress proxy refuses a connection to `host` (port
+    /// 80, rule `network.default`): one denial in the audit log and the metrics. Asserts the
+    /// command saw the proxy's 403.
+    pub fn provoke_egress_denial(&self, host: &str) {
+        let script = format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    urllib.request.urlopen('http://{host}/', timeout=10)\n    print('OPEN')\n\
+             except urllib.error.HTTPError as e:\n    print(e.code)\n"
+        );
+        let out = self
+            .exec_with(["--allow-host", "127.0.0.1:9"], ["python3", "-c", &script])
+            .run();
+        assert_eq!(out.success().trim(), "403", "{out}");
+    }
+
     /// `agentrun exec OPTS... -- CMD...` as a client of this daemon.
     pub fn exec_with<O, OS, I, S>(&self, opts: O, cmd: I) -> Agentrun
     where

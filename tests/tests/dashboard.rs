@@ -97,22 +97,6 @@ fn start(key: &str) -> (Daemon, String, tempfile::TempDir) {
     (d, addr, audit)
 }
 
-/// A run through the daemon whose egress proxy denies a connection (`network.default`).
-fn provoke_denial(d: &Daemon) {
-    let script = r#"
-import urllib.request, urllib.error
-try:
-    urllib.request.urlopen("http://evil.example/", timeout=10)
-    print("OPEN")
-except urllib.error.HTTPError as e:
-    print(e.code)
-"#;
-    let out = d
-        .exec_with(["--allow-host", "127.0.0.1:9"], ["python3", "-c", script])
-        .run();
-    assert_eq!(out.success().trim(), "403", "{out}");
-}
-
 fn ui_python() -> PathBuf {
     let p = workspace_root().join(".venv/ui/bin/python");
     assert!(
@@ -174,7 +158,7 @@ fn chromium_login_live_update_filter_and_screenshot() {
     scenario(&d, &addr, audit.path(), "wrong_key");
     scenario(&d, &addr, audit.path(), "login");
     scenario(&d, &addr, audit.path(), "live");
-    provoke_denial(&d);
+    d.provoke_egress_denial("evil.example");
     d.exec(["true"]).run().assert_code(0);
     // A run in another shell (no pool keeps `strict`): records of another sandbox.
     d.exec_with(["--profile", "strict"], ["true"])
@@ -200,7 +184,7 @@ fn chromium_login_live_update_filter_and_screenshot() {
 fn json_endpoints_need_the_key_and_check_their_queries() {
     let Some(_lock) = setup() else { return };
     let (d, addr, _audit) = start(KEY);
-    provoke_denial(&d);
+    d.provoke_egress_denial("evil.example");
     let key = format!("OPEN-SANDBOX-API-KEY: {KEY}");
     let wrong = format!("OPEN-SANDBOX-API-KEY: {KEY}x");
 

@@ -254,18 +254,7 @@ fn runs_denials_and_pool_counters_move_with_the_runs() {
         .timeout(Duration::from_secs(60))
         .run();
     assert_eq!(out.code(), 124, "{out}");
-    let script = r#"
-import urllib.request, urllib.error
-try:
-    urllib.request.urlopen("http://evil.example/", timeout=10)
-    print("OPEN")
-except urllib.error.HTTPError as e:
-    print(e.code)
-"#;
-    let out = d
-        .exec_with(["--allow-host", "127.0.0.1:9"], ["python3", "-c", script])
-        .run();
-    assert_eq!(out.success().trim(), "403", "{out}");
+    d.provoke_egress_denial("evil.example");
 
     let after = get(&addr, None);
     assert_eq!(after.status, 200);

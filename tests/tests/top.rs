@@ -191,19 +191,7 @@ fn top_shows_pools_runs_and_denials_filters_and_kills_a_run() {
     let t0 = Instant::now();
 
     // A run the egress proxy refuses a connection: a denial in the audit log.
-    let out = d
-        .exec_with(
-            ["--allow-host", "127.0.0.1:9"],
-            [
-                "python3",
-                "-c",
-                "import urllib.request\n\
-                 try: urllib.request.urlopen('http://denied.example/')\n\
-                 except Exception as e: print(e)",
-            ],
-        )
-        .run();
-    assert!(out.success().contains("403"), "{out}");
+    d.provoke_egress_denial("denied.example");
     let denial = audit_records(audit.path())
         .into_iter()
         .find(|r| r["decision"] == "deny" && r["resource"] == "denied.example:80")

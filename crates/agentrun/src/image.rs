@@ -229,31 +229,6 @@ impl LimitArgs {
 /// The PATH an image made by `image add` gets unless told otherwise (Docker's default).
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Sizes as `docker images` prints them (SI units, 3 significant digits).
-fn human_size(bytes: u64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < units.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes}B")
-    } else if v < 10.0 {
-        format!("{v:.2}{}", units[u])
-    } else if v < 100.0 {
-        format!("{v:.1}{}", units[u])
-    } else {
-        format!("{v:.0}{}", units[u])
-    }
-}
-
-fn short_id(id: &str) -> &str {
-    let hex = id.strip_prefix("sha256:").unwrap_or(id);
-    &hex[..hex.len().min(12)]
-}
-
 pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
     let limits = match &cmd {
         ImageCommand::Import { limits, .. }
@@ -280,7 +255,11 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                     println!("Loaded image ID: {}", rec.id);
                 }
                 for n in names {
-                    println!("Loaded image: {} ({})", familiar(&n), short_id(&rec.id));
+                    println!(
+                        "Loaded image: {} ({})",
+                        familiar(&n),
+                        agentrun_image::short_id(&rec.id)
+                    );
                 }
             }
         }
@@ -297,7 +276,11 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             let rec = store.pull(&reference, &opts)?;
             let full = agentrun_image::reference::normalize(&reference)?;
             println!("Digest: {}", rec.manifest_digest);
-            println!("Pulled: {} ({})", familiar(&full), short_id(&rec.id));
+            println!(
+                "Pulled: {} ({})",
+                familiar(&full),
+                agentrun_image::short_id(&rec.id)
+            );
         }
         ImageCommand::Add {
             name,
@@ -373,7 +356,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
             if quiet {
                 println!("{}", rec.id);
             } else {
-                println!("Successfully built {}", short_id(&rec.id));
+                println!("Successfully built {}", agentrun_image::short_id(&rec.id));
                 for t in &opts.tags {
                     println!(
                         "Successfully tagged {}",
@@ -388,7 +371,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&images)?);
             } else if quiet {
                 for i in images.iter().filter(|i| !i.id.is_empty()) {
-                    println!("{}", short_id(&i.id));
+                    println!("{}", agentrun_image::short_id(&i.id));
                 }
             } else {
                 println!(
@@ -399,7 +382,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                     let id = if i.kind == "builtin" {
                         "(built-in)".to_string()
                     } else {
-                        short_id(&i.id).to_string()
+                        agentrun_image::short_id(&i.id).to_string()
                     };
                     let rows: Vec<(String, String)> = if i.kind == "builtin" {
                         vec![("host".into(), "-".into())]
@@ -411,7 +394,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                     let size = if i.kind == "builtin" {
                         "-".into()
                     } else {
-                        human_size(i.size)
+                        agentrun_image::docker_size(i.size)
                     };
                     for (repo, tag) in rows {
                         println!("{repo:<40} {tag:<16} {id:<14} {:>6} {size:>10}", i.layers);
@@ -450,7 +433,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                 "Removed {} layer(s) and {} blob(s), freed {}{}",
                 r.layers,
                 r.blobs,
-                human_size(r.bytes),
+                agentrun_image::docker_size(r.bytes),
                 if r.layers_in_use > 0 {
                     format!("; {} layer(s) kept: in use by sandboxes", r.layers_in_use)
                 } else {
@@ -489,17 +472,4 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
         },
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_size;
-
-    #[test]
-    fn sizes_read_like_docker() {
-        assert_eq!(human_size(512), "512B");
-        assert_eq!(human_size(1_984_449), "1.98MB");
-        assert_eq!(human_size(52_300_000), "52.3MB");
-        assert_eq!(human_size(523_000_000), "523MB");
-    }
 }

@@ -187,7 +187,10 @@ pub fn build(
                     .unwrap_or_default();
                 st.layers = rec.layers.clone();
                 st.config = rec.config.clone();
-                on(BuildEvent::Note(format!(" ---> {}", short(&rec.id))));
+                on(BuildEvent::Note(format!(
+                    " ---> {}",
+                    agentrun_image::short_id(&rec.id)
+                )));
                 continue;
             }
             Step::Arg { name, default } => {
@@ -296,7 +299,7 @@ pub fn build(
             "empty_layer": empty_layer,
         }));
         let note = match st.layers.last() {
-            Some(l) if !empty_layer => format!(" ---> {}", short(&l.diff_id)),
+            Some(l) if !empty_layer => format!(" ---> {}", agentrun_image::short_id(&l.diff_id)),
             _ => " ---> (config)".to_string(),
         };
         on(BuildEvent::Note(note));
@@ -378,7 +381,7 @@ fn run_step(
     .map_err(|e| sandbox_err(e.to_string()))?;
     on(BuildEvent::Note(format!(
         " ---> Running in {}",
-        short(sandbox.id())
+        agentrun_image::short_id(sandbox.id())
     )));
     let outcome = {
         let mut out = Forward { on: &mut *on };
@@ -445,12 +448,6 @@ fn finish_document(st: &State) -> serde_json::Value {
         doc["os"] = serde_json::json!("linux");
     }
     doc
-}
-
-/// 12 hex digits of a digest or id, as Docker prints ids.
-pub fn short(id: &str) -> &str {
-    let hex = id.strip_prefix("sha256:").unwrap_or(id);
-    &hex[..hex.len().min(12)]
 }
 
 fn now() -> String {

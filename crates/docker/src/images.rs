@@ -351,7 +351,7 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
                     send(json!({ "stream": format!("{}\n", rec.id) }));
                 } else {
                     send(
-                        json!({ "stream": format!("Successfully built {}\n", agentrun_build::short(&rec.id)) }),
+                        json!({ "stream": format!("Successfully built {}\n", agentrun_image::short_id(&rec.id)) }),
                     );
                     for t in &opts.tags {
                         let full = normalize(t).unwrap_or_else(|_| t.clone());

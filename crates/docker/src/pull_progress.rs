@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentrun_image::{Phase, Progress};
+use agentrun_image::{docker_size, short_id, Phase, Progress};
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -73,7 +73,7 @@ impl PullStream {
     }
 
     fn status(&self, id: &str, status: &str) {
-        self.send(json!({"status": status, "progressDetail": {}, "id": short(id)}));
+        self.send(json!({"status": status, "progressDetail": {}, "id": short_id(id)}));
     }
 
     fn progress(&self, id: &str, l: &Layer) {
@@ -86,7 +86,7 @@ impl PullStream {
             "status": status,
             "progressDetail": {"current": l.current, "total": total},
             "progress": bar(l.current, total),
-            "id": short(id),
+            "id": short_id(id),
         }));
     }
 
@@ -161,41 +161,10 @@ impl Progress for PullStream {
     }
 }
 
-/// A layer as dockerd names it in progress: 12 hex digits.
-fn short(id: &str) -> &str {
-    let hex = id.strip_prefix("sha256:").unwrap_or(id);
-    &hex[..hex.len().min(12)]
-}
-
-/// Sizes as dockerd's progress writes them (SI units, 3 significant digits: `1.98MB`).
-fn human(bytes: u64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < units.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    let digits = if v < 10.0 {
-        2
-    } else if v < 100.0 {
-        1
-    } else {
-        0
-    };
-    let s = format!("{v:.digits$}");
-    let s = if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        &s
-    };
-    format!("{s}{}", units[u])
-}
-
 /// dockerd's progress bar: `[=====>      ]  1.2MB/4MB` (50 columns).
 fn bar(current: u64, total: u64) -> String {
     if total == 0 {
-        return human(current);
+        return docker_size(current);
     }
     let width = 50;
     let filled = ((current.min(total) as f64 / total as f64) * width as f64) as usize;
@@ -204,7 +173,7 @@ fn bar(current: u64, total: u64) -> String {
         b.push(if filled == width { '=' } else { '>' });
     }
     b.push_str(&" ".repeat(width - filled));
-    format!("[{b}] {:>8}/{}", human(current), human(total))
+    format!("[{b}] {:>8}/{}", docker_size(current), docker_size(total))
 }
 
 #[cfg(test)]
@@ -213,14 +182,10 @@ mod tests {
 
     #[test]
     fn sizes_and_bars_read_like_dockerd() {
-        assert_eq!(human(512), "512B");
-        assert_eq!(human(1_984_449), "1.98MB");
-        assert_eq!(human(4_000_000), "4MB");
-        assert_eq!(human(52_300_000), "52.3MB");
         let b = bar(1_200_000, 4_000_000);
         assert!(b.starts_with("[==============>"), "{b}");
         assert!(b.ends_with("]    1.2MB/4MB"), "{b}");
         assert_eq!(bar(4, 4).matches('=').count(), 50);
-        assert_eq!(short("sha256:0123456789abcdef"), "0123456789ab");
+        assert_eq!(short_id("sha256:0123456789abcdef"), "0123456789ab");
     }
 }

@@ -7,6 +7,13 @@ use sha2::{Digest as _, Sha256};
 
 use crate::ImageError;
 
+/// 12 hex digits of a digest or id, as Docker prints ids (`docker images`, `docker pull`'s
+/// layers, `Successfully built`).
+pub fn short_id(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    &hex[..hex.len().min(12)]
+}
+
 /// The hex part of a valid `sha256:` digest. Other algorithms are refused: every registry and
 /// tool this store talks to uses sha256.
 pub fn hex_of(digest: &str) -> Result<&str, ImageError> {

@@ -29,8 +29,9 @@ mod store;
 use std::path::PathBuf;
 
 pub use archive::for_each_tar_entry;
+pub use digest::short_id;
 pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
-pub use limits::{Budget, Limit, UnpackLimits};
+pub use limits::{docker_size, Budget, Limit, UnpackLimits};
 pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;
 pub use store::{

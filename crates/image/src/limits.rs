@@ -131,6 +131,33 @@ pub fn human_size(b: u64) -> String {
     }
 }
 
+/// `bytes` as Docker prints sizes (`docker images`, `docker pull`'s progress: go-units'
+/// `HumanSize`): SI units, three significant digits, no trailing zeros (`512B`, `1.98MB`,
+/// `4MB`, `52.3MB`).
+pub fn docker_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    let digits = if v < 10.0 {
+        2
+    } else if v < 100.0 {
+        1
+    } else {
+        0
+    };
+    let s = format!("{v:.digits$}");
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &s
+    };
+    format!("{s}{}", UNITS[u])
+}
+
 /// The running totals of one operation (an import, a pull, an archive, a build context).
 #[derive(Debug)]
 pub struct Budget {
@@ -417,6 +444,15 @@ impl<R: Read> Read for GuardedReader<'_, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn docker_sizes_read_like_docker() {
+        assert_eq!(docker_size(512), "512B");
+        assert_eq!(docker_size(1_984_449), "1.98MB");
+        assert_eq!(docker_size(4_000_000), "4MB");
+        assert_eq!(docker_size(52_300_000), "52.3MB");
+        assert_eq!(docker_size(523_000_000), "523MB");
+    }
 
     fn tar_of(entries: &[(&str, usize)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());

@@ -9,7 +9,7 @@
 //! - `POST /ui/login` (form field `key`): the API key traded for a session cookie
 //!   ([`session`]); `POST /ui/logout` ends it.
 //! - `GET /ui/api/snapshot`: the snapshot as JSON; `GET /ui/api/audit?...`: the records an
-//!   [`filter::AuditFilter`] selects (oldest first); `GET /ui/api/denials?limit=N`: the newest
+//!   [`filter::parse`] makes of its query selects (oldest first); `GET /ui/api/denials?limit=N`: the newest
 //!   refused decisions of the current audit file's last 4 MiB.
 //!
 //! Access follows the API's rule: with an API key configured, every path but the login form
@@ -24,7 +24,7 @@ pub mod session;
 use std::sync::Arc;
 
 use agentrun_pool::constant_time_eq;
-use agentrun_telemetry::{AuditQuery, AuditRecord};
+use agentrun_telemetry::AuditRecord;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -34,7 +34,6 @@ use axum::Json;
 
 use crate::error::{ApiError, ApiResult};
 use crate::Server;
-use filter::AuditFilter;
 use session::Sessions;
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
@@ -237,33 +236,18 @@ async fn audit(
     if let Err(e) = d.require(&headers) {
         return e.into_response();
     }
-    let f = match AuditFilter::parse(query.as_deref(), chrono::Utc::now()) {
-        Ok(f) => f,
+    let q = match filter::parse(query.as_deref(), chrono::Utc::now()) {
+        Ok(q) => q,
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
     };
     let log = d.server.audit.clone();
-    let found = blocking(move || search(&log, &f)).await.and_then(|r| r);
+    let found = blocking(move || log.query(&q))
+        .await
+        .and_then(|r| r.map_err(|e| ApiError::internal(e.to_string())));
     match found {
         Ok(records) => Json(records).into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-/// The records `f` selects, oldest first, at most `f.limit` (the newest ones).
-fn search(log: &agentrun_telemetry::AuditLog, f: &AuditFilter) -> ApiResult<Vec<AuditRecord>> {
-    let q = AuditQuery {
-        since: f.since,
-        until: f.until,
-        kind: f.kind.clone(),
-        decision: f.decision.clone(),
-        refused: f.refused,
-        sandbox: f.sandbox.clone(),
-        rule: f.rule.clone(),
-        trace: f.trace.clone(),
-        text: f.text.clone(),
-        limit: f.limit,
-    };
-    log.query(&q).map_err(|e| ApiError::internal(e.to_string()))
 }
 
 async fn denials(

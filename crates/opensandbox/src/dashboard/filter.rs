@@ -1,8 +1,9 @@
 //! The audit search of the dashboard: `GET /ui/api/audit?since=&until=&kind=&decision=
-//! &refused=&sandbox=&rule=&q=&trace=&limit=` parsed strictly into an [`AuditFilter`] (an
+//! &refused=&sandbox=&rule=&q=&trace=&limit=` parsed strictly into an [`AuditQuery`] (an
 //! unknown parameter or a bad value is a one-line 400; an empty value is no filter, as an
 //! HTML form sends it).
 
+use agentrun_telemetry::AuditQuery;
 use chrono::{DateTime, Utc};
 
 /// Records one search returns at most, and by default.
@@ -32,41 +33,6 @@ fn bad(name: &str, message: impl Into<String>) -> FilterError {
     FilterError {
         name: name.to_string(),
         message: message.into(),
-    }
-}
-
-/// One audit search.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditFilter {
-    pub since: Option<DateTime<Utc>>,
-    pub until: Option<DateTime<Utc>>,
-    pub kind: Option<String>,
-    pub decision: Option<String>,
-    /// Only refused decisions (a deny, or an escalation nobody approved).
-    pub refused: bool,
-    pub sandbox: Option<String>,
-    pub rule: Option<String>,
-    /// A piece of the resource, action or reason (case-insensitive).
-    pub text: Option<String>,
-    /// Exact trace id (a run's records and its decisions).
-    pub trace: Option<String>,
-    pub limit: usize,
-}
-
-impl Default for AuditFilter {
-    fn default() -> Self {
-        AuditFilter {
-            since: None,
-            until: None,
-            kind: None,
-            decision: None,
-            refused: false,
-            sandbox: None,
-            rule: None,
-            text: None,
-            trace: None,
-            limit: DEFAULT_LIMIT,
-        }
     }
 }
 
@@ -105,73 +71,79 @@ fn text(name: &str, v: &str) -> Result<String, FilterError> {
     Ok(v.to_string())
 }
 
-impl AuditFilter {
-    /// Parses a raw query string (`None`: no parameter), times relative to `now`.
-    pub fn parse(query: Option<&str>, now: DateTime<Utc>) -> Result<Self, FilterError> {
-        let mut f = AuditFilter::default();
-        let mut seen: Vec<String> = Vec::new();
-        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            if seen.iter().any(|s| *s == k) {
-                return Err(bad(&k, "given twice"));
-            }
-            seen.push(k.to_string());
-            let v = v.trim();
-            if v.is_empty() {
-                if !matches!(
-                    &*k,
-                    "since"
-                        | "until"
-                        | "kind"
-                        | "decision"
-                        | "refused"
-                        | "sandbox"
-                        | "rule"
-                        | "q"
-                        | "trace"
-                        | "limit"
-                ) {
-                    return Err(bad(&k, "no such parameter"));
-                }
-                continue;
-            }
-            match &*k {
-                "since" => f.since = Some(parse_time("since", v, now)?),
-                "until" => f.until = Some(parse_time("until", v, now)?),
-                "kind" => f.kind = Some(one_of("kind", v, KINDS)?),
-                "decision" => f.decision = Some(one_of("decision", v, DECISIONS)?),
-                "refused" => {
-                    f.refused = match v {
-                        "1" | "true" | "on" => true,
-                        "0" | "false" | "off" => false,
-                        _ => return Err(bad("refused", format!("{v:?} is not true or false"))),
-                    }
-                }
-                "sandbox" => f.sandbox = Some(text("sandbox", v)?),
-                "rule" => f.rule = Some(text("rule", v)?),
-                "q" => f.text = Some(text("q", v)?),
-                "trace" => f.trace = Some(text("trace", v)?),
-                "limit" => {
-                    f.limit = v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or_else(|| {
-                            bad(
-                                "limit",
-                                format!("{v:?} is not a number from 1 to {MAX_LIMIT}"),
-                            )
-                        })?
-                }
-                other => return Err(bad(other, "no such parameter")),
-            }
-        }
-        if let (Some(s), Some(u)) = (f.since, f.until) {
-            if s > u {
-                return Err(bad("until", "before since"));
-            }
-        }
-        Ok(f)
+/// The search with no filter: the newest [`DEFAULT_LIMIT`] records.
+pub fn unfiltered() -> AuditQuery {
+    AuditQuery {
+        limit: DEFAULT_LIMIT,
+        ..AuditQuery::default()
     }
+}
+
+/// Parses a raw query string (`None`: no parameter), times relative to `now`.
+pub fn parse(query: Option<&str>, now: DateTime<Utc>) -> Result<AuditQuery, FilterError> {
+    let mut f = unfiltered();
+    let mut seen: Vec<String> = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        if seen.iter().any(|s| *s == k) {
+            return Err(bad(&k, "given twice"));
+        }
+        seen.push(k.to_string());
+        let v = v.trim();
+        if v.is_empty() {
+            if !matches!(
+                &*k,
+                "since"
+                    | "until"
+                    | "kind"
+                    | "decision"
+                    | "refused"
+                    | "sandbox"
+                    | "rule"
+                    | "q"
+                    | "trace"
+                    | "limit"
+            ) {
+                return Err(bad(&k, "no such parameter"));
+            }
+            continue;
+        }
+        match &*k {
+            "since" => f.since = Some(parse_time("since", v, now)?),
+            "until" => f.until = Some(parse_time("until", v, now)?),
+            "kind" => f.kind = Some(one_of("kind", v, KINDS)?),
+            "decision" => f.decision = Some(one_of("decision", v, DECISIONS)?),
+            "refused" => {
+                f.refused = match v {
+                    "1" | "true" | "on" => true,
+                    "0" | "false" | "off" => false,
+                    _ => return Err(bad("refused", format!("{v:?} is not true or false"))),
+                }
+            }
+            "sandbox" => f.sandbox = Some(text("sandbox", v)?),
+            "rule" => f.rule = Some(text("rule", v)?),
+            "q" => f.text = Some(text("q", v)?),
+            "trace" => f.trace = Some(text("trace", v)?),
+            "limit" => {
+                f.limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        bad(
+                            "limit",
+                            format!("{v:?} is not a number from 1 to {MAX_LIMIT}"),
+                        )
+                    })?
+            }
+            other => return Err(bad(other, "no such parameter")),
+        }
+    }
+    if let (Some(s), Some(u)) = (f.since, f.until) {
+        if s > u {
+            return Err(bad("until", "before since"));
+        }
+    }
+    Ok(f)
 }
 
 #[cfg(test)]
@@ -184,8 +156,8 @@ mod tests {
             .with_timezone(&Utc)
     }
 
-    fn parse(q: &str) -> Result<AuditFilter, FilterError> {
-        AuditFilter::parse(Some(q), now())
+    fn parse(q: &str) -> Result<AuditQuery, FilterError> {
+        super::parse(Some(q), now())
     }
 
     #[test]
@@ -210,11 +182,8 @@ mod tests {
     #[test]
     fn empty_values_are_no_filter() {
         let f = parse("since=&kind=&decision=&sandbox=&q=&limit=").unwrap();
-        assert_eq!(f, AuditFilter::default());
-        assert_eq!(
-            AuditFilter::parse(None, now()).unwrap(),
-            AuditFilter::default()
-        );
+        assert_eq!(f, unfiltered());
+        assert_eq!(super::parse(None, now()).unwrap(), unfiltered());
     }
 
     #[test]
