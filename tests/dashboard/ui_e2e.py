@@ -200,12 +200,20 @@ def scenario_live():
         assert elapsed.endswith(" s"), cells
         assert memory.endswith("iB") or memory.endswith(" B"), cells
         assert int(text(d, "stat-running")) >= 1
+        # The pool's row counts the shell the run took as running.
+        wait_for("the pool's running shell", lambda: int(rows(d, "pools")[0][0][3]) >= 1)
+        discarded_before = int(rows(d, "pools")[0][0][6])
         # Elapsed time moves while the page stays.
         first = float(elapsed.split()[0])
         wait_for("elapsed to grow", lambda: sleep_row(d) and float(sleep_row(d)[0][4].split()[0]) >= first + 1.5)
         end(p)
         p = None
         wait_for("the ended run to leave the table", lambda: not sleep_row(d))
+        # A run its time limit kills: its shell is discarded, counted in its pool's row.
+        timed_out = subprocess.run([AGENTRUN, "exec", "--timeout", "1s", "--", "sleep", "30"],
+                                   env=agentrun_env(), capture_output=True, timeout=60)
+        assert timed_out.returncode == 124, timed_out
+        wait_for("the timed-out run's shell discarded", lambda: int(rows(d, "pools")[0][0][6]) > discarded_before)
         for _ in range(5):
             run("true")
         wait_for("5 more runs in the minute's count", lambda: int(text(d, "stat-runs")) >= runs_before + 5)

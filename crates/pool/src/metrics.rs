@@ -326,6 +326,7 @@ mod tests {
                 target: 4,
                 hits: 7,
                 misses: 2,
+                discarded: 0,
                 zygote: None,
             }],
             unpooled: 1,

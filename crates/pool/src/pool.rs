@@ -129,6 +129,8 @@ struct Keyed {
     image_id: String,
     hits: u64,
     misses: u64,
+    /// Its shells discarded (for any reason).
+    discarded: u64,
 }
 
 #[derive(Default)]
@@ -205,17 +207,21 @@ impl State {
             .max_by_key(|&i| self.pools[i].spec.target - self.present(i))
     }
 
-    /// Takes a ready shell from any pool (to make room), the fullest first.
+    /// Takes a ready shell from any pool (to make room), the fullest first; counted as
+    /// discarded (`room`).
     fn sacrifice(&mut self) -> Option<PooledShell> {
-        self.pools
-            .iter_mut()
-            .max_by_key(|p| p.ready.len())
-            .and_then(|p| p.ready.pop_back())
-            .map(|(sh, _)| sh)
+        let i = (0..self.pools.len()).max_by_key(|&i| self.pools[i].ready.len())?;
+        let (sh, _) = self.pools[i].ready.pop_back()?;
+        self.count_discard("room", Some(i));
+        Some(sh)
     }
 
-    fn count_discard(&mut self, reason: &str) {
+    /// A shell of pool `home` (if any) is discarded for `reason`.
+    fn count_discard(&mut self, reason: &str, home: Option<usize>) {
         *self.discarded.entry(reason.to_owned()).or_default() += 1;
+        if let Some(p) = home.and_then(|i| self.pools.get_mut(i)) {
+            p.discarded += 1;
+        }
     }
 }
 
@@ -245,6 +251,7 @@ impl Pool {
                 image_id: String::new(),
                 hits: 0,
                 misses: 0,
+                discarded: 0,
             })
             .collect();
         Pool {
@@ -354,7 +361,6 @@ impl Pool {
             // Room comes from a finished run, or from a ready shell we may sacrifice.
             if let Some(sh) = st.sacrifice() {
                 st.destroying += 1;
-                st.count_discard("room");
                 drop(st);
                 self.destroy(sh);
                 st = self.lock();
@@ -472,7 +478,7 @@ impl Pool {
                     Verdict::Discard(r) => r,
                     Verdict::Reuse => "unpooled",
                 };
-                st.count_discard(reason);
+                st.count_discard(reason, home);
                 // Listed (and counted) until it is gone; its pool may be refilled meanwhile.
                 if let Some(l) = st.lent.get_mut(&id) {
                     l.home = None;
@@ -578,14 +584,15 @@ impl Pool {
     /// and idle for [`IDLE_TRIM`] (the oldest-idle end of the queue).
     fn expired(&self, st: &mut State) -> Option<PooledShell> {
         let max_age = self.limits.shell_max_age;
-        for p in st.pools.iter_mut() {
+        for n in 0..st.pools.len() {
+            let p = &mut st.pools[n];
             if let Some(i) = p
                 .ready
                 .iter()
                 .position(|(sh, _)| sh.created.elapsed() >= max_age)
             {
                 let (sh, _) = p.ready.remove(i)?;
-                *st.discarded.entry("max_age".into()).or_default() += 1;
+                st.count_discard("max_age", Some(n));
                 return Some(sh);
             }
             let extra = p.ready.len() > p.spec.target;
@@ -595,7 +602,7 @@ impl Pool {
                     .is_some_and(|(_, t)| t.elapsed() >= IDLE_TRIM)
             {
                 let (sh, _) = p.ready.pop_back()?;
-                *st.discarded.entry("idle".into()).or_default() += 1;
+                st.count_discard("idle", Some(n));
                 return Some(sh);
             }
         }
@@ -686,6 +693,7 @@ impl Pool {
                     target: p.spec.target,
                     hits: p.hits,
                     misses: p.misses,
+                    discarded: p.discarded,
                     zygote: None,
                 })
                 .collect(),

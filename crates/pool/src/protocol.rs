@@ -151,6 +151,10 @@ pub struct PoolInfo {
     /// Runs of this pool's image and profile that found it empty (a shell made on demand,
     /// which then joins the pool).
     pub misses: u64,
+    /// Its shells discarded, for any reason ([`PoolStatus::discarded`] has the reasons,
+    /// over every pool).
+    #[serde(default)]
+    pub discarded: u64,
     /// The Python zygote of one of its ready shells, if its profile has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zygote: Option<agentrun_runtime::zygote::ZygoteStatus>,

@@ -58,6 +58,8 @@ pub struct PoolRow {
     pub running: usize,
     pub hits: u64,
     pub misses: u64,
+    /// Its shells discarded (any reason).
+    pub discarded: u64,
 }
 
 /// The model of the view.
@@ -207,6 +209,7 @@ impl TopState {
                 running,
                 hits: p.hits,
                 misses: p.misses,
+                discarded: p.discarded,
             });
         }
         for key in self.pool_keys() {
@@ -219,6 +222,7 @@ impl TopState {
                 running: count(&key, "running"),
                 hits: 0,
                 misses: 0,
+                discarded: 0,
                 key,
             });
         }
@@ -425,6 +429,7 @@ mod tests {
                     target: 3,
                     hits: 5,
                     misses: 1,
+                    discarded: 0,
                     zygote: None,
                 }],
                 ..Default::default()

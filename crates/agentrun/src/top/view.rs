@@ -213,6 +213,7 @@ fn render_pools(s: &TopState, area: Rect, buf: &mut Buffer) {
                 r.running.to_string(),
                 r.hits.to_string(),
                 r.misses.to_string(),
+                r.discarded.to_string(),
             ])
         })
         .collect();
@@ -236,9 +237,21 @@ fn render_pools(s: &TopState, area: Rect, buf: &mut Buffer) {
             Constraint::Length(8),
             Constraint::Length(8),
             Constraint::Length(8),
+            Constraint::Length(10),
         ],
     )
-    .header(Row::new(["IMAGE", "PROFILE", "READY", "RUNNING", "HITS", "MISSES"]).style(bold()))
+    .header(
+        Row::new([
+            "IMAGE",
+            "PROFILE",
+            "READY",
+            "RUNNING",
+            "HITS",
+            "MISSES",
+            "DISCARDED",
+        ])
+        .style(bold()),
+    )
     .block(
         Block::bordered()
             .title(format!(" pools ({}) ", pool_filter_label(s)))

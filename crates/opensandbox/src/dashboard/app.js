@@ -109,8 +109,11 @@ function showSnapshot(s) {
   spark($("spark-runs"), w.runs_per_second);
   spark($("spark-latency"), w.p50_ms_per_second);
 
+  const running = (p) => s.shells.filter((sh) =>
+    sh.state === "running" && sh.image === p.image && sh.profile === p.profile).length;
   fill($("pools").tBodies[0], s.status.pools.map((p) =>
-    row([p.image, p.profile, p.ready + " / " + p.target, p.hits, p.misses])));
+    row([p.image, p.profile, p.ready + " / " + p.target, running(p), p.hits, p.misses,
+      p.discarded])));
   const discarded = Object.entries(s.status.discarded || {}).map(([k, v]) => k + " " + v).join(", ");
   $("pool-totals").textContent = "shells " + s.status.shells + ", created " + s.status.created +
     ", cells " + s.status.cells + ", unpooled runs " + s.status.unpooled +
