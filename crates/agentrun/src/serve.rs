@@ -477,8 +477,8 @@ pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
     }
     for p in &status.pools {
         println!(
-            "{} / {}: {} ready of {}; {} hits, {} misses",
-            p.image, p.profile, p.ready, p.target, p.hits, p.misses
+            "{} / {}: {} ready of {}; {} hits, {} misses, {} discarded",
+            p.image, p.profile, p.ready, p.target, p.hits, p.misses, p.discarded
         );
         if let Some(z) = &p.zygote {
             let skipped: Vec<String> = z
