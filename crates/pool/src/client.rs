@@ -6,8 +6,7 @@ use std::path::Path;
 use agentrun_runtime::control;
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 
-use crate::observe::Snapshot;
-use crate::protocol::{ClientMessage, DaemonReply};
+use crate::protocol::{ClientMessage, DaemonReply, Snapshot};
 use crate::PoolError;
 
 /// A connection to `agentrun serve`.
@@ -59,7 +58,7 @@ impl DaemonClient {
         }
     }
 
-    /// Kills a running command ([`crate::observe::RunningCommand::id`]; the connection
+    /// Kills a running command ([`crate::protocol::RunningCommand::id`]; the connection
     /// serves this one request).
     pub fn kill(self, id: &str) -> Result<(), PoolError> {
         match self.call(&ClientMessage::Kill { id: id.to_owned() })? {

@@ -503,7 +503,7 @@ fn run_in_pooled_shell(
         }),
     );
     let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
-    let on_board = match crate::observe::board().register(
+    let on_board = match crate::board::board().register(
         &shell.id,
         &request.recipe.image,
         &request.recipe.profile,

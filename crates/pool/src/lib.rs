@@ -17,6 +17,7 @@
 //!   ones, and the persistent Python contexts (OpenSandbox code contexts, MCP `run_python`).
 
 pub mod activation;
+pub mod board;
 pub mod client;
 pub mod daemon;
 pub mod factory;
@@ -40,6 +41,13 @@ use std::sync::{Mutex, MutexGuard};
 /// statements, so a panic leaves nothing half-made behind).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The host's cgroup mode, detected once (what the operators' views read usage with).
+pub(crate) fn cgroup_mode() -> Option<agentrun_runtime::cgroup::CgroupMode> {
+    static MODE: std::sync::OnceLock<Option<agentrun_runtime::cgroup::CgroupMode>> =
+        std::sync::OnceLock::new();
+    *MODE.get_or_init(agentrun_runtime::cgroup::CgroupMode::detect)
 }
 
 /// Compares secrets (API keys, tokens) without an early exit: what every front end checks a

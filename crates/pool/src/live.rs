@@ -188,7 +188,7 @@ struct Running {
 pub struct RunningProcess {
     /// Its id ([`Process::id`]).
     pub id: u64,
-    /// Its command line ([`crate::observe::command_line`]).
+    /// Its command line ([`agentrun_telemetry::argv_line`]).
     pub command: String,
     pub started: SystemTime,
 }
@@ -303,7 +303,7 @@ impl LiveSandbox {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let running = Running {
             on_exit: spec.on_exit,
-            command: crate::observe::command_line(&spec.argv),
+            command: agentrun_telemetry::argv_line(&spec.argv),
             started: SystemTime::now(),
         };
         let mut env = self.env.clone();

@@ -10,12 +10,12 @@
 //! The format is small: `# HELP`, `# TYPE`, one `name{labels} value` line per sample, label
 //! values escaped (`\\`, `\"`, `\n`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::protocol::PoolStatus;
+use crate::protocol::{PoolStatus, Window};
 
 /// Upper bounds (seconds) of the run duration histogram's buckets (`+Inf` is added).
 pub const DURATION_BUCKETS: [f64; 12] = [
@@ -41,7 +41,7 @@ pub mod outcome {
 pub struct Metrics {
     inner: Mutex<Inner>,
     /// The last minute's run ends (what `agentrun top` and `/ui` show).
-    recent: crate::observe::Recent,
+    recent: Recent,
 }
 
 #[derive(Debug, Default)]
@@ -75,7 +75,7 @@ impl Metrics {
     }
 
     /// The ends of the last minute's runs.
-    pub fn recent(&self) -> &crate::observe::Recent {
+    pub fn recent(&self) -> &Recent {
         &self.recent
     }
 
@@ -312,9 +312,116 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Ended runs the window keeps at most (a daemon doing more than this a minute sees the
+/// newest ones only).
+const RECENT_MAX: usize = 1 << 16;
+/// The length of the window of recent runs ([`Recent::window`]).
+pub const WINDOW_SECONDS: u32 = 60;
+
+/// The ends of recent runs (when, how long), for [`Window`].
+#[derive(Debug, Default)]
+pub struct Recent {
+    ends: Mutex<VecDeque<(Instant, f64)>>,
+}
+
+impl Recent {
+    /// A run ended now after `duration`.
+    pub fn record(&self, duration: Duration) {
+        let now = Instant::now();
+        let mut ends = crate::lock(&self.ends);
+        prune(&mut ends, now);
+        if ends.len() == RECENT_MAX {
+            ends.pop_front();
+        }
+        ends.push_back((now, duration.as_secs_f64() * 1000.0));
+    }
+
+    /// The last [`WINDOW_SECONDS`] before `now`.
+    pub fn window(&self, now: Instant) -> Window {
+        let mut ends = crate::lock(&self.ends);
+        prune(&mut ends, now);
+        let seconds = WINDOW_SECONDS as usize;
+        let mut per_second: Vec<Vec<f64>> = vec![Vec::new(); seconds];
+        for (at, ms) in ends.iter() {
+            let ago = now.saturating_duration_since(*at).as_secs() as usize;
+            if ago < seconds {
+                per_second[seconds - 1 - ago].push(*ms);
+            }
+        }
+        drop(ends);
+        let mut all: Vec<f64> = per_second.iter().flatten().copied().collect();
+        all.sort_by(f64::total_cmp);
+        let runs = all.len() as u64;
+        Window {
+            seconds: WINDOW_SECONDS,
+            runs_per_second: per_second.iter().map(|s| s.len() as u32).collect(),
+            p50_ms_per_second: per_second
+                .into_iter()
+                .map(|mut s| {
+                    s.sort_by(f64::total_cmp);
+                    percentile(&s, 50.0)
+                })
+                .collect(),
+            runs,
+            runs_per_s: runs as f64 / f64::from(WINDOW_SECONDS),
+            p50_ms: percentile(&all, 50.0),
+            p99_ms: percentile(&all, 99.0),
+        }
+    }
+}
+
+fn prune(ends: &mut VecDeque<(Instant, f64)>, now: Instant) {
+    let span = Duration::from_secs(u64::from(WINDOW_SECONDS));
+    while ends
+        .front()
+        .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= span)
+    {
+        ends.pop_front();
+    }
+}
+
+/// The nearest-rank percentile `p` of sorted `values`.
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn window_counts_runs_per_second_and_forgets_old_ones() {
+        let recent = Recent::default();
+        for ms in [10, 20, 30] {
+            recent.record(Duration::from_millis(ms));
+        }
+        let w = recent.window(Instant::now());
+        assert_eq!(w.seconds, 60);
+        assert_eq!(w.runs_per_second.len(), 60);
+        assert_eq!(*w.runs_per_second.last().unwrap(), 3);
+        assert_eq!(w.runs, 3);
+        assert_eq!(w.p50_ms, Some(20.0));
+        assert_eq!(w.p99_ms, Some(30.0));
+        assert_eq!(*w.p50_ms_per_second.last().unwrap(), Some(20.0));
+        assert_eq!(w.p50_ms_per_second[0], None);
+        let later = recent.window(Instant::now() + Duration::from_secs(61));
+        assert_eq!(later.runs, 0);
+        assert_eq!(later.p50_ms, None);
+        assert!(later.runs_per_second.iter().all(|n| *n == 0));
+    }
     use crate::protocol::PoolInfo;
 
     fn status() -> PoolStatus {

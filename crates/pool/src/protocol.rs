@@ -46,7 +46,7 @@ pub enum ClientMessage {
     PoolStatus,
     /// The daemon's live picture (`agentrun top`): answered with [`DaemonReply::Top`].
     Top,
-    /// Kill a running command ([`crate::observe::RunningCommand::id`]): answered with
+    /// Kill a running command ([`RunningCommand::id`]): answered with
     /// [`DaemonReply::Ok`] or an error.
     Kill { id: String },
 }
@@ -175,7 +175,7 @@ pub enum DaemonReply {
         sandboxes: Vec<SandboxInfo>,
     },
     PoolStatus(PoolStatus),
-    Top(Box<crate::observe::Snapshot>),
+    Top(Box<Snapshot>),
     /// The daemon serves another image store than the client's [`ClientMessage::Exec`]
     /// named; nothing was run.
     OtherStore {
@@ -220,4 +220,58 @@ pub struct PoolStatus {
     pub shell_max_runs: u64,
     #[serde(default)]
     pub shell_max_age_s: u64,
+}
+
+/// One command running in a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunningCommand {
+    /// What [`crate::observe::kill`] takes: `run-N` (an `agentrun exec` run through the daemon) or
+    /// `SANDBOX/N` (process N of a long-lived sandbox).
+    pub id: String,
+    /// `run` or `process`.
+    pub kind: String,
+    /// The sandbox id users see: the shell's for a run (its audit records' `sandbox_id`),
+    /// the long-lived sandbox's for a process.
+    pub sandbox: String,
+    /// The shell it runs in.
+    pub shell: String,
+    pub image: String,
+    pub profile: String,
+    /// Its argv joined with spaces (cut at 256 bytes, `…` marking the cut).
+    pub command: String,
+    pub started_unix_ms: u64,
+    pub elapsed_ms: u64,
+    /// CPU time its sandbox has used since the run started (a run) or since the sandbox was
+    /// made (a process: every process of its sandbox counts, they share its cgroup).
+    pub cpu_ms: Option<u64>,
+    /// Memory its sandbox's cgroup uses now.
+    pub memory_bytes: Option<u64>,
+}
+
+/// The runs that ended over the last [`crate::metrics::WINDOW_SECONDS`] (every front end's).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Window {
+    pub seconds: u32,
+    /// Runs that ended in each second, oldest first; the last is the current second.
+    pub runs_per_second: Vec<u32>,
+    /// The median duration of those runs, per second (`None`: no run ended in it).
+    pub p50_ms_per_second: Vec<Option<f64>>,
+    /// Runs that ended in the window.
+    pub runs: u64,
+    pub runs_per_s: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// The daemon's live picture.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Snapshot {
+    pub unix_ms: u64,
+    /// What `agentrun pool status` shows.
+    pub status: PoolStatus,
+    /// What `agentrun ps` shows.
+    pub shells: Vec<SandboxInfo>,
+    pub commands: Vec<RunningCommand>,
+    pub window: Window,
+    pub daemon_memory_bytes: Option<u64>,
 }

@@ -47,7 +47,7 @@ pub fn wait(
     timeout: Option<Duration>,
     client: BorrowedFd<'_>,
     meter: Option<RunMeter>,
-    board: &crate::observe::BoardGuard,
+    board: &crate::board::BoardGuard,
 ) -> Result<RunResult, PoolError> {
     let started = Instant::now();
     let deadline = timeout.map(|t| started + t);

@@ -19,6 +19,12 @@ pub fn command_line(line: &str) -> String {
     cut(line, COMMAND_LINE_MAX)
 }
 
+/// An argv as one command line (its words joined with spaces), cut by [`command_line`]: how a
+/// command is shown where only its argv is known (`agentrun top`, the dashboard).
+pub fn argv_line(argv: &[String]) -> String {
+    command_line(&argv.join(" "))
+}
+
 /// `text` cut to at most `max` bytes on a character boundary, `…` marking a cut: how any
 /// span attribute that carries what a caller sent (a command line, a tool's arguments) is
 /// bounded.
@@ -113,6 +119,13 @@ impl<'a> ExecSpan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argv_lines_are_joined_and_cut() {
+        let line = argv_line(&["x".repeat(500)]);
+        assert!(line.len() < 300 && line.ends_with('…'));
+        assert_eq!(argv_line(&["a".into(), "b".into()]), "a b");
+    }
     use crate::AttrValue;
 
     #[test]

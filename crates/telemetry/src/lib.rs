@@ -62,6 +62,6 @@ mod span;
 pub use audit::{AuditLog, AuditQuery, AuditRecord};
 pub use context::TraceContext;
 pub use decision::{trace_id_of, DecisionScope};
-pub use exec_span::{command_line, cut, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
+pub use exec_span::{argv_line, command_line, cut, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
 pub use export::export_enabled;
 pub use span::{AttrValue, FinishedSpan, RunSpan};
