@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use agentrun_pool::client::DaemonClient;
 use agentrun_pool::observe::Snapshot;
-use agentrun_telemetry::{AuditLog, AuditRecord};
+use agentrun_telemetry::{AuditLog, AuditQuery, AuditRecord};
 use anyhow::Context;
 use clap::Args;
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
@@ -81,12 +81,13 @@ impl Source {
 
     /// The refused decisions of the log's tail, oldest first.
     fn refused(&self) -> Result<Vec<AuditRecord>, String> {
-        let mut tail = self
-            .audit
-            .recent(AUDIT_TAIL_BYTES)
-            .map_err(|e| e.to_string())?;
-        tail.retain(AuditRecord::refused);
-        Ok(tail)
+        let refused = AuditQuery {
+            refused: true,
+            ..AuditQuery::default()
+        };
+        self.audit
+            .recent(AUDIT_TAIL_BYTES, &refused)
+            .map_err(|e| e.to_string())
     }
 
     fn kill(&self, id: &str) -> Result<(), String> {

@@ -24,7 +24,7 @@ pub mod session;
 use std::sync::Arc;
 
 use agentrun_pool::constant_time_eq;
-use agentrun_telemetry::AuditRecord;
+use agentrun_telemetry::AuditQuery;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -210,11 +210,24 @@ async fn js(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// Runs blocking work (cgroup and audit file reads) off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
+/// Runs blocking work (cgroup and audit file reads) off the async threads; answers what it
+/// found as JSON, or its error.
+async fn json_from_blocking<T: serde::Serialize + Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> Response {
+    let found = tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))
+        .and_then(|r| r);
+    match found {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// An audit log read that failed, as the API's 500.
+fn audit_error(e: agentrun_telemetry::audit::AuditError) -> ApiError {
+    ApiError::internal(e.to_string())
 }
 
 async fn snapshot(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
@@ -222,10 +235,7 @@ async fn snapshot(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Respon
         return e.into_response();
     }
     let live = d.server.live.clone();
-    match blocking(move || agentrun_pool::observe::snapshot(&live)).await {
-        Ok(s) => Json(s).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_from_blocking(move || Ok(agentrun_pool::observe::snapshot(&live))).await
 }
 
 async fn audit(
@@ -241,13 +251,7 @@ async fn audit(
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
     };
     let log = d.server.audit.clone();
-    let found = blocking(move || log.query(&q))
-        .await
-        .and_then(|r| r.map_err(|e| ApiError::internal(e.to_string())));
-    match found {
-        Ok(records) => Json(records).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_from_blocking(move || log.query(&q).map_err(audit_error)).await
 }
 
 async fn denials(
@@ -275,21 +279,10 @@ async fn denials(
         }
     }
     let log = d.server.audit.clone();
-    let found = blocking(move || {
-        let mut r: Vec<AuditRecord> = log
-            .recent(DENIAL_SCAN_BYTES)
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .into_iter()
-            .filter(AuditRecord::refused)
-            .collect();
-        let cut = r.len().saturating_sub(limit);
-        r.drain(..cut);
-        Ok::<_, ApiError>(r)
-    })
-    .await
-    .and_then(|r| r);
-    match found {
-        Ok(records) => Json(records).into_response(),
-        Err(e) => e.into_response(),
-    }
+    let refused = AuditQuery {
+        refused: true,
+        limit,
+        ..AuditQuery::default()
+    };
+    json_from_blocking(move || log.recent(DENIAL_SCAN_BYTES, &refused).map_err(audit_error)).await
 }

@@ -126,6 +126,14 @@ pub struct AuditQuery {
 }
 
 impl AuditQuery {
+    /// `found` (oldest first) without all but the newest [`AuditQuery::limit`].
+    fn keep_newest(&self, mut found: Vec<AuditRecord>) -> Vec<AuditRecord> {
+        if self.limit > 0 && found.len() > self.limit {
+            found.drain(..found.len() - self.limit);
+        }
+        found
+    }
+
     /// Whether `r` passes every filter set.
     pub fn matches(&self, r: &AuditRecord) -> bool {
         let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
@@ -296,15 +304,13 @@ impl AuditLog {
                 out.push(r);
             }
         })?;
-        if q.limit > 0 && out.len() > q.limit {
-            out.drain(..out.len() - q.limit);
-        }
-        Ok(out)
+        Ok(q.keep_newest(out))
     }
 
-    /// The newest records of the current file that fit in its last `max_bytes`, oldest first:
-    /// what a live view polls, without reading the whole log each time.
-    pub fn recent(&self, max_bytes: u64) -> Result<Vec<AuditRecord>, AuditError> {
+    /// The records `q` selects among those of the current file that fit in its last
+    /// `max_bytes`, oldest first (the newest `q.limit` of them when it is set): what a live
+    /// view polls, without reading the whole log each time.
+    pub fn recent(&self, max_bytes: u64, q: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError> {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.dir.join(CURRENT);
         let mut f = match File::open(&path) {
@@ -326,10 +332,12 @@ impl AuditLog {
         } else {
             &buf[..]
         };
-        Ok(body
+        let found = body
             .split(|b| *b == b'\n')
             .filter_map(|line| serde_json::from_slice::<AuditRecord>(line).ok())
-            .collect())
+            .filter(|r| q.matches(r))
+            .collect();
+        Ok(q.keep_newest(found))
     }
 
     /// Every record, oldest first (rotated files, then the current one). Lines that do not
@@ -430,11 +438,21 @@ mod tests {
         // The tail: whole records only, oldest first.
         let all = log.read_all().unwrap();
         let line = serde_json::to_string(&all[9]).unwrap().len() as u64 + 1;
-        let tail = log.recent(line * 3 + line / 2).unwrap();
+        let any = AuditQuery::default();
+        let tail = log.recent(line * 3 + line / 2, &any).unwrap();
         assert_eq!(tail, all[7..].to_vec());
-        assert_eq!(log.recent(1 << 20).unwrap(), all);
+        assert_eq!(log.recent(1 << 20, &any).unwrap(), all);
+        let refused = AuditQuery {
+            refused: true,
+            limit: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            log.recent(1 << 20, &refused).unwrap(),
+            [all[7].clone(), all[9].clone()]
+        );
         let _ = fs::remove_dir_all(&dir);
-        assert!(AuditLog::new(&dir).recent(100).unwrap().is_empty());
+        assert!(AuditLog::new(&dir).recent(100, &any).unwrap().is_empty());
     }
 
     fn tmp() -> PathBuf {
