@@ -127,9 +127,11 @@ pub struct OpenSandboxFrontend {
     pub options: OpenSandboxOptions,
 }
 
-struct Running {
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// A started HTTP front end (the API, the metrics endpoint): its server's shutdown signal and
+/// the thread its runtime runs on.
+pub(crate) struct Running {
+    pub(crate) shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub(crate) thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RunningFrontend for Running {

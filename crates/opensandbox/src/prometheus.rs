@@ -34,22 +34,6 @@ struct Endpoint {
     api_key: Option<String>,
 }
 
-struct Running {
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RunningFrontend for Running {
-    fn stop(mut self: Box<Self>) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 impl Frontend for MetricsFrontend {
     fn start(
         self: Box<Self>,
@@ -93,7 +77,7 @@ impl Frontend for MetricsFrontend {
                 runtime.shutdown_timeout(std::time::Duration::from_secs(1));
             })
             .map_err(|e| PoolError::Io("spawn thread", e))?;
-        Ok(Box::new(Running {
+        Ok(Box::new(crate::Running {
             shutdown: Some(tx),
             thread: Some(thread),
         }))
