@@ -509,11 +509,18 @@ def entrypoint_exit():
     mgr = SandboxManagerSync.create(connection_config=sync_config())
     body = {"image": {"uri": "host"}, "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "1Gi"}}
     ids = {}
-    for name, ep in (("fail", ["sh", "-c", "sleep 300 & echo bye; sleep 0.3; exit 3"]), ("ok", ["sh", "-c", "sleep 0.3"])):
+    # Each entrypoint waits for /tmp/go (written through the file API once the test knows the
+    # sandbox's shell): a fixed sleep instead let a loaded host end it before `ps` saw it.
+    held = "until [ -e /tmp/go ]; do sleep 0.02; done; "
+    for name, ep in (("fail", ["sh", "-c", held + "sleep 300 & echo bye; sleep 0.3; exit 3"]), ("ok", ["sh", "-c", held + "sleep 0.3"])):
         r = httpx.post(f"{BASE}/sandboxes", json=dict(body, entrypoint=ep), headers=lifecycle_headers())
         check(r.status_code == 202, f"create {r.status_code} {r.text}")
         ids[name] = r.json()["id"]
     shells = {name: shell_of(sid) for name, sid in ids.items()}
+    for sid in ids.values():
+        held_sbx = SandboxSync.connect(sid, connection_config=sync_config())
+        held_sbx.files.write_files([WriteEntry(path="/tmp/go", data="")])
+        held_sbx.close()
     failed = wait_state(mgr, ids["fail"], {"Failed"})
     check(failed.status.reason == "ENTRYPOINT_FAILED" and "code 3" in (failed.status.message or ""), f"failed status {failed.status}")
     done = wait_state(mgr, ids["ok"], {"Terminated"})

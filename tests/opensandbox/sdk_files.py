@@ -7,14 +7,18 @@ chown or chmod may reach).
 """
 
 import asyncio
+import json
 import os
+import socket
+
+import httpx
 
 from opensandbox import Sandbox, SandboxSync
 from opensandbox.exceptions import SandboxApiException, SandboxException
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.models.filesystem import SetPermissionEntry, WriteEntry
 
-from sdk_e2e import async_config, check, expect_api_error, sync_config
+from sdk_e2e import BASE, async_config, check, expect_api_error, lifecycle_headers, sync_config
 
 
 def stat(sbx, path):
@@ -218,7 +222,66 @@ async def lines_async():
         await sbx.kill()
 
 
+def _http_response(sock):
+    """One HTTP/1.1 response read off `sock` (Content-Length bodies): (status line, body);
+    (None, b"") when the server closed the connection first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        if not got:
+            return None, data
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    length = next((int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.lower() == "content-length"), 0)
+    while len(body) < length:
+        got = sock.recv(65536)
+        if not got:
+            break
+        body += got
+    return lines[0], body
+
+
+def upload_keeps_the_connection():
+    """An upload whose last bytes (the CRLF after the closing boundary, which the SDKs send)
+    come after the server answered leaves the connection usable: the next request on it is
+    answered. Before the fix the server closed it right after a 200 that did not say
+    `Connection: close`, and a client reusing it (every SDK does) failed with "Server
+    disconnected without sending a response" (issue 36). Deterministic: the tail is sent only
+    once the answer is read."""
+    sbx = SandboxSync.create("host", connection_config=sync_config())
+    try:
+        ep = httpx.get(f"{BASE}/sandboxes/{sbx.id}/endpoints/44772", headers=lifecycle_headers()).json()
+        hostport, _, prefix = ep["endpoint"].partition("/")
+        host, port = hostport.rsplit(":", 1)
+        prefix = "/" + prefix if prefix else ""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in ep.get("headers", {}).items())
+        b = "agentrunboundary"
+        meta = json.dumps({"path": "/tmp/tail.txt", "mode": 644})
+        body = (f"--{b}\r\nContent-Disposition: form-data; name=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{meta}\r\n"
+                f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"tail.txt\"\r\n"
+                f"Content-Type: application/octet-stream\r\n\r\ntail\r\n--{b}--\r\n").encode()
+        head = (f"POST {prefix}/files/upload HTTP/1.1\r\nHost: {hostport}\r\n{extra}"
+                f"Content-Type: multipart/form-data; boundary={b}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(head + body[:-2])
+            status, _ = _http_response(s)
+            check(status is not None and " 200 " in status + " ", f"upload answered {status!r}")
+            s.sendall(body[-2:])
+            s.sendall((f"GET {prefix}/files/download?path=/tmp/tail.txt HTTP/1.1\r\nHost: {hostport}\r\n{extra}\r\n").encode())
+            status, got = _http_response(s)
+            check(status is not None, "the server closed the connection after the upload's answer")
+            check(" 200 " in status + " " and got == b"tail", f"download on the same connection: {status!r} {got!r}")
+        # The SDK's own sequence, many times: upload then a command on the pooled connection.
+        for i in range(20):
+            sbx.files.write_files([WriteEntry(path=f"/tmp/k{i}.txt", data=str(i), mode=644)])
+            check(sbx.commands.run(f"cat /tmp/k{i}.txt").text == str(i), f"command {i} after an upload")
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {
+    "upload_keeps_the_connection": upload_keeps_the_connection,
     "owners": owners,
     "owners_async": lambda: asyncio.run(owners_async()),
     "lines": lines,

@@ -29,6 +29,16 @@ fn owners_and_modes_are_the_sandboxs_users() {
     stop_clean(d);
 }
 
+/// An upload whose last bytes come after the answer leaves the connection usable (issue 36:
+/// the SDK's next call on it failed with "Server disconnected without sending a response").
+#[test]
+fn an_upload_answered_before_its_last_bytes_keeps_the_connection() {
+    let Some(_lock) = setup() else { return };
+    let (d, domain) = start(&[], &[]);
+    scenario(&d, &domain, "files:upload_keeps_the_connection", &[]);
+    stop_clean(d);
+}
+
 #[test]
 fn offset_and_limit_read_lines_as_execd() {
     let Some(_lock) = setup() else { return };

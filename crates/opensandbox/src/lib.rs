@@ -36,6 +36,7 @@
 
 pub mod accounts;
 pub mod auth;
+pub mod body_tail;
 pub mod code;
 pub mod dashboard;
 pub mod egress;
@@ -247,6 +248,7 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             server.limits.max_request_body,
         ))
         .layer(axum::middleware::from_fn(lifecycle::request_id))
+        .layer(axum::middleware::from_fn(body_tail::finish_body))
 }
 
 /// A JSON 404 for no such route and a JSON 405 for a method a route does not take.
