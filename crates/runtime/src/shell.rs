@@ -560,6 +560,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_init_reads_only_a_requests_cell_id_and_size() {
+        use crate::control::{CellCommand, CellRequest, CellWork, PathRules, ShellRequest};
+        let req = ShellRequest::Cell(CellRequest {
+            cell: 7,
+            tmpfs_bytes: 1 << 20,
+            nofile: 64,
+            nproc: 32,
+            landlock: Some(PathRules {
+                readable: vec!["/".into()],
+                writable: vec!["/tmp/\"secret\"".into()],
+            }),
+            mounts: Vec::new(),
+            egress_port: Some(3128),
+            work: CellWork::Run(CellCommand {
+                argv: vec!["python3".into(), "-c".into(), "k = 'sk-\\n\\u00e9'".into()],
+                env: vec!["OPENAI_API_KEY=sk-secret".into()],
+                cwd: "/workspace".into(),
+                zygote: true,
+            }),
+        });
+        let bytes = serde_json::to_vec(&req).unwrap();
+        match serde_json::from_slice::<InitView>(&bytes).unwrap() {
+            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes), (7, 1 << 20)),
+            InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
+        }
+        let prepare = serde_json::to_vec(&ShellRequest::Prepare { tmpfs_bytes: 5 }).unwrap();
+        assert!(matches!(
+            serde_json::from_slice::<InitView>(&prepare).unwrap(),
+            InitView::Prepare { tmpfs_bytes: 5 }
+        ));
+    }
+
+    #[test]
     fn the_shell_filter_allows_cell_making_and_nothing_more() {
         let denied = agentrun_policy::seccomp_denied_syscalls();
         let section = shell_filter(denied, &Default::default(), false).unwrap();

@@ -590,7 +590,7 @@ pub(crate) fn fork_run(
         nproc: run.nproc,
     };
     control::send_json(request.as_fd(), &req, &[])
-        .map_err(|e| format!("the run's request does not fit the zygote's socket: {e}"))?;
+        .map_err(|e| format!("the run's request is too large to be forked ({e})"))?;
     drop(request);
     let mut fds = vec![
         theirs.as_raw_fd(),
