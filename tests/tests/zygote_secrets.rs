@@ -9,7 +9,8 @@
 //!   stdin read by the code, a program read from stdin (`python3 -`), a script's file name and
 //!   the working directory;
 //! - a later run B, forked by the same zygote, scans its own memory (every readable region of
-//!   `/proc/self/maps` that is writable or anonymous, through `/proc/self/mem`) and finds none;
+//!   `/proc/self/maps` that is writable or anonymous, through `/proc/self/mem`) and finds none,
+//!   and cannot open its cell's PID 1's memory (`/proc/1/mem`: the PID 1 is non-dumpable);
 //! - the test, as root on the host, scans the zygote's memory and the shell's init's the same
 //!   way and finds none.
 //!
@@ -65,6 +66,15 @@ with open("/proc/%s/mem" % pid, "rb", 0) as mem:
 print("scanned", scanned)
 for m in sorted(found):
     print("found", m)
+"#;
+
+/// Prints `/proc/1/mem ERRNO` (or `opened`): whether the run can open its cell's PID 1's memory.
+const PID1: &str = r#"
+try:
+    open("/proc/1/mem", "rb").close()
+    print("/proc/1/mem opened")
+except OSError as e:
+    print("/proc/1/mem", e.errno)
 "#;
 
 fn marker() -> String {
@@ -127,15 +137,22 @@ impl Setup {
         );
     }
 
-    /// The pool's zygote's host pid (`pool status --json`).
+    /// The pool's zygote's host pid (`pool status --json`), once its shell is back in the
+    /// pool (a shell out serving a run, or being judged after one, shows none).
     fn zygote_pid(&self) -> i32 {
-        let st = self.d.pool_status_json();
-        st["pools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find_map(|p| p["zygote"]["pid"].as_i64())
-            .unwrap_or_else(|| panic!("no zygote pid in pool status: {st}")) as i32
+        let pid = wait_until(Duration::from_secs(30), || {
+            let st = self.d.pool_status_json();
+            st["pools"]
+                .as_array()?
+                .iter()
+                .find_map(|p| p["zygote"]["pid"].as_i64())
+        });
+        pid.unwrap_or_else(|| {
+            panic!(
+                "no zygote pid in pool status within 30 s: {}",
+                self.d.pool_status_json()
+            )
+        }) as i32
     }
 }
 
@@ -260,10 +277,20 @@ fn the_zygote_never_holds_a_runs_data() {
     // (a) A later run on the same shell, forked by the same zygote, scans its own memory.
     let b = s.run(
         &[],
-        &["python3".into(), "-c".into(), format!("{ppid}\n{SCANNER}")],
+        &[
+            "python3".into(),
+            "-c".into(),
+            format!("{ppid}\n{PID1}\n{SCANNER}"),
+        ],
         None,
     );
     s.forked("B: the scan", &b);
+    // The cell's PID 1 (a clone of the init, holding this run's request) is out of its reach.
+    assert!(
+        b.stdout()
+            .contains(&format!("/proc/1/mem {}\n", libc::EACCES)),
+        "the run could open its cell's PID 1's memory\n{b}"
+    );
     let found = scan_result("B's scan of itself", &b);
     let leaked: Vec<&String> = found.iter().filter(|f| secrets.contains(f)).collect();
     if !leaked.is_empty() {
