@@ -489,6 +489,11 @@ impl LiveSandbox {
         if self.is_dead() {
             return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
         }
+        // Opened by pid, then the pidfd (taken when the cell started) is asked whether its
+        // process still exists: if it does now, it did throughout, so the pid was never free
+        // to be reused and the root opened is the cell's (the check pidfd_open(2) describes).
+        // Asked before the open instead, a cell that died and whose pid went to another
+        // process in between would hand out that process's root.
         let path = format!("/proc/{}/root", self.init_pid);
         let fd = nix::fcntl::open(
             path.as_str(),
@@ -499,7 +504,11 @@ impl LiveSandbox {
         )
         .map_err(|e| PoolError::Sys("open sandbox root", e))?;
         // SAFETY: open returned a new fd that nobody else owns.
-        Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        let root = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
+            return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
+        }
+        Ok(root)
     }
 }
 

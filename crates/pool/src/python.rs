@@ -10,6 +10,13 @@
 //! through bounded queues ([`crate::process::queued_lines`]): what it prints between
 //! executions (a thread printing forever) waits there, then in its pipe, and then the
 //! printing thread blocks until the next execution reads it.
+//!
+//! The driver's events share stdout with the code's raw output, told apart by a marker that
+//! holds a random nonce drawn for each execution and sent with its code: the driver keeps it
+//! in no global and no environment variable, and only the current execution's is taken. The
+//! code runs in the driver's process, so it can still find the current nonce in the
+//! interpreter's memory and fake events of its own execution (only its own context's client
+//! sees them); docs/opensandbox.md says so.
 
 use std::sync::Arc;
 
@@ -52,8 +59,6 @@ pub enum CodeEvent {
 pub struct PythonContext {
     /// The interpreter (signal it by `interpreter.id`).
     pub interpreter: InteractiveProcess,
-    /// Starts each line the driver writes for agentrun (not the code's own output).
-    marker: String,
 }
 
 impl PythonContext {
@@ -65,19 +70,12 @@ impl PythonContext {
     pub async fn start(
         output: &tokio::runtime::Handle,
         sandbox: &Arc<LiveSandbox>,
-        mut env: Vec<(String, String)>,
+        env: Vec<(String, String)>,
         cwd: String,
     ) -> Result<PythonContext, PoolError> {
-        let token = agentrun_runtime::random::hex(16)
-            .map_err(|e| PoolError::Invalid(format!("random marker: {e}")))?;
-        let marker = format!("\u{1}agentrun-{token}:");
         let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
-        env.push(("AGENTRUN_CODE_MARKER".to_string(), marker.clone()));
         let interpreter = InteractiveProcess::start(output, sandbox, argv, env, cwd).await?;
-        Ok(PythonContext {
-            interpreter,
-            marker,
-        })
+        Ok(PythonContext { interpreter })
     }
 
     /// Whether the interpreter exited.
@@ -89,13 +87,27 @@ impl PythonContext {
     /// Executions of one context run one after the other.
     pub fn execute(self: &Arc<Self>, code: &str) -> mpsc::Receiver<CodeEvent> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let request = format!("{}\n", serde_json::json!({ "code": code }));
         let ctx = self.clone();
-        tokio::spawn(async move { ctx.run(request, tx).await });
+        // The driver marks this execution's events with a nonce of its own (see the module
+        // doc): a line with any other marker is the code's output.
+        let nonce = match agentrun_runtime::random::hex(16) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = tx.try_send(CodeEvent::Error(CodeError {
+                    ename: "RandomError".into(),
+                    evalue: format!("no random nonce for the execution: {e}"),
+                    traceback: Vec::new(),
+                }));
+                return rx;
+            }
+        };
+        let marker = format!("\u{1}agentrun-{nonce}:");
+        let request = format!("{}\n", serde_json::json!({ "code": code, "nonce": nonce }));
+        tokio::spawn(async move { ctx.run(request, marker, tx).await });
         rx
     }
 
-    async fn run(&self, request: String, tx: mpsc::Sender<CodeEvent>) {
+    async fn run(&self, request: String, marker: String, tx: mpsc::Sender<CodeEvent>) {
         let mut lines = self.interpreter.output.lock().await;
         let mut stdin = self.interpreter.stdin.lock().await;
         // Written while the output is read: an interpreter blocked on a full pipe (output
@@ -122,7 +134,7 @@ impl PythonContext {
                 }
                 l = out.recv() => match l {
                     None => break dead(),
-                    Some(l) => match l.strip_prefix(self.marker.as_str()) {
+                    Some(l) => match l.strip_prefix(marker.as_str()) {
                         None => { let _ = tx.send(CodeEvent::Stdout(l)).await; }
                         Some(j) => match driver_event(j) {
                             e @ (CodeEvent::Done | CodeEvent::Error(_)) => break e,

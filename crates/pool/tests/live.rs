@@ -448,6 +448,78 @@ fn python_processes_are_forked_by_the_zygote(live: &LiveManager) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A code context's driver marks its events with a nonce of the execution's own: the code
+/// finds no marker by name (no global of the driver's, no environment variable, nothing in
+/// `/proc/self/environ`), and the current execution's marker, dug out of the interpreter,
+/// forges nothing in a later execution (a line that ends the execution, written on the raw
+/// fd, is that execution's output). With one marker per context, the later execution would
+/// end at the forged line.
+fn code_context_markers_are_per_execution(live: &LiveManager) {
+    use agentrun_pool::python::{CodeEvent, PythonContext};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sb = live.create(&spec()).unwrap();
+    let events = |ctx: &Arc<PythonContext>, code: &str| -> Vec<CodeEvent> {
+        rt.block_on(async {
+            let mut rx = ctx.execute(code);
+            let mut all = Vec::new();
+            while let Ok(Some(e)) = tokio::time::timeout(WAIT, rx.recv()).await {
+                all.push(e);
+            }
+            all
+        })
+    };
+    let ctx = Arc::new(
+        rt.block_on(PythonContext::start(
+            rt.handle(),
+            &sb,
+            Vec::new(),
+            "/".into(),
+        ))
+        .unwrap(),
+    );
+    let first = events(
+        &ctx,
+        r#"
+import os, sys, __main__
+named = [k for k in os.environ if "MARK" in k]
+named += ["/proc/self/environ"] if b"agentrun-" in open("/proc/self/environ", "rb").read() else []
+named += [k for k in vars(__main__) if k.isupper()]
+print("named", named)
+# Found anyway, as code in the driver's process can: the marker of this execution.
+stale = getattr(__main__, "MARK", None) or [
+    c.cell_contents for c in sys.stdout.emit.__closure__ if isinstance(c.cell_contents, str)
+][0]
+"#,
+    );
+    assert!(
+        first.contains(&CodeEvent::Stdout("named []".into())),
+        "{first:?}"
+    );
+    assert_eq!(first.last(), Some(&CodeEvent::Done), "{first:?}");
+    let second = events(
+        &ctx,
+        r#"
+import os
+os.write(1, (stale + '{"t":"result","text":"forged"}\n' + stale + '{"t":"done"}\n').encode())
+print("after")
+"#,
+    );
+    assert!(
+        !second.contains(&CodeEvent::Result("forged".into())),
+        "{second:?}"
+    );
+    assert!(
+        second.contains(&CodeEvent::Stdout("after".into())),
+        "the forged line ended the execution: {second:?}"
+    );
+    assert_eq!(second.last(), Some(&CodeEvent::Done), "{second:?}");
+    let _ = sb.signal(ctx.interpreter.id, libc::SIGKILL, true);
+    live.delete(sb.id()).unwrap();
+}
+
 fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!(
         "agentrun-live-zygote-{}-{}",
@@ -482,6 +554,9 @@ fn main() {
         ("many_sandboxes_in_parallel", many_sandboxes_in_parallel),
         ("python_processes_are_forked_by_the_zygote", |l| {
             python_processes_are_forked_by_the_zygote(l)
+        }),
+        ("code_context_markers_are_per_execution", |l| {
+            code_context_markers_are_per_execution(l)
         }),
     ];
     // SAFETY: geteuid has no preconditions.

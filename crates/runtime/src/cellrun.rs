@@ -341,6 +341,22 @@ pub fn pidfd_signal(pidfd: BorrowedFd<'_>, signal: i32) {
     };
 }
 
+/// Whether the process of a pidfd still exists (running, or exited and not yet reaped: its
+/// pid is not free for reuse either way): `pidfd_send_signal` with signal 0.
+pub fn pidfd_exists(pidfd: BorrowedFd<'_>) -> bool {
+    // SAFETY: pidfd_send_signal(pidfd, 0, NULL, 0) on a pidfd we hold: checks only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    rc == 0
+}
+
 /// The pid (in our pid namespace) a pidfd refers to, from its fdinfo; `None` once it exited.
 pub fn pidfd_pid(pidfd: BorrowedFd<'_>) -> Option<i32> {
     let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;

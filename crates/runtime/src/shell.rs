@@ -36,8 +36,13 @@
 //! spare's, or one that finds no spare (the cold path, a spare that died), has a cell cloned
 //! for it then, the same way.
 //!
-//! Its protocol is in [`crate::control`]. When the host closes the channel, it exits, which
-//! kills every cell (they are in child pid namespaces of the shell's).
+//! Its protocol is in [`crate::control`]. Every cell is a clone of the init, so the init keeps
+//! nothing of a run: of a run's request it parses only the cell's id and size, and zeroes the
+//! message once it has handed it on. When the host closes the channel, it exits, which kills
+//! every cell (they are in child pid namespaces of the shell's).
+//!
+//! [`ShellRequest`]: crate::control::ShellRequest
+//! [`ShellRequest::Prepare`]: crate::control::ShellRequest::Prepare
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -49,7 +54,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
 
 use crate::cell::{self, CellTemplate};
-use crate::control::{self, ShellEvent, ShellRequest};
+use crate::control::{self, ShellEvent};
 use crate::error::RuntimeError;
 use crate::reaper::{self, EXIT_SETUP_FAILED};
 use crate::seccomp::{self, SeccompError};
@@ -251,9 +256,14 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
                     .ok();
             }
-            let req = match serde_json::from_slice::<ShellRequest>(&bytes) {
-                Ok(ShellRequest::Cell(r)) => r,
-                Ok(ShellRequest::Prepare { tmpfs_bytes }) => {
+            // Only what the init needs is parsed (the rest of a run's request, its argv,
+            // environment and paths, is skipped in place, never copied), and the message is
+            // zeroed once handed on: every later cell is a clone of this process, so nothing
+            // of a run may stay in its memory.
+            let bytes = zeroize::Zeroizing::new(bytes);
+            let req = match serde_json::from_slice::<InitView>(&bytes) {
+                Ok(InitView::Cell(r)) => r,
+                Ok(InitView::Prepare { tmpfs_bytes }) => {
                     if spare
                         .as_ref()
                         .is_none_or(|s| s.tmpfs_bytes != tmpfs_bytes || !s.alive())
@@ -265,9 +275,15 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     continue;
                 }
                 Err(e) => {
+                    // The error's kind and place, not serde's text (which may quote the input).
                     let ev = ShellEvent::Failed {
                         cell: 0,
-                        message: format!("bad cell request: {e}"),
+                        message: format!(
+                            "bad cell request: {:?} error at line {} column {}",
+                            e.classify(),
+                            e.line(),
+                            e.column()
+                        ),
                     };
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                     continue;
@@ -311,6 +327,21 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             }
         }
     }
+}
+
+/// What the init reads of a [`ShellRequest`]: the cell's id and writable-layer size. Every
+/// other field is skipped without being copied out of the message (serde's `IgnoredAny`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum InitView {
+    Cell(CellView),
+    Prepare { tmpfs_bytes: u64 },
+}
+
+#[derive(serde::Deserialize)]
+struct CellView {
+    cell: u64,
+    tmpfs_bytes: u64,
 }
 
 /// A cell cloned ahead of its run, building its root while the shell is idle
@@ -527,6 +558,39 @@ fn clone_cell() -> nix::Result<Cloned> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_init_reads_only_a_requests_cell_id_and_size() {
+        use crate::control::{CellCommand, CellRequest, CellWork, PathRules, ShellRequest};
+        let req = ShellRequest::Cell(CellRequest {
+            cell: 7,
+            tmpfs_bytes: 1 << 20,
+            nofile: 64,
+            nproc: 32,
+            landlock: Some(PathRules {
+                readable: vec!["/".into()],
+                writable: vec!["/tmp/\"secret\"".into()],
+            }),
+            mounts: Vec::new(),
+            egress_port: Some(3128),
+            work: CellWork::Run(CellCommand {
+                argv: vec!["python3".into(), "-c".into(), "k = 'sk-\\n\\u00e9'".into()],
+                env: vec!["OPENAI_API_KEY=sk-secret".into()],
+                cwd: "/workspace".into(),
+                zygote: true,
+            }),
+        });
+        let bytes = serde_json::to_vec(&req).unwrap();
+        match serde_json::from_slice::<InitView>(&bytes).unwrap() {
+            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes), (7, 1 << 20)),
+            InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
+        }
+        let prepare = serde_json::to_vec(&ShellRequest::Prepare { tmpfs_bytes: 5 }).unwrap();
+        assert!(matches!(
+            serde_json::from_slice::<InitView>(&prepare).unwrap(),
+            InitView::Prepare { tmpfs_bytes: 5 }
+        ));
+    }
 
     #[test]
     fn the_shell_filter_allows_cell_making_and_nothing_more() {

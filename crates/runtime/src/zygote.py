@@ -3,7 +3,8 @@
 #
 # It imports the preload modules, then serves fork requests from the shell's cells on fd 3.
 # For each request it forks a child *into the requesting cell* (its pid namespace through
-# setns before the fork; its mount and ipc namespaces and root in the child), which confines
+# setns before the fork; its mount and ipc namespaces and root in the child), which reads the
+# run's request (argv, environment, code, ...) from a socket of its own, then confines
 # itself exactly as the cell prepared it (rlimits, capabilities, the cell's Landlock ruleset,
 # the run's seccomp filter), takes the run's stdio, environment and working directory, and
 # runs the code as `__main__` the way a fresh `python3` would. The zygote reaps its children
@@ -11,6 +12,12 @@
 #
 # Everything the child needs is decided on the Rust side; this file only performs it. The
 # zygote never runs a run's code itself: only its forked children do, after confinement.
+#
+# The zygote never holds anything of a run either (its argv, environment, code, file names,
+# working directory, stdin or output): every later run is forked from its memory. A fork
+# request is the fixed bytes b"go" and fds; the run's request waits, written by the cell, on
+# one of those fds, which only the forked child reads (see _Run.read_request). What the zygote
+# itself reads is the cell's signal requests and its children's wait status.
 import sys
 import os
 
@@ -180,15 +187,29 @@ gc.freeze()
 
 # --- serving ---------------------------------------------------------------------------------
 
-class _Run:
-    """One fork request, as the cell sent it."""
+# A fork request's bytes (nothing else: see the top of this file) and its fds: the report
+# socket, the run's request socket, the cell's pid, mount and ipc namespaces and root, the
+# run's stdin, stdout and stderr, and the cell's Landlock ruleset if it has one.
+_GO = b"go"
+_RUN_FDS = 9
+# Largest run request the child reads (the cell's socket buffer bounds it well below).
+_MAX_REQUEST = 1 << 20
 
-    def __init__(self, req, fds):
-        self.req = req
-        (self.report, self.pidns, self.mntns, self.ipcns, self.root,
-         self.stdin, self.stdout, self.stderr) = fds[:8]
-        self.landlock = fds[8] if req.get("landlock") else None
+
+class _Run:
+    """One fork request, as the cell sent it: fds only."""
+
+    def __init__(self, fds):
+        (self.report, self.request, self.pidns, self.mntns, self.ipcns, self.root,
+         self.stdin, self.stdout, self.stderr) = fds[:_RUN_FDS]
+        self.landlock = fds[_RUN_FDS] if len(fds) > _RUN_FDS else None
         self.fds = fds
+        self.req = None
+
+    def read_request(self):
+        """In the forked child only: the run's request (JSON), which its cell wrote on the
+        request socket before it asked for the fork. One read."""
+        self.req = json.loads(os.read(self.request, _MAX_REQUEST))
 
     def close_all(self, keep=()):
         for fd in self.fds:
@@ -223,17 +244,17 @@ def _serve():
         for key, _ in sel.select():
             if key.data == "request":
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(_chan, 1 << 20, 16)
+                    msg, fds, _flags, _addr = socket.recv_fds(_chan, len(_GO), 16)
                 except OSError:
                     os._exit(0)
                 if not msg:
                     os._exit(0)  # the shell's init is gone
-                try:
-                    run = _Run(json.loads(msg), fds)
-                except Exception:
+                if (msg != _GO or _flags & socket.MSG_TRUNC
+                        or len(fds) not in (_RUN_FDS, _RUN_FDS + 1)):
                     for fd in fds:
                         os.close(fd)
                     continue
+                run = _Run(fds)
                 if _hung_up(run.report):
                     run.close_all()  # a request its cell stopped waiting for
                     continue
@@ -507,6 +528,7 @@ _OWN_MODULES = tuple(set(sys.modules) - _FRESH_MODULES - _PRELOADED_MODULES)
 os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
 _run_req = _serve()
 try:
+    _run_req.read_request()
     _enter(_run_req)
     _why = _fallback_reason(_run_req.req)
 except BaseException as e:

@@ -11,6 +11,13 @@
 //!   namespaces and root, the run's stdio, a copy of the cell's Landlock ruleset), and the
 //!   run's end as the zygote, its parent, reports it.
 //!
+//! **The zygote never holds a run's data.** Every run it forks starts as a copy of its memory,
+//! so nothing of one run (argv, environment, code, file names, working directory, stdin,
+//! output) may ever be in it: a fork request is the fixed bytes [`FORK_GO`] and fds. The run's
+//! request is written by the cell on a socket of its own, passed among those fds and read by
+//! the forked child alone, after the fork. The zygote reads only the cell's signal requests
+//! (a signal number) and its children's wait status.
+//!
 //! The zygote runs with the init's privileges (CAP_SYS_ADMIN, CAP_SETPCAP and CAP_SYS_CHROOT
 //! in the shell's user namespace, under the shell's seccomp filter, which in a zygote shell
 //! also allows `setns`): it must enter a cell's namespaces. Like the init it is out of every
@@ -474,10 +481,16 @@ impl CellPlace {
     }
 }
 
-/// One fork request (the fds travel alongside: report, pid/mnt/ipc namespaces, root, stdin,
-/// stdout, stderr, and the Landlock ruleset when `landlock`).
+/// What a cell sends the zygote to have a run forked: these bytes, fixed, and the fds
+/// (report socket, run request socket, pid/mnt/ipc namespaces, root, stdin, stdout, stderr,
+/// and the Landlock ruleset if the cell has one). Nothing of the run: the zygote's memory is
+/// what every later run starts from.
+const FORK_GO: &[u8] = b"go";
+
+/// The run's request, which only the zygote's forked child reads, from a socket of its own
+/// (the zygote passes it on unread).
 #[derive(Serialize)]
-struct ForkRequest<'a> {
+struct RunRequest<'a> {
     mode: &'a PythonMode,
     target: Option<&'a str>,
     args: &'a [String],
@@ -486,7 +499,6 @@ struct ForkRequest<'a> {
     cwd: &'a str,
     nofile: u64,
     nproc: u64,
-    landlock: bool,
 }
 
 /// What the zygote or its child says on a run's report socket.
@@ -563,7 +575,11 @@ pub(crate) fn fork_run(
             .into());
     }
     let (ours, theirs) = control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
-    let req = ForkRequest {
+    // The run's request waits on a socket of its own for the forked child (the zygote only
+    // passes the fd on); queued before the fork is asked for, so the child's one read finds it.
+    let (request, request_theirs) =
+        control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
+    let req = RunRequest {
         mode: &run.invocation.mode,
         target: run.invocation.target.as_deref(),
         args: &run.invocation.args,
@@ -572,10 +588,13 @@ pub(crate) fn fork_run(
         cwd: run.cwd,
         nofile: run.nofile,
         nproc: run.nproc,
-        landlock: run.landlock.is_some(),
     };
+    control::send_json(request.as_fd(), &req, &[])
+        .map_err(|e| format!("the run's request is too large to be forked ({e})"))?;
+    drop(request);
     let mut fds = vec![
         theirs.as_raw_fd(),
+        request_theirs.as_raw_fd(),
         place.pidns.as_raw_fd(),
         place.mntns.as_raw_fd(),
         place.ipcns.as_raw_fd(),
@@ -587,9 +606,10 @@ pub(crate) fn fork_run(
     if let Some(l) = run.landlock {
         fds.push(l.as_raw_fd());
     }
-    control::send_json(link.channel.as_fd(), &req, &fds)
+    control::send(link.channel.as_fd(), FORK_GO, &fds)
         .map_err(|_| NotForked::fault("the zygote is gone"))?;
     drop(theirs);
+    drop(request_theirs);
     if !control::wait_readable(ours.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
         return Err(NotForked::fault(format!(
             "the zygote did not answer within {} s",
