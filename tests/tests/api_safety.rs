@@ -100,6 +100,17 @@ fn another_local_user_gets_401_and_cannot_read_the_key() {
     let cat = as_nobody(&["cat", file.to_str().unwrap()]);
     assert_ne!(cat.code(), 0, "uid 65534 read the key file: {cat}");
     assert!(!cat.stdout().contains(&key));
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(agentrun_bin())
+        .arg("api-key")
+        .env("AGENTRUN_STATE_DIR", d.state());
+    let printed = run_with_timeout(cmd, None, Duration::from_secs(30));
+    printed.assert_agentrun_error();
+    assert!(
+        printed.stderr().contains("not readable by this user") && !printed.stdout().contains(&key),
+        "{printed}"
+    );
     for path in [
         format!("/v1/sandboxes/{id}/endpoints/44772"),
         "/v1/sandboxes".to_string(),

@@ -40,15 +40,17 @@ pub enum KeyFileError {
     Invalid { path: PathBuf, why: KeyError },
     #[error("API key file {0}: none yet (`agentrun serve` with --listen, --mcp or --metrics makes it on its first start)")]
     Missing(PathBuf),
-    #[error("API key file {path}: {source}")]
+    #[error("API key file {0}: not readable by this user (only the daemon's user may read it: e.g. `sudo agentrun api-key`)")]
+    Unreadable(PathBuf),
+    #[error("API key file {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("API key file {path}: no randomness from the kernel: {source}")]
+    #[error("API key file {path}: no randomness from the kernel: {error}")]
     Random {
         path: PathBuf,
-        source: getrandom::Error,
+        error: getrandom::Error,
     },
 }
 
@@ -119,7 +121,7 @@ pub fn generate() -> Result<String, getrandom::Error> {
 fn io(path: &Path, e: impl Into<std::io::Error>) -> KeyFileError {
     KeyFileError::Io {
         path: path.to_owned(),
-        source: e.into(),
+        error: e.into(),
     }
 }
 
@@ -134,6 +136,7 @@ fn open_checked(path: &Path) -> Result<OwnedFd, KeyFileError> {
         Ok(fd) => fd,
         Err(rustix::io::Errno::LOOP) => return Err(KeyFileError::Symlink(path.to_owned())),
         Err(rustix::io::Errno::NOENT) => return Err(KeyFileError::Missing(path.to_owned())),
+        Err(rustix::io::Errno::ACCESS) => return Err(KeyFileError::Unreadable(path.to_owned())),
         Err(e) => return Err(io(path, e)),
     };
     let st = rustix::fs::fstat(&fd).map_err(|e| io(path, e))?;
@@ -187,9 +190,9 @@ pub fn load_or_create(path: &Path) -> Result<KeyFile, KeyFileError> {
         Err(KeyFileError::Missing(_)) => {}
         other => return other,
     }
-    let key = generate().map_err(|source| KeyFileError::Random {
+    let key = generate().map_err(|error| KeyFileError::Random {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     let fd = match rustix::fs::open(
         path,
