@@ -264,6 +264,16 @@ fn cross_site_posts_are_refused_and_create_nothing() {
     }
     let (status, body) = post("");
     assert_eq!(status, 415, "no Content-Type: {body}");
+    // A WebSocket from a page elsewhere (a GET with Upgrade) is checked as a state change.
+    let (status, body) = http(
+        &domain,
+        &format!(
+            "GET /v1/sandboxes HTTP/1.1\nHost: {domain}\nOPEN-SANDBOX-API-KEY: {key}\n\
+             Origin: http://evil.test\nUpgrade: websocket\n"
+        ),
+        "",
+    );
+    assert_eq!(status, 403, "cross-site upgrade: {body}");
     assert_eq!(
         count_sandboxes(&domain, &key),
         0,

@@ -6,7 +6,8 @@
 //!   `serve --allowed-host NAME` (`*` turns the check off, for a proxy that rewrites
 //!   `Host`). A page on a DNS name rebound to 127.0.0.1 sends its own name and is refused
 //!   (403 `HOST_NOT_ALLOWED`), whatever the port.
-//! - `Origin`: a state-changing request (any method but GET, HEAD, OPTIONS) that carries an
+//! - `Origin`: a state-changing request (any method but GET, HEAD, OPTIONS; and any upgrade,
+//!   such as a WebSocket, whatever its method) that carries an
 //!   `Origin` is refused (403 `ORIGIN_NOT_ALLOWED`) unless that origin is the server's own
 //!   (its host and port those of `Host`) or its host is a configured name. Browsers send
 //!   `Origin` on every cross-site POST (and `null` from sandboxed frames, refused too); the
@@ -200,7 +201,10 @@ pub async fn guard(State(g): State<Arc<HostGuard>>, req: Request, next: Next) ->
             ),
         );
     }
-    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    // An upgrade (WebSocket) is a GET a page may open cross-site with the browser's
+    // credentials: checked as a state change.
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+        && !req.headers().contains_key(header::UPGRADE);
     if !safe {
         if let Some(origin) = req.headers().get(header::ORIGIN) {
             let allowed = origin.to_str().is_ok_and(|o| g.origin_allowed(o, host));
