@@ -331,6 +331,45 @@ mod tests {
         assert!(!g.origin_allowed("https://localhost", Some("localhost:80")));
     }
 
+    /// The fuzz target's properties (`fuzz/fuzz_targets/webguard.rs`) over pseudo-random
+    /// header text, so that `cargo test` checks them too.
+    #[test]
+    fn random_header_values_keep_the_properties() {
+        let g = guard("127.0.0.1:8080", &["agentrun.example.test"]);
+        let alphabet = b"aZ09.-_:[]@/ %\x00\xffhtps:/localhost127.0.0.1::1evil";
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 40) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|i| alphabet[((x >> (i % 57)) as usize + i * 7) % alphabet.len()])
+                .collect();
+            let text = String::from_utf8_lossy(&bytes);
+            if let Some((host, _)) = authority(&text) {
+                assert!(!host.is_empty() && host == host.to_ascii_lowercase());
+                assert_eq!(authority(&host).map(|(h, _)| h), Some(host.clone()));
+            }
+            if g.host_allowed(Some(&text)) {
+                let (host, _) = authority(&text).expect("an allowed Host parses");
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                assert!(
+                    host.trim_end_matches('.') == "localhost"
+                        || host.trim_end_matches('.') == "agentrun.example.test"
+                        || bare.parse::<IpAddr>().is_ok(),
+                    "{text:?}"
+                );
+            }
+            if g.origin_allowed(&text, Some("127.0.0.1:8080")) {
+                assert!(origin_authority(&text).is_some(), "{text:?}");
+            }
+            if let Ok(k) = crate::keyfile::parse(&bytes) {
+                assert!((16..=512).contains(&k.len()));
+            }
+        }
+    }
+
     #[test]
     fn json_content_types() {
         assert!(is_json("application/json"));
