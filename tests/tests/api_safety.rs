@@ -4,7 +4,7 @@
 //! - another local user (`setpriv --reuid 65534`, curl): no key flag given, the API still
 //!   needs the key `serve` made in its state dir (401), and that user cannot read the key
 //!   file (mode 0600); a second start reuses the key; a key file that is a symlink, readable
-//!   by others, empty or garbage stops `serve` with one line;
+//!   by others, another user's, empty or garbage stops `serve` with one line;
 //! - a web page (curl with a foreign `Origin`, a `text/plain` body): 403 / 415, nothing
 //!   created;
 //! - a rebinding DNS name (a foreign `Host`): 403 on `--listen`, `--mcp` and `--metrics`;
@@ -186,8 +186,14 @@ fn the_key_file_is_reused_and_a_bad_one_refused() {
         "mode 0644" => set_mode(0o644),
         "mode 0640" => set_mode(0o640),
         "empty" => {
+            std::os::unix::fs::chown(&file, Some(0), Some(0)).unwrap();
             std::fs::write(&file, "").unwrap();
             set_mode(0o600);
+        }
+        "owned by uid 65534" => {
+            std::fs::write(&file, format!("{first}\n")).unwrap();
+            set_mode(0o600);
+            std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
         }
         "URL-safe" => {
             std::fs::write(&file, "<script>not a key</script>\n").unwrap();
@@ -201,7 +207,14 @@ fn the_key_file_is_reused_and_a_bad_one_refused() {
             std::os::unix::fs::symlink(&target, &file).unwrap();
         }
     };
-    for what in ["mode 0644", "mode 0640", "empty", "URL-safe", "symlink"] {
+    for what in [
+        "mode 0644",
+        "mode 0640",
+        "owned by uid 65534",
+        "empty",
+        "URL-safe",
+        "symlink",
+    ] {
         make_bad(what);
         let out = serve(&d);
         out.assert_agentrun_error();
