@@ -374,4 +374,20 @@ for name, body in [
     put("mcp_tools", name, bytes([1]) + body)
 put("mcp_tools", "listing", bytes([2]) + b"file\t12\ta.txt\0dir\t0\tsub dir\0symlink\t0\tl\tx\0")
 
+# webguard: the first byte picks the input (0 a Host, 1 an Origin then NUL then a Host,
+# 2 a key file, 3 Cookie header values, 4 X-Forwarded-Proto / Forwarded, 5 a Content-Type).
+for name, data in [
+    ("host-local", bytes([0]) + b"localhost:8080"),
+    ("host-v6", bytes([0]) + b"[::1]:8080"),
+    ("host-rebind", bytes([0]) + b"rebind.evil.test:8080"),
+    ("origin-own", bytes([1]) + b"http://127.0.0.1:8080\0127.0.0.1:8080"),
+    ("origin-null", bytes([1]) + b"null\0localhost"),
+    ("key-ok", bytes([2]) + b"0123456789abcdef0123456789abcdef0123456789abcdef\n"),
+    ("key-crlf", bytes([2]) + b"0123456789abcdef\r\n\n"),
+    ("cookie", bytes([3]) + b"a=1; agentrun_ui=abc; agentrun_ui_login=def"),
+    ("tls", bytes([4]) + b"https\0for=1.2.3.4;proto=\"https\""),
+    ("ctype", bytes([5]) + b"application/json; charset=utf-8"),
+]:
+    put("webguard", name, data)
+
 print(f"seeds written under {CORPUS}", file=sys.stderr)

@@ -49,7 +49,8 @@ for _ in $(seq 600); do
     [ "$ready" = True ] && break
     sleep 0.1
 done
-table=$("$venv/bin/python" "$repo/hack/bench.d/osb_latency.py" "127.0.0.1:$port" "$runs")
+# No --api-key: serve made one in the state dir's key file (what the SDK is then given).
+table=$(OSB_API_KEY=$(cat "$AGENTRUN_STATE_DIR/api-key") "$venv/bin/python" "$repo/hack/bench.d/osb_latency.py" "127.0.0.1:$port" "$runs")
 echo "$table" >"$tmp/table.md"
 pool=$("$tmp/agentrun" pool status --json | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["pools"][0]; print(p["hits"], "pool hits,", p["misses"], "misses; shells discarded:", s.get("discarded") or "none")')
 stop

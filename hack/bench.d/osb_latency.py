@@ -62,18 +62,19 @@ def sdk_rounds(label, make_cfg, runs):
 
 def main():
     domain, runs = sys.argv[1], int(sys.argv[2])
+    key = os.environ["OSB_API_KEY"]  # the daemon's API key (its state dir's key file)
     # The SDK's default config builds a new transport (and TLS context: ~30 ms of CA loading,
     # even for http) per sandbox; a service creating many sandboxes shares one, as the
     # `transport` field of the config documents. Both are measured.
-    shared = ConnectionConfigSync(domain=domain, protocol="http", transport=httpx.HTTPTransport())
+    shared = ConnectionConfigSync(domain=domain, api_key=key, protocol="http", transport=httpx.HTTPTransport())
     configs = {
-        "default config": lambda: ConnectionConfigSync(domain=domain, protocol="http"),
+        "default config": lambda: ConnectionConfigSync(domain=domain, api_key=key, protocol="http"),
         "shared transport": lambda: shared,
     }
     for label, make_cfg in configs.items():
         sdk_rounds(label, make_cfg, runs)
     raw = {"create (POST /v1/sandboxes)": [], "endpoints 44772 + 18080, ping": [], "first command result (POST /command)": [], "delete": [], "all of it": []}
-    c = httpx.Client(base_url=f"http://{domain}")
+    c = httpx.Client(base_url=f"http://{domain}", headers={"OPEN-SANDBOX-API-KEY": key})
     body = {"image": {"uri": "host"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600, "resourceLimits": {"cpu": "1", "memory": "2Gi"}, "secureAccess": False}
     for i in range(WARMUP + runs):
         t0 = time.perf_counter()

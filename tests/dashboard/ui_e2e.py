@@ -142,9 +142,12 @@ def scenario_login():
         assert target == 1 and 0 <= ready <= 1, cells
         assert text(d, "stat-shells").endswith("/ 64"), text(d, "stat-shells")
         assert "MiB" in text(d, "stat-memory") or "GiB" in text(d, "stat-memory"), text(d, "stat-memory")
+        # The session cookie, and the login form's CSRF cookie (as strict).
         cookies = d.get_cookies()
-        assert len(cookies) == 1, cookies
-        c = cookies[0]
+        assert sorted(c["name"] for c in cookies) == ["agentrun_ui", "agentrun_ui_login"], cookies
+        for c in cookies:
+            assert c["httpOnly"] and c["sameSite"] == "Strict" and c["path"] == "/ui", c
+        c = next(c for c in cookies if c["name"] == "agentrun_ui")
         assert c["name"] == "agentrun_ui" and c["httpOnly"] and c["sameSite"] == "Strict", c
         assert c["path"] == "/ui" and KEY not in c["value"], c
         # The JSON endpoint answers the browser's session.
@@ -170,7 +173,8 @@ def scenario_wrong_key():
         login(d, key=KEY + "x")
         wait_for("the error", lambda: text(d, "login-error") == "Wrong API key.")
         assert not d.find_elements(By.ID, "pools")
-        assert d.get_cookies() == [], d.get_cookies()
+        # No session: only the login form's CSRF cookie.
+        assert [c["name"] for c in d.get_cookies()] == ["agentrun_ui_login"], d.get_cookies()
         for path in ("/ui/api/snapshot", "/ui/api/audit", "/ui/api/denials"):
             d.get(URL + path)
             body = d.find_element(By.TAG_NAME, "body").text

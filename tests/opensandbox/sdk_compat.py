@@ -192,9 +192,9 @@ def access_renew():
     import httpx
     from opensandbox.config import ConnectionConfigSync
 
-    from sdk_e2e import BASE, DOMAIN, lifecycle_headers
+    from sdk_e2e import API_KEY, BASE, DOMAIN, lifecycle_headers
 
-    cfg = ConnectionConfigSync(domain=DOMAIN, protocol="http", use_server_proxy=True)
+    cfg = ConnectionConfigSync(domain=DOMAIN, api_key=API_KEY, protocol="http", use_server_proxy=True)
     ttl = timedelta(minutes=4)
     renewed = SandboxSync.create("host", connection_config=cfg, timeout=ttl,
                                  extensions={"access.renew.extend.seconds": "600"})

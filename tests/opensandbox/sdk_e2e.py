@@ -424,8 +424,15 @@ def bad_requests():
         check(r.status_code == 400, f"{patch}: status {r.status_code} {r.text}")
         j = r.json()
         check(set(j) >= {"code", "message"} and word.lower() in j["message"].lower(), f"{patch}: {j}")
-    r = httpx.post(f"{BASE}/sandboxes", content=b"{not json", headers=h)
+    r = httpx.post(f"{BASE}/sandboxes", content=b"{not json", headers=dict(h, **{"Content-Type": "application/json"}))
     check(r.status_code == 400 and "code" in r.json(), f"bad json: {r.status_code} {r.text}")
+    # JSON only as application/json: what a web page can post cross-site without a preflight
+    # (text/plain, a form) is a 415, and nothing is created.
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+        hh = dict(h, **({"Content-Type": ctype} if ctype else {}))
+        # (httpx sends no Content-Type with raw content: the None case has none)
+        r = httpx.post(f"{BASE}/sandboxes", content=json.dumps(base).encode(), headers=hh)
+        check(r.status_code == 415 and r.json()["code"] == "UNSUPPORTED_MEDIA_TYPE", f"{ctype}: {r.status_code} {r.text}")
     r = httpx.get(f"{BASE}/sandboxes/nope", headers=h)
     check(r.status_code == 404 and r.json()["code"] == "SANDBOX::NOT_FOUND", f"404: {r.text}")
     r = httpx.post(f"{BASE}/sandboxes", json=dict(base, entrypoint=["/no/such/binary"]), headers=h)
@@ -620,6 +627,8 @@ class H(http.server.BaseHTTPRequestHandler):
                 self.connection.sendall(b.upper())
         body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
         self.send_response(200)
+        self.send_header("Set-Cookie", "agentrun_ui=planted; Path=/")
+        self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -652,6 +661,11 @@ def port_proxy():
             time.sleep(0.2)
         seen = r.json()
         check(seen["path"] == "/hello/there?x=1", f"path {seen}")
+        # The sandbox's answer is served at the API's origin: no cookie of its own, its
+        # HTML confined to an opaque origin.
+        check("set-cookie" not in r.headers, f"a sandbox set a cookie: {r.headers}")
+        check("sandbox" in r.headers.get_list("content-security-policy"), f"CSP {r.headers}")
+        check(r.headers.get("x-content-type-options") == "nosniff", f"nosniff {r.headers}")
         lower = {k.lower() for k in seen["headers"]}
         check("x-execd-access-token" not in lower and "open-sandbox-api-key" not in lower, f"credentials forwarded: {seen}")
         r = httpx.post(f"{url}/echo", content=b"abc" * 100000, headers=ep.headers)

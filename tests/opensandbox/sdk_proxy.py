@@ -63,6 +63,7 @@ class H(http.server.BaseHTTPRequestHandler):
             return self.websocket()
         body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
         self.send_response(200)
+        self.send_header("Set-Cookie", "agentrun_ui=planted; Path=/")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -129,7 +130,13 @@ def check_user_port(ep):
     """HTTP both ways and a WebSocket through the server proxy to the user's server; no
     credential reaches it."""
     url = f"http://{ep.endpoint}"
-    seen = wait_user_server(url).json()
+    r = wait_user_server(url)
+    # Served at the server's (and dashboard's) origin: no cookie of the sandbox's, its
+    # content confined to an opaque origin.
+    check("set-cookie" not in r.headers, f"the sandbox's Set-Cookie reached the client: {r.headers}")
+    check("sandbox" in r.headers.get_list("content-security-policy"), f"no CSP sandbox: {r.headers}")
+    check(r.headers.get("x-content-type-options") == "nosniff", f"no nosniff: {r.headers}")
+    seen = r.json()
     check(seen["path"] == "/hello?x=1", f"path {seen}")
     got = {k.lower() for k in seen["headers"]}
     check(not (got & CREDENTIALS), f"credentials forwarded to the user's port: {seen['headers']}")
@@ -296,9 +303,9 @@ def auth():
 
 
 def no_key():
-    """A daemon without an API key (loopback only): the proxy route is as open as `/v1`, and
-    still puts the tokens in itself."""
-    check(not API_KEY, "no_key runs against a daemon without --api-key")
+    """A daemon without an API key (`--insecure-no-auth`): the proxy route is as open as `/v1`,
+    and still puts the tokens in itself."""
+    check(not API_KEY, "no_key runs against a daemon with --insecure-no-auth")
     sbx = SandboxSync.create("host", connection_config=proxy_sync_config(api_key=None))
     try:
         check_endpoints(sbx.id, {EXECD_PORT: sbx.get_endpoint(EXECD_PORT)})

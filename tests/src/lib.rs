@@ -1705,6 +1705,21 @@ impl Daemon {
         &self.state
     }
 
+    /// The API key file `agentrun serve` makes for its HTTP listeners when given no key.
+    pub fn api_key_file(&self) -> PathBuf {
+        self.state.join("api-key")
+    }
+
+    /// The key of [`Daemon::api_key_file`] (panics if there is none: the daemon was given a
+    /// key, or has no HTTP listener).
+    pub fn api_key(&self) -> String {
+        let p = self.api_key_file();
+        fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .to_string()
+    }
+
     /// The daemon's default socket, `$AGENTRUN_STATE_DIR/agentrun.sock`.
     pub fn socket(&self) -> PathBuf {
         self.state.join("agentrun.sock")

@@ -49,7 +49,8 @@ pub fn start_with_pool(size: &str, env: &[(&str, String)], extra: &[&str]) -> (D
 }
 
 /// Runs one scenario against the daemon; panics with its output and the daemon's log.
-/// Returns its stdout.
+/// Returns its stdout. `OSB_API_KEY` is the daemon's generated key (its key file) unless
+/// `env` sets it.
 pub fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) -> String {
     let mut cmd = Command::new(python());
     cmd.arg(workspace_root().join("tests/opensandbox/sdk_e2e.py"))
@@ -61,6 +62,9 @@ pub fn scenario(d: &Daemon, domain: &str, name: &str, env: &[(&str, String)]) ->
         .env("OPENSANDBOX_DISABLE_METRICS", "1")
         .env_remove("OPEN_SANDBOX_API_KEY")
         .env_remove("OPEN_SANDBOX_DOMAIN");
+    if d.api_key_file().exists() {
+        cmd.env("OSB_API_KEY", d.api_key());
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -9,8 +9,10 @@
 //! artifact (`target/test-artifacts/dashboard.png`).
 //!
 //! Over plain HTTP: the JSON endpoints need the key or a session (401), answer bad query
-//! values with the API's 400 JSON error, carry the security headers, and without a key
-//! (loopback) are open like the API.
+//! values with the API's 400 JSON error, carry the security headers, and with
+//! `--insecure-no-auth` are open like the API; without a key given, the generated one is
+//! needed. Login and logout need their CSRF token and the server's own origin (403), wrong
+//! keys are rate limited per address (429), the cookie is `Secure` behind a TLS proxy.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -86,15 +88,46 @@ fn get(addr: &str, path: &str, headers: &[&str]) -> Reply {
     request(addr, "GET", path, headers, "")
 }
 
-/// A daemon serving `--listen` with `key` ("" for none) and an audit dir of its own.
+/// A daemon serving `--listen` with `key` ("" for none given) and an audit dir of its own.
 fn start(key: &str) -> (Daemon, String, tempfile::TempDir) {
+    start_with(key, &[])
+}
+
+/// [`start`] with more `serve` arguments.
+fn start_with(key: &str, extra: &[&str]) -> (Daemon, String, tempfile::TempDir) {
     let audit = tempdir();
     let mut d = Daemon::unstarted()
         .with_env("AGENTRUN_API_KEY", key)
         .with_env("AGENTRUN_AUDIT_DIR", audit.path());
     let addr = format!("127.0.0.1:{}", free_port());
-    d.launch(["--pool-size", "1", "--listen", addr.as_str()]);
+    let mut args = vec!["--pool-size", "1", "--listen", addr.as_str()];
+    args.extend_from_slice(extra);
+    d.launch(args);
     (d, addr, audit)
+}
+
+/// The value of hidden input `csrf` in a page.
+fn csrf_in(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no csrf field in {page}"));
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+/// A cookie's `Cookie:` header line from a response's `Set-Cookie`.
+fn cookie_line(r: &Reply) -> String {
+    let c = r
+        .header("set-cookie")
+        .unwrap_or_else(|| panic!("no Set-Cookie in {:?}", r.headers));
+    format!("Cookie: {}", c.split(';').next().unwrap())
+}
+
+/// The login form as a browser gets it: its CSRF cookie (a `Cookie:` line) and token.
+fn login_form(addr: &str) -> (String, String) {
+    let page = get(addr, "/ui", &[]);
+    assert_eq!(page.status, 200, "{}", page.body);
+    (cookie_line(&page), csrf_in(&page.body))
 }
 
 fn ui_python() -> PathBuf {
@@ -258,10 +291,25 @@ fn json_endpoints_need_the_key_and_check_their_queries() {
     assert!(s["window"]["runs"].as_u64().unwrap() >= 1, "{s}");
 
     // A login: a 303 with a session cookie (not the key), which the endpoints accept.
-    let bad_login = request(&addr, "POST", "/ui/login", &[], &format!("key={KEY}x"));
+    let (form_cookie, csrf) = login_form(&addr);
+    let bad_login = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie],
+        &format!("key={KEY}x&csrf={csrf}"),
+    );
     assert_eq!(bad_login.status, 401);
-    assert!(bad_login.header("set-cookie").is_none());
-    let login = request(&addr, "POST", "/ui/login", &[], &format!("key={KEY}"));
+    assert!(!bad_login
+        .header("set-cookie")
+        .is_some_and(|c| c.starts_with("agentrun_ui=")));
+    let login = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie],
+        &format!("key={KEY}&csrf={csrf}"),
+    );
     assert_eq!(login.status, 303, "{}", login.body);
     assert_eq!(login.header("location"), Some("/ui"));
     let cookie = login.header("set-cookie").expect("a session cookie");
@@ -343,17 +391,24 @@ fn json_endpoints_need_the_key_and_check_their_queries() {
     let r = get(&addr, "/ui/api/denials?limit=100000", &[&key]);
     assert_eq!(r.status, 400, "{}", r.body);
 
-    // Logging out ends the session server-side.
-    let out = request(&addr, "POST", "/ui/logout", &[&session], "");
-    assert_eq!(out.status, 303);
+    // Logging out (with the page's CSRF token) ends the session server-side.
+    let page_csrf = csrf_in(&get(&addr, "/ui", &[&session]).body);
+    let out = request(
+        &addr,
+        "POST",
+        "/ui/logout",
+        &[&session],
+        &format!("csrf={page_csrf}"),
+    );
+    assert_eq!(out.status, 303, "{}", out.body);
     assert_eq!(get(&addr, "/ui/api/snapshot", &[&session]).status, 401);
     stop_clean(d);
 }
 
 #[test]
-fn without_a_key_the_dashboard_is_open_on_loopback() {
+fn with_insecure_no_auth_the_dashboard_is_open() {
     let Some(_lock) = setup() else { return };
-    let (d, addr, _audit) = start("");
+    let (d, addr, _audit) = start_with("", &["--insecure-no-auth"]);
     let page = get(&addr, "/ui", &[]);
     assert_eq!(page.status, 200);
     assert!(page.body.contains("id=\"pools\""), "{}", page.body);
@@ -362,5 +417,119 @@ fn without_a_key_the_dashboard_is_open_on_loopback() {
     assert_eq!(s.json()["status"]["pools"][0]["image"], "host");
     assert_eq!(get(&addr, "/ui/api/audit", &[]).status, 200);
     assert_eq!(get(&addr, "/ui/app.js", &[]).status, 200);
+    assert!(!d.api_key_file().exists());
+    stop_clean(d);
+}
+
+/// No key given: the dashboard needs the generated one (the state dir's key file), which
+/// another local user can neither read nor do without.
+#[test]
+fn without_a_key_given_the_generated_key_is_needed() {
+    let Some(_lock) = setup() else { return };
+    let (d, addr, _audit) = start("");
+    let key = d.api_key();
+    let page = get(&addr, "/ui", &[]);
+    assert!(!page.body.contains("id=\"pools\""), "{}", page.body);
+    assert_eq!(get(&addr, "/ui/api/snapshot", &[]).status, 401);
+    let s = get(
+        &addr,
+        "/ui/api/snapshot",
+        &[&format!("OPEN-SANDBOX-API-KEY: {key}")],
+    );
+    assert_eq!(s.status, 200, "{}", s.body);
+    stop_clean(d);
+}
+
+/// Login and logout are state changes a page elsewhere must not make: each needs its CSRF
+/// token (the login form's cookie and field; the session's token for logout) and refuses a
+/// foreign `Origin`; wrong keys are limited per client address; behind a TLS proxy the
+/// session cookie is `Secure`.
+#[test]
+fn login_needs_csrf_and_its_origin_is_rate_limited_and_secure_behind_tls() {
+    let Some(_lock) = setup() else { return };
+    let (d, addr, _audit) = start(KEY);
+    let no_session = |r: &Reply| {
+        !r.header("set-cookie")
+            .is_some_and(|c| c.starts_with("agentrun_ui="))
+    };
+    // No CSRF token at all, a wrong one, one without its cookie: 403, no session.
+    let (form_cookie, csrf) = login_form(&addr);
+    for (headers, body) in [
+        (vec![], format!("key={KEY}")),
+        (
+            vec![form_cookie.as_str()],
+            format!("key={KEY}&csrf=00{csrf}"),
+        ),
+        (vec![], format!("key={KEY}&csrf={csrf}")),
+    ] {
+        let r = request(&addr, "POST", "/ui/login", &headers, &body);
+        assert_eq!(r.status, 403, "{headers:?} {body}: {}", r.body);
+        assert!(no_session(&r), "{:?}", r.headers);
+    }
+    // Right key and token, but posted from another origin: 403 before anything.
+    let origin = "Origin: http://evil.test";
+    let r = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie, origin],
+        &format!("key={KEY}&csrf={csrf}"),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(r.json()["code"], "ORIGIN_NOT_ALLOWED");
+    assert!(no_session(&r));
+    // From its own origin, through a TLS proxy: a Secure session cookie.
+    let own = format!("Origin: http://{addr}");
+    let r = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie, &own, "X-Forwarded-Proto: https"],
+        &format!("key={KEY}&csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let set = r.header("set-cookie").unwrap().to_string();
+    assert!(
+        set.contains("; Secure") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let session = cookie_line(&r);
+    // Over plain HTTP, no Secure.
+    let plain = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie],
+        &format!("key={KEY}&csrf={csrf}"),
+    );
+    assert!(!plain.header("set-cookie").unwrap().contains("Secure"));
+    // Logout without the session's token (what a page elsewhere could send): refused, the
+    // session lives on.
+    for body in ["", "csrf=wrong"] {
+        let r = request(&addr, "POST", "/ui/logout", &[&session], body);
+        assert_eq!(r.status, 403, "{body}: {}", r.body);
+        assert_eq!(get(&addr, "/ui/api/snapshot", &[&session]).status, 200);
+    }
+    // Wrong keys: 5 a minute per address, then even the right key is refused (429).
+    for i in 0..5 {
+        let r = request(
+            &addr,
+            "POST",
+            "/ui/login",
+            &[&form_cookie],
+            &format!("key=wrong{i}&csrf={csrf}"),
+        );
+        assert_eq!(r.status, 401, "attempt {i}: {}", r.body);
+    }
+    let r = request(
+        &addr,
+        "POST",
+        "/ui/login",
+        &[&form_cookie],
+        &format!("key={KEY}&csrf={csrf}"),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(no_session(&r));
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
     stop_clean(d);
 }

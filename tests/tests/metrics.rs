@@ -11,8 +11,8 @@
 //!   `agentrun_sandboxes{state}`, `process_resident_memory_bytes`.
 //! - Counters move with the runs: ok, non-zero exit, timeout, and a run whose egress proxy
 //!   denied a connection (`rule="network.default"`).
-//! - With an API key the scrape needs `Authorization: Bearer KEY` (401 otherwise); beyond
-//!   loopback without a key the daemon refuses to start.
+//! - The scrape needs `Authorization: Bearer KEY` (401 otherwise): the key given, or the
+//!   one `serve` made in its state dir's key file.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -207,8 +207,11 @@ fn runs_denials_and_pool_counters_move_with_the_runs() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut d = Daemon::unstarted().with_env("AGENTRUN_API_KEY", "");
     d.launch(["--pool-size", "1", "--metrics", addr.as_str()]);
+    // No key given: the one of the state dir's key file, made at start.
+    let key = d.api_key();
+    assert_eq!(get(&addr, None).status, 401);
 
-    let first = get(&addr, None);
+    let first = get(&addr, Some(&key));
     assert_eq!(first.status, 200, "{}", first.body);
     assert!(
         first.content_type.starts_with("text/plain; version=0.0.4"),
@@ -256,7 +259,7 @@ fn runs_denials_and_pool_counters_move_with_the_runs() {
     assert_eq!(out.code(), 124, "{out}");
     d.provoke_egress_denial("evil.example");
 
-    let after = get(&addr, None);
+    let after = get(&addr, Some(&key));
     assert_eq!(after.status, 200);
     let (s, _) = parse(&after.body);
     let runs = |o: &str| value(&s, "agentrun_runs_total", &[("outcome", o)]);
@@ -328,7 +331,7 @@ fn runs_denials_and_pool_counters_move_with_the_runs() {
     // The last run's shell is lent until its cell is torn down, just after the client ended.
     let mut last = String::new();
     let settled = wait_until(Duration::from_secs(20), || {
-        last = get(&addr, None).body;
+        last = get(&addr, Some(&key)).body;
         let (s, _) = parse(&last);
         let ready = value(&s, "agentrun_sandboxes", &[("state", "ready")]);
         let running = value(&s, "agentrun_sandboxes", &[("state", "running")]);
@@ -376,25 +379,21 @@ fn api_key_is_a_bearer_token_and_config_file_turns_it_on() {
 }
 
 #[test]
-fn metrics_beyond_loopback_needs_an_api_key() {
+fn metrics_beyond_loopback_need_the_generated_key() {
     let Some(_lock) = setup() else { return };
-    let addr = format!("0.0.0.0:{}", free_port());
-    let d = Daemon::unstarted();
-    let out = d
-        .agentrun(["serve", "--pool-size", "1", "--metrics", addr.as_str()])
-        .env_remove("AGENTRUN_API_KEY")
-        .timeout(Duration::from_secs(60))
-        .run();
-    out.assert_agentrun_error();
-    let err = out.stderr();
-    assert!(
-        err.contains(&format!("--metrics {addr}")) && err.contains("--api-key"),
-        "{out}"
-    );
-    assert_eq!(err.trim().lines().count(), 1, "one line: {out}");
-    assert!(!d.socket().exists(), "a refused daemon left its socket");
+    let port = free_port();
+    let addr = format!("0.0.0.0:{port}");
+    let mut d = Daemon::unstarted().with_env("AGENTRUN_API_KEY", "");
+    d.launch(["--pool-size", "1", "--metrics", addr.as_str()]);
+    let local = format!("127.0.0.1:{port}");
+    let none = get(&local, None);
+    assert_eq!(none.status, 401, "{}", none.body);
+    let right = get(&local, Some(&d.api_key()));
+    assert_eq!(right.status, 200, "{}", right.body);
+    agentrun_e2e::osb::stop_clean(d);
 
-    // A bad address is one line too.
+    // A bad address is one line.
+    let d = Daemon::unstarted();
     let out = d
         .agentrun(["serve", "--metrics", "localhost"])
         .timeout(Duration::from_secs(30))
@@ -413,12 +412,13 @@ fn opensandbox_commands_are_counted() {
         &[("AGENTRUN_API_KEY", String::new())],
         &["--metrics", metrics.as_str()],
     );
+    let key = d.api_key();
     let script = r#"
 import os
 from datetime import timedelta
 from opensandbox import SandboxSync
 from opensandbox.config import ConnectionConfigSync
-cfg = ConnectionConfigSync(domain=os.environ["OSB_DOMAIN"], protocol="http")
+cfg = ConnectionConfigSync(domain=os.environ["OSB_DOMAIN"], api_key=os.environ["OSB_API_KEY"], protocol="http")
 sbx = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
 try:
     assert sbx.commands.run("true").exit_code == 0
@@ -431,12 +431,13 @@ print("OK")
     cmd.arg("-c")
         .arg(script)
         .env("OSB_DOMAIN", &domain)
+        .env("OSB_API_KEY", &key)
         .env("OPENSANDBOX_DISABLE_METRICS", "1")
         .env_remove("OPEN_SANDBOX_API_KEY")
         .env_remove("OPEN_SANDBOX_DOMAIN");
     let out = run_with_timeout(cmd, None, Duration::from_secs(120));
     assert!(out.stdout().contains("OK"), "{out}\n{}", d.log());
-    let scrape = get(&metrics, None);
+    let scrape = get(&metrics, Some(&key));
     let (s, _) = parse(&scrape.body);
     let runs = |o: &str| value(&s, "agentrun_runs_total", &[("outcome", o)]);
     assert_eq!(runs("ok"), 1.0, "{}", scrape.body);

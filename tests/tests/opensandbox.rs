@@ -527,35 +527,50 @@ fn uploads_and_json_bodies_over_their_limits_get_413() {
     );
 }
 
-/// `serve --listen` on a non-loopback address: refused without an API key (one line, exit
-/// 125, nothing left), served with a warning under `--insecure-no-auth`, quietly with a key.
+/// `serve --listen` without a key given, beyond loopback too: served with the key of the
+/// state dir's key file (the API refuses requests without it), no warning; with
+/// `--insecure-no-auth` and a key: one line, exit 125; `--insecure-no-auth` alone: served
+/// with a loud warning; with a key: served, no warning, the key required.
 #[test]
-fn listen_beyond_loopback_needs_an_api_key() {
+fn listen_without_a_key_flag_uses_the_key_file() {
     let Some(_lock) = setup() else { return };
-    for (addr, env_key) in [
-        (format!("0.0.0.0:{}", free_port()), None),
-        (format!("[::]:{}", free_port()), None),
-        (format!("0.0.0.0:{}", free_port()), Some("")),
+    for addr in [
+        format!("0.0.0.0:{}", free_port()),
+        format!("[::]:{}", free_port()),
     ] {
-        let d = Daemon::unstarted();
-        let mut cmd = d
-            .agentrun(["serve", "--pool-size", "1", "--listen", addr.as_str()])
-            .env_remove("AGENTRUN_API_KEY")
-            .timeout(Duration::from_secs(60));
-        if let Some(k) = env_key {
-            cmd = cmd.env("AGENTRUN_API_KEY", k);
-        }
-        let out = cmd.run();
-        out.assert_agentrun_error();
-        let err = out.stderr();
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        let mut d = Daemon::unstarted().with_env("AGENTRUN_API_KEY", "");
+        d.launch(["--pool-size", "1", "--listen", addr.as_str()]);
+        let key = d.api_key();
+        assert_eq!(key.len(), 48, "{key}");
+        let listed = http_get_local(port, "/v1/sandboxes");
+        assert!(listed.starts_with("HTTP/1.0 401"), "{listed}");
         assert!(
-            err.contains(&format!("--listen {addr}"))
-                && err.contains("--api-key")
-                && err.contains("--insecure-no-auth"),
-            "{out}"
+            d.log().contains(&d.api_key_file().display().to_string()) && !d.log().contains(&key),
+            "the log names the key file, never the key:\n{}",
+            d.log()
         );
-        assert!(!d.socket().exists(), "a refused daemon left its socket");
+        assert!(!d.log().contains("WARNING"), "{}", d.log());
+        stop_clean(d);
     }
+
+    let d = Daemon::unstarted();
+    let out = d
+        .agentrun([
+            "serve",
+            "--pool-size",
+            "1",
+            "--listen",
+            "127.0.0.1:1",
+            "--insecure-no-auth",
+            "--api-key",
+            "k-e2e-listen-contradiction",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("--insecure-no-auth"), "{out}");
+    assert!(!d.socket().exists(), "a refused daemon left its socket");
 
     // --insecure-no-auth: served (from loopback too), with a loud warning.
     let port = free_port();

@@ -3,7 +3,8 @@
 //! `ConnectionConfig(use_server_proxy=True)` against a daemon with an API key: the scenarios
 //! of `tests/opensandbox/sdk_proxy.py` (sync and async SDK: commands streamed, files, logs,
 //! the egress policy, a user's HTTP server and WebSocket on a sandbox port, code contexts;
-//! what the route refuses; and the route on a daemon without a key). Each test stops its
+//! what the route refuses; a sandbox's answers carry no `Set-Cookie` and a `CSP: sandbox`;
+//! and the route on a daemon with `--insecure-no-auth`). Each test stops its
 //! daemon and checks nothing is left on the host.
 
 use agentrun_e2e::osb::*;
@@ -34,9 +35,9 @@ fn server_proxy_needs_the_api_key() {
 }
 
 #[test]
-fn server_proxy_without_a_key_on_loopback() {
+fn server_proxy_with_insecure_no_auth() {
     let Some(_lock) = setup() else { return };
-    let (d, domain) = start(&[], &[]);
+    let (d, domain) = start(&[], &["--insecure-no-auth"]);
     scenario(&d, &domain, "proxy:no_key", &[]);
     stop_clean(d);
 }

@@ -53,6 +53,7 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
             "bounding_capabilities_missing": missing,
             "root": paths.root,
             "state_dir": paths.state_dir,
+            "api_key_file": agentrun_webguard::keyfile::path_in(&paths.state_dir),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -106,5 +107,15 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
     println!("capabilities:      {} in bounding set", caps.len());
     println!("root:              {}", paths.root.display());
     println!("state dir:         {}", paths.state_dir.display());
+    let key = agentrun_webguard::keyfile::path_in(&paths.state_dir);
+    println!(
+        "API key file:      {} ({}; `agentrun api-key` prints the key of `serve --listen/--mcp/--metrics`)",
+        key.display(),
+        match std::fs::symlink_metadata(&key) {
+            Ok(_) => "present",
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "none yet: made by the first `agentrun serve` with an HTTP listener",
+            Err(_) => "not readable by this user",
+        }
+    );
     Ok(())
 }

@@ -75,6 +75,9 @@ enum Command {
     Exec(Box<plan::ExecArgs>),
     /// Show what this host can enforce.
     Info(info::InfoArgs),
+    /// Print the API key `agentrun serve` made for its HTTP listeners (<state dir>/api-key;
+    /// readable by the daemon's user only).
+    ApiKey,
     /// Manage images.
     #[command(subcommand)]
     Image(image::ImageCommand),
@@ -242,6 +245,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => audit_cmd::run(args, &paths),
         Command::Volume(cmd) => volume_cmd::run(cmd, &paths),
         Command::Info(args) => info::run(args, &paths),
+        Command::ApiKey => serve::print_api_key(&paths),
         Command::Image(cmd) => image::run(cmd, &paths),
         Command::Gc => gc(&paths),
         Command::Serve(args) => serve::serve(*args, &paths),

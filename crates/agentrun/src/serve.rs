@@ -41,8 +41,9 @@ pub struct ServeArgs {
     /// e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
-    /// API key the OpenSandbox API requires in OPEN-SANDBOX-API-KEY (none: no check, which
-    /// --listen allows on a loopback address only, unless --insecure-no-auth).
+    /// API key every HTTP listener requires (OpenSandbox API and dashboard:
+    /// OPEN-SANDBOX-API-KEY; MCP and metrics: `Authorization: Bearer KEY`). None given: the
+    /// key of <state dir>/api-key, made on first start (`agentrun api-key` prints it).
     #[arg(
         long,
         value_name = "KEY",
@@ -50,10 +51,16 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
-    /// Serve --listen on a non-loopback address without an API key: anyone who reaches it
-    /// can run code in every sandbox and read every sandbox's execd token.
+    /// Serve the HTTP listeners with NO API KEY, on loopback too: anyone who reaches them
+    /// (every local user, on loopback) can run code in every sandbox and read every
+    /// sandbox's execd token.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Also answer requests whose Host is NAME (repeatable; besides localhost, loopback
+    /// addresses and the listen address), e.g. the name a reverse proxy serves agentrun at;
+    /// `*`: any Host (no DNS-rebinding guard). Browsers from https://NAME may also POST.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
     /// Largest JSON request body either API reads (413 above it); default 4M.
     #[arg(long, value_name = "SIZE")]
     max_request_body: Option<String>,
@@ -62,7 +69,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     max_upload: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `insecure_no_auth`, `max_request_body`, `max_upload`, `docker_socket`,
+    /// `api_key`, `insecure_no_auth`, `allowed_hosts` (a list), `max_request_body`, `max_upload`, `docker_socket`,
     /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
     /// `volume_roots` (a list), `metrics`, and an
     /// `[image_limits]` table (`max_bytes`,
@@ -124,6 +131,7 @@ struct ServeConfig {
     shell_max_runs: Option<u64>,
     shell_max_age: Option<String>,
     insecure_no_auth: Option<bool>,
+    allowed_hosts: Option<Vec<String>>,
     max_request_body: Option<String>,
     max_upload: Option<String>,
     image_limits: Option<crate::image::LimitConfig>,
@@ -266,14 +274,27 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
     for w in volume_roots.warnings() {
         eprintln!("agentrun: warning: {w}");
     }
-    // The one API key of the HTTP front ends, and whether they may go without one.
-    let api_key = args
-        .api_key
-        .clone()
-        .or(file.api_key.clone())
-        .filter(|k| !k.is_empty());
+    // The one API key of the HTTP front ends: given, else the state dir's key file (made
+    // on first start); none only with --insecure-no-auth.
+    let listen = args.listen.or(file.listen);
+    let metrics = args.metrics.or(file.metrics);
+    let mcp = args.mcp.or(file.mcp);
     let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
-    if let Some(listen) = args.listen.or(file.listen) {
+    let api_key = resolve_api_key(
+        args.api_key.clone().or(file.api_key.clone()),
+        insecure,
+        [listen, metrics, mcp].iter().any(Option::is_some),
+        paths,
+    )?;
+    let allowed_hosts = if args.allowed_hosts.is_empty() {
+        file.allowed_hosts.clone().unwrap_or_default()
+    } else {
+        args.allowed_hosts.clone()
+    };
+    let guard = |addr: std::net::SocketAddr| {
+        agentrun_webguard::HostGuard::new(addr, &allowed_hosts).map_err(anyhow::Error::from)
+    };
+    if let Some(listen) = listen {
         check_exposure(
             "--listen",
             "the OpenSandbox API",
@@ -285,6 +306,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             options: agentrun_opensandbox::OpenSandboxOptions {
                 listen,
                 api_key: api_key.clone(),
+                guard: guard(listen)?,
                 limits,
                 image_root: paths.root.clone(),
                 audit_dir: paths.audit_dir(),
@@ -310,7 +332,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             },
         }));
     }
-    if let Some(listen) = args.metrics.or(file.metrics) {
+    if let Some(listen) = metrics {
         check_exposure(
             "--metrics",
             "the Prometheus metrics",
@@ -322,10 +344,11 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             agentrun_opensandbox::prometheus::MetricsFrontend {
                 listen,
                 api_key: api_key.clone(),
+                guard: guard(listen)?,
             },
         ));
     }
-    if let Some(listen) = args.mcp.or(file.mcp) {
+    if let Some(listen) = mcp {
         check_exposure(
             "--mcp",
             "the MCP server",
@@ -367,6 +390,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         frontends.push(Box::new(agentrun_mcp::HttpFrontend {
             options,
             listen,
+            guard: guard(listen)?,
             api_key,
             workers: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
@@ -387,11 +411,48 @@ fn is_loopback(ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// An HTTP front end (`flag`: `--listen`, `--mcp`, `--metrics`) beyond loopback needs an API
-/// key: the first two run code in sandboxes for whoever reaches them (and the lifecycle API
-/// hands out every sandbox's execd token); the metrics tell what runs, how often and what is
-/// denied, which is not for everyone who can reach the host either. Without one it is refused, unless `--insecure-no-auth` asks for
-/// it (then a warning says what that means).
+/// The API key of the HTTP front ends: `given` (flag, `AGENTRUN_API_KEY`, config; an empty
+/// one counts as none), else, when there is an HTTP listener (`listening`), the key of
+/// `<state dir>/api-key`, made on the first start ([`agentrun_webguard::keyfile`]). None
+/// only with `--insecure-no-auth`, said loudly.
+fn resolve_api_key(
+    given: Option<String>,
+    insecure: bool,
+    listening: bool,
+    paths: &Paths,
+) -> anyhow::Result<Option<String>> {
+    if let Some(k) = given.filter(|k| !k.is_empty()) {
+        if insecure {
+            bail!("--insecure-no-auth and an API key (--api-key, AGENTRUN_API_KEY or api_key) contradict each other: drop one");
+        }
+        return Ok(Some(k));
+    }
+    if !listening {
+        return Ok(None);
+    }
+    if insecure {
+        tracing::warn!(
+            target: "agentrun::serve",
+            "WARNING: --insecure-no-auth: the HTTP listeners have NO API KEY. Anyone who can \
+             reach them (on loopback: every local user and every process of this host) can \
+             create sandboxes, run code in them and read their secrets."
+        );
+        return Ok(None);
+    }
+    let path = agentrun_webguard::keyfile::path_in(&paths.state_dir);
+    let file = agentrun_webguard::keyfile::load_or_create(&path)?;
+    tracing::info!(
+        target: "agentrun::serve",
+        "API key: {} {} (mode 0600; `agentrun api-key` prints it)",
+        if file.created { "made in" } else { "read from" },
+        file.path.display()
+    );
+    Ok(Some(file.key))
+}
+
+/// An HTTP front end (`flag`: `--listen`, `--mcp`, `--metrics`) always has an API key unless
+/// `--insecure-no-auth` ([`resolve_api_key`]); this says once more, per listener beyond
+/// loopback, what serving it without one means.
 fn check_exposure(
     flag: &str,
     what: &str,
@@ -403,16 +464,23 @@ fn check_exposure(
         return Ok(());
     }
     if !insecure {
-        bail!(
-            "{flag} {listen} is not a loopback address: set an API key (--api-key or AGENTRUN_API_KEY), or pass --insecure-no-auth to serve it without one"
-        );
+        bail!("{flag} {listen}: no API key (this cannot happen: report it)");
     }
     tracing::warn!(
         target: "agentrun::serve",
         "WARNING: --insecure-no-auth: {what} on {listen} has NO API KEY. \
          Anyone who can reach this address can create sandboxes and run code in them. \
-         Use --api-key (or AGENTRUN_API_KEY) unless the network itself is trusted."
+         Drop --insecure-no-auth unless the network itself is trusted."
     );
+    Ok(())
+}
+
+/// `agentrun api-key`: prints the daemon's generated API key (for whoever may read its file:
+/// the daemon's user).
+pub fn print_api_key(paths: &Paths) -> anyhow::Result<()> {
+    let path = agentrun_webguard::keyfile::path_in(&paths.state_dir);
+    let file = agentrun_webguard::keyfile::read(&path)?;
+    println!("{}", file.key);
     Ok(())
 }
 

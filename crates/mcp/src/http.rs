@@ -4,8 +4,10 @@
 //! With a key, every request must carry `Authorization: Bearer KEY`; the key is checked
 //! (in constant time) before the body is read, and a missing or wrong one is a 401 JSON
 //! error that closes the connection (its body unread, it cannot carry another request). A session idle for the idle timeout is closed by the session manager, which drops
-//! its server and so tears down its sandbox. On a loopback address the `Host` header must be
-//! a loopback name (rmcp's DNS-rebinding guard); elsewhere the API key is the guard.
+//! its server and so tears down its sandbox. Before anything else, the `Host` header must
+//! name this server and a POST's `Origin`, if any, must be its own
+//! ([`agentrun_webguard::guard`], the checks of every agentrun listener: DNS rebinding and
+//! cross-site requests are refused with a 403).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,8 +33,11 @@ pub const MCP_PATH: &str = "/mcp";
 pub struct HttpFrontend {
     pub options: McpOptions,
     pub listen: SocketAddr,
-    /// Required as `Authorization: Bearer KEY` when set.
+    /// Required as `Authorization: Bearer KEY` when set (always, unless `serve
+    /// --insecure-no-auth`).
     pub api_key: Option<String>,
+    /// The `Host` names and origins answered.
+    pub guard: agentrun_webguard::HostGuard,
     /// Worker threads of its runtime.
     pub workers: usize,
 }
@@ -83,9 +88,9 @@ impl Frontend for HttpFrontend {
         let cancel = CancellationToken::new();
         let mut config = StreamableHttpServerConfig::default();
         config.cancellation_token = cancel.child_token();
-        if !self.listen.ip().is_loopback() {
-            config = config.disable_allowed_hosts();
-        }
+        // The Host check is agentrun_webguard's, on the whole app (the same on every
+        // listener), not rmcp's.
+        config = config.disable_allowed_hosts();
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(idle);
         let server_state = shared.clone();
@@ -101,6 +106,10 @@ impl Frontend for HttpFrontend {
                 require_key(key.clone(), req, next)
             }));
         }
+        let app = app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(self.guard),
+            agentrun_webguard::guard,
+        ));
         let ct = cancel.clone();
         let listen = self.listen;
         let thread = std::thread::Builder::new()

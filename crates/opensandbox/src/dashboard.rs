@@ -6,16 +6,21 @@
 //!
 //! - `GET /ui` (and `/ui/trace/{id}`, the same page showing one trace's records): the page,
 //!   or a login form without a session.
-//! - `POST /ui/login` (form field `key`): the API key traded for a session cookie
-//!   ([`session`]); `POST /ui/logout` ends it.
+//! - `POST /ui/login` (form fields `key` and `csrf`): the API key traded for a session cookie
+//!   ([`session`]); `POST /ui/logout` (form field `csrf`, the session's token) ends it. Both
+//!   refuse a missing or wrong CSRF token (403); a client address with
+//!   [`session::LOGIN_FAILURES`] wrong keys in a minute is refused logins (429) for the rest
+//!   of it.
 //! - `GET /ui/api/snapshot`: the snapshot as JSON; `GET /ui/api/audit?...`: the records an
 //!   [`filter::parse`] makes of its query selects (oldest first); `GET /ui/api/denials?limit=N`: the newest
 //!   refused decisions of the current audit file's last 4 MiB.
 //!
-//! Access follows the API's rule: with an API key configured, every path but the login form
+//! Access follows the API's rule: with an API key (always, unless `serve
+//! --insecure-no-auth`), every path but the login form
 //! and its stylesheet needs a live session cookie or the key in `OPEN-SANDBOX-API-KEY`
-//! (compared in constant time); without one (loopback, or `--insecure-no-auth`) the
-//! dashboard is open like the API. Every answer carries a strict CSP (`default-src 'self'`,
+//! (compared in constant time); without one the dashboard is open like the API. Cross-site
+//! requests are refused before they get here ([`agentrun_webguard::guard`]) and the cookies
+//! are `SameSite=Strict`. Every answer carries a strict CSP (`default-src 'self'`,
 //! `frame-ancestors 'none'`), `X-Content-Type-Options: nosniff` and `Cache-Control: no-store`.
 
 pub mod filter;
@@ -23,10 +28,12 @@ pub mod session;
 
 use std::sync::Arc;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
 use agentrun_pool::constant_time_eq;
 use agentrun_telemetry::AuditQuery;
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
+use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,7 +41,7 @@ use axum::Json;
 
 use crate::error::{ApiError, ApiResult};
 use crate::Server;
-use session::Sessions;
+use session::{LoginLimiter, Sessions};
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
 const LOGIN_HTML: &str = include_str!("dashboard/login.html");
@@ -56,6 +63,7 @@ const DENIALS_MAX: usize = 500;
 pub struct Dashboard {
     server: Arc<Server>,
     sessions: Sessions,
+    logins: LoginLimiter,
 }
 
 /// Who a request is.
@@ -110,6 +118,7 @@ pub fn routes(server: Arc<Server>) -> axum::Router {
     let state = Arc::new(Dashboard {
         server,
         sessions: Sessions::default(),
+        logins: LoginLimiter::default(),
     });
     axum::Router::new()
         .route("/ui", get(page))
@@ -137,53 +146,124 @@ async fn security_headers(mut res: Response) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null`
+    // with the page's own form posts, which the Origin check refuses as it must (sandboxed
+    // content sends it too). Nothing leaves for other origins either way.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     res
 }
 
-/// The login form, with `message` (a fixed text, never request data) above it.
-fn login_page(status: StatusCode, message: &str) -> Response {
-    (status, Html(LOGIN_HTML.replace("{{message}}", message))).into_response()
+/// The login form, with `message` (a fixed text, never request data) above it and a new
+/// CSRF token in it and in its cookie.
+fn login_page(status: StatusCode, message: &str, secure: bool) -> Response {
+    let token = match agentrun_runtime::random::hex(16) {
+        Ok(t) => t,
+        Err(e) => return ApiError::internal(e.to_string()).into_response(),
+    };
+    let html = LOGIN_HTML
+        .replace("{{message}}", message)
+        .replace("{{csrf}}", &token);
+    let mut res = (status, Html(html)).into_response();
+    if let Ok(c) = HeaderValue::from_str(&session::login_cookie(&token, secure)) {
+        res.headers_mut().insert(header::SET_COOKIE, c);
+    }
+    res
 }
 
 async fn page(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
+    let secure = session::came_over_tls(&headers);
     match d.access(&headers) {
-        Access::Granted => Html(INDEX_HTML).into_response(),
-        Access::Missing => login_page(StatusCode::OK, ""),
-        Access::WrongKey => login_page(StatusCode::UNAUTHORIZED, "Wrong API key."),
+        Access::Granted => {
+            // The session's CSRF token for the page's forms (none without a key: nothing
+            // to protect, the dashboard is open).
+            let csrf = session::cookie_of(&headers)
+                .and_then(|id| d.sessions.lookup(&id))
+                .unwrap_or_default();
+            Html(INDEX_HTML.replace("{{csrf}}", &csrf)).into_response()
+        }
+        Access::Missing => login_page(StatusCode::OK, "", secure),
+        Access::WrongKey => login_page(StatusCode::UNAUTHORIZED, "Wrong API key.", secure),
     }
 }
 
-async fn login(State(d): State<Arc<Dashboard>>, body: Bytes) -> Response {
+/// The form fields of a small urlencoded body.
+fn form_field(body: &[u8], name: &str) -> String {
+    form_urlencoded::parse(body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// The client's address (loopback when the router runs without connect info).
+fn client_ip(info: Option<&ConnectInfo<SocketAddr>>) -> IpAddr {
+    info.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |c| c.0.ip())
+}
+
+async fn login(
+    State(d): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    ext: axum::http::Extensions,
+    body: Bytes,
+) -> Response {
+    let secure = session::came_over_tls(&headers);
     let Some(key) = &d.server.api_key else {
         return see_other(None);
     };
+    let ip = client_ip(ext.get::<ConnectInfo<SocketAddr>>());
+    if let Err(wait) = d.logins.check(ip) {
+        let mut res = login_page(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many wrong keys from this address: wait a minute.",
+            secure,
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            res.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return res;
+    }
     if body.len() > MAX_LOGIN_BODY {
-        return login_page(StatusCode::PAYLOAD_TOO_LARGE, "Request too large.");
+        return login_page(StatusCode::PAYLOAD_TOO_LARGE, "Request too large.", secure);
     }
-    let given = form_urlencoded::parse(&body)
-        .find(|(k, _)| k == "key")
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default();
+    let csrf = form_field(&body, "csrf");
+    let expected = session::named_cookie(&headers, session::LOGIN_COOKIE).unwrap_or_default();
+    if expected.is_empty() || !constant_time_eq(csrf.as_bytes(), expected.as_bytes()) {
+        return login_page(
+            StatusCode::FORBIDDEN,
+            "The sign-in form expired: sign in again.",
+            secure,
+        );
+    }
+    let given = form_field(&body, "key");
     if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
-        tracing::info!(target: "agentrun::opensandbox", "dashboard: a login with a wrong key");
-        return login_page(StatusCode::UNAUTHORIZED, "Wrong API key.");
+        d.logins.failed(ip);
+        tracing::info!(target: "agentrun::opensandbox", "dashboard: a login with a wrong key from {ip}");
+        return login_page(StatusCode::UNAUTHORIZED, "Wrong API key.", secure);
     }
+    d.logins.succeeded(ip);
     match d.sessions.create() {
-        Ok(id) => see_other(Some(session::set_cookie(&id))),
+        Ok((id, _)) => see_other(Some(session::set_cookie(&id, secure))),
         Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }
 
-async fn logout(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
+async fn logout(State(d): State<Arc<Dashboard>>, headers: HeaderMap, body: Bytes) -> Response {
+    let secure = session::came_over_tls(&headers);
     if let Some(id) = session::cookie_of(&headers) {
+        if body.len() > MAX_LOGIN_BODY || !d.sessions.csrf_ok(&id, &form_field(&body, "csrf")) {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "CSRF_TOKEN",
+                "missing or wrong CSRF token (sign out from the dashboard's page)",
+            )
+            .into_response();
+        }
         d.sessions.remove(&id);
     }
-    see_other(Some(session::clear_cookie()))
+    see_other(Some(session::clear_cookie(secure)))
 }
 
 /// 303 to `/ui`, setting `cookie` if given.

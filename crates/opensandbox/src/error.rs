@@ -1,5 +1,6 @@
 //! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects;
-//! [`JsonBody`], a request body read whole within the server's limit (413 above it).
+//! [`JsonBody`], a request body read whole within the server's limit (413 above it), and only
+//! as `Content-Type: application/json` (415 otherwise).
 
 use std::sync::Arc;
 
@@ -92,25 +93,52 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 /// A request body (JSON), read whole: at most the server's `--max-request-body` bytes, else
 /// a 413 JSON error and nothing more is read (axum's [`axum::extract::DefaultBodyLimit`], set
-/// by [`crate::router`], bounds the read).
+/// by [`crate::router`], bounds the read). A body that is not empty must come as
+/// `Content-Type: application/json` (what every SDK sends), else a 415 JSON error and the
+/// body is not read: a web page can make a browser POST cross-site without a preflight only
+/// as `text/plain`, a form or multipart ([`agentrun_webguard::is_json`]).
 pub struct JsonBody(pub Bytes);
+
+/// The 415 of a body that is not `application/json`.
+pub fn not_json() -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "UNSUPPORTED_MEDIA_TYPE",
+        "the request body must be JSON sent as Content-Type: application/json",
+    )
+}
 
 impl FromRequest<Arc<crate::Server>> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, server: &Arc<crate::Server>) -> Result<Self, ApiError> {
-        Bytes::from_request(req, server)
-            .await
-            .map(JsonBody)
-            .map_err(|r| {
-                if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::too_large(format!(
-                        "request body larger than {} bytes (agentrun serve --max-request-body)",
-                        server.limits.max_request_body
-                    ))
-                } else {
-                    ApiError::new(r.status(), "INVALID_REQUEST_BODY", r.body_text())
-                }
-            })
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(agentrun_webguard::is_json);
+        let empty = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() == b"0");
+        if !json && !empty && req.headers().contains_key(axum::http::header::CONTENT_TYPE) {
+            return Err(not_json());
+        }
+        let body = Bytes::from_request(req, server).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(format!(
+                    "request body larger than {} bytes (agentrun serve --max-request-body)",
+                    server.limits.max_request_body
+                ))
+            } else {
+                ApiError::new(r.status(), "INVALID_REQUEST_BODY", r.body_text())
+            }
+        })?;
+        // No Content-Type at all: only an empty body (a browser always sends one with a
+        // body it posts).
+        if !json && !body.is_empty() {
+            return Err(not_json());
+        }
+        Ok(JsonBody(body))
     }
 }

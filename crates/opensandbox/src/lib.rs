@@ -27,6 +27,12 @@
 //! Sandboxes come from [`agentrun_pool::live::LiveManager`]. The server runs on its own tokio
 //! runtime in the daemon (started after the sandbox factories were forked).
 //!
+//! Who may call: every request's `Host` must name this server and a state-changing one's
+//! `Origin`, if any, must be its own ([`agentrun_webguard::origin`]: DNS rebinding and
+//! cross-site requests are refused before routing); JSON bodies are read only as
+//! `application/json` ([`error::JsonBody`], 415 otherwise); `/v1` needs the API key, which
+//! `agentrun serve` always has unless `--insecure-no-auth`.
+//!
 //! Nothing a client sends or a sandbox writes is held in memory without a bound: the API key
 //! (`/v1`) and the per-sandbox tokens (`/execd`, `/egress`) are checked from the headers
 //! before any body is read; JSON bodies are read up to [`Limits::max_request_body`], uploads
@@ -79,8 +85,11 @@ pub const EGRESS_TOKEN_HEADER: &str = "OPENSANDBOX-EGRESS-AUTH";
 #[derive(Debug, Clone)]
 pub struct OpenSandboxOptions {
     pub listen: SocketAddr,
-    /// Required in `OPEN-SANDBOX-API-KEY` when set.
+    /// Required in `OPEN-SANDBOX-API-KEY` when set (always, unless `serve
+    /// --insecure-no-auth`).
     pub api_key: Option<String>,
+    /// The `Host` names and origins answered ([`agentrun_webguard::HostGuard`]).
+    pub guard: agentrun_webguard::HostGuard,
     /// The image store root (`image.uri` resolves there).
     pub image_root: PathBuf,
     /// Worker threads of the HTTP runtime.
@@ -180,6 +189,7 @@ impl Frontend for OpenSandboxFrontend {
             store,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             listen: opts.listen,
+            guard: Arc::new(opts.guard.clone()),
             limits: opts.limits,
             profile: opts.profile.clone(),
             volume_roots: opts.volume_roots.clone(),
@@ -205,6 +215,7 @@ impl Frontend for OpenSandboxFrontend {
                     };
                     let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
                     let app = router(server.clone());
+                    let app = app.into_make_service_with_connect_info::<SocketAddr>();
                     let _ = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {
                             let _ = rx.await;
@@ -231,7 +242,8 @@ impl Frontend for OpenSandboxFrontend {
     }
 }
 
-/// The whole HTTP app. Tokens and the API key are checked by middleware, before any
+/// The whole HTTP app. The `Host` and `Origin` checks ([`agentrun_webguard::guard`]) come
+/// first, on every route; tokens and the API key are checked by middleware, before any
 /// extractor reads a body; bodies are read within [`Limits`].
 pub fn router(server: Arc<Server>) -> axum::Router {
     let sandboxes = sandbox_apis(server.clone());
@@ -248,6 +260,11 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             server.limits.max_request_body,
         ))
         .layer(axum::middleware::from_fn(lifecycle::request_id))
+        .layer(axum::middleware::from_fn_with_state(
+            server.guard.clone(),
+            agentrun_webguard::guard,
+        ))
+        // Outermost: a body left unread by any layer or handler (a refusal too) is finished.
         .layer(axum::middleware::from_fn(body_tail::finish_body))
 }
 

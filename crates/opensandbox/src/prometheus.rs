@@ -7,7 +7,8 @@
 //! secrets, but it is still only served beyond loopback with the API key (or
 //! `--insecure-no-auth`, checked by `agentrun serve` as for `--listen`); when a key is set
 //! it is required here too, as `Authorization: Bearer KEY` (Prometheus's `authorization`
-//! / `bearer_token` scrape setting), compared in constant time.
+//! / `bearer_token` scrape setting), compared in constant time. Its `Host` must name this
+//! server ([`agentrun_webguard::guard`]), as on every listener.
 
 use std::sync::Arc;
 
@@ -27,6 +28,8 @@ pub struct MetricsFrontend {
     pub listen: std::net::SocketAddr,
     /// Required as a bearer token when set.
     pub api_key: Option<String>,
+    /// The `Host` names answered.
+    pub guard: agentrun_webguard::HostGuard,
 }
 
 struct Endpoint {
@@ -52,6 +55,7 @@ impl Frontend for MetricsFrontend {
             live,
             api_key: self.api_key.filter(|k| !k.is_empty()),
         });
+        let guard = Arc::new(self.guard);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tracing::info!(target: "agentrun::metrics", "Prometheus metrics on http://{}/metrics", self.listen);
         let thread = std::thread::Builder::new()
@@ -67,7 +71,11 @@ impl Frontend for MetricsFrontend {
                     };
                     let app = axum::Router::new()
                         .route("/metrics", get(scrape))
-                        .with_state(endpoint);
+                        .with_state(endpoint)
+                        .layer(axum::middleware::from_fn_with_state(
+                            guard,
+                            agentrun_webguard::guard,
+                        ));
                     let _ = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {
                             let _ = rx.await;

@@ -8,6 +8,12 @@
 //! ([`agentrun_runtime::netns`]); the sandbox itself still has no route out. The per-sandbox
 //! tokens and the API key are stripped from what is forwarded: code in the sandbox never
 //! sees a credential that would let it drive its own (or another) sandbox.
+//!
+//! What comes back is the sandbox's, served at the API's (and dashboard's) origin: it is
+//! made harmless there ([`defuse`]): no `Set-Cookie` (a sandbox sets no cookie on the
+//! server's origin), `Content-Security-Policy: sandbox` (a browser runs its HTML in a unique
+//! opaque origin: its scripts cannot read `/v1`, `/ui` or another sandbox's pages, nor send
+//! the dashboard's cookies), `X-Content-Type-Options: nosniff`. See docs/security.md.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -132,9 +138,47 @@ async fn proxy(
                     tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
             }
         });
-        let (parts, _) = upstream.into_parts();
+        let (mut parts, _) = upstream.into_parts();
+        defuse(&mut parts.headers);
         return Ok(Response::from_parts(parts, Body::empty()));
     }
-    let (parts, body) = upstream.into_parts();
+    let (mut parts, body) = upstream.into_parts();
+    defuse(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The CSP a sandbox's responses are served with: an opaque origin of their own.
+pub const SANDBOX_CSP: &str = "sandbox";
+
+/// Makes a sandbox's response headers safe to serve at the server's origin: its cookies
+/// dropped, its content confined to an opaque origin, never sniffed.
+pub fn defuse(headers: &mut axum::http::HeaderMap) {
+    headers.remove(header::SET_COOKIE);
+    headers.remove("set-cookie2");
+    // The sandbox's own policy may be stricter: keep it, and add ours (a browser enforces
+    // every policy it gets).
+    headers.append(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(SANDBOX_CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sandbox_responses_are_defused() {
+        let mut h = axum::http::HeaderMap::new();
+        h.append("set-cookie", "a=1".parse().unwrap());
+        h.append("set-cookie", "b=2".parse().unwrap());
+        h.append("content-security-policy", "default-src *".parse().unwrap());
+        super::defuse(&mut h);
+        assert!(h.get("set-cookie").is_none());
+        let csp: Vec<_> = h.get_all("content-security-policy").iter().collect();
+        assert_eq!(csp, ["default-src *", "sandbox"]);
+        assert_eq!(h["x-content-type-options"], "nosniff");
+    }
 }

@@ -47,6 +47,8 @@ pub struct Server {
     pub store: agentrun_image::ImageStore,
     pub api_key: Option<String>,
     pub listen: SocketAddr,
+    /// The `Host`/`Origin` checks of the listener.
+    pub guard: Arc<agentrun_webguard::HostGuard>,
     pub limits: Limits,
     /// The profile of every sandbox ([`crate::OpenSandboxOptions::profile`]).
     pub profile: String,
