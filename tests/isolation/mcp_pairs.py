@@ -89,10 +89,18 @@ async def session():
 
 async def oneshot():
     """With `--pool-size 0` the first call's shell is made for it and joins the pool after;
-    every later call takes it (nothing else is made: `created` stays 1)."""
+    every later call takes it (nothing else is made: `created` stays 1). A first call
+    (`true`) makes the shell before the pairs."""
     m = manifest()
-    shells = None
     async with sdk_client.connect() as s:
+        # The first call makes the shell; a profile's zygote then imports its preload list
+        # (until it is ready, Python runs are exec'd, not forked).
+        await s.call_tool("run_shell", {"command": "true"})
+        shells = wait_idle()
+        deadline = time.monotonic() + 90
+        while any(p.get("zygote", {"ready": True})["ready"] is not True for p in pool_status()["pools"]):
+            check(time.monotonic() < deadline, f"the zygote is not ready: {pool_status()}")
+            time.sleep(0.1)
         for tool, arg, key in (("run_python", "code", "py"), ("run_shell", "command", "sh")):
             for side in ("a", "b"):
                 result(f"{side}.{key}", await s.call_tool(tool, {arg: m[side][key], "timeout": TIMEOUT}))

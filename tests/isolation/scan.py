@@ -122,7 +122,7 @@ def plant_sysv(p):
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "shmat")
         ctypes.memmove(addr, MB * 64, len(MB) * 64)
-        p.keep.append(("shm", sid))
+        p.shm_addr = addr
         return sid
 
     def msg():
@@ -727,6 +727,7 @@ def cleanup(p):
     (OpenSandbox B runs three) then finds only what another run left."""
     IPC_RMID = 0
     if "sysv_shm" in p.ok:
+        _libc.shmdt(ctypes.c_void_p(p.shm_addr))
         _libc.shmctl(p.ok["sysv_shm"], IPC_RMID, None)
     if "sysv_msg" in p.ok:
         _libc.msgctl(p.ok["sysv_msg"], IPC_RMID, None)

@@ -17,7 +17,7 @@ import shlex
 import time
 from datetime import timedelta
 
-from sdk_e2e import check, shell_of, sync_config, wait_shell_released
+from sdk_e2e import check, ps, shell_of, sync_config
 
 
 def manifest():
@@ -51,7 +51,7 @@ def osb():
 
     m = manifest()
     cfg = sync_config()
-    a = SandboxSync.create("host", connection_config=cfg, env={"ISO_SECRET": m["a"]["env"]}, timeout=timedelta(minutes=5))
+    a = SandboxSync.create("host", connection_config=cfg, env=m["a"]["env"], timeout=timedelta(minutes=5))
     try:
         shell = shell_of(a.id)
         path, data = m["a"]["upload"]
@@ -64,8 +64,8 @@ def osb():
     finally:
         a.kill()
         a.close()
-    check(wait_shell_released(shell, 20) == "reused", f"shell {shell} of sandbox A was not given back to its pool")
-    b = SandboxSync.create("host", connection_config=cfg, env={"ISO_MARK": m["b"]["env"]}, timeout=timedelta(minutes=5))
+    wait_back(shell)
+    b = SandboxSync.create("host", connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
     try:
         check(shell_of(b.id) == shell, f"sandbox B is not in A's shell {shell}")
         result("b.cmd", lines(b.commands.run(command(*m["b"]["cmd"]))))
@@ -78,6 +78,19 @@ def osb():
         b.kill()
         b.close()
     print("SHELL", shell, flush=True)
+
+
+def wait_back(shell, secs=30):
+    """Waits until `shell` is back in its pool: ready, serving no sandbox (a shell in doubt
+    is discarded instead, and then B could not run on it)."""
+    deadline = time.monotonic() + secs
+    while True:
+        entry = next((e for e in ps() if e["id"] == shell), None)
+        check(entry is not None, f"shell {shell} was discarded: {ps()}")
+        if entry["state"] == "ready" and entry.get("sandbox") is None:
+            return
+        check(time.monotonic() < deadline, f"shell {shell} not back in its pool: {entry}")
+        time.sleep(0.05)
 
 
 def docker_logs(c, key, secs=120):

@@ -99,17 +99,14 @@ fn copies(mark: &str) -> Vec<String> {
     [2, 3, 5, 8, 13, 21].iter().map(|k| mark.repeat(*k)).collect()
 }
 
-/// Files of an image older than this are the image's (the scanner does not read them): the
-/// test's start, less a margin.
+/// Files of an image older than this are the image's (the scanner does not read them): now
+/// (the probes of a case are made before its run A), less a margin.
 fn since() -> f64 {
-    static START: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *START.get_or_init(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64()
-            - 5.0
-    })
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - 5.0
 }
 
 /// The JSON after `key` on a line of `out` (the probe prints `ISO-PLANTED {..}` /
@@ -188,16 +185,20 @@ impl Case {
         }
     }
 
-    /// A marker B saw that is not B's: A's (whole or a fragment) or any other run's.
-    fn whose(&self, m: &str) -> Option<String> {
+    /// A marker B saw that is not B's: A's (whole or a fragment), an earlier case's (`all`:
+    /// every case's A markers, by case) or any other run's.
+    fn whose(&self, m: &str, all: &BTreeMap<String, String>) -> Option<String> {
         if let Some(what) = self.a.get(m) {
             return Some(format!("A's marker ({what})"));
         }
         if self.b.iter().any(|b| b == m) {
             return None;
         }
+        if let Some(what) = all.get(m) {
+            return Some(format!("the marker of another case's run A ({what})"));
+        }
         if well_formed(m) {
-            return Some("the marker of another run (not this case's)".into());
+            return Some("the marker of another run (not this test's)".into());
         }
         let h = m.trim_start_matches("AGENTRUN-ISO-");
         for (a, what) in &self.a {
@@ -210,7 +211,7 @@ impl Case {
     }
 
     /// Everything wrong with this case, one entry each.
-    fn judge(&self) -> Vec<String> {
+    fn judge(&self, all: &BTreeMap<String, String>) -> Vec<String> {
         let mut out: Vec<String> = self
             .problems
             .iter()
@@ -272,7 +273,7 @@ impl Case {
             };
             for (ch, c) in channels {
                 for (m, places) in c["seen"].as_object().into_iter().flatten() {
-                    if let Some(whose) = self.whose(m) {
+                    if let Some(whose) = self.whose(m, all) {
                         say(
                             &mut out,
                             format!("{label}: LEAK in {ch}: {whose} {m}, seen at {places}"),
@@ -337,10 +338,14 @@ impl Case {
 
 /// Judges every case; panics listing every problem of every case.
 fn verdict(cases: &[Case]) {
+    let marks: BTreeMap<String, String> = cases
+        .iter()
+        .flat_map(|c| c.a.iter().map(|(m, w)| (m.clone(), format!("{}: {w}", c.name))))
+        .collect();
     let mut all = Vec::new();
     for c in cases {
         eprint!("{}", c.summary());
-        all.extend(c.judge());
+        all.extend(c.judge(&marks));
     }
     assert!(
         all.is_empty(),
@@ -592,8 +597,8 @@ fn python_image(rootfs: &Path, root: &Path) {
     let script = r#"
 set -euo pipefail
 r=$1
-mkdir -p "$r/usr/bin" "$r/usr/lib" "$r/etc" "$r/tmp" "$r/workspace" "$r/root"
-chmod 1777 "$r/tmp"
+mkdir -p "$r/usr/bin" "$r/usr/lib" "$r/etc" "$r/tmp" "$r/var/tmp" "$r/workspace" "$r/root"
+chmod 1777 "$r/tmp" "$r/var/tmp"
 ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; mkdir -p "$r/usr/lib64"; ln -s usr/lib64 "$r/lib64"
 py=$(readlink -f /usr/bin/python3)
 cp -a "$py" "$r/usr/bin/"; ln -s "$(basename "$py")" "$r/usr/bin/python3"
@@ -706,16 +711,20 @@ fn osb_case(apis: &Apis, profile: &str) -> Case {
     let a_code = case.a_mark("OpenSandbox code context: code");
     let upload = "/tmp/iso-upload.txt";
     let (b_cmd, b_session, b_code) = (case.b_mark(), case.b_mark(), case.b_mark());
+    let mut env = json!({"ISO_SECRET": a_cmd});
+    for (i, c) in copies(&a_cmd).into_iter().enumerate() {
+        env[format!("ISO_SECRET_{i}")] = json!(c);
+    }
     let m = json!({
         "a": {
-            "env": a_cmd,
+            "env": env,
             "upload": [upload, format!("{a_cmd}\n")],
             "cmd": [probe("plant", &a_cmd, &["env", "argv"], json!({"read": [upload]})), a_cmd],
             "session": [probe("plant", &a_session, &["argv"], json!({})), a_session],
             "code": probe("plant", &a_code, &[], json!({})),
         },
         "b": {
-            "env": b_cmd,
+            "env": {"ISO_MARK": b_cmd},
             "cmd": [probe("scan", &b_cmd, &["env", "argv"], json!({})), b_cmd],
             "session": [probe("scan", &b_session, &["argv"], json!({})), b_session],
             "code": probe("scan", &b_code, &[], json!({})),
@@ -815,20 +824,50 @@ fn api_sandboxes_of_the_zygote_profile_see_nothing_of_each_other() {
         let made = made_and_discarded(&apis.d);
         let mut case = f(&apis, profile);
         same_shell(&mut case, &apis.d, profile, &shells, &made);
+        // Code contexts and MCP's run_python: forked by the shell's zygote (their parent is
+        // outside their pid namespace), else this is not the zygote path.
+        for (label, v) in case.planted.iter().chain(case.verdicts.iter()) {
+            if (label.ends_with(".code") || label.ends_with(".py")) && v["ppid"] != 0 {
+                case.problems.push(format!(
+                    "{label}: not forked by the zygote (ppid {})",
+                    v["ppid"]
+                ));
+            }
+        }
         cases.push(case);
     }
     verdict(&cases);
 }
 
 /// `agentrun mcp --one-shot` (stdio, its own pool of none: the first call's shell is made for
-/// it and every later call takes it): run_python A, run_python B, run_shell A, run_shell B.
+/// it and every later call takes it): run_python A, run_python B, run_shell A, run_shell B,
+/// with the default profile and with `code-interpreter` (run_python forked by the zygote).
 #[test]
 fn mcp_one_shot_calls_see_nothing_of_each_other() {
     let Some(_l) = setup() else { return };
+    let mut cases = Vec::new();
+    for profile in ["default", "code-interpreter"] {
+        let mut case = one_shot_case(profile);
+        if profile == "code-interpreter" {
+            for (label, v) in case.planted.iter().chain(case.verdicts.iter()) {
+                if label.ends_with(".py") && v["ppid"] != 0 {
+                    case.problems.push(format!(
+                        "{label}: not forked by the zygote (ppid {})",
+                        v["ppid"]
+                    ));
+                }
+            }
+        }
+        cases.push(case);
+    }
+    verdict(&cases);
+}
+
+fn one_shot_case(profile: &str) -> Case {
     let dir = tempdir();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let state = dir.path().join("state");
-    let mut case = Case::new("mcp one-shot default");
+    let mut case = Case::new(&format!("mcp one-shot {profile}"));
     let m = mcp_manifest(&mut case, "MCP one-shot");
     let manifest = dir.path().join("mcp.json");
     fs::write(&manifest, m.to_string()).unwrap();
@@ -836,7 +875,7 @@ fn mcp_one_shot_calls_see_nothing_of_each_other() {
     let mut cmd = mcp_client("oneshot", &manifest, &state.join("mcp/0"));
     cmd.env("AGENTRUN_STATE_DIR", &state).env(
         "MCP_ARGS",
-        json!(["--one-shot", "--pool-size", "0"]).to_string(),
+        json!(["--one-shot", "--pool-size", "0", "--profile", profile]).to_string(),
     );
     let out = run_with_timeout(cmd, None, Duration::from_secs(300));
     if out.status.code() != Some(0) || !out.stdout().contains("OK oneshot") {
@@ -852,5 +891,5 @@ fn mcp_one_shot_calls_see_nothing_of_each_other() {
         force_cleanup_in(&state, &before);
         case.problems.push(format!("agentrun mcp left behind:\n{left}"));
     }
-    verdict(&[case]);
+    case
 }
