@@ -51,7 +51,13 @@ const PROBE: &str = include_str!("../isolation/scan.py");
 const RUN: Duration = Duration::from_secs(120);
 const FILL: Duration = Duration::from_secs(90);
 /// Every shipped (built-in) profile.
-const PROFILES: [&str; 5] = ["default", "strict", "code-interpreter", "container", "build"];
+const PROFILES: [&str; 5] = [
+    "default",
+    "strict",
+    "code-interpreter",
+    "container",
+    "build",
+];
 
 // ---------------------------------------------------------------------------------------------
 // Markers, probes, verdicts
@@ -68,7 +74,10 @@ fn marker() -> String {
         .and_then(|mut f| f.read_exact(&mut b))
         .expect("read /dev/urandom");
     let r = hex(&b);
-    format!("AGENTRUN-ISO-{r}{}", hex(&Sha256::digest(r.as_bytes())[..2]))
+    format!(
+        "AGENTRUN-ISO-{r}{}",
+        hex(&Sha256::digest(r.as_bytes())[..2])
+    )
 }
 
 fn well_formed(m: &str) -> bool {
@@ -96,7 +105,10 @@ fn probe(role: &str, mark: &str, carriers: &[&str], extra: Value) -> String {
 
 /// The marker repeated to several lengths (37 bytes to ~800).
 fn copies(mark: &str) -> Vec<String> {
-    [2, 3, 5, 8, 13, 21].iter().map(|k| mark.repeat(*k)).collect()
+    [2, 3, 5, 8, 13, 21]
+        .iter()
+        .map(|k| mark.repeat(*k))
+        .collect()
 }
 
 /// Files of an image older than this are the image's (the scanner does not read them): now
@@ -180,7 +192,9 @@ impl Case {
             let (label, j) = rest.split_once(' ').unwrap_or((rest, ""));
             match serde_json::from_str(j) {
                 Ok(v) => self.push(label, v),
-                Err(e) => self.problems.push(format!("{label}: bad RESULT ({e}): {j}")),
+                Err(e) => self
+                    .problems
+                    .push(format!("{label}: bad RESULT ({e}): {j}")),
             }
         }
     }
@@ -243,7 +257,10 @@ impl Case {
         }
         for (label, v) in &self.verdicts {
             if let Some(crashed) = v.get("crashed") {
-                say(&mut out, format!("{label}: scanner channels broke: {crashed}"));
+                say(
+                    &mut out,
+                    format!("{label}: scanner channels broke: {crashed}"),
+                );
             }
             let missing = &v["missing"];
             if missing.as_object().is_some_and(|m| !m.is_empty()) {
@@ -340,7 +357,10 @@ impl Case {
 fn verdict(cases: &[Case]) {
     let marks: BTreeMap<String, String> = cases
         .iter()
-        .flat_map(|c| c.a.iter().map(|(m, w)| (m.clone(), format!("{}: {w}", c.name))))
+        .flat_map(|c| {
+            c.a.iter()
+                .map(|(m, w)| (m.clone(), format!("{}: {w}", c.name)))
+        })
         .collect();
     let mut all = Vec::new();
     for c in cases {
@@ -795,7 +815,10 @@ fn api_sandboxes_on_one_shell_see_nothing_of_each_other() {
     let apis = start_apis("default", true);
     let mut cases = Vec::new();
     for (name, f) in [
-        ("osb", &(|a: &Apis| osb_case(a, "default")) as &dyn Fn(&Apis) -> Case),
+        (
+            "osb",
+            &(|a: &Apis| osb_case(a, "default")) as &dyn Fn(&Apis) -> Case,
+        ),
         ("mcp", &|a: &Apis| mcp_session_case(a, "default")),
         ("docker", &docker_case),
     ] {
@@ -879,7 +902,8 @@ fn one_shot_case(profile: &str) -> Case {
     );
     let out = run_with_timeout(cmd, None, Duration::from_secs(300));
     if out.status.code() != Some(0) || !out.stdout().contains("OK oneshot") {
-        case.problems.push(format!("scenario oneshot failed\n{out}"));
+        case.problems
+            .push(format!("scenario oneshot failed\n{out}"));
     }
     case.take_results(&out.stdout());
     let mut left = Leftovers::default();
@@ -889,7 +913,74 @@ fn one_shot_case(profile: &str) -> Case {
     });
     if clean.is_none() {
         force_cleanup_in(&state, &before);
-        case.problems.push(format!("agentrun mcp left behind:\n{left}"));
+        case.problems
+            .push(format!("agentrun mcp left behind:\n{left}"));
     }
     case
+}
+
+/// The corpus's own negative control: A and B in one cell (one cold run, `A; B`), where
+/// everything A left is B's to see. The scanner must report A's marker in every channel A
+/// planted it in that outlives A's process (files, POSIX shm, mqueue, SysV IPC, its
+/// background process's argv/env/memory/memfd, its sockets): a channel the scanner reads
+/// wrong would pass every other test of this file silently.
+#[test]
+fn the_scanner_finds_what_a_run_left_in_its_own_cell() {
+    let Some(_l) = setup() else { return };
+    let mut case = Case::new("control: A and B in one cell");
+    let ma = case.a_mark("run A of the same cell");
+    let mb = case.b_mark();
+    let ws = workspace_with(None);
+    let a = probe("plant", &ma, &[], json!({}));
+    let b = probe("scan", &mb, &[], json!({}));
+    let out = agentrun([
+        "exec",
+        "--workspace",
+        &ws.path().display().to_string(),
+        "--",
+        "sh",
+        "-c",
+        "python3 -c \"$1\" && python3 -c \"$2\"",
+        "sh",
+        &a,
+        &b,
+    ])
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .timeout(RUN)
+    .run();
+    case.take("a.cell", &out, "ISO-PLANTED ");
+    case.take("b.cell", &out, "ISO-VERDICT ");
+    let problems = case.judge(&BTreeMap::new());
+    let leaked: Vec<&str> = [
+        "files",
+        "posix_shm",
+        "mqueue",
+        "sysv",
+        "procs",
+        "proc_mem",
+        "sockets",
+    ]
+    .into_iter()
+    .filter(|ch| {
+        problems
+            .iter()
+            .any(|p| p.contains(&format!("LEAK in {ch}: A's marker")))
+    })
+    .collect();
+    let others: Vec<&String> = problems.iter().filter(|p| !p.contains("LEAK")).collect();
+    assert!(others.is_empty(), "{others:#?}\n{out}");
+    assert_eq!(
+        leaked,
+        [
+            "files",
+            "posix_shm",
+            "mqueue",
+            "sysv",
+            "procs",
+            "proc_mem",
+            "sockets"
+        ],
+        "the scanner must see A's marker in each channel; it reported:\n{}",
+        problems.join("\n")
+    );
 }
