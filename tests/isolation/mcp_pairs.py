@@ -101,6 +101,16 @@ async def oneshot():
         while any(p.get("zygote", {"ready": True})["ready"] is not True for p in pool_status()["pools"]):
             check(time.monotonic() < deadline, f"the zygote is not ready: {pool_status()}")
             time.sleep(0.1)
+        # A driver started before the zygote was ready is exec'd: calls until one is forked
+        # (its parent outside its pid namespace), so that A's is.
+        if any("zygote" in p for p in pool_status()["pools"]):
+            while True:
+                res = structured(await s.call_tool("run_python", {"code": "import os; print(os.getppid())"}))
+                if res["stdout"].strip() == "0":
+                    break
+                check(time.monotonic() < deadline, f"no run_python forked by the zygote: {res}")
+                time.sleep(0.2)
+            shells = wait_idle(shells)
         for tool, arg, key in (("run_python", "code", "py"), ("run_shell", "command", "sh")):
             for side in ("a", "b"):
                 result(f"{side}.{key}", await s.call_tool(tool, {arg: m[side][key], "timeout": TIMEOUT}))

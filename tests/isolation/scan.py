@@ -65,6 +65,16 @@ SYS_ADD_KEY, SYS_KEYCTL = 248, 250  # x86_64
 KEYCTL_READ, KEY_SPEC_SESSION, KEY_SPEC_USER = 11, -3, -4
 
 
+def layout():
+    """What a forked run may share with another fork of the same parent: the hash secret
+    and the address-space layout (reported, not judged here)."""
+    return {
+        "hash": hash("agentrun-iso"),
+        "libc": ctypes.cast(_libc.printf, ctypes.c_void_p).value,
+        "heap": id(object()) >> 20,
+    }
+
+
 def err_name(e):
     n = getattr(e, "errno", None)
     return errno.errorcode.get(n, type(e).__name__) if n else type(e).__name__
@@ -289,7 +299,7 @@ def plant():
         p.do("read:" + path, lambda path=path: need(MB in read_bytes(path), "not in the file"))
     plant_all(p)
     plant_background(p)
-    report = {"mark": MARK, "ok": p.ok, "failed": p.failed, "ppid": os.getppid()}
+    report = {"mark": MARK, "ok": p.ok, "failed": p.failed, "ppid": os.getppid(), "layout": layout()}
     print("ISO-PLANTED " + json.dumps(report), flush=True)
     # (the planted memory stays referenced until the process, or the context, ends)
     globals()["_iso_keep"] = p.keep
@@ -859,6 +869,7 @@ def scan():
         "channels": {n: c.report() for n, c in chs.items()},
         "seconds": round(time.monotonic() - t0, 2),
         "ppid": os.getppid(),
+        "layout": layout(),
     }
     verdict.update(extra)
     print("ISO-VERDICT " + json.dumps(verdict), flush=True)

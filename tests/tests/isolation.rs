@@ -330,10 +330,24 @@ impl Case {
         String::new()
     }
 
-    /// One line per verdict: what B read and how long it took.
+    /// One line per verdict: what B read and how long it took; and, for information (not a
+    /// verdict: issue 29 leaves the choice to the zygote's design), whether B shares A's hash
+    /// secret or address-space layout.
     fn summary(&self) -> String {
         let mut s = String::new();
         for (label, v) in &self.verdicts {
+            for (a_label, a) in &self.planted {
+                let shared: Vec<&str> = ["hash", "libc", "heap"]
+                    .into_iter()
+                    .filter(|k| !v["layout"][k].is_null() && v["layout"][k] == a["layout"][k])
+                    .collect();
+                if !shared.is_empty() {
+                    s.push_str(&format!(
+                        "  {} {label}: shares {shared:?} with {a_label}\n",
+                        self.name
+                    ));
+                }
+            }
             let checked: u64 = v["channels"]
                 .as_object()
                 .map(|c| c.values().filter_map(|x| x["checked"].as_u64()).sum())
