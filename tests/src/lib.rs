@@ -591,7 +591,35 @@ where
     exec_with::<[&str; 0], &str, I, S>([], cmd)
 }
 
-/// `agentrun exec OPTS... -- CMD...`
+/// The profile the suite runs under: `$AGENTRUN_E2E_PROFILE` (hack/test runs the escape suite
+/// once per shipped profile), else none (agentrun's default, `default`).
+pub fn e2e_profile() -> Option<String> {
+    std::env::var("AGENTRUN_E2E_PROFILE")
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
+/// Does the suite's profile ([`e2e_profile`], else `default`) allow `action` (`write`,
+/// `read`) on `path` inside a sandbox? Asked of `agentrun policy check`, the same decision
+/// the run's Landlock rules are made from.
+pub fn e2e_profile_allows(action: &str, path: &str) -> bool {
+    let profile = e2e_profile().unwrap_or_else(|| "default".into());
+    let out = agentrun(["policy", "check", &profile, &format!("--{action}"), path]).run();
+    // (exit 1 when it denies)
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "agentrun policy check\n{out}"
+    );
+    let stdout = out.stdout();
+    let line = stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some(path))
+        .unwrap_or_else(|| panic!("no decision on {action} {path}\n{out}"));
+    line.starts_with("allow ")
+}
+
+/// `agentrun exec OPTS... -- CMD...`; with `$AGENTRUN_E2E_PROFILE` set, `--profile` that
+/// profile unless OPTS name one.
 pub fn exec_with<O, OS, I, S>(opts: O, cmd: I) -> Agentrun
 where
     O: IntoIterator<Item = OS>,
@@ -601,6 +629,11 @@ where
 {
     let mut args: Vec<OsString> = vec!["exec".into()];
     args.extend(opts.into_iter().map(|a| a.as_ref().to_owned()));
+    if let Some(p) = e2e_profile() {
+        if !args.iter().any(|a| a == "--profile") {
+            args.splice(1..1, ["--profile".into(), p.into()]);
+        }
+    }
     args.push("--".into());
     args.extend(cmd.into_iter().map(|a| a.as_ref().to_owned()));
     agentrun(args)

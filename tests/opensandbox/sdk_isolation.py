@@ -1,0 +1,152 @@
+"""The run-to-run isolation corpus through the official clients (tests/tests/isolation.rs):
+sandbox/container A gets marked secrets and plants them (tests/isolation/scan.py, role
+"plant"), is deleted, then B, made on A's shell, scans for them (role "scan").
+
+    python sdk_e2e.py isolation:osb       OpenSandbox SDK: commands, a bash session, a code context
+    python sdk_e2e.py isolation:docker    docker-py: a container's main process and `exec`
+
+ISO_MANIFEST names a JSON file the test wrote: the codes and markers of A and B. Prints
+`RESULT <label> <json>` for every plant report and verdict, then `OK <scenario>`; the Rust
+side judges them. The scenario itself checks what the harness must guarantee: B ran on A's
+shell (OpenSandbox: `agentrun ps` names the shell of each sandbox).
+"""
+
+import json
+import os
+import shlex
+import time
+from datetime import timedelta
+
+from sdk_e2e import check, ps, shell_of, sync_config
+
+
+def manifest():
+    with open(os.environ["ISO_MANIFEST"]) as f:
+        return json.load(f)
+
+
+def result(label, text):
+    """The `ISO-PLANTED`/`ISO-VERDICT` line of a run's output, printed as a RESULT."""
+    for line in text.splitlines():
+        for key in ("ISO-PLANTED ", "ISO-VERDICT "):
+            if line.startswith(key):
+                print("RESULT", label, line[len(key):], flush=True)
+                return
+    raise AssertionError(f"{label}: no report in its output:\n{text[-4000:]}")
+
+
+def command(code, mark):
+    return "python3 -c " + shlex.quote(code) + " " + shlex.quote(mark)
+
+
+def lines(execution):
+    out = "\n".join(m.text for m in execution.logs.stdout)
+    err = "\n".join(m.text for m in execution.logs.stderr)
+    return out + "\n--- stderr ---\n" + err + "\n--- error ---\n" + repr(execution.error)
+
+
+def osb():
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+    from opensandbox import SandboxSync
+
+    m = manifest()
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg, env=m["a"]["env"], timeout=timedelta(minutes=5))
+    try:
+        shell = shell_of(a.id)
+        path, data = m["a"]["upload"]
+        a.files.write_file(path, data)
+        result("a.cmd", lines(a.commands.run(command(*m["a"]["cmd"]))))
+        s = a.commands.create_session()
+        result("a.session", lines(a.commands.run_in_session(s, command(*m["a"]["session"]))))
+        ci = CodeInterpreterSync.create(sandbox=a, skip_health_check=True)
+        result("a.code", lines(ci.codes.run(m["a"]["code"])))
+    finally:
+        a.kill()
+        a.close()
+    wait_back(shell)
+    b = SandboxSync.create("host", connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
+    try:
+        check(shell_of(b.id) == shell, f"sandbox B is not in A's shell {shell}")
+        result("b.cmd", lines(b.commands.run(command(*m["b"]["cmd"]))))
+        s = b.commands.create_session()
+        result("b.session", lines(b.commands.run_in_session(s, command(*m["b"]["session"]))))
+        ci = CodeInterpreterSync.create(sandbox=b, skip_health_check=True)
+        result("b.code", lines(ci.codes.run(m["b"]["code"])))
+        check(shell_of(b.id) == shell, f"sandbox B left A's shell {shell}")
+    finally:
+        b.kill()
+        b.close()
+    print("SHELL", shell, flush=True)
+
+
+def wait_back(shell, secs=30):
+    """Waits until `shell` is back in its pool: ready, serving no sandbox (a shell in doubt
+    is discarded instead, and then B could not run on it)."""
+    deadline = time.monotonic() + secs
+    while True:
+        entry = next((e for e in ps() if e["id"] == shell), None)
+        check(entry is not None, f"shell {shell} was discarded: {ps()}")
+        if entry["state"] == "ready" and entry.get("sandbox") is None:
+            return
+        check(time.monotonic() < deadline, f"shell {shell} not back in its pool: {entry}")
+        time.sleep(0.05)
+
+
+def docker_logs(c, key, secs=120):
+    """The container's output once it printed `key` (its main process then lingers)."""
+    deadline = time.monotonic() + secs
+    while True:
+        text = c.logs().decode(errors="replace")
+        if key in text:
+            return text
+        c.reload()
+        check(c.status == "running", f"container {c.id} ended before it printed {key}: {c.status}\n{text[-4000:]}")
+        check(time.monotonic() < deadline, f"container {c.id} printed no {key} within {secs} s\n{text[-4000:]}")
+        time.sleep(0.1)
+
+
+def idle_shells(profile, want=None, secs=30):
+    """The shells of `profile`'s pool once all are idle (ready, serving no sandbox) and,
+    given `want`, exactly those."""
+    deadline = time.monotonic() + secs
+    while True:
+        entries = [e for e in ps() if e["profile"] == profile]
+        idle = sorted(e["id"] for e in entries if e["state"] == "ready" and not e.get("sandbox"))
+        if idle and len(idle) == len(entries) and (want is None or idle == want):
+            return idle
+        check(time.monotonic() < deadline, f"the {profile} shells are not idle {want}: {entries}")
+        time.sleep(0.05)
+
+
+def shell_serving(profile):
+    """The shell of `profile` serving a sandbox now."""
+    busy = [e["id"] for e in ps() if e["profile"] == profile and e.get("sandbox")]
+    check(len(busy) == 1, f"one busy {profile} shell: {ps()}")
+    return busy[0]
+
+
+def docker():
+    import docker as dockerpy
+
+    m = manifest()
+    client = dockerpy.from_env(timeout=300)
+    shells = idle_shells("container")
+    for side, key in (("a", "ISO-PLANTED "), ("b", "ISO-VERDICT ")):
+        s = m[side]
+        c = client.containers.run(m["image"], s["main"], environment=s["env"], detach=True)
+        try:
+            result(f"{side}.main", docker_logs(c, key))
+            check([shell_serving("container")] == shells, f"container {side} is not on shell {shells}: {ps()}")
+            code, out = c.exec_run(s["exec"]["argv"], environment=s["exec"]["env"])
+            text = out.decode(errors="replace")
+            check(code == 0, f"{side} exec exited {code}:\n{text[-4000:]}")
+            result(f"{side}.exec", text)
+        finally:
+            c.remove(force=True)
+        # Its shell back in the pool, where the next container takes it.
+        idle_shells("container", shells)
+    print("SHELLS", " ".join(shells), flush=True)
+
+
+SCENARIOS = {"osb": osb, "docker": docker}
