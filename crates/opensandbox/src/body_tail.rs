@@ -26,7 +26,7 @@ use axum::extract::Request;
 use axum::http::header::{HeaderValue, CONNECTION};
 use axum::middleware::Next;
 use axum::response::Response;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
 
 /// Most bytes of an unread rest that are read (and thrown away) to keep the connection.
 pub const MAX_TAIL: u64 = 64 * 1024;
