@@ -10,11 +10,11 @@
 //! calls failed at random after an upload (issue 36).
 //!
 //! [`finish_body`] hands the handler the body through a shared cell and, when the handler is
-//! done with it before its end, reads the rest in a task of its own: up to [`MAX_TAIL`] bytes
-//! of a body whose length is known, within [`TAIL_WAIT`]. The response is not held back for
-//! it, and hyper keeps reading the connection while the task holds the body. A longer or
-//! unknown rest is not read: the response says `Connection: close`, so no client reuses the
-//! connection.
+//! done with it before its end, reads the rest before the answer goes out (a lingering read,
+//! as web servers do): up to [`MAX_TAIL`] bytes of a body whose length is known, within
+//! [`TAIL_WAIT`] (a client sends its whole body without waiting for the answer, so this is the
+//! time its last segment takes). A longer or unknown rest, or one that does not come, is not
+//! waited for: the response says `Connection: close`, so no client reuses the connection.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -71,7 +71,7 @@ pub enum Tail {
     Done,
     /// Still held by the handler (a body it streams on, e.g. into a proxied request).
     InUse,
-    /// A known rest small enough to read in the background.
+    /// A known rest small enough to read before answering.
     Drain,
     /// Unknown or too long: the response closes the connection.
     Close,
@@ -105,10 +105,8 @@ pub async fn finish_body(req: Request, next: Next) -> Response {
     };
     match tail(ended, Arc::strong_count(&shared), rest) {
         Tail::Done | Tail::InUse => {}
-        Tail::Drain => {
-            tokio::spawn(drain(shared));
-        }
-        Tail::Close => {
+        Tail::Drain if drain(&shared).await => {}
+        Tail::Drain | Tail::Close => {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -117,21 +115,25 @@ pub async fn finish_body(req: Request, next: Next) -> Response {
     response
 }
 
-/// Reads the body to its end (bounded by [`TAIL_WAIT`]), throwing it away.
-async fn drain(shared: Shared) {
+/// Reads the body to its end (bounded by [`TAIL_WAIT`]), throwing it away; whether it got
+/// there.
+async fn drain(shared: &Shared) -> bool {
     let rest = std::future::poll_fn(|cx| {
-        let mut body = lock(&shared);
+        let mut body = lock(shared);
         loop {
             match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(_))) => continue,
-                Poll::Ready(_) => return Poll::Ready(()),
+                Poll::Ready(Some(Err(_))) => return Poll::Ready(false),
+                Poll::Ready(None) => return Poll::Ready(true),
                 Poll::Pending => return Poll::Pending,
             }
         }
     });
-    if tokio::time::timeout(TAIL_WAIT, rest).await.is_err() {
-        tracing::debug!(target: "agentrun::opensandbox", "a request body's rest did not come within {TAIL_WAIT:?}: connection closed");
+    let done = tokio::time::timeout(TAIL_WAIT, rest).await.unwrap_or(false);
+    if !done {
+        tracing::debug!(target: "agentrun::opensandbox", "a request body's rest did not come within {TAIL_WAIT:?}: the connection closes");
     }
+    done
 }
 
 #[cfg(test)]
