@@ -267,6 +267,16 @@ impl Containerd {
         run_with_timeout(cmd, None, Duration::from_secs(120))
     }
 
+    /// `ctr ... run ARGS` (`args` without the `run`), 120 s at most; its stdout and stderr are
+    /// the container's, complete ([`crate::ctr`]: ctr's own stdout can lose the tail).
+    pub fn run(&self, args: &[&str]) -> RunOutput {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("-a").arg(&self.socket).args(["-n", "agentrun-e2e"]);
+        let mut a = vec![std::ffi::OsStr::new("run")];
+        a.extend(args.iter().map(std::ffi::OsStr::new));
+        crate::ctr::run(cmd, &a, Duration::from_secs(120))
+    }
+
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
     }

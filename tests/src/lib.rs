@@ -31,6 +31,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 pub mod cri;
+pub mod ctr;
 pub mod images;
 pub mod mcp;
 pub mod oci;
@@ -1146,6 +1147,45 @@ pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
             return None;
         }
         thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The machine kept busy: one spinning thread per CPU (plus `extra`), for at most `limit`;
+/// stops on drop. For tests that prove something holds under load; hold the exclusive lock
+/// ([`setup_exclusive`]) so that no other test's timing pays for it.
+pub struct CpuLoad {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl CpuLoad {
+    pub fn start(extra: usize, limit: Duration) -> CpuLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let n = thread::available_parallelism().map_or(1, |n| n.get()) + extra;
+        let deadline = Instant::now() + limit;
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let mut x: u64 = 1;
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        for _ in 0..100_000 {
+                            x = std::hint::black_box(x.wrapping_mul(6364136223846793005) + 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        CpuLoad { stop, threads }
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 

@@ -263,6 +263,25 @@ disabled_plugins = [
         cmd
     }
 
+    /// `ctr -a SOCK -n agentrun-e2e run ARGS...` (`args` without the `run`), 60 s at most;
+    /// its stdout and stderr are the container's, complete ([`crate::ctr`]: ctr's own stdout
+    /// can lose the tail).
+    pub fn run<I, S>(&self, args: I) -> RunOutput
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let args: Vec<std::ffi::OsString> = std::iter::once("run".into())
+            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
+            .collect();
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        crate::ctr::run(
+            self.ctr_command([] as [&str; 0]),
+            &args,
+            Duration::from_secs(60),
+        )
+    }
+
     /// `ctr -a SOCK -n NS ARGS...`, 60 s at most.
     pub fn ctr_in<I, S>(&self, ns: &str, args: I) -> RunOutput
     where

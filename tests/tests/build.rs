@@ -126,12 +126,7 @@ fn dockerfile_builds_an_image_agentrun_and_containerd_run_alike() {
     let ctd = Containerd::start();
     ctd.ctr(&["image", "import", tar.to_str().unwrap()])
         .success();
-    let out = ctd.ctr(&[
-        "run",
-        "--rm",
-        "docker.io/library/demo:1",
-        "agentrun-e2e-build",
-    ]);
+    let out = ctd.run(&["--rm", "docker.io/library/demo:1", "agentrun-e2e-build"]);
     assert_eq!(out.success(), EXPECTED, "{out}\n{}", ctd.log());
 }
 

@@ -163,8 +163,7 @@ fn export_then_import_round_trips_and_containerd_runs_it() {
         "{out}\n{}",
         ctd.log()
     );
-    let out = ctd.ctr(&[
-        "run",
+    let out = ctd.run(&[
         "--rm",
         "docker.io/library/busybox:latest",
         "agentrun-e2e-export",

@@ -565,9 +565,9 @@ fn containerd_runs_containers_with_agentrun() {
             tar.as_os_str(),
         ]);
         assert!(out.status.success(), "import\n{out}\n{}", ctrd.log());
+        // `ctr run`'s arguments after `run`.
         let run_args = |id: &str, extra: &[&str], cmd: &[&str]| -> Vec<String> {
-            let mut a: Vec<String> = vec!["run".into()];
-            a.extend(extra.iter().map(|s| s.to_string()));
+            let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
             a.extend([
                 "--runc-binary".into(),
                 bin.to_string_lossy().into_owned(),
@@ -581,9 +581,12 @@ fn containerd_runs_containers_with_agentrun() {
             a.extend(cmd.iter().map(|s| s.to_string()));
             a
         };
+        let with_run = |a: Vec<String>| -> Vec<String> {
+            std::iter::once("run".to_string()).chain(a).collect()
+        };
 
         // ctr run --rm: output and exit code.
-        let out = ctrd.ctr(run_args(
+        let out = ctrd.run(run_args(
             "c1",
             &["--rm"],
             &["sh", "-c", "echo hello from agentrun; exit 3"],
@@ -598,9 +601,9 @@ fn containerd_runs_containers_with_agentrun() {
             "-c",
             "unshare -U true && echo unshared || echo denied",
         ];
-        let out = ctrd.ctr(run_args("c-seccomp", &["--rm", "--seccomp"], &probe));
+        let out = ctrd.run(run_args("c-seccomp", &["--rm", "--seccomp"], &probe));
         assert_eq!(out.stdout(), "denied\n", "{out}");
-        let out = ctrd.ctr(run_args("c-noseccomp", &["--rm"], &probe));
+        let out = ctrd.run(run_args("c-noseccomp", &["--rm"], &probe));
         assert_eq!(out.stdout(), "unshared\n", "{out}");
 
         // The profile annotation: Landlock keeps / read-only except the profile's paths.
@@ -609,13 +612,13 @@ fn containerd_runs_containers_with_agentrun() {
             "-c",
             "echo x > /etc/f && echo wrote-etc; echo y > /tmp/f && echo wrote-tmp",
         ];
-        let out = ctrd.ctr(run_args(
+        let out = ctrd.run(run_args(
             "c-profile",
             &["--rm", "--annotation", "run.agentrun.profile=strict"],
             &write,
         ));
         assert_eq!(out.stdout(), "wrote-tmp\n", "{out}");
-        let out = ctrd.ctr(run_args("c-noprofile", &["--rm"], &write));
+        let out = ctrd.run(run_args("c-noprofile", &["--rm"], &write));
         assert_eq!(out.stdout(), "wrote-etc\nwrote-tmp\n", "{out}");
 
         // A terminal (`ctr run -t`: create --console-socket), under `script` for a pty.
@@ -632,17 +635,21 @@ fn containerd_runs_containers_with_agentrun() {
             c.args(["-qec", &ctr, "/dev/null"]);
             agentrun_e2e::run_with_timeout(c, None, Duration::from_secs(60))
         };
-        let out = in_pty(run_args(
+        // The answer is the exit code: `ctr run -t` loses the tail of the output like `ctr run`
+        // (agentrun_e2e::ctr) and cannot log to a binary instead.
+        let out = in_pty(with_run(run_args(
             "c-tty",
             &["--rm", "-t"],
-            &["sh", "-c", "tty; echo on-tty; exit 5"],
-        ));
-        assert_eq!(out.status.code(), Some(5), "{out}");
-        assert!(out.stdout().contains("/dev/pts/"), "{out}");
-        assert!(out.stdout().contains("on-tty"), "{out}");
+            &[
+                "sh",
+                "-c",
+                "[ -t 0 ] && [ -t 1 ] && case $(tty) in /dev/pts/*) exit 5;; esac; exit 9",
+            ],
+        )));
+        assert_eq!(out.status.code(), Some(5), "stdin and stdout a pty\n{out}");
 
         // A detached task: exec, ps, pause/resume, metrics, kill -9.
-        let out = ctrd.ctr(run_args("c2", &["-d"], &["sleep", "1000"]));
+        let out = ctrd.ctr(with_run(run_args("c2", &["-d"], &["sleep", "1000"])));
         assert!(out.status.success(), "{out}\n{}", ctrd.log());
         let task_pid = wait_until(Duration::from_secs(10), || {
             let out = ctrd.ctr(["task", "ls"]);
@@ -714,17 +721,18 @@ fn containerd_runs_containers_with_agentrun() {
 
         // ctr task kill (SIGTERM) reaches the container's process; ctr run returns its code.
         let script = "trap 'echo got TERM; exit 42' TERM; echo ready; while :; do sleep 0.1; done";
+        let log = agentrun_e2e::ctr::ContainerLog::new();
         let mut c3 = Running::spawn(
-            ctrd.ctr_command(run_args("c3", &["--rm"], &["sh", "-c", script])),
+            ctrd.ctr_command(log.args(with_run(run_args("c3", &["--rm"], &["sh", "-c", script])))),
             None,
         );
         wait_until(Duration::from_secs(10), || {
-            c3.stdout_so_far().contains("ready").then_some(())
+            log.stdout().contains("ready").then_some(())
         })
         .unwrap_or_else(|| panic!("c3 never ready: {}", c3.stderr_so_far()));
         let out = ctrd.ctr(["task", "kill", "c3"]);
         assert!(out.status.success(), "{out}");
-        let out = c3.wait_or_kill(Duration::from_secs(20));
+        let out = log.output(c3.wait_or_kill(Duration::from_secs(20)));
         assert_eq!(out.status.code(), Some(42), "{out}");
         assert_eq!(out.stdout(), "ready\ngot TERM\n");
 
@@ -745,6 +753,120 @@ fn containerd_runs_containers_with_agentrun() {
     assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new(), "mounts left");
     let leftover = cgp.children();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
+}
+
+/// A container's output under containerd arrives whole under load, with agentrun and with
+/// runc as the runtime: 100,000 lines on stdout, a line on stderr, exit 3, several times, with
+/// the CPUs busy and whoever reads `ctr run`'s own stdout reading it slowly (a busy log
+/// shipper). Read from ctr's stdout, the tail goes missing (every time with the slow reader,
+/// now and then with the CPUs busy alone): Debian's ctr 1.6.20 closes its FIFOs before
+/// draining them. The suite reads a container's output through a logging binary instead
+/// (agentrun_e2e::ctr), which this proves whole.
+#[test]
+fn containerd_keeps_a_containers_whole_output_under_load() {
+    let Some(_lock) = agentrun_e2e::setup_exclusive() else {
+        return;
+    };
+    let work = tempdir();
+    let dir = work.path().to_owned();
+    let cgp = CgroupParent::new("agentrun-e2e-ctrload");
+    let bin = agentrun_bin();
+    let runc_root = dir.join("runc");
+    {
+        let ctrd = Containerd::start(&dir);
+        let tar = busybox_image_tar();
+        let out = ctrd.ctr([
+            "image".as_ref(),
+            "import".as_ref(),
+            "--base-name".as_ref(),
+            "agentrun.test/busybox".as_ref(),
+            tar.as_os_str(),
+        ]);
+        assert!(out.status.success(), "import\n{out}\n{}", ctrd.log());
+        let _load = agentrun_e2e::CpuLoad::start(2, Duration::from_secs(120));
+        const LINES: usize = 100_000;
+        let script = format!("seq 1 {LINES}; echo done >&2; exit 3");
+        for round in 0..2 {
+            for runtime in ["agentrun", "runc"] {
+                let id = format!("load-{runtime}-{round}");
+                let mut args: Vec<String> = vec!["run".into(), "--rm".into()];
+                if runtime == "agentrun" {
+                    args.extend([
+                        "--runc-binary".into(),
+                        bin.to_string_lossy().into_owned(),
+                        "--runc-root".into(),
+                        runc_root.to_string_lossy().into_owned(),
+                        "--cgroup".into(),
+                        format!("/{}/{id}", cgp.name),
+                    ]);
+                }
+                args.extend([
+                    IMAGE.into(),
+                    id.clone(),
+                    "sh".into(),
+                    "-c".into(),
+                    script.clone(),
+                ]);
+                let log = agentrun_e2e::ctr::ContainerLog::new();
+                let mut cmd = ctrd.ctr_command(log.args(&args));
+                let (code, ctr_stdout, ctr_stderr) = run_read_slowly(&mut cmd);
+                assert_eq!(code, Some(3), "{id}: {ctr_stderr}\n{}", ctrd.log());
+                assert_eq!(
+                    ctr_stdout, "",
+                    "{id}: the container's output went to the log"
+                );
+                let stdout = log.stdout();
+                let lines: Vec<&str> = stdout.lines().collect();
+                assert_eq!(
+                    (lines.len(), lines.last().copied()),
+                    (LINES, Some("100000")),
+                    "{id}: the whole output (stderr: {}{ctr_stderr})",
+                    log.stderr()
+                );
+                assert_eq!(log.stderr(), "done\n", "{id}: {ctr_stderr}");
+            }
+        }
+        assert_eq!(ctrd.tasks(), vec![], "tasks left");
+    }
+    let leftover = cgp.children();
+    assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
+}
+
+/// Runs `cmd` (60 s at most), reading its stdout 4 KiB every 2 ms: its exit code, stdout and
+/// stderr.
+fn run_read_slowly(cmd: &mut Command) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ctr");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let slow = std::thread::spawn(move || {
+        let (mut all, mut buf) = (Vec::new(), [0u8; 4096]);
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let status = wait_until(Duration::from_secs(60), || child.try_wait().ok().flatten());
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let code = status.and_then(|s| s.code());
+    (code, slow.join().unwrap(), errs.join().unwrap())
 }
 
 #[test]
