@@ -78,7 +78,7 @@ impl Approver for TerminalApprover {
                 }
             });
         if spawned.is_err() {
-            return Box::pin(std::future::ready(Approval::Denied {
+            return Box::pin(std::future::ready(Approval::Unavailable {
                 why: "the terminal could not be asked".into(),
             }));
         }
@@ -139,9 +139,12 @@ fn ask_on_tty(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            // The caller's bound (it started first, so it ends just after) decides; this
+            // only says so on the screen, in its words.
             let _ = write!(
                 tty,
-                "\r\nagentrun: no answer within {secs:.0} s: denied\r\n"
+                "\r\nagentrun: {}: denied\r\n",
+                agentrun_policy::no_answer_within(Duration::from_secs_f64(secs))
             );
             return None;
         }

@@ -226,7 +226,6 @@ impl SessionSandbox {
                     let approver = McpApprover {
                         peer,
                         runtime: shared.output.clone(),
-                        timeout: shared.options.approval_timeout,
                     };
                     Proxy::builder(network.clone(), sink)
                         .sandbox_id(live.id())

@@ -8,6 +8,12 @@
 //! decision with the [`Answer`] ([`Decision::settle`]). Without an approver the decision is a
 //! deny whose reason starts "needs approval".
 //!
+//! One clock: the caller's bound is the only timer that decides "no answer". An approver has
+//! no timeout of its own that could answer: its future stays pending until a person answers
+//! or the caller drops it at the bound (the approver then withdraws its question). So the
+//! same event is always worded the same way, by [`Decision::settle`] with
+//! [`Answer::TimedOut`], whichever front end asked.
+//!
 //! [`Approvals`] remembers what was approved for one sandbox (an approval holds for the
 //! sandbox's life: a model is not asked 50 times for one host) and makes concurrent asks
 //! about the same thing share one question.
@@ -69,12 +75,18 @@ impl EscalationRequest {
     }
 }
 
-/// A person's answer.
+/// A person's answer, or why nobody can give one. Never "no answer in time": that is the
+/// caller's to decide (the future stays pending).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Approval {
     Approved,
     /// Not approved; `why` in a few words ("the user answered no", "the client declined").
     Denied {
+        why: String,
+    },
+    /// Nobody can be asked through this approver now; `why` ("the client cannot be asked: it
+    /// does not support MCP elicitation").
+    Unavailable {
         why: String,
     },
 }
@@ -84,7 +96,9 @@ pub type ApprovalFuture = Pin<Box<dyn Future<Output = Approval> + Send>>;
 
 /// A front end that can ask a person. `ask` returns at once with a future; the caller bounds
 /// the wait and drops the future when the bound passes (an implementation should then stop
-/// asking, e.g. withdraw its prompt). The future may be polled by a plain thread outside any
+/// asking, e.g. withdraw its prompt). The future must not resolve because time ran out (no
+/// timer of the approver's may answer): the caller's bound is the one that decides, and
+/// words it. The future may be polled by a plain thread outside any
 /// async runtime ([`ask_blocking`]): an implementation that needs its runtime (tokio, for an
 /// MCP peer's request) spawns the work on its runtime's handle and returns a future that
 /// only waits on a channel (e.g. a oneshot receiver).
@@ -111,6 +125,7 @@ impl Answer {
         match approval {
             Some(Approval::Approved) => Answer::Approved,
             Some(Approval::Denied { why }) => Answer::Denied(why),
+            Some(Approval::Unavailable { why }) => Answer::NoApprover(why),
             None => Answer::TimedOut(bound),
         }
     }
@@ -124,6 +139,12 @@ impl Answer {
             Answer::NoApprover(_) => EscalationOutcome::NoApprover,
         }
     }
+}
+
+/// How every front end says that nobody answered within `bound`: `no answer within 60 s`
+/// (the decision's reason, through [`Decision::settle`]; a terminal's own line).
+pub fn no_answer_within(bound: Duration) -> String {
+    format!("no answer within {}", human(bound))
 }
 
 /// `60 s`, `1.5 s`, `500 ms`.
@@ -158,10 +179,7 @@ impl Decision {
             Answer::Approved => format!("approved by a person: {subject}"),
             Answer::Denied(why) => format!("not approved ({why}): {subject}"),
             Answer::TimedOut(d) => {
-                format!(
-                    "{NEEDS_APPROVAL}: no answer within {}: {subject}",
-                    human(*d)
-                )
+                format!("{NEEDS_APPROVAL}: {}: {subject}", no_answer_within(*d))
             }
             Answer::NoApprover(why) => format!("{NEEDS_APPROVAL} ({why}): {subject}"),
         };

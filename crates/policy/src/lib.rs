@@ -21,8 +21,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use approval::{
-    ask_blocking, Answer, Approval, ApprovalFuture, Approvals, Approver, EscalationRequest,
-    DEFAULT_APPROVAL_TIMEOUT,
+    ask_blocking, no_answer_within, Answer, Approval, ApprovalFuture, Approvals, Approver,
+    EscalationRequest, DEFAULT_APPROVAL_TIMEOUT,
 };
 pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
 pub use network::{
