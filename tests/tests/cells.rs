@@ -47,6 +47,18 @@ fn the_shell(d: &Daemon) -> PsEntry {
 }
 
 /// A daemon keeping one shell of `host` with `profile`.
+/// Waits (bounded) until a run that prints `running` first is going.
+fn wait_running(client: &mut Running) {
+    let going = wait_until(FILL, || {
+        client.stdout_so_far().contains("running").then_some(())
+    });
+    assert!(
+        going.is_some(),
+        "the run never started: {}",
+        client.stderr_so_far()
+    );
+}
+
 fn one_shell(profile: &str, extra: &[&str]) -> Daemon {
     let mut d = Daemon::unstarted();
     let mut args = vec!["--pool".to_string(), format!("host:{profile}=1")];
@@ -264,8 +276,8 @@ fn a_shell_changed_or_left_with_a_process_is_discarded() {
     // Changed: while a run goes, its shell's network namespace gets an address (from the
     // host: no run can do that, see a_run_cannot_change_its_shell).
     let shell = the_shell(&d);
-    let mut client = d.exec(["sleep", "2"]).spawn();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut client = d.exec(["sh", "-c", "echo running; sleep 2"]).spawn();
+    wait_running(&mut client);
     let added = host(
         "nsenter",
         [
@@ -300,8 +312,8 @@ fn a_shell_changed_or_left_with_a_process_is_discarded() {
         .arg("1000")
         .spawn()
         .unwrap();
-    let mut client = d.exec(["sleep", "1"]).spawn();
-    std::thread::sleep(Duration::from_millis(300));
+    let mut client = d.exec(["sh", "-c", "echo running; sleep 2"]).spawn();
+    wait_running(&mut client);
     fs::write(shell_procs_file(&next.id), sleeper.id().to_string()).unwrap();
     client.wait_or_kill(Duration::from_secs(30)).assert_code(0);
     let gone = wait_until(FILL, || {
