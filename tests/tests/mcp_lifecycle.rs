@@ -136,8 +136,10 @@ fn idle_sandbox_is_torn_down_and_replaced_and_nothing_is_left() {
     );
     assert_eq!(again["sandbox_id"], first["sandbox_id"]);
     assert!(again.get("notes").is_none(), "{again}");
-    // Idle past the timeout: the sandbox goes; the next call gets a new one and is told.
-    std::thread::sleep(Duration::from_millis(4500));
+    // Idle past the timeout (2 s; the server's clock started before this one): the sandbox
+    // goes; the next call gets a new one and is told, even when it comes before the reaper's
+    // next tick.
+    std::thread::sleep(Duration::from_millis(2100));
     let after = mcp.call("run_python", json!({"code": "print(x)"}));
     assert_ne!(after["sandbox_id"], first["sandbox_id"], "{after}");
     assert_eq!(after["exit_code"], 1, "{after}");

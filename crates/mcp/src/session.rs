@@ -341,7 +341,8 @@ impl Drop for Lease {
 }
 
 impl Session {
-    /// A session; with an idle timeout its sandbox is reaped by a task on the current runtime.
+    /// A session; with an idle timeout its sandbox is reaped by a task on the current runtime
+    /// (and by the next call, if it comes first).
     pub fn new(shared: Arc<Shared>) -> Arc<Session> {
         let session = Arc::new(Session {
             shared,
@@ -373,6 +374,11 @@ impl Session {
     /// The sandbox for a call: the session's (made if it has none), or with `--one-shot` a
     /// fresh one.
     pub async fn lease(self: &Arc<Self>) -> Result<Lease, String> {
+        // Idle past the timeout: torn down now, whether or not the reaper's tick came yet
+        // (on a busy machine it may be late), so a late call never gets the old sandbox.
+        if !self.shared.options.one_shot {
+            self.reap_if_idle(self.shared.options.idle_timeout).await;
+        }
         self.busy.fetch_add(1, Ordering::SeqCst);
         let release = |e| {
             self.busy.fetch_sub(1, Ordering::SeqCst);
