@@ -271,15 +271,28 @@ pub fn is_layer_progress(line: &str) -> bool {
         .any(|p| what.starts_with(p))
 }
 
+/// At most ~4000 bytes of an output: its start and its end (where a traceback says what
+/// failed), with how much was left out between them.
 fn clip(b: &[u8]) -> String {
-    const MAX: usize = 4000;
+    const HEAD: usize = 1500;
+    const TAIL: usize = 2500;
     let s = String::from_utf8_lossy(b);
-    if s.len() > MAX {
-        let mut end = MAX;
+    if s.len() > HEAD + TAIL {
+        let mut end = HEAD;
         while !s.is_char_boundary(end) {
             end -= 1;
         }
-        format!("{}... [{} bytes in all]", &s[..end], b.len())
+        let mut start = s.len() - TAIL;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        format!(
+            "{}\n... [{} of {} bytes left out] ...\n{}",
+            &s[..end],
+            start - end,
+            b.len(),
+            &s[start..]
+        )
     } else {
         s.into_owned()
     }
