@@ -285,8 +285,8 @@ def sync_flow():
 
         # Pause freezes every process; resume thaws.
         sbx.commands.run("while true; do echo t >> /tmp/ticks; sleep 0.05; done", opts=RunCommandOpts(background=True))
-        time.sleep(0.5)
         sid = sbx.id
+        wait_for(lambda: ticks(sid) > 0, 10, "the ticker never ticked")
         sbx.pause()
         check(sbx.get_info().status.state == "Paused", "paused state")
         n1 = int(subprocess_count(sid))
@@ -295,14 +295,29 @@ def sync_flow():
         check(n2 == n1, f"ticks grew while paused: {n1} -> {n2}")
         sbx2 = SandboxSync.resume(sid, connection_config=cfg)
         check(sbx2.get_info().status.state == "Running", "running after resume")
-        time.sleep(0.5)
-        n3 = int(sbx2.commands.run("wc -l < /tmp/ticks").text)
-        check(n3 > n2, f"ticks did not grow after resume: {n2} -> {n3}")
+        wait_for(lambda: int(sbx2.commands.run("wc -l < /tmp/ticks").text) > n2, 10,
+                 f"ticks did not grow after resume (from {n2})")
         sbx2.close()
     finally:
         sbx.kill()
         sbx.close()
     expect_api_error(lambda: SandboxManagerSync.create(connection_config=sync_config()).get_sandbox_info(sbx.id), 404)
+
+
+def wait_for(cond, secs, what):
+    """Polls `cond` until it holds; fails with `what` after `secs`."""
+    deadline = time.monotonic() + secs
+    while not cond():
+        check(time.monotonic() < deadline, what)
+        time.sleep(0.05)
+
+
+def ticks(sid):
+    """Lines in the sandbox's /tmp/ticks so far (0 before it exists)."""
+    try:
+        return subprocess_count(sid)
+    except FileNotFoundError:
+        return 0
 
 
 def subprocess_count(sid):
@@ -482,9 +497,21 @@ def expiry():
     check((info.expires_at - info.created_at).total_seconds() == 60, f"expiresAt {info}")
     sid = sbx.id
     shell = shell_of(sid)
+    renewed = time.monotonic()
     sbx.renew(timedelta(seconds=2))
-    time.sleep(4)
-    expect_api_error(lambda: SandboxManagerSync.create(connection_config=cfg).get_sandbox_info(sid), 404)
+
+    def gone():
+        try:
+            SandboxManagerSync.create(connection_config=cfg).get_sandbox_info(sid)
+            return False
+        except SandboxApiException as e:
+            check(e.status_code == 404, f"status {e.status_code} != 404: {e}")
+            return True
+
+    # Gone once its 2 s are up (the daemon's expiry sweep may come a little later on a busy
+    # machine: waited for, 20 s at most), not before.
+    wait_for(gone, 20, "the expired sandbox is still there")
+    check(time.monotonic() - renewed >= 1.9, f"expired {time.monotonic() - renewed:.1f}s after a 2 s renew")
     # Ended by its timeout: its shell is discarded, never reused (as a run's after a timeout).
     check(wait_shell_released(shell) == "gone", "the expired sandbox's shell is still there")
     try:
