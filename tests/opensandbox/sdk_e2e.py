@@ -357,8 +357,12 @@ async def async_flow():
         await sbx.files.delete_files(["/tmp/y.txt"])
         check((await sbx.commands.run("ls /tmp")).text == "", "async delete")
         ex = await sbx.commands.run("echo bg; sleep 100", opts=RunCommandOpts(background=True))
-        await asyncio.sleep(0.3)
-        logs = await sbx.commands.get_background_command_logs(ex.id)
+        deadline = time.monotonic() + 10
+        while True:
+            logs = await sbx.commands.get_background_command_logs(ex.id)
+            if logs.content.strip() or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
         check(logs.content.strip() == "bg", f"async logs {logs.content!r}")
         await sbx.commands.interrupt(ex.id)
         for _ in range(100):
