@@ -56,7 +56,8 @@ def cli_rows(binary, runs):
 def docker_rows(sock, runs):
     """docker-py exec_run (a hijacked exec start) against the same exec started without the
     hijack (output as a streamed body), on one container of the busybox:container pool.
-    Every hijacked run must also give back its output (none lost after the answer)."""
+    Every hijacked run must also give back its output (none lost after the answer). And
+    container.stop() against kill + wait (CodeInterpreterTool stops its container per run)."""
     import docker
 
     client = docker.DockerClient(base_url="unix://" + sock, timeout=60)
@@ -86,10 +87,33 @@ def docker_rows(sock, runs):
                 f()
                 t[f].append(time.perf_counter() - s)
         med = lambda f: statistics.median(t[f]) * 1e3
-        return [("docker-py exec_run(['echo','x'])", med(hijacked),
+        rows = [("docker-py exec_run(['echo','x'])", med(hijacked),
                  "same exec, started without the hijack", med(plain))]
     finally:
         c.remove(force=True)
+    # stop() (SIGTERM, the answer once the exit is recorded) against kill(SIGTERM) + wait():
+    # the same signal and the same wait for the exit, each on a fresh container.
+    stops = {"stop": [], "kill": []}
+    for i in range(runs + 2):
+        for how in stops:
+            c = client.containers.run("busybox", ["sleep", "3600"], detach=True)
+            try:
+                s = time.perf_counter()
+                if how == "stop":
+                    c.stop(timeout=10)
+                else:
+                    c.kill("SIGTERM")
+                    c.wait(timeout=10)
+                if i >= 2:
+                    stops[how].append(time.perf_counter() - s)
+                c.reload()
+                if c.status != "exited":
+                    raise SystemExit(f"docker-py {how}: container {c.status}")
+            finally:
+                c.remove(force=True)
+    rows.append(("docker-py container.stop()", statistics.median(stops["stop"]) * 1e3,
+                 "kill('SIGTERM') + wait()", statistics.median(stops["kill"]) * 1e3))
+    return rows
 
 
 def main():
