@@ -57,7 +57,8 @@ def docker_rows(sock, runs):
     """docker-py exec_run (a hijacked exec start) against the same exec started without the
     hijack (output as a streamed body), on one container of the busybox:container pool.
     Every hijacked run must also give back its output (none lost after the answer). And
-    container.stop() against kill + wait (CodeInterpreterTool stops its container per run)."""
+    container.stop() against kill + wait (CodeInterpreterTool stops its container per run);
+    containers.run() (it follows the logs) against the same steps with a plain logs()."""
     import docker
 
     client = docker.DockerClient(base_url="unix://" + sock, timeout=60)
@@ -113,6 +114,28 @@ def docker_rows(sock, runs):
                 c.remove(force=True)
     rows.append(("docker-py container.stop()", statistics.median(stops["stop"]) * 1e3,
                  "kill('SIGTERM') + wait()", statistics.median(stops["kill"]) * 1e3))
+    # run(..., remove=True) (create, start, logs(follow=True), wait, remove) against the same
+    # steps without following the logs: run(detach=True), wait(), logs(), remove().
+    runs_t = {"attached": [], "detached": []}
+    for i in range(runs + 2):
+        s = time.perf_counter()
+        out = client.containers.run("busybox", ["echo", "hi"], remove=True)
+        t_att = time.perf_counter() - s
+        s = time.perf_counter()
+        c = client.containers.run("busybox", ["echo", "hi"], detach=True)
+        c.wait(timeout=10)
+        logs = c.logs()
+        c.remove()
+        t_det = time.perf_counter() - s
+        if out != b"hi\n" or logs != b"hi\n":
+            raise SystemExit(f"docker-py run: output {out!r} / {logs!r}")
+        if i >= 2:
+            runs_t["attached"].append(t_att)
+            runs_t["detached"].append(t_det)
+    rows.append(("docker-py containers.run(['echo','hi'], remove=True)",
+                 statistics.median(runs_t["attached"]) * 1e3,
+                 "run(detach=True), wait(), logs(), remove()",
+                 statistics.median(runs_t["detached"]) * 1e3))
     return rows
 
 
