@@ -6,7 +6,10 @@
 #     against `--profile default` /bin/true (one pool of each profile, image "host");
 #   - docker-py `exec_run(["echo","x"])` (a hijacked exec start; its output checked every
 #     run) against the same exec started without the hijack, on one container of a
-#     `busybox:container` pool.
+#     `busybox:container` pool; docker-py stop() against kill + wait(), containers.run()
+#     against run(detach) + wait() + logs() + remove();
+#   - the OpenSandbox SDK's commands.run("echo hi") (a sandbox of image host) against the
+#     CLI's warm `exec -- echo hi`.
 # Each row's median must stay within 1.5x or +20 ms of its counterpart's, whichever is
 # looser; the table is printed and the exit status is 1 past that (or when a row could not
 # be measured). hyperfine -N measures the CLI rows when installed (else a timed loop).
@@ -27,10 +30,11 @@ for a in "$@"; do
 done
 src=${AGENTRUN_BIN:-$repo/target/debug/agentrun}
 [ -x "$src" ] || { echo "bench --check: no binary at $src (cargo build, or AGENTRUN_BIN=path)" >&2; exit 2; }
-# A Python with docker-py: hack/test's pinned venv, else python3 (PATH), else the system's.
+# A Python with docker-py and the OpenSandbox SDK: hack/test's pinned venv, else python3
+# (PATH), else the system's (a row whose client is missing fails).
 py=/usr/bin/python3
 for p in "$repo/.venv/test/bin/python" "$(command -v python3 || true)"; do
-    if [ -x "$p" ] && "$p" -c 'import docker' 2>/dev/null; then py=$p; break; fi
+    if [ -x "$p" ] && "$p" -c 'import docker, opensandbox' 2>/dev/null; then py=$p; break; fi
 done
 
 tmp=$(mktemp -d /tmp/agentrun-check.XXXXXX)
@@ -66,8 +70,10 @@ AGENTRUN_NO_DAEMON=1 "$bin" image add busybox "$tmp/busybox" --cmd /bin/sh >/dev
 rm -rf "$tmp/busybox"
 
 dsock=$tmp/docker.sock
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve --pool host:default=2 --pool host:code-interpreter=2 --pool host:container=2 \
-    --pool busybox:container=2 --docker-socket "$dsock" >"$tmp/serve.log" 2>&1 &
+    --pool busybox:container=2 --docker-socket "$dsock" --listen "127.0.0.1:$port" \
+    >"$tmp/serve.log" 2>&1 &
 daemon_pid=$!
 if ! "$py" "$repo/hack/bench.d/pool.py" wait-socket "$AGENTRUN_STATE_DIR/agentrun.sock" "$daemon_pid" 60 >/dev/null ||
     ! "$py" "$repo/hack/bench.d/pool.py" wait-full "$bin" "$AGENTRUN_STATE_DIR" 60 >/dev/null; then
@@ -79,7 +85,9 @@ for _ in $(seq 100); do [ -S "$dsock" ] && break; sleep 0.1; done
 echo "### hack/bench --check ($runs runs per row; $(basename "$src"), $("$bin" --version 2>/dev/null | head -n1))"
 echo
 rc=0
-"$py" "$repo/hack/bench.d/check.py" "$bin" "$runs" "$dsock" || rc=$?
+# No --api-key: serve made one in the state dir's key file.
+OSB_DOMAIN=127.0.0.1:$port OSB_API_KEY=$(cat "$AGENTRUN_STATE_DIR/api-key") \
+    "$py" "$repo/hack/bench.d/check.py" "$bin" "$runs" "$dsock" || rc=$?
 echo
 if [ $rc -eq 0 ]; then
     echo "bench --check: ok (every row within 1.5x or +20 ms of its counterpart)"
