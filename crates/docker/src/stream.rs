@@ -101,8 +101,10 @@ const ANSWER_READ_LIMIT: Duration = Duration::from_secs(1);
 /// on a unix stream socket the bytes sent stay charged to the sender until the peer read
 /// them, so `SIOCOUTQ` (`TIOCOUTQ`) reaching 0 says the peer's read took all of them. Polled
 /// with a short backoff (tens of microseconds, doubling to 1 ms), bounded by
-/// [`ANSWER_READ_LIMIT`]; returns at once without a fd or when the ioctl fails. On TCP the
-/// same ioctl counts bytes not yet acknowledged, a weaker but still sound signal.
+/// [`ANSWER_READ_LIMIT`]; returns at once without a fd or when the ioctl fails. The Docker
+/// API is served on a unix socket only: on TCP the same ioctl drains once the peer's kernel
+/// acknowledged the bytes, not once the client read them (`SIOCINQ` on the client's side
+/// would be the signal there, which a server cannot see).
 ///
 /// docker-py reads the answer through a buffered reader and then the raw socket: output in
 /// the same read as the answer would be lost to it. After this, no output can be.
