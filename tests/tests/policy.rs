@@ -1299,6 +1299,32 @@ fn output_over_the_cap_is_dropped() {
     );
 }
 
+/// The warm client reads capped output up to what is in its pipes once the command exited
+/// (not to their EOF, issue 30): all of it still arrives, both streams, in order, also past
+/// a pipe's buffer and when the last bytes are written just before the exit.
+#[test]
+fn capped_output_under_the_cap_arrives_whole_through_the_daemon() {
+    let Some(_lock) = setup() else { return };
+    let mut d = agentrun_e2e::Daemon::unstarted();
+    d.launch(["--pool", "host:code-interpreter=1"]);
+    for _ in 0..5 {
+        let out = d
+            .exec_with(
+                ["--profile", "code-interpreter"],
+                [
+                    "sh",
+                    "-c",
+                    "head -c 300000 /dev/zero | tr '\\0' a; echo; echo last; echo done >&2",
+                ],
+            )
+            .run();
+        assert_eq!(out.code(), 0, "{out}");
+        assert_eq!(out.stdout.len(), 300_000 + 1 + 5, "{out}");
+        assert!(out.stdout.ends_with(b"\nlast\n"), "{out}");
+        assert!(out.stderr().ends_with("done\n"), "{out}");
+    }
+}
+
 #[test]
 fn mode_all_reaches_no_host_internal_address_unless_a_rule_names_it() {
     let Some(_lock) = setup() else { return };

@@ -10,7 +10,6 @@
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::time::Duration;
 
 use agentrun_egress::Proxy;
 use agentrun_pool::client::DaemonClient;
@@ -149,7 +148,9 @@ pub(crate) fn execute(
             other => break other,
         }
     };
-    // The rest of capped output (the cell is gone or going: EOF comes with its teardown).
+    // The rest of capped output: the command has exited, so what it wrote is in the pipes
+    // now. Read that and no more: EOF comes only with the cell's teardown, which waits for
+    // us to hang up (a background process of the run writing later is killed with the cell).
     if let Some(p) = pumps.as_mut() {
         p.drain(&mut buf, &mut stdout.lock(), &mut stderr.lock());
     }
@@ -203,36 +204,23 @@ impl OutputPipes {
         }
     }
 
-    /// Pumps until both pipes reach EOF, for at most 2 s (never hang on a pipe a stray
-    /// process might hold).
+    /// Reads what is in the pipes now, without waiting for EOF: until a pipe has nothing
+    /// to read (a zero-timeout poll), is at EOF, or its sink closed.
     fn drain(&mut self, buf: &mut [u8], out: &mut dyn Write, err: &mut dyn Write) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        while self.streams.iter().any(|s| s.fd.is_some()) {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let mut fds: Vec<PollFd> = Vec::new();
-            let mut which = Vec::new();
-            for (i, s) in self.streams.iter().enumerate() {
-                if let Some(fd) = &s.fd {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    which.push(i);
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
+            loop {
+                let readable = match &s.fd {
+                    Some(fd) => {
+                        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+                    }
+                    None => false,
+                };
+                if !readable {
+                    break;
                 }
-            }
-            let ms = PollTimeout::try_from(left.as_millis().min(2000) as i32)
-                .unwrap_or(PollTimeout::MAX);
-            if poll(&mut fds, ms).unwrap_or(0) == 0 {
-                continue;
-            }
-            let ready: Vec<usize> = (0..which.len())
-                .filter(|&k| fds[k].revents().is_some_and(|r| !r.is_empty()))
-                .map(|k| which[k])
-                .collect();
-            drop(fds);
-            for i in ready {
-                let sink: &mut dyn Write = if i == 0 { &mut *out } else { &mut *err };
-                self.streams[i].pump(buf, sink);
+                s.pump(buf, sink);
             }
         }
         let _ = out.flush();

@@ -110,10 +110,14 @@ pub async fn logs(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
         let mut changed = c.changed.subscribe();
         loop {
             if c.status() != Status::Running {
-                // Whatever the pumps still deliver, briefly.
-                while let Ok(Ok((s, b))) =
-                    tokio::time::timeout(Duration::from_millis(100), live.recv()).await
-                {
+                // The exit is recorded once the pumps reached EOF (bounded, see
+                // `wait_outputs`): what they read is in `live` already; take it, wait for none.
+                loop {
+                    let (s, b) = match live.try_recv() {
+                        Ok(got) => got,
+                        Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => continue,
+                        Err(_) => break,
+                    };
                     if wanted(s)
                         && tx
                             .send(Bytes::from(stream::frame(s, &b, tty)))

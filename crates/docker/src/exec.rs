@@ -23,9 +23,6 @@ use crate::{ApiState, TRACE};
 
 type Api = State<Arc<ApiState>>;
 
-/// Pause between the hijack answer and the process start (see [`session`]).
-const CLIENT_READS_ANSWER: Duration = Duration::from_millis(50);
-
 /// How long output is still forwarded after the process exited, waiting for its pipes to
 /// close (a background child may hold them open forever; on a loaded host the pumps may lag
 /// the exit report).
@@ -226,9 +223,10 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     }
     if stream::wants_upgrade(&req) {
         let upgrade = hyper::upgrade::on(&mut req);
+        let conn = req.extensions().get::<stream::ConnFd>().copied();
         tokio::spawn(async move {
             if let Ok(up) = upgrade.await {
-                session(exec, tty, hyper_util::rt::TokioIo::new(up)).await;
+                session(exec, tty, hyper_util::rt::TokioIo::new(up), conn).await;
             }
         });
         return Ok(stream::upgraded_reply(tty));
@@ -366,12 +364,11 @@ async fn spawn(
 
 /// A hijacked exec: stdin from the client, frames to it, closed once the process exited and
 /// its output is drained.
-async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo) {
+async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::ConnFd>) {
     // docker-py reads the 101 answer through a buffered reader and then the raw socket: output
-    // that arrives in the same read as the answer is lost to it. dockerd's exec start takes
-    // tens of milliseconds after the answer; agentrun's spawn takes about one, so give the
-    // client that time to have read the answer before any output can follow it.
-    tokio::time::sleep(CLIENT_READS_ANSWER).await;
+    // that arrives in the same read as the answer is lost to it. So the process starts once
+    // the client has read the answer (the socket's send queue is empty).
+    stream::answer_read(conn).await;
     let (rd, mut wr) = tokio::io::split(io);
     let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
     let (exit_tx, mut exit_rx) = oneshot::channel();

@@ -189,9 +189,11 @@ pub async fn serve(
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let router = router.clone();
+                let conn = crate::stream::ConnFd(std::os::fd::AsRawFd::as_raw_fd(&stream));
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
+                    let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                         let router = router.clone();
+                        req.extensions_mut().insert(conn);
                         async move { Ok::<_, Infallible>(handle(router, req).await) }
                     });
                     let _ = http1::Builder::new()

@@ -3,7 +3,8 @@
 //! a read EOF meaning "stdin closed"), a process's output pumped into a channel and its
 //! stdin written from one (on tokio, through [`agentrun_pool::stdio`]).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use agentrun_pool::stdio::{pump, StdioStream};
 use bytes::Bytes;
@@ -85,6 +86,50 @@ pub fn stdin_writer(fd: OwnedFd) -> mpsc::Sender<Bytes> {
 
 /// The two directions of a hijacked connection.
 pub type HijackIo = TokioIo<Upgraded>;
+
+/// The raw fd of the connection a request came on (a request extension, set where
+/// connections are accepted): what [`answer_read`] watches. Valid while the connection is,
+/// i.e. while its request or the upgraded stream lives.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnFd(pub RawFd);
+
+/// How long [`answer_read`] waits for the client to read the answer at most (a client that
+/// reads nothing before it gets output).
+const ANSWER_READ_LIMIT: Duration = Duration::from_secs(1);
+
+/// Waits until the client has read everything sent on `conn` so far (the hijack answer):
+/// on a unix stream socket the bytes sent stay charged to the sender until the peer read
+/// them, so `SIOCOUTQ` (`TIOCOUTQ`) reaching 0 says the peer's read took all of them. Polled
+/// with a short backoff (tens of microseconds, doubling to 1 ms), bounded by
+/// [`ANSWER_READ_LIMIT`]; returns at once without a fd or when the ioctl fails. The Docker
+/// API is served on a unix socket only: on TCP the same ioctl drains once the peer's kernel
+/// acknowledged the bytes, not once the client read them (`SIOCINQ` on the client's side
+/// would be the signal there, which a server cannot see).
+///
+/// docker-py reads the answer through a buffered reader and then the raw socket: output in
+/// the same read as the answer would be lost to it. After this, no output can be.
+pub async fn answer_read(conn: Option<ConnFd>) {
+    let Some(ConnFd(fd)) = conn else { return };
+    let unsent = move || {
+        let mut n: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one c_int through the pointer, which is valid; `fd` is the
+        // connection's socket, open while the caller holds the connection.
+        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+        (rc == 0).then_some(n)
+    };
+    if !matches!(unsent(), Some(n) if n > 0) {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        while matches!(unsent(), Some(n) if n > 0) && t0.elapsed() < ANSWER_READ_LIMIT {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    })
+    .await;
+}
 
 /// Copies the client's bytes to `stdin` until the client half-closes (then `stdin` is
 /// dropped: EOF for the process). Returns when the client's side is done.

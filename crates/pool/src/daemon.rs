@@ -607,13 +607,16 @@ fn egress_handshake(conn: BorrowedFd<'_>, shell: &PooledShell) -> Result<(), Str
 /// How long the client may take to start a run's egress proxy.
 const EGRESS_WAIT: Duration = Duration::from_secs(10);
 
-/// How long a cell's teardown waits for its client to hang up after the reply.
+/// How long a cell's teardown waits for its client to hang up after the reply: a backstop
+/// for a client that does not hang up; ours never waits on the cell after the reply (capped
+/// output is read up to what is in the pipes, not to their EOF, which comes with teardown).
 const CLIENT_EXIT_WAIT: Duration = Duration::from_millis(50);
 
 /// Waits (bounded) until the client closed its connection or sent something. The client's
 /// own end of a run (its audit record, its exit) comes right after our reply; the cell's
 /// teardown is kernel work this kind of host does not preempt (PREEMPT_NONE), so it starts
-/// once the client is gone instead of delaying it.
+/// once the client is gone instead of delaying it. A client must not wait for anything of
+/// the cell's teardown before it hangs up: each would wait for the other until the limit.
 fn await_hangup(conn: BorrowedFd<'_>, limit: Duration) {
     let mut fds = [PollFd::new(conn, PollFlags::POLLIN)];
     let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);

@@ -421,23 +421,13 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
         return false;
     }
     let sandbox = || lock(&c.state).sandbox.clone();
-    let deadline = std::time::Instant::now() + timeout;
-    while c.status() == Status::Running {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            if let Some(sb) = sandbox() {
-                let _ = sb.signal_all(libc::SIGKILL);
-            }
-            break;
+    if !wait_not_running(c, timeout) {
+        if let Some(sb) = sandbox() {
+            let _ = sb.signal_all(libc::SIGKILL);
         }
-        // Poll in small steps: this runs on a blocking thread.
-        std::thread::sleep(left.min(Duration::from_millis(20)));
-    }
-    // Wait (bounded) for the exit to be recorded; an init that does not answer is killed
-    // (the container's files go with it).
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while c.status() == Status::Running && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
+        // Wait (bounded) for the exit to be recorded; an init that does not answer is
+        // killed (the container's files go with it).
+        wait_not_running(c, Duration::from_secs(10));
     }
     if c.status() == Status::Running {
         if let Some(sb) = sandbox() {
@@ -445,6 +435,33 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
         }
     }
     true
+}
+
+/// Waits until the container is no longer running, for `limit` at most; whether it stopped.
+/// Woken by the container's state changes (`changed`), not by polling: a stop's answer comes
+/// as soon as the exit is recorded. Off a runtime (never, today: callers run on its blocking
+/// threads), it polls every 10 ms.
+fn wait_not_running(c: &Arc<Container>, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        while c.status() == Status::Running && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        return c.status() != Status::Running;
+    };
+    // Subscribed before the status is read: a change in between is seen by `changed`.
+    let mut changed = c.changed.subscribe();
+    rt.block_on(async {
+        let stopped = async {
+            while c.status() == Status::Running {
+                if changed.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline.into(), stopped).await;
+    });
+    c.status() != Status::Running
 }
 
 /// Kills and forgets a container (its processes and published ports first; its sandbox's
