@@ -17,7 +17,7 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
@@ -58,6 +58,8 @@ def wait_for(what, f, timeout=WAIT):
                 return v
             last = v
         except StaleElementReferenceException as e:  # the table was redrawn meanwhile
+            last = e
+        except NoSuchElementException as e:  # the next page (a form's answer) not loaded yet
             last = e
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
