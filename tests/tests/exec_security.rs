@@ -49,13 +49,49 @@ fn writes_outside_workspace_fail() {
     }
 }
 
+/// Host entries planted for one test: removed again when it ends, also when it fails.
+struct Planted(Vec<std::path::PathBuf>);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = fs::remove_dir_all(p);
+        }
+    }
+}
+
 #[test]
 fn host_secrets_are_not_visible() {
     let Some(_l) = setup() else { return };
+    // A name of this run's own in the host's /root and /home: a sandbox that saw either
+    // directory would list it. (Comparing with the host's own names is not enough: a sandbox
+    // makes names of its own there, e.g. the code-interpreter profile's preloaded matplotlib
+    // writes /root/.config in the sandbox's writable layer.)
+    let name = format!(
+        "agentrun-e2e-secret-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let mut planted = Planted(Vec::new());
+    for dir in ["/root", "/home"] {
+        let p = std::path::Path::new(dir).join(&name);
+        if fs::create_dir(&p).is_ok() {
+            fs::write(p.join("secret"), &name).unwrap();
+            planted.0.push(p);
+        }
+    }
+    assert!(
+        !planted.0.is_empty(),
+        "could not plant an entry in /root or /home"
+    );
     let out = exec([
         "sh",
         "-c",
-        "cat /etc/shadow 2>/dev/null; echo; echo ---; ls -A /root /home 2>/dev/null; true",
+        "cat /etc/shadow 2>/dev/null; echo; echo ---; ls -A /root /home 2>/dev/null; \
+         cat /root/agentrun-e2e-secret-*/secret /home/agentrun-e2e-secret-*/secret 2>/dev/null; true",
     ])
     .run();
     let stdout = out.success();
@@ -77,21 +113,20 @@ fn host_secrets_are_not_visible() {
             "host /etc/shadow visible"
         );
     }
-    // Whatever /root and /home list must not be the host's.
-    for dir in ["/root", "/home"] {
-        if let Ok(rd) = fs::read_dir(dir) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') && name.len() < 4 {
-                    continue;
-                }
-                assert!(
-                    !homes.lines().any(|l| l.trim() == name),
-                    "host {dir}/{name} visible in the sandbox\n{out}"
-                );
-            }
+    assert!(
+        !homes.contains(&name),
+        "the host's /root or /home visible in the sandbox\n{out}"
+    );
+    // Host-only entries (a toolchain's, a shell's history) are not there either.
+    for host_only in [".cargo", ".rustup", ".pyenv", ".bash_history", ".ssh"] {
+        if std::path::Path::new("/root").join(host_only).exists() {
+            assert!(
+                !homes.lines().any(|l| l.trim() == host_only),
+                "host /root/{host_only} visible in the sandbox\n{out}"
+            );
         }
     }
+    drop(planted);
 }
 
 #[test]
