@@ -17,7 +17,13 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
@@ -61,6 +67,10 @@ def wait_for(what, f, timeout=WAIT):
             last = e
         except NoSuchElementException as e:  # the next page (a form's answer) not loaded yet
             last = e
+        except WebDriverException as e:  # an element of the page being replaced
+            if "does not belong to the document" not in str(e):
+                raise
+            last = e
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
@@ -83,7 +93,11 @@ def login(d, key=KEY):
     field = d.find_element(By.ID, "key")
     assert not d.find_elements(By.ID, "pools"), "the page shows data before the login"
     field.send_keys(key)
+    page = d.find_element(By.TAG_NAME, "html")
     d.find_element(By.CSS_SELECTOR, "#login button").click()
+    # The form posts: wait until its answer has replaced this page, so that what the caller
+    # looks for next is on the answer, not on the form being left.
+    WebDriverWait(d, WAIT).until(expected_conditions.staleness_of(page))
 
 
 def logged_in(d):
