@@ -21,6 +21,7 @@ mod policy_cmd;
 mod progress;
 mod run;
 mod serve;
+mod snapshot_cmd;
 mod top;
 mod trace;
 mod volume_cmd;
@@ -107,6 +108,9 @@ enum Command {
     /// Named volumes (what OpenSandbox `pvc` volumes mount).
     #[command(subcommand)]
     Volume(volume_cmd::VolumeCommand),
+    /// Snapshots of the daemon's sandboxes: create, ls, inspect, rm.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCommand),
     /// Show the audit log: every run and every policy decision.
     Audit(audit_cmd::AuditArgs),
     /// Print the shell completion script for SHELL (e.g. to
@@ -205,6 +209,7 @@ fn main() -> ExitCode {
             | Command::Gc
             | Command::Image(_)
             | Command::Volume(_)
+            | Command::Snapshot(_)
     ) {
         // Not root: say so before anything fails on a permission (the store, the state dir).
         if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
@@ -244,6 +249,7 @@ fn main() -> ExitCode {
         Command::Policy(cmd) => return policy_cmd::run(cmd),
         Command::Audit(args) => audit_cmd::run(args, &paths),
         Command::Volume(cmd) => volume_cmd::run(cmd, &paths),
+        Command::Snapshot(cmd) => snapshot_cmd::run(cmd, &paths),
         Command::Info(args) => info::run(args, &paths),
         Command::ApiKey => serve::print_api_key(&paths),
         Command::Image(cmd) => image::run(cmd, &paths),

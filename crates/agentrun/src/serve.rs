@@ -68,8 +68,13 @@ pub struct ServeArgs {
     /// streamed to disk (413 above it); default 1G.
     #[arg(long, value_name = "SIZE")]
     max_upload: Option<String>,
+    /// Most bytes of changed files a snapshot (OpenSandbox snapshot, Docker commit) may
+    /// hold: a bigger one is refused (400, with its size); default 4G.
+    #[arg(long, value_name = "SIZE")]
+    max_snapshot: Option<String>,
     /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
-    /// `api_key`, `insecure_no_auth`, `allowed_hosts` (a list), `max_request_body`, `max_upload`, `docker_socket`,
+    /// `api_key`, `insecure_no_auth`, `allowed_hosts` (a list), `max_request_body`, `max_upload`,
+    /// `max_snapshot`, `docker_socket`,
     /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
     /// `volume_roots` (a list), `metrics`, and an
     /// `[image_limits]` table (`max_bytes`,
@@ -134,6 +139,7 @@ struct ServeConfig {
     allowed_hosts: Option<Vec<String>>,
     max_request_body: Option<String>,
     max_upload: Option<String>,
+    max_snapshot: Option<String>,
     image_limits: Option<crate::image::LimitConfig>,
     opensandbox_profile: Option<String>,
     docker_profile: Option<String>,
@@ -241,10 +247,23 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         &file.max_upload,
         agentrun_opensandbox::DEFAULT_MAX_UPLOAD,
     )?;
+    let max_snapshot = size(
+        "max-snapshot",
+        &args.max_snapshot,
+        &file.max_snapshot,
+        agentrun_opensandbox::DEFAULT_MAX_SNAPSHOT,
+    )?;
     let limits = agentrun_opensandbox::Limits {
         max_request_body: usize::try_from(max_request_body).unwrap_or(usize::MAX),
         max_upload,
+        max_snapshot,
     };
+    // What a daemon killed mid-snapshot (or mid-pull) left in the image store goes now: no
+    // half snapshot is ever listed, nothing stays in its temp dir.
+    match agentrun_image::ImageStore::open(&paths.root).map(|s| s.collect_interrupted()) {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) | Err(e) => eprintln!("agentrun: warning: cleaning the image store: {e}"),
+    }
     let mut frontends: Vec<Box<dyn daemon::Frontend>> = Vec::new();
     let api_profile = |flag: Option<String>, file: Option<String>, default: &str, what: &str| {
         let name = flag.or(file).unwrap_or_else(|| default.to_string());
@@ -327,6 +346,8 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                 mode: 0o600,
                 max_request_body,
                 max_upload,
+                max_snapshot,
+                audit_dir: paths.audit_dir(),
                 image_limits,
                 profile: docker_profile,
             },

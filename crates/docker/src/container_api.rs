@@ -241,3 +241,143 @@ pub async fn resize(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
     c.pty.resize_to_query(&q)?;
     Ok(crate::http::empty(StatusCode::OK))
 }
+
+/// The run configuration keys a commit's body may change (Docker's container config).
+const COMMIT_CONFIG_KEYS: [&str; 8] = [
+    "Cmd",
+    "Entrypoint",
+    "Env",
+    "WorkingDir",
+    "User",
+    "Labels",
+    "ExposedPorts",
+    "StopSignal",
+];
+
+/// `POST /commit?container=&repo=&tag=&comment=&author=&pause=` (`docker commit`, docker-py
+/// `container.commit`): the running container's writable layer as a new image over its
+/// image, taken with the container frozen (whatever `pause` says: a consistent copy). The
+/// body, if any, is a container config whose run configuration keys replace the image's.
+/// A container that is not running has no files left (its sandbox ends with its main
+/// process): 409.
+pub async fn commit(State(api): Api, q: Query, req: Request) -> DockerResult {
+    let body = crate::http::read_body(req.into_body(), &api.limits).await?;
+    let key = q
+        .get("container")
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| DockerError::bad_request("container is required"))?
+        .to_owned();
+    if q.get("changes").is_some_and(|c| !c.is_empty()) {
+        return Err(DockerError::bad_request(
+            "changes (Dockerfile instructions) are not supported: pass the config in the body",
+        ));
+    }
+    let mut changes = serde_json::Map::new();
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| DockerError::bad_request(format!("invalid config: {e}")))?;
+        match v {
+            Value::Null => {}
+            Value::Object(o) => {
+                for k in COMMIT_CONFIG_KEYS {
+                    if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
+                        let v = match (k, v) {
+                            // Docker takes a string Cmd/Entrypoint as a shell form.
+                            ("Cmd" | "Entrypoint", Value::String(s)) => {
+                                json!(["/bin/sh", "-c", s])
+                            }
+                            // Docker's Env: ["K=V"]; its ExposedPorts: {"80/tcp": {}}.
+                            ("ExposedPorts", Value::Object(p)) => {
+                                json!(p.keys().collect::<Vec<_>>())
+                            }
+                            _ => v.clone(),
+                        };
+                        changes.insert(k.to_owned(), v);
+                    }
+                }
+            }
+            _ => return Err(DockerError::bad_request("the config must be a JSON object")),
+        }
+    }
+    let name = match q.get("repo").filter(|r| !r.is_empty()) {
+        Some(repo) => Some(match q.get("tag").filter(|t| !t.is_empty()) {
+            Some(t) => format!("{repo}:{t}"),
+            None => repo.to_owned(),
+        }),
+        None => None,
+    };
+    if let Some(n) = &name {
+        agentrun_image::reference::normalize(n)
+            .map_err(|e| DockerError::bad_request(e.to_string()))?;
+    }
+    let c = find(&api, &key)?;
+    let sandbox = {
+        let st = lock(&c.state);
+        match (&st.sandbox, st.status) {
+            (Some(s), Status::Running) => s.clone(),
+            _ => {
+                return Err(DockerError::conflict(format!(
+                    "container {key} is not running: agentrun keeps a container's files only while it runs"
+                )))
+            }
+        }
+    };
+    let opts = agentrun_image::CommitOptions {
+        names: name.iter().cloned().collect(),
+        labels: Default::default(),
+        max_bytes: Some(api.max_snapshot),
+        config: (!changes.is_empty()).then_some(changes),
+        created_by: format!("agentrun commit {}", c.id),
+        comment: q
+            .get("comment")
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned),
+        author: q.get("author").filter(|a| !a.is_empty()).map(str::to_owned),
+    };
+    let api2 = api.clone();
+    let start = std::time::Instant::now();
+    let committed = tokio::task::spawn_blocking(move || {
+        agentrun_pool::snapshot::commit(&sandbox, &api2.store, &opts)
+    })
+    .await
+    .map_err(DockerError::join)?;
+    let (id, bytes, frozen, err) = match &committed {
+        Ok(t) => (
+            t.made.record.id.clone(),
+            t.made.upper_bytes,
+            Some(t.frozen),
+            None,
+        ),
+        Err(e) => (String::new(), 0, None, Some(e.to_string())),
+    };
+    let span = agentrun_pool::snapshot::report(
+        agentrun_pool::snapshot::SNAPSHOT_SPAN,
+        Some(&api.audit),
+        &agentrun_pool::snapshot::Report {
+            sandbox_id: &c.id,
+            snapshot_id: &id,
+            image: name.as_deref().unwrap_or(&c.config.image),
+            bytes,
+            duration: start.elapsed(),
+            frozen,
+            error: err.as_deref().map(|m| ("commit_failed", m)),
+            traceparent: None,
+            profile: &api.profile,
+        },
+    );
+    if agentrun_telemetry::export_enabled() {
+        tokio::task::spawn_blocking(move || span.finish());
+    }
+    match committed {
+        Ok(_) => Ok(json(StatusCode::CREATED, &json!({"Id": id}))),
+        Err(agentrun_pool::PoolError::Image(
+            e @ agentrun_image::ImageError::SnapshotTooLarge { .. },
+        )) => Err(DockerError::bad_request(format!(
+            "{e} (agentrun serve --max-snapshot)"
+        ))),
+        Err(agentrun_pool::PoolError::NotFound(_)) => Err(DockerError::conflict(format!(
+            "container {key} is not running"
+        ))),
+        Err(e) => Err(DockerError::internal(e.to_string())),
+    }
+}

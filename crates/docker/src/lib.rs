@@ -86,6 +86,9 @@ pub struct ApiState {
     pub limits: http::Limits,
     /// The profile containers run under ([`DockerApiOptions::profile`]).
     pub profile: String,
+    /// [`DockerApiOptions::max_snapshot`].
+    pub max_snapshot: u64,
+    pub audit: agentrun_telemetry::AuditLog,
 }
 
 /// Where and over what to serve.
@@ -104,6 +107,10 @@ pub struct DockerApiOptions {
     pub max_upload: u64,
     /// What pulls and build contexts may unpack.
     pub image_limits: agentrun_image::UnpackLimits,
+    /// Most bytes of changed files a `commit` may hold (400 above it, with the size).
+    pub max_snapshot: u64,
+    /// The audit log's directory (commits and the containers run from them are recorded).
+    pub audit_dir: PathBuf,
     /// The profile containers run under (built-in name or file; `serve --docker-profile`,
     /// default [`containers::CONTAINER_PROFILE`]). One with a Python zygote has the `python3`
     /// processes of `docker exec` (a code interpreter's shape) forked by it.
@@ -156,6 +163,8 @@ impl DockerServer {
                 max_upload: opts.max_upload,
             },
             profile: opts.profile.clone(),
+            max_snapshot: opts.max_snapshot,
+            audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let socket = opts.socket.clone();

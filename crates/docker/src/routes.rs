@@ -61,6 +61,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             }),
         )
         // containers
+        .route("/commit", post(container_api::commit))
         .route("/containers/create", post(container_api::create))
         .route("/containers/json", get(container_api::list))
         .route("/containers/{key}", delete(container_api::delete))

@@ -34,6 +34,9 @@ use crate::ImageError;
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
 const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+/// The same marker of an overlay mounted with `userxattr` (a sandbox's cell, in its user
+/// namespace).
+const OVERLAY_USER_OPAQUE_XATTR: &str = "user.overlay.opaque";
 
 /// What unpacking a layer found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -440,7 +443,7 @@ impl LayerStore {
     }
 }
 
-fn tree_size(p: &Path) -> u64 {
+pub(crate) fn tree_size(p: &Path) -> u64 {
     let Ok(m) = fs::symlink_metadata(p) else {
         return 0;
     };
@@ -567,7 +570,10 @@ impl TreeTar {
             } else if ft.is_dir() {
                 let mut h = self.header(&m, tar::EntryType::Directory);
                 b.append_data(&mut h, &name, io::empty())?;
-                if self.overlay && xattr::get(&path, OVERLAY_OPAQUE_XATTR)?.as_deref() == Some(b"y")
+                if self.overlay
+                    && [OVERLAY_OPAQUE_XATTR, OVERLAY_USER_OPAQUE_XATTR]
+                        .iter()
+                        .any(|x| xattr::get(&path, x).ok().flatten().as_deref() == Some(b"y"))
                 {
                     Self::empty_file(b, &name.join(OPAQUE_MARKER))?;
                 }

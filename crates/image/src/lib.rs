@@ -24,6 +24,7 @@ mod limits;
 mod progress;
 mod pull;
 pub mod reference;
+pub mod snapshot;
 mod store;
 
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use limits::{docker_size, Budget, Limit, UnpackLimits};
 pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;
+pub use snapshot::{CommitOptions, Committed, Snapshot, SnapshotMeta, UpperDir};
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
     WriteGuard, HOST_IMAGE,
@@ -69,6 +71,11 @@ pub enum ImageError {
         limit: Limit,
         detail: String,
     },
+    /// A sandbox's writable layer over the snapshot (commit) size limit: nothing was written.
+    #[error(
+        "the sandbox's writable layer holds {bytes} bytes, over the snapshot limit of {max} bytes"
+    )]
+    SnapshotTooLarge { bytes: u64, max: u64 },
     #[error("pulling {reference}: {message}")]
     Pull { reference: String, message: String },
     #[error("{context} {path}: {source}")]

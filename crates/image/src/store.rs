@@ -270,6 +270,11 @@ impl ImageStore {
         self.lock("gc.lock", FlockArg::LockExclusive)
     }
 
+    /// `gc.lock` exclusively, unless a writer holds it.
+    pub(crate) fn try_gc_lock(&self) -> Result<Flock<File>, ImageError> {
+        self.lock("gc.lock", FlockArg::LockExclusiveNonblock)
+    }
+
     fn refs_lock(&self) -> Result<Flock<File>, ImageError> {
         self.lock("refs.lock", FlockArg::LockExclusive)
     }
@@ -292,6 +297,10 @@ impl ImageStore {
             &p,
             &serde_json::to_vec_pretty(refs).expect("json"),
         )
+    }
+
+    pub(crate) fn record_file(&self, id: &str) -> Result<PathBuf, ImageError> {
+        self.record_path(id)
     }
 
     fn record_path(&self, id: &str) -> Result<PathBuf, ImageError> {
@@ -381,17 +390,31 @@ impl ImageStore {
             return host::ensure(&self.root.join("images").join(HOST_IMAGE));
         }
         let rec = self.find(name)?;
-        let layers = rec
+        let mut layers = rec
             .layers
             .iter()
             .rev()
             .map(|l| self.layers.fs_path(&l.diff_id))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut host_binds = Vec::new();
+        // Made over the built-in image (a snapshot or commit of a `host` sandbox): its layers
+        // go over the host image's.
+        if rec
+            .config
+            .labels
+            .get(crate::snapshot::BASE_LABEL)
+            .map(String::as_str)
+            == Some(HOST_IMAGE)
+        {
+            let host = host::ensure(&self.root.join("images").join(HOST_IMAGE))?;
+            layers.extend(host.layers);
+            host_binds = host.host_binds;
+        }
         Ok(Image {
             name: name.to_owned(),
             id: rec.id,
             layers,
-            host_binds: Vec::new(),
+            host_binds,
             config: rec.config,
         })
     }
@@ -794,7 +817,7 @@ impl ImageStore {
 
     /// Deletes blobs and layers no record refers to, and leftovers of interrupted writes.
     /// Call with `gc.lock` held exclusively.
-    fn collect_garbage(&self, report: &mut PruneReport) -> Result<(), ImageError> {
+    pub(crate) fn collect_garbage(&self, report: &mut PruneReport) -> Result<(), ImageError> {
         let mut blobs = BTreeSet::new();
         let mut layers = BTreeSet::new();
         for r in self.records()? {

@@ -74,9 +74,10 @@ impl From<agentrun_pool::PoolError> for ApiError {
                 e.to_string(),
             ),
             P::NotFound(_) => ApiError::not_found("SANDBOX::NOT_FOUND", e.to_string()),
-            P::Image(agentrun_image::ImageError::NotFound(_)) | P::Policy(_) | P::Invalid(_) => {
-                ApiError::bad_request(e.to_string())
-            }
+            P::Image(agentrun_image::ImageError::NotFound(_))
+            | P::Image(agentrun_image::ImageError::SnapshotTooLarge { .. })
+            | P::Policy(_)
+            | P::Invalid(_) => ApiError::bad_request(e.to_string()),
             e => ApiError::internal(e.to_string()),
         }
     }

@@ -3,7 +3,8 @@
 //! `opensandbox` e2e tests drive it with the official SDKs).
 //!
 //! - [`lifecycle`]: `/v1/sandboxes...` (create, get, list, delete, pause/resume, renew,
-//!   metadata, endpoints), `X-Request-ID` echo, TTL expiry; a sandbox's entrypoint.
+//!   metadata, endpoints), `/v1/snapshots...`, `X-Request-ID` echo, TTL expiry; a sandbox's
+//!   entrypoint.
 //! - [`execd`]: the per-sandbox execd API (ping, commands, sessions, metrics) that OpenSandbox
 //!   runs inside each container; here agentrun serves it itself under `/execd/{sid}`, guarded
 //!   by a per-sandbox token handed out in the endpoint lookup's `headers`. Nothing runs inside
@@ -116,18 +117,23 @@ pub struct Limits {
     /// A file upload's request body, streamed to the sandbox's files (413 above it; what was
     /// written is removed).
     pub max_upload: u64,
+    /// Most bytes of changed files a snapshot may hold (400 above it, with the size).
+    pub max_snapshot: u64,
 }
 
 /// Default of [`Limits::max_request_body`]: 4 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
 /// Default of [`Limits::max_upload`]: 1 GiB.
 pub const DEFAULT_MAX_UPLOAD: u64 = 1 << 30;
+/// Default of [`Limits::max_snapshot`]: 4 GiB.
+pub const DEFAULT_MAX_SNAPSHOT: u64 = 4 << 30;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             max_upload: DEFAULT_MAX_UPLOAD,
+            max_snapshot: DEFAULT_MAX_SNAPSHOT,
         }
     }
 }
@@ -196,6 +202,13 @@ impl Frontend for OpenSandboxFrontend {
             volume_store: agentrun_runtime::volume::VolumeStore::new(&opts.image_root),
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),
+            snapshots: Mutex::new(HashMap::new()),
+            owner: opts
+                .api_key
+                .as_deref()
+                .filter(|k| !k.is_empty())
+                .map(agentrun_image::snapshot::owner_of_secret)
+                .unwrap_or_default(),
         });
         tracing::info!(target: "agentrun::opensandbox", "OpenSandbox API on http://{}/v1", opts.listen);
         let thread = std::thread::Builder::new()

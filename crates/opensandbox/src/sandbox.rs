@@ -60,6 +60,11 @@ pub struct Server {
     pub output: tokio::runtime::Handle,
     pub audit: agentrun_telemetry::AuditLog,
     pub(crate) records: Mutex<HashMap<String, Arc<Record>>>,
+    /// Snapshots being taken or failed (the ready ones are in the store).
+    pub snapshots: Mutex<HashMap<String, crate::lifecycle::snapshots::PendingSnapshot>>,
+    /// Who this server's snapshots belong to: the API key's fingerprint (empty without a
+    /// key).
+    pub owner: String,
 }
 
 impl Server {
@@ -101,6 +106,8 @@ pub struct Record {
     pub execd_token: String,
     pub egress_token: String,
     pub image: String,
+    /// The snapshot it was made from (its `image` is then the snapshot's image).
+    pub snapshot_id: Option<String>,
     pub entrypoint: Vec<String>,
     /// The shell commands run under (`/bin/bash` if the image has it), found once.
     pub shell: std::sync::OnceLock<&'static str>,

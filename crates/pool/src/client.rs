@@ -68,6 +68,26 @@ impl DaemonClient {
     }
 }
 
+impl DaemonClient {
+    /// Takes a snapshot of live sandbox `sandbox` (the connection serves this one request).
+    pub fn snapshot(
+        self,
+        sandbox: &str,
+        name: Option<String>,
+        max_bytes: Option<u64>,
+    ) -> Result<agentrun_image::Snapshot, PoolError> {
+        let msg = ClientMessage::Snapshot {
+            sandbox: sandbox.to_owned(),
+            name,
+            max_bytes,
+        };
+        match self.call(&msg)? {
+            DaemonReply::Snapshot(s) => Ok(*s),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
 /// An answer the request does not take: the daemon's error, or a daemon of another version.
 fn unexpected(reply: DaemonReply) -> PoolError {
     match reply {

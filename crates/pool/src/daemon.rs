@@ -375,6 +375,28 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             },
             None => reply(conn.as_fd(), &shutting_down()),
         },
+        (
+            ClientMessage::Snapshot {
+                sandbox,
+                name,
+                max_bytes,
+            },
+            _,
+        ) => match shared.live.upgrade() {
+            Some(live) => {
+                let answer = snapshot_of(&live, &shared.store, &sandbox, name, max_bytes);
+                match answer {
+                    Ok(s) => reply(conn.as_fd(), &DaemonReply::Snapshot(Box::new(s))),
+                    Err(e) => reply(
+                        conn.as_fd(),
+                        &DaemonReply::Error {
+                            message: e.to_string(),
+                        },
+                    ),
+                }
+            }
+            None => reply(conn.as_fd(), &shutting_down()),
+        },
         (ClientMessage::Signal { .. } | ClientMessage::EgressReady, _) => reply(
             conn.as_fd(),
             &DaemonReply::Error {
@@ -393,6 +415,52 @@ fn shutting_down() -> DaemonReply {
 /// Most denials one [`ClientMessage::Denials`] counts (a rule id is a label value: a
 /// client cannot grow the daemon's metrics without bound in one message).
 const MAX_REPORTED_DENIALS: usize = 1000;
+
+/// `agentrun snapshot create`: a snapshot of live sandbox `id` (owner: none, the local
+/// root's), with its span and audit record.
+fn snapshot_of(
+    live: &LiveManager,
+    store: &Path,
+    id: &str,
+    name: Option<String>,
+    max_bytes: Option<u64>,
+) -> Result<agentrun_image::Snapshot, PoolError> {
+    let sandbox = live
+        .get(id)
+        .ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+    let store = agentrun_image::ImageStore::open(store)?;
+    let meta = agentrun_image::SnapshotMeta {
+        id: format!(
+            "snap-{}",
+            agentrun_runtime::random::hex(16).map_err(|e| PoolError::Runtime(e.into()))?
+        ),
+        sandbox_id: id.to_owned(),
+        name,
+        owner: String::new(),
+        entrypoint: None,
+        max_bytes,
+    };
+    let start = std::time::Instant::now();
+    let taken = crate::snapshot::take(&sandbox, &store, &meta);
+    let err = taken.as_ref().err().map(|e| e.to_string());
+    let span = crate::snapshot::report(
+        crate::snapshot::SNAPSHOT_SPAN,
+        None,
+        &crate::snapshot::Report {
+            sandbox_id: id,
+            snapshot_id: &meta.id,
+            image: sandbox.image(),
+            bytes: taken.as_ref().map_or(0, |t| t.made.size),
+            duration: start.elapsed(),
+            frozen: taken.as_ref().ok().map(|t| t.frozen),
+            error: err.as_deref().map(|m| ("snapshot_capture_failed", m)),
+            traceparent: None,
+            profile: sandbox.profile(),
+        },
+    );
+    span.finish_detached("snapshot-span");
+    Ok(taken?.made)
+}
 
 /// Whether a client's store path names the daemon's (canonical) store.
 fn same_store(client: &Path, ours: &Path) -> bool {

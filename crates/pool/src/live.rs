@@ -212,6 +212,8 @@ pub struct LiveSandbox {
     /// The shell's CPU time (ns) when the sandbox was made (the shell served others before).
     cpu_base_ns: u64,
     image: String,
+    /// The id of the image it runs (empty for the built-in `host` image).
+    image_id: String,
     profile: String,
     /// Host pid of the cell's PID 1.
     init_pid: i32,
@@ -226,6 +228,9 @@ pub struct LiveSandbox {
     events: Arc<Mutex<Events>>,
     next_id: AtomicU64,
     paused: AtomicBool,
+    /// Held while its cgroup's freezer is changed or a snapshot reads its writable layer:
+    /// a pause or resume asked during a snapshot waits for it.
+    freezing: Mutex<()>,
     deleted: AtomicBool,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
@@ -257,6 +262,15 @@ impl LiveSandbox {
     }
     pub fn profile(&self) -> &str {
         &self.profile
+    }
+    /// The image it runs, as the store can find it now: its id, or `host` for the built-in
+    /// image (a name may have been given to another image since).
+    pub fn image_ref(&self) -> &str {
+        if self.image_id.is_empty() {
+            agentrun_image::HOST_IMAGE
+        } else {
+            &self.image_id
+        }
     }
     /// Host pid of the sandbox's PID 1 (its cell's): `/proc/<pid>/root` and its namespaces
     /// are what its processes see.
@@ -466,6 +480,7 @@ impl LiveSandbox {
     /// Freezes every process (cgroup freezer).
     /// Its shell is not reused after a sandbox that was ever frozen.
     pub fn pause(&self) -> Result<(), PoolError> {
+        let _freezing = lock(&self.freezing);
         self.taint("paused");
         self.cgroup()?.freeze(&self.shell_id, true)?;
         self.paused.store(true, Ordering::SeqCst);
@@ -474,9 +489,74 @@ impl LiveSandbox {
 
     /// Thaws it.
     pub fn resume(&self) -> Result<(), PoolError> {
+        let _freezing = lock(&self.freezing);
         self.cgroup()?.freeze(&self.shell_id, false)?;
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Runs `read` on the sandbox's writable layer (its cell's overlay upper directory, as a
+    /// path the host can read: through a fd the cell's PID 1 holds, see
+    /// [`agentrun_runtime::cell::UPPER_FD`]) with every process of the sandbox frozen
+    /// meanwhile, so what is read is one moment's state; then thaws it, unless it was paused
+    /// already (it stays paused). A pause or resume asked meanwhile waits. The shell is not
+    /// reused after a sandbox that was frozen (as after a pause). What the sandbox has on
+    /// other mounts (volumes, a workspace) is not in its writable layer.
+    pub fn with_writable_layer<R>(
+        &self,
+        read: impl FnOnce(&agentrun_image::UpperDir<'_>) -> R,
+    ) -> Result<R, PoolError> {
+        let _freezing = lock(&self.freezing);
+        if self.is_dead() {
+            return Err(PoolError::NotFound(self.id.clone()));
+        }
+        let cgroup = self.cgroup()?;
+        let upper = self.open_upper()?;
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
+        let was_paused = self.is_paused();
+        if !was_paused {
+            self.taint("paused");
+            cgroup.freeze(&self.shell_id, true)?;
+        }
+        let result = read(&agentrun_image::UpperDir {
+            path: &path,
+            uid_base: agentrun_runtime::idmap::UID_BASE,
+            uid_count: agentrun_runtime::idmap::UID_COUNT,
+        });
+        if !was_paused {
+            cgroup.freeze(&self.shell_id, false)?;
+        }
+        Ok(result)
+    }
+
+    /// Opens the cell's upper directory (`O_PATH`) through its PID 1's fd, checked to be the
+    /// cell's (its pidfd still alive after the open: the pid was never reused meanwhile).
+    fn open_upper(&self) -> Result<OwnedFd, PoolError> {
+        let path = format!(
+            "/proc/{}/fd/{}",
+            self.init_pid,
+            agentrun_runtime::cell::UPPER_FD
+        );
+        let fd = nix::fcntl::open(
+            path.as_str(),
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| {
+            PoolError::Invalid(format!(
+                "sandbox {}: its writable layer cannot be reached ({})",
+                self.id,
+                e.desc().to_lowercase()
+            ))
+        })?;
+        // SAFETY: open returned a new fd that nobody else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
+            return Err(PoolError::NotFound(self.id.clone()));
+        }
+        Ok(fd)
     }
 
     /// CPU time and memory of every process in it.
@@ -685,6 +765,7 @@ impl LiveManager {
             oom_base,
             cpu_base_ns,
             image: spec.image.clone(),
+            image_id: shell.image_id.clone(),
             profile: spec.profile.clone(),
             init_pid: cell_pid,
             pidfd,
@@ -696,6 +777,7 @@ impl LiveManager {
             events: events.clone(),
             next_id: AtomicU64::new(1),
             paused: AtomicBool::new(false),
+            freezing: Mutex::new(()),
             deleted: AtomicBool::new(false),
             cgroup: self.cgroup,
             swap_limit: self.swap_limit,

@@ -49,6 +49,16 @@ pub enum ClientMessage {
     /// Kill a running command ([`RunningCommand::id`]): answered with
     /// [`DaemonReply::Ok`] or an error.
     Kill { id: String },
+    /// Take a snapshot of long-lived sandbox `sandbox` (its id, as `agentrun ps` shows it):
+    /// answered with [`DaemonReply::Snapshot`] or an error.
+    Snapshot {
+        sandbox: String,
+        #[serde(default)]
+        name: Option<String>,
+        /// Most bytes of changed files it may hold.
+        #[serde(default)]
+        max_bytes: Option<u64>,
+    },
 }
 
 /// The result of an `exec`.
@@ -186,6 +196,8 @@ pub enum DaemonReply {
     },
     /// Done (for [`ClientMessage::Denials`] and [`ClientMessage::Kill`]).
     Ok,
+    /// The snapshot taken ([`ClientMessage::Snapshot`]).
+    Snapshot(Box<agentrun_image::Snapshot>),
 }
 
 /// What `agentrun pool status` shows.

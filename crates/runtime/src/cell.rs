@@ -394,6 +394,7 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
     mkdir(&upper, 0o755)?;
     mkdir(&work, 0o700)?;
     mkdir(&root, 0o755)?;
+    keep_upper(&upper);
     // userxattr: the overlay keeps its whiteout/opaque markers as user.overlay.* xattrs,
     // which an unprivileged mounter may set on the tmpfs (trusted.* ones it may not: the
     // kernel would fall back, and log it for every cell). It rules out redirect_dir and
@@ -463,6 +464,27 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
         .map_err(|e| SetupError::sys("detaching the shell's root", e))?;
     nix::unistd::chdir("/").map_err(|e| SetupError::sys("chdir /", e))
 }
+
+/// Keeps the cell's upper directory open at [`UPPER_FD`] in its PID 1 for the cell's life
+/// (close-on-exec: no command inherits it), so the host can read the cell's writable layer
+/// at `/proc/<pid>/fd/<UPPER_FD>` (a snapshot) once the tmpfs holding it is out of every
+/// mount namespace's reach. Where that number is taken, the cell just has no such fd.
+fn keep_upper(upper: &Path) {
+    let Ok(fd) = open_path(upper) else {
+        return;
+    };
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) makes a new fd (the lowest free one >= UPPER_FD) of an
+    // fd we own; it borrows nothing.
+    let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, UPPER_FD) };
+    if dup >= 0 && dup != UPPER_FD {
+        // SAFETY: closing the fd fcntl just made, which nothing else knows of.
+        unsafe { libc::close(dup) };
+    }
+}
+
+/// The fd number at which a cell's PID 1 holds its overlay's upper directory (`O_PATH`; see
+/// `keep_upper`): the host reads the cell's writable layer at `/proc/<pid>/fd/99`.
+pub const UPPER_FD: RawFd = 99;
 
 /// The shell's masked and read-only `/proc` paths, applied to the cell's own `/proc`.
 fn mask_proc(t: &CellTemplate, root: &Path) -> Setup<()> {

@@ -3,6 +3,7 @@
 //! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
 mod request;
+pub mod snapshots;
 pub mod volumes;
 
 use std::sync::{Arc, Mutex};
@@ -44,9 +45,12 @@ pub fn routes(server: Arc<Server>) -> Router {
             axum::routing::patch(patch_metadata),
         )
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
-        .route("/sandboxes/{id}/snapshots", post(unsupported_snapshot))
-        .route("/snapshots", any(unsupported_snapshot))
-        .route("/snapshots/{snapshot_id}", any(unsupported_snapshot))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route(
+            "/snapshots/{snapshot_id}",
+            get(snapshots::get_one).delete(snapshots::delete),
+        )
         .route(
             "/sandboxes/{id}/diagnostics/{kind}",
             any(unsupported_diagnostics),
@@ -117,6 +121,13 @@ fn sandbox_json(rec: &Record) -> Value {
     if let Some(e) = *lock(&rec.expires_at) {
         v["expiresAt"] = json!(rfc3339(e));
     }
+    if let Some(s) = &rec.snapshot_id {
+        // Made from a snapshot: that is its startup source (the spec's `image` is absent).
+        v["snapshotId"] = json!(s);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("image");
+        }
+    }
     if let Some(x) = &rec.extensions {
         v["extensions"] = x.clone();
     }
@@ -137,12 +148,28 @@ async fn create(
 ) -> ApiResult<Response> {
     let (req, mut v) = parse_create(&body)?;
     v.spec.profile = server.profile.clone();
+    let restore_start = Instant::now();
+    if let Some(id) = v.snapshot_id.clone() {
+        let srv = server.clone();
+        let (image, entrypoint) =
+            tokio::task::spawn_blocking(move || snapshots::restore_image(&srv, &id))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))??;
+        v.spec.image = image;
+        if v.entrypoint.is_empty() {
+            v.entrypoint = entrypoint
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| vec!["tail".into(), "-f".into(), "/dev/null".into()]);
+        }
+    }
     let mut span =
         agentrun_telemetry::RunSpan::start("sandbox.create", traceparent(&headers).as_deref());
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("container.image.name", v.spec.image.as_str());
     span.set_attribute("sandbox.profile", v.spec.profile.as_str());
     let trace = span.traceparent();
+    let (v_snapshot, v_image, trace_parent) =
+        (v.snapshot_id.clone(), v.spec.image.clone(), trace.clone());
     let result = create_sandbox(&server, &req, v, trace).await;
     match &result {
         Ok(rec) => {
@@ -155,6 +182,25 @@ async fn create(
         Err(e) => span.set_error(e.code, &e.message),
     }
     finish_span(span);
+    if let Some(snapshot_id) = &v_snapshot {
+        let err = result.as_ref().err().map(|e| (e.code, e.message.clone()));
+        let id = result.as_ref().map(|r| r.id.clone()).unwrap_or_default();
+        let restore = agentrun_pool::snapshot::report(
+            agentrun_pool::snapshot::RESTORE_SPAN,
+            Some(&server.audit),
+            &agentrun_pool::snapshot::Report {
+                sandbox_id: &id,
+                snapshot_id,
+                image: &v_image,
+                duration: restore_start.elapsed(),
+                error: err.as_ref().map(|(c, m)| (*c, m.as_str())),
+                traceparent: Some(&trace_parent),
+                profile: &server.profile,
+                ..Default::default()
+            },
+        );
+        finish_span(restore);
+    }
     let rec = result?;
     Ok((StatusCode::ACCEPTED, Json(sandbox_json(&rec))).into_response())
 }
@@ -221,6 +267,7 @@ async fn create_sandbox(
         execd_token: random_token()?,
         egress_token: random_token()?,
         image: v.spec.image.clone(),
+        snapshot_id: v.snapshot_id.clone(),
         entrypoint: v.entrypoint.clone(),
         shell: std::sync::OnceLock::new(),
         created_at: now,
@@ -488,10 +535,6 @@ async fn endpoint(
             "headers": {crate::EXECD_TOKEN_HEADER: rec.execd_token},
         }))),
     }
-}
-
-async fn unsupported_snapshot() -> ApiError {
-    ApiError::not_supported("snapshots are not supported by agentrun")
 }
 
 async fn unsupported_diagnostics() -> ApiError {

@@ -132,6 +132,9 @@ pub(super) fn host_arch() -> &'static str {
 /// What the create request asks for, validated.
 pub struct Validated {
     pub(super) spec: LiveSpec,
+    /// `snapshotId`: the sandbox is made from this snapshot (`spec.image` is filled in once
+    /// it is found).
+    pub(super) snapshot_id: Option<String>,
     pub(super) entrypoint: Vec<String>,
     pub(super) timeout: Option<i64>,
     /// `networkPolicy` (`None`: absent or null, no network at all).
@@ -179,23 +182,32 @@ pub fn parse_create(body: &[u8]) -> ApiResult<(CreateRequest, Validated)> {
 
 fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     let bad = |m: &str| Err(ApiError::bad_request(m.to_string()));
-    if req.snapshot_id.is_some() {
-        return bad("snapshotId: snapshots are not supported by agentrun");
-    }
     if req.template_id.is_some() {
         return bad("templateId: templates are not supported by agentrun");
     }
-    let Some(image) = &req.image else {
-        return bad("image is required");
+    let snapshot_id = req.snapshot_id.as_deref().map(str::trim).map(str::to_owned);
+    let uri = match (&req.image, &snapshot_id) {
+        (Some(_), Some(_)) => return bad("give either image or snapshotId, not both"),
+        (None, None) => return bad("image (or snapshotId) is required"),
+        (None, Some(id)) if id.is_empty() => return bad("snapshotId must not be empty"),
+        // Resolved to the snapshot's image by the handler.
+        (None, Some(_)) => String::new(),
+        (Some(image), None) => {
+            if image.uri.trim().is_empty() {
+                return bad("image.uri is required");
+            }
+            if image.auth.as_ref().is_some_and(|a| !a.is_null()) {
+                return bad("image.auth: registry credentials are not supported here; pull the image into agentrun's store first (agentrun image pull)");
+            }
+            image.uri.trim().to_owned()
+        }
     };
-    if image.uri.trim().is_empty() {
-        return bad("image.uri is required");
-    }
-    if image.auth.as_ref().is_some_and(|a| !a.is_null()) {
-        return bad("image.auth: registry credentials are not supported here; pull the image into agentrun's store first (agentrun image pull)");
-    }
+    // From a snapshot, the entrypoint may be left out: the snapshot's (else `tail -f
+    // /dev/null`) is filled in by the handler.
     let entrypoint = req.entrypoint.clone().unwrap_or_default();
-    if entrypoint.is_empty() || entrypoint[0].is_empty() {
+    if (snapshot_id.is_none() || req.entrypoint.is_some())
+        && (entrypoint.is_empty() || entrypoint[0].is_empty())
+    {
         return bad("entrypoint must have at least one element");
     }
     if req.secure_access {
@@ -257,9 +269,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
             }
         }
     }
-    let mut spec = LiveSpec::new(image.uri.trim())
-        .cpus(cpus)
-        .memory_bytes(memory);
+    let mut spec = LiveSpec::new(uri).cpus(cpus).memory_bytes(memory);
     for (k, v) in &req.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(ApiError::bad_request(format!(
@@ -291,6 +301,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     }
     Ok(Validated {
         spec,
+        snapshot_id,
         entrypoint,
         timeout: req.timeout,
         network,

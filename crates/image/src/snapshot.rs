@@ -1,0 +1,450 @@
+//! Snapshots: a sandbox's writable layer kept as a content-addressed image layer on top of
+//! the image it runs, so that the store, `image ls`, `image export` and GC treat it as any
+//! image, and a sandbox can be made from it.
+//!
+//! This module owns the on-disk form of "a snapshot of a sandbox's writable layer"; reading
+//! a live sandbox's layer consistently (its cgroup frozen while it is read) is the pool's
+//! (`agentrun_pool::live::LiveSandbox::with_writable_layer`), the front ends (OpenSandbox
+//! snapshots, Docker `commit`, the CLI, fork) build on both.
+//!
+//! - [`ImageStore::commit_upper`] writes an overlayfs upper directory (whiteouts and opaque
+//!   directories as OCI whiteouts, sandbox ids shifted back to image ids) as one layer over a
+//!   base image and records the new image (Docker's `commit`). The base's config is kept, with
+//!   the caller's labels and config changes on top. A base of the built-in `host` image (whose
+//!   programs are the host's, bound in) is recorded as an image with only the new layers and
+//!   the label [`BASE_LABEL`]` = host`: [`ImageStore::resolve`] puts the host image under it.
+//! - A *snapshot* is such an image named [`snapshot_ref`]`(id)` (`agentrun.local/snapshot:<id>`)
+//!   whose config labels say what it is ([`labels`]): the ref is written last, so an
+//!   interrupted snapshot is never listed; [`ImageStore::collect_interrupted`] (at daemon
+//!   start) removes what one left (temp files, unnamed snapshot images).
+//! - Size: a snapshot over the caller's limit is refused before anything is written
+//!   ([`ImageError::SnapshotTooLarge`], with the layer's size); a failed write (a full disk)
+//!   leaves nothing of it behind (every write goes to `tmp/` and is renamed into place).
+//! - Ownership: each snapshot has an `owner` (for the OpenSandbox API: a fingerprint of the
+//!   API key that made it); lookups by another owner see no such snapshot.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::rfc3339_now;
+use crate::{reference, ImageConfig, ImageError, ImageRecord, ImageStore, LayerRecord};
+
+/// The repository every snapshot image is named in (`agentrun.local/snapshot:<id>`).
+pub const SNAPSHOT_REPO: &str = "agentrun.local/snapshot";
+
+/// Label of an image made over the built-in `host` image: its value is `host`, and the image's
+/// own layers go over the host image when it is resolved.
+pub const BASE_LABEL: &str = "org.agentrun.base";
+
+/// The config labels that make an image a snapshot.
+pub mod labels {
+    /// The snapshot's id (also the tag of its ref).
+    pub const ID: &str = "org.agentrun.snapshot.id";
+    /// The sandbox it was taken of.
+    pub const SANDBOX: &str = "org.agentrun.snapshot.sandbox";
+    /// Its optional human-readable name.
+    pub const NAME: &str = "org.agentrun.snapshot.name";
+    /// Who may see it (empty: anyone).
+    pub const OWNER: &str = "org.agentrun.snapshot.owner";
+    /// The image the sandbox ran (as it was named).
+    pub const BASE_IMAGE: &str = "org.agentrun.snapshot.base-image";
+    /// When it was taken (RFC 3339).
+    pub const CREATED: &str = "org.agentrun.snapshot.created";
+    /// Apparent bytes of the files of its layer (what the size limit is held to).
+    pub const SIZE: &str = "org.agentrun.snapshot.size";
+    /// The sandbox's entrypoint (JSON array), restored when a create names none.
+    pub const ENTRYPOINT: &str = "org.agentrun.snapshot.entrypoint";
+}
+
+/// The ref a snapshot's image is named by.
+pub fn snapshot_ref(id: &str) -> String {
+    format!("{SNAPSHOT_REPO}:{id}")
+}
+
+/// Whether `id` has the form of a snapshot id (it must be a valid tag: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
+pub fn valid_snapshot_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+/// An overlayfs upper directory to make a layer of.
+#[derive(Debug, Clone, Copy)]
+pub struct UpperDir<'a> {
+    /// The directory (for a live sandbox, a path through `/proc/<pid>/fd/<n>`).
+    pub path: &'a Path,
+    /// Host ids `[uid_base, uid_base + uid_count)` are the sandbox's `0..uid_count`; anything
+    /// else is written as 65534.
+    pub uid_base: u32,
+    pub uid_count: u32,
+}
+
+/// How [`ImageStore::commit_upper`] makes the image.
+#[derive(Debug, Clone, Default)]
+pub struct CommitOptions {
+    /// Names given to the new image (none: an unnamed image, found by its id).
+    pub names: Vec<String>,
+    /// Labels added to the base's.
+    pub labels: BTreeMap<String, String>,
+    /// Most bytes the upper directory's files may hold (apparent sizes); `None`: only the
+    /// store's own limits.
+    pub max_bytes: Option<u64>,
+    /// Changes to the run configuration (`docker commit --change`, `container.commit(conf=)`):
+    /// the OCI config's `config` keys (`Cmd`, `Entrypoint`, `Env`, `WorkingDir`, `User`,
+    /// `Labels`, `ExposedPorts`), replacing the base's.
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The history entry's `created_by` (`docker history`).
+    pub created_by: String,
+    /// The history entry's `comment` and the config's `author` (Docker's commit message and
+    /// author), if any.
+    pub comment: Option<String>,
+    pub author: Option<String>,
+}
+
+/// What [`ImageStore::commit_upper`] made.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    pub record: ImageRecord,
+    /// The new layer.
+    pub layer: LayerRecord,
+    /// Apparent bytes of the upper directory's files (what the size limit is held to).
+    pub upper_bytes: u64,
+}
+
+/// A snapshot, as its image's labels tell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub id: String,
+    pub sandbox_id: String,
+    pub name: Option<String>,
+    pub owner: String,
+    /// Its image's id and ref ([`snapshot_ref`]).
+    pub image_id: String,
+    pub image: String,
+    /// The image the sandbox ran.
+    pub base_image: String,
+    /// RFC 3339.
+    pub created: String,
+    /// Apparent bytes of its layer's files.
+    pub size: u64,
+    /// The sandbox's entrypoint, if it was recorded.
+    pub entrypoint: Option<Vec<String>>,
+}
+
+impl Snapshot {
+    fn from_record(rec: &ImageRecord) -> Option<Snapshot> {
+        let l = &rec.config.labels;
+        let id = l.get(labels::ID)?.clone();
+        Some(Snapshot {
+            image: snapshot_ref(&id),
+            id,
+            sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
+            name: l.get(labels::NAME).cloned(),
+            owner: l.get(labels::OWNER).cloned().unwrap_or_default(),
+            image_id: rec.id.clone(),
+            base_image: l.get(labels::BASE_IMAGE).cloned().unwrap_or_default(),
+            created: l.get(labels::CREATED).cloned().unwrap_or_default(),
+            size: l
+                .get(labels::SIZE)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            entrypoint: l
+                .get(labels::ENTRYPOINT)
+                .and_then(|e| serde_json::from_str(e).ok()),
+        })
+    }
+}
+
+/// What a new snapshot says about itself ([`ImageStore::create_snapshot`]).
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotMeta {
+    /// Its id: [`valid_snapshot_id`], unique (the caller makes it random).
+    pub id: String,
+    pub sandbox_id: String,
+    pub name: Option<String>,
+    pub owner: String,
+    pub entrypoint: Option<Vec<String>>,
+    /// Most bytes the writable layer's files may hold.
+    pub max_bytes: Option<u64>,
+}
+
+/// Apparent bytes of the files under `dir` (not following symlinks).
+pub fn tree_bytes(dir: &Path) -> u64 {
+    crate::layer::tree_size(dir)
+}
+
+impl ImageStore {
+    /// Makes an image of `base` (an image name or id, or `host`) with `upper` as one more
+    /// layer on top (see the module doc). Nothing is written when the upper directory holds
+    /// more than `opts.max_bytes`; nothing of a failed write is left.
+    pub fn commit_upper(
+        &self,
+        base: &str,
+        upper: &UpperDir<'_>,
+        opts: &CommitOptions,
+    ) -> Result<Committed, ImageError> {
+        for n in &opts.names {
+            reference::normalize(n)?;
+        }
+        let upper_bytes = tree_bytes(upper.path);
+        if let Some(max) = opts.max_bytes {
+            if upper_bytes > max {
+                return Err(ImageError::SnapshotTooLarge {
+                    bytes: upper_bytes,
+                    max,
+                });
+            }
+        }
+        let result = self.commit_upper_locked(base, upper, opts, upper_bytes);
+        if result.is_err() {
+            self.discard_unreferenced();
+        }
+        result
+    }
+
+    fn commit_upper_locked(
+        &self,
+        base: &str,
+        upper: &UpperDir<'_>,
+        opts: &CommitOptions,
+        upper_bytes: u64,
+    ) -> Result<Committed, ImageError> {
+        let _w = self.writer_lock()?;
+        let on_host = base == crate::HOST_IMAGE;
+        let (mut doc, mut layers) = if on_host {
+            (host_document(), Vec::new())
+        } else {
+            let rec = self.find(base)?;
+            (self.config_document(&rec)?, rec.layers.clone())
+        };
+        let layer = self.put_layer(|w| {
+            crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
+        })?;
+        layers.push(layer.clone());
+        let obj = doc
+            .as_object_mut()
+            .ok_or_else(|| ImageError::source(base, "the image's config is not an object"))?;
+        obj.insert("created".into(), rfc3339_now().into());
+        if let Some(a) = &opts.author {
+            obj.insert("author".into(), a.clone().into());
+        }
+        let config = obj.entry("config").or_insert_with(|| serde_json::json!({}));
+        if !config.is_object() {
+            *config = serde_json::json!({});
+        }
+        let config = config.as_object_mut().expect("an object");
+        if let Some(changes) = &opts.config {
+            for (k, v) in changes {
+                config.insert(k.clone(), v.clone());
+            }
+        }
+        let mut all_labels: BTreeMap<String, String> = config
+            .get("Labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
+        if on_host {
+            all_labels.insert(BASE_LABEL.into(), crate::HOST_IMAGE.into());
+        }
+        all_labels.extend(opts.labels.clone());
+        config.insert(
+            "Labels".into(),
+            serde_json::to_value(&all_labels).expect("json"),
+        );
+        let rootfs = obj
+            .entry("rootfs")
+            .or_insert_with(|| serde_json::json!({"type": "layers"}));
+        rootfs["diff_ids"] = layers
+            .iter()
+            .map(|l| l.diff_id.clone())
+            .collect::<Vec<_>>()
+            .into();
+        let history = obj
+            .entry("history")
+            .or_insert_with(|| serde_json::json!([]));
+        if !history.is_array() {
+            *history = serde_json::json!([]);
+        }
+        let mut entry = serde_json::json!({
+            "created": rfc3339_now(),
+            "created_by": opts.created_by,
+        });
+        if let Some(c) = &opts.comment {
+            entry["comment"] = c.clone().into();
+        }
+        history.as_array_mut().expect("an array").push(entry);
+        let record = self.commit_image(&doc, &layers, &opts.names)?;
+        Ok(Committed {
+            record,
+            layer,
+            upper_bytes,
+        })
+    }
+
+    /// Takes a snapshot: [`ImageStore::commit_upper`] of `upper` over `base`, labelled and
+    /// named as a snapshot ([`snapshot_ref`]). The name is written last: a snapshot that did
+    /// not finish is never listed.
+    pub fn create_snapshot(
+        &self,
+        base: &str,
+        upper: &UpperDir<'_>,
+        meta: &SnapshotMeta,
+    ) -> Result<Snapshot, ImageError> {
+        if !valid_snapshot_id(&meta.id) {
+            return Err(ImageError::InvalidName(
+                meta.id.clone(),
+                "a snapshot id is letters, digits, '_', '.' and '-'".into(),
+            ));
+        }
+        let mut l = BTreeMap::new();
+        l.insert(labels::ID.into(), meta.id.clone());
+        l.insert(labels::SANDBOX.into(), meta.sandbox_id.clone());
+        if let Some(n) = &meta.name {
+            l.insert(labels::NAME.into(), n.clone());
+        }
+        l.insert(labels::OWNER.into(), meta.owner.clone());
+        l.insert(labels::BASE_IMAGE.into(), base.to_owned());
+        l.insert(labels::CREATED.into(), rfc3339_now());
+        if let Some(e) = &meta.entrypoint {
+            l.insert(
+                labels::ENTRYPOINT.into(),
+                serde_json::to_string(e).expect("json"),
+            );
+        }
+        // The size labelled is the files' (known before the write): the name is given in the
+        // same commit, so the image is named when its record is complete.
+        l.insert(labels::SIZE.into(), tree_bytes(upper.path).to_string());
+        let committed = self.commit_upper(
+            base,
+            upper,
+            &CommitOptions {
+                names: vec![snapshot_ref(&meta.id)],
+                labels: l,
+                max_bytes: meta.max_bytes,
+                config: None,
+                created_by: format!("agentrun snapshot of sandbox {}", meta.sandbox_id),
+                comment: meta.name.clone(),
+                author: None,
+            },
+        )?;
+        Snapshot::from_record(&committed.record)
+            .ok_or_else(|| ImageError::NotFound(snapshot_ref(&meta.id)))
+    }
+
+    /// Every snapshot of `owner` (`None`: every owner's), oldest first.
+    pub fn snapshots(&self, owner: Option<&str>) -> Result<Vec<Snapshot>, ImageError> {
+        let mut out = Vec::new();
+        for info in self.list()? {
+            let Some(name) = info
+                .names
+                .iter()
+                .find(|n| n.starts_with(&format!("{SNAPSHOT_REPO}:")))
+            else {
+                continue;
+            };
+            let Ok(rec) = self.record(&info.id) else {
+                continue;
+            };
+            if let Some(s) = Snapshot::from_record(&rec) {
+                if name == &snapshot_ref(&s.id) && owner.is_none_or(|o| o == s.owner) {
+                    out.push(s);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// The snapshot `id` of `owner` (`None`: any owner); [`ImageError::NotFound`] when there
+    /// is none, or it is another owner's.
+    pub fn snapshot(&self, id: &str, owner: Option<&str>) -> Result<Snapshot, ImageError> {
+        let missing = || ImageError::NotFound(format!("snapshot {id}"));
+        if !valid_snapshot_id(id) {
+            return Err(missing());
+        }
+        let rec = match self.find(&snapshot_ref(id)) {
+            Ok(r) => r,
+            Err(ImageError::NotFound(_)) => return Err(missing()),
+            Err(e) => return Err(e),
+        };
+        match Snapshot::from_record(&rec) {
+            Some(s) if s.id == id && owner.is_none_or(|o| o == s.owner) => Ok(s),
+            _ => Err(missing()),
+        }
+    }
+
+    /// Deletes snapshot `id` (of `owner`, as [`ImageStore::snapshot`]): its name goes, and
+    /// its image and layer with it unless something else names them (sandboxes running from
+    /// it keep their layers until they end).
+    pub fn remove_snapshot(&self, id: &str, owner: Option<&str>) -> Result<Snapshot, ImageError> {
+        let s = self.snapshot(id, owner)?;
+        self.remove(&snapshot_ref(id), false)?;
+        Ok(s)
+    }
+
+    /// What an interrupted writer left (a daemon killed mid-snapshot): temp files, unnamed
+    /// snapshot images, content no image refers to. Skipped (`Ok(false)`) while another
+    /// writer is at work. Call at start.
+    pub fn collect_interrupted(&self) -> Result<bool, ImageError> {
+        self.discard_dangling_snapshots();
+        let Ok(_gc) = self.try_gc_lock() else {
+            return Ok(false);
+        };
+        self.collect_garbage(&mut crate::PruneReport::default())?;
+        Ok(true)
+    }
+
+    /// Removes the records of snapshot images no name points at (a writer killed between
+    /// the record and its name), unless a writer is at work.
+    fn discard_dangling_snapshots(&self) {
+        let Ok(_gc) = self.try_gc_lock() else {
+            return;
+        };
+        let Ok(list) = self.list() else {
+            return;
+        };
+        for info in list {
+            if !info.names.is_empty() || info.id.is_empty() {
+                continue;
+            }
+            let Ok(rec) = self.record(&info.id) else {
+                continue;
+            };
+            if rec.config.labels.contains_key(labels::ID) {
+                if let Ok(p) = self.record_file(&rec.id) {
+                    let _ = fs::remove_file(p);
+                }
+            }
+        }
+        let _ = self.collect_garbage(&mut crate::PruneReport::default());
+    }
+}
+
+/// The OCI config of an image over the built-in `host` image (its own layers only).
+fn host_document() -> serde_json::Value {
+    let c = ImageConfig::default();
+    serde_json::json!({
+        "created": rfc3339_now(),
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Env": c.env,
+            "Labels": {},
+        },
+        "rootfs": {"type": "layers", "diff_ids": []},
+        "history": [],
+    })
+}
+
+/// The owner a secret (an API key) stands for: the first 16 hex digits of its SHA-256 (the
+/// key itself is never written).
+pub fn owner_of_secret(secret: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(secret.as_bytes());
+    hex::encode(&d[..8])
+}
