@@ -56,6 +56,16 @@ fn row(s: &Snapshot) -> String {
     )
 }
 
+/// "no snapshot ID" for a missing one (not the image store's wording).
+fn not_found(id: &str, e: agentrun_image::ImageError) -> anyhow::Error {
+    match e {
+        agentrun_image::ImageError::NotFound(_) => {
+            anyhow::anyhow!("no snapshot {id} (see `agentrun snapshot ls`)")
+        }
+        e => e.into(),
+    }
+}
+
 pub fn run(cmd: SnapshotCommand, paths: &Paths) -> anyhow::Result<()> {
     match cmd {
         SnapshotCommand::Create {
@@ -95,7 +105,7 @@ pub fn run(cmd: SnapshotCommand, paths: &Paths) -> anyhow::Result<()> {
             let store = ImageStore::open(&paths.root)?;
             let mut out = Vec::new();
             for id in &ids {
-                let s = store.snapshot(id, None)?;
+                let s = store.snapshot(id, None).map_err(|e| not_found(id, e))?;
                 let mut v = serde_json::to_value(&s)?;
                 v["image"] = snapshot_ref(&s.id).into();
                 out.push(v);
@@ -105,7 +115,9 @@ pub fn run(cmd: SnapshotCommand, paths: &Paths) -> anyhow::Result<()> {
         SnapshotCommand::Rm { ids } => {
             let store = ImageStore::open(&paths.root)?;
             for id in &ids {
-                store.remove_snapshot(id, None)?;
+                store
+                    .remove_snapshot(id, None)
+                    .map_err(|e| not_found(id, e))?;
                 println!("{id}");
             }
         }

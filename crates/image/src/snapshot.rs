@@ -21,7 +21,8 @@
 //!   ([`ImageError::SnapshotTooLarge`], with the layer's size); a failed write (a full disk)
 //!   leaves nothing of it behind (every write goes to `tmp/` and is renamed into place).
 //! - Ownership: each snapshot has an `owner` (for the OpenSandbox API: a fingerprint of the
-//!   API key that made it); lookups by another owner see no such snapshot.
+//!   API key that made it); lookups by another owner see no such snapshot. Unowned ones
+//!   (`agentrun snapshot create`, by the local root) are everyone's.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -174,9 +175,16 @@ pub struct SnapshotMeta {
     pub max_bytes: Option<u64>,
 }
 
-/// Apparent bytes of the files under `dir` (not following symlinks).
+/// Apparent bytes of the files under `dir` (`dir` itself may be a symlink, such as
+/// `/proc/self/fd/N`; nothing under it is followed).
 pub fn tree_bytes(dir: &Path) -> u64 {
-    crate::layer::tree_size(dir)
+    match fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(Result::ok)
+            .map(|e| crate::layer::tree_size(&e.path()))
+            .sum(),
+        Err(_) => crate::layer::tree_size(dir),
+    }
 }
 
 impl ImageStore {
@@ -351,7 +359,7 @@ impl ImageStore {
                 continue;
             };
             if let Some(s) = Snapshot::from_record(&rec) {
-                if name == &snapshot_ref(&s.id) && owner.is_none_or(|o| o == s.owner) {
+                if name == &snapshot_ref(&s.id) && visible_to(&s, owner) {
                     out.push(s);
                 }
             }
@@ -373,7 +381,7 @@ impl ImageStore {
             Err(e) => return Err(e),
         };
         match Snapshot::from_record(&rec) {
-            Some(s) if s.id == id && owner.is_none_or(|o| o == s.owner) => Ok(s),
+            Some(s) if s.id == id && visible_to(&s, owner) => Ok(s),
             _ => Err(missing()),
         }
     }
@@ -423,6 +431,12 @@ impl ImageStore {
         }
         let _ = self.collect_garbage(&mut crate::PruneReport::default());
     }
+}
+
+/// Whether `owner` (`None`: anyone) may see snapshot `s`: its own, and unowned ones (taken
+/// by the local root with `agentrun snapshot create`).
+fn visible_to(s: &Snapshot, owner: Option<&str>) -> bool {
+    owner.is_none_or(|o| o == s.owner || s.owner.is_empty())
 }
 
 /// The OCI config of an image over the built-in `host` image (its own layers only).
