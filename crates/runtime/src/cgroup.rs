@@ -301,6 +301,28 @@ impl CgroupMode {
             .map_err(|e| RuntimeError::Container(format!("freezer of {id}: {e}")))
     }
 
+    /// Thaws a sandbox's cgroup if it is frozen (or freezing), by its freezer file: frozen
+    /// tasks do not die of SIGKILL until thawed (cgroup v1), so a teardown thaws first (a
+    /// daemon killed while a sandbox was paused or being snapshotted). A read when it is not.
+    pub fn thaw_if_frozen(self, id: &str) {
+        let (file, frozen, thawed) = if self.unified() {
+            (self.dir("", id).join("cgroup.freeze"), "1", "0")
+        } else {
+            (
+                self.dir("freezer", id).join("freezer.state"),
+                "FROZEN",
+                "THAWED",
+            )
+        };
+        let Ok(state) = fs::read_to_string(&file) else {
+            return;
+        };
+        let state = state.trim();
+        if state == frozen || state == "FREEZING" {
+            let _ = fs::write(&file, thawed);
+        }
+    }
+
     /// CPU time used so far and memory in use / limit.
     pub fn usage(self, id: &str) -> Result<CgroupUsage, RuntimeError> {
         let stats = self

@@ -711,6 +711,10 @@ impl Sandbox {
         // what is left in the cgroup, remove the cgroups, the mounts, the state dir and
         // libcontainer's container dir. We have no OCI hooks to run. One teardown then serves
         // every path: this one and `gc` for sandboxes whose owner died.
+        // A frozen init would not die (nor be reaped) until thawed.
+        if let Some(cg) = self.cgroup {
+            cg.thaw_if_frozen(&self.id);
+        }
         if let Some(c) = self.container.take() {
             if let Some(pid) = c.pid() {
                 let _ = kill(pid, Signal::SIGKILL);
@@ -738,6 +742,7 @@ pub(crate) fn destroy_leftovers(
     cgroup: Option<CgroupMode>,
 ) -> Result<(), RuntimeError> {
     if let Some(cg) = cgroup {
+        cg.thaw_if_frozen(id);
         for _ in 0..50 {
             let pids = cg.pids(id);
             if pids.is_empty() {
