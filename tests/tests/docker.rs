@@ -1614,3 +1614,86 @@ except docker.errors.APIError as e:
     assert!(out.stderr().contains("max-upload"), "{out}");
     d.docker(&["rm", "-f", "up"]).success();
 }
+
+#[test]
+fn docker_py_commit_then_run_of_the_committed_image() {
+    let Some(_l) = setup() else { return };
+    let d = start();
+    let out = d.python(
+        r#"
+import time
+c = client.containers.run("busybox", ["sh", "-c", "mkdir -p /data && echo committed > /data/f && rm /bin/uname && echo ready && sleep 600"], detach=True)
+deadline = time.time() + 60
+while b"ready" not in c.logs():
+    assert time.time() < deadline, c.logs()
+    time.sleep(0.05)
+img = c.commit(repository="snapped", tag="v1", message="the message", author="me", conf={"Cmd": ["cat", "/data/f"], "Env": ["X=from-commit"]})
+print(img.id.startswith("sha256:"), img.tags)
+print(client.containers.run("snapped:v1", remove=True).decode().strip())
+print(client.containers.run("snapped:v1", ["sh", "-c", "[ -e /bin/uname ] || echo uname-removed; echo $X"], remove=True).decode().split())
+print(img.attrs.get("Author"), img.attrs.get("Comment"), img.attrs.get("Config", {}).get("Env"))
+# The container runs on after its commit; a write after it is not in the image.
+print(c.exec_run(["sh", "-c", "echo later > /data/g; cat /data/f"]).output.decode().strip())
+print(client.containers.run("snapped:v1", ["sh", "-c", "[ -e /data/g ] || echo not-in-image"], remove=True).decode().strip())
+c.stop(timeout=1)
+try:
+    c.commit(repository="after-stop")
+    print("committed a stopped container")
+except docker.errors.APIError as e:
+    print(e.status_code)
+c.remove()
+client.images.remove("snapped:v1")
+try:
+    client.images.get("snapped:v1")
+except docker.errors.ImageNotFound:
+    print("image removed")
+"#,
+    );
+    assert_eq!(
+        out.success(),
+        "True ['snapped:v1']\ncommitted\n['uname-removed', 'from-commit']\nme the message ['X=from-commit']\ncommitted\nnot-in-image\n409\nimage removed\n",
+        "{out}\n{}",
+        d.daemon.log()
+    );
+}
+
+#[test]
+fn docker_cli_commit_and_the_size_limit() {
+    let Some(_l) = setup() else { return };
+    let d = start_with(&["--pool-size", "1", "--max-snapshot", "1M"]);
+    let out = d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "k",
+        "busybox",
+        "sh",
+        "-c",
+        "echo small > /s; sleep 600",
+    ]);
+    out.success();
+    let ok = wait_until(Duration::from_secs(30), || {
+        let r = d.docker(&["exec", "k", "cat", "/s"]);
+        (r.status.code() == Some(0)).then_some(())
+    });
+    assert!(ok.is_some(), "{}", d.daemon.log());
+    let out = d.docker(&["commit", "k", "small:1"]);
+    assert!(out.success().trim().starts_with("sha256:"), "{out}");
+    let out = d.docker(&["run", "--rm", "small:1", "cat", "/s"]);
+    assert_eq!(out.success(), "small\n", "{out}");
+    d.docker(&["exec", "k", "sh", "-c", "head -c 2000000 /dev/zero > /big"])
+        .success();
+    let out = d.docker(&["commit", "k", "big:1"]);
+    assert_ne!(out.status.code(), Some(0), "{out}");
+    assert!(
+        out.stderr()
+            .contains("over the snapshot limit of 1048576 bytes")
+            && out.stderr().contains("200"),
+        "{out}"
+    );
+    let out = d.docker(&["images", "--format", "{{.Repository}}"]);
+    assert!(!out.success().contains("big"), "{out}");
+    let out = d.docker(&["exec", "k", "cat", "/s"]);
+    assert_eq!(out.success(), "small\n", "the container runs on: {out}");
+    d.docker(&["rm", "-f", "k"]).success();
+}

@@ -66,6 +66,14 @@ fn config_json(rec: &ImageRecord) -> serde_json::Value {
 pub fn inspect(api: &ApiState, name: &str) -> DockerResult {
     let rec = api.store.find(name).map_err(|e| image_error(name, &e))?;
     let tags = repo_tags(&api.store, &rec);
+    // A commit's author and message (`docker commit -a -m`), as the config says.
+    let doc = api.store.config_document(&rec).unwrap_or_default();
+    let author = doc["author"].as_str().unwrap_or_default();
+    let comment = doc["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .and_then(|h| h["comment"].as_str())
+        .unwrap_or_default();
     Ok(json(
         StatusCode::OK,
         &json!({
@@ -73,10 +81,10 @@ pub fn inspect(api: &ApiState, name: &str) -> DockerResult {
             "RepoTags": tags,
             "RepoDigests": [],
             "Parent": "",
-            "Comment": "",
+            "Comment": comment,
             "Created": rec.created.clone().unwrap_or_default(),
             "DockerVersion": "",
-            "Author": "",
+            "Author": author,
             "Config": config_json(&rec),
             "Architecture": rec.architecture,
             "Os": rec.os,
