@@ -418,7 +418,28 @@ def nothing_listed():
     mgr.close()
 
 
+def observed():
+    """A snapshot and a restore whose spans and audit records the test checks: prints
+    SOURCE, SNAPSHOT_ID, RESTORED; then a refused snapshot (unknown sandbox is no record)."""
+    cfg = sync_config()
+    mgr = SandboxManagerSync.create(cfg)
+    src = SandboxSync.create("host", connection_config=cfg)
+    write_files(src)
+    snap = src.create_snapshot(name="observed")
+    wait_ready(mgr.get_snapshot, snap.id)
+    copy = SandboxSync.create(snapshot_id=snap.id, connection_config=cfg)
+    check_files(copy, "restored")
+    print(f"SOURCE {src.id}")
+    print(f"SNAPSHOT_ID {snap.id}")
+    print(f"RESTORED {copy.id}")
+    mgr.delete_snapshot(snap.id)
+    for s in (src, copy):
+        s.kill()
+    mgr.close()
+
+
 SCENARIOS = {
+    "observed": observed,
     "sync_flow": sync_flow,
     "async_flow": async_flow,
     "pause_to_disk": pause_to_disk,

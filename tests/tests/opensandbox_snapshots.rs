@@ -226,3 +226,68 @@ fn a_daemon_killed_mid_snapshot_restarts_with_no_half_snapshot_and_nothing_left(
     let _ = domain;
     stop_clean(d);
 }
+
+#[test]
+fn snapshot_and_restore_spans_carry_sizes_and_durations_and_are_audited() {
+    let Some(_lock) = setup() else { return };
+    let _sweep = SnapshotSweep::new();
+    let audit = tempdir();
+    let rx = agentrun_e2e::otlp::OtlpReceiver::grpc();
+    let (d, domain) = start_observed(&rx, audit.path());
+    let out = scenario(&d, &domain, "snapshots:observed", &[]);
+    let (src, id, restored) = (
+        printed(&out, "SOURCE").to_owned(),
+        printed(&out, "SNAPSHOT_ID").to_owned(),
+        printed(&out, "RESTORED").to_owned(),
+    );
+    let spans = wait_until(Duration::from_secs(30), || {
+        let all = rx.spans();
+        let has = |n: &str| all.iter().any(|s| s.name == n);
+        (has("sandbox.snapshot") && has("sandbox.restore")).then_some(all)
+    })
+    .unwrap_or_else(|| panic!("no snapshot/restore spans: {:?}", rx.spans()));
+    let snap = spans.iter().find(|s| s.name == "sandbox.snapshot").unwrap();
+    assert_eq!(snap.attr("sandbox.id"), src);
+    assert_eq!(snap.attr("sandbox.snapshot.id"), id);
+    let bytes: u64 = snap
+        .typed_attr("sandbox.snapshot.bytes", "int")
+        .parse()
+        .unwrap();
+    assert!(bytes >= 70_000, "{bytes}");
+    let ms: u64 = snap
+        .typed_attr("sandbox.duration_ms", "int")
+        .parse()
+        .unwrap();
+    snap.typed_attr("sandbox.frozen_ms", "int");
+    assert!(
+        snap.duration() >= Duration::from_millis(ms),
+        "the span lasts what it says: {:?} {ms}",
+        snap.duration()
+    );
+    let restore = spans.iter().find(|s| s.name == "sandbox.restore").unwrap();
+    assert_eq!(restore.attr("sandbox.id"), restored);
+    assert_eq!(restore.attr("sandbox.snapshot.id"), id);
+    restore.typed_attr("sandbox.duration_ms", "int");
+    let records = d
+        .agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run()
+        .success();
+    let recs: Vec<serde_json::Value> = records
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let find = |kind: &str, sandbox: &str| {
+        recs.iter()
+            .find(|r| r["kind"] == kind && r["sandbox_id"] == sandbox)
+            .unwrap_or_else(|| panic!("no {kind} record of {sandbox}: {records}"))
+    };
+    let s = find("snapshot", &src);
+    assert_eq!(s["resource"], id.as_str(), "{s}");
+    assert_eq!(s["decision"], "ok", "{s}");
+    assert_eq!(s["action"], "sandbox.snapshot", "{s}");
+    let r = find("restore", &restored);
+    assert_eq!(r["resource"], id.as_str(), "{r}");
+    assert_eq!(r["decision"], "ok", "{r}");
+    stop_clean(d);
+}

@@ -100,7 +100,16 @@ pub fn report(
     audit: Option<&agentrun_telemetry::AuditLog>,
     r: &Report<'_>,
 ) -> agentrun_telemetry::RunSpan {
-    let mut span = agentrun_telemetry::RunSpan::start(name, r.traceparent);
+    // Started when the work did (`r.duration` ago).
+    let fresh = agentrun_telemetry::RunSpan::start(name, r.traceparent);
+    let mut span = agentrun_telemetry::RunSpan::resume(
+        name,
+        fresh.context(),
+        fresh.parent(),
+        std::time::SystemTime::now()
+            .checked_sub(r.duration)
+            .unwrap_or_else(std::time::SystemTime::now),
+    );
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.id", r.sandbox_id);
     span.set_attribute("sandbox.snapshot.id", r.snapshot_id);
