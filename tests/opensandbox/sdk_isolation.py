@@ -4,6 +4,7 @@ sandbox/container A gets marked secrets and plants them (tests/isolation/scan.py
 
     python sdk_e2e.py isolation:osb       OpenSandbox SDK: commands, a bash session, a code context
     python sdk_e2e.py isolation:docker    docker-py: a container's main process and `exec`
+    python sdk_e2e.py isolation:osb_snapshot   OpenSandbox SDK: B made from a snapshot of P
 
 ISO_MANIFEST names a JSON file the test wrote: the codes and markers of A and B. Prints
 `RESULT <label> <json>` for every plant report and verdict, then `OK <scenario>`; the Rust
@@ -149,4 +150,56 @@ def docker():
     print("SHELLS", " ".join(shells), flush=True)
 
 
-SCENARIOS = {"osb": osb, "docker": docker}
+def osb_snapshot():
+    """Sandbox A plants and is deleted; sandbox P, on A's shell, writes the carried marker (a
+    file a snapshot keeps by design) and is snapshotted and deleted; B, made from P's
+    snapshot, scans (commands and a bash session) and finds P's file and nothing of A."""
+    from opensandbox import SandboxSync
+    from opensandbox.sync.manager import SandboxManagerSync
+
+    m = manifest()
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg, env=m["a"]["env"], timeout=timedelta(minutes=5))
+    try:
+        shell = shell_of(a.id)
+        path, data = m["a"]["upload"]
+        a.files.write_file(path, data)
+        result("a.cmd", lines(a.commands.run(command(*m["a"]["cmd"]))))
+        s = a.commands.create_session()
+        result("a.session", lines(a.commands.run_in_session(s, command(*m["a"]["session"]))))
+    finally:
+        a.kill()
+        a.close()
+    wait_back(shell)
+    mgr = SandboxManagerSync.create(cfg)
+    p = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    try:
+        check(shell_of(p.id) == shell, f"sandbox P is not in A's shell {shell}")
+        carried = m["carried"]
+        ex = p.commands.run(f"echo {carried} > /workspace/carried.txt && echo {carried} > /tmp/carried.txt")
+        check(ex.exit_code == 0, f"P's write: {lines(ex)}")
+        snap = p.create_snapshot(name="isolation")
+        deadline = time.monotonic() + 60
+        while (info := mgr.get_snapshot(snap.id)).status.state != "Ready":
+            check(info.status.state == "Creating" and time.monotonic() < deadline, f"{info.status}")
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.close()
+    b = SandboxSync.create(snapshot_id=snap.id, connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
+    try:
+        ex = b.commands.run("cat /workspace/carried.txt /tmp/carried.txt")
+        got = [x.text for x in ex.logs.stdout]
+        check(got == [m["carried"], m["carried"]], f"B has P's files: {got}")
+        result("b.cmd", lines(b.commands.run(command(*m["b"]["cmd"]))))
+        s = b.commands.create_session()
+        result("b.session", lines(b.commands.run_in_session(s, command(*m["b"]["session"]))))
+    finally:
+        b.kill()
+        b.close()
+        mgr.delete_snapshot(snap.id)
+        mgr.close()
+    print("SHELL", shell, flush=True)
+
+
+SCENARIOS = {"osb": osb, "docker": docker, "osb_snapshot": osb_snapshot}

@@ -578,6 +578,12 @@ struct Apis {
 }
 
 fn start_apis(profile: &str, docker: bool) -> Apis {
+    start_apis_with(profile, docker, 0)
+}
+
+/// [`start_apis`] with room for `more` sandboxes besides the pools' shells (a sandbox made
+/// from a snapshot runs in a shell of its own image).
+fn start_apis_with(profile: &str, docker: bool, more: usize) -> Apis {
     let dir = tempdir();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let mut d = Daemon::unstarted();
@@ -612,7 +618,7 @@ fn start_apis(profile: &str, docker: bool) -> Apis {
         ]);
         docker_socket = Some(socket);
     }
-    let pools = if docker { 2 } else { 1 };
+    let pools = if docker { 2 } else { 1 } + more;
     args.extend(["--max-sandboxes".into(), pools.to_string()]);
     d.launch(args);
     Apis {
@@ -766,6 +772,51 @@ fn osb_case(apis: &Apis, profile: &str) -> Case {
     });
     apis.sdk(&mut case, "osb", &m);
     case
+}
+
+/// The snapshot pair: sandbox A plants (commands, a bash session) and is deleted; sandbox P
+/// runs next on A's shell, writes the carried marker into `/workspace` and `/tmp` and is
+/// snapshotted; B, made from P's snapshot (a shell of the snapshot's image), scans. A
+/// snapshot carries its sandbox's files by design (the carried marker is B's to see),
+/// nothing of other runs.
+fn osb_snapshot_case(apis: &Apis) -> Case {
+    let mut case = Case::new("opensandbox from a snapshot");
+    let a_cmd = case.a_mark("OpenSandbox command before the snapshot's sandbox: env, argv, upload");
+    let a_session = case.a_mark("OpenSandbox bash session before the snapshot's sandbox");
+    let (b_cmd, b_session) = (case.b_mark(), case.b_mark());
+    // P's marker is carried into B by design: B may see it.
+    let carried = case.b_mark();
+    let upload = "/tmp/iso-upload.txt";
+    let mut env = json!({"ISO_SECRET": a_cmd});
+    for (i, c) in copies(&a_cmd).into_iter().enumerate() {
+        env[format!("ISO_SECRET_{i}")] = json!(c);
+    }
+    let m = json!({
+        "carried": carried,
+        "a": {
+            "env": env,
+            "upload": [upload, format!("{a_cmd}\n")],
+            "cmd": [probe("plant", &a_cmd, &["env", "argv"], json!({"read": [upload]})), a_cmd],
+            "session": [probe("plant", &a_session, &["argv"], json!({})), a_session],
+        },
+        "b": {
+            "env": {"ISO_MARK": b_cmd},
+            "cmd": [probe("scan", &b_cmd, &["env", "argv"], json!({})), b_cmd],
+            "session": [probe("scan", &b_session, &["argv"], json!({})), b_session],
+        },
+    });
+    apis.sdk(&mut case, "osb_snapshot", &m);
+    case
+}
+
+/// A sandbox made from a snapshot sees its snapshot's files and nothing of the runs before
+/// the snapshotted sandbox on its shell.
+#[test]
+fn a_sandbox_from_a_snapshot_sees_its_files_and_nothing_of_other_runs() {
+    let Some(_l) = setup() else { return };
+    let apis = start_apis_with("default", false, 1);
+    let case = osb_snapshot_case(&apis);
+    verdict(&[case]);
 }
 
 /// The MCP session pair: session A's `run_python` and `run_shell` plant, the session ends;
