@@ -299,13 +299,12 @@ pub async fn commit(State(api): Api, q: Query, req: Request) -> DockerResult {
             _ => return Err(DockerError::bad_request("the config must be a JSON object")),
         }
     }
-    let name = q
-        .get("repo")
-        .filter(|r| !r.is_empty())
-        .map(|repo| match q.get("tag").filter(|t| !t.is_empty()) {
+    let name = q.get("repo").filter(|r| !r.is_empty()).map(|repo| {
+        match q.get("tag").filter(|t| !t.is_empty()) {
             Some(t) => format!("{repo}:{t}"),
             None => repo.to_owned(),
-        });
+        }
+    });
     if let Some(n) = &name {
         agentrun_image::reference::normalize(n)
             .map_err(|e| DockerError::bad_request(e.to_string()))?;

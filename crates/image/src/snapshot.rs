@@ -462,3 +462,145 @@ pub fn owner_of_secret(secret: &str) -> String {
     let d = sha2::Sha256::digest(secret.as_bytes());
     hex::encode(&d[..8])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("agentrun-snap-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn upper(p: &Path) -> UpperDir<'_> {
+        // The test's own ids are outside the range: written as 65534.
+        UpperDir {
+            path: p,
+            uid_base: 0,
+            uid_count: 65536,
+        }
+    }
+
+    #[test]
+    fn snapshots_are_named_images_over_their_base_owned_and_removable() {
+        let root = tempdir("root");
+        let base_dir = tempdir("base");
+        fs::write(base_dir.join("base.txt"), "base").unwrap();
+        let store = ImageStore::open(&root).unwrap();
+        store
+            .add_dir("snapbase", &base_dir, &ImageConfig::default())
+            .unwrap();
+        let up = tempdir("upper");
+        fs::create_dir_all(up.join("work")).unwrap();
+        fs::write(up.join("work/new.txt"), "new").unwrap();
+        let meta = SnapshotMeta {
+            id: "snap-1".into(),
+            sandbox_id: "sbx".into(),
+            name: Some("first".into()),
+            owner: owner_of_secret("key-1"),
+            entrypoint: Some(vec!["sleep".into(), "1".into()]),
+            max_bytes: Some(1000),
+        };
+        let s = store
+            .create_snapshot("snapbase", &upper(&up), &meta)
+            .unwrap();
+        assert_eq!(
+            (s.id.as_str(), s.sandbox_id.as_str(), s.size),
+            ("snap-1", "sbx", 3)
+        );
+        assert_eq!(s.entrypoint, meta.entrypoint);
+        // A runnable image: the base's layer under the new one.
+        let img = store.resolve(&snapshot_ref("snap-1")).unwrap();
+        assert_eq!(img.layers.len(), 2);
+        assert_eq!(
+            fs::read_to_string(img.layers[0].join("work/new.txt")).unwrap(),
+            "new"
+        );
+        assert!(img.layers[1].join("base.txt").exists());
+        // Owned: another key sees nothing; no owner sees all.
+        let other = owner_of_secret("key-2");
+        assert!(store.snapshots(Some(&other)).unwrap().is_empty());
+        assert!(matches!(
+            store.snapshot("snap-1", Some(&other)),
+            Err(ImageError::NotFound(_))
+        ));
+        assert_eq!(store.snapshots(None).unwrap().len(), 1);
+        assert_eq!(
+            store.snapshot("snap-1", Some(&meta.owner)).unwrap().name,
+            Some("first".into())
+        );
+        assert!(store.snapshot("../x", None).is_err());
+        // Over the limit: refused with the size, nothing written.
+        fs::write(up.join("big"), vec![0u8; 2000]).unwrap();
+        let blobs = fs::read_dir(root.join("blobs/sha256")).unwrap().count();
+        let big = SnapshotMeta {
+            id: "snap-2".into(),
+            ..meta.clone()
+        };
+        match store.create_snapshot("snapbase", &upper(&up), &big) {
+            Err(ImageError::SnapshotTooLarge { bytes, max }) => {
+                assert_eq!((bytes, max), (2003, 1000))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            fs::read_dir(root.join("blobs/sha256")).unwrap().count(),
+            blobs
+        );
+        // Removed: gone, its layer collected.
+        store.remove_snapshot("snap-1", Some(&meta.owner)).unwrap();
+        assert!(store.snapshots(None).unwrap().is_empty());
+        assert!(!img.layers[0].exists());
+        for d in [root, base_dir, up] {
+            fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn interrupted_snapshots_are_collected_at_start() {
+        let root = tempdir("interrupted");
+        let up = tempdir("interrupted-upper");
+        fs::write(up.join("f"), "x").unwrap();
+        let store = ImageStore::open(&root).unwrap();
+        let s = store
+            .create_snapshot(
+                crate::HOST_IMAGE,
+                &upper(&up),
+                &SnapshotMeta {
+                    id: "snap-i".into(),
+                    ..SnapshotMeta::default()
+                },
+            )
+            .unwrap();
+        // Made over the host image: its own layer only, the host image under it.
+        assert_eq!(store.record(&s.image_id).unwrap().layers.len(), 1);
+        // As if killed between the record and its name: the name is gone, a temp file left.
+        let mut refs: BTreeMap<String, String> =
+            serde_json::from_slice(&fs::read(root.join("refs.json")).unwrap()).unwrap();
+        refs.clear();
+        fs::write(root.join("refs.json"), serde_json::to_vec(&refs).unwrap()).unwrap();
+        fs::write(root.join("tmp/blob-half"), "half").unwrap();
+        assert!(store.snapshots(None).unwrap().is_empty(), "never listed");
+        assert!(store.collect_interrupted().unwrap());
+        assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(root.join("records")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(root.join("blobs/sha256")).unwrap().count(), 0);
+        for d in [root, up] {
+            fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn tree_bytes_follows_the_top_symlink_only() {
+        let d = tempdir("bytes");
+        fs::create_dir_all(d.join("real/sub")).unwrap();
+        fs::write(d.join("real/sub/a"), "12345").unwrap();
+        std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("real/out")).unwrap();
+        assert_eq!(tree_bytes(&d.join("link")), 5 + 4);
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
