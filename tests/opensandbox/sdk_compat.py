@@ -87,7 +87,7 @@ async def code_interrupt_async():
 def routes():
     """Upstream's server mounts every route at `/` and `/v1`, agentrun too (lifecycle and the
     server proxy); the upstream routes agentrun does not serve answer 501 with a JSON error
-    saying why (snapshots, diagnostics, server-side pools, execd's /pty)."""
+    saying why (diagnostics, server-side pools, execd's /pty)."""
     import httpx
 
     from sdk_e2e import BASE, lifecycle_headers
@@ -101,9 +101,10 @@ def routes():
         check(a.status_code == b.status_code == 200 and a.json()["id"] == b.json()["id"] == sbx.id, f"/ and /v1: {a.text} {b.text}")
         r = httpx.get(f"{root}/sandboxes/{sbx.id}/proxy/44772/ping", headers=h)
         check(r.status_code == 200, f"server proxy at the root: {r.status_code} {r.text}")
+        # Snapshots are served at the root too (tests/opensandbox/sdk_snapshots.py has the rest).
+        r = httpx.get(f"{root}/snapshots/x", headers=h)
+        check(r.status_code == 404 and r.json()["code"] == "SNAPSHOT::NOT_FOUND", f"/snapshots/x: {r.status_code} {r.text}")
         for method, path in [
-            ("GET", "/v1/snapshots"), ("GET", "/snapshots/x"), ("DELETE", "/v1/snapshots/x"),
-            ("POST", f"/v1/sandboxes/{sbx.id}/snapshots"),
             ("GET", f"/v1/sandboxes/{sbx.id}/diagnostics/logs"), ("GET", f"/sandboxes/{sbx.id}/diagnostics/events"),
             ("GET", "/v1/pools"), ("POST", "/v1/pools"), ("PUT", "/pools/p"),
         ]:
