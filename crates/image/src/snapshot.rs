@@ -201,6 +201,17 @@ impl ImageStore {
             reference::normalize(n)?;
         }
         let upper_bytes = tree_bytes(upper.path);
+        self.commit_upper_sized(base, upper, opts, upper_bytes)
+    }
+
+    /// [`ImageStore::commit_upper`] of an upper directory whose files hold `upper_bytes`.
+    fn commit_upper_sized(
+        &self,
+        base: &str,
+        upper: &UpperDir<'_>,
+        opts: &CommitOptions,
+        upper_bytes: u64,
+    ) -> Result<Committed, ImageError> {
         if let Some(max) = opts.max_bytes {
             if upper_bytes > max {
                 return Err(ImageError::SnapshotTooLarge {
@@ -326,8 +337,10 @@ impl ImageStore {
         }
         // The size labelled is the files' (known before the write): the name is given in the
         // same commit, so the image is named when its record is complete.
-        l.insert(labels::SIZE.into(), tree_bytes(upper.path).to_string());
-        let committed = self.commit_upper(
+        let bytes = tree_bytes(upper.path);
+        l.insert(labels::SIZE.into(), bytes.to_string());
+        reference::normalize(&snapshot_ref(&meta.id))?;
+        let committed = self.commit_upper_sized(
             base,
             upper,
             &CommitOptions {
@@ -339,6 +352,7 @@ impl ImageStore {
                 comment: meta.name.clone(),
                 author: None,
             },
+            bytes,
         )?;
         Snapshot::from_record(&committed.record)
             .ok_or_else(|| ImageError::NotFound(snapshot_ref(&meta.id)))

@@ -529,6 +529,17 @@ impl LiveSandbox {
         Ok(result)
     }
 
+    /// Bytes of the files in the sandbox's writable layer now (not frozen: a first check of a
+    /// size limit, which [`LiveSandbox::with_writable_layer`] then holds frozen).
+    pub fn writable_layer_bytes(&self) -> Result<u64, PoolError> {
+        if self.is_dead() {
+            return Err(PoolError::NotFound(self.id.clone()));
+        }
+        let upper = self.open_upper()?;
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
+        Ok(agentrun_image::snapshot::tree_bytes(&path))
+    }
+
     /// Opens the cell's upper directory (`O_PATH`) through its PID 1's fd, checked to be the
     /// cell's (its pidfd still alive after the open: the pid was never reused meanwhile).
     fn open_upper(&self) -> Result<OwnedFd, PoolError> {

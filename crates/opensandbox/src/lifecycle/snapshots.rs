@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentrun_image::snapshot::tree_bytes;
 use agentrun_image::{ImageError, Snapshot, SnapshotMeta};
 use agentrun_pool::lock;
 use agentrun_pool::snapshot::{report, Report, SNAPSHOT_SPAN};
@@ -173,11 +172,9 @@ pub async fn create(
     // capture holds it to the limit again, frozen.
     let max = server.limits.max_snapshot;
     let sandbox = rec.sandbox.clone();
-    let measured = tokio::task::spawn_blocking(move || {
-        sandbox.with_writable_layer(|upper| tree_bytes(upper.path))
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let measured = tokio::task::spawn_blocking(move || sandbox.writable_layer_bytes())
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     if measured > max {
         let e = ImageError::SnapshotTooLarge {
             bytes: measured,
