@@ -226,6 +226,53 @@ def pause_to_disk():
     mgr.close()
 
 
+def pause_to_disk_same_id():
+    """`pause?toDisk=true` (agentrun's option of pause): the sandbox's files go to a snapshot,
+    its processes and shell away; `resume` (the SDK's) brings it back with the same id,
+    endpoints (the SDK object in hand keeps working) and metadata, and its files. A delete
+    while on disk removes its snapshot."""
+    cfg = sync_config()
+    mgr = SandboxManagerSync.create(cfg)
+    sbx = SandboxSync.create("host", connection_config=cfg, metadata={"kept": "yes"})
+    write_files(sbx)
+    before = sbx.get_endpoint(44772)
+    from sdk_e2e import ps
+    check(any(e.get("sandbox") == sbx.id for e in ps()), "a shell serves it")
+    t0 = time.monotonic()
+    r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/pause?toDisk=true", headers=lifecycle_headers(), timeout=60)
+    check(r.status_code == 202, f"pause to disk: {r.status_code} {r.text}")
+    t1 = time.monotonic()
+    raw = httpx.get(f"{BASE}/sandboxes/{sbx.id}", headers=lifecycle_headers(), timeout=30).json()
+    check(raw["status"]["state"] == "Paused", f"{raw['status']}")
+    deadline = time.monotonic() + 30
+    while any(e.get("sandbox") == sbx.id for e in ps()):
+        check(time.monotonic() < deadline, f"its shell is still there: {ps()}")
+        time.sleep(0.05)
+    on_disk = mgr.list_snapshots(SnapshotFilter(sandbox_id=sbx.id)).snapshot_infos
+    check(len(on_disk) == 1 and on_disk[0].name == f"paused:{sbx.id}", f"{on_disk}")
+    r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/pause?toDisk=true", headers=lifecycle_headers(), timeout=60)
+    check(r.status_code == 409, f"paused twice: {r.status_code}")
+    t2 = time.monotonic()
+    mgr.resume_sandbox(sbx.id)
+    check_files(sbx, "resumed from disk")
+    t3 = time.monotonic()
+    after = sbx.get_endpoint(44772)
+    check(after.endpoint == before.endpoint and after.headers == before.headers, f"endpoints: {before} {after}")
+    raw = httpx.get(f"{BASE}/sandboxes/{sbx.id}", headers=lifecycle_headers(), timeout=30).json()
+    check(raw["status"]["state"] == "Running" and raw["metadata"] == {"kept": "yes"} and raw["id"] == sbx.id, f"{raw}")
+    check(mgr.list_snapshots(SnapshotFilter(sandbox_id=sbx.id)).snapshot_infos == [], "its snapshot went")
+    print(f"PAUSE_TO_DISK_MS {int((t1 - t0) * 1000)}")
+    print(f"RESUME_FROM_DISK_MS {int((t3 - t2) * 1000)}")
+    # On disk, then deleted: its snapshot goes with it.
+    r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/pause?toDisk=true", headers=lifecycle_headers(), timeout=60)
+    check(r.status_code == 202, f"{r.status_code} {r.text}")
+    sbx.kill()
+    check(mgr.list_snapshots(SnapshotFilter(sandbox_id=sbx.id)).snapshot_infos == [], "deleted with the sandbox")
+    r = httpx.post(f"{BASE}/sandboxes/no-such/pause?toDisk=maybe", headers=lifecycle_headers(), timeout=30)
+    check(r.status_code == 400, f"{r.status_code} {r.text}")
+    mgr.close()
+
+
 def cli():
     """`agentrun snapshot create|ls|inspect|rm` on a sandbox of the daemon, and a sandbox
     made from the CLI's snapshot through the API (a CLI snapshot has no owner: any key)."""
@@ -443,6 +490,7 @@ SCENARIOS = {
     "sync_flow": sync_flow,
     "async_flow": async_flow,
     "pause_to_disk": pause_to_disk,
+    "pause_to_disk_same_id": pause_to_disk_same_id,
     "cli": cli,
     "bad_input": bad_input,
     "size_limit": size_limit,

@@ -80,6 +80,18 @@ fn pause_to_disk_is_snapshot_delete_and_create_from_it_with_the_files() {
 }
 
 #[test]
+fn pause_to_disk_gives_the_shell_back_and_resume_keeps_id_endpoints_and_files() {
+    let out = run_snapshots("pause_to_disk_same_id");
+    if !out.is_empty() {
+        println!(
+            "pause to disk: {} ms; resume from disk to the first command: {} ms",
+            printed(&out, "PAUSE_TO_DISK_MS"),
+            printed(&out, "RESUME_FROM_DISK_MS")
+        );
+    }
+}
+
+#[test]
 fn cli_snapshot_create_ls_inspect_rm() {
     run_snapshots("cli");
 }

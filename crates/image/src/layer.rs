@@ -421,6 +421,17 @@ impl LayerStore {
         crate::digest::digests_named_in(&self.dir)
     }
 
+    /// Whether a sandbox holds a lease on a layer (it has it mounted).
+    pub fn is_leased(&self, diff_id: &str) -> bool {
+        let Ok(p) = self.fs_path(diff_id) else {
+            return false;
+        };
+        let Ok(dir) = File::open(&p) else {
+            return false;
+        };
+        Flock::lock(dir, FlockArg::LockExclusiveNonblock).is_err()
+    }
+
     /// Removes a layer unless a sandbox holds a lease on it. Returns whether it was removed.
     pub fn remove_unless_leased(&self, diff_id: &str) -> Result<bool, ImageError> {
         let fs_path = self.fs_path(diff_id)?;

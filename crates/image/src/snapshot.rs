@@ -401,12 +401,29 @@ impl ImageStore {
     }
 
     /// Deletes snapshot `id` (of `owner`, as [`ImageStore::snapshot`]): its name goes, and
-    /// its image and layer with it unless something else names them (sandboxes running from
-    /// it keep their layers until they end).
+    /// its image and layer with it unless something else names them. While a sandbox runs
+    /// from it, only the name goes (it is no snapshot any more): the sandbox can still be
+    /// snapshotted (its image is the new one's base), and the unnamed image is collected at
+    /// the daemon's next start or by `image prune`.
     pub fn remove_snapshot(&self, id: &str, owner: Option<&str>) -> Result<Snapshot, ImageError> {
         let s = self.snapshot(id, owner)?;
-        self.remove(&snapshot_ref(id), false)?;
+        let rec = self.record(&s.image_id)?;
+        if self.in_use(&rec) {
+            let _l = self.refs_lock()?;
+            let mut refs = self.refs()?;
+            refs.remove(&reference::normalize(&snapshot_ref(id))?);
+            self.write_refs(&refs)?;
+        } else {
+            self.remove(&snapshot_ref(id), false)?;
+        }
         Ok(s)
+    }
+
+    /// Whether a sandbox runs from `rec` (its top layer is leased).
+    fn in_use(&self, rec: &ImageRecord) -> bool {
+        rec.layers
+            .last()
+            .is_some_and(|l| self.layers.is_leased(&l.diff_id))
     }
 
     /// What an interrupted writer left (a daemon killed mid-snapshot): temp files, unnamed
@@ -437,7 +454,7 @@ impl ImageStore {
             let Ok(rec) = self.record(&info.id) else {
                 continue;
             };
-            if rec.config.labels.contains_key(labels::ID) {
+            if rec.config.labels.contains_key(labels::ID) && !self.in_use(&rec) {
                 if let Ok(p) = self.record_file(&rec.id) {
                     let _ = fs::remove_file(p);
                 }
@@ -564,7 +581,30 @@ mod tests {
             fs::read_dir(root.join("blobs/sha256")).unwrap().count(),
             blobs
         );
+        // Removed while a sandbox runs from it: the name goes, the image stays (a base for a
+        // snapshot of that sandbox) until it ends and the store is collected.
+        let lease = img.lease().unwrap();
+        store.remove_snapshot("snap-1", Some(&meta.owner)).unwrap();
+        assert!(store.snapshot("snap-1", None).is_err());
+        assert!(store.record(&s.image_id).is_ok());
+        assert!(store.collect_interrupted().unwrap());
+        assert!(store.record(&s.image_id).is_ok(), "collected while in use");
+        drop(lease);
+        assert!(store.collect_interrupted().unwrap());
+        assert!(store.record(&s.image_id).is_err());
         // Removed: gone, its layer collected.
+        let s = store
+            .create_snapshot(
+                "snapbase",
+                &upper(&up),
+                &SnapshotMeta {
+                    id: "snap-1".into(),
+                    max_bytes: None,
+                    ..meta.clone()
+                },
+            )
+            .unwrap();
+        let img = store.resolve(&snapshot_ref(&s.id)).unwrap();
         store.remove_snapshot("snap-1", Some(&meta.owner)).unwrap();
         assert!(store.snapshots(None).unwrap().is_empty());
         assert!(!img.layers[0].exists());

@@ -275,11 +275,11 @@ impl ImageStore {
         self.lock("gc.lock", FlockArg::LockExclusiveNonblock)
     }
 
-    fn refs_lock(&self) -> Result<Flock<File>, ImageError> {
+    pub(crate) fn refs_lock(&self) -> Result<Flock<File>, ImageError> {
         self.lock("refs.lock", FlockArg::LockExclusive)
     }
 
-    fn refs(&self) -> Result<Refs, ImageError> {
+    pub(crate) fn refs(&self) -> Result<Refs, ImageError> {
         let p = self.root.join("refs.json");
         match fs::read(&p) {
             Ok(b) => serde_json::from_slice(&b)
@@ -290,7 +290,7 @@ impl ImageStore {
     }
 
     /// Writes the name table atomically (call with `refs.lock` held).
-    fn write_refs(&self, refs: &Refs) -> Result<(), ImageError> {
+    pub(crate) fn write_refs(&self, refs: &Refs) -> Result<(), ImageError> {
         let p = self.root.join("refs.json");
         write_atomic(
             &self.tmp_dir(),

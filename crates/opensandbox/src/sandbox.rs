@@ -108,6 +108,11 @@ pub struct Record {
     pub image: String,
     /// The snapshot it was made from (its `image` is then the snapshot's image).
     pub snapshot_id: Option<String>,
+    /// Its create request as sent: a pause to disk makes it again from this (and its
+    /// snapshot) when it resumes.
+    pub create_body: axum::body::Bytes,
+    /// Paused to disk: the snapshot holding its files (its processes and shell are gone).
+    pub on_disk: Mutex<Option<String>>,
     pub entrypoint: Vec<String>,
     /// The shell commands run under (`/bin/bash` if the image has it), found once.
     pub shell: std::sync::OnceLock<&'static str>,

@@ -80,6 +80,9 @@ pub struct LiveSpec {
     /// [`LiveSandbox::egress_socket`] (a network policy). Every shell has that socket's
     /// directory, so a pooled shell serves it.
     pub egress_port: Option<u16>,
+    /// The sandbox's id (`None`: a new random one): a sandbox brought back from disk keeps
+    /// the id it had. The caller makes sure no live sandbox has it.
+    pub id: Option<String>,
 }
 
 impl LiveSpec {
@@ -94,6 +97,7 @@ impl LiveSpec {
             workspace: None,
             pids: None,
             egress_port: None,
+            id: None,
         }
     }
     pub fn workspace(mut self, dir: Option<std::path::PathBuf>) -> Self {
@@ -710,7 +714,13 @@ impl LiveManager {
         recipe.overrides.pids = spec.pids;
         let profile = recipe.profile()?;
         // Its own id: the shell it runs in serves other runs and sandboxes before and after.
-        let id = agentrun_runtime::sandbox::random_id()?;
+        let id = match &spec.id {
+            Some(id) => id.clone(),
+            None => agentrun_runtime::sandbox::random_id()?,
+        };
+        if lock(&self.sandboxes).contains_key(&id) {
+            return Err(PoolError::Invalid(format!("sandbox {id} exists already")));
+        }
         let (mut shell, hit) = self.pool.acquire(&recipe)?;
         // It is back only when the sandbox goes (see `release`): its pool may replace it now.
         self.pool.keep(&shell, &id);

@@ -170,7 +170,7 @@ async fn create(
     let trace = span.traceparent();
     let (v_snapshot, v_image, trace_parent) =
         (v.snapshot_id.clone(), v.spec.image.clone(), trace.clone());
-    let result = create_sandbox(&server, &req, v, trace).await;
+    let result = create_sandbox(&server, &req, v, trace, &body, None).await;
     match &result {
         Ok(rec) => {
             span.set_attribute("sandbox.id", rec.id.as_str());
@@ -205,11 +205,16 @@ async fn create(
     Ok((StatusCode::ACCEPTED, Json(sandbox_json(&rec))).into_response())
 }
 
+/// Makes a sandbox for a create request (`body`, parsed as `req` and `v`). `keep`: the
+/// record of a sandbox paused to disk that this one brings back: its id, tokens, times,
+/// metadata and startup source are kept (the endpoints stay the same).
 async fn create_sandbox(
     server: &Arc<Server>,
     req: &CreateRequest,
     v: Validated,
     trace: String,
+    body: &axum::body::Bytes,
+    keep: Option<&Record>,
 ) -> ApiResult<Arc<Record>> {
     // A missing image is the caller's mistake: say so before making anything.
     if let Err(e) = server.store.resolve(&v.spec.image) {
@@ -264,15 +269,29 @@ async fn create_sandbox(
     let rec = Arc::new(Record {
         id: sandbox.id().to_owned(),
         sandbox: sandbox.clone(),
-        execd_token: random_token()?,
-        egress_token: random_token()?,
-        image: v.spec.image.clone(),
-        snapshot_id: v.snapshot_id.clone(),
+        execd_token: match keep {
+            Some(k) => k.execd_token.clone(),
+            None => random_token()?,
+        },
+        egress_token: match keep {
+            Some(k) => k.egress_token.clone(),
+            None => random_token()?,
+        },
+        image: keep.map_or_else(|| v.spec.image.clone(), |k| k.image.clone()),
+        snapshot_id: keep.map_or_else(|| v.snapshot_id.clone(), |k| k.snapshot_id.clone()),
+        create_body: body.clone(),
+        on_disk: Mutex::new(None),
         entrypoint: v.entrypoint.clone(),
         shell: std::sync::OnceLock::new(),
-        created_at: now,
-        expires_at: Mutex::new(v.timeout.map(|t| now + chrono::Duration::seconds(t))),
-        metadata: Mutex::new(req.metadata.clone()),
+        created_at: keep.map_or(now, |k| k.created_at),
+        expires_at: Mutex::new(match keep {
+            Some(k) => *lock(&k.expires_at),
+            None => v.timeout.map(|t| now + chrono::Duration::seconds(t)),
+        }),
+        metadata: Mutex::new(match keep {
+            Some(k) => lock(&k.metadata).clone(),
+            None => req.metadata.clone(),
+        }),
         network_policy: req.network_policy.clone().filter(|p| !p.is_null()),
         egress,
         extensions: req.extensions.clone().filter(|p| !p.is_null()),
@@ -425,6 +444,12 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     rec.set_state(SandboxState::Terminated);
     // Every process dies now; the teardown (mounts, cgroups, state) finishes off the request.
     rec.tear_down(&server.live);
+    // Paused to disk: its files go with it.
+    let on_disk = lock(&rec.on_disk).take();
+    if let Some(sid) = on_disk {
+        let srv = server.clone();
+        let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+    }
     Ok(())
 }
 
@@ -436,7 +461,27 @@ async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+/// `POST /sandboxes/{id}/pause`: freezes it (cgroup freezer; its memory kept). With
+/// `?toDisk=true` (an agentrun extension): its files are kept as a snapshot and the sandbox
+/// is torn down (its memory and shell given back); `resume` makes it again from the snapshot
+/// with the same id and endpoints (files only: processes, sessions and code contexts are
+/// not kept; the entrypoint starts again).
+async fn pause(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    let mut to_disk = false;
+    for (k, v) in query_pairs(&q) {
+        if k == "toDisk" || k == "to_disk" {
+            to_disk = match v.to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                _ => return Err(ApiError::bad_request("toDisk must be true or false")),
+            };
+        }
+    }
     let rec = server.record(&id)?;
     rec.check_running()?;
     if rec.state().0 == SandboxState::Paused {
@@ -444,22 +489,96 @@ async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> Api
             "sandbox {id} is already paused"
         )));
     }
-    rec.sandbox.pause()?;
+    if !to_disk {
+        rec.sandbox.pause()?;
+        rec.set_state(SandboxState::Paused);
+        return Ok(StatusCode::ACCEPTED);
+    }
+    if !lock(&rec.volumes).is_empty() {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} holds named volumes: it cannot be paused to disk (pause it in memory)"
+        )));
+    }
+    let snapshot_id = snapshots::pause_to_disk(&server, &rec, traceparent(&headers)).await?;
+    *lock(&rec.on_disk) = Some(snapshot_id);
     rec.set_state(SandboxState::Paused);
+    // Its processes, memory and shell go; the record (id, tokens, metadata) stays.
+    rec.tear_down(&server.live);
     Ok(StatusCode::ACCEPTED)
 }
 
 async fn resume(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     let rec = server.record(&id)?;
     if rec.state().0 != SandboxState::Paused {
         return Err(ApiError::conflict(format!("sandbox {id} is not paused")));
     }
-    rec.sandbox.resume()?;
-    rec.set_state(SandboxState::Running);
+    let on_disk = lock(&rec.on_disk).clone();
+    match on_disk {
+        None => {
+            rec.sandbox.resume()?;
+            rec.set_state(SandboxState::Running);
+        }
+        Some(snapshot_id) => resume_from_disk(&server, &rec, &snapshot_id, &headers).await?,
+    }
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Makes a sandbox paused to disk again: its create request, from its snapshot, with its id,
+/// tokens, times and metadata; then its snapshot goes.
+async fn resume_from_disk(
+    server: &Arc<Server>,
+    rec: &Arc<Record>,
+    snapshot_id: &str,
+    headers: &HeaderMap,
+) -> ApiResult<()> {
+    let start = Instant::now();
+    let srv = server.clone();
+    let sid = snapshot_id.to_owned();
+    let (image, _) = tokio::task::spawn_blocking(move || snapshots::restore_image(&srv, &sid))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let (req, mut v) = parse_create(&rec.create_body)?;
+    v.spec.profile = server.profile.clone();
+    v.spec.image = image.clone();
+    v.spec.id = Some(rec.id.clone());
+    v.entrypoint = rec.entrypoint.clone();
+    // The old sandbox's teardown (off the pause's request) ends before its id is used again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.live.get(&rec.id).is_some() {
+        if Instant::now() > deadline {
+            return Err(ApiError::internal(format!(
+                "sandbox {} is still being torn down",
+                rec.id
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let trace = traceparent(headers).unwrap_or_default();
+    let result = create_sandbox(server, &req, v, trace.clone(), &rec.create_body, Some(rec)).await;
+    let err = result.as_ref().err().map(|e| (e.code, e.message.clone()));
+    let restore = agentrun_pool::snapshot::report(
+        agentrun_pool::snapshot::RESTORE_SPAN,
+        Some(&server.audit),
+        &agentrun_pool::snapshot::Report {
+            sandbox_id: &rec.id,
+            snapshot_id,
+            image: &image,
+            duration: start.elapsed(),
+            error: err.as_ref().map(|(c, m)| (*c, m.as_str())),
+            traceparent: (!trace.is_empty()).then_some(trace.as_str()),
+            profile: &server.profile,
+            ..Default::default()
+        },
+    );
+    finish_span(restore);
+    result?;
+    let (srv, sid) = (server.clone(), snapshot_id.to_owned());
+    let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+    Ok(())
 }
 
 async fn renew(

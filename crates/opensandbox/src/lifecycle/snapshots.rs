@@ -414,3 +414,53 @@ pub async fn delete(
         Err(e) => Err(image_error(e)),
     }
 }
+
+/// Takes the snapshot of a pause to disk (`paused:<sandbox id>` is its name): the sandbox
+/// frozen, its files written; the caller then tears the sandbox down. Its span and audit
+/// record are a snapshot's.
+pub async fn pause_to_disk(
+    server: &Arc<Server>,
+    rec: &Arc<crate::Record>,
+    trace: Option<String>,
+) -> ApiResult<String> {
+    let id = format!("snap-{}", crate::random_token()?);
+    let meta = SnapshotMeta {
+        id: id.clone(),
+        sandbox_id: rec.id.clone(),
+        name: Some(format!("paused:{}", rec.id)),
+        owner: server.owner.clone(),
+        entrypoint: Some(rec.entrypoint.clone()),
+        max_bytes: Some(server.limits.max_snapshot),
+    };
+    let (srv, r) = (server.clone(), rec.clone());
+    let start = Instant::now();
+    let taken = tokio::task::spawn_blocking(move || {
+        agentrun_pool::snapshot::take(&r.sandbox, &srv.store, &meta)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let err = taken.as_ref().err().map(|e| e.to_string());
+    let span = report(
+        SNAPSHOT_SPAN,
+        Some(&server.audit),
+        &Report {
+            sandbox_id: &rec.id,
+            snapshot_id: &id,
+            image: &rec.image,
+            bytes: taken.as_ref().map_or(0, |t| t.made.size),
+            duration: start.elapsed(),
+            frozen: taken.as_ref().ok().map(|t| t.frozen),
+            error: err.as_deref().map(|m| ("snapshot_capture_failed", m)),
+            traceparent: trace.as_deref(),
+            profile: &server.profile,
+        },
+    );
+    finish_span(span);
+    match taken {
+        Ok(_) => Ok(id),
+        Err(agentrun_pool::PoolError::Image(e @ ImageError::SnapshotTooLarge { .. })) => Err(
+            ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
