@@ -59,8 +59,9 @@ fn io(path: &Path, source: std::io::Error) -> AuditError {
 pub struct AuditRecord {
     /// RFC 3339, UTC, milliseconds.
     pub time: String,
-    /// `decision`, `run`, `policy` (an egress policy change), or `error` (a connection the
-    /// policy allowed that could not be made).
+    /// `decision`, `run`, `policy` (an egress policy change), `error` (a connection the
+    /// policy allowed that could not be made), `snapshot` (a sandbox's files kept) or
+    /// `restore` (a sandbox made from a snapshot).
     pub kind: String,
     pub sandbox_id: String,
     pub trace_id: String,
