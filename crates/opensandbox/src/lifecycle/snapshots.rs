@@ -26,6 +26,9 @@ use serde_json::{json, Value};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{finish_span, rfc3339, Server};
 
+/// Most failed snapshots kept listed (the oldest go first).
+const MAX_FAILED_KEPT: usize = 256;
+
 /// A snapshot not (or not yet) in the store: being taken, or failed.
 #[derive(Debug, Clone)]
 pub struct PendingSnapshot {
@@ -251,6 +254,18 @@ pub async fn create(
                     p.reason = "snapshot_capture_failed";
                     p.message = message;
                     p.since = Utc::now();
+                }
+                // Failures are kept (listed, until deleted) up to a bound: the oldest go.
+                let failed = pending.values().filter(|p| p.state == "Failed").count();
+                if failed > MAX_FAILED_KEPT {
+                    let oldest = pending
+                        .values()
+                        .filter(|p| p.state == "Failed")
+                        .min_by_key(|p| p.since)
+                        .map(|p| p.id.clone());
+                    if let Some(o) = oldest {
+                        pending.remove(&o);
+                    }
                 }
             }
         }
