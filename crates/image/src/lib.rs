@@ -35,7 +35,7 @@ pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use limits::{docker_size, Budget, Limit, UnpackLimits};
 pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;
-pub use snapshot::{CommitOptions, Committed, Snapshot, SnapshotMeta, UpperDir};
+pub use snapshot::{CommitOptions, Committed, Snapshot, SnapshotMeta, StagedLayer, UpperDir};
 pub use store::{
     rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
     WriteGuard, HOST_IMAGE,

@@ -175,6 +175,26 @@ pub struct SnapshotMeta {
     pub max_bytes: Option<u64>,
 }
 
+/// A sandbox's writable layer written as a layer blob, not yet part of an image
+/// ([`ImageStore::stage_upper`]); `rm`/`prune` wait while it lives.
+pub struct StagedLayer {
+    digest: String,
+    size: u64,
+    /// Apparent bytes of the upper directory's files.
+    pub upper_bytes: u64,
+    _guard: crate::WriteGuard,
+}
+
+fn check_snapshot_id(id: &str) -> Result<(), ImageError> {
+    if valid_snapshot_id(id) {
+        return Ok(());
+    }
+    Err(ImageError::InvalidName(
+        id.to_owned(),
+        "a snapshot id is letters, digits, '_', '.' and '-'".into(),
+    ))
+}
+
 /// Apparent bytes of the files under `dir` (`dir` itself may be a symlink, such as
 /// `/proc/self/fd/N`; nothing under it is followed).
 pub fn tree_bytes(dir: &Path) -> u64 {
@@ -197,22 +217,21 @@ impl ImageStore {
         upper: &UpperDir<'_>,
         opts: &CommitOptions,
     ) -> Result<Committed, ImageError> {
-        for n in &opts.names {
-            reference::normalize(n)?;
-        }
-        let upper_bytes = tree_bytes(upper.path);
-        self.commit_upper_sized(base, upper, opts, upper_bytes)
+        let staged = self.stage_upper(upper, opts.max_bytes)?;
+        self.commit_staged(base, staged, opts)
     }
 
-    /// [`ImageStore::commit_upper`] of an upper directory whose files hold `upper_bytes`.
-    fn commit_upper_sized(
+    /// The part of a commit that reads the upper directory (what must happen while the
+    /// sandbox is frozen): refused over `max_bytes`; else written as a layer blob. The rest
+    /// ([`ImageStore::commit_staged`]: unpacking it, the image's record and name) needs the
+    /// sandbox no more. Holds off `rm`/`prune` until it is committed or dropped.
+    pub fn stage_upper(
         &self,
-        base: &str,
         upper: &UpperDir<'_>,
-        opts: &CommitOptions,
-        upper_bytes: u64,
-    ) -> Result<Committed, ImageError> {
-        if let Some(max) = opts.max_bytes {
+        max_bytes: Option<u64>,
+    ) -> Result<StagedLayer, ImageError> {
+        let upper_bytes = tree_bytes(upper.path);
+        if let Some(max) = max_bytes {
             if upper_bytes > max {
                 return Err(ImageError::SnapshotTooLarge {
                     bytes: upper_bytes,
@@ -220,21 +239,50 @@ impl ImageStore {
                 });
             }
         }
-        let result = self.commit_upper_locked(base, upper, opts, upper_bytes);
+        let guard = self.write_guard()?;
+        let blob = self.put_layer_blob(|w| {
+            crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
+        });
+        match blob {
+            Ok((digest, size)) => Ok(StagedLayer {
+                digest,
+                size,
+                upper_bytes,
+                _guard: guard,
+            }),
+            Err(e) => {
+                drop(guard);
+                self.discard_unreferenced();
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes an image of `base` with a staged layer on top (see
+    /// [`ImageStore::commit_upper`]); nothing of it is left when it fails.
+    pub fn commit_staged(
+        &self,
+        base: &str,
+        staged: StagedLayer,
+        opts: &CommitOptions,
+    ) -> Result<Committed, ImageError> {
+        let result = self.commit_staged_locked(base, &staged, opts);
+        drop(staged);
         if result.is_err() {
             self.discard_unreferenced();
         }
         result
     }
 
-    fn commit_upper_locked(
+    fn commit_staged_locked(
         &self,
         base: &str,
-        upper: &UpperDir<'_>,
+        staged: &StagedLayer,
         opts: &CommitOptions,
-        upper_bytes: u64,
     ) -> Result<Committed, ImageError> {
-        let _w = self.writer_lock()?;
+        for n in &opts.names {
+            reference::normalize(n)?;
+        }
         let on_host = base == crate::HOST_IMAGE;
         let (mut doc, mut layers) = if on_host {
             (host_document(), Vec::new())
@@ -242,9 +290,13 @@ impl ImageStore {
             let rec = self.find(base)?;
             (self.config_document(&rec)?, rec.layers.clone())
         };
-        let layer = self.put_layer(|w| {
-            crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
-        })?;
+        self.ensure_layer(&staged.digest, staged.size, &staged.digest, &self.budget())?;
+        let layer = LayerRecord {
+            digest: staged.digest.clone(),
+            media_type: crate::store::OCI_LAYER_TAR.into(),
+            size: staged.size,
+            diff_id: staged.digest.clone(),
+        };
         layers.push(layer.clone());
         let obj = doc
             .as_object_mut()
@@ -301,7 +353,7 @@ impl ImageStore {
         Ok(Committed {
             record,
             layer,
-            upper_bytes,
+            upper_bytes: staged.upper_bytes,
         })
     }
 
@@ -314,12 +366,20 @@ impl ImageStore {
         upper: &UpperDir<'_>,
         meta: &SnapshotMeta,
     ) -> Result<Snapshot, ImageError> {
-        if !valid_snapshot_id(&meta.id) {
-            return Err(ImageError::InvalidName(
-                meta.id.clone(),
-                "a snapshot id is letters, digits, '_', '.' and '-'".into(),
-            ));
-        }
+        check_snapshot_id(&meta.id)?;
+        let staged = self.stage_upper(upper, meta.max_bytes)?;
+        self.create_snapshot_staged(base, staged, meta)
+    }
+
+    /// [`ImageStore::create_snapshot`] of a layer staged with [`ImageStore::stage_upper`]
+    /// (while the sandbox was frozen; this part needs it no more).
+    pub fn create_snapshot_staged(
+        &self,
+        base: &str,
+        staged: StagedLayer,
+        meta: &SnapshotMeta,
+    ) -> Result<Snapshot, ImageError> {
+        check_snapshot_id(&meta.id)?;
         let mut l = BTreeMap::new();
         l.insert(labels::ID.into(), meta.id.clone());
         l.insert(labels::SANDBOX.into(), meta.sandbox_id.clone());
@@ -335,14 +395,12 @@ impl ImageStore {
                 serde_json::to_string(e).expect("json"),
             );
         }
-        // The size labelled is the files' (known before the write): the name is given in the
-        // same commit, so the image is named when its record is complete.
-        let bytes = tree_bytes(upper.path);
-        l.insert(labels::SIZE.into(), bytes.to_string());
-        reference::normalize(&snapshot_ref(&meta.id))?;
-        let committed = self.commit_upper_sized(
+        // The name is given in the same commit: the image is named when its record is
+        // complete.
+        l.insert(labels::SIZE.into(), staged.upper_bytes.to_string());
+        let committed = self.commit_staged(
             base,
-            upper,
+            staged,
             &CommitOptions {
                 names: vec![snapshot_ref(&meta.id)],
                 labels: l,
@@ -352,7 +410,6 @@ impl ImageStore {
                 comment: meta.name.clone(),
                 author: None,
             },
-            bytes,
         )?;
         Snapshot::from_record(&committed.record)
             .ok_or_else(|| ImageError::NotFound(snapshot_ref(&meta.id)))

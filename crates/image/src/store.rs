@@ -520,7 +520,7 @@ impl ImageStore {
 
     /// Unpacks the layer blob `digest` (`size` bytes) unless it is unpacked already,
     /// reporting it as [`Phase::Extract`], then as ready.
-    fn ensure_layer(
+    pub(crate) fn ensure_layer(
         &self,
         digest: &str,
         size: u64,
@@ -585,7 +585,7 @@ impl ImageStore {
     }
 
     /// Stores the layer tar `write` produces as a blob, refusing one over `max_bytes`.
-    fn put_layer_blob(
+    pub(crate) fn put_layer_blob(
         &self,
         write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<(String, u64), ImageError> {

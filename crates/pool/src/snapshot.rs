@@ -21,7 +21,8 @@ pub struct Taken<T> {
 }
 
 /// Takes a snapshot of `sandbox` (see [`ImageStore::create_snapshot`]). The sandbox keeps
-/// running (it is frozen only while its layer is read and written), whatever the outcome.
+/// running (it is frozen only while its layer is read and written as a blob), whatever the
+/// outcome.
 pub fn take(
     sandbox: &LiveSandbox,
     store: &ImageStore,
@@ -29,12 +30,14 @@ pub fn take(
 ) -> Result<Taken<Snapshot>, PoolError> {
     let start = Instant::now();
     let mut frozen = Duration::ZERO;
-    let made = sandbox.with_writable_layer(|upper| {
+    // Frozen only while its layer is read (written as a blob); unpacked and named after.
+    let staged = sandbox.with_writable_layer(|upper| {
         let t = Instant::now();
-        let r = store.create_snapshot(sandbox.image_ref(), upper, meta);
+        let r = store.stage_upper(upper, meta.max_bytes);
         frozen = t.elapsed();
         r
     })??;
+    let made = store.create_snapshot_staged(sandbox.image_ref(), staged, meta)?;
     Ok(Taken {
         made,
         frozen,
@@ -51,12 +54,13 @@ pub fn commit(
 ) -> Result<Taken<Committed>, PoolError> {
     let start = Instant::now();
     let mut frozen = Duration::ZERO;
-    let made = sandbox.with_writable_layer(|upper| {
+    let staged = sandbox.with_writable_layer(|upper| {
         let t = Instant::now();
-        let r = store.commit_upper(sandbox.image_ref(), upper, opts);
+        let r = store.stage_upper(upper, opts.max_bytes);
         frozen = t.elapsed();
         r
     })??;
+    let made = store.commit_staged(sandbox.image_ref(), staged, opts)?;
     Ok(Taken {
         made,
         frozen,
