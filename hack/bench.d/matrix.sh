@@ -2,14 +2,16 @@
 # `hack/bench matrix`: what users run, in one session, side by side: front ends x shipped
 # profiles x workloads (hack/bench.d/matrix.py measures; this script sets up and tears down).
 #
-#   hack/bench matrix                    # RUNS=60 THROUGHPUT_SECS=4 CLIENTS="4 16" (~25 min, 2 cores)
-#   SMOKE=1 hack/bench matrix            # RUNS=5, 1 s points, dockerd 2 runs: checks every row works
+#   hack/bench matrix                    # RUNS=60 LATENCY_SECS=6 THROUGHPUT_SECS=3 CLIENTS="4 16"
+#   SMOKE=1 hack/bench matrix            # RUNS=5 LATENCY_SECS=2 THROUGHPUT_SECS=1 CLIENTS=4, dockerd 3
+#                                        # runs: checks that every row works and is real
 #   RUNS=100 hack/bench matrix           # 1-client runs per cell, after WARMUP (default 5)
 #   LATENCY_SECS=8 hack/bench matrix     # ... or fewer: a 1-client series stops after this long
 #                                        # (10 runs at least; numpy+pandas without a zygote is slow)
 #   THROUGHPUT_SECS=5 hack/bench matrix  # wall time of each closed-loop point
 #   CLIENTS="4 16" hack/bench matrix     # the closed-loop points
-#   DOCKERD_RUNS=10 hack/bench matrix    # 1-client runs of the real dockerd rows (slow)
+#   DOCKERD_RUNS=10 hack/bench matrix    # 1-client runs of the real dockerd exec_run rows (slow; a
+#                                        # third of it for CodeInterpreterTool: ~10 s a run)
 #   DOCKERD=0 hack/bench matrix          # no real dockerd rows (n/a)
 #   PROFILES="default container" ...     # a subset of the shipped profiles
 #   GROUPS_ONLY="agentrun" ONLY=cli,mcp-session ...  # a subset of the rows (anchors, agentrun,
@@ -49,11 +51,12 @@ py=/usr/bin/python3
 . "$here/common.sh"
 
 if [ "${SMOKE:-0}" = 1 ]; then
-    runs=${RUNS:-5} secs=${THROUGHPUT_SECS:-1} dockerd_runs=${DOCKERD_RUNS:-2} warmup=${WARMUP:-2} max_secs=${LATENCY_SECS:-2}
+    runs=${RUNS:-5} secs=${THROUGHPUT_SECS:-1} dockerd_runs=${DOCKERD_RUNS:-3} warmup=${WARMUP:-1} max_secs=${LATENCY_SECS:-2}
+    clients=${CLIENTS:-4}
 else
-    runs=${RUNS:-60} secs=${THROUGHPUT_SECS:-4} dockerd_runs=${DOCKERD_RUNS:-10} warmup=${WARMUP:-5} max_secs=${LATENCY_SECS:-8}
+    runs=${RUNS:-60} secs=${THROUGHPUT_SECS:-3} dockerd_runs=${DOCKERD_RUNS:-10} warmup=${WARMUP:-5} max_secs=${LATENCY_SECS:-6}
+    clients=${CLIENTS:-4 16}
 fi
-clients=${CLIENTS:-4 16}
 pool_size=${POOL_SIZE:-4}
 profiles=${PROFILES:-default code-interpreter container}
 groups=" ${GROUPS_ONLY:-anchors agentrun dockerd} "
