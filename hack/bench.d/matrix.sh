@@ -10,6 +10,9 @@
 #                                        # (10 runs at least; numpy+pandas without a zygote is slow)
 #   THROUGHPUT_SECS=5 hack/bench matrix  # wall time of each closed-loop point
 #   CLIENTS="4 16" hack/bench matrix     # the closed-loop points
+#   SETTLE_SECS=15 hack/bench matrix     # before each point's clock starts, wait (at most this
+#                                        # long) for a quiet machine: busy CPU under 15% for
+#                                        # 0.3 s (a pool refilling, a zygote importing)
 #   DOCKERD_RUNS=10 hack/bench matrix    # 1-client runs of the real dockerd exec_run rows (slow; a
 #                                        # third of it for CodeInterpreterTool: ~10 s a run)
 #   DOCKERD=0 hack/bench matrix          # no real dockerd rows (n/a)
@@ -52,9 +55,11 @@ py=/usr/bin/python3
 
 if [ "${SMOKE:-0}" = 1 ]; then
     runs=${RUNS:-5} secs=${THROUGHPUT_SECS:-1} dockerd_runs=${DOCKERD_RUNS:-3} warmup=${WARMUP:-1} max_secs=${LATENCY_SECS:-2}
+    settle_secs=${SETTLE_SECS:-3}
     clients=${CLIENTS:-4}
 else
     runs=${RUNS:-60} secs=${THROUGHPUT_SECS:-3} dockerd_runs=${DOCKERD_RUNS:-10} warmup=${WARMUP:-5} max_secs=${LATENCY_SECS:-6}
+    settle_secs=${SETTLE_SECS:-15}
     clients=${CLIENTS:-4 16}
 fi
 pool_size=${POOL_SIZE:-4}
@@ -168,7 +173,7 @@ numpy_code="import numpy, pandas; print(pandas.DataFrame({'a': [1, 2]}).a.sum())
 cells=$tmp/cells.jsonl
 : >"$cells"
 common=(--out "$cells" --tmp "$tmp" --err "$tmp/server.err" --runs "$runs" --secs "$secs"
-    --warmup "$warmup" --clients "$clients" --max-secs "$max_secs")
+    --warmup "$warmup" --clients "$clients" --max-secs "$max_secs" --settle-secs "$settle_secs")
 
 # --- anchors: bare, bubblewrap, sandlock, sandlock-mcp --------------------------------------
 sandlock_pre=${sandlock_reason:-$([ -x "$sandlock" ] || echo "sandlock not installed")}
@@ -244,7 +249,9 @@ for prof in $profiles; do
     [ "$prof" != default ] || osb_cost=$("$cpy" "$here/matrix.py" osb-cost --domain "127.0.0.1:$port" --key "$key" 2>/dev/null || echo '{}')
     "$cpy" "$here/matrix.py" cells --group agentrun --profile "$prof" "${common[@]}" --bin "$bin" \
         --domain "127.0.0.1:$port" --key "$key" --docker-sock "$dsock" ${ONLY:+--only "$ONLY"}
-    pool_notes+="- \`$prof\`: $("$bin" pool status --json 2>/dev/null | "$py" -c 'import json, sys; s = json.load(sys.stdin); print("; ".join(f"pool {p.get("image")}:{p.get("profile")}: {p["hits"]} hits, {p["misses"]} misses" for p in s["pools"]))' 2>/dev/null || echo '?')"$'\n'
+    pool_notes+="- \`$prof\`: $("$bin" pool status --json 2>/dev/null | "$py" -c 'import json, sys
+s = json.load(sys.stdin)
+print("; ".join("%s: %s hits, %s misses" % (p.get("image") or p.get("key") or "?", p.get("hits"), p.get("misses")) for p in s["pools"]))' 2>/dev/null || echo '?')"$'\n'
     stop_daemon
     [ "${daemon_rc:-0}" = 0 ] || echo "bench matrix: serve ($prof) exited $daemon_rc: $(tail -n 3 "$tmp/serve-$prof.log" | oneline)" >&2
     rm -f "$dsock"
@@ -294,11 +301,11 @@ left_sb=$(ls -A "$AGENTRUN_STATE_DIR/sandboxes" 2>/dev/null || true)
 # --- report ------------------------------------------------------------------------------------
 cmd="RUNS=$runs LATENCY_SECS=$max_secs THROUGHPUT_SECS=$secs CLIENTS=\"$clients\" DOCKERD_RUNS=$dockerd_runs POOL_SIZE=$pool_size hack/bench matrix"
 [ "${SMOKE:-0}" != 1 ] || cmd="SMOKE=1 $cmd"
-meta=$("$py" - "$runs" "$secs" "$clients" "$osb_cost" "$cmd" "$max_secs" <<'EOF'
+meta=$("$py" - "$runs" "$secs" "$clients" "$osb_cost" "$cmd" "$max_secs" "$settle_secs" <<'EOF'
 import json, sys
-runs, secs, clients, osb, cmd, max_secs = sys.argv[1:]
+runs, secs, clients, osb, cmd, max_secs = sys.argv[1:7]
 print(json.dumps({"runs": int(runs), "secs": float(secs), "clients": [int(c) for c in clients.split()],
-                  "max_secs": float(max_secs),
+                  "max_secs": float(max_secs), "settle_secs": float(sys.argv[7]),
                   "osb_cost": json.loads(osb or "{}"), "command": cmd}))
 EOF
 )
