@@ -30,6 +30,11 @@ enum Command {
     Standard(Box<StandardCmd>),
     #[command(flatten)]
     Common(Box<CommonCmd>),
+    /// Checkpoint a running container (CRIU). liboci-cli spells it `checkpointt`: this is
+    /// runc's name.
+    Checkpoint(Box<liboci_cli::Checkpoint>),
+    /// Restore a container from a checkpoint (CRIU)
+    Restore(Box<crate::checkpoint::Restore>),
 }
 
 pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer)) -> i32 {
@@ -99,9 +104,9 @@ fn run(globals: &Globals, command: Command) -> Result<i32, OciError> {
             CommonCmd::Update(a) => manage::update(globals, a).map(|()| 0),
             CommonCmd::Features(_) => describe::features().map(|()| 0),
             CommonCmd::Spec(a) => describe::spec(a).map(|()| 0),
-            CommonCmd::Checkpointt(_) => Err(OciError::Invalid(
-                "checkpoint is not supported by agentrun".into(),
-            )),
+            CommonCmd::Checkpointt(a) => crate::checkpoint::checkpoint(globals, a).map(|()| 0),
         },
+        Command::Checkpoint(a) => crate::checkpoint::checkpoint(globals, *a).map(|()| 0),
+        Command::Restore(a) => crate::checkpoint::restore(globals, *a),
     }
 }

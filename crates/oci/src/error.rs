@@ -32,6 +32,9 @@ pub enum OciError {
     Invalid(String),
     #[error("{0}")]
     Container(#[from] libcontainer::error::LibcontainerError),
+    /// CRIU failed (`checkpoint`, `restore`): the message names CRIU's own error.
+    #[error("{0}")]
+    Criu(String),
     #[error("cgroups: {0}")]
     Cgroup(String),
     #[error("{0}")]

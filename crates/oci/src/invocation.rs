@@ -8,7 +8,7 @@
 //! 3. a runc-only global flag comes before the subcommand (`--log`, `--log-format`,
 //!    `--systemd-cgroup`, `--debug`, `-l`, `-s`): containerd's shim always passes `--log`, or
 //! 4. the subcommand exists only in runc: create, start, state, kill, delete, run, pause,
-//!    resume, events, update, features, spec, list, checkpoint, or
+//!    resume, events, update, features, spec, list, checkpoint, restore, or
 //! 5. `ps` with anything but `--json`/`--help` (runc's `ps` takes a container id), or
 //! 6. `exec` with a runc-only flag before its first operand (`--process`/`-p`, `--detach`/`-d`,
 //!    `--pid-file`, `--console-socket`, `--tty`/`-t`, `--user`/`-u`, `--preserve-fds`, ...),
@@ -39,6 +39,7 @@ const RUNC_ONLY_COMMANDS: &[&str] = &[
     "spec",
     "list",
     "checkpoint",
+    "restore",
 ];
 
 /// Global flags only runc has (agentrun's own globals are `--root`, `--state-dir`, `--socket`).

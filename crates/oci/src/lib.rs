@@ -16,9 +16,12 @@
 //! ([`seccomp_notify`]). One span per container lifetime, created at `create` and exported at
 //! `delete` ([`record`]).
 //!
+//! `checkpoint` and `restore` go through CRIU ([`checkpoint`]).
+//!
 //! [`invocation`] decides whether an `agentrun` command line is a runc-style one.
 
 pub mod annotations;
+mod checkpoint;
 mod cli;
 mod container;
 mod describe;
