@@ -11,6 +11,7 @@ mod approve;
 mod audit_cmd;
 mod cold;
 mod exec;
+mod fork_cmd;
 mod gen_cmd;
 mod image;
 mod info;
@@ -108,6 +109,9 @@ enum Command {
     /// Named volumes (what OpenSandbox `pvc` volumes mount).
     #[command(subcommand)]
     Volume(volume_cmd::VolumeCommand),
+    /// Copy a live OpenSandbox sandbox of the daemon into N new sandboxes that start with its
+    /// files (an agentrun extension of the OpenSandbox API: POST /v1/sandboxes/ID/fork).
+    Fork(fork_cmd::ForkArgs),
     /// Snapshots of the daemon's sandboxes: create, ls, inspect, rm.
     #[command(subcommand)]
     Snapshot(snapshot_cmd::SnapshotCommand),
@@ -250,6 +254,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => audit_cmd::run(args, &paths),
         Command::Volume(cmd) => volume_cmd::run(cmd, &paths),
         Command::Snapshot(cmd) => snapshot_cmd::run(cmd, &paths),
+        Command::Fork(args) => fork_cmd::run(args, &paths),
         Command::Info(args) => info::run(args, &paths),
         Command::ApiKey => serve::print_api_key(&paths),
         Command::Image(cmd) => image::run(cmd, &paths),

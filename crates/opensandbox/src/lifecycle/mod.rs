@@ -2,6 +2,7 @@
 //! metadata patch, endpoint lookup (behind [`crate::auth::require_api_key`]); `X-Request-ID`,
 //! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
+pub mod fork;
 mod request;
 pub mod snapshots;
 pub mod volumes;
@@ -46,6 +47,8 @@ pub fn routes(server: Arc<Server>) -> Router {
         )
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        // agentrun's extension: copies of a live sandbox (docs/opensandbox-compat.md#fork).
+        .route("/sandboxes/{id}/fork", post(fork::fork))
         .route("/snapshots", get(snapshots::list))
         .route(
             "/snapshots/{snapshot_id}",

@@ -1,0 +1,334 @@
+//! `POST /sandboxes/{id}/fork` (`{"count": N}`), an agentrun extension: a live sandbox
+//! copied into N new sandboxes that each start with its files.
+//!
+//! The parent's writable layer is taken as a snapshot (frozen while it is read:
+//! [`agentrun_pool::snapshot::take`]), named `fork of <id>` and answered as `snapshotId`,
+//! then each copy is made as a create with that `snapshotId` would make it, with the parent's
+//! entrypoint, environment, CPU and memory limits, network policy, metadata, extensions and
+//! remaining timeout. Each copy is a sandbox of its own (its own cell: pid, mount and ipc
+//! namespaces, its own writable layer over the snapshot's layer, which the copies share
+//! read-only: copy on write by overlayfs; its own shell and cgroup) and independent
+//! afterwards. All or nothing: a copy that cannot be made removes those made before it.
+//!
+//! What is not carried: processes and their memory (a code context's interpreter state),
+//! the parent's volumes. CRIU cannot dump a process of an agentrun cell (its Landlock domain
+//! refuses CRIU's parasite: docs/opensandbox-compat.md#fork says what was measured), and no
+//! process that can still make namespaces holds a context's memory (the zygote never holds
+//! run data). The answer says so (`"carried": ["files"]`).
+//!
+//! Bounds (400 JSON): `count` from 1 to the room under `--max-sandboxes` (shells not lent
+//! out), and to what the host's available memory holds of copies as large as the parent's
+//! memory limit (or its use, without one). One span `sandbox.fork` (sizes, durations, the
+//! copies' ids) and one audit record (kind `fork`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentrun_image::SnapshotMeta;
+use agentrun_pool::lock;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{create_sandbox, parse_create, sandbox_json, snapshots, traceparent};
+use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::{finish_span, Record, Server};
+
+/// The span of a fork.
+pub const FORK_SPAN: &str = "sandbox.fork";
+
+/// `count`, checked: an integer from 1.
+fn parse_count(body: &[u8]) -> ApiResult<usize> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    let Some(obj) = v.as_object() else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    if let Some(k) = obj.keys().find(|k| *k != "count") {
+        return Err(ApiError::bad_request(format!("unknown field {k:?}")));
+    }
+    match obj.get("count") {
+        None => Err(ApiError::bad_request("count is required")),
+        Some(c) => match c.as_u64() {
+            Some(n) if n >= 1 => Ok(n as usize),
+            _ => Err(ApiError::bad_request(format!(
+                "count must be an integer of at least 1, not {c}"
+            ))),
+        },
+    }
+}
+
+/// The host's available memory (`MemAvailable`), bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuses a count the daemon cannot hold: the room under `--max-sandboxes`, the host's
+/// memory for copies as large as the parent.
+fn check_room(server: &Server, rec: &Record, count: usize) -> ApiResult<()> {
+    let status = server.live.pool_status();
+    let room = status.max_sandboxes.saturating_sub(status.running);
+    if count > room {
+        return Err(ApiError::bad_request(format!(
+            "count {count} is more than the room for sandboxes: {room} (--max-sandboxes {}, {} in use)",
+            status.max_sandboxes, status.running
+        )));
+    }
+    let (_, limit) = rec.sandbox.limits();
+    let each = if limit > 0 && limit < u64::MAX / 2 {
+        limit
+    } else {
+        rec.sandbox.usage().map(|u| u.memory_bytes).unwrap_or(0)
+    };
+    if let Some(avail) = mem_available() {
+        let need = each.saturating_mul(count as u64);
+        if each > 0 && need > avail {
+            return Err(ApiError::bad_request(format!(
+                "count {count}: {count} copies of {each} bytes of memory each need {need} bytes, the host has {avail} available"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The create request of a copy: the parent's, from the snapshot.
+fn copy_request(rec: &Record, snapshot_id: &str) -> Value {
+    let mut body = json!({
+        "snapshotId": snapshot_id,
+        "entrypoint": rec.entrypoint,
+        "metadata": *lock(&rec.metadata),
+    });
+    if let Some(p) = &rec.network_policy {
+        body["networkPolicy"] = p.clone();
+    }
+    if let Some(x) = &rec.extensions {
+        body["extensions"] = x.clone();
+    }
+    if let Some(expires) = *lock(&rec.expires_at) {
+        let left = (expires - chrono::Utc::now()).num_seconds().max(1);
+        body["timeout"] = json!(left);
+    }
+    body
+}
+
+struct Outcome<'a> {
+    parent: &'a str,
+    snapshot_id: &'a str,
+    count: usize,
+    bytes: u64,
+    snapshot: Duration,
+    copies: Duration,
+    total: Duration,
+    ids: &'a [String],
+    error: Option<(&'a str, &'a str)>,
+}
+
+fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
+    let fresh = agentrun_telemetry::RunSpan::start(FORK_SPAN, trace);
+    let mut span = agentrun_telemetry::RunSpan::resume(
+        FORK_SPAN,
+        fresh.context(),
+        fresh.parent(),
+        std::time::SystemTime::now()
+            .checked_sub(o.total)
+            .unwrap_or_else(std::time::SystemTime::now),
+    );
+    span.set_attribute("openinference.span.kind", "TOOL");
+    span.set_attribute("sandbox.id", o.parent);
+    span.set_attribute("sandbox.snapshot.id", o.snapshot_id);
+    span.set_attribute("sandbox.fork.count", o.count as i64);
+    span.set_attribute("sandbox.fork.ids", o.ids.join(","));
+    span.set_attribute("sandbox.snapshot.bytes", o.bytes as i64);
+    span.set_attribute("sandbox.fork.snapshot_ms", o.snapshot.as_millis() as i64);
+    span.set_attribute("sandbox.fork.copies_ms", o.copies.as_millis() as i64);
+    span.set_attribute("sandbox.duration_ms", o.total.as_millis() as i64);
+    span.set_attribute("sandbox.fork.memory", false);
+    span.set_attribute("sandbox.profile", server.profile.as_str());
+    if let Some((kind, msg)) = o.error {
+        span.set_error(kind, msg);
+    }
+    let record = agentrun_telemetry::AuditRecord {
+        time: agentrun_telemetry::audit::now_rfc3339(),
+        kind: "fork".into(),
+        sandbox_id: o.parent.into(),
+        trace_id: span.context().trace_id_hex(),
+        action: FORK_SPAN.into(),
+        resource: o.snapshot_id.into(),
+        decision: if o.error.is_some() { "error" } else { "ok" }.into(),
+        reason: match o.error {
+            Some((_, msg)) => msg.to_owned(),
+            None => format!(
+                "{} copies ({}) of {} bytes of files in {} ms",
+                o.count,
+                o.ids.join(","),
+                o.bytes,
+                o.total.as_millis()
+            ),
+        },
+        profile: server.profile.clone(),
+        ..Default::default()
+    };
+    if let Err(e) = server.audit.append(&record) {
+        tracing::error!(target: "agentrun::opensandbox::fork", sandbox = %o.parent, "audit log: {e}");
+    }
+    finish_span(span);
+}
+
+/// `POST /sandboxes/{id}/fork`.
+pub async fn fork(
+    State(server): State<Arc<Server>>,
+    Path(parent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let start = Instant::now();
+    let count = parse_count(&body)?;
+    let rec = server.record(&parent_id)?;
+    rec.check_running()?;
+    rec.check_not_paused()?;
+    let trace = traceparent(&headers);
+    check_room(&server, &rec, count)?;
+
+    let snapshot_id = format!("snap-{}", crate::random_token()?);
+    let fail = |server: &Server, error: &ApiError, bytes, snap, ids: &[String]| {
+        report(
+            server,
+            trace.as_deref(),
+            &Outcome {
+                parent: &parent_id,
+                snapshot_id: &snapshot_id,
+                count,
+                bytes,
+                snapshot: snap,
+                copies: Duration::ZERO,
+                total: start.elapsed(),
+                ids,
+                error: Some((error.code, &error.message)),
+            },
+        )
+    };
+    // 1. The parent's files, frozen while they are read.
+    let meta = SnapshotMeta {
+        id: snapshot_id.clone(),
+        sandbox_id: parent_id.clone(),
+        name: Some(format!("fork of {parent_id}")),
+        owner: server.owner.clone(),
+        entrypoint: Some(rec.entrypoint.clone()),
+        max_bytes: Some(server.limits.max_snapshot),
+    };
+    let (srv, rec2) = (server.clone(), rec.clone());
+    let taken = tokio::task::spawn_blocking(move || {
+        agentrun_pool::snapshot::take(&rec2.sandbox, &srv.store, &meta)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let taken = match taken {
+        Ok(t) => t,
+        Err(e) => {
+            let err = match e {
+                agentrun_pool::PoolError::Image(agentrun_image::ImageError::SnapshotTooLarge {
+                    ..
+                }) => ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
+                e => ApiError::from(e),
+            };
+            fail(&server, &err, 0, start.elapsed(), &[]);
+            return Err(err);
+        }
+    };
+    let snapshot_time = start.elapsed();
+    let bytes = taken.made.size;
+
+    // 2. The copies, as creates from that snapshot would make them.
+    let copies_start = Instant::now();
+    let (image, _) = snapshots::restore_image(&server, &snapshot_id)?;
+    let copy_body = serde_json::to_vec(&copy_request(&rec, &snapshot_id))
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (cpus, memory) = rec.sandbox.limits();
+    let env: Vec<(String, String)> = rec
+        .sandbox
+        .env()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut made: Vec<Arc<Record>> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let result = async {
+            let (req, mut v) = parse_create(&copy_body)?;
+            v.spec.profile = server.profile.clone();
+            v.spec.image = image.clone();
+            v.spec.cpus = (cpus > 0.0).then_some(cpus);
+            v.spec.memory_bytes = (memory > 0 && memory < u64::MAX / 2).then_some(memory);
+            v.spec.env = env.clone();
+            let trace = trace.clone().unwrap_or_default();
+            create_sandbox(&server, &req, v, trace).await
+        }
+        .await;
+        match result {
+            Ok(r) => made.push(r),
+            Err(e) => {
+                // All or nothing.
+                for r in made.drain(..) {
+                    let _ = super::delete_sandbox(&server, &r.id).await;
+                }
+                fail(&server, &e, bytes, snapshot_time, &[]);
+                return Err(e);
+            }
+        }
+    }
+    let ids: Vec<String> = made.iter().map(|r| r.id.clone()).collect();
+    report(
+        &server,
+        trace.as_deref(),
+        &Outcome {
+            parent: &parent_id,
+            snapshot_id: &snapshot_id,
+            count,
+            bytes,
+            snapshot: snapshot_time,
+            copies: copies_start.elapsed(),
+            total: start.elapsed(),
+            ids: &ids,
+            error: None,
+        },
+    );
+    let answer = json!({
+        "sandboxId": parent_id,
+        "snapshotId": snapshot_id,
+        "carried": ["files"],
+        "sandboxes": made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
+    });
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_is_checked() {
+        assert_eq!(parse_count(br#"{"count": 3}"#).unwrap(), 3);
+        for bad in [
+            &br#"{"count": 0}"#[..],
+            br#"{"count": -1}"#,
+            br#"{"count": 1.5}"#,
+            br#"{"count": "2"}"#,
+            br#"{}"#,
+            br#"[]"#,
+            br#"{"count": 1, "memory": true}"#,
+            b"nope",
+        ] {
+            let e = parse_count(bad).unwrap_err();
+            assert_eq!(
+                e.status,
+                StatusCode::BAD_REQUEST,
+                "{:?}",
+                std::str::from_utf8(bad)
+            );
+        }
+    }
+}
