@@ -5,6 +5,7 @@ sandbox/container A gets marked secrets and plants them (tests/isolation/scan.py
     python sdk_e2e.py isolation:osb       OpenSandbox SDK: commands, a bash session, a code context
     python sdk_e2e.py isolation:docker    docker-py: a container's main process and `exec`
     python sdk_e2e.py isolation:osb_snapshot   OpenSandbox SDK: B made from a snapshot of P
+    python sdk_e2e.py isolation:osb_fork       OpenSandbox SDK: B a fork copy of P (POST .../fork)
 
 ISO_MANIFEST names a JSON file the test wrote: the codes and markers of A and B. Prints
 `RESULT <label> <json>` for every plant report and verdict, then `OK <scenario>`; the Rust
@@ -202,4 +203,59 @@ def osb_snapshot():
     print("SHELL", shell, flush=True)
 
 
-SCENARIOS = {"osb": osb, "docker": docker, "osb_snapshot": osb_snapshot}
+def osb_fork():
+    """Sandbox A plants and is deleted; sandbox P, on A's shell, writes the carried marker and
+    is forked (agentrun's `POST /v1/sandboxes/{id}/fork`, count 1); B, the copy, scans
+    (commands and a bash session) while P still runs, and finds P's file and nothing of A."""
+    import httpx
+    from opensandbox import SandboxSync
+
+    from sdk_e2e import BASE, lifecycle_headers
+
+    m = manifest()
+    cfg = sync_config()
+    a = SandboxSync.create("host", connection_config=cfg, env=m["a"]["env"], timeout=timedelta(minutes=5))
+    try:
+        shell = shell_of(a.id)
+        path, data = m["a"]["upload"]
+        a.files.write_file(path, data)
+        result("a.cmd", lines(a.commands.run(command(*m["a"]["cmd"]))))
+        s = a.commands.create_session()
+        result("a.session", lines(a.commands.run_in_session(s, command(*m["a"]["session"]))))
+    finally:
+        a.kill()
+        a.close()
+    wait_back(shell)
+    # P carries B's environment (a copy starts with its parent's).
+    p = SandboxSync.create("host", connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
+    b = None
+    answer = {}
+    try:
+        check(shell_of(p.id) == shell, f"sandbox P is not in A's shell {shell}")
+        carried = m["carried"]
+        ex = p.commands.run(f"echo {carried} > /workspace/carried.txt && echo {carried} > /tmp/carried.txt")
+        check(ex.exit_code == 0, f"P's write: {lines(ex)}")
+        r = httpx.post(f"{BASE}/sandboxes/{p.id}/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=300)
+        check(r.status_code == 201, f"fork: {r.status_code} {r.text}")
+        answer = r.json()
+        b = SandboxSync.connect(answer["sandboxes"][0]["id"], connection_config=cfg)
+        check(shell_of(b.id) != shell, "the copy runs in P's shell")
+        ex = b.commands.run("cat /workspace/carried.txt /tmp/carried.txt")
+        got = [x.text for x in ex.logs.stdout]
+        check(got == [m["carried"], m["carried"]], f"B has P's files: {got}")
+        result("b.cmd", lines(b.commands.run(command(*m["b"]["cmd"]))))
+        s = b.commands.create_session()
+        result("b.session", lines(b.commands.run_in_session(s, command(*m["b"]["session"]))))
+    finally:
+        if b is not None:
+            b.kill()
+            b.close()
+        p.kill()
+        p.close()
+        if answer.get("snapshotId"):
+            # The fork's snapshot (named in the answer) is the caller's to delete.
+            httpx.delete(f"{BASE}/snapshots/{answer['snapshotId']}", headers=lifecycle_headers(), timeout=60)
+    print("SHELL", shell, flush=True)
+
+
+SCENARIOS = {"osb": osb, "docker": docker, "osb_snapshot": osb_snapshot, "osb_fork": osb_fork}

@@ -809,6 +809,48 @@ fn osb_snapshot_case(apis: &Apis) -> Case {
     case
 }
 
+/// The fork pair: as [`osb_snapshot_case`], with B a fork copy of P (`POST .../fork`) made
+/// while P runs.
+fn osb_fork_case(apis: &Apis) -> Case {
+    let mut case = Case::new("opensandbox fork copy");
+    let a_cmd = case.a_mark("OpenSandbox command before the forked sandbox: env, argv, upload");
+    let a_session = case.a_mark("OpenSandbox bash session before the forked sandbox");
+    let (b_cmd, b_session) = (case.b_mark(), case.b_mark());
+    // P's marker is carried into B by design: B may see it.
+    let carried = case.b_mark();
+    let upload = "/tmp/iso-upload.txt";
+    let mut env = json!({"ISO_SECRET": a_cmd});
+    for (i, c) in copies(&a_cmd).into_iter().enumerate() {
+        env[format!("ISO_SECRET_{i}")] = json!(c);
+    }
+    let m = json!({
+        "carried": carried,
+        "a": {
+            "env": env,
+            "upload": [upload, format!("{a_cmd}\n")],
+            "cmd": [probe("plant", &a_cmd, &["env", "argv"], json!({"read": [upload]})), a_cmd],
+            "session": [probe("plant", &a_session, &["argv"], json!({})), a_session],
+        },
+        "b": {
+            "env": {"ISO_MARK": b_cmd},
+            "cmd": [probe("scan", &b_cmd, &["env", "argv"], json!({})), b_cmd],
+            "session": [probe("scan", &b_session, &["argv"], json!({})), b_session],
+        },
+    });
+    apis.sdk(&mut case, "osb_fork", &m);
+    case
+}
+
+/// A fork copy sees its parent's files (carried by design) and nothing of the runs before the
+/// parent on its shell.
+#[test]
+fn a_fork_copy_sees_its_parents_files_and_nothing_of_other_runs() {
+    let Some(_l) = setup() else { return };
+    let apis = start_apis_with("default", false, 1);
+    let case = osb_fork_case(&apis);
+    verdict(&[case]);
+}
+
 /// A sandbox made from a snapshot sees its snapshot's files and nothing of the runs before
 /// the snapshotted sandbox on its shell.
 #[test]
