@@ -255,31 +255,47 @@ pub async fn fork(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let mut made: Vec<Arc<Record>> = Vec::with_capacity(count);
-    for _ in 0..count {
-        let result = async {
+    // Made side by side (each its own shell: the copies' creation overlaps).
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..count {
+        let (server, copy_body, image, env) = (
+            server.clone(),
+            copy_body.clone(),
+            image.clone(),
+            env.clone(),
+        );
+        let trace = trace.clone().unwrap_or_default();
+        tasks.spawn(async move {
             let (req, mut v) = parse_create(&copy_body)?;
             v.spec.profile = server.profile.clone();
-            v.spec.image = image.clone();
+            v.spec.image = image;
             v.spec.cpus = (cpus > 0.0).then_some(cpus);
             v.spec.memory_bytes = (memory > 0 && memory < u64::MAX / 2).then_some(memory);
-            v.spec.env = env.clone();
-            let trace = trace.clone().unwrap_or_default();
-            create_sandbox(&server, &req, v, trace).await
-        }
-        .await;
-        match result {
-            Ok(r) => made.push(r),
-            Err(e) => {
-                // All or nothing.
-                for r in made.drain(..) {
-                    let _ = super::delete_sandbox(&server, &r.id).await;
-                }
-                fail(&server, &e, bytes, snapshot_time, &[]);
-                return Err(e);
-            }
+            v.spec.env = env;
+            create_sandbox(&server, &req, v, trace)
+                .await
+                .map(|r| (n, r))
+        });
+    }
+    let mut made: Vec<(usize, Arc<Record>)> = Vec::with_capacity(count);
+    let mut failed: Option<ApiError> = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(r)) => made.push(r),
+            Ok(Err(e)) => failed = failed.or(Some(e)),
+            Err(e) => failed = failed.or(Some(ApiError::internal(e.to_string()))),
         }
     }
+    if let Some(e) = failed {
+        // All or nothing.
+        for (_, r) in made.drain(..) {
+            let _ = super::delete_sandbox(&server, &r.id).await;
+        }
+        fail(&server, &e, bytes, snapshot_time, &[]);
+        return Err(e);
+    }
+    made.sort_by_key(|(n, _)| *n);
+    let made: Vec<Arc<Record>> = made.into_iter().map(|(_, r)| r).collect();
     let ids: Vec<String> = made.iter().map(|r| r.id.clone()).collect();
     report(
         &server,
