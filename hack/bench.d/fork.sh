@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `hack/bench fork`: fork (agentrun's `POST /v1/sandboxes/{id}/fork`) of a sandbox whose code
+# context holds a 100 MB object into 10 copies: the POST, and the POST to the last copy's
+# first print; memory (PSS, memory cgroups) of the 10 copies against 10 independent sandboxes
+# that each computed the object (hack/bench.d/fork.py). A fork carries files, not a context's
+# memory (docs/opensandbox-compat.md#fork): the copies hold the object's file, not the object.
+#
+#   hack/bench fork                       # 10 copies of 100 MB
+#   SMOKE=1 hack/bench fork               # 2 copies of 10 MB: that the script works
+#   AGENTRUN_BIN=path hack/bench fork
+#
+# The daemon gets a private state dir (tmpfs) and image root under a temp dir and a free
+# loopback port; it is stopped with SIGTERM and the script says what is left (cgroups,
+# mounts, state dirs). The SDK comes from .venv/test (as hack/test makes it).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+repo=$PWD
+copies=10
+mb=100
+if [ -n "${SMOKE:-}" ]; then
+    copies=2
+    mb=10
+fi
+venv=$repo/.venv/test
+"$venv/bin/python" -c 'import opensandbox, code_interpreter, httpx' 2>/dev/null || {
+    echo "bench fork: $venv lacks the OpenSandbox SDKs (run hack/test once)" >&2
+    exit 1
+}
+if [ -n "${AGENTRUN_BIN:-}" ]; then
+    src=$AGENTRUN_BIN
+else
+    src=$("$repo/hack/build-static")
+fi
+tmp=$(mktemp -d /tmp/agentrun-fork-bench.XXXXXX)
+chmod 755 "$tmp"
+cp "$src" "$tmp/agentrun"
+export AGENTRUN_STATE_DIR=$tmp/state AGENTRUN_ROOT=$tmp/root
+mkdir -p "$AGENTRUN_STATE_DIR"
+mount -t tmpfs -o mode=0755,size=512m agentrun-bench-state "$AGENTRUN_STATE_DIR"
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$tmp/agentrun" serve --listen "127.0.0.1:$port" --pool-size 2 --max-sandboxes $((2 * copies + 4)) >"$tmp/serve.log" 2>&1 &
+pid=$!
+stop() {
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+trap 'stop; umount "$tmp/state" 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 600); do
+    [ -s "$AGENTRUN_STATE_DIR/api-key" ] && "$tmp/agentrun" pool status --json >/dev/null 2>&1 && break
+    sleep 0.1
+done
+table=$(OSB_API_KEY=$(cat "$AGENTRUN_STATE_DIR/api-key") "$venv/bin/python" "$repo/hack/bench.d/fork.py" \
+    "127.0.0.1:$port" "$tmp/agentrun" "$AGENTRUN_STATE_DIR" "$pid" "$copies" "$mb") || {
+    tail -20 "$tmp/serve.log" >&2
+    exit 1
+}
+stop
+left=$(ls -A "$tmp/state/sandboxes" 2>/dev/null || true)
+left+=$(awk -v p="$tmp/" -v s="$tmp/state" 'index($5, p) == 1 && $5 != s { print $5 }' /proc/self/mountinfo)
+echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); ${SMOKE:+SMOKE=1 }hack/bench fork"
+echo
+echo "### Fork of a sandbox whose code context holds ${mb} MB into ${copies} copies"
+echo
+echo "$table"
+echo
+echo "Left behind: ${left:-nothing}."
