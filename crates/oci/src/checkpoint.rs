@@ -476,3 +476,58 @@ impl Drop for BindMount {
         let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reason_is_crius_first_error_line_but_its_rlimit_notice() {
+        let dir = std::env::temp_dir().join(format!("agentrun-criu-log-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("dump.log");
+        fs::write(
+            &log,
+            "(00.000001) Version: 3.17.1\n\
+             (00.028498) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n\
+             (00.053247) Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds\n\
+             (00.053249) Error (criu/vdso.c:613): vdso: Failed to fill self vdso symtable\n",
+        )
+        .unwrap();
+        assert_eq!(
+            criu_reason(&log).as_deref(),
+            Some("Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds")
+        );
+        fs::write(&log, "(00.1) Dumping finished successfully\n").unwrap();
+        assert_eq!(criu_reason(&log), None);
+        let e = criu_failed("checkpoint", &dir.join("none.log"), "spawn failed");
+        assert!(e.to_string().contains("criu >= 3.15"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn restore_takes_runcs_flags() {
+        let r = Restore::try_parse_from([
+            "restore",
+            "--image-path",
+            "/i",
+            "--work-path",
+            "/w",
+            "--bundle",
+            "/b",
+            "--detach",
+            "--pid-file",
+            "/p",
+            "--no-subreaper",
+            "--manage-cgroups-mode",
+            "ignore",
+            "id1",
+        ])
+        .unwrap();
+        assert!(r.detach);
+        assert_eq!(r.container_id, "id1");
+        assert_eq!(r.manage_cgroups_mode, "ignore");
+        assert!(Restore::try_parse_from(["restore", "--manage-cgroups-mode", "x", "id"]).is_err());
+        assert!(Restore::try_parse_from(["restore"]).is_err());
+    }
+}
