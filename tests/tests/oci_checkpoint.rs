@@ -11,6 +11,10 @@
 //!   start on this kernel (Debian 12's 3.17 where the kernel has `[vvar_vclock]`): each a
 //!   one-line cause, CRIU's own error line when CRIU failed.
 //!
+//! - `containerd_checkpoints_and_restores_a_task_with_agentrun`: `ctr c checkpoint --task --rw`
+//!   and `ctr c restore --live --rw` through containerd's runc shim with agentrun as its
+//!   runtime binary (containerd pauses the task first; go-runc passes `-no-subreaper`).
+//!
 //! Needs root and a CRIU that works here (`criu check`): hack/test runs hack/criu first.
 
 use std::fs;
@@ -298,4 +302,93 @@ fn checkpoint_refusals_name_their_cause() {
     }
     let left = cgp.children();
     assert!(left.is_empty(), "cgroups left: {left:?}");
+}
+
+/// containerd's `ctr c checkpoint --task` / `ctr c restore --live` through its runc shim with
+/// agentrun as the runtime binary: the task's counter goes on after the restore.
+#[test]
+fn containerd_checkpoints_and_restores_a_task_with_agentrun() {
+    use agentrun_e2e::oci::{busybox_image_tar, Containerd, IMAGE};
+    let Some(_lock) = setup() else { return };
+    require_working_criu();
+    let work = tempdir();
+    let dir = work.path().to_owned();
+    let cgp = CgroupParent::new("agentrun-e2e-ctrck");
+    let runc_root = dir.join("runc");
+    let bin = agentrun_bin();
+    let ctrd = Containerd::start(&dir);
+    let tar = busybox_image_tar();
+    let out = ctrd.ctr([
+        "image".as_ref(),
+        "import".as_ref(),
+        "--base-name".as_ref(),
+        "agentrun.test/busybox".as_ref(),
+        tar.as_os_str(),
+    ]);
+    assert!(out.status.success(), "import\n{out}\n{}", ctrd.log());
+    let out = ctrd.ctr([
+        "run",
+        "-d",
+        "--runc-binary",
+        bin.to_str().unwrap(),
+        "--runc-root",
+        runc_root.to_str().unwrap(),
+        "--cgroup",
+        &format!("/{}/ck", cgp.name),
+        IMAGE,
+        "ck",
+        "sh",
+        "-c",
+        COUNTER,
+    ]);
+    assert!(out.status.success(), "run -d\n{out}\n{}", ctrd.log());
+    let read = || -> Option<(String, u64)> {
+        let out = ctrd.ctr(["task", "exec", "--exec-id", "rd", "ck", "cat", "/count"]);
+        let text = out.stdout();
+        let (t, n) = text.trim().split_once(' ')?;
+        Some((t.to_string(), n.parse().ok()?))
+    };
+    wait_until(Duration::from_secs(30), || read().filter(|(_, n)| *n >= 3))
+        .unwrap_or_else(|| panic!("the counter never counted\n{}", ctrd.log()));
+    let out = ctrd.ctr([
+        "c",
+        "checkpoint",
+        "--task",
+        "--rw",
+        "ck",
+        "agentrun.test/ck:1",
+    ]);
+    assert!(out.status.success(), "checkpoint\n{out}\n{}", ctrd.log());
+    let (token, at) = read().expect("a count after the checkpoint");
+    let out = ctrd.ctr(["task", "kill", "-s", "KILL", "ck"]);
+    assert!(out.status.success(), "kill\n{out}");
+    wait_until(Duration::from_secs(20), || {
+        ctrd.ctr(["task", "delete", "ck"])
+            .status
+            .success()
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("task delete\n{}", ctrd.log()));
+    let out = ctrd.ctr(["c", "rm", "ck"]);
+    assert!(out.status.success(), "c rm\n{out}");
+    let out = ctrd.ctr(["c", "restore", "--live", "--rw", "ck", "agentrun.test/ck:1"]);
+    assert!(out.status.success(), "restore\n{out}\n{}", ctrd.log());
+    // The dump was taken (the task paused) at a count <= `at` (the task ran on after it:
+    // --leave-running); the restored shell counts on from the dumped count with the token
+    // it drew at its start (a restart would draw another and count from 1).
+    let (t2, n2) = wait_until(Duration::from_secs(30), || read().filter(|(_, n)| *n > at))
+        .unwrap_or_else(|| panic!("the restored counter never passed {at}\n{}", ctrd.log()));
+    assert_eq!(t2, token, "restarted, not restored (count {n2})");
+    let _ = ctrd.ctr(["task", "kill", "-s", "KILL", "ck"]);
+    let _ = wait_until(Duration::from_secs(20), || {
+        ctrd.ctr(["task", "delete", "ck"])
+            .status
+            .success()
+            .then_some(())
+    });
+    let _ = ctrd.ctr(["c", "rm", "ck"]);
+    let left = wait_until(Duration::from_secs(10), || {
+        cgp.children().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "cgroups left: {:?}", cgp.children());
 }

@@ -1,7 +1,7 @@
 //! `checkpoint` and `restore` as runc has them, with CRIU (the `criu` binary on `PATH`).
 //!
 //! - `checkpoint [--image-path DIR] [--work-path DIR] [--leave-running] ... ID` dumps the
-//!   running container's process tree into DIR (libcontainer's `Container::checkpoint`, over
+//!   running (or paused: containerd pauses a task first) container's process tree into DIR (libcontainer's `Container::checkpoint`, over
 //!   CRIU's RPC); without `--leave-running` the container is then deleted, as runc does.
 //! - `restore [--image-path DIR] [--work-path DIR] [--bundle B] [--detach] [--pid-file F] ID`
 //!   brings such a tree back as container ID from bundle B: CRIU recreates its namespaces,
@@ -153,11 +153,18 @@ fn check_confinement(spec: &Spec) -> Result<(), OciError> {
 /// `checkpoint ID`.
 pub fn checkpoint(globals: &Globals, args: Checkpoint) -> Result<(), OciError> {
     let mut c = container::load(&globals.root, &args.container_id)?;
-    if c.status() != ContainerStatus::Running {
+    let paused = c.status() == ContainerStatus::Paused;
+    if c.status() != ContainerStatus::Running && !paused {
         return Err(OciError::NotRunning);
     }
     let spec = Spec::load(c.bundle().join("config.json"))?;
     check_confinement(&spec)?;
+    // containerd pauses a task before it checkpoints it (runc dumps it frozen): CRIU seizes
+    // and stops the tasks itself, a frozen cgroup would keep them from answering. Thawed for
+    // the dump, frozen again after it if they stay.
+    if paused {
+        c.resume()?;
+    }
     let image_path = absolute(&args.image_path)?;
     let work_path = args.work_path.as_deref().map(absolute).transpose()?;
     let log = work_path.as_ref().unwrap_or(&image_path).join(DUMP_LOG);
@@ -176,8 +183,15 @@ pub fn checkpoint(globals: &Globals, args: Checkpoint) -> Result<(), OciError> {
         manage_cgroups_mode: cg_mode(&args.manage_cgroups_mode),
         link_remap: args.link_remap,
     };
-    c.checkpoint(&opts)
-        .map_err(|e| criu_failed("checkpoint", &log, &crate::error::chain(&e)))?;
+    let dumped = c
+        .checkpoint(&opts)
+        .map_err(|e| criu_failed("checkpoint", &log, &crate::error::chain(&e)));
+    if paused && (args.leave_running || dumped.is_err()) {
+        if let Ok(mut again) = container::load(&globals.root, &args.container_id) {
+            let _ = again.pause();
+        }
+    }
+    dumped?;
     if !args.leave_running {
         // libcontainer deleted the container: its lifetime span ends here.
         if let Some(r) = record {

@@ -37,7 +37,18 @@ enum Command {
     Restore(Box<crate::checkpoint::Restore>),
 }
 
+/// Go-style single-dash long flags that containerd's runc client (go-runc) passes and runc's
+/// own parser accepts: `restore -no-subreaper`.
+const GO_STYLE_FLAGS: &[&str] = &["-no-subreaper"];
+
 pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer)) -> i32 {
+    let args: Vec<OsString> = args
+        .into_iter()
+        .map(|a| match a.to_str() {
+            Some(f) if GO_STYLE_FLAGS.contains(&f) => OsString::from(format!("-{f}")),
+            _ => a,
+        })
+        .collect();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
