@@ -8,7 +8,8 @@
 //! remaining timeout. Each copy is a sandbox of its own (its own cell: pid, mount and ipc
 //! namespaces, its own writable layer over the snapshot's layer, which the copies share
 //! read-only: copy on write by overlayfs; its own shell and cgroup) and independent
-//! afterwards. All or nothing: a copy that cannot be made removes those made before it.
+//! afterwards. All or nothing: a copy that cannot be made removes those made before it and
+//! the fork's snapshot.
 //!
 //! What is not carried: processes and their memory (a code context's interpreter state),
 //! the parent's volumes. CRIU cannot dump a process of an agentrun cell (its Landlock domain
@@ -287,10 +288,14 @@ pub async fn fork(
         }
     }
     if let Some(e) = failed {
-        // All or nothing.
+        // All or nothing: the copies made and the fork's snapshot go.
         for (_, r) in made.drain(..) {
             let _ = super::delete_sandbox(&server, &r.id).await;
         }
+        let (srv, id) = (server.clone(), snapshot_id.clone());
+        let _ =
+            tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&id, Some(&srv.owner)))
+                .await;
         fail(&server, &e, bytes, snapshot_time, &[]);
         return Err(e);
     }
