@@ -97,13 +97,29 @@ fn check_room(server: &Server, rec: &Record, count: usize) -> ApiResult<()> {
     Ok(())
 }
 
-/// The create request of a copy: the parent's, from the snapshot.
+/// The create request of a copy: the parent's, from the snapshot (whole, so that a copy
+/// paused to disk comes back as it was made).
 fn copy_request(rec: &Record, snapshot_id: &str) -> Value {
     let mut body = json!({
         "snapshotId": snapshot_id,
         "entrypoint": rec.entrypoint,
         "metadata": *lock(&rec.metadata),
+        "env": rec.sandbox.env(),
     });
+    let (cpus, memory) = rec.sandbox.limits();
+    let mut limits = serde_json::Map::new();
+    if cpus > 0.0 {
+        limits.insert(
+            "cpu".into(),
+            json!(format!("{}m", (cpus * 1000.0).round() as u64)),
+        );
+    }
+    if memory > 0 && memory < u64::MAX / 2 {
+        limits.insert("memory".into(), json!(memory.to_string()));
+    }
+    if !limits.is_empty() {
+        body["resourceLimits"] = Value::Object(limits);
+    }
     if let Some(p) = &rec.network_policy {
         body["networkPolicy"] = p.clone();
     }
@@ -273,7 +289,8 @@ pub async fn fork(
             v.spec.cpus = (cpus > 0.0).then_some(cpus);
             v.spec.memory_bytes = (memory > 0 && memory < u64::MAX / 2).then_some(memory);
             v.spec.env = env;
-            create_sandbox(&server, &req, v, trace)
+            let body = axum::body::Bytes::from(copy_body);
+            create_sandbox(&server, &req, v, trace, &body, None)
                 .await
                 .map(|r| (n, r))
         });
