@@ -17,12 +17,14 @@ use agentrun_e2e::{
     agentrun_bin, all_processes, run_with_timeout, setup, tempdir, wait_until, Running,
 };
 
+/// The built-in profiles, and `bundles/supervised.toml` (an example file, not built in).
 const PROFILES: &[&str] = &[
     "default",
     "strict",
     "code-interpreter",
     "container",
     "build",
+    "bundles/supervised.toml",
 ];
 
 /// `criu dump` of `pid` with `extra` flags: its exit code and log.
@@ -62,7 +64,13 @@ fn criu_cannot_dump_a_sandboxed_process_of_any_shipped_profile() {
         Some(0),
         "this test needs a CRIU that works on this kernel (run hack/criu as root)\n{check}"
     );
-    for (n, profile) in PROFILES.iter().enumerate() {
+    for (n, name) in PROFILES.iter().enumerate() {
+        let path = agentrun_e2e::workspace_root().join(name);
+        let profile = if name.ends_with(".toml") {
+            path.to_str().unwrap()
+        } else {
+            name
+        };
         let tag = format!("300.{}{n}", std::process::id());
         let mut cmd = Command::new(agentrun_bin());
         cmd.args([
