@@ -233,6 +233,27 @@ mod tests {
         ];
         assert_eq!(check(&create).unwrap().len(), create.len());
         assert!(check(&["agentrun", "--root", "/r", "state", "abc"]).is_some());
+        // containerd's checkpoint and restore (go-runc).
+        assert!(check(&[
+            "agentrun",
+            "--root",
+            "/r",
+            "checkpoint",
+            "--image-path",
+            "/i",
+            "abc"
+        ])
+        .is_some());
+        assert!(check(&[
+            "agentrun",
+            "restore",
+            "--detach",
+            "-no-subreaper",
+            "--bundle",
+            "/b",
+            "abc"
+        ])
+        .is_some());
         assert!(check(&["agentrun", "--root=/r", "delete", "--force", "abc"]).is_some());
         assert!(check(&[
             "agentrun",
