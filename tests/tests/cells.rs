@@ -633,3 +633,40 @@ fn an_idle_shell_holds_a_spare_cell_and_a_run_of_another_size_gets_its_own() {
     });
     assert!(again.is_some(), "{:?}", shell_processes(&shell.id));
 }
+
+/// A cell's `/dev/shm` is a directory of the cell's own writable layer, bound there (no tmpfs
+/// of its own per cell): sticky and world-writable, nosuid, nodev and noexec, and what is
+/// written to it counts against the run's `--tmpfs-size` (before, a separate 64 MB tmpfs).
+#[test]
+fn dev_shm_is_the_cells_own_layer_bounded_by_its_size() {
+    let Some(_l) = setup_exclusive() else { return };
+    let d = one_shell("default", &[]);
+    let script = "stat -c mode=%a /dev/shm; \
+        awk '$5 == \"/dev/shm\" { print \"opts=\" $6 }' /proc/self/mountinfo; \
+        cp /bin/true /dev/shm/t && chmod 755 /dev/shm/t && { /dev/shm/t && echo exec=ran || echo exec=denied; }; \
+        rm -f /dev/shm/t; \
+        dd if=/dev/zero of=/dev/shm/fill bs=1M count=8 2>&1; echo dd=$?";
+    let out = d
+        .exec_with(["--tmpfs-size", "4M"], ["sh", "-c", script])
+        .run();
+    let stdout = out.success();
+    assert!(stdout.contains("mode=1777"), "{out}");
+    let opts = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("opts="))
+        .unwrap_or_else(|| panic!("no /dev/shm mount\n{out}"));
+    for flag in ["nosuid", "nodev", "noexec"] {
+        assert!(
+            opts.split(',').any(|o| o == flag),
+            "{flag} missing: {opts}\n{out}"
+        );
+    }
+    assert!(
+        stdout.contains("exec=denied"),
+        "a file in /dev/shm ran\n{out}"
+    );
+    assert!(
+        stdout.contains("No space left on device") && stdout.contains("dd=1"),
+        "8 MB fit in /dev/shm of a run with a 4M writable layer\n{out}"
+    );
+}

@@ -45,6 +45,15 @@ pub const EXIT_AGENTRUN_ERROR: u8 = 125;
     long_about = None
 )]
 struct Cli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The global options (paths), shared by [`Cli`] and [`ExecCli`].
+#[derive(clap::Args, Debug)]
+struct Globals {
     /// Persistent data (images).
     #[arg(
         long,
@@ -67,8 +76,44 @@ struct Cli {
     /// The audit log's directory (default: <root>/audit).
     #[arg(long, global = true, env = "AGENTRUN_AUDIT_DIR", value_name = "DIR")]
     audit_dir: Option<PathBuf>,
+}
+
+/// `agentrun exec ...` parsed without the rest of the CLI: building clap's whole command
+/// tree (every subcommand's arguments) is a tenth of a warm run's client CPU. Only a command
+/// line this parses completely takes it; anything else (`--help`, an error, global options
+/// before `exec`) is parsed again by [`Cli`], so what the user sees is [`Cli`]'s.
+#[derive(Parser, Debug)]
+#[command(name = "agentrun")]
+struct ExecCli {
+    #[command(flatten)]
+    globals: Globals,
     #[command(subcommand)]
-    command: Command,
+    command: ExecOnly,
+}
+
+#[derive(Subcommand, Debug)]
+enum ExecOnly {
+    Exec(Box<plan::ExecArgs>),
+}
+
+impl Cli {
+    /// Parses `args` as the CLI: `exec` through [`ExecCli`] when it parses there (the same
+    /// options, the same result), everything else (and every error) through [`Cli`].
+    fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+        if args.get(1).is_some_and(|a| a == "exec") {
+            if let Ok(ExecCli {
+                globals,
+                command: ExecOnly::Exec(exec),
+            }) = ExecCli::try_parse_from(&args)
+            {
+                return Ok(Cli {
+                    globals,
+                    command: Command::Exec(exec),
+                });
+            }
+        }
+        Cli::try_parse_from(args)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -178,7 +223,7 @@ fn main() -> ExitCode {
         });
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::parse_args(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
             // --help, --version
@@ -198,10 +243,10 @@ fn main() -> ExitCode {
         logging::init(mode, None);
     }
     let paths = Paths {
-        root: cli.root,
-        state_dir: cli.state_dir,
-        socket: cli.socket,
-        audit_dir: cli.audit_dir,
+        root: cli.globals.root,
+        state_dir: cli.globals.state_dir,
+        socket: cli.globals.socket,
+        audit_dir: cli.globals.audit_dir,
     };
     // Commands that keep images or sandboxes under the store and the state dir make both
     // private first (creating or repairing them; see agentrun_runtime::hostdirs).
@@ -326,4 +371,91 @@ fn clap_error_line(e: &clap::Error) -> String {
         })
         .unwrap_or_default();
     format!("{first}{detail} (see --help)")
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(std::ffi::OsString::from).collect()
+    }
+
+    #[test]
+    fn exec_parses_the_same_without_the_rest_of_the_cli() {
+        for line in [
+            &["agentrun", "exec", "--", "/bin/true"][..],
+            &[
+                "agentrun",
+                "exec",
+                "--profile",
+                "strict",
+                "--",
+                "python3",
+                "-c",
+                "1",
+            ],
+            &[
+                "agentrun",
+                "exec",
+                "--root",
+                "/r",
+                "--memory",
+                "64M",
+                "--workspace",
+                "/w",
+                "--ro",
+                "/a:/b",
+                "--",
+                "sh",
+                "-c",
+                "echo --root",
+            ],
+            &[
+                "agentrun",
+                "exec",
+                "--state-dir",
+                "/s",
+                "--",
+                "ls",
+                "--help",
+            ],
+        ] {
+            let fast = ExecCli::try_parse_from(os(line)).expect("exec parses");
+            let full = Cli::try_parse_from(os(line)).expect("the CLI parses");
+            let ExecOnly::Exec(fast_args) = fast.command;
+            let Command::Exec(full_args) = full.command else {
+                panic!("not exec: {line:?}")
+            };
+            assert_eq!(
+                format!("{fast_args:?}"),
+                format!("{full_args:?}"),
+                "{line:?}"
+            );
+            assert_eq!(
+                format!("{:?}", fast.globals),
+                format!("{:?}", full.globals),
+                "{line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_and_errors_of_exec_are_the_full_clis() {
+        for line in [
+            &["agentrun", "exec", "--help"][..],
+            &["agentrun", "exec", "--no-such-flag", "--", "true"],
+            &["agentrun", "exec", "--memory"],
+        ] {
+            let ours = Cli::parse_args(os(line)).expect_err("not a run");
+            let full = Cli::try_parse_from(os(line)).expect_err("not a run");
+            assert_eq!(ours.kind(), full.kind(), "{line:?}");
+            assert_eq!(ours.to_string(), full.to_string(), "{line:?}");
+        }
+        // Global options before the subcommand take the full CLI, and parse.
+        let cli = Cli::parse_args(os(&["agentrun", "--root", "/r", "exec", "--", "true"]))
+            .expect("parses");
+        assert!(matches!(cli.command, Command::Exec(_)));
+        assert_eq!(cli.globals.root, PathBuf::from("/r"));
+    }
 }

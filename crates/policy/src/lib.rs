@@ -235,23 +235,23 @@ impl Profile {
         name_or_path.contains('/') || name_or_path.ends_with(".toml")
     }
 
-    /// A built-in profile by name (parsed once per process: the daemon asks for one per run).
+    /// A built-in profile by name, parsed the first time this process asks for it (the
+    /// daemon asks for one per run; a client process, for the one its run uses: not the
+    /// others).
     pub fn builtin(name: &str) -> Result<Self, PolicyError> {
-        static PARSED: std::sync::OnceLock<Vec<(&'static str, Profile)>> =
-            std::sync::OnceLock::new();
-        let parsed = PARSED.get_or_init(|| {
-            BUILTIN
-                .iter()
-                .map(|(n, text)| {
-                    let p = Self::parse(text, n).expect("built-in profiles are valid (tested)");
-                    (*n, p)
-                })
-                .collect()
-        });
-        parsed
+        static PARSED: [std::sync::OnceLock<Profile>; BUILTIN.len()] =
+            [const { std::sync::OnceLock::new() }; BUILTIN.len()];
+        BUILTIN
             .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, p)| p.clone())
+            .zip(&PARSED)
+            .find(|((n, _), _)| *n == name)
+            .map(|((n, text), parsed)| {
+                parsed
+                    .get_or_init(|| {
+                        Self::parse(text, n).expect("built-in profiles are valid (tested)")
+                    })
+                    .clone()
+            })
             .ok_or_else(|| {
                 let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
                 PolicyError::UnknownProfile(name.to_owned(), names.join(", "))

@@ -10,9 +10,9 @@
 //!    layer (`userxattr`: whiteouts and opaque dirs as user xattrs on the tmpfs), a `/proc` of
 //!    its own pid namespace with the shell's masked and read-only `/proc` paths applied again,
 //!    the shell's other top-level mounts moved in (`/dev`, `/sys`, image binds such as the
-//!    `host` image's `/usr`, the profile's hidden paths, the egress socket's directory), fresh
-//!    `/dev/shm`, `/dev/mqueue` and `/dev/pts`; `pivot_root`s into it and detaches the
-//!    shell's root;
+//!    `host` image's `/usr`, the profile's hidden paths, the egress socket's directory), a
+//!    `/dev/shm` that is a directory of the cell's tmpfs (bound: no superblock of its own),
+//!    fresh `/dev/mqueue` and `/dev/pts`; `pivot_root`s into it and detaches the shell's root;
 //! 3. attaches the run's own mounts: detached mounts made and idmapped on the host, passed as
 //!    fds and attached with `move_mount` on a target opened inside the new root
 //!    (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
@@ -431,8 +431,42 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
     }
     mask_proc(t, &root)?;
     let dev = root.join("dev");
+    // `/dev/shm`: a directory of the cell's own tmpfs (the writable layer's), bound there: no
+    // superblock of its own to make and tear down per cell. It is the cell's like the rest of
+    // that tmpfs (gone with it), its files count against the run's `tmpfs_size`, and only the
+    // directory is reachable through the bind (a bind's `..` is its mount point's parent).
+    let shm_target = dev.join("shm");
+    if shm_target.is_dir() {
+        let shm = scratch.join("shm");
+        mkdir(&shm, 0o1777)?;
+        // mkdir's mode is masked by the umask; the sticky, world-writable mode is set exactly.
+        nix::sys::stat::fchmodat(
+            None,
+            &shm,
+            nix::sys::stat::Mode::from_bits_truncate(0o1777),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| SetupError::sys("chmod the cell's /dev/shm", e))?;
+        mnt(
+            Some(&shm.to_string_lossy()),
+            &shm_target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+        )?;
+        mnt(
+            None,
+            &shm_target,
+            None,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None,
+        )?;
+    }
     let fresh = [
-        ("shm", "tmpfs", "mode=1777,size=65536k", true),
         ("mqueue", "mqueue", "", true),
         (
             "pts",
