@@ -41,8 +41,13 @@ pub struct ServeArgs {
     /// e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+    /// Also serve the E2B API on ADDR (control plane, envd and the code interpreter on one
+    /// listener), e.g. 127.0.0.1:3000, for the `e2b` SDKs with E2B_API_URL=http://ADDR and
+    /// E2B_SANDBOX_URL=http://ADDR; its X-API-Key is the API key.
+    #[arg(long, value_name = "ADDR")]
+    e2b: Option<std::net::SocketAddr>,
     /// API key every HTTP listener requires (OpenSandbox API and dashboard:
-    /// OPEN-SANDBOX-API-KEY; MCP and metrics: `Authorization: Bearer KEY`). None given: the
+    /// OPEN-SANDBOX-API-KEY; E2B API: X-API-Key; MCP and metrics: `Authorization: Bearer KEY`). None given: the
     /// key of <state dir>/api-key, made on first start (`agentrun api-key` prints it).
     #[arg(
         long,
@@ -72,7 +77,7 @@ pub struct ServeArgs {
     /// hold: a bigger one is refused (400, with its size); default 4G.
     #[arg(long, value_name = "SIZE")]
     max_snapshot: Option<String>,
-    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`,
+    /// TOML file with `pool_size`, `pools`, `max_sandboxes`, `drain`, `factories`, `listen`, `e2b`,
     /// `api_key`, `insecure_no_auth`, `allowed_hosts` (a list), `max_request_body`, `max_upload`,
     /// `max_snapshot`, `docker_socket`,
     /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
@@ -132,6 +137,7 @@ struct ServeConfig {
     factories: Option<usize>,
     docker_socket: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
+    e2b: Option<std::net::SocketAddr>,
     api_key: Option<String>,
     shell_max_runs: Option<u64>,
     shell_max_age: Option<String>,
@@ -298,11 +304,12 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
     let listen = args.listen.or(file.listen);
     let metrics = args.metrics.or(file.metrics);
     let mcp = args.mcp.or(file.mcp);
+    let e2b = args.e2b.or(file.e2b);
     let insecure = args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
     let api_key = resolve_api_key(
         args.api_key.clone().or(file.api_key.clone()),
         insecure,
-        [listen, metrics, mcp].iter().any(Option::is_some),
+        [listen, metrics, mcp, e2b].iter().any(Option::is_some),
         paths,
     )?;
     let allowed_hosts = if args.allowed_hosts.is_empty() {
@@ -313,6 +320,25 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
     let guard = |addr: std::net::SocketAddr| {
         agentrun_webguard::HostGuard::new(addr, &allowed_hosts).map_err(anyhow::Error::from)
     };
+    // The options of an HTTP front end over sandboxes (the OpenSandbox API, the E2B API).
+    let http_options =
+        |listen: std::net::SocketAddr,
+         guard: agentrun_webguard::HostGuard,
+         volume_roots: agentrun_runtime::volume::VolumeRoots| {
+            agentrun_opensandbox::OpenSandboxOptions {
+                listen,
+                api_key: api_key.clone(),
+                guard,
+                limits,
+                image_root: paths.root.clone(),
+                audit_dir: paths.audit_dir(),
+                workers: std::thread::available_parallelism()
+                    .map_or(2, |n| n.get())
+                    .min(8),
+                profile: opensandbox_profile.clone(),
+                volume_roots,
+            }
+        };
     if let Some(listen) = listen {
         check_exposure(
             "--listen",
@@ -321,21 +347,19 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             api_key.is_some(),
             insecure,
         )?;
-        frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend {
-            options: agentrun_opensandbox::OpenSandboxOptions {
-                listen,
-                api_key: api_key.clone(),
-                guard: guard(listen)?,
-                limits,
-                image_root: paths.root.clone(),
-                audit_dir: paths.audit_dir(),
-                workers: std::thread::available_parallelism()
-                    .map_or(2, |n| n.get())
-                    .min(8),
-                profile: opensandbox_profile,
-                volume_roots,
-            },
-        }));
+        frontends.push(Box::new(agentrun_opensandbox::OpenSandboxFrontend::new(
+            http_options(listen, guard(listen)?, volume_roots.clone()),
+        )));
+    }
+    if let Some(listen) = e2b {
+        check_exposure("--e2b", "the E2B API", listen, api_key.is_some(), insecure)?;
+        frontends.push(Box::new(
+            agentrun_opensandbox::OpenSandboxFrontend::with_app(
+                http_options(listen, guard(listen)?, volume_roots.clone()),
+                "E2B API",
+                agentrun_e2b::router,
+            ),
+        ));
     }
     if let Some(socket) = args.docker_socket.or(file.docker_socket) {
         frontends.push(Box::new(agentrun_docker::DockerFrontend {

@@ -44,9 +44,9 @@ pub struct CodeState {
 
 /// One code context: a persistent interpreter running agentrun's driver.
 pub struct CodeContext {
-    id: String,
-    language: String,
-    python: Arc<PythonContext>,
+    pub id: String,
+    pub language: String,
+    pub python: Arc<PythonContext>,
 }
 
 pub fn routes(server: Arc<Server>) -> Router {
@@ -68,7 +68,8 @@ fn bad_body(e: serde_json::Error) -> ApiError {
     ApiError::invalid_body(format!("invalid request body: {e}"))
 }
 
-fn check_language(language: &str) -> ApiResult<String> {
+/// `python`/`python3` (any case) as `"python"`; any other language is a 400 saying so.
+pub fn check_language(language: &str) -> ApiResult<String> {
     let l = language.trim().to_ascii_lowercase();
     if l == "python" || l == "python3" {
         Ok("python".into())
@@ -81,7 +82,9 @@ fn check_language(language: &str) -> ApiResult<String> {
     }
 }
 
-async fn start_context(
+/// A new context of `language` (checked) in `cwd` (expanded as a command's; default `/`),
+/// its interpreter running; 400 if the image has no python3.
+pub async fn start_context(
     server: &Server,
     rec: &Record,
     language: &str,
@@ -180,18 +183,30 @@ fn stop(rec: &Record, ctx: &CodeContext) {
         .signal(ctx.python.interpreter.id, libc::SIGKILL, true);
 }
 
-async fn delete_context(
-    ExecdSandbox(rec): ExecdSandbox,
-    Path(p): Path<HashMap<String, String>>,
-) -> ApiResult<StatusCode> {
-    let id = p.get("ctx").map(String::as_str).unwrap_or("");
+/// The sandbox's contexts, by id.
+pub fn contexts(rec: &Record) -> Vec<Arc<CodeContext>> {
+    let mut all: Vec<_> = lock(&rec.code).contexts.values().cloned().collect();
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    all
+}
+
+/// Ends context `id` (its interpreter killed); 404 if there is none.
+pub fn remove_context(rec: &Record, id: &str) -> ApiResult<()> {
     let ctx = {
         let mut st = lock(&rec.code);
         st.defaults.retain(|_, v| v != id);
         st.contexts.remove(id)
     }
     .ok_or_else(|| ApiError::not_found("CONTEXT_NOT_FOUND", format!("no code context {id}")))?;
-    stop(&rec, &ctx);
+    stop(rec, &ctx);
+    Ok(())
+}
+
+async fn delete_context(
+    ExecdSandbox(rec): ExecdSandbox,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<StatusCode> {
+    remove_context(&rec, p.get("ctx").map(String::as_str).unwrap_or(""))?;
     Ok(StatusCode::OK)
 }
 
@@ -230,6 +245,46 @@ async fn interrupt(
     Ok(StatusCode::OK)
 }
 
+/// The context an execution runs in: context `id` if given (404 if none), else the
+/// sandbox's default context of `language` (default `python`), started on first use and again
+/// after its interpreter died. 409 if the context's interpreter has exited.
+pub async fn context_for(
+    server: &Server,
+    rec: &Record,
+    id: Option<String>,
+    language: Option<&str>,
+) -> ApiResult<Arc<CodeContext>> {
+    let ctx = match id {
+        Some(id) => find(rec, &id)?,
+        None => {
+            let language = check_language(language.unwrap_or("python"))?;
+            let existing = {
+                let st = lock(&rec.code);
+                st.defaults
+                    .get(&language)
+                    .and_then(|i| st.contexts.get(i))
+                    .cloned()
+            };
+            match existing.filter(|c| !c.python.is_dead()) {
+                Some(c) => c,
+                None => {
+                    let c = start_context(server, rec, &language, None).await?;
+                    lock(&rec.code).defaults.insert(language, c.id.clone());
+                    c
+                }
+            }
+        }
+    };
+    if ctx.python.is_dead() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "CONTEXT_DEAD",
+            "the context's interpreter has exited",
+        ));
+    }
+    Ok(ctx)
+}
+
 #[derive(Deserialize)]
 pub struct RunCode {
     code: String,
@@ -262,34 +317,7 @@ async fn run(
         Some(c) => (c.id.clone().filter(|i| !i.is_empty()), c.language.clone()),
         None => (None, None),
     };
-    let ctx = match id {
-        Some(id) => find(&rec, &id)?,
-        None => {
-            let language = check_language(language.as_deref().unwrap_or("python"))?;
-            let existing = {
-                let st = lock(&rec.code);
-                st.defaults
-                    .get(&language)
-                    .and_then(|i| st.contexts.get(i))
-                    .cloned()
-            };
-            match existing.filter(|c| !c.python.is_dead()) {
-                Some(c) => c,
-                None => {
-                    let c = start_context(&server, &rec, &language, None).await?;
-                    lock(&rec.code).defaults.insert(language, c.id.clone());
-                    c
-                }
-            }
-        }
-    };
-    if ctx.python.is_dead() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "CONTEXT_DEAD",
-            "the context's interpreter has exited",
-        ));
-    }
+    let ctx = context_for(&server, &rec, id, language.as_deref()).await?;
     let execution_id = random_token()?;
     lock(&rec.code)
         .executions

@@ -58,7 +58,8 @@ pub fn routes(server: Arc<Server>) -> Router {
         .with_state(server)
 }
 
-fn errno(e: Errno, path: &str) -> ApiError {
+/// A file system error on `path` as the API reports it.
+pub fn errno(e: Errno, path: &str) -> ApiError {
     match e {
         Errno::NOENT | Errno::NOTDIR => ApiError::not_found(
             "FILE_NOT_FOUND",
@@ -108,12 +109,13 @@ fn errno(e: Errno, path: &str) -> ApiError {
     }
 }
 
-fn rel(path: &str) -> ApiResult<PathBuf> {
+/// A request's path as a path relative to the sandbox's root (400 if it is not absolute).
+pub fn rel(path: &str) -> ApiResult<PathBuf> {
     relative(path).map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE", m))
 }
 
 /// Runs `f` on a blocking thread with the sandbox's root directory and credentials.
-async fn with_fs<T: Send + 'static>(
+pub async fn with_fs<T: Send + 'static>(
     rec: &Record,
     f: impl FnOnce(&SandboxFs) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
@@ -326,7 +328,7 @@ fn multipart_error(e: MultipartError, limits: crate::Limits) -> ApiError {
 /// Where an upload to `path` is written until it is complete: a hidden name next to it, so
 /// an upload cut short (by the client, an error or the limit) never leaves a partial file or
 /// clobbers the old one; the complete file is renamed over `path`.
-fn upload_name(path: &std::path::Path) -> ApiResult<PathBuf> {
+pub fn upload_name(path: &std::path::Path) -> ApiResult<PathBuf> {
     // At most 64 characters of the name: the hidden name must fit NAME_MAX (255) too.
     let name: String = path
         .file_name()
@@ -437,7 +439,7 @@ async fn write_field(
 }
 
 /// An I/O error on an open file, as the API reports it.
-fn io_error(e: std::io::Error, path: &str) -> ApiError {
+pub fn io_error(e: std::io::Error, path: &str) -> ApiError {
     match e.raw_os_error() {
         Some(n) => errno(Errno::from_raw_os_error(n), path),
         None => ApiError::internal(format!("{path}: {e}")),
@@ -489,7 +491,7 @@ const DOWNLOAD_CHUNK: usize = 64 * 1024;
 /// A body streaming `len` bytes of `file` from where it stands, in [`DOWNLOAD_CHUNK`]s: the
 /// daemon holds a chunk, never the file. A file that shrinks meanwhile ends the body early
 /// (the client sees it short of its length).
-fn file_body(file: std::fs::File, len: u64) -> Body {
+pub fn file_body(file: std::fs::File, len: u64) -> Body {
     let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
     Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
         reader,

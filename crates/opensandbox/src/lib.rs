@@ -138,9 +138,32 @@ impl Default for Limits {
     }
 }
 
-/// The OpenSandbox front end of the daemon.
+/// The HTTP app a front end serves over a [`Server`]: [`router`] (the OpenSandbox API), or
+/// another API over the same sandboxes, commands, files and code contexts (the E2B API,
+/// `agentrun-e2b`).
+pub type App = fn(Arc<Server>) -> axum::Router;
+
+/// An HTTP front end of the daemon over a [`Server`] of its own: the OpenSandbox API
+/// ([`OpenSandboxFrontend::new`]), or another [`App`] on its own listener
+/// ([`OpenSandboxFrontend::with_app`]).
 pub struct OpenSandboxFrontend {
     pub options: OpenSandboxOptions,
+    /// What it serves.
+    pub app: App,
+    /// Its name in logs and thread names (`"OpenSandbox API"`).
+    pub name: &'static str,
+}
+
+impl OpenSandboxFrontend {
+    /// The OpenSandbox API.
+    pub fn new(options: OpenSandboxOptions) -> Self {
+        Self::with_app(options, "OpenSandbox API", router)
+    }
+
+    /// `app` served as `name`.
+    pub fn with_app(options: OpenSandboxOptions, name: &'static str, app: App) -> Self {
+        OpenSandboxFrontend { options, app, name }
+    }
 }
 
 /// A started HTTP front end (the API, the metrics endpoint): its server's shutdown signal and
@@ -166,7 +189,7 @@ impl Frontend for OpenSandboxFrontend {
         self: Box<Self>,
         live: Arc<LiveManager>,
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
-        let opts = self.options;
+        let (opts, app, name) = (self.options, self.app, self.name);
         let listener = std::net::TcpListener::bind(opts.listen)
             .map_err(|e| PoolError::Invalid(format!("--listen {}: {e}", opts.listen)))?;
         listener
@@ -210,7 +233,7 @@ impl Frontend for OpenSandboxFrontend {
                 .map(agentrun_image::snapshot::owner_of_secret)
                 .unwrap_or_default(),
         });
-        tracing::info!(target: "agentrun::opensandbox", "OpenSandbox API on http://{}/v1", opts.listen);
+        tracing::info!(target: "agentrun::opensandbox", "{name} on http://{}", opts.listen);
         let thread = std::thread::Builder::new()
             .name("opensandbox".into())
             .spawn(move || {
@@ -222,12 +245,12 @@ impl Frontend for OpenSandboxFrontend {
                             let _ = tcp.set_nodelay(true);
                         }),
                         Err(e) => {
-                            tracing::error!(target: "agentrun::opensandbox", "OpenSandbox API: the listener: {e}");
+                            tracing::error!(target: "agentrun::opensandbox", "{name}: the listener: {e}");
                             return;
                         }
                     };
                     let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
-                    let app = router(server.clone());
+                    let app = app(server.clone());
                     let app = app.into_make_service_with_connect_info::<SocketAddr>();
                     let _ = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {

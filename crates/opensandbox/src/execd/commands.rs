@@ -66,7 +66,7 @@ pub struct Command {
 
 impl Command {
     /// A command now running, its log counting against `rec`'s log budget.
-    pub(crate) fn running(rec: &Record, id: String, content: String, process: u64) -> Command {
+    pub fn running(rec: &Record, id: String, content: String, process: u64) -> Command {
         Command {
             id,
             content,
@@ -83,7 +83,7 @@ impl Command {
     }
 
     /// Marks it finished with `exit_code`.
-    pub(crate) fn finish(&self, rec: &Record, exit_code: i32, error: String) {
+    pub fn finish(&self, rec: &Record, exit_code: i32, error: String) {
         {
             let mut st = lock(&self.state);
             st.running = false;
@@ -444,7 +444,7 @@ const KEPT_FINISHED_COMMANDS: usize = 256;
 /// [`KEPT_FINISHED_COMMANDS`] (the entrypoint is always kept): with each command's log
 /// capped and all of them within the sandbox's log budget, what a long-lived sandbox holds in
 /// memory is bounded.
-pub(crate) fn remember(rec: &Record, cmd: &Arc<Command>) {
+pub fn remember(rec: &Record, cmd: &Arc<Command>) {
     lock(&rec.commands).insert(cmd.id.clone(), cmd.clone());
     forget_finished(rec, 0);
 }

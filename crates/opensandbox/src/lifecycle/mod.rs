@@ -149,7 +149,19 @@ async fn create(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let (req, mut v) = parse_create(&body)?;
+    let rec = create_from_body(&server, &body, traceparent(&headers).as_deref()).await?;
+    Ok((StatusCode::ACCEPTED, Json(sandbox_json(&rec))).into_response())
+}
+
+/// A sandbox made from a create request's body ([`parse_create`]; from a snapshot too),
+/// under the server's profile, its `sandbox.create` span a child of `traceparent`. The
+/// OpenSandbox API's create, and the E2B API's (which words its request as this body).
+pub async fn create_from_body(
+    server: &Arc<Server>,
+    body: &axum::body::Bytes,
+    traceparent: Option<&str>,
+) -> ApiResult<Arc<Record>> {
+    let (req, mut v) = parse_create(body)?;
     v.spec.profile = server.profile.clone();
     let restore_start = Instant::now();
     if let Some(id) = v.snapshot_id.clone() {
@@ -165,15 +177,14 @@ async fn create(
                 .unwrap_or_else(|| vec!["tail".into(), "-f".into(), "/dev/null".into()]);
         }
     }
-    let mut span =
-        agentrun_telemetry::RunSpan::start("sandbox.create", traceparent(&headers).as_deref());
+    let mut span = agentrun_telemetry::RunSpan::start("sandbox.create", traceparent);
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("container.image.name", v.spec.image.as_str());
     span.set_attribute("sandbox.profile", v.spec.profile.as_str());
     let trace = span.traceparent();
     let (v_snapshot, v_image, trace_parent) =
         (v.snapshot_id.clone(), v.spec.image.clone(), trace.clone());
-    let result = create_sandbox(&server, &req, v, trace, &body, None).await;
+    let result = create_sandbox(server, &req, v, trace, body, None).await;
     match &result {
         Ok(rec) => {
             span.set_attribute("sandbox.id", rec.id.as_str());
@@ -204,8 +215,7 @@ async fn create(
         );
         finish_span(restore);
     }
-    let rec = result?;
-    Ok((StatusCode::ACCEPTED, Json(sandbox_json(&rec))).into_response())
+    result
 }
 
 /// Makes a sandbox for a create request (`body`, parsed as `req` and `v`). `keep`: the

@@ -1,0 +1,178 @@
+//! Who may call what: the control plane wants the API key in `X-API-Key` (when one is set:
+//! always, unless `serve --insecure-no-auth`); envd and the code interpreter want the
+//! sandbox's access token in `X-Access-Token` or `E2B-Traffic-Access-Token` (handed out by
+//! create under both names, and by get: the sandbox's execd token of the OpenSandbox front
+//! end; the code interpreter SDK sends only the traffic token on `/contexts`). The sandbox is the one `E2b-Sandbox-Id` names,
+//! or the `{port}-{id}` first label of the `Host` (wildcard DNS). Both are checked by
+//! middleware, in constant time, before anything reads a request's body; the sandbox's
+//! [`Record`] is handed to the handler as a request extension.
+
+use std::sync::Arc;
+
+use agentrun_opensandbox::{Record, Server};
+use agentrun_pool::constant_time_eq;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::{E2bError, E2bResult, RpcError};
+
+/// The header naming the sandbox of an envd or code interpreter request.
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+/// The header naming the port (envd's or the code interpreter's).
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// The header of the control plane's API key.
+pub const API_KEY_HEADER: &str = "x-api-key";
+/// The header of a sandbox's envd access token.
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The header of a sandbox's traffic access token (the same token here).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Middleware of the control plane: `X-API-Key` must be the API key, when one is set.
+pub async fn require_api_key(
+    State(server): State<Arc<Server>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &server.api_key {
+        let ok = req
+            .headers()
+            .get(API_KEY_HEADER)
+            .is_some_and(|v| constant_time_eq(v.as_bytes(), key.as_bytes()));
+        if !ok {
+            return E2bError::unauthorized("invalid or missing X-API-Key").into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The sandbox id a request names: `E2b-Sandbox-Id`, else the `{port}-{id}` first label of
+/// its `Host`.
+pub fn sandbox_id(headers: &HeaderMap) -> Option<String> {
+    if let Some(id) = headers
+        .get(SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+    {
+        return Some(id.to_owned());
+    }
+    let host = headers.get("host")?.to_str().ok()?;
+    let label = host.split('.').next()?;
+    let (port, id) = label.split_once('-')?;
+    (port.parse::<u16>().is_ok() && !id.is_empty()).then(|| id.to_owned())
+}
+
+/// The sandbox of an envd or code interpreter request, its access token checked (502 "was not
+/// found" for no such sandbox, as E2B's proxy answers it and the SDK takes it: the sandbox
+/// is not running; 401 for a missing or wrong token).
+pub fn authorize(server: &Server, headers: &HeaderMap) -> E2bResult<Arc<Record>> {
+    let id = sandbox_id(headers)
+        .ok_or_else(|| E2bError::bad_request("no sandbox named: send the E2b-Sandbox-Id header"))?;
+    let rec = server.record(&id).map_err(|_| {
+        E2bError::new(
+            axum::http::StatusCode::BAD_GATEWAY,
+            format!("sandbox {id} was not found"),
+        )
+    })?;
+    // The code interpreter SDK sends the token only as the traffic access token on some of
+    // its requests (`/contexts`): create hands out the same token under both names.
+    let ok = [ACCESS_TOKEN_HEADER, TRAFFIC_TOKEN_HEADER].iter().any(|h| {
+        headers
+            .get(*h)
+            .is_some_and(|v| constant_time_eq(v.as_bytes(), rec.execd_token.as_bytes()))
+    });
+    if !ok {
+        return Err(E2bError::unauthorized(
+            "invalid or missing X-Access-Token (or E2B-Traffic-Access-Token)",
+        ));
+    }
+    Ok(rec)
+}
+
+/// Middleware of envd's HTTP API and the code interpreter: [`authorize`], errors as
+/// [`E2bError`]s.
+pub async fn require_access_token(
+    State(server): State<Arc<Server>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    match authorize(&server, req.headers()) {
+        Ok(rec) => {
+            req.extensions_mut().insert(rec);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware of envd's RPCs: [`authorize`], errors as Connect errors.
+pub async fn require_access_token_rpc(
+    State(server): State<Arc<Server>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    match authorize(&server, req.headers()) {
+        Ok(rec) => {
+            req.extensions_mut().insert(rec);
+            next.run(req).await
+        }
+        Err(e) => RpcError::from(e).into_response(),
+    }
+}
+
+/// The user an envd request runs as: `Authorization: Basic base64("USER:")` as the SDK sends
+/// it (`None`: no header, the sandbox's root; `root` is root too).
+pub fn user_of(headers: &HeaderMap) -> Result<Option<String>, String> {
+    use base64::Engine;
+    let Some(v) = headers.get("authorization") else {
+        return Ok(None);
+    };
+    let v = v.to_str().map_err(|_| "Authorization: not ASCII")?;
+    let Some(b64) = v.strip_prefix("Basic ") else {
+        return Err("Authorization: expected Basic".into());
+    };
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| format!("Authorization: {e}"))?;
+    let raw = String::from_utf8(raw).map_err(|_| "Authorization: not UTF-8")?;
+    let user = raw.split(':').next().unwrap_or("").to_owned();
+    if user.is_empty() || user == "root" {
+        return Ok(None);
+    }
+    if user.contains(['\0', '\n']) {
+        return Err("Authorization: invalid user name".into());
+    }
+    Ok(Some(user))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_comes_from_the_header_or_the_host() {
+        let mut h = HeaderMap::new();
+        h.insert("host", "49983-abc123.e2b.local".parse().unwrap());
+        assert_eq!(sandbox_id(&h).as_deref(), Some("abc123"));
+        h.insert(SANDBOX_ID_HEADER, "xyz".parse().unwrap());
+        assert_eq!(sandbox_id(&h).as_deref(), Some("xyz"));
+        let mut plain = HeaderMap::new();
+        plain.insert("host", "127.0.0.1:3000".parse().unwrap());
+        assert_eq!(sandbox_id(&plain), None);
+    }
+
+    #[test]
+    fn users_come_from_basic_auth() {
+        let mut h = HeaderMap::new();
+        assert_eq!(user_of(&h), Ok(None));
+        // base64("user:")
+        h.insert("authorization", "Basic dXNlcjo=".parse().unwrap());
+        assert_eq!(user_of(&h), Ok(Some("user".into())));
+        // base64("root:")
+        h.insert("authorization", "Basic cm9vdDo=".parse().unwrap());
+        assert_eq!(user_of(&h), Ok(None));
+        h.insert("authorization", "Bearer x".parse().unwrap());
+        assert!(user_of(&h).is_err());
+    }
+}

@@ -1,0 +1,488 @@
+//! The control plane (the REST API of `E2B_API_URL`, behind `X-API-Key`): create a sandbox
+//! from a template (`POST /v2/sandboxes`, `POST /sandboxes`), list them with metadata and
+//! state filters and `nextToken` pagination (`GET /v2/sandboxes`, `GET /sandboxes`), get one,
+//! kill it, set its timeout. What the SDK may call and agentrun does not serve answers 501
+//! naming it (pause, resume/connect, snapshots, fork, metrics, logs, templates).
+//!
+//! A template is an image of agentrun's store: `base` and `code-interpreter-v1` (E2B's
+//! default templates) are the built-in `host` image (the host's `/usr`, so bash and python3),
+//! any other name is the image of that name. A sandbox is made by the OpenSandbox front end's
+//! create ([`agentrun_opensandbox::lifecycle::create_from_body`]), its main process a
+//! `sleep infinity`; its metadata is kept as given (E2B's is free-form, not labels).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agentrun_opensandbox::{lifecycle, rfc3339, Record, SandboxState, Server};
+use agentrun_pool::lock;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::{E2bError, E2bResult};
+
+/// A sandbox's timeout when create names none (E2B's default).
+pub const DEFAULT_TIMEOUT_S: i64 = 300;
+/// Longest timeout (E2B's: 24 hours).
+pub const MAX_TIMEOUT_S: i64 = 86_400;
+/// Most metadata entries, and longest key and value.
+const MAX_METADATA: usize = 64;
+const MAX_METADATA_KEY: usize = 256;
+const MAX_METADATA_VALUE: usize = 1024;
+/// Default and largest page of a list.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+/// Where E2B keeps its template id in the record (its `extensions`).
+const TEMPLATE_KEY: &str = "e2b.templateID";
+
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", any(not_served_pause))
+        .route("/sandboxes/{id}/resume", any(not_served_pause))
+        .route("/sandboxes/{id}/connect", any(not_served_connect))
+        .route("/v2/sandboxes/{id}/connect", any(not_served_connect))
+        .route("/sandboxes/{id}/refreshes", any(not_served_refresh))
+        .route("/sandboxes/{id}/snapshots", any(not_served_snapshots))
+        .route("/snapshots", any(not_served_snapshots))
+        .route("/sandboxes/{id}/fork", any(not_served_fork))
+        .route("/sandboxes/{id}/metrics", any(not_served_metrics))
+        .route("/sandboxes/metrics", any(not_served_metrics))
+        .route("/sandboxes/{id}/logs", any(not_served_logs))
+        .route("/v2/sandboxes/{id}/logs", any(not_served_logs))
+        .route("/sandboxes/{id}/network", any(not_served_network))
+        .route("/templates", any(not_served_templates))
+        .route("/templates/{*rest}", any(not_served_templates))
+        .route("/v2/templates", any(not_served_templates))
+        .route("/v2/templates/{*rest}", any(not_served_templates))
+        .route("/v3/templates", any(not_served_templates))
+        .route("/v3/templates/{*rest}", any(not_served_templates))
+        .layer(axum::middleware::from_fn_with_state(
+            server.clone(),
+            crate::auth::require_api_key,
+        ))
+        .with_state(server)
+}
+
+/// The image of a template: E2B's default templates are the `host` image.
+pub fn template_image(template: &str) -> &str {
+    match template {
+        "base" | "code-interpreter-v1" | "code-interpreter" => "host",
+        other => other,
+    }
+}
+
+/// A `POST /v2/sandboxes` body as sent (what is not listed is ignored, as E2B ignores fields
+/// it does not know).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<i64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    network: Option<Value>,
+    mcp: Option<Value>,
+    #[serde(default)]
+    volume_mounts: Vec<Value>,
+}
+
+/// A create body, checked: what it asks for as the OpenSandbox front end's create body, its
+/// template and its metadata.
+pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String, String>)> {
+    let req: NewSandbox = serde_json::from_slice(body)
+        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    let template = req.template_id.trim().to_owned();
+    if template.is_empty() {
+        return Err(E2bError::bad_request("templateID is required"));
+    }
+    let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(1..=MAX_TIMEOUT_S).contains(&timeout) {
+        return Err(E2bError::bad_request(format!(
+            "timeout must be between 1 and {MAX_TIMEOUT_S} seconds"
+        )));
+    }
+    check_metadata(&req.metadata)?;
+    if req.auto_pause {
+        return Err(E2bError::bad_request(
+            "autoPause is not served by agentrun: a sandbox is killed at its timeout",
+        ));
+    }
+    if req.allow_internet_access == Some(true) || req.network.as_ref().is_some_and(|n| !n.is_null())
+    {
+        return Err(E2bError::bad_request(
+            "network access is not served by the E2B API of agentrun yet: sandboxes have no network (create them with allow_internet_access=False)",
+        ));
+    }
+    if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+        return Err(E2bError::bad_request(
+            "mcp is not served by agentrun's E2B API (agentrun serve --mcp serves MCP itself)",
+        ));
+    }
+    if !req.volume_mounts.is_empty() {
+        return Err(E2bError::bad_request(
+            "volumeMounts are not served by agentrun's E2B API",
+        ));
+    }
+    let osb = json!({
+        "image": {"uri": template_image(&template)},
+        "entrypoint": ["sleep", "infinity"],
+        "env": req.env_vars,
+        "timeout": timeout,
+        "extensions": {TEMPLATE_KEY: template},
+    });
+    Ok((osb.to_string().into_bytes(), template, req.metadata))
+}
+
+fn check_metadata(m: &BTreeMap<String, String>) -> E2bResult<()> {
+    if m.len() > MAX_METADATA {
+        return Err(E2bError::bad_request(format!(
+            "metadata: at most {MAX_METADATA} entries"
+        )));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE {
+            return Err(E2bError::bad_request(format!(
+                "metadata {k:?}: keys are 1 to {MAX_METADATA_KEY} bytes, values at most {MAX_METADATA_VALUE}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn template_of(rec: &Record) -> String {
+    rec.extensions
+        .as_ref()
+        .and_then(|x| x.get(TEMPLATE_KEY))
+        .and_then(Value::as_str)
+        .unwrap_or(&rec.image)
+        .to_owned()
+}
+
+fn end_of(rec: &Record) -> DateTime<Utc> {
+    lock(&rec.expires_at).unwrap_or(rec.created_at + chrono::Duration::seconds(MAX_TIMEOUT_S))
+}
+
+fn state_of(rec: &Record) -> &'static str {
+    match rec.state().0 {
+        SandboxState::Paused => "paused",
+        _ => "running",
+    }
+}
+
+fn cpu_count() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The `ListedSandbox` / `SandboxDetail` JSON of a record.
+fn sandbox_json(rec: &Record, detail: bool) -> Value {
+    let mut v = json!({
+        "templateID": template_of(rec),
+        "sandboxID": rec.id,
+        "clientID": crate::CLIENT_ID,
+        "startedAt": rfc3339(rec.created_at),
+        "endAt": rfc3339(end_of(rec)),
+        "cpuCount": cpu_count(),
+        "memoryMB": 0,
+        "diskSizeMB": 0,
+        "state": state_of(rec),
+        "envdVersion": crate::ENVD_VERSION,
+        "metadata": *lock(&rec.metadata),
+    });
+    if detail {
+        v["envdAccessToken"] = json!(rec.execd_token);
+        v["allowInternetAccess"] = json!(false);
+    }
+    v
+}
+
+async fn create(State(server): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    match create_inner(&server, &headers, &body).await {
+        Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) -> E2bResult<Value> {
+    let json = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(agentrun_webguard::is_json);
+    if !json {
+        return Err(E2bError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the request body must be JSON sent as Content-Type: application/json",
+        ));
+    }
+    let (osb, template, metadata) = parse_create(body)?;
+    let trace = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let rec = lifecycle::create_from_body(server, &Bytes::from(osb), trace)
+        .await
+        .map_err(|e| {
+            if e.status == StatusCode::BAD_REQUEST && e.message.starts_with("image.uri") {
+                E2bError::bad_request(format!(
+                    "template {template:?}: no image {:?} in agentrun's store ({})",
+                    template_image(&template),
+                    e.message
+                ))
+            } else {
+                E2bError::from(e)
+            }
+        })?;
+    *lock(&rec.metadata) = metadata;
+    Ok(json!({
+        "templateID": template,
+        "sandboxID": rec.id,
+        "clientID": crate::CLIENT_ID,
+        "envdVersion": crate::ENVD_VERSION,
+        "envdAccessToken": rec.execd_token,
+        // The code interpreter SDK authenticates some requests with this one only.
+        "trafficAccessToken": rec.execd_token,
+        "domain": null,
+    }))
+}
+
+fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
+    server
+        .record(id)
+        .map_err(|_| E2bError::not_found(format!("sandbox {id} not found")))
+}
+
+async fn get_one(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+) -> E2bResult<Json<Value>> {
+    let rec = record(&server, &id)?;
+    Ok(Json(sandbox_json(&rec, true)))
+}
+
+async fn kill(State(server): State<Arc<Server>>, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    lifecycle::delete_sandbox(&server, &id)
+        .await
+        .map_err(|_| E2bError::not_found(format!("sandbox {id} not found")))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct Timeout {
+    timeout: i64,
+}
+
+/// A set-timeout body: the new timeout, in seconds from now.
+pub fn parse_timeout(body: &[u8]) -> E2bResult<i64> {
+    let t: Timeout = serde_json::from_slice(body)
+        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    if !(0..=MAX_TIMEOUT_S).contains(&t.timeout) {
+        return Err(E2bError::bad_request(format!(
+            "timeout must be between 0 and {MAX_TIMEOUT_S} seconds"
+        )));
+    }
+    Ok(t.timeout)
+}
+
+async fn set_timeout(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> E2bResult<StatusCode> {
+    let rec = record(&server, &id)?;
+    let t = parse_timeout(&body)?;
+    *lock(&rec.expires_at) = Some(Utc::now() + chrono::Duration::seconds(t));
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A list query, parsed: metadata pairs, states, page size, the page's start.
+pub struct ListQuery {
+    pub metadata: Vec<(String, String)>,
+    pub states: Vec<String>,
+    pub limit: usize,
+    pub start: usize,
+}
+
+/// `GET /v2/sandboxes`'s query: `metadata` (itself a URL-encoded `k=v&k2=v2`), `state`
+/// (repeated or comma-separated), `limit`, `nextToken` (the index of the page's first
+/// sandbox, as this server hands it out).
+pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
+    let mut out = ListQuery {
+        metadata: Vec::new(),
+        states: Vec::new(),
+        limit: DEFAULT_LIMIT,
+        start: 0,
+    };
+    let pairs: Vec<(String, String)> = q
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "metadata" => out
+                .metadata
+                .extend(form_urlencoded::parse(v.as_bytes()).into_owned()),
+            "state" => out.states.extend(
+                v.split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|s| !s.is_empty()),
+            ),
+            "limit" => {
+                out.limit = v
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=MAX_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}"))
+                    })?
+            }
+            "nextToken" => {
+                out.start = v
+                    .parse()
+                    .map_err(|_| E2bError::bad_request("nextToken: not a token of this server"))?
+            }
+            _ => {}
+        }
+    }
+    for s in &out.states {
+        if s != "running" && s != "paused" {
+            return Err(E2bError::bad_request(format!(
+                "state {s:?}: expected running or paused"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> E2bResult<Response> {
+    let q = parse_list_query(q.as_deref())?;
+    let matching: Vec<Arc<Record>> = server
+        .all()
+        .into_iter()
+        .filter(|r| !r.torn_down.load(std::sync::atomic::Ordering::SeqCst))
+        .filter(|r| q.states.is_empty() || q.states.iter().any(|s| s == state_of(r)))
+        .filter(|r| {
+            let m = lock(&r.metadata);
+            q.metadata.iter().all(|(k, v)| m.get(k) == Some(v))
+        })
+        .collect();
+    let page: Vec<Value> = matching
+        .iter()
+        .skip(q.start)
+        .take(q.limit)
+        .map(|r| sandbox_json(r, false))
+        .collect();
+    let next = q.start + page.len();
+    let mut resp = Json(Value::Array(page)).into_response();
+    if next < matching.len() {
+        if let Ok(v) = next.to_string().parse() {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(resp)
+}
+
+async fn not_served_pause() -> E2bError {
+    E2bError::not_served("pause and resume are not served by agentrun's E2B API yet")
+}
+async fn not_served_connect() -> E2bError {
+    E2bError::not_served("connecting to (resuming) a sandbox by the control plane is not served by agentrun's E2B API yet: a running sandbox is reached with its id and envd access token")
+}
+async fn not_served_refresh() -> E2bError {
+    E2bError::not_served("refreshes are not served: use set_timeout")
+}
+async fn not_served_snapshots() -> E2bError {
+    E2bError::not_served("snapshots are not served by agentrun's E2B API yet")
+}
+async fn not_served_fork() -> E2bError {
+    E2bError::not_served("fork is not served by agentrun's E2B API")
+}
+async fn not_served_metrics() -> E2bError {
+    E2bError::not_served("sandbox metrics are not served by agentrun's E2B API yet (agentrun serve --metrics serves the daemon's)")
+}
+async fn not_served_logs() -> E2bError {
+    E2bError::not_served("sandbox logs are not served by agentrun's E2B API yet")
+}
+async fn not_served_network() -> E2bError {
+    E2bError::not_served("network updates are not served by agentrun's E2B API yet")
+}
+async fn not_served_templates() -> E2bError {
+    E2bError::not_served("templates are not built by agentrun's E2B API: a template is an image of agentrun's store (agentrun image pull/import/build)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_bodies_become_opensandbox_creates() {
+        let (osb, template, meta) = parse_create(
+            br#"{"templateID":"base","timeout":60,"metadata":{"who":"me too"},"envVars":{"A":"1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(template, "base");
+        assert_eq!(meta.get("who").map(String::as_str), Some("me too"));
+        let v: Value = serde_json::from_slice(&osb).unwrap();
+        assert_eq!(v["image"]["uri"], "host");
+        assert_eq!(v["timeout"], 60);
+        assert_eq!(v["env"]["A"], "1");
+        let (osb, _, _) = parse_create(br#"{"templateID":"busybox"}"#).unwrap();
+        let v: Value = serde_json::from_slice(&osb).unwrap();
+        assert_eq!(v["image"]["uri"], "busybox");
+        assert_eq!(v["timeout"], DEFAULT_TIMEOUT_S);
+    }
+
+    #[test]
+    fn bad_create_bodies_are_400() {
+        for body in [
+            &b"{"[..],
+            br#"{"templateID":""}"#,
+            br#"{"templateID":"base","timeout":0}"#,
+            br#"{"templateID":"base","timeout":90000}"#,
+            br#"{"templateID":"base","autoPause":true}"#,
+            br#"{"templateID":"base","allow_internet_access":true}"#,
+            br#"{"templateID":"base","metadata":{"":"x"}}"#,
+        ] {
+            let e = parse_create(body).err().unwrap();
+            assert_eq!(
+                e.status,
+                StatusCode::BAD_REQUEST,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn list_queries() {
+        // What the SDK sends for metadata {"a b": "1", "k": "v"}: the pairs URL-encoded,
+        // the whole URL-encoded again.
+        let q = parse_list_query(Some(
+            "metadata=a%2520b%3D1%26k%3Dv&state=running&state=paused&limit=5&nextToken=10",
+        ))
+        .unwrap();
+        assert_eq!(
+            q.metadata,
+            vec![
+                ("a b".to_string(), "1".to_string()),
+                ("k".into(), "v".into())
+            ]
+        );
+        assert_eq!(q.states, vec!["running", "paused"]);
+        assert_eq!((q.limit, q.start), (5, 10));
+        assert!(parse_list_query(Some("limit=0")).is_err());
+        assert!(parse_list_query(Some("nextToken=x")).is_err());
+        assert!(parse_list_query(Some("state=gone")).is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! The E2B API's errors: [`E2bError`], the `{"code": STATUS, "message"}` JSON of the control
+//! plane, envd's HTTP API and the code interpreter; [`RpcError`], a Connect error
+//! (`{"code": "not_found", "message"}`, or the end of a stream) of envd's RPCs. Both are made
+//! from the OpenSandbox front end's [`ApiError`]s, whose status they keep.
+
+use agentrun_opensandbox::ApiError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// An error answer of the control plane, envd's HTTP API or the code interpreter.
+#[derive(Debug, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct E2bError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl E2bError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        E2bError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+    pub fn not_served(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, message)
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        E2bError::new(e.status, e.message)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+pub type E2bResult<T> = Result<T, E2bError>;
+
+/// A Connect error code (the wire names of the Connect protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Canceled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    Unauthenticated,
+}
+
+impl Code {
+    /// Its wire name (`"not_found"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Canceled => "canceled",
+            Code::Unknown => "unknown",
+            Code::InvalidArgument => "invalid_argument",
+            Code::DeadlineExceeded => "deadline_exceeded",
+            Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
+            Code::PermissionDenied => "permission_denied",
+            Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
+            Code::Unimplemented => "unimplemented",
+            Code::Internal => "internal",
+            Code::Unavailable => "unavailable",
+            Code::Unauthenticated => "unauthenticated",
+        }
+    }
+
+    /// The HTTP status of a unary error with this code (the Connect protocol's table).
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            Code::Unknown | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists => StatusCode::CONFLICT,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    /// The code of an HTTP error status.
+    pub fn of_status(status: StatusCode) -> Code {
+        match status.as_u16() {
+            400 | 415 => Code::InvalidArgument,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::NotFound,
+            409 => Code::AlreadyExists,
+            413 | 429 | 507 => Code::ResourceExhausted,
+            501 => Code::Unimplemented,
+            502 | 503 => Code::Unavailable,
+            504 => Code::DeadlineExceeded,
+            _ => Code::Internal,
+        }
+    }
+}
+
+/// A Connect error of one of envd's RPCs.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {message}", code.as_str())]
+pub struct RpcError {
+    pub code: Code,
+    pub message: String,
+}
+
+impl RpcError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, message)
+    }
+    pub fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(Code::Unimplemented, message)
+    }
+
+    /// Its JSON (`{"code","message"}`), as a unary error body and in a stream's end.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"code": self.code.as_str(), "message": self.message})
+    }
+}
+
+impl From<ApiError> for RpcError {
+    fn from(e: ApiError) -> Self {
+        // A conflict that is not a file already there (a paused sandbox): a precondition.
+        let code = if e.status == StatusCode::CONFLICT && e.code != "INVALID_FILE" {
+            Code::FailedPrecondition
+        } else {
+            Code::of_status(e.status)
+        };
+        RpcError::new(code, e.message)
+    }
+}
+
+impl From<E2bError> for RpcError {
+    fn from(e: E2bError) -> Self {
+        RpcError::new(Code::of_status(e.status), e.message)
+    }
+}
+
+impl IntoResponse for RpcError {
+    fn into_response(self) -> Response {
+        (self.code.http_status(), Json(self.json())).into_response()
+    }
+}
+
+pub type RpcResult<T> = Result<T, RpcError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_errors_keep_their_meaning_as_rpc_codes() {
+        let nf = RpcError::from(ApiError::not_found("FILE_NOT_FOUND", "/x: gone"));
+        assert_eq!(nf.code, Code::NotFound);
+        let exists = RpcError::from(ApiError::new(StatusCode::CONFLICT, "INVALID_FILE", "there"));
+        assert_eq!(exists.code, Code::AlreadyExists);
+        let paused = RpcError::from(ApiError::conflict("the sandbox is paused"));
+        assert_eq!(paused.code, Code::FailedPrecondition);
+        assert_eq!(Code::NotFound.http_status(), StatusCode::NOT_FOUND);
+        assert_eq!(nf.json()["code"], "not_found");
+    }
+}

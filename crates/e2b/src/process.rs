@@ -1,0 +1,411 @@
+//! envd's `process.Process` service: `Start` (a process in the sandbox, its stdout and
+//! stderr streamed as they come, raw bytes, then its end), `List` (the processes started here
+//! and still running) and `SendSignal` (SIGTERM or SIGKILL to its whole process group: the
+//! SDK's `commands.kill`). `Connect`, `SendInput`, `StreamInput`, `CloseStdin`, `Update` and
+//! PTYs answer `unimplemented`.
+//!
+//! A process is a command of the sandbox in the OpenSandbox front end's sense
+//! ([`agentrun_opensandbox::execd::Command`], id = its pid here), started by
+//! [`agentrun_pool::process::spawn`] with the request's argv, env over the sandbox's, cwd
+//! (default: the user's home) and user (`Authorization: Basic`). Its pid is agentrun's id of
+//! the process in the sandbox (what signals name), not the kernel's.
+//!
+//! Output is read on the server's output runtime in chunks of at most
+//! [`agentrun_pool::stdio::CHUNK`] through a bounded queue: a client that does not read makes
+//! the process wait on its pipe. A `Connect-Timeout-Ms` deadline kills the process group and
+//! ends the stream with `deadline_exceeded`; a keep-alive event goes out every
+//! `Keepalive-Ping-Interval` seconds (default [`KEEPALIVE_DEFAULT`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrun_opensandbox::execd::commands::remember;
+use agentrun_opensandbox::execd::Command;
+use agentrun_opensandbox::{Record, Server};
+use agentrun_pool::process::Spawned;
+use agentrun_pool::{lock, PoolError};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Router};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::connect;
+use crate::error::{Code, RpcError, RpcResult};
+
+/// Keep-alive interval when the request names none.
+pub const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(50);
+/// How long output is still waited for after the process exited (children may hold its
+/// pipes open).
+const OUTPUT_GRACE: Duration = Duration::from_millis(200);
+
+pub fn routes(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/Connect", post(unimplemented_stream))
+        .route("/process.Process/SendInput", post(unimplemented))
+        .route("/process.Process/StreamInput", post(unimplemented))
+        .route("/process.Process/CloseStdin", post(unimplemented))
+        .route("/process.Process/Update", post(unimplemented))
+        .route_layer(axum::middleware::from_fn_with_state(
+            server.clone(),
+            crate::auth::require_access_token_rpc,
+        ))
+        .with_state(server)
+}
+
+/// `ProcessConfig`.
+#[derive(Deserialize, Serialize, Default, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessConfig {
+    #[serde(default)]
+    pub cmd: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+/// `StartRequest`.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct StartRequest {
+    #[serde(default)]
+    pub process: Option<ProcessConfig>,
+    #[serde(default)]
+    pub pty: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub stdin: Option<bool>,
+}
+
+/// A `StartRequest`, checked: its process config (a command is required, PTYs and stdin are
+/// not served).
+pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, Option<String>)> {
+    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
+        return Err(RpcError::unimplemented(
+            "PTYs are not served by agentrun's envd yet",
+        ));
+    }
+    if req.stdin == Some(true) {
+        return Err(RpcError::unimplemented(
+            "stdin is not served by agentrun's envd yet: start the command with stdin=False",
+        ));
+    }
+    let p = req
+        .process
+        .ok_or_else(|| RpcError::invalid("process is required"))?;
+    if p.cmd.is_empty() {
+        return Err(RpcError::invalid("process.cmd is required"));
+    }
+    for s in std::iter::once(&p.cmd).chain(&p.args) {
+        if s.contains('\0') {
+            return Err(RpcError::invalid("process.cmd and args may not hold NUL"));
+        }
+    }
+    for (k, v) in &p.envs {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(RpcError::invalid(format!("envs {k:?}: invalid variable")));
+        }
+    }
+    Ok((p, req.tag))
+}
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+fn event(ev: serde_json::Value) -> Bytes {
+    connect::message(&json!({ "event": ev }))
+}
+
+/// The client's keep-alive interval (`Keepalive-Ping-Interval`, seconds) and deadline
+/// (`Connect-Timeout-Ms`).
+fn stream_params(headers: &HeaderMap) -> (Duration, Option<Duration>) {
+    let num = |h: &str| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let keepalive = num("keepalive-ping-interval")
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(KEEPALIVE_DEFAULT);
+    let deadline = num("connect-timeout-ms")
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis);
+    (keepalive, deadline)
+}
+
+async fn start(
+    State(server): State<Arc<Server>>,
+    Extension(rec): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match start_inner(&server, &rec, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => connect::stream_error(&e),
+    }
+}
+
+async fn start_inner(
+    server: &Arc<Server>,
+    rec: &Arc<Record>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> RpcResult<Response> {
+    let req: StartRequest = connect::stream_request(headers, body)?;
+    let (p, _tag) = check_start(req)?;
+    let user = crate::auth::user_of(headers).map_err(RpcError::invalid)?;
+    rec.check_running()?;
+    rec.check_not_paused()?;
+    let env: Vec<(String, String)> = p.envs.into_iter().collect();
+    let cwd = agentrun_opensandbox::process::expand_cwd(
+        rec,
+        Some(p.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("~")),
+        &env,
+    )?;
+    let mut argv = vec![p.cmd];
+    argv.extend(p.args);
+    let content = argv.join(" ");
+    let Spawned {
+        id,
+        stdout,
+        stderr,
+        exit,
+        ..
+    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, false, user).await {
+        Ok(s) => s,
+        Err(PoolError::Spawn { message, .. }) => {
+            return Err(RpcError::new(Code::InvalidArgument, message))
+        }
+        Err(e) => return Err(RpcError::from(agentrun_opensandbox::ApiError::from(e))),
+    };
+    let pid = u32::try_from(id)
+        .map_err(|_| RpcError::new(Code::Internal, "process id out of the pid range"))?;
+    let cmd = Arc::new(Command::running(rec, pid.to_string(), content, id));
+    remember(rec, &cmd);
+    let (keepalive, deadline) = stream_params(headers);
+    let (tx, rx) = connect::stream_queue();
+    let _ = tx.try_send(event(json!({"start": {"pid": pid}})));
+    // The output readers: each chunk an event, waiting on the client's queue.
+    let (out_done_tx, mut out_done) = mpsc::channel::<()>(2);
+    for (fd, kind) in [(stdout, "stdout"), (stderr, "stderr")] {
+        let (tx, done) = (tx.clone(), out_done_tx.clone());
+        server.output.spawn(async move {
+            agentrun_pool::stdio::pump(fd, |chunk| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(event(json!({"data": {kind: b64(&chunk)}})))
+                        .await
+                        .is_ok()
+                }
+            })
+            .await;
+            let _ = done.send(()).await;
+        });
+    }
+    drop(out_done_tx);
+    let (rec, sandbox) = (rec.clone(), rec.sandbox.clone());
+    tokio::spawn(async move {
+        let mut exit = exit;
+        let mut ping = tokio::time::interval(keepalive);
+        ping.tick().await;
+        let until = deadline.map(|d| tokio::time::Instant::now() + d);
+        let mut timed_out = false;
+        let result = loop {
+            tokio::select! {
+                r = &mut exit => break r.unwrap_or_default(),
+                _ = ping.tick() => {
+                    let _ = tx.try_send(event(json!({"keepalive": {}})));
+                }
+                _ = async { tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)).await }, if until.is_some() && !timed_out => {
+                    timed_out = true;
+                    let _ = sandbox.signal(id, libc::SIGKILL, true);
+                }
+            }
+        };
+        // Output the process wrote before it exited is sent before its end; children that
+        // hold the pipes open are not waited for past the grace.
+        let grace = tokio::time::sleep(OUTPUT_GRACE);
+        tokio::pin!(grace);
+        for _ in 0..2 {
+            tokio::select! {
+                _ = out_done.recv() => {}
+                _ = &mut grace => break,
+            }
+        }
+        let status = match result.signal {
+            Some(s) => format!("signal: {}", signal_name(s)),
+            None => format!("exit status {}", result.exit_code),
+        };
+        cmd.finish(&rec, result.exit_code, status.clone());
+        if timed_out {
+            let err = RpcError::new(
+                Code::DeadlineExceeded,
+                "the command's timeout passed: it was killed",
+            );
+            let _ = tx.send(connect::end_stream(Some(&err))).await;
+            return;
+        }
+        let mut end = json!({"exitCode": result.exit_code, "exited": result.signal.is_none(), "status": status});
+        if result.signal.is_some() {
+            end["error"] = json!(status);
+        }
+        let _ = tx.send(event(json!({ "end": end }))).await;
+        let _ = tx.send(connect::end_stream(None)).await;
+    });
+    Ok(connect::stream_response(rx))
+}
+
+fn signal_name(s: i32) -> String {
+    match s {
+        libc::SIGKILL => "killed".into(),
+        libc::SIGTERM => "terminated".into(),
+        libc::SIGINT => "interrupt".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+async fn unimplemented_stream() -> Response {
+    connect::stream_error(&RpcError::unimplemented(
+        "connecting to a running process is not served by agentrun's envd yet",
+    ))
+}
+
+async fn unimplemented() -> Response {
+    RpcError::unimplemented("this RPC is not served by agentrun's envd yet").into_response()
+}
+
+async fn list(
+    Extension(rec): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> RpcResult<Response> {
+    let _: serde_json::Value = connect::unary_request(&headers, &body)?;
+    let processes: Vec<serde_json::Value> = lock(&rec.commands)
+        .values()
+        .filter(|c| c.id.parse::<u32>().is_ok() && lock(&c.state).running)
+        .map(|c| {
+            let mut argv = c.content.split(' ');
+            let cmd = argv.next().unwrap_or("");
+            json!({"pid": c.id.parse::<u32>().unwrap_or(0), "config": {"cmd": cmd, "args": argv.collect::<Vec<_>>()}})
+        })
+        .collect();
+    Ok(connect::unary_response(&json!({ "processes": processes })))
+}
+
+/// `ProcessSelector`.
+#[derive(Deserialize, Debug)]
+pub struct Selector {
+    pub pid: Option<u32>,
+    pub tag: Option<String>,
+}
+
+/// `SendSignalRequest`.
+#[derive(Deserialize, Debug)]
+pub struct SignalRequest {
+    pub process: Option<Selector>,
+    #[serde(default)]
+    pub signal: serde_json::Value,
+}
+
+/// A `SendSignalRequest`, checked: the pid and the signal (SIGTERM or SIGKILL, by name or
+/// number).
+pub fn check_signal(req: SignalRequest) -> RpcResult<(u32, i32)> {
+    let sel = req
+        .process
+        .ok_or_else(|| RpcError::invalid("process is required"))?;
+    if sel.tag.is_some() {
+        return Err(RpcError::unimplemented(
+            "selecting a process by tag is not served by agentrun's envd yet",
+        ));
+    }
+    let pid = sel
+        .pid
+        .ok_or_else(|| RpcError::invalid("process.pid is required"))?;
+    let signal = match &req.signal {
+        serde_json::Value::String(s) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
+        serde_json::Value::String(s) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
+        serde_json::Value::Number(n) if n.as_i64() == Some(9) => libc::SIGKILL,
+        serde_json::Value::Number(n) if n.as_i64() == Some(15) => libc::SIGTERM,
+        other => {
+            return Err(RpcError::invalid(format!(
+                "signal {other}: expected SIGNAL_SIGKILL or SIGNAL_SIGTERM"
+            )))
+        }
+    };
+    Ok((pid, signal))
+}
+
+async fn send_signal(
+    Extension(rec): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> RpcResult<Response> {
+    let req: SignalRequest = connect::unary_request(&headers, &body)?;
+    let (pid, signal) = check_signal(req)?;
+    let cmd = lock(&rec.commands)
+        .get(&pid.to_string())
+        .cloned()
+        .filter(|c| lock(&c.state).running)
+        .ok_or_else(|| RpcError::new(Code::NotFound, format!("process {pid} not found")))?;
+    rec.sandbox
+        .signal(cmd.process, signal, true)
+        .map_err(|e| RpcError::from(agentrun_opensandbox::ApiError::from(e)))?;
+    Ok(connect::unary_response(&json!({})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_requests_are_checked() {
+        let ok: StartRequest = serde_json::from_str(
+            r#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false}"#,
+        )
+        .unwrap();
+        let (p, _) = check_start(ok).unwrap();
+        assert_eq!(p.args, vec!["-l", "-c", "echo hi"]);
+        assert_eq!(p.cwd.as_deref(), Some("/tmp"));
+        let pty: StartRequest =
+            serde_json::from_str(r#"{"process":{"cmd":"x"},"pty":{"size":{"cols":80,"rows":24}}}"#)
+                .unwrap();
+        assert_eq!(check_start(pty).unwrap_err().code, Code::Unimplemented);
+        let none: StartRequest = serde_json::from_str(r#"{}"#).unwrap();
+        assert_eq!(check_start(none).unwrap_err().code, Code::InvalidArgument);
+        let bad_env: StartRequest =
+            serde_json::from_str(r#"{"process":{"cmd":"x","envs":{"A=B":"1"}}}"#).unwrap();
+        assert_eq!(
+            check_start(bad_env).unwrap_err().code,
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn signals_by_name_or_number() {
+        let r: SignalRequest =
+            serde_json::from_str(r#"{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}"#).unwrap();
+        assert_eq!(check_signal(r).unwrap(), (7, libc::SIGKILL));
+        let r: SignalRequest =
+            serde_json::from_str(r#"{"process":{"pid":7},"signal":15}"#).unwrap();
+        assert_eq!(check_signal(r).unwrap(), (7, libc::SIGTERM));
+        let r: SignalRequest =
+            serde_json::from_str(r#"{"process":{"pid":7},"signal":"SIGNAL_SIGHUP"}"#).unwrap();
+        assert_eq!(check_signal(r).unwrap_err().code, Code::InvalidArgument);
+    }
+}
