@@ -2,7 +2,8 @@
 //! from a template (`POST /v2/sandboxes`, `POST /sandboxes`), list them with metadata and
 //! state filters and `nextToken` pagination (`GET /v2/sandboxes`, `GET /sandboxes`), get one,
 //! kill it, set its timeout. What the SDK may call and agentrun does not serve answers 501
-//! naming it (pause, resume/connect, snapshots, fork, metrics, logs, templates).
+//! naming it (pause, resume/connect, snapshots, fork, metrics, logs, network, templates,
+//! secrets, volumes).
 //!
 //! A template is an image of agentrun's store: `base` and `code-interpreter-v1` (E2B's
 //! default templates) are the built-in `host` image (the host's `/usr`, so bash and python3),
@@ -66,6 +67,11 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/v2/templates/{*rest}", any(not_served_templates))
         .route("/v3/templates", any(not_served_templates))
         .route("/v3/templates/{*rest}", any(not_served_templates))
+        .route("/default-templates", any(not_served_templates))
+        .route("/secrets", any(not_served_secrets))
+        .route("/secrets/{*rest}", any(not_served_secrets))
+        .route("/volumes", any(not_served_volumes))
+        .route("/volumes/{*rest}", any(not_served_volumes))
         .layer(axum::middleware::from_fn_with_state(
             server.clone(),
             crate::auth::require_api_key,
@@ -416,6 +422,14 @@ async fn not_served_logs() -> E2bError {
 }
 async fn not_served_network() -> E2bError {
     E2bError::not_served("network updates are not served by agentrun's E2B API yet")
+}
+async fn not_served_secrets() -> E2bError {
+    E2bError::not_served("secrets are not served by agentrun's E2B API")
+}
+async fn not_served_volumes() -> E2bError {
+    E2bError::not_served(
+        "E2B volumes are not served by agentrun's E2B API (the OpenSandbox API has named volumes)",
+    )
 }
 async fn not_served_templates() -> E2bError {
     E2bError::not_served("templates are not built by agentrun's E2B API: a template is an image of agentrun's store (agentrun image pull/import/build)")

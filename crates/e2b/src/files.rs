@@ -1,7 +1,7 @@
 //! envd's HTTP API: `GET /files?path=` (a file's bytes, streamed), `POST /files` (uploads,
 //! `multipart/form-data` with one `file` part a file, named by `path` or the part's file
 //! name, or `application/octet-stream` to `path`; parents are made; the answer lists what
-//! was written), and `GET /health` (204).
+//! was written), and `GET /health` (204; 502 for a sandbox that is not there).
 //!
 //! Files are written as the OpenSandbox front end writes them: into a hidden name next to the
 //! target, renamed over it once complete, so an upload cut short never leaves a partial file;
@@ -39,8 +39,26 @@ pub fn routes(server: Arc<Server>) -> Router {
             server.clone(),
             crate::auth::require_access_token,
         ))
-        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/health", get(health))
         .with_state(server)
+}
+
+/// envd's health: 204, or, for a sandbox that is not (or no longer) there, 502 "was not
+/// found" (what the SDK's `is_running` takes as "not running"). It needs no token, and says
+/// no more than whether a sandbox of that id runs.
+async fn health(
+    State(server): State<Arc<Server>>,
+    headers: axum::http::HeaderMap,
+) -> E2bResult<StatusCode> {
+    if let Some(id) = crate::auth::sandbox_id(&headers) {
+        if server.record(&id).is_err() {
+            return Err(E2bError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {id} was not found"),
+            ));
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The `path` and `username` of a `/files` query.

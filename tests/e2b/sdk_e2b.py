@@ -1,0 +1,240 @@
+"""Scenarios of the official E2B SDKs (e2b==2.63.0, e2b-code-interpreter==2.11.5, from
+.venv/e2b) against `agentrun serve --e2b ADDR`, unchanged: only E2B_API_URL and
+E2B_SANDBOX_URL point at agentrun.
+
+Usage: sdk_e2b.py SCENARIO. Environment: E2B_ADDR (host:port of agentrun's E2B API),
+E2B_API_KEY (the daemon's API key). Prints "OK SCENARIO" at the end; any failed check raises
+(non-zero exit).
+"""
+
+import os
+import sys
+import time
+import uuid
+
+import httpx
+
+ADDR = os.environ["E2B_ADDR"]
+BASE = f"http://{ADDR}"
+os.environ["E2B_API_URL"] = BASE
+os.environ["E2B_SANDBOX_URL"] = BASE
+os.environ.pop("E2B_DEBUG", None)
+os.environ.pop("E2B_DOMAIN", None)
+KEY = os.environ["E2B_API_KEY"]
+
+from e2b import (  # noqa: E402
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def wait_until(what, timeout, f):
+    """Polls `f` (bounded) until it is true; raises naming `what` otherwise."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if f():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sync_flow():
+    nonce = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(timeout=120, metadata={"suite": nonce, "note": "free form: ok"},
+                         envs={"GREETING": "hi"})
+    try:
+        info = sbx.get_info()
+        check(info.sandbox_id == sbx.sandbox_id, f"info {info}")
+        check(info.template_id == "base", f"template {info.template_id}")
+        check(info.metadata.get("suite") == nonce, f"metadata {info.metadata}")
+        check(sbx.is_running(), "is_running")
+
+        # Exit codes, stdout and stderr.
+        r = sbx.commands.run("echo hello")
+        check(r.exit_code == 0 and r.stdout == "hello\n", f"echo: {r}")
+        try:
+            sbx.commands.run("echo out; echo oops >&2; exit 3")
+            raise AssertionError("exit 3 did not raise")
+        except CommandExitException as e:
+            check(e.exit_code == 3, f"exit code {e.exit_code}")
+            check(e.stdout == "out\n" and e.stderr == "oops\n", f"{e.stdout!r} {e.stderr!r}")
+        # Env (the sandbox's and the command's), cwd.
+        r = sbx.commands.run("echo $GREETING $FOO; pwd", envs={"FOO": "bar"}, cwd="/tmp")
+        check(r.stdout == "hi bar\n/tmp\n", f"env/cwd: {r.stdout!r}")
+        r = sbx.commands.run("pwd")
+        check(r.stdout == "/root\n", f"default cwd: {r.stdout!r}")
+        # Output streamed as it comes: the first line arrives before the command ends.
+        seen = []
+        r = sbx.commands.run(
+            "echo one; sleep 1; echo two",
+            on_stdout=lambda line: seen.append((line, time.time())),
+        )
+        check([s for s, _ in seen] == ["one\n", "two\n"], f"streamed {seen}")
+        check(seen[1][1] - seen[0][1] > 0.5, f"not streamed as it came: {seen}")
+        # User.
+        r = sbx.commands.run("id -u", user="root")
+        check(r.stdout == "0\n", f"root: {r.stdout!r}")
+        r = sbx.commands.run("id -un", user="nobody")
+        check(r.stdout == "nobody\n", f"nobody: {r.stdout!r}")
+        # Background, listed, killed.
+        h = sbx.commands.run("sleep 30", background=True)
+        check(any(p.pid == h.pid for p in sbx.commands.list()), "listed")
+        check(sbx.commands.kill(h.pid), "killed")
+        try:
+            h.wait()
+            raise AssertionError("a killed command ended well")
+        except CommandExitException as e:
+            check(e.exit_code != 0, f"killed exit {e.exit_code}")
+        check(not any(p.pid == h.pid for p in sbx.commands.list()), "still listed")
+        check(not sbx.commands.kill(h.pid), "killed twice")
+
+        # Files: write/read (text, bytes, relative), list, make_dir, rename, remove.
+        w = sbx.files.write("/tmp/a/b.txt", "content")
+        check(w.path == "/tmp/a/b.txt" and w.name == "b.txt", f"write {w}")
+        check(sbx.files.read("/tmp/a/b.txt") == "content", "read text")
+        check(sbx.commands.run("cat /tmp/a/b.txt").stdout == "content", "written inside")
+        sbx.files.write("/tmp/a/bin", b"\x00\x01\xff")
+        check(bytes(sbx.files.read("/tmp/a/bin", format="bytes")) == b"\x00\x01\xff", "bytes")
+        w = sbx.files.write("rel.txt", "rel")
+        check(w.path == "/root/rel.txt", f"relative {w}")
+        names = sorted(e.name for e in sbx.files.list("/tmp/a"))
+        check(names == ["b.txt", "bin"], f"list {names}")
+        check(sbx.files.make_dir("/tmp/d"), "make_dir")
+        check(not sbx.files.make_dir("/tmp/d"), "make_dir twice")
+        i = sbx.files.rename("/tmp/a/b.txt", "/tmp/d/c.txt")
+        check(i.path == "/tmp/d/c.txt" and i.name == "c.txt", f"rename {i}")
+        check(not sbx.files.exists("/tmp/a/b.txt") and sbx.files.exists("/tmp/d/c.txt"), "moved")
+        gi = sbx.files.get_info("/tmp/d/c.txt")
+        check(gi.size == 7 and gi.type.value == "file", f"get_info {gi}")
+        check(sbx.files.get_info("/tmp/d").type.value == "dir", "dir type")
+        sbx.files.remove("/tmp/d")
+        check(not sbx.files.exists("/tmp/d/c.txt"), "removed")
+        try:
+            sbx.files.read("/tmp/none")
+            raise AssertionError("read a missing file")
+        except NotFoundException:
+            pass
+
+        # List by metadata.
+        found = Sandbox.list(query=SandboxQuery(metadata={"suite": nonce})).next_items()
+        check([s.sandbox_id for s in found] == [sbx.sandbox_id], f"list {found}")
+        none = Sandbox.list(query=SandboxQuery(metadata={"suite": "other"})).next_items()
+        check(none == [], f"list other {none}")
+        found = Sandbox.list(query=SandboxQuery(metadata={"note": "free form: ok"})).next_items()
+        check([s.sandbox_id for s in found] == [sbx.sandbox_id], f"list free-form {found}")
+    finally:
+        check(sbx.kill(), "kill")
+    check(not Sandbox.kill(sbx.sandbox_id), "kill twice")
+    check(not sbx.is_running(), "running after kill")
+    try:
+        Sandbox.get_info(sbx.sandbox_id)
+        raise AssertionError("info of a killed sandbox")
+    except NotFoundException:
+        pass
+
+
+def timeout():
+    sbx = Sandbox.create(timeout=120)
+    end = sbx.get_info().end_at
+    sbx.set_timeout(1)
+    check(sbx.get_info().end_at < end, "end moved")
+    wait_until("the sandbox to expire", 30, lambda: not sbx.is_running())
+    found = [s.sandbox_id for s in Sandbox.list().next_items()]
+    check(sbx.sandbox_id not in found, f"listed after expiry {found}")
+
+
+def code():
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sbx = CodeSandbox.create(timeout=120)
+    try:
+        check(sbx.get_info().template_id == "code-interpreter-v1", "template")
+        e = sbx.run_code("x = 40\nprint('hello')\nx + 2")
+        check(e.error is None, f"error {e.error}")
+        check(e.logs.stdout == ["hello\n"], f"stdout {e.logs.stdout}")
+        check([r.text for r in e.results] == ["42"], f"results {e.results}")
+        e = sbx.run_code("x * 2")
+        check([r.text for r in e.results] == ["80"], f"state kept: {e.results}")
+        out = []
+        e = sbx.run_code("import sys\nprint('to err', file=sys.stderr)", on_stderr=out.append)
+        check(e.logs.stderr == ["to err\n"] and len(out) == 1, f"stderr {e.logs.stderr} {out}")
+        e = sbx.run_code("1/0")
+        check(e.error is not None and e.error.name == "ZeroDivisionError", f"{e.error}")
+        check(e.error.value == "division by zero", f"value {e.error.value}")
+        check("ZeroDivisionError" in e.error.traceback, f"traceback {e.error.traceback}")
+        ctx = sbx.create_code_context()
+        e = sbx.run_code("x", context=ctx)
+        check(e.error is not None and e.error.name == "NameError", f"own context: {e.error}")
+        check(any(c.id == ctx.id for c in sbx.list_code_contexts()), "listed context")
+        sbx.remove_code_context(ctx)
+        check(not any(c.id == ctx.id for c in sbx.list_code_contexts()), "removed context")
+        try:
+            sbx.run_code("1", language="javascript")
+            raise AssertionError("javascript ran")
+        except SandboxException as err:
+            check("python only" in str(err), f"{err}")
+    finally:
+        sbx.kill()
+
+
+def auth():
+    # A wrong or missing API key: 401 from the control plane.
+    try:
+        Sandbox.create(api_key="wrong-key")
+        raise AssertionError("created with a wrong key")
+    except AuthenticationException:
+        pass
+    r = httpx.get(f"{BASE}/v2/sandboxes")
+    check(r.status_code == 401, f"no key: {r.status_code}")
+    check(isinstance(r.json().get("message"), str), f"json error {r.text}")
+    a = Sandbox.create(timeout=60)
+    b = Sandbox.create(timeout=60)
+    try:
+        stat = {"path": "/"}
+        url = f"{BASE}/filesystem.Filesystem/Stat"
+        ok = httpx.post(url, json=stat, headers={"E2b-Sandbox-Id": b.sandbox_id,
+                                                 "X-Access-Token": b._envd_access_token})
+        check(ok.status_code == 200, f"own token {ok.status_code} {ok.text}")
+        # Another sandbox's token, and none: 401.
+        for h in ({"X-Access-Token": a._envd_access_token}, {}):
+            r = httpx.post(url, json=stat, headers={"E2b-Sandbox-Id": b.sandbox_id, **h})
+            check(r.status_code == 401, f"token {h}: {r.status_code} {r.text}")
+            check(r.json()["code"] == "unauthenticated", f"connect error {r.text}")
+        r = httpx.get(f"{BASE}/files", params={"path": "/etc/hostname"},
+                      headers={"E2b-Sandbox-Id": b.sandbox_id,
+                               "X-Access-Token": a._envd_access_token})
+        check(r.status_code == 401, f"/files with another token: {r.status_code}")
+        # The two sandboxes are apart.
+        a.files.write("/tmp/mine", "a")
+        check(not b.files.exists("/tmp/mine"), "a's file seen in b")
+        # Bad input: 4xx JSON errors.
+        h = {"X-API-Key": KEY, "Content-Type": "application/json"}
+        for body in ("{", '{"templateID": ""}', '{"templateID": "base", "timeout": -1}'):
+            r = httpx.post(f"{BASE}/v2/sandboxes", content=body, headers=h)
+            check(r.status_code == 400 and "message" in r.json(), f"{body}: {r.status_code}")
+        r = httpx.post(f"{BASE}/v2/sandboxes", json={"templateID": "no-such-image"}, headers=h)
+        check(r.status_code == 400 and "no-such-image" in r.json()["message"], f"{r.text}")
+        r = httpx.post(url, content=b"{", headers={"E2b-Sandbox-Id": b.sandbox_id,
+                                                  "X-Access-Token": b._envd_access_token,
+                                                  "Content-Type": "application/json"})
+        check(r.status_code == 400 and r.json()["code"] == "invalid_argument", f"{r.text}")
+    finally:
+        a.kill()
+        b.kill()
+
+
+SCENARIOS = {f.__name__: f for f in (sync_flow, timeout, code, auth)}
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    SCENARIOS[name]()
+    print(f"OK {name}")

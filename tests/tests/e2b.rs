@@ -1,0 +1,84 @@
+//! The E2B API of `agentrun serve --e2b`, driven by the official Python SDKs (`e2b==2.63.0`,
+//! `e2b-code-interpreter==2.11.5`, installed by `hack/test` in `.venv/e2b`) unchanged: only
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` point at agentrun.
+//!
+//! Each test starts its own daemon (private state dir, loopback port), runs one scenario of
+//! `tests/e2b/sdk_e2b.py` (which asserts what an SDK user sees and exits non-zero on the
+//! first failed check), stops the daemon with SIGTERM and checks that nothing is left on the
+//! host.
+//!
+//! Scenarios: the sync flow (create with metadata and envs, `commands.run` with exit codes,
+//! streamed output, env, cwd, user, background + list + kill; files write/read/list/
+//! make_dir/rename/remove; list by metadata; kill), `set_timeout` expiry, `run_code` (state
+//! across calls, stderr, an exception's name/value/traceback, contexts, another language
+//! refused), and the API key / envd token checks with bad input to the routes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use agentrun_e2e::osb::{free_port, stop_clean, SCENARIO_TIMEOUT};
+use agentrun_e2e::*;
+
+/// The venv's python; `hack/test` makes it. Missing is a failure, never a skip.
+fn python() -> PathBuf {
+    let p = workspace_root().join(".venv/e2b/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run hack/test (it creates .venv/e2b with e2b==2.63.0)",
+        p.display()
+    );
+    p
+}
+
+/// A daemon serving the E2B API on a fresh loopback port: (it, its address).
+fn start() -> (Daemon, String) {
+    let mut d = Daemon::unstarted();
+    let addr = format!("127.0.0.1:{}", free_port());
+    d.launch(["--pool-size", "2", "--e2b", addr.as_str()]);
+    (d, addr)
+}
+
+/// Runs one scenario; panics with its output and the daemon's log.
+fn scenario(d: &Daemon, addr: &str, name: &str) {
+    let mut cmd = Command::new(python());
+    cmd.arg(workspace_root().join("tests/e2b/sdk_e2b.py"))
+        .arg(name)
+        .env("E2B_ADDR", addr)
+        .env("E2B_API_KEY", d.api_key())
+        .env_remove("E2B_API_URL")
+        .env_remove("E2B_SANDBOX_URL")
+        .env_remove("E2B_ACCESS_TOKEN");
+    let out = run_with_timeout(cmd, None, SCENARIO_TIMEOUT);
+    assert!(
+        out.status.code() == Some(0) && out.stdout().contains(&format!("OK {name}")),
+        "scenario {name} failed\n{out}\n{}",
+        d.log()
+    );
+}
+
+fn run_scenario(name: &str) {
+    let Some(_lock) = setup() else { return };
+    let (d, addr) = start();
+    scenario(&d, &addr, name);
+    stop_clean(d);
+}
+
+#[test]
+fn sdk_sync_flow() {
+    run_scenario("sync_flow");
+}
+
+#[test]
+fn set_timeout_expiry_kills_the_sandbox() {
+    run_scenario("timeout");
+}
+
+#[test]
+fn run_code_keeps_state_and_reports_errors() {
+    run_scenario("code");
+}
+
+#[test]
+fn api_key_and_access_token_are_enforced() {
+    run_scenario("auth");
+}
