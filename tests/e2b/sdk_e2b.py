@@ -232,7 +232,37 @@ def auth():
         b.kill()
 
 
-SCENARIOS = {f.__name__: f for f in (sync_flow, timeout, code, auth)}
+def async_flow():
+    import asyncio
+
+    from e2b_code_interpreter import AsyncSandbox
+
+    async def main():
+        sbx = await AsyncSandbox.create(timeout=120, metadata={"flow": "async"})
+        try:
+            r = await sbx.commands.run("echo $((6*7))")
+            check(r.stdout == "42\n", f"async run {r.stdout!r}")
+            seen = []
+            await sbx.commands.run("echo a; echo b >&2", on_stdout=seen.append,
+                                   on_stderr=seen.append)
+            check(sorted(seen) == ["a\n", "b\n"], f"async callbacks {seen}")
+            await sbx.files.write("/tmp/async.txt", "async")
+            check(await sbx.files.read("/tmp/async.txt") == "async", "async read")
+            check([e.name for e in await sbx.files.list("/tmp") if e.name == "async.txt"]
+                  == ["async.txt"], "async list")
+            e = await sbx.run_code("y = 5")
+            e = await sbx.run_code("y + 1")
+            check([x.text for x in e.results] == ["6"], f"async run_code {e.results}")
+            found = await AsyncSandbox.list(query=SandboxQuery(metadata={"flow": "async"})).next_items()
+            check([s.sandbox_id for s in found] == [sbx.sandbox_id], f"async list {found}")
+        finally:
+            await sbx.kill()
+        check(not await sbx.is_running(), "async running after kill")
+
+    asyncio.run(main())
+
+
+SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, timeout, code, auth)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -9,7 +9,8 @@
 //!
 //! Scenarios: the sync flow (create with metadata and envs, `commands.run` with exit codes,
 //! streamed output, env, cwd, user, background + list + kill; files write/read/list/
-//! make_dir/rename/remove; list by metadata; kill), `set_timeout` expiry, `run_code` (state
+//! make_dir/rename/remove; list by metadata; kill), the async flow (commands, files,
+//! `run_code`, list), `set_timeout` expiry, `run_code` (state
 //! across calls, stderr, an exception's name/value/traceback, contexts, another language
 //! refused), and the API key / envd token checks with bad input to the routes.
 
@@ -66,6 +67,11 @@ fn run_scenario(name: &str) {
 #[test]
 fn sdk_sync_flow() {
     run_scenario("sync_flow");
+}
+
+#[test]
+fn sdk_async_flow() {
+    run_scenario("async_flow");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! A process is a command of the sandbox in the OpenSandbox front end's sense
 //! ([`agentrun_opensandbox::execd::Command`], id = its pid here), started by
 //! [`agentrun_pool::process::spawn`] with the request's argv, env over the sandbox's, cwd
-//! (default: the user's home) and user (`Authorization: Basic`). Its pid is agentrun's id of
+//! (default: root's home, `/` for another user) and user (`Authorization: Basic`). Its pid is agentrun's id of
 //! the process in the sandbox (what signals name), not the kernel's.
 //!
 //! Output is read on the server's output runtime in chunks of at most
@@ -173,9 +173,12 @@ async fn start_inner(
     rec.check_running()?;
     rec.check_not_paused()?;
     let env: Vec<(String, String)> = p.envs.into_iter().collect();
+    // No cwd: root's home; another user's is not known here (its /etc/passwd entry may
+    // name one it cannot enter), so `/`.
+    let default_cwd = if user.is_none() { "~" } else { "/" };
     let cwd = agentrun_opensandbox::process::expand_cwd(
         rec,
-        Some(p.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("~")),
+        Some(p.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or(default_cwd)),
         &env,
     )?;
     let mut argv = vec![p.cmd];
