@@ -96,6 +96,14 @@ def sync_flow():
             check(e.exit_code != 0, f"killed exit {e.exit_code}")
         check(not any(p.pid == h.pid for p in sbx.commands.list()), "still listed")
         check(not sbx.commands.kill(h.pid), "killed twice")
+        # Stdin: sent, then closed (EOF).
+        h = sbx.commands.run("read line; echo got $line", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "hello\n")
+        check(h.wait().stdout == "got hello\n", "stdin line")
+        h = sbx.commands.run("cat; echo done", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "abc")
+        sbx.commands.close_stdin(h.pid)
+        check(h.wait().stdout == "abcdone\n", "stdin closed")
 
         # Files: write/read (text, bytes, relative), list, make_dir, rename, remove.
         w = sbx.files.write("/tmp/a/b.txt", "content")

@@ -1,8 +1,9 @@
 //! envd's `process.Process` service: `Start` (a process in the sandbox, its stdout and
-//! stderr streamed as they come, raw bytes, then its end), `List` (the processes started here
-//! and still running) and `SendSignal` (SIGTERM or SIGKILL to its whole process group: the
-//! SDK's `commands.kill`). `Connect`, `SendInput`, `StreamInput`, `CloseStdin`, `Update` and
-//! PTYs answer `unimplemented`.
+//! stderr streamed as they come, raw bytes, then its end; with `stdin`, a pipe as its
+//! stdin), `List` (the processes started here and still running), `SendSignal` (SIGTERM or
+//! SIGKILL to its whole process group: the SDK's `commands.kill`), `SendInput` and
+//! `CloseStdin` (the SDK's `send_stdin`, `close_stdin`). `Connect`, `StreamInput`, `Update`
+//! and PTYs answer `unimplemented`.
 //!
 //! A process is a command of the sandbox in the OpenSandbox front end's sense
 //! ([`agentrun_opensandbox::execd::Command`], id = its pid here), started by
@@ -51,9 +52,9 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/process.Process/List", post(list))
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/Connect", post(unimplemented_stream))
-        .route("/process.Process/SendInput", post(unimplemented))
+        .route("/process.Process/SendInput", post(send_input))
         .route("/process.Process/StreamInput", post(unimplemented))
-        .route("/process.Process/CloseStdin", post(unimplemented))
+        .route("/process.Process/CloseStdin", post(close_stdin))
         .route("/process.Process/Update", post(unimplemented))
         .route_layer(axum::middleware::from_fn_with_state(
             server.clone(),
@@ -90,17 +91,12 @@ pub struct StartRequest {
     pub stdin: Option<bool>,
 }
 
-/// A `StartRequest`, checked: its process config (a command is required, PTYs and stdin are
-/// not served).
-pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, Option<String>)> {
+/// A `StartRequest`, checked: its process config (a command is required, PTYs are not
+/// served) and whether it gets a stdin pipe (else it reads `/dev/null`).
+pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, bool)> {
     if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
         return Err(RpcError::unimplemented(
             "PTYs are not served by agentrun's envd yet",
-        ));
-    }
-    if req.stdin == Some(true) {
-        return Err(RpcError::unimplemented(
-            "stdin is not served by agentrun's envd yet: start the command with stdin=False",
         ));
     }
     let p = req
@@ -119,7 +115,7 @@ pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, Option<String
             return Err(RpcError::invalid(format!("envs {k:?}: invalid variable")));
         }
     }
-    Ok((p, req.tag))
+    Ok((p, req.stdin.unwrap_or(false)))
 }
 
 fn b64(data: &[u8]) -> String {
@@ -168,7 +164,7 @@ async fn start_inner(
     body: &[u8],
 ) -> RpcResult<Response> {
     let req: StartRequest = connect::stream_request(headers, body)?;
-    let (p, _tag) = check_start(req)?;
+    let (p, want_stdin) = check_start(req)?;
     let user = crate::auth::user_of(headers).map_err(RpcError::invalid)?;
     rec.check_running()?;
     rec.check_not_paused()?;
@@ -178,7 +174,12 @@ async fn start_inner(
     let default_cwd = if user.is_none() { "~" } else { "/" };
     let cwd = agentrun_opensandbox::process::expand_cwd(
         rec,
-        Some(p.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or(default_cwd)),
+        Some(
+            p.cwd
+                .as_deref()
+                .filter(|c| !c.is_empty())
+                .unwrap_or(default_cwd),
+        ),
         &env,
     )?;
     let mut argv = vec![p.cmd];
@@ -186,11 +187,11 @@ async fn start_inner(
     let content = argv.join(" ");
     let Spawned {
         id,
+        stdin,
         stdout,
         stderr,
         exit,
-        ..
-    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, false, user).await {
+    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, want_stdin, user).await {
         Ok(s) => s,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(RpcError::new(Code::InvalidArgument, message))
@@ -201,6 +202,11 @@ async fn start_inner(
         .map_err(|_| RpcError::new(Code::Internal, "process id out of the pid range"))?;
     let cmd = Arc::new(Command::running(rec, pid.to_string(), content, id));
     remember(rec, &cmd);
+    if let Some(fd) = stdin {
+        let stream = agentrun_pool::stdio::StdioStream::new(fd)
+            .map_err(|e| RpcError::new(Code::Internal, format!("stdin: {e}")))?;
+        lock(&rec.stdin).insert(id, Arc::new(tokio::sync::Mutex::new(stream)));
+    }
     let (keepalive, deadline) = stream_params(headers);
     let (tx, rx) = connect::stream_queue();
     let _ = tx.try_send(event(json!({"start": {"pid": pid}})));
@@ -255,6 +261,7 @@ async fn start_inner(
             Some(s) => format!("signal: {}", signal_name(s)),
             None => format!("exit status {}", result.exit_code),
         };
+        lock(&rec.stdin).remove(&id);
         cmd.finish(&rec, result.exit_code, status.clone());
         if timed_out {
             let err = RpcError::new(
@@ -329,17 +336,7 @@ pub struct SignalRequest {
 /// A `SendSignalRequest`, checked: the pid and the signal (SIGTERM or SIGKILL, by name or
 /// number).
 pub fn check_signal(req: SignalRequest) -> RpcResult<(u32, i32)> {
-    let sel = req
-        .process
-        .ok_or_else(|| RpcError::invalid("process is required"))?;
-    if sel.tag.is_some() {
-        return Err(RpcError::unimplemented(
-            "selecting a process by tag is not served by agentrun's envd yet",
-        ));
-    }
-    let pid = sel
-        .pid
-        .ok_or_else(|| RpcError::invalid("process.pid is required"))?;
+    let pid = pid_of(req.process)?;
     let signal = match &req.signal {
         serde_json::Value::String(s) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
         serde_json::Value::String(s) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
@@ -372,6 +369,99 @@ async fn send_signal(
     Ok(connect::unary_response(&json!({})))
 }
 
+/// `SendInputRequest`.
+#[derive(Deserialize, Debug)]
+pub struct InputRequest {
+    pub process: Option<Selector>,
+    pub input: Option<Input>,
+}
+
+/// `ProcessInput`.
+#[derive(Deserialize, Debug)]
+pub struct Input {
+    pub stdin: Option<String>,
+    pub pty: Option<String>,
+}
+
+fn pid_of(sel: Option<Selector>) -> RpcResult<u32> {
+    let sel = sel.ok_or_else(|| RpcError::invalid("process is required"))?;
+    if sel.tag.is_some() {
+        return Err(RpcError::unimplemented(
+            "selecting a process by tag is not served by agentrun's envd yet",
+        ));
+    }
+    sel.pid
+        .ok_or_else(|| RpcError::invalid("process.pid is required"))
+}
+
+/// A `SendInputRequest`, checked: the pid and the bytes for its stdin.
+pub fn check_input(req: InputRequest) -> RpcResult<(u32, Vec<u8>)> {
+    let pid = pid_of(req.process)?;
+    let input = req
+        .input
+        .ok_or_else(|| RpcError::invalid("input is required"))?;
+    if input.pty.is_some() {
+        return Err(RpcError::unimplemented(
+            "PTYs are not served by agentrun's envd yet",
+        ));
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(input.stdin.unwrap_or_default())
+        .map_err(|e| RpcError::invalid(format!("input.stdin: {e}")))?;
+    Ok((pid, data))
+}
+
+/// The stdin of process `pid`, if it runs and was started with one.
+fn stdin_of(
+    rec: &Record,
+    pid: u32,
+) -> RpcResult<Arc<tokio::sync::Mutex<agentrun_pool::stdio::StdioStream>>> {
+    lock(&rec.stdin)
+        .get(&u64::from(pid))
+        .cloned()
+        .ok_or_else(|| {
+            RpcError::new(
+                Code::NotFound,
+                format!("process {pid} not found, or started without stdin"),
+            )
+        })
+}
+
+async fn send_input(
+    Extension(rec): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> RpcResult<Response> {
+    use tokio::io::AsyncWriteExt;
+    let req: InputRequest = connect::unary_request(&headers, &body)?;
+    let (pid, data) = check_input(req)?;
+    let stdin = stdin_of(&rec, pid)?;
+    let mut w = stdin.lock().await;
+    w.write_all(&data)
+        .await
+        .map_err(|e| RpcError::new(Code::FailedPrecondition, format!("stdin of {pid}: {e}")))?;
+    Ok(connect::unary_response(&json!({})))
+}
+
+#[derive(Deserialize, Debug)]
+struct CloseRequest {
+    process: Option<Selector>,
+}
+
+async fn close_stdin(
+    Extension(rec): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> RpcResult<Response> {
+    let req: CloseRequest = connect::unary_request(&headers, &body)?;
+    let pid = pid_of(req.process)?;
+    // The process sees EOF once the last handle goes (a write in flight holds one).
+    lock(&rec.stdin)
+        .remove(&u64::from(pid))
+        .ok_or_else(|| RpcError::new(Code::NotFound, format!("process {pid} has no stdin open")))?;
+    Ok(connect::unary_response(&json!({})))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +479,9 @@ mod tests {
             serde_json::from_str(r#"{"process":{"cmd":"x"},"pty":{"size":{"cols":80,"rows":24}}}"#)
                 .unwrap();
         assert_eq!(check_start(pty).unwrap_err().code, Code::Unimplemented);
+        let with_stdin: StartRequest =
+            serde_json::from_str(r#"{"process":{"cmd":"cat"},"stdin":true}"#).unwrap();
+        assert!(check_start(with_stdin).unwrap().1);
         let none: StartRequest = serde_json::from_str(r#"{}"#).unwrap();
         assert_eq!(check_start(none).unwrap_err().code, Code::InvalidArgument);
         let bad_env: StartRequest =
@@ -410,5 +503,15 @@ mod tests {
         let r: SignalRequest =
             serde_json::from_str(r#"{"process":{"pid":7},"signal":"SIGNAL_SIGHUP"}"#).unwrap();
         assert_eq!(check_signal(r).unwrap_err().code, Code::InvalidArgument);
+    }
+
+    #[test]
+    fn input_is_base64() {
+        let r: InputRequest =
+            serde_json::from_str(r#"{"process":{"pid":3},"input":{"stdin":"aGkK"}}"#).unwrap();
+        assert_eq!(check_input(r).unwrap(), (3, b"hi\n".to_vec()));
+        let r: InputRequest =
+            serde_json::from_str(r#"{"process":{"pid":3},"input":{"stdin":"%%"}}"#).unwrap();
+        assert_eq!(check_input(r).unwrap_err().code, Code::InvalidArgument);
     }
 }

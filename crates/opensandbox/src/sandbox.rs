@@ -137,6 +137,9 @@ pub struct Record {
     /// How many finished commands (not the entrypoint) `commands` holds.
     pub finished_commands: std::sync::atomic::AtomicUsize,
     pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
+    /// The stdin pipes of its running processes that were started with one, by process id
+    /// (the E2B API's `SendInput`; closed by dropping).
+    pub stdin: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<agentrun_pool::stdio::StdioStream>>>>,
     pub code: Mutex<code::CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
     pub cpu_sample: Mutex<(Instant, u64)>,

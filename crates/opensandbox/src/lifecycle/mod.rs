@@ -316,6 +316,7 @@ async fn create_sandbox(
         log_budget: Arc::new(LogBudget::with_cap(SANDBOX_LOG_BUDGET)),
         finished_commands: Default::default(),
         sessions: Mutex::new(Default::default()),
+        stdin: Mutex::new(Default::default()),
         code: Mutex::new(Default::default()),
         cpu_sample: Mutex::new((Instant::now(), 0)),
         volumes: Mutex::new(held),
