@@ -150,6 +150,27 @@ def sync_flow():
         pass
 
 
+def pause_connect():
+    from e2b import SandboxState
+
+    sbx = Sandbox.create(timeout=120, metadata={"flow": "pause"})
+    try:
+        sbx.files.write("/tmp/keep", "kept")
+        h = sbx.commands.run("sleep 600", background=True)
+        check(sbx.pause(), "pause")
+        check(not sbx.pause(), "pause twice")
+        check(sbx.get_info().state == SandboxState.PAUSED, "paused state")
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        check([s.sandbox_id for s in paused] == [sbx.sandbox_id], f"paused list {paused}")
+        back = Sandbox.connect(sbx.sandbox_id)
+        check(back.get_info().state == SandboxState.RUNNING, "running again")
+        check(back.files.read("/tmp/keep") == "kept", "file kept")
+        check(any(p.pid == h.pid for p in back.commands.list()), "process kept")
+        check(back.commands.run("echo again").stdout == "again\n", "runs again")
+    finally:
+        sbx.kill()
+
+
 def timeout():
     sbx = Sandbox.create(timeout=120)
     end = sbx.get_info().end_at
@@ -270,7 +291,7 @@ def async_flow():
     asyncio.run(main())
 
 
-SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, timeout, code, auth)}
+SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

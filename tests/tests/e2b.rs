@@ -10,7 +10,7 @@
 //! Scenarios: the sync flow (create with metadata and envs, `commands.run` with exit codes,
 //! streamed output, env, cwd, user, background + list + kill; files write/read/list/
 //! make_dir/rename/remove; list by metadata; kill), the async flow (commands, files,
-//! `run_code`, list), `set_timeout` expiry, `run_code` (state
+//! `run_code`, list), pause and `connect` (resume), `set_timeout` expiry, `run_code` (state
 //! across calls, stderr, an exception's name/value/traceback, contexts, another language
 //! refused), and the API key / envd token checks with bad input to the routes.
 
@@ -72,6 +72,11 @@ fn sdk_sync_flow() {
 #[test]
 fn sdk_async_flow() {
     run_scenario("async_flow");
+}
+
+#[test]
+fn pause_and_connect_resume_the_sandbox() {
+    run_scenario("pause_connect");
 }
 
 #[test]

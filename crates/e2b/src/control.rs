@@ -1,8 +1,9 @@
 //! The control plane (the REST API of `E2B_API_URL`, behind `X-API-Key`): create a sandbox
 //! from a template (`POST /v2/sandboxes`, `POST /sandboxes`), list them with metadata and
 //! state filters and `nextToken` pagination (`GET /v2/sandboxes`, `GET /sandboxes`), get one,
-//! kill it, set its timeout. What the SDK may call and agentrun does not serve answers 501
-//! naming it (pause, resume/connect, snapshots, fork, metrics, logs, network, templates,
+//! kill it, set its timeout, pause it (its processes frozen) and connect to it (resuming a
+//! paused one). What the SDK may call and agentrun does not serve answers 501 naming it
+//! (snapshots, fork, metrics, logs, network, templates,
 //! secrets, volumes).
 //!
 //! A template is an image of agentrun's store: `base` and `code-interpreter-v1` (E2B's
@@ -48,10 +49,10 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/pause", any(not_served_pause))
-        .route("/sandboxes/{id}/resume", any(not_served_pause))
-        .route("/sandboxes/{id}/connect", any(not_served_connect))
-        .route("/v2/sandboxes/{id}/connect", any(not_served_connect))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/refreshes", any(not_served_refresh))
         .route("/sandboxes/{id}/snapshots", any(not_served_snapshots))
         .route("/snapshots", any(not_served_snapshots))
@@ -218,6 +219,84 @@ fn sandbox_json(rec: &Record, detail: bool) -> Value {
     v
 }
 
+/// The `Sandbox` JSON create and connect answer.
+fn created_json(rec: &Record, template: &str) -> Value {
+    json!({
+        "templateID": template,
+        "sandboxID": rec.id,
+        "clientID": crate::CLIENT_ID,
+        "envdVersion": crate::ENVD_VERSION,
+        "envdAccessToken": rec.execd_token,
+        // The code interpreter SDK authenticates some requests with this one only.
+        "trafficAccessToken": rec.execd_token,
+        "domain": null,
+    })
+}
+
+/// Pauses a sandbox: every process frozen (its cgroup), nothing new starts in it, and it no
+/// longer expires (E2B keeps paused sandboxes); 409 if it is paused already.
+async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    let rec = record(&server, &id)?;
+    rec.check_running()?;
+    if rec.state().0 == SandboxState::Paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    rec.sandbox
+        .pause()
+        .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
+    rec.set_state(SandboxState::Paused);
+    *lock(&rec.expires_at) = None;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+struct ConnectBody {
+    timeout: Option<i64>,
+}
+
+/// Connects to a sandbox (`Sandbox.connect`): a paused one is resumed (201) with the
+/// timeout asked (default [`DEFAULT_TIMEOUT_S`]); a running one (200) gets it only if that
+/// ends later than its current end.
+async fn connect(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> E2bResult<Response> {
+    let rec = record(&server, &id)?;
+    let req: ConnectBody = if body.is_empty() {
+        ConnectBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
+    };
+    let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(1..=MAX_TIMEOUT_S).contains(&timeout) {
+        return Err(E2bError::bad_request(format!(
+            "timeout must be between 1 and {MAX_TIMEOUT_S} seconds"
+        )));
+    }
+    rec.check_running()?;
+    let end = Utc::now() + chrono::Duration::seconds(timeout);
+    let status = if rec.state().0 == SandboxState::Paused {
+        rec.sandbox
+            .resume()
+            .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
+        rec.set_state(SandboxState::Running);
+        *lock(&rec.expires_at) = Some(end);
+        StatusCode::CREATED
+    } else {
+        let mut e = lock(&rec.expires_at);
+        if e.is_none_or(|cur| cur < end) {
+            *e = Some(end);
+        }
+        StatusCode::OK
+    };
+    Ok((status, Json(created_json(&rec, &template_of(&rec)))).into_response())
+}
+
 async fn create(State(server): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
     match create_inner(&server, &headers, &body).await {
         Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
@@ -252,16 +331,7 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
             }
         })?;
     *lock(&rec.metadata) = metadata;
-    Ok(json!({
-        "templateID": template,
-        "sandboxID": rec.id,
-        "clientID": crate::CLIENT_ID,
-        "envdVersion": crate::ENVD_VERSION,
-        "envdAccessToken": rec.execd_token,
-        // The code interpreter SDK authenticates some requests with this one only.
-        "trafficAccessToken": rec.execd_token,
-        "domain": null,
-    }))
+    Ok(created_json(&rec, &template))
 }
 
 fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
@@ -399,12 +469,6 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> E2bRe
     Ok(resp)
 }
 
-async fn not_served_pause() -> E2bError {
-    E2bError::not_served("pause and resume are not served by agentrun's E2B API yet")
-}
-async fn not_served_connect() -> E2bError {
-    E2bError::not_served("connecting to (resuming) a sandbox by the control plane is not served by agentrun's E2B API yet: a running sandbox is reached with its id and envd access token")
-}
 async fn not_served_refresh() -> E2bError {
     E2bError::not_served("refreshes are not served: use set_timeout")
 }
