@@ -200,6 +200,14 @@ def code():
         check(e.error is not None and e.error.name == "ZeroDivisionError", f"{e.error}")
         check(e.error.value == "division by zero", f"value {e.error.value}")
         check("ZeroDivisionError" in e.error.traceback, f"traceback {e.error.traceback}")
+        # A chart: a display result with its PNG.
+        e = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.title('sq')\nplt.show()")
+        check(e.error is None, f"chart error {e.error}")
+        pngs = [r.png for r in e.results if r.png]
+        check(len(pngs) == 1, f"one chart: {e.results}")
+        import base64
+        check(base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n", "a PNG")
+        check("png" in e.results[0].formats(), f"formats {e.results[0].formats()}")
         ctx = sbx.create_code_context()
         e = sbx.run_code("x", context=ctx)
         check(e.error is not None and e.error.name == "NameError", f"own context: {e.error}")

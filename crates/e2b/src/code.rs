@@ -8,8 +8,9 @@
 //! The contexts are the OpenSandbox front end's ([`agentrun_opensandbox::code`]): persistent
 //! interpreters running agentrun's driver, forked from the profile's Python zygote when it has
 //! one; an execution without a context runs in the sandbox's default Python context, so
-//! state persists across calls. Rich results (`image/png` of a chart, HTML, ...) are not
-//! produced yet: a result is its `text/plain`.
+//! state persists across calls. Every matplotlib figure open at an execution's end (a chart)
+//! is a `result` with its `png` (and `text`), as E2B's display results; other rich reprs
+//! (`_repr_html_`, ...) are not produced yet.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -138,6 +139,7 @@ async fn execute(
                 CodeEvent::Result(t) => {
                     json!({"type": "result", "text": t, "is_main_result": true})
                 }
+                CodeEvent::Display(bundle) => display_result(&bundle),
                 CodeEvent::Done => break,
                 CodeEvent::Error(e) => {
                     let _ = tx
@@ -162,6 +164,29 @@ async fn execute(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// A display bundle (a chart) as E2B's `result` of a display call: a field per MIME type
+/// (`image/png` -> `png`, `text/plain` -> `text`, ...), `is_main_result` false.
+pub fn display_result(bundle: &serde_json::Map<String, Value>) -> Value {
+    let mut out = json!({"type": "result", "is_main_result": false});
+    for (mime, v) in bundle {
+        let field = match mime.as_str() {
+            "text/plain" => "text",
+            "text/html" => "html",
+            "text/markdown" => "markdown",
+            "text/latex" => "latex",
+            "image/png" => "png",
+            "image/jpeg" => "jpeg",
+            "image/svg+xml" => "svg",
+            "application/pdf" => "pdf",
+            "application/json" => "json",
+            "application/javascript" => "javascript",
+            _ => continue,
+        };
+        out[field] = v.clone();
+    }
+    out
 }
 
 /// The driver's lines come without their newline (a blank line is `"\n"`); E2B's carry it.
@@ -262,6 +287,19 @@ mod tests {
         assert!(parse_execute(br#"{"code":"1","language":"python","context_id":"x"}"#).is_err());
         assert!(parse_execute(br#"{"code":"1","env_vars":{"A":"1"}}"#).is_err());
         assert!(parse_execute(b"{").is_err());
+    }
+
+    #[test]
+    fn charts_are_png_results() {
+        let mut b = serde_json::Map::new();
+        b.insert("image/png".into(), json!("iVBOR"));
+        b.insert("text/plain".into(), json!("<Figure>"));
+        b.insert("application/x-unknown".into(), json!("x"));
+        let r = display_result(&b);
+        assert_eq!(r["png"], "iVBOR");
+        assert_eq!(r["text"], "<Figure>");
+        assert_eq!(r["is_main_result"], false);
+        assert!(r.get("application/x-unknown").is_none());
     }
 
     #[test]

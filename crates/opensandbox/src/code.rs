@@ -346,6 +346,13 @@ async fn run(
                 CodeEvent::Stdout(text) => event("stdout", json!({"text": text})),
                 CodeEvent::Stderr(text) => event("stderr", json!({"text": text})),
                 CodeEvent::Result(text) => event("result", json!({"results": {"text": text}})),
+                // Rich output (a chart): its MIME bundle, with its text as `text`.
+                CodeEvent::Display(mut bundle) => {
+                    if let Some(t) = bundle.get("text/plain").cloned() {
+                        bundle.insert("text".into(), t);
+                    }
+                    event("result", json!({ "results": bundle }))
+                }
                 CodeEvent::Done => break,
                 CodeEvent::Error(e) => {
                     failed = Some(

@@ -3,8 +3,9 @@
 //! The OpenSandbox API's code contexts and the MCP server's `run_python` are both these.
 //!
 //! An execution ([`PythonContext::execute`]) yields [`CodeEvent`]s: the execution's number
-//! once the interpreter runs it, `stdout`/`stderr` lines, a `result` (the `repr` of the last
-//! expression), and then `Done` or an `Error` carrying the Python exception. Interrupting an
+//! once the interpreter runs it, `stdout`/`stderr` lines, `Display` bundles (each matplotlib
+//! figure open at its end, as `image/png`), a `result` (the `repr` of the last expression),
+//! and then `Done` or an `Error` carrying the Python exception. Interrupting an
 //! execution sends SIGINT (`KeyboardInterrupt`); the driver drops an interrupt that arrives
 //! between executions, so an interrupt never ends a context. The interpreter's output is read
 //! through bounded queues ([`crate::process::queued_lines`]): what it prints between
@@ -30,6 +31,8 @@ const DRIVER: &str = include_str!("python_driver.py");
 
 /// Events of one execution queued ahead of their reader.
 const EVENT_QUEUE: usize = 16;
+/// Largest display bundle taken (its JSON); a larger one is dropped, said on stderr.
+pub const MAX_DISPLAY: usize = 16 << 20;
 
 /// A Python exception, as the driver reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +52,9 @@ pub enum CodeEvent {
     Stderr(String),
     /// The `repr` of the last expression's value.
     Result(String),
+    /// Rich output (a matplotlib figure): a MIME bundle, `{"image/png": base64, "text/plain":
+    /// repr}`.
+    Display(serde_json::Map<String, serde_json::Value>),
     /// The execution ended.
     Done,
     /// The execution raised, or the interpreter died (`DeadKernelError`). The last event.
@@ -124,6 +130,10 @@ impl PythonContext {
             })
         };
         let (out, err) = &mut *lines;
+        // The display bundle being received (its JSON, in parts), and whether it went over
+        // MAX_DISPLAY.
+        let mut display = String::new();
+        let mut display_dropped = false;
         let last = loop {
             tokio::select! {
                 w = &mut write, if writing => {
@@ -136,9 +146,30 @@ impl PythonContext {
                     None => break dead(),
                     Some(l) => match l.strip_prefix(marker.as_str()) {
                         None => { let _ = tx.send(CodeEvent::Stdout(l)).await; }
-                        Some(j) => match driver_event(j) {
-                            e @ (CodeEvent::Done | CodeEvent::Error(_)) => break e,
-                            e => { let _ = tx.send(e).await; }
+                        Some(j) => match display_line(j) {
+                            Some(Display::Part(p)) => {
+                                if display.len() + p.len() > MAX_DISPLAY {
+                                    display_dropped = true;
+                                } else {
+                                    display.push_str(&p);
+                                }
+                            }
+                            Some(Display::End) => {
+                                let bundle = std::mem::take(&mut display);
+                                let e = if std::mem::take(&mut display_dropped) {
+                                    CodeEvent::Stderr(format!("agentrun: a display output larger than {MAX_DISPLAY} bytes was dropped"))
+                                } else {
+                                    match serde_json::from_str(&bundle) {
+                                        Ok(serde_json::Value::Object(m)) => CodeEvent::Display(m),
+                                        _ => CodeEvent::Stderr("agentrun: a display output did not parse".into()),
+                                    }
+                                };
+                                let _ = tx.send(e).await;
+                            }
+                            None => match driver_event(j) {
+                                e @ (CodeEvent::Done | CodeEvent::Error(_)) => break e,
+                                e => { let _ = tx.send(e).await; }
+                            },
                         },
                     },
                 },
@@ -153,6 +184,29 @@ impl PythonContext {
             let _ = tx.send(CodeEvent::Stderr(l)).await;
         }
         let _ = tx.send(last).await;
+    }
+}
+
+/// A marked line of a display bundle's.
+#[derive(Debug, PartialEq, Eq)]
+enum Display {
+    /// A part of the bundle's JSON.
+    Part(String),
+    /// The bundle is complete.
+    End,
+}
+
+/// A display line (`display_part`, `display`), if that is what `json` is.
+fn display_line(json: &str) -> Option<Display> {
+    // Cheap test first: most lines are not display lines.
+    if !json.contains("\"display") {
+        return None;
+    }
+    let ev: serde_json::Value = serde_json::from_str(json).ok()?;
+    match ev["t"].as_str()? {
+        "display_part" => Some(Display::Part(ev["data"].as_str()?.to_string())),
+        "display" => Some(Display::End),
+        _ => None,
     }
 }
 
@@ -184,6 +238,17 @@ fn driver_event(json: &str) -> CodeEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn display_lines_are_told_apart() {
+        assert_eq!(
+            display_line(r#"{"t": "display_part", "data": "{\"a"}"#),
+            Some(Display::Part("{\"a".into()))
+        );
+        assert_eq!(display_line(r#"{"t": "display"}"#), Some(Display::End));
+        assert_eq!(display_line(r#"{"t": "stdout", "text": "display"}"#), None);
+        assert_eq!(display_line(r#"{"t": "count", "n": 1}"#), None);
+    }
 
     #[test]
     fn driver_lines_become_events() {

@@ -5,6 +5,10 @@
 # {"t":"count","n":N}, {"t":"stdout"|"stderr","text":line}, {"t":"result","text":repr}, then
 # {"t":"done"} or {"t":"error","ename","evalue","traceback"}. Output written to the fds
 # directly (subprocesses) arrives unprefixed and is passed on as is.
+# Rich output: each matplotlib figure still open when an execution ends (a chart, shown or
+# not) is sent as a MIME bundle ({"image/png": base64, "text/plain": repr}) in
+# {"t":"display_part","data":chunk} lines (the bundle's JSON, cut so that no line is long)
+# then {"t":"display"}, and closed. matplotlib draws with Agg (MPLBACKEND, unless set).
 # An interrupt (SIGINT) raises KeyboardInterrupt in the running execution only, from its
 # "count" event on (agentrun hands out the execution's id then); between executions it is
 # dropped, as a Jupyter kernel's idle interrupt, so no interrupt ever ends the driver.
@@ -16,11 +20,16 @@
 # process, so it can still dig the current one out of the interpreter (frames, gc,
 # /proc/self/mem) and fake events of the execution that runs it: docs/opensandbox.md.
 import ast
+import base64
 import io
 import json
+import os
 import signal
 import sys
 import traceback
+
+# Characters of a display bundle's JSON per line (a line of the driver's must stay short).
+DISPLAY_CHUNK = 16384
 
 
 def _driver():
@@ -79,6 +88,36 @@ def _driver():
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
+
+    # Charts are drawn off-screen (no display in a sandbox), unless the user chose a backend;
+    # a matplotlib preloaded by the zygote read its backend before this.
+    if "MPLBACKEND" not in os.environ:
+        os.environ["MPLBACKEND"] = "Agg"
+        mpl = sys.modules.get("matplotlib")
+        if mpl is not None and "matplotlib.pyplot" not in sys.modules:
+            try:
+                mpl.use("Agg")
+            except Exception:
+                pass
+        mpl = None
+
+    def figures(emit):
+        """Sends every open matplotlib figure as a display bundle, and closes them."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            png = io.BytesIO()
+            fig.savefig(png, format="png")
+            bundle = json.dumps({
+                "image/png": base64.b64encode(png.getvalue()).decode("ascii"),
+                "text/plain": repr(fig),
+            })
+            for i in range(0, len(bundle), DISPLAY_CHUNK):
+                emit(t="display_part", data=bundle[i:i + DISPLAY_CHUNK])
+            emit(t="display")
+        plt.close("all")
     env = {"__name__": "__main__", "__builtins__": __builtins__}
     count = 0
     for request in requests:
@@ -105,6 +144,7 @@ def _driver():
             running = False
             out.end()
             err.end()
+            figures(emit)
             if value is not None:
                 emit(t="result", text=repr(value))
             emit(t="done")
