@@ -303,12 +303,13 @@ fn cross_site_posts_are_refused_and_create_nothing() {
 
 /// Issue 29 point 5: the OpenSandbox/dashboard listener answered any `Host` (DNS
 /// rebinding). Now every listener refuses a name that is not its own (403), and answers one
-/// given with `--allowed-host`.
+/// given with `--allowed-host` (the E2B listener too).
 #[test]
 fn a_foreign_host_is_refused_on_every_listener() {
     let Some(_lock) = setup() else { return };
     let mcp = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
+    let e2b = format!("127.0.0.1:{}", free_port());
     let (d, domain) = start(
         &[("AGENTRUN_API_KEY", String::new())],
         &[
@@ -316,6 +317,8 @@ fn a_foreign_host_is_refused_on_every_listener() {
             mcp.as_str(),
             "--metrics",
             metrics.as_str(),
+            "--e2b",
+            e2b.as_str(),
             "--allowed-host",
             "agentrun.example.test",
         ],
@@ -334,6 +337,7 @@ fn a_foreign_host_is_refused_on_every_listener() {
             "/metrics",
             format!("Authorization: Bearer {key}\n"),
         ),
+        (&e2b, "/v2/sandboxes", format!("X-API-Key: {key}\n")),
     ] {
         let p = port(addr);
         for host in [
