@@ -147,7 +147,8 @@ async fn execute(
                             "type": "error",
                             "name": e.ename,
                             "value": e.evalue,
-                            "traceback": e.traceback.join("\n"),
+                            // Each line of it ends with its newline already.
+                            "traceback": e.traceback.concat(),
                         })))
                         .await;
                     break;
