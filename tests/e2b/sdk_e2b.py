@@ -7,6 +7,7 @@ E2B_API_KEY (the daemon's API key). Prints "OK SCENARIO" at the end; any failed 
 (non-zero exit).
 """
 
+import json
 import os
 import sys
 import time
@@ -260,10 +261,47 @@ def auth():
             check(r.status_code == 400 and "message" in r.json(), f"{body}: {r.status_code}")
         r = httpx.post(f"{BASE}/v2/sandboxes", json={"templateID": "no-such-image"}, headers=h)
         check(r.status_code == 400 and "no-such-image" in r.json()["message"], f"{r.text}")
-        r = httpx.post(url, content=b"{", headers={"E2b-Sandbox-Id": b.sandbox_id,
-                                                  "X-Access-Token": b._envd_access_token,
-                                                  "Content-Type": "application/json"})
+        envd = {"E2b-Sandbox-Id": b.sandbox_id, "X-Access-Token": b._envd_access_token}
+        js = {**envd, "Content-Type": "application/json"}
+        r = httpx.post(url, content=b"{", headers=js)
         check(r.status_code == 400 and r.json()["code"] == "invalid_argument", f"{r.text}")
+        # Every unary RPC: a Connect error for a bad message, never a 5xx.
+        for rpc, body in [
+            ("filesystem.Filesystem/Stat", {}),
+            ("filesystem.Filesystem/ListDir", {"path": "/etc/hostname"}),
+            ("filesystem.Filesystem/MakeDir", {"path": ""}),
+            ("filesystem.Filesystem/Move", {"source": "/nope", "destination": "/tmp/x"}),
+            ("filesystem.Filesystem/Remove", {"path": "/nope"}),
+            ("filesystem.Filesystem/Stat", {"path": "relative/../../../../etc/shadow-none"}),
+            ("process.Process/SendSignal", {"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"}),
+            ("process.Process/SendSignal", {"process": {"pid": 1}, "signal": "SIGNAL_SIGHUP"}),
+            ("process.Process/SendInput", {"process": {"pid": 999999}, "input": {"stdin": "eA=="}}),
+            ("process.Process/CloseStdin", {}),
+            ("process.Process/Update", {}),
+        ]:
+            r = httpx.post(f"{BASE}/{rpc}", json=body, headers=envd)
+            check(400 <= r.status_code < 500 or r.status_code == 501, f"{rpc} {body}: {r.status_code} {r.text}")
+            check(isinstance(r.json().get("code"), str), f"{rpc}: not a Connect error: {r.text}")
+        # A streaming RPC: its errors end the stream (status 200, end-of-stream envelope).
+        import struct
+        bad_start = [b"", b"\x00\x00\x00\x00\x09{}", struct.pack(">BI", 0, 2) + b"{}",
+                     struct.pack(">BI", 1, 2) + b"{}"]
+        for body in bad_start:
+            r = httpx.post(f"{BASE}/process.Process/Start", content=body,
+                           headers={**envd, "Content-Type": "application/connect+json"})
+            check(r.status_code == 200 and r.content[:1] == b"\x02", f"Start {body!r}: {r.status_code} {r.content!r}")
+            err = json.loads(r.content[5:])["error"]
+            check(err["code"] in ("invalid_argument", "unimplemented"), f"Start {body!r}: {err}")
+        r = httpx.post(f"{BASE}/v2/sandboxes/none/connect", json={}, headers=h)
+        check(r.status_code == 404, f"connect to none: {r.status_code}")
+        r = httpx.post(f"{BASE}/sandboxes/{b.sandbox_id}/timeout", json={"timeout": "x"}, headers=h)
+        check(r.status_code == 400, f"bad timeout: {r.status_code}")
+        r = httpx.get(f"{BASE}/v2/sandboxes", params={"limit": "0"}, headers=h)
+        check(r.status_code == 400, f"bad limit: {r.status_code}")
+        r = httpx.post(f"{BASE}/execute", json={"code": "1", "env_vars": {"A": "1"}}, headers=envd)
+        check(r.status_code == 400 and "message" in r.json(), f"execute env_vars: {r.text}")
+        r = httpx.get(f"{BASE}/files", headers=envd)
+        check(r.status_code == 400, f"/files without path: {r.status_code}")
     finally:
         a.kill()
         b.kill()
