@@ -97,6 +97,11 @@ def sync_flow():
             check(e.exit_code != 0, f"killed exit {e.exit_code}")
         check(not any(p.pid == h.pid for p in sbx.commands.list()), "still listed")
         check(not sbx.commands.kill(h.pid), "killed twice")
+        # Connect: a second stream of a running command's output.
+        h = sbx.commands.run("sleep 1; echo late", background=True)
+        h2 = sbx.commands.connect(h.pid)
+        check(h2.wait().stdout == "late\n", "connected stream")
+        check(h.wait().stdout == "late\n", "first stream")
         # Stdin: sent, then closed (EOF).
         h = sbx.commands.run("read line; echo got $line", background=True, stdin=True)
         sbx.commands.send_stdin(h.pid, "hello\n")

@@ -54,7 +54,10 @@ pub const CLIENT_ID: &str = "agentrun";
 pub fn router(server: Arc<Server>) -> axum::Router {
     let app = axum::Router::new()
         .merge(control::routes(server.clone()))
-        .merge(process::routes(server.clone()))
+        .merge(process::routes(
+            server.clone(),
+            Arc::new(process::Processes::default()),
+        ))
         .merge(filesystem::routes(server.clone()))
         .merge(files::routes(server.clone()))
         .merge(code::routes(server.clone()))

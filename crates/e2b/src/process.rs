@@ -2,8 +2,9 @@
 //! stderr streamed as they come, raw bytes, then its end; with `stdin`, a pipe as its
 //! stdin), `List` (the processes started here and still running), `SendSignal` (SIGTERM or
 //! SIGKILL to its whole process group: the SDK's `commands.kill`), `SendInput` and
-//! `CloseStdin` (the SDK's `send_stdin`, `close_stdin`). `Connect`, `StreamInput`, `Update`
-//! and PTYs answer `unimplemented`.
+//! `CloseStdin` (the SDK's `send_stdin`, `close_stdin`), `Connect` (another stream of a
+//! running process's events from then on: the SDK's `commands.connect`, [`Feed`]).
+//! `StreamInput`, `Update` and PTYs answer `unimplemented`.
 //!
 //! A process is a command of the sandbox in the OpenSandbox front end's sense
 //! ([`agentrun_opensandbox::execd::Command`], id = its pid here), started by
@@ -17,7 +18,7 @@
 //! ends the stream with `deadline_exceeded`; a keep-alive event goes out every
 //! `Keepalive-Ping-Interval` seconds (default [`KEEPALIVE_DEFAULT`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,12 +47,12 @@ pub const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(50);
 /// pipes open).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
 
-pub fn routes(server: Arc<Server>) -> Router {
+pub fn routes(server: Arc<Server>, processes: Arc<Processes>) -> Router {
     Router::new()
         .route("/process.Process/Start", post(start))
         .route("/process.Process/List", post(list))
         .route("/process.Process/SendSignal", post(send_signal))
-        .route("/process.Process/Connect", post(unimplemented_stream))
+        .route("/process.Process/Connect", post(connect_process))
         .route("/process.Process/SendInput", post(send_input))
         .route("/process.Process/StreamInput", post(unimplemented))
         .route("/process.Process/CloseStdin", post(close_stdin))
@@ -60,7 +61,128 @@ pub fn routes(server: Arc<Server>) -> Router {
             server.clone(),
             crate::auth::require_access_token_rpc,
         ))
+        .layer(Extension(processes))
         .with_state(server)
+}
+
+/// Where a process's events go: its `Start` call's stream and every `Connect`'s. Once it
+/// ended, its last envelopes are kept for a `Connect` that comes just then.
+#[derive(Default)]
+pub struct Feed {
+    state: std::sync::Mutex<FeedState>,
+}
+
+#[derive(Default)]
+struct FeedState {
+    subscribers: Vec<mpsc::Sender<Bytes>>,
+    end: Option<Vec<Bytes>>,
+}
+
+impl Feed {
+    /// Adds a stream (after its start event); one that comes after the end gets the end.
+    fn subscribe(&self, tx: mpsc::Sender<Bytes>) {
+        let mut st = lock(&self.state);
+        match &st.end {
+            Some(end) => {
+                for b in end {
+                    let _ = tx.try_send(b.clone());
+                }
+            }
+            None => st.subscribers.push(tx),
+        }
+    }
+
+    /// Sends `b` to every stream, waiting on each one's queue: a client that does not read
+    /// holds the process back (its pipe fills), as one client did. Closed streams are dropped.
+    async fn send(&self, b: Bytes) {
+        let subs: Vec<_> = lock(&self.state).subscribers.clone();
+        for s in subs {
+            let _ = s.send(b.clone()).await;
+        }
+        lock(&self.state).subscribers.retain(|s| !s.is_closed());
+    }
+
+    /// `b` to every stream with room for it (keep-alives).
+    fn offer(&self, b: Bytes) {
+        for s in &lock(&self.state).subscribers {
+            let _ = s.try_send(b.clone());
+        }
+    }
+
+    /// The last envelopes: sent to every stream, and kept for late `Connect`s.
+    async fn end(&self, last: Vec<Bytes>) {
+        let subs = {
+            let mut st = lock(&self.state);
+            st.end = Some(last.clone());
+            std::mem::take(&mut st.subscribers)
+        };
+        for s in subs {
+            for b in &last {
+                let _ = s.send(b.clone()).await;
+            }
+        }
+    }
+}
+
+/// The running processes of a listener's sandboxes that `Connect` can reach, by (sandbox,
+/// pid).
+#[derive(Default)]
+pub struct Processes {
+    feeds: std::sync::Mutex<HashMap<(String, u32), Arc<Feed>>>,
+}
+
+/// `ConnectRequest`.
+#[derive(Deserialize, Debug)]
+pub struct ConnectRequest {
+    pub process: Option<Selector>,
+}
+
+async fn connect_process(
+    Extension(rec): Extension<Arc<Record>>,
+    Extension(processes): Extension<Arc<Processes>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match connect_inner(&rec, &processes, &headers, &body) {
+        Ok(r) => r,
+        Err(e) => connect::stream_error(&e),
+    }
+}
+
+fn connect_inner(
+    rec: &Record,
+    processes: &Processes,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> RpcResult<Response> {
+    let req: ConnectRequest = connect::stream_request(headers, body)?;
+    let pid = pid_of(req.process)?;
+    let feed = lock(&processes.feeds)
+        .get(&(rec.id.clone(), pid))
+        .cloned()
+        .ok_or_else(|| RpcError::new(Code::NotFound, format!("process {pid} not found")))?;
+    let (keepalive, deadline) = stream_params(headers);
+    let (tx, rx) = connect::stream_queue();
+    let _ = tx.try_send(event(json!({"start": {"pid": pid}})));
+    feed.subscribe(tx.clone());
+    // This stream's own deadline ends it (the process runs on); keep-alives meanwhile.
+    tokio::spawn(async move {
+        let mut ping = tokio::time::interval(keepalive);
+        ping.tick().await;
+        let until = deadline.map(|d| tokio::time::Instant::now() + d);
+        loop {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = ping.tick() => { let _ = tx.try_send(event(json!({"keepalive": {}}))); }
+                _ = async { tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)).await }, if until.is_some() => {
+                    let err = RpcError::new(Code::DeadlineExceeded, "the connection's timeout passed (the process runs on)");
+                    let _ = tx.send(connect::end_stream(Some(&err))).await;
+                    return;
+                }
+            }
+        }
+    });
+    Ok(connect::stream_response(rx))
 }
 
 /// `ProcessConfig`.
@@ -148,10 +270,11 @@ fn stream_params(headers: &HeaderMap) -> (Duration, Option<Duration>) {
 async fn start(
     State(server): State<Arc<Server>>,
     Extension(rec): Extension<Arc<Record>>,
+    Extension(processes): Extension<Arc<Processes>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match start_inner(&server, &rec, &headers, &body).await {
+    match start_inner(&server, &rec, &processes, &headers, &body).await {
         Ok(r) => r,
         Err(e) => connect::stream_error(&e),
     }
@@ -160,6 +283,7 @@ async fn start(
 async fn start_inner(
     server: &Arc<Server>,
     rec: &Arc<Record>,
+    processes: &Arc<Processes>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> RpcResult<Response> {
@@ -210,17 +334,21 @@ async fn start_inner(
     let (keepalive, deadline) = stream_params(headers);
     let (tx, rx) = connect::stream_queue();
     let _ = tx.try_send(event(json!({"start": {"pid": pid}})));
-    // The output readers: each chunk an event, waiting on the client's queue.
+    let feed = Arc::new(Feed::default());
+    feed.subscribe(tx);
+    let key = (rec.id.clone(), pid);
+    lock(&processes.feeds).insert(key.clone(), feed.clone());
+    // The output readers: each chunk an event, waiting on the clients' queues (with no
+    // client, output is read and dropped, and a later Connect gets what comes next).
     let (out_done_tx, mut out_done) = mpsc::channel::<()>(2);
     for (fd, kind) in [(stdout, "stdout"), (stderr, "stderr")] {
-        let (tx, done) = (tx.clone(), out_done_tx.clone());
+        let (feed, done) = (feed.clone(), out_done_tx.clone());
         server.output.spawn(async move {
             agentrun_pool::stdio::pump(fd, |chunk| {
-                let tx = tx.clone();
+                let feed = feed.clone();
                 async move {
-                    tx.send(event(json!({"data": {kind: b64(&chunk)}})))
-                        .await
-                        .is_ok()
+                    feed.send(event(json!({"data": {kind: b64(&chunk)}}))).await;
+                    true
                 }
             })
             .await;
@@ -228,7 +356,7 @@ async fn start_inner(
         });
     }
     drop(out_done_tx);
-    let (rec, sandbox) = (rec.clone(), rec.sandbox.clone());
+    let (rec, sandbox, processes) = (rec.clone(), rec.sandbox.clone(), processes.clone());
     tokio::spawn(async move {
         let mut exit = exit;
         let mut ping = tokio::time::interval(keepalive);
@@ -238,9 +366,7 @@ async fn start_inner(
         let result = loop {
             tokio::select! {
                 r = &mut exit => break r.unwrap_or_default(),
-                _ = ping.tick() => {
-                    let _ = tx.try_send(event(json!({"keepalive": {}})));
-                }
+                _ = ping.tick() => feed.offer(event(json!({"keepalive": {}}))),
                 _ = async { tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)).await }, if until.is_some() && !timed_out => {
                     timed_out = true;
                     let _ = sandbox.signal(id, libc::SIGKILL, true);
@@ -263,20 +389,21 @@ async fn start_inner(
         };
         lock(&rec.stdin).remove(&id);
         cmd.finish(&rec, result.exit_code, status.clone());
-        if timed_out {
+        let last = if timed_out {
             let err = RpcError::new(
                 Code::DeadlineExceeded,
                 "the command's timeout passed: it was killed",
             );
-            let _ = tx.send(connect::end_stream(Some(&err))).await;
-            return;
-        }
-        let mut end = json!({"exitCode": result.exit_code, "exited": result.signal.is_none(), "status": status});
-        if result.signal.is_some() {
-            end["error"] = json!(status);
-        }
-        let _ = tx.send(event(json!({ "end": end }))).await;
-        let _ = tx.send(connect::end_stream(None)).await;
+            vec![connect::end_stream(Some(&err))]
+        } else {
+            let mut end = json!({"exitCode": result.exit_code, "exited": result.signal.is_none(), "status": status});
+            if result.signal.is_some() {
+                end["error"] = json!(status);
+            }
+            vec![event(json!({ "end": end })), connect::end_stream(None)]
+        };
+        feed.end(last).await;
+        lock(&processes.feeds).remove(&key);
     });
     Ok(connect::stream_response(rx))
 }
@@ -288,12 +415,6 @@ fn signal_name(s: i32) -> String {
         libc::SIGINT => "interrupt".into(),
         n => format!("signal {n}"),
     }
-}
-
-async fn unimplemented_stream() -> Response {
-    connect::stream_error(&RpcError::unimplemented(
-        "connecting to a running process is not served by agentrun's envd yet",
-    ))
 }
 
 async fn unimplemented() -> Response {
