@@ -8,10 +8,10 @@
 //! host.
 //!
 //! Scenarios: the sync flow (create with metadata and envs, `commands.run` with exit codes,
-//! streamed output, env, cwd, user, background + list + kill, connect, stdin; files write/read/list/
-//! make_dir/rename/remove; list by metadata; kill), the async flow (commands, files,
-//! `run_code`, list), pause and `connect` (resume), `set_timeout` expiry, `run_code` (state
-//! across calls, stderr, an exception's name/value/traceback, contexts, another language
+//! streamed output, env, cwd, user, background + list + kill, connect, stdin; files
+//! write/read/list/ make_dir/rename/remove; list by metadata; kill), the async flow (commands,
+//! files, `run_code`, list), pause and `connect` (resume), `set_timeout` expiry, `run_code`
+//! (state across calls, stderr, an exception's name/value/traceback, contexts, another language
 //! refused), and the API key / envd token checks with bad input to the routes.
 
 use std::path::PathBuf;
