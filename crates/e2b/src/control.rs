@@ -383,21 +383,30 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A list query, parsed: metadata pairs, states, page size, the page's start.
+/// A list query, parsed: metadata pairs, states, template, start time bound, order, page
+/// size, the page's start.
 pub struct ListQuery {
     pub metadata: Vec<(String, String)>,
     pub states: Vec<String>,
+    pub template: Option<String>,
+    pub started_after: Option<DateTime<Utc>>,
+    /// Newest first.
+    pub descending: bool,
     pub limit: usize,
     pub start: usize,
 }
 
 /// `GET /v2/sandboxes`'s query: `metadata` (itself a URL-encoded `k=v&k2=v2`), `state`
-/// (repeated or comma-separated), `limit`, `nextToken` (the index of the page's first
+/// (repeated or comma-separated), `template`, `startedAfter` (RFC 3339), `order` (`asc`, the
+/// default, or `desc` by start time), `limit`, `nextToken` (the index of the page's first
 /// sandbox, as this server hands it out).
 pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
     let mut out = ListQuery {
         metadata: Vec::new(),
         states: Vec::new(),
+        template: None,
+        started_after: None,
+        descending: false,
         limit: DEFAULT_LIMIT,
         start: 0,
     };
@@ -423,6 +432,21 @@ pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
                         E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}"))
                     })?
             }
+            "template" => out.template = Some(v).filter(|t| !t.is_empty()),
+            "startedAfter" => {
+                out.started_after = Some(
+                    DateTime::parse_from_rfc3339(&v)
+                        .map_err(|e| E2bError::bad_request(format!("startedAfter {v:?}: {e}")))?
+                        .with_timezone(&Utc),
+                )
+            }
+            "order" => {
+                out.descending = match v.as_str() {
+                    "asc" => false,
+                    "desc" => true,
+                    _ => return Err(E2bError::bad_request("order must be asc or desc")),
+                }
+            }
             "nextToken" => {
                 out.start = v
                     .parse()
@@ -443,16 +467,22 @@ pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
 
 async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> E2bResult<Response> {
     let q = parse_list_query(q.as_deref())?;
-    let matching: Vec<Arc<Record>> = server
+    let mut matching: Vec<Arc<Record>> = server
         .all()
         .into_iter()
         .filter(|r| !r.torn_down.load(std::sync::atomic::Ordering::SeqCst))
         .filter(|r| q.states.is_empty() || q.states.iter().any(|s| s == state_of(r)))
+        .filter(|r| q.template.as_ref().is_none_or(|t| *t == template_of(r)))
+        .filter(|r| q.started_after.is_none_or(|t| r.created_at > t))
         .filter(|r| {
             let m = lock(&r.metadata);
             q.metadata.iter().all(|(k, v)| m.get(k) == Some(v))
         })
         .collect();
+    // `all()` is oldest first.
+    if q.descending {
+        matching.reverse();
+    }
     let page: Vec<Value> = matching
         .iter()
         .skip(q.start)
@@ -562,5 +592,14 @@ mod tests {
         assert!(parse_list_query(Some("limit=0")).is_err());
         assert!(parse_list_query(Some("nextToken=x")).is_err());
         assert!(parse_list_query(Some("state=gone")).is_err());
+        let q = parse_list_query(Some(
+            "template=base&order=desc&startedAfter=2026-01-02T03%3A04%3A05%2B00%3A00",
+        ))
+        .unwrap();
+        assert_eq!(q.template.as_deref(), Some("base"));
+        assert!(q.descending);
+        assert_eq!(q.started_after.map(|t| t.timestamp()), Some(1_767_323_045));
+        assert!(parse_list_query(Some("order=sideways")).is_err());
+        assert!(parse_list_query(Some("startedAfter=yesterday")).is_err());
     }
 }
