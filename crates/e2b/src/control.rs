@@ -383,6 +383,12 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+fn unquote(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 /// A list query, parsed: metadata pairs, states, template, start time bound, order, page
 /// size, the page's start.
 pub struct ListQuery {
@@ -396,7 +402,8 @@ pub struct ListQuery {
     pub start: usize,
 }
 
-/// `GET /v2/sandboxes`'s query: `metadata` (itself a URL-encoded `k=v&k2=v2`), `state`
+/// `GET /v2/sandboxes`'s query: `metadata` (itself a URL-encoded `k=v&k2=v2` of URL-encoded
+/// keys and values, as the SDK sends it), `state`
 /// (repeated or comma-separated), `template`, `startedAfter` (RFC 3339), `order` (`asc`, the
 /// default, or `desc` by start time), `limit`, `nextToken` (the index of the page's first
 /// sandbox, as this server hands it out).
@@ -415,9 +422,10 @@ pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
         .unwrap_or_default();
     for (k, v) in pairs {
         match k.as_str() {
-            "metadata" => out
-                .metadata
-                .extend(form_urlencoded::parse(v.as_bytes()).into_owned()),
+            // `k=v&k2=v2` whose keys and values are URL-encoded themselves (E2B's spec).
+            "metadata" => out.metadata.extend(
+                form_urlencoded::parse(v.as_bytes()).map(|(k, v)| (unquote(&k), unquote(&v))),
+            ),
             "state" => out.states.extend(
                 v.split(',')
                     .map(|s| s.trim().to_ascii_lowercase())
@@ -574,16 +582,16 @@ mod tests {
 
     #[test]
     fn list_queries() {
-        // What the SDK sends for metadata {"a b": "1", "k": "v"}: the pairs URL-encoded,
-        // the whole URL-encoded again.
+        // What the SDK sends for metadata {"a b": "1:2", "k": "v"}: each key and value
+        // quoted, the pairs URL-encoded, the whole URL-encoded again as a query value.
         let q = parse_list_query(Some(
-            "metadata=a%2520b%3D1%26k%3Dv&state=running&state=paused&limit=5&nextToken=10",
+            "metadata=a%252520b%3D1%25253A2%26k%3Dv&state=running&state=paused&limit=5&nextToken=10",
         ))
         .unwrap();
         assert_eq!(
             q.metadata,
             vec![
-                ("a b".to_string(), "1".to_string()),
+                ("a b".to_string(), "1:2".to_string()),
                 ("k".into(), "v".into())
             ]
         );
