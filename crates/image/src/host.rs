@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::{HostBind, Image, ImageConfig, ImageError};
 
 /// Bumped whenever the synthesized layout changes, so old caches are rebuilt.
-const LAYOUT_VERSION: u32 = 1;
+const LAYOUT_VERSION: u32 = 2;
 
 /// Top-level host directories that carry programs and libraries.
 const PROGRAM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
@@ -29,6 +29,8 @@ const ETC_ALLOWLIST: &[&str] = &[
     "ld.so.conf",
     "ld.so.conf.d",
     "localtime",
+    // Debian's matplotlib reads its defaults from here: without it `import matplotlib` fails.
+    "matplotlibrc",
     "mime.types",
     "os-release",
     "protocols",
