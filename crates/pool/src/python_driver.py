@@ -28,9 +28,6 @@ import signal
 import sys
 import traceback
 
-# Characters of a display bundle's JSON per line (a line of the driver's must stay short).
-DISPLAY_CHUNK = 16384
-
 
 def _driver():
     # UTF-8 whatever the locale, and written through (what `-u` and PYTHONIOENCODING would
@@ -101,6 +98,10 @@ def _driver():
                 pass
         mpl = None
 
+    # Characters of a display bundle's JSON per line (a line of the driver's must stay short;
+    # a local, as everything of the driver's: no global of its own in __main__).
+    chunk = 16384
+
     def figures(emit):
         """Sends every open matplotlib figure as a display bundle, and closes them."""
         plt = sys.modules.get("matplotlib.pyplot")
@@ -114,8 +115,8 @@ def _driver():
                 "image/png": base64.b64encode(png.getvalue()).decode("ascii"),
                 "text/plain": repr(fig),
             })
-            for i in range(0, len(bundle), DISPLAY_CHUNK):
-                emit(t="display_part", data=bundle[i:i + DISPLAY_CHUNK])
+            for i in range(0, len(bundle), chunk):
+                emit(t="display_part", data=bundle[i:i + chunk])
             emit(t="display")
         plt.close("all")
     env = {"__name__": "__main__", "__builtins__": __builtins__}
