@@ -1,7 +1,8 @@
 //! What CRIU refuses on a process of an agentrun sandbox, for each shipped profile (issue 31:
 //! the memory half of "pause to disk" and of fork; docs/opensandbox-compat.md says it):
 //! `criu dump -t PID` of a sandboxed process, as root on the host, fails on the cell's masked
-//! `/proc` paths ("doesn't have a proper root mount"); with every mount external, CRIU's
+//! `/proc` paths ("doesn't have a proper root mount"); with every mount external (and the
+//! cell's `/dev/shm`, a bind of a directory of its own tmpfs, named as one), CRIU's
 //! parasite, running inside the process's Landlock domain, cannot connect its transport
 //! socket ("Unable to connect a transport socket: Operation not permitted"). A CRIU that gets
 //! past these (a kernel or profile change) makes this test fail, so the docs and the fork's
@@ -102,7 +103,10 @@ fn criu_cannot_dump_a_sandboxed_process_of_any_shipped_profile() {
             errs.contains("doesn't have a proper root mount"),
             "{profile}: another refusal than the masked /proc paths':\n{errs}"
         );
-        let (code, log) = dump(pid, &["--external", "mnt[]"]);
+        let (code, log) = dump(
+            pid,
+            &["--external", "mnt[]", "--external", "mnt[/dev/shm]:shm"],
+        );
         assert_ne!(
             code,
             Some(0),
