@@ -37,6 +37,7 @@ pub mod mcp;
 pub mod oci;
 pub mod osb;
 pub mod otlp;
+pub mod snapshots;
 
 /// First host uid of the sandbox user namespace mapping: sandbox uid 0 is host uid
 /// `SANDBOX_UID_BASE` (or above); nothing else on a test host runs with such uids.
@@ -116,6 +117,14 @@ pub fn require_bin() {
 /// A held e2e lock (flock on a file in the temp dir); released on drop.
 pub struct TestLock {
     _file: File,
+    exclusive: bool,
+}
+
+impl TestLock {
+    /// Whether no other e2e test runs meanwhile ([`exclusive_lock`]).
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
 }
 
 fn lock(kind: libc::c_int) -> TestLock {
@@ -140,7 +149,10 @@ fn lock(kind: libc::c_int) -> TestLock {
             panic!("flock {}: {err}", path.display());
         }
     }
-    TestLock { _file: file }
+    TestLock {
+        _file: file,
+        exclusive: kind == libc::LOCK_EX,
+    }
 }
 
 /// Held by every ordinary e2e test: many may run at once.

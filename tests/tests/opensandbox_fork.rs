@@ -6,39 +6,18 @@
 //! bounds (--max-sandboxes, memory), unknown and paused sandboxes; the span and audit
 //! record. Each test ends with the daemon stopped and nothing left on the host.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use agentrun_e2e::osb::*;
+use agentrun_e2e::snapshots::SnapshotSweep;
 use agentrun_e2e::*;
-
-/// Removes the snapshots a test's forks made in the host's store (the e2e lock is held: none
-/// is another test's).
-struct SnapshotSweep(BTreeSet<String>);
-
-fn snapshot_ids() -> BTreeSet<String> {
-    let out = Daemon::unstarted()
-        .agentrun(["snapshot", "ls", "--json"])
-        .run();
-    let v: Vec<serde_json::Value> = serde_json::from_str(&out.success())
-        .unwrap_or_else(|e| panic!("snapshot ls --json: {e}\n{out}"));
-    v.iter()
-        .filter_map(|s| s["id"].as_str().map(str::to_owned))
-        .collect()
-}
-
-impl Drop for SnapshotSweep {
-    fn drop(&mut self) {
-        for id in snapshot_ids().difference(&self.0) {
-            let _ = Daemon::unstarted().agentrun(["snapshot", "rm", id]).run();
-        }
-    }
-}
 
 #[test]
 fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep(snapshot_ids());
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let audit = tempdir();
     let rx = agentrun_e2e::otlp::OtlpReceiver::grpc();
     let mut env: Vec<(&str, String)> = rx.otel_env();
@@ -82,8 +61,10 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
 
 #[test]
 fn bad_counts_the_bounds_and_unknown_or_paused_sandboxes_are_refused() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep(snapshot_ids());
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let (d, domain) = start(&[], &["--max-sandboxes", "4"]);
     scenario(&d, &domain, "fork:bad_input", &[]);
     stop_clean(d);
@@ -91,8 +72,10 @@ fn bad_counts_the_bounds_and_unknown_or_paused_sandboxes_are_refused() {
 
 #[test]
 fn agentrun_fork_prints_the_copies_ids() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep(snapshot_ids());
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let (d, domain) = start(&[], &["--max-sandboxes", "6"]);
     scenario(&d, &domain, "fork:cli", &[]);
     stop_clean(d);

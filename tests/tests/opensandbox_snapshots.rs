@@ -7,50 +7,18 @@
 //! with the daemon stopped, nothing left on the host and no snapshot of its own left in the
 //! store.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use agentrun_e2e::osb::*;
+use agentrun_e2e::snapshots::{snapshot_ids, SnapshotSweep};
 use agentrun_e2e::*;
 
-/// The snapshot ids in the store `root` (`None`: the host's).
-fn snapshot_ids(root: Option<&Path>) -> BTreeSet<String> {
-    let mut a = Daemon::unstarted().agentrun(["snapshot", "ls", "--json"]);
-    if let Some(r) = root {
-        a = a.env("AGENTRUN_ROOT", r);
-    }
-    let out = a.run();
-    let v: Vec<serde_json::Value> = serde_json::from_str(&out.success())
-        .unwrap_or_else(|e| panic!("snapshot ls --json: {e}\n{out}"));
-    v.iter()
-        .filter_map(|s| s["id"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// Removes the snapshots a test made in the host's store, passed or failed (the e2e lock
-/// is exclusive: none is another test's).
-struct SnapshotSweep(BTreeSet<String>);
-
-impl SnapshotSweep {
-    fn new() -> Self {
-        SnapshotSweep(snapshot_ids(None))
-    }
-}
-
-impl Drop for SnapshotSweep {
-    fn drop(&mut self) {
-        for id in snapshot_ids(None).difference(&self.0) {
-            let _ = Daemon::unstarted().agentrun(["snapshot", "rm", id]).run();
-        }
-    }
-}
-
 fn run_snapshots(name: &str) -> String {
-    let Some(_lock) = setup() else {
+    let Some(lock) = setup_exclusive() else {
         return String::new();
     };
-    let _sweep = SnapshotSweep::new();
+    let _sweep = SnapshotSweep::new(&lock);
     let (d, domain) = start(&[], &[]);
     let out = scenario(&d, &domain, &format!("snapshots:{name}"), &[]);
     stop_clean(d);
@@ -108,8 +76,10 @@ fn a_pause_during_a_snapshot_waits_for_it_and_stays() {
 
 #[test]
 fn a_snapshot_over_max_snapshot_is_a_400_with_its_size() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep::new();
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let (d, domain) = start(&[], &["--max-snapshot", "1M"]);
     scenario(&d, &domain, "snapshots:size_limit", &[]);
     stop_clean(d);
@@ -117,8 +87,10 @@ fn a_snapshot_over_max_snapshot_is_a_400_with_its_size() {
 
 #[test]
 fn another_api_keys_snapshots_are_404_and_the_owners_survive_a_restart() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep::new();
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let (k1, k2) = ("snapshot-owner-key-1", "snapshot-other-key-2");
     let (d, domain) = start(&[], &["--api-key", k1]);
     let key = |k: &str| vec![("OSB_API_KEY", k.to_owned())];
@@ -241,8 +213,10 @@ fn a_daemon_killed_mid_snapshot_restarts_with_no_half_snapshot_and_nothing_left(
 
 #[test]
 fn snapshot_and_restore_spans_carry_sizes_and_durations_and_are_audited() {
-    let Some(_lock) = setup() else { return };
-    let _sweep = SnapshotSweep::new();
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let audit = tempdir();
     let rx = agentrun_e2e::otlp::OtlpReceiver::grpc();
     let (d, domain) = start_observed(&rx, audit.path());

@@ -1,0 +1,49 @@
+//! Snapshots a test made in an image store, found and removed after it, passed or failed.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::{Daemon, TestLock};
+
+/// The snapshot ids in the image store `root` (`None`: the host's), by `agentrun snapshot ls
+/// --json`.
+pub fn snapshot_ids(root: Option<&Path>) -> BTreeSet<String> {
+    let mut a = Daemon::unstarted().agentrun(["snapshot", "ls", "--json"]);
+    if let Some(r) = root {
+        a = a.env("AGENTRUN_ROOT", r);
+    }
+    let out = a.run();
+    let v: Vec<serde_json::Value> = serde_json::from_str(&out.success())
+        .unwrap_or_else(|e| panic!("snapshot ls --json: {e}\n{out}"));
+    v.iter()
+        .filter_map(|s| s["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// On drop, removes every snapshot made in the host's store since it was made. It cannot
+/// tell whose a snapshot is, so it needs the exclusive e2e lock ([`crate::setup_exclusive`]):
+/// under the shared one it removed the snapshot of a test running beside it.
+pub struct SnapshotSweep {
+    before: BTreeSet<String>,
+}
+
+impl SnapshotSweep {
+    /// A sweep of the host's store.
+    pub fn new(lock: &TestLock) -> Self {
+        assert!(
+            lock.is_exclusive(),
+            "SnapshotSweep needs the exclusive e2e lock (setup_exclusive)"
+        );
+        SnapshotSweep {
+            before: snapshot_ids(None),
+        }
+    }
+}
+
+impl Drop for SnapshotSweep {
+    fn drop(&mut self) {
+        for id in snapshot_ids(None).difference(&self.before) {
+            let _ = Daemon::unstarted().agentrun(["snapshot", "rm", id]).run();
+        }
+    }
+}
