@@ -379,7 +379,7 @@ async def escalate_write(approve):
             check(not r.isError, "the approved write is made", r)
             eq(structured(r)["bytes"], 9, "bytes")
             o = structured(await s.call_tool("read_file", {"path": "/workspace/protected/ok.txt"}))
-            eq(o["content"], "approved\n", "the sandbox sees the approved write")
+            check(o.get("content") == "approved\n", "the sandbox sees the approved write", o)
         else:
             expect_denied(r, "fs.write", "/workspace/protected/ok.txt")
         # A path that is not escalated is denied without asking.
