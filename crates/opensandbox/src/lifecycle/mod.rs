@@ -381,7 +381,65 @@ async fn get_one(
 }
 
 /// Parses `a=1&a=2&b=3` into pairs.
-fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
+/// The `page` and `pageSize` of a list request (the sandbox and the snapshot lists), and the
+/// page of items answered, in the spec's `{items, pagination}` shape.
+pub(crate) struct Paging {
+    page: usize,
+    size: usize,
+}
+
+impl Default for Paging {
+    fn default() -> Self {
+        Paging { page: 1, size: 20 }
+    }
+}
+
+impl Paging {
+    /// Takes `k=v` if it is a paging parameter (a bad value is a 400); other keys are ignored.
+    pub(crate) fn take(&mut self, k: &str, v: &str) -> ApiResult<()> {
+        match k {
+            "page" => {
+                self.page = v
+                    .parse()
+                    .ok()
+                    .filter(|p| *p >= 1)
+                    .ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            }
+            "pageSize" | "page_size" => {
+                self.size = v
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=200).contains(p))
+                    .ok_or_else(|| ApiError::bad_request("pageSize must be between 1 and 200"))?
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The page of `matching` asked for, with the pagination of the whole.
+    pub(crate) fn answer(&self, matching: Vec<Value>) -> Json<Value> {
+        let total = matching.len();
+        let pages = total.div_ceil(self.size);
+        let items: Vec<Value> = matching
+            .into_iter()
+            .skip((self.page - 1) * self.size)
+            .take(self.size)
+            .collect();
+        Json(json!({
+            "items": items,
+            "pagination": {
+                "page": self.page,
+                "pageSize": self.size,
+                "totalItems": total,
+                "totalPages": pages,
+                "hasNextPage": self.page < pages,
+            }
+        }))
+    }
+}
+
+pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
     q.as_deref()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default()
@@ -391,8 +449,7 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     let pairs = query_pairs(&q);
     let mut states: Vec<String> = Vec::new();
     let mut meta: Vec<(String, String)> = Vec::new();
-    let mut page = 1usize;
-    let mut page_size = 20usize;
+    let mut paging = Paging::default();
     for (k, v) in &pairs {
         match k.as_str() {
             "state" => states.extend(
@@ -401,21 +458,9 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
                     .filter(|s| !s.is_empty()),
             ),
             "metadata" => meta.extend(form_urlencoded::parse(v.as_bytes()).into_owned()),
-            "page" => {
-                page = v
-                    .parse()
-                    .ok()
-                    .filter(|p| *p >= 1)
-                    .ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            _ => {
+                paging.take(k, v)?;
             }
-            "pageSize" | "page_size" => {
-                page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::bad_request("pageSize must be between 1 and 200"))?
-            }
-            _ => {}
         }
     }
     let matching: Vec<Value> = server
@@ -430,23 +475,7 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
         })
         .map(|r| sandbox_json(r))
         .collect();
-    let total = matching.len();
-    let pages = total.div_ceil(page_size);
-    let items: Vec<Value> = matching
-        .into_iter()
-        .skip((page - 1) * page_size)
-        .take(page_size)
-        .collect();
-    Ok(Json(json!({
-        "items": items,
-        "pagination": {
-            "page": page,
-            "pageSize": page_size,
-            "totalItems": total,
-            "totalPages": pages,
-            "hasNextPage": page < pages,
-        }
-    })))
+    Ok(paging.answer(matching))
 }
 
 /// Deletes a sandbox: gone from the API and every process killed before this returns; its

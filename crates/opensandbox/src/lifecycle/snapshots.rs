@@ -23,6 +23,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
+use super::{query_pairs, Paging};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{finish_span, rfc3339, Server};
 
@@ -316,12 +317,8 @@ pub async fn list(
     let mut states: Vec<String> = Vec::new();
     let mut sandbox: Option<String> = None;
     let mut name: Option<String> = None;
-    let mut page = 1usize;
-    let mut page_size = 20usize;
-    let pairs: Vec<(String, String)> = q
-        .as_deref()
-        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default();
+    let mut paging = Paging::default();
+    let pairs = query_pairs(&q);
     for (k, v) in &pairs {
         match k.as_str() {
             "state" => states.extend(
@@ -331,21 +328,9 @@ pub async fn list(
             ),
             "sandboxId" | "sandbox_id" => sandbox = Some(v.clone()),
             "name" => name = Some(v.clone()),
-            "page" => {
-                page = v
-                    .parse()
-                    .ok()
-                    .filter(|p| *p >= 1)
-                    .ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            _ => {
+                paging.take(k, v)?;
             }
-            "pageSize" | "page_size" => {
-                page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::bad_request("pageSize must be between 1 and 200"))?
-            }
-            _ => {}
         }
     }
     let srv = server.clone();
@@ -359,23 +344,7 @@ pub async fn list(
         .filter(|(_, _, _, st)| states.is_empty() || states.contains(st))
         .map(|(_, v, _, _)| v)
         .collect();
-    let total = matching.len();
-    let pages = total.div_ceil(page_size);
-    let items: Vec<Value> = matching
-        .into_iter()
-        .skip((page - 1) * page_size)
-        .take(page_size)
-        .collect();
-    Ok(Json(json!({
-        "items": items,
-        "pagination": {
-            "page": page,
-            "pageSize": page_size,
-            "totalItems": total,
-            "totalPages": pages,
-            "hasNextPage": page < pages,
-        }
-    })))
+    Ok(paging.answer(matching))
 }
 
 /// `GET /snapshots/{id}`.
