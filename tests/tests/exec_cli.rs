@@ -335,3 +335,31 @@ fn info_favordynmods_line() -> String {
         .unwrap_or_else(|| panic!("no favordynmods line\n{human}"))
         .to_string()
 }
+
+/// A report piped into a reader that is gone (`agentrun info | head -c0`) ends quietly, by
+/// SIGPIPE as `cat` would, not with a Rust panic about a broken pipe.
+#[test]
+fn report_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(_l) = setup() else { return };
+    for args in [&["info"][..], &["policy", "check", "default"][..]] {
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        drop(read); // every write of the child fails with EPIPE
+        let out = Command::new(agentrun_bin())
+            .args(args)
+            .stdout(std::process::Stdio::from(write))
+            .output()
+            .expect("run agentrun");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "agentrun {args:?} into a closed pipe: {stderr}"
+        );
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "agentrun {args:?} ends by SIGPIPE like coreutils: {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
+}

@@ -292,6 +292,25 @@ fn main() -> ExitCode {
             }
         }
     }
+    if matches!(
+        cli.command,
+        Command::Audit(_)
+            | Command::Info(_)
+            | Command::ApiKey
+            | Command::Ps { .. }
+            | Command::Pool(_)
+            | Command::Policy(_)
+            | Command::Completions { .. }
+            | Command::Man { .. }
+    ) {
+        // A report piped into `head` ends as coreutils' do, quietly at its reader's hangup,
+        // not with a panic of `println!` ("failed printing to stdout: Broken pipe"). Only
+        // these commands: they write to stdout and talk to the daemon on its socket only
+        // (sent with MSG_NOSIGNAL); `exec` forwards a run's output and handles EPIPE itself,
+        // and the daemons and HTTP clients keep SIGPIPE ignored.
+        // SAFETY: sets this process's disposition of one signal before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Exec(args) => return exec::run(*args, &paths),
         Command::Top(args) => return top::run(args, &paths),
