@@ -457,3 +457,62 @@ fn docker_exec_of_python3_is_forked_from_the_containers_zygote() {
     assert_eq!(out.success(), "1\n", "python3 -I is exec'd");
     docker(&["rm", "-f", &id]).success();
 }
+
+/// A zygote shell waiting in its pool rests at a low CPU weight, so that its zygote's imports
+/// (and its spare cell) take only what runs leave of the CPU; a run in it has the normal
+/// weight. (16 clients on a pool of 4 made shells whose imports, at an equal share, slowed
+/// the recycling of the shells in use until more clients missed.)
+#[test]
+fn a_zygote_shell_rests_at_a_low_cpu_weight_between_runs() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let weight = |state: &str| -> (String, String) {
+        let ps: serde_json::Value =
+            serde_json::from_str(&s.d.agentrun(["ps", "--json"]).run().success()).unwrap();
+        let shell = ps
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|sh| sh["state"] == state && sh["profile"] == s.profile.as_str())
+            .unwrap_or_else(|| panic!("no {state} shell of the zygote pool: {ps}"));
+        let id = shell["id"].as_str().unwrap().to_string();
+        let v1 = format!("/sys/fs/cgroup/cpu/agentrun/{id}/cpu.shares");
+        let v2 = format!("/sys/fs/cgroup/agentrun/{id}/cpu.weight");
+        let value = std::fs::read_to_string(&v1)
+            .or_else(|_| std::fs::read_to_string(&v2))
+            .unwrap_or_else(|e| panic!("{v1} or {v2}: {e}"));
+        (id, value.trim().to_string())
+    };
+    let resting = ["64", "6"]; // v1 cpu.shares, v2 cpu.weight
+    let normal = ["1024", "100"];
+    let (id, w) = weight("ready");
+    assert!(resting.contains(&w.as_str()), "ready shell {id}: weight {w}");
+    // During a run, the shell it runs in has a run's weight.
+    let dir = tempdir();
+    let flag = dir.path().join("started");
+    let mut run = s
+        .d
+        .exec_with(
+            [
+                "--profile".to_string(),
+                s.profile.clone(),
+                "--workspace".into(),
+                dir.path().to_string_lossy().into_owned(),
+            ],
+            ["sh", "-c", "touch /workspace/started; sleep 30"],
+        )
+        .spawn();
+    wait_until(Duration::from_secs(30), || flag.exists().then_some(()))
+        .unwrap_or_else(|| panic!("the run did not start\n{}", s.d.log()));
+    let (id, w) = weight("running");
+    assert!(normal.contains(&w.as_str()), "running shell {id}: weight {w}");
+    run.signal(libc::SIGINT);
+    run.wait_or_kill(Duration::from_secs(30));
+    // Back in its pool, it rests again.
+    let back = wait_until(Duration::from_secs(30), || {
+        let (id, w) = weight("ready");
+        resting.contains(&w.as_str()).then_some((id, w))
+    });
+    assert!(back.is_some(), "no resting ready shell after the run\n{}", s.d.log());
+}

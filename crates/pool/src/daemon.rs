@@ -133,7 +133,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         None => listen_on(&opts.socket)?,
     };
     let cgroup = CgroupMode::detect();
-    let pool = Arc::new(Pool::new(factories, opts.limits.clone()));
+    let pool = Arc::new(Pool::new(factories, opts.limits.clone()).with_cgroup(cgroup));
     let live = Arc::new(LiveManager::new(pool.clone()));
     let shared = Arc::new(Shared {
         pool,
