@@ -342,7 +342,103 @@ def async_flow():
     asyncio.run(main())
 
 
-SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth)}
+def escape():
+    """The file API (envd's filesystem RPCs and /files) acts inside the sandbox only: `..`,
+    symlinks made inside (absolute, relative, to `/`, `/proc/1/root`), moves, removes and
+    directory listings never reach the host; host pseudo files are not written; FIFOs and
+    devices are refused, never hang. E2B_HOST_SECRET / E2B_HOST_PROBE: a host file with a
+    secret, and a host path that must not appear."""
+    secret_path = os.environ["E2B_HOST_SECRET"]
+    probe = os.environ["E2B_HOST_PROBE"]
+    secret = open(secret_path).read()
+    sbx = Sandbox.create(timeout=120)
+    try:
+        fs = sbx.files
+        fs.write("/../../../../.." + probe, "escaped?")
+        check(not os.path.exists(probe), "a write with .. reached the host")
+        check(fs.read(probe) == "escaped?", "the .. write landed inside the sandbox")
+        fs.write("../../../../.." + probe + ".rel", "escaped?")
+        check(not os.path.exists(probe + ".rel"), "a relative write with .. reached the host")
+        r = sbx.commands.run(
+            f"mkdir -p /tmp/l && ln -s / /tmp/l/root && ln -s {secret_path} /tmp/l/abs && "
+            f"ln -s ../../../../../../..{secret_path} /tmp/l/rel && ln -s /proc/1/root /tmp/l/magic"
+        )
+        check(r.exit_code == 0, f"symlinks: {r.stderr}")
+        paths = ["/tmp/l/abs", "/tmp/l/rel", "/tmp/l/root" + secret_path, secret_path,
+                 "/proc/self/root" + secret_path, "/tmp/l/magic" + secret_path,
+                 "/proc/1/root" + secret_path]
+        for p in paths:
+            try:
+                got = fs.read(p)
+            except SandboxException:
+                continue
+            check(secret not in got, f"host secret read through {p}")
+        # Through the HTTP route directly too (the SDK's read is this GET).
+        envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+        for p in paths:
+            r = httpx.get(f"{BASE}/files", params={"path": p}, headers=envd)
+            check(secret not in r.text, f"host secret read through GET /files {p}")
+        parent = os.path.dirname(secret_path)
+        for p in ["/tmp/l/root" + parent, "/proc/1/root" + parent, "/../../.." + parent]:
+            try:
+                names = [e.name for e in fs.list(p)]
+            except SandboxException:
+                continue
+            check(os.path.basename(secret_path) not in names, f"host dir listed through {p}: {names}")
+        for p in ["/tmp/l/abs", "/tmp/l/root" + probe, "/proc/self/root" + probe,
+                  "/tmp/l/magic" + probe]:
+            try:
+                fs.write(p, "escaped?")
+            except SandboxException:
+                pass
+            check(not os.path.exists(probe), f"a write through {p} reached the host")
+            try:
+                fs.make_dir(p + ".d")
+            except SandboxException:
+                pass
+            check(not os.path.exists(probe + ".d"), f"make_dir through {p} reached the host")
+        check(open(secret_path).read() == secret, "host secret modified")
+        for p in ["/proc/sys/kernel/hostname", "/sys/kernel/mm/transparent_hugepage/enabled"]:
+            before = open(p).read() if os.path.exists(p) else None
+            try:
+                fs.write(p, "pwned\n")
+            except SandboxException:
+                pass
+            if before is not None:
+                check(open(p).read() == before, f"host {p} changed")
+        fs.write("/tmp/m.txt", "m")
+        try:
+            fs.rename("/tmp/m.txt", "/../../.." + probe)
+        except SandboxException:
+            pass
+        check(not os.path.exists(probe), "a rename reached the host")
+        for p in ["/../../../.." + secret_path, "/tmp/l/abs/", "/tmp/l/root" + secret_path,
+                  "/tmp/l/magic" + secret_path]:
+            try:
+                fs.remove(p)
+            except SandboxException:
+                pass
+        try:
+            fs.remove("/tmp/l/root/etc")
+        except SandboxException:
+            pass
+        check(os.path.exists(secret_path), "a remove reached the host")
+        check(os.path.exists("/etc/passwd"), "host /etc touched")
+        sbx.commands.run("mkfifo /tmp/fifo")
+        for p in ["/tmp/fifo", "/dev/zero"]:
+            t0 = time.time()
+            try:
+                fs.read(p, format="bytes", request_timeout=30)
+                raise AssertionError(f"{p} was read")
+            except SandboxException:
+                pass
+            check(time.time() - t0 < 20, f"reading {p} hung")
+    finally:
+        sbx.kill()
+
+
+SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
+                                     escape)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

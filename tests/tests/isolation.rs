@@ -1,6 +1,6 @@
 //! The run-to-run isolation corpus (issue 29): nothing of one run is visible to the next, on
 //! every path a run or a sandbox takes. Run as root, through the real binary and the real
-//! clients (the official OpenSandbox and MCP SDKs, docker-py).
+//! clients (the official OpenSandbox, E2B and MCP SDKs, docker-py).
 //!
 //! Each case is an A/B pair. Run (or sandbox) A is given marked secrets, a fresh random marker
 //! `AGENTRUN-ISO-<20 hex><4 hex of their SHA-256>` per case: in its environment, argv, stdin,
@@ -29,7 +29,10 @@
 //! (`default`, `strict`, `code-interpreter` with its Python zygote forking `python3 -c`,
 //! `container`, `build`); the OpenSandbox API (commands, a bash session and a code context in
 //! sandbox A, deleted; the same in sandbox B on A's shell), with the default profile and with
-//! `code-interpreter` (code contexts forked from the zygote); Docker containers and `exec`
+//! `code-interpreter` (code contexts forked from the zygote); the E2B API (the official `e2b`
+//! SDKs: `commands.run` with the sandbox's and the command's env, a background command fed by
+//! `send_stdin`, `run_code` in the default context and in a context of its own; B may not
+//! run in A's context), with both profiles too; Docker containers and `exec`
 //! (docker-py); MCP `run_python`/`run_shell` in sessions (`serve --mcp`, both profiles) and
 //! one-shot (`agentrun mcp --one-shot`).
 
@@ -566,13 +569,15 @@ fn warm_exec_runs_on_one_shell_see_nothing_of_each_other_on_every_shipped_profil
 // ---------------------------------------------------------------------------------------------
 // The APIs: OpenSandbox, Docker, MCP
 
-/// A daemon serving the OpenSandbox API (with an explicit API key), MCP over HTTP and, given
-/// a store, the Docker API.
+/// A daemon serving the OpenSandbox API (with an explicit API key), the E2B API, MCP over
+/// HTTP and, given a store, the Docker API.
 struct Apis {
     d: Daemon,
     domain: String,
     key: String,
     mcp_url: String,
+    /// host:port of the E2B listener (`--e2b`)
+    e2b: String,
     docker_socket: Option<std::path::PathBuf>,
     dir: tempfile::TempDir,
 }
@@ -590,9 +595,12 @@ fn start_apis_with(profile: &str, docker: bool, more: usize) -> Apis {
     let key = marker().replace("AGENTRUN-ISO-", "key-");
     let domain = format!("127.0.0.1:{}", osb::free_port());
     let mcp = format!("127.0.0.1:{}", osb::free_port());
+    let e2b = format!("127.0.0.1:{}", osb::free_port());
     let mut args: Vec<String> = vec![
         "--listen".into(),
         domain.clone(),
+        "--e2b".into(),
+        e2b.clone(),
         "--api-key".into(),
         key.clone(),
         "--mcp".into(),
@@ -626,6 +634,7 @@ fn start_apis_with(profile: &str, docker: bool, more: usize) -> Apis {
         domain,
         key,
         mcp_url: format!("http://{mcp}/mcp"),
+        e2b,
         docker_socket,
         dir,
     }
@@ -712,6 +721,29 @@ impl Apis {
         self.client(case, "session", cmd);
     }
 
+    /// `tests/e2b/sdk_isolation.py e2b` (the official E2B SDKs) against `serve --e2b`.
+    fn e2b_sdk(&self, case: &mut Case, m: &Value) {
+        let manifest = self.manifest("e2b", m);
+        let python = workspace_root().join(".venv/e2b/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: run hack/test (it creates .venv/e2b)",
+            python.display()
+        );
+        let mut cmd = Command::new(python);
+        cmd.arg(workspace_root().join("tests/e2b/sdk_isolation.py"))
+            .arg("e2b")
+            .env("E2B_ADDR", &self.e2b)
+            .env("E2B_API_KEY", &self.key)
+            .env("ISO_MANIFEST", manifest)
+            .env("ISO_AGENTRUN", agentrun_bin())
+            .env("ISO_STATE", self.d.state())
+            .env_remove("E2B_API_URL")
+            .env_remove("E2B_SANDBOX_URL")
+            .env_remove("E2B_ACCESS_TOKEN");
+        self.client(case, "e2b", cmd);
+    }
+
     fn client(&self, case: &mut Case, name: &str, cmd: Command) {
         let out = run_with_timeout(cmd, None, Duration::from_secs(300));
         if out.status.code() != Some(0) || !out.stdout().contains("OK ") {
@@ -771,6 +803,50 @@ fn osb_case(apis: &Apis, profile: &str) -> Case {
         },
     });
     apis.sdk(&mut case, "osb", &m);
+    case
+}
+
+/// The E2B pair: sandbox A (the official SDK, made with marked `envs`) plants through
+/// `commands.run` (the sandbox's and the command's env, argv, an uploaded file, code), a
+/// background command fed by `send_stdin` (argv, stdin), `run_code` in the default context
+/// and in a context of its own; A is killed. B (on A's shell) cannot run code in A's context
+/// and scans through the same four.
+fn e2b_case(apis: &Apis, profile: &str) -> Case {
+    let mut case = Case::new(&format!("e2b {profile}"));
+    let a_cmd =
+        case.a_mark("E2B commands.run: sandbox env, command env, argv, uploaded file, code");
+    let a_stdin = case.a_mark("E2B background command: argv, send_stdin, code");
+    let a_code = case.a_mark("E2B run_code, default context: code");
+    let a_ctx = case.a_mark("E2B run_code, a context of its own: code");
+    let (b_cmd, b_stdin, b_code, b_ctx) =
+        (case.b_mark(), case.b_mark(), case.b_mark(), case.b_mark());
+    let upload = "/tmp/iso-upload.txt";
+    let mut env = json!({"ISO_SECRET": a_cmd});
+    let mut cmd_env = json!({});
+    for (i, c) in copies(&a_cmd).into_iter().enumerate() {
+        env[format!("ISO_SECRET_{i}")] = json!(c);
+        cmd_env[format!("ISO_CMD_SECRET_{i}")] = json!(c);
+    }
+    let m = json!({
+        "a": {
+            "env": env,
+            "cmd_env": cmd_env,
+            "upload": [upload, format!("{a_cmd}\n")],
+            "cmd": [probe("plant", &a_cmd, &["env", "argv"], json!({"read": [upload]})), a_cmd],
+            "stdin": [probe("plant", &a_stdin, &["argv", "stdin"], json!({})), a_stdin],
+            "code": probe("plant", &a_code, &[], json!({})),
+            "ctx": probe("plant", &a_ctx, &[], json!({})),
+        },
+        "b": {
+            "env": {"ISO_MARK": b_cmd},
+            "cmd_env": {"ISO_CMD_MARK": b_cmd},
+            "cmd": [probe("scan", &b_cmd, &["env", "argv"], json!({})), b_cmd],
+            "stdin": [probe("scan", &b_stdin, &["argv", "stdin"], json!({})), b_stdin],
+            "code": probe("scan", &b_code, &[], json!({})),
+            "ctx": probe("scan", &b_ctx, &[], json!({})),
+        },
+    });
+    apis.e2b_sdk(&mut case, &m);
     case
 }
 
@@ -915,7 +991,7 @@ fn docker_case(apis: &Apis) -> Case {
 }
 
 /// The default profile's APIs on one daemon (its pools: one shell each, no room for more):
-/// OpenSandbox, MCP sessions, Docker.
+/// OpenSandbox, MCP sessions, E2B, Docker.
 #[test]
 fn api_sandboxes_on_one_shell_see_nothing_of_each_other() {
     let Some(_l) = setup() else { return };
@@ -927,6 +1003,7 @@ fn api_sandboxes_on_one_shell_see_nothing_of_each_other() {
             &(|a: &Apis| osb_case(a, "default")) as &dyn Fn(&Apis) -> Case,
         ),
         ("mcp", &|a: &Apis| mcp_session_case(a, "default")),
+        ("e2b", &|a: &Apis| e2b_case(a, "default")),
         ("docker", &docker_case),
     ] {
         let shells = idle_shells(&apis.d, "default");
@@ -940,8 +1017,8 @@ fn api_sandboxes_on_one_shell_see_nothing_of_each_other() {
     verdict(&cases);
 }
 
-/// The same with `code-interpreter` as the APIs' profile: code contexts and MCP `run_python`
-/// sessions are forked from the shell's Python zygote.
+/// The same with `code-interpreter` as the APIs' profile: code contexts (OpenSandbox's and
+/// E2B's `run_code`) and MCP `run_python` sessions are forked from the shell's Python zygote.
 #[test]
 fn api_sandboxes_of_the_zygote_profile_see_nothing_of_each_other() {
     let Some(_l) = setup() else { return };
@@ -949,7 +1026,7 @@ fn api_sandboxes_of_the_zygote_profile_see_nothing_of_each_other() {
     let apis = start_apis(profile, false);
     wait_zygote(&apis.d, profile);
     let mut cases = Vec::new();
-    for f in [osb_case, mcp_session_case] {
+    for f in [osb_case, mcp_session_case, e2b_case] {
         let shells = idle_shells(&apis.d, profile);
         let made = made_and_discarded(&apis.d);
         let mut case = f(&apis, profile);
