@@ -18,10 +18,10 @@ fuzz_target!(|data: &[u8]| {
     };
     match which % 9 {
         0 => {
-            if let Ok(payload) = connect::single_envelope(rest) {
-                assert_eq!(rest.len(), connect::PREFIX + payload.len());
-                assert_eq!(&connect::envelope(0, payload)[..], rest);
-                if let Ok(req) = serde_json::from_slice::<process::StartRequest>(payload) {
+            if let Ok(env) = connect::single_envelope(rest) {
+                assert_eq!(rest.len(), connect::PREFIX + env.data.len());
+                assert_eq!(&connect::envelope(env.flags, &env.data)[..], rest);
+                if let Ok(req) = serde_json::from_slice::<process::StartRequest>(&env.data) {
                     let _ = process::check_start(req);
                 }
             }

@@ -1,21 +1,33 @@
-//! The Connect protocol's wire format, JSON codec only (the codec the E2B SDKs use for envd:
-//! `ENVD_JSON_CODEC`), for envd's RPCs:
+//! The Connect protocol's wire format for envd's RPCs, JSON codec (the codec the E2B SDKs use
+//! for envd: `ENVD_JSON_CODEC`), on the `connectrpc` crate (connectrpc.com's Rust runtime,
+//! <https://github.com/connectrpc/connect-rust>): its envelope codec ([`Envelope`]), error
+//! codes and error JSON ([`ConnectError`]), content-type detection ([`Protocol::detect`]) and
+//! compression ([`CompressionRegistry`], gzip). This module only says which of them a call
+//! takes:
 //! - unary: a `POST /pkg.Service/Method` with `Content-Type: application/json` and the
-//!   request message as its body; the answer is the response message (`200`,
-//!   `application/json`) or an error (`{"code","message"}` with the code's HTTP status).
+//!   request message as its body (`Content-Encoding: gzip` decompressed); the answer is the
+//!   response message (`200`, `application/json`) or an error (`{"code","message"}` with the
+//!   code's HTTP status).
 //! - server streaming: request and answer are `application/connect+json` and made of
-//!   envelopes, each a flags byte, a 4-byte big-endian length and that many bytes of JSON;
-//!   the request is one message, the answer messages then an end-of-stream envelope (flag
-//!   `0x02`) holding `{}` or `{"error": {"code","message"}}`.
+//!   envelopes; the request is one message (compressed with its `Connect-Content-Encoding`
+//!   if flagged so), the answer messages then an end-of-stream envelope holding `{}` or
+//!   `{"error": {"code","message"}}`.
 //!
-//! Compressed messages (flag `0x01`, `Connect-Content-Encoding`) and the binary protobuf codec
-//! (`application/proto`, `application/connect+proto`) are refused (`unimplemented`): the
-//! SDK sends neither (docs/e2b.md). No kept Rust crate serves Connect streaming without a
-//! protobuf code generator (see docs/e2b.md), so the framing is this small module.
+//! The binary protobuf codec (`application/proto`, `application/connect+proto`) is refused
+//! (`unimplemented`): the SDKs send JSON, and the message types are serde structs of the
+//! proto3 JSON mapping (docs/e2b.md says why the crate's generated service layer is not used).
+
+use std::sync::LazyLock;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
+use connectrpc::codec::CodecFormat;
+use connectrpc::compression::{CompressionRegistry, GzipProvider};
+use connectrpc::envelope::{flags, Envelope};
+use connectrpc::error::ConnectError;
+use connectrpc::protocol::{Protocol, RequestProtocol};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -23,9 +35,9 @@ use tokio::sync::mpsc;
 use crate::error::{Code, RpcError, RpcResult};
 
 /// Flag of a compressed envelope.
-pub const FLAG_COMPRESSED: u8 = 0x01;
+pub const FLAG_COMPRESSED: u8 = flags::COMPRESSED;
 /// Flag of the end-of-stream envelope.
-pub const FLAG_END_STREAM: u8 = 0x02;
+pub const FLAG_END_STREAM: u8 = flags::END_STREAM;
 /// Length of an envelope's prefix.
 pub const PREFIX: usize = 5;
 /// Content type of a unary JSON message.
@@ -34,23 +46,35 @@ pub const UNARY_JSON: &str = "application/json";
 pub const STREAM_JSON: &str = "application/connect+json";
 /// Envelopes of a stream queued ahead of a slow client (then the producer waits).
 pub const STREAM_QUEUE: usize = 16;
+/// Largest request message, decompressed (a request body is bounded by the listener's
+/// `--max-request-body` before this).
+pub const MAX_MESSAGE: usize = 16 << 20;
+
+/// The encodings a request may be compressed with: gzip.
+static COMPRESSION: LazyLock<CompressionRegistry> =
+    LazyLock::new(|| CompressionRegistry::new().register(GzipProvider::default()));
+
+impl From<ConnectError> for RpcError {
+    fn from(e: ConnectError) -> Self {
+        RpcError::new(e.code, e.message.unwrap_or_default())
+    }
+}
 
 /// One envelope: `flags`, the length, `payload`.
 pub fn envelope(flags: u8, payload: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(PREFIX + payload.len());
-    out.push(flags);
-    // A payload over 4 GiB is never made here (messages are JSON of bounded chunks).
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(payload);
-    Bytes::from(out)
+    Envelope {
+        flags,
+        data: Bytes::copy_from_slice(payload),
+    }
+    .encode()
 }
 
 /// A message envelope of `msg` as JSON.
 pub fn message<T: Serialize>(msg: &T) -> Bytes {
-    envelope(
-        0,
-        &serde_json::to_vec(msg).unwrap_or_else(|_| b"{}".to_vec()),
-    )
+    Envelope::data(Bytes::from(
+        serde_json::to_vec(msg).unwrap_or_else(|_| b"{}".to_vec()),
+    ))
+    .encode()
 }
 
 /// The end-of-stream envelope: `{}`, or `{"error": ...}`.
@@ -59,71 +83,51 @@ pub fn end_stream(error: Option<&RpcError>) -> Bytes {
         None => serde_json::json!({}),
         Some(e) => serde_json::json!({ "error": e.json() }),
     };
-    envelope(FLAG_END_STREAM, v.to_string().as_bytes())
+    Envelope::end_stream(Bytes::from(v.to_string())).encode()
 }
 
-/// The one message envelope of a server-streaming request's body: its payload. Errors
-/// (`invalid_argument`) for a short or long body, a length past its end, more than one
-/// envelope or an end-of-stream flag; `unimplemented` for a compressed one.
-pub fn single_envelope(body: &[u8]) -> RpcResult<&[u8]> {
+/// The one message envelope of a server-streaming request's body (its flags: data or
+/// compressed). Errors (`invalid_argument`) for a short body, a length past its end, more
+/// than one envelope or an end-of-stream flag; `resource_exhausted` past [`MAX_MESSAGE`].
+pub fn single_envelope(body: &[u8]) -> RpcResult<Envelope> {
     if body.len() < PREFIX {
         return Err(RpcError::invalid(format!(
             "request body of {} bytes: shorter than an envelope's prefix",
             body.len()
         )));
     }
-    let flags = body[0];
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    if flags & FLAG_COMPRESSED != 0 {
-        return Err(RpcError::unimplemented(
-            "compressed messages are not served",
-        ));
-    }
-    if flags != 0 {
+    let mut buf = BytesMut::from(body);
+    let Some(env) = Envelope::decode_with_limit(&mut buf, MAX_MESSAGE)? else {
         return Err(RpcError::invalid(format!(
-            "request envelope flags {flags:#04x}: expected a message (0)"
+            "request envelope of {} bytes, {} sent",
+            u32::from_be_bytes([body[1], body[2], body[3], body[4]]),
+            body.len() - PREFIX
         )));
-    }
-    let rest = &body[PREFIX..];
-    if rest.len() < len {
-        return Err(RpcError::invalid(format!(
-            "request envelope of {len} bytes, {} sent",
-            rest.len()
-        )));
-    }
-    if rest.len() > len {
+    };
+    if !buf.is_empty() {
         return Err(RpcError::invalid(
             "more than one request envelope: the RPC takes one message",
         ));
     }
-    Ok(rest)
-}
-
-fn content_type(headers: &HeaderMap) -> String {
-    headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default()
-}
-
-fn check_encoding(headers: &HeaderMap) -> RpcResult<()> {
-    for h in ["content-encoding", "connect-content-encoding"] {
-        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
-            if !v.eq_ignore_ascii_case("identity") {
-                return Err(RpcError::unimplemented(format!(
-                    "{h}: {v} is not served (identity only)"
-                )));
-            }
-        }
+    if env.flags & !FLAG_COMPRESSED != 0 {
+        return Err(RpcError::invalid(format!(
+            "request envelope flags {:#04x}: expected a message",
+            env.flags
+        )));
     }
-    Ok(())
+    Ok(env)
+}
+
+/// The request's codec, by its content type (the crate's detection).
+fn detect(headers: &HeaderMap) -> Option<RequestProtocol> {
+    Protocol::detect(headers).filter(|p| p.protocol == Protocol::Connect)
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 fn decode<T: DeserializeOwned>(json: &[u8]) -> RpcResult<T> {
@@ -135,33 +139,59 @@ fn decode<T: DeserializeOwned>(json: &[u8]) -> RpcResult<T> {
     serde_json::from_slice(json).map_err(|e| RpcError::invalid(format!("invalid message: {e}")))
 }
 
-/// A unary request's message (`application/json`).
+/// `data` decompressed by `encoding` (none: identity), within [`MAX_MESSAGE`];
+/// `unimplemented` for an encoding other than gzip.
+fn decompress(encoding: Option<&str>, data: Bytes) -> RpcResult<Bytes> {
+    let encoding = encoding.unwrap_or("identity").to_ascii_lowercase();
+    Ok(COMPRESSION.decompress_with_limit(&encoding, data, MAX_MESSAGE)?)
+}
+
+fn wrong_type(headers: &HeaderMap, want: &str) -> RpcError {
+    let got = header(headers, "content-type").unwrap_or("");
+    RpcError::new(
+        Code::InvalidArgument,
+        format!("content type {got:?}: expected {want}"),
+    )
+}
+
+/// A unary request's message (`application/json`, gzip or not).
 pub fn unary_request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> RpcResult<T> {
-    check_encoding(headers)?;
-    match content_type(headers).as_str() {
-        UNARY_JSON => decode(body),
-        "application/proto" => Err(RpcError::unimplemented(
+    match detect(headers) {
+        Some(p) if !p.is_streaming && p.codec_format == CodecFormat::Json => {
+            let body = decompress(
+                header(headers, "content-encoding"),
+                Bytes::copy_from_slice(body),
+            )?;
+            decode(&body)
+        }
+        Some(p) if !p.is_streaming => Err(RpcError::unimplemented(
             "the binary protobuf codec is not served: use JSON (application/json)",
         )),
-        other => Err(RpcError::new(
-            Code::InvalidArgument,
-            format!("content type {other:?}: expected {UNARY_JSON}"),
-        )),
+        _ => Err(wrong_type(headers, UNARY_JSON)),
     }
 }
 
 /// A server-streaming request's message (`application/connect+json`, one envelope).
 pub fn stream_request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> RpcResult<T> {
-    check_encoding(headers)?;
-    match content_type(headers).as_str() {
-        STREAM_JSON => decode(single_envelope(body)?),
-        "application/connect+proto" => Err(RpcError::unimplemented(
+    match detect(headers) {
+        Some(p) if p.is_streaming && p.codec_format == CodecFormat::Json => {
+            let env = single_envelope(body)?;
+            let data = if env.is_compressed() {
+                let Some(enc) = header(headers, "connect-content-encoding") else {
+                    return Err(RpcError::invalid(
+                        "a compressed envelope without Connect-Content-Encoding",
+                    ));
+                };
+                decompress(Some(enc), env.data)?
+            } else {
+                env.data
+            };
+            decode(&data)
+        }
+        Some(p) if p.is_streaming => Err(RpcError::unimplemented(
             "the binary protobuf codec is not served: use JSON (application/connect+json)",
         )),
-        other => Err(RpcError::new(
-            Code::InvalidArgument,
-            format!("content type {other:?}: expected {STREAM_JSON}"),
-        )),
+        _ => Err(wrong_type(headers, STREAM_JSON)),
     }
 }
 
@@ -215,45 +245,33 @@ pub fn stream_error(error: &RpcError) -> Response {
 mod tests {
     use super::*;
 
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        COMPRESSION.compress("gzip", data).unwrap().to_vec()
+    }
+
     #[test]
     fn envelopes_round_trip() {
         let e = envelope(0, br#"{"a":1}"#);
         assert_eq!(&e[..PREFIX], &[0, 0, 0, 0, 7]);
-        assert_eq!(single_envelope(&e).unwrap(), br#"{"a":1}"#);
+        assert_eq!(&single_envelope(&e).unwrap().data[..], br#"{"a":1}"#);
     }
 
     #[test]
     fn bad_envelopes_are_refused() {
-        assert_eq!(
-            single_envelope(&[0, 0, 0]).unwrap_err().code,
-            Code::InvalidArgument
-        );
+        let code = |b: &[u8]| single_envelope(b).unwrap_err().code;
+        assert_eq!(code(&[0, 0, 0]), Code::InvalidArgument);
         // Length past the end.
-        assert_eq!(
-            single_envelope(&[0, 0, 0, 0, 9, b'{', b'}'])
-                .unwrap_err()
-                .code,
-            Code::InvalidArgument
-        );
+        assert_eq!(code(&[0, 0, 0, 0, 9, b'{', b'}']), Code::InvalidArgument);
         // Two envelopes.
         let mut two = envelope(0, b"{}").to_vec();
         two.extend_from_slice(&envelope(0, b"{}"));
+        assert_eq!(code(&two), Code::InvalidArgument);
         assert_eq!(
-            single_envelope(&two).unwrap_err().code,
+            code(&envelope(FLAG_END_STREAM, b"{}")),
             Code::InvalidArgument
         );
-        assert_eq!(
-            single_envelope(&envelope(FLAG_COMPRESSED, b"x"))
-                .unwrap_err()
-                .code,
-            Code::Unimplemented
-        );
-        assert_eq!(
-            single_envelope(&envelope(FLAG_END_STREAM, b"{}"))
-                .unwrap_err()
-                .code,
-            Code::InvalidArgument
-        );
+        // A declared length past the limit: refused before it is read.
+        assert_eq!(code(&[0, 0xff, 0xff, 0xff, 0xff]), Code::ResourceExhausted);
     }
 
     #[test]
@@ -267,13 +285,14 @@ mod tests {
         assert_eq!(v["error"]["message"], "gone");
     }
 
+    #[derive(serde::Deserialize)]
+    struct M {
+        #[serde(default)]
+        path: String,
+    }
+
     #[test]
     fn requests_need_the_json_codec() {
-        #[derive(serde::Deserialize)]
-        struct M {
-            #[serde(default)]
-            path: String,
-        }
         let mut h = HeaderMap::new();
         h.insert("content-type", "application/json".parse().unwrap());
         let m: M = unary_request(&h, br#"{"path":"/x"}"#).unwrap();
@@ -285,16 +304,44 @@ mod tests {
             unary_request::<M>(&h, b"").err().unwrap().code,
             Code::Unimplemented
         );
+        h.insert("content-type", "text/plain".parse().unwrap());
+        assert_eq!(
+            unary_request::<M>(&h, b"{}").err().unwrap().code,
+            Code::InvalidArgument
+        );
         h.insert("content-type", "application/connect+json".parse().unwrap());
         let m: M = stream_request(&h, &envelope(0, br#"{"path":"/y"}"#)).unwrap();
         assert_eq!(m.path, "/y");
-        h.insert("connect-content-encoding", "gzip".parse().unwrap());
+    }
+
+    #[test]
+    fn gzip_requests_are_decompressed_and_other_encodings_refused() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("content-encoding", "gzip".parse().unwrap());
+        let m: M = unary_request(&h, &gzip(br#"{"path":"/z"}"#)).unwrap();
+        assert_eq!(m.path, "/z");
+        h.insert("content-encoding", "br".parse().unwrap());
         assert_eq!(
-            stream_request::<M>(&h, &envelope(0, b"{}"))
-                .err()
-                .unwrap()
-                .code,
+            unary_request::<M>(&h, b"{}").err().unwrap().code,
             Code::Unimplemented
+        );
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/connect+json".parse().unwrap());
+        let body = envelope(FLAG_COMPRESSED, &gzip(br#"{"path":"/w"}"#));
+        // Flagged compressed with no encoding named: a protocol error.
+        assert_eq!(
+            stream_request::<M>(&h, &body).err().unwrap().code,
+            Code::InvalidArgument
+        );
+        h.insert("connect-content-encoding", "gzip".parse().unwrap());
+        let m: M = stream_request(&h, &body).unwrap();
+        assert_eq!(m.path, "/w");
+        // A gzip bomb stops at the limit.
+        let bomb = envelope(FLAG_COMPRESSED, &gzip(&vec![b' '; MAX_MESSAGE + 1]));
+        assert_eq!(
+            stream_request::<M>(&h, &bomb).err().unwrap().code,
+            Code::ResourceExhausted
         );
     }
 }

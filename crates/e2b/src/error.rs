@@ -52,75 +52,22 @@ impl IntoResponse for E2bError {
 
 pub type E2bResult<T> = Result<T, E2bError>;
 
-/// A Connect error code (the wire names of the Connect protocol).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    Canceled,
-    Unknown,
-    InvalidArgument,
-    DeadlineExceeded,
-    NotFound,
-    AlreadyExists,
-    PermissionDenied,
-    ResourceExhausted,
-    FailedPrecondition,
-    Unimplemented,
-    Internal,
-    Unavailable,
-    Unauthenticated,
-}
+/// A Connect error code (the `connectrpc` crate's: its wire names and HTTP statuses).
+pub use connectrpc::error::ErrorCode as Code;
 
-impl Code {
-    /// Its wire name (`"not_found"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::Canceled => "canceled",
-            Code::Unknown => "unknown",
-            Code::InvalidArgument => "invalid_argument",
-            Code::DeadlineExceeded => "deadline_exceeded",
-            Code::NotFound => "not_found",
-            Code::AlreadyExists => "already_exists",
-            Code::PermissionDenied => "permission_denied",
-            Code::ResourceExhausted => "resource_exhausted",
-            Code::FailedPrecondition => "failed_precondition",
-            Code::Unimplemented => "unimplemented",
-            Code::Internal => "internal",
-            Code::Unavailable => "unavailable",
-            Code::Unauthenticated => "unauthenticated",
-        }
-    }
-
-    /// The HTTP status of a unary error with this code (the Connect protocol's table).
-    pub fn http_status(self) -> StatusCode {
-        match self {
-            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Code::Unknown | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
-            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-            Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AlreadyExists => StatusCode::CONFLICT,
-            Code::PermissionDenied => StatusCode::FORBIDDEN,
-            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        }
-    }
-
-    /// The code of an HTTP error status.
-    pub fn of_status(status: StatusCode) -> Code {
-        match status.as_u16() {
-            400 | 415 => Code::InvalidArgument,
-            401 => Code::Unauthenticated,
-            403 => Code::PermissionDenied,
-            404 => Code::NotFound,
-            409 => Code::AlreadyExists,
-            413 | 429 | 507 => Code::ResourceExhausted,
-            501 => Code::Unimplemented,
-            502 | 503 => Code::Unavailable,
-            504 => Code::DeadlineExceeded,
-            _ => Code::Internal,
-        }
+/// The Connect code of an HTTP error status of the OpenSandbox front end.
+pub fn code_of_status(status: StatusCode) -> Code {
+    match status.as_u16() {
+        400 | 415 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        413 | 429 | 507 => Code::ResourceExhausted,
+        501 => Code::Unimplemented,
+        502 | 503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
     }
 }
 
@@ -148,7 +95,14 @@ impl RpcError {
 
     /// Its JSON (`{"code","message"}`), as a unary error body and in a stream's end.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({"code": self.code.as_str(), "message": self.message})
+        serde_json::to_value(self.connect()).unwrap_or_else(
+            |_| serde_json::json!({"code": self.code.as_str(), "message": self.message}),
+        )
+    }
+
+    /// As the `connectrpc` crate's error (whose serialization is the Connect error JSON).
+    pub fn connect(&self) -> connectrpc::error::ConnectError {
+        connectrpc::error::ConnectError::new(self.code, self.message.clone())
     }
 }
 
@@ -158,7 +112,7 @@ impl From<ApiError> for RpcError {
         let code = if e.status == StatusCode::CONFLICT && e.code != "INVALID_FILE" {
             Code::FailedPrecondition
         } else {
-            Code::of_status(e.status)
+            code_of_status(e.status)
         };
         RpcError::new(code, e.message)
     }
@@ -166,7 +120,7 @@ impl From<ApiError> for RpcError {
 
 impl From<E2bError> for RpcError {
     fn from(e: E2bError) -> Self {
-        RpcError::new(Code::of_status(e.status), e.message)
+        RpcError::new(code_of_status(e.status), e.message)
     }
 }
 
