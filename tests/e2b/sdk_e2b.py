@@ -137,6 +137,21 @@ def sync_flow():
             raise AssertionError("read a missing file")
         except NotFoundException:
             pass
+        # A gzip upload (the SDK's gzip=True: octet-stream, Content-Encoding: gzip).
+        text = "zipped line\n" * 5000
+        sbx.files.write("/tmp/gz/big.txt", text, gzip=True)
+        check(sbx.files.read("/tmp/gz/big.txt") == text, "gzip upload read back")
+        check(sbx.commands.run("wc -c < /tmp/gz/big.txt").stdout.strip() == str(len(text)),
+              "gzip upload size inside")
+        envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token,
+                "Content-Type": "application/octet-stream"}
+        r = httpx.post(f"{BASE}/files", params={"path": "/tmp/gz/bad"}, content=b"not gzip",
+                       headers={**envd, "Content-Encoding": "gzip"})
+        check(r.status_code == 400 and "gzip" in r.json()["message"], f"bad gzip: {r.status_code} {r.text}")
+        check(not sbx.files.exists("/tmp/gz/bad"), "a bad gzip upload left a file")
+        r = httpx.post(f"{BASE}/files", params={"path": "/tmp/gz/br"}, content=b"x",
+                       headers={**envd, "Content-Encoding": "br"})
+        check(r.status_code == 400, f"br upload: {r.status_code}")
 
         # List by metadata.
         found = Sandbox.list(query=SandboxQuery(metadata={"suite": nonce})).next_items()
@@ -154,6 +169,28 @@ def sync_flow():
         raise AssertionError("info of a killed sandbox")
     except NotFoundException:
         pass
+
+
+def list_pages():
+    """Sandbox.list: a metadata filter over several sandboxes, paged by `limit` and the
+    paginator's next token."""
+    nonce = uuid.uuid4().hex[:8]
+    made = [Sandbox.create(timeout=120, metadata={"pages": nonce, "i": str(i)}) for i in range(3)]
+    try:
+        p = Sandbox.list(query=SandboxQuery(metadata={"pages": nonce}), limit=2)
+        first = p.next_items()
+        check(len(first) == 2 and p.has_next, f"first page {first} next {p.has_next}")
+        second = p.next_items()
+        check(len(second) == 1 and not p.has_next, f"second page {second} next {p.has_next}")
+        ids = [s.sandbox_id for s in first + second]
+        check(sorted(ids) == sorted(s.sandbox_id for s in made), f"pages {ids}")
+        # Oldest first: the order they were made.
+        check(ids == [s.sandbox_id for s in made], f"order {ids}")
+        one = Sandbox.list(query=SandboxQuery(metadata={"pages": nonce, "i": "1"})).next_items()
+        check([s.sandbox_id for s in one] == [made[1].sandbox_id], f"two keys {one}")
+    finally:
+        for s in made:
+            s.kill()
 
 
 def pause_connect():
@@ -437,8 +474,99 @@ def escape():
         sbx.kill()
 
 
+def watch():
+    """files.watch_dir: the sync SDK's polled watcher (CreateWatcher, GetWatcherEvents,
+    RemoveWatcher), recursive, errors; the async SDK's stream (WatchDir)."""
+    import asyncio
+
+    from e2b import AsyncSandbox, FilesystemEventType as T
+
+    def collect(h, want, what):
+        got = []
+
+        def done():
+            got.extend((e.type, e.name) for e in h.get_new_events())
+            return all(w in got for w in want)
+        wait_until(f"{what}: {want} (got {got})", 30, done)
+        return got
+
+    sbx = Sandbox.create(timeout=120)
+    other = Sandbox.create(timeout=120)
+    try:
+        check(sbx.files.make_dir("/tmp/w"), "make_dir")
+        h = sbx.files.watch_dir("/tmp/w")
+        sbx.files.write("/tmp/w/a.txt", "x")
+        r = sbx.commands.run("echo more >> /tmp/w/a.txt && chmod 600 /tmp/w/a.txt && "
+                             "mv /tmp/w/a.txt /tmp/w/b.txt && rm /tmp/w/b.txt")
+        check(r.exit_code == 0, f"changes: {r.stderr}")
+        got = collect(h, [(T.CREATE, "a.txt"), (T.WRITE, "a.txt"), (T.CHMOD, "a.txt"),
+                          (T.RENAME, "a.txt"), (T.CREATE, "b.txt"), (T.REMOVE, "b.txt")], "events")
+        check(got.index((T.CREATE, "a.txt")) < got.index((T.REMOVE, "b.txt")), f"order {got}")
+        # Outside the watched directory: nothing.
+        sbx.files.write("/tmp/elsewhere.txt", "x")
+        sbx.files.write("/tmp/w/marker", "x")
+        got = collect(h, [(T.CREATE, "marker")], "marker")
+        check(not any("elsewhere" in n for _, n in got), f"an event from outside: {got}")
+        # Another sandbox cannot read or remove this watcher.
+        envd = {"E2b-Sandbox-Id": other.sandbox_id, "X-Access-Token": other._envd_access_token}
+        for rpc in ("GetWatcherEvents", "RemoveWatcher"):
+            r = httpx.post(f"{BASE}/filesystem.Filesystem/{rpc}", json={"watcherId": h._watcher_id},
+                           headers=envd)
+            check(r.status_code == 404 and r.json()["code"] == "not_found",
+                  f"{rpc} from another sandbox: {r.status_code} {r.text}")
+        h.stop()
+        try:
+            h.get_new_events()
+            raise AssertionError("events of a stopped watcher")
+        except SandboxException:
+            pass
+        own = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+        r = httpx.post(f"{BASE}/filesystem.Filesystem/GetWatcherEvents",
+                       json={"watcherId": h._watcher_id}, headers=own)
+        check(r.status_code == 404, f"a removed watcher: {r.status_code} {r.text}")
+        # Recursive: directories below, and those made later.
+        sbx.commands.run("mkdir -p /tmp/w/old")
+        h = sbx.files.watch_dir("/tmp/w", recursive=True)
+        sbx.files.write("/tmp/w/old/in-old.txt", "x")
+        sbx.files.make_dir("/tmp/w/new")
+        collect(h, [(T.CREATE, "old/in-old.txt"), (T.CREATE, "new")], "recursive")
+        sbx.files.write("/tmp/w/new/in-new.txt", "x")
+        collect(h, [(T.CREATE, "new/in-new.txt")], "a directory made after the start")
+        h.stop()
+        # Errors: no such directory, a file.
+        for p, exc in (("/tmp/none", NotFoundException), ("/tmp/w/marker", SandboxException)):
+            try:
+                sbx.files.watch_dir(p)
+                raise AssertionError(f"watched {p}")
+            except exc:
+                pass
+        sandbox_id = sbx.sandbox_id
+    finally:
+        sbx.kill()
+        other.kill()
+
+    async def main():
+        a = await AsyncSandbox.create(timeout=120)
+        try:
+            await a.files.make_dir("/tmp/aw")
+            seen = []
+            h = await a.files.watch_dir("/tmp/aw", on_event=lambda e: seen.append((e.type, e.name)))
+            await a.files.write("/tmp/aw/x.txt", "x")
+            await a.commands.run("rm /tmp/aw/x.txt")
+            deadline = time.time() + 30
+            while not ((T.CREATE, "x.txt") in seen and (T.REMOVE, "x.txt") in seen):
+                check(time.time() < deadline, f"async events: {seen}")
+                await asyncio.sleep(0.1)
+            await h.stop()
+        finally:
+            await a.kill()
+
+    asyncio.run(main())
+    check(sandbox_id, "ran")
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
-                                     escape)}
+                                     escape, watch, list_pages)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -12,7 +12,9 @@
 //! write/read/list/ make_dir/rename/remove; list by metadata; kill), the async flow (commands,
 //! files, `run_code`, list), pause and `connect` (resume), `set_timeout` expiry, `run_code`
 //! (state across calls, stderr, an exception's name/value/traceback, contexts, another language
-//! refused), and the API key / envd token checks with bad input to the routes.
+//! refused), the API key / envd token checks with bad input to the routes, `files.watch_dir`
+//! (sync polled watchers, recursive, the async stream), `Sandbox.list` pages and the file
+//! API's escape attempts; gzip uploads in the sync flow.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -133,4 +135,14 @@ fn file_api_paths_never_leave_the_sandbox() {
         );
     }
     stop_clean(d);
+}
+
+#[test]
+fn files_watch_dir_reports_changes() {
+    run_scenario("watch");
+}
+
+#[test]
+fn list_filters_by_metadata_and_pages() {
+    run_scenario("list_pages");
 }

@@ -129,16 +129,20 @@ async fn upload(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_ascii_lowercase();
-    if let Some(enc) = req
+    let gzip = match req
         .headers()
         .get("content-encoding")
-        .and_then(|v| v.to_str().ok())
-        .filter(|e| !e.eq_ignore_ascii_case("identity"))
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
     {
-        return Err(E2bError::bad_request(format!(
-            "Content-Encoding {enc} is not served: upload uncompressed"
-        )));
-    }
+        None => false,
+        Some(e) if e == "identity" || e.is_empty() => false,
+        Some(e) if e == "gzip" => true,
+        Some(e) => {
+            return Err(E2bError::bad_request(format!(
+                "Content-Encoding {e} is not served: upload uncompressed or gzip"
+            )))
+        }
+    };
     let limit = server.limits.max_upload;
     if ctype.starts_with("application/octet-stream") {
         let path = path.ok_or_else(|| E2bError::bad_request("missing query parameter path"))?;
@@ -147,8 +151,13 @@ async fn upload(
             .into_body()
             .into_data_stream()
             .map(|c| c.map_err(|e| E2bError::bad_request(format!("request body: {e}"))));
-        write_file(&rec, &abs, r, &mut chunks, limit).await?;
+        write_file(&rec, &abs, r, &mut chunks, limit, gzip).await?;
         return Ok(Json(json!([written(&abs)])));
+    }
+    if gzip {
+        return Err(E2bError::bad_request(
+            "Content-Encoding gzip is served for application/octet-stream uploads only",
+        ));
     }
     if !ctype.starts_with("multipart/form-data") {
         return Err(E2bError::new(
@@ -194,7 +203,7 @@ async fn upload(
             next.transpose().map(|c| (c, f))
         });
         let mut chunks = Box::pin(chunks);
-        write_file(&rec, &abs, r, &mut chunks, limit).await?;
+        write_file(&rec, &abs, r, &mut chunks, limit, false).await?;
         out.push(written(&abs));
     }
     if out.is_empty() {
@@ -210,14 +219,16 @@ fn too_large(limit: u64) -> E2bError {
     )
 }
 
-/// Writes the chunks of `chunks` to `r` in the sandbox (shown as `abs`): into a hidden name
-/// next to it, renamed over it once complete (removed on any error); parents are made.
+/// Writes the chunks of `chunks` (gzip-compressed if `gzip`) to `r` in the sandbox (shown as
+/// `abs`): into a hidden name next to it, renamed over it once complete (removed on any
+/// error); parents are made. At most `limit` bytes are written (and, compressed, read).
 async fn write_file(
     rec: &Record,
     abs: &str,
     r: PathBuf,
     chunks: &mut (impl futures_util::Stream<Item = E2bResult<Bytes>> + Unpin),
     limit: u64,
+    gzip: bool,
 ) -> E2bResult<()> {
     let partial = upload_name(&r)?;
     let (p2, r2, shown) = (partial.clone(), r.clone(), abs.to_owned());
@@ -228,7 +239,29 @@ async fn write_file(
         fs.create_file(&p2, 0o644).map_err(|e| errno(e, &shown))
     })
     .await?;
-    let result = copy(file, chunks, abs, limit).await;
+    let file = Limited {
+        inner: file,
+        left: limit,
+    };
+    let result = if gzip {
+        match copy(
+            flate2::write::GzDecoder::new(file),
+            chunks,
+            abs,
+            limit,
+            true,
+        )
+        .await
+        {
+            Ok(mut w) => tokio::task::spawn_blocking(move || w.try_finish())
+                .await
+                .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+                .and_then(|r| r.map_err(|e| write_error(e, abs, limit, true))),
+            Err(e) => Err(e),
+        }
+    } else {
+        copy(file, chunks, abs, limit, false).await.map(drop)
+    };
     let shown = abs.to_owned();
     let done = with_fs(rec, move |fs| {
         let moved = result
@@ -243,12 +276,48 @@ async fn write_file(
     done.map_err(E2bError::from)
 }
 
-async fn copy(
-    mut file: std::fs::File,
+/// A writer that takes at most `left` more bytes (then fails with `FileTooLarge`).
+struct Limited<W> {
+    inner: W,
+    left: u64,
+}
+
+impl<W: Write> Write for Limited<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
+        let n = self.inner.write(buf)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The error of writing an upload: too large past `limit`; the file system's own errors;
+/// for a gzip one (`gzip`), anything else is its data.
+fn write_error(e: std::io::Error, abs: &str, limit: u64, gzip: bool) -> E2bError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::FileTooLarge => too_large(limit),
+        K::StorageFull | K::QuotaExceeded | K::PermissionDenied | K::ReadOnlyFilesystem => {
+            E2bError::from(io_error(e, abs))
+        }
+        _ if gzip => E2bError::bad_request(format!("{abs}: the upload is not valid gzip: {e}")),
+        _ => E2bError::from(io_error(e, abs)),
+    }
+}
+
+/// Writes `chunks` to `file` (counting what is read against `limit`); gives the writer back.
+async fn copy<W: Write + Send + 'static>(
+    mut file: W,
     chunks: &mut (impl futures_util::Stream<Item = E2bResult<Bytes>> + Unpin),
     abs: &str,
     limit: u64,
-) -> E2bResult<()> {
+    gzip: bool,
+) -> E2bResult<W> {
     let mut size = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
@@ -263,9 +332,9 @@ async fn copy(
         .await
         .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         file = f;
-        res.map_err(|e| E2bError::from(io_error(e, abs)))?;
+        res.map_err(|e| write_error(e, abs, limit, gzip))?;
     }
-    Ok(())
+    Ok(file)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! envd's `filesystem.Filesystem` service: `Stat`, `ListDir` (to a depth), `MakeDir`
 //! (`already_exists` for a directory already there, as the SDK's `make_dir` expects), `Move`
-//! and `Remove`. Watching (`WatchDir`, `CreateWatcher`, ...) answers `unimplemented`.
+//! and `Remove`. Watching (`WatchDir`, `CreateWatcher`, ...) is [`crate::watch`]'s.
 //!
 //! Every path is resolved inside the sandbox by the OpenSandbox front end's file machinery
 //! ([`agentrun_opensandbox::files::with_fs`], over [`agentrun_runtime::fsroot`]), with the
@@ -16,7 +16,7 @@ use agentrun_opensandbox::{ApiError, Record, Server};
 use agentrun_runtime::fsroot::{sandbox_id, Entry, SandboxFs};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Extension, Router};
 use chrono::{TimeZone, Utc};
@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::connect;
-use crate::error::{Code, RpcError, RpcResult};
+use crate::error::{RpcError, RpcResult};
 
 /// Deepest `ListDir`.
 const MAX_DEPTH: usize = 64;
@@ -42,16 +42,6 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route(
-            "/filesystem.Filesystem/WatchDir",
-            post(unimplemented_stream),
-        )
-        .route("/filesystem.Filesystem/CreateWatcher", post(unimplemented))
-        .route(
-            "/filesystem.Filesystem/GetWatcherEvents",
-            post(unimplemented),
-        )
-        .route("/filesystem.Filesystem/RemoveWatcher", post(unimplemented))
         .route_layer(axum::middleware::from_fn_with_state(
             server.clone(),
             crate::auth::require_access_token_rpc,
@@ -258,17 +248,6 @@ async fn fs_call<T: Send + 'static>(
     f: impl FnOnce(&SandboxFs) -> Result<T, ApiError> + Send + 'static,
 ) -> RpcResult<T> {
     with_fs(rec, f).await.map_err(RpcError::from)
-}
-
-async fn unimplemented_stream() -> Response {
-    connect::stream_error(&RpcError::new(
-        Code::Unimplemented,
-        "watching directories is not served by agentrun's envd yet",
-    ))
-}
-
-async fn unimplemented() -> Response {
-    RpcError::unimplemented("watchers are not served by agentrun's envd yet").into_response()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! it when `sandbox_url` is set:
 //! - [`control`]: the control plane (`/v2/sandboxes`, `/sandboxes/{id}`, `.../timeout`),
 //!   behind `X-API-Key` (the daemon's API key, [`auth`]).
-//! - [`process`] and [`filesystem`]: envd's Connect-RPC services (`/process.Process/...`,
+//! - [`process`], [`filesystem`] and [`watch`]: envd's Connect-RPC services (`/process.Process/...`,
 //!   `/filesystem.Filesystem/...`) in the JSON codec the SDK speaks, framed by [`connect`].
 //! - [`files`]: envd's HTTP `/files` (download and upload) and `/health`.
 //! - [`code`]: the code interpreter's `/execute` (NDJSON stream).
@@ -29,6 +29,7 @@ pub mod error;
 pub mod files;
 pub mod filesystem;
 pub mod process;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -59,6 +60,10 @@ pub fn router(server: Arc<Server>) -> axum::Router {
             Arc::new(process::Processes::default()),
         ))
         .merge(filesystem::routes(server.clone()))
+        .merge(watch::routes(
+            server.clone(),
+            Arc::new(watch::Watchers::default()),
+        ))
         .merge(files::routes(server.clone()))
         .merge(code::routes(server.clone()))
         .fallback(|uri: axum::http::Uri| async move {

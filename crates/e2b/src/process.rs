@@ -250,7 +250,7 @@ fn event(ev: serde_json::Value) -> Bytes {
 
 /// The client's keep-alive interval (`Keepalive-Ping-Interval`, seconds) and deadline
 /// (`Connect-Timeout-Ms`).
-fn stream_params(headers: &HeaderMap) -> (Duration, Option<Duration>) {
+pub(crate) fn stream_params(headers: &HeaderMap) -> (Duration, Option<Duration>) {
     let num = |h: &str| {
         headers
             .get(h)
