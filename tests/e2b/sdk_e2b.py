@@ -251,6 +251,29 @@ def code():
         import base64
         check(base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n", "a PNG")
         check("png" in e.results[0].formats(), f"formats {e.results[0].formats()}")
+        # Rich forms of the last expression: a DataFrame's HTML table; markdown and JSON of an
+        # object's _repr_*_; a _repr_html_ that raises leaves the text.
+        e = sbx.run_code("import pandas as pd\npd.DataFrame({'col': [1, 2]})")
+        check(e.error is None and len(e.results) == 1, f"dataframe {e.error} {e.results}")
+        r = e.results[0]
+        check(r.is_main_result and r.html and "<table" in r.html and "col" in r.text,
+              f"dataframe result {r}")
+        check("html" in r.formats(), f"formats {r.formats()}")
+        e = sbx.run_code(
+            "class R:\n"
+            "    def _repr_markdown_(self): return '**bold**'\n"
+            "    def _repr_json_(self): return {'k': 1}\n"
+            "    def __repr__(self): return 'R()'\n"
+            "class Bad:\n"
+            "    def _repr_html_(self): raise ValueError('no')\n"
+            "    def __repr__(self): return 'Bad()'\n"
+            "R()")
+        r = e.results[0]
+        check(r.is_main_result and r.markdown == "**bold**" and r.json == {"k": 1}
+              and r.text == "R()", f"markdown/json result {r}")
+        e = sbx.run_code("Bad()")
+        r = e.results[0]
+        check(r.text == "Bad()" and not r.html, f"a raising _repr_html_: {r}")
         ctx = sbx.create_code_context()
         e = sbx.run_code("x", context=ctx)
         check(e.error is not None and e.error.name == "NameError", f"own context: {e.error}")

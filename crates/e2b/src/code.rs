@@ -140,6 +140,11 @@ async fn execute(
                     json!({"type": "result", "text": t, "is_main_result": true})
                 }
                 CodeEvent::Display(bundle) => display_result(&bundle),
+                CodeEvent::RichResult(bundle) => {
+                    let mut r = display_result(&bundle);
+                    r["is_main_result"] = json!(true);
+                    r
+                }
                 CodeEvent::Done => break,
                 CodeEvent::Error(e) => {
                     let _ = tx
@@ -168,7 +173,8 @@ async fn execute(
 }
 
 /// A display bundle (a chart) as E2B's `result` of a display call: a field per MIME type
-/// (`image/png` -> `png`, `text/plain` -> `text`, ...), `is_main_result` false.
+/// (`image/png` -> `png`, `text/plain` -> `text`, ...), `is_main_result` false (a rich last
+/// expression's is made the main result by its caller).
 pub fn display_result(bundle: &serde_json::Map<String, Value>) -> Value {
     let mut out = json!({"type": "result", "is_main_result": false});
     for (mime, v) in bundle {

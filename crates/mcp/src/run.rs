@@ -225,8 +225,8 @@ pub async fn python(
             Some(CodeEvent::Stdout(l)) => push_line(&mut out, &l),
             Some(CodeEvent::Stderr(l)) => push_line(&mut err, &l),
             Some(CodeEvent::Result(r)) => push_line(&mut out, &r),
-            // A chart: its text form (the tool's answer is text).
-            Some(CodeEvent::Display(d)) => {
+            // A chart, a value with rich forms: its text form (the tool's answer is text).
+            Some(CodeEvent::Display(d) | CodeEvent::RichResult(d)) => {
                 if let Some(t) = d.get("text/plain").and_then(|t| t.as_str()) {
                     push_line(&mut out, t);
                 }

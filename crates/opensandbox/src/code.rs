@@ -346,8 +346,9 @@ async fn run(
                 CodeEvent::Stdout(text) => event("stdout", json!({"text": text})),
                 CodeEvent::Stderr(text) => event("stderr", json!({"text": text})),
                 CodeEvent::Result(text) => event("result", json!({"results": {"text": text}})),
-                // Rich output (a chart): its MIME bundle, with its text as `text`.
-                CodeEvent::Display(mut bundle) => {
+                // Rich output (a chart, a value with rich forms): its MIME bundle, with its
+                // text as `text`.
+                CodeEvent::Display(mut bundle) | CodeEvent::RichResult(mut bundle) => {
                     if let Some(t) = bundle.get("text/plain").cloned() {
                         bundle.insert("text".into(), t);
                     }

@@ -55,6 +55,9 @@ pub enum CodeEvent {
     /// Rich output (a matplotlib figure): a MIME bundle, `{"image/png": base64, "text/plain":
     /// repr}`.
     Display(serde_json::Map<String, serde_json::Value>),
+    /// The last expression's value with rich forms (`_repr_html_` and the like): its MIME
+    /// bundle, its `repr` as `"text/plain"`. Sent in place of [`CodeEvent::Result`].
+    RichResult(serde_json::Map<String, serde_json::Value>),
     /// The execution ended.
     Done,
     /// The execution raised, or the interpreter died (`DeadKernelError`). The last event.
@@ -154,12 +157,13 @@ impl PythonContext {
                                     display.push_str(&p);
                                 }
                             }
-                            Some(Display::End) => {
+                            Some(Display::End { main }) => {
                                 let bundle = std::mem::take(&mut display);
                                 let e = if std::mem::take(&mut display_dropped) {
                                     CodeEvent::Stderr(format!("agentrun: a display output larger than {MAX_DISPLAY} bytes was dropped"))
                                 } else {
                                     match serde_json::from_str(&bundle) {
+                                        Ok(serde_json::Value::Object(m)) if main => CodeEvent::RichResult(m),
                                         Ok(serde_json::Value::Object(m)) => CodeEvent::Display(m),
                                         _ => CodeEvent::Stderr("agentrun: a display output did not parse".into()),
                                     }
@@ -192,8 +196,8 @@ impl PythonContext {
 enum Display {
     /// A part of the bundle's JSON.
     Part(String),
-    /// The bundle is complete.
-    End,
+    /// The bundle is complete; `main`: the last expression's value (else a display).
+    End { main: bool },
 }
 
 /// A display line (`display_part`, `display`), if that is what `json` is.
@@ -205,7 +209,9 @@ fn display_line(json: &str) -> Option<Display> {
     let ev: serde_json::Value = serde_json::from_str(json).ok()?;
     match ev["t"].as_str()? {
         "display_part" => Some(Display::Part(ev["data"].as_str()?.to_string())),
-        "display" => Some(Display::End),
+        "display" => Some(Display::End {
+            main: ev["main"].as_bool().unwrap_or(false),
+        }),
         _ => None,
     }
 }
@@ -245,7 +251,14 @@ mod tests {
             display_line(r#"{"t": "display_part", "data": "{\"a"}"#),
             Some(Display::Part("{\"a".into()))
         );
-        assert_eq!(display_line(r#"{"t": "display"}"#), Some(Display::End));
+        assert_eq!(
+            display_line(r#"{"t": "display"}"#),
+            Some(Display::End { main: false })
+        );
+        assert_eq!(
+            display_line(r#"{"t": "display", "main": true}"#),
+            Some(Display::End { main: true })
+        );
         assert_eq!(display_line(r#"{"t": "stdout", "text": "display"}"#), None);
         assert_eq!(display_line(r#"{"t": "count", "n": 1}"#), None);
     }

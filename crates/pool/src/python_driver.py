@@ -9,6 +9,10 @@
 # not) is sent as a MIME bundle ({"image/png": base64, "text/plain": repr}) in
 # {"t":"display_part","data":chunk} lines (the bundle's JSON, cut so that no line is long)
 # then {"t":"display"}, and closed. matplotlib draws with Agg (MPLBACKEND, unless set).
+# A last expression whose value has rich forms (IPython's `_repr_html_`, `_repr_markdown_`,
+# `_repr_latex_`, `_repr_json_`, `_repr_svg_`, `_repr_png_`, `_repr_jpeg_`,
+# `_repr_mimebundle_`: a pandas DataFrame's HTML table) is sent the same way as a bundle with
+# its repr as "text/plain", ended by {"t":"display","main":true}, in place of its "result".
 # An interrupt (SIGINT) raises KeyboardInterrupt in the running execution only, from its
 # "count" event on (agentrun hands out the execution's id then); between executions it is
 # dropped, as a Jupyter kernel's idle interrupt, so no interrupt ever ends the driver.
@@ -119,6 +123,52 @@ def _driver():
                 emit(t="display_part", data=bundle[i:i + chunk])
             emit(t="display")
         plt.close("all")
+
+    def rich(value):
+        """The MIME bundle of `value`'s rich forms (IPython's _repr_*_ methods), with its repr
+        as text/plain; None when it has none. A method that raises is skipped."""
+        def get(name):
+            try:
+                return getattr(value, name, None)
+            except Exception:  # a __getattr__ of the value's that raises
+                return None
+
+        bundle = {}
+        if isinstance(value, type):
+            return None  # a class: its _repr_*_ are unbound functions
+        method = get("_repr_mimebundle_")
+        if callable(method):
+            try:
+                got = method()
+                got = got[0] if isinstance(got, tuple) else got
+                if isinstance(got, dict):
+                    bundle.update((k, v) for k, v in got.items() if isinstance(k, str))
+            except Exception:
+                pass
+        for mime, name in (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
+                           ("text/latex", "_repr_latex_"), ("application/json", "_repr_json_"),
+                           ("image/svg+xml", "_repr_svg_"), ("image/png", "_repr_png_"),
+                           ("image/jpeg", "_repr_jpeg_")):
+            method = get(name)
+            if mime in bundle or not callable(method):
+                continue
+            try:
+                got = method()
+            except Exception:
+                continue
+            got = got[0] if isinstance(got, tuple) else got
+            if isinstance(got, bytes):
+                got = base64.b64encode(got).decode("ascii")
+            if got is not None:
+                bundle[mime] = got
+        if not bundle:
+            return None
+        bundle["text/plain"] = repr(value)
+        try:
+            return json.dumps(bundle)
+        except (TypeError, ValueError):
+            return None  # a form JSON cannot carry: the repr alone
+
     env = {"__name__": "__main__", "__builtins__": __builtins__}
     count = 0
     for request in requests:
@@ -147,7 +197,13 @@ def _driver():
             err.end()
             figures(emit)
             if value is not None:
-                emit(t="result", text=repr(value))
+                bundle = rich(value)
+                if bundle is None:
+                    emit(t="result", text=repr(value))
+                else:
+                    for i in range(0, len(bundle), chunk):
+                        emit(t="display_part", data=bundle[i:i + chunk])
+                    emit(t="display", main=True)
             emit(t="done")
         except BaseException as e:  # SystemExit and KeyboardInterrupt (interrupt) included
             running = False
@@ -164,7 +220,7 @@ def _driver():
             running = False
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             out.emit = err.emit = None
-            value = tree = last = out = err = emit = code = frames = tb = None
+            value = tree = last = out = err = emit = code = frames = tb = bundle = None
 
 
 _driver()
