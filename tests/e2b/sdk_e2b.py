@@ -581,6 +581,17 @@ def watch():
                 check(time.time() < deadline, f"async events: {seen}")
                 await asyncio.sleep(0.1)
             await h.stop()
+            # A watch with no time limit ends with its sandbox: of its own directory, and of
+            # one bound from the host (/usr of the host image, whose inode outlives it).
+            ended = []
+            for d in ("/tmp/aw", "/usr/bin"):
+                await a.files.watch_dir(d, on_event=lambda e: None, on_exit=ended.append,
+                                        timeout=0)
+            await a.kill()
+            deadline = time.time() + 15
+            while len(ended) < 2:
+                check(time.time() < deadline, "a watch outlived its sandbox")
+                await asyncio.sleep(0.1)
         finally:
             await a.kill()
 

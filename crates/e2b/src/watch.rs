@@ -9,7 +9,9 @@
 //! Recursive watches add every directory below, and directories made later. Events follow
 //! envd's (fsnotify's) mapping: made or moved in = `CREATE`, written = `WRITE`, deleted =
 //! `REMOVE`, moved away = `RENAME`, attributes = `CHMOD`; an event's `name` is relative to the
-//! watched directory. A watch ends when its directory goes (or the sandbox does).
+//! watched directory. A watch ends when its directory goes or its sandbox ends; a polled
+//! watcher whose watch ended is dropped (at the next `CreateWatcher`) once its events were
+//! fetched or its sandbox is gone.
 //!
 //! Bounds: [`MAX_WATCHERS`] polled watchers per sandbox, [`MAX_DIRS`] directories per watch,
 //! [`MAX_PENDING`] events kept for a poll (older ones dropped first).
@@ -47,6 +49,8 @@ pub const MAX_WATCHERS: usize = 64;
 pub const MAX_DIRS: usize = 8192;
 /// Events a polled watcher keeps until the next poll.
 pub const MAX_PENDING: usize = 10_000;
+/// How often a watch checks that its sandbox still runs (it ends with it).
+const ALIVE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What a watch asks inotify for.
 fn mask() -> WatchFlags {
@@ -68,6 +72,8 @@ pub struct Watchers {
 /// A polled watcher: its sandbox and the events not yet fetched.
 struct Polled {
     sandbox: String,
+    /// the sandbox (not kept alive by its watchers)
+    rec: std::sync::Weak<Record>,
     pending: Arc<Mutex<VecDeque<Value>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -208,13 +214,21 @@ impl Watch {
         })
     }
 
-    /// Sends every event to `tx` until the watched directory goes or `tx` is closed.
+    /// Sends every event to `tx` until the watched directory goes, the sandbox ends (seen
+    /// within [`ALIVE_CHECK`]) or `tx` is closed.
     async fn run(mut self, tx: mpsc::Sender<Value>) {
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut alive = tokio::time::interval(ALIVE_CHECK);
         loop {
             let mut guard = tokio::select! {
                 g = self.fd.readable() => match g { Ok(g) => g, Err(_) => return },
                 _ = tx.closed() => return,
+                _ = alive.tick() => {
+                    if ended(&self.rec) {
+                        return;
+                    }
+                    continue;
+                }
             };
             let mut raw = Vec::new();
             {
@@ -277,6 +291,11 @@ impl Watch {
             self.dirs.insert(wd, name.to_owned());
         }
     }
+}
+
+/// Has the sandbox ended (deleted, expired, or its entrypoint exited)?
+fn ended(rec: &Record) -> bool {
+    rec.torn_down.load(std::sync::atomic::Ordering::SeqCst) || rec.check_running().is_err()
 }
 
 /// envd's event type of inotify's flags (fsnotify's mapping); `None` for what it ignores.
@@ -360,11 +379,15 @@ async fn create_watcher(
 ) -> RpcResult<Response> {
     let req: WatchRequest = connect::unary_request(&headers, &body)?;
     let sandbox = rec.id.clone();
+    let weak = Arc::downgrade(&rec);
     {
         let mut map = lock(&watchers.map);
-        // Watchers whose watch ended (its directory or sandbox gone) and whose events were
-        // fetched go.
-        map.retain(|_, w| !(w.task.is_finished() && lock(&w.pending).is_empty()));
+        // Watchers whose watch ended go once their events were fetched, or with their
+        // sandbox.
+        map.retain(|_, w| {
+            let gone = w.rec.upgrade().is_none_or(|r| ended(&r));
+            !(w.task.is_finished() && (gone || lock(&w.pending).is_empty()))
+        });
         if map.values().filter(|w| w.sandbox == sandbox).count() >= MAX_WATCHERS {
             return Err(RpcError::new(
                 Code::ResourceExhausted,
@@ -391,6 +414,7 @@ async fn create_watcher(
     });
     let polled = Arc::new(Polled {
         sandbox,
+        rec: weak,
         pending,
         task,
     });
