@@ -343,20 +343,38 @@ def auth():
             ("process.Process/SendInput", {"process": {"pid": 999999}, "input": {"stdin": "eA=="}}),
             ("process.Process/CloseStdin", {}),
             ("process.Process/Update", {}),
+            ("filesystem.Filesystem/CreateWatcher", {}),
+            ("filesystem.Filesystem/CreateWatcher", {"path": "/etc/hostname"}),
+            ("filesystem.Filesystem/CreateWatcher", {"path": "/no/such/dir"}),
+            ("filesystem.Filesystem/GetWatcherEvents", {"watcherId": "nope"}),
+            ("filesystem.Filesystem/RemoveWatcher", {}),
         ]:
             r = httpx.post(f"{BASE}/{rpc}", json=body, headers=envd)
             check(400 <= r.status_code < 500 or r.status_code == 501, f"{rpc} {body}: {r.status_code} {r.text}")
             check(isinstance(r.json().get("code"), str), f"{rpc}: not a Connect error: {r.text}")
+        # Compressed requests: gzip is taken, bad gzip data and other encodings are refused.
+        import gzip as gz
+        r = httpx.post(url, content=gz.compress(b'{"path": "/"}'),
+                       headers={**envd, "Content-Type": "application/json", "Content-Encoding": "gzip"})
+        check(r.status_code == 200 and r.json()["entry"]["path"] == "/", f"gzip unary: {r.text}")
+        for enc, body, code in (("gzip", b"not gzip", "invalid_argument"), ("br", b"{}", "unimplemented")):
+            r = httpx.post(url, content=body, headers={**envd, "Content-Type": "application/json",
+                                                       "Content-Encoding": enc})
+            check(400 <= r.status_code < 500 or r.status_code == 501, f"{enc}: {r.status_code} {r.text}")
+            check(r.json()["code"] == code, f"{enc}: {r.text}")
         # A streaming RPC: its errors end the stream (status 200, end-of-stream envelope).
         import struct
         bad_start = [b"", b"\x00\x00\x00\x00\x09{}", struct.pack(">BI", 0, 2) + b"{}",
-                     struct.pack(">BI", 1, 2) + b"{}"]
-        for body in bad_start:
-            r = httpx.post(f"{BASE}/process.Process/Start", content=body,
-                           headers={**envd, "Content-Type": "application/connect+json"})
-            check(r.status_code == 200 and r.content[:1] == b"\x02", f"Start {body!r}: {r.status_code} {r.content!r}")
-            err = json.loads(r.content[5:])["error"]
-            check(err["code"] in ("invalid_argument", "unimplemented"), f"Start {body!r}: {err}")
+                     struct.pack(">BI", 1, 2) + b"{}", struct.pack(">BI", 0, 0xFFFFFFFF)]
+        for rpc, bodies in (("process.Process/Start", bad_start),
+                            ("filesystem.Filesystem/WatchDir", bad_start)):
+            for body in bodies:
+                r = httpx.post(f"{BASE}/{rpc}", content=body,
+                               headers={**envd, "Content-Type": "application/connect+json"})
+                check(r.status_code == 200 and r.content[:1] == b"\x02", f"{rpc} {body!r}: {r.status_code} {r.content!r}")
+                err = json.loads(r.content[5:])["error"]
+                check(err["code"] in ("invalid_argument", "unimplemented", "resource_exhausted"),
+                      f"{rpc} {body!r}: {err}")
         r = httpx.post(f"{BASE}/v2/sandboxes/none/connect", json={}, headers=h)
         check(r.status_code == 404, f"connect to none: {r.status_code}")
         r = httpx.post(f"{BASE}/sandboxes/{b.sandbox_id}/timeout", json={"timeout": "x"}, headers=h)
