@@ -98,43 +98,61 @@ fn api_key_and_access_token_are_enforced() {
 
 /// The file API never leaves the sandbox (`..`, symlinks to the host's paths, moves,
 /// removes, listings, host pseudo files, FIFOs and devices): the same attempts as the
-/// OpenSandbox front end's `file_api_paths_never_leave_the_sandbox`, through the E2B SDK.
+/// OpenSandbox front end's `file_api_paths_never_leave_the_sandbox`, through the E2B SDK, with
+/// the sandboxes of every shipped profile (`--opensandbox-profile`).
 #[test]
 fn file_api_paths_never_leave_the_sandbox() {
     let Some(_lock) = setup() else { return };
-    let dir = tempdir();
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, format!("host secret {}", std::process::id())).unwrap();
-    let probe = dir.path().join("probe");
-    let (d, addr) = start();
-    let mut cmd = Command::new(python());
-    cmd.arg(workspace_root().join("tests/e2b/sdk_e2b.py"))
-        .arg("escape")
-        .env("E2B_ADDR", &addr)
-        .env("E2B_API_KEY", d.api_key())
-        .env("E2B_HOST_SECRET", &secret)
-        .env("E2B_HOST_PROBE", &probe)
-        .env_remove("E2B_API_URL")
-        .env_remove("E2B_SANDBOX_URL")
-        .env_remove("E2B_ACCESS_TOKEN");
-    let out = run_with_timeout(cmd, None, SCENARIO_TIMEOUT);
-    assert!(
-        out.status.code() == Some(0) && out.stdout().contains("OK escape"),
-        "scenario escape failed\n{out}\n{}",
-        d.log()
-    );
-    for p in [
-        probe.clone(),
-        probe.with_extension("rel"),
-        probe.with_extension("d"),
+    for profile in [
+        "default",
+        "strict",
+        "code-interpreter",
+        "container",
+        "build",
     ] {
+        let dir = tempdir();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, format!("host secret {}", std::process::id())).unwrap();
+        let probe = dir.path().join("probe");
+        let mut d = Daemon::unstarted();
+        let addr = format!("127.0.0.1:{}", free_port());
+        d.launch([
+            "--pool-size",
+            "1",
+            "--opensandbox-profile",
+            profile,
+            "--e2b",
+            addr.as_str(),
+        ]);
+        let mut cmd = Command::new(python());
+        cmd.arg(workspace_root().join("tests/e2b/sdk_e2b.py"))
+            .arg("escape")
+            .env("E2B_ADDR", &addr)
+            .env("E2B_API_KEY", d.api_key())
+            .env("E2B_HOST_SECRET", &secret)
+            .env("E2B_HOST_PROBE", &probe)
+            .env_remove("E2B_API_URL")
+            .env_remove("E2B_SANDBOX_URL")
+            .env_remove("E2B_ACCESS_TOKEN");
+        let out = run_with_timeout(cmd, None, SCENARIO_TIMEOUT);
         assert!(
-            !p.exists(),
-            "the file API created {} on the host",
-            p.display()
+            out.status.code() == Some(0) && out.stdout().contains("OK escape"),
+            "scenario escape failed under profile {profile}\n{out}\n{}",
+            d.log()
         );
+        for p in [
+            probe.clone(),
+            probe.with_extension("rel"),
+            probe.with_extension("d"),
+        ] {
+            assert!(
+                !p.exists(),
+                "the file API created {} on the host (profile {profile})",
+                p.display()
+            );
+        }
+        stop_clean(d);
     }
-    stop_clean(d);
 }
 
 #[test]
