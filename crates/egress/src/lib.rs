@@ -38,8 +38,13 @@
 //! change, connections already relaying are decided again and those the new policy denies
 //! are cut (and the denial reported).
 
+pub mod mitm;
 mod relay;
 pub mod request;
+pub mod vault;
+
+#[cfg(test)]
+mod mitm_tests;
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -53,8 +58,12 @@ use std::time::Duration;
 
 use agentrun_policy::{Action, Approvals, Approver, Decision, NetworkPolicy};
 
+pub use mitm::{Interceptor, MitmError};
 pub use relay::{relay, Duplex};
-pub use request::{parse_request_head, Body, HeadError, RequestHead, MAX_HEAD};
+pub use request::{
+    parse_origin_head, parse_request_head, Body, HeadError, OriginHead, RequestHead, MAX_HEAD,
+};
+pub use vault::{Secret, Vault, VaultError};
 
 /// Port the sandbox's init listens on inside the sandbox.
 pub const SANDBOX_PROXY_PORT: u16 = 3128;
@@ -178,6 +187,10 @@ struct Shared {
     resolver: Arc<dyn Resolve>,
     escalation: Escalation,
     open: Mutex<OpenConns>,
+    /// TLS interception, when the sandbox opted in; the vault it injects from.
+    interceptor: Option<Arc<Interceptor>>,
+    vault: Vault,
+    injections: Option<InjectionSink>,
 }
 
 /// Who is asked about escalate decisions, for how long, and what was approved.
@@ -248,9 +261,30 @@ pub struct ProxyBuilder {
     failures: Option<FailureSink>,
     resolver: Arc<dyn Resolve>,
     escalation: Escalation,
+    interceptor: Option<Arc<Interceptor>>,
+    vault: Vault,
+    injections: Option<InjectionSink>,
 }
 
+/// Told about every request the proxy added a credential to: the connection's action, the
+/// request's method and path (without the query), and the binding's name. Never the value.
+pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) + Send + Sync>;
+
 impl ProxyBuilder {
+    /// Intercepts TLS to the hosts `vault` binds a credential to (with `interceptor`'s CA)
+    /// and adds the credential to their requests; every other tunnel is relayed untouched.
+    pub fn intercept(mut self, interceptor: Arc<Interceptor>, vault: Vault) -> Self {
+        self.interceptor = Some(interceptor);
+        self.vault = vault;
+        self
+    }
+
+    /// Reports each injected request to `sink` (to trace and audit it).
+    pub fn injections(mut self, sink: InjectionSink) -> Self {
+        self.injections = Some(sink);
+        self
+    }
+
     /// Asks `approver` about connections whose decision is escalate (without one they are
     /// denied "needs approval").
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
@@ -301,6 +335,9 @@ impl ProxyBuilder {
             resolver: self.resolver,
             escalation: self.escalation,
             open: Mutex::default(),
+            interceptor: self.interceptor,
+            vault: self.vault,
+            injections: self.injections,
         });
         let shared2 = shared.clone();
         let file = std::fs::metadata(path).ok().map(|m| {
@@ -370,6 +407,9 @@ impl Proxy {
             failures: None,
             resolver: Arc::new(SystemResolver),
             escalation: Escalation::default(),
+            interceptor: None,
+            vault: Vault::default(),
+            injections: None,
         }
     }
 
@@ -569,7 +609,12 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
     };
     client.set_read_timeout(None)?;
-    if head.connect {
+    let intercepting = shared.interceptor.is_some()
+        && head.connect
+        && shared.vault.binds("https", &head.host, head.port);
+    if intercepting {
+        client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+    } else if head.connect {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         upstream.write_all(&rest)?;
     } else {
@@ -605,13 +650,160 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
         id
     };
-    let result = if head.connect {
+    let intercept = shared
+        .interceptor
+        .as_ref()
+        .filter(|_| head.connect && shared.vault.binds("https", &head.host, head.port));
+    let result = if let Some(i) = intercept {
+        intercept_tls(
+            client,
+            upstream,
+            rest,
+            &head,
+            (&action, &decision),
+            i,
+            shared,
+        )
+    } else if head.connect {
         relay(client, upstream)
     } else {
         forward(client, upstream, head.body, rest)
     };
     lock_open(&shared.open).conns.remove(&id);
     result
+}
+
+/// Serves one request inside a tunnel the proxy intercepts: TLS with the sandbox (a leaf
+/// for the CONNECT host), the request head read and checked (its SNI and `Host` must name
+/// the CONNECT host: 421 otherwise), the credential added, and the request sent over the
+/// proxy's own TLS to the upstream, whose certificate must be valid for that host (502
+/// otherwise). One request per connection (`Connection: close` both ways).
+fn intercept_tls(
+    client: UnixStream,
+    upstream: TcpStream,
+    rest: Vec<u8>,
+    head: &RequestHead,
+    (action, decision): (&Action, &Decision),
+    interceptor: &Interceptor,
+    shared: &Shared,
+) -> io::Result<()> {
+    let host = head.host.as_str();
+    let cfg = interceptor.server_config(host).map_err(io::Error::other)?;
+    let conn = rustls::ServerConnection::new(cfg).map_err(io::Error::other)?;
+    client.set_read_timeout(Some(IO_TIMEOUT))?;
+    let mut tls = rustls::StreamOwned::new(conn, mitm::Prefixed::new(rest, client));
+    while tls.conn.is_handshaking() {
+        if tls.conn.complete_io(&mut tls.sock).is_err() {
+            // The sandbox did not trust our CA, or went away: nothing to answer.
+            return Ok(());
+        }
+    }
+    let reply = |tls: &mut rustls::StreamOwned<rustls::ServerConnection, _>,
+                 status: u16,
+                 text: &str,
+                 body: &str| {
+        let body = format!("{body}\n");
+        let msg = format!(
+            "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = tls.write_all(msg.as_bytes());
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+    };
+    if let Some(sni) = tls.conn.server_name() {
+        if !sni.eq_ignore_ascii_case(host) {
+            let msg = format!(
+                "agentrun: TLS server name {sni:?} is not {host}, the host this tunnel was opened to"
+            );
+            reply(&mut tls, 421, "Misdirected Request", &msg);
+            return Ok(());
+        }
+    }
+    // The request head.
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let (mut req, body_start) = loop {
+        let n = match tls.read(&mut chunk) {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        match parse_origin_head(&buf, host, head.port, 443) {
+            Ok(Some((h, len))) => break (h, buf.split_off(len)),
+            Ok(None) => {}
+            Err(e) => {
+                reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
+                return Ok(());
+            }
+        }
+    };
+    let name = match mitm::server_name(host) {
+        Ok(n) => n,
+        Err(e) => {
+            reply(
+                &mut tls,
+                502,
+                "Bad Gateway",
+                &format!("agentrun: {host}: {e}"),
+            );
+            return Ok(());
+        }
+    };
+    let up_conn = rustls::ClientConnection::new(interceptor.upstream_config(), name)
+        .map_err(io::Error::other)?;
+    upstream.set_read_timeout(Some(IO_TIMEOUT))?;
+    let mut up = rustls::StreamOwned::new(up_conn, upstream);
+    while up.conn.is_handshaking() {
+        if let Err(e) = up.conn.complete_io(&mut up.sock) {
+            let f = Failure {
+                kind: FailureKind::Connect,
+                message: format!("TLS to {host} failed: {e}"),
+            };
+            if let Some(failures) = &shared.failures {
+                failures(action, decision, &f);
+            }
+            reply(
+                &mut tls,
+                502,
+                "Bad Gateway",
+                &format!("agentrun: {}", f.message),
+            );
+            return Ok(());
+        }
+    }
+    // Only now, with the upstream verified, is the credential added.
+    if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
+        if let Some(sink) = &shared.injections {
+            let path = req.path.split('?').next().unwrap_or_default().to_owned();
+            sink(action, &req.method, &path, &binding);
+        }
+    }
+    let mut fwd = zeroize::Zeroizing::new(req.forward(host, head.port, 443));
+    up.write_all(&fwd)?;
+    zeroize::Zeroize::zeroize(&mut *fwd);
+    {
+        let mut from = BufReader::new(io::Cursor::new(body_start).chain(&mut tls));
+        if request::relay_body(req.body, &mut from, &mut up).is_err() {
+            return Ok(());
+        }
+    }
+    up.flush()?;
+    // The response, until the upstream closes (it was asked to).
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match up.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tls.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
+    Ok(())
 }
 
 /// Decides an open connection for `action` again (its name, then `peer`, the address it is

@@ -75,6 +75,7 @@ impl HeadError {
     /// The status line's reason phrase.
     pub fn reason(&self) -> &'static str {
         match self.status {
+            421 => "Misdirected Request",
             431 => "Request Header Fields Too Large",
             501 => "Not Implemented",
             _ => "Bad Request",
@@ -88,10 +89,20 @@ impl std::fmt::Display for HeadError {
     }
 }
 
-/// Parses the request head at the start of `buf`. `Ok(None)`: incomplete, read more (a
-/// caller holding [`MAX_HEAD`] bytes gets an error instead). `Ok(Some((head, len)))`: the
-/// head, and how many bytes of `buf` it took (the rest is the body, or tunnel data).
-pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+/// A request head's parts every form shares, checked (see the module docs).
+struct Parsed<'b> {
+    method: &'b str,
+    target: &'b str,
+    minor: u8,
+    /// The end-to-end fields (hop-by-hop, framing and `Host` dropped), as sent.
+    fields: Vec<(String, Vec<u8>)>,
+    host_field: Option<Vec<u8>>,
+    length: Option<u64>,
+    body: Body,
+    len: usize,
+}
+
+fn parse_common(buf: &[u8]) -> Result<Option<Parsed<'_>>, HeadError> {
     let too_large = || HeadError {
         status: 431,
         message: format!("request head over {} KiB", MAX_HEAD / 1024),
@@ -179,7 +190,81 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         (false, Some(n)) if n > 0 => Body::Length(n),
         _ => Body::None,
     };
+    let kept = req
+        .headers
+        .iter()
+        .filter(|f| {
+            let name = f.name.to_ascii_lowercase();
+            !(matches!(
+                name.as_str(),
+                "host"
+                    | "content-length"
+                    | "transfer-encoding"
+                    | "connection"
+                    | "keep-alive"
+                    | "proxy-connection"
+                    | "proxy-authorization"
+                    | "proxy-authenticate"
+                    | "te"
+                    | "trailer"
+                    | "upgrade"
+            ) || hop_by_hop.contains(&name))
+        })
+        .map(|f| (f.name.to_owned(), trim(f.value).to_vec()))
+        .collect();
+    Ok(Some(Parsed {
+        method,
+        target,
+        minor,
+        fields: kept,
+        host_field: host_field.map(<[u8]>::to_vec),
+        length,
+        body,
+        len,
+    }))
+}
 
+/// Writes a head in origin form for the upstream: `Host: authority`, the end-to-end
+/// `fields`, the framing the proxy writes, and `Connection: close`.
+fn serialize(
+    method: &str,
+    path: &str,
+    minor: u8,
+    authority: &str,
+    fields: &[(String, Vec<u8>)],
+    body: Body,
+    length: Option<u64>,
+) -> Vec<u8> {
+    let mut fwd = Vec::with_capacity(256);
+    write!(
+        fwd,
+        "{method} {path} HTTP/1.{minor}\r\nHost: {authority}\r\n"
+    )
+    .expect("vec");
+    for (name, value) in fields {
+        fwd.extend_from_slice(name.as_bytes());
+        fwd.extend_from_slice(b": ");
+        fwd.extend_from_slice(value);
+        fwd.extend_from_slice(b"\r\n");
+    }
+    match body {
+        Body::Length(n) => write!(fwd, "Content-Length: {n}\r\n").expect("vec"),
+        Body::Chunked => fwd.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Body::None if length == Some(0) => fwd.extend_from_slice(b"Content-Length: 0\r\n"),
+        Body::None => {}
+    }
+    fwd.extend_from_slice(b"Connection: close\r\n\r\n");
+    fwd
+}
+
+/// Parses the request head at the start of `buf`. `Ok(None)`: incomplete, read more (a
+/// caller holding [`MAX_HEAD`] bytes gets an error instead). `Ok(Some((head, len)))`: the
+/// head, and how many bytes of `buf` it took (the rest is the body, or tunnel data).
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let Some(p) = parse_common(buf)? else {
+        return Ok(None);
+    };
+    let (method, target, len, body) = (p.method, p.target, p.len, p.body);
     if method.eq_ignore_ascii_case("CONNECT") {
         if body != Body::None {
             return Err(HeadError::bad("a CONNECT request with a body"));
@@ -214,7 +299,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (auth, path) = rest.split_at(split);
     let (host, port) = authority(auth, Some(80))?;
-    if let Some(h) = host_field {
+    if let Some(h) = &p.host_field {
         let named = std::str::from_utf8(trim(h))
             .map_err(|_| HeadError::bad("Host is not ASCII"))
             .and_then(|h| authority(h, Some(80)))?;
@@ -226,49 +311,20 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
             )));
         }
     }
-
-    let mut fwd = Vec::with_capacity(len + 64);
     let path = match path {
         "" => "/".to_owned(),
         p if p.starts_with('?') => format!("/{p}"),
         p => p.to_owned(),
     };
-    write!(
-        fwd,
-        "{method} {path} HTTP/1.{minor}\r\nHost: {}\r\n",
-        auth.to_ascii_lowercase()
-    )
-    .expect("vec");
-    for f in req.headers.iter() {
-        let name = f.name.to_ascii_lowercase();
-        let dropped = matches!(
-            name.as_str(),
-            "host"
-                | "content-length"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "proxy-connection"
-                | "proxy-authorization"
-                | "proxy-authenticate"
-                | "te"
-                | "trailer"
-                | "upgrade"
-        ) || hop_by_hop.contains(&name);
-        if !dropped {
-            fwd.extend_from_slice(f.name.as_bytes());
-            fwd.extend_from_slice(b": ");
-            fwd.extend_from_slice(trim(f.value));
-            fwd.extend_from_slice(b"\r\n");
-        }
-    }
-    match body {
-        Body::Length(n) => write!(fwd, "Content-Length: {n}\r\n").expect("vec"),
-        Body::Chunked => fwd.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-        Body::None if length == Some(0) => fwd.extend_from_slice(b"Content-Length: 0\r\n"),
-        Body::None => {}
-    }
-    fwd.extend_from_slice(b"Connection: close\r\n\r\n");
+    let fwd = serialize(
+        method,
+        &path,
+        p.minor,
+        &auth.to_ascii_lowercase(),
+        &p.fields,
+        body,
+        p.length,
+    );
     Ok(Some((
         RequestHead {
             connect: false,
@@ -278,6 +334,112 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
             body,
         },
         len,
+    )))
+}
+
+/// A request read inside an intercepted TLS connection (origin form: `GET /path`), its
+/// `Host` checked against the host the tunnel was opened to. Its fields may be changed
+/// (credential injection) before [`OriginHead::forward`] writes it for the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginHead {
+    pub method: String,
+    /// Path and query, starting with `/`.
+    pub path: String,
+    minor: u8,
+    /// End-to-end fields (hop-by-hop, framing and `Host` dropped).
+    pub fields: Vec<(String, Vec<u8>)>,
+    pub body: Body,
+    length: Option<u64>,
+}
+
+impl OriginHead {
+    /// The head to send upstream to `host:port` (`Host` written by the proxy, port omitted
+    /// when it is `default_port`).
+    pub fn forward(&self, host: &str, port: u16, default_port: u16) -> Vec<u8> {
+        let h = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let authority = if port == default_port {
+            h
+        } else {
+            format!("{h}:{port}")
+        };
+        serialize(
+            &self.method,
+            &self.path,
+            self.minor,
+            &authority,
+            &self.fields,
+            self.body,
+            self.length,
+        )
+    }
+
+    /// The value of the first field named `name` (case-insensitive).
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Sets field `name` to `value`, replacing every field of that name the client sent.
+    pub fn set_field(&mut self, name: &str, value: Vec<u8>) {
+        self.fields.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.fields.push((name.to_owned(), value));
+    }
+}
+
+/// Parses an origin-form request head (`GET /path HTTP/1.1`) at the start of `buf`, read
+/// inside a tunnel to `host:port` (`default_port`: the scheme's). Refuses what
+/// [`parse_request_head`] refuses, any target other than an origin-form path, CONNECT, a
+/// missing `Host`, and a `Host` naming another host or port than the tunnel's (421: domain
+/// fronting).
+pub fn parse_origin_head(
+    buf: &[u8],
+    host: &str,
+    port: u16,
+    default_port: u16,
+) -> Result<Option<(OriginHead, usize)>, HeadError> {
+    let Some(p) = parse_common(buf)? else {
+        return Ok(None);
+    };
+    if !p.target.starts_with('/') || p.target.contains('#') {
+        return Err(HeadError::bad(format!(
+            "{:?}: inside a tunnel a request target is a path",
+            p.target
+        )));
+    }
+    if p.method.eq_ignore_ascii_case("CONNECT") {
+        return Err(HeadError::bad("CONNECT inside a tunnel"));
+    }
+    let Some(h) = &p.host_field else {
+        return Err(HeadError::bad("no Host field"));
+    };
+    let named = std::str::from_utf8(trim(h))
+        .map_err(|_| HeadError::bad("Host is not ASCII"))
+        .and_then(|h| authority(h, Some(default_port)))?;
+    if named != (host.to_owned(), port) {
+        return Err(HeadError {
+            status: 421,
+            message: format!(
+                "Host {:?} is not {host}:{port}, the host this connection was opened to",
+                String::from_utf8_lossy(h)
+            ),
+        });
+    }
+    Ok(Some((
+        OriginHead {
+            method: p.method.to_owned(),
+            path: p.target.to_owned(),
+            minor: p.minor,
+            fields: p.fields,
+            body: p.body,
+            length: p.length,
+        },
+        p.len,
     )))
 }
 
