@@ -618,7 +618,25 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         upstream.write_all(&rest)?;
     } else {
-        upstream.write_all(&head.forward)?;
+        // A plain-HTTP request to a host the vault binds: the credential added here.
+        let injected = head
+            .origin
+            .clone()
+            .filter(|_| shared.vault.binds("http", &head.host, head.port))
+            .and_then(|mut o| {
+                let binding = shared.vault.inject("http", &head.host, head.port, &mut o)?;
+                if let Some(sink) = &shared.injections {
+                    let path = o.path.split('?').next().unwrap_or_default().to_owned();
+                    sink(&action, &o.method, &path, &binding);
+                }
+                Some(zeroize::Zeroizing::new(
+                    o.forward(&head.host, head.port, 80),
+                ))
+            });
+        match injected {
+            Some(fwd) => upstream.write_all(&fwd)?,
+            None => upstream.write_all(&head.forward)?,
+        }
     }
     // Registered so that a policy change can cut it. A change made since the decision (it
     // holds this lock while it swaps) is seen here: decide again under the lock.

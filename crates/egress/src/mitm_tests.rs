@@ -343,3 +343,71 @@ fn unbound_hosts_are_tunnelled_untouched_and_bad_upstream_certs_refused() {
     assert!(seen.iter().any(|l| l.starts_with("error ")), "{seen:?}");
     assert!(!seen.iter().any(|l| l.starts_with("inject")), "{seen:?}");
 }
+
+/// A plain-HTTP request forwarded to a host an `http` binding names gets the credential on
+/// the paths it names only (upstream's e2e shape: schemes http, port 80, exact paths).
+#[test]
+fn plain_http_requests_to_bound_paths_get_the_credential() {
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in upstream.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let body = String::from_utf8_lossy(&req).into_owned();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let vault = Vault::new();
+    vault
+        .create(
+            serde_json::from_value(serde_json::json!({
+                "credentials": [{"name": "b", "source": {"value": "dXNlcjpwYXNz"}}],
+                "bindings": [{"name": "basic", "match": {"schemes": ["http"], "ports": [port], "hosts": ["127.0.0.1"],
+                              "methods": ["GET"], "paths": ["/basic"]},
+                              "auth": {"type": "basic", "credential": "b"}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+    let mut policy = NetworkPolicy::default();
+    policy
+        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+        .unwrap();
+    let sock = dir.path().join("proxy.sock");
+    let interceptor = Arc::new(Interceptor::new("t", &[]).unwrap());
+    let proxy = Proxy::builder(policy, Arc::new(|_, _| true))
+        .intercept(interceptor, vault)
+        .start(bind(&sock).unwrap(), &sock);
+    let ask = |path: &str| {
+        let mut c = UnixStream::connect(&sock).unwrap();
+        write!(
+            c,
+            "GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    let r = ask("/basic");
+    assert!(r.contains("Authorization: Basic dXNlcjpwYXNz\r\n"), "{r}");
+    let r = ask("/basic/more");
+    assert!(
+        r.starts_with("HTTP/1.1 200 OK") && !r.contains("Authorization"),
+        "{r}"
+    );
+    proxy.stop();
+}

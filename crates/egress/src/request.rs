@@ -55,6 +55,9 @@ pub struct RequestHead {
     pub forward: Vec<u8>,
     /// What follows the head.
     pub body: Body,
+    /// For a forwarded request: the request in origin form, to change (credential
+    /// injection) and write again with [`OriginHead::forward`].
+    pub origin: Option<OriginHead>,
 }
 
 /// Why a head is refused: the status to answer and a one-line reason.
@@ -277,6 +280,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
                 port,
                 forward: Vec::new(),
                 body,
+                origin: None,
             },
             len,
         )));
@@ -325,6 +329,14 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         body,
         p.length,
     );
+    let origin = OriginHead {
+        method: method.to_owned(),
+        path,
+        minor: p.minor,
+        fields: p.fields,
+        body,
+        length: p.length,
+    };
     Ok(Some((
         RequestHead {
             connect: false,
@@ -332,6 +344,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
             port,
             forward: fwd,
             body,
+            origin: Some(origin),
         },
         len,
     )))
@@ -350,6 +363,16 @@ pub struct OriginHead {
     pub fields: Vec<(String, Vec<u8>)>,
     pub body: Body,
     length: Option<u64>,
+}
+
+impl Drop for OriginHead {
+    /// A head may hold an injected credential: its fields and path are zeroized.
+    fn drop(&mut self) {
+        for (_, v) in &mut self.fields {
+            zeroize::Zeroize::zeroize(v);
+        }
+        zeroize::Zeroize::zeroize(&mut self.path);
+    }
 }
 
 impl OriginHead {

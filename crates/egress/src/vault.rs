@@ -93,12 +93,15 @@ pub struct CredentialSpec {
 }
 
 /// Where a credential's value comes from. The API takes `inline` only (spec:
-/// `InlineCredentialSource`); the CLI reads `env:VAR` / `file:PATH` on the caller's side and
-/// hands the value in inline, recording where it came from as the source type.
+/// `InlineCredentialSource`; `type` may be left out, as the Python SDK allows); the CLI
+/// reads `env:VAR` / `file:PATH` on the caller's side and hands the value in inline,
+/// recording where it came from as the source type.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, tag = "type", rename_all = "camelCase")]
-pub enum SourceSpec {
-    Inline { value: Secret },
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    #[serde(rename = "type", default)]
+    pub type_: Option<String>,
+    pub value: Secret,
 }
 
 /// A binding as written (`CredentialBinding` in the spec).
@@ -499,7 +502,14 @@ impl Contents {
                 "a credential needs a name of 1 to 128 bytes",
             ));
         }
-        let SourceSpec::Inline { value } = c.source;
+        if c.source.type_.as_deref().is_some_and(|t| t != "inline") {
+            return Err(VaultError::bad(format!(
+                "credential {:?}: source type {:?}: only \"inline\" is supported",
+                c.name,
+                c.source.type_.as_deref().unwrap_or_default()
+            )));
+        }
+        let value = c.source.value;
         if !value_ok(value.expose()) {
             return Err(VaultError::bad(format!(
                 "credential {:?}: the value must be non-empty visible ASCII (it goes into a header)",
