@@ -81,6 +81,8 @@ pub enum EgressError {
     Bind { path: PathBuf, source: io::Error },
     #[error("egress proxy: {0}")]
     Io(#[from] io::Error),
+    #[error(transparent)]
+    Mitm(#[from] MitmError),
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
@@ -275,6 +277,12 @@ impl ProxyBuilder {
     /// and adds the credential to their requests; every other tunnel is relayed untouched.
     pub fn intercept(mut self, interceptor: Arc<Interceptor>, vault: Vault) -> Self {
         self.interceptor = Some(interceptor);
+        self.vault = vault;
+        self
+    }
+
+    /// Adds credentials from `vault` to plain-HTTP requests only (no TLS interception).
+    pub fn intercept_plain(mut self, vault: Vault) -> Self {
         self.vault = vault;
         self
     }

@@ -160,6 +160,62 @@ impl Interceptor {
     }
 }
 
+/// The CA certificate's file in the proxy's socket directory (the sandbox sees that
+/// directory read-only).
+pub const CA_FILE: &str = "ca.pem";
+/// The system's roots followed by the CA certificate, in the same directory.
+pub const BUNDLE_FILE: &str = "ca-bundle.pem";
+
+/// Where hosts keep their system bundle (the first that exists is used).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// The environment that makes TLS libraries in the sandbox trust the CA, the files under
+/// `dir` (the socket directory as the sandbox sees it): OpenSSL (`SSL_CERT_FILE`: curl,
+/// Python's `ssl`, httpx), `requests` (`REQUESTS_CA_BUNDLE`), curl (`CURL_CA_BUNDLE`),
+/// pip, git, and Node (`NODE_EXTRA_CA_CERTS`, added to its own roots).
+pub fn trust_env(dir: &str) -> Vec<(String, String)> {
+    let bundle = format!("{dir}/{BUNDLE_FILE}");
+    let mut env: Vec<(String, String)> = [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), bundle.clone()))
+    .collect();
+    env.push(("NODE_EXTRA_CA_CERTS".into(), format!("{dir}/{CA_FILE}")));
+    env
+}
+
+impl Interceptor {
+    /// Writes [`CA_FILE`] and [`BUNDLE_FILE`] (the host's system bundle, then the CA) into
+    /// `dir`, mode 0644. The key is never written.
+    pub fn write_trust(&self, dir: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let system = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let mut bundle = system;
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(&self.ca_pem);
+        for (name, text) in [(CA_FILE, self.ca_pem.as_str()), (BUNDLE_FILE, &bundle)] {
+            let path = dir.join(name);
+            std::fs::write(&path, text)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+        Ok(())
+    }
+}
+
 /// The rustls name for `host` (a DNS name or an address).
 pub fn server_name(host: &str) -> io::Result<ServerName<'static>> {
     ServerName::try_from(host.to_owned())

@@ -556,6 +556,13 @@ impl Vault {
         Vault::default()
     }
 
+    /// A separate vault holding the same contents (to try a change on).
+    pub fn deep_copy(&self) -> Vault {
+        Vault {
+            inner: Arc::new(RwLock::new(self.current())),
+        }
+    }
+
     fn current(&self) -> Option<Arc<Contents>> {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
     }

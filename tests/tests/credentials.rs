@@ -1,0 +1,313 @@
+//! The credential vault through the real binary: `agentrun exec --credential` against a TLS
+//! server on a private address inside a network namespace the test makes (its certificate
+//! from a CA the test makes with `openssl`, given to the proxy with `--egress-upstream-ca`).
+//! curl and Python `requests`/`httpx` in the sandbox reach it with the credential added by
+//! the proxy; the sandbox dumps its environment, its processes' environments and command
+//! lines and the files it was given: no secret. A path or host the credential is not bound
+//! to gets nothing; a `Host` naming another host is refused (421). The audit log records
+//! each injection and never the value. Root required.
+
+use std::process::Command;
+use std::time::Duration;
+
+use agentrun_e2e::{
+    agentrun, exec_with, run_with_timeout, setup, tempdir, workspace_root, Agentrun, RunOutput,
+};
+use serde_json::Value;
+
+/// The TLS server: answers `auth=ok` when the request carries `Authorization: Bearer
+/// $SECRET`, else `auth=missing`; then the path. Never echoes a header back.
+const SERVER: &str = r#"
+import http.server, os, ssl, sys
+secret = os.environ["E2E_SECRET"]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer " + secret
+        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+addr, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+srv = http.server.ThreadingHTTPServer((addr, port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+
+/// What runs in the sandbox: every client, then the dumps.
+const CLIENT: &str = r#"
+set +e
+echo "curl: $(curl -sS https://10.77.0.2:8443/v1/curl)"
+echo "curl-unbound-path: $(curl -sS https://10.77.0.2:8443/other)"
+echo "curl-fronted: $(curl -sS -H 'Host: evil.example' https://10.77.0.2:8443/v1/x | head -c 200)"
+echo "curl-unbound-host: $(curl -sS -k https://10.77.0.3:8443/v1/curl)"
+python3 -c 'import requests; print("requests:", requests.get("https://10.77.0.2:8443/v1/requests").text.strip())'
+python3 -c 'import httpx; print("httpx:", httpx.get("https://10.77.0.2:8443/v1/httpx").text.strip())'
+echo "--- dumps"
+env
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
+cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '
+ls -la /run/agentrun-egress/
+cat /run/agentrun-egress/*.pem | grep -c 'PRIVATE KEY'
+true
+"#;
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a leaf for `ips` (server.pem, server.key; ca.pem).
+fn certs(dir: &std::path::Path, ips: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=e2e upstream CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=e2e upstream",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        format!("subjectAltName={ips}\nextendedKeyUsage=serverAuth\n"),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+/// `a` inside `unshare --mount --net` after `setup` (sh); `after` once it exits.
+fn in_netns(a: Agentrun, setup: &str, after: &str) -> RunOutput {
+    let inner = a.command();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--net",
+        "--",
+        "sh",
+        "-c",
+    ]);
+    cmd.arg(format!(
+        "set -e\n{setup}\nset +e\n\"$@\"\nrc=$?\n{after}\nexit $rc"
+    ));
+    cmd.arg("sh");
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    run_with_timeout(cmd, None, Duration::from_secs(180))
+}
+
+#[test]
+fn a_credential_reaches_its_host_and_never_the_sandbox() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    certs(d, "IP:10.77.0.2,IP:10.77.0.3");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!(
+        "e2e-secret-{}-{}",
+        std::process::id(),
+        d.display().to_string().len() * 7919
+    );
+    let site = workspace_root().join(".venv/test/lib/python3.11/site-packages");
+    assert!(
+        site.join("httpx").is_dir() && site.join("requests").is_dir(),
+        "{} lacks requests/httpx: hack/test installs them",
+        site.display()
+    );
+    // Two servers on private addresses that exist only in the test's namespace (bounded:
+    // they exit after two minutes whatever happens).
+    let setup_sh = format!(
+        "ip link set lo up\nip addr add 10.77.0.2/32 dev lo\nip addr add 10.77.0.3/32 dev lo\n\
+         cd '{d}'\n\
+         E2E_SECRET='{secret}' timeout 120 python3 server.py 10.77.0.2 8443 server.pem server.key &\n\
+         s1=$!\n\
+         E2E_SECRET='{secret}' timeout 120 python3 server.py 10.77.0.3 8443 server.pem server.key &\n\
+         s2=$!\n\
+         for a in 10.77.0.2 10.77.0.3; do for i in $(seq 100); do python3 -c \"import socket; socket.create_connection(('$a', 8443), 1)\" 2>/dev/null && break; sleep 0.1; done; done",
+        d = d.display()
+    );
+    let a = exec_with(
+        [
+            "--credential".to_string(),
+            "vault-key@10.77.0.2:8443/v1=env:AGENTRUN_E2E_SECRET".into(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "--allow-host".into(),
+            "10.77.0.3:8443".into(),
+            "--ro".into(),
+            format!("{}:/opt/site", site.display()),
+            "-e".into(),
+            "PYTHONPATH=/opt/site".into(),
+        ],
+        ["sh", "-c", CLIENT],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path())
+    .env("AGENTRUN_E2E_SECRET", &secret);
+    let out = in_netns(a, &setup_sh, "kill $s1 $s2; wait");
+    let stdout = out.success();
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
+            .to_string()
+    };
+    assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{out}");
+    assert_eq!(
+        line("requests:"),
+        "requests: auth=ok path=/v1/requests",
+        "{out}"
+    );
+    assert_eq!(line("httpx:"), "httpx: auth=ok path=/v1/httpx", "{out}");
+    assert_eq!(
+        line("curl-unbound-path:"),
+        "curl-unbound-path: auth=missing path=/other",
+        "{out}"
+    );
+    assert_eq!(
+        line("curl-unbound-host:"),
+        "curl-unbound-host: auth=missing path=/v1/curl",
+        "{out}"
+    );
+    assert!(
+        line("curl-fronted:").contains("is not 10.77.0.2:8443"),
+        "{out}"
+    );
+    // The sandbox's view: the trust environment and the CA certificate, no key, no secret.
+    assert!(
+        stdout.contains("SSL_CERT_FILE=/run/agentrun-egress/ca-bundle.pem"),
+        "{out}"
+    );
+    assert!(stdout.contains("ca.pem"), "{out}");
+    assert_eq!(
+        stdout.lines().last(),
+        Some("0"),
+        "a private key in the sandbox's files: {out}"
+    );
+    assert!(
+        !stdout.contains(&secret),
+        "the secret reached the sandbox: {out}"
+    );
+    assert!(!out.stderr().contains(&secret), "{out}");
+    // The audit log: each injection recorded (rule: the binding), the secret nowhere.
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let text = log.success();
+    assert!(!text.contains(&secret), "{text}");
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let injected: Vec<&str> = records
+        .iter()
+        .filter(|r| r["rule"] == "cli.credential[0]")
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        injected,
+        [
+            "credential injected: GET /v1/curl",
+            "credential injected: GET /v1/requests",
+            "credential injected: GET /v1/httpx"
+        ],
+        "{text}"
+    );
+    for f in std::fs::read_dir(audit.path()).unwrap() {
+        let bytes = std::fs::read(f.unwrap().path()).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains(&secret));
+    }
+}
+
+/// Bad `--credential` input: one line, non-zero exit, nothing run.
+#[test]
+fn bad_credential_specs_are_refused() {
+    let Some(_l) = setup() else { return };
+    for (spec, says) in [
+        ("k@h.example=plain", "env:VAR or file:PATH"),
+        (
+            "k@h.example=env:AGENTRUN_E2E_UNSET_VAR",
+            "AGENTRUN_E2E_UNSET_VAR",
+        ),
+        ("wat=x:k@h.example=env:HOME", "is not bearer, basic"),
+    ] {
+        let out = exec_with(["--credential", spec], ["true"])
+            .env("AGENTRUN_NO_DAEMON", "1")
+            .run();
+        out.assert_agentrun_error();
+        assert!(out.stderr().contains(says), "{spec}: {out}");
+    }
+}
