@@ -415,4 +415,13 @@ for name, create, mutation in [
 ]:
     put("credential_vault", name, vault_seed(create, mutation))
 
+# http_rule: a rule line, then a request line `METHOD HOST PORT PATH`.
+for name, data in [
+    ("deny-delete", "DELETE api.example.com/repos/\nDELETE api.example.com 443 /repos/x"),
+    ("any-header", "* *.example.com:8443 X-A=1\nGET a.example.com 8443 /"),
+    ("v6", "GET [::1]:8080/v1\nGET ::1 8080 /v1/../x"),
+    ("bad", "G(T api.example.com\nGET x 1 /"),
+]:
+    put("http_rule", name, data)
+
 print(f"seeds written under {CORPUS}", file=sys.stderr)

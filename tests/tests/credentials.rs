@@ -311,3 +311,148 @@ fn bad_credential_specs_are_refused() {
         assert!(out.stderr().contains(says), "{spec}: {out}");
     }
 }
+
+/// A profile's HTTP rules decide each request to their host inside intercepted TLS: an
+/// allowed GET reaches the server, a DELETE the deny rule names and a POST an escalate rule
+/// names (no terminal: denied "needs approval") are answered 403 by the proxy; each decision
+/// is an audit record and a `policy.check` span (`net.http`, `METHOD host:port/path`).
+#[test]
+fn http_rules_decide_each_request_with_spans_and_audit() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    // On the host's loopback (no network namespace: the run's spans must reach the test's
+    // OTLP receiver), a literal address the profile names.
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("python3")
+        .args([
+            "server.py",
+            "127.0.0.1",
+            &port.to_string(),
+            "server.pem",
+            "server.key",
+        ])
+        .current_dir(d)
+        .env("E2E_SECRET", "unused")
+        .spawn()
+        .unwrap();
+    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
+        // Closed at once: the server does its TLS handshakes one at a time.
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(drop)
+    });
+    assert!(up.is_some(), "the test's server did not start");
+    std::fs::write(
+        d.join("l7.toml"),
+        format!(
+            "name = \"l7\"\n[network]\nmode = \"allowlist\"\nallow = [\"127.0.0.1:{port}\"]\n\
+         http_deny = [\"DELETE 127.0.0.1/v1/\"]\nhttp_allow = [\"GET 127.0.0.1/v1/\"]\n\
+         http_escalate = [\"POST 127.0.0.1/v1/\"]\n"
+        ),
+    )
+    .unwrap();
+    let rx = agentrun_e2e::otlp::OtlpReceiver::grpc();
+    let client = format!(
+        "set +e\n\
+        echo \"get: $(curl -sS https://127.0.0.1:{port}/v1/items)\"\n\
+        echo \"delete: $(curl -sS -X DELETE https://127.0.0.1:{port}/v1/items/3)\"\n\
+        echo \"post: $(curl -sS -X POST -d x=1 https://127.0.0.1:{port}/v1/items)\"\n\
+        echo \"other: $(curl -sS https://127.0.0.1:{port}/admin)\"\n"
+    );
+    let mut a = exec_with(
+        [
+            "--profile".to_string(),
+            d.join("l7.toml").display().to_string(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "--no-prompt".into(),
+        ],
+        ["sh", "-c", client.as_str()],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path());
+    for (k, v) in rx.otel_env() {
+        a = a.env(k, v);
+    }
+    let out = a.run();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stdout = out.success();
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
+            .to_string()
+    };
+    assert_eq!(line("get:"), "get: auth=missing path=/v1/items", "{out}");
+    assert!(
+        line("delete:").contains("denied by rule network.http_deny[0]"),
+        "{out}"
+    );
+    assert!(line("post:").contains("needs approval"), "{out}");
+    assert!(
+        line("other:").contains("denied by rule network.http_default"),
+        "{out}"
+    );
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let records: Vec<Value> = log
+        .success()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let http: Vec<String> = records
+        .iter()
+        .filter(|r| r["action"] == "net.http")
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                r["decision"].as_str().unwrap(),
+                r["resource"].as_str().unwrap(),
+                r["rule"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        http,
+        [
+            format!("allow GET 127.0.0.1:{port}/v1/items network.http_allow[0]"),
+            format!("deny DELETE 127.0.0.1:{port}/v1/items/3 network.http_deny[0]"),
+            format!("escalate POST 127.0.0.1:{port}/v1/items network.http_escalate[0]"),
+            format!("deny GET 127.0.0.1:{port}/admin network.http_default"),
+        ],
+        "{records:#?}"
+    );
+    let spans = rx.wait_for_spans(1, Duration::from_secs(10));
+    let checks: Vec<String> = spans
+        .iter()
+        .filter(|s| s.name == "policy.check" && s.attr("sandbox.action") == "net.http")
+        .map(|s| {
+            format!(
+                "{} {}",
+                s.attr("sandbox.decision"),
+                s.attr("sandbox.rule_id")
+            )
+        })
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            "allow network.http_allow[0]",
+            "deny network.http_deny[0]",
+            "escalate network.http_escalate[0]",
+            "deny network.http_default",
+        ],
+        "{spans:#?}"
+    );
+}

@@ -143,7 +143,9 @@ fn sdk_credential_vault_injects_every_auth_type_and_leaks_nothing() {
     );
     for port in [tls, plain] {
         let up = wait_until(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(drop)
         });
         assert!(up.is_some(), "the test's server on {port} did not start");
     }

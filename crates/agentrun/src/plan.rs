@@ -109,7 +109,8 @@ pub(crate) struct Plan {
     /// How long the approver's answer is waited for.
     pub(crate) approval_timeout: Duration,
     /// `--credential`: the vault the run's proxy injects from (TLS to its hosts
-    /// intercepted), and `--egress-upstream-ca`.
+    /// intercepted), and `--egress-upstream-ca`; also (with an empty vault) when the profile
+    /// has HTTP rules, whose hosts' TLS is intercepted.
     pub(crate) credentials: Option<(agentrun_egress::Vault, Vec<PathBuf>)>,
 }
 
@@ -173,7 +174,7 @@ impl Plan {
             }
             creds.push(c);
         }
-        let credentials = if creds.is_empty() {
+        let mut credentials = if creds.is_empty() {
             None
         } else {
             Some((
@@ -223,6 +224,13 @@ impl Plan {
             .allow_hosts("cli.allow_host", &args.allow_host)
             .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
         recorder.set_profile(&profile.name);
+        // HTTP rules are decided per request: the proxy intercepts TLS to their hosts.
+        if credentials.is_none() && !profile.network.http.is_empty() {
+            credentials = Some((
+                agentrun_egress::Vault::new(),
+                args.egress_upstream_ca.clone(),
+            ));
+        }
         // A profile file is passed on by absolute path (the daemon has another working directory).
         let profile_arg = if Profile::is_file_name(&args.profile) {
             std::fs::canonicalize(&args.profile)

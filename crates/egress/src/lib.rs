@@ -617,9 +617,39 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
     };
     client.set_read_timeout(None)?;
+    let http_rules = shared
+        .policy
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .has_http_rules(&head.host, head.port);
     let intercepting = shared.interceptor.is_some()
         && head.connect
-        && shared.vault.binds("https", &head.host, head.port);
+        && (http_rules || shared.vault.binds("https", &head.host, head.port));
+    if head.connect && http_rules && shared.interceptor.is_none() {
+        // Requests to this host are decided one by one, which this proxy cannot see into.
+        let d = Decision::deny(
+            "network.http_intercept",
+            format!(
+                "{} has HTTP rules, and this sandbox's proxy does not intercept TLS",
+                action.resource()
+            ),
+        );
+        (shared.sink)(&action, &d);
+        let msg = format!(
+            "agentrun: {} denied by rule {}: {}",
+            action.resource(),
+            d.rule_id,
+            d.reason
+        );
+        return respond(&mut client, 403, "Forbidden", &msg);
+    }
+    if !head.connect {
+        if let Some(o) = &head.origin {
+            if let Err((status, text, msg)) = decide_http(shared, &head.host, head.port, o) {
+                return respond(&mut client, status, text, &msg);
+            }
+        }
+    }
     if intercepting {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
     } else if head.connect {
@@ -676,10 +706,7 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
         id
     };
-    let intercept = shared
-        .interceptor
-        .as_ref()
-        .filter(|_| head.connect && shared.vault.binds("https", &head.host, head.port));
+    let intercept = shared.interceptor.as_ref().filter(|_| intercepting);
     let result = if let Some(i) = intercept {
         intercept_tls(
             client,
@@ -764,6 +791,10 @@ fn intercept_tls(
             }
         }
     };
+    if let Err((status, text, msg)) = decide_http(shared, host, head.port, &req) {
+        reply(&mut tls, status, text, &msg);
+        return Ok(());
+    }
     let name = match mitm::server_name(host) {
         Ok(n) => n,
         Err(e) => {
@@ -829,6 +860,54 @@ fn intercept_tls(
     }
     tls.conn.send_close_notify();
     let _ = tls.flush();
+    Ok(())
+}
+
+/// Decides one request by the policy's L7 rules (none naming the host: sent as it is). The
+/// decision is settled (escalate: a person asked) and recorded like a connection's; `Err`:
+/// the status, reason phrase and one line to answer instead of sending it.
+fn decide_http(
+    shared: &Shared,
+    host: &str,
+    port: u16,
+    req: &OriginHead,
+) -> Result<(), (u16, &'static str, String)> {
+    let d = shared
+        .policy
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .check_http(host, port, &req.method, &req.path, &req.fields);
+    let Some(d) = d else { return Ok(()) };
+    let action = Action::Http {
+        method: req.method.clone(),
+        host: host.to_owned(),
+        port,
+        path: req.path.split('?').next().unwrap_or_default().to_owned(),
+    };
+    let d = shared.escalation.settle(&action, d);
+    let recorded = (shared.sink)(&action, &d);
+    if !d.allow {
+        return Err((
+            403,
+            "Forbidden",
+            format!(
+                "agentrun: {} denied by rule {}: {}",
+                action.resource(),
+                d.rule_id,
+                d.reason
+            ),
+        ));
+    }
+    if !recorded {
+        return Err((
+            503,
+            "Service Unavailable",
+            format!(
+                "agentrun: {}: the decision could not be recorded",
+                action.resource()
+            ),
+        ));
+    }
     Ok(())
 }
 

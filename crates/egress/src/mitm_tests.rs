@@ -411,3 +411,103 @@ fn plain_http_requests_to_bound_paths_get_the_credential() {
     );
     proxy.stop();
 }
+
+/// L7 rules inside intercepted TLS: each request decided by method, path and header (first
+/// match wins; a host with an allow rule denies the rest), each decision reported (verdict,
+/// resource `METHOD host:port/path`, rule); an escalate rule with no one to ask is denied
+/// "needs approval". A host with L7 rules and no interception is refused at CONNECT.
+#[test]
+fn http_rules_decide_each_request_inside_tls() {
+    use agentrun_policy::{HttpRule, RuleAction};
+    let echo = echo_server();
+    let port = echo.port;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("upstream-ca.pem");
+    std::fs::write(&roots, &echo.ca_pem).unwrap();
+    let interceptor = Arc::new(Interceptor::new("l7", &[roots]).unwrap());
+    let mut policy = NetworkPolicy::default();
+    policy
+        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+        .unwrap();
+    for (id, action, spec) in [
+        (
+            "network.http_deny[0]",
+            RuleAction::Deny,
+            "DELETE 127.0.0.1/v1/",
+        ),
+        (
+            "network.http_allow[0]",
+            RuleAction::Allow,
+            "GET 127.0.0.1/v1/",
+        ),
+        (
+            "network.http_escalate[0]",
+            RuleAction::Escalate,
+            "POST 127.0.0.1/v1/ X-Mode=write",
+        ),
+    ] {
+        policy.http.push(HttpRule::parse(id, action, spec).unwrap());
+    }
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s1 = seen.clone();
+    let sink: DecisionSink = Arc::new(move |a, d| {
+        s1.lock().unwrap().push(format!(
+            "{} {} {} {}",
+            d.verdict(),
+            a.name(),
+            a.resource(),
+            d.rule_id
+        ));
+        true
+    });
+    let sock = dir.path().join("proxy.sock");
+    let proxy = Proxy::builder(policy.clone(), sink.clone())
+        .intercept(interceptor.clone(), Vault::new())
+        .start(bind(&sock).unwrap(), &sock);
+    let ca = interceptor.ca_pem().to_owned();
+    let ask = |req: String| through(&sock, port, client_trusting(&ca), "127.0.0.1", &req);
+    let h = format!("Host: 127.0.0.1:{port}");
+    let r = ask(format!("GET /v1/items?q=1 HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    let r = ask(format!("DELETE /v1/items/3 HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 403 Forbidden"), "{r}");
+    assert!(r.contains("denied by rule network.http_deny[0]"), "{r}");
+    let r = ask(format!(
+        "POST /v1/items HTTP/1.1\r\n{h}\r\nX-Mode: write\r\nContent-Length: 0\r\n\r\n"
+    ));
+    assert!(
+        r.starts_with("HTTP/1.1 403 Forbidden") && r.contains("needs approval"),
+        "{r}"
+    );
+    let r = ask(format!("GET /admin HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.contains("denied by rule network.http_default"), "{r}");
+    let r = ask(format!("GET /v1/../admin HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.contains("denied by rule network.http_path"), "{r}");
+    proxy.stop();
+    let got = seen.lock().unwrap().clone();
+    let http: Vec<&String> = got.iter().filter(|l| l.contains(" net.http ")).collect();
+    assert_eq!(
+        http,
+        [
+            &format!("allow net.http GET 127.0.0.1:{port}/v1/items network.http_allow[0]"),
+            &format!("deny net.http DELETE 127.0.0.1:{port}/v1/items/3 network.http_deny[0]"),
+            &format!("escalate net.http POST 127.0.0.1:{port}/v1/items network.http_escalate[0]"),
+            &format!("deny net.http GET 127.0.0.1:{port}/admin network.http_default"),
+            &format!("deny net.http GET 127.0.0.1:{port}/v1/../admin network.http_path"),
+        ],
+        "{got:?}"
+    );
+
+    // The same rules on a proxy that does not intercept: the CONNECT is refused.
+    let sock2 = dir.path().join("plain.sock");
+    let proxy = Proxy::builder(policy, sink).start(bind(&sock2).unwrap(), &sock2);
+    let mut c = UnixStream::connect(&sock2).unwrap();
+    write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 403") && out.contains("network.http_intercept"),
+        "{out}"
+    );
+    proxy.stop();
+}
