@@ -846,8 +846,44 @@ fn intercept_tls(
         }
     }
     up.flush()?;
-    // The response, until the upstream closes (it was asked to).
+    // The response head, told `Connection: close` (the client must not reuse this
+    // connection: the proxy serves one request per intercepted connection), then the rest
+    // until the upstream closes (it was asked to).
     let mut chunk = [0u8; 16 * 1024];
+    let mut buf = Vec::new();
+    loop {
+        let n = match up.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        match request::close_response_head(&buf) {
+            Ok(Some((head, len))) => {
+                let informational = head.is_empty();
+                let out: &[u8] = if informational { &buf[..len] } else { &head };
+                if tls.write_all(out).is_err() {
+                    return Ok(());
+                }
+                buf.drain(..len);
+                if !informational {
+                    break;
+                }
+            }
+            Ok(None) if buf.len() < MAX_HEAD => {}
+            _ => {
+                reply(
+                    &mut tls,
+                    502,
+                    "Bad Gateway",
+                    &format!("agentrun: {host}: a malformed response head"),
+                );
+                return Ok(());
+            }
+        }
+    }
+    if !buf.is_empty() && tls.write_all(&buf).is_err() {
+        return Ok(());
+    }
     loop {
         match up.read(&mut chunk) {
             Ok(0) | Err(_) => break,

@@ -537,6 +537,43 @@ fn authority(a: &str, default_port: Option<u16>) -> Result<(String, u16), HeadEr
     Ok((host.to_ascii_lowercase(), port))
 }
 
+/// A response head at the start of `buf`, rewritten to end the connection: `Connection`
+/// and `Keep-Alive` dropped, `Connection: close` added. `Ok(Some((head, len)))`: the new
+/// head (empty for a 1xx response, which is passed on as it is) and the old head's length;
+/// `Ok(None)`: read more.
+pub fn close_response_head(buf: &[u8]) -> Result<Option<(Vec<u8>, usize)>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(HeadError::bad(format!("malformed response head: {e}"))),
+    };
+    let code = res.code.expect("complete");
+    if (100..200).contains(&code) {
+        return Ok(Some((Vec::new(), len)));
+    }
+    let mut out = Vec::with_capacity(len + 32);
+    write!(
+        out,
+        "HTTP/1.{} {code} {}\r\n",
+        res.version.expect("complete"),
+        res.reason.unwrap_or_default()
+    )
+    .expect("vec");
+    for f in res.headers.iter() {
+        if f.name.eq_ignore_ascii_case("connection") || f.name.eq_ignore_ascii_case("keep-alive") {
+            continue;
+        }
+        out.extend_from_slice(f.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(f.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(Some((out, len)))
+}
+
 /// Copies the body `head` announces from `from` to `to`, in the framing the forwarded head
 /// announces: exactly `Content-Length` bytes, or a chunked body re-encoded (chunk extensions
 /// and trailers dropped, every size line checked). Stops there: what the client sends after
@@ -626,6 +663,26 @@ mod tests {
 
     fn refused(s: &str) -> HeadError {
         parse(s).expect_err(s)
+    }
+
+    #[test]
+    fn response_heads_are_told_to_close() {
+        let (h, len) = close_response_head(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(len, 85, "the head, without the body");
+        assert_eq!(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+        let (h, _) = close_response_head(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.is_empty());
+        assert_eq!(close_response_head(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
+        assert!(close_response_head(b"HTTP/9 x\r\n\r\n").is_err());
     }
 
     #[test]
