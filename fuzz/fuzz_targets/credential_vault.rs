@@ -11,19 +11,21 @@ use libfuzzer_sys::fuzz_target;
 /// A value long and odd enough that it cannot appear in a state or an error by chance.
 const MARK: &str = "zq9-vault-secret-7Xw";
 
-fn values(body: &serde_json::Value, out: &mut Vec<String>) {
+/// The strings of `body` under a `value` key (`out`) and everywhere else (`names`).
+fn values(body: &serde_json::Value, out: &mut Vec<String>, names: &mut Vec<String>) {
     match body {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
-                if k == "value" {
-                    if let Some(s) = v.as_str() {
-                        out.push(s.to_owned());
-                    }
+                names.push(k.clone());
+                match v.as_str() {
+                    Some(s) if k == "value" => out.push(s.to_owned()),
+                    Some(s) => names.push(s.to_owned()),
+                    None => values(v, out, names),
                 }
-                values(v, out);
             }
         }
-        serde_json::Value::Array(a) => a.iter().for_each(|v| values(v, out)),
+        serde_json::Value::Array(a) => a.iter().for_each(|v| values(v, out, names)),
+        serde_json::Value::String(s) => names.push(s.clone()),
         _ => {}
     }
 }
@@ -41,12 +43,14 @@ fuzz_target!(|data: &[u8]| {
     let create: VaultCreate = serde_json::from_str(&seed).unwrap();
     vault.create(create).unwrap();
     let mut secrets = vec![MARK.to_owned()];
+    let mut names = Vec::new();
     for body in [a, b] {
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
-            values(&v, &mut secrets);
+            values(&v, &mut secrets, &mut names);
         }
     }
-    secrets.retain(|s| s.len() >= 12);
+    // A value that is also written as a name (or inside one) may be quoted as that name.
+    secrets.retain(|s| s.len() >= 12 && !names.iter().any(|n| n.contains(s.as_str())));
     let check = |text: &str| {
         for s in &secrets {
             assert!(!text.contains(s.as_str()), "a value in {text:?}");
