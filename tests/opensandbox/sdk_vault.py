@@ -147,6 +147,22 @@ def vault():
             check(s not in dump, "a secret in the sandbox")
         check("PRIVATE KEY" not in dump, "a key in the sandbox")
 
+        # Bodies that do not parse: 400, and the answer never quotes the input (serde's
+        # messages can: `invalid type: string "..."`).
+        import httpx
+
+        ep = sbx.get_endpoint(18080)
+        leak = "raw-secret-in-a-bad-body-" + os.environ.get("VAULT_NONCE", "x")
+        for method, body in [
+            ("POST", {"credentials": [{"name": "x", "source": leak}], "bindings": []}),
+            ("PATCH", {"credentials": {"add": [{"name": "x", "source": {"value": 7, "type": leak}}]}}),
+            ("PATCH", {"credentials": {"add": [{"name": "x", "source": {"type": leak, "value": leak}}]}}),
+        ]:
+            r = httpx.request(method, f"http://{ep.endpoint}/credential-vault", json=body, headers=ep.headers)
+            check(r.status_code in (400, 409), f"{method} bad body: {r.status_code} {r.text}")
+            check(leak not in r.text, f"{method} bad body quoted: {r.text}")
+        check(leak not in cv.get().model_dump_json(by_alias=True), "a bad body changed the vault")
+
         cv.delete()
         expect_status(lambda: cv.get(), 404)
         # Nothing bound: a plain tunnel again (the sandbox meets the real certificate,
@@ -158,4 +174,29 @@ def vault():
         sbx.close()
 
 
-SCENARIOS = {"vault": vault}
+def without_proxy():
+    """Without credentialProxy: an https binding is refused (412), an http one is served."""
+    check(PLAIN, "VAULT_HTTP_PORT")
+    sbx = SandboxSync.create(
+        "host",
+        connection_config=sync_config(),
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="127.0.0.1")]),
+    )
+    try:
+        cv = sbx.credential_vault
+        creds = [Credential(name="t", source={"value": SECRETS["bearer-token"]})]
+        expect_status(lambda: cv.create(credentials=creds, bindings=[
+            binding("tls", "/bearer", {"type": "bearer", "credential": "t"})]), 412)
+        expect_status(lambda: cv.get(), 404)
+        cv.create(credentials=creds, bindings=[
+            binding("plain", "/plain", {"type": "bearer", "credential": "t"}, scheme="http", port=PLAIN)])
+        r = curl(sbx, f"http://127.0.0.1:{PLAIN}/plain")
+        check(r["headers"] == {"authorization": h("Bearer " + SECRETS["bearer-token"])}, f"plain: {r}")
+        env = "".join(p.text for p in sbx.commands.run("env").logs.stdout)
+        check("SSL_CERT_FILE" not in env, "trust env without credentialProxy")
+    finally:
+        sbx.kill()
+        sbx.close()
+
+
+SCENARIOS = {"vault": vault, "without_proxy": without_proxy}

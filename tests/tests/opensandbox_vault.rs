@@ -168,12 +168,22 @@ fn sdk_credential_vault_injects_every_auth_type_and_leaks_nothing() {
         ],
     );
     let sid = printed(&out, "SANDBOX").to_string();
+    scenario(
+        &daemon,
+        &domain,
+        "vault:without_proxy",
+        &[
+            ("VAULT_TLS_PORT", tls.to_string()),
+            ("VAULT_HTTP_PORT", plain.to_string()),
+            ("VAULT_NONCE", nonce.clone()),
+        ],
+    );
     let log = daemon.log();
     stop_clean(daemon);
 
     // The scenario's secrets all carry the nonce (basic-token is upstream's fixed
     // dXNlcjpwYXNz: looked for too).
-    let secrets = [nonce.as_str(), "dXNlcjpwYXNz"];
+    let secrets = [nonce.as_str(), "dXNlcjpwYXNz", "raw-secret-in-a-bad-body"];
     let audit_text: String = std::fs::read_dir(audit.path())
         .unwrap()
         .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap_or_default())

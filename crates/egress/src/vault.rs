@@ -503,10 +503,10 @@ impl Contents {
             ));
         }
         if c.source.type_.as_deref().is_some_and(|t| t != "inline") {
+            // The type is not quoted: a client may have put the value there.
             return Err(VaultError::bad(format!(
-                "credential {:?}: source type {:?}: only \"inline\" is supported",
-                c.name,
-                c.source.type_.as_deref().unwrap_or_default()
+                "credential {:?}: the source type must be \"inline\"",
+                c.name
             )));
         }
         let value = c.source.value;
@@ -817,6 +817,13 @@ mod tests {
         let e = v.mutate(bad).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(!e.message.contains("sk-secret"), "{e}");
+        // Nor one about a value put where the type goes.
+        let bad: VaultMutation = serde_json::from_value(serde_json::json!({
+            "credentials": {"add": [{"name": "n", "source": {"type": "sk-secret-in-type", "value": "v"}}]}
+        }))
+        .unwrap();
+        let e = v.mutate(bad).unwrap_err();
+        assert!(!e.message.contains("sk-secret-in-type"), "{e}");
     }
 
     #[test]
