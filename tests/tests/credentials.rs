@@ -53,8 +53,35 @@ env
 cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
 cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '
 ls -la /run/agentrun-egress/
-cat /run/agentrun-egress/*.pem | grep -c 'PRIVATE KEY'
+echo "keys: $(cat /run/agentrun-egress/*.pem | grep -c 'PRIVATE KEY')"
+python3 /dump/memdump.py /dump/out
 true
+"#;
+
+/// Copies the readable memory of every process in the sandbox into files under argv[1] (the
+/// test looks for the secret in them).
+const MEMDUMP: &str = r#"
+import os, re, sys
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError:
+        continue
+    with open(f"{out}/{pid}.mem", "wb") as f:
+        for line in maps:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) r", line)
+            if not m or "[vvar]" in line:
+                continue
+            a, b = int(m.group(1), 16), int(m.group(2), 16)
+            try:
+                mem.seek(a)
+                f.write(mem.read(min(b - a, 64 << 20)))
+            except (OSError, ValueError, OverflowError):
+                pass
+print("memdump", len(os.listdir(out)))
 "#;
 
 fn openssl(dir: &std::path::Path, args: &[&str]) {
@@ -175,6 +202,9 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     let d = dir.path();
     certs(d, "IP:10.77.0.2,IP:10.77.0.3");
     std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let dump = d.join("dump");
+    std::fs::create_dir_all(&dump).unwrap();
+    std::fs::write(dump.join("memdump.py"), MEMDUMP).unwrap();
     let secret = format!(
         "e2e-secret-{}-{}",
         std::process::id(),
@@ -210,6 +240,8 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
             format!("{}:/opt/site", site.display()),
             "-e".into(),
             "PYTHONPATH=/opt/site".into(),
+            "--rw".into(),
+            format!("{}:/dump", dump.display()),
         ],
         ["sh", "-c", CLIENT],
     )
@@ -253,8 +285,8 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     );
     assert!(stdout.contains("ca.pem"), "{out}");
     assert_eq!(
-        stdout.lines().last(),
-        Some("0"),
+        line("keys:"),
+        "keys: 0",
         "a private key in the sandbox's files: {out}"
     );
     assert!(
