@@ -488,3 +488,72 @@ fn http_rules_decide_each_request_with_spans_and_audit() {
         "{spans:#?}"
     );
 }
+
+/// `agentrun mcp --credential`: a session's `run_python` reaches the TLS server with the
+/// credential added (tests/mcp/sdk_client.py `credential`, which also dumps the sandbox's
+/// environment: no secret); the injection is audited, the secret nowhere in the audit.
+#[test]
+fn mcp_sessions_get_credentials_too() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("mcp-e2e-secret-{}", std::process::id());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("python3")
+        .args([
+            "server.py",
+            "127.0.0.1",
+            &port.to_string(),
+            "server.pem",
+            "server.key",
+        ])
+        .current_dir(d)
+        .env("E2E_SECRET", &secret)
+        .spawn()
+        .unwrap();
+    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(drop)
+    });
+    assert!(up.is_some(), "the test's server did not start");
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
+    let ca = d.join("ca.pem").display().to_string();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        env.run_with(
+            agentrun_e2e::mcp::SDK,
+            "credential",
+            &[
+                "--profile",
+                "code-interpreter",
+                "--credential",
+                &cred,
+                "--egress-upstream-ca",
+                &ca,
+            ],
+            &[
+                ("MCP_E2E_SECRET", secret.clone()),
+                ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
+            ],
+        )
+    }));
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(!out.contains(&secret), "{out}");
+    let records = env.audit_records();
+    let text = format!("{records:?}");
+    assert!(!text.contains(&secret), "the secret in the audit log");
+    assert!(
+        records.iter().any(|r| r["rule"] == "cli.credential[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+}

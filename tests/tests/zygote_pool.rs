@@ -487,13 +487,15 @@ fn a_zygote_shell_rests_at_a_low_cpu_weight_between_runs() {
     let resting = ["64", "6"]; // v1 cpu.shares, v2 cpu.weight
     let normal = ["1024", "100"];
     let (id, w) = weight("ready");
-    assert!(resting.contains(&w.as_str()), "ready shell {id}: weight {w}");
+    assert!(
+        resting.contains(&w.as_str()),
+        "ready shell {id}: weight {w}"
+    );
     // During a run, the shell it runs in has a run's weight.
     let dir = tempdir();
     let flag = dir.path().join("started");
-    let mut run = s
-        .d
-        .exec_with(
+    let mut run =
+        s.d.exec_with(
             [
                 "--profile".to_string(),
                 s.profile.clone(),
@@ -506,7 +508,10 @@ fn a_zygote_shell_rests_at_a_low_cpu_weight_between_runs() {
     wait_until(Duration::from_secs(30), || flag.exists().then_some(()))
         .unwrap_or_else(|| panic!("the run did not start\n{}", s.d.log()));
     let (id, w) = weight("running");
-    assert!(normal.contains(&w.as_str()), "running shell {id}: weight {w}");
+    assert!(
+        normal.contains(&w.as_str()),
+        "running shell {id}: weight {w}"
+    );
     run.signal(libc::SIGINT);
     run.wait_or_kill(Duration::from_secs(30));
     // Back in its pool, it rests again.
@@ -514,5 +519,9 @@ fn a_zygote_shell_rests_at_a_low_cpu_weight_between_runs() {
         let (id, w) = weight("ready");
         resting.contains(&w.as_str()).then_some((id, w))
     });
-    assert!(back.is_some(), "no resting ready shell after the run\n{}", s.d.log());
+    assert!(
+        back.is_some(),
+        "no resting ready shell after the run\n{}",
+        s.d.log()
+    );
 }
