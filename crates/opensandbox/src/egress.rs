@@ -190,6 +190,11 @@ impl SandboxEgress {
             .map_err(|e| ApiError::internal(e.to_string()))
     }
 
+    /// Whether its proxy intercepts TLS (`credentialProxy.enabled`).
+    pub fn credential_proxy(&self) -> bool {
+        self.credential_proxy
+    }
+
     /// `https` bindings need the credential proxy (412 otherwise).
     fn check_https(&self, state: &VaultState) -> ApiResult<()> {
         if self.credential_proxy {
