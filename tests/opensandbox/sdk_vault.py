@@ -163,6 +163,25 @@ def vault():
             check(leak not in r.text, f"{method} bad body quoted: {r.text}")
         check(leak not in cv.get().model_dump_json(by_alias=True), "a bad body changed the vault")
 
+        # A fork intercepts too (its copied environment points at a CA bundle: the file is
+        # there), with an empty vault: credentials are never copied.
+        from sdk_e2e import BASE, lifecycle_headers
+
+        r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=120)
+        check(r.status_code == 201, f"fork: {r.status_code} {r.text}")
+        copy_id = r.json()["sandboxes"][0]["id"]
+        copy = SandboxSync.connect(copy_id, connection_config=sync_config())
+        try:
+            ex = copy.commands.run("test -s /run/agentrun-egress/ca-bundle.pem && echo bundle; env | grep -c SSL_CERT_FILE")
+            out = "\n".join(p.text for p in ex.logs.stdout)
+            check(out.split() == ["bundle", "1"], f"the copy's trust files: {out!r}")
+            expect_status(lambda: copy.credential_vault.get(), 404)
+            r = curl(copy, f"https://127.0.0.1:{TLS}/bearer", "-k")
+            check(r["headers"] == {}, f"a copy injected: {r}")
+        finally:
+            copy.kill()
+            copy.close()
+
         cv.delete()
         expect_status(lambda: cv.get(), 404)
         # Nothing bound: a plain tunnel again (the sandbox meets the real certificate,
