@@ -773,130 +773,225 @@ fn intercept_tls(
             return Ok(());
         }
     }
-    // The request head.
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let (mut req, body_start) = loop {
-        let n = match tls.read(&mut chunk) {
-            Ok(0) | Err(_) => return Ok(()),
-            Ok(n) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        match parse_origin_head(&buf, host, head.port, 443) {
-            Ok(Some((h, len))) => break (h, buf.split_off(len)),
-            Ok(None) => {}
-            Err(e) => {
-                reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
-                return Ok(());
-            }
-        }
-    };
-    if let Err((status, text, msg)) = decide_http(shared, host, head.port, &req) {
-        reply(&mut tls, status, text, &msg);
-        return Ok(());
-    }
-    let name = match mitm::server_name(host) {
-        Ok(n) => n,
-        Err(e) => {
-            reply(
-                &mut tls,
-                502,
-                "Bad Gateway",
-                &format!("agentrun: {host}: {e}"),
-            );
-            return Ok(());
-        }
-    };
-    let up_conn = rustls::ClientConnection::new(interceptor.upstream_config(), name)
-        .map_err(io::Error::other)?;
-    upstream.set_read_timeout(Some(IO_TIMEOUT))?;
-    let mut up = rustls::StreamOwned::new(up_conn, upstream);
-    while up.conn.is_handshaking() {
-        if let Err(e) = up.conn.complete_io(&mut up.sock) {
-            let f = Failure {
-                kind: FailureKind::Connect,
-                message: format!("TLS to {host} failed: {e}"),
-            };
-            if let Some(failures) = &shared.failures {
-                failures(action, decision, &f);
-            }
-            reply(
-                &mut tls,
-                502,
-                "Bad Gateway",
-                &format!("agentrun: {}", f.message),
-            );
-            return Ok(());
-        }
-    }
-    // Only now, with the upstream verified, is the credential added.
-    if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
-        if let Some(sink) = &shared.injections {
-            let path = req.path.split('?').next().unwrap_or_default().to_owned();
-            sink(action, &req.method, &path, &binding);
-        }
-    }
-    let mut fwd = zeroize::Zeroizing::new(req.forward(host, head.port, 443));
-    up.write_all(&fwd)?;
-    zeroize::Zeroize::zeroize(&mut *fwd);
-    {
-        let mut from = BufReader::new(io::Cursor::new(body_start).chain(&mut tls));
-        if request::relay_body(req.body, &mut from, &mut up).is_err() {
-            return Ok(());
-        }
-    }
-    up.flush()?;
-    // The response head, told `Connection: close` (the client must not reuse this
-    // connection: the proxy serves one request per intercepted connection), then the rest
-    // until the upstream closes (it was asked to).
+    // Requests one after another on this connection (keep-alive, as the client asks), each
+    // decided, injected and sent on one upstream connection made for the first.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut upstream = Some(upstream);
+    let mut up: Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> = None;
     let mut chunk = [0u8; 16 * 1024];
-    let mut buf = Vec::new();
     loop {
-        let n = match up.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        match request::close_response_head(&buf) {
-            Ok(Some((head, len))) => {
-                let informational = head.is_empty();
-                let out: &[u8] = if informational { &buf[..len] } else { &head };
-                if tls.write_all(out).is_err() {
+        // The request head (what was read past the last request comes first).
+        let mut buf = std::mem::take(&mut pending);
+        let (mut req, body_start) = loop {
+            match parse_origin_head(&buf, host, head.port, 443) {
+                Ok(Some((h, len))) => break (h, buf.split_off(len)),
+                Ok(None) => {}
+                Err(e) => {
+                    reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
                     return Ok(());
                 }
-                buf.drain(..len);
-                if !informational {
-                    break;
-                }
             }
-            Ok(None) if buf.len() < MAX_HEAD => {}
-            _ => {
-                reply(
-                    &mut tls,
-                    502,
-                    "Bad Gateway",
-                    &format!("agentrun: {host}: a malformed response head"),
-                );
+            let n = match tls.read(&mut chunk) {
+                Ok(0) | Err(_) => {
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                    return Ok(());
+                }
+                Ok(n) => n,
+            };
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        if let Err((status, text, msg)) = decide_http(shared, host, head.port, &req) {
+            reply(&mut tls, status, text, &msg);
+            return Ok(());
+        }
+        if up.is_none() {
+            let Some(tcp) = upstream.take() else {
                 return Ok(());
-            }
-        }
-    }
-    if !buf.is_empty() && tls.write_all(&buf).is_err() {
-        return Ok(());
-    }
-    loop {
-        match up.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if tls.write_all(&chunk[..n]).is_err() {
-                    break;
+            };
+            match connect_upstream_tls(interceptor, host, tcp) {
+                Ok(u) => up = Some(u),
+                Err(message) => {
+                    let f = Failure {
+                        kind: FailureKind::Connect,
+                        message,
+                    };
+                    if let Some(failures) = &shared.failures {
+                        failures(action, decision, &f);
+                    }
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {}", f.message),
+                    );
+                    return Ok(());
                 }
             }
         }
+        let u = up.as_mut().expect("made above");
+        // Only now, with the upstream verified, is the credential added.
+        if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
+            if let Some(sink) = &shared.injections {
+                let path = req.path.split('?').next().unwrap_or_default().to_owned();
+                sink(action, &req.method, &path, &binding);
+            }
+        }
+        let keep = !req.close;
+        let mut fwd = zeroize::Zeroizing::new(req.forward_with(host, head.port, 443, !keep));
+        let sent = {
+            // Head and body go out together (one TLS record where they fit): a head written
+            // alone would wait out the peer's delayed ACK before the body.
+            let mut to = io::BufWriter::with_capacity(64 * 1024, &mut *u);
+            to.write_all(&fwd)?;
+            zeroize::Zeroize::zeroize(&mut *fwd);
+            let mut from = BufReader::new(io::Cursor::new(body_start).chain(&mut tls));
+            let sent =
+                request::relay_body(req.body, &mut from, &mut to).is_ok() && to.flush().is_ok();
+            // Read past the body: the start of the next request (buffered first, then what
+            // the cursor still holds).
+            pending = from.buffer().to_vec();
+            let (cursor, _) = from.into_inner().into_inner();
+            let at = (cursor.position() as usize).min(cursor.get_ref().len());
+            pending.extend_from_slice(&cursor.get_ref()[at..]);
+            sent
+        };
+        if !sent {
+            return Ok(());
+        }
+        u.flush()?;
+        // The response head (1xx ones passed on as they are).
+        let mut rbuf = Vec::new();
+        let resp = loop {
+            match request::parse_response_head(&rbuf, req.method.eq_ignore_ascii_case("HEAD")) {
+                Ok(Some(r)) if r.code < 200 => {
+                    if tls.write_all(&rbuf[..r.len]).is_err() {
+                        return Ok(());
+                    }
+                    rbuf.drain(..r.len);
+                    continue;
+                }
+                Ok(Some(r)) => break r,
+                Ok(None) => {}
+                Err(e) => {
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {host}: {e}"),
+                    );
+                    return Ok(());
+                }
+            }
+            match u.read(&mut chunk) {
+                Ok(0) | Err(_) => {
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {host} closed the connection without a response"),
+                    );
+                    return Ok(());
+                }
+                Ok(n) => rbuf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let closing = !keep || resp.close || resp.body == request::ResponseBody::UntilClose;
+        let head_out = if closing {
+            match request::close_response_head(&rbuf) {
+                Ok(Some((h, _))) => h,
+                _ => return Ok(()),
+            }
+        } else {
+            rbuf[..resp.len].to_vec()
+        };
+        let body_rest = rbuf.split_off(resp.len);
+        // Head and body to the client together too (see above).
+        let mut to = io::BufWriter::with_capacity(64 * 1024, &mut tls);
+        if to.write_all(&head_out).is_err() {
+            return Ok(());
+        }
+        let relayed = match resp.body {
+            request::ResponseBody::None => true,
+            request::ResponseBody::Length(n) => {
+                let mut from = BufReader::new(io::Cursor::new(body_rest).chain(&mut *u));
+                copy_flushing(&mut from, &mut to, n).is_ok()
+            }
+            request::ResponseBody::Chunked => {
+                let mut from = BufReader::new(io::Cursor::new(body_rest).chain(&mut *u));
+                request::relay_body(Body::Chunked, &mut from, &mut to).is_ok()
+            }
+            request::ResponseBody::UntilClose => {
+                if to.write_all(&body_rest).is_err() {
+                    return Ok(());
+                }
+                // Streamed as it comes (a long-lived stream must not wait for 64 KiB).
+                let _ = to.flush();
+                loop {
+                    match u.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if to.write_all(&chunk[..n]).is_err() || to.flush().is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        };
+        let relayed = to.flush().is_ok() && relayed;
+        drop(to);
+        if !relayed || closing {
+            break;
+        }
+        let _ = tls.flush();
     }
     tls.conn.send_close_notify();
     let _ = tls.flush();
     Ok(())
+}
+
+/// Copies `n` bytes, each piece as soon as it is there (the first joins what `to` holds: a
+/// response head and the start of its body go out together).
+fn copy_flushing(from: &mut impl io::BufRead, to: &mut impl Write, mut n: u64) -> io::Result<()> {
+    while n > 0 {
+        let buf = from.fill_buf()?;
+        if buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the upstream closed before the end of the body",
+            ));
+        }
+        let k = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+        to.write_all(&buf[..k])?;
+        from.consume(k);
+        n -= k as u64;
+        to.flush()?;
+    }
+    Ok(())
+}
+
+/// TLS to the upstream over `tcp`, its certificate verified for `host`; `Err`: why not.
+fn connect_upstream_tls(
+    interceptor: &Interceptor,
+    host: &str,
+    tcp: TcpStream,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
+    let name = mitm::server_name(host).map_err(|e| format!("{host}: {e}"))?;
+    let conn = rustls::ClientConnection::new(interceptor.upstream_config(), name)
+        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    // The proxy writes whole requests itself: no Nagle delay on what it sends.
+    let _ = tcp.set_nodelay(true);
+    let mut up = rustls::StreamOwned::new(conn, tcp);
+    while up.conn.is_handshaking() {
+        up.conn
+            .complete_io(&mut up.sock)
+            .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    }
+    Ok(up)
 }
 
 /// Decides one request by the policy's L7 rules (none naming the host: sent as it is). The

@@ -511,3 +511,187 @@ fn http_rules_decide_each_request_inside_tls() {
     );
     proxy.stop();
 }
+
+/// Keep-alive through interception: three requests on one client connection, each decided
+/// and injected (a rotation between them shows on the next), served over one upstream
+/// connection; a chunked response and a HEAD are framed right.
+#[test]
+fn intercepted_connections_are_kept_alive() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = p.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let cfg = Arc::new(
+        ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap(),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c2 = conns.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let cfg = cfg.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let conn = rustls::ServerConnection::new(cfg).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, s);
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match tls.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                    buf.drain(..end + 4);
+                    let auth = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Authorization: "))
+                        .unwrap_or("none")
+                        .to_owned();
+                    let out = if head.starts_with("HEAD ") {
+                        "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n".to_owned()
+                    } else if head.contains("/chunked") {
+                        format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{auth}\r\n0\r\n\r\n", auth.len())
+                    } else {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{auth}",
+                            auth.len()
+                        )
+                    };
+                    if tls.write_all(out.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("upstream-ca.pem");
+    std::fs::write(&roots, ca.pem()).unwrap();
+    let interceptor = Arc::new(Interceptor::new("keep", &[roots]).unwrap());
+    let vault = Vault::new();
+    vault
+        .create(
+            serde_json::from_value(serde_json::json!({
+                "credentials": [{"name": "key", "source": {"value": "first-value"}}],
+                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "methods": ["GET", "HEAD"]},
+                              "auth": {"type": "bearer", "credential": "key"}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+    let mut policy = NetworkPolicy::default();
+    policy
+        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+        .unwrap();
+    let sock = dir.path().join("proxy.sock");
+    let proxy = Proxy::builder(policy, Arc::new(|_, _| true))
+        .intercept(interceptor.clone(), vault.clone())
+        .start(bind(&sock).unwrap(), &sock);
+    let mut c = UnixStream::connect(&sock).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
+    let mut head = [0u8; 39];
+    c.read_exact(&mut head).unwrap();
+    let conn = rustls::ClientConnection::new(
+        client_trusting(interceptor.ca_pem()),
+        ServerName::try_from("127.0.0.1".to_owned()).unwrap(),
+    )
+    .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, c);
+    // Reads one response: its head, then Content-Length bytes or a chunked body.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut one = |tls: &mut rustls::StreamOwned<rustls::ClientConnection, UnixStream>,
+                   req: &str| {
+        tls.write_all(req.as_bytes()).unwrap();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&pending[..end + 4]).into_owned();
+                let want_end = if req.starts_with("HEAD") {
+                    end + 4
+                } else if head.contains("chunked") {
+                    match pending.windows(5).position(|w| w == b"0\r\n\r\n") {
+                        Some(z) => z + 5,
+                        None => usize::MAX,
+                    }
+                } else {
+                    let n: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .unwrap()
+                        .trim()
+                        .parse()
+                        .unwrap();
+                    end + 4 + n
+                };
+                if pending.len() >= want_end {
+                    let out = String::from_utf8_lossy(&pending[..want_end]).into_owned();
+                    pending.drain(..want_end);
+                    return out;
+                }
+            }
+            let n = tls.read(&mut chunk).unwrap();
+            assert!(
+                n > 0,
+                "closed early: {:?}",
+                String::from_utf8_lossy(&pending)
+            );
+            pending.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let h = format!("Host: 127.0.0.1:{port}");
+    let r = one(&mut tls, &format!("GET /a HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(
+        r.ends_with("Bearer first-value") && !r.contains("Connection: close"),
+        "{r}"
+    );
+    vault
+        .mutate(
+            serde_json::from_value(serde_json::json!({
+                "credentials": {"replace": [{"name": "key", "source": {"value": "second-value"}}]}
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+    let r = one(&mut tls, &format!("GET /chunked HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.contains("Bearer second-value\r\n0\r\n\r\n"), "{r}");
+    let r = one(&mut tls, &format!("HEAD /h HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(
+        r.starts_with("HTTP/1.1 200 OK") && r.contains("Content-Length: 99"),
+        "{r}"
+    );
+    let r = one(
+        &mut tls,
+        &format!("GET /last HTTP/1.1\r\n{h}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(
+        r.contains("Connection: close") && r.ends_with("Bearer second-value"),
+        "{r}"
+    );
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(conns.load(Ordering::SeqCst), 1, "one upstream connection");
+    proxy.stop();
+}

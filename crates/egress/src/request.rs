@@ -103,6 +103,9 @@ struct Parsed<'b> {
     length: Option<u64>,
     body: Body,
     len: usize,
+    /// The client asked to close after this request (`Connection: close`, or HTTP/1.0
+    /// without `keep-alive`).
+    close: bool,
 }
 
 fn parse_common(buf: &[u8]) -> Result<Option<Parsed<'_>>, HeadError> {
@@ -215,6 +218,8 @@ fn parse_common(buf: &[u8]) -> Result<Option<Parsed<'_>>, HeadError> {
         })
         .map(|f| (f.name.to_owned(), trim(f.value).to_vec()))
         .collect();
+    let close = hop_by_hop.iter().any(|t| t == "close")
+        || (minor == 0 && !hop_by_hop.iter().any(|t| t == "keep-alive"));
     Ok(Some(Parsed {
         method,
         target,
@@ -224,11 +229,13 @@ fn parse_common(buf: &[u8]) -> Result<Option<Parsed<'_>>, HeadError> {
         length,
         body,
         len,
+        close,
     }))
 }
 
 /// Writes a head in origin form for the upstream: `Host: authority`, the end-to-end
 /// `fields`, the framing the proxy writes, and `Connection: close`.
+#[allow(clippy::too_many_arguments)]
 fn serialize(
     method: &str,
     path: &str,
@@ -237,6 +244,7 @@ fn serialize(
     fields: &[(String, Vec<u8>)],
     body: Body,
     length: Option<u64>,
+    close: bool,
 ) -> Vec<u8> {
     let mut fwd = Vec::with_capacity(256);
     write!(
@@ -256,7 +264,10 @@ fn serialize(
         Body::None if length == Some(0) => fwd.extend_from_slice(b"Content-Length: 0\r\n"),
         Body::None => {}
     }
-    fwd.extend_from_slice(b"Connection: close\r\n\r\n");
+    if close {
+        fwd.extend_from_slice(b"Connection: close\r\n");
+    }
+    fwd.extend_from_slice(b"\r\n");
     fwd
 }
 
@@ -328,6 +339,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         &p.fields,
         body,
         p.length,
+        true,
     );
     let origin = OriginHead {
         method: method.to_owned(),
@@ -336,6 +348,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         fields: p.fields,
         body,
         length: p.length,
+        close: true,
     };
     Ok(Some((
         RequestHead {
@@ -363,6 +376,8 @@ pub struct OriginHead {
     pub fields: Vec<(String, Vec<u8>)>,
     pub body: Body,
     length: Option<u64>,
+    /// The client asked to close the connection after this request.
+    pub close: bool,
 }
 
 impl Drop for OriginHead {
@@ -379,6 +394,11 @@ impl OriginHead {
     /// The head to send upstream to `host:port` (`Host` written by the proxy, port omitted
     /// when it is `default_port`).
     pub fn forward(&self, host: &str, port: u16, default_port: u16) -> Vec<u8> {
+        self.forward_with(host, port, default_port, true)
+    }
+
+    /// [`OriginHead::forward`], asking the upstream to close after it (`close`) or not.
+    pub fn forward_with(&self, host: &str, port: u16, default_port: u16, close: bool) -> Vec<u8> {
         let h = if host.contains(':') {
             format!("[{host}]")
         } else {
@@ -397,6 +417,7 @@ impl OriginHead {
             &self.fields,
             self.body,
             self.length,
+            close,
         )
     }
 
@@ -461,9 +482,103 @@ pub fn parse_origin_head(
             fields: p.fields,
             body: p.body,
             length: p.length,
+            close: p.close,
         },
         p.len,
     )))
+}
+
+/// How a response's body is framed (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// None: a response to HEAD, 1xx, 204, 304.
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes.
+    UntilClose,
+}
+
+/// A response head an intercepting proxy reads from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub code: u16,
+    /// Bytes of the head.
+    pub len: usize,
+    pub body: ResponseBody,
+    /// The upstream closes after it (`Connection: close`, or HTTP/1.0 without keep-alive).
+    pub close: bool,
+}
+
+/// Parses the response head at the start of `buf` (`head_request`: the request was HEAD).
+/// `Ok(None)`: read more. Refuses both `Content-Length` and `Transfer-Encoding`, and two
+/// different lengths.
+pub fn parse_response_head(
+    buf: &[u8],
+    head_request: bool,
+) -> Result<Option<ResponseHead>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            return Err(HeadError::bad("response head too large"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(HeadError::bad(format!("malformed response head: {e}"))),
+    };
+    let code = res.code.expect("complete");
+    let minor = res.version.expect("complete");
+    let (mut length, mut te, mut tokens) = (None::<u64>, None::<bool>, Vec::new());
+    for f in res.headers.iter() {
+        let name = f.name.to_ascii_lowercase();
+        match name.as_str() {
+            "content-length" => {
+                let n = content_length(f.value)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(HeadError::bad("two different Content-Length fields"));
+                }
+                length = Some(n);
+            }
+            "transfer-encoding" => {
+                let last = String::from_utf8_lossy(f.value)
+                    .rsplit(',')
+                    .next()
+                    .map(|t| t.trim().eq_ignore_ascii_case("chunked"))
+                    .unwrap_or(false);
+                te = Some(last);
+            }
+            "connection" => tokens.extend(
+                String::from_utf8_lossy(f.value)
+                    .split(',')
+                    .map(|t| t.trim().to_ascii_lowercase()),
+            ),
+            _ => {}
+        }
+    }
+    if te.is_some() && length.is_some() {
+        return Err(HeadError::bad(
+            "a response with both Transfer-Encoding and Content-Length",
+        ));
+    }
+    let close = tokens.iter().any(|t| t == "close")
+        || (minor == 0 && !tokens.iter().any(|t| t == "keep-alive"));
+    let body = if head_request || code < 200 || code == 204 || code == 304 {
+        ResponseBody::None
+    } else {
+        match (te, length) {
+            (Some(true), _) => ResponseBody::Chunked,
+            (Some(false), _) => ResponseBody::UntilClose,
+            (None, Some(n)) => ResponseBody::Length(n),
+            (None, None) => ResponseBody::UntilClose,
+        }
+    };
+    Ok(Some(ResponseHead {
+        code,
+        len,
+        body,
+        close,
+    }))
 }
 
 fn trim(v: &[u8]) -> &[u8] {
@@ -644,6 +759,8 @@ fn relay_chunked(from: &mut impl BufRead, to: &mut impl Write) -> io::Result<()>
             return Err(invalid("a chunk is longer than its size says"));
         }
         to.write_all(b"\r\n")?;
+        // Each chunk goes on at once (a streamed response: server-sent events, tokens).
+        to.flush()?;
     }
 }
 
@@ -663,6 +780,58 @@ mod tests {
 
     fn refused(s: &str) -> HeadError {
         parse(s).expect_err(s)
+    }
+
+    #[test]
+    fn response_framing() {
+        let p = |s: &str, head: bool| parse_response_head(s.as_bytes(), head).unwrap().unwrap();
+        let r = p("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", false);
+        assert_eq!(
+            (r.body, r.close, r.len),
+            (ResponseBody::Length(5), false, 38)
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).body,
+            ResponseBody::None
+        );
+        assert_eq!(
+            p(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                false
+            )
+            .body,
+            ResponseBody::Chunked
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\n\r\n", false).body,
+            ResponseBody::UntilClose
+        );
+        assert!(
+            p(
+                "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+                false
+            )
+            .close
+        );
+        assert!(p("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false).close);
+        assert_eq!(
+            p("HTTP/1.1 100 Continue\r\n\r\n", false).body,
+            ResponseBody::None
+        );
+        assert!(parse_response_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert!(parse_response_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert_eq!(
+            parse_response_head(b"HTTP/1.1 200 OK\r\n", false).unwrap(),
+            None
+        );
     }
 
     #[test]
