@@ -837,6 +837,20 @@ fn intercept_tls(
                 sink(action, &req.method, &path, &binding);
             }
         }
+        // `Expect: 100-continue` is answered here (the body is relayed before the upstream's
+        // answer is read): the client need not wait for a 100 that would come too late.
+        let continues = req
+            .field("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"));
+        if continues {
+            req.remove_field("expect");
+            if req.body != Body::None
+                && (tls.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
+                    || tls.flush().is_err())
+            {
+                return Ok(());
+            }
+        }
         let keep = !req.close;
         let mut fwd = zeroize::Zeroizing::new(req.forward_with(host, head.port, 443, !keep));
         let sent = {

@@ -695,3 +695,28 @@ fn intercepted_connections_are_kept_alive() {
     assert_eq!(conns.load(Ordering::SeqCst), 1, "one upstream connection");
     proxy.stop();
 }
+
+/// `Expect: 100-continue` is answered by the proxy (the upstream never sees it) and the body
+/// still arrives.
+#[test]
+fn expect_continue_is_answered_by_the_proxy() {
+    let echo = echo_server();
+    let s = setup(&echo, true, &[echo.port]);
+    let port = echo.port;
+    let r = through(
+        &s.sock,
+        port,
+        client_trusting(s.interceptor.ca_pem()),
+        "127.0.0.1",
+        &format!("POST /v1/up HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello"),
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"),
+        "{r}"
+    );
+    assert!(
+        r.contains("POST /v1/up HTTP/1.1\r\n") && !r.to_ascii_lowercase().contains("expect:"),
+        "{r}"
+    );
+    s.proxy.stop();
+}

@@ -429,6 +429,13 @@ impl OriginHead {
             .map(|(_, v)| v.as_slice())
     }
 
+    /// Removes every field named `name`; whether there was one.
+    pub fn remove_field(&mut self, name: &str) -> bool {
+        let before = self.fields.len();
+        self.fields.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.fields.len() != before
+    }
+
     /// Sets field `name` to `value`, replacing every field of that name the client sent.
     pub fn set_field(&mut self, name: &str, value: Vec<u8>) {
         self.fields.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
