@@ -390,4 +390,38 @@ for name, data in [
 ]:
     put("webguard", name, data)
 
+
+# credential_vault: the first byte is the length of the create body; the mutation follows.
+def vault_seed(create, mutation):
+    a = json.dumps(create).encode()
+    b = json.dumps(mutation).encode()
+    return bytes([min(len(a), 255)]) + a[:255] + b
+
+_cv_create = {
+    "credentials": [{"name": "k", "source": {"type": "inline", "value": "sk-seed-value-123456"}}],
+    "bindings": [{"name": "b", "match": {"hosts": ["*.h.example"], "paths": ["/v1/*"]},
+                  "auth": {"type": "apiKey", "name": "X-Key", "credential": "k"}}],
+}
+for name, create, mutation in [
+    ("create-patch", _cv_create, {"expectedRevision": 1, "credentials": {"replace": [
+        {"name": "c", "source": {"value": "rotated-value-abcdef"}}]}}),
+    ("add-binding", {"credentials": [], "bindings": []}, {"bindings": {"add": [
+        {"name": "q", "match": {"hosts": ["h.example"]}, "auth": {"type": "query", "name": "key", "credential": "c"}}]}}),
+    ("placeholder", {"credentials": [], "bindings": []}, {"bindings": {"replace": [
+        {"name": "b", "match": {"hosts": ["h.example"]}, "auth": {"type": "placeholder", "placeholder": "PLACEHOLDER", "credential": "c"}}]}}),
+    ("delete-missing", {"credentials": [], "bindings": []}, {"credentials": {"delete": ["c"]}}),
+    ("bad-value", {"credentials": [], "bindings": []}, {"credentials": {"replace": [
+        {"name": "c", "source": {"value": "line\r\nX-Evil: secret-long-value"}}]}}),
+]:
+    put("credential_vault", name, vault_seed(create, mutation))
+
+# http_rule: a rule line, then a request line `METHOD HOST PORT PATH`.
+for name, data in [
+    ("deny-delete", "DELETE api.example.com/repos/\nDELETE api.example.com 443 /repos/x"),
+    ("any-header", "* *.example.com:8443 X-A=1\nGET a.example.com 8443 /"),
+    ("v6", "GET [::1]:8080/v1\nGET ::1 8080 /v1/../x"),
+    ("bad", "G(T api.example.com\nGET x 1 /"),
+]:
+    put("http_rule", name, data)
+
 print(f"seeds written under {CORPUS}", file=sys.stderr)

@@ -566,8 +566,25 @@ except Exception as e:
         print("DENIAL", json.dumps(d))
 
 
+async def credential():
+    """`agentrun mcp --credential`: run_python reaches the test's TLS server (VAULT_URL) with
+    the credential added by the sandbox's egress proxy; the sandbox's environment, the
+    tool results and the files it was given never hold the secret (MCP_E2E_SECRET)."""
+    url, secret = os.environ["VAULT_URL"], os.environ["MCP_E2E_SECRET"]
+    async with connect() as s:
+        r = await py(s, f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=20).read().decode().strip())")
+        out = expect_run(r)
+        eq(out["stdout"], "auth=ok path=/v1/mcp\n", "the request through the proxy")
+        dump = await s.call_tool("run_shell", {"command": "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'; cat /run/agentrun-egress/*.pem"})
+        text = json.dumps(structured(dump)) + text_of(dump) + text_of(r)
+        check("SSL_CERT_FILE=/run/agentrun-egress/ca-bundle.pem" in text, "trust env", text[:2000])
+        check(secret not in text, "the secret reached the sandbox")
+        check("PRIVATE KEY" not in text, "a key in the sandbox")
+
+
 if __name__ == "__main__":
     main({
+        "credential": run(credential),
         "basics": run(basics),
         "sessions": run(sessions),
         "one_shot": run(one_shot),

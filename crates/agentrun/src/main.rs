@@ -10,6 +10,7 @@
 mod approve;
 mod audit_cmd;
 mod cold;
+mod credential;
 mod exec;
 mod fork_cmd;
 mod gen_cmd;

@@ -28,6 +28,14 @@ pub struct McpArgs {
     /// Also allow HOST[:PORT] (repeatable), as for `agentrun exec`.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     allow_host: Vec<String>,
+    /// A credential the sandboxes' egress proxies add to requests to one host, as for
+    /// `agentrun exec --credential` (repeatable).
+    #[arg(long = "credential", value_name = "SPEC")]
+    credential: Vec<String>,
+    /// A PEM bundle of roots also trusted for upstream servers when TLS is intercepted
+    /// (repeatable).
+    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
+    egress_upstream_ca: Vec<PathBuf>,
     /// A fresh sandbox for every tool call (default: one per MCP session, whose files and
     /// Python variables persist between calls).
     #[arg(long)]
@@ -120,9 +128,29 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
         .as_deref()
         .map(|w| crate::plan::check_dir(w, true, "--workspace"))
         .transpose()?;
+    let mut allow = args.allow_host.clone();
+    let mut creds = Vec::new();
+    for (i, spec) in args.credential.iter().enumerate() {
+        let c = crate::credential::parse(spec, i)?;
+        let host = if c.host.contains(':') {
+            format!("[{}]:{}", c.host, c.port)
+        } else {
+            format!("{}:{}", c.host, c.port)
+        };
+        if !allow.contains(&host) {
+            allow.push(host);
+        }
+        creds.push(c);
+    }
+    let vault = if creds.is_empty() {
+        None
+    } else {
+        Some(crate::credential::vault(creds)?)
+    };
     let options = McpOptions::new(&args.image, &profile, paths.audit_dir())
         .workspace(workspace)
-        .allow_hosts(args.allow_host.clone())
+        .allow_hosts(allow)
+        .credentials(vault, args.egress_upstream_ca.clone())
         .one_shot(args.one_shot)
         .idle_timeout(duration(&args.idle_timeout, "idle-timeout")?)
         .call_timeout(duration(&args.timeout, "timeout")?)

@@ -32,6 +32,16 @@ pub struct ExecArgs {
     /// of the profile's rules (repeatable). Turns on the proxy for a profile without network.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     allow_host: Vec<String>,
+    /// A credential the egress proxy adds to requests to one host; the sandbox never holds
+    /// it: [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH, AUTH bearer (default), basic,
+    /// header=FIELD, query=PARAM or placeholder=TEXT (repeatable). Allows the host, and
+    /// intercepts TLS to it with a CA made for the run (trusted in the sandbox only).
+    #[arg(long = "credential", value_name = "SPEC")]
+    credential: Vec<String>,
+    /// A PEM bundle of roots also trusted for upstream servers when TLS is intercepted
+    /// (repeatable; the system's roots always are).
+    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
+    egress_upstream_ca: Vec<PathBuf>,
     /// Host directory mounted read-write at /workspace (the default working directory).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
@@ -98,6 +108,10 @@ pub(crate) struct Plan {
     pub(crate) approver: Option<Arc<dyn Approver>>,
     /// How long the approver's answer is waited for.
     pub(crate) approval_timeout: Duration,
+    /// `--credential`: the vault the run's proxy injects from (TLS to its hosts
+    /// intercepted), and `--egress-upstream-ca`; also (with an empty vault) when the profile
+    /// has HTTP rules, whose hosts' TLS is intercepted.
+    pub(crate) credentials: Option<(agentrun_egress::Vault, Vec<PathBuf>)>,
 }
 
 /// Exit code of a run the policy refused before anything ran (DESIGN.md).
@@ -143,10 +157,31 @@ impl Plan {
     /// Every policy decision on the request is recorded with `recorder`; `traceparent` (the
     /// run's span) is handed to the command.
     pub(crate) fn new(
-        args: ExecArgs,
+        mut args: ExecArgs,
         traceparent: &str,
         recorder: &Recorder,
     ) -> Result<Plan, PlanError> {
+        let mut creds = Vec::new();
+        for (i, spec) in args.credential.iter().enumerate() {
+            let c = crate::credential::parse(spec, i)?;
+            let host = if c.host.contains(':') {
+                format!("[{}]:{}", c.host, c.port)
+            } else {
+                format!("{}:{}", c.host, c.port)
+            };
+            if !args.allow_host.contains(&host) {
+                args.allow_host.push(host);
+            }
+            creds.push(c);
+        }
+        let mut credentials = if creds.is_empty() {
+            None
+        } else {
+            Some((
+                crate::credential::vault(creds)?,
+                args.egress_upstream_ca.clone(),
+            ))
+        };
         let overrides = ResourceOverrides {
             memory_bytes: args
                 .memory
@@ -189,6 +224,13 @@ impl Plan {
             .allow_hosts("cli.allow_host", &args.allow_host)
             .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
         recorder.set_profile(&profile.name);
+        // HTTP rules are decided per request: the proxy intercepts TLS to their hosts.
+        if credentials.is_none() && !profile.network.http.is_empty() {
+            credentials = Some((
+                agentrun_egress::Vault::new(),
+                args.egress_upstream_ca.clone(),
+            ));
+        }
         // A profile file is passed on by absolute path (the daemon has another working directory).
         let profile_arg = if Profile::is_file_name(&args.profile) {
             std::fs::canonicalize(&args.profile)
@@ -281,6 +323,11 @@ impl Plan {
         if profile.network.needs_proxy() {
             env.extend(agentrun_egress::proxy_env());
         }
+        if credentials.is_some() {
+            env.extend(agentrun_egress::mitm::trust_env(
+                agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX,
+            ));
+        }
 
         // Escalate decisions are made by the run's egress proxy, which runs in this process on
         // both paths (cold and warm): the terminal is asked from here.
@@ -297,6 +344,7 @@ impl Plan {
         Ok(Plan {
             approver,
             approval_timeout,
+            credentials,
             timeout: profile.resources.timeout,
             memory_bytes: profile.resources.memory_bytes,
             network: profile.network.clone(),

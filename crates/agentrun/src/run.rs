@@ -234,6 +234,25 @@ pub(crate) fn start_proxy(
     if let Some(a) = &plan.approver {
         builder = builder.approver(a.clone());
     }
+    if let Some((vault, roots)) = &plan.credentials {
+        // A CA for this run only; its certificate next to the socket, where the sandbox's
+        // trust environment points.
+        let id = recorder.sandbox_id().unwrap_or_default();
+        let interceptor = agentrun_egress::Interceptor::new(&id, roots)?;
+        if let Some(dir) = socket.parent() {
+            interceptor.write_trust(dir)?;
+        }
+        let r3 = recorder.clone();
+        builder = builder
+            .intercept(Arc::new(interceptor), vault.clone())
+            .injections(Arc::new(move |a, method, path, binding| {
+                let d = agentrun_policy::Decision::allow(
+                    binding,
+                    format!("credential injected: {method} {path}"),
+                );
+                r3.decision_by(a, &d, "egress-proxy", None);
+            }));
+    }
     Ok(builder.start(listener, socket))
 }
 

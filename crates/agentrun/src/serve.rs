@@ -81,7 +81,7 @@ pub struct ServeArgs {
     /// `api_key`, `insecure_no_auth`, `allowed_hosts` (a list), `max_request_body`, `max_upload`,
     /// `max_snapshot`, `docker_socket`,
     /// `shell_max_runs`, `shell_max_age`, `opensandbox_profile`, `docker_profile`,
-    /// `volume_roots` (a list), `metrics`, and an
+    /// `volume_roots` (a list), `egress_upstream_ca` (a list), `metrics`, and an
     /// `[image_limits]` table (`max_bytes`,
     /// `max_entries`, `max_ratio`, `max_depth`: what the Docker API's pulls and builds may
     /// unpack; the `AGENTRUN_IMAGE_MAX_*` variables win) (flags win).
@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// volumes are refused with 400). Paths are resolved inside it, never leaving it.
     #[arg(long = "volume-root", value_name = "DIR")]
     volume_roots: Vec<PathBuf>,
+    /// A PEM bundle of root certificates the egress proxy also trusts for upstream servers
+    /// when it intercepts TLS for the credential vault (repeatable; the system's roots are
+    /// always trusted), e.g. an internal CA.
+    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
+    egress_upstream_ca: Vec<PathBuf>,
     /// Also serve MCP over Streamable HTTP at http://ADDR/mcp (one sandbox per MCP session;
     /// the API key, when set, as `Authorization: Bearer KEY`).
     #[arg(long, value_name = "ADDR")]
@@ -150,6 +155,7 @@ struct ServeConfig {
     opensandbox_profile: Option<String>,
     docker_profile: Option<String>,
     volume_roots: Option<Vec<PathBuf>>,
+    egress_upstream_ca: Option<Vec<PathBuf>>,
     mcp: Option<std::net::SocketAddr>,
     mcp_image: Option<String>,
     mcp_profile: Option<String>,
@@ -289,6 +295,11 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         agentrun_docker::containers::CONTAINER_PROFILE,
         "docker",
     )?;
+    let upstream_roots = if !args.egress_upstream_ca.is_empty() {
+        args.egress_upstream_ca.clone()
+    } else {
+        file.egress_upstream_ca.clone().unwrap_or_default()
+    };
     let volume_roots = if !args.volume_roots.is_empty() {
         args.volume_roots.clone()
     } else {
@@ -337,6 +348,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
                     .min(8),
                 profile: opensandbox_profile.clone(),
                 volume_roots,
+                upstream_roots: upstream_roots.clone(),
             }
         };
     if let Some(listen) = listen {

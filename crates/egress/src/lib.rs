@@ -38,8 +38,13 @@
 //! change, connections already relaying are decided again and those the new policy denies
 //! are cut (and the denial reported).
 
+pub mod mitm;
 mod relay;
 pub mod request;
+pub mod vault;
+
+#[cfg(test)]
+mod mitm_tests;
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -53,8 +58,12 @@ use std::time::Duration;
 
 use agentrun_policy::{Action, Approvals, Approver, Decision, NetworkPolicy};
 
+pub use mitm::{Interceptor, MitmError};
 pub use relay::{relay, Duplex};
-pub use request::{parse_request_head, Body, HeadError, RequestHead, MAX_HEAD};
+pub use request::{
+    parse_origin_head, parse_request_head, Body, HeadError, OriginHead, RequestHead, MAX_HEAD,
+};
+pub use vault::{Secret, Vault, VaultError};
 
 /// Port the sandbox's init listens on inside the sandbox.
 pub const SANDBOX_PROXY_PORT: u16 = 3128;
@@ -72,6 +81,8 @@ pub enum EgressError {
     Bind { path: PathBuf, source: io::Error },
     #[error("egress proxy: {0}")]
     Io(#[from] io::Error),
+    #[error(transparent)]
+    Mitm(#[from] MitmError),
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
@@ -178,6 +189,10 @@ struct Shared {
     resolver: Arc<dyn Resolve>,
     escalation: Escalation,
     open: Mutex<OpenConns>,
+    /// TLS interception, when the sandbox opted in; the vault it injects from.
+    interceptor: Option<Arc<Interceptor>>,
+    vault: Vault,
+    injections: Option<InjectionSink>,
 }
 
 /// Who is asked about escalate decisions, for how long, and what was approved.
@@ -248,9 +263,36 @@ pub struct ProxyBuilder {
     failures: Option<FailureSink>,
     resolver: Arc<dyn Resolve>,
     escalation: Escalation,
+    interceptor: Option<Arc<Interceptor>>,
+    vault: Vault,
+    injections: Option<InjectionSink>,
 }
 
+/// Told about every request the proxy added a credential to: the connection's action, the
+/// request's method and path (without the query), and the binding's name. Never the value.
+pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) + Send + Sync>;
+
 impl ProxyBuilder {
+    /// Intercepts TLS to the hosts `vault` binds a credential to (with `interceptor`'s CA)
+    /// and adds the credential to their requests; every other tunnel is relayed untouched.
+    pub fn intercept(mut self, interceptor: Arc<Interceptor>, vault: Vault) -> Self {
+        self.interceptor = Some(interceptor);
+        self.vault = vault;
+        self
+    }
+
+    /// Adds credentials from `vault` to plain-HTTP requests only (no TLS interception).
+    pub fn intercept_plain(mut self, vault: Vault) -> Self {
+        self.vault = vault;
+        self
+    }
+
+    /// Reports each injected request to `sink` (to trace and audit it).
+    pub fn injections(mut self, sink: InjectionSink) -> Self {
+        self.injections = Some(sink);
+        self
+    }
+
     /// Asks `approver` about connections whose decision is escalate (without one they are
     /// denied "needs approval").
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
@@ -301,6 +343,9 @@ impl ProxyBuilder {
             resolver: self.resolver,
             escalation: self.escalation,
             open: Mutex::default(),
+            interceptor: self.interceptor,
+            vault: self.vault,
+            injections: self.injections,
         });
         let shared2 = shared.clone();
         let file = std::fs::metadata(path).ok().map(|m| {
@@ -370,6 +415,9 @@ impl Proxy {
             failures: None,
             resolver: Arc::new(SystemResolver),
             escalation: Escalation::default(),
+            interceptor: None,
+            vault: Vault::default(),
+            injections: None,
         }
     }
 
@@ -569,11 +617,64 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
     };
     client.set_read_timeout(None)?;
-    if head.connect {
+    let http_rules = shared
+        .policy
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .has_http_rules(&head.host, head.port);
+    let intercepting = shared.interceptor.is_some()
+        && head.connect
+        && (http_rules || shared.vault.binds("https", &head.host, head.port));
+    if head.connect && http_rules && shared.interceptor.is_none() {
+        // Requests to this host are decided one by one, which this proxy cannot see into.
+        let d = Decision::deny(
+            "network.http_intercept",
+            format!(
+                "{} has HTTP rules, and this sandbox's proxy does not intercept TLS",
+                action.resource()
+            ),
+        );
+        (shared.sink)(&action, &d);
+        let msg = format!(
+            "agentrun: {} denied by rule {}: {}",
+            action.resource(),
+            d.rule_id,
+            d.reason
+        );
+        return respond(&mut client, 403, "Forbidden", &msg);
+    }
+    if !head.connect {
+        if let Some(o) = &head.origin {
+            if let Err((status, text, msg)) = decide_http(shared, &head.host, head.port, o) {
+                return respond(&mut client, status, text, &msg);
+            }
+        }
+    }
+    if intercepting {
+        client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+    } else if head.connect {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         upstream.write_all(&rest)?;
     } else {
-        upstream.write_all(&head.forward)?;
+        // A plain-HTTP request to a host the vault binds: the credential added here.
+        let injected = head
+            .origin
+            .clone()
+            .filter(|_| shared.vault.binds("http", &head.host, head.port))
+            .and_then(|mut o| {
+                let binding = shared.vault.inject("http", &head.host, head.port, &mut o)?;
+                if let Some(sink) = &shared.injections {
+                    let path = o.path.split('?').next().unwrap_or_default().to_owned();
+                    sink(&action, &o.method, &path, &binding);
+                }
+                Some(zeroize::Zeroizing::new(
+                    o.forward(&head.host, head.port, 80),
+                ))
+            });
+        match injected {
+            Some(fwd) => upstream.write_all(&fwd)?,
+            None => upstream.write_all(&head.forward)?,
+        }
     }
     // Registered so that a policy change can cut it. A change made since the decision (it
     // holds this lock while it swaps) is seen here: decide again under the lock.
@@ -605,13 +706,354 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         }
         id
     };
-    let result = if head.connect {
+    let intercept = shared.interceptor.as_ref().filter(|_| intercepting);
+    let result = if let Some(i) = intercept {
+        intercept_tls(
+            client,
+            upstream,
+            rest,
+            &head,
+            (&action, &decision),
+            i,
+            shared,
+        )
+    } else if head.connect {
         relay(client, upstream)
     } else {
         forward(client, upstream, head.body, rest)
     };
     lock_open(&shared.open).conns.remove(&id);
     result
+}
+
+/// Serves one request inside a tunnel the proxy intercepts: TLS with the sandbox (a leaf
+/// for the CONNECT host), the request head read and checked (its SNI and `Host` must name
+/// the CONNECT host: 421 otherwise), the credential added, and the request sent over the
+/// proxy's own TLS to the upstream, whose certificate must be valid for that host (502
+/// otherwise). One request per connection (`Connection: close` both ways).
+fn intercept_tls(
+    client: UnixStream,
+    upstream: TcpStream,
+    rest: Vec<u8>,
+    head: &RequestHead,
+    (action, decision): (&Action, &Decision),
+    interceptor: &Interceptor,
+    shared: &Shared,
+) -> io::Result<()> {
+    let host = head.host.as_str();
+    let cfg = interceptor.server_config(host).map_err(io::Error::other)?;
+    let conn = rustls::ServerConnection::new(cfg).map_err(io::Error::other)?;
+    client.set_read_timeout(Some(IO_TIMEOUT))?;
+    let mut tls = rustls::StreamOwned::new(conn, mitm::Prefixed::new(rest, client));
+    while tls.conn.is_handshaking() {
+        if tls.conn.complete_io(&mut tls.sock).is_err() {
+            // The sandbox did not trust our CA, or went away: nothing to answer.
+            return Ok(());
+        }
+    }
+    let reply = |tls: &mut rustls::StreamOwned<rustls::ServerConnection, _>,
+                 status: u16,
+                 text: &str,
+                 body: &str| {
+        let body = format!("{body}\n");
+        let msg = format!(
+            "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = tls.write_all(msg.as_bytes());
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+    };
+    if let Some(sni) = tls.conn.server_name() {
+        if !sni.eq_ignore_ascii_case(host) {
+            let msg = format!(
+                "agentrun: TLS server name {sni:?} is not {host}, the host this tunnel was opened to"
+            );
+            reply(&mut tls, 421, "Misdirected Request", &msg);
+            return Ok(());
+        }
+    }
+    // Requests one after another on this connection (keep-alive, as the client asks), each
+    // decided, injected and sent on one upstream connection made for the first.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut upstream = Some(upstream);
+    let mut up: Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> = None;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        // The request head (what was read past the last request comes first).
+        let mut buf = std::mem::take(&mut pending);
+        let (mut req, body_start) = loop {
+            match parse_origin_head(&buf, host, head.port, 443) {
+                Ok(Some((h, len))) => break (h, buf.split_off(len)),
+                Ok(None) => {}
+                Err(e) => {
+                    reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
+                    return Ok(());
+                }
+            }
+            let n = match tls.read(&mut chunk) {
+                Ok(0) | Err(_) => {
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                    return Ok(());
+                }
+                Ok(n) => n,
+            };
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        if let Err((status, text, msg)) = decide_http(shared, host, head.port, &req) {
+            reply(&mut tls, status, text, &msg);
+            return Ok(());
+        }
+        if up.is_none() {
+            let Some(tcp) = upstream.take() else {
+                return Ok(());
+            };
+            match connect_upstream_tls(interceptor, host, tcp) {
+                Ok(u) => up = Some(u),
+                Err(message) => {
+                    let f = Failure {
+                        kind: FailureKind::Connect,
+                        message,
+                    };
+                    if let Some(failures) = &shared.failures {
+                        failures(action, decision, &f);
+                    }
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {}", f.message),
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        let u = up.as_mut().expect("made above");
+        // Only now, with the upstream verified, is the credential added.
+        if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
+            if let Some(sink) = &shared.injections {
+                let path = req.path.split('?').next().unwrap_or_default().to_owned();
+                sink(action, &req.method, &path, &binding);
+            }
+        }
+        // `Expect: 100-continue` is answered here (the body is relayed before the upstream's
+        // answer is read): the client need not wait for a 100 that would come too late.
+        let continues = req
+            .field("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"));
+        if continues {
+            req.remove_field("expect");
+            if req.body != Body::None
+                && (tls.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
+                    || tls.flush().is_err())
+            {
+                return Ok(());
+            }
+        }
+        let keep = !req.close;
+        let mut fwd = zeroize::Zeroizing::new(req.forward_with(host, head.port, 443, !keep));
+        let sent = {
+            // Head and body go out together (one TLS record where they fit): a head written
+            // alone would wait out the peer's delayed ACK before the body.
+            let mut to = io::BufWriter::with_capacity(64 * 1024, &mut *u);
+            to.write_all(&fwd)?;
+            zeroize::Zeroize::zeroize(&mut *fwd);
+            let mut from = BufReader::new(io::Cursor::new(body_start).chain(&mut tls));
+            let sent =
+                request::relay_body(req.body, &mut from, &mut to).is_ok() && to.flush().is_ok();
+            // Read past the body: the start of the next request (buffered first, then what
+            // the cursor still holds).
+            pending = from.buffer().to_vec();
+            let (cursor, _) = from.into_inner().into_inner();
+            let at = (cursor.position() as usize).min(cursor.get_ref().len());
+            pending.extend_from_slice(&cursor.get_ref()[at..]);
+            sent
+        };
+        if !sent {
+            return Ok(());
+        }
+        u.flush()?;
+        // The response head (1xx ones passed on as they are).
+        let mut rbuf = Vec::new();
+        let resp = loop {
+            match request::parse_response_head(&rbuf, req.method.eq_ignore_ascii_case("HEAD")) {
+                Ok(Some(r)) if r.code < 200 => {
+                    if tls.write_all(&rbuf[..r.len]).is_err() {
+                        return Ok(());
+                    }
+                    rbuf.drain(..r.len);
+                    continue;
+                }
+                Ok(Some(r)) => break r,
+                Ok(None) => {}
+                Err(e) => {
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {host}: {e}"),
+                    );
+                    return Ok(());
+                }
+            }
+            match u.read(&mut chunk) {
+                Ok(0) | Err(_) => {
+                    reply(
+                        &mut tls,
+                        502,
+                        "Bad Gateway",
+                        &format!("agentrun: {host} closed the connection without a response"),
+                    );
+                    return Ok(());
+                }
+                Ok(n) => rbuf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let closing = !keep || resp.close || resp.body == request::ResponseBody::UntilClose;
+        let head_out = if closing {
+            match request::close_response_head(&rbuf) {
+                Ok(Some((h, _))) => h,
+                _ => return Ok(()),
+            }
+        } else {
+            rbuf[..resp.len].to_vec()
+        };
+        let body_rest = rbuf.split_off(resp.len);
+        // Head and body to the client together too (see above).
+        let mut to = io::BufWriter::with_capacity(64 * 1024, &mut tls);
+        if to.write_all(&head_out).is_err() {
+            return Ok(());
+        }
+        let relayed = match resp.body {
+            request::ResponseBody::None => true,
+            request::ResponseBody::Length(n) => {
+                let mut from = BufReader::new(io::Cursor::new(body_rest).chain(&mut *u));
+                copy_flushing(&mut from, &mut to, n).is_ok()
+            }
+            request::ResponseBody::Chunked => {
+                let mut from = BufReader::new(io::Cursor::new(body_rest).chain(&mut *u));
+                request::relay_body(Body::Chunked, &mut from, &mut to).is_ok()
+            }
+            request::ResponseBody::UntilClose => {
+                if to.write_all(&body_rest).is_err() {
+                    return Ok(());
+                }
+                // Streamed as it comes (a long-lived stream must not wait for 64 KiB).
+                let _ = to.flush();
+                loop {
+                    match u.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if to.write_all(&chunk[..n]).is_err() || to.flush().is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        };
+        let relayed = to.flush().is_ok() && relayed;
+        drop(to);
+        if !relayed || closing {
+            break;
+        }
+        let _ = tls.flush();
+    }
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
+    Ok(())
+}
+
+/// Copies `n` bytes, each piece as soon as it is there (the first joins what `to` holds: a
+/// response head and the start of its body go out together).
+fn copy_flushing(from: &mut impl io::BufRead, to: &mut impl Write, mut n: u64) -> io::Result<()> {
+    while n > 0 {
+        let buf = from.fill_buf()?;
+        if buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the upstream closed before the end of the body",
+            ));
+        }
+        let k = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+        to.write_all(&buf[..k])?;
+        from.consume(k);
+        n -= k as u64;
+        to.flush()?;
+    }
+    Ok(())
+}
+
+/// TLS to the upstream over `tcp`, its certificate verified for `host`; `Err`: why not.
+fn connect_upstream_tls(
+    interceptor: &Interceptor,
+    host: &str,
+    tcp: TcpStream,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
+    let name = mitm::server_name(host).map_err(|e| format!("{host}: {e}"))?;
+    let conn = rustls::ClientConnection::new(interceptor.upstream_config(), name)
+        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    // The proxy writes whole requests itself: no Nagle delay on what it sends.
+    let _ = tcp.set_nodelay(true);
+    let mut up = rustls::StreamOwned::new(conn, tcp);
+    while up.conn.is_handshaking() {
+        up.conn
+            .complete_io(&mut up.sock)
+            .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+    }
+    Ok(up)
+}
+
+/// Decides one request by the policy's L7 rules (none naming the host: sent as it is). The
+/// decision is settled (escalate: a person asked) and recorded like a connection's; `Err`:
+/// the status, reason phrase and one line to answer instead of sending it.
+fn decide_http(
+    shared: &Shared,
+    host: &str,
+    port: u16,
+    req: &OriginHead,
+) -> Result<(), (u16, &'static str, String)> {
+    let d = shared
+        .policy
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .check_http(host, port, &req.method, &req.path, &req.fields);
+    let Some(d) = d else { return Ok(()) };
+    let action = Action::Http {
+        method: req.method.clone(),
+        host: host.to_owned(),
+        port,
+        path: req.path.split('?').next().unwrap_or_default().to_owned(),
+    };
+    let d = shared.escalation.settle(&action, d);
+    let recorded = (shared.sink)(&action, &d);
+    if !d.allow {
+        return Err((
+            403,
+            "Forbidden",
+            format!(
+                "agentrun: {} denied by rule {}: {}",
+                action.resource(),
+                d.rule_id,
+                d.reason
+            ),
+        ));
+    }
+    if !recorded {
+        return Err((
+            503,
+            "Service Unavailable",
+            format!(
+                "agentrun: {}: the decision could not be recorded",
+                action.resource()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Decides an open connection for `action` again (its name, then `peer`, the address it is

@@ -55,6 +55,9 @@ pub struct RequestHead {
     pub forward: Vec<u8>,
     /// What follows the head.
     pub body: Body,
+    /// For a forwarded request: the request in origin form, to change (credential
+    /// injection) and write again with [`OriginHead::forward`].
+    pub origin: Option<OriginHead>,
 }
 
 /// Why a head is refused: the status to answer and a one-line reason.
@@ -75,6 +78,7 @@ impl HeadError {
     /// The status line's reason phrase.
     pub fn reason(&self) -> &'static str {
         match self.status {
+            421 => "Misdirected Request",
             431 => "Request Header Fields Too Large",
             501 => "Not Implemented",
             _ => "Bad Request",
@@ -88,10 +92,23 @@ impl std::fmt::Display for HeadError {
     }
 }
 
-/// Parses the request head at the start of `buf`. `Ok(None)`: incomplete, read more (a
-/// caller holding [`MAX_HEAD`] bytes gets an error instead). `Ok(Some((head, len)))`: the
-/// head, and how many bytes of `buf` it took (the rest is the body, or tunnel data).
-pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+/// A request head's parts every form shares, checked (see the module docs).
+struct Parsed<'b> {
+    method: &'b str,
+    target: &'b str,
+    minor: u8,
+    /// The end-to-end fields (hop-by-hop, framing and `Host` dropped), as sent.
+    fields: Vec<(String, Vec<u8>)>,
+    host_field: Option<Vec<u8>>,
+    length: Option<u64>,
+    body: Body,
+    len: usize,
+    /// The client asked to close after this request (`Connection: close`, or HTTP/1.0
+    /// without `keep-alive`).
+    close: bool,
+}
+
+fn parse_common(buf: &[u8]) -> Result<Option<Parsed<'_>>, HeadError> {
     let too_large = || HeadError {
         status: 431,
         message: format!("request head over {} KiB", MAX_HEAD / 1024),
@@ -179,7 +196,89 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         (false, Some(n)) if n > 0 => Body::Length(n),
         _ => Body::None,
     };
+    let kept = req
+        .headers
+        .iter()
+        .filter(|f| {
+            let name = f.name.to_ascii_lowercase();
+            !(matches!(
+                name.as_str(),
+                "host"
+                    | "content-length"
+                    | "transfer-encoding"
+                    | "connection"
+                    | "keep-alive"
+                    | "proxy-connection"
+                    | "proxy-authorization"
+                    | "proxy-authenticate"
+                    | "te"
+                    | "trailer"
+                    | "upgrade"
+            ) || hop_by_hop.contains(&name))
+        })
+        .map(|f| (f.name.to_owned(), trim(f.value).to_vec()))
+        .collect();
+    let close = hop_by_hop.iter().any(|t| t == "close")
+        || (minor == 0 && !hop_by_hop.iter().any(|t| t == "keep-alive"));
+    Ok(Some(Parsed {
+        method,
+        target,
+        minor,
+        fields: kept,
+        host_field: host_field.map(<[u8]>::to_vec),
+        length,
+        body,
+        len,
+        close,
+    }))
+}
 
+/// Writes a head in origin form for the upstream: `Host: authority`, the end-to-end
+/// `fields`, the framing the proxy writes, and `Connection: close`.
+#[allow(clippy::too_many_arguments)]
+fn serialize(
+    method: &str,
+    path: &str,
+    minor: u8,
+    authority: &str,
+    fields: &[(String, Vec<u8>)],
+    body: Body,
+    length: Option<u64>,
+    close: bool,
+) -> Vec<u8> {
+    let mut fwd = Vec::with_capacity(256);
+    write!(
+        fwd,
+        "{method} {path} HTTP/1.{minor}\r\nHost: {authority}\r\n"
+    )
+    .expect("vec");
+    for (name, value) in fields {
+        fwd.extend_from_slice(name.as_bytes());
+        fwd.extend_from_slice(b": ");
+        fwd.extend_from_slice(value);
+        fwd.extend_from_slice(b"\r\n");
+    }
+    match body {
+        Body::Length(n) => write!(fwd, "Content-Length: {n}\r\n").expect("vec"),
+        Body::Chunked => fwd.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Body::None if length == Some(0) => fwd.extend_from_slice(b"Content-Length: 0\r\n"),
+        Body::None => {}
+    }
+    if close {
+        fwd.extend_from_slice(b"Connection: close\r\n");
+    }
+    fwd.extend_from_slice(b"\r\n");
+    fwd
+}
+
+/// Parses the request head at the start of `buf`. `Ok(None)`: incomplete, read more (a
+/// caller holding [`MAX_HEAD`] bytes gets an error instead). `Ok(Some((head, len)))`: the
+/// head, and how many bytes of `buf` it took (the rest is the body, or tunnel data).
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let Some(p) = parse_common(buf)? else {
+        return Ok(None);
+    };
+    let (method, target, len, body) = (p.method, p.target, p.len, p.body);
     if method.eq_ignore_ascii_case("CONNECT") {
         if body != Body::None {
             return Err(HeadError::bad("a CONNECT request with a body"));
@@ -192,6 +291,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
                 port,
                 forward: Vec::new(),
                 body,
+                origin: None,
             },
             len,
         )));
@@ -214,7 +314,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (auth, path) = rest.split_at(split);
     let (host, port) = authority(auth, Some(80))?;
-    if let Some(h) = host_field {
+    if let Some(h) = &p.host_field {
         let named = std::str::from_utf8(trim(h))
             .map_err(|_| HeadError::bad("Host is not ASCII"))
             .and_then(|h| authority(h, Some(80)))?;
@@ -226,49 +326,30 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
             )));
         }
     }
-
-    let mut fwd = Vec::with_capacity(len + 64);
     let path = match path {
         "" => "/".to_owned(),
         p if p.starts_with('?') => format!("/{p}"),
         p => p.to_owned(),
     };
-    write!(
-        fwd,
-        "{method} {path} HTTP/1.{minor}\r\nHost: {}\r\n",
-        auth.to_ascii_lowercase()
-    )
-    .expect("vec");
-    for f in req.headers.iter() {
-        let name = f.name.to_ascii_lowercase();
-        let dropped = matches!(
-            name.as_str(),
-            "host"
-                | "content-length"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "proxy-connection"
-                | "proxy-authorization"
-                | "proxy-authenticate"
-                | "te"
-                | "trailer"
-                | "upgrade"
-        ) || hop_by_hop.contains(&name);
-        if !dropped {
-            fwd.extend_from_slice(f.name.as_bytes());
-            fwd.extend_from_slice(b": ");
-            fwd.extend_from_slice(trim(f.value));
-            fwd.extend_from_slice(b"\r\n");
-        }
-    }
-    match body {
-        Body::Length(n) => write!(fwd, "Content-Length: {n}\r\n").expect("vec"),
-        Body::Chunked => fwd.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-        Body::None if length == Some(0) => fwd.extend_from_slice(b"Content-Length: 0\r\n"),
-        Body::None => {}
-    }
-    fwd.extend_from_slice(b"Connection: close\r\n\r\n");
+    let fwd = serialize(
+        method,
+        &path,
+        p.minor,
+        &auth.to_ascii_lowercase(),
+        &p.fields,
+        body,
+        p.length,
+        true,
+    );
+    let origin = OriginHead {
+        method: method.to_owned(),
+        path,
+        minor: p.minor,
+        fields: p.fields,
+        body,
+        length: p.length,
+        close: true,
+    };
     Ok(Some((
         RequestHead {
             connect: false,
@@ -276,9 +357,235 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
             port,
             forward: fwd,
             body,
+            origin: Some(origin),
         },
         len,
     )))
+}
+
+/// A request read inside an intercepted TLS connection (origin form: `GET /path`), its
+/// `Host` checked against the host the tunnel was opened to. Its fields may be changed
+/// (credential injection) before [`OriginHead::forward`] writes it for the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginHead {
+    pub method: String,
+    /// Path and query, starting with `/`.
+    pub path: String,
+    minor: u8,
+    /// End-to-end fields (hop-by-hop, framing and `Host` dropped).
+    pub fields: Vec<(String, Vec<u8>)>,
+    pub body: Body,
+    length: Option<u64>,
+    /// The client asked to close the connection after this request.
+    pub close: bool,
+}
+
+impl Drop for OriginHead {
+    /// A head may hold an injected credential: its fields and path are zeroized.
+    fn drop(&mut self) {
+        for (_, v) in &mut self.fields {
+            zeroize::Zeroize::zeroize(v);
+        }
+        zeroize::Zeroize::zeroize(&mut self.path);
+    }
+}
+
+impl OriginHead {
+    /// The head to send upstream to `host:port` (`Host` written by the proxy, port omitted
+    /// when it is `default_port`).
+    pub fn forward(&self, host: &str, port: u16, default_port: u16) -> Vec<u8> {
+        self.forward_with(host, port, default_port, true)
+    }
+
+    /// [`OriginHead::forward`], asking the upstream to close after it (`close`) or not.
+    pub fn forward_with(&self, host: &str, port: u16, default_port: u16, close: bool) -> Vec<u8> {
+        let h = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let authority = if port == default_port {
+            h
+        } else {
+            format!("{h}:{port}")
+        };
+        serialize(
+            &self.method,
+            &self.path,
+            self.minor,
+            &authority,
+            &self.fields,
+            self.body,
+            self.length,
+            close,
+        )
+    }
+
+    /// The value of the first field named `name` (case-insensitive).
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Removes every field named `name`; whether there was one.
+    pub fn remove_field(&mut self, name: &str) -> bool {
+        let before = self.fields.len();
+        self.fields.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.fields.len() != before
+    }
+
+    /// Sets field `name` to `value`, replacing every field of that name the client sent.
+    pub fn set_field(&mut self, name: &str, value: Vec<u8>) {
+        self.fields.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.fields.push((name.to_owned(), value));
+    }
+}
+
+/// Parses an origin-form request head (`GET /path HTTP/1.1`) at the start of `buf`, read
+/// inside a tunnel to `host:port` (`default_port`: the scheme's). Refuses what
+/// [`parse_request_head`] refuses, any target other than an origin-form path, CONNECT, a
+/// missing `Host`, and a `Host` naming another host or port than the tunnel's (421: domain
+/// fronting).
+pub fn parse_origin_head(
+    buf: &[u8],
+    host: &str,
+    port: u16,
+    default_port: u16,
+) -> Result<Option<(OriginHead, usize)>, HeadError> {
+    let Some(p) = parse_common(buf)? else {
+        return Ok(None);
+    };
+    if !p.target.starts_with('/') || p.target.contains('#') {
+        return Err(HeadError::bad(format!(
+            "{:?}: inside a tunnel a request target is a path",
+            p.target
+        )));
+    }
+    if p.method.eq_ignore_ascii_case("CONNECT") {
+        return Err(HeadError::bad("CONNECT inside a tunnel"));
+    }
+    let Some(h) = &p.host_field else {
+        return Err(HeadError::bad("no Host field"));
+    };
+    let named = std::str::from_utf8(trim(h))
+        .map_err(|_| HeadError::bad("Host is not ASCII"))
+        .and_then(|h| authority(h, Some(default_port)))?;
+    if named != (host.to_owned(), port) {
+        return Err(HeadError {
+            status: 421,
+            message: format!(
+                "Host {:?} is not {host}:{port}, the host this connection was opened to",
+                String::from_utf8_lossy(h)
+            ),
+        });
+    }
+    Ok(Some((
+        OriginHead {
+            method: p.method.to_owned(),
+            path: p.target.to_owned(),
+            minor: p.minor,
+            fields: p.fields,
+            body: p.body,
+            length: p.length,
+            close: p.close,
+        },
+        p.len,
+    )))
+}
+
+/// How a response's body is framed (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// None: a response to HEAD, 1xx, 204, 304.
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes.
+    UntilClose,
+}
+
+/// A response head an intercepting proxy reads from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub code: u16,
+    /// Bytes of the head.
+    pub len: usize,
+    pub body: ResponseBody,
+    /// The upstream closes after it (`Connection: close`, or HTTP/1.0 without keep-alive).
+    pub close: bool,
+}
+
+/// Parses the response head at the start of `buf` (`head_request`: the request was HEAD).
+/// `Ok(None)`: read more. Refuses both `Content-Length` and `Transfer-Encoding`, and two
+/// different lengths.
+pub fn parse_response_head(
+    buf: &[u8],
+    head_request: bool,
+) -> Result<Option<ResponseHead>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            return Err(HeadError::bad("response head too large"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(HeadError::bad(format!("malformed response head: {e}"))),
+    };
+    let code = res.code.expect("complete");
+    let minor = res.version.expect("complete");
+    let (mut length, mut te, mut tokens) = (None::<u64>, None::<bool>, Vec::new());
+    for f in res.headers.iter() {
+        let name = f.name.to_ascii_lowercase();
+        match name.as_str() {
+            "content-length" => {
+                let n = content_length(f.value)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(HeadError::bad("two different Content-Length fields"));
+                }
+                length = Some(n);
+            }
+            "transfer-encoding" => {
+                let last = String::from_utf8_lossy(f.value)
+                    .rsplit(',')
+                    .next()
+                    .map(|t| t.trim().eq_ignore_ascii_case("chunked"))
+                    .unwrap_or(false);
+                te = Some(last);
+            }
+            "connection" => tokens.extend(
+                String::from_utf8_lossy(f.value)
+                    .split(',')
+                    .map(|t| t.trim().to_ascii_lowercase()),
+            ),
+            _ => {}
+        }
+    }
+    if te.is_some() && length.is_some() {
+        return Err(HeadError::bad(
+            "a response with both Transfer-Encoding and Content-Length",
+        ));
+    }
+    let close = tokens.iter().any(|t| t == "close")
+        || (minor == 0 && !tokens.iter().any(|t| t == "keep-alive"));
+    let body = if head_request || code < 200 || code == 204 || code == 304 {
+        ResponseBody::None
+    } else {
+        match (te, length) {
+            (Some(true), _) => ResponseBody::Chunked,
+            (Some(false), _) => ResponseBody::UntilClose,
+            (None, Some(n)) => ResponseBody::Length(n),
+            (None, None) => ResponseBody::UntilClose,
+        }
+    };
+    Ok(Some(ResponseHead {
+        code,
+        len,
+        body,
+        close,
+    }))
 }
 
 fn trim(v: &[u8]) -> &[u8] {
@@ -352,6 +659,43 @@ fn authority(a: &str, default_port: Option<u16>) -> Result<(String, u16), HeadEr
     Ok((host.to_ascii_lowercase(), port))
 }
 
+/// A response head at the start of `buf`, rewritten to end the connection: `Connection`
+/// and `Keep-Alive` dropped, `Connection: close` added. `Ok(Some((head, len)))`: the new
+/// head (empty for a 1xx response, which is passed on as it is) and the old head's length;
+/// `Ok(None)`: read more.
+pub fn close_response_head(buf: &[u8]) -> Result<Option<(Vec<u8>, usize)>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(HeadError::bad(format!("malformed response head: {e}"))),
+    };
+    let code = res.code.expect("complete");
+    if (100..200).contains(&code) {
+        return Ok(Some((Vec::new(), len)));
+    }
+    let mut out = Vec::with_capacity(len + 32);
+    write!(
+        out,
+        "HTTP/1.{} {code} {}\r\n",
+        res.version.expect("complete"),
+        res.reason.unwrap_or_default()
+    )
+    .expect("vec");
+    for f in res.headers.iter() {
+        if f.name.eq_ignore_ascii_case("connection") || f.name.eq_ignore_ascii_case("keep-alive") {
+            continue;
+        }
+        out.extend_from_slice(f.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(f.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(Some((out, len)))
+}
+
 /// Copies the body `head` announces from `from` to `to`, in the framing the forwarded head
 /// announces: exactly `Content-Length` bytes, or a chunked body re-encoded (chunk extensions
 /// and trailers dropped, every size line checked). Stops there: what the client sends after
@@ -422,6 +766,8 @@ fn relay_chunked(from: &mut impl BufRead, to: &mut impl Write) -> io::Result<()>
             return Err(invalid("a chunk is longer than its size says"));
         }
         to.write_all(b"\r\n")?;
+        // Each chunk goes on at once (a streamed response: server-sent events, tokens).
+        to.flush()?;
     }
 }
 
@@ -441,6 +787,78 @@ mod tests {
 
     fn refused(s: &str) -> HeadError {
         parse(s).expect_err(s)
+    }
+
+    #[test]
+    fn response_framing() {
+        let p = |s: &str, head: bool| parse_response_head(s.as_bytes(), head).unwrap().unwrap();
+        let r = p("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", false);
+        assert_eq!(
+            (r.body, r.close, r.len),
+            (ResponseBody::Length(5), false, 38)
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).body,
+            ResponseBody::None
+        );
+        assert_eq!(
+            p(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                false
+            )
+            .body,
+            ResponseBody::Chunked
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\n\r\n", false).body,
+            ResponseBody::UntilClose
+        );
+        assert!(
+            p(
+                "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+                false
+            )
+            .close
+        );
+        assert!(p("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false).close);
+        assert_eq!(
+            p("HTTP/1.1 100 Continue\r\n\r\n", false).body,
+            ResponseBody::None
+        );
+        assert!(parse_response_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert!(parse_response_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert_eq!(
+            parse_response_head(b"HTTP/1.1 200 OK\r\n", false).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn response_heads_are_told_to_close() {
+        let (h, len) = close_response_head(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(len, 85, "the head, without the body");
+        assert_eq!(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+        let (h, _) = close_response_head(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.is_empty());
+        assert_eq!(close_response_head(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
+        assert!(close_response_head(b"HTTP/9 x\r\n\r\n").is_err());
     }
 
     #[test]

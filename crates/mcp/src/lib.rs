@@ -93,6 +93,11 @@ pub struct McpOptions {
     pub approval_timeout: Duration,
     /// The audit log's directory.
     pub audit_dir: PathBuf,
+    /// Credentials the sandboxes' proxies add to requests (`--credential`); TLS to their
+    /// hosts (and to hosts the profile has HTTP rules for) is intercepted.
+    pub credentials: Option<agentrun_egress::Vault>,
+    /// Roots also trusted for upstream certificates when TLS is intercepted.
+    pub upstream_roots: Vec<PathBuf>,
 }
 
 impl McpOptions {
@@ -107,7 +112,18 @@ impl McpOptions {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             audit_dir,
+            credentials: None,
+            upstream_roots: Vec::new(),
         }
+    }
+    pub fn credentials(
+        mut self,
+        vault: Option<agentrun_egress::Vault>,
+        roots: Vec<PathBuf>,
+    ) -> Self {
+        self.credentials = vault;
+        self.upstream_roots = roots;
+        self
     }
     pub fn workspace(mut self, dir: Option<PathBuf>) -> Self {
         self.workspace = dir;

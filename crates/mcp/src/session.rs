@@ -206,9 +206,19 @@ impl SessionSandbox {
         let mut spec = LiveSpec::new(&shared.options.image)
             .profile(&shared.options.profile)
             .workspace(shared.options.workspace.clone());
+        // TLS is intercepted for credentials and HTTP rules (a CA per sandbox).
+        let intercept = network.needs_proxy()
+            && (shared.options.credentials.is_some() || !network.http.is_empty());
         if network.needs_proxy() {
             spec = spec.egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT));
             for (k, v) in agentrun_egress::proxy_env() {
+                spec = spec.env(k, v);
+            }
+        }
+        if intercept {
+            for (k, v) in
+                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
+            {
                 spec = spec.env(k, v);
             }
         }
@@ -219,20 +229,53 @@ impl SessionSandbox {
         let watch = Arc::new(RunWatch::default());
         let proxy = match (network.needs_proxy(), live.egress_socket()) {
             (true, Some(socket)) => {
+                let interceptor = if intercept {
+                    let made = agentrun_egress::Interceptor::new(
+                        live.id(),
+                        &shared.options.upstream_roots,
+                    )
+                    .map_err(|e| e.to_string())
+                    .and_then(|i| match socket.parent() {
+                        Some(dir) => i.write_trust(dir).map(|()| i).map_err(|e| e.to_string()),
+                        None => Ok(i),
+                    });
+                    match made {
+                        Ok(i) => Some(Arc::new(i)),
+                        Err(e) => {
+                            let _ = shared.live.delete(live.id());
+                            return Err(format!("cannot start the sandbox's egress proxy: {e}"));
+                        }
+                    }
+                } else {
+                    None
+                };
                 let started = agentrun_egress::bind(socket).map(|listener| {
                     let sink = decision_sink(shared, live.id(), watch.clone());
+                    let inject_sink = sink.clone();
                     // An escalate rule asks the session's client (approvals last the
                     // sandbox's life).
                     let approver = McpApprover {
                         peer,
                         runtime: shared.output.clone(),
                     };
-                    Proxy::builder(network.clone(), sink)
+                    let mut builder = Proxy::builder(network.clone(), sink)
                         .sandbox_id(live.id())
                         .approver(Arc::new(approver))
                         .approval_timeout(shared.options.approval_timeout)
-                        .approvals(Arc::new(Approvals::new()))
-                        .start(listener, socket)
+                        .approvals(Arc::new(Approvals::new()));
+                    if let Some(i) = interceptor {
+                        let vault = shared.options.credentials.clone().unwrap_or_default();
+                        builder = builder.intercept(i, vault).injections(Arc::new(
+                            move |a, method, path, binding| {
+                                let d = agentrun_policy::Decision::allow(
+                                    binding,
+                                    format!("credential injected: {method} {path}"),
+                                );
+                                inject_sink(a, &d);
+                            },
+                        ));
+                    }
+                    builder.start(listener, socket)
                 });
                 match started {
                     Ok(p) => Some(p),

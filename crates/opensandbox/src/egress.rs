@@ -24,23 +24,41 @@
 //! `reason: "no matching targets found"` and no change); both answer the status without the
 //! policy. `POST`/`PUT` replace the whole policy with the body's (an empty body resets it
 //! to deny-all, `reason` saying so). `mode` is upstream's: `allow_all`/`deny_all` without rules, else `enforcing`;
-//! `enforcementMode` is `proxy`. `/credential-vault` answers 501.
+//! `enforcementMode` is `proxy`.
+//!
+//! `/credential-vault` serves the sandbox's credential vault ([`agentrun_egress::Vault`]):
+//! `POST` creates it (201), `GET` shows it sanitized, `PATCH` changes it atomically
+//! (`expectedRevision` guards it: 409), `DELETE` removes it (204); `GET
+//! /credential-vault/credentials[/{name}]` and `/bindings[/{name}]` list and show metadata.
+//! No answer, error, log line, span or audit record holds a credential's value. A body that
+//! does not parse is refused with the position and kind of the error, never serde's text
+//! (which can quote the input). `https` bindings need `credentialProxy.enabled` at create
+//! (the proxy then intercepts TLS to the bound hosts, with a CA made for the sandbox whose
+//! certificate is in the sandbox's trust stores: see [`agentrun_egress::mitm`]); without it
+//! a vault with an `https` binding is refused with 412, as upstream's sidecar refuses one
+//! when its credential proxy is not ready. Each request a credential is added to is a
+//! `policy.check` span and an audit record (rule `credentialVault.bindings[NAME]`).
 //! A change replaces the proxy's policy at once (the next connection is decided by it, and
 //! open connections it denies are cut) and is audited. A sandbox created without a
 //! `networkPolicy` has no network at all (loopback only) and no proxy; its policy cannot be
 //! changed (409).
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agentrun_egress::{DecisionSink, Failure, FailureSink, Proxy};
+use agentrun_egress::vault::{VaultCreate, VaultMutation, VaultState};
+use agentrun_egress::{
+    DecisionSink, Failure, FailureSink, InjectionSink, Interceptor, Proxy, Vault, VaultError,
+};
 use agentrun_policy::{Action, Decision, NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule};
 use agentrun_pool::lock;
 use agentrun_telemetry::decision::{EGRESS_CONNECT, POLICY_CHECK};
 use agentrun_telemetry::{trace_id_of, AuditLog, AuditRecord, DecisionScope, RunSpan};
 use axum::body::Bytes;
+use axum::extract::Path as UrlPath;
 use axum::http::StatusCode;
-use axum::routing::{any, get};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
@@ -60,32 +78,54 @@ pub struct SandboxEgress {
     audit: AuditLog,
     /// `traceparent` of the sandbox's `sandbox.create` span.
     trace: String,
+    /// The credential vault its proxy injects from.
+    vault: Vault,
+    /// Whether the proxy intercepts TLS (`credentialProxy.enabled`).
+    credential_proxy: bool,
 }
 
 impl SandboxEgress {
     /// Starts the proxy of sandbox `id` on `socket` (the sandbox's egress socket).
+    /// With `credential_proxy`, a CA is made for the sandbox (upstream certificates
+    /// verified against the system's roots and `upstream_roots`) and its certificate written
+    /// next to the socket, where the sandbox's trust environment points.
     pub fn start(
         id: &str,
         socket: &Path,
         policy: OpenSandboxPolicy,
         audit: AuditLog,
         trace: String,
+        credential_proxy: bool,
+        upstream_roots: &[PathBuf],
     ) -> Result<Self, agentrun_egress::EgressError> {
         let listener = agentrun_egress::bind(socket)?;
+        let vault = Vault::new();
         let sink = decision_sink(id.to_owned(), audit.clone(), trace.clone());
         let failures = failure_sink(id.to_owned(), audit.clone(), trace.clone());
         // No approver: the OpenSandbox API has no person to ask, and a `networkPolicy` cannot
         // say escalate (never deserialized); an escalate decision would be denied "needs
         // approval". A front end with someone to ask gives the builder an `approver`.
-        let proxy = Proxy::builder(policy.to_network_policy(), sink)
+        let mut builder = Proxy::builder(policy.to_network_policy(), sink)
             .failures(failures)
-            .start(listener, socket);
+            .injections(injection_sink(id.to_owned(), audit.clone(), trace.clone()));
+        if credential_proxy {
+            let interceptor = Interceptor::new(id, upstream_roots)?;
+            if let Some(dir) = socket.parent() {
+                interceptor.write_trust(dir)?;
+            }
+            builder = builder.intercept(Arc::new(interceptor), vault.clone());
+        } else {
+            builder = builder.intercept_plain(vault.clone());
+        }
+        let proxy = builder.start(listener, socket);
         Ok(SandboxEgress {
             sandbox_id: id.to_owned(),
             policy: Mutex::new(policy),
             proxy: Mutex::new(Some(proxy)),
             audit,
             trace,
+            vault,
+            credential_proxy,
         })
     }
 
@@ -129,6 +169,52 @@ impl SandboxEgress {
         }
         *current = next.clone();
         Ok((next, true))
+    }
+
+    /// Audits a vault change (`action`; `reason`: the sanitized state after it). A change
+    /// that cannot be audited is refused before it is made (see [`Self::vault_change`]).
+    fn audit_vault(&self, action: &str, resource: String, reason: String) -> ApiResult<()> {
+        let record = AuditRecord {
+            kind: "credential-vault".into(),
+            sandbox_id: self.sandbox_id.clone(),
+            trace_id: trace_id_of(&self.trace),
+            action: action.into(),
+            resource,
+            decision: "applied".into(),
+            reason,
+            profile: PROFILE.into(),
+            ..Default::default()
+        };
+        self.audit
+            .append(&record)
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    /// Whether its proxy intercepts TLS (`credentialProxy.enabled`).
+    pub fn credential_proxy(&self) -> bool {
+        self.credential_proxy
+    }
+
+    /// `https` bindings need the credential proxy (412 otherwise).
+    fn check_https(&self, state: &VaultState) -> ApiResult<()> {
+        if self.credential_proxy {
+            return Ok(());
+        }
+        match state
+            .bindings
+            .iter()
+            .find(|b| b.match_.schemes.iter().any(|s| s == "https"))
+        {
+            Some(b) => Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "CREDENTIAL_VAULT::PROXY_NOT_READY",
+                format!(
+                    "binding {:?} matches https, which needs the sandbox created with credentialProxy.enabled",
+                    b.name
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Stops the proxy (before the sandbox's state dir goes away).
@@ -195,6 +281,24 @@ fn failure_sink(id: String, audit: AuditLog, trace: String) -> FailureSink {
     })
 }
 
+/// Traces and audits each request sandbox `id`'s proxy added a credential to: a
+/// `policy.check` span and an audit record naming the binding (never the value).
+fn injection_sink(id: String, audit: AuditLog, trace: String) -> InjectionSink {
+    let trace_id = trace_id_of(&trace);
+    Arc::new(
+        move |action: &Action, method: &str, path: &str, binding: &str| {
+            let d = Decision::allow(
+                format!("credentialVault.bindings[{binding}]"),
+                format!("credential injected: {method} {path}"),
+            );
+            let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
+            let record = scope(&id, &trace_id).decision(&mut span, action, &d, "egress-proxy");
+            append(&audit, &id, &record);
+            span.finish_detached("egress-span");
+        },
+    )
+}
+
 /// The egress sidecar's API of one sandbox, served under `/egress/{sid}`.
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -206,16 +310,193 @@ pub fn routes(server: Arc<Server>) -> Router {
                 .post(replace_policy)
                 .put(replace_policy),
         )
-        .route("/credential-vault", any(credential_vault))
-        .route("/credential-vault/{*rest}", any(credential_vault))
+        .route(
+            "/credential-vault",
+            get(vault_get)
+                .post(vault_create)
+                .patch(vault_patch)
+                .delete(vault_delete),
+        )
+        .route("/credential-vault/credentials", get(vault_credentials))
+        .route(
+            "/credential-vault/credentials/{name}",
+            get(vault_credential),
+        )
+        .route("/credential-vault/bindings", get(vault_bindings))
+        .route("/credential-vault/bindings/{name}", get(vault_binding))
         .with_state(server)
 }
 
-/// The sidecar's credential vault: not supported (501, once the token checks out).
-async fn credential_vault(_: EgressSandbox) -> ApiResult<StatusCode> {
-    Err(ApiError::not_supported(
-        "the credential vault is not supported",
+/// A vault error as the API answers it (its message names no secret).
+fn vault_error(e: VaultError) -> ApiError {
+    match e.status {
+        404 => ApiError::not_found("CREDENTIAL_VAULT::NOT_FOUND", e.message),
+        409 => ApiError::new(
+            StatusCode::CONFLICT,
+            "CREDENTIAL_VAULT::CONFLICT",
+            e.message,
+        ),
+        _ => ApiError::bad_request(e.message),
+    }
+}
+
+/// A vault request body parsed as `T`. The error says where and what kind (never serde's
+/// text, which may quote a value).
+fn parse_vault<T: serde::de::DeserializeOwned>(body: &Bytes, expected: &str) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        let kind = match e.classify() {
+            serde_json::error::Category::Io => "unreadable",
+            serde_json::error::Category::Syntax => "not JSON",
+            serde_json::error::Category::Data => "a field is missing, unknown or of the wrong type",
+            serde_json::error::Category::Eof => "it ends early",
+        };
+        ApiError::bad_request(format!(
+            "invalid request body: expected {expected}: {kind} (line {}, column {})",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+fn vault_of(rec: &Record) -> ApiResult<&SandboxEgress> {
+    rec.egress.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "CREDENTIAL_VAULT::PROXY_NOT_READY",
+            format!(
+                "sandbox {} was created without a networkPolicy: it has no egress proxy to inject credentials",
+                rec.id
+            ),
+        )
+    })
+}
+
+/// `POST /credential-vault`: 201 with the sanitized state.
+async fn vault_create(
+    EgressSandbox(rec): EgressSandbox,
+    JsonBody(body): JsonBody,
+) -> ApiResult<(StatusCode, Json<VaultState>)> {
+    let req: VaultCreate = parse_vault(&body, "{\"credentials\": [...], \"bindings\": [...]}")?;
+    let egress = vault_of(&rec)?;
+    // Checked on a scratch vault first: nothing is made unless it is valid, allowed and
+    // audited.
+    let scratch = Vault::new();
+    let state = scratch.create(req.clone()).map_err(vault_error)?;
+    egress.check_https(&state)?;
+    if egress.vault.state().is_ok() {
+        return Err(vault_error(VaultError {
+            status: 409,
+            message: "the credential vault exists; PATCH changes it, DELETE removes it".into(),
+        }));
+    }
+    tokio::task::block_in_place(|| {
+        egress.audit_vault(
+            "credential_vault.create",
+            names(&state),
+            serde_json::to_string(&state).unwrap_or_default(),
+        )
+    })?;
+    let state = egress.vault.create(req).map_err(vault_error)?;
+    Ok((StatusCode::CREATED, Json(state)))
+}
+
+/// The names a state holds, as an audit record's resource.
+fn names(state: &VaultState) -> String {
+    let creds: Vec<&str> = state.credentials.iter().map(|c| c.name.as_str()).collect();
+    let binds: Vec<&str> = state.bindings.iter().map(|b| b.name.as_str()).collect();
+    format!(
+        "credentials={} bindings={}",
+        creds.join(","),
+        binds.join(",")
+    )
+}
+
+async fn vault_get(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<VaultState>> {
+    let egress = vault_of(&rec)?;
+    Ok(Json(egress.vault.state().map_err(vault_error)?))
+}
+
+/// `PATCH /credential-vault`: all or nothing, the next revision.
+async fn vault_patch(
+    EgressSandbox(rec): EgressSandbox,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Json<VaultState>> {
+    let m: VaultMutation = parse_vault(
+        &body,
+        "{\"expectedRevision\", \"credentials\": {add, replace, delete}, \"bindings\": {...}}",
+    )?;
+    let egress = vault_of(&rec)?;
+    // Tried on a copy: refused changes leave the vault as it was.
+    let trial = egress.vault.deep_copy();
+    let state = trial.mutate(m.clone()).map_err(vault_error)?;
+    egress.check_https(&state)?;
+    tokio::task::block_in_place(|| {
+        egress.audit_vault(
+            "credential_vault.patch",
+            names(&state),
+            serde_json::to_string(&state).unwrap_or_default(),
+        )
+    })?;
+    Ok(Json(egress.vault.mutate(m).map_err(vault_error)?))
+}
+
+/// `DELETE /credential-vault`: 204.
+async fn vault_delete(EgressSandbox(rec): EgressSandbox) -> ApiResult<StatusCode> {
+    let egress = vault_of(&rec)?;
+    egress.vault.state().map_err(vault_error)?;
+    tokio::task::block_in_place(|| {
+        egress.audit_vault("credential_vault.delete", String::new(), String::new())
+    })?;
+    egress.vault.delete().map_err(vault_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn vault_credentials(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
+    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    Ok(Json(
+        json!({"revision": s.revision, "credentials": s.credentials}),
     ))
+}
+
+async fn vault_credential(
+    EgressSandbox(rec): EgressSandbox,
+    UrlPath(p): UrlPath<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    let name = p.get("name").map(String::as_str).unwrap_or_default();
+    let c = s
+        .credentials
+        .iter()
+        .find(|c| c.name == name)
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "CREDENTIAL_VAULT::NOT_FOUND",
+                format!("no credential {name:?}"),
+            )
+        })?;
+    Ok(Json(json!(c)))
+}
+
+async fn vault_bindings(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
+    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    Ok(Json(
+        json!({"revision": s.revision, "bindings": s.bindings}),
+    ))
+}
+
+async fn vault_binding(
+    EgressSandbox(rec): EgressSandbox,
+    UrlPath(p): UrlPath<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    let name = p.get("name").map(String::as_str).unwrap_or_default();
+    let b = s.bindings.iter().find(|b| b.name == name).ok_or_else(|| {
+        ApiError::not_found(
+            "CREDENTIAL_VAULT::NOT_FOUND",
+            format!("no binding {name:?}"),
+        )
+    })?;
+    Ok(Json(json!(b)))
 }
 
 /// What the sidecar reports as its `enforcementMode` (upstream: `dns` or `dns+nft`): every

@@ -106,6 +106,9 @@ pub struct OpenSandboxOptions {
     /// The host directories `host` volumes may come from (`serve --volume-root`; none: host
     /// volumes are refused). Named (`pvc`) volumes live under `image_root/volumes`.
     pub volume_roots: agentrun_runtime::volume::VolumeRoots,
+    /// PEM bundles of roots the egress proxy also trusts for upstream certificates when it
+    /// intercepts TLS (`serve --egress-upstream-ca`; the system's roots always).
+    pub upstream_roots: Vec<PathBuf>,
 }
 
 /// How much of a request body the API reads (`agentrun serve --max-request-body`,
@@ -222,6 +225,7 @@ impl Frontend for OpenSandboxFrontend {
             limits: opts.limits,
             profile: opts.profile.clone(),
             volume_roots: opts.volume_roots.clone(),
+            upstream_roots: opts.upstream_roots.clone(),
             volume_store: agentrun_runtime::volume::VolumeStore::new(&opts.image_root),
             audit: agentrun_telemetry::AuditLog::new(&opts.audit_dir),
             records: Mutex::new(HashMap::new()),

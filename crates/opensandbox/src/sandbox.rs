@@ -54,6 +54,8 @@ pub struct Server {
     pub profile: String,
     /// Where host volumes may come from ([`crate::OpenSandboxOptions::volume_roots`]).
     pub volume_roots: agentrun_runtime::volume::VolumeRoots,
+    /// Extra upstream roots of intercepting egress proxies ([`crate::OpenSandboxOptions::upstream_roots`]).
+    pub upstream_roots: Vec<std::path::PathBuf>,
     /// The named volumes (`$AGENTRUN_ROOT/volumes`).
     pub volume_store: agentrun_runtime::volume::VolumeStore,
     /// The runtime reading process output (see [`execd`]).

@@ -42,6 +42,14 @@ pub enum Action {
     Mount { target: PathBuf, writable: bool },
     /// Open a TCP connection to `host:port` (through the egress proxy).
     Connect { host: String, port: u16 },
+    /// Send an HTTP request (`path` without the query) to `host:port`, seen by the egress
+    /// proxy in a forwarded request or inside intercepted TLS ([`crate::HttpRule`]).
+    Http {
+        method: String,
+        host: String,
+        port: u16,
+        path: String,
+    },
     /// Set an environment variable for the sandboxed command.
     SetEnv(String),
     /// Something the kernel denied that is not a path (e.g. a Landlock scope: signalling or
@@ -58,6 +66,7 @@ impl Action {
             Action::Write(_) => "fs.write",
             Action::Mount { .. } => "fs.mount",
             Action::Connect { .. } => "net.connect",
+            Action::Http { .. } => "net.http",
             Action::SetEnv(_) => "env.set",
             Action::Kernel { .. } => "kernel.scope",
         }
@@ -76,6 +85,18 @@ impl Action {
             }
             Action::Connect { host, port } if host.contains(':') => format!("[{host}]:{port}"),
             Action::Connect { host, port } => format!("{host}:{port}"),
+            Action::Http {
+                method,
+                host,
+                port,
+                path,
+            } if host.contains(':') => format!("{method} [{host}]:{port}{path}"),
+            Action::Http {
+                method,
+                host,
+                port,
+                path,
+            } => format!("{method} {host}:{port}{path}"),
             Action::SetEnv(k) => k.clone(),
             Action::Kernel { right, target } => format!("{right} {target}"),
         }
@@ -214,6 +235,17 @@ impl Profile {
             Action::Write(p) => self.check_write(p),
             Action::Mount { target, writable } => self.check_mount(target, *writable),
             Action::Connect { host, port } => self.network.check(host, *port),
+            Action::Http {
+                method,
+                host,
+                port,
+                path,
+            } => self
+                .network
+                .check_http(host, *port, method, path, &[])
+                .unwrap_or_else(|| {
+                    Decision::allow("network.http_default", "no HTTP rule names the host")
+                }),
             Action::SetEnv(key) => self.check_env(key),
             Action::Kernel { right, .. } => Decision::deny(
                 "landlock.scope",

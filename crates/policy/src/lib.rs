@@ -10,6 +10,7 @@
 
 pub mod approval;
 pub mod decision;
+pub mod http;
 pub mod network;
 pub mod seccomp;
 mod units;
@@ -25,6 +26,7 @@ pub use approval::{
     EscalationRequest, DEFAULT_APPROVAL_TIMEOUT,
 };
 pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
+pub use http::{check_http, HttpRule};
 pub use network::{
     AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
     OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
@@ -185,6 +187,12 @@ struct RawNetwork {
     deny: Vec<String>,
     #[serde(default)]
     escalate: Vec<String>,
+    #[serde(default)]
+    http_deny: Vec<String>,
+    #[serde(default)]
+    http_allow: Vec<String>,
+    #[serde(default)]
+    http_escalate: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -361,6 +369,29 @@ impl Profile {
                 );
             }
         }
+        let mut http = Vec::new();
+        for (field, action, list) in [
+            ("network.http_deny", RuleAction::Deny, &net.http_deny),
+            ("network.http_allow", RuleAction::Allow, &net.http_allow),
+            (
+                "network.http_escalate",
+                RuleAction::Escalate,
+                &net.http_escalate,
+            ),
+        ] {
+            for (i, spec) in list.iter().enumerate() {
+                http.push(
+                    HttpRule::parse(format!("{field}[{i}]"), action, spec)
+                        .map_err(|m| invalid(field, m))?,
+                );
+            }
+        }
+        if net.mode == NetworkMode::None && !http.is_empty() {
+            return Err(invalid(
+                "network.mode",
+                "\"none\" cannot have http rules (use mode = \"allowlist\")".into(),
+            ));
+        }
         if net.mode == NetworkMode::None && !rules.is_empty() {
             return Err(invalid(
                 "network.mode",
@@ -418,6 +449,7 @@ impl Profile {
             network: NetworkPolicy {
                 mode: net.mode,
                 rules,
+                http,
             },
             resources,
             env_defaults: raw.env.defaults,

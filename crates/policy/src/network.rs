@@ -362,6 +362,9 @@ pub struct NetworkPolicy {
     pub mode: NetworkMode,
     /// Evaluated in order, first match wins.
     pub rules: Vec<HostRule>,
+    /// L7 rules, decided per request ([`crate::http`]); first match wins.
+    #[serde(default)]
+    pub http: Vec<crate::http::HttpRule>,
 }
 
 /// Errors mapping an OpenSandbox `networkPolicy`.
@@ -539,7 +542,11 @@ impl OpenSandboxPolicy {
             RuleAction::Allow => NetworkMode::All,
             RuleAction::Deny | RuleAction::Escalate => NetworkMode::Allowlist,
         };
-        NetworkPolicy { mode, rules }
+        NetworkPolicy {
+            mode,
+            rules,
+            http: Vec::new(),
+        }
     }
 
     /// The JSON form (`{"defaultAction", "egress"}`).
@@ -549,6 +556,25 @@ impl OpenSandboxPolicy {
 }
 
 impl NetworkPolicy {
+    /// Whether some L7 rule names `host:port` (its requests are decided one by one, and
+    /// TLS to it is intercepted where the sandbox allows interception).
+    pub fn has_http_rules(&self, host: &str, port: u16) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.http.iter().any(|r| r.host.matches(&host, port))
+    }
+
+    /// Decides one request by the L7 rules; `None` when none names `host:port`.
+    pub fn check_http(
+        &self,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        fields: &[(String, Vec<u8>)],
+    ) -> Option<Decision> {
+        crate::http::check_http(&self.http, host, port, method, path, fields)
+    }
+
     /// Whether traffic leaves through the egress proxy at all.
     pub fn needs_proxy(&self) -> bool {
         self.mode != NetworkMode::None
@@ -874,6 +900,7 @@ mod tests {
         let mut all = NetworkPolicy {
             mode: NetworkMode::All,
             rules: Vec::new(),
+            http: Vec::new(),
         };
         all.allow_hosts("cli.allow_host", &["192.168.7.7:22".into()])
             .unwrap();
@@ -901,6 +928,7 @@ mod tests {
             rules: vec![
                 HostRule::parse("network.deny[0]", RuleAction::Deny, "93.184.216.0/24").unwrap(),
             ],
+            http: Vec::new(),
         };
         let d = reach(&p, "example.com", 443, "93.184.216.34");
         assert_eq!(d.rule_id, "network.deny[0]");

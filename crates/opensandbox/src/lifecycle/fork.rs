@@ -123,6 +123,15 @@ fn copy_request(rec: &Record, snapshot_id: &str) -> Value {
     if let Some(p) = &rec.network_policy {
         body["networkPolicy"] = p.clone();
     }
+    // A copy intercepts TLS too (its environment points at a CA bundle), with a CA and an
+    // empty credential vault of its own: credentials are never copied.
+    if rec
+        .egress
+        .as_ref()
+        .is_some_and(crate::egress::SandboxEgress::credential_proxy)
+    {
+        body["credentialProxy"] = json!({"enabled": true});
+    }
     if let Some(x) = &rec.extensions {
         body["extensions"] = x.clone();
     }

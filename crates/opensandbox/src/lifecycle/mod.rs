@@ -261,6 +261,8 @@ async fn create_sandbox(
                 policy,
                 server.audit.clone(),
                 trace,
+                v.credential_proxy,
+                &server.upstream_roots,
             );
             match started {
                 Ok(e) => Some(e),

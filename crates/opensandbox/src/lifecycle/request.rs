@@ -139,6 +139,9 @@ pub struct Validated {
     pub(super) timeout: Option<i64>,
     /// `networkPolicy` (`None`: absent or null, no network at all).
     pub(super) network: Option<agentrun_policy::OpenSandboxPolicy>,
+    /// `credentialProxy.enabled`: the egress proxy intercepts TLS to the hosts the
+    /// credential vault binds (its CA trusted in the sandbox).
+    pub(super) credential_proxy: bool,
     /// `volumes`, checked (opened on the host when the sandbox is made).
     pub(super) volumes: Vec<super::volumes::VolumeSpec>,
     /// `extensions["access.renew.extend.seconds"]`: traffic through the server proxy moves
@@ -217,14 +220,24 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     if req.lifecycle.as_ref().is_some_and(|v| !v.is_null()) {
         return bad("lifecycle hooks are not supported");
     }
-    if req
-        .credential_proxy
-        .as_ref()
-        .and_then(|c| c.get("enabled"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-    {
-        return bad("credentialProxy is not supported");
+    let credential_proxy = match req.credential_proxy.as_ref().filter(|c| !c.is_null()) {
+        None => false,
+        Some(c) => {
+            let obj = c.as_object().ok_or_else(|| {
+                ApiError::bad_request("credentialProxy must be an object {\"enabled\": bool}")
+            })?;
+            if let Some(k) = obj.keys().find(|k| *k != "enabled") {
+                return bad(&format!("credentialProxy: unknown field {k:?}"));
+            }
+            match obj.get("enabled") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return bad("credentialProxy.enabled must be a boolean"),
+            }
+        }
+    };
+    if credential_proxy && req.network_policy.as_ref().is_none_or(Value::is_null) {
+        return bad("credentialProxy.enabled requires a networkPolicy");
     }
     if let Some(p) = req.platform.as_ref().filter(|p| !p.is_null()) {
         let os = p.get("os").and_then(Value::as_str).unwrap_or("linux");
@@ -298,6 +311,14 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         for (k, v) in agentrun_egress::proxy_env() {
             spec = spec.env(k, v);
         }
+        if credential_proxy {
+            // The proxy's CA, next to its socket: TLS libraries in the sandbox trust it.
+            for (k, v) in
+                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
+            {
+                spec = spec.env(k, v);
+            }
+        }
     }
     Ok(Validated {
         spec,
@@ -305,6 +326,7 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
         entrypoint,
         timeout: req.timeout,
         network,
+        credential_proxy,
         volumes,
         access_renew_s: access_renew(req.extensions.as_ref())?,
     })

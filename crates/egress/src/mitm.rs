@@ -1,0 +1,278 @@
+//! TLS interception: the proxy terminating a sandbox's TLS for the hosts it must see into
+//! (a credential is bound to them), and opening its own, verified TLS to the real host.
+//!
+//! An [`Interceptor`] owns one certificate authority, made when it is created, its key in
+//! memory only (never written anywhere; the sandbox gets the certificate, [`Interceptor::ca_pem`]).
+//! agentrun makes one per sandbox, not one per daemon: a sandbox trusts only its own CA, the
+//! key dies with the sandbox's proxy, and nothing one sandbox is shown is valid in another.
+//! The cost is one P-256 key and certificate per sandbox that opts in (about a millisecond).
+//!
+//! Leaf certificates are minted per host on demand (P-256, signed by the CA, the host as the
+//! subject alternative name) and cached with their rustls server configuration. Upstream,
+//! the proxy verifies the real host's certificate against the host's root store
+//! (`rustls-native-certs`: the system bundle) plus any roots the operator adds
+//! ([`Interceptor::new`]'s `extra_roots`, e.g. an internal CA); the server name it verifies is
+//! the host the sandbox's CONNECT named and the policy allowed. ALPN offers `http/1.1` on
+//! both sides: the proxy reads HTTP/1 requests inside.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+/// Leaf configurations kept per interceptor; past this the cache starts over.
+const MAX_LEAVES: usize = 1024;
+
+/// Errors making the CA, a leaf, or the upstream trust store.
+#[derive(Debug, thiserror::Error)]
+pub enum MitmError {
+    #[error("tls interception: cannot make a certificate: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("tls interception: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("tls interception: cannot read upstream roots from {path}: {why}")]
+    Roots { path: PathBuf, why: String },
+    #[error("tls interception: no upstream root certificate could be loaded")]
+    NoRoots,
+}
+
+/// A per-sandbox CA and what it signs; the upstream TLS configuration.
+pub struct Interceptor {
+    ca_pem: String,
+    ca: rcgen::Certificate,
+    ca_key: KeyPair,
+    leaves: Mutex<HashMap<String, Arc<ServerConfig>>>,
+    upstream: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for Interceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interceptor").finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+impl Interceptor {
+    /// A new CA; upstream certificates verified against the system's roots and the PEM
+    /// bundles in `extra_roots`.
+    pub fn new(name: &str, extra_roots: &[PathBuf]) -> Result<Self, MitmError> {
+        let ca_key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "agentrun");
+        dn.push(DnType::CommonName, format!("agentrun egress CA {name}"));
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::days(1);
+        params.not_after = now + time::Duration::days(365);
+        let ca = params.self_signed(&ca_key)?;
+
+        let mut roots = RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        for path in extra_roots {
+            let bad = |why: String| MitmError::Roots {
+                path: path.clone(),
+                why,
+            };
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(e.to_string()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(bad("no certificate in it".into()));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        if roots.is_empty() {
+            return Err(MitmError::NoRoots);
+        }
+        let mut upstream = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Interceptor {
+            ca_pem: ca.pem(),
+            ca,
+            ca_key,
+            leaves: Mutex::default(),
+            upstream: Arc::new(upstream),
+        })
+    }
+
+    /// The CA certificate (PEM), to install in the sandbox's trust stores. Never the key.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The TLS server configuration presenting a certificate for `host` (minted once).
+    pub fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, MitmError> {
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = leaves.get(host) {
+            return Ok(c.clone());
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![host.to_owned()])?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, host);
+        params.distinguished_name = dn;
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::days(1);
+        params.not_after = now + time::Duration::days(30);
+        let leaf = params.signed_by(&key, &self.ca, &self.ca_key)?;
+        let chain = vec![leaf.der().clone(), self.ca.der().clone()];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut cfg = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let cfg = Arc::new(cfg);
+        if leaves.len() >= MAX_LEAVES {
+            leaves.clear();
+        }
+        leaves.insert(host.to_owned(), cfg.clone());
+        Ok(cfg)
+    }
+
+    /// The client configuration for the upstream side.
+    pub fn upstream_config(&self) -> Arc<ClientConfig> {
+        self.upstream.clone()
+    }
+}
+
+/// The CA certificate's file in the proxy's socket directory (the sandbox sees that
+/// directory read-only).
+pub const CA_FILE: &str = "ca.pem";
+/// The system's roots followed by the CA certificate, in the same directory.
+pub const BUNDLE_FILE: &str = "ca-bundle.pem";
+
+/// Where hosts keep their system bundle (the first that exists is used).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// The environment that makes TLS libraries in the sandbox trust the CA, the files under
+/// `dir` (the socket directory as the sandbox sees it): OpenSSL (`SSL_CERT_FILE`: curl,
+/// Python's `ssl`, httpx), `requests` (`REQUESTS_CA_BUNDLE`), curl (`CURL_CA_BUNDLE`),
+/// pip, git, and Node (`NODE_EXTRA_CA_CERTS`, added to its own roots).
+pub fn trust_env(dir: &str) -> Vec<(String, String)> {
+    let bundle = format!("{dir}/{BUNDLE_FILE}");
+    let mut env: Vec<(String, String)> = [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), bundle.clone()))
+    .collect();
+    env.push(("NODE_EXTRA_CA_CERTS".into(), format!("{dir}/{CA_FILE}")));
+    env
+}
+
+impl Interceptor {
+    /// Writes [`CA_FILE`] and [`BUNDLE_FILE`] (the host's system bundle, then the CA) into
+    /// `dir`, mode 0644. The key is never written.
+    pub fn write_trust(&self, dir: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let system = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let mut bundle = system;
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(&self.ca_pem);
+        for (name, text) in [(CA_FILE, self.ca_pem.as_str()), (BUNDLE_FILE, &bundle)] {
+            let path = dir.join(name);
+            std::fs::write(&path, text)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+        Ok(())
+    }
+}
+
+/// The rustls name for `host` (a DNS name or an address).
+pub fn server_name(host: &str) -> io::Result<ServerName<'static>> {
+    ServerName::try_from(host.to_owned())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// A stream that first yields bytes already read from it, then reads on.
+pub struct Prefixed<S> {
+    pre: io::Cursor<Vec<u8>>,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(pre: Vec<u8>, inner: S) -> Self {
+        Prefixed {
+            pre: io::Cursor::new(pre),
+            inner,
+        }
+    }
+}
+
+impl<S: Read> Read for Prefixed<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if (self.pre.position() as usize) < self.pre.get_ref().len() {
+            return self.pre.read(buf);
+        }
+        self.inner.read(buf)
+    }
+}
+
+impl<S: Write> Write for Prefixed<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_pem_holds_the_certificate_only_and_leaves_are_cached() {
+        let i = Interceptor::new("t", &[]).unwrap();
+        assert!(i.ca_pem().contains("BEGIN CERTIFICATE"));
+        assert!(!i.ca_pem().contains("PRIVATE KEY"));
+        let a = i.server_config("api.example.com").unwrap();
+        let b = i.server_config("api.example.com").unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        i.server_config("10.0.0.1").unwrap();
+    }
+
+    #[test]
+    fn a_missing_roots_file_is_an_error() {
+        let e = Interceptor::new("t", &["/nonexistent/roots.pem".into()]).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/roots.pem"), "{e}");
+    }
+}

@@ -1,0 +1,349 @@
+//! L7 rules: what a sandbox may send to a host, by method, path prefix and header, decided
+//! by the egress proxy per request (inside intercepted TLS, or in a forwarded plain-HTTP
+//! request).
+//!
+//! A profile lists them in `[network]` as `http_deny`, `http_allow` and `http_escalate`
+//! (evaluated in that order; the first match decides), each entry one string:
+//!
+//! ```text
+//! METHOD HOST[:PORT][/PATH_PREFIX] [HEADER[=VALUE]]
+//! ```
+//!
+//! `METHOD` is a method name or `*`; `HOST` a name, `*.suffix` or an address as in host
+//! rules (port: any when left out); `PATH_PREFIX` matches the request's path (without the
+//! query) by prefix, `/` when left out; `HEADER` requires the field to be present, with
+//! `=VALUE` to have exactly that value. Example: `http_deny = ["DELETE api.github.com/repos/"]`,
+//! `http_allow = ["GET api.github.com", "POST api.github.com/graphql"]`.
+//!
+//! A request to a host no L7 rule names is not decided here (its connection was). For a host
+//! some rule names, a request no rule matches is denied when an `http_allow` rule names the
+//! host (an allowlist of requests), else allowed (rule `network.http_default`). Paths are
+//! compared as sent; a path with a dot segment, an empty segment, a backslash or an encoded
+//! `.`, `/` or `\` is denied for such a host (rule `network.http_path`): a prefix rule could
+//! otherwise be walked around by a path the upstream normalizes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::Decision;
+use crate::network::{HostRule, RuleAction};
+
+/// One L7 rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpRule {
+    /// `network.http_deny[0]`, ...
+    pub id: String,
+    pub action: RuleAction,
+    /// Upper-case method, or `None` for any.
+    pub method: Option<String>,
+    /// The host (and port) part, matched as a host rule.
+    pub host: HostRule,
+    /// Path prefix, starting with `/`.
+    pub path: String,
+    /// Lower-case field name and the exact value required, if any.
+    pub header: Option<(String, Option<String>)>,
+}
+
+fn token_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+impl HttpRule {
+    /// Parses `METHOD HOST[:PORT][/PATH] [HEADER[=VALUE]]` (see the module docs).
+    pub fn parse(id: impl Into<String>, action: RuleAction, spec: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = spec.split_whitespace().collect();
+        let (method, target, header) = match parts.as_slice() {
+            [m, t] => (*m, *t, None),
+            [m, t, h] => (*m, *t, Some(*h)),
+            _ => {
+                return Err(format!(
+                    "{spec:?}: expected \"METHOD HOST[:PORT][/PATH] [HEADER[=VALUE]]\""
+                ))
+            }
+        };
+        let method = match method {
+            "*" => None,
+            m if token_ok(m) && m.bytes().all(|b| b.is_ascii_alphabetic()) => {
+                Some(m.to_ascii_uppercase())
+            }
+            m => return Err(format!("{spec:?}: {m:?} is not a method or *")),
+        };
+        // The path starts at the first '/' that is not inside brackets (an IPv6 address).
+        let split = match target.find(']') {
+            Some(close) => target[close..].find('/').map(|i| close + i),
+            None => target.find('/'),
+        };
+        let (hostport, path) = match split {
+            Some(i) => (&target[..i], &target[i..]),
+            None => (target, "/"),
+        };
+        if path
+            .bytes()
+            .any(|b| b <= b' ' || b == 0x7f || b == b'?' || b == b'#')
+        {
+            return Err(format!(
+                "{spec:?}: the path prefix has a space, control character, '?' or '#'"
+            ));
+        }
+        let host = HostRule::parse("", action, hostport).map_err(|e| format!("{spec:?}: {e}"))?;
+        let header = match header {
+            None => None,
+            Some(h) => {
+                let (name, value) = match h.split_once('=') {
+                    Some((n, v)) => (n, Some(v.to_owned())),
+                    None => (h, None),
+                };
+                if !token_ok(name) {
+                    return Err(format!("{spec:?}: {name:?} is not a header name"));
+                }
+                Some((name.to_ascii_lowercase(), value))
+            }
+        };
+        let id = id.into();
+        Ok(HttpRule {
+            host: HostRule {
+                id: id.clone(),
+                ..host
+            },
+            id,
+            action,
+            method,
+            path: path.to_owned(),
+            header,
+        })
+    }
+
+    fn matches_host(&self, host: &str, port: u16) -> bool {
+        self.host.matches(host, port)
+    }
+
+    fn matches(
+        &self,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        fields: &[(String, Vec<u8>)],
+    ) -> bool {
+        self.matches_host(host, port)
+            && self
+                .method
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && path.starts_with(&self.path)
+            && self.header.as_ref().is_none_or(|(name, value)| {
+                fields
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .any(|(_, v)| value.as_ref().is_none_or(|want| want.as_bytes() == v))
+            })
+    }
+
+    /// The rule as written (for reasons).
+    pub fn target(&self) -> String {
+        let mut s = format!(
+            "{} {}{}",
+            self.method.as_deref().unwrap_or("*"),
+            self.host.target(),
+            if self.path == "/" { "" } else { &self.path }
+        );
+        if let Some((n, v)) = &self.header {
+            s.push(' ');
+            s.push_str(n);
+            if v.is_some() {
+                s.push_str("=...");
+            }
+        }
+        s
+    }
+}
+
+/// A path a prefix rule cannot be trusted on: dot or empty segments, backslashes, encoded
+/// `.`, `/`, `\`.
+fn ambiguous_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || path.contains('\\')
+        || path.contains("//")
+        || path.split('/').any(|seg| seg == "." || seg == "..")
+}
+
+/// Decides one request against `rules`; `None` when no rule names `host:port` (the request
+/// is not an L7 decision).
+pub fn check_http(
+    rules: &[HttpRule],
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    fields: &[(String, Vec<u8>)],
+) -> Option<Decision> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if !rules.iter().any(|r| r.matches_host(&host, port)) {
+        return None;
+    }
+    let path = path.split('?').next().unwrap_or(path);
+    if ambiguous_path(path) {
+        return Some(Decision::deny(
+            "network.http_path",
+            format!("{method} {path}: a path with dot or empty segments or encoded separators is refused for {host}:{port}, which has HTTP rules"),
+        ));
+    }
+    let what = format!("{method} {host}:{port}{path}");
+    if let Some(r) = rules
+        .iter()
+        .find(|r| r.matches(&host, port, method, path, fields))
+    {
+        return Some(match r.action {
+            RuleAction::Allow => {
+                Decision::allow(r.id.clone(), format!("{what} allowed by {}", r.target()))
+            }
+            RuleAction::Deny => {
+                Decision::deny(r.id.clone(), format!("{what} denied by {}", r.target()))
+            }
+            RuleAction::Escalate => Decision::escalate(r.id.clone(), &format!("sending {what}")),
+        });
+    }
+    let allowlist = rules
+        .iter()
+        .any(|r| r.action == RuleAction::Allow && r.matches_host(&host, port));
+    Some(if allowlist {
+        Decision::deny(
+            "network.http_default",
+            format!("{what}: no http_allow rule matches (the host has an allowlist of requests)"),
+        )
+    } else {
+        Decision::allow(
+            "network.http_default",
+            format!("{what}: no HTTP rule matches"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> Vec<HttpRule> {
+        vec![
+            HttpRule::parse(
+                "network.http_deny[0]",
+                RuleAction::Deny,
+                "DELETE api.example.com/repos/",
+            )
+            .unwrap(),
+            HttpRule::parse(
+                "network.http_deny[1]",
+                RuleAction::Deny,
+                "* api.example.com X-Admin",
+            )
+            .unwrap(),
+            HttpRule::parse(
+                "network.http_allow[0]",
+                RuleAction::Allow,
+                "GET api.example.com",
+            )
+            .unwrap(),
+            HttpRule::parse(
+                "network.http_allow[1]",
+                RuleAction::Allow,
+                "POST api.example.com:443/graphql",
+            )
+            .unwrap(),
+            HttpRule::parse(
+                "network.http_escalate[0]",
+                RuleAction::Escalate,
+                "PUT *.example.com/ X-Mode=write",
+            )
+            .unwrap(),
+        ]
+    }
+
+    fn rule_of(
+        method: &str,
+        host: &str,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> Option<(String, String)> {
+        let f: Vec<(String, Vec<u8>)> = fields
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        check_http(&rules(), host, 443, method, path, &f)
+            .map(|d| (d.verdict().to_string(), d.rule_id))
+    }
+
+    #[test]
+    fn first_match_decides_and_allowlisted_hosts_default_deny() {
+        let r = |v: &str, id: &str| Some((v.to_string(), id.to_string()));
+        assert_eq!(
+            rule_of("GET", "api.example.com", "/repos/x?y=1", &[]),
+            r("allow", "network.http_allow[0]")
+        );
+        assert_eq!(
+            rule_of("DELETE", "api.example.com", "/repos/x", &[]),
+            r("deny", "network.http_deny[0]")
+        );
+        assert_eq!(
+            rule_of("GET", "API.example.com.", "/", &[("x-admin", "1")]),
+            r("deny", "network.http_deny[1]")
+        );
+        assert_eq!(
+            rule_of("POST", "api.example.com", "/graphql", &[]),
+            r("allow", "network.http_allow[1]")
+        );
+        assert_eq!(
+            rule_of("POST", "api.example.com", "/other", &[]),
+            r("deny", "network.http_default")
+        );
+        assert_eq!(
+            rule_of("PUT", "w.example.com", "/a", &[("X-Mode", "write")]),
+            r("escalate", "network.http_escalate[0]")
+        );
+        assert_eq!(
+            rule_of("PUT", "w.example.com", "/a", &[("X-Mode", "read")]),
+            r("allow", "network.http_default")
+        );
+        assert_eq!(rule_of("GET", "other.test", "/", &[]), None);
+        for p in [
+            "/repos/../admin",
+            "/a/./b",
+            "/a//b",
+            "/a/%2e%2e/b",
+            "/a%2Fb",
+            "/a\\b",
+        ] {
+            assert_eq!(
+                rule_of("GET", "api.example.com", p, &[]),
+                r("deny", "network.http_path"),
+                "{p}"
+            );
+        }
+        assert_eq!(
+            rule_of("GET", "api.example.com", "/a/b/", &[]),
+            r("allow", "network.http_allow[0]")
+        );
+    }
+
+    #[test]
+    fn bad_specs_are_refused_with_a_reason() {
+        for (spec, says) in [
+            ("api.example.com", "expected"),
+            ("G-T api.example.com", "not a method"),
+            ("GET a b:c d", "expected"),
+            ("GET bad ho(st", "not a header name"),
+            ("GET api.example.com/a?b", "'?'"),
+            ("GET a..b", ""),
+        ] {
+            let e = HttpRule::parse("x", RuleAction::Deny, spec).unwrap_err();
+            assert!(e.contains(says), "{spec}: {e}");
+        }
+        let r = HttpRule::parse("x", RuleAction::Allow, "get [::1]:8080/v1 X-A=b").unwrap();
+        assert_eq!(r.method.as_deref(), Some("GET"));
+        assert_eq!(r.path, "/v1");
+        assert_eq!(r.target(), "GET [::1]:8080/v1 x-a=...");
+    }
+}

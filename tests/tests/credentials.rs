@@ -1,0 +1,559 @@
+//! The credential vault through the real binary: `agentrun exec --credential` against a TLS
+//! server on a private address inside a network namespace the test makes (its certificate
+//! from a CA the test makes with `openssl`, given to the proxy with `--egress-upstream-ca`).
+//! curl and Python `requests`/`httpx` in the sandbox reach it with the credential added by
+//! the proxy; the sandbox dumps its environment, its processes' environments and command
+//! lines and the files it was given: no secret. A path or host the credential is not bound
+//! to gets nothing; a `Host` naming another host is refused (421). The audit log records
+//! each injection and never the value. Root required.
+
+use std::process::Command;
+use std::time::Duration;
+
+use agentrun_e2e::{
+    agentrun, exec_with, run_with_timeout, setup, tempdir, workspace_root, Agentrun, RunOutput,
+};
+use serde_json::Value;
+
+/// The TLS server: answers `auth=ok` when the request carries `Authorization: Bearer
+/// $SECRET`, else `auth=missing`; then the path. Never echoes a header back.
+const SERVER: &str = r#"
+import http.server, os, ssl, sys
+secret = os.environ["E2E_SECRET"]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer " + secret
+        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+addr, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+srv = http.server.ThreadingHTTPServer((addr, port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+
+/// What runs in the sandbox: every client, then the dumps.
+const CLIENT: &str = r#"
+set +e
+echo "curl: $(curl -sS https://10.77.0.2:8443/v1/curl)"
+echo "curl-unbound-path: $(curl -sS https://10.77.0.2:8443/other)"
+echo "curl-fronted: $(curl -sS -H 'Host: evil.example' https://10.77.0.2:8443/v1/x | head -c 200)"
+echo "curl-unbound-host: $(curl -sS -k https://10.77.0.3:8443/v1/curl)"
+python3 -c 'import requests; print("requests:", requests.get("https://10.77.0.2:8443/v1/requests").text.strip())'
+python3 -c 'import httpx; print("httpx:", httpx.get("https://10.77.0.2:8443/v1/httpx").text.strip())'
+echo "--- dumps"
+env
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
+cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '
+ls -la /run/agentrun-egress/
+echo "keys: $(cat /run/agentrun-egress/*.pem | grep -c 'PRIVATE KEY')"
+python3 /dump/memdump.py /dump/out
+true
+"#;
+
+/// Copies the readable memory of every process in the sandbox into files under argv[1] (the
+/// test looks for the secret in them).
+const MEMDUMP: &str = r#"
+import os, re, sys
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError:
+        continue
+    with open(f"{out}/{pid}.mem", "wb") as f:
+        for line in maps:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) r", line)
+            if not m or "[vvar]" in line:
+                continue
+            a, b = int(m.group(1), 16), int(m.group(2), 16)
+            try:
+                mem.seek(a)
+                f.write(mem.read(min(b - a, 64 << 20)))
+            except (OSError, ValueError, OverflowError):
+                pass
+print("memdump", len(os.listdir(out)))
+"#;
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a leaf for `ips` (server.pem, server.key; ca.pem).
+fn certs(dir: &std::path::Path, ips: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=e2e upstream CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=e2e upstream",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        format!("subjectAltName={ips}\nextendedKeyUsage=serverAuth\n"),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+/// `a` inside `unshare --mount --net` after `setup` (sh); `after` once it exits.
+fn in_netns(a: Agentrun, setup: &str, after: &str) -> RunOutput {
+    let inner = a.command();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--net",
+        "--",
+        "sh",
+        "-c",
+    ]);
+    cmd.arg(format!(
+        "set -e\n{setup}\nset +e\n\"$@\"\nrc=$?\n{after}\nexit $rc"
+    ));
+    cmd.arg("sh");
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    run_with_timeout(cmd, None, Duration::from_secs(180))
+}
+
+#[test]
+fn a_credential_reaches_its_host_and_never_the_sandbox() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    certs(d, "IP:10.77.0.2,IP:10.77.0.3");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let dump = d.join("dump");
+    std::fs::create_dir_all(&dump).unwrap();
+    std::fs::write(dump.join("memdump.py"), MEMDUMP).unwrap();
+    let secret = format!(
+        "e2e-secret-{}-{}",
+        std::process::id(),
+        d.display().to_string().len() * 7919
+    );
+    let site = workspace_root().join(".venv/test/lib/python3.11/site-packages");
+    assert!(
+        site.join("httpx").is_dir() && site.join("requests").is_dir(),
+        "{} lacks requests/httpx: hack/test installs them",
+        site.display()
+    );
+    // Two servers on private addresses that exist only in the test's namespace (bounded:
+    // they exit after two minutes whatever happens).
+    let setup_sh = format!(
+        "ip link set lo up\nip addr add 10.77.0.2/32 dev lo\nip addr add 10.77.0.3/32 dev lo\n\
+         cd '{d}'\n\
+         E2E_SECRET='{secret}' timeout 120 python3 server.py 10.77.0.2 8443 server.pem server.key &\n\
+         s1=$!\n\
+         E2E_SECRET='{secret}' timeout 120 python3 server.py 10.77.0.3 8443 server.pem server.key &\n\
+         s2=$!\n\
+         for a in 10.77.0.2 10.77.0.3; do for i in $(seq 100); do python3 -c \"import socket; socket.create_connection(('$a', 8443), 1)\" 2>/dev/null && break; sleep 0.1; done; done",
+        d = d.display()
+    );
+    let a = exec_with(
+        [
+            "--credential".to_string(),
+            "vault-key@10.77.0.2:8443/v1=env:AGENTRUN_E2E_SECRET".into(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "--allow-host".into(),
+            "10.77.0.3:8443".into(),
+            "--ro".into(),
+            format!("{}:/opt/site", site.display()),
+            "-e".into(),
+            "PYTHONPATH=/opt/site".into(),
+            "--rw".into(),
+            format!("{}:/dump", dump.display()),
+        ],
+        ["sh", "-c", CLIENT],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path())
+    .env("AGENTRUN_E2E_SECRET", &secret);
+    let out = in_netns(a, &setup_sh, "kill $s1 $s2; wait");
+    let stdout = out.success();
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
+            .to_string()
+    };
+    assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{out}");
+    assert_eq!(
+        line("requests:"),
+        "requests: auth=ok path=/v1/requests",
+        "{out}"
+    );
+    assert_eq!(line("httpx:"), "httpx: auth=ok path=/v1/httpx", "{out}");
+    assert_eq!(
+        line("curl-unbound-path:"),
+        "curl-unbound-path: auth=missing path=/other",
+        "{out}"
+    );
+    assert_eq!(
+        line("curl-unbound-host:"),
+        "curl-unbound-host: auth=missing path=/v1/curl",
+        "{out}"
+    );
+    assert!(
+        line("curl-fronted:").contains("is not 10.77.0.2:8443"),
+        "{out}"
+    );
+    // The sandbox's view: the trust environment and the CA certificate, no key, no secret.
+    assert!(
+        stdout.contains("SSL_CERT_FILE=/run/agentrun-egress/ca-bundle.pem"),
+        "{out}"
+    );
+    assert!(stdout.contains("ca.pem"), "{out}");
+    assert_eq!(
+        line("keys:"),
+        "keys: 0",
+        "a private key in the sandbox's files: {out}"
+    );
+    assert!(
+        !stdout.contains(&secret),
+        "the secret reached the sandbox: {out}"
+    );
+    assert!(!out.stderr().contains(&secret), "{out}");
+    // The audit log: each injection recorded (rule: the binding), the secret nowhere.
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let text = log.success();
+    assert!(!text.contains(&secret), "{text}");
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let injected: Vec<&str> = records
+        .iter()
+        .filter(|r| r["rule"] == "cli.credential[0]")
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        injected,
+        [
+            "credential injected: GET /v1/curl",
+            "credential injected: GET /v1/requests",
+            "credential injected: GET /v1/httpx"
+        ],
+        "{text}"
+    );
+    for f in std::fs::read_dir(audit.path()).unwrap() {
+        let bytes = std::fs::read(f.unwrap().path()).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains(&secret));
+    }
+}
+
+/// Bad `--credential` input: one line, non-zero exit, nothing run.
+#[test]
+fn bad_credential_specs_are_refused() {
+    let Some(_l) = setup() else { return };
+    for (spec, says) in [
+        ("k@h.example=plain", "env:VAR or file:PATH"),
+        (
+            "k@h.example=env:AGENTRUN_E2E_UNSET_VAR",
+            "AGENTRUN_E2E_UNSET_VAR",
+        ),
+        ("wat=x:k@h.example=env:HOME", "is not bearer, basic"),
+    ] {
+        let out = exec_with(["--credential", spec], ["true"])
+            .env("AGENTRUN_NO_DAEMON", "1")
+            .run();
+        out.assert_agentrun_error();
+        assert!(out.stderr().contains(says), "{spec}: {out}");
+    }
+}
+
+/// A profile's HTTP rules decide each request to their host inside intercepted TLS: an
+/// allowed GET reaches the server, a DELETE the deny rule names and a POST an escalate rule
+/// names (no terminal: denied "needs approval") are answered 403 by the proxy; each decision
+/// is an audit record and a `policy.check` span (`net.http`, `METHOD host:port/path`).
+#[test]
+fn http_rules_decide_each_request_with_spans_and_audit() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    // On the host's loopback (no network namespace: the run's spans must reach the test's
+    // OTLP receiver), a literal address the profile names.
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("python3")
+        .args([
+            "server.py",
+            "127.0.0.1",
+            &port.to_string(),
+            "server.pem",
+            "server.key",
+        ])
+        .current_dir(d)
+        .env("E2E_SECRET", "unused")
+        .spawn()
+        .unwrap();
+    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
+        // Closed at once: the server does its TLS handshakes one at a time.
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(drop)
+    });
+    assert!(up.is_some(), "the test's server did not start");
+    std::fs::write(
+        d.join("l7.toml"),
+        format!(
+            "name = \"l7\"\n[network]\nmode = \"allowlist\"\nallow = [\"127.0.0.1:{port}\"]\n\
+         http_deny = [\"DELETE 127.0.0.1/v1/\"]\nhttp_allow = [\"GET 127.0.0.1/v1/\"]\n\
+         http_escalate = [\"POST 127.0.0.1/v1/\"]\n"
+        ),
+    )
+    .unwrap();
+    let rx = agentrun_e2e::otlp::OtlpReceiver::grpc();
+    let client = format!(
+        "set +e\n\
+        echo \"get: $(curl -sS https://127.0.0.1:{port}/v1/items)\"\n\
+        echo \"delete: $(curl -sS -X DELETE https://127.0.0.1:{port}/v1/items/3)\"\n\
+        echo \"post: $(curl -sS -X POST -d x=1 https://127.0.0.1:{port}/v1/items)\"\n\
+        echo \"other: $(curl -sS https://127.0.0.1:{port}/admin)\"\n"
+    );
+    let mut a = exec_with(
+        [
+            "--profile".to_string(),
+            d.join("l7.toml").display().to_string(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "--no-prompt".into(),
+        ],
+        ["sh", "-c", client.as_str()],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path());
+    for (k, v) in rx.otel_env() {
+        a = a.env(k, v);
+    }
+    let out = a.run();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stdout = out.success();
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
+            .to_string()
+    };
+    assert_eq!(line("get:"), "get: auth=missing path=/v1/items", "{out}");
+    assert!(
+        line("delete:").contains("denied by rule network.http_deny[0]"),
+        "{out}"
+    );
+    assert!(line("post:").contains("needs approval"), "{out}");
+    assert!(
+        line("other:").contains("denied by rule network.http_default"),
+        "{out}"
+    );
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let records: Vec<Value> = log
+        .success()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let http: Vec<String> = records
+        .iter()
+        .filter(|r| r["action"] == "net.http")
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                r["decision"].as_str().unwrap(),
+                r["resource"].as_str().unwrap(),
+                r["rule"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        http,
+        [
+            format!("allow GET 127.0.0.1:{port}/v1/items network.http_allow[0]"),
+            format!("deny DELETE 127.0.0.1:{port}/v1/items/3 network.http_deny[0]"),
+            format!("escalate POST 127.0.0.1:{port}/v1/items network.http_escalate[0]"),
+            format!("deny GET 127.0.0.1:{port}/admin network.http_default"),
+        ],
+        "{records:#?}"
+    );
+    let spans = rx.wait_for_spans(1, Duration::from_secs(10));
+    let checks: Vec<String> = spans
+        .iter()
+        .filter(|s| s.name == "policy.check" && s.attr("sandbox.action") == "net.http")
+        .map(|s| {
+            format!(
+                "{} {}",
+                s.attr("sandbox.decision"),
+                s.attr("sandbox.rule_id")
+            )
+        })
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            "allow network.http_allow[0]",
+            "deny network.http_deny[0]",
+            "escalate network.http_escalate[0]",
+            "deny network.http_default",
+        ],
+        "{spans:#?}"
+    );
+}
+
+/// `agentrun mcp --credential`: a session's `run_python` reaches the TLS server with the
+/// credential added (tests/mcp/sdk_client.py `credential`, which also dumps the sandbox's
+/// environment: no secret); the injection is audited, the secret nowhere in the audit.
+#[test]
+fn mcp_sessions_get_credentials_too() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("mcp-e2e-secret-{}", std::process::id());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("python3")
+        .args([
+            "server.py",
+            "127.0.0.1",
+            &port.to_string(),
+            "server.pem",
+            "server.key",
+        ])
+        .current_dir(d)
+        .env("E2E_SECRET", &secret)
+        .spawn()
+        .unwrap();
+    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(drop)
+    });
+    assert!(up.is_some(), "the test's server did not start");
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
+    let ca = d.join("ca.pem").display().to_string();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        env.run_with(
+            agentrun_e2e::mcp::SDK,
+            "credential",
+            &[
+                "--profile",
+                "code-interpreter",
+                "--credential",
+                &cred,
+                "--egress-upstream-ca",
+                &ca,
+            ],
+            &[
+                ("MCP_E2E_SECRET", secret.clone()),
+                ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
+            ],
+        )
+    }));
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(!out.contains(&secret), "{out}");
+    let records = env.audit_records();
+    let text = format!("{records:?}");
+    assert!(!text.contains(&secret), "the secret in the audit log");
+    assert!(
+        records.iter().any(|r| r["rule"] == "cli.credential[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+}
