@@ -5,7 +5,11 @@ SDK around it: a live sandbox copied into N sandboxes that start with its files.
 - big_context: a code context computes a 100 MB object and keeps it in a file; the sandbox is
   forked into 10; every copy has the file (checksum), is a sandbox of its own (its own shell,
   pid namespace, writable layer), and the copies are independent (a write in one is seen by
-  no other copy nor the parent, a write in the parent after the fork by no copy). The
+  no other copy nor the parent, a write in the parent after the fork by no copy). Image
+  files the parent deleted, and a directory it replaced, stay so in the copies (whiteouts
+  and opaque directories of its frozen layer). The copies outlive the parent; a copy forked
+  again (its frozen layer over the first) carries both, deletions included. One frozen
+  layer per fork under the daemon's `<state>/frozen`, gone once its last sandbox is. The
   context's memory is not carried (a copy's context has no `big`): said by the API
   (`carried == ["files"]`) and checked here, so that the day it is carried this fails.
 - bad_input: counts that are not an integer >= 1, unknown fields, a count over the room under
@@ -42,6 +46,12 @@ def run(sbx, cmd):
     return ex.exit_code, out, err
 
 
+def frozen_layers():
+    """The fork layers the daemon keeps (`<state dir>/frozen/<layerId>`)."""
+    d = os.path.join(os.environ["AGENTRUN_STATE_DIR"], "frozen")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
 def sandbox_ids():
     return {e["sandbox"] for e in ps() if e.get("sandbox")}
 
@@ -70,6 +80,15 @@ def big_context():
         check(digest == want, "the parent's object is what the test computes")
         code, out, _ = run(parent, "echo parent > /tmp/who; readlink /proc/self/ns/pid")
         check(code == 0, out)
+        # Deletions of the image's files: a whiteout, and an opaque directory.
+        code, out, err = run(
+            parent,
+            "test -e /etc/debian_version && test -n \"$(ls /etc/ld.so.conf.d)\" && rm /etc/debian_version"
+            " && rm -rf /etc/ld.so.conf.d && mkdir /etc/ld.so.conf.d && echo mine > /etc/ld.so.conf.d/only.conf",
+        )
+        check(code == 0, f"deleting image files in the parent: {out} {err}")
+        deleted = "test ! -e /etc/debian_version && echo gone; ls /etc/ld.so.conf.d"
+        check(run(parent, deleted)[1] == "gone\nonly.conf", "the parent's deletions")
         parent_pidns = out.strip()
         parent_shell = shell_of(parent.id)
 
@@ -82,7 +101,8 @@ def big_context():
         check(len(ids) == 10 and len(set(ids)) == 10 and parent.id not in ids, f"ids {ids}")
         for s in answer["sandboxes"]:
             check(s["status"]["state"] == "Running", f"{s}")
-            check(s["snapshotId"] == answer["snapshotId"], f"{s}")
+        # One frozen layer, shared by the copies (nothing copied per copy).
+        check(frozen_layers() == [answer["layerId"]], f"frozen layers {frozen_layers()} / {answer}")
         copies = [SandboxSync.connect(i, connection_config=cfg) for i in ids]
         # Each copy's state, first print included.
         first = []
@@ -96,6 +116,7 @@ def big_context():
             check(lines[0] == digest, f"copy {c.id} has the parent's 100 MB: {lines}")
             check(lines[1] == "parent", f"copy {c.id}: {lines}")
             pidns.add(lines[2])
+            check(run(c, deleted)[1] == "gone\nonly.conf", f"copy {c.id}: the parent's deletions")
             shells.add(shell_of(c.id))
         check(len(pidns) == 10 and parent_pidns not in pidns, f"pid namespaces {pidns} / {parent_pidns}")
         check(len(shells) == 10 and parent_shell not in shells, f"shells {shells} / {parent_shell}")
@@ -115,16 +136,38 @@ def big_context():
         cc = CodeInterpreterSync.create(sandbox=copies[1], skip_health_check=True)
         r = cc.codes.run("big")
         check(r.error is not None and r.error.name == "NameError", f"a copy's context has the parent's memory?! {r.result} {r.error}")
+        # The copies outlive the parent.
+        parent.kill()
+        code, out, _ = run(copies[2], "sha256sum /tmp/big.bin | cut -d' ' -f1")
+        check(code == 0 and out == digest, f"copy 2 after the parent is gone: {out}")
+        # A copy forked again: its layer (copy 0's changes, a deletion of the first layer's
+        # file among them) over the first.
+        check(run(copies[0], "rm /tmp/big.bin && echo two > /tmp/gen2")[0] == 0, "copy 0's changes")
+        again = fork(copies[0].id, 1)
+        g = SandboxSync.connect(again["sandboxes"][0]["id"], connection_config=cfg)
+        copies.append(g)
+        check(sorted(frozen_layers()) == sorted([answer["layerId"], again["layerId"]]), f"frozen layers {frozen_layers()}")
+        code, out, err = run(g, "test ! -e /tmp/big.bin && echo gone; cat /tmp/who /tmp/gen2; " + deleted)
+        check(out == "gone\nchanged\ntwo\ngone\nonly.conf", f"the copy of a copy: {out} {err}")
+        check(run(copies[1], "test -e /tmp/big.bin && echo kept")[1] == "kept", "copy 1 keeps the first layer's file")
         print("FORK_S", f"{took:.3f}", flush=True)
         print("FIRST_PRINT_MAX_S", f"{max(first):.3f}", flush=True)
-        print("SNAPSHOT", answer["snapshotId"], flush=True)
+        print("LAYER", answer["layerId"], flush=True)
     finally:
         for c in copies:
             try:
                 c.kill()
             except Exception:
                 pass
-        parent.kill()
+        try:
+            parent.kill()
+        except Exception:
+            pass
+    # Every frozen layer goes with its last sandbox.
+    deadline = time.monotonic() + 30
+    while frozen_layers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(frozen_layers() == [], f"frozen layers left after every sandbox was killed: {frozen_layers()}")
 
 
 def bad_input():
@@ -156,6 +199,7 @@ def bad_input():
         check(r.status_code == 409, f"paused: {r.status_code} {r.text}")
         sbx = SandboxSync.resume(sbx.id, connection_config=cfg)
         check(sandbox_ids() - before <= set(), f"a refused fork made sandboxes: {sandbox_ids() - before}")
+        check(frozen_layers() == [], f"a refused fork left frozen layers: {frozen_layers()}")
     finally:
         sbx.kill()
 

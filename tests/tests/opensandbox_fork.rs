@@ -29,19 +29,20 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         printed(&out, "FORK_S"),
         printed(&out, "FIRST_PRINT_MAX_S")
     );
-    let snapshot = printed(&out, "SNAPSHOT").to_owned();
+    let layer = printed(&out, "LAYER").to_owned();
     let span = wait_until(Duration::from_secs(30), || {
-        rx.spans().into_iter().find(|s| s.name == "sandbox.fork")
+        rx.spans()
+            .into_iter()
+            .find(|s| s.name == "sandbox.fork" && s.attr("sandbox.fork.layer.id") == layer)
     })
-    .unwrap_or_else(|| panic!("no sandbox.fork span: {:?}", rx.spans()));
-    assert_eq!(span.attr("sandbox.snapshot.id"), snapshot);
+    .unwrap_or_else(|| panic!("no sandbox.fork span of {layer}: {:?}", rx.spans()));
     assert_eq!(span.typed_attr("sandbox.fork.count", "int"), "10");
     let bytes: u64 = span
-        .typed_attr("sandbox.snapshot.bytes", "int")
+        .typed_attr("sandbox.fork.layer.bytes", "int")
         .parse()
         .unwrap();
     assert!(bytes >= 100 << 20, "{bytes}");
-    span.typed_attr("sandbox.fork.snapshot_ms", "int");
+    span.typed_attr("sandbox.fork.freeze_ms", "int");
     span.typed_attr("sandbox.fork.copies_ms", "int");
     assert_eq!(span.attr("sandbox.fork.ids").split(',').count(), 10);
     let records = d
@@ -52,10 +53,9 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
     let fork = records
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|r| r["kind"] == "fork")
-        .unwrap_or_else(|| panic!("no fork audit record: {records}"));
+        .find(|r| r["kind"] == "fork" && r["resource"] == layer.as_str())
+        .unwrap_or_else(|| panic!("no fork audit record of {layer}: {records}"));
     assert_eq!(fork["decision"], "ok", "{fork}");
-    assert_eq!(fork["resource"], snapshot.as_str(), "{fork}");
     stop_clean(d);
 }
 
