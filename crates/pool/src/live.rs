@@ -84,9 +84,10 @@ pub struct LiveSpec {
     /// the id it had. The caller makes sure no live sandbox has it.
     pub id: Option<String>,
     /// Frozen layers its cell's overlay has over the image (a fork copy: the writable layer
-    /// of the sandbox it was forked from, [`crate::snapshot::freeze`]); the sandbox holds them
+    /// of the sandbox it was forked from, [`crate::snapshot::freeze`]), possibly still being
+    /// made: the create takes its shell first, then waits for them. The sandbox holds them
     /// until its cell is gone. A pooled shell of its image serves it.
-    pub frozen: Option<Arc<crate::snapshot::FrozenLayer>>,
+    pub frozen: Option<Arc<crate::snapshot::PendingLayer>>,
 }
 
 impl LiveSpec {
@@ -771,6 +772,19 @@ impl LiveManager {
             self.pool.release(shell, Verdict::Discard("init_error"));
             return Err(e);
         }
+        // A fork copy's layers, once made (its shell was taken meanwhile).
+        let frozen = match spec
+            .frozen
+            .as_deref()
+            .map(crate::snapshot::PendingLayer::wait)
+        {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                self.pool.release(shell, Verdict::Reuse);
+                return Err(e);
+            }
+        };
         let user_mounts = recipe.user_mounts();
         let mounts = {
             let mut cache = lock(&self.mappings);
@@ -779,7 +793,7 @@ impl LiveManager {
         let mounts = mounts.and_then(|mut m| {
             // A fork copy's frozen layers, each a read-only detached mount for its cell's
             // overlay (the files keep the host ids of the sandbox range: no idmap).
-            if let Some(layer) = &spec.frozen {
+            if let Some(layer) = &frozen {
                 for dir in layer.dirs() {
                     m.layers
                         .push(agentrun_runtime::idmap::detached_clone(&dir, None, true)?);
@@ -856,7 +870,7 @@ impl LiveManager {
             limits: Mutex::new((limits.cpus, limits.memory_bytes)),
             pooled: Mutex::new(None),
             egress_socket: shell.egress_socket.clone(),
-            frozen: Mutex::new(spec.frozen.clone()),
+            frozen: Mutex::new(frozen),
         });
         *lock(&sandbox.pooled) = Some(shell);
         let started = reader

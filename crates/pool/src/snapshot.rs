@@ -140,6 +140,80 @@ impl Drop for FrozenLayer {
     }
 }
 
+/// A [`FrozenLayer`] being made, which sandboxes can be asked of before it is there
+/// ([`crate::live::LiveSpec::frozen`]): their creates take their shells meanwhile and wait
+/// for it only to make their cells, so that a fork's copying and its shells overlap.
+#[derive(Default)]
+pub struct PendingLayer {
+    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, String>>>,
+    ready: std::sync::Condvar,
+}
+
+/// How long a create waits for its [`PendingLayer`].
+const PENDING_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl PendingLayer {
+    pub fn new() -> Arc<PendingLayer> {
+        Arc::new(PendingLayer::default())
+    }
+
+    /// A layer that is there already.
+    pub fn of(layer: Arc<FrozenLayer>) -> Arc<PendingLayer> {
+        let p = PendingLayer::new();
+        p.set(Ok(layer));
+        p
+    }
+
+    /// The layer is made (`Ok`) or will not be (`Err`: why); wakes every waiting create.
+    pub fn set(&self, r: Result<Arc<FrozenLayer>, String>) {
+        *crate::lock(&self.slot) = Some(r);
+        self.ready.notify_all();
+    }
+
+    /// The layer, once it is made (bounded wait).
+    pub fn wait(&self) -> Result<Arc<FrozenLayer>, PoolError> {
+        let deadline = Instant::now() + PENDING_TIMEOUT;
+        let mut slot = crate::lock(&self.slot);
+        loop {
+            if let Some(r) = slot.as_ref() {
+                return r
+                    .clone()
+                    .map_err(|e| PoolError::Invalid(format!("the fork's layer: {e}")));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PoolError::Invalid(
+                    "the fork's layer was not made in time".into(),
+                ));
+            }
+            slot = self
+                .ready
+                .wait_timeout(slot, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Forgets the layer (its last holders are then the sandboxes made over it).
+    pub fn clear(&self) {
+        crate::lock(&self.slot).take();
+    }
+}
+
+impl std::fmt::Debug for PendingLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLayer")
+            .field("slot", &*crate::lock(&self.slot))
+            .finish()
+    }
+}
+
+impl PartialEq for PendingLayer {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
 /// Freezes `sandbox`'s writable layer for a fork: its upper directory copied as it is
 /// ([`agentrun_image::frozen`]) while the sandbox is frozen, into a [`FrozenLayer`] `dir/id`
 /// (`dir`: [`crate::live::LiveManager::frozen_dir`]) over the sandbox's own frozen layers. Refused over `max_bytes` (the sandbox's layers

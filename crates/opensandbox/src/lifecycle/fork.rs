@@ -3,9 +3,9 @@
 //!
 //! The parent's writable layer is frozen ([`agentrun_pool::snapshot::freeze`]: its overlay
 //! upper directory copied as it is, whiteouts and opaque directories included, while the
-//! parent is frozen) into one read-only layer, answered as `layerId`. Each copy is then made
-//! as a create of the parent's image would make it (a pooled shell of that image when one is
-//! ready), with that layer between the image and the copy's own fresh writable layer in its
+//! parent is frozen) into one read-only layer, answered as `layerId`. Each copy is made as a
+//! create of the parent's image would make it (a pooled shell of that image when one is
+//! ready; the shells are taken while the layer is copied), with that layer between the image and the copy's own fresh writable layer in its
 //! cell's overlay, and the parent's entrypoint, environment, CPU and memory limits, network
 //! policy, metadata, extensions and remaining timeout. Nothing is copied per copy: the layer
 //! is shared read-only by all (copy on write by overlayfs) and removed when the last sandbox
@@ -232,34 +232,30 @@ pub async fn fork(
             },
         )
     };
-    // 1. The parent's files, frozen while they are copied, as one read-only layer.
-    let (srv, rec2, id2) = (server.clone(), rec.clone(), layer_id.clone());
+    // A first check of the size (not frozen: the freeze holds it again).
     let max = server.limits.max_snapshot;
-    let taken = tokio::task::spawn_blocking(move || {
-        let dir = srv.live.frozen_dir();
-        agentrun_pool::snapshot::freeze(&rec2.sandbox, dir, &id2, Some(max))
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?;
-    let taken = match taken {
-        Ok(t) => t,
-        Err(e) => {
-            let err = match e {
-                agentrun_pool::PoolError::Image(agentrun_image::ImageError::SnapshotTooLarge {
-                    ..
-                }) => ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
-                e => ApiError::from(e),
+    let below: u64 = rec
+        .sandbox
+        .frozen_dirs()
+        .iter()
+        .map(|d| agentrun_image::snapshot::tree_bytes(d))
+        .sum();
+    if let Ok(now) = rec.sandbox.writable_layer_bytes() {
+        if now + below > max {
+            let e = agentrun_image::ImageError::SnapshotTooLarge {
+                bytes: now + below,
+                max,
             };
+            let err = ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)"));
             fail(&server, &err, 0, start.elapsed(), &[]);
             return Err(err);
         }
-    };
-    let freeze_time = start.elapsed();
-    let layer = taken.made;
-    let bytes = layer.bytes();
+    }
 
-    // 2. The copies, as creates of the parent's image with the layer under their own.
-    let copies_start = Instant::now();
+    // The copies are asked for first: each takes its shell (a pooled one of the parent's
+    // image, or one made now) while the layer is made, and waits for the layer only to make
+    // its cell.
+    let pending = agentrun_pool::snapshot::PendingLayer::new();
     let copy_body =
         serde_json::to_vec(&copy_request(&rec)).map_err(|e| ApiError::internal(e.to_string()))?;
     let (cpus, memory) = rec.sandbox.limits();
@@ -272,11 +268,11 @@ pub async fn fork(
     // Made side by side (each its own shell: the copies' creation overlaps).
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..count {
-        let (server, copy_body, env, layer) = (
+        let (server, copy_body, env, pending) = (
             server.clone(),
             copy_body.clone(),
             env.clone(),
-            layer.clone(),
+            pending.clone(),
         );
         let trace = trace.clone().unwrap_or_default();
         tasks.spawn(async move {
@@ -285,17 +281,45 @@ pub async fn fork(
             v.spec.cpus = (cpus > 0.0).then_some(cpus);
             v.spec.memory_bytes = (memory > 0 && memory < u64::MAX / 2).then_some(memory);
             v.spec.env = env;
-            v.spec.frozen = Some(layer);
+            v.spec.frozen = Some(pending);
             let body = axum::body::Bytes::from(copy_body);
             create_sandbox(&server, &req, v, trace, &body, None)
                 .await
                 .map(|r| (n, r))
         });
     }
-    // The copies hold the layer now (or failed): it goes with the last of them.
-    drop(layer);
+
+    // The parent's files, frozen while they are copied, as one read-only layer.
+    let (srv, rec2, id2) = (server.clone(), rec.clone(), layer_id.clone());
+    let taken = tokio::task::spawn_blocking(move || {
+        let dir = srv.live.frozen_dir();
+        agentrun_pool::snapshot::freeze(&rec2.sandbox, dir, &id2, Some(max))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))
+    .and_then(|t| {
+        t.map_err(|e| match e {
+            agentrun_pool::PoolError::Image(agentrun_image::ImageError::SnapshotTooLarge {
+                ..
+            }) => ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
+            e => ApiError::from(e),
+        })
+    });
+    let freeze_time = start.elapsed();
+    let (bytes, freeze_failed) = match taken {
+        Ok(t) => {
+            let bytes = t.made.bytes();
+            pending.set(Ok(t.made));
+            (bytes, None)
+        }
+        Err(e) => {
+            pending.set(Err(e.message.clone()));
+            (0, Some(e))
+        }
+    };
+    let copies_start = Instant::now();
     let mut made: Vec<(usize, Arc<Record>)> = Vec::with_capacity(count);
-    let mut failed: Option<ApiError> = None;
+    let mut failed: Option<ApiError> = freeze_failed;
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(Ok(r)) => made.push(r),
@@ -303,6 +327,8 @@ pub async fn fork(
             Err(e) => failed = failed.or(Some(ApiError::internal(e.to_string()))),
         }
     }
+    // The copies hold the layer now (or failed): it goes with the last of them.
+    pending.clear();
     if let Some(e) = failed {
         // All or nothing: the copies made go (and the layer with the last of them).
         for (_, r) in made.drain(..) {
