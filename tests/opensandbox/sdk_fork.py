@@ -13,8 +13,9 @@ SDK around it: a live sandbox copied into N sandboxes that start with its files.
   context's memory is not carried (a copy's context has no `big`): said by the API
   (`carried == ["files"]`) and checked here, so that the day it is carried this fails.
 - bad_input: counts that are not an integer >= 1, unknown fields, a count over the room under
-  --max-sandboxes (the daemon runs with a small one), over the host's memory, an unknown
-  sandbox, a paused one: 400 / 404 / 409 JSON errors, and nothing made.
+  --max-sandboxes (the daemon runs with a small one), over the host's memory, a layer over
+  --max-snapshot, an unknown sandbox, a paused one: 400 / 404 / 409 JSON errors, and nothing
+  made (no sandbox, no frozen layer).
 - cli: `agentrun fork ID --count 2 --url ...` prints the copies' ids; a bad count is a
   one-line error and a non-zero exit.
 """
@@ -188,6 +189,12 @@ def bad_input():
             check(r.status_code == 400 and "memory" in r.json()["message"], f"memory: {r.status_code} {r.text}")
         finally:
             big.kill()
+        # A layer over --max-snapshot (the daemon runs with 4m): refused before anything is
+        # made or copied.
+        check(run(sbx, "head -c 6000000 /dev/zero > /tmp/six-mb")[0] == 0, "6 MB written")
+        r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=60)
+        check(r.status_code == 400 and "--max-snapshot" in r.json()["message"], f"size: {r.status_code} {r.text}")
+        check(run(sbx, "rm /tmp/six-mb")[0] == 0, "6 MB removed")
         r = httpx.post(f"{BASE}/sandboxes/nosuch/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=60)
         check(r.status_code == 404, f"unknown: {r.status_code} {r.text}")
         sbx.pause()

@@ -65,7 +65,7 @@ fn bad_counts_the_bounds_and_unknown_or_paused_sandboxes_are_refused() {
         return;
     };
     let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-sandboxes", "4"]);
+    let (d, domain) = start(&[], &["--max-sandboxes", "4", "--max-snapshot", "4m"]);
     scenario(&d, &domain, "fork:bad_input", &[]);
     stop_clean(d);
 }
