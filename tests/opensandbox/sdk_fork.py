@@ -18,6 +18,8 @@ SDK around it: a live sandbox copied into N sandboxes that start with its files.
   made (no sandbox, no frozen layer).
 - cli: `agentrun fork ID --count 2 --url ...` prints the copies' ids; a bad count is a
   one-line error and a non-zero exit.
+- copy_snapshot: a snapshot of a fork copy, and a copy paused to disk, hold the parent's
+  files (the copy's frozen layer) as well as the copy's own changes.
 """
 
 import hashlib
@@ -237,4 +239,46 @@ def cli():
         sbx.kill()
 
 
-SCENARIOS = {"big_context": big_context, "bad_input": bad_input, "cli": cli}
+def copy_snapshot():
+    """A fork copy's files are its frozen layer and its own upper: a snapshot of a copy holds
+    both (a sandbox made from it has the parent's files, the copy's, and the copy's deletion
+    of a parent's file), and a copy paused to disk comes back with both."""
+    from opensandbox.sync.manager import SandboxManagerSync
+
+    cfg = sync_config()
+    mgr = SandboxManagerSync.create(cfg)
+    parent = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    made = []
+    try:
+        check(run(parent, "echo p > /tmp/p && mkdir /tmp/d && echo a > /tmp/d/a && echo b > /tmp/d/b")[0] == 0, "write")
+        answer = fork(parent.id, 2)
+        c0, c1 = (SandboxSync.connect(s["id"], connection_config=cfg) for s in answer["sandboxes"])
+        made += [c0, c1]
+        check(run(c0, "echo own > /tmp/own && rm /tmp/d/a")[0] == 0, "copy 0's changes")
+        snap = c0.create_snapshot(name="of-a-copy")
+        deadline = time.monotonic() + 60
+        while mgr.get_snapshot(snap.id).status.state != "Ready":
+            check(time.monotonic() < deadline, f"snapshot {snap.id} not ready")
+            time.sleep(0.05)
+        back = SandboxSync.create(snapshot_id=snap.id, connection_config=cfg)
+        made.append(back)
+        code, out, err = run(back, "cat /tmp/p /tmp/own; ls /tmp/d")
+        check(out == "p\nown\nb", f"a sandbox from a copy's snapshot: {out!r} {err}")
+        mgr.delete_snapshot(snap.id)
+        # Paused to disk and back: the same files.
+        r = httpx.post(f"{BASE}/sandboxes/{c1.id}/pause?toDisk=true", headers=lifecycle_headers(), timeout=60)
+        check(r.status_code == 202, f"pause to disk: {r.status_code} {r.text}")
+        mgr.resume_sandbox(c1.id)
+        code, out, err = run(c1, "cat /tmp/p; ls /tmp/d")
+        check(out == "p\na\nb", f"a copy resumed from disk: {out!r} {err}")
+    finally:
+        for c in made:
+            try:
+                c.kill()
+            except Exception:
+                pass
+        parent.kill()
+        mgr.close()
+
+
+SCENARIOS = {"big_context": big_context, "bad_input": bad_input, "cli": cli, "copy_snapshot": copy_snapshot}

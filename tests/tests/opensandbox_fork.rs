@@ -80,3 +80,14 @@ fn agentrun_fork_prints_the_copies_ids() {
     scenario(&d, &domain, "fork:cli", &[]);
     stop_clean(d);
 }
+
+#[test]
+fn a_snapshot_of_a_fork_copy_holds_its_parents_files_and_its_own() {
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let (d, domain) = start(&[], &["--max-sandboxes", "8"]);
+    scenario(&d, &domain, "fork:copy_snapshot", &[]);
+    stop_clean(d);
+}
