@@ -42,8 +42,11 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         .parse()
         .unwrap();
     assert!(bytes >= 100 << 20, "{bytes}");
-    span.typed_attr("sandbox.fork.freeze_ms", "int");
-    span.typed_attr("sandbox.fork.copies_ms", "int");
+    println!(
+        "the fork's span: layer frozen at {} ms, the copies made {} ms after",
+        span.typed_attr("sandbox.fork.freeze_ms", "int"),
+        span.typed_attr("sandbox.fork.copies_ms", "int")
+    );
     assert_eq!(span.attr("sandbox.fork.ids").split(',').count(), 10);
     let records = d
         .agentrun(["audit", "--json"])

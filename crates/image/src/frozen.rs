@@ -223,8 +223,9 @@ mod tests {
         mknod(&up.join("gone"), libc::S_IFCHR, 0).unwrap();
         xattr::set(up.join("d/e"), "user.overlay.opaque", b"y").unwrap();
         xattr::set(up.join("d"), "user.overlay.impure", b"y").unwrap();
-        fs::set_permissions(up.join("d/f"), fs::Permissions::from_mode(0o4750)).unwrap();
         std::os::unix::fs::lchown(up.join("d/f"), Some(100_000_123), Some(100_000_007)).unwrap();
+        // After the chown (which clears set-id bits).
+        fs::set_permissions(up.join("d/f"), fs::Permissions::from_mode(0o4750)).unwrap();
         let dst = t.join("frozen");
         let c = copy_upper(&up, &dst).unwrap();
         assert_eq!(c.bytes, 4);
