@@ -281,4 +281,21 @@ def copy_snapshot():
         mgr.close()
 
 
-SCENARIOS = {"big_context": big_context, "bad_input": bad_input, "cli": cli, "copy_snapshot": copy_snapshot}
+def leave_copies():
+    """A parent and 2 fork copies left running (the test then kills the daemon): prints the
+    frozen layer's id."""
+    cfg = sync_config()
+    parent = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    check(run(parent, "echo p > /tmp/p")[0] == 0, "write")
+    answer = fork(parent.id, 2)
+    check(frozen_layers() == [answer["layerId"]], f"frozen layers {frozen_layers()}")
+    print("LAYER", answer["layerId"], flush=True)
+
+
+SCENARIOS = {
+    "big_context": big_context,
+    "bad_input": bad_input,
+    "cli": cli,
+    "copy_snapshot": copy_snapshot,
+    "leave_copies": leave_copies,
+}
