@@ -360,3 +360,49 @@ pub fn report(
     }
     span
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, below: Option<Arc<FrozenLayer>>) -> Arc<FrozenLayer> {
+        let dir = std::env::temp_dir().join(format!(
+            "agentrun-pending-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        Arc::new(FrozenLayer {
+            id: name.into(),
+            dir,
+            bytes: 0,
+            below,
+        })
+    }
+
+    #[test]
+    fn a_create_waits_for_the_layer_and_the_last_holder_removes_it() {
+        let pending = PendingLayer::new();
+        let waiter = {
+            let p = pending.clone();
+            std::thread::spawn(move || p.wait().map(|l| l.dirs()))
+        };
+        let first = layer("a", None);
+        let top = layer("b", Some(first.clone()));
+        let dirs = vec![top.dir.clone(), first.dir.clone()];
+        drop(first);
+        pending.set(Ok(top.clone()));
+        assert_eq!(waiter.join().unwrap().unwrap(), dirs);
+        pending.clear();
+        assert!(dirs.iter().all(|d| d.is_dir()), "held by `top`");
+        drop(top);
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?} left");
+    }
+
+    #[test]
+    fn a_layer_that_was_not_made_fails_the_wait() {
+        let pending = PendingLayer::new();
+        pending.set(Err("too large".into()));
+        let e = pending.wait().unwrap_err().to_string();
+        assert!(e.contains("too large"), "{e}");
+    }
+}
