@@ -234,13 +234,19 @@ pub async fn fork(
     };
     // A first check of the size (not frozen: the freeze holds it again).
     let max = server.limits.max_snapshot;
-    let below: u64 = rec
-        .sandbox
-        .frozen_dirs()
-        .iter()
-        .map(|d| agentrun_image::snapshot::tree_bytes(d))
-        .sum();
-    if let Ok(now) = rec.sandbox.writable_layer_bytes() {
+    let rec2 = rec.clone();
+    let (below, now) = tokio::task::spawn_blocking(move || {
+        let below: u64 = rec2
+            .sandbox
+            .frozen_dirs()
+            .iter()
+            .map(|d| agentrun_image::snapshot::tree_bytes(d))
+            .sum();
+        (below, rec2.sandbox.writable_layer_bytes())
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    if let Ok(now) = now {
         if now + below > max {
             let e = agentrun_image::ImageError::SnapshotTooLarge {
                 bytes: now + below,
