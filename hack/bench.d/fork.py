@@ -85,7 +85,6 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(COPIES) as ex:
             last = max(ex.map(first_print, made))
         fork_ms, post_ms = (last - t0) * 1000, (t_post - t0) * 1000
-        snapshot = r.json()["snapshotId"]
         fork_mem = memory(made)
         for _ in range(COPIES):
             s = SandboxSync.create("host", connection_config=CFG, timeout=timedelta(minutes=30),
@@ -103,7 +102,6 @@ def main():
         print("|---|---|---|")
         print(f"| {COPIES} fork copies (files only: no context's memory) | {fork_mem[0] / mib:.1f} | {fork_mem[1] / mib:.1f} |")
         print(f"| {COPIES} independent, each computing the object in a context | {ind_mem[0] / mib:.1f} | {ind_mem[1] / mib:.1f} |")
-        httpx.delete(f"http://{DOMAIN}/v1/snapshots/{snapshot}", headers=HEADERS, timeout=60)
     finally:
         for sid in made:
             try:

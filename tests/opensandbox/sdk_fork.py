@@ -6,13 +6,20 @@ SDK around it: a live sandbox copied into N sandboxes that start with its files.
   forked into 10; every copy has the file (checksum), is a sandbox of its own (its own shell,
   pid namespace, writable layer), and the copies are independent (a write in one is seen by
   no other copy nor the parent, a write in the parent after the fork by no copy). The
+  copies outlive the parent; a copy forked again (its frozen layer over the first) carries
+  both, and its deletions of the first layer's files (a whiteout, a directory replaced: an
+  opaque one) stay deleted in its copy and in no other. One frozen
+  layer per fork under the daemon's `<state>/frozen`, gone once its last sandbox is. The
   context's memory is not carried (a copy's context has no `big`): said by the API
   (`carried == ["files"]`) and checked here, so that the day it is carried this fails.
 - bad_input: counts that are not an integer >= 1, unknown fields, a count over the room under
-  --max-sandboxes (the daemon runs with a small one), over the host's memory, an unknown
-  sandbox, a paused one: 400 / 404 / 409 JSON errors, and nothing made.
+  --max-sandboxes (the daemon runs with a small one), over the host's memory, a layer over
+  --max-snapshot, an unknown sandbox, a paused one: 400 / 404 / 409 JSON errors, and nothing
+  made (no sandbox, no frozen layer).
 - cli: `agentrun fork ID --count 2 --url ...` prints the copies' ids; a bad count is a
   one-line error and a non-zero exit.
+- copy_snapshot: a snapshot of a fork copy, and a copy paused to disk, hold the parent's
+  files (the copy's frozen layer) as well as the copy's own changes.
 """
 
 import hashlib
@@ -40,6 +47,12 @@ def run(sbx, cmd):
     out = "\n".join(m.text for m in ex.logs.stdout)
     err = "\n".join(m.text for m in ex.logs.stderr)
     return ex.exit_code, out, err
+
+
+def frozen_layers():
+    """The fork layers the daemon keeps (`<state dir>/frozen/<layerId>`)."""
+    d = os.path.join(os.environ["AGENTRUN_STATE_DIR"], "frozen")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
 def sandbox_ids():
@@ -70,6 +83,7 @@ def big_context():
         check(digest == want, "the parent's object is what the test computes")
         code, out, _ = run(parent, "echo parent > /tmp/who; readlink /proc/self/ns/pid")
         check(code == 0, out)
+        check(run(parent, "mkdir /tmp/d && echo a > /tmp/d/a && echo b > /tmp/d/b")[0] == 0, "the parent's dir")
         parent_pidns = out.strip()
         parent_shell = shell_of(parent.id)
 
@@ -82,7 +96,8 @@ def big_context():
         check(len(ids) == 10 and len(set(ids)) == 10 and parent.id not in ids, f"ids {ids}")
         for s in answer["sandboxes"]:
             check(s["status"]["state"] == "Running", f"{s}")
-            check(s["snapshotId"] == answer["snapshotId"], f"{s}")
+        # One frozen layer, shared by the copies (nothing copied per copy).
+        check(frozen_layers() == [answer["layerId"]], f"frozen layers {frozen_layers()} / {answer}")
         copies = [SandboxSync.connect(i, connection_config=cfg) for i in ids]
         # Each copy's state, first print included.
         first = []
@@ -115,16 +130,43 @@ def big_context():
         cc = CodeInterpreterSync.create(sandbox=copies[1], skip_health_check=True)
         r = cc.codes.run("big")
         check(r.error is not None and r.error.name == "NameError", f"a copy's context has the parent's memory?! {r.result} {r.error}")
+        # The copies outlive the parent.
+        parent.kill()
+        code, out, _ = run(copies[2], "sha256sum /tmp/big.bin | cut -d' ' -f1")
+        check(code == 0 and out == digest, f"copy 2 after the parent is gone: {out}")
+        # A copy forked again: its layer (copy 0's changes, a deletion of the first layer's
+        # file among them) over the first.
+        # (deletions of the first layer's files in copy 0's upper: a whiteout, an opaque dir)
+        code, out, err = run(
+            copies[0], "rm /tmp/big.bin && rm -rf /tmp/d && mkdir /tmp/d && echo c > /tmp/d/c && echo two > /tmp/gen2"
+        )
+        check(code == 0, f"copy 0's changes: {out} {err}")
+        again = fork(copies[0].id, 1)
+        g = SandboxSync.connect(again["sandboxes"][0]["id"], connection_config=cfg)
+        copies.append(g)
+        check(sorted(frozen_layers()) == sorted([answer["layerId"], again["layerId"]]), f"frozen layers {frozen_layers()}")
+        code, out, err = run(g, "test ! -e /tmp/big.bin && echo gone; cat /tmp/who /tmp/gen2; ls /tmp/d")
+        check(out == "gone\nchanged\ntwo\nc", f"the copy of a copy: {out} {err}")
+        code, out, _ = run(copies[1], "test -e /tmp/big.bin && echo kept; ls /tmp/d")
+        check(out == "kept\na\nb", f"copy 1 keeps the first layer's files: {out}")
         print("FORK_S", f"{took:.3f}", flush=True)
         print("FIRST_PRINT_MAX_S", f"{max(first):.3f}", flush=True)
-        print("SNAPSHOT", answer["snapshotId"], flush=True)
+        print("LAYER", answer["layerId"], flush=True)
     finally:
         for c in copies:
             try:
                 c.kill()
             except Exception:
                 pass
-        parent.kill()
+        try:
+            parent.kill()
+        except Exception:
+            pass
+    # Every frozen layer goes with its last sandbox.
+    deadline = time.monotonic() + 30
+    while frozen_layers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(frozen_layers() == [], f"frozen layers left after every sandbox was killed: {frozen_layers()}")
 
 
 def bad_input():
@@ -149,6 +191,12 @@ def bad_input():
             check(r.status_code == 400 and "memory" in r.json()["message"], f"memory: {r.status_code} {r.text}")
         finally:
             big.kill()
+        # A layer over --max-snapshot (the daemon runs with 4m): refused before anything is
+        # made or copied.
+        check(run(sbx, "head -c 6000000 /dev/zero > /tmp/six-mb")[0] == 0, "6 MB written")
+        r = httpx.post(f"{BASE}/sandboxes/{sbx.id}/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=60)
+        check(r.status_code == 400 and "--max-snapshot" in r.json()["message"], f"size: {r.status_code} {r.text}")
+        check(run(sbx, "rm /tmp/six-mb")[0] == 0, "6 MB removed")
         r = httpx.post(f"{BASE}/sandboxes/nosuch/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=60)
         check(r.status_code == 404, f"unknown: {r.status_code} {r.text}")
         sbx.pause()
@@ -156,6 +204,7 @@ def bad_input():
         check(r.status_code == 409, f"paused: {r.status_code} {r.text}")
         sbx = SandboxSync.resume(sbx.id, connection_config=cfg)
         check(sandbox_ids() - before <= set(), f"a refused fork made sandboxes: {sandbox_ids() - before}")
+        check(frozen_layers() == [], f"a refused fork left frozen layers: {frozen_layers()}")
     finally:
         sbx.kill()
 
@@ -190,4 +239,63 @@ def cli():
         sbx.kill()
 
 
-SCENARIOS = {"big_context": big_context, "bad_input": bad_input, "cli": cli}
+def copy_snapshot():
+    """A fork copy's files are its frozen layer and its own upper: a snapshot of a copy holds
+    both (a sandbox made from it has the parent's files, the copy's, and the copy's deletion
+    of a parent's file), and a copy paused to disk comes back with both."""
+    from opensandbox.sync.manager import SandboxManagerSync
+
+    cfg = sync_config()
+    mgr = SandboxManagerSync.create(cfg)
+    parent = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    made = []
+    try:
+        check(run(parent, "echo p > /tmp/p && mkdir /tmp/d && echo a > /tmp/d/a && echo b > /tmp/d/b")[0] == 0, "write")
+        answer = fork(parent.id, 2)
+        c0, c1 = (SandboxSync.connect(s["id"], connection_config=cfg) for s in answer["sandboxes"])
+        made += [c0, c1]
+        check(run(c0, "echo own > /tmp/own && rm /tmp/d/a")[0] == 0, "copy 0's changes")
+        snap = c0.create_snapshot(name="of-a-copy")
+        deadline = time.monotonic() + 60
+        while mgr.get_snapshot(snap.id).status.state != "Ready":
+            check(time.monotonic() < deadline, f"snapshot {snap.id} not ready")
+            time.sleep(0.05)
+        back = SandboxSync.create(snapshot_id=snap.id, connection_config=cfg)
+        made.append(back)
+        code, out, err = run(back, "cat /tmp/p /tmp/own; ls /tmp/d")
+        check(out == "p\nown\nb", f"a sandbox from a copy's snapshot: {out!r} {err}")
+        mgr.delete_snapshot(snap.id)
+        # Paused to disk and back: the same files.
+        r = httpx.post(f"{BASE}/sandboxes/{c1.id}/pause?toDisk=true", headers=lifecycle_headers(), timeout=60)
+        check(r.status_code == 202, f"pause to disk: {r.status_code} {r.text}")
+        mgr.resume_sandbox(c1.id)
+        code, out, err = run(c1, "cat /tmp/p; ls /tmp/d")
+        check(out == "p\na\nb", f"a copy resumed from disk: {out!r} {err}")
+    finally:
+        for c in made:
+            try:
+                c.kill()
+            except Exception:
+                pass
+        parent.kill()
+        mgr.close()
+
+
+def leave_copies():
+    """A parent and 2 fork copies left running (the test then kills the daemon): prints the
+    frozen layer's id."""
+    cfg = sync_config()
+    parent = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    check(run(parent, "echo p > /tmp/p")[0] == 0, "write")
+    answer = fork(parent.id, 2)
+    check(frozen_layers() == [answer["layerId"]], f"frozen layers {frozen_layers()}")
+    print("LAYER", answer["layerId"], flush=True)
+
+
+SCENARIOS = {
+    "big_context": big_context,
+    "bad_input": bad_input,
+    "cli": cli,
+    "copy_snapshot": copy_snapshot,
+    "leave_copies": leave_copies,
+}

@@ -252,9 +252,6 @@ def osb_fork():
             b.close()
         p.kill()
         p.close()
-        if answer.get("snapshotId"):
-            # The fork's snapshot (named in the answer) is the caller's to delete.
-            httpx.delete(f"{BASE}/snapshots/{answer['snapshotId']}", headers=lifecycle_headers(), timeout=60)
     print("SHELL", shell, flush=True)
 
 

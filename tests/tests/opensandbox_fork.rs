@@ -29,20 +29,24 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         printed(&out, "FORK_S"),
         printed(&out, "FIRST_PRINT_MAX_S")
     );
-    let snapshot = printed(&out, "SNAPSHOT").to_owned();
+    let layer = printed(&out, "LAYER").to_owned();
     let span = wait_until(Duration::from_secs(30), || {
-        rx.spans().into_iter().find(|s| s.name == "sandbox.fork")
+        rx.spans()
+            .into_iter()
+            .find(|s| s.name == "sandbox.fork" && s.attr("sandbox.fork.layer.id") == layer)
     })
-    .unwrap_or_else(|| panic!("no sandbox.fork span: {:?}", rx.spans()));
-    assert_eq!(span.attr("sandbox.snapshot.id"), snapshot);
+    .unwrap_or_else(|| panic!("no sandbox.fork span of {layer}: {:?}", rx.spans()));
     assert_eq!(span.typed_attr("sandbox.fork.count", "int"), "10");
     let bytes: u64 = span
-        .typed_attr("sandbox.snapshot.bytes", "int")
+        .typed_attr("sandbox.fork.layer.bytes", "int")
         .parse()
         .unwrap();
     assert!(bytes >= 100 << 20, "{bytes}");
-    span.typed_attr("sandbox.fork.snapshot_ms", "int");
-    span.typed_attr("sandbox.fork.copies_ms", "int");
+    println!(
+        "the fork's span: layer frozen at {} ms, the copies made {} ms after",
+        span.typed_attr("sandbox.fork.freeze_ms", "int"),
+        span.typed_attr("sandbox.fork.copies_ms", "int")
+    );
     assert_eq!(span.attr("sandbox.fork.ids").split(',').count(), 10);
     let records = d
         .agentrun(["audit", "--json"])
@@ -52,10 +56,9 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
     let fork = records
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|r| r["kind"] == "fork")
-        .unwrap_or_else(|| panic!("no fork audit record: {records}"));
+        .find(|r| r["kind"] == "fork" && r["resource"] == layer.as_str())
+        .unwrap_or_else(|| panic!("no fork audit record of {layer}: {records}"));
     assert_eq!(fork["decision"], "ok", "{fork}");
-    assert_eq!(fork["resource"], snapshot.as_str(), "{fork}");
     stop_clean(d);
 }
 
@@ -65,7 +68,7 @@ fn bad_counts_the_bounds_and_unknown_or_paused_sandboxes_are_refused() {
         return;
     };
     let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-sandboxes", "4"]);
+    let (d, domain) = start(&[], &["--max-sandboxes", "4", "--max-snapshot", "4m"]);
     scenario(&d, &domain, "fork:bad_input", &[]);
     stop_clean(d);
 }
@@ -78,5 +81,42 @@ fn agentrun_fork_prints_the_copies_ids() {
     let _sweep = SnapshotSweep::new(&lock);
     let (d, domain) = start(&[], &["--max-sandboxes", "6"]);
     scenario(&d, &domain, "fork:cli", &[]);
+    stop_clean(d);
+}
+
+#[test]
+fn a_snapshot_of_a_fork_copy_holds_its_parents_files_and_its_own() {
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let (d, domain) = start(&[], &["--max-sandboxes", "8"]);
+    scenario(&d, &domain, "fork:copy_snapshot", &[]);
+    stop_clean(d);
+}
+
+#[test]
+fn a_daemon_killed_with_fork_copies_restarts_with_no_frozen_layer_left() {
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let (mut d, domain) = start(&[], &["--max-sandboxes", "6"]);
+    let out = scenario(&d, &domain, "fork:leave_copies", &[]);
+    let layer = d.state().join("frozen").join(printed(&out, "LAYER"));
+    assert!(layer.is_dir(), "{} while its copies run", layer.display());
+    d.kill9();
+    let mut new = Leftovers::default();
+    let clean = wait_until(Duration::from_secs(30), || {
+        new = Leftovers::snapshot_own(d.state()).new_since(d.before());
+        new.is_empty().then_some(())
+    });
+    assert!(clean.is_some(), "the killed daemon left behind:\n{new}");
+    let domain2 = format!("127.0.0.1:{}", free_port());
+    d.launch(["--pool-size", "2", "--listen", domain2.as_str()]);
+    let left: Vec<_> = std::fs::read_dir(d.state().join("frozen"))
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "frozen layers after a restart: {left:?}");
     stop_clean(d);
 }

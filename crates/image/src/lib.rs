@@ -18,6 +18,7 @@
 mod archive;
 mod blobs;
 mod digest;
+pub mod frozen;
 pub mod host;
 mod layer;
 mod limits;

@@ -180,6 +180,9 @@ pub struct SnapshotMeta {
 pub struct StagedLayer {
     digest: String,
     size: u64,
+    /// Layers staged under it, bottom first (a fork copy's frozen layers: see
+    /// [`ImageStore::stage_upper_over`]).
+    below: Vec<(String, u64)>,
     /// Apparent bytes of the upper directory's files.
     pub upper_bytes: u64,
     _guard: crate::WriteGuard,
@@ -230,7 +233,22 @@ impl ImageStore {
         upper: &UpperDir<'_>,
         max_bytes: Option<u64>,
     ) -> Result<StagedLayer, ImageError> {
-        let upper_bytes = tree_bytes(upper.path);
+        self.stage_upper_over(&[], upper, max_bytes)
+    }
+
+    /// [`ImageStore::stage_upper`] of a sandbox whose overlay has frozen layers
+    /// ([`crate::frozen`]: a fork copy's) between its image and its upper directory:
+    /// `lowers` (bottom first, upper form, the same host ids as `upper`) become layers of
+    /// their own under the upper's, so that the image holds what the sandbox sees. The size
+    /// limit holds for them all together.
+    pub fn stage_upper_over(
+        &self,
+        lowers: &[&Path],
+        upper: &UpperDir<'_>,
+        max_bytes: Option<u64>,
+    ) -> Result<StagedLayer, ImageError> {
+        let upper_bytes =
+            tree_bytes(upper.path) + lowers.iter().map(|l| tree_bytes(l)).sum::<u64>();
         if let Some(max) = max_bytes {
             if upper_bytes > max {
                 return Err(ImageError::SnapshotTooLarge {
@@ -240,13 +258,23 @@ impl ImageStore {
             }
         }
         let guard = self.write_guard()?;
-        let blob = self.put_layer_blob(|w| {
-            crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
-        });
+        let blob = (|| {
+            let mut below = Vec::with_capacity(lowers.len());
+            for l in lowers {
+                below.push(self.put_layer_blob(|w| {
+                    crate::layer::tar_upper(l, upper.uid_base, upper.uid_count, w)
+                })?);
+            }
+            let top = self.put_layer_blob(|w| {
+                crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
+            })?;
+            Ok::<_, ImageError>((top, below))
+        })();
         match blob {
-            Ok((digest, size)) => Ok(StagedLayer {
+            Ok(((digest, size), below)) => Ok(StagedLayer {
                 digest,
                 size,
+                below,
                 upper_bytes,
                 _guard: guard,
             }),
@@ -290,6 +318,15 @@ impl ImageStore {
             let rec = self.find(base)?;
             (self.config_document(&rec)?, rec.layers.clone())
         };
+        for (digest, size) in &staged.below {
+            self.ensure_layer(digest, *size, digest, &self.budget())?;
+            layers.push(LayerRecord {
+                digest: digest.clone(),
+                media_type: crate::store::OCI_LAYER_TAR.into(),
+                size: *size,
+                diff_id: digest.clone(),
+            });
+        }
         self.ensure_layer(&staged.digest, staged.size, &staged.digest, &self.budget())?;
         let layer = LayerRecord {
             digest: staged.digest.clone(),
@@ -340,6 +377,15 @@ impl ImageStore {
             .or_insert_with(|| serde_json::json!([]));
         if !history.is_array() {
             *history = serde_json::json!([]);
+        }
+        for _ in &staged.below {
+            history
+                .as_array_mut()
+                .expect("an array")
+                .push(serde_json::json!({
+                    "created": rfc3339_now(),
+                    "created_by": "agentrun fork (the files the sandbox was forked with)",
+                }));
         }
         let mut entry = serde_json::json!({
             "created": rfc3339_now(),

@@ -134,7 +134,8 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     };
     let cgroup = CgroupMode::detect();
     let pool = Arc::new(Pool::new(factories, opts.limits.clone()).with_cgroup(cgroup));
-    let live = Arc::new(LiveManager::new(pool.clone()));
+    let live =
+        Arc::new(LiveManager::new(pool.clone()).with_frozen_dir(opts.state_dir.join("frozen")));
     let shared = Arc::new(Shared {
         pool,
         cgroup,

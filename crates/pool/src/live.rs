@@ -83,6 +83,11 @@ pub struct LiveSpec {
     /// The sandbox's id (`None`: a new random one): a sandbox brought back from disk keeps
     /// the id it had. The caller makes sure no live sandbox has it.
     pub id: Option<String>,
+    /// Frozen layers its cell's overlay has over the image (a fork copy: the writable layer
+    /// of the sandbox it was forked from, [`crate::snapshot::freeze`]), possibly still being
+    /// made: the create takes its shell first, then waits for them. The sandbox holds them
+    /// until its cell is gone. A pooled shell of its image serves it.
+    pub frozen: Option<Arc<crate::snapshot::PendingLayer>>,
 }
 
 impl LiveSpec {
@@ -98,6 +103,7 @@ impl LiveSpec {
             pids: None,
             egress_port: None,
             id: None,
+            frozen: None,
         }
     }
     pub fn workspace(mut self, dir: Option<std::path::PathBuf>) -> Self {
@@ -242,6 +248,9 @@ pub struct LiveSandbox {
     /// Handed back to the pool on delete.
     pooled: Mutex<Option<PooledShell>>,
     egress_socket: Option<std::path::PathBuf>,
+    /// The frozen layers of its cell's overlay ([`LiveSpec::frozen`]), let go once the cell
+    /// is gone.
+    frozen: Mutex<Option<Arc<crate::snapshot::FrozenLayer>>>,
 }
 
 impl LiveSandbox {
@@ -499,6 +508,20 @@ impl LiveSandbox {
         Ok(())
     }
 
+    /// The frozen layers under its writable layer (a fork copy's), if any.
+    pub fn frozen_layer(&self) -> Option<Arc<crate::snapshot::FrozenLayer>> {
+        lock(&self.frozen).clone()
+    }
+
+    /// The directories of its frozen layers, top first (none for a sandbox that is no fork
+    /// copy).
+    pub fn frozen_dirs(&self) -> Vec<std::path::PathBuf> {
+        lock(&self.frozen)
+            .as_ref()
+            .map(|l| l.dirs())
+            .unwrap_or_default()
+    }
+
     /// Runs `read` on the sandbox's writable layer (its cell's overlay upper directory, as a
     /// path the host can read: through a fd the cell's PID 1 holds, see
     /// [`agentrun_runtime::cell::UPPER_FD`]) with every process of the sandbox frozen
@@ -674,12 +697,16 @@ pub struct LiveManager {
     landlock_abi: u32,
     mappings: Mutex<MappingCache>,
     sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+    /// Where fork layers are kept ([`LiveManager::frozen_dir`]).
+    frozen_dir: std::path::PathBuf,
 }
 
 impl LiveManager {
     pub fn new(pool: Arc<Pool>) -> Self {
         let cgroup = CgroupMode::detect();
         LiveManager {
+            frozen_dir: std::env::temp_dir()
+                .join(format!("agentrun-frozen-{}", std::process::id())),
             pool,
             cgroup,
             swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
@@ -690,6 +717,20 @@ impl LiveManager {
     }
 
     /// The pool's counters (what `agentrun pool status` shows, without zygote details).
+    /// Keeps fork layers ([`crate::snapshot::freeze`]) in `dir` (the daemon's
+    /// `<state dir>/frozen`), emptied now: no sandbox of an earlier daemon uses one (its
+    /// cells died with it).
+    pub fn with_frozen_dir(mut self, dir: std::path::PathBuf) -> Self {
+        let _ = std::fs::remove_dir_all(&dir);
+        self.frozen_dir = dir;
+        self
+    }
+
+    /// Where fork layers are kept.
+    pub fn frozen_dir(&self) -> &std::path::Path {
+        &self.frozen_dir
+    }
+
     pub fn pool_status(&self) -> crate::protocol::PoolStatus {
         self.pool.status()
     }
@@ -731,11 +772,35 @@ impl LiveManager {
             self.pool.release(shell, Verdict::Discard("init_error"));
             return Err(e);
         }
+        // A fork copy's layers, once made (its shell was taken meanwhile).
+        let frozen = match spec
+            .frozen
+            .as_deref()
+            .map(crate::snapshot::PendingLayer::wait)
+        {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                self.pool.release(shell, Verdict::Reuse);
+                return Err(e);
+            }
+        };
         let user_mounts = recipe.user_mounts();
         let mounts = {
             let mut cache = lock(&self.mappings);
             RunMounts::prepare(&user_mounts, &mut cache)
         };
+        let mounts = mounts.and_then(|mut m| {
+            // A fork copy's frozen layers, each a read-only detached mount for its cell's
+            // overlay (the files keep the host ids of the sandbox range: no idmap).
+            if let Some(layer) = &frozen {
+                for dir in layer.dirs() {
+                    m.layers
+                        .push(agentrun_runtime::idmap::detached_clone(&dir, None, true)?);
+                }
+            }
+            Ok(m)
+        });
         let mounts = match mounts {
             Ok(m) => m,
             Err(e) => {
@@ -805,6 +870,7 @@ impl LiveManager {
             limits: Mutex::new((limits.cpus, limits.memory_bytes)),
             pooled: Mutex::new(None),
             egress_socket: shell.egress_socket.clone(),
+            frozen: Mutex::new(frozen),
         });
         *lock(&sandbox.pooled) = Some(shell);
         let started = reader
@@ -924,6 +990,9 @@ impl LiveManager {
             };
             self.pool.release(shell, verdict);
         }
+        // Its cell is gone: the frozen layers its overlay had go with their last user.
+        let frozen = lock(&sandbox.frozen).take();
+        drop(frozen);
     }
 
     /// Whether the shell of a sandbox whose cell was just killed may serve again: not when

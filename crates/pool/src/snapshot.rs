@@ -1,8 +1,14 @@
 //! Snapshots of long-lived sandboxes: a sandbox's writable layer read while it is frozen
 //! ([`LiveSandbox::with_writable_layer`]) and kept in the image store as a layer over its
 //! image ([`agentrun_image::snapshot`]). What the front ends (OpenSandbox snapshots, Docker
-//! `commit`, fork) call.
+//! `commit`) call. A fork ([`freeze`]) keeps it instead as a [`FrozenLayer`]: a copy of the
+//! upper directory as it is, which the fork's copies mount as a read-only lower layer of
+//! their own cells' overlays (no image made, no tar, no unpack), shared by them all and
+//! removed when the last sandbox using it is gone. The snapshot of a sandbox that has frozen
+//! layers (a fork copy) holds them as layers of their own under its upper's.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrun_image::{CommitOptions, Committed, ImageStore, Snapshot, SnapshotMeta};
@@ -31,9 +37,11 @@ pub fn take(
     let start = Instant::now();
     let mut frozen = Duration::ZERO;
     // Frozen only while its layer is read (written as a blob); unpacked and named after.
+    let lowers = sandbox.frozen_dirs();
+    let lowers: Vec<&Path> = lowers.iter().rev().map(PathBuf::as_path).collect();
     let staged = sandbox.with_writable_layer(|upper| {
         let t = Instant::now();
-        let r = store.stage_upper(upper, meta.max_bytes);
+        let r = store.stage_upper_over(&lowers, upper, meta.max_bytes);
         frozen = t.elapsed();
         r
     })??;
@@ -54,15 +62,206 @@ pub fn commit(
 ) -> Result<Taken<Committed>, PoolError> {
     let start = Instant::now();
     let mut frozen = Duration::ZERO;
+    let lowers = sandbox.frozen_dirs();
+    let lowers: Vec<&Path> = lowers.iter().rev().map(PathBuf::as_path).collect();
     let staged = sandbox.with_writable_layer(|upper| {
         let t = Instant::now();
-        let r = store.stage_upper(upper, opts.max_bytes);
+        let r = store.stage_upper_over(&lowers, upper, opts.max_bytes);
         frozen = t.elapsed();
         r
     })??;
     let made = store.commit_staged(sandbox.image_ref(), staged, opts)?;
     Ok(Taken {
         made,
+        frozen,
+        total: start.elapsed(),
+    })
+}
+
+/// A sandbox's writable layer frozen for a fork ([`freeze`]): a directory of the daemon's
+/// `<state dir>/frozen/` in overlayfs upper form, over the frozen layers of the sandbox it was
+/// taken of, if that one was itself a fork copy (`below`). Each sandbox made over it holds
+/// an `Arc` until its cell is gone; the directory is removed when the last one drops.
+pub struct FrozenLayer {
+    id: String,
+    dir: PathBuf,
+    bytes: u64,
+    below: Option<Arc<FrozenLayer>>,
+}
+
+impl FrozenLayer {
+    /// Its name (`frozen/<id>`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Apparent bytes of its own files.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Its directory and those of the layers under it, top first: a cell's overlay's
+    /// layers above the shell's root.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut out = vec![self.dir.clone()];
+        let mut at = self.below.as_deref();
+        while let Some(l) = at {
+            out.push(l.dir.clone());
+            at = l.below.as_deref();
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for FrozenLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrozenLayer")
+            .field("id", &self.id)
+            .field("dir", &self.dir)
+            .field("bytes", &self.bytes)
+            .field("below", &self.below)
+            .finish()
+    }
+}
+
+impl PartialEq for FrozenLayer {
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir
+    }
+}
+
+impl Drop for FrozenLayer {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(target: "agentrun::pool::snapshot", layer = %self.id, "removing a frozen layer: {e}");
+            }
+        }
+    }
+}
+
+/// A [`FrozenLayer`] being made, which sandboxes can be asked of before it is there
+/// ([`crate::live::LiveSpec::frozen`]): their creates take their shells meanwhile and wait
+/// for it only to make their cells, so that a fork's copying and its shells overlap.
+#[derive(Default)]
+pub struct PendingLayer {
+    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, String>>>,
+    ready: std::sync::Condvar,
+}
+
+/// How long a create waits for its [`PendingLayer`].
+const PENDING_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl PendingLayer {
+    pub fn new() -> Arc<PendingLayer> {
+        Arc::new(PendingLayer::default())
+    }
+
+    /// A layer that is there already.
+    pub fn of(layer: Arc<FrozenLayer>) -> Arc<PendingLayer> {
+        let p = PendingLayer::new();
+        p.set(Ok(layer));
+        p
+    }
+
+    /// The layer is made (`Ok`) or will not be (`Err`: why); wakes every waiting create.
+    pub fn set(&self, r: Result<Arc<FrozenLayer>, String>) {
+        *crate::lock(&self.slot) = Some(r);
+        self.ready.notify_all();
+    }
+
+    /// The layer, once it is made (bounded wait).
+    pub fn wait(&self) -> Result<Arc<FrozenLayer>, PoolError> {
+        let deadline = Instant::now() + PENDING_TIMEOUT;
+        let mut slot = crate::lock(&self.slot);
+        loop {
+            if let Some(r) = slot.as_ref() {
+                return r
+                    .clone()
+                    .map_err(|e| PoolError::Invalid(format!("the fork's layer: {e}")));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PoolError::Invalid(
+                    "the fork's layer was not made in time".into(),
+                ));
+            }
+            slot = self
+                .ready
+                .wait_timeout(slot, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Forgets the layer (its last holders are then the sandboxes made over it).
+    pub fn clear(&self) {
+        crate::lock(&self.slot).take();
+    }
+}
+
+impl std::fmt::Debug for PendingLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLayer")
+            .field("slot", &*crate::lock(&self.slot))
+            .finish()
+    }
+}
+
+impl PartialEq for PendingLayer {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+/// Freezes `sandbox`'s writable layer for a fork: its upper directory copied as it is
+/// ([`agentrun_image::frozen`]) while the sandbox is frozen, into a [`FrozenLayer`] `dir/id`
+/// (`dir`: [`crate::live::LiveManager::frozen_dir`]) over the sandbox's own frozen layers. Refused over `max_bytes` (the sandbox's layers
+/// all together) before anything is written. The sandbox keeps running, whatever the
+/// outcome.
+pub fn freeze(
+    sandbox: &LiveSandbox,
+    dir: &Path,
+    id: &str,
+    max_bytes: Option<u64>,
+) -> Result<Taken<Arc<FrozenLayer>>, PoolError> {
+    let start = Instant::now();
+    let below = sandbox.frozen_layer();
+    let below_bytes: u64 = {
+        let mut n = 0;
+        let mut at = below.as_deref();
+        while let Some(l) = at {
+            n += l.bytes;
+            at = l.below.as_deref();
+        }
+        n
+    };
+    let room = max_bytes.map(|m| m.saturating_sub(below_bytes));
+    let mut frozen = Duration::ZERO;
+    let made = sandbox.with_writable_layer(|upper| {
+        let t = Instant::now();
+        let r = agentrun_image::frozen::freeze_upper(dir, upper.path, id, room);
+        frozen = t.elapsed();
+        r
+    })?;
+    let (dir, copy) = match made {
+        Ok(m) => m,
+        Err(agentrun_image::ImageError::SnapshotTooLarge { bytes, max }) => {
+            return Err(agentrun_image::ImageError::SnapshotTooLarge {
+                bytes: bytes + below_bytes,
+                max: max + below_bytes,
+            }
+            .into())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Taken {
+        made: Arc::new(FrozenLayer {
+            id: id.to_owned(),
+            dir,
+            bytes: copy.bytes,
+            below,
+        }),
         frozen,
         total: start.elapsed(),
     })
@@ -160,4 +359,50 @@ pub fn report(
         }
     }
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, below: Option<Arc<FrozenLayer>>) -> Arc<FrozenLayer> {
+        let dir = std::env::temp_dir().join(format!(
+            "agentrun-pending-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        Arc::new(FrozenLayer {
+            id: name.into(),
+            dir,
+            bytes: 0,
+            below,
+        })
+    }
+
+    #[test]
+    fn a_create_waits_for_the_layer_and_the_last_holder_removes_it() {
+        let pending = PendingLayer::new();
+        let waiter = {
+            let p = pending.clone();
+            std::thread::spawn(move || p.wait().map(|l| l.dirs()))
+        };
+        let first = layer("a", None);
+        let top = layer("b", Some(first.clone()));
+        let dirs = vec![top.dir.clone(), first.dir.clone()];
+        drop(first);
+        pending.set(Ok(top.clone()));
+        assert_eq!(waiter.join().unwrap().unwrap(), dirs);
+        pending.clear();
+        assert!(dirs.iter().all(|d| d.is_dir()), "held by `top`");
+        drop(top);
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?} left");
+    }
+
+    #[test]
+    fn a_layer_that_was_not_made_fails_the_wait() {
+        let pending = PendingLayer::new();
+        pending.set(Err("too large".into()));
+        let e = pending.wait().unwrap_err().to_string();
+        assert!(e.contains("too large"), "{e}");
+    }
 }

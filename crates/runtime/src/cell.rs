@@ -95,17 +95,25 @@ pub(crate) fn prepare(
     tmpfs_bytes: u64,
     channel: OwnedFd,
     zygote: Option<(RawFd, RawFd)>,
+    layers: &[RawFd],
 ) -> ! {
     let mut keep = vec![channel.as_raw_fd()];
     keep.extend(zygote.iter().flat_map(|(a, b)| [*a, *b]));
+    keep.extend_from_slice(layers);
     keep_only(&keep);
+    // SAFETY: the init's fds of the request's layers, copied into this process by the clone;
+    // nothing else here owns them.
+    let layers: Vec<OwnedFd> = layers
+        .iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(*fd) })
+        .collect();
     // SAFETY: the init's fds, copied into this process by the clone; nothing else here owns
     // them.
     let link = zygote.map(|fds| unsafe { ZygoteLink::adopt(fds) });
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process: if the shell's init
     // dies, the cell dies with it.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    let root = build_root(template, tmpfs_bytes);
+    let root = build_root(template, tmpfs_bytes, layers);
     let (bytes, fds) = match control::recv(channel.as_fd()) {
         Ok(Some(m)) => m,
         Ok(None) | Err(_) => reaper::exit_now(0),
@@ -378,7 +386,7 @@ fn under(root: &Path, path: &Path) -> PathBuf {
 /// Builds the cell's root and pivots into it (see the module doc); the run's own mounts are
 /// attached afterwards ([`attach_run_mounts`]), so that a spare cell can be built before its
 /// run is known.
-fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
+fn build_root(t: &CellTemplate, tmpfs_bytes: u64, layers: Vec<OwnedFd>) -> Setup<()> {
     let scratch = &t.scratch;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mnt(
@@ -395,6 +403,21 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
     mkdir(&work, 0o700)?;
     mkdir(&root, 0o755)?;
     keep_upper(&upper);
+    // A fork copy's layers (read-only detached mounts the host made of frozen upper
+    // directories, top first) are attached under the scratch tmpfs, where the overlay takes
+    // them as its upper lower layers; they leave this mount namespace with the shell's root
+    // (the overlay keeps its own private clones). Their whiteouts (0/0 character devices)
+    // and opaque directories (`user.overlay.opaque`) read as they did in the upper.
+    let mut lowerdir = String::new();
+    for (n, layer) in layers.into_iter().enumerate() {
+        let at = scratch.join(format!("layer{n}"));
+        mkdir(&at, 0o700)?;
+        let target = open_path(&at)?;
+        crate::idmap::move_detached(layer.as_fd(), target.as_fd())
+            .map_err(|e| SetupError(format!("attaching layer {n}: {e}")))?;
+        lowerdir.push_str(&format!("{}:", at.display()));
+    }
+    lowerdir.push('/');
     // userxattr: the overlay keeps its whiteout/opaque markers as user.overlay.* xattrs,
     // which an unprivileged mounter may set on the tmpfs (trusted.* ones it may not: the
     // kernel would fall back, and log it for every cell). It rules out redirect_dir and
@@ -405,7 +428,7 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
         Some("overlay"),
         nosuid_nodev,
         Some(&format!(
-            "lowerdir=/,upperdir={},workdir={},userxattr",
+            "lowerdir={lowerdir},upperdir={},workdir={},userxattr",
             upper.display(),
             work.display()
         )),

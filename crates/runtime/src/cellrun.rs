@@ -63,6 +63,10 @@ pub struct RunMounts {
     /// Whether every one could be idmapped (false: some ownership shows as nobody inside, and
     /// writes are owned by the sandbox uid on the host).
     pub idmapped: bool,
+    /// Read-only layers for the cell's overlay, over the shell's root (top first): detached
+    /// mounts ([`crate::idmap::detached_clone`]) of directories in overlayfs upper form
+    /// (a fork copy's frozen layers). Sent after the mounts' fds ([`CellRequest::layers`]).
+    pub layers: Vec<OwnedFd>,
 }
 
 impl RunMounts {
@@ -178,6 +182,7 @@ pub fn cell_request(
         mounts: mounts.mounts.clone(),
         egress_port,
         work,
+        layers: mounts.layers.len(),
     }
 }
 
@@ -224,6 +229,15 @@ impl CellRun {
         let mut raw: Vec<RawFd> = vec![cell_end.as_raw_fd()];
         raw.extend_from_slice(stdio);
         raw.extend(mounts.fds.iter().map(|f| f.as_raw_fd()));
+        raw.extend(mounts.layers.iter().map(|f| f.as_raw_fd()));
+        if req.layers != mounts.layers.len() {
+            return Err(RuntimeError::InvalidInput(format!(
+                "a cell request for {} layers made with {}",
+                req.layers,
+                mounts.layers.len()
+            ))
+            .into());
+        }
         if raw.len() > control::MAX_FDS {
             return Err(RuntimeError::InvalidInput(format!(
                 "too many mounts for one run (at most {})",

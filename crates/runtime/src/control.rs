@@ -71,6 +71,16 @@ pub struct CellRequest {
     /// Relay `127.0.0.1:<port>` inside the cell to the egress proxy's socket in the shell.
     pub egress_port: Option<u16>,
     pub work: CellWork,
+    /// Read-only layers put over the shell's root in the cell's overlay (a fork copy's: the
+    /// frozen writable layer of the sandbox it was forked from), top first: detached mounts
+    /// made on the host, an fd each after the mounts' fds. A cell with layers is cloned for
+    /// its request (a spare's overlay is built before any request).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub layers: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl CellRequest {
@@ -85,8 +95,8 @@ impl CellRequest {
     /// The fd order the init expects, as a description (for messages).
     pub fn fd_order(&self) -> &'static str {
         match self.work {
-            CellWork::Run(_) => "channel, stdin, stdout, stderr, mounts...",
-            CellWork::Live => "channel, mounts...",
+            CellWork::Run(_) => "channel, stdin, stdout, stderr, mounts..., layers...",
+            CellWork::Live => "channel, mounts..., layers...",
         }
     }
 }
@@ -393,6 +403,7 @@ mod tests {
                 cwd: "/".into(),
                 zygote: true,
             }),
+            layers: 0,
         };
         let v = serde_json::to_value(&cell).unwrap();
         assert!(v.get("op").is_none(), "{v}");

@@ -290,18 +290,44 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 }
             };
             let id = req.cell;
-            // The spare if it fits and lives, else one cloned now.
-            let cell = match spare
-                .take()
-                .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
-            {
-                Some(s) => Ok(s),
-                None => Spare::make(
+            // A cell with layers of its own is cloned with them (their fds are the
+            // request's last; the cell builds its overlay over them before anything else).
+            // Else the spare if it fits and lives, else one cloned now.
+            let mut fds = fds;
+            let layers = if req.layers > 0 && req.layers <= fds.len() {
+                fds.split_off(fds.len() - req.layers)
+            } else {
+                Vec::new()
+            };
+            let cell = if req.layers > 0 && layers.len() != req.layers {
+                Err(format!(
+                    "a cell request with {} layers came with {} fds",
+                    req.layers,
+                    fds.len()
+                ))
+            } else if !layers.is_empty() {
+                let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
+                Spare::make_over(
                     &init.template,
                     req.tmpfs_bytes,
                     zygote.as_ref().map(Zygote::link),
-                ),
+                    &raw,
+                )
+            } else {
+                match spare
+                    .take()
+                    .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
+                {
+                    Some(s) => Ok(s),
+                    None => Spare::make(
+                        &init.template,
+                        req.tmpfs_bytes,
+                        zygote.as_ref().map(Zygote::link),
+                    ),
+                }
             };
+            // The cell has its own copies of the layers' fds (cloned with them).
+            drop(layers);
             match cell {
                 Ok(cell) => {
                     // Started before the request is handed on: a cell that fails at once
@@ -342,6 +368,10 @@ enum InitView {
 struct CellView {
     cell: u64,
     tmpfs_bytes: u64,
+    /// Read-only layers over the shell's root (the request's last fds): the cell is cloned
+    /// with them (a spare's root is built without).
+    #[serde(default)]
+    layers: usize,
 }
 
 /// A cell cloned ahead of its run, building its root while the shell is idle
@@ -362,6 +392,17 @@ impl Spare {
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
     ) -> Result<Spare, String> {
+        Spare::make_over(template, tmpfs_bytes, link, &[])
+    }
+
+    /// [`Spare::make`] of a cell whose overlay has `layers` (detached mounts, top first)
+    /// between its writable layer and the shell's root.
+    fn make_over(
+        template: &CellTemplate,
+        tmpfs_bytes: u64,
+        link: Option<(RawFd, RawFd)>,
+        layers: &[RawFd],
+    ) -> Result<Spare, String> {
         let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
         match clone_cell() {
             Ok(Cloned::Child) => {
@@ -369,7 +410,7 @@ impl Spare {
                 // copy of the shell's loop. `ours` is closed with every other fd of the init.
                 std::mem::forget(ours);
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    cell::prepare(template, tmpfs_bytes, theirs, link)
+                    cell::prepare(template, tmpfs_bytes, theirs, link, layers)
                 }));
                 let _ = prepared;
                 reaper::exit_now(EXIT_SETUP_FAILED)
@@ -579,10 +620,11 @@ mod tests {
                 cwd: "/workspace".into(),
                 zygote: true,
             }),
+            layers: 2,
         });
         let bytes = serde_json::to_vec(&req).unwrap();
         match serde_json::from_slice::<InitView>(&bytes).unwrap() {
-            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes), (7, 1 << 20)),
+            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2)),
             InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
         }
         let prepare = serde_json::to_vec(&ShellRequest::Prepare { tmpfs_bytes: 5 }).unwrap();

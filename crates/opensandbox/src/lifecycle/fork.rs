@@ -1,15 +1,18 @@
 //! `POST /sandboxes/{id}/fork` (`{"count": N}`), an agentrun extension: a live sandbox
 //! copied into N new sandboxes that each start with its files.
 //!
-//! The parent's writable layer is taken as a snapshot (frozen while it is read:
-//! [`agentrun_pool::snapshot::take`]), named `fork of <id>` and answered as `snapshotId`,
-//! then each copy is made as a create with that `snapshotId` would make it, with the parent's
-//! entrypoint, environment, CPU and memory limits, network policy, metadata, extensions and
-//! remaining timeout. Each copy is a sandbox of its own (its own cell: pid, mount and ipc
-//! namespaces, its own writable layer over the snapshot's layer, which the copies share
-//! read-only: copy on write by overlayfs; its own shell and cgroup) and independent
-//! afterwards. All or nothing: a copy that cannot be made removes those made before it and
-//! the fork's snapshot.
+//! The parent's writable layer is frozen ([`agentrun_pool::snapshot::freeze`]: its overlay
+//! upper directory copied as it is, whiteouts and opaque directories included, while the
+//! parent is frozen) into one read-only layer, answered as `layerId`. Each copy is made as a
+//! create of the parent's image would make it (a pooled shell of that image when one is
+//! ready; the shells are taken while the layer is copied), with that layer between the image and the copy's own fresh writable layer in its
+//! cell's overlay, and the parent's entrypoint, environment, CPU and memory limits, network
+//! policy, metadata, extensions and remaining timeout. Nothing is copied per copy: the layer
+//! is shared read-only by all (copy on write by overlayfs) and removed when the last sandbox
+//! using it is gone. Each copy is a sandbox of its own (its own cell: pid, mount and ipc
+//! namespaces, its own writable layer; its own shell and cgroup) and independent afterwards.
+//! All or nothing: a copy that cannot be made removes those made before it (and with them
+//! the layer).
 //!
 //! What is not carried: processes and their memory (a code context's interpreter state),
 //! the parent's volumes. CRIU cannot dump a process of an agentrun cell (its Landlock domain
@@ -19,13 +22,12 @@
 //!
 //! Bounds (400 JSON): `count` from 1 to the room under `--max-sandboxes` (shells not lent
 //! out), and to what the host's available memory holds of copies as large as the parent's
-//! memory limit (or its use, without one). One span `sandbox.fork` (sizes, durations, the
-//! copies' ids) and one audit record (kind `fork`).
+//! memory limit (or its use, without one); the layer to `--max-snapshot`. One span
+//! `sandbox.fork` (sizes, durations, the copies' ids) and one audit record (kind `fork`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentrun_image::SnapshotMeta;
 use agentrun_pool::lock;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -33,7 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{create_sandbox, parse_create, sandbox_json, snapshots, traceparent};
+use super::{create_sandbox, parse_create, sandbox_json, traceparent};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{finish_span, Record, Server};
 
@@ -97,11 +99,12 @@ fn check_room(server: &Server, rec: &Record, count: usize) -> ApiResult<()> {
     Ok(())
 }
 
-/// The create request of a copy: the parent's, from the snapshot (whole, so that a copy
-/// paused to disk comes back as it was made).
-fn copy_request(rec: &Record, snapshot_id: &str) -> Value {
+/// The create request of a copy: the parent's, of the parent's image (whole, so that a
+/// copy paused to disk comes back as it was made: from its own snapshot, which holds the
+/// frozen layer too).
+fn copy_request(rec: &Record) -> Value {
     let mut body = json!({
-        "snapshotId": snapshot_id,
+        "image": {"uri": rec.image},
         "entrypoint": rec.entrypoint,
         "metadata": *lock(&rec.metadata),
         "env": rec.sandbox.env(),
@@ -144,10 +147,10 @@ fn copy_request(rec: &Record, snapshot_id: &str) -> Value {
 
 struct Outcome<'a> {
     parent: &'a str,
-    snapshot_id: &'a str,
+    layer_id: &'a str,
     count: usize,
     bytes: u64,
-    snapshot: Duration,
+    freeze: Duration,
     copies: Duration,
     total: Duration,
     ids: &'a [String],
@@ -166,11 +169,11 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
     );
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.id", o.parent);
-    span.set_attribute("sandbox.snapshot.id", o.snapshot_id);
+    span.set_attribute("sandbox.fork.layer.id", o.layer_id);
     span.set_attribute("sandbox.fork.count", o.count as i64);
     span.set_attribute("sandbox.fork.ids", o.ids.join(","));
-    span.set_attribute("sandbox.snapshot.bytes", o.bytes as i64);
-    span.set_attribute("sandbox.fork.snapshot_ms", o.snapshot.as_millis() as i64);
+    span.set_attribute("sandbox.fork.layer.bytes", o.bytes as i64);
+    span.set_attribute("sandbox.fork.freeze_ms", o.freeze.as_millis() as i64);
     span.set_attribute("sandbox.fork.copies_ms", o.copies.as_millis() as i64);
     span.set_attribute("sandbox.duration_ms", o.total.as_millis() as i64);
     span.set_attribute("sandbox.fork.memory", false);
@@ -184,7 +187,7 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
         sandbox_id: o.parent.into(),
         trace_id: span.context().trace_id_hex(),
         action: FORK_SPAN.into(),
-        resource: o.snapshot_id.into(),
+        resource: o.layer_id.into(),
         decision: if o.error.is_some() { "error" } else { "ok" }.into(),
         reason: match o.error {
             Some((_, msg)) => msg.to_owned(),
@@ -220,17 +223,17 @@ pub async fn fork(
     let trace = traceparent(&headers);
     check_room(&server, &rec, count)?;
 
-    let snapshot_id = format!("snap-{}", crate::random_token()?);
-    let fail = |server: &Server, error: &ApiError, bytes, snap, ids: &[String]| {
+    let layer_id = format!("fork-{}", crate::random_token()?);
+    let fail = |server: &Server, error: &ApiError, bytes, freeze, ids: &[String]| {
         report(
             server,
             trace.as_deref(),
             &Outcome {
                 parent: &parent_id,
-                snapshot_id: &snapshot_id,
+                layer_id: &layer_id,
                 count,
                 bytes,
-                snapshot: snap,
+                freeze,
                 copies: Duration::ZERO,
                 total: start.elapsed(),
                 ids,
@@ -238,42 +241,38 @@ pub async fn fork(
             },
         )
     };
-    // 1. The parent's files, frozen while they are read.
-    let meta = SnapshotMeta {
-        id: snapshot_id.clone(),
-        sandbox_id: parent_id.clone(),
-        name: Some(format!("fork of {parent_id}")),
-        owner: server.owner.clone(),
-        entrypoint: Some(rec.entrypoint.clone()),
-        max_bytes: Some(server.limits.max_snapshot),
-    };
-    let (srv, rec2) = (server.clone(), rec.clone());
-    let taken = tokio::task::spawn_blocking(move || {
-        agentrun_pool::snapshot::take(&rec2.sandbox, &srv.store, &meta)
+    // A first check of the size (not frozen: the freeze holds it again).
+    let max = server.limits.max_snapshot;
+    let rec2 = rec.clone();
+    let (below, now) = tokio::task::spawn_blocking(move || {
+        let below: u64 = rec2
+            .sandbox
+            .frozen_dirs()
+            .iter()
+            .map(|d| agentrun_image::snapshot::tree_bytes(d))
+            .sum();
+        (below, rec2.sandbox.writable_layer_bytes())
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?;
-    let taken = match taken {
-        Ok(t) => t,
-        Err(e) => {
-            let err = match e {
-                agentrun_pool::PoolError::Image(agentrun_image::ImageError::SnapshotTooLarge {
-                    ..
-                }) => ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
-                e => ApiError::from(e),
+    if let Ok(now) = now {
+        if now + below > max {
+            let e = agentrun_image::ImageError::SnapshotTooLarge {
+                bytes: now + below,
+                max,
             };
+            let err = ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)"));
             fail(&server, &err, 0, start.elapsed(), &[]);
             return Err(err);
         }
-    };
-    let snapshot_time = start.elapsed();
-    let bytes = taken.made.size;
+    }
 
-    // 2. The copies, as creates from that snapshot would make them.
-    let copies_start = Instant::now();
-    let (image, _) = snapshots::restore_image(&server, &snapshot_id)?;
-    let copy_body = serde_json::to_vec(&copy_request(&rec, &snapshot_id))
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    // The copies are asked for first: each takes its shell (a pooled one of the parent's
+    // image, or one made now) while the layer is made, and waits for the layer only to make
+    // its cell.
+    let pending = agentrun_pool::snapshot::PendingLayer::new();
+    let copy_body =
+        serde_json::to_vec(&copy_request(&rec)).map_err(|e| ApiError::internal(e.to_string()))?;
     let (cpus, memory) = rec.sandbox.limits();
     let env: Vec<(String, String)> = rec
         .sandbox
@@ -284,28 +283,58 @@ pub async fn fork(
     // Made side by side (each its own shell: the copies' creation overlaps).
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..count {
-        let (server, copy_body, image, env) = (
+        let (server, copy_body, env, pending) = (
             server.clone(),
             copy_body.clone(),
-            image.clone(),
             env.clone(),
+            pending.clone(),
         );
         let trace = trace.clone().unwrap_or_default();
         tasks.spawn(async move {
             let (req, mut v) = parse_create(&copy_body)?;
             v.spec.profile = server.profile.clone();
-            v.spec.image = image;
             v.spec.cpus = (cpus > 0.0).then_some(cpus);
             v.spec.memory_bytes = (memory > 0 && memory < u64::MAX / 2).then_some(memory);
             v.spec.env = env;
+            v.spec.frozen = Some(pending);
             let body = axum::body::Bytes::from(copy_body);
             create_sandbox(&server, &req, v, trace, &body, None)
                 .await
                 .map(|r| (n, r))
         });
     }
+
+    // The parent's files, frozen while they are copied, as one read-only layer.
+    let (srv, rec2, id2) = (server.clone(), rec.clone(), layer_id.clone());
+    let taken = tokio::task::spawn_blocking(move || {
+        let dir = srv.live.frozen_dir();
+        agentrun_pool::snapshot::freeze(&rec2.sandbox, dir, &id2, Some(max))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))
+    .and_then(|t| {
+        t.map_err(|e| match e {
+            agentrun_pool::PoolError::Image(agentrun_image::ImageError::SnapshotTooLarge {
+                ..
+            }) => ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)")),
+            e => ApiError::from(e),
+        })
+    });
+    let freeze_time = start.elapsed();
+    let (bytes, freeze_failed) = match taken {
+        Ok(t) => {
+            let bytes = t.made.bytes();
+            pending.set(Ok(t.made));
+            (bytes, None)
+        }
+        Err(e) => {
+            pending.set(Err(e.message.clone()));
+            (0, Some(e))
+        }
+    };
+    let copies_start = Instant::now();
     let mut made: Vec<(usize, Arc<Record>)> = Vec::with_capacity(count);
-    let mut failed: Option<ApiError> = None;
+    let mut failed: Option<ApiError> = freeze_failed;
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(Ok(r)) => made.push(r),
@@ -313,16 +342,14 @@ pub async fn fork(
             Err(e) => failed = failed.or(Some(ApiError::internal(e.to_string()))),
         }
     }
+    // The copies hold the layer now (or failed): it goes with the last of them.
+    pending.clear();
     if let Some(e) = failed {
-        // All or nothing: the copies made and the fork's snapshot go.
+        // All or nothing: the copies made go (and the layer with the last of them).
         for (_, r) in made.drain(..) {
             let _ = super::delete_sandbox(&server, &r.id).await;
         }
-        let (srv, id) = (server.clone(), snapshot_id.clone());
-        let _ =
-            tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&id, Some(&srv.owner)))
-                .await;
-        fail(&server, &e, bytes, snapshot_time, &[]);
+        fail(&server, &e, bytes, freeze_time, &[]);
         return Err(e);
     }
     made.sort_by_key(|(n, _)| *n);
@@ -333,10 +360,10 @@ pub async fn fork(
         trace.as_deref(),
         &Outcome {
             parent: &parent_id,
-            snapshot_id: &snapshot_id,
+            layer_id: &layer_id,
             count,
             bytes,
-            snapshot: snapshot_time,
+            freeze: freeze_time,
             copies: copies_start.elapsed(),
             total: start.elapsed(),
             ids: &ids,
@@ -345,7 +372,7 @@ pub async fn fork(
     );
     let answer = json!({
         "sandboxId": parent_id,
-        "snapshotId": snapshot_id,
+        "layerId": layer_id,
         "carried": ["files"],
         "sandboxes": made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
     });
