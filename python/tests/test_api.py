@@ -71,6 +71,15 @@ def test_bad_profile_raises_sandbox_error_with_the_cli_line():
     assert not e.value.message.startswith("agentrun:")
 
 
+def test_policy_denial_raises_policy_denied(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(agentrun.PolicyDeniedError) as e:
+        agentrun.run(["touch", str(marker)], profile="strict", env={"AWS_SECRET_ACCESS_KEY": "x"})
+    assert e.value.exit_code == 126
+    assert e.value.message.startswith("denied by policy: env.set AWS_SECRET_ACCESS_KEY"), e.value.message
+    assert not marker.exists()
+
+
 def test_bad_memory_raises_sandbox_error():
     with pytest.raises(agentrun.SandboxError) as e:
         agentrun.run(["true"], memory="lots")
