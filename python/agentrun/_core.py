@@ -365,10 +365,9 @@ class Sandbox:
         self._binary = find_binary(binary)
         self._owned: Optional[str] = None
         if workspace is None:
+            # mkdtemp's mode is 0700: agentrun maps the sandbox's root to the directory's
+            # owner (an idmapped mount), so nobody else needs in.
             self._owned = tempfile.mkdtemp(prefix="agentrun-sandbox-")
-            # The sandbox's user may not be this process's: let it in (the directory's
-            # parent, the temp dir, stays as it is).
-            os.chmod(self._owned, 0o777)
             workspace = self._owned
         self.workspace = Path(workspace)
         self._opts = dict(

@@ -36,7 +36,6 @@ def test_env_is_set_in_the_sandbox():
 
 
 def test_workspace_is_mounted_read_write(tmp_path):
-    os.chmod(tmp_path, 0o777)
     (tmp_path / "in.txt").write_text("from the host\n")
     r = agentrun.run(["sh", "-c", "cat in.txt; pwd; echo from the sandbox > out.txt"],
                      workspace=tmp_path)
@@ -48,8 +47,6 @@ def test_workspace_is_mounted_read_write(tmp_path):
 def test_readable_path_is_read_only(tmp_path):
     d = tmp_path / "ro"
     d.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(d, 0o755)
     (d / "f").write_text("data\n")
     r = agentrun.run(["sh", "-c", f"cat {d}/f; echo y > {d}/g"], readable=[str(d)])
     assert r.stdout == "data\n", r
@@ -169,7 +166,6 @@ def test_sandbox_settings_apply_to_every_run(tmp_path):
 
 
 def test_sandbox_given_a_workspace_keeps_it(tmp_path):
-    os.chmod(tmp_path, 0o777)
     with agentrun.Sandbox(workspace=tmp_path) as sb:
         sb.write("kept.txt", "k")
     assert (tmp_path / "kept.txt").read_text() == "k"

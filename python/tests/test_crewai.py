@@ -70,8 +70,6 @@ def test_a_crew_runs_code_in_the_sandbox(tmp_path):
     writable = tmp_path / "out"
     readable.mkdir()
     writable.mkdir()
-    for d in (tmp_path, readable, writable):
-        os.chmod(d, 0o777)
     (readable / "n.txt").write_text("20\n")
     tool = AgentrunCodeInterpreterTool(readable_paths=[str(readable)],
                                        writable_paths=[str(writable)], memory="256M")
