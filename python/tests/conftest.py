@@ -1,8 +1,9 @@
 """Fixtures of the agentrun package's tests.
 
 Every test runs the real `agentrun` binary (found as the package finds it: AGENTRUN_BIN, the
-wheel's script, PATH) with a private state directory, so runs are one-run sandboxes unless a
-test starts its own daemon (`daemon`). Nothing is mocked: a host that cannot make sandboxes
+wheel's script, PATH) with a private state directory, so runs are one-run sandboxes (cold)
+unless a test starts its own daemon (`daemon`). With AGENTRUN_PYTEST_WARM=1 every run goes
+through one daemon started for the session (warm). Nothing is mocked: a host that cannot make sandboxes
 fails these tests, it does not skip them.
 """
 
@@ -17,9 +18,40 @@ import pytest
 import agentrun
 
 
+WARM = os.environ.get("AGENTRUN_PYTEST_WARM") == "1"
+
+
+@pytest.fixture(scope="session")
+def warm_daemon():
+    """With AGENTRUN_PYTEST_WARM=1: one `agentrun serve` for the whole session, which every
+    run goes through (checked at the end: it must have served the runs)."""
+    if not WARM:
+        yield None
+        return
+    d = tempfile.mkdtemp(prefix="agentrun-pytest-warm-")
+    os.chmod(d, 0o700)
+    old = os.environ.get("AGENTRUN_STATE_DIR")
+    os.environ["AGENTRUN_STATE_DIR"] = d
+    daemon = Daemon(agentrun.find_binary(), d)
+    yield daemon
+    served = daemon.served()
+    daemon.stop()
+    if old is None:
+        os.environ.pop("AGENTRUN_STATE_DIR", None)
+    else:
+        os.environ["AGENTRUN_STATE_DIR"] = old
+    subprocess.run(["rm", "-rf", "--one-file-system", d], check=False)
+    assert served >= 20, f"the warm daemon served only {served} runs"
+
+
 @pytest.fixture(autouse=True)
-def state_dir(monkeypatch):
-    """A private AGENTRUN_STATE_DIR per test (no daemon answers there unless started)."""
+def state_dir(monkeypatch, warm_daemon):
+    """A private AGENTRUN_STATE_DIR per test (no daemon answers there unless started); the
+    session daemon's with AGENTRUN_PYTEST_WARM=1."""
+    if warm_daemon is not None:
+        monkeypatch.setenv("AGENTRUN_STATE_DIR", warm_daemon.state)
+        yield warm_daemon.state
+        return
     d = tempfile.mkdtemp(prefix="agentrun-pytest-")
     os.chmod(d, 0o700)
     monkeypatch.setenv("AGENTRUN_STATE_DIR", d)
@@ -69,7 +101,10 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(binary, state_dir):
+def daemon(binary, state_dir, warm_daemon):
+    if warm_daemon is not None:
+        yield warm_daemon
+        return
     d = Daemon(binary, state_dir)
     yield d
     d.stop()
