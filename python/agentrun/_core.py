@@ -17,7 +17,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "AgentrunError",
@@ -161,8 +161,8 @@ def _argv(
     writable: Iterable[StrPath],
     workdir: Optional[str],
     no_daemon: bool,
-) -> list:
-    argv: list = [binary, "exec", "--no-prompt"]
+) -> List[str]:
+    argv: List[str] = [binary, "exec", "--no-prompt"]
     if image is not None:
         argv += ["--image", image]
     if profile is not None:
@@ -214,8 +214,8 @@ def _decode(b: Optional[bytes]) -> str:
     return (b or b"").decode("utf-8", errors="replace")
 
 
-def _exec_raw(argv: list, *, stdin: Union[bytes, str, None],
-              timeout: Optional[float]) -> "tuple[int, bytes, str]":
+def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
+              timeout: Optional[float]) -> Tuple[int, bytes, str]:
     """Runs the binary; returns (exit code, stdout bytes, stderr text). Raises
     `TimeoutError` when the run outlived `timeout`, `SandboxError`/`PolicyDeniedError` on
     agentrun's own failures."""
@@ -272,7 +272,7 @@ def _exec_raw(argv: list, *, stdin: Union[bytes, str, None],
     return code, out or b"", stderr
 
 
-def _exec(argv: list, *, stdin: Union[bytes, str, None], timeout: Optional[float]) -> Result:
+def _exec(argv: List[str], *, stdin: Union[bytes, str, None], timeout: Optional[float]) -> Result:
     code, out, err = _exec_raw(argv, stdin=stdin, timeout=timeout)
     return Result(code, _decode(out), err)
 
