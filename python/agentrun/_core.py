@@ -214,6 +214,18 @@ def _decode(b: Optional[bytes]) -> str:
     return (b or b"").decode("utf-8", errors="replace")
 
 
+def _stop(proc: "subprocess.Popen[bytes]") -> Tuple[bytes, bytes]:
+    """Stops the binary: SIGTERM first (it forwards it to the sandboxed command and tears the
+    sandbox down), SIGKILL after 5 s. Returns what it wrote."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        proc.kill()
+        out, err = proc.communicate()
+    return out or b"", err or b""
+
+
 def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
               timeout: Optional[float]) -> Tuple[int, bytes, str]:
     """Runs the binary; returns (exit code, stdout bytes, stderr text). Raises
@@ -236,14 +248,8 @@ def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
     try:
         out, err = proc.communicate(data, timeout=backstop)
     except subprocess.TimeoutExpired:
-        # The binary did not end at its own --timeout: stop it (SIGTERM lets it tear its
-        # sandbox down), then kill it.
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            out, err = proc.communicate(timeout=5)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            proc.kill()
-            out, err = proc.communicate()
+        # The binary did not end at its own --timeout.
+        out, err = _stop(proc)
         assert timeout is not None
         raise TimeoutError(
             f"timed out after {timeout:g}s (agentrun did not stop it; killed)",
@@ -251,9 +257,8 @@ def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
             stdout=_decode(out),
             stderr=_decode(err),
         ) from None
-    except BaseException:
-        proc.kill()
-        proc.wait()
+    except BaseException:  # KeyboardInterrupt and the like: the run must not outlive us
+        _stop(proc)
         raise
     stderr = _decode(err)
     code = proc.returncode

@@ -178,3 +178,23 @@ def test_sandbox_goes_through_the_daemon_when_one_answers(daemon):
         assert sb.run(["python3", "x.py"]).stdout == "warm 2\n"
         assert sb.read("x.py") == "print('warm', 1 + 1)"
     assert daemon.served() >= before + 3, daemon.logs()
+
+
+def test_an_interrupted_run_leaves_nothing_running():
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, threading, agentrun\n"
+        "threading.Timer(2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    agentrun.run(['sleep', '987.25'])\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "interrupted\n", p
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", "sleep 987.25"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the sandboxed sleep outlived the interrupted run"
+        time.sleep(0.1)
