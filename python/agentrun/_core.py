@@ -218,7 +218,7 @@ def _stop(proc: "subprocess.Popen[bytes]") -> Tuple[bytes, bytes]:
     """Stops the binary: SIGTERM first (it forwards it to the sandboxed command and tears the
     sandbox down), SIGKILL after 5 s. Returns what it wrote."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=5)
     except (subprocess.TimeoutExpired, ProcessLookupError):
         proc.kill()
@@ -238,7 +238,6 @@ def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
             stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,
         )
     except FileNotFoundError as e:
         raise BinaryNotFoundError(f"agentrun binary not found: {argv[0]}: {e.strerror}") from None
