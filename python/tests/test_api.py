@@ -59,6 +59,12 @@ def test_stdin_is_fed():
     assert r.stdout == "ABC\n", r
 
 
+def test_a_missing_command_is_a_result_127():
+    r = agentrun.run(["no-such-command-xyz"])
+    assert r.exit_code == 127, r
+    assert "no-such-command-xyz" in r.stderr
+
+
 def test_bad_profile_raises_sandbox_error_with_the_cli_line():
     with pytest.raises(agentrun.SandboxError) as e:
         agentrun.run(["true"], profile="no-such-profile")
