@@ -264,11 +264,9 @@ def _exec_raw(argv: List[str], *, stdin: Union[bytes, str, None],
     if code < 0:  # the binary itself was killed by a signal
         code = 128 - code
     line = _agentrun_line(stderr)
-    if code == EXIT_TIMED_OUT and timeout is not None:
-        raise TimeoutError(
-            f"timed out after {timeout:g}s" + (f": {line}" if line else ""),
-            timeout=timeout, stdout=_decode(out), stderr=stderr, exit_code=code,
-        )
+    if code == EXIT_TIMED_OUT and timeout is not None and line is not None and line.startswith("timed out"):
+        # agentrun's own "timed out after ..." line: a command exiting 124 by itself is a Result.
+        raise TimeoutError(line, timeout=timeout, stdout=_decode(out), stderr=stderr, exit_code=code)
     if code == EXIT_AGENTRUN_FAILED and line is not None:
         raise SandboxError(line, exit_code=code, stdout=_decode(out), stderr=stderr)
     if code == EXIT_DENIED and line is not None:

@@ -116,11 +116,14 @@ def test_timeout_kills_and_raises():
     took = time.monotonic() - t0
     assert took < 10, took
     assert e.value.timeout == 1
+    assert e.value.message == "timed out after 1s", e.value.message
     assert e.value.stdout == "before\n"
 
 
 def test_a_run_within_its_timeout_is_a_result():
     assert agentrun.run(["true"], timeout=30).exit_code == 0
+    # Exiting 124 by itself is not a timeout.
+    assert agentrun.run("exit 124", timeout=30).exit_code == 124
 
 
 def test_bad_arguments_raise_value_error():
