@@ -54,22 +54,14 @@ struct Cli {
 /// The global options (paths), shared by [`Cli`] and [`ExecCli`].
 #[derive(clap::Args, Debug)]
 struct Globals {
-    /// Persistent data (images).
-    #[arg(
-        long,
-        global = true,
-        env = "AGENTRUN_ROOT",
-        default_value = "/var/lib/agentrun"
-    )]
-    root: PathBuf,
-    /// Runtime state (live sandboxes).
-    #[arg(
-        long,
-        global = true,
-        env = "AGENTRUN_STATE_DIR",
-        default_value = "/run/agentrun"
-    )]
-    state_dir: PathBuf,
+    /// Persistent data (images) [default: /var/lib/agentrun; as an ordinary user
+    /// $XDG_DATA_HOME/agentrun, else ~/.local/share/agentrun]
+    #[arg(long, global = true, env = "AGENTRUN_ROOT")]
+    root: Option<PathBuf>,
+    /// Runtime state (live sandboxes) [default: /run/agentrun; as an ordinary user
+    /// $XDG_RUNTIME_DIR/agentrun, else /tmp/agentrun-UID]
+    #[arg(long, global = true, env = "AGENTRUN_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     /// The daemon's socket (default: <state dir>/agentrun.sock).
     #[arg(long, global = true, env = "AGENTRUN_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -242,9 +234,18 @@ fn main() -> ExitCode {
         };
         logging::init(mode, None);
     }
+    // Root, or an ordinary user (rootless mode): decided once, here, by the effective uid.
+    let privilege = agentrun_runtime::Privilege::detect();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let paths = Paths {
-        root: cli.globals.root,
-        state_dir: cli.globals.state_dir,
+        root: cli
+            .globals
+            .root
+            .unwrap_or_else(|| privilege.default_root(&env)),
+        state_dir: cli
+            .globals
+            .state_dir
+            .unwrap_or_else(|| privilege.default_state_dir(&env)),
         socket: cli.globals.socket,
         audit_dir: cli.globals.audit_dir,
     };
@@ -260,10 +261,17 @@ fn main() -> ExitCode {
             | Command::Volume(_)
             | Command::Snapshot(_)
     ) {
-        // Not root: say so before anything fails on a permission (the store, the state dir).
-        if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
-            eprintln!("agentrun: {e}");
-            return ExitCode::from(EXIT_AGENTRUN_ERROR);
+        // Not root: the commands that work rootless go on, the others say so before anything
+        // fails on a permission (the store, the state dir).
+        let rootless_ok = matches!(
+            cli.command,
+            Command::Exec(_) | Command::Gc | Command::Image(_)
+        );
+        if !rootless_ok {
+            if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
+                eprintln!("agentrun: {e}");
+                return ExitCode::from(EXIT_AGENTRUN_ERROR);
+            }
         }
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
@@ -456,6 +464,6 @@ mod cli_tests {
         let cli = Cli::parse_args(os(&["agentrun", "--root", "/r", "exec", "--", "true"]))
             .expect("parses");
         assert!(matches!(cli.command, Command::Exec(_)));
-        assert_eq!(cli.globals.root, PathBuf::from("/r"));
+        assert_eq!(cli.globals.root, Some(PathBuf::from("/r")));
     }
 }

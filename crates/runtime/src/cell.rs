@@ -484,13 +484,22 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64) -> Setup<()> {
         if nodev {
             flags |= MsFlags::MS_NODEV;
         }
-        mnt(
+        let first = mnt(
             Some(fstype),
             &target,
             Some(fstype),
             flags,
             (!opts.is_empty()).then_some(opts),
-        )?;
+        );
+        match first {
+            // A rootless sandbox without subordinate ids maps no gid 5 (tty): its ptys get
+            // the mounter's group instead.
+            Err(_) if fstype == "devpts" => {
+                let opts = opts.trim_end_matches(",gid=5");
+                mnt(Some(fstype), &target, Some(fstype), flags, Some(opts))?
+            }
+            r => r?,
+        }
     }
     nix::unistd::chdir(&root).map_err(|e| SetupError::sys("entering the cell's root", e))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| SetupError::sys("pivot_root", e))?;

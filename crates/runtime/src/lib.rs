@@ -31,9 +31,11 @@ pub mod net;
 pub mod netns;
 pub mod outcome;
 pub mod preflight;
+pub mod privilege;
 pub mod random;
 pub mod reaper;
 pub mod rootfs;
+pub mod rootless;
 pub mod sandbox;
 pub mod seccomp;
 pub mod shell;
@@ -46,6 +48,7 @@ pub mod zygote;
 pub use error::RuntimeError;
 pub use host::HostInfo;
 pub use outcome::{RunEnd, RunOutcome};
+pub use privilege::Privilege;
 pub use sandbox::{
     Enforcement, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder, SandboxStdio,
 };
