@@ -248,9 +248,9 @@ fn run(
                     zygote: Some(false),
                     zygote_fallback: Some(not.reason),
                     zygote_fault: not.fault,
-                    ..exec_command(cmd)
+                    ..exec_command(cmd, req.rlimits)
                 },
-                None => exec_command(cmd),
+                None => exec_command(cmd, req.rlimits),
             };
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run
@@ -261,10 +261,18 @@ fn run(
     }
 }
 
-/// Runs the command the usual way: spawned (the exec) by this PID 1, which waits for it.
-fn exec_command(cmd: crate::control::CellCommand) -> InitResult {
+/// Runs the command the usual way: spawned (the exec) by this PID 1, which waits for it,
+/// with `rlimits` set on the command (not on this PID 1, whose address space is the shell
+/// init's).
+fn exec_command(
+    cmd: crate::control::CellCommand,
+    rlimits: crate::limits::RlimitFallback,
+) -> InitResult {
     match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
-        Ok(cmd) => reaper::run_to_end(&cmd),
+        Ok(mut cmd) => {
+            cmd.rlimits = rlimits;
+            reaper::run_to_end(&cmd)
+        }
         Err(reaper::BadCommand(msg)) => {
             reaper::say_on(2, &msg);
             InitResult {
@@ -684,6 +692,7 @@ fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Op
     ] {
         setrlimit(res, value, value).map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
     }
+
     reaper::narrow_capabilities(&t.command_caps)
         .map_err(|e| SetupError(format!("capabilities: {e}")))?;
     let mut shared = None;

@@ -174,6 +174,7 @@ pub fn cell_request(
             .min(hard(nix::sys::resource::Resource::RLIMIT_NOFILE)),
         nproc: u64::from(profile.resources.pids)
             .min(hard(nix::sys::resource::Resource::RLIMIT_NPROC)),
+        rlimits: Default::default(),
         landlock: (landlock_abi > 0).then(|| cell_rules(profile, user)),
         mounts: mounts.mounts.clone(),
         egress_port,

@@ -27,6 +27,7 @@ pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
+pub mod limits;
 pub mod net;
 pub mod netns;
 pub mod outcome;

@@ -182,6 +182,9 @@ pub struct Enforcement {
     pub cgroup: String,
     pub swap_limited: bool,
     pub loopback: bool,
+    /// One line per limit: what enforces it (see [`crate::limits::describe`]).
+    #[serde(default)]
+    pub limits: Vec<String>,
 }
 
 /// A created sandbox. Dropping it destroys it.
@@ -243,6 +246,28 @@ impl Sandbox {
 
     pub fn enforcement(&self) -> &Enforcement {
         &self.enforcement
+    }
+
+    /// The rlimits a cell of this sandbox sets for `r` (and the run's `timeout`): none when
+    /// its cgroup enforces them, the fallback when it has none (rootless).
+    pub fn rlimit_fallback(
+        &self,
+        r: &agentrun_policy::Resources,
+        timeout: Option<Duration>,
+    ) -> crate::limits::RlimitFallback {
+        match self.cgroup {
+            Some(_) => Default::default(),
+            None => crate::limits::RlimitFallback::for_resources(r, timeout),
+        }
+    }
+
+    /// What enforces each limit of a run with `rl` (for the span).
+    pub fn describe_limits(&self, rl: &crate::limits::RlimitFallback) -> Vec<String> {
+        let delegated = match self.cgroup {
+            Some(_) => None,
+            None => crate::limits::probe_delegated_v2(nix::unistd::geteuid().as_raw()),
+        };
+        crate::limits::describe(self.cgroup, rl, delegated.as_deref())
     }
 
     /// The image's run configuration.
@@ -550,7 +575,10 @@ impl Sandbox {
             },
             swap_limited: host.swap_limit,
             loopback,
+            limits: Vec::new(),
         };
+        self.enforcement.limits = self
+            .describe_limits(&self.rlimit_fallback(&profile.resources, profile.resources.timeout));
 
         if let Some(ids) = &rootless {
             let (host_end, init_end) = crate::control::seqpacket_pair()?;
