@@ -265,7 +265,7 @@ fn main() -> ExitCode {
         // fails on a permission (the store, the state dir).
         let rootless_ok = matches!(
             cli.command,
-            Command::Exec(_) | Command::Gc | Command::Image(_)
+            Command::Exec(_) | Command::Gc | Command::Image(_) | Command::Serve(_)
         );
         if !rootless_ok {
             if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
@@ -288,7 +288,22 @@ fn main() -> ExitCode {
     // The daemons check every host requirement at start, not at their first sandbox.
     if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
         let host = agentrun_runtime::HostInfo::probe();
-        match preflight::check(&preflight::HostFacts::probe(&host)) {
+        let checked = match &host.privilege {
+            agentrun_runtime::Privilege::Root => {
+                preflight::check(&preflight::HostFacts::probe(&host))
+            }
+            // Rootless: no cgroups to check; user namespaces are (their blocker named).
+            agentrun_runtime::Privilege::Rootless(_) => {
+                match agentrun_runtime::privilege::UsernsFacts::probe().blocker() {
+                    Some(b) => {
+                        eprintln!("agentrun: {b}");
+                        return ExitCode::from(EXIT_AGENTRUN_ERROR);
+                    }
+                    None => Ok(Vec::new()),
+                }
+            }
+        };
+        match checked {
             Ok(warnings) => {
                 for w in warnings {
                     eprintln!("agentrun: warning: {w}");

@@ -132,7 +132,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         Some(fd) => fd,
         None => listen_on(&opts.socket)?,
     };
-    let cgroup = CgroupMode::detect();
+    let cgroup = CgroupMode::for_sandboxes(&agentrun_runtime::Privilege::detect());
     let pool = Arc::new(Pool::new(factories, opts.limits.clone()));
     let live = Arc::new(LiveManager::new(pool.clone()));
     let shared = Arc::new(Shared {
@@ -557,7 +557,7 @@ fn run_in_pooled_shell(
         }
     };
     out.enforcement.idmapped_mounts &= mounts.idmapped;
-    let cell_req = cell_request(
+    let mut cell_req = cell_request(
         &profile,
         shared.landlock_abi,
         &user_mounts,
@@ -570,6 +570,15 @@ fn run_in_pooled_shell(
             zygote: profile.python.zygote,
         }),
     );
+    if shared.cgroup.is_none() {
+        // No cgroup enforces the profile's limits (rootless): rlimits on the command.
+        let timeout = timeout_ms
+            .map(std::time::Duration::from_millis)
+            .or(profile.resources.timeout);
+        cell_req.rlimits =
+            agentrun_runtime::limits::RlimitFallback::for_resources(&profile.resources, timeout);
+        out.enforcement.limits = agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
+    }
     let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
     let on_board = match crate::board::board().register(
         &shell.id,

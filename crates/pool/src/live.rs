@@ -678,7 +678,7 @@ pub struct LiveManager {
 
 impl LiveManager {
     pub fn new(pool: Arc<Pool>) -> Self {
-        let cgroup = CgroupMode::detect();
+        let cgroup = CgroupMode::for_sandboxes(&agentrun_runtime::Privilege::detect());
         LiveManager {
             pool,
             cgroup,

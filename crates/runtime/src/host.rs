@@ -37,11 +37,7 @@ impl HostInfo {
             .is_some_and(|n| n > 0);
         let privilege = Privilege::detect();
         // A rootless sandbox has no cgroup of its own (no delegated subtree is used yet).
-        let cgroup = if privilege.is_root() {
-            CgroupMode::detect()
-        } else {
-            None
-        };
+        let cgroup = CgroupMode::for_sandboxes(&privilege);
         let mut bounding_caps: Vec<caps::Capability> = caps::read(None, caps::CapSet::Bounding)
             .map(|s| s.into_iter().collect())
             .unwrap_or_default();
