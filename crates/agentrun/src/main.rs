@@ -200,6 +200,10 @@ impl Paths {
     }
 }
 
+/// Why `agentrun oci ...` (and runc-style invocations) refuse as an ordinary user.
+const OCI_NEEDS_ROOT: &str = "the OCI runtime (containerd/RuntimeClass) needs root: rootless \
+                              mode covers exec, serve, image, gc and info";
+
 fn main() -> ExitCode {
     // Errors are printed as one line and never with a backtrace, so anyhow need not capture
     // one. It would when RUST_BACKTRACE is set: the first capture in this static binary sorts
@@ -209,7 +213,13 @@ fn main() -> ExitCode {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Root, or an ordinary user (rootless mode): decided once, here, by the effective uid.
+    let privilege = agentrun_runtime::Privilege::detect();
     if let Some(oci_args) = agentrun_oci::invocation::runc_args(&args) {
+        if !privilege.is_root() {
+            eprintln!("agentrun: {OCI_NEEDS_ROOT}");
+            return ExitCode::from(EXIT_AGENTRUN_ERROR);
+        }
         let code = agentrun_oci::main(oci_args, |log| {
             logging::init(logging::Mode::OciRuntime, Some(log))
         });
@@ -234,8 +244,10 @@ fn main() -> ExitCode {
         };
         logging::init(mode, None);
     }
-    // Root, or an ordinary user (rootless mode): decided once, here, by the effective uid.
-    let privilege = agentrun_runtime::Privilege::detect();
+    if matches!(cli.command, Command::Oci { .. }) && !privilege.is_root() {
+        eprintln!("agentrun: {OCI_NEEDS_ROOT}");
+        return ExitCode::from(EXIT_AGENTRUN_ERROR);
+    }
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let paths = Paths {
         root: cli
@@ -267,11 +279,12 @@ fn main() -> ExitCode {
             cli.command,
             Command::Exec(_) | Command::Gc | Command::Image(_) | Command::Serve(_)
         );
-        if !rootless_ok {
-            if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
-                eprintln!("agentrun: {e}");
-                return ExitCode::from(EXIT_AGENTRUN_ERROR);
-            }
+        if !rootless_ok && !privilege.is_root() {
+            eprintln!(
+                "agentrun: this command needs root (rootless mode covers exec, serve, image, \
+                 gc and info): run it with sudo"
+            );
+            return ExitCode::from(EXIT_AGENTRUN_ERROR);
         }
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
