@@ -28,31 +28,39 @@ struct User {
 
 static USER: OnceLock<User> = OnceLock::new();
 static SERIAL: Mutex<()> = Mutex::new(());
+/// The user made (name, uid), set as soon as it exists: removed at exit even when making
+/// the rest of the fixture failed.
+static MADE: Mutex<Option<(String, u32)>> = Mutex::new(None);
 
 extern "C" fn delete_user_at_exit() {
-    if let Some(u) = USER.get() {
-        u.kill_all();
+    let made = MADE.lock().ok().and_then(|m| m.clone());
+    if let Some((name, uid)) = made {
+        kill_all(uid);
         let mut cmd = Command::new("userdel");
-        cmd.args(["-r", &u.name]);
+        cmd.args(["-r", &name]);
         let _ = run_with_timeout(cmd, None, Duration::from_secs(30));
     }
 }
 
-impl User {
-    /// Pids of the user's processes (by real uid, from /proc).
-    fn pids(&self) -> Vec<i32> {
-        all_processes()
-            .into_iter()
-            .filter(|p| fs::metadata(format!("/proc/{}", p.pid)).is_ok_and(|m| m.uid() == self.uid))
-            .map(|p| p.pid)
-            .collect()
-    }
+/// Pids of `uid`'s processes (by the owner of /proc/PID).
+fn pids_of(uid: u32) -> Vec<i32> {
+    all_processes()
+        .into_iter()
+        .filter(|p| fs::metadata(format!("/proc/{}", p.pid)).is_ok_and(|m| m.uid() == uid))
+        .map(|p| p.pid)
+        .collect()
+}
 
-    fn kill_all(&self) {
-        for pid in self.pids() {
-            // SAFETY: kill(2) of a process of the test's own throwaway user.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+fn kill_all(uid: u32) {
+    for pid in pids_of(uid) {
+        // SAFETY: kill(2) of a process of the test's own throwaway user.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+impl User {
+    fn pids(&self) -> Vec<i32> {
+        pids_of(self.uid)
     }
 
     /// `agentrun ARGS` as the user, with a clean environment.
@@ -113,6 +121,7 @@ fn make_user() -> User {
     let home = PathBuf::from(format!("/home/{name}"));
     let uid = fs::metadata(&home).expect("the new user's home").uid();
     assert_ne!(uid, 0);
+    *MADE.lock().unwrap() = Some((name.clone(), uid));
     let bin_dir = home.join("bin");
     fs::create_dir_all(&bin_dir).unwrap();
     let bin = bin_dir.join("agentrun");
