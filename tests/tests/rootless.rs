@@ -211,8 +211,8 @@ fn last_run_sandbox(u: &User) -> String {
     let last = out
         .success()
         .lines()
-        .filter(|l| l.contains("\"kind\":\"run\""))
-        .last()
+        .rev()
+        .find(|l| l.contains("\"kind\":\"run\""))
         .expect("a run record")
         .to_string();
     let v: serde_json::Value = serde_json::from_str(&last).unwrap();
@@ -483,4 +483,82 @@ fn what_needs_root_refuses_in_one_line() {
         out.assert_agentrun_error();
         assert!(out.stderr().contains("needs root"), "{out}");
     }
+}
+
+#[test]
+fn the_workspace_is_the_users_and_other_files_stay_closed() {
+    let Some((u, _s, _l)) = user() else { return };
+    let ws = u.home.join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("in.txt"), "input\n").unwrap();
+    u.chown(&ws);
+    let w = ws.to_str().unwrap();
+    // Read and written as root inside; on the host the new file is the user's.
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--workspace",
+            w,
+            "--",
+            "sh",
+            "-c",
+            "cat /workspace/in.txt && echo out > /workspace/out.txt",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "input\n", "{out}");
+    let m = fs::metadata(ws.join("out.txt")).expect("the run's file");
+    assert_eq!(
+        (
+            m.uid(),
+            fs::read_to_string(ws.join("out.txt")).unwrap().as_str()
+        ),
+        (u.uid, "out\n")
+    );
+    // A read-only mount stays read-only.
+    let ro = format!("{w}:/data");
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--ro",
+            &ro,
+            "--",
+            "sh",
+            "-c",
+            "cat /data/in.txt; echo x > /data/new 2>/dev/null && echo WROTE; echo done",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "input\ndone\n", "{out}");
+    assert!(!ws.join("new").exists());
+    // Another owner's 0600 file in a directory the user may search: mounted, still closed.
+    let other = tempdir();
+    fs::set_permissions(
+        other.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let secret = other.path().join("secret");
+    fs::write(&secret, "root's\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let spec = format!("{}:/other", other.path().display());
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--ro",
+            &spec,
+            "--",
+            "sh",
+            "-c",
+            "cat /other/secret 2>/dev/null && echo READ; echo done",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.stdout(), "done\n", "{out}");
 }

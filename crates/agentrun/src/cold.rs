@@ -79,7 +79,12 @@ pub(crate) fn execute(
     run.sandbox_id = Some(sandbox.id().to_string());
     // The run's mounts, made here (forks for the id mappings: before any thread starts).
     let user_mounts = req.recipe.user_mounts();
-    let mounts = match RunMounts::prepare(&user_mounts, &mut MappingCache::new()) {
+    let mounts = match RunMounts::prepare_for(
+        &user_mounts,
+        &mut MappingCache::new(),
+        &host.privilege,
+        sandbox.userns(),
+    ) {
         Ok(m) => m,
         Err(e) => {
             let _ = sandbox.destroy();
@@ -126,7 +131,7 @@ pub(crate) fn execute(
             zygote: false,
         }),
     );
-    cell_req.rlimits = sandbox.rlimit_fallback(&profile.resources, plan.timeout);
+    *cell_req.rlimits = sandbox.rlimit_fallback(&profile.resources, plan.timeout);
     if let Some(e) = run.enforcement.as_mut() {
         e.limits = sandbox.describe_limits(&cell_req.rlimits);
     }

@@ -52,6 +52,8 @@ pub fn default_socket(state_dir: &Path) -> PathBuf {
 
 struct Shared {
     pool: Arc<Pool>,
+    /// Root, or an ordinary user (rootless sandboxes): detected once, at start.
+    privilege: agentrun_runtime::Privilege,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
     landlock_abi: u32,
@@ -132,11 +134,13 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         Some(fd) => fd,
         None => listen_on(&opts.socket)?,
     };
-    let cgroup = CgroupMode::for_sandboxes(&agentrun_runtime::Privilege::detect());
+    let privilege = agentrun_runtime::Privilege::detect();
+    let cgroup = CgroupMode::for_sandboxes(&privilege);
     let pool = Arc::new(Pool::new(factories, opts.limits.clone()));
     let live = Arc::new(LiveManager::new(pool.clone()));
     let shared = Arc::new(Shared {
         pool,
+        privilege,
         cgroup,
         swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
         landlock_abi: agentrun_runtime::landlock::abi(),
@@ -547,7 +551,7 @@ fn run_in_pooled_shell(
     let user_mounts = request.recipe.user_mounts();
     let mounts = {
         let mut cache = crate::lock(&shared.mappings);
-        RunMounts::prepare(&user_mounts, &mut cache)
+        RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, None)
     };
     let mounts = match mounts {
         Ok(m) => m,
@@ -575,7 +579,7 @@ fn run_in_pooled_shell(
         let timeout = timeout_ms
             .map(std::time::Duration::from_millis)
             .or(profile.resources.timeout);
-        cell_req.rlimits =
+        *cell_req.rlimits =
             agentrun_runtime::limits::RlimitFallback::for_resources(&profile.resources, timeout);
         out.enforcement.limits = agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
     }

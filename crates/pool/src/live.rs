@@ -669,6 +669,8 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
 /// Creates, finds and deletes long-lived sandboxes.
 pub struct LiveManager {
     pool: Arc<Pool>,
+    /// Root, or an ordinary user (rootless sandboxes).
+    privilege: agentrun_runtime::Privilege,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
     landlock_abi: u32,
@@ -678,9 +680,11 @@ pub struct LiveManager {
 
 impl LiveManager {
     pub fn new(pool: Arc<Pool>) -> Self {
-        let cgroup = CgroupMode::for_sandboxes(&agentrun_runtime::Privilege::detect());
+        let privilege = agentrun_runtime::Privilege::detect();
+        let cgroup = CgroupMode::for_sandboxes(&privilege);
         LiveManager {
             pool,
+            privilege,
             cgroup,
             swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
             landlock_abi: agentrun_runtime::landlock::abi(),
@@ -734,7 +738,7 @@ impl LiveManager {
         let user_mounts = recipe.user_mounts();
         let mounts = {
             let mut cache = lock(&self.mappings);
-            RunMounts::prepare(&user_mounts, &mut cache)
+            RunMounts::prepare_for(&user_mounts, &mut cache, &self.privilege, None)
         };
         let mounts = match mounts {
             Ok(m) => m,

@@ -248,9 +248,9 @@ fn run(
                     zygote: Some(false),
                     zygote_fallback: Some(not.reason),
                     zygote_fault: not.fault,
-                    ..exec_command(cmd, req.rlimits)
+                    ..exec_command(cmd, *req.rlimits)
                 },
-                None => exec_command(cmd, req.rlimits),
+                None => exec_command(cmd, *req.rlimits),
             };
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run

@@ -66,7 +66,7 @@ pub struct CellRequest {
     pub nproc: u64,
     /// Limits set as rlimits because no cgroup enforces them (a rootless sandbox).
     #[serde(default)]
-    pub rlimits: crate::limits::RlimitFallback,
+    pub rlimits: Box<crate::limits::RlimitFallback>,
     /// Landlock rules of the cell (`None`: the host has no Landlock).
     pub landlock: Option<PathRules>,
     /// The run's own mounts, attached in this order (an fd each, made on the host).

@@ -54,9 +54,11 @@ pub struct RootlessShell<'a> {
     pub stdio: [&'a OwnedFd; 3],
 }
 
-/// Creates the shell; returns its PID 1 (a child of this process). The caller must be
-/// single-threaded, and have put the control channel at [`crate::control::INIT_CONTROL_FD`].
-pub fn spawn(s: &RootlessShell) -> Result<Pid, RuntimeError> {
+/// Creates the shell; returns its PID 1 (a child of this process) and its user namespace
+/// (opened before the init makes itself non-dumpable, which closes /proc/PID/ns to us). The
+/// caller must be single-threaded, and have put the control channel at
+/// [`crate::control::INIT_CONTROL_FD`].
+pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
     let (sync_r, sync_w) = pipe()?;
     let (ready_r, ready_w) = pipe()?;
     let lowerdir = s
@@ -127,13 +129,17 @@ pub fn spawn(s: &RootlessShell) -> Result<Pid, RuntimeError> {
         e
     };
     write_mappings(pid, s.ids).map_err(fail)?;
+    let ns_path = format!("/proc/{pid}/ns/user");
+    let userns: OwnedFd = fs::File::open(&ns_path)
+        .map_err(|e| fail(RuntimeError::io("open", &ns_path, e)))?
+        .into();
     fs::File::from(sync_w)
         .write_all(b"m")
         .map_err(|e| fail(RuntimeError::io("write", "the sandbox's sync pipe", e)))?;
     let mut buf = Vec::new();
     let _ = fs::File::from(ready_r).take(4096).read_to_end(&mut buf);
     match buf.as_slice() {
-        b"ok" => Ok(pid),
+        b"ok" => Ok((pid, userns)),
         [] => Err(fail(RuntimeError::Container(
             "the rootless sandbox's init exited during setup".into(),
         ))),

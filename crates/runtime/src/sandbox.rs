@@ -195,6 +195,8 @@ pub struct Sandbox {
     container: Option<Container>,
     /// A rootless shell's PID 1 (made by [`crate::rootless`], not libcontainer).
     rootless_init: Option<Pid>,
+    /// A rootless shell's user namespace (its runs' mounts are cloned in it).
+    userns: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     /// Host end of a shell's control channel.
@@ -325,6 +327,7 @@ impl Sandbox {
             paths: paths.clone(),
             container: None,
             rootless_init: None,
+            userns: None,
             stdout: None,
             stderr: None,
             control: None,
@@ -584,7 +587,7 @@ impl Sandbox {
             let (host_end, init_end) = crate::control::seqpacket_pair()?;
             let log_path = self.state.join("init.log");
             let layers: Vec<PathBuf> = config.image.layers.clone();
-            let pid = with_fd_at(init_end, crate::control::INIT_CONTROL_FD, || {
+            let (pid, userns) = with_fd_at(init_end, crate::control::INIT_CONTROL_FD, || {
                 let log: OwnedFd = fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -608,6 +611,7 @@ impl Sandbox {
             })??;
             self.control = Some(host_end);
             self.rootless_init = Some(pid);
+            self.userns = Some(userns);
             return Ok(());
         }
         let builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
@@ -663,6 +667,11 @@ impl Sandbox {
     /// The host end of a shell's control channel (once).
     pub fn take_control(&mut self) -> Option<OwnedFd> {
         self.control.take()
+    }
+
+    /// A rootless shell's user namespace (`None` for root's sandboxes).
+    pub fn userns(&self) -> Option<BorrowedFd<'_>> {
+        self.userns.as_ref().map(|f| f.as_fd())
     }
 
     /// Host pid of the sandbox's init, once started.
