@@ -16,8 +16,8 @@
 //!   which never walk host paths) get nothing.
 //!
 //! A directory owned by someone other than root is refused rather than taken over: its owner
-//! could change it back at any time. Running as non-root, nothing is checked (agentrun cannot
-//! make sandboxes then anyway).
+//! could change it back at any time. Running as an ordinary user (rootless mode), both are
+//! the user's own, mode 0700, and one owned by anyone else is refused.
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
