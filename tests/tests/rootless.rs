@@ -562,3 +562,83 @@ fn the_workspace_is_the_users_and_other_files_stay_closed() {
     );
     assert_eq!(out.stdout(), "done\n", "{out}");
 }
+
+#[test]
+fn landlock_only_is_confined_without_namespaces() {
+    let Some((u, _s, _l)) = user() else { return };
+    let ws = u.home.join("lo-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let secret = PathBuf::from(format!("/etc/agentrun-lo-{}", std::process::id()));
+    fs::write(&secret, "root's\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let own = u.home.join("lo-private.txt");
+    fs::write(&own, "own\n").unwrap();
+    u.chown(&own);
+    let mut sleeper = Running::spawn(
+        {
+            let mut c = Command::new("runuser");
+            c.args(["-u", &u.name, "--", "sleep", "60"]);
+            c
+        },
+        None,
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "echo in-ws > out.txt && echo WS; \
+         cat {s} 2>/dev/null && echo READ-ROOT; \
+         cat {own} 2>/dev/null && echo READ-OWN; \
+         echo x > {home}/planted 2>/dev/null && echo WROTE-HOME; \
+         kill -9 {pid} 2>/dev/null && echo KILLED; \
+         python3 -c 'import socket; print(\"py\", flush=True); socket.create_connection((\"127.0.0.1\", {port}), 2)' \
+           2>/dev/null && echo TCP; \
+         echo done",
+        s = secret.display(),
+        own = own.display(),
+        home = u.home.display(),
+        pid = sleeper.pid(),
+    );
+    let w = ws.to_str().unwrap();
+    let out = u.run(
+        &[
+            "exec",
+            "--isolation",
+            "landlock-only",
+            "--workspace",
+            w,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[],
+    );
+    let _ = fs::remove_file(&secret);
+    // (python3 ran, and its connect failed.)
+    assert_eq!(out.success(), "WS\npy\ndone\n", "{out}");
+    assert_eq!(fs::read_to_string(ws.join("out.txt")).unwrap(), "in-ws\n");
+    assert!(!u.home.join("planted").exists());
+    assert!(!sleeper.exited(), "the host process was killed");
+    sleeper.stop();
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the run reached a host TCP listener: {other:?}"),
+    }
+    // Its limits are rlimits, said so; the wall-clock watchdog holds.
+    let out = u.run(
+        &[
+            "exec",
+            "--isolation",
+            "landlock-only",
+            "--timeout",
+            "1",
+            "--",
+            "sleep",
+            "30",
+        ],
+        &[],
+    );
+    out.assert_code(124);
+}

@@ -15,6 +15,7 @@ mod fork_cmd;
 mod gen_cmd;
 mod image;
 mod info;
+mod landlock_only;
 mod logging;
 mod mcp_cmd;
 mod plan;

@@ -27,6 +27,7 @@ pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
+pub mod landlock_only;
 pub mod limits;
 pub mod net;
 pub mod netns;

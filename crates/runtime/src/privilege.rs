@@ -194,27 +194,32 @@ impl UsernsFacts {
     }
 }
 
-/// What keeps an ordinary user from making a user namespace (each message names the fix).
+/// What keeps an ordinary user from making a user namespace (each message names the fix,
+/// and the weaker mode that needs none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum UsernsBlocker {
     #[error(
         "user namespaces are disabled (user.max_user_namespaces is 0): enable them with \
-         `sysctl -w user.max_user_namespaces=15000`"
+         `sysctl -w user.max_user_namespaces=15000`, {LANDLOCK_ONLY_HINT}"
     )]
     MaxUserNamespaces,
     #[error(
         "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone is 0): \
-         enable them with `sysctl -w kernel.unprivileged_userns_clone=1`"
+         enable them with `sysctl -w kernel.unprivileged_userns_clone=1`, {LANDLOCK_ONLY_HINT}"
     )]
     UnprivilegedUsernsClone,
     #[error(
         "AppArmor restricts unprivileged user namespaces \
          (kernel.apparmor_restrict_unprivileged_userns is 1): allow them with `sysctl -w \
          kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile granting \
-         `userns` to agentrun"
+         `userns` to agentrun, {LANDLOCK_ONLY_HINT}"
     )]
     AppArmor,
 }
+
+/// The way out that needs no user namespace, said in every [`UsernsBlocker`].
+pub const LANDLOCK_ONLY_HINT: &str = "or run with `--isolation landlock-only` (Landlock + \
+                                      seccomp + rlimits, no namespaces: weaker)";
 
 #[cfg(test)]
 mod tests {
@@ -324,5 +329,6 @@ mod tests {
         assert!(b
             .to_string()
             .contains("kernel.apparmor_restrict_unprivileged_userns"));
+        assert!(b.to_string().contains("--isolation landlock-only"));
     }
 }
