@@ -51,13 +51,16 @@ cleanup() {
 trap cleanup EXIT
 install -D -o "$user" -m 0755 "$bin" "$home/bin/agentrun"
 ar=$home/bin/agentrun
-as() { runuser -u "$user" -- env -i HOME="$home" PATH=/usr/bin:/bin "$@"; }
+# As the user, clean environment (setpriv and env exec: no process in between).
+as_user=(setpriv --reuid="$user" --regid="$user" --init-groups env -i HOME="$home" PATH=/usr/bin:/bin)
+as() { "${as_user[@]}" "$@"; }
 if [ -n "$sandlock" ]; then
     install -o "$user" -m 0755 "$sandlock" "$home/bin/sandlock"
     sandlock=$home/bin/sandlock
 fi
 
-as "$ar" serve --pool host:default=4 >"$tmp/serve.log" 2>&1 &
+# Not through the function: $! must be the daemon itself (a backgrounded function is a subshell).
+"${as_user[@]}" "$ar" serve --pool host:default=4 >"$tmp/serve.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 600); do
     as "$ar" ps --json 2>/dev/null | grep -q '"ready"' && break
@@ -91,9 +94,9 @@ for workload in true python; do
     done
     echo "### Start latency: $cmd"
     echo
-    as hyperfine -N -i --warmup 3 --runs "$runs" --export-markdown "$tmp/$workload.md" "${args[@]}" >/dev/null 2>&1 ||
-        echo "(hyperfine failed)"
-    cat "$tmp/$workload.md" 2>/dev/null || true
+    as hyperfine -N -i --warmup 3 --runs "$runs" --export-markdown "$home/$workload.md" "${args[@]}" >"$tmp/hf.log" 2>&1 ||
+        echo "(hyperfine failed: $(tail -3 "$tmp/hf.log" | oneline))"
+    cat "$home/$workload.md" 2>/dev/null || true
     for n in "${notes[@]}"; do echo "- $n"; done
     echo
 done
@@ -116,6 +119,11 @@ stop_daemon
 echo "Daemon: $daemon_stop"
 left=0
 uid=$(id -u "$user")
-for p in /proc/[0-9]*; do [ "$(stat -c %u "$p" 2>/dev/null)" = "$uid" ] && left=$((left + 1)); done
-echo "Processes of the user left: $left"
+# Zombies are dead (here: bubblewrap's, reparented to a PID 1 that does not reap): not counted.
+for p in /proc/[0-9]*; do
+    [ "$(stat -c %u "$p" 2>/dev/null)" = "$uid" ] && ! grep -q '^State:.*Z' "$p/status" 2>/dev/null &&
+        left=$((left + 1))
+done
+echo "Processes of the user left (zombies aside): $left"
+[ "$left" = 0 ] || ps -o pid=,stat=,comm= -u "$user" | grep -v ' Z' | head -5 | sed 's/^/    /'
 [ "$left" = 0 ]

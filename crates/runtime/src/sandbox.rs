@@ -431,13 +431,21 @@ impl Sandbox {
                 fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
             }
             rootfs::PreparedRootfs {
-                binds: mounts
+                // The image's host binds (the `host` image's /usr, ...), read-only, first.
+                binds: config
+                    .image
+                    .host_binds
                     .iter()
-                    .map(|m| spec::BindMount {
+                    .map(|b| spec::BindMount {
+                        source: b.source.clone(),
+                        target: b.target.clone(),
+                        writable: false,
+                    })
+                    .chain(mounts.iter().map(|m| spec::BindMount {
                         source: m.source.clone(),
                         target: m.target.clone(),
                         writable: m.writable,
-                    })
+                    }))
                     .collect(),
                 idmapped: false,
             }
