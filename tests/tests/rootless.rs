@@ -226,10 +226,47 @@ fn print_1_cold_as_an_ordinary_user() {
     assert_eq!(out.success(), "hello\n", "{out}");
     let out = u.cold("python", &["python3", "-c", "print(1)"]);
     assert_eq!(out.success(), "1\n", "{out}");
-    // Root inside is the caller outside, and nothing else is mapped (no subordinate ids).
+    // Root inside is the caller outside; ids 1.. are the user's subordinate range when it has
+    // one (useradd gives one where /etc/subuid exists) and newuidmap/newgidmap are installed,
+    // else nothing else is mapped.
     let out = u.cold("busybox", &["cat", "/proc/self/uid_map"]);
     let map: Vec<String> = out.success().split_whitespace().map(String::from).collect();
-    assert_eq!(map, ["0", &u.uid.to_string(), "1"], "{out}");
+    let range_of = |file: &str| {
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() == 3 && (f[0] == u.name || f[0] == u.uid.to_string()))
+                    .then(|| (f[1].to_string(), f[2].to_string()))
+            })
+    };
+    let helpers = ["/usr/bin/newuidmap", "/usr/bin/newgidmap"]
+        .iter()
+        .all(|p| Path::new(p).exists());
+    match (range_of("/etc/subuid"), range_of("/etc/subgid")) {
+        (Some((start, count)), Some(_)) if helpers => {
+            assert_eq!(
+                map,
+                ["0", &u.uid.to_string(), "1", "1", &start, &count],
+                "{out}"
+            );
+            // Another id inside is usable: a file chowned to it.
+            let out = u.cold(
+                "busybox",
+                &[
+                    "sh",
+                    "-c",
+                    "touch /tmp/f && chown 1000:1000 /tmp/f && stat -c %u /tmp/f",
+                ],
+            );
+            assert_eq!(out.success(), "1000\n", "{out}");
+        }
+        _ => assert_eq!(map, ["0", &u.uid.to_string(), "1"], "{out}"),
+    }
+    // The host image (the host's /usr bound in read-only) works rootless.
+    let out = u.cold("host", &["python3", "-c", "print(1)"]);
+    assert_eq!(out.success(), "1\n", "{out}");
     // The store and state are the user's own, private.
     for d in [u.store(), u.state_dir()] {
         let m = fs::metadata(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
