@@ -293,6 +293,30 @@ fn print_1_warm_through_the_users_daemon() {
     );
     let out = u.warm("busybox", &["echo", "hello"]);
     assert_eq!(out.success(), "hello\n", "{out}");
+    // A workspace on a pooled shell: mounted in its user namespace, written as the user.
+    let ws = u.home.join("warm-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let before = Daemon::shells(u);
+    let w = ws.to_str().unwrap();
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "python",
+            "--workspace",
+            w,
+            "--",
+            "python3",
+            "-c",
+            "open('/workspace/w.txt', 'w').write('warm')",
+        ],
+        &[],
+    );
+    out.success();
+    assert!(before.contains(&last_run_sandbox(u)), "not a pooled shell");
+    let m = fs::metadata(ws.join("w.txt")).expect("the run's file");
+    assert_eq!(m.uid(), u.uid);
 }
 
 #[test]

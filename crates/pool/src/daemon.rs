@@ -551,7 +551,8 @@ fn run_in_pooled_shell(
     let user_mounts = request.recipe.user_mounts();
     let mounts = {
         let mut cache = crate::lock(&shared.mappings);
-        RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, None)
+        let userns = shell.userns.as_ref().map(|f| f.as_fd());
+        RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, userns)
     };
     let mounts = match mounts {
         Ok(m) => m,

@@ -738,7 +738,8 @@ impl LiveManager {
         let user_mounts = recipe.user_mounts();
         let mounts = {
             let mut cache = lock(&self.mappings);
-            RunMounts::prepare_for(&user_mounts, &mut cache, &self.privilege, None)
+            let userns = shell.userns.as_ref().map(|f| f.as_fd());
+            RunMounts::prepare_for(&user_mounts, &mut cache, &self.privilege, userns)
         };
         let mounts = match mounts {
             Ok(m) => m,
