@@ -42,11 +42,23 @@ extern "C" fn delete_user_at_exit() {
     }
 }
 
-/// Pids of `uid`'s processes (by the owner of /proc/PID).
+/// Pids of `uid`'s live processes, by real uid in /proc/PID/status (not the owner of
+/// /proc/PID: a non-dumpable process's is root), zombies aside.
 fn pids_of(uid: u32) -> Vec<i32> {
+    let uid = uid.to_string();
     all_processes()
         .into_iter()
-        .filter(|p| fs::metadata(format!("/proc/{}", p.pid)).is_ok_and(|m| m.uid() == uid))
+        .filter(|p| {
+            let status = fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap_or_default();
+            let real = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next().map(String::from));
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'));
+            real.as_deref() == Some(uid.as_str()) && !zombie
+        })
         .map(|p| p.pid)
         .collect()
 }
@@ -702,4 +714,55 @@ fn landlock_only_is_confined_without_namespaces() {
         &[],
     );
     out.assert_code(124);
+}
+
+#[test]
+fn a_killed_cold_run_leaves_nothing_after_the_next() {
+    let Some((u, _s, _l)) = user() else { return };
+    // setpriv execs: the pid is agentrun's own, and SIGKILL reaches it, not a wrapper.
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        &u.name,
+        "--regid",
+        &u.name,
+        "--init-groups",
+        "env",
+        "-i",
+    ])
+    .arg(format!("HOME={}", u.home.display()))
+    .arg("PATH=/usr/bin:/bin")
+    .arg("AGENTRUN_NO_DAEMON=1")
+    .arg(&u.bin)
+    .args([
+        "exec",
+        "--image",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo up; sleep 60",
+    ])
+    .current_dir(&u.home);
+    let mut run = Running::spawn(cmd, None);
+    let up = wait_until(Duration::from_secs(30), || {
+        run.stdout_so_far().contains("up").then_some(())
+    });
+    assert!(
+        up.is_some(),
+        "the run did not start: {}",
+        run.stderr_so_far()
+    );
+    let sandboxes = u.state_dir().join("sandboxes");
+    let count = || fs::read_dir(&sandboxes).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(count(), 1, "the run's state dir");
+    run.kill9();
+    // Its sandbox dies with it (the init's parent-death signal), processes and all.
+    let gone = wait_until(Duration::from_secs(10), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(gone.is_some(), "processes left: {:?}", u.pids());
+    // The next run collects the dead run's state dir.
+    u.cold("busybox", &["true"]).success();
+    assert_eq!(count(), 0, "state dirs left");
 }
