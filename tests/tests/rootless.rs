@@ -766,3 +766,47 @@ fn a_killed_cold_run_leaves_nothing_after_the_next() {
     u.cold("busybox", &["true"]).success();
     assert_eq!(count(), 0, "state dirs left");
 }
+
+#[test]
+fn the_egress_allowlist_works_rootless() {
+    let Some((u, _s, _l)) = user() else { return };
+    // A host HTTP server (answers every connection with "ok"); its thread ends with the binary.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let fetch = format!(
+        "import urllib.request\ntry:\n    print(urllib.request.urlopen('http://127.0.0.1:{port}/', \
+         timeout=10).read().decode())\nexcept Exception as e:\n    print('refused', e)"
+    );
+    let allow = format!("127.0.0.1:{port}");
+    // Allowed: through the run's egress proxy (the cell has no other way out).
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "python",
+            "--allow-host",
+            &allow,
+            "--",
+            "python3",
+            "-c",
+            &fetch,
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "ok\n", "{out}");
+    // Not allowed: refused.
+    let out = u.run(
+        &["exec", "--image", "python", "--", "python3", "-c", &fetch],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert!(out.success().starts_with("refused"), "{out}");
+}
