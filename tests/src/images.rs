@@ -364,6 +364,25 @@ pub fn busybox_variant(dir: &Path, root: &Path, name: &str, mutate: impl FnOnce(
 /// `rootfs` (removed afterwards) and added with `agentrun image add` (CMD python3, WORKDIR
 /// /workspace): a Python image for the Docker API's tests, made offline.
 pub fn host_python_image(rootfs: &Path, root: &Path, name: &str) {
+    host_python_rootfs(rootfs);
+    crate::agentrun([
+        "image".as_ref(),
+        "add".as_ref(),
+        name.as_ref(),
+        rootfs.as_os_str(),
+        "--cmd".as_ref(),
+        "python3".as_ref(),
+        "--workdir".as_ref(),
+        "/workspace".as_ref(),
+    ])
+    .root(root)
+    .run()
+    .success();
+    fs::remove_dir_all(rootfs).unwrap();
+}
+
+/// The rootfs of [`host_python_image`] (the host's Python 3 and what it loads), at `rootfs`.
+pub fn host_python_rootfs(rootfs: &Path) {
     let script = r#"
 set -euo pipefail
 r=$1
@@ -394,18 +413,4 @@ for f in /usr/bin/python3.11 /usr/lib/python3.11/lib-dynload/*.so; do ldd "$f"; 
     let mut cmd = Command::new("bash");
     cmd.arg("-c").arg(script).arg("bash").arg(rootfs);
     run_with_timeout(cmd, None, Duration::from_secs(120)).success();
-    crate::agentrun([
-        "image".as_ref(),
-        "add".as_ref(),
-        name.as_ref(),
-        rootfs.as_os_str(),
-        "--cmd".as_ref(),
-        "python3".as_ref(),
-        "--workdir".as_ref(),
-        "/workspace".as_ref(),
-    ])
-    .root(root)
-    .run()
-    .success();
-    fs::remove_dir_all(rootfs).unwrap();
 }

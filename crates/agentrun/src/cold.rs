@@ -79,7 +79,12 @@ pub(crate) fn execute(
     run.sandbox_id = Some(sandbox.id().to_string());
     // The run's mounts, made here (forks for the id mappings: before any thread starts).
     let user_mounts = req.recipe.user_mounts();
-    let mounts = match RunMounts::prepare(&user_mounts, &mut MappingCache::new()) {
+    let mounts = match RunMounts::prepare_for(
+        &user_mounts,
+        &mut MappingCache::new(),
+        &host.privilege,
+        sandbox.userns(),
+    ) {
         Ok(m) => m,
         Err(e) => {
             let _ = sandbox.destroy();
@@ -113,7 +118,7 @@ pub(crate) fn execute(
             Err(e) => eprintln!("agentrun: could not keep the bundle: {e}"),
         }
     }
-    let cell_req = cell_request(
+    let mut cell_req = cell_request(
         &profile,
         host.landlock_abi,
         &user_mounts,
@@ -126,6 +131,10 @@ pub(crate) fn execute(
             zygote: false,
         }),
     );
+    *cell_req.rlimits = sandbox.rlimit_fallback(&profile.resources, plan.timeout);
+    if let Some(e) = run.enforcement.as_mut() {
+        e.limits = sandbox.describe_limits(&cell_req.rlimits);
+    }
     let watch = landlock_watch(landlock_subscribe(host.landlock_abi));
     run.landlock_audit = Some(watch.is_some());
     if profile.python.zygote {

@@ -32,8 +32,16 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     let recorder = Recorder::new(&span, AuditLog::new(paths.audit_dir()), &args.profile);
     let command_line = agentrun_telemetry::command_line(&args.command.join(" "));
     let keep_bundle = args.keep_bundle;
-    let no_daemon = args.no_daemon || std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
+    let landlock_only = args.isolation == crate::plan::Isolation::LandlockOnly;
+    let no_daemon = landlock_only
+        || args.no_daemon
+        || std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
     let record = match Plan::new(args, &span.traceparent(), &recorder) {
+        Ok(plan) if landlock_only => {
+            let record = crate::landlock_only::execute(&plan, &recorder);
+            record.tell(&plan);
+            record
+        }
         Ok(plan) => {
             let record = execute(&plan, paths, keep_bundle, no_daemon, &recorder);
             record.tell(&plan);

@@ -37,9 +37,25 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
+    // What enforces each limit of a run with the default profile (and a timeout, if any).
+    let resources = agentrun_policy::Profile::builtin("default")?.resources;
+    let rl = if host.cgroup.is_some() {
+        Default::default()
+    } else {
+        agentrun_runtime::limits::RlimitFallback::for_resources(&resources, resources.timeout)
+    };
+    let delegated = match &host.privilege {
+        agentrun_runtime::Privilege::Root => None,
+        agentrun_runtime::Privilege::Rootless(ids) => {
+            agentrun_runtime::limits::probe_delegated_v2(ids.uid)
+        }
+    };
+    let limits = agentrun_runtime::limits::describe(host.cgroup, &rl, delegated.as_deref());
     if args.json {
         let v = json!({
             "version": env!("CARGO_PKG_VERSION"),
+            "mode": host.privilege.as_str(),
+            "limits": limits,
             "kernel": host.kernel,
             "landlock_abi": host.landlock_abi,
             "landlock": host.landlock_enforcement(),
@@ -61,6 +77,14 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
     let yes = |b: bool| if b { "yes" } else { "NO" };
     println!("agentrun {}", env!("CARGO_PKG_VERSION"));
     println!("kernel:            {}", host.kernel);
+    println!(
+        "mode:              {}",
+        match host.privilege {
+            agentrun_runtime::Privilege::Root => "root",
+            agentrun_runtime::Privilege::Rootless(_) =>
+                "rootless (a user namespace of your own; no idmapped mounts, no cgroup limits)",
+        }
+    );
     println!(
         "landlock:          {} (ABI {})",
         host.landlock_enforcement(),
@@ -91,6 +115,16 @@ pub fn run(args: InfoArgs, paths: &Paths) -> anyhow::Result<()> {
         );
     }
     println!("no-swap limit:     {}", yes(host.swap_limit));
+    for (i, l) in limits.iter().enumerate() {
+        println!(
+            "{}{l}",
+            if i == 0 {
+                "limits:            "
+            } else {
+                "                   "
+            }
+        );
+    }
     if host.cgroup.is_some() {
         println!(
             "favordynmods:      {}",

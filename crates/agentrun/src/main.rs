@@ -16,6 +16,7 @@ mod fork_cmd;
 mod gen_cmd;
 mod image;
 mod info;
+mod landlock_only;
 mod logging;
 mod mcp_cmd;
 mod plan;
@@ -55,22 +56,14 @@ struct Cli {
 /// The global options (paths), shared by [`Cli`] and [`ExecCli`].
 #[derive(clap::Args, Debug)]
 struct Globals {
-    /// Persistent data (images).
-    #[arg(
-        long,
-        global = true,
-        env = "AGENTRUN_ROOT",
-        default_value = "/var/lib/agentrun"
-    )]
-    root: PathBuf,
-    /// Runtime state (live sandboxes).
-    #[arg(
-        long,
-        global = true,
-        env = "AGENTRUN_STATE_DIR",
-        default_value = "/run/agentrun"
-    )]
-    state_dir: PathBuf,
+    /// Persistent data (images) [default: /var/lib/agentrun; as an ordinary user
+    /// $XDG_DATA_HOME/agentrun, else ~/.local/share/agentrun]
+    #[arg(long, global = true, env = "AGENTRUN_ROOT")]
+    root: Option<PathBuf>,
+    /// Runtime state (live sandboxes) [default: /run/agentrun; as an ordinary user
+    /// $XDG_RUNTIME_DIR/agentrun, else /tmp/agentrun-UID]
+    #[arg(long, global = true, env = "AGENTRUN_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     /// The daemon's socket (default: <state dir>/agentrun.sock).
     #[arg(long, global = true, env = "AGENTRUN_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -209,6 +202,10 @@ impl Paths {
     }
 }
 
+/// Why `agentrun oci ...` (and runc-style invocations) refuse as an ordinary user.
+const OCI_NEEDS_ROOT: &str = "the OCI runtime (containerd/RuntimeClass) needs root: rootless \
+                              mode covers exec, serve, image, gc and info";
+
 fn main() -> ExitCode {
     // Errors are printed as one line and never with a backtrace, so anyhow need not capture
     // one. It would when RUST_BACKTRACE is set: the first capture in this static binary sorts
@@ -218,7 +215,13 @@ fn main() -> ExitCode {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Root, or an ordinary user (rootless mode): decided once, here, by the effective uid.
+    let privilege = agentrun_runtime::Privilege::detect();
     if let Some(oci_args) = agentrun_oci::invocation::runc_args(&args) {
+        if !privilege.is_root() {
+            eprintln!("agentrun: {OCI_NEEDS_ROOT}");
+            return ExitCode::from(EXIT_AGENTRUN_ERROR);
+        }
         let code = agentrun_oci::main(oci_args, |log| {
             logging::init(logging::Mode::OciRuntime, Some(log))
         });
@@ -243,9 +246,20 @@ fn main() -> ExitCode {
         };
         logging::init(mode, None);
     }
+    if matches!(cli.command, Command::Oci { .. }) && !privilege.is_root() {
+        eprintln!("agentrun: {OCI_NEEDS_ROOT}");
+        return ExitCode::from(EXIT_AGENTRUN_ERROR);
+    }
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let paths = Paths {
-        root: cli.globals.root,
-        state_dir: cli.globals.state_dir,
+        root: cli
+            .globals
+            .root
+            .unwrap_or_else(|| privilege.default_root(&env)),
+        state_dir: cli
+            .globals
+            .state_dir
+            .unwrap_or_else(|| privilege.default_state_dir(&env)),
         socket: cli.globals.socket,
         audit_dir: cli.globals.audit_dir,
     };
@@ -261,9 +275,17 @@ fn main() -> ExitCode {
             | Command::Volume(_)
             | Command::Snapshot(_)
     ) {
-        // Not root: say so before anything fails on a permission (the store, the state dir).
-        if let Err(e) = preflight::check_root(nix::unistd::geteuid().as_raw()) {
-            eprintln!("agentrun: {e}");
+        // Not root: the commands that work rootless go on, the others say so before anything
+        // fails on a permission (the store, the state dir).
+        let rootless_ok = matches!(
+            cli.command,
+            Command::Exec(_) | Command::Gc | Command::Image(_) | Command::Serve(_)
+        );
+        if !rootless_ok && !privilege.is_root() {
+            eprintln!(
+                "agentrun: this command needs root (rootless mode covers exec, serve, image, \
+                 gc and info): run it with sudo"
+            );
             return ExitCode::from(EXIT_AGENTRUN_ERROR);
         }
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
@@ -281,7 +303,22 @@ fn main() -> ExitCode {
     // The daemons check every host requirement at start, not at their first sandbox.
     if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
         let host = agentrun_runtime::HostInfo::probe();
-        match preflight::check(&preflight::HostFacts::probe(&host)) {
+        let checked = match &host.privilege {
+            agentrun_runtime::Privilege::Root => {
+                preflight::check(&preflight::HostFacts::probe(&host))
+            }
+            // Rootless: no cgroups to check; user namespaces are (their blocker named).
+            agentrun_runtime::Privilege::Rootless(_) => {
+                match agentrun_runtime::privilege::UsernsFacts::probe().blocker() {
+                    Some(b) => {
+                        eprintln!("agentrun: {b}");
+                        return ExitCode::from(EXIT_AGENTRUN_ERROR);
+                    }
+                    None => Ok(Vec::new()),
+                }
+            }
+        };
+        match checked {
             Ok(warnings) => {
                 for w in warnings {
                     eprintln!("agentrun: warning: {w}");
@@ -476,6 +513,6 @@ mod cli_tests {
         let cli = Cli::parse_args(os(&["agentrun", "--root", "/r", "exec", "--", "true"]))
             .expect("parses");
         assert!(matches!(cli.command, Command::Exec(_)));
-        assert_eq!(cli.globals.root, PathBuf::from("/r"));
+        assert_eq!(cli.globals.root, Some(PathBuf::from("/r")));
     }
 }

@@ -82,6 +82,11 @@ pub struct ExecArgs {
     /// after it (as `AGENTRUN_NO_DAEMON=1`).
     #[arg(long)]
     pub(crate) no_daemon: bool,
+    /// How the command is isolated: `namespaces` (a sandbox: the default), or
+    /// `landlock-only`: Landlock + seccomp + rlimits with NO namespaces, on the host's file
+    /// system (clearly weaker; for hosts without user namespaces; docs/rootless.md).
+    #[arg(long, value_enum, default_value = "namespaces")]
+    pub(crate) isolation: Isolation,
     /// Never ask on the terminal: what the profile marks escalate is denied ("needs
     /// approval"), as it is when there is no terminal.
     #[arg(long)]
@@ -112,6 +117,15 @@ pub(crate) struct Plan {
     /// intercepted), and `--egress-upstream-ca`; also (with an empty vault) when the profile
     /// has HTTP rules, whose hosts' TLS is intercepted.
     pub(crate) credentials: Option<(agentrun_egress::Vault, Vec<PathBuf>)>,
+}
+
+/// `agentrun exec --isolation`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    /// A sandbox: namespaces, overlay rootfs, Landlock, seccomp, limits.
+    Namespaces,
+    /// Landlock + seccomp + rlimits only, no namespaces.
+    LandlockOnly,
 }
 
 /// Exit code of a run the policy refused before anything ran (DESIGN.md).

@@ -168,6 +168,9 @@ fn record_enforcement(span: &mut RunSpan, e: &Enforcement) {
     span.set_attribute("sandbox.enforce.cgroup", e.cgroup.clone());
     span.set_attribute("sandbox.enforce.no_swap", e.swap_limited);
     span.set_attribute("sandbox.enforce.loopback", e.loopback);
+    if !e.limits.is_empty() {
+        span.set_attribute("sandbox.enforce.limits", e.limits.join("; "));
+    }
 }
 
 /// How the command ended. `output_counted`: the bytes went through agentrun, so the counts

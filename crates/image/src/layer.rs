@@ -289,8 +289,14 @@ fn apply_entry<R: Read>(
         other => return Err(format!("unsupported tar entry type {other:?}")),
     }
 
-    let xattrs = pax_xattrs(entry);
-    lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("chown: {e}"))?;
+    let mut xattrs = pax_xattrs(entry);
+    // Rootless (an ordinary user's store): every file is the user's own, which a rootless
+    // sandbox maps to its root; ownership and the xattrs only root may set are not kept.
+    if nix::unistd::geteuid().is_root() {
+        lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("chown: {e}"))?;
+    } else {
+        xattrs.retain(|(k, _)| k.starts_with("user."));
+    }
     if kind != tar::EntryType::Symlink {
         // After chown, which clears set-id bits.
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))

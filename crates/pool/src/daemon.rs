@@ -52,6 +52,8 @@ pub fn default_socket(state_dir: &Path) -> PathBuf {
 
 struct Shared {
     pool: Arc<Pool>,
+    /// Root, or an ordinary user (rootless sandboxes): detected once, at start.
+    privilege: agentrun_runtime::Privilege,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
     landlock_abi: u32,
@@ -132,12 +134,14 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         Some(fd) => fd,
         None => listen_on(&opts.socket)?,
     };
-    let cgroup = CgroupMode::detect();
+    let privilege = agentrun_runtime::Privilege::detect();
+    let cgroup = CgroupMode::for_sandboxes(&privilege);
     let pool = Arc::new(Pool::new(factories, opts.limits.clone()).with_cgroup(cgroup));
     let live =
         Arc::new(LiveManager::new(pool.clone()).with_frozen_dir(opts.state_dir.join("frozen")));
     let shared = Arc::new(Shared {
         pool,
+        privilege,
         cgroup,
         swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
         landlock_abi: agentrun_runtime::landlock::abi(),
@@ -548,7 +552,8 @@ fn run_in_pooled_shell(
     let user_mounts = request.recipe.user_mounts();
     let mounts = {
         let mut cache = crate::lock(&shared.mappings);
-        RunMounts::prepare(&user_mounts, &mut cache)
+        let userns = shell.userns.as_ref().map(|f| f.as_fd());
+        RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, userns)
     };
     let mounts = match mounts {
         Ok(m) => m,
@@ -558,7 +563,7 @@ fn run_in_pooled_shell(
         }
     };
     out.enforcement.idmapped_mounts &= mounts.idmapped;
-    let cell_req = cell_request(
+    let mut cell_req = cell_request(
         &profile,
         shared.landlock_abi,
         &user_mounts,
@@ -571,6 +576,15 @@ fn run_in_pooled_shell(
             zygote: profile.python.zygote,
         }),
     );
+    if shared.cgroup.is_none() {
+        // No cgroup enforces the profile's limits (rootless): rlimits on the command.
+        let timeout = timeout_ms
+            .map(std::time::Duration::from_millis)
+            .or(profile.resources.timeout);
+        *cell_req.rlimits =
+            agentrun_runtime::limits::RlimitFallback::for_resources(&profile.resources, timeout);
+        out.enforcement.limits = agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
+    }
     let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
     let on_board = match crate::board::board().register(
         &shell.id,

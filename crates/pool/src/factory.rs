@@ -54,6 +54,9 @@ enum FactoryReply {
         /// Where a run's egress proxy must listen.
         #[serde(default)]
         egress_socket: Option<PathBuf>,
+        /// A rootless shell's user namespace travels after the control channel.
+        #[serde(default)]
+        userns: bool,
     },
     Destroyed,
     Error {
@@ -70,6 +73,8 @@ pub struct PooledShell {
     pub control: OwnedFd,
     /// pidfd of the init (opened while the factory cannot have reaped it yet).
     pub pidfd: OwnedFd,
+    /// A rootless shell's user namespace (its runs' mounts are cloned in it).
+    pub userns: Option<OwnedFd>,
     pub enforcement: Enforcement,
     /// The image's run configuration (its Env and WorkingDir apply to the command).
     pub image: agentrun_image::ImageConfig,
@@ -235,7 +240,9 @@ impl FactoryClient {
                 image,
                 image_id,
                 egress_socket,
+                userns,
             } => {
+                let userns = if userns { fds.pop() } else { None };
                 let control = fds
                     .pop()
                     .ok_or_else(|| PoolError::Factory("no control channel received".into()))?;
@@ -246,6 +253,7 @@ impl FactoryClient {
                     init_pid,
                     control,
                     pidfd,
+                    userns,
                     enforcement,
                     image: *image,
                     image_id,
@@ -355,33 +363,43 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
                             image: Box::new(sandbox.image_config().clone()),
                             image_id: sandbox.image_id().to_owned(),
                             egress_socket: Some(sandbox.egress_socket()),
+                            userns: false,
                         };
+                        let mut reply = reply;
+                        let mut fds = vec![control];
+                        if let Some(ns) = sandbox.userns().and_then(|f| f.try_clone_to_owned().ok())
+                        {
+                            fds.push(ns);
+                            if let FactoryReply::Created { userns, .. } = &mut reply {
+                                *userns = true;
+                            }
+                        }
                         live.insert(sandbox.id().to_owned(), sandbox);
-                        (reply, Some(control))
+                        (reply, fds)
                     }
                     Err(e) => (
                         FactoryReply::Error {
                             message: e.to_string(),
                         },
-                        None,
+                        Vec::new(),
                     ),
                 }
             }
             FactoryRequest::Destroy { id } => match live.remove(&id) {
                 Some(sandbox) => match sandbox.destroy() {
-                    Ok(()) => (FactoryReply::Destroyed, None),
+                    Ok(()) => (FactoryReply::Destroyed, Vec::new()),
                     Err(e) => (
                         FactoryReply::Error {
                             message: e.to_string(),
                         },
-                        None,
+                        Vec::new(),
                     ),
                 },
                 None => (
                     FactoryReply::Error {
                         message: format!("no sandbox {id}"),
                     },
-                    None,
+                    Vec::new(),
                 ),
             },
         };

@@ -692,6 +692,8 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
 /// Creates, finds and deletes long-lived sandboxes.
 pub struct LiveManager {
     pool: Arc<Pool>,
+    /// Root, or an ordinary user (rootless sandboxes).
+    privilege: agentrun_runtime::Privilege,
     cgroup: Option<CgroupMode>,
     swap_limit: bool,
     landlock_abi: u32,
@@ -703,11 +705,13 @@ pub struct LiveManager {
 
 impl LiveManager {
     pub fn new(pool: Arc<Pool>) -> Self {
-        let cgroup = CgroupMode::detect();
+        let privilege = agentrun_runtime::Privilege::detect();
+        let cgroup = CgroupMode::for_sandboxes(&privilege);
         LiveManager {
             frozen_dir: std::env::temp_dir()
                 .join(format!("agentrun-frozen-{}", std::process::id())),
             pool,
+            privilege,
             cgroup,
             swap_limit: cgroup.is_some_and(|c| c.swap_limit_supported()),
             landlock_abi: agentrun_runtime::landlock::abi(),
@@ -788,7 +792,8 @@ impl LiveManager {
         let user_mounts = recipe.user_mounts();
         let mounts = {
             let mut cache = lock(&self.mappings);
-            RunMounts::prepare(&user_mounts, &mut cache)
+            let userns = shell.userns.as_ref().map(|f| f.as_fd());
+            RunMounts::prepare_for(&user_mounts, &mut cache, &self.privilege, userns)
         };
         let mounts = mounts.and_then(|mut m| {
             // A fork copy's frozen layers, each a read-only detached mount for its cell's

@@ -256,9 +256,9 @@ fn run(
                     zygote: Some(false),
                     zygote_fallback: Some(not.reason),
                     zygote_fault: not.fault,
-                    ..exec_command(cmd)
+                    ..exec_command(cmd, *req.rlimits)
                 },
-                None => exec_command(cmd),
+                None => exec_command(cmd, *req.rlimits),
             };
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run
@@ -269,10 +269,18 @@ fn run(
     }
 }
 
-/// Runs the command the usual way: spawned (the exec) by this PID 1, which waits for it.
-fn exec_command(cmd: crate::control::CellCommand) -> InitResult {
+/// Runs the command the usual way: spawned (the exec) by this PID 1, which waits for it,
+/// with `rlimits` set on the command (not on this PID 1, whose address space is the shell
+/// init's).
+fn exec_command(
+    cmd: crate::control::CellCommand,
+    rlimits: crate::limits::RlimitFallback,
+) -> InitResult {
     match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
-        Ok(cmd) => reaper::run_to_end(&cmd),
+        Ok(mut cmd) => {
+            cmd.rlimits = rlimits;
+            reaper::run_to_end(&cmd)
+        }
         Err(reaper::BadCommand(msg)) => {
             reaper::say_on(2, &msg);
             InitResult {
@@ -507,13 +515,22 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64, layers: Vec<OwnedFd>) -> Setup
         if nodev {
             flags |= MsFlags::MS_NODEV;
         }
-        mnt(
+        let first = mnt(
             Some(fstype),
             &target,
             Some(fstype),
             flags,
             (!opts.is_empty()).then_some(opts),
-        )?;
+        );
+        match first {
+            // A rootless sandbox without subordinate ids maps no gid 5 (tty): its ptys get
+            // the mounter's group instead.
+            Err(_) if fstype == "devpts" => {
+                let opts = opts.trim_end_matches(",gid=5");
+                mnt(Some(fstype), &target, Some(fstype), flags, Some(opts))?
+            }
+            r => r?,
+        }
     }
     nix::unistd::chdir(&root).map_err(|e| SetupError::sys("entering the cell's root", e))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| SetupError::sys("pivot_root", e))?;
@@ -698,6 +715,7 @@ fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Op
     ] {
         setrlimit(res, value, value).map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
     }
+
     reaper::narrow_capabilities(&t.command_caps)
         .map_err(|e| SetupError(format!("capabilities: {e}")))?;
     let mut shared = None;

@@ -76,6 +76,62 @@ impl RunMounts {
     /// directory's owner. Paths are the host's, resolved here by root, never inside the
     /// sandbox; targets are checked (absolute, no `..`) and resolved later inside the cell's
     /// root.
+    /// As [`RunMounts::prepare`] for a root caller, [`RunMounts::prepare_rootless`] in the
+    /// shell's user namespace `userns` for an ordinary user.
+    pub fn prepare_for(
+        user: &[UserMount],
+        cache: &mut MappingCache,
+        privilege: &crate::privilege::Privilege,
+        userns: Option<BorrowedFd<'_>>,
+    ) -> Result<Self, RuntimeError> {
+        if privilege.is_root() || user.is_empty() {
+            return Self::prepare(user, cache);
+        }
+        match userns {
+            Some(ns) => Self::prepare_rootless(user, ns),
+            None => Err(RuntimeError::Unsupported(
+                "a rootless sandbox of the daemon's pool takes no --workspace/--ro/--rw mounts \
+                 yet: run with AGENTRUN_NO_DAEMON=1"
+                    .into(),
+            )),
+        }
+    }
+
+    /// A rootless run's mounts: cloned (`open_tree`, recursive) by a helper that joins the
+    /// shell's user namespace `userns` and makes a mount namespace of its own there, so the
+    /// clones belong to that namespace and its cells may attach them.
+    /// Nothing is idmapped: the caller's files are the sandbox root's, and what the caller
+    /// cannot read it cannot mount (the kernel checks the path as the caller).
+    pub fn prepare_rootless(
+        user: &[UserMount],
+        userns: BorrowedFd<'_>,
+    ) -> Result<Self, RuntimeError> {
+        let mut out = RunMounts::default();
+        let mut sources = Vec::new();
+        for m in user {
+            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
+                return Err(RuntimeError::InvalidInput(format!(
+                    "mount target {} must be an absolute path without '..'",
+                    m.target.display()
+                )));
+            }
+            let meta = fs::metadata(&m.source)
+                .map_err(|e| RuntimeError::io("cannot mount", &m.source, e))?;
+            out.mounts.push(CellMount {
+                target: m.target.clone(),
+                directory: meta.is_dir(),
+            });
+            sources.push((
+                std::ffi::CString::new(m.source.as_os_str().as_encoded_bytes()).map_err(|_| {
+                    RuntimeError::InvalidInput(format!("path contains NUL: {}", m.source.display()))
+                })?,
+                !m.writable,
+            ));
+        }
+        out.fds = crate::idmap::clone_in_userns(userns, &sources)?;
+        Ok(out)
+    }
+
     pub fn prepare(user: &[UserMount], cache: &mut MappingCache) -> Result<Self, RuntimeError> {
         let mut out = RunMounts {
             idmapped: true,
@@ -178,6 +234,7 @@ pub fn cell_request(
             .min(hard(nix::sys::resource::Resource::RLIMIT_NOFILE)),
         nproc: u64::from(profile.resources.pids)
             .min(hard(nix::sys::resource::Resource::RLIMIT_NPROC)),
+        rlimits: Default::default(),
         landlock: (landlock_abi > 0).then(|| cell_rules(profile, user)),
         mounts: mounts.mounts.clone(),
         egress_port,

@@ -65,6 +65,16 @@ pub enum CgroupMode {
 }
 
 impl CgroupMode {
+    /// The cgroup layout this process's sandboxes get: the host's for root, none for an
+    /// ordinary user (a rootless sandbox has no cgroup; see [`crate::limits`]).
+    pub fn for_sandboxes(privilege: &crate::privilege::Privilege) -> Option<Self> {
+        if privilege.is_root() {
+            Self::detect()
+        } else {
+            None
+        }
+    }
+
     /// Detects the host's cgroup layout.
     pub fn detect() -> Option<Self> {
         match get_cgroup_setup().ok()? {

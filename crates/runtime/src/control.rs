@@ -64,6 +64,9 @@ pub struct CellRequest {
     pub nofile: u64,
     /// RLIMIT_NPROC (soft = hard).
     pub nproc: u64,
+    /// Limits set as rlimits because no cgroup enforces them (a rootless sandbox).
+    #[serde(default)]
+    pub rlimits: Box<crate::limits::RlimitFallback>,
     /// Landlock rules of the cell (`None`: the host has no Landlock).
     pub landlock: Option<PathRules>,
     /// The run's own mounts, attached in this order (an fd each, made on the host).
@@ -394,6 +397,7 @@ mod tests {
             tmpfs_bytes: 1 << 20,
             nofile: 1024,
             nproc: 64,
+            rlimits: Default::default(),
             landlock: None,
             mounts: vec![],
             egress_port: None,

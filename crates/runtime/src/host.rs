@@ -2,6 +2,7 @@
 
 use crate::cgroup::CgroupMode;
 use crate::landlock;
+use crate::privilege::Privilege;
 
 /// The host's sandboxing capabilities.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct HostInfo {
     pub idmapped_mounts: Option<bool>,
     /// Capabilities in this process's bounding set.
     pub bounding_caps: Vec<caps::Capability>,
+    /// Root, or an ordinary user (rootless mode): detected here, once per process.
+    pub privilege: Privilege,
 }
 
 impl HostInfo {
@@ -32,7 +35,9 @@ impl HostInfo {
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
             .is_some_and(|n| n > 0);
-        let cgroup = CgroupMode::detect();
+        let privilege = Privilege::detect();
+        // A rootless sandbox has no cgroup of its own (no delegated subtree is used yet).
+        let cgroup = CgroupMode::for_sandboxes(&privilege);
         let mut bounding_caps: Vec<caps::Capability> = caps::read(None, caps::CapSet::Bounding)
             .map(|s| s.into_iter().collect())
             .unwrap_or_default();
@@ -46,6 +51,7 @@ impl HostInfo {
             cgroup,
             idmapped_mounts: None,
             bounding_caps,
+            privilege,
         }
     }
 

@@ -16,8 +16,8 @@
 //!   which never walk host paths) get nothing.
 //!
 //! A directory owned by someone other than root is refused rather than taken over: its owner
-//! could change it back at any time. Running as non-root, nothing is checked (agentrun cannot
-//! make sandboxes then anyway).
+//! could change it back at any time. Running as an ordinary user (rootless mode), both are
+//! the user's own, mode 0700, and one owned by anyone else is refused.
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -35,13 +35,41 @@ pub const STATE_DIR_MODE: u32 = 0o710;
 /// needed. Returns one line per repair of a directory that already held something (for a
 /// warning: its contents were exposed until now), nothing otherwise.
 pub fn secure(root: &Path, state_dir: &Path) -> Result<Vec<String>, RuntimeError> {
-    if !nix::unistd::geteuid().is_root() {
+    let euid = nix::unistd::geteuid();
+    if !euid.is_root() {
+        // Rootless: both are the user's own, 0700 (nothing else may reach into them).
+        secure_own_dir(root, euid.as_raw())?;
+        secure_own_dir(state_dir, euid.as_raw())?;
         return Ok(Vec::new());
     }
     let mut repairs = Vec::new();
     repairs.extend(secure_dir(root, STORE_MODE, 0)?);
     repairs.extend(secure_dir(state_dir, STATE_DIR_MODE, UID_BASE)?);
     Ok(repairs)
+}
+
+/// Rootless: creates `dir` (mode 0700) or checks that an existing one is `uid`'s and brings
+/// it to 0700.
+fn secure_own_dir(dir: &Path, uid: u32) -> Result<(), RuntimeError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| RuntimeError::io("create", dir, e))?;
+    let meta = fs::metadata(dir).map_err(|e| RuntimeError::io("stat", dir, e))?;
+    if meta.uid() != uid {
+        return Err(RuntimeError::InvalidInput(format!(
+            "{} is owned by uid {}, not by you (uid {uid}): refusing to keep images or \
+             sandboxes where another user can change them (choose another directory)",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| RuntimeError::io("chmod", dir, e))?;
+    }
+    Ok(())
 }
 
 /// Creates `dir` (mode `mode`, owner root, group `gid`) or brings an existing one to that.

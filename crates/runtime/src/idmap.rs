@@ -281,3 +281,150 @@ pub fn idmap_supported(dir: &Path) -> bool {
     let _ = std::fs::remove_dir(&probe);
     ok
 }
+
+/// Clones (`open_tree`, recursive) each of `sources` (path, read-only) in a helper process
+/// that joins the user namespace `userns` and unshares a mount namespace there, and
+/// returns the detached trees (nosuid, nodev). For an ordinary user's sandbox (see
+/// [`crate::cellrun::RunMounts::prepare_rootless`]). The child makes only raw system calls
+/// on data prepared before the fork (the daemon that calls this has threads).
+pub fn clone_in_userns(
+    userns: BorrowedFd<'_>,
+    sources: &[(CString, bool)],
+) -> Result<Vec<OwnedFd>, RuntimeError> {
+    let (ours, theirs) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| RuntimeError::sys("socketpair", e))?;
+    let ns_fd = userns.as_raw_fd();
+    let sock = theirs.as_raw_fd();
+    // SAFETY: fork(2); the child below makes only raw system calls on data prepared before the
+    // fork, and leaves with _exit.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(RuntimeError::sys("fork", nix::Error::last()));
+    }
+    if child == 0 {
+        // SAFETY: the child of a fork: raw system calls, then _exit.
+        unsafe {
+            let fail = |code: i32| -> ! {
+                let errno = *libc::__errno_location();
+                let msg = [code as u8, errno as u8];
+                libc::send(sock, msg.as_ptr().cast(), 2, 0);
+                libc::_exit(1)
+            };
+            if libc::setns(ns_fd, libc::CLONE_NEWUSER) != 0 {
+                fail(1);
+            }
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                fail(2);
+            }
+            for (path, readonly) in sources {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    OPEN_TREE_CLONE
+                        | libc::AT_RECURSIVE as libc::c_uint
+                        | libc::O_CLOEXEC as libc::c_uint,
+                ) as i32;
+                if fd < 0 {
+                    fail(3);
+                }
+                let mut attr = MountAttr {
+                    attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                    attr_clr: 0,
+                    propagation: libc::MS_PRIVATE,
+                    userns_fd: 0,
+                };
+                if *readonly {
+                    attr.attr_set |= MOUNT_ATTR_RDONLY;
+                }
+                if libc::syscall(
+                    libc::SYS_mount_setattr,
+                    fd,
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+                    &mut attr as *mut MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                ) != 0
+                {
+                    fail(4);
+                }
+                // One fd per message, in a cmsg buffer on the stack.
+                let mut cbuf = [0u64; 4];
+                let mut byte = [0u8; 1];
+                let mut iov = libc::iovec {
+                    iov_base: byte.as_mut_ptr().cast(),
+                    iov_len: 1,
+                };
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = &mut iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = cbuf.as_mut_ptr().cast();
+                msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(4) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
+                if libc::sendmsg(sock, &msg, 0) < 0 {
+                    fail(5);
+                }
+                libc::close(fd);
+            }
+            libc::_exit(0)
+        }
+    }
+    drop(theirs);
+    let child = nix::unistd::Pid::from_raw(child);
+    let mut fds = Vec::with_capacity(sources.len());
+    let result = (|| {
+        for (path, _) in sources {
+            let mut byte = [0u8; 2];
+            let mut cbuf = nix::cmsg_space!([RawFd; 1]);
+            let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+            let msg = nix::sys::socket::recvmsg::<()>(
+                ours.as_raw_fd(),
+                &mut iov,
+                Some(&mut cbuf),
+                nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(|e| RuntimeError::sys("recvmsg", e))?;
+            let mut got = None;
+            for c in msg.cmsgs().map_err(|e| RuntimeError::sys("recvmsg", e))? {
+                if let nix::sys::socket::ControlMessageOwned::ScmRights(v) = c {
+                    // SAFETY: SCM_RIGHTS gave us this fd; nothing else owns it.
+                    got = v.first().map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+            }
+            let bytes = msg.bytes;
+            match got {
+                Some(fd) => fds.push(fd),
+                None => {
+                    let step = match (bytes, byte[0]) {
+                        (2, 1) => "joining the sandbox's user namespace",
+                        (2, 2) => "making a mount namespace",
+                        (2, 3) => "open_tree",
+                        (2, 4) => "mount_setattr",
+                        _ => "the mount helper",
+                    };
+                    let errno = if bytes == 2 { i32::from(byte[1]) } else { 0 };
+                    return Err(RuntimeError::io(
+                        "cannot mount (rootless)",
+                        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
+                        std::io::Error::other(format!(
+                            "{step}: {}",
+                            std::io::Error::from_raw_os_error(errno)
+                        )),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = waitpid(child, None);
+    result.map(|()| fds)
+}

@@ -27,13 +27,17 @@ pub mod hostdirs;
 pub mod idmap;
 pub mod kaudit;
 pub mod landlock;
+pub mod landlock_only;
+pub mod limits;
 pub mod net;
 pub mod netns;
 pub mod outcome;
 pub mod preflight;
+pub mod privilege;
 pub mod random;
 pub mod reaper;
 pub mod rootfs;
+pub mod rootless;
 pub mod sandbox;
 pub mod seccomp;
 pub mod shell;
@@ -46,6 +50,7 @@ pub mod zygote;
 pub use error::RuntimeError;
 pub use host::HostInfo;
 pub use outcome::{RunEnd, RunOutcome};
+pub use privilege::Privilege;
 pub use sandbox::{
     Enforcement, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder, SandboxStdio,
 };

@@ -34,6 +34,8 @@ pub(crate) struct Command {
     pub new_session: bool,
     /// Run it as this user (a Docker `User` spec, resolved inside the sandbox).
     pub user: Option<String>,
+    /// Rlimits set on the command itself (a rootless sandbox's memory and CPU limits).
+    pub rlimits: crate::limits::RlimitFallback,
 }
 
 /// Why a [`Command`] could not be made.
@@ -65,6 +67,7 @@ impl Command {
             stdio,
             new_session: false,
             user: None,
+            rlimits: Default::default(),
         })
     }
 
@@ -112,6 +115,7 @@ impl Command {
             cwd: &cwd,
             stdio,
             new_session: self.new_session,
+            rlimits: self.rlimits,
         })
         .map_err(|errno| {
             let (what, code) = match errno {
@@ -151,8 +155,9 @@ impl Command {
             cwd: &cwd,
             stdio,
             new_session: self.new_session,
+            rlimits: self.rlimits,
         };
-        crate::spawn::spawn_as(&spec, &creds).map_err(|(step, errno)| {
+        crate::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
             let why = errno.desc().to_lowercase();
             let (msg, code) = match step {
                 SpawnStep::Credentials => (

@@ -182,6 +182,9 @@ pub struct Enforcement {
     pub cgroup: String,
     pub swap_limited: bool,
     pub loopback: bool,
+    /// One line per limit: what enforces it (see [`crate::limits::describe`]).
+    #[serde(default)]
+    pub limits: Vec<String>,
 }
 
 /// A created sandbox. Dropping it destroys it.
@@ -190,6 +193,10 @@ pub struct Sandbox {
     state: PathBuf,
     paths: RuntimePaths,
     container: Option<Container>,
+    /// A rootless shell's PID 1 (made by [`crate::rootless`], not libcontainer).
+    rootless_init: Option<Pid>,
+    /// A rootless shell's user namespace (its runs' mounts are cloned in it).
+    userns: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     /// Host end of a shell's control channel.
@@ -243,6 +250,28 @@ impl Sandbox {
         &self.enforcement
     }
 
+    /// The rlimits a cell of this sandbox sets for `r` (and the run's `timeout`): none when
+    /// its cgroup enforces them, the fallback when it has none (rootless).
+    pub fn rlimit_fallback(
+        &self,
+        r: &agentrun_policy::Resources,
+        timeout: Option<Duration>,
+    ) -> crate::limits::RlimitFallback {
+        match self.cgroup {
+            Some(_) => Default::default(),
+            None => crate::limits::RlimitFallback::for_resources(r, timeout),
+        }
+    }
+
+    /// What enforces each limit of a run with `rl` (for the span).
+    pub fn describe_limits(&self, rl: &crate::limits::RlimitFallback) -> Vec<String> {
+        let delegated = match self.cgroup {
+            Some(_) => None,
+            None => crate::limits::probe_delegated_v2(nix::unistd::geteuid().as_raw()),
+        };
+        crate::limits::describe(self.cgroup, rl, delegated.as_deref())
+    }
+
     /// The image's run configuration.
     pub fn image_config(&self) -> &agentrun_image::ImageConfig {
         &self.image_config
@@ -284,7 +313,9 @@ impl Sandbox {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
         }
-        check_searchable(&paths.sandboxes())?;
+        if host.privilege.is_root() {
+            check_searchable(&paths.sandboxes())?;
+        }
         // Searchable (the sandbox uid walks it to its rootfs and mounts), not listable.
         fs::DirBuilder::new()
             .mode(0o711)
@@ -295,6 +326,8 @@ impl Sandbox {
             state: state.clone(),
             paths: paths.clone(),
             container: None,
+            rootless_init: None,
+            userns: None,
             stdout: None,
             stderr: None,
             control: None,
@@ -323,11 +356,31 @@ impl Sandbox {
         host: &HostInfo,
         stdio: SandboxStdio,
     ) -> Result<(), RuntimeError> {
-        // Root, user namespaces, cgroups and their controllers, each a one-line fix.
-        crate::preflight::check(&crate::preflight::HostFacts::probe(host))?;
-        let Some(cgroup) = host.cgroup else {
-            return Err(crate::preflight::PreflightError::NoCgroups.into());
+        let rootless = match &host.privilege {
+            crate::privilege::Privilege::Root => None,
+            crate::privilege::Privilege::Rootless(ids) => Some(ids.clone()),
         };
+        let cgroup = match &rootless {
+            None => {
+                // Root, user namespaces, cgroups and their controllers, each a one-line fix.
+                crate::preflight::check(&crate::preflight::HostFacts::probe(host))?;
+                let Some(cgroup) = host.cgroup else {
+                    return Err(crate::preflight::PreflightError::NoCgroups.into());
+                };
+                Some(cgroup)
+            }
+            Some(_) => {
+                if let Some(b) = crate::privilege::UsernsFacts::probe().blocker() {
+                    return Err(RuntimeError::Unsupported(b.to_string()));
+                }
+                None
+            }
+        };
+        if rootless.is_some() && !matches!(stdio, SandboxStdio::Shell) {
+            return Err(RuntimeError::Unsupported(
+                "`image build` needs root (its RUN steps' sandboxes are not rootless yet)".into(),
+            ));
+        }
         let shell = matches!(stdio, SandboxStdio::Shell);
         if config.args.is_empty() && !shell {
             return Err(RuntimeError::InvalidInput("no command given".into()));
@@ -369,13 +422,42 @@ impl Sandbox {
             }
         }
         self.image_lease = Some(config.image.lease()?);
-        let prepared = rootfs::prepare(
-            &self.state,
-            &config.image,
-            profile.resources.tmpfs_bytes,
-            &mounts,
-            config.for_commit,
-        )?;
+        let prepared = if rootless.is_some() {
+            // Mounted by the sandbox's init in its own mount namespace (crate::rootless).
+            for d in [
+                self.state.join("rw"),
+                self.state.join("bundle").join("rootfs"),
+            ] {
+                fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
+            }
+            rootfs::PreparedRootfs {
+                // The image's host binds (the `host` image's /usr, ...), read-only, first.
+                binds: config
+                    .image
+                    .host_binds
+                    .iter()
+                    .map(|b| spec::BindMount {
+                        source: b.source.clone(),
+                        target: b.target.clone(),
+                        writable: false,
+                    })
+                    .chain(mounts.iter().map(|m| spec::BindMount {
+                        source: m.source.clone(),
+                        target: m.target.clone(),
+                        writable: m.writable,
+                    }))
+                    .collect(),
+                idmapped: false,
+            }
+        } else {
+            rootfs::prepare(
+                &self.state,
+                &config.image,
+                profile.resources.tmpfs_bytes,
+                &mounts,
+                config.for_commit,
+            )?
+        };
 
         let has = |c: &Capability| host.bounding_caps.contains(c);
         let command_caps: Vec<Capability> = COMMAND_CAPS.iter().copied().filter(has).collect();
@@ -446,7 +528,7 @@ impl Sandbox {
                 agentrun_policy::seccomp_denied_syscalls(),
                 &profile.seccomp_sockets,
             )?,
-            init_caps,
+            init_caps: init_caps.clone(),
             // A shell's are the most a cell may get (raising is not possible in a cell); the
             // most we may set is our own hard limit.
             nofile: if shell {
@@ -498,11 +580,48 @@ impl Sandbox {
             seccomp: host.seccomp,
             user_namespace: true,
             idmapped_mounts: prepared.idmapped,
-            cgroup: cgroup.as_str().into(),
+            cgroup: match cgroup {
+                Some(cg) => cg.as_str().into(),
+                None => "none (rootless: no delegated cgroup)".into(),
+            },
             swap_limited: host.swap_limit,
             loopback,
+            limits: Vec::new(),
         };
+        self.enforcement.limits = self
+            .describe_limits(&self.rlimit_fallback(&profile.resources, profile.resources.timeout));
 
+        if let Some(ids) = &rootless {
+            let (host_end, init_end) = crate::control::seqpacket_pair()?;
+            let log_path = self.state.join("init.log");
+            let layers: Vec<PathBuf> = config.image.layers.clone();
+            let (pid, userns) = with_fd_at(init_end, crate::control::INIT_CONTROL_FD, || {
+                let log: OwnedFd = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .map_err(|e| RuntimeError::io("create", &log_path, e))?
+                    .into();
+                let null: OwnedFd = fs::File::open("/dev/null")
+                    .map_err(|e| RuntimeError::io("open", "/dev/null", e))?
+                    .into();
+                crate::rootless::spawn(&crate::rootless::RootlessShell {
+                    state: &self.state,
+                    layers: &layers,
+                    tmpfs_bytes: profile.resources.tmpfs_bytes,
+                    binds: &prepared.binds,
+                    spec: &spec,
+                    executor: &executor,
+                    caps: &init_caps,
+                    ids,
+                    stdio: [&null, &log, &log],
+                })
+            })??;
+            self.control = Some(host_end);
+            self.rootless_init = Some(pid);
+            self.userns = Some(userns);
+            return Ok(());
+        }
         let builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
             .with_root_path(self.paths.containers())
             .map_err(|e| RuntimeError::Container(e.to_string()))?
@@ -558,8 +677,16 @@ impl Sandbox {
         self.control.take()
     }
 
+    /// A rootless shell's user namespace (`None` for root's sandboxes).
+    pub fn userns(&self) -> Option<BorrowedFd<'_>> {
+        self.userns.as_ref().map(|f| f.as_fd())
+    }
+
     /// Host pid of the sandbox's init, once started.
     pub fn init_pid(&self) -> Option<i32> {
+        if let Some(pid) = self.rootless_init {
+            return Some(pid.as_raw());
+        }
         self.container
             .as_ref()
             .and_then(|c| c.pid())
@@ -568,6 +695,10 @@ impl Sandbox {
 
     /// Lets the init proceed: a shell's init then waits for cell requests.
     pub fn start(&mut self) -> Result<(), RuntimeError> {
+        if self.rootless_init.is_some() {
+            // Its init serves its control channel as soon as it is set up.
+            return Ok(());
+        }
         let container = self
             .container
             .as_mut()
@@ -714,6 +845,10 @@ impl Sandbox {
         // A frozen init would not die (nor be reaped) until thawed.
         if let Some(cg) = self.cgroup {
             cg.thaw_if_frozen(&self.id);
+        }
+        if let Some(pid) = self.rootless_init.take() {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
         }
         if let Some(c) = self.container.take() {
             if let Some(pid) = c.pid() {

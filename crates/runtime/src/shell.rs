@@ -608,6 +608,7 @@ mod tests {
             tmpfs_bytes: 1 << 20,
             nofile: 64,
             nproc: 32,
+            rlimits: Default::default(),
             landlock: Some(PathRules {
                 readable: vec!["/".into()],
                 writable: vec!["/tmp/\"secret\"".into()],

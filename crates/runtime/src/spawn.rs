@@ -24,11 +24,16 @@ pub struct SpawnSpec<'a> {
     /// A new session (`setsid`, which also makes a new process group) instead of only a new
     /// process group.
     pub new_session: bool,
+    /// Rlimits set in the child before the exec (posix_spawn cannot: such a spawn forks).
+    pub rlimits: crate::limits::RlimitFallback,
 }
 
 /// Starts the command in a new process group (or session), with an empty signal mask and every signal at
 /// its default disposition. Returns the pid, or the errno of what failed (exec included).
 pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
+    if spec.rlimits != Default::default() {
+        return spawn_as(spec, None).map_err(|(_, e)| e);
+    }
     let check = |rc: libc::c_int| {
         if rc == 0 {
             Ok(())
@@ -173,19 +178,37 @@ pub(crate) fn find_program(name: &str, path: &str) -> Option<std::path::PathBuf>
 
 /// [`spawn`] as another user: the same process group/session, signal state, stdio and
 /// working directory, with `creds` (supplementary groups, gid, uid, in that order) set before
-/// the working directory is entered and the program executed. `posix_spawn` cannot change
-/// credentials, so this forks; the child makes only raw system calls (everything it needs is
-/// prepared before the fork) and reports a failure through a close-on-exec pipe.
+/// the working directory is entered and the program executed, and the spec's rlimits set.
+/// `posix_spawn` can do neither, so this forks; the child makes only raw system calls
+/// (everything it needs is prepared before the fork) and reports a failure through a
+/// close-on-exec pipe. `creds` `None`: as this process's user.
 pub fn spawn_as(
     spec: &SpawnSpec<'_>,
-    creds: &crate::user::Credentials,
+    creds: Option<&crate::user::Credentials>,
 ) -> Result<Pid, (SpawnStep, nix::Error)> {
     let program = lookup(&spec.argv[0]).map_err(|e| (SpawnStep::Exec, e))?;
     let mut argv: Vec<*const libc::c_char> = spec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = spec.env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
-    let groups: Vec<libc::gid_t> = creds.groups.clone();
+    let groups: Vec<libc::gid_t> = creds.map(|c| c.groups.clone()).unwrap_or_default();
+    let limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = [
+        (libc::RLIMIT_AS, spec.rlimits.address_space),
+        (libc::RLIMIT_CPU, spec.rlimits.cpu_seconds),
+    ]
+    .into_iter()
+    .filter_map(|(r, v)| {
+        v.map(|v| {
+            (
+                r,
+                libc::rlimit {
+                    rlim_cur: v,
+                    rlim_max: v,
+                },
+            )
+        })
+    })
+    .collect();
     let last_signal = libc::SIGRTMAX();
     let (report_r, report_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| (SpawnStep::Exec, e))?;
@@ -231,11 +254,18 @@ pub fn spawn_as(
                     }
                 }
             }
-            if libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                || libc::setgid(creds.gid) < 0
-                || libc::setuid(creds.uid) < 0
-            {
-                fail(0);
+            if let Some(creds) = creds {
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || libc::setgid(creds.gid) < 0
+                    || libc::setuid(creds.uid) < 0
+                {
+                    fail(0);
+                }
+            }
+            for (res, lim) in &limits {
+                if libc::setrlimit(*res, lim) < 0 {
+                    fail(2);
+                }
             }
             if libc::chdir(spec.cwd.as_ptr()) < 0 {
                 fail(1);

@@ -1,0 +1,812 @@
+//! Rootless mode: `agentrun exec` and `agentrun serve` as an ordinary user.
+//!
+//! The harness runs as root; each test binary makes one fresh user (`useradd`), copies the
+//! binary under test into its home, builds the busybox and host-Python images there (added
+//! by the user with `agentrun image add`), and runs agentrun as that user through
+//! `runuser -u USER -- env -i ...` (nothing of root's environment: the user's own default
+//! store and state dir, `~/.local/share/agentrun` and `~/.local/state/agentrun/run` here).
+//! The user, its processes and its home are removed when the binary exits. The tests of this
+//! binary take a lock of their own (one at a time: the leftover checks count the user's
+//! processes) and the shared e2e lock.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use agentrun_e2e::*;
+
+/// The user every test here runs agentrun as.
+struct User {
+    name: String,
+    uid: u32,
+    home: PathBuf,
+    bin: PathBuf,
+}
+
+static USER: OnceLock<User> = OnceLock::new();
+static SERIAL: Mutex<()> = Mutex::new(());
+/// The user made (name, uid), set as soon as it exists: removed at exit even when making
+/// the rest of the fixture failed.
+static MADE: Mutex<Option<(String, u32)>> = Mutex::new(None);
+
+extern "C" fn delete_user_at_exit() {
+    let made = MADE.lock().ok().and_then(|m| m.clone());
+    if let Some((name, uid)) = made {
+        kill_all(uid);
+        let mut cmd = Command::new("userdel");
+        cmd.args(["-r", &name]);
+        let _ = run_with_timeout(cmd, None, Duration::from_secs(30));
+    }
+}
+
+/// Pids of `uid`'s live processes, by real uid in /proc/PID/status (not the owner of
+/// /proc/PID: a non-dumpable process's is root), zombies aside.
+fn pids_of(uid: u32) -> Vec<i32> {
+    let uid = uid.to_string();
+    all_processes()
+        .into_iter()
+        .filter(|p| {
+            let status = fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap_or_default();
+            let real = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next().map(String::from));
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'));
+            real.as_deref() == Some(uid.as_str()) && !zombie
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+fn kill_all(uid: u32) {
+    for pid in pids_of(uid) {
+        // SAFETY: kill(2) of a process of the test's own throwaway user.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+impl User {
+    fn pids(&self) -> Vec<i32> {
+        pids_of(self.uid)
+    }
+
+    /// `agentrun ARGS` as the user, with a clean environment.
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", &self.name, "--", "env", "-i"])
+            .arg(format!("HOME={}", self.home.display()))
+            .arg("PATH=/usr/bin:/bin")
+            .arg(format!("USER={}", self.name));
+        for (k, v) in env {
+            cmd.arg(format!("{k}={v}"));
+        }
+        cmd.arg(&self.bin).args(args).current_dir(&self.home);
+        cmd
+    }
+
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> RunOutput {
+        run_with_timeout(self.command(args, env), None, DEFAULT_TIMEOUT)
+    }
+
+    /// `agentrun exec --image IMG -- CMD` on the cold path.
+    fn cold(&self, image: &str, cmd: &[&str]) -> RunOutput {
+        let mut args = vec!["exec", "--image", image, "--"];
+        args.extend_from_slice(cmd);
+        self.run(&args, &[("AGENTRUN_NO_DAEMON", "1")])
+    }
+
+    /// `agentrun exec --image IMG -- CMD` through the user's daemon (fails if none answers:
+    /// a cold fallback would not be the warm path).
+    fn warm(&self, image: &str, cmd: &[&str]) -> RunOutput {
+        let mut args = vec!["exec", "--image", image, "--"];
+        args.extend_from_slice(cmd);
+        self.run(&args, &[])
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.home.join(".local/state/agentrun/run")
+    }
+
+    fn store(&self) -> PathBuf {
+        self.home.join(".local/share/agentrun")
+    }
+
+    /// As root: `path` made the user's (recursively).
+    fn chown(&self, path: &Path) {
+        let path = path.to_str().expect("a UTF-8 path");
+        host("chown", ["-R", self.name.as_str(), path]).success();
+    }
+}
+
+fn make_user() -> User {
+    let name = format!("arl{}", std::process::id());
+    // A user of that name left by a killed binary of the same pid: gone first.
+    let _ = host("userdel", ["-r", &name]);
+    host("useradd", ["-m", "-s", "/bin/sh", &name]).success();
+    // SAFETY: registering a plain extern "C" fn.
+    unsafe { libc::atexit(delete_user_at_exit) };
+    let home = PathBuf::from(format!("/home/{name}"));
+    let uid = fs::metadata(&home).expect("the new user's home").uid();
+    assert_ne!(uid, 0);
+    *MADE.lock().unwrap() = Some((name.clone(), uid));
+    let bin_dir = home.join("bin");
+    fs::create_dir_all(&bin_dir).unwrap();
+    let bin = bin_dir.join("agentrun");
+    fs::copy(agentrun_bin(), &bin).expect("copy the binary under test");
+    let user = User {
+        name,
+        uid,
+        home,
+        bin,
+    };
+    user.chown(&bin_dir);
+    // The images, built by root, handed to the user and added by the user.
+    let busybox = user.home.join("busybox-rootfs");
+    let mut build = Command::new(workspace_root().join("images/busybox/build.sh"));
+    build.arg(&busybox);
+    run_with_timeout(build, None, Duration::from_secs(120)).success();
+    let python = user.home.join("python-rootfs");
+    agentrun_e2e::images::host_python_rootfs(&python);
+    for d in [&busybox, &python] {
+        user.chown(d);
+    }
+    let b = busybox.to_str().unwrap();
+    user.run(&["image", "add", "busybox", b, "--cmd", "/bin/sh"], &[])
+        .success();
+    let p = python.to_str().unwrap();
+    user.run(&["image", "add", "python", p, "--cmd", "python3"], &[])
+        .success();
+    fs::remove_dir_all(&busybox).unwrap();
+    fs::remove_dir_all(&python).unwrap();
+    user
+}
+
+/// The user (made on first use) and this binary's lock; `None` (skipped) without root.
+fn user() -> Option<(&'static User, MutexGuard<'static, ()>, TestLock)> {
+    let lock = setup()?;
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Some((USER.get_or_init(make_user), serial, lock))
+}
+
+/// The user's daemon, stopped (and waited for) when dropped.
+struct Daemon {
+    running: Running,
+}
+
+impl Daemon {
+    fn start(u: &User, pool: &str) -> Daemon {
+        let cmd = u.command(&["serve", "--pool", pool], &[]);
+        let mut running = Running::spawn(cmd, None);
+        let sock = u.state_dir().join("agentrun.sock");
+        let ready = wait_until(Duration::from_secs(60), || {
+            let out = u.run(&["ps", "--json"], &[]);
+            let ready = out.status.success() && out.stdout().contains("\"ready\"");
+            ready.then_some(())
+        });
+        if ready.is_none() {
+            let out = running.wait_or_kill(Duration::from_secs(5));
+            panic!("the user's daemon did not get a ready shell within 60s\n{out}");
+        }
+        let meta = fs::metadata(&sock).expect("the daemon's socket");
+        assert_eq!(meta.uid(), u.uid, "the socket is the user's");
+        assert_eq!(meta.mode() & 0o777, 0o600, "the socket is private");
+        Daemon { running }
+    }
+
+    /// The ids of its ready shells.
+    fn shells(u: &User) -> Vec<String> {
+        let out = u.run(&["ps", "--json"], &[]);
+        let v: serde_json::Value = serde_json::from_str(&out.success()).expect("ps --json");
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.running.signal(libc::SIGTERM);
+        let _ = self.running.wait_or_kill(Duration::from_secs(30));
+    }
+}
+
+/// The sandbox id of the user's newest run, from its audit log.
+fn last_run_sandbox(u: &User) -> String {
+    let out = u.run(&["audit", "--json"], &[]);
+    let last = out
+        .success()
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"kind\":\"run\""))
+        .expect("a run record")
+        .to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    v["sandbox_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn print_1_cold_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    let out = u.cold("busybox", &["echo", "hello"]);
+    assert_eq!(out.success(), "hello\n", "{out}");
+    let out = u.cold("python", &["python3", "-c", "print(1)"]);
+    assert_eq!(out.success(), "1\n", "{out}");
+    // Root inside is the caller outside; ids 1.. are the user's subordinate range when it has
+    // one (useradd gives one where /etc/subuid exists) and newuidmap/newgidmap are installed,
+    // else nothing else is mapped.
+    let out = u.cold("busybox", &["cat", "/proc/self/uid_map"]);
+    let map: Vec<String> = out.success().split_whitespace().map(String::from).collect();
+    let range_of = |file: &str| {
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() == 3 && (f[0] == u.name || f[0] == u.uid.to_string()))
+                    .then(|| (f[1].to_string(), f[2].to_string()))
+            })
+    };
+    let helpers = ["/usr/bin/newuidmap", "/usr/bin/newgidmap"]
+        .iter()
+        .all(|p| Path::new(p).exists());
+    match (range_of("/etc/subuid"), range_of("/etc/subgid")) {
+        (Some((start, count)), Some(_)) if helpers => {
+            assert_eq!(
+                map,
+                ["0", &u.uid.to_string(), "1", "1", &start, &count],
+                "{out}"
+            );
+            // Another id inside is usable: a file chowned to it.
+            let out = u.cold(
+                "busybox",
+                &[
+                    "sh",
+                    "-c",
+                    "touch /tmp/f && chown 1000:1000 /tmp/f && stat -c %u /tmp/f",
+                ],
+            );
+            assert_eq!(out.success(), "1000\n", "{out}");
+        }
+        _ => assert_eq!(map, ["0", &u.uid.to_string(), "1"], "{out}"),
+    }
+    // The host image (the host's /usr bound in read-only) works rootless.
+    let out = u.cold("host", &["python3", "-c", "print(1)"]);
+    assert_eq!(out.success(), "1\n", "{out}");
+    // The store and state are the user's own, private.
+    for d in [u.store(), u.state_dir()] {
+        let m = fs::metadata(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        assert_eq!(
+            (m.uid(), m.mode() & 0o777),
+            (u.uid, 0o700),
+            "{}",
+            d.display()
+        );
+    }
+}
+
+#[test]
+fn print_1_warm_through_the_users_daemon() {
+    let Some((u, _s, _l)) = user() else { return };
+    let _d = Daemon::start(u, "python:default=1");
+    let before = Daemon::shells(u);
+    let out = u.warm("python", &["python3", "-c", "print(1)"]);
+    assert_eq!(out.success(), "1\n", "{out}");
+    let ran_in = last_run_sandbox(u);
+    assert!(
+        before.contains(&ran_in),
+        "the run was not in a pooled shell: ran in {ran_in}, pool had {before:?}"
+    );
+    let out = u.warm("busybox", &["echo", "hello"]);
+    assert_eq!(out.success(), "hello\n", "{out}");
+    // A workspace on a pooled shell: mounted in its user namespace, written as the user.
+    let ws = u.home.join("warm-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let before = Daemon::shells(u);
+    let w = ws.to_str().unwrap();
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "python",
+            "--workspace",
+            w,
+            "--",
+            "python3",
+            "-c",
+            "open('/workspace/w.txt', 'w').write('warm')",
+        ],
+        &[],
+    );
+    out.success();
+    assert!(before.contains(&last_run_sandbox(u)), "not a pooled shell");
+    let m = fs::metadata(ws.join("w.txt")).expect("the run's file");
+    assert_eq!(m.uid(), u.uid);
+}
+
+#[test]
+fn info_and_limits_say_how_they_are_enforced() {
+    let Some((u, _s, _l)) = user() else { return };
+    let out = u.run(&["info"], &[]);
+    let text = out.success();
+    assert!(text.contains("mode:              rootless"), "{text}");
+    assert!(
+        text.contains("memory: RLIMIT_AS") && text.contains("no delegated cgroup"),
+        "{text}"
+    );
+    // The memory limit holds: a 100 MB buffer under a 64 MiB limit fails.
+    let out = u.run(
+        &[
+            "exec",
+            "--memory",
+            "64m",
+            "--image",
+            "busybox",
+            "--",
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/dev/null bs=100M count=1 && echo allocated",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert!(!out.stdout().contains("allocated"), "{out}");
+    assert!(out.stderr().contains("out of memory"), "{out}");
+    // The wall-clock watchdog.
+    let out = u.run(
+        &[
+            "exec",
+            "--timeout",
+            "1",
+            "--image",
+            "busybox",
+            "--",
+            "sleep",
+            "30",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    out.assert_code(124);
+}
+
+#[test]
+fn escapes_are_refused() {
+    let Some((u, _s, _l)) = user() else { return };
+    // A root-only file, and a private file of the user's own outside any rule.
+    let secret = PathBuf::from(format!("/etc/agentrun-rootless-{}", std::process::id()));
+    fs::write(&secret, "root's secret\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let own = u.home.join("private.txt");
+    fs::write(&own, "the user's own\n").unwrap();
+    u.chown(&own);
+    // A host process of the same user, to be signalled from inside.
+    let mut sleeper = Running::spawn(
+        {
+            let mut c = Command::new("runuser");
+            c.args(["-u", &u.name, "--", "sleep", "60"]);
+            c
+        },
+        None,
+    );
+    let script = format!(
+        "cat {s} 2>/dev/null && echo READ-ROOT; \
+         cat {own} 2>/dev/null && echo READ-OWN; \
+         ls /home 2>/dev/null | grep -q . && echo SEE-HOMES; \
+         kill -9 {pid} 2>/dev/null && echo KILLED; \
+         echo x > /usr/bin/planted 2>/dev/null && echo WROTE-USR; \
+         ls /run/agentrun/agentrun.sock 2>/dev/null && echo ROOT-SOCKET; \
+         nc -w 1 127.0.0.1 22 </dev/null 2>/dev/null && echo NET; \
+         echo done",
+        s = secret.display(),
+        own = own.display(),
+        pid = sleeper.pid(),
+    );
+    let out = u.cold("busybox", &["sh", "-c", &script]);
+    let _ = fs::remove_file(&secret);
+    assert_eq!(out.success(), "done\n", "{out}");
+    assert!(
+        !sleeper.exited(),
+        "the host process was killed from the sandbox"
+    );
+    sleeper.stop();
+    // The image the user added is unchanged by the attempted write.
+    let planted = walk_for(&u.store(), "planted");
+    assert!(planted.is_empty(), "{planted:?}");
+    // A daemon socket of root's (0600 in a searchable directory) is not reachable: the
+    // user's agentrun pointed at it never connects (it runs cold instead).
+    let dir = tempdir();
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let sock = dir.path().join("agentrun.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let out = u.run(
+        &["exec", "--image", "busybox", "--", "echo", "cold"],
+        &[("AGENTRUN_SOCKET", sock.to_str().unwrap())],
+    );
+    assert_eq!(out.success(), "cold\n", "{out}");
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the user reached root's socket: {other:?}"),
+    }
+}
+
+/// Files named `name` under `dir`.
+fn walk_for(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_name() == name {
+                found.push(p.clone());
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            }
+        }
+    }
+    found
+}
+
+const PLANT: &str = "echo s3cret > /tmp/secret; echo s3cret > /root/secret; \
+                     echo s3cret > /dev/shm/secret; (sleep 60 &); echo planted";
+const LOOK: &str = "cat /tmp/secret /root/secret /dev/shm/secret 2>/dev/null; \
+                    ps -o comm | grep -c sleep; echo looked";
+
+#[test]
+fn a_secret_of_one_run_is_not_visible_to_the_next() {
+    let Some((u, _s, _l)) = user() else { return };
+    assert_eq!(
+        u.cold("busybox", &["sh", "-c", PLANT]).success(),
+        "planted\n"
+    );
+    assert_eq!(
+        u.cold("busybox", &["sh", "-c", LOOK]).success(),
+        "0\nlooked\n"
+    );
+    // Warm: one pooled shell, so the second run is in the very shell the first used.
+    let _d = Daemon::start(u, "busybox:default=1");
+    assert_eq!(
+        u.warm("busybox", &["sh", "-c", PLANT]).success(),
+        "planted\n"
+    );
+    let first = last_run_sandbox(u);
+    assert_eq!(
+        u.warm("busybox", &["sh", "-c", LOOK]).success(),
+        "0\nlooked\n"
+    );
+    assert_eq!(
+        last_run_sandbox(u),
+        first,
+        "both runs in one shell (the case that matters)"
+    );
+}
+
+#[test]
+fn nothing_is_left_behind() {
+    let Some((u, _s, _l)) = user() else { return };
+    // Host mounts under the user's home (its store and state dir): there are never any.
+    let home = u.home.to_str().unwrap().to_string();
+    let mounts = move || -> Vec<String> {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&home))
+            .map(String::from)
+            .collect()
+    };
+    for _ in 0..3 {
+        u.cold("busybox", &["sh", "-c", "sleep 60 & echo started"])
+            .success();
+    }
+    {
+        let _d = Daemon::start(u, "busybox:default=1");
+        u.warm("busybox", &["sh", "-c", "sleep 60 & echo started"])
+            .success();
+    }
+    let left = wait_until(Duration::from_secs(10), || {
+        let p = u.pids();
+        p.is_empty().then_some(())
+    });
+    assert!(left.is_some(), "processes left: {:?}", u.pids());
+    assert_eq!(
+        mounts(),
+        Vec::<String>::new(),
+        "host mounts under the user's home"
+    );
+    let sandboxes: Vec<_> = fs::read_dir(u.state_dir().join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(sandboxes.is_empty(), "state dirs left: {sandboxes:?}");
+    // Nothing in the XDG dirs but the store and the state dir.
+    let local = u.home.join(".local");
+    let mut found: Vec<String> = Vec::new();
+    for sub in ["share", "state"] {
+        for e in fs::read_dir(local.join(sub)).unwrap().flatten() {
+            found.push(format!("{sub}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    found.sort();
+    assert_eq!(found, ["share/agentrun", "state/agentrun"]);
+}
+
+#[test]
+fn what_needs_root_refuses_in_one_line() {
+    let Some((u, _s, _l)) = user() else { return };
+    for args in [
+        &["volume", "ls"][..],
+        &["snapshot", "ls"][..],
+        &["oci", "state", "x"][..],
+    ] {
+        let out = u.run(args, &[]);
+        out.assert_agentrun_error();
+        assert!(out.stderr().contains("needs root"), "{out}");
+    }
+}
+
+#[test]
+fn the_workspace_is_the_users_and_other_files_stay_closed() {
+    let Some((u, _s, _l)) = user() else { return };
+    let ws = u.home.join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("in.txt"), "input\n").unwrap();
+    u.chown(&ws);
+    let w = ws.to_str().unwrap();
+    // Read and written as root inside; on the host the new file is the user's.
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--workspace",
+            w,
+            "--",
+            "sh",
+            "-c",
+            "cat /workspace/in.txt && echo out > /workspace/out.txt",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "input\n", "{out}");
+    let m = fs::metadata(ws.join("out.txt")).expect("the run's file");
+    assert_eq!(
+        (
+            m.uid(),
+            fs::read_to_string(ws.join("out.txt")).unwrap().as_str()
+        ),
+        (u.uid, "out\n")
+    );
+    // A read-only mount stays read-only.
+    let ro = format!("{w}:/data");
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--ro",
+            &ro,
+            "--",
+            "sh",
+            "-c",
+            "cat /data/in.txt; echo x > /data/new 2>/dev/null && echo WROTE; echo done",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "input\ndone\n", "{out}");
+    assert!(!ws.join("new").exists());
+    // Another owner's 0600 file in a directory the user may search: mounted, still closed.
+    let other = tempdir();
+    fs::set_permissions(
+        other.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let secret = other.path().join("secret");
+    fs::write(&secret, "root's\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let spec = format!("{}:/other", other.path().display());
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--ro",
+            &spec,
+            "--",
+            "sh",
+            "-c",
+            "cat /other/secret 2>/dev/null && echo READ; echo done",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.stdout(), "done\n", "{out}");
+}
+
+#[test]
+fn landlock_only_is_confined_without_namespaces() {
+    let Some((u, _s, _l)) = user() else { return };
+    let ws = u.home.join("lo-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let secret = PathBuf::from(format!("/etc/agentrun-lo-{}", std::process::id()));
+    fs::write(&secret, "root's\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let own = u.home.join("lo-private.txt");
+    fs::write(&own, "own\n").unwrap();
+    u.chown(&own);
+    let mut sleeper = Running::spawn(
+        {
+            let mut c = Command::new("runuser");
+            c.args(["-u", &u.name, "--", "sleep", "60"]);
+            c
+        },
+        None,
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "echo in-ws > out.txt && echo WS; \
+         cat {s} 2>/dev/null && echo READ-ROOT; \
+         cat {own} 2>/dev/null && echo READ-OWN; \
+         echo x > {home}/planted 2>/dev/null && echo WROTE-HOME; \
+         kill -9 {pid} 2>/dev/null && echo KILLED; \
+         python3 -c 'import socket; print(\"py\", flush=True); socket.create_connection((\"127.0.0.1\", {port}), 2)' \
+           2>/dev/null && echo TCP; \
+         echo done",
+        s = secret.display(),
+        own = own.display(),
+        home = u.home.display(),
+        pid = sleeper.pid(),
+    );
+    let w = ws.to_str().unwrap();
+    let out = u.run(
+        &[
+            "exec",
+            "--isolation",
+            "landlock-only",
+            "--workspace",
+            w,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[],
+    );
+    let _ = fs::remove_file(&secret);
+    // (python3 ran, and its connect failed.)
+    assert_eq!(out.success(), "WS\npy\ndone\n", "{out}");
+    assert_eq!(fs::read_to_string(ws.join("out.txt")).unwrap(), "in-ws\n");
+    assert!(!u.home.join("planted").exists());
+    assert!(!sleeper.exited(), "the host process was killed");
+    sleeper.stop();
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the run reached a host TCP listener: {other:?}"),
+    }
+    // Its limits are rlimits, said so; the wall-clock watchdog holds.
+    let out = u.run(
+        &[
+            "exec",
+            "--isolation",
+            "landlock-only",
+            "--timeout",
+            "1",
+            "--",
+            "sleep",
+            "30",
+        ],
+        &[],
+    );
+    out.assert_code(124);
+}
+
+#[test]
+fn a_killed_cold_run_leaves_nothing_after_the_next() {
+    let Some((u, _s, _l)) = user() else { return };
+    // setpriv execs: the pid is agentrun's own, and SIGKILL reaches it, not a wrapper.
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        &u.name,
+        "--regid",
+        &u.name,
+        "--init-groups",
+        "env",
+        "-i",
+    ])
+    .arg(format!("HOME={}", u.home.display()))
+    .arg("PATH=/usr/bin:/bin")
+    .arg("AGENTRUN_NO_DAEMON=1")
+    .arg(&u.bin)
+    .args([
+        "exec",
+        "--image",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo up; sleep 60",
+    ])
+    .current_dir(&u.home);
+    let mut run = Running::spawn(cmd, None);
+    let up = wait_until(Duration::from_secs(30), || {
+        run.stdout_so_far().contains("up").then_some(())
+    });
+    assert!(
+        up.is_some(),
+        "the run did not start: {}",
+        run.stderr_so_far()
+    );
+    let sandboxes = u.state_dir().join("sandboxes");
+    let count = || fs::read_dir(&sandboxes).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(count(), 1, "the run's state dir");
+    run.kill9();
+    // Its sandbox dies with it (the init's parent-death signal), processes and all.
+    let gone = wait_until(Duration::from_secs(10), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(gone.is_some(), "processes left: {:?}", u.pids());
+    // The next run collects the dead run's state dir.
+    u.cold("busybox", &["true"]).success();
+    assert_eq!(count(), 0, "state dirs left");
+}
+
+#[test]
+fn the_egress_allowlist_works_rootless() {
+    let Some((u, _s, _l)) = user() else { return };
+    // A host HTTP server (answers every connection with "ok"); its thread ends with the binary.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let fetch = format!(
+        "import urllib.request\ntry:\n    print(urllib.request.urlopen('http://127.0.0.1:{port}/', \
+         timeout=10).read().decode())\nexcept Exception as e:\n    print('refused', e)"
+    );
+    let allow = format!("127.0.0.1:{port}");
+    // Allowed: through the run's egress proxy (the cell has no other way out).
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "python",
+            "--allow-host",
+            &allow,
+            "--",
+            "python3",
+            "-c",
+            &fetch,
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "ok\n", "{out}");
+    // Not allowed: refused.
+    let out = u.run(
+        &["exec", "--image", "python", "--", "python3", "-c", &fetch],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert!(out.success().starts_with("refused"), "{out}");
+}
