@@ -47,3 +47,18 @@ impl Drop for SnapshotSweep {
         }
     }
 }
+
+/// The OpenSandbox scenario `name` (`file:function`, see [`crate::osb::scenario`]) against a
+/// daemon started with `daemon_args`, under the exclusive e2e lock and a [`SnapshotSweep`];
+/// the daemon stopped with nothing left on the host. Its stdout, or "" when the test is
+/// skipped (not root, with `AGENTRUN_E2E_ALLOW_SKIP=1`).
+pub fn swept_scenario(name: &str, daemon_args: &[&str]) -> String {
+    let Some(lock) = crate::setup_exclusive() else {
+        return String::new();
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let (d, domain) = crate::osb::start(&[], daemon_args);
+    let out = crate::osb::scenario(&d, &domain, name, &[]);
+    crate::osb::stop_clean(d);
+    out
+}

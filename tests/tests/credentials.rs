@@ -7,12 +7,13 @@
 //! to gets nothing; a `Host` naming another host is refused (421). The audit log records
 //! each injection and never the value. Root required.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::{
-    agentrun, exec_with, run_with_timeout, setup, tempdir, workspace_root, Agentrun, RunOutput,
-};
+use agentrun_e2e::osb::free_port;
+use agentrun_e2e::tls_server::{certs, dir_text, in_namespaces, Server};
+use agentrun_e2e::{agentrun, exec_with, setup, tempdir, workspace_root};
 use serde_json::Value;
 
 /// The TLS server: answers `auth=ok` when the request carries `Authorization: Bearer
@@ -84,114 +85,21 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 print("memdump", len(os.listdir(out)))
 "#;
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA and a leaf for `ips` (server.pem, server.key; ca.pem).
-fn certs(dir: &std::path::Path, ips: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=e2e upstream CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=e2e upstream",
-        ],
-    );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        format!("subjectAltName={ips}\nextendedKeyUsage=serverAuth\n"),
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-}
-
-/// `a` inside `unshare --mount --net` after `setup` (sh); `after` once it exits.
-fn in_netns(a: Agentrun, setup: &str, after: &str) -> RunOutput {
-    let inner = a.command();
-    let mut cmd = Command::new("unshare");
+/// `server.py` (SERVER) on 127.0.0.1 at a free port, its certificate in `d`, answering
+/// `auth=ok` to `Bearer {secret}`; up once this returns.
+fn loopback_server(d: &Path, secret: &str) -> (u16, Server) {
+    let port = free_port();
+    let mut cmd = Command::new("python3");
     cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "--net",
-        "--",
-        "sh",
-        "-c",
-    ]);
-    cmd.arg(format!(
-        "set -e\n{setup}\nset +e\n\"$@\"\nrc=$?\n{after}\nexit $rc"
-    ));
-    cmd.arg("sh");
-    cmd.arg(inner.get_program()).args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    run_with_timeout(cmd, None, Duration::from_secs(180))
+        "server.py",
+        "127.0.0.1",
+        &port.to_string(),
+        "server.pem",
+        "server.key",
+    ])
+    .current_dir(d)
+    .env("E2E_SECRET", secret);
+    (port, Server::start(cmd, &[port]))
 }
 
 #[test]
@@ -248,7 +156,7 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     .env("AGENTRUN_NO_DAEMON", "1")
     .env("AGENTRUN_AUDIT_DIR", audit.path())
     .env("AGENTRUN_E2E_SECRET", &secret);
-    let out = in_netns(a, &setup_sh, "kill $s1 $s2; wait");
+    let out = in_namespaces(a, true, &setup_sh, "kill $s1 $s2; wait");
     let stdout = out.success();
     let line = |prefix: &str| {
         stdout
@@ -318,10 +226,7 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
         ],
         "{text}"
     );
-    for f in std::fs::read_dir(audit.path()).unwrap() {
-        let bytes = std::fs::read(f.unwrap().path()).unwrap();
-        assert!(!String::from_utf8_lossy(&bytes).contains(&secret));
-    }
+    assert!(!dir_text(audit.path()).contains(&secret));
 }
 
 /// Bad `--credential` input: one line, non-zero exit, nothing run.
@@ -358,30 +263,7 @@ fn http_rules_decide_each_request_with_spans_and_audit() {
     // OTLP receiver), a literal address the profile names.
     certs(d, "IP:127.0.0.1");
     std::fs::write(d.join("server.py"), SERVER).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("python3")
-        .args([
-            "server.py",
-            "127.0.0.1",
-            &port.to_string(),
-            "server.pem",
-            "server.key",
-        ])
-        .current_dir(d)
-        .env("E2E_SECRET", "unused")
-        .spawn()
-        .unwrap();
-    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
-        // Closed at once: the server does its TLS handshakes one at a time.
-        std::net::TcpStream::connect(("127.0.0.1", port))
-            .ok()
-            .map(drop)
-    });
-    assert!(up.is_some(), "the test's server did not start");
+    let (port, server) = loopback_server(d, "unused");
     std::fs::write(
         d.join("l7.toml"),
         format!(
@@ -415,8 +297,7 @@ fn http_rules_decide_each_request_with_spans_and_audit() {
         a = a.env(k, v);
     }
     let out = a.run();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let stdout = out.success();
     let line = |prefix: &str| {
         stdout
@@ -500,53 +381,27 @@ fn mcp_sessions_get_credentials_too() {
     certs(d, "IP:127.0.0.1");
     std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("mcp-e2e-secret-{}", std::process::id());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("python3")
-        .args([
-            "server.py",
-            "127.0.0.1",
-            &port.to_string(),
-            "server.pem",
-            "server.key",
-        ])
-        .current_dir(d)
-        .env("E2E_SECRET", &secret)
-        .spawn()
-        .unwrap();
-    let up = agentrun_e2e::wait_until(Duration::from_secs(20), || {
-        std::net::TcpStream::connect(("127.0.0.1", port))
-            .ok()
-            .map(drop)
-    });
-    assert!(up.is_some(), "the test's server did not start");
+    let (port, server) = loopback_server(d, &secret);
     let env = agentrun_e2e::mcp::McpEnv::new();
     let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
     let ca = d.join("ca.pem").display().to_string();
-    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        env.run_with(
-            agentrun_e2e::mcp::SDK,
-            "credential",
-            &[
-                "--profile",
-                "code-interpreter",
-                "--credential",
-                &cred,
-                "--egress-upstream-ca",
-                &ca,
-            ],
-            &[
-                ("MCP_E2E_SECRET", secret.clone()),
-                ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
-            ],
-        )
-    }));
-    let _ = server.kill();
-    let _ = server.wait();
-    let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    let out = env.run_with(
+        agentrun_e2e::mcp::SDK,
+        "credential",
+        &[
+            "--profile",
+            "code-interpreter",
+            "--credential",
+            &cred,
+            "--egress-upstream-ca",
+            &ca,
+        ],
+        &[
+            ("MCP_E2E_SECRET", secret.clone()),
+            ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
+        ],
+    );
+    drop(server);
     assert!(!out.contains(&secret), "{out}");
     let records = env.audit_records();
     let text = format!("{records:?}");

@@ -9,14 +9,12 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentrun_e2e::otlp::OtlpReceiver;
-use agentrun_e2e::{
-    agentrun, exec_with, run_with_timeout, setup, tempdir, Agentrun, LoopbackServer, RunOutput,
-};
+use agentrun_e2e::tls_server::in_namespaces;
+use agentrun_e2e::{agentrun, exec_with, setup, tempdir, LoopbackServer};
 use serde_json::Value;
 
 /// A server on the host's loopback that keeps every byte each connection sent (until the
@@ -58,32 +56,6 @@ impl Recorder {
     fn requests(&self) -> Vec<String> {
         self.got.lock().unwrap().clone()
     }
-}
-
-/// `a`, run inside `unshare --mount [--net]` after `setup` (sh) ran there; `after` (sh)
-/// runs once it exits, whose status is kept.
-fn in_namespaces(a: Agentrun, net: bool, setup: &str, after: &str) -> RunOutput {
-    let inner = a.command();
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private"]);
-    if net {
-        cmd.arg("--net");
-    }
-    cmd.args([
-        "--",
-        "sh",
-        "-c",
-        &format!("set -e\n{setup}\nset +e\n\"$@\"\nrc=$?\n{after}\nexit $rc"),
-        "sh",
-    ]);
-    cmd.arg(inner.get_program()).args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    run_with_timeout(cmd, None, Duration::from_secs(180))
 }
 
 /// Bind-mounts a hosts file and a resolv.conf (a nameserver nobody answers on: lookups of

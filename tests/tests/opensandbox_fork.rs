@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use agentrun_e2e::osb::*;
-use agentrun_e2e::snapshots::SnapshotSweep;
+use agentrun_e2e::snapshots::{swept_scenario, SnapshotSweep};
 use agentrun_e2e::*;
 
 #[test]
@@ -64,35 +64,20 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
 
 #[test]
 fn bad_counts_the_bounds_and_unknown_or_paused_sandboxes_are_refused() {
-    let Some(lock) = setup_exclusive() else {
-        return;
-    };
-    let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-sandboxes", "4", "--max-snapshot", "4m"]);
-    scenario(&d, &domain, "fork:bad_input", &[]);
-    stop_clean(d);
+    swept_scenario(
+        "fork:bad_input",
+        &["--max-sandboxes", "4", "--max-snapshot", "4m"],
+    );
 }
 
 #[test]
 fn agentrun_fork_prints_the_copies_ids() {
-    let Some(lock) = setup_exclusive() else {
-        return;
-    };
-    let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-sandboxes", "6"]);
-    scenario(&d, &domain, "fork:cli", &[]);
-    stop_clean(d);
+    swept_scenario("fork:cli", &["--max-sandboxes", "6"]);
 }
 
 #[test]
 fn a_snapshot_of_a_fork_copy_holds_its_parents_files_and_its_own() {
-    let Some(lock) = setup_exclusive() else {
-        return;
-    };
-    let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-sandboxes", "8"]);
-    scenario(&d, &domain, "fork:copy_snapshot", &[]);
-    stop_clean(d);
+    swept_scenario("fork:copy_snapshot", &["--max-sandboxes", "8"]);
 }
 
 #[test]

@@ -11,18 +11,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentrun_e2e::osb::*;
-use agentrun_e2e::snapshots::{snapshot_ids, SnapshotSweep};
+use agentrun_e2e::snapshots::{snapshot_ids, swept_scenario, SnapshotSweep};
 use agentrun_e2e::*;
 
 fn run_snapshots(name: &str) -> String {
-    let Some(lock) = setup_exclusive() else {
-        return String::new();
-    };
-    let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &[]);
-    let out = scenario(&d, &domain, &format!("snapshots:{name}"), &[]);
-    stop_clean(d);
-    out
+    swept_scenario(&format!("snapshots:{name}"), &[])
 }
 
 #[test]
@@ -76,13 +69,7 @@ fn a_pause_during_a_snapshot_waits_for_it_and_stays() {
 
 #[test]
 fn a_snapshot_over_max_snapshot_is_a_400_with_its_size() {
-    let Some(lock) = setup_exclusive() else {
-        return;
-    };
-    let _sweep = SnapshotSweep::new(&lock);
-    let (d, domain) = start(&[], &["--max-snapshot", "1M"]);
-    scenario(&d, &domain, "snapshots:size_limit", &[]);
-    stop_clean(d);
+    swept_scenario("snapshots:size_limit", &["--max-snapshot", "1M"]);
 }
 
 #[test]

@@ -5,11 +5,11 @@
 //! runtime replacement, sanitized state, 404/409 answers. Then the secrets are looked for in
 //! the daemon's log, the audit log and every span: none there.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
 use agentrun_e2e::osb::*;
 use agentrun_e2e::otlp::OtlpReceiver;
+use agentrun_e2e::tls_server::{certs, dir_text, Server};
 use agentrun_e2e::*;
 
 /// Answers every GET with JSON: the case (first path segment) and the SHA-256 of each auth
@@ -38,117 +38,19 @@ threading.Thread(target=plain.serve_forever, daemon=True).start()
 tls.serve_forever()
 "#;
 
-struct Servers(Child);
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn sdk_credential_vault_injects_every_auth_type_and_leaks_nothing() {
     let Some(_lock) = setup() else { return };
     let dir = tempdir();
     let d = dir.path();
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=e2e upstream CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=e2e upstream",
-        ],
-    );
-    std::fs::write(
-        d.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
+    certs(d, "IP:127.0.0.1");
     let (tls, plain) = (free_port(), free_port());
-    let _servers = Servers(
-        Command::new("python3")
-            .args(["-c", SERVER, &tls.to_string(), &plain.to_string()])
-            .arg(d.join("server.pem"))
-            .arg(d.join("server.key"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("python3"),
-    );
-    for port in [tls, plain] {
-        let up = wait_until(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", port))
-                .ok()
-                .map(drop)
-        });
-        assert!(up.is_some(), "the test's server on {port} did not start");
-    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", SERVER, &tls.to_string(), &plain.to_string()])
+        .arg(d.join("server.pem"))
+        .arg(d.join("server.key"))
+        .stdout(Stdio::null());
+    let _servers = Server::start(cmd, &[tls, plain]);
 
     let audit = tempdir();
     let rx = OtlpReceiver::grpc();
@@ -157,37 +59,21 @@ fn sdk_credential_vault_injects_every_auth_type_and_leaks_nothing() {
     let ca = d.join("ca.pem").display().to_string();
     let (daemon, domain) = start(&env, &["--egress-upstream-ca", &ca]);
     let nonce = format!("{}x{}", std::process::id(), tls);
-    let out = scenario(
-        &daemon,
-        &domain,
-        "vault:vault",
-        &[
-            ("VAULT_TLS_PORT", tls.to_string()),
-            ("VAULT_HTTP_PORT", plain.to_string()),
-            ("VAULT_NONCE", nonce.clone()),
-        ],
-    );
+    let vault_env = [
+        ("VAULT_TLS_PORT", tls.to_string()),
+        ("VAULT_HTTP_PORT", plain.to_string()),
+        ("VAULT_NONCE", nonce.clone()),
+    ];
+    let out = scenario(&daemon, &domain, "vault:vault", &vault_env);
     let sid = printed(&out, "SANDBOX").to_string();
-    scenario(
-        &daemon,
-        &domain,
-        "vault:without_proxy",
-        &[
-            ("VAULT_TLS_PORT", tls.to_string()),
-            ("VAULT_HTTP_PORT", plain.to_string()),
-            ("VAULT_NONCE", nonce.clone()),
-        ],
-    );
+    scenario(&daemon, &domain, "vault:without_proxy", &vault_env);
     let log = daemon.log();
     stop_clean(daemon);
 
     // The scenario's secrets all carry the nonce (basic-token is upstream's fixed
     // dXNlcjpwYXNz: looked for too).
     let secrets = [nonce.as_str(), "dXNlcjpwYXNz", "raw-secret-in-a-bad-body"];
-    let audit_text: String = std::fs::read_dir(audit.path())
-        .unwrap()
-        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap_or_default())
-        .collect();
+    let audit_text = dir_text(audit.path());
     // The daemon exported its spans before it exited.
     let spans = rx.spans();
     assert!(!spans.is_empty(), "no spans");
