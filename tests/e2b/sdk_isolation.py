@@ -16,7 +16,6 @@ for every plant report and verdict, then `OK e2b`; the Rust side judges them.
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ os.environ.pop("E2B_DOMAIN", None)
 
 from e2b_code_interpreter import Sandbox  # noqa: E402
 from e2b_code_interpreter.models import Context  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "isolation"))
+from iso_client import command, manifest, result  # noqa: E402
 
 TIMEOUT = 300
 
@@ -39,25 +40,6 @@ TIMEOUT = 300
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
-
-
-def manifest():
-    with open(os.environ["ISO_MANIFEST"]) as f:
-        return json.load(f)
-
-
-def result(label, text):
-    """The `ISO-PLANTED`/`ISO-VERDICT` line of a run's output, printed as a RESULT."""
-    for line in text.splitlines():
-        for key in ("ISO-PLANTED ", "ISO-VERDICT "):
-            if line.startswith(key):
-                print("RESULT", label, line[len(key):], flush=True)
-                return
-    raise AssertionError(f"{label}: no report in its output:\n{text[-4000:]}")
-
-
-def command(code, mark):
-    return "python3 -c " + shlex.quote(code) + " " + shlex.quote(mark)
 
 
 def cmd_text(r):

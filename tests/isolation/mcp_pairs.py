@@ -22,21 +22,16 @@ import anyio
 from common import check, main, structured
 
 import sdk_client
-
-
-def manifest():
-    with open(os.environ["ISO_MANIFEST"]) as f:
-        return json.load(f)
+from iso_client import manifest, report
 
 
 def result(label, res):
     obj = structured(res)
     check(not res.isError, f"{label}: an error result", obj)
-    for line in obj.get("stdout", "").splitlines():
-        for key in ("ISO-PLANTED ", "ISO-VERDICT "):
-            if line.startswith(key):
-                print("RESULT", label, line[len(key):], flush=True)
-                return
+    found = report(obj.get("stdout", ""))
+    if found is not None:
+        print("RESULT", label, found, flush=True)
+        return
     raise AssertionError(f"{label}: no report in its output: exit {obj.get('exit_code')}\n"
                          f"{obj.get('stdout', '')[-3000:]}\n--- stderr ---\n{obj.get('stderr', '')[-3000:]}")
 

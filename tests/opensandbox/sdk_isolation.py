@@ -13,32 +13,15 @@ side judges them. The scenario itself checks what the harness must guarantee: B 
 shell (OpenSandbox: `agentrun ps` names the shell of each sandbox).
 """
 
-import json
 import os
-import shlex
+import sys
 import time
 from datetime import timedelta
 
 from sdk_e2e import check, ps, shell_of, sync_config
 
-
-def manifest():
-    with open(os.environ["ISO_MANIFEST"]) as f:
-        return json.load(f)
-
-
-def result(label, text):
-    """The `ISO-PLANTED`/`ISO-VERDICT` line of a run's output, printed as a RESULT."""
-    for line in text.splitlines():
-        for key in ("ISO-PLANTED ", "ISO-VERDICT "):
-            if line.startswith(key):
-                print("RESULT", label, line[len(key):], flush=True)
-                return
-    raise AssertionError(f"{label}: no report in its output:\n{text[-4000:]}")
-
-
-def command(code, mark):
-    return "python3 -c " + shlex.quote(code) + " " + shlex.quote(mark)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "isolation"))
+from iso_client import command, manifest, result  # noqa: E402
 
 
 def lines(execution):
