@@ -12,6 +12,21 @@
 #                               exited 0 and printed EXPECT
 # stop_daemon                   SIGTERM $daemon_pid, bounded wait, then SIGKILL; sets
 #                               $daemon_rc and $daemon_stop, clears $daemon_pid
+#
+# For the scripts that bench one `agentrun serve` (e2b, opensandbox, snapshot, fork):
+# bench_venv VENV CHECK PKG...   makes VENV and pip-installs PKG... unless its python runs
+#                               the Python CHECK (exits 0)
+# bench_setup NAME              copies $AGENTRUN_BIN (else hack/build-static's binary) to
+#                               $tmp/agentrun ($tmp a new /tmp/agentrun-NAME-bench.*), exports a
+#                               private AGENTRUN_STATE_DIR (on a tmpfs) and AGENTRUN_ROOT under
+#                               it, unsets the OTLP endpoints, sets $port (a free loopback port)
+# bench_serve ARGS...           starts `$tmp/agentrun serve ARGS...` (log $tmp/serve.log;
+#                               $serve_pid) and traps EXIT to stop it and remove $tmp
+# bench_serve_stop              SIGTERM $serve_pid, 30 s at most, then SIGKILL
+# bench_pool_full               waits (60 s at most) for the daemon's first pool to be full
+# bench_pool_summary            prints the pool's hits, misses and discarded shells
+# bench_leftovers               sets $left: the daemon's cgroups, sandbox state dirs and
+#                               mounts under $tmp still there (empty: none)
 
 bench_install() {
     local who=$1 t need=()
@@ -96,4 +111,63 @@ stop_daemon() { # bounded: SIGTERM, wait, then SIGKILL; sets daemon_rc and daemo
     wait "$daemon_pid" 2>/dev/null || daemon_rc=$?
     daemon_stop+=", exit code $daemon_rc"
     daemon_pid=
+}
+
+bench_venv() {
+    local venv=$1 check=$2
+    shift 2
+    if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "$@"
+    fi
+}
+
+bench_setup() {
+    local name=$1 src
+    if [ -n "${AGENTRUN_BIN:-}" ]; then
+        src=$AGENTRUN_BIN
+    else
+        src=$("$repo/hack/build-static")
+    fi
+    tmp=$(mktemp -d "/tmp/agentrun-$name-bench.XXXXXX")
+    chmod 755 "$tmp"
+    cp "$src" "$tmp/agentrun"
+    export AGENTRUN_STATE_DIR=$tmp/state AGENTRUN_ROOT=$tmp/root
+    # The state dir on a tmpfs, as the default /run/agentrun is on a standard host (see hack/bench).
+    mkdir -p "$AGENTRUN_STATE_DIR"
+    mount -t tmpfs -o mode=0755,size=512m agentrun-bench-state "$AGENTRUN_STATE_DIR"
+    unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+}
+
+bench_serve() {
+    "$tmp/agentrun" serve "$@" >"$tmp/serve.log" 2>&1 &
+    serve_pid=$!
+    trap 'bench_serve_stop; umount "$tmp/state" 2>/dev/null; rm -rf "$tmp"' EXIT
+}
+
+bench_serve_stop() {
+    kill -TERM "$serve_pid" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$serve_pid" 2>/dev/null || true
+    wait "$serve_pid" 2>/dev/null || true
+}
+
+bench_pool_full() { # up, and the pool full (status lists ready >= target), at most 60 s
+    local ready
+    for _ in $(seq 600); do
+        ready=$("$tmp/agentrun" pool status --json 2>/dev/null | python3 -c 'import json,sys; p=json.load(sys.stdin)["pools"][0]; print(p["ready"] >= p["target"])' 2>/dev/null || true)
+        [ "$ready" = True ] && break
+        sleep 0.1
+    done
+}
+
+bench_pool_summary() {
+    "$tmp/agentrun" pool status --json | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["pools"][0]; print(p["hits"], "pool hits,", p["misses"], "misses; shells discarded:", s.get("discarded") or "none")'
+}
+
+bench_leftovers() {
+    left=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*/agentrun/*' 2>/dev/null | while read -r d; do [ -e "$tmp/state/sandboxes/$(basename "$d")" ] && echo "$d"; done || true)
+    left+=$(ls -A "$tmp/state/sandboxes" 2>/dev/null || true)
+    left+=$(awk -v p="$tmp/" -v s="$tmp/state" 'index($5, p) == 1 && $5 != s { print $5 }' /proc/self/mountinfo)
 }

@@ -28,19 +28,13 @@ os.environ.pop("E2B_DOMAIN", None)
 from e2b import Sandbox  # noqa: E402
 from e2b_code_interpreter import Sandbox as CodeSandbox  # noqa: E402
 
+import latency  # noqa: E402  (hack/bench.d)
+
 WARMUP = 5
 
 
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
 def print_table(title, steps):
-    print(f"| {title} | p50 ms | p99 ms |")
-    print("|---|---:|---:|")
-    for k, xs in steps.items():
-        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
+    latency.print_table(title, steps)
     print()
 
 

@@ -15,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 repo=$PWD
+# shellcheck source=common.sh
+. "$repo/hack/bench.d/common.sh"
 copies=10
 mb=100
 if [ -n "${SMOKE:-}" ]; then
@@ -26,40 +28,19 @@ venv=$repo/.venv/test
     echo "bench fork: $venv lacks the OpenSandbox SDKs (run hack/test once)" >&2
     exit 1
 }
-if [ -n "${AGENTRUN_BIN:-}" ]; then
-    src=$AGENTRUN_BIN
-else
-    src=$("$repo/hack/build-static")
-fi
-tmp=$(mktemp -d /tmp/agentrun-fork-bench.XXXXXX)
-chmod 755 "$tmp"
-cp "$src" "$tmp/agentrun"
-export AGENTRUN_STATE_DIR=$tmp/state AGENTRUN_ROOT=$tmp/root
-mkdir -p "$AGENTRUN_STATE_DIR"
-mount -t tmpfs -o mode=0755,size=512m agentrun-bench-state "$AGENTRUN_STATE_DIR"
-unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$tmp/agentrun" serve --listen "127.0.0.1:$port" --pool-size 2 --max-sandboxes $((2 * copies + 4)) >"$tmp/serve.log" 2>&1 &
-pid=$!
-stop() {
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-trap 'stop; umount "$tmp/state" 2>/dev/null; rm -rf "$tmp"' EXIT
+bench_setup fork
+bench_serve --listen "127.0.0.1:$port" --pool-size 2 --max-sandboxes $((2 * copies + 4))
 for _ in $(seq 600); do
     [ -s "$AGENTRUN_STATE_DIR/api-key" ] && "$tmp/agentrun" pool status --json >/dev/null 2>&1 && break
     sleep 0.1
 done
 table=$(OSB_API_KEY=$(cat "$AGENTRUN_STATE_DIR/api-key") "$venv/bin/python" "$repo/hack/bench.d/fork.py" \
-    "127.0.0.1:$port" "$tmp/agentrun" "$AGENTRUN_STATE_DIR" "$pid" "$copies" "$mb") || {
+    "127.0.0.1:$port" "$tmp/agentrun" "$AGENTRUN_STATE_DIR" "$serve_pid" "$copies" "$mb") || {
     tail -20 "$tmp/serve.log" >&2
     exit 1
 }
-stop
-left=$(ls -A "$tmp/state/sandboxes" 2>/dev/null || true)
-left+=$(awk -v p="$tmp/" -v s="$tmp/state" 'index($5, p) == 1 && $5 != s { print $5 }' /proc/self/mountinfo)
+bench_serve_stop
+bench_leftovers
 echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); ${SMOKE:+SMOKE=1 }hack/bench fork"
 echo
 echo "### Fork of a sandbox whose code context holds ${mb} MB into ${copies} copies"

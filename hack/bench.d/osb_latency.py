@@ -22,20 +22,9 @@ os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
 from opensandbox import SandboxSync  # noqa: E402
 from opensandbox.config import ConnectionConfigSync  # noqa: E402
 
+from latency import print_table  # noqa: E402  (hack/bench.d)
+
 WARMUP = 5
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
-def print_table(title, steps):
-    """A markdown table of p50/p99 per step (milliseconds)."""
-    print(f"| {title} | p50 ms | p99 ms |")
-    print("|---|---:|---:|")
-    for k, xs in steps.items():
-        print(f"| {k} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
 
 
 def sdk_rounds(label, make_cfg, runs):
