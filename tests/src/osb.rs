@@ -93,6 +93,20 @@ pub fn stop_clean(mut d: Daemon) {
     assert!(clean.is_some(), "the daemon left behind:\n{new}");
 }
 
+/// After `d` was killed with SIGKILL: waits (30 s at most) until what it left on the host is
+/// gone, then starts it again on a new loopback port (pool of 2); returns that address.
+pub fn relaunch_after_kill9(d: &mut Daemon) -> String {
+    let mut new = Leftovers::default();
+    let clean = wait_until(Duration::from_secs(30), || {
+        new = Leftovers::snapshot_own(d.state()).new_since(d.before());
+        new.is_empty().then_some(())
+    });
+    assert!(clean.is_some(), "the killed daemon left behind:\n{new}");
+    let domain = format!("127.0.0.1:{}", free_port());
+    d.launch(["--pool-size", "2", "--listen", domain.as_str()]);
+    domain
+}
+
 pub fn run_scenario(name: &str) {
     let Some(_lock) = setup() else { return };
     let (d, domain) = start(&[], &[]);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agentrun_e2e::osb::free_port;
 use agentrun_e2e::tls_server::{certs, dir_text, in_namespaces, Server};
-use agentrun_e2e::{agentrun, exec_with, setup, tempdir, workspace_root};
+use agentrun_e2e::{agentrun, exec_with, setup, tempdir, workspace_root, RunOutput};
 use serde_json::Value;
 
 /// The TLS server: answers `auth=ok` when the request carries `Authorization: Bearer
@@ -84,6 +84,15 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
                 pass
 print("memdump", len(os.listdir(out)))
 "#;
+
+/// The line of `out`'s stdout that starts with `prefix` (panics, with the output, if none).
+fn line_of(out: &RunOutput, prefix: &str) -> String {
+    out.stdout()
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
+        .to_string()
+}
 
 /// `server.py` (SERVER) on 127.0.0.1 at a free port, its certificate in `d`, answering
 /// `auth=ok` to `Bearer {secret}`; up once this returns.
@@ -158,13 +167,7 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     .env("AGENTRUN_E2E_SECRET", &secret);
     let out = in_namespaces(a, true, &setup_sh, "kill $s1 $s2; wait");
     let stdout = out.success();
-    let line = |prefix: &str| {
-        stdout
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
-            .to_string()
-    };
+    let line = |prefix: &str| line_of(&out, prefix);
     assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{out}");
     assert_eq!(
         line("requests:"),
@@ -298,14 +301,8 @@ fn http_rules_decide_each_request_with_spans_and_audit() {
     }
     let out = a.run();
     drop(server);
-    let stdout = out.success();
-    let line = |prefix: &str| {
-        stdout
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
-            .to_string()
-    };
+    out.success();
+    let line = |prefix: &str| line_of(&out, prefix);
     assert_eq!(line("get:"), "get: auth=missing path=/v1/items", "{out}");
     assert!(
         line("delete:").contains("denied by rule network.http_deny[0]"),

@@ -91,14 +91,7 @@ fn a_daemon_killed_with_fork_copies_restarts_with_no_frozen_layer_left() {
     let layer = d.state().join("frozen").join(printed(&out, "LAYER"));
     assert!(layer.is_dir(), "{} while its copies run", layer.display());
     d.kill9();
-    let mut new = Leftovers::default();
-    let clean = wait_until(Duration::from_secs(30), || {
-        new = Leftovers::snapshot_own(d.state()).new_since(d.before());
-        new.is_empty().then_some(())
-    });
-    assert!(clean.is_some(), "the killed daemon left behind:\n{new}");
-    let domain2 = format!("127.0.0.1:{}", free_port());
-    d.launch(["--pool-size", "2", "--listen", domain2.as_str()]);
+    relaunch_after_kill9(&mut d);
     let left: Vec<_> = std::fs::read_dir(d.state().join("frozen"))
         .map(|r| r.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();

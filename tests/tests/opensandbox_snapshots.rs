@@ -166,15 +166,8 @@ fn a_daemon_killed_mid_snapshot_restarts_with_no_half_snapshot_and_nothing_left(
     d.kill9();
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
     assert!(!left.is_empty(), "the kill came after the write");
-    let mut new = Leftovers::default();
-    let clean = wait_until(Duration::from_secs(30), || {
-        new = Leftovers::snapshot_own(d.state()).new_since(d.before());
-        new.is_empty().then_some(())
-    });
-    assert!(clean.is_some(), "the killed daemon left behind:\n{new}");
     // Restarted: nothing of it listed, its temp files gone, no record of it.
-    let domain2 = format!("127.0.0.1:{}", free_port());
-    d.launch(["--pool-size", "2", "--listen", domain2.as_str()]);
+    let domain2 = relaunch_after_kill9(&mut d);
     let leftover: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
     assert!(
         leftover.is_empty(),
