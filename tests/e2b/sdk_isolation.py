@@ -14,11 +14,8 @@ binary and the daemon's state dir (for `agentrun ps --json`). Prints `RESULT <la
 for every plant report and verdict, then `OK e2b`; the Rust side judges them.
 """
 
-import json
 import os
-import subprocess
 import sys
-import time
 
 import httpx
 
@@ -32,7 +29,7 @@ os.environ.pop("E2B_DOMAIN", None)
 from e2b_code_interpreter import Sandbox  # noqa: E402
 from e2b_code_interpreter.models import Context  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "isolation"))
-from iso_client import command, manifest, result  # noqa: E402
+from iso_client import command, manifest, result, shell_of, wait_back  # noqa: E402
 
 TIMEOUT = 300
 
@@ -49,35 +46,6 @@ def cmd_text(r):
 def code_text(e):
     return "".join(e.logs.stdout) + "\n--- stderr ---\n" + "".join(e.logs.stderr) + \
         "\n--- error ---\n" + repr(e.error)
-
-
-def ps():
-    env = dict(os.environ, AGENTRUN_STATE_DIR=os.environ["ISO_STATE"])
-    out = subprocess.run([os.environ["ISO_AGENTRUN"], "ps", "--json"], env=env,
-                         capture_output=True, text=True, timeout=30)
-    check(out.returncode == 0, f"agentrun ps: {out.returncode} {out.stderr}")
-    return json.loads(out.stdout)
-
-
-def shell_of(sid):
-    """The shell serving sandbox `sid` (an E2B sandbox is a record of the front end)."""
-    entries = ps()
-    for e in entries:
-        if e.get("sandbox") == sid:
-            return e["id"]
-    raise AssertionError(f"no shell serves sandbox {sid}: {entries}")
-
-
-def wait_back(shell, secs=30):
-    """Waits until `shell` is back in its pool: ready, serving no sandbox."""
-    deadline = time.monotonic() + secs
-    while True:
-        entry = next((e for e in ps() if e["id"] == shell), None)
-        check(entry is not None, f"shell {shell} was discarded: {ps()}")
-        if entry["state"] == "ready" and entry.get("sandbox") is None:
-            return
-        check(time.monotonic() < deadline, f"shell {shell} not back in its pool: {entry}")
-        time.sleep(0.05)
 
 
 def side(sbx, label, s):

@@ -22,7 +22,7 @@ import anyio
 from common import check, main, structured
 
 import sdk_client
-from iso_client import manifest, report
+from iso_client import manifest, ps, report
 
 
 def result(label, res):
@@ -45,14 +45,6 @@ def pool_status():
     out = subprocess.run([os.environ["ISO_AGENTRUN"], "pool", "status", "--json"], env=env,
                          capture_output=True, text=True, timeout=30)
     check(out.returncode == 0, f"agentrun pool status: {out.returncode} {out.stderr}")
-    return json.loads(out.stdout)
-
-
-def ps():
-    env = dict(os.environ, AGENTRUN_STATE_DIR=os.environ["ISO_STATE"])
-    out = subprocess.run([os.environ["ISO_AGENTRUN"], "ps", "--json"], env=env,
-                         capture_output=True, text=True, timeout=30)
-    check(out.returncode == 0, f"agentrun ps: {out.returncode} {out.stderr}")
     return json.loads(out.stdout)
 
 

@@ -21,7 +21,7 @@ from datetime import timedelta
 from sdk_e2e import check, ps, shell_of, sync_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "isolation"))
-from iso_client import command, manifest, result  # noqa: E402
+from iso_client import command, manifest, result, wait_back  # noqa: E402
 
 
 def lines(execution):
@@ -49,7 +49,7 @@ def osb():
     finally:
         a.kill()
         a.close()
-    wait_back(shell)
+    wait_back(shell, ps)
     b = SandboxSync.create("host", connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
     try:
         check(shell_of(b.id) == shell, f"sandbox B is not in A's shell {shell}")
@@ -63,19 +63,6 @@ def osb():
         b.kill()
         b.close()
     print("SHELL", shell, flush=True)
-
-
-def wait_back(shell, secs=30):
-    """Waits until `shell` is back in its pool: ready, serving no sandbox (a shell in doubt
-    is discarded instead, and then B could not run on it)."""
-    deadline = time.monotonic() + secs
-    while True:
-        entry = next((e for e in ps() if e["id"] == shell), None)
-        check(entry is not None, f"shell {shell} was discarded: {ps()}")
-        if entry["state"] == "ready" and entry.get("sandbox") is None:
-            return
-        check(time.monotonic() < deadline, f"shell {shell} not back in its pool: {entry}")
-        time.sleep(0.05)
 
 
 def docker_logs(c, key, secs=120):
@@ -154,7 +141,7 @@ def osb_snapshot():
     finally:
         a.kill()
         a.close()
-    wait_back(shell)
+    wait_back(shell, ps)
     mgr = SandboxManagerSync.create(cfg)
     p = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
     try:
@@ -208,7 +195,7 @@ def osb_fork():
     finally:
         a.kill()
         a.close()
-    wait_back(shell)
+    wait_back(shell, ps)
     # P carries B's environment (a copy starts with its parent's).
     p = SandboxSync.create("host", connection_config=cfg, env=m["b"]["env"], timeout=timedelta(minutes=5))
     b = None
