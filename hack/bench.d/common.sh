@@ -1,5 +1,6 @@
-# Shared by hack/bench and hack/bench.d/python.sh (sourced, not run). Expects $repo (the
-# repository) and $py (/usr/bin/python3); check() also $tmp, stop_daemon() $daemon_pid and
+# Shared by hack/bench, hack/bench.d/python.sh and the `agentrun serve` benches (e2b.sh,
+# opensandbox.sh, snapshot.sh, fork.sh); sourced, not run. Expects $repo (the repository);
+# bench_sandlock also $py (/usr/bin/python3); check() also $tmp, stop_daemon() $daemon_pid and
 # $stop_secs.
 #
 # bench_install WHO CMD:PKG...  apt-get installs PKG for each CMD not found (WHO prefixes the
