@@ -367,8 +367,8 @@ class Sandbox:
         self._binary = find_binary(binary)
         self._owned: Optional[str] = None
         if workspace is None:
-            # mkdtemp's mode is 0700: agentrun maps the sandbox's root to the directory's
-            # owner (an idmapped mount), so nobody else needs in.
+            # mkdtemp's mode is 0700: the sandbox's root is the directory's owner (root's
+            # agentrun: an idmapped mount; a user's: the user itself), so nobody else needs in.
             self._owned = tempfile.mkdtemp(prefix="agentrun-sandbox-")
             workspace = self._owned
         self.workspace = Path(workspace)

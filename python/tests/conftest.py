@@ -3,7 +3,11 @@
 Every test runs the real `agentrun` binary (found as the package finds it: AGENTRUN_BIN, the
 wheel's script, PATH) with a private state directory, so runs are one-run sandboxes (cold)
 unless a test starts its own daemon (`daemon`). With AGENTRUN_PYTEST_WARM=1 every run goes
-through one daemon started for the session (warm). Nothing is mocked: a host that cannot make sandboxes
+through one daemon started for the session (warm). With AGENTRUN_PYTEST_WARM=external every
+run goes through the daemon already answering where the binary finds one by default (no
+AGENTRUN_STATE_DIR: e.g. a rootless user's `$XDG_RUNTIME_DIR/agentrun`), started and stopped
+by the caller (hack/wheel-test); AGENTRUN_PYTEST_WARM_LOG names its log for failure messages.
+Both warm modes check at the end that the daemon served the runs. Nothing is mocked: a host that cannot make sandboxes
 fails these tests, it does not skip them.
 """
 
@@ -18,7 +22,8 @@ import pytest
 import agentrun
 
 
-WARM = os.environ.get("AGENTRUN_PYTEST_WARM") == "1"
+WARM = os.environ.get("AGENTRUN_PYTEST_WARM") in ("1", "external")
+EXTERNAL = os.environ.get("AGENTRUN_PYTEST_WARM") == "external"
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +32,15 @@ def warm_daemon():
     run goes through (checked at the end: it must have served the runs)."""
     if not WARM:
         yield None
+        return
+    if EXTERNAL:
+        old = os.environ.pop("AGENTRUN_STATE_DIR", None)
+        daemon = ExternalDaemon(agentrun.find_binary())
+        yield daemon
+        served = daemon.served() - daemon.before
+        if old is not None:
+            os.environ["AGENTRUN_STATE_DIR"] = old
+        assert served >= daemon.tests, f"the daemon served {served} runs for {daemon.tests} tests"
         return
     d = tempfile.mkdtemp(prefix="agentrun-pytest-warm-")
     os.chmod(d, 0o700)
@@ -50,6 +64,10 @@ def state_dir(monkeypatch, warm_daemon):
     session daemon's with AGENTRUN_PYTEST_WARM=1."""
     if warm_daemon is not None:
         warm_daemon.tests += 1
+        if warm_daemon.state is None:
+            monkeypatch.delenv("AGENTRUN_STATE_DIR", raising=False)
+            yield None
+            return
         monkeypatch.setenv("AGENTRUN_STATE_DIR", warm_daemon.state)
         yield warm_daemon.state
         return
@@ -100,6 +118,27 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+class ExternalDaemon(Daemon):
+    """The daemon answering at the binary's default state dir, run by the caller: it must
+    answer now; it is not stopped here."""
+
+    def __init__(self, binary):
+        self.binary = binary
+        self.state = None
+        self.tests = 0
+        self.before = self.served()
+
+    def logs(self):
+        log = os.environ.get("AGENTRUN_PYTEST_WARM_LOG")
+        if not log:
+            return "(no AGENTRUN_PYTEST_WARM_LOG)"
+        with open(log, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self):
+        pass
 
 
 @pytest.fixture

@@ -29,6 +29,16 @@ def test_the_run_is_sandboxed():
     assert not os.path.exists("/etc/agentrun-pytest-evil")
 
 
+def test_the_callers_own_files_outside_the_mounts_stay_untouched(tmp_path):
+    # What the caller may write on the host (as root, anything; as a user, its own files) is
+    # not writable from the sandbox unless mounted: /etc above proves little for a user.
+    target = tmp_path / "evil"
+    # (The sandbox may make that path in its own /tmp: the host's must stay as it was.)
+    r = agentrun.run(["sh", "-c", f"mkdir -p {tmp_path} && echo x > {target}"])
+    assert not target.exists(), r
+    assert list(tmp_path.iterdir()) == [], r
+
+
 def test_env_is_set_in_the_sandbox():
     r = agentrun.run(["sh", "-c", 'printf "%s|%s" "$GREETING" "$OTHER"'],
                      env={"GREETING": "hello world", "OTHER": "a=b"})
