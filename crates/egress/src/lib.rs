@@ -1107,7 +1107,12 @@ fn connect_any(addrs: &[SocketAddr], host: &str) -> Result<TcpStream, Failure> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     for a in addrs {
         match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
-            Ok(s) => return Ok(s),
+            Ok(s) => {
+                // The proxy forwards what it has as it has it (a request's head, then its
+                // body; a tunnel's reads): no Nagle wait on the upstream's delayed ACK.
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
             Err(e) => last = e,
         }
     }
