@@ -32,8 +32,11 @@ fi
 tmp=$(mktemp -d /tmp/agentrun-egress-bench.XXXXXX)
 chmod 755 "$tmp"
 server_pid=
-cleanup() {
-    [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+cleanup() { # under set -e: a server ended by our SIGTERM (wait: 143) must not stop the cleanup
+    if [ -n "$server_pid" ]; then
+        kill "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+    fi
     rm -rf "$tmp"
 }
 trap cleanup EXIT
