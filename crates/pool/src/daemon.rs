@@ -136,7 +136,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     };
     let privilege = agentrun_runtime::Privilege::detect();
     let cgroup = CgroupMode::for_sandboxes(&privilege);
-    let pool = Arc::new(Pool::new(factories, opts.limits.clone()).with_cgroup(cgroup));
+    let pool = Arc::new(Pool::new(factories, opts.limits.clone()));
     let live =
         Arc::new(LiveManager::new(pool.clone()).with_frozen_dir(opts.state_dir.join("frozen")));
     let shared = Arc::new(Shared {

@@ -97,12 +97,6 @@ pub struct PooledShell {
     pub home: Option<usize>,
     /// Its run is over and it is being checked for reuse ([`crate::pool::Pool::recycling`]).
     pub recycling: bool,
-    /// It keeps a Python zygote, whose imports run after the shell's creation and again after
-    /// the zygote restarts: such a shell rests at a low CPU weight while it waits in its pool
-    /// ([`agentrun_runtime::cgroup::CgroupMode::set_resting`]).
-    pub zygote: bool,
-    /// Its cgroup has the resting CPU weight now (a run's limits restore the normal one).
-    pub resting: bool,
 }
 
 impl PooledShell {
@@ -137,8 +131,7 @@ impl RunLimits {
     }
 }
 
-/// Puts `want` in force on the shell's cgroup (only what differs from what is), and a run's
-/// CPU weight if the shell was resting.
+/// Puts `want` in force on the shell's cgroup (only what differs from what is).
 pub fn apply_limits(
     shell: &mut PooledShell,
     want: RunLimits,
@@ -146,10 +139,6 @@ pub fn apply_limits(
     swap_limit: bool,
 ) -> Result<(), PoolError> {
     let Some(cg) = cgroup else { return Ok(()) };
-    if shell.resting {
-        cg.set_resting(&shell.id, false)?;
-        shell.resting = false;
-    }
     let have = shell.limits;
     if have == want {
         return Ok(());
@@ -265,8 +254,6 @@ impl FactoryClient {
                     tmpfs_bytes: profile.resources.tmpfs_bytes,
                     home: None,
                     recycling: false,
-                    zygote: profile.python.zygote,
-                    resting: false,
                 })
             }
             FactoryReply::Error { message } => Err(PoolError::Factory(message)),

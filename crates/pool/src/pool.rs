@@ -7,8 +7,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use agentrun_runtime::cgroup::CgroupMode;
-
 use crate::factory::{FactoryClient, PooledShell};
 use crate::protocol::{PoolInfo, PoolStatus, SandboxInfo};
 use crate::recipe::SandboxRecipe;
@@ -235,8 +233,6 @@ pub struct Pool {
     limits: PoolLimits,
     state: Mutex<State>,
     changed: Condvar,
-    /// Where shells' cgroups are (`None`: no cgroups), for their resting CPU weight.
-    cgroup: Option<CgroupMode>,
 }
 
 impl Pool {
@@ -267,22 +263,6 @@ impl Pool {
                 ..State::default()
             }),
             changed: Condvar::new(),
-            cgroup: None,
-        }
-    }
-
-    /// Shells' cgroups are managed as `cgroup` says: a zygote shell waiting in its pool then
-    /// rests at a low CPU weight ([`CgroupMode::set_resting`]).
-    pub fn with_cgroup(mut self, cgroup: Option<CgroupMode>) -> Self {
-        self.cgroup = cgroup;
-        self
-    }
-
-    /// Lowers the CPU weight of a zygote shell about to wait in its pool (best effort: a
-    /// failed write leaves it at a run's weight, as before).
-    fn rest(&self, shell: &mut PooledShell) {
-        if let (Some(cg), true, false) = (self.cgroup, shell.zygote, shell.resting) {
-            shell.resting = cg.set_resting(&shell.id, true).is_ok();
         }
     }
 
@@ -461,9 +441,6 @@ impl Pool {
     /// nor worn out, else destroyed (the refill loop notices the room).
     pub fn release(&self, mut shell: PooledShell, verdict: Verdict) {
         let id = shell.id.clone();
-        if matches!(verdict, Verdict::Reuse) {
-            self.rest(&mut shell);
-        }
         let mut st = self.lock();
         st.refill_holdoff = None;
         st.cells += 1;
@@ -582,7 +559,6 @@ impl Pool {
                         return;
                     }
                     st.pools[pick].image_id.clone_from(&sh.image_id);
-                    self.rest(&mut sh);
                     sh.prepare_spare();
                     st.pools[pick].ready.push_back((sh, Instant::now()));
                     backoff = Duration::from_millis(50);

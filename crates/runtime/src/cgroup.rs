@@ -24,11 +24,6 @@ use crate::error::RuntimeError;
 /// CPU quota period (µs) of limits set on a running sandbox.
 const CPU_PERIOD: u64 = 100_000;
 
-/// CPU weight of a resting shell ([`CgroupMode::set_resting`]): 1/16 of the default.
-pub const RESTING_SHARES: u64 = 64;
-/// The same on cgroup v2 (`cpu.weight`, default 100).
-pub const RESTING_WEIGHT: u64 = 6;
-
 /// Root of the cgroup filesystem(s).
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Parent cgroup of every sandbox: `/agentrun/<sandbox-id>`.
@@ -271,25 +266,6 @@ impl CgroupMode {
             }
         }
         Ok(())
-    }
-
-    /// Gives a shell's cgroup the CPU weight of a shell waiting in its pool (`resting`) or of
-    /// one serving a run: v1 `cpu.shares` [`RESTING_SHARES`] or 1024, v2 `cpu.weight`
-    /// [`RESTING_WEIGHT`] or 100. A resting shell's work (its Python zygote importing, its
-    /// spare cell being made) then takes what CPU runs leave, about 1/16 of a run's share
-    /// when both want the CPU, instead of an equal share: when clients outnumber a zygote
-    /// pool, every shell made for them starts a zygote, and at an equal share those imports
-    /// slowed the recycling of the shells in use until more clients missed (measured: 16
-    /// clients on a pool of 4 made 24 extra shells, see docs/daemon.md).
-    pub fn set_resting(self, id: &str, resting: bool) -> Result<(), RuntimeError> {
-        let (file, value) = match (self.unified(), resting) {
-            (true, true) => ("cpu.weight", RESTING_WEIGHT),
-            (true, false) => ("cpu.weight", 100),
-            (false, true) => ("cpu.shares", RESTING_SHARES),
-            (false, false) => ("cpu.shares", 1024),
-        };
-        let path = self.dir("cpu", id).join(file);
-        fs::write(&path, value.to_string()).map_err(|e| RuntimeError::io("write", &path, e))
     }
 
     /// Sets the task limit of a sandbox.
