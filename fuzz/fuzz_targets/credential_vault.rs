@@ -32,7 +32,9 @@ fn values(body: &serde_json::Value, out: &mut Vec<String>, names: &mut Vec<Strin
 
 fuzz_target!(|data: &[u8]| {
     // The first byte splits the input: a create body, then a mutation body.
-    let Some((&cut, rest)) = data.split_first() else { return };
+    let Some((&cut, rest)) = data.split_first() else {
+        return;
+    };
     let cut = (cut as usize).min(rest.len());
     let (a, b) = rest.split_at(cut);
     let vault = Vault::new();
@@ -70,7 +72,10 @@ fuzz_target!(|data: &[u8]| {
             Ok(s) => check(&serde_json::to_string(&s).unwrap()),
             Err(e) => {
                 check(&e.message);
-                assert_eq!(serde_json::to_string(&vault.state().unwrap()).unwrap(), before);
+                assert_eq!(
+                    serde_json::to_string(&vault.state().unwrap()).unwrap(),
+                    before
+                );
             }
         }
     }

@@ -8,11 +8,15 @@ use agentrun_policy::{check_http, HttpRule, RuleAction};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     // The first line is the rule; the second, a request line `METHOD HOST PORT PATH`.
     let mut lines = text.splitn(2, '\n');
     let spec = lines.next().unwrap_or_default();
-    let Ok(rule) = HttpRule::parse("fuzz[0]", RuleAction::Deny, spec) else { return };
+    let Ok(rule) = HttpRule::parse("fuzz[0]", RuleAction::Deny, spec) else {
+        return;
+    };
     assert!(rule.path.starts_with('/'));
     assert!(!rule.path.contains(' '));
     if let Some(m) = &rule.method {
