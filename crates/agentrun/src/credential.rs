@@ -25,6 +25,29 @@ pub(crate) struct CliCredential {
     source_type: &'static str,
 }
 
+/// Parses every `--credential` of `specs` (in order: a spec's index names it in errors), adding
+/// each one's `HOST:PORT` to `allow` when missing: a credential is of use only where the
+/// sandbox may connect. `exec` and `mcp` take the same flags this way.
+pub(crate) fn parse_all(
+    specs: &[String],
+    allow: &mut Vec<String>,
+) -> anyhow::Result<Vec<CliCredential>> {
+    let mut creds = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let c = parse(spec, i)?;
+        let host = if c.host.contains(':') {
+            format!("[{}]:{}", c.host, c.port)
+        } else {
+            format!("{}:{}", c.host, c.port)
+        };
+        if !allow.contains(&host) {
+            allow.push(host);
+        }
+        creds.push(c);
+    }
+    Ok(creds)
+}
+
 /// Parses `spec` (see the module docs) and reads its value.
 pub(crate) fn parse(spec: &str, index: usize) -> anyhow::Result<CliCredential> {
     let usage = "expected [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH";

@@ -129,19 +129,7 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
         .map(|w| crate::plan::check_dir(w, true, "--workspace"))
         .transpose()?;
     let mut allow = args.allow_host.clone();
-    let mut creds = Vec::new();
-    for (i, spec) in args.credential.iter().enumerate() {
-        let c = crate::credential::parse(spec, i)?;
-        let host = if c.host.contains(':') {
-            format!("[{}]:{}", c.host, c.port)
-        } else {
-            format!("{}:{}", c.host, c.port)
-        };
-        if !allow.contains(&host) {
-            allow.push(host);
-        }
-        creds.push(c);
-    }
+    let creds = crate::credential::parse_all(&args.credential, &mut allow)?;
     let vault = if creds.is_empty() {
         None
     } else {

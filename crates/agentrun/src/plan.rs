@@ -175,19 +175,7 @@ impl Plan {
         traceparent: &str,
         recorder: &Recorder,
     ) -> Result<Plan, PlanError> {
-        let mut creds = Vec::new();
-        for (i, spec) in args.credential.iter().enumerate() {
-            let c = crate::credential::parse(spec, i)?;
-            let host = if c.host.contains(':') {
-                format!("[{}]:{}", c.host, c.port)
-            } else {
-                format!("{}:{}", c.host, c.port)
-            };
-            if !args.allow_host.contains(&host) {
-                args.allow_host.push(host);
-            }
-            creds.push(c);
-        }
+        let creds = crate::credential::parse_all(&args.credential, &mut args.allow_host)?;
         let mut credentials = if creds.is_empty() {
             None
         } else {
