@@ -20,13 +20,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// A TLS server on 127.0.0.1 answering each request with the request head it received.
-struct Echo {
-    port: u16,
-    ca_pem: String,
-}
-
-fn echo_server() -> Echo {
+/// A TLS listener on 127.0.0.1 with a certificate for `127.0.0.1` from a test CA of its own:
+/// the listener, its port, the server config, and the CA's PEM (the operator's extra root).
+fn tls_upstream() -> (TcpListener, u16, Arc<ServerConfig>, String) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -51,6 +47,17 @@ fn echo_server() -> Echo {
     );
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
+    (l, port, cfg, ca.pem())
+}
+
+/// A TLS server on 127.0.0.1 answering each request with the request head it received.
+struct Echo {
+    port: u16,
+    ca_pem: String,
+}
+
+fn echo_server() -> Echo {
+    let (l, port, cfg, ca_pem) = tls_upstream();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { continue };
@@ -78,10 +85,7 @@ fn echo_server() -> Echo {
             });
         }
     });
-    Echo {
-        port,
-        ca_pem: ca.pem(),
-    }
+    Echo { port, ca_pem }
 }
 
 /// Accepts any server certificate: the client a hostile sandbox could write.
@@ -518,28 +522,7 @@ fn http_rules_decide_each_request_inside_tls() {
 #[test]
 fn intercepted_connections_are_kept_alive() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = p.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    let cfg = Arc::new(
-        ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![leaf.der().clone()],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            )
-            .unwrap(),
-    );
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
+    let (l, port, cfg, ca_pem) = tls_upstream();
     let conns = Arc::new(AtomicUsize::new(0));
     let c2 = conns.clone();
     std::thread::spawn(move || {
@@ -587,7 +570,7 @@ fn intercepted_connections_are_kept_alive() {
     });
     let dir = tempfile::tempdir().unwrap();
     let roots = dir.path().join("upstream-ca.pem");
-    std::fs::write(&roots, ca.pem()).unwrap();
+    std::fs::write(&roots, &ca_pem).unwrap();
     let interceptor = Arc::new(Interceptor::new("keep", &[roots]).unwrap());
     let vault = Vault::new();
     vault

@@ -793,7 +793,12 @@ mod tests {
     }
 
     fn head(req: &str) -> OriginHead {
-        parse_origin_head(req.as_bytes(), "api.example.com", 443, 443)
+        head_for("api.example.com", req)
+    }
+
+    /// `req` parsed as a request to `host` on port 443.
+    fn head_for(host: &str, req: &str) -> OriginHead {
+        parse_origin_head(req.as_bytes(), host, 443, 443)
             .unwrap()
             .unwrap()
             .0
@@ -899,49 +904,23 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        let mut h = parse_origin_head(
-            b"GET /x?y=1 HTTP/1.1\r\nHost: a.q.example\r\n\r\n",
+        let mut h = head_for(
             "a.q.example",
-            443,
-            443,
-        )
-        .unwrap()
-        .unwrap()
-        .0;
+            "GET /x?y=1 HTTP/1.1\r\nHost: a.q.example\r\n\r\n",
+        );
         v.inject("https", "a.q.example", 443, &mut h).unwrap();
         assert_eq!(h.path, "/x?y=1&key=a%20b%26c");
         assert!(!v.binds("https", "q.example", 443));
-        let mut h = parse_origin_head(
-            b"GET / HTTP/1.1\r\nHost: p.example\r\nX-Token: t=AGENTRUN_PLACEHOLDER;\r\n\r\n",
+        let mut h = head_for(
             "p.example",
-            443,
-            443,
-        )
-        .unwrap()
-        .unwrap()
-        .0;
+            "GET / HTTP/1.1\r\nHost: p.example\r\nX-Token: t=AGENTRUN_PLACEHOLDER;\r\n\r\n",
+        );
         v.inject("https", "p.example", 443, &mut h).unwrap();
         assert_eq!(h.field("x-token"), Some(&b"t=tok;"[..]));
-        let mut h = parse_origin_head(
-            b"GET / HTTP/1.1\r\nHost: c.example\r\n\r\n",
-            "c.example",
-            443,
-            443,
-        )
-        .unwrap()
-        .unwrap()
-        .0;
+        let mut h = head_for("c.example", "GET / HTTP/1.1\r\nHost: c.example\r\n\r\n");
         v.inject("https", "c.example", 443, &mut h).unwrap();
         assert_eq!(h.field("X-B"), Some(&b"tok"[..]));
-        let mut h = parse_origin_head(
-            b"DELETE / HTTP/1.1\r\nHost: c.example\r\n\r\n",
-            "c.example",
-            443,
-            443,
-        )
-        .unwrap()
-        .unwrap()
-        .0;
+        let mut h = head_for("c.example", "DELETE / HTTP/1.1\r\nHost: c.example\r\n\r\n");
         assert_eq!(v.inject("https", "c.example", 443, &mut h), None);
     }
 }
