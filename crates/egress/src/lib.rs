@@ -986,7 +986,8 @@ fn copy_flushing(from: &mut impl io::BufRead, to: &mut impl Write, mut n: u64) -
     Ok(())
 }
 
-/// TLS to the upstream over `tcp`, its certificate verified for `host`; `Err`: why not.
+/// TLS to the upstream over `tcp` (from [`connect_any`]: TCP_NODELAY set), its certificate
+/// verified for `host`; `Err`: why not.
 fn connect_upstream_tls(
     interceptor: &Interceptor,
     host: &str,
@@ -997,8 +998,6 @@ fn connect_upstream_tls(
         .map_err(|e| format!("TLS to {host} failed: {e}"))?;
     tcp.set_read_timeout(Some(IO_TIMEOUT))
         .map_err(|e| format!("TLS to {host} failed: {e}"))?;
-    // The proxy writes whole requests itself: no Nagle delay on what it sends.
-    let _ = tcp.set_nodelay(true);
     let mut up = rustls::StreamOwned::new(conn, tcp);
     while up.conn.is_handshaking() {
         up.conn
