@@ -8,7 +8,7 @@
 //! (Landlock's scoping stops it signalling them or reaching their abstract sockets), and has
 //! the host's network but for TCP (Landlock denies every TCP bind and connect; UDP and other
 //! families are left to the profile's seccomp socket rules). Its memory, task and CPU
-//! limits are rlimits ([`crate::limits`]), the wall time the caller's watchdog.
+//! limits are rlimits ([`crate::confine::limits`]), the wall time the caller's watchdog.
 //!
 //! This module owns that confinement: a fork, then in the child rlimits, no_new_privs,
 //! Landlock (file system rules, then a TCP-denying ruleset), the seccomp filter, exec; the
@@ -24,9 +24,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::confine::landlock::LandlockRules;
+use crate::confine::limits::RlimitFallback;
 use crate::error::RuntimeError;
-use crate::landlock::LandlockRules;
-use crate::limits::RlimitFallback;
 use crate::outcome::RunOutcome;
 
 /// What the command is confined by.
@@ -68,7 +68,7 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
                 Ok(never) => match never {},
                 Err(msg) => {
                     eprintln!("agentrun: {msg}");
-                    crate::executor::EXIT_SETUP_FAILED
+                    crate::inside::executor::EXIT_SETUP_FAILED
                 }
             };
             // SAFETY: _exit ends the child without the parent's destructors.
@@ -153,7 +153,8 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
         return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
     }
     nix::unistd::chdir(c.cwd).map_err(|e| format!("cannot enter {}: {e}", c.cwd.display()))?;
-    crate::landlock::restrict(&c.rules, c.landlock_abi).map_err(|e| format!("landlock: {e}"))?;
+    crate::confine::landlock::restrict(&c.rules, c.landlock_abi)
+        .map_err(|e| format!("landlock: {e}"))?;
     if c.landlock_abi >= 4 {
         Ruleset::default()
             .handle_access(AccessNet::from_all(ABI::V4))
@@ -161,16 +162,16 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
             .and_then(|r| r.restrict_self())
             .map_err(|e| format!("landlock (network): {e}"))?;
     }
-    crate::seccomp::install(&c.filters).map_err(|e| format!("seccomp: {e}"))?;
+    crate::confine::seccomp::install(&c.filters).map_err(|e| format!("seccomp: {e}"))?;
     let path = env
         .iter()
         .find_map(|e| e.to_str().ok()?.strip_prefix("PATH=").map(String::from))
-        .unwrap_or_else(|| crate::spawn::DEFAULT_PATH.into());
+        .unwrap_or_else(|| crate::inside::spawn::DEFAULT_PATH.into());
     let prog = if argv[0].as_bytes().contains(&b'/') {
         argv[0].clone()
     } else {
         let name = argv[0].to_str().unwrap_or_default();
-        match crate::spawn::find_program(name, &path) {
+        match crate::inside::spawn::find_program(name, &path) {
             Some(p) => CString::new(p.into_os_string().into_encoded_bytes()).unwrap_or_default(),
             None => {
                 eprintln!("agentrun: {name}: command not found");

@@ -14,41 +14,30 @@
 //! says what this host enforces; [`hostdirs`] keeps the image store and the state dir
 //! private; [`random`] makes every id and token (getrandom, failing closed).
 
-pub mod cell;
+pub mod confine;
+pub mod host;
+pub mod inside;
+pub mod mounts;
+
 pub mod cellrun;
-pub mod cgroup;
 pub mod control;
 mod error;
-pub mod executor;
-pub mod fsroot;
-pub mod gc;
-pub mod host;
-pub mod hostdirs;
-pub mod idmap;
-pub mod kaudit;
-pub mod landlock;
 pub mod landlock_only;
-pub mod limits;
-pub mod net;
-pub mod netns;
 pub mod outcome;
-pub mod preflight;
-pub mod privilege;
 pub mod random;
-pub mod reaper;
-pub mod rootfs;
 pub mod rootless;
 pub mod sandbox;
-pub mod seccomp;
-pub mod shell;
-pub mod spawn;
 pub mod spec;
-pub mod user;
-pub mod volume;
-pub mod zygote;
+
+// The paths other crates have always used (`agentrun_runtime::fsroot`, ...), kept while the
+// modules live in their wings.
+pub use confine::{landlock, limits, seccomp};
+pub use host::{cgroup, gc, kaudit, netns, preflight, privilege};
+pub use inside::{cell, executor, net, reaper, shell, spawn, user, zygote};
+pub use mounts::{fsroot, hostdirs, idmap, rootfs, volume};
 
 pub use error::RuntimeError;
-pub use host::HostInfo;
+pub use host::info::HostInfo;
 pub use outcome::{RunEnd, RunOutcome};
 pub use privilege::Privilege;
 pub use sandbox::{

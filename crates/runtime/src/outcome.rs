@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use nix::sys::wait::WaitStatus;
 
-use crate::cgroup::CgroupStats;
 use crate::control::{InitResult, ResourceUsage};
+use crate::host::cgroup::CgroupStats;
 
 /// Exit code of a run agentrun timed out.
 pub const EXIT_TIMED_OUT: i32 = 124;

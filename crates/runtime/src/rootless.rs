@@ -4,7 +4,7 @@
 //!
 //! This module owns the shell's creation in rootless mode: one `clone` with new user, mount,
 //! pid, ipc, uts, net and cgroup namespaces (the child is the sandbox's PID 1); the caller
-//! writes its id mapping (the caller is root inside, see [`crate::privilege::mapping`]; through
+//! writes its id mapping (the caller is root inside, see [`crate::host::privilege::mapping`]; through
 //! `newuidmap`/`newgidmap` when the user has subordinate ids); the child, root in its
 //! namespace, mounts the size-capped tmpfs and the overlay rootfs (`userxattr`: the kernel
 //! allows an overlay in a user namespace since 5.11), /proc, /dev (the host's null, zero,
@@ -29,8 +29,8 @@ use nix::unistd::Pid;
 use oci_spec::runtime::Spec;
 
 use crate::error::RuntimeError;
-use crate::executor::SandboxExecutor;
-use crate::privilege::{mapping, UserIds, NEWGIDMAP, NEWUIDMAP};
+use crate::host::privilege::{mapping, UserIds, NEWGIDMAP, NEWUIDMAP};
+use crate::inside::executor::SandboxExecutor;
 use crate::spec::BindMount;
 
 /// Host devices a rootless sandbox's /dev gets (bound: an unprivileged user cannot mknod).
@@ -104,7 +104,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         return Err(RuntimeError::Unsupported(format!(
             "cannot create a user namespace as uid {} ({e}){}",
             s.ids.uid,
-            match crate::privilege::UsernsFacts::probe().blocker() {
+            match crate::host::privilege::UsernsFacts::probe().blocker() {
                 Some(b) => format!(": {b}"),
                 None => String::new(),
             }
@@ -119,7 +119,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         };
         let _ = ready.write_all(msg.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit/destructors.
-        unsafe { libc::_exit(crate::executor::EXIT_SETUP_FAILED) };
+        unsafe { libc::_exit(crate::inside::executor::EXIT_SETUP_FAILED) };
     }
     let pid = Pid::from_raw(pid as i32);
     drop((sync_r, ready_w));

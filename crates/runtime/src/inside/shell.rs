@@ -1,4 +1,4 @@
-//! A shell's init: PID 1 of a shell, making a cell per request (see [`crate::cell`]).
+//! A shell's init: PID 1 of a shell, making a cell per request (see [`crate::inside::cell`]).
 //!
 //! A shell is the expensive part of a sandbox, made by libcontainer: user namespace and id
 //! mapping, network namespace (only `lo`), uts, cgroup, the image's layers under an overlay,
@@ -22,7 +22,7 @@
 //!   adds the run's full filter on top before anything of the run executes;
 //! - it is not Landlock-restricted (Landlock forbids mounts and `pivot_root`), and runs no
 //!   network code: a cell's egress relay runs in the cell, as confined as the command
-//!   ([`crate::cell`]), and the shell's network namespace has nothing but `lo`;
+//!   ([`crate::inside::cell`]), and the shell's network namespace has nothing but `lo`;
 //! - it is single-threaded and does little: receive a request, clone, report, reap.
 //!
 //! Cells are cloned ahead of their runs: when the host asks ([`ShellRequest::Prepare`], which
@@ -53,12 +53,12 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
 
-use crate::cell::{self, CellTemplate};
+use crate::confine::seccomp::{self, SeccompError};
 use crate::control::{self, ShellEvent};
 use crate::error::RuntimeError;
-use crate::reaper::{self, EXIT_SETUP_FAILED};
-use crate::seccomp::{self, SeccompError};
-use crate::zygote::Zygote;
+use crate::inside::cell::{self, CellTemplate};
+use crate::inside::reaper::{self, EXIT_SETUP_FAILED};
+use crate::inside::zygote::Zygote;
 
 /// Syscalls of the run's deny list that making a cell needs (allowed to the shell's init,
 /// still denied in every cell by the run's own filter).
@@ -73,7 +73,7 @@ const CELL_NAMESPACES: &[u64] = &[
 
 /// The shell's init's seccomp filter, as an OCI section (see the module doc): the run's
 /// profile for `denied` and `sockets` less what making a cell needs; with `zygote`, less
-/// `setns` too (a Python zygote's child enters its cell's namespaces, see [`crate::zygote`];
+/// `setns` too (a Python zygote's child enters its cell's namespaces, see [`crate::inside::zygote`];
 /// every cell's own filter denies it again).
 pub fn shell_filter(
     denied: &[&str],
@@ -105,7 +105,7 @@ pub fn shell_filter(
     Ok(section)
 }
 
-/// What a shell's init is given (by [`crate::executor`]).
+/// What a shell's init is given (by [`crate::inside::executor`]).
 pub(crate) struct ShellInit {
     pub template: CellTemplate,
     /// The shell's own filter, compiled ([`shell_filter`]).
@@ -142,7 +142,7 @@ pub(crate) fn top_level_mounts() -> std::io::Result<Vec<PathBuf>> {
             let id = f.next()?.parse().ok()?;
             let parent = f.next()?.parse().ok()?;
             let point = f.nth(2)?;
-            Some((id, parent, crate::rootfs::unescape_mountinfo(point)))
+            Some((id, parent, crate::mounts::rootfs::unescape_mountinfo(point)))
         })
         .collect();
     // The topmost mount on "/" is the root (later lines are mounted later).
@@ -169,7 +169,7 @@ pub(crate) fn shed_covered_mounts() -> std::io::Result<()> {
     let proc_dir = Path::new("/proc");
     let dev_fresh = ["/dev/shm", "/dev/mqueue", "/dev/pts"].map(Path::new);
     // Deepest first.
-    let covered = crate::rootfs::mounts_under(Path::new("/"))
+    let covered = crate::mounts::rootfs::mounts_under(Path::new("/"))
         .into_iter()
         .filter(|p| (p.starts_with(proc_dir) && p != proc_dir) || dev_fresh.contains(&p.as_path()));
     for point in covered {
@@ -191,7 +191,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         std::process::exit(EXIT_SETUP_FAILED);
     };
     // Worked out once here, inherited by every cell.
-    let _ = crate::spawn::ignored_signals();
+    let _ = crate::inside::spawn::ignored_signals();
     if seccomp::install(&init.shell_filters).is_err() {
         std::process::exit(EXIT_SETUP_FAILED);
     }
@@ -199,7 +199,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     // Started under the shell's filter, which it inherits, with the first request (a pooled
     // shell's first spare): by then the host has given the init its final priority and CPUs,
     // which the zygote and the runs it forks inherit. A cell finds it ready (its imports done)
-    // or not by itself (see `crate::zygote`).
+    // or not by itself (see `crate::inside::zygote`).
     let mut zygote: Option<Zygote> = None;
     // The profile's zygote, until it is started.
     let mut zygote_to_start = init.template.zygote.as_ref();

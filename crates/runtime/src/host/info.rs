@@ -1,8 +1,8 @@
 //! What this host can enforce: probed once, reported by `agentrun info` and on every span.
 
-use crate::cgroup::CgroupMode;
-use crate::landlock;
-use crate::privilege::Privilege;
+use crate::confine::landlock;
+use crate::host::cgroup::CgroupMode;
+use crate::host::privilege::Privilege;
 
 /// The host's sandboxing capabilities.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl HostInfo {
     /// The full probe for `agentrun info`: also tries an idmapped mount of `dir`.
     pub fn probe_full(dir: &std::path::Path) -> Self {
         let mut info = Self::probe();
-        info.idmapped_mounts = Some(crate::idmap::idmap_supported(dir));
+        info.idmapped_mounts = Some(crate::mounts::idmap::idmap_supported(dir));
         info
     }
 

@@ -1,7 +1,7 @@
-//! A cell: what one run sees, made by a shell's init per request (see [`crate::shell`]).
+//! A cell: what one run sees, made by a shell's init per request (see [`crate::inside::shell`]).
 //!
 //! The shell's init clones with new pid, mount and ipc namespaces, usually ahead of the run
-//! (a *spare*, made while the shell waits in its pool; see [`crate::shell`]); the child (the
+//! (a *spare*, made while the shell waits in its pool; see [`crate::inside::shell`]); the child (the
 //! cell's PID 1) runs [`prepare`], which does steps 1 and 2 before the run is known, then takes
 //! the run's request (with the cell's channel, the run's stdio and its mounts) from the init:
 //! 1. keeps only its channel to the init and dies with the shell's init (PDEATHSIG);
@@ -18,7 +18,7 @@
 //!    (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
 //! 4. confines itself: rlimits, the command's capabilities (bounding set included), Landlock,
 //!    the run's seccomp filter (on top of the shell's, which it inherited);
-//! 5. becomes the run's PID 1 ([`crate::reaper`]): starts the command, forwards signals, and
+//! 5. becomes the run's PID 1 ([`crate::inside::reaper`]): starts the command, forwards signals, and
 //!    writes the result on its channel *before* exiting (the cell's teardown, namespaces and
 //!    mounts, happens in its exit, off the host's reply path); or, for a long-lived cell,
 //!    serves the persistent dialect on the channel.
@@ -35,10 +35,10 @@ use caps::Capability;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use seccompiler::BpfProgram;
 
+use crate::confine::landlock::{self, LandlockRules};
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
-use crate::landlock::{self, LandlockRules};
-use crate::reaper::{self, Command, EXIT_SETUP_FAILED};
-use crate::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
+use crate::inside::reaper::{self, Command, EXIT_SETUP_FAILED};
+use crate::inside::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
 
 /// How long a cell's PID 1 waits, after reporting its result, for the host to close the
 /// channel before it exits (and the cell is torn down). The host closes it once its client
@@ -67,7 +67,7 @@ pub(crate) struct CellTemplate {
     pub proc_readonly: Vec<PathBuf>,
     /// Where the egress proxy's socket is, inside the sandbox.
     pub egress_socket: PathBuf,
-    /// The shell's Python zygote, if its profile asks for one ([`crate::zygote`]).
+    /// The shell's Python zygote, if its profile asks for one ([`crate::inside::zygote`]).
     pub zygote: Option<ZygoteConfig>,
 }
 
@@ -84,7 +84,7 @@ impl SetupError {
 type Setup<T> = Result<T, SetupError>;
 
 /// A cell's PID 1, right after the shell's init cloned it (ahead of its run, or for a run
-/// that came when no spare fitted; see [`crate::shell`]): builds the cell's root for a
+/// that came when no spare fitted; see [`crate::inside::shell`]): builds the cell's root for a
 /// writable layer of `tmpfs_bytes`, then waits on `channel` for the run's request, which the
 /// init hands on as the host sent it (message and fds), and runs it. The init's end of
 /// `channel` closing first (the spare is not wanted, or the shell is going) ends it. `zygote`:
@@ -198,7 +198,7 @@ fn run(
     if let Some(port) = req.egress_port {
         // Listening before anything runs: the first connection finds the relay up. Its
         // threads inherit the blocked mask, so signals still reach only the PID 1's wait.
-        let bridge = crate::net::EgressBridge {
+        let bridge = crate::inside::net::EgressBridge {
             port,
             socket: template.egress_socket.clone(),
         };
@@ -274,7 +274,7 @@ fn run(
 /// init's).
 fn exec_command(
     cmd: crate::control::CellCommand,
-    rlimits: crate::limits::RlimitFallback,
+    rlimits: crate::confine::limits::RlimitFallback,
 ) -> InitResult {
     match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
         Ok(mut cmd) => {
@@ -421,7 +421,7 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64, layers: Vec<OwnedFd>) -> Setup
         let at = scratch.join(format!("layer{n}"));
         mkdir(&at, 0o700)?;
         let target = open_path(&at)?;
-        crate::idmap::move_detached(layer.as_fd(), target.as_fd())
+        crate::mounts::idmap::move_detached(layer.as_fd(), target.as_fd())
             .map_err(|e| SetupError(format!("attaching layer {n}: {e}")))?;
         lowerdir.push_str(&format!("{}:", at.display()));
     }
@@ -699,7 +699,7 @@ fn attach_run_mount(root: &OwnedFd, m: &CellMount, tree: OwnedFd) -> Setup<()> {
         }
     }
     let target = open_in_root(root, &rel).map_err(|e| bad("opening it", e))?;
-    crate::idmap::move_detached(tree.as_fd(), target.as_fd())
+    crate::mounts::idmap::move_detached(tree.as_fd(), target.as_fd())
         .map_err(|e| SetupError(format!("attaching {}: {e}", m.target.display())))
 }
 
@@ -728,7 +728,7 @@ fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Op
             .map_err(|e| SetupError(e.to_string()))?
             .1;
     }
-    crate::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))?;
+    crate::confine::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))?;
     Ok(shared)
 }
 

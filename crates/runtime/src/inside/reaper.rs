@@ -18,7 +18,7 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
 use crate::control::{self, InitResult, LiveEvent, LiveRequest, ResourceUsage};
-use crate::spawn::{SpawnSpec, SpawnStep};
+use crate::inside::spawn::{SpawnSpec, SpawnStep};
 
 /// Exit code when the sandbox could not be set up around the command.
 pub const EXIT_SETUP_FAILED: i32 = 125;
@@ -35,7 +35,7 @@ pub(crate) struct Command {
     /// Run it as this user (a Docker `User` spec, resolved inside the sandbox).
     pub user: Option<String>,
     /// Rlimits set on the command itself (a rootless sandbox's memory and CPU limits).
-    pub rlimits: crate::limits::RlimitFallback,
+    pub rlimits: crate::confine::limits::RlimitFallback,
 }
 
 /// Why a [`Command`] could not be made.
@@ -81,7 +81,7 @@ impl Command {
         say_on(self.message_fd(), msg);
     }
 
-    /// Starts the command (see [`crate::spawn`]). On failure, says why on the command's
+    /// Starts the command (see [`crate::inside::spawn`]). On failure, says why on the command's
     /// stderr and returns the exit code a shell would give, and the message.
     pub fn spawn(&self) -> Result<Pid, (i32, String)> {
         let cstr = |v: &str| CString::new(v).unwrap_or_default();
@@ -109,7 +109,7 @@ impl Command {
         if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
             return self.spawn_as(user, argv, env, cwd, stdio);
         }
-        crate::spawn::spawn(&SpawnSpec {
+        crate::inside::spawn::spawn(&SpawnSpec {
             argv: &argv,
             env: &env,
             cwd: &cwd,
@@ -140,7 +140,7 @@ impl Command {
         cwd: CString,
         stdio: Option<[RawFd; 3]>,
     ) -> Result<Pid, (i32, String)> {
-        let creds = crate::user::resolve_here(user).map_err(|e| {
+        let creds = crate::inside::user::resolve_here(user).map_err(|e| {
             let msg = e.to_string();
             self.say(&msg);
             (EXIT_SETUP_FAILED, msg)
@@ -157,7 +157,7 @@ impl Command {
             new_session: self.new_session,
             rlimits: self.rlimits,
         };
-        crate::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
+        crate::inside::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
             let why = errno.desc().to_lowercase();
             let (msg, code) = match step {
                 SpawnStep::Credentials => (
@@ -338,7 +338,7 @@ fn wait_readable_any(fds: &[std::os::fd::BorrowedFd<'_>]) -> nix::Result<Vec<boo
 fn wait_live(
     control: std::os::fd::BorrowedFd<'_>,
     signals: &nix::sys::signalfd::SignalFd,
-    forked: &HashMap<u64, crate::zygote::Forked>,
+    forked: &HashMap<u64, crate::inside::zygote::Forked>,
 ) -> nix::Result<(bool, bool, Vec<u64>)> {
     let ids: Vec<u64> = forked.keys().copied().collect();
     let mut fds = vec![control, signals.as_fd()];
@@ -355,7 +355,7 @@ fn wait_live(
 
 /// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports
 /// every process's start and exit, reaps orphans. Never returns.
-pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZygote>) -> ! {
+pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::inside::zygote::LiveZygote>) -> ! {
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let all = SigSet::all();
     if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
@@ -369,88 +369,89 @@ pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZyg
     let mut by_pid: HashMap<i32, u64> = HashMap::new();
     let mut by_id: HashMap<u64, i32> = HashMap::new();
     // Processes the zygote forked (not our children: their end comes on their report socket).
-    let mut forked: HashMap<u64, crate::zygote::Forked> = HashMap::new();
+    let mut forked: HashMap<u64, crate::inside::zygote::Forked> = HashMap::new();
     let send = |ev: &LiveEvent| {
         // A failed send means the host is gone; the next recv sees EOF and we exit.
         let _ = control::send_json(control.as_fd(), ev, &[]);
     };
-    let handle = |req: LiveRequest,
-                  fds: Vec<OwnedFd>,
-                  by_pid: &mut HashMap<i32, u64>,
-                  by_id: &mut HashMap<u64, i32>,
-                  forked: &mut HashMap<u64, crate::zygote::Forked>| match req {
-        LiveRequest::Spawn(sp) => {
-            let id = sp.id;
-            let stdio: Result<[OwnedFd; 3], _> = fds.try_into();
-            // Through the zygote if it takes it; else (and on any failure of it) exec'd.
-            let stdio = match (stdio, &zygote) {
-                (Ok(stdio), Some(z)) => match z.spawn(&sp, &stdio) {
-                    Ok(child) => {
-                        by_id.insert(id, child.pid());
-                        send(&LiveEvent::Started {
-                            id,
-                            pid: child.pid(),
-                        });
-                        forked.insert(id, child);
-                        return;
-                    }
-                    Err(_) => Ok(stdio),
-                },
-                (stdio, _) => stdio,
-            };
-            let cmd = match stdio {
-                Ok(stdio) => Command::new(sp.argv, &sp.env, sp.cwd, Some(stdio)),
-                Err(_) => Err(BadCommand("a process needs exactly 3 fds (stdio)".into())),
-            };
-            match cmd {
-                Ok(mut cmd) => {
-                    cmd.new_session = sp.new_session;
-                    cmd.user = sp.user;
-                    match cmd.spawn() {
-                        Ok(pid) => {
-                            by_pid.insert(pid.as_raw(), id);
-                            by_id.insert(id, pid.as_raw());
+    let handle =
+        |req: LiveRequest,
+         fds: Vec<OwnedFd>,
+         by_pid: &mut HashMap<i32, u64>,
+         by_id: &mut HashMap<u64, i32>,
+         forked: &mut HashMap<u64, crate::inside::zygote::Forked>| match req {
+            LiveRequest::Spawn(sp) => {
+                let id = sp.id;
+                let stdio: Result<[OwnedFd; 3], _> = fds.try_into();
+                // Through the zygote if it takes it; else (and on any failure of it) exec'd.
+                let stdio = match (stdio, &zygote) {
+                    (Ok(stdio), Some(z)) => match z.spawn(&sp, &stdio) {
+                        Ok(child) => {
+                            by_id.insert(id, child.pid());
                             send(&LiveEvent::Started {
                                 id,
-                                pid: pid.as_raw(),
+                                pid: child.pid(),
                             });
+                            forked.insert(id, child);
+                            return;
                         }
-                        Err((exit_code, message)) => send(&LiveEvent::Failed {
-                            id,
-                            exit_code,
-                            message,
-                        }),
+                        Err(_) => Ok(stdio),
+                    },
+                    (stdio, _) => stdio,
+                };
+                let cmd = match stdio {
+                    Ok(stdio) => Command::new(sp.argv, &sp.env, sp.cwd, Some(stdio)),
+                    Err(_) => Err(BadCommand("a process needs exactly 3 fds (stdio)".into())),
+                };
+                match cmd {
+                    Ok(mut cmd) => {
+                        cmd.new_session = sp.new_session;
+                        cmd.user = sp.user;
+                        match cmd.spawn() {
+                            Ok(pid) => {
+                                by_pid.insert(pid.as_raw(), id);
+                                by_id.insert(id, pid.as_raw());
+                                send(&LiveEvent::Started {
+                                    id,
+                                    pid: pid.as_raw(),
+                                });
+                            }
+                            Err((exit_code, message)) => send(&LiveEvent::Failed {
+                                id,
+                                exit_code,
+                                message,
+                            }),
+                        }
                     }
+                    Err(BadCommand(message)) => send(&LiveEvent::Failed {
+                        id,
+                        exit_code: EXIT_SETUP_FAILED,
+                        message,
+                    }),
                 }
-                Err(BadCommand(message)) => send(&LiveEvent::Failed {
-                    id,
-                    exit_code: EXIT_SETUP_FAILED,
-                    message,
-                }),
             }
-        }
-        LiveRequest::Signal { id, signal, group } => {
-            if let Some(child) = forked.get(&id) {
-                child.signal(signal, group);
-            } else if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
-                let target = if group { -pid } else { pid };
-                let _ = kill(Pid::from_raw(target), sig);
+            LiveRequest::Signal { id, signal, group } => {
+                if let Some(child) = forked.get(&id) {
+                    child.signal(signal, group);
+                } else if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
+                    let target = if group { -pid } else { pid };
+                    let _ = kill(Pid::from_raw(target), sig);
+                }
             }
-        }
-        LiveRequest::SignalAll { signal } => {
-            // From PID 1, kill(-1) reaches every process of the pid namespace but PID 1
-            // itself; a process forking meanwhile cannot leave a child behind (the kernel
-            // refuses forks with a fatal signal pending).
-            if let Ok(sig) = Signal::try_from(signal) {
-                let _ = kill(Pid::from_raw(-1), sig);
+            LiveRequest::SignalAll { signal } => {
+                // From PID 1, kill(-1) reaches every process of the pid namespace but PID 1
+                // itself; a process forking meanwhile cannot leave a child behind (the kernel
+                // refuses forks with a fatal signal pending).
+                if let Ok(sig) = Signal::try_from(signal) {
+                    let _ = kill(Pid::from_raw(-1), sig);
+                }
+                // The zygote's children are out of our reach (their own Landlock domains): it
+                // signals them for us.
+                for child in forked.values() {
+                    child.signal(signal, true);
+                }
             }
-            // The zygote's children are out of our reach (their own Landlock domains): it
-            // signals them for us.
-            for child in forked.values() {
-                child.signal(signal, true);
-            }
-        }
-    };
+        };
     loop {
         let Ok((control_ready, signal_ready, ended)) =
             wait_live(control.as_fd(), &signals, &forked)

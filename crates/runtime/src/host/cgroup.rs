@@ -61,8 +61,8 @@ pub enum CgroupMode {
 
 impl CgroupMode {
     /// The cgroup layout this process's sandboxes get: the host's for root, none for an
-    /// ordinary user (a rootless sandbox has no cgroup; see [`crate::limits`]).
-    pub fn for_sandboxes(privilege: &crate::privilege::Privilege) -> Option<Self> {
+    /// ordinary user (a rootless sandbox has no cgroup; see [`crate::confine::limits`]).
+    pub fn for_sandboxes(privilege: &crate::host::privilege::Privilege) -> Option<Self> {
         if privilege.is_root() {
             Self::detect()
         } else {

@@ -36,7 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{self, InitResult, ResourceUsage};
-use crate::reaper;
+use crate::inside::reaper;
 
 /// The bootstrap the zygote runs (`python3 -c`).
 const BOOTSTRAP: &str = include_str!("zygote.py");
@@ -203,7 +203,7 @@ impl Zygote {
     /// Starts the zygote (the init is single-threaded: it forks and execs `python3`).
     pub(crate) fn start(
         config: &ZygoteConfig,
-        template: &crate::cell::CellTemplate,
+        template: &crate::inside::cell::CellTemplate,
     ) -> Result<Zygote, String> {
         let setup = ZygoteSetup {
             filters: template
@@ -340,14 +340,14 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
 }
 
 /// `name` looked up in the `PATH` of `env` (`KEY=VALUE`) as a cell's spawn looks up the
-/// run's `python3` ([`crate::spawn::find_program`]).
+/// run's `python3` ([`crate::inside::spawn::find_program`]).
 fn find_in_path(name: &str, env: &[String]) -> Option<PathBuf> {
     let path = env
         .iter()
         .rev()
         .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or(crate::spawn::DEFAULT_PATH);
-    crate::spawn::find_program(name, path)
+        .unwrap_or(crate::inside::spawn::DEFAULT_PATH);
+    crate::inside::spawn::find_program(name, path)
 }
 
 /// A shell's zygote as the host sees it (`agentrun pool status`).

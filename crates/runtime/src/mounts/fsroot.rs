@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::idmap::{UID_BASE, UID_COUNT};
+use crate::mounts::idmap::{UID_BASE, UID_COUNT};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Stat, Uid};
 use rustix::io::Errno;
 

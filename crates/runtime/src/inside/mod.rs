@@ -1,0 +1,13 @@
+//! The inside wing: code that runs inside a sandbox, in processes agentrun forks or
+//! libcontainer starts: the container init ([`executor`]), a shell's init ([`shell`]), the
+//! cell it makes per run ([`cell`]), a cell's PID 1 ([`reaper`]), the Python zygote
+//! ([`zygote`]), and the pieces they share (spawning, users, loopback networking).
+
+pub mod cell;
+pub mod executor;
+pub mod net;
+pub mod reaper;
+pub mod shell;
+pub mod spawn;
+pub mod user;
+pub mod zygote;
