@@ -32,7 +32,14 @@ pub mod spec;
 // The paths other crates have always used (`agentrun_runtime::fsroot`, ...), kept while the
 // modules live in their wings.
 pub use confine::{landlock, limits, seccomp};
-pub use host::{cgroup, gc, kaudit, netns, preflight, privilege};
+pub use host::{gc, kaudit, netns, preflight, privilege};
+
+/// `agentrun_runtime::cgroup`: the host's cgroup layout ([`host::cgroup`]) and a sandbox's
+/// cgroup read and written ([`host::cgroup_ops`]), under the one path other crates name.
+pub mod cgroup {
+    pub use crate::host::cgroup::*;
+    pub use crate::host::cgroup_ops::{CgroupStats, CgroupUsage, RunMeter};
+}
 pub use inside::{cell, executor, net, reaper, shell, spawn, user, zygote};
 pub use mounts::{fsroot, hostdirs, idmap, rootfs, volume};
 

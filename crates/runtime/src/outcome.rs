@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::wait::WaitStatus;
 
 use crate::control::{InitResult, ResourceUsage};
-use crate::host::cgroup::CgroupStats;
+use crate::host::cgroup_ops::CgroupStats;
 
 /// Exit code of a run agentrun timed out.
 pub const EXIT_TIMED_OUT: i32 = 124;

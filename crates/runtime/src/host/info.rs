@@ -15,7 +15,8 @@ pub struct HostInfo {
     pub cgroup: Option<CgroupMode>,
     /// Memory+swap limits possible (so "no swap" is enforced).
     pub swap_limit: bool,
-    /// Idmapped mounts work for the image store's filesystem (checked only by `probe_full`).
+    /// Idmapped mounts work for the image store's filesystem (checked only by
+    /// `probe_full`, which lives beside the probe in [`crate::mounts::idmap`]).
     pub idmapped_mounts: Option<bool>,
     /// Capabilities in this process's bounding set.
     pub bounding_caps: Vec<caps::Capability>,
@@ -53,13 +54,6 @@ impl HostInfo {
             bounding_caps,
             privilege,
         }
-    }
-
-    /// The full probe for `agentrun info`: also tries an idmapped mount of `dir`.
-    pub fn probe_full(dir: &std::path::Path) -> Self {
-        let mut info = Self::probe();
-        info.idmapped_mounts = Some(crate::mounts::idmap::idmap_supported(dir));
-        info
     }
 
     /// Landlock enforcement in words ("full", "partial (ABI n)", "none").

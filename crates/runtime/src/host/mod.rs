@@ -4,6 +4,7 @@
 //! sandbox's network namespace.
 
 pub mod cgroup;
+pub mod cgroup_ops;
 pub mod gc;
 pub mod info;
 pub mod kaudit;

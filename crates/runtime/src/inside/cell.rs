@@ -221,7 +221,7 @@ fn run(
                 nofile: req.nofile,
                 nproc: req.nproc,
             });
-            reaper::serve_live(channel, zygote)
+            crate::inside::live::serve_live(channel, zygote)
         }
         CellWork::Run(cmd) => {
             // The command's stdio becomes ours: its spawn inherits it, and our messages about

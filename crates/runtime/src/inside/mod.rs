@@ -5,6 +5,7 @@
 
 pub mod cell;
 pub mod executor;
+pub mod live;
 pub mod net;
 pub mod reaper;
 pub mod shell;

@@ -252,9 +252,13 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Ok(None) | Err(_) => std::process::exit(0),
             };
             if let Some(config) = zygote_to_start.take() {
-                zygote = Zygote::start(config, &init.template)
-                    .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
-                    .ok();
+                zygote = Zygote::start(
+                    config,
+                    &init.template.run_filters,
+                    &init.template.command_caps,
+                )
+                .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+                .ok();
             }
             // Only what the init needs is parsed (the rest of a run's request, its argv,
             // environment and paths, is skipped in place, never copied), and the message is

@@ -33,6 +33,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use seccompiler::BpfProgram;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{self, InitResult, ResourceUsage};
@@ -200,14 +201,16 @@ pub(crate) struct Zygote {
 }
 
 impl Zygote {
-    /// Starts the zygote (the init is single-threaded: it forks and execs `python3`).
+    /// Starts the zygote (the init is single-threaded: it forks and execs `python3`). Its
+    /// forked runs install `run_filters` (a cell's seccomp programs) and keep `command_caps`,
+    /// as a cell's command does (see [`crate::inside::cell::CellTemplate`]).
     pub(crate) fn start(
         config: &ZygoteConfig,
-        template: &crate::inside::cell::CellTemplate,
+        run_filters: &[BpfProgram],
+        command_caps: &[caps::Capability],
     ) -> Result<Zygote, String> {
         let setup = ZygoteSetup {
-            filters: template
-                .run_filters
+            filters: run_filters
                 .iter()
                 .map(|p| {
                     p.iter()
@@ -223,7 +226,7 @@ impl Zygote {
                         .collect()
                 })
                 .collect(),
-            keep_caps: template.command_caps.iter().map(|c| c.index()).collect(),
+            keep_caps: command_caps.iter().map(|c| c.index()).collect(),
         };
         let setup = serde_json::to_vec(&setup).map_err(|e| e.to_string())?;
         Ok(Zygote {

@@ -265,6 +265,17 @@ pub fn move_detached(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> std::io::R
     )
 }
 
+impl crate::host::info::HostInfo {
+    /// The full probe for `agentrun info`: [`HostInfo::probe`](crate::host::info::HostInfo::probe)
+    /// and an idmapped mount of `dir` tried. Here, beside the probe it adds, so the cheap
+    /// probe every run makes does not depend on the mount code.
+    pub fn probe_full(dir: &Path) -> Self {
+        let mut info = Self::probe();
+        info.idmapped_mounts = Some(idmap_supported(dir));
+        info
+    }
+}
+
 /// Whether this host can make idmapped mounts of `dir`'s filesystem.
 pub fn idmap_supported(dir: &Path) -> bool {
     let Ok(ns) = MappingNamespace::sandbox_range() else {
