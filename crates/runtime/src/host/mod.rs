@@ -4,9 +4,9 @@
 //! sandbox's network namespace.
 
 pub mod cgroup;
-pub mod cgroup_ops;
+pub(crate) mod cgroup_ops;
 pub mod gc;
-pub mod info;
+pub(crate) mod info;
 pub mod kaudit;
 pub mod netns;
 pub mod preflight;

@@ -4,11 +4,11 @@
 //! ([`zygote`]), and the pieces they share (spawning, users, loopback networking).
 
 pub mod cell;
-pub mod executor;
-pub mod live;
-pub mod net;
-pub mod reaper;
-pub mod shell;
-pub mod spawn;
-pub mod user;
+pub(crate) mod executor;
+pub(crate) mod live;
+pub(crate) mod net;
+pub(crate) mod reaper;
+pub(crate) mod shell;
+pub(crate) mod spawn;
+pub(crate) mod user;
 pub mod zygote;
