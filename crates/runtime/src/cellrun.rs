@@ -480,7 +480,7 @@ mod tests {
     fn a_cell_gone_at_once_is_explained_by_its_report() {
         let (host, cell) = control::seqpacket_pair().unwrap();
         let report = InitResult {
-            exit_code: 125,
+            exit_code: crate::exit::EXIT_SETUP_FAILED,
             error: Some("cannot make the cell: landlock: /tmp is a symlink".into()),
             ..Default::default()
         };

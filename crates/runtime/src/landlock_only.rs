@@ -68,7 +68,7 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
                 Ok(never) => match never {},
                 Err(msg) => {
                     eprintln!("agentrun: {msg}");
-                    crate::inside::executor::EXIT_SETUP_FAILED
+                    crate::exit::EXIT_SETUP_FAILED
                 }
             };
             // SAFETY: _exit ends the child without the parent's destructors.
@@ -176,7 +176,7 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
             None => {
                 eprintln!("agentrun: {name}: command not found");
                 // SAFETY: _exit in the child.
-                unsafe { libc::_exit(127) }
+                unsafe { libc::_exit(crate::exit::EXIT_NOT_FOUND) }
             }
         }
     };
@@ -187,5 +187,11 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
         e.desc().to_lowercase()
     );
     // SAFETY: _exit in the child.
-    unsafe { libc::_exit(if e == nix::Error::ENOENT { 127 } else { 126 }) }
+    unsafe {
+        libc::_exit(if e == nix::Error::ENOENT {
+            crate::exit::EXIT_NOT_FOUND
+        } else {
+            crate::exit::EXIT_NOT_EXECUTABLE
+        })
+    }
 }

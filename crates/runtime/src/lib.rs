@@ -15,6 +15,7 @@
 //! - `sandbox`: a shell's life, create to destroy, and `image build`'s one-command sandboxes.
 //! - `cellrun`: one run in a cell from the host's side: its mounts, Landlock rules, request.
 //! - `outcome`: how a run ended and the one rule turning that into agentrun's exit code.
+//! - `exit`: the exit codes agentrun reports (124 timed out, 125 agentrun failed, ...).
 //! - `control`: the protocol between the host, a shell's init and a cell's PID 1; fd passing.
 //! - `spec`: the per-run OCI runtime spec (`config.json`).
 //! - `rootless`: a rootless shell, made by agentrun itself in a user namespace of its own.
@@ -55,7 +56,7 @@
 //! - `confine::seccomp`: the default profile and its compilation into BPF.
 //! - `confine::limits`: how resource limits are enforced (cgroup, or rlimits when rootless).
 //!
-//! Public, because another crate uses them: `cellrun`, `control`, `landlock_only`, `random`,
+//! Public, because another crate uses them: `cellrun`, `control`, `exit`, `landlock_only`, `random`,
 //! `sandbox`, `cgroup` (both cgroup modules under one path), `gc`, `kaudit`, `netns`,
 //! `preflight`, `privilege`, `cell`, `zygote`, `fsroot`, `hostdirs`, `idmap`, `rootfs`,
 //! `volume`, `landlock`, `limits`, `seccomp`, re-exported below under their old paths.
@@ -73,6 +74,7 @@ mod mounts;
 pub mod cellrun;
 pub mod control;
 mod error;
+pub mod exit;
 pub mod landlock_only;
 pub(crate) mod outcome;
 pub mod random;

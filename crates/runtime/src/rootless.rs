@@ -119,7 +119,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         };
         let _ = ready.write_all(msg.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit/destructors.
-        unsafe { libc::_exit(crate::inside::executor::EXIT_SETUP_FAILED) };
+        unsafe { libc::_exit(crate::exit::EXIT_SETUP_FAILED) };
     }
     let pid = Pid::from_raw(pid as i32);
     drop((sync_r, ready_w));

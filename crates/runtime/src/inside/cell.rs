@@ -37,7 +37,8 @@ use seccompiler::BpfProgram;
 
 use crate::confine::landlock::{self, LandlockRules};
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
-use crate::inside::reaper::{self, Command, EXIT_SETUP_FAILED};
+use crate::exit::EXIT_SETUP_FAILED;
+use crate::inside::reaper::{self, Command};
 use crate::inside::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
 
 /// How long a cell's PID 1 waits, after reporting its result, for the host to close the

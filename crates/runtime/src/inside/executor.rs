@@ -34,7 +34,7 @@ use crate::inside::reaper::{self, Command};
 use crate::inside::shell::{self, ShellInit};
 use crate::inside::zygote::ZygoteConfig;
 
-pub use crate::inside::reaper::EXIT_SETUP_FAILED;
+use crate::exit::EXIT_SETUP_FAILED;
 
 /// What the init does.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,12 +12,14 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
 use crate::control::{self, InitResult, LiveEvent, LiveRequest};
+use crate::exit::EXIT_SETUP_FAILED;
 use crate::inside::reaper::{
-    decode_status, exit_now, reap_one, wait_readable_any, BadCommand, Command, EXIT_SETUP_FAILED,
+    decode_status, exit_now, reap_one, wait_readable_any, BadCommand, Command,
 };
 use crate::inside::zygote::{Forked, LiveZygote};
 
-/// [`reaper::wait_either`](crate::inside::reaper::wait_either) for a long-lived PID 1, also over the report sockets of the processes the
+/// [`wait_either`](crate::inside::reaper::wait_either) for a long-lived PID 1, also over the
+/// report sockets of the processes the
 /// zygote forked: (control readable, signals readable, ids of forked processes that ended).
 fn wait_live(
     control: std::os::fd::BorrowedFd<'_>,

@@ -18,10 +18,10 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
 use crate::control::{InitResult, ResourceUsage};
+use crate::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, EXIT_SIGNAL_BASE};
 use crate::inside::spawn::{SpawnSpec, SpawnStep};
 
 /// Exit code when the sandbox could not be set up around the command.
-pub const EXIT_SETUP_FAILED: i32 = 125;
 
 /// One command to start.
 pub(crate) struct Command {
@@ -119,8 +119,10 @@ impl Command {
         })
         .map_err(|errno| {
             let (what, code) = match errno {
-                nix::Error::ENOENT | nix::Error::ENOTDIR => ("command not found".into(), 127),
-                e => (e.desc().to_lowercase(), 126),
+                nix::Error::ENOENT | nix::Error::ENOTDIR => {
+                    ("command not found".into(), EXIT_NOT_FOUND)
+                }
+                e => (e.desc().to_lowercase(), EXIT_NOT_EXECUTABLE),
             };
             let msg = format!("{}: {what}", self.argv[0]);
             self.say(&msg);
@@ -172,10 +174,11 @@ impl Command {
                     EXIT_SETUP_FAILED,
                 ),
                 SpawnStep::Exec => match errno {
-                    nix::Error::ENOENT | nix::Error::ENOTDIR => {
-                        (format!("{}: command not found", self.argv[0]), 127)
-                    }
-                    _ => (format!("{}: {why}", self.argv[0]), 126),
+                    nix::Error::ENOENT | nix::Error::ENOTDIR => (
+                        format!("{}: command not found", self.argv[0]),
+                        EXIT_NOT_FOUND,
+                    ),
+                    _ => (format!("{}: {why}", self.argv[0]), EXIT_NOT_EXECUTABLE),
                 },
             };
             self.say(&msg);
@@ -253,7 +256,7 @@ fn supervise(child: Pid) -> InitResult {
 pub(crate) fn decode_status(status: i32) -> (i32, Option<i32>) {
     if libc::WIFSIGNALED(status) {
         let s = libc::WTERMSIG(status);
-        (128 + s, Some(s))
+        (EXIT_SIGNAL_BASE + s, Some(s))
     } else {
         (libc::WEXITSTATUS(status), None)
     }

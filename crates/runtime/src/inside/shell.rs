@@ -56,8 +56,9 @@ use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
 use crate::confine::seccomp::{self, SeccompError};
 use crate::control::{self, ShellEvent};
 use crate::error::RuntimeError;
+use crate::exit::EXIT_SETUP_FAILED;
 use crate::inside::cell::{self, CellTemplate};
-use crate::inside::reaper::{self, EXIT_SETUP_FAILED};
+use crate::inside::reaper;
 use crate::inside::zygote::Zygote;
 
 /// Syscalls of the run's deny list that making a cell needs (allowed to the shell's init,

@@ -232,7 +232,7 @@ pub fn spawn_as(
                 msg[0] = step;
                 msg[1..].copy_from_slice(&errno.to_ne_bytes());
                 libc::write(wfd, msg.as_ptr().cast(), msg.len());
-                libc::_exit(127)
+                libc::_exit(crate::exit::EXIT_NOT_FOUND)
             };
             for sig in 1..=last_signal {
                 if sig != libc::SIGKILL && sig != libc::SIGSTOP {

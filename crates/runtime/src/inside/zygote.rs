@@ -318,7 +318,7 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
                 || libc::dup2(chan, ZYGOTE_CHANNEL_FD) < 0
                 || libc::dup2(ready, ZYGOTE_READY_FD) < 0
             {
-                libc::_exit(125);
+                libc::_exit(crate::exit::EXIT_SETUP_FAILED);
             }
             libc::close_range(ZYGOTE_READY_FD as u32 + 1, u32::MAX, 0);
             for sig in 1..libc::SIGRTMIN() {
@@ -330,7 +330,7 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             libc::chdir(c"/".as_ptr());
             libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
-            libc::_exit(127);
+            libc::_exit(crate::exit::EXIT_NOT_FOUND);
         }
     }
     drop(theirs);
@@ -654,7 +654,7 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
     use nix::sys::signal::{SigSet, Signal};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let gone = |msg: &str| InitResult {
-        exit_code: reaper::EXIT_SETUP_FAILED,
+        exit_code: crate::exit::EXIT_SETUP_FAILED,
         error: Some(msg.to_string()),
         zygote: Some(true),
         zygote_fault: true,
@@ -757,7 +757,7 @@ impl Forked {
                     nix::sys::signal::Signal::SIGKILL,
                 );
                 InitResult {
-                    exit_code: reaper::EXIT_SETUP_FAILED,
+                    exit_code: crate::exit::EXIT_SETUP_FAILED,
                     error: Some("the zygote ended during the run: its exit status is lost".into()),
                     zygote: Some(true),
                     zygote_fault: true,
