@@ -125,10 +125,36 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
 
 enum Never {}
 
-fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Result<Never, String> {
+/// A step of confining the command that failed, in the forked child (which prints it and
+/// exits 125).
+#[derive(Debug, thiserror::Error)]
+enum ConfineError {
+    #[error("setpgid: {0}")]
+    Setpgid(nix::Error),
+    #[error("setrlimit: {0}")]
+    Setrlimit(std::io::Error),
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
+    #[error("cannot enter {}: {errno}", dir.display())]
+    Cwd {
+        dir: std::path::PathBuf,
+        errno: nix::Error,
+    },
+    #[error("landlock: {0}")]
+    Landlock(crate::confine::landlock::LandlockError),
+    #[error("landlock (network): {0}")]
+    LandlockNet(landlock::RulesetError),
+    #[error("seccomp: {0}")]
+    Seccomp(crate::confine::seccomp::SeccompError),
+}
+
+fn confine_and_exec(
+    c: &LandlockOnly,
+    argv: &[CString],
+    env: &[CString],
+) -> Result<Never, ConfineError> {
     use landlock::{Access, AccessNet, Ruleset, RulesetAttr, ABI};
-    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))
-        .map_err(|e| format!("setpgid: {e}"))?;
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(ConfineError::Setpgid)?;
     let lims = [
         (libc::RLIMIT_NOFILE, Some(c.nofile)),
         (libc::RLIMIT_NPROC, Some(c.nproc)),
@@ -144,25 +170,27 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
             };
             // SAFETY: setrlimit reads the struct we pass.
             if unsafe { libc::setrlimit(res, &l) } != 0 {
-                return Err(format!("setrlimit: {}", std::io::Error::last_os_error()));
+                return Err(ConfineError::Setrlimit(std::io::Error::last_os_error()));
             }
         }
     }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(ConfineError::NoNewPrivs(std::io::Error::last_os_error()));
     }
-    nix::unistd::chdir(c.cwd).map_err(|e| format!("cannot enter {}: {e}", c.cwd.display()))?;
-    crate::confine::landlock::restrict(&c.rules, c.landlock_abi)
-        .map_err(|e| format!("landlock: {e}"))?;
+    nix::unistd::chdir(c.cwd).map_err(|errno| ConfineError::Cwd {
+        dir: c.cwd.to_path_buf(),
+        errno,
+    })?;
+    crate::confine::landlock::restrict(&c.rules, c.landlock_abi).map_err(ConfineError::Landlock)?;
     if c.landlock_abi >= 4 {
         Ruleset::default()
             .handle_access(AccessNet::from_all(ABI::V4))
             .and_then(|r| r.create())
             .and_then(|r| r.restrict_self())
-            .map_err(|e| format!("landlock (network): {e}"))?;
+            .map_err(ConfineError::LandlockNet)?;
     }
-    crate::confine::seccomp::install(&c.filters).map_err(|e| format!("seccomp: {e}"))?;
+    crate::confine::seccomp::install(&c.filters).map_err(ConfineError::Seccomp)?;
     let path = env
         .iter()
         .find_map(|e| e.to_str().ok()?.strip_prefix("PATH=").map(String::from))

@@ -115,7 +115,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         let mut ready = fs::File::from(ready_w);
         let msg = match child(s, &lowerdir, sync_r, &ready) {
             Ok(never) => match never {},
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         let _ = ready.write_all(msg.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit/destructors.
@@ -213,15 +213,31 @@ fn write_mappings(pid: Pid, ids: &UserIds) -> Result<(), RuntimeError> {
 
 enum Never {}
 
+/// A step of making the rootless shell that failed, in its PID 1 (which reports the text to
+/// the caller over its ready pipe and exits 125).
+#[derive(Debug, thiserror::Error)]
+enum ChildError {
+    #[error("the caller did not write the id mapping")]
+    NoMapping,
+    #[error("the shell's init returned")]
+    InitReturned,
+    #[error("{0}: {1}")]
+    Sys(String, nix::Error),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}: {1}")]
+    Caps(String, caps::errors::CapsError),
+}
+
 /// The sandbox's PID 1 until it becomes the shell's init; returns only an error message.
 fn child(
     s: &RootlessShell,
     lowerdir: &str,
     sync: OwnedFd,
     ready: &fs::File,
-) -> Result<Never, String> {
-    fn e(what: &'static str) -> impl Fn(nix::Error) -> String {
-        move |err| format!("{what}: {err}")
+) -> Result<Never, ChildError> {
+    fn e(what: &'static str) -> impl Fn(nix::Error) -> ChildError {
+        move |err| ChildError::Sys(what.to_string(), err)
     }
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process.
     unsafe {
@@ -236,7 +252,7 @@ fn child(
     let mut b = [0u8; 1];
     match nix::unistd::read(sync.as_raw_fd(), &mut b) {
         Ok(1) => {}
-        _ => return Err("the caller did not write the id mapping".into()),
+        _ => return Err(ChildError::NoMapping),
     }
     drop(sync);
     let root = nix::unistd::Gid::from_raw(0);
@@ -263,7 +279,8 @@ fn child(
     let rw = s.state.join("rw");
     let rootfs = s.state.join("bundle").join("rootfs");
     for d in [&rw, &rootfs] {
-        fs::create_dir_all(d).map_err(|err| format!("creating {}: {err}", d.display()))?;
+        fs::create_dir_all(d)
+            .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
     mount(
         Some("tmpfs"),
@@ -276,7 +293,8 @@ fn child(
     let upper = rw.join("upper");
     let work = rw.join("work");
     for d in [&upper, &work] {
-        fs::create_dir(d).map_err(|err| format!("creating {}: {err}", d.display()))?;
+        fs::create_dir(d)
+            .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
     let _ = fs::set_permissions(&upper, fs::Permissions::from_mode(0o755));
     let opts = format!(
@@ -294,7 +312,9 @@ fn child(
     .map_err(e("mounting the overlay rootfs"))?;
 
     let at = |p: &str| rootfs.join(p.trim_start_matches('/'));
-    let dir = |p: &Path| fs::create_dir_all(p).map_err(|err| format!("{}: {err}", p.display()));
+    let dir = |p: &Path| {
+        fs::create_dir_all(p).map_err(|err| ChildError::Io(p.display().to_string(), err))
+    };
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     dir(&at("proc"))?;
     mount(
@@ -316,7 +336,7 @@ fn child(
     .map_err(e("mounting /dev"))?;
     for d in DEVICES {
         let dst = at("dev").join(d);
-        fs::File::create(&dst).map_err(|err| format!("{}: {err}", dst.display()))?;
+        fs::File::create(&dst).map_err(|err| ChildError::Io(dst.display().to_string(), err))?;
         mount(
             Some(Path::new("/dev").join(d).as_path()),
             &dst,
@@ -324,7 +344,7 @@ fn child(
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(|err| format!("binding /dev/{d}: {err}"))?;
+        .map_err(|err| ChildError::Sys(format!("binding /dev/{d}"), err))?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -348,7 +368,7 @@ fn child(
         let dst = at("dev").join(name);
         dir(&dst)?;
         mount(Some(fstype), &dst, Some(fstype), flags, Some(data))
-            .map_err(|err| format!("mounting /dev/{name}: {err}"))?;
+            .map_err(|err| ChildError::Sys(format!("mounting /dev/{name}"), err))?;
     }
     dir(&at("sys"))?;
     if mount(
@@ -389,7 +409,7 @@ fn child(
                 MsFlags::MS_RDONLY,
                 None::<&str>,
             )
-            .map_err(|err| format!("masking {p}: {err}"))?,
+            .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
             Ok(_) => mount(
                 Some(at("dev/null").as_path()),
                 &dst,
@@ -397,7 +417,7 @@ fn child(
                 MsFlags::MS_BIND,
                 None::<&str>,
             )
-            .map_err(|err| format!("masking {p}: {err}"))?,
+            .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
             Err(_) => {}
         }
     }
@@ -436,10 +456,9 @@ fn child(
         };
         // SAFETY: setrlimit reads the struct we pass.
         if unsafe { libc::setrlimit(res, &lim) } != 0 {
-            return Err(format!(
-                "setrlimit {:?}: {}",
-                r.typ(),
-                std::io::Error::last_os_error()
+            return Err(ChildError::Io(
+                format!("setrlimit {:?}", r.typ()),
+                std::io::Error::last_os_error(),
             ));
         }
     }
@@ -448,37 +467,48 @@ fn child(
     }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(ChildError::Io(
+            "no_new_privs".into(),
+            std::io::Error::last_os_error(),
+        ));
     }
     let keep: caps::CapsHashSet = s.caps.iter().copied().collect();
     for c in caps::all() {
         if !keep.contains(&c) {
-            caps::drop(None, CapSet::Bounding, c).map_err(|err| format!("dropping {c}: {err}"))?;
+            caps::drop(None, CapSet::Bounding, c)
+                .map_err(|err| ChildError::Caps(format!("dropping {c}"), err))?;
         }
     }
     caps::set(None, CapSet::Inheritable, &caps::CapsHashSet::new())
-        .map_err(|err| format!("capabilities: {err}"))?;
-    caps::clear(None, CapSet::Ambient).map_err(|err| format!("capabilities: {err}"))?;
-    caps::set(None, CapSet::Effective, &keep).map_err(|err| format!("capabilities: {err}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|err| format!("capabilities: {err}"))?;
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::clear(None, CapSet::Ambient)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::set(None, CapSet::Effective, &keep)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::set(None, CapSet::Permitted, &keep)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
 
     let mut r = ready;
     r.write_all(b"ok")
-        .map_err(|err| format!("reporting ready: {err}"))?;
+        .map_err(|err| ChildError::Io("reporting ready".into(), err))?;
     // Returns only on error (it exits then, having said why on its stderr).
     let _ = s.executor.exec(s.spec);
-    Err("the shell's init returned".into())
+    Err(ChildError::InitReturned)
 }
 
 /// Bind-mounts `src` on `dst` (read-only unless `writable`), keeping the flags the kernel
 /// locks on a mount that came from a more privileged namespace.
-fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), String> {
+fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), ChildError> {
     let mut flags = MsFlags::MS_BIND;
     if recursive {
         flags |= MsFlags::MS_REC;
     }
-    mount(Some(src), dst, None::<&str>, flags, None::<&str>)
-        .map_err(|err| format!("binding {} on {}: {err}", src.display(), dst.display()))?;
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>).map_err(|err| {
+        ChildError::Sys(
+            format!("binding {} on {}", src.display(), dst.display()),
+            err,
+        )
+    })?;
     if writable {
         return Ok(());
     }
@@ -508,5 +538,5 @@ fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), S
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked,
         None::<&str>,
     )
-    .map_err(|err| format!("making {} read-only: {err}", dst.display()))
+    .map_err(|err| ChildError::Sys(format!("making {} read-only", dst.display()), err))
 }

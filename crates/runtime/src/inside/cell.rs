@@ -39,7 +39,7 @@ use crate::confine::landlock::{self, LandlockRules};
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
 use crate::exit::EXIT_SETUP_FAILED;
 use crate::inside::reaper::{self, Command};
-use crate::inside::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
+use crate::inside::zygote::{self, CellPlace, Ineligible, Invocation, ZygoteConfig, ZygoteLink};
 
 /// How long a cell's PID 1 waits, after reporting its result, for the host to close the
 /// channel before it exits (and the cell is torn down). The host closes it once its client
@@ -299,15 +299,15 @@ fn zygote_plan(
     template: &CellTemplate,
     link: Option<ZygoteLink>,
     cmd: &crate::control::CellCommand,
-) -> Result<(Invocation, CellPlace, ZygoteLink), String> {
+) -> Result<(Invocation, CellPlace, ZygoteLink), Ineligible> {
     let Some(config) = &template.zygote else {
-        return Err("the shell has no zygote".into());
+        return Err(Ineligible::NoZygote);
     };
     let Some(link) = link else {
-        return Err("the shell's zygote is not running".into());
+        return Err(Ineligible::NotRunning);
     };
     let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
-    let place = CellPlace::open().map_err(|e| format!("opening the cell's namespaces: {e}"))?;
+    let place = CellPlace::open().map_err(Ineligible::CellNamespaces)?;
     Ok((invocation, place, link))
 }
 

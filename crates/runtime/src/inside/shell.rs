@@ -305,11 +305,10 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Vec::new()
             };
             let cell = if req.layers > 0 && layers.len() != req.layers {
-                Err(format!(
-                    "a cell request with {} layers came with {} fds",
-                    req.layers,
-                    fds.len()
-                ))
+                Err(NoCell::LayerFds {
+                    wanted: req.layers,
+                    fds: fds.len(),
+                })
             } else if !layers.is_empty() {
                 let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
                 Spare::make_over(
@@ -351,7 +350,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Err(e) => {
                     let ev = ShellEvent::Failed {
                         cell: id,
-                        message: e,
+                        message: e.to_string(),
                     };
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
@@ -389,6 +388,17 @@ struct Spare {
     tmpfs_bytes: u64,
 }
 
+/// Why the init could not make a cell for a request (the host is told, and fails the run).
+#[derive(Debug, thiserror::Error)]
+enum NoCell {
+    #[error("{0}")]
+    Channel(RuntimeError),
+    #[error("clone: {}", .0.desc().to_lowercase())]
+    Clone(nix::Error),
+    #[error("a cell request with {wanted} layers came with {fds} fds")]
+    LayerFds { wanted: usize, fds: usize },
+}
+
 impl Spare {
     /// Clones a spare cell with a writable layer of `tmpfs_bytes` (keeping the zygote's
     /// `link` fds, if any).
@@ -396,7 +406,7 @@ impl Spare {
         template: &CellTemplate,
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
-    ) -> Result<Spare, String> {
+    ) -> Result<Spare, NoCell> {
         Spare::make_over(template, tmpfs_bytes, link, &[])
     }
 
@@ -407,8 +417,8 @@ impl Spare {
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
         layers: &[RawFd],
-    ) -> Result<Spare, String> {
-        let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    ) -> Result<Spare, NoCell> {
+        let (ours, theirs) = control::seqpacket_pair().map_err(NoCell::Channel)?;
         match clone_cell() {
             Ok(Cloned::Child) => {
                 // The cell's PID 1. Nothing here returns; a panic must not unwind into the
@@ -426,7 +436,7 @@ impl Spare {
                 channel: ours,
                 tmpfs_bytes,
             }),
-            Err(e) => Err(format!("clone: {}", e.desc().to_lowercase())),
+            Err(e) => Err(NoCell::Clone(e)),
         }
     }
 

@@ -109,17 +109,50 @@ fn startup_variable(key: &str) -> bool {
         || STARTUP_SUFFIXES.iter().any(|s| key.ends_with(s))
 }
 
+/// Why a run does not go through the shell's zygote (the cell execs the command instead):
+/// its text is the short reason the span and the run's report carry.
+#[derive(Debug, thiserror::Error)]
+pub enum Ineligible {
+    #[error("no command")]
+    NoCommand,
+    #[error("not python3: {0}")]
+    NotPython3(String),
+    #[error("{0} without its argument")]
+    MissingArgument(String),
+    #[error("interpreter option {0}")]
+    InterpreterOption(String),
+    #[error("environment variable {0} differs from the zygote's")]
+    EnvironmentDiffers(String),
+    #[error("the shell has no zygote")]
+    NoZygote,
+    #[error("the shell's zygote is not running")]
+    NotRunning,
+    #[error("opening the cell's namespaces: {0}")]
+    CellNamespaces(std::io::Error),
+    #[error("runs as another user")]
+    AnotherUser,
+    #[error("a session of its own (a terminal)")]
+    OwnSession,
+    #[error("the zygote is not ready (still importing)")]
+    NotReady,
+    #[error("the run's request is too large to be forked ({0})")]
+    RequestTooLarge(crate::error::RuntimeError),
+    /// The zygote's own reason, sent back over its channel.
+    #[error("{0}")]
+    Declined(String),
+}
+
 /// Whether the zygote can run `argv` with `env` (`KEY=VALUE`), given the zygote's own
-/// environment: the invocation, or why not (a short reason for the span).
+/// environment: the invocation, or why not.
 pub fn invocation(
     argv: &[String],
     env: &[String],
     zygote_env: &[String],
-) -> Result<Invocation, String> {
+) -> Result<Invocation, Ineligible> {
     match argv.first().map(String::as_str) {
         Some("python3") => {}
-        Some(other) => return Err(format!("not python3: {other}")),
-        None => return Err("no command".into()),
+        Some(other) => return Err(Ineligible::NotPython3(other.to_string())),
+        None => return Err(Ineligible::NoCommand),
     }
     let rest = &argv[1..];
     let inv = match rest.first().map(String::as_str) {
@@ -135,7 +168,7 @@ pub fn invocation(
         },
         Some(flag @ ("-c" | "-m")) => {
             let Some(target) = rest.get(1) else {
-                return Err(format!("{flag} without its argument"));
+                return Err(Ineligible::MissingArgument(flag.to_string()));
             };
             Invocation {
                 mode: if flag == "-c" {
@@ -149,7 +182,7 @@ pub fn invocation(
         }
         Some(flag) if flag.starts_with('-') => {
             let shown: String = flag.chars().take(16).collect();
-            return Err(format!("interpreter option {shown}"));
+            return Err(Ineligible::InterpreterOption(shown));
         }
         Some(file) => Invocation {
             mode: PythonMode::File,
@@ -173,9 +206,7 @@ pub fn invocation(
     };
     for (key, _) in ours.iter().chain(&theirs) {
         if value(&ours, key) != value(&theirs, key) {
-            return Err(format!(
-                "environment variable {key} differs from the zygote's"
-            ));
+            return Err(Ineligible::EnvironmentDiffers(key.clone()));
         }
     }
     Ok(inv)
@@ -208,7 +239,7 @@ impl Zygote {
         config: &ZygoteConfig,
         run_filters: &[BpfProgram],
         command_caps: &[caps::Capability],
-    ) -> Result<Zygote, String> {
+    ) -> Result<Zygote, ZygoteError> {
         let setup = ZygoteSetup {
             filters: run_filters
                 .iter()
@@ -228,7 +259,7 @@ impl Zygote {
                 .collect(),
             keep_caps: command_caps.iter().map(|c| c.index()).collect(),
         };
-        let setup = serde_json::to_vec(&setup).map_err(|e| e.to_string())?;
+        let setup = serde_json::to_vec(&setup).map_err(ZygoteError::Setup)?;
         Ok(Zygote {
             process: launch(config, &setup)?,
             config: config.clone(),
@@ -276,12 +307,27 @@ struct Launched {
     ready: OwnedFd,
 }
 
+/// Why a shell has no zygote (the shell's init says so on its stderr and runs without one).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ZygoteError {
+    #[error("no python3 on the image's PATH")]
+    NoPython3,
+    #[error("a NUL byte in the zygote's command")]
+    Nul,
+    #[error("{0}")]
+    Setup(serde_json::Error),
+    #[error("{0}")]
+    Channel(crate::error::RuntimeError),
+    #[error("pipe: {0}")]
+    Pipe(nix::Error),
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+}
+
 /// Forks and execs the zygote. The setup message is waiting on its channel when it starts.
-fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
-    let python =
-        find_in_path("python3", &config.env).ok_or("no python3 on the image's PATH".to_string())?;
-    let cstr =
-        |s: &str| CString::new(s).map_err(|_| "a NUL byte in the zygote's command".to_string());
+fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, ZygoteError> {
+    let python = find_in_path("python3", &config.env).ok_or(ZygoteError::NoPython3)?;
+    let cstr = |s: &str| CString::new(s).map_err(|_| ZygoteError::Nul);
     let mut argv = vec![cstr("python3")?, cstr("-c")?, cstr(BOOTSTRAP)?];
     for m in &config.preload {
         argv.push(cstr(m)?);
@@ -297,16 +343,16 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
     let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_ptrs.push(std::ptr::null());
 
-    let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    let (ours, theirs) = control::seqpacket_pair().map_err(ZygoteError::Channel)?;
     let (ready_r, ready_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    control::send(ours.as_fd(), setup, &[]).map_err(|e| e.to_string())?;
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(ZygoteError::Pipe)?;
+    control::send(ours.as_fd(), setup, &[]).map_err(ZygoteError::Channel)?;
     // SAFETY: the shell's init is single-threaded; the child only makes async-signal-safe
     // calls (fcntl, dup2, close_range, sigprocmask, signal, prctl, chdir, execve, _exit) on
     // data prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(ZygoteError::Fork(std::io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: see above; every pointer is to data owned by this (copied) stack frame.
@@ -555,11 +601,11 @@ impl NotForked {
     }
 }
 
-impl From<String> for NotForked {
+impl From<Ineligible> for NotForked {
     /// A run the zygote cannot take: no fault of it.
-    fn from(reason: String) -> Self {
+    fn from(why: Ineligible) -> Self {
         NotForked {
-            reason,
+            reason: why.to_string(),
             fault: false,
         }
     }
@@ -573,9 +619,7 @@ pub(crate) fn fork_run(
     run: &RunParts<'_>,
 ) -> Result<Forked, NotForked> {
     if !link.ready() {
-        return Err("the zygote is not ready (still importing)"
-            .to_string()
-            .into());
+        return Err(Ineligible::NotReady.into());
     }
     let (ours, theirs) = control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
     // The run's request waits on a socket of its own for the forked child (the zygote only
@@ -592,8 +636,7 @@ pub(crate) fn fork_run(
         nofile: run.nofile,
         nproc: run.nproc,
     };
-    control::send_json(request.as_fd(), &req, &[])
-        .map_err(|e| format!("the run's request is too large to be forked ({e})"))?;
+    control::send_json(request.as_fd(), &req, &[]).map_err(Ineligible::RequestTooLarge)?;
     drop(request);
     let mut fds = vec![
         theirs.as_raw_fd(),
@@ -632,7 +675,7 @@ pub(crate) fn fork_run(
                 ..
             },
             _,
-        ))) => Err(why.into()),
+        ))) => Err(Ineligible::Declined(why).into()),
         Ok(Some((
             Report {
                 failed: Some(why), ..
@@ -789,10 +832,10 @@ impl LiveZygote {
         stdio: &[OwnedFd; 3],
     ) -> Result<Forked, NotForked> {
         if sp.user.as_deref().is_some_and(|u| !u.is_empty()) {
-            return Err("runs as another user".to_string().into());
+            return Err(Ineligible::AnotherUser.into());
         }
         if sp.new_session {
-            return Err("a session of its own (a terminal)".to_string().into());
+            return Err(Ineligible::OwnSession.into());
         }
         let invocation = invocation(&sp.argv, &sp.env, &self.env)?;
         fork_run(
@@ -848,7 +891,7 @@ mod tests {
             (&["sh", "-c", "python3 -c 1"][..], "not python3"),
         ] {
             let err = ok(argv).unwrap_err();
-            assert!(err.contains(why), "{argv:?}: {err}");
+            assert!(err.to_string().contains(why), "{argv:?}: {err}");
         }
     }
 
@@ -880,7 +923,7 @@ mod tests {
             let mut r = zyg.clone();
             r.push(extra.to_string());
             let err = invocation(&argv, &r, &zyg).unwrap_err();
-            assert!(err.contains(key), "{extra}: {err}");
+            assert!(err.to_string().contains(key), "{extra}: {err}");
         }
         // A variable the zygote has and the run lacks.
         let less: Vec<String> = zyg
@@ -890,6 +933,7 @@ mod tests {
             .collect();
         assert!(invocation(&argv, &less, &zyg)
             .unwrap_err()
+            .to_string()
             .contains("PYTHONUNBUFFERED"));
     }
 
