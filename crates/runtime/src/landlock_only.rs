@@ -95,6 +95,8 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
         match poll(&mut fds, wait) {
             Ok(0) => {
                 timed_out = true;
+                // Dropped: ESRCH at most (the group or the command is already gone); the waitpid below
+                // reaps it either way.
                 let _ = killpg(pid, Signal::SIGKILL);
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
                 break;

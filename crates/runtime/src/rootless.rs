@@ -117,6 +117,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
             Ok(never) => match never {},
             Err(e) => e.to_string(),
         };
+        // Dropped: the parent reads an empty report as "exited during setup", still an error.
         let _ = ready.write_all(msg.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit/destructors.
         unsafe { libc::_exit(crate::exit::EXIT_SETUP_FAILED) };
@@ -124,6 +125,8 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
     let pid = Pid::from_raw(pid as i32);
     drop((sync_r, ready_w));
     let fail = |e: RuntimeError| {
+        // Dropped: tearing down the child after a failure: ESRCH/ECHILD only; the error passed
+        // in is returned.
         let _ = kill(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
         e
@@ -137,6 +140,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         .write_all(b"m")
         .map_err(|e| fail(RuntimeError::io("write", "the sandbox's sync pipe", e)))?;
     let mut buf = Vec::new();
+    // Dropped: a failed read leaves `buf` empty, reported below as the init having exited.
     let _ = fs::File::from(ready_r).take(4096).read_to_end(&mut buf);
     match buf.as_slice() {
         b"ok" => Ok((pid, userns)),
@@ -259,6 +263,7 @@ fn child(
     nix::unistd::setresgid(root, root, root).map_err(e("setresgid"))?;
     let uroot = nix::unistd::Uid::from_raw(0);
     nix::unistd::setresuid(uroot, uroot, uroot).map_err(e("setresuid"))?;
+    // Dropped: EPERM when setgroups is denied ("deny" in setgroups): no groups to drop then.
     let _ = nix::unistd::setgroups(&[]);
     let hostname = s
         .spec
@@ -296,6 +301,8 @@ fn child(
         fs::create_dir(d)
             .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
+    // Dropped: create_dir made it 0755 under the usual umask already; this only overrides a
+    // stricter umask.
     let _ = fs::set_permissions(&upper, fs::Permissions::from_mode(0o755));
     let opts = format!(
         "lowerdir={lowerdir},upperdir={},workdir={},userxattr",
@@ -353,6 +360,7 @@ fn child(
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
+        // Dropped: a link the image already has (EEXIST) is kept.
         let _ = std::os::unix::fs::symlink(to, at("dev").join(link));
     }
     for (name, fstype, flags, data) in [
@@ -390,6 +398,7 @@ fn child(
             if let Some(p) = dst.parent() {
                 dir(p)?;
             }
+            // Dropped: a mount point that cannot be made fails the bind below with its own error.
             let _ = fs::OpenOptions::new().create(true).append(true).open(&dst);
         }
         bind(&b.source, &dst, b.writable, true)?;
@@ -492,6 +501,7 @@ fn child(
     r.write_all(b"ok")
         .map_err(|err| ChildError::Io("reporting ready".into(), err))?;
     // Returns only on error (it exits then, having said why on its stderr).
+    // Returns only on error, which exec has said on stderr; the caller reports ours.
     let _ = s.executor.exec(s.spec);
     Err(ChildError::InitReturned)
 }

@@ -311,6 +311,7 @@ impl Sandbox {
         let state = paths.sandboxes().join(&id);
         for d in [paths.sandboxes(), paths.containers()] {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
+            // Dropped: EPERM on a dir another user made (its mode stays); creating it succeeded.
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
         }
         if host.privilege.is_root() {
@@ -847,11 +848,13 @@ impl Sandbox {
             cg.thaw_if_frozen(&self.id);
         }
         if let Some(pid) = self.rootless_init.take() {
+            // Dropped: ESRCH/ECHILD only, the init is already gone and reaped.
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
         }
         if let Some(c) = self.container.take() {
             if let Some(pid) = c.pid() {
+                // Dropped: ESRCH/ECHILD only, the container's init is already gone and reaped.
                 let _ = kill(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
             }
@@ -865,6 +868,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        // Dropped: Drop cannot report; callers that care call teardown() themselves.
         let _ = self.teardown();
     }
 }
@@ -884,6 +888,7 @@ pub(crate) fn destroy_leftovers(
                 break;
             }
             for p in pids {
+                // Dropped: ESRCH only, the process already ended.
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -1106,6 +1111,7 @@ fn pump_run(
             end.ran = Some(started.elapsed());
         }
     }
+    // Dropped: the run's outcome does not depend on its output reaching a closed reader.
     let _ = out.flush();
     let _ = err.flush();
     Ok(end)
@@ -1144,6 +1150,7 @@ impl RunTarget for InitTarget {
 
     fn signal(&mut self, signal: i32) {
         if let Ok(sig) = Signal::try_from(signal) {
+            // Dropped: ESRCH only, the init already ended; its end is reported by the run.
             let _ = kill(self.init, sig);
         }
     }
@@ -1204,10 +1211,12 @@ fn with_fd_at<T>(fd: OwnedFd, at: RawFd, f: impl FnOnce() -> T) -> Result<T, Run
     let out = f();
     match saved {
         Some(s) => {
+            // Dropped: restoring the caller's fd on the way out; nothing to return it to.
             let _ = nix::unistd::dup2(s.as_raw_fd(), at);
             let _ = fcntl(at, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
         }
         None => {
+            // Dropped: EBADF only, when `at` was not open before either.
             let _ = nix::unistd::close(at);
         }
     }

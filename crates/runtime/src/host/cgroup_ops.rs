@@ -195,6 +195,8 @@ impl CgroupMode {
                 .ok()
                 .filter(|mut f| std::io::Write::write_all(&mut f, b"reset\n").is_ok())
         } else {
+            // Dropped: if the reset fails, the peak reported also covers the shell's earlier runs (a
+            // report, not a limit).
             let _ = fs::write(mem.join("memory.max_usage_in_bytes"), "0");
             None
         };
@@ -236,6 +238,7 @@ impl CgroupMode {
         };
         let state = state.trim();
         if state == frozen || state == "FREEZING" {
+            // Dropped: thawing on the way out; the next freeze or removal reports a stuck cgroup.
             let _ = fs::write(&file, thawed);
         }
     }
@@ -256,6 +259,7 @@ impl CgroupMode {
     /// Removes a sandbox's (empty) cgroup directories in every controller.
     pub fn remove(self, id: &str) {
         if self.unified() {
+            // Dropped: EBUSY while processes remain, ENOENT if gone; gc removes what stays.
             let _ = fs::remove_dir(self.dir("", id));
             return;
         }
@@ -263,6 +267,7 @@ impl CgroupMode {
             for e in rd.flatten() {
                 let d = e.path().join(PARENT).join(id);
                 if d.is_dir() {
+                    // Dropped: as above; gc removes what stays.
                     let _ = fs::remove_dir(&d);
                 }
             }

@@ -56,6 +56,7 @@ pub fn collect_before_run(paths: &RuntimePaths) -> GcReport {
         .and_then(|t| SystemTime::now().duration_since(t).ok())
         .is_none_or(|age| age >= CREATION_GRACE);
     if due {
+        // Dropped: without the stamp the next run scans again; it is only a rate limit.
         let _ = fs::write(&stamp, b"");
         collect_orphan_cgroups(paths, &mut report);
     }

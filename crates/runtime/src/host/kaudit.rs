@@ -379,6 +379,7 @@ impl LandlockWatch {
         let denials = denials_of(&st.records, init_pid);
         drop(st);
         drop(self.wake);
+        // Dropped: the thread's panic is not ours to surface on the way out (it only reads).
         let _ = self.thread.join();
         denials
     }

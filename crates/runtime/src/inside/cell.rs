@@ -261,6 +261,7 @@ fn run(
                 },
                 None => exec_command(cmd, *req.rlimits),
             };
+            // Dropped: a failed send means the host is gone; we exit next either way.
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run
             // left running is killed when we exit.
@@ -335,6 +336,7 @@ fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str)
             error: Some(msg.to_owned()),
             ..Default::default()
         };
+        // Dropped: as above, the host is gone; we exit next either way.
         let _ = control::send_json(ch, &result, &[]);
         // As after a run: the host takes the report and lets go (bounded). A cell failing the
         // moment its request comes (its root was built ahead) is then still there when the

@@ -93,6 +93,7 @@ impl Executor for SandboxExecutor {
             }
         };
         if let Err(e) = err {
+            // Dropped: stderr is the only place to say it; nothing is left if that fails.
             let _ = writeln!(
                 std::io::stderr(),
                 "{}: sandbox setup failed: {e}",
@@ -214,6 +215,8 @@ impl SandboxExecutor {
         }
         // SAFETY: fd 3 was preserved by libcontainer for us and nothing else owns it.
         let control = unsafe { OwnedFd::from_raw_fd(INIT_CONTROL_FD) };
+        // Dropped: F_SETFD on an fd we own cannot fail but for EBADF, and then serve fails
+        // on its first read.
         let _ = nix::fcntl::fcntl(
             control.as_raw_fd(),
             nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),

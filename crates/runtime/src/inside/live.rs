@@ -120,6 +120,7 @@ pub(crate) fn serve_live(control: OwnedFd, zygote: Option<LiveZygote>) -> ! {
                 child.signal(signal, group);
             } else if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
                 let target = if group { -pid } else { pid };
+                // Dropped: ESRCH only, the process already ended; its end is reported when reaped.
                 let _ = kill(Pid::from_raw(target), sig);
             }
         }
@@ -128,6 +129,7 @@ pub(crate) fn serve_live(control: OwnedFd, zygote: Option<LiveZygote>) -> ! {
             // itself; a process forking meanwhile cannot leave a child behind (the kernel
             // refuses forks with a fatal signal pending).
             if let Ok(sig) = Signal::try_from(signal) {
+                // Dropped: ESRCH when nothing is left to signal.
                 let _ = kill(Pid::from_raw(-1), sig);
             }
             // The zygote's children are out of our reach (their own Landlock domains): it

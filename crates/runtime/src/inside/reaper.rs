@@ -199,6 +199,7 @@ pub(crate) fn exit_now(code: i32) -> ! {
 pub(crate) fn say_on(fd: RawFd, msg: &str) {
     let line = format!("agentrun: {msg}\n");
     // SAFETY: write(2) of a buffer we own to an fd we hold.
+    // Dropped: nowhere left to report a failed report to (this is PID 1 saying why).
     let _ = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
 }
 
@@ -233,6 +234,7 @@ fn supervise(child: Pid) -> InitResult {
         if sig != Signal::SIGCHLD {
             // Forward to the command's process group (falls back to the pid if it has none).
             if kill(Pid::from_raw(-child.as_raw()), sig).is_err() {
+                // Dropped: ESRCH only, the command is gone; its exit is reaped next.
                 let _ = kill(child, sig);
             }
             continue;

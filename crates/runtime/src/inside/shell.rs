@@ -192,6 +192,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         std::process::exit(EXIT_SETUP_FAILED);
     };
     // Worked out once here, inherited by every cell.
+    // Only for its side effect: the list is computed and cached here, before any cell.
     let _ = crate::inside::spawn::ignored_signals();
     if seccomp::install(&init.shell_filters).is_err() {
         std::process::exit(EXIT_SETUP_FAILED);
@@ -241,6 +242,8 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         code,
                         changed,
                     };
+                    // Dropped: a failed send means the host is gone; the next recv sees EOF and the shell
+                    // exits.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
             }
@@ -290,6 +293,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                             e.column()
                         ),
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                     continue;
                 }
@@ -341,6 +345,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         cell: id,
                         pid: cell.pid,
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[cell.pidfd.as_raw_fd()]);
                     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
                     // Should it fail, the cell's channel closes with `fds` unread: the host
@@ -352,6 +357,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         cell: id,
                         message: e.to_string(),
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
             }
@@ -427,6 +433,7 @@ impl Spare {
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     cell::prepare(template, tmpfs_bytes, theirs, link, layers)
                 }));
+                // The cell's PID 1 never returns from prepare; a panic (Err) exits like a failure.
                 let _ = prepared;
                 reaper::exit_now(EXIT_SETUP_FAILED)
             }
@@ -491,6 +498,7 @@ impl ShellWatch {
 
     /// Drops notifications of what happened so far (the shell's own setup).
     pub(crate) fn settle(&self) {
+        // Only for its side effect: reading the notifications drains them.
         let _ = self.changes();
     }
 

@@ -293,6 +293,8 @@ pub fn spawn_as(
     if got < msg.len() {
         return Ok(Pid::from_raw(pid)); // the pipe closed on exec: it runs
     }
+    // Dropped: reaps the child that failed before exec (ECHILD only if already reaped); the
+    // step it reported is the error returned.
     let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
     let step = match msg[0] {
         0 => SpawnStep::Credentials,

@@ -752,6 +752,8 @@ impl Forked {
             signal: i32,
             group: bool,
         }
+        // Dropped: a failed send means the process already ended; its end is reported on the
+        // same socket.
         let _ = control::send_json(self.report.as_fd(), &SignalRequest { signal, group }, &[]);
     }
 
@@ -795,6 +797,7 @@ impl Forked {
                 }
             }
             _ => {
+                // Dropped: ESRCH at most (the zygote is already gone), which is what this arm reports.
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(self.pid),
                     nix::sys::signal::Signal::SIGKILL,

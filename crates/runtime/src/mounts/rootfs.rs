@@ -228,6 +228,8 @@ pub fn unmount_all(dir: &Path) -> Result<(), RuntimeError> {
             return Ok(());
         }
         for m in mounts {
+            // Dropped: teardown of mounts that may already be gone (EINVAL/ENOENT); the state dir's
+            // removal, next, reports what matters.
             let _ = umount2(&m, MntFlags::MNT_DETACH);
         }
     }
