@@ -34,6 +34,8 @@
 //! - `host::netns`: TCP sockets made from the host inside a sandbox's network namespace.
 //!
 //! `inside/`: processes inside a sandbox
+//! - `inside::kernel`: the kernel calls the cell's and the shell's decisions depend on, as a
+//!   trait, so they are unit-tested without root.
 //! - `inside::executor`: libcontainer's `Executor`, what the container's init does first.
 //! - `inside::shell`: a shell's init, PID 1 of a shell, making a cell per request.
 //! - `inside::cell`: a cell, what one run sees, cloned by the shell's init.

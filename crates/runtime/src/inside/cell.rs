@@ -35,9 +35,10 @@ use caps::Capability;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use seccompiler::BpfProgram;
 
-use crate::confine::landlock::{self, LandlockRules};
+use crate::confine::landlock::LandlockRules;
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
 use crate::exit::EXIT_SETUP_FAILED;
+use crate::inside::kernel::{Host, Kernel};
 use crate::inside::reaper::{self, Command};
 use crate::inside::zygote::{self, CellPlace, Ineligible, Invocation, ZygoteConfig, ZygoteLink};
 
@@ -180,6 +181,7 @@ fn run(
                 CellWork::Run(_) => {}
             }
             confine(
+                &Host,
                 template,
                 &req,
                 matches!(plan, Some(Ok(_))) || live_plan.is_some(),
@@ -709,17 +711,23 @@ fn attach_run_mount(root: &OwnedFd, m: &CellMount, tree: OwnedFd) -> Setup<()> {
 /// Rlimits, capabilities, Landlock, seccomp: after this, the cell's PID 1 can do no more than
 /// the command may (it keeps no_new_privs from the shell). With `share_ruleset`, returns a
 /// copy of the cell's Landlock ruleset (for the zygote's child; `None` without Landlock).
-fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Option<OwnedFd>> {
-    use nix::sys::resource::{setrlimit, Resource};
+fn confine(
+    k: &impl Kernel,
+    t: &CellTemplate,
+    req: &CellRequest,
+    share_ruleset: bool,
+) -> Setup<Option<OwnedFd>> {
+    use nix::sys::resource::Resource;
     for (res, value, name) in [
         (Resource::RLIMIT_NOFILE, req.nofile, "nofile"),
         (Resource::RLIMIT_NPROC, req.nproc, "nproc"),
         (Resource::RLIMIT_CORE, 0, "core"),
     ] {
-        setrlimit(res, value, value).map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
+        k.setrlimit(res, value)
+            .map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
     }
 
-    reaper::narrow_capabilities(&t.command_caps)
+    k.narrow_capabilities(&t.command_caps)
         .map_err(|e| SetupError(format!("capabilities: {e}")))?;
     let mut shared = None;
     if let Some(rules) = &req.landlock {
@@ -727,17 +735,139 @@ fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Op
             readable: rules.readable.clone(),
             writable: rules.writable.clone(),
         };
-        shared = landlock::restrict_sharing(&rules, t.landlock_abi, share_ruleset)
-            .map_err(|e| SetupError(e.to_string()))?
-            .1;
+        shared = k
+            .landlock(&rules, t.landlock_abi, share_ruleset)
+            .map_err(|e| SetupError(e.to_string()))?;
     }
-    crate::confine::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))?;
+    k.seccomp(&t.run_filters)
+        .map_err(|e| SetupError(e.to_string()))?;
     Ok(shared)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::PathRules;
+    use crate::inside::kernel::{Call, Recorder};
+    use nix::sys::resource::Resource;
+
+    fn template() -> CellTemplate {
+        CellTemplate {
+            command_caps: vec![Capability::CAP_CHOWN, Capability::CAP_KILL],
+            landlock_abi: 6,
+            run_filters: vec![Vec::new(), Vec::new()],
+            scratch: PathBuf::from("/.agentrun/scratch"),
+            moved: Vec::new(),
+            proc_masked: Vec::new(),
+            proc_readonly: Vec::new(),
+            egress_socket: PathBuf::from("/.agentrun/egress.sock"),
+            zygote: None,
+        }
+    }
+
+    fn request(landlock: Option<PathRules>) -> CellRequest {
+        CellRequest {
+            cell: 7,
+            tmpfs_bytes: 1 << 20,
+            nofile: 1024,
+            nproc: 256,
+            rlimits: Box::default(),
+            landlock,
+            mounts: Vec::new(),
+            egress_port: None,
+            work: CellWork::Live,
+            layers: 0,
+        }
+    }
+
+    fn rules() -> PathRules {
+        PathRules {
+            readable: vec![PathBuf::from("/")],
+            writable: vec![PathBuf::from("/tmp"), PathBuf::from("/workspace")],
+        }
+    }
+
+    fn rlimits() -> Vec<Call> {
+        vec![
+            Call::Setrlimit(Resource::RLIMIT_NOFILE, 1024),
+            Call::Setrlimit(Resource::RLIMIT_NPROC, 256),
+            Call::Setrlimit(Resource::RLIMIT_CORE, 0),
+        ]
+    }
+
+    #[test]
+    fn a_cell_is_confined_rlimits_then_capabilities_then_landlock_then_seccomp() {
+        let k = Recorder::default();
+        let shared = confine(&k, &template(), &request(Some(rules())), false).unwrap();
+        assert!(
+            shared.is_none(),
+            "no ruleset copy unless the zygote needs one"
+        );
+        let mut want = rlimits();
+        want.extend([
+            Call::NarrowCapabilities(vec![Capability::CAP_CHOWN, Capability::CAP_KILL]),
+            Call::Landlock {
+                readable: rules().readable,
+                writable: rules().writable,
+                abi: 6,
+                share: false,
+            },
+            Call::Seccomp(2),
+        ]);
+        assert_eq!(*k.calls.borrow(), want);
+    }
+
+    #[test]
+    fn without_landlock_rules_a_cell_still_gets_its_capabilities_and_seccomp() {
+        let k = Recorder::default();
+        confine(&k, &template(), &request(None), false).unwrap();
+        let mut want = rlimits();
+        want.extend([
+            Call::NarrowCapabilities(vec![Capability::CAP_CHOWN, Capability::CAP_KILL]),
+            Call::Seccomp(2),
+        ]);
+        assert_eq!(*k.calls.borrow(), want);
+    }
+
+    #[test]
+    fn a_cell_whose_run_goes_to_the_zygote_keeps_a_copy_of_its_ruleset() {
+        let k = Recorder::default();
+        let shared = confine(&k, &template(), &request(Some(rules())), true).unwrap();
+        assert!(shared.is_some());
+        assert!(k
+            .calls
+            .borrow()
+            .iter()
+            .any(|c| matches!(c, Call::Landlock { share: true, .. })));
+    }
+
+    #[test]
+    fn a_failing_confinement_step_stops_the_rest_and_says_which() {
+        for (fail, says, last) in [
+            ("setrlimit", "rlimit nofile: ", 1),
+            ("capabilities", "capabilities: ", 4),
+            ("landlock", "landlock: ", 5),
+            ("seccomp", "SCMP_ACT_NOTIFY", 6),
+        ] {
+            let k = Recorder {
+                fail: vec![fail],
+                ..Default::default()
+            };
+            let Err(SetupError(msg)) = confine(&k, &template(), &request(Some(rules())), false)
+            else {
+                panic!("{fail} failed but the cell was confined");
+            };
+            assert!(msg.starts_with(says), "{fail}: {msg}");
+            // Nothing runs after the failing call: the cell is not left half confined and
+            // going on.
+            assert_eq!(
+                k.calls.borrow().len(),
+                last,
+                "{fail}: {:?}",
+                k.calls.borrow()
+            );
+        }
+    }
 
     #[test]
     fn in_sandbox_paths_join_under_the_root() {

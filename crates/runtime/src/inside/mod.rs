@@ -5,6 +5,7 @@
 
 pub mod cell;
 pub(crate) mod executor;
+pub(crate) mod kernel;
 pub(crate) mod live;
 pub(crate) mod net;
 pub(crate) mod reaper;

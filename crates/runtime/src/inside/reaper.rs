@@ -21,8 +21,6 @@ use crate::control::{InitResult, ResourceUsage};
 use crate::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, EXIT_SIGNAL_BASE};
 use crate::inside::spawn::{SpawnSpec, SpawnStep};
 
-/// Exit code when the sandbox could not be set up around the command.
-
 /// One command to start.
 pub(crate) struct Command {
     pub argv: Vec<String>,

@@ -48,7 +48,6 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
@@ -58,6 +57,7 @@ use crate::control::{self, ShellEvent};
 use crate::error::RuntimeError;
 use crate::exit::EXIT_SETUP_FAILED;
 use crate::inside::cell::{self, CellTemplate};
+use crate::inside::kernel::{Host, Kernel};
 use crate::inside::reaper;
 use crate::inside::zygote::Zygote;
 
@@ -272,10 +272,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             let req = match serde_json::from_slice::<InitView>(&bytes) {
                 Ok(InitView::Cell(r)) => r,
                 Ok(InitView::Prepare { tmpfs_bytes }) => {
-                    if spare
-                        .as_ref()
-                        .is_none_or(|s| s.tmpfs_bytes != tmpfs_bytes || !s.alive())
-                    {
+                    if !spare.as_ref().is_some_and(|s| s.fits(&Host, tmpfs_bytes)) {
                         // An unwanted spare ends when its channel closes.
                         let link = zygote.as_ref().map(Zygote::link);
                         spare = Spare::make(&init.template, tmpfs_bytes, link).ok();
@@ -308,31 +305,31 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             } else {
                 Vec::new()
             };
-            let cell = if req.layers > 0 && layers.len() != req.layers {
-                Err(NoCell::LayerFds {
-                    wanted: req.layers,
-                    fds: fds.len(),
-                })
-            } else if !layers.is_empty() {
-                let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
-                Spare::make_over(
-                    &init.template,
-                    req.tmpfs_bytes,
-                    zygote.as_ref().map(Zygote::link),
-                    &raw,
-                )
-            } else {
-                match spare
-                    .take()
-                    .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
-                {
-                    Some(s) => Ok(s),
-                    None => Spare::make(
+            let choice = choose(
+                &Host,
+                req.layers,
+                layers.len(),
+                fds.len(),
+                req.tmpfs_bytes,
+                &mut spare,
+            );
+            let cell = match choice {
+                Choice::Refused(e) => Err(e),
+                Choice::Over => {
+                    let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
+                    Spare::make_over(
                         &init.template,
                         req.tmpfs_bytes,
                         zygote.as_ref().map(Zygote::link),
-                    ),
+                        &raw,
+                    )
                 }
+                Choice::Spare(s) => Ok(s),
+                Choice::New => Spare::make(
+                    &init.template,
+                    req.tmpfs_bytes,
+                    zygote.as_ref().map(Zygote::link),
+                ),
             };
             // The cell has its own copies of the layers' fds (cloned with them).
             drop(layers);
@@ -394,6 +391,45 @@ struct Spare {
     tmpfs_bytes: u64,
 }
 
+/// Which cell a request gets.
+enum Choice {
+    /// None: its layers' fds do not match the count it gives.
+    Refused(NoCell),
+    /// One cloned now over its layers (the spare, built before any request, has none).
+    Over,
+    /// The spare: it fits and runs.
+    Spare(Spare),
+    /// One cloned now.
+    New,
+}
+
+/// The init's choice of a cell for a request that says it has `wanted_layers` layers, came
+/// with `layer_fds` of them (split from its `fds` fds) and wants a writable layer of
+/// `tmpfs_bytes`. The spare is taken unless the request has layers; a spare that does not
+/// fit is dropped (it ends when its channel closes).
+fn choose(
+    k: &impl Kernel,
+    wanted_layers: usize,
+    layer_fds: usize,
+    fds: usize,
+    tmpfs_bytes: u64,
+    spare: &mut Option<Spare>,
+) -> Choice {
+    if wanted_layers > 0 && layer_fds != wanted_layers {
+        return Choice::Refused(NoCell::LayerFds {
+            wanted: wanted_layers,
+            fds,
+        });
+    }
+    if layer_fds > 0 {
+        return Choice::Over;
+    }
+    match spare.take().filter(|s| s.fits(k, tmpfs_bytes)) {
+        Some(s) => Choice::Spare(s),
+        None => Choice::New,
+    }
+}
+
 /// Why the init could not make a cell for a request (the host is told, and fails the run).
 #[derive(Debug, thiserror::Error)]
 enum NoCell {
@@ -447,10 +483,10 @@ impl Spare {
         }
     }
 
-    /// Whether it still runs (its pidfd is readable once it has exited).
-    fn alive(&self) -> bool {
-        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+    /// Whether it can take a run with a writable layer of `tmpfs_bytes`: that size, and
+    /// still running.
+    fn fits(&self, k: &impl Kernel, tmpfs_bytes: u64) -> bool {
+        self.tmpfs_bytes == tmpfs_bytes && !k.exited(self.pidfd.as_fd())
     }
 
     /// Hands a run's request (the host's message and fds, as they came) to the spare, which
@@ -622,6 +658,81 @@ fn clone_cell() -> nix::Result<Cloned> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inside::kernel::Recorder;
+
+    fn spare(tmpfs_bytes: u64) -> Spare {
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        Spare {
+            pid: 42,
+            pidfd: fd(),
+            channel: fd(),
+            tmpfs_bytes,
+        }
+    }
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn a_request_takes_the_spare_when_it_fits_and_runs() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        let choice = choose(&k, 0, 0, 4, 64 * MB, &mut slot);
+        assert!(matches!(choice, Choice::Spare(ref s) if s.pid == 42));
+        assert!(slot.is_none());
+    }
+
+    #[test]
+    fn a_spare_that_exited_or_has_another_size_is_dropped_for_a_new_cell() {
+        let dead = spare(64 * MB);
+        let k = Recorder {
+            exited: vec![dead.pidfd.as_raw_fd()],
+            ..Default::default()
+        };
+        let mut slot = Some(dead);
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 64 * MB, &mut slot),
+            Choice::New
+        ));
+        assert!(slot.is_none(), "the dead spare is let go");
+
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 128 * MB, &mut slot),
+            Choice::New
+        ));
+        assert!(slot.is_none(), "the spare of another size is let go");
+
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 64 * MB, &mut None),
+            Choice::New
+        ));
+    }
+
+    #[test]
+    fn a_request_with_layers_gets_a_cell_over_them_and_the_spare_stays() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        assert!(matches!(
+            choose(&k, 2, 2, 4, 64 * MB, &mut slot),
+            Choice::Over
+        ));
+        assert!(slot.is_some());
+    }
+
+    #[test]
+    fn a_request_whose_layer_fds_are_missing_is_refused() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        let Choice::Refused(e) = choose(&k, 3, 0, 2, 64 * MB, &mut slot) else {
+            panic!("a request short of its layers' fds got a cell");
+        };
+        assert_eq!(
+            e.to_string(),
+            "a cell request with 3 layers came with 2 fds"
+        );
+        assert!(slot.is_some(), "the spare is kept for the next request");
+    }
 
     #[test]
     fn the_init_reads_only_a_requests_cell_id_and_size() {
