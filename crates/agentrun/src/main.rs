@@ -36,8 +36,9 @@ use std::process::ExitCode;
 use agentrun_runtime::preflight;
 use clap::{Parser, Subcommand};
 
-/// Exit code for agentrun's own failures (DESIGN.md).
-pub const EXIT_AGENTRUN_ERROR: u8 = 125;
+/// Exit code for agentrun's own failures ([`agentrun_runtime::exit::EXIT_SETUP_FAILED`], as
+/// the `u8` a process exit code is).
+pub const EXIT_AGENTRUN_ERROR: u8 = agentrun_runtime::exit::EXIT_SETUP_FAILED as u8;
 
 #[derive(Parser, Debug)]
 #[command(

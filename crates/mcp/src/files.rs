@@ -240,7 +240,7 @@ async fn write_approved(
     let live = sandbox.live.clone();
     let path = path.to_owned();
     tokio::task::spawn_blocking(move || {
-        let rel = relative(&path).map_err(|e| FileError::Failed("invalid_path", e))?;
+        let rel = relative(&path).map_err(|e| FileError::Failed("invalid_path", e.into()))?;
         let fs = SandboxFs::new(
             live.root()
                 .map_err(|e| FileError::Failed("failed", e.to_string()))?,

@@ -234,7 +234,11 @@ async fn run_code(
             _ => "error",
         }
         .into(),
-        exit: Some(result.as_ref().map_or(125, |o| o.exit_code)),
+        exit: Some(
+            result
+                .as_ref()
+                .map_or(agentrun_runtime::exit::EXIT_SETUP_FAILED, |o| o.exit_code),
+        ),
         profile: shared.profile.name.clone(),
         ..Default::default()
     };

@@ -488,7 +488,7 @@ fn run_in_pooled_shell(
         reply(
             conn,
             &DaemonReply::Exec(ExecReply {
-                exit_code: 125,
+                exit_code: agentrun_runtime::exit::EXIT_SETUP_FAILED,
                 error: Some(message),
                 ..Default::default()
             }),
@@ -516,7 +516,7 @@ fn run_in_pooled_shell(
     };
     let failed = |out: &mut ExecReply, message: String| {
         metrics.run(crate::metrics::outcome::FAILED, started.elapsed());
-        out.exit_code = 125;
+        out.exit_code = agentrun_runtime::exit::EXIT_SETUP_FAILED;
         out.error = Some(message);
         reply(conn, &DaemonReply::Exec(out.clone()));
     };

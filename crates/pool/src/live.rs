@@ -672,7 +672,10 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                 let exits: Vec<_> = ev.exits.drain().collect();
                 drop(ev);
                 for (_, tx) in starting {
-                    let _ = tx.send(Err((125, "the sandbox is gone".into())));
+                    let _ = tx.send(Err((
+                        agentrun_runtime::exit::EXIT_SETUP_FAILED,
+                        "the sandbox is gone".into(),
+                    )));
                 }
                 for (_, running) in exits {
                     (running.on_exit)(ProcessExit {

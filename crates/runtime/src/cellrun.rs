@@ -20,8 +20,8 @@ use crate::control::{
     self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent, ShellRequest,
 };
 use crate::error::RuntimeError;
-use crate::idmap::{detached_clone_idmapped, MappingNamespace};
-use crate::rootfs::UserMount;
+use crate::mounts::idmap::{detached_clone_idmapped, MappingNamespace};
+use crate::mounts::rootfs::UserMount;
 
 /// How long a shell's init may take to answer a cell request (it only clones).
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +64,7 @@ pub struct RunMounts {
     /// writes are owned by the sandbox uid on the host).
     pub idmapped: bool,
     /// Read-only layers for the cell's overlay, over the shell's root (top first): detached
-    /// mounts ([`crate::idmap::detached_clone`]) of directories in overlayfs upper form
+    /// mounts ([`crate::mounts::idmap::detached_clone`]) of directories in overlayfs upper form
     /// (a fork copy's frozen layers). Sent after the mounts' fds ([`CellRequest::layers`]).
     pub layers: Vec<OwnedFd>,
 }
@@ -81,7 +81,7 @@ impl RunMounts {
     pub fn prepare_for(
         user: &[UserMount],
         cache: &mut MappingCache,
-        privilege: &crate::privilege::Privilege,
+        privilege: &crate::host::privilege::Privilege,
         userns: Option<BorrowedFd<'_>>,
     ) -> Result<Self, RuntimeError> {
         if privilege.is_root() || user.is_empty() {
@@ -128,7 +128,7 @@ impl RunMounts {
                 !m.writable,
             ));
         }
-        out.fds = crate::idmap::clone_in_userns(userns, &sources)?;
+        out.fds = crate::mounts::idmap::clone_in_userns(userns, &sources)?;
         Ok(out)
     }
 
@@ -480,7 +480,7 @@ mod tests {
     fn a_cell_gone_at_once_is_explained_by_its_report() {
         let (host, cell) = control::seqpacket_pair().unwrap();
         let report = InitResult {
-            exit_code: 125,
+            exit_code: crate::exit::EXIT_SETUP_FAILED,
             error: Some("cannot make the cell: landlock: /tmp is a symlink".into()),
             ..Default::default()
         };

@@ -66,7 +66,7 @@ pub struct CellRequest {
     pub nproc: u64,
     /// Limits set as rlimits because no cgroup enforces them (a rootless sandbox).
     #[serde(default)]
-    pub rlimits: Box<crate::limits::RlimitFallback>,
+    pub rlimits: Box<crate::confine::limits::RlimitFallback>,
     /// Landlock rules of the cell (`None`: the host has no Landlock).
     pub landlock: Option<PathRules>,
     /// The run's own mounts, attached in this order (an fd each, made on the host).
@@ -138,7 +138,7 @@ pub struct CellCommand {
     /// The whole environment, `KEY=VALUE`.
     pub env: Vec<String>,
     pub cwd: String,
-    /// Run it through the shell's Python zygote if it can take it (see [`crate::zygote`]).
+    /// Run it through the shell's Python zygote if it can take it (see [`crate::inside::zygote`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zygote: bool,
 }

@@ -23,13 +23,13 @@ pub enum RuntimeError {
     #[error("container runtime: {0}")]
     Container(String),
     #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompError),
+    Seccomp(#[from] crate::confine::seccomp::SeccompError),
     #[error("building OCI spec: {0}")]
     Spec(#[from] oci_spec::OciSpecError),
     #[error(transparent)]
     Image(#[from] agentrun_image::ImageError),
     #[error(transparent)]
-    Preflight(#[from] crate::preflight::PreflightError),
+    Preflight(#[from] crate::host::preflight::PreflightError),
     #[error(transparent)]
     Random(#[from] crate::random::RandomError),
 }

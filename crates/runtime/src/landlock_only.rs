@@ -8,7 +8,7 @@
 //! (Landlock's scoping stops it signalling them or reaching their abstract sockets), and has
 //! the host's network but for TCP (Landlock denies every TCP bind and connect; UDP and other
 //! families are left to the profile's seccomp socket rules). Its memory, task and CPU
-//! limits are rlimits ([`crate::limits`]), the wall time the caller's watchdog.
+//! limits are rlimits ([`crate::confine::limits`]), the wall time the caller's watchdog.
 //!
 //! This module owns that confinement: a fork, then in the child rlimits, no_new_privs,
 //! Landlock (file system rules, then a TCP-denying ruleset), the seccomp filter, exec; the
@@ -24,9 +24,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::confine::landlock::LandlockRules;
+use crate::confine::limits::RlimitFallback;
 use crate::error::RuntimeError;
-use crate::landlock::LandlockRules;
-use crate::limits::RlimitFallback;
 use crate::outcome::RunOutcome;
 
 /// What the command is confined by.
@@ -68,7 +68,7 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
                 Ok(never) => match never {},
                 Err(msg) => {
                     eprintln!("agentrun: {msg}");
-                    crate::executor::EXIT_SETUP_FAILED
+                    crate::exit::EXIT_SETUP_FAILED
                 }
             };
             // SAFETY: _exit ends the child without the parent's destructors.
@@ -95,6 +95,8 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
         match poll(&mut fds, wait) {
             Ok(0) => {
                 timed_out = true;
+                // Dropped: ESRCH at most (the group or the command is already gone); the waitpid below
+                // reaps it either way.
                 let _ = killpg(pid, Signal::SIGKILL);
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
                 break;
@@ -125,10 +127,36 @@ pub fn run(c: &LandlockOnly, timeout: Option<Duration>) -> Result<RunOutcome, Ru
 
 enum Never {}
 
-fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Result<Never, String> {
+/// A step of confining the command that failed, in the forked child (which prints it and
+/// exits 125).
+#[derive(Debug, thiserror::Error)]
+enum ConfineError {
+    #[error("setpgid: {0}")]
+    Setpgid(nix::Error),
+    #[error("setrlimit: {0}")]
+    Setrlimit(std::io::Error),
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
+    #[error("cannot enter {}: {errno}", dir.display())]
+    Cwd {
+        dir: std::path::PathBuf,
+        errno: nix::Error,
+    },
+    #[error("landlock: {0}")]
+    Landlock(crate::confine::landlock::LandlockError),
+    #[error("landlock (network): {0}")]
+    LandlockNet(landlock::RulesetError),
+    #[error("seccomp: {0}")]
+    Seccomp(crate::confine::seccomp::SeccompError),
+}
+
+fn confine_and_exec(
+    c: &LandlockOnly,
+    argv: &[CString],
+    env: &[CString],
+) -> Result<Never, ConfineError> {
     use landlock::{Access, AccessNet, Ruleset, RulesetAttr, ABI};
-    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))
-        .map_err(|e| format!("setpgid: {e}"))?;
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(ConfineError::Setpgid)?;
     let lims = [
         (libc::RLIMIT_NOFILE, Some(c.nofile)),
         (libc::RLIMIT_NPROC, Some(c.nproc)),
@@ -144,38 +172,41 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
             };
             // SAFETY: setrlimit reads the struct we pass.
             if unsafe { libc::setrlimit(res, &l) } != 0 {
-                return Err(format!("setrlimit: {}", std::io::Error::last_os_error()));
+                return Err(ConfineError::Setrlimit(std::io::Error::last_os_error()));
             }
         }
     }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(ConfineError::NoNewPrivs(std::io::Error::last_os_error()));
     }
-    nix::unistd::chdir(c.cwd).map_err(|e| format!("cannot enter {}: {e}", c.cwd.display()))?;
-    crate::landlock::restrict(&c.rules, c.landlock_abi).map_err(|e| format!("landlock: {e}"))?;
+    nix::unistd::chdir(c.cwd).map_err(|errno| ConfineError::Cwd {
+        dir: c.cwd.to_path_buf(),
+        errno,
+    })?;
+    crate::confine::landlock::restrict(&c.rules, c.landlock_abi).map_err(ConfineError::Landlock)?;
     if c.landlock_abi >= 4 {
         Ruleset::default()
             .handle_access(AccessNet::from_all(ABI::V4))
             .and_then(|r| r.create())
             .and_then(|r| r.restrict_self())
-            .map_err(|e| format!("landlock (network): {e}"))?;
+            .map_err(ConfineError::LandlockNet)?;
     }
-    crate::seccomp::install(&c.filters).map_err(|e| format!("seccomp: {e}"))?;
+    crate::confine::seccomp::install(&c.filters).map_err(ConfineError::Seccomp)?;
     let path = env
         .iter()
         .find_map(|e| e.to_str().ok()?.strip_prefix("PATH=").map(String::from))
-        .unwrap_or_else(|| crate::spawn::DEFAULT_PATH.into());
+        .unwrap_or_else(|| crate::inside::spawn::DEFAULT_PATH.into());
     let prog = if argv[0].as_bytes().contains(&b'/') {
         argv[0].clone()
     } else {
         let name = argv[0].to_str().unwrap_or_default();
-        match crate::spawn::find_program(name, &path) {
+        match crate::inside::spawn::find_program(name, &path) {
             Some(p) => CString::new(p.into_os_string().into_encoded_bytes()).unwrap_or_default(),
             None => {
                 eprintln!("agentrun: {name}: command not found");
                 // SAFETY: _exit in the child.
-                unsafe { libc::_exit(127) }
+                unsafe { libc::_exit(crate::exit::EXIT_NOT_FOUND) }
             }
         }
     };
@@ -186,5 +217,11 @@ fn confine_and_exec(c: &LandlockOnly, argv: &[CString], env: &[CString]) -> Resu
         e.desc().to_lowercase()
     );
     // SAFETY: _exit in the child.
-    unsafe { libc::_exit(if e == nix::Error::ENOENT { 127 } else { 126 }) }
+    unsafe {
+        libc::_exit(if e == nix::Error::ENOENT {
+            crate::exit::EXIT_NOT_FOUND
+        } else {
+            crate::exit::EXIT_NOT_EXECUTABLE
+        })
+    }
 }

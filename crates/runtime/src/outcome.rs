@@ -11,15 +11,10 @@ use std::time::Duration;
 
 use nix::sys::wait::WaitStatus;
 
-use crate::cgroup::CgroupStats;
 use crate::control::{InitResult, ResourceUsage};
+use crate::host::cgroup_ops::CgroupStats;
 
-/// Exit code of a run agentrun timed out.
-pub const EXIT_TIMED_OUT: i32 = 124;
-/// Exit code of a run agentrun could not set up, or whose process died without a report.
-pub const EXIT_SETUP_FAILED: i32 = 125;
-/// Exit code of a run the kernel's OOM killer ended (128 + SIGKILL).
-pub const EXIT_OOM_KILLED: i32 = 128 + libc::SIGKILL;
+use crate::exit::{EXIT_OOM_KILLED, EXIT_SETUP_FAILED, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT};
 
 /// The result of a run.
 #[derive(Debug, Clone, Default)]
@@ -103,9 +98,11 @@ impl RunOutcome {
         run_duration: Duration,
     ) -> Self {
         let reported = match status {
-            Some(WaitStatus::Exited(_, c)) if c > 128 && c < 128 + 65 => (c, Some(c - 128)),
+            Some(WaitStatus::Exited(_, c)) if c > EXIT_SIGNAL_BASE && c < EXIT_SIGNAL_BASE + 65 => {
+                (c, Some(c - EXIT_SIGNAL_BASE))
+            }
             Some(WaitStatus::Exited(_, c)) => (c, None),
-            Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
+            Some(WaitStatus::Signaled(_, s, _)) => (EXIT_SIGNAL_BASE + s as i32, Some(s as i32)),
             _ => (EXIT_SETUP_FAILED, None),
         };
         let mut outcome = Self::settled(Some(reported), timed_out, stats, run_duration);

@@ -4,7 +4,7 @@
 //!
 //! This module owns the shell's creation in rootless mode: one `clone` with new user, mount,
 //! pid, ipc, uts, net and cgroup namespaces (the child is the sandbox's PID 1); the caller
-//! writes its id mapping (the caller is root inside, see [`crate::privilege::mapping`]; through
+//! writes its id mapping (the caller is root inside, see [`crate::host::privilege::mapping`]; through
 //! `newuidmap`/`newgidmap` when the user has subordinate ids); the child, root in its
 //! namespace, mounts the size-capped tmpfs and the overlay rootfs (`userxattr`: the kernel
 //! allows an overlay in a user namespace since 5.11), /proc, /dev (the host's null, zero,
@@ -29,8 +29,8 @@ use nix::unistd::Pid;
 use oci_spec::runtime::Spec;
 
 use crate::error::RuntimeError;
-use crate::executor::SandboxExecutor;
-use crate::privilege::{mapping, UserIds, NEWGIDMAP, NEWUIDMAP};
+use crate::host::privilege::{mapping, UserIds, NEWGIDMAP, NEWUIDMAP};
+use crate::inside::executor::SandboxExecutor;
 use crate::spec::BindMount;
 
 /// Host devices a rootless sandbox's /dev gets (bound: an unprivileged user cannot mknod).
@@ -104,7 +104,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         return Err(RuntimeError::Unsupported(format!(
             "cannot create a user namespace as uid {} ({e}){}",
             s.ids.uid,
-            match crate::privilege::UsernsFacts::probe().blocker() {
+            match crate::host::privilege::UsernsFacts::probe().blocker() {
                 Some(b) => format!(": {b}"),
                 None => String::new(),
             }
@@ -115,15 +115,18 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         let mut ready = fs::File::from(ready_w);
         let msg = match child(s, &lowerdir, sync_r, &ready) {
             Ok(never) => match never {},
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
+        // Dropped: the parent reads an empty report as "exited during setup", still an error.
         let _ = ready.write_all(msg.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit/destructors.
-        unsafe { libc::_exit(crate::executor::EXIT_SETUP_FAILED) };
+        unsafe { libc::_exit(crate::exit::EXIT_SETUP_FAILED) };
     }
     let pid = Pid::from_raw(pid as i32);
     drop((sync_r, ready_w));
     let fail = |e: RuntimeError| {
+        // Dropped: tearing down the child after a failure: ESRCH/ECHILD only; the error passed
+        // in is returned.
         let _ = kill(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
         e
@@ -137,6 +140,7 @@ pub fn spawn(s: &RootlessShell) -> Result<(Pid, OwnedFd), RuntimeError> {
         .write_all(b"m")
         .map_err(|e| fail(RuntimeError::io("write", "the sandbox's sync pipe", e)))?;
     let mut buf = Vec::new();
+    // Dropped: a failed read leaves `buf` empty, reported below as the init having exited.
     let _ = fs::File::from(ready_r).take(4096).read_to_end(&mut buf);
     match buf.as_slice() {
         b"ok" => Ok((pid, userns)),
@@ -213,15 +217,31 @@ fn write_mappings(pid: Pid, ids: &UserIds) -> Result<(), RuntimeError> {
 
 enum Never {}
 
+/// A step of making the rootless shell that failed, in its PID 1 (which reports the text to
+/// the caller over its ready pipe and exits 125).
+#[derive(Debug, thiserror::Error)]
+enum ChildError {
+    #[error("the caller did not write the id mapping")]
+    NoMapping,
+    #[error("the shell's init returned")]
+    InitReturned,
+    #[error("{0}: {1}")]
+    Sys(String, nix::Error),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}: {1}")]
+    Caps(String, caps::errors::CapsError),
+}
+
 /// The sandbox's PID 1 until it becomes the shell's init; returns only an error message.
 fn child(
     s: &RootlessShell,
     lowerdir: &str,
     sync: OwnedFd,
     ready: &fs::File,
-) -> Result<Never, String> {
-    fn e(what: &'static str) -> impl Fn(nix::Error) -> String {
-        move |err| format!("{what}: {err}")
+) -> Result<Never, ChildError> {
+    fn e(what: &'static str) -> impl Fn(nix::Error) -> ChildError {
+        move |err| ChildError::Sys(what.to_string(), err)
     }
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process.
     unsafe {
@@ -236,13 +256,14 @@ fn child(
     let mut b = [0u8; 1];
     match nix::unistd::read(sync.as_raw_fd(), &mut b) {
         Ok(1) => {}
-        _ => return Err("the caller did not write the id mapping".into()),
+        _ => return Err(ChildError::NoMapping),
     }
     drop(sync);
     let root = nix::unistd::Gid::from_raw(0);
     nix::unistd::setresgid(root, root, root).map_err(e("setresgid"))?;
     let uroot = nix::unistd::Uid::from_raw(0);
     nix::unistd::setresuid(uroot, uroot, uroot).map_err(e("setresuid"))?;
+    // Dropped: EPERM when setgroups is denied ("deny" in setgroups): no groups to drop then.
     let _ = nix::unistd::setgroups(&[]);
     let hostname = s
         .spec
@@ -263,7 +284,8 @@ fn child(
     let rw = s.state.join("rw");
     let rootfs = s.state.join("bundle").join("rootfs");
     for d in [&rw, &rootfs] {
-        fs::create_dir_all(d).map_err(|err| format!("creating {}: {err}", d.display()))?;
+        fs::create_dir_all(d)
+            .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
     mount(
         Some("tmpfs"),
@@ -276,8 +298,11 @@ fn child(
     let upper = rw.join("upper");
     let work = rw.join("work");
     for d in [&upper, &work] {
-        fs::create_dir(d).map_err(|err| format!("creating {}: {err}", d.display()))?;
+        fs::create_dir(d)
+            .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
+    // Dropped: create_dir made it 0755 under the usual umask already; this only overrides a
+    // stricter umask.
     let _ = fs::set_permissions(&upper, fs::Permissions::from_mode(0o755));
     let opts = format!(
         "lowerdir={lowerdir},upperdir={},workdir={},userxattr",
@@ -294,7 +319,9 @@ fn child(
     .map_err(e("mounting the overlay rootfs"))?;
 
     let at = |p: &str| rootfs.join(p.trim_start_matches('/'));
-    let dir = |p: &Path| fs::create_dir_all(p).map_err(|err| format!("{}: {err}", p.display()));
+    let dir = |p: &Path| {
+        fs::create_dir_all(p).map_err(|err| ChildError::Io(p.display().to_string(), err))
+    };
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     dir(&at("proc"))?;
     mount(
@@ -316,7 +343,7 @@ fn child(
     .map_err(e("mounting /dev"))?;
     for d in DEVICES {
         let dst = at("dev").join(d);
-        fs::File::create(&dst).map_err(|err| format!("{}: {err}", dst.display()))?;
+        fs::File::create(&dst).map_err(|err| ChildError::Io(dst.display().to_string(), err))?;
         mount(
             Some(Path::new("/dev").join(d).as_path()),
             &dst,
@@ -324,7 +351,7 @@ fn child(
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(|err| format!("binding /dev/{d}: {err}"))?;
+        .map_err(|err| ChildError::Sys(format!("binding /dev/{d}"), err))?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -333,6 +360,7 @@ fn child(
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
+        // Dropped: a link the image already has (EEXIST) is kept.
         let _ = std::os::unix::fs::symlink(to, at("dev").join(link));
     }
     for (name, fstype, flags, data) in [
@@ -348,7 +376,7 @@ fn child(
         let dst = at("dev").join(name);
         dir(&dst)?;
         mount(Some(fstype), &dst, Some(fstype), flags, Some(data))
-            .map_err(|err| format!("mounting /dev/{name}: {err}"))?;
+            .map_err(|err| ChildError::Sys(format!("mounting /dev/{name}"), err))?;
     }
     dir(&at("sys"))?;
     if mount(
@@ -370,6 +398,7 @@ fn child(
             if let Some(p) = dst.parent() {
                 dir(p)?;
             }
+            // Dropped: a mount point that cannot be made fails the bind below with its own error.
             let _ = fs::OpenOptions::new().create(true).append(true).open(&dst);
         }
         bind(&b.source, &dst, b.writable, true)?;
@@ -389,7 +418,7 @@ fn child(
                 MsFlags::MS_RDONLY,
                 None::<&str>,
             )
-            .map_err(|err| format!("masking {p}: {err}"))?,
+            .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
             Ok(_) => mount(
                 Some(at("dev/null").as_path()),
                 &dst,
@@ -397,7 +426,7 @@ fn child(
                 MsFlags::MS_BIND,
                 None::<&str>,
             )
-            .map_err(|err| format!("masking {p}: {err}"))?,
+            .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
             Err(_) => {}
         }
     }
@@ -436,10 +465,9 @@ fn child(
         };
         // SAFETY: setrlimit reads the struct we pass.
         if unsafe { libc::setrlimit(res, &lim) } != 0 {
-            return Err(format!(
-                "setrlimit {:?}: {}",
-                r.typ(),
-                std::io::Error::last_os_error()
+            return Err(ChildError::Io(
+                format!("setrlimit {:?}", r.typ()),
+                std::io::Error::last_os_error(),
             ));
         }
     }
@@ -448,37 +476,49 @@ fn child(
     }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(ChildError::Io(
+            "no_new_privs".into(),
+            std::io::Error::last_os_error(),
+        ));
     }
     let keep: caps::CapsHashSet = s.caps.iter().copied().collect();
     for c in caps::all() {
         if !keep.contains(&c) {
-            caps::drop(None, CapSet::Bounding, c).map_err(|err| format!("dropping {c}: {err}"))?;
+            caps::drop(None, CapSet::Bounding, c)
+                .map_err(|err| ChildError::Caps(format!("dropping {c}"), err))?;
         }
     }
     caps::set(None, CapSet::Inheritable, &caps::CapsHashSet::new())
-        .map_err(|err| format!("capabilities: {err}"))?;
-    caps::clear(None, CapSet::Ambient).map_err(|err| format!("capabilities: {err}"))?;
-    caps::set(None, CapSet::Effective, &keep).map_err(|err| format!("capabilities: {err}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|err| format!("capabilities: {err}"))?;
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::clear(None, CapSet::Ambient)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::set(None, CapSet::Effective, &keep)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
+    caps::set(None, CapSet::Permitted, &keep)
+        .map_err(|err| ChildError::Caps("capabilities".into(), err))?;
 
     let mut r = ready;
     r.write_all(b"ok")
-        .map_err(|err| format!("reporting ready: {err}"))?;
+        .map_err(|err| ChildError::Io("reporting ready".into(), err))?;
     // Returns only on error (it exits then, having said why on its stderr).
+    // Returns only on error, which exec has said on stderr; the caller reports ours.
     let _ = s.executor.exec(s.spec);
-    Err("the shell's init returned".into())
+    Err(ChildError::InitReturned)
 }
 
 /// Bind-mounts `src` on `dst` (read-only unless `writable`), keeping the flags the kernel
 /// locks on a mount that came from a more privileged namespace.
-fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), String> {
+fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), ChildError> {
     let mut flags = MsFlags::MS_BIND;
     if recursive {
         flags |= MsFlags::MS_REC;
     }
-    mount(Some(src), dst, None::<&str>, flags, None::<&str>)
-        .map_err(|err| format!("binding {} on {}: {err}", src.display(), dst.display()))?;
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>).map_err(|err| {
+        ChildError::Sys(
+            format!("binding {} on {}", src.display(), dst.display()),
+            err,
+        )
+    })?;
     if writable {
         return Ok(());
     }
@@ -508,5 +548,5 @@ fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), S
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked,
         None::<&str>,
     )
-    .map_err(|err| format!("making {} read-only: {err}", dst.display()))
+    .map_err(|err| ChildError::Sys(format!("making {} read-only", dst.display()), err))
 }

@@ -1,6 +1,6 @@
 //! A sandbox container's life: create (state dir, rootfs, bundle, libcontainer container) and
 //! destroy (nothing left behind). Almost always the container is a **shell**
-//! ([`SandboxStdio::Shell`], see [`crate::shell`]): its init makes a cell per run, driven from
+//! ([`SandboxStdio::Shell`], see [`crate::inside::shell`]): its init makes a cell per run, driven from
 //! the host through [`crate::cellrun`] (the cold path runs one cell with [`Sandbox::run_cell`],
 //! the daemon's pool many over a shell's life). `image build` runs its RUN steps as the
 //! container's own command instead ([`SandboxStdio::Piped`], [`Sandbox::run`]).
@@ -28,15 +28,15 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::cgroup::CgroupMode;
+use crate::confine::landlock::LandlockRules;
 use crate::error::RuntimeError;
-use crate::executor::{InitMode, SandboxExecutor};
-use crate::host::HostInfo;
-use crate::landlock::LandlockRules;
+use crate::host::cgroup::CgroupMode;
+use crate::host::info::HostInfo;
+use crate::inside::executor::{InitMode, SandboxExecutor};
+use crate::inside::zygote::ZygoteConfig;
+use crate::mounts::rootfs::{self, UserMount};
 use crate::outcome::RunOutcome;
-use crate::rootfs::{self, UserMount};
 use crate::spec::{self, SpecInput};
-use crate::zygote::ZygoteConfig;
 
 /// Capabilities the sandboxed command keeps (all confined to its user namespace).
 const COMMAND_CAPS: &[Capability] = &[
@@ -94,7 +94,7 @@ pub struct SandboxConfig {
     /// `/workspace` is added to it.
     pub for_commit: bool,
     /// A pooled shell: start the profile's Python zygote in it if the profile asks for one
-    /// (`[python] zygote`; see [`crate::zygote`]). A one-run shell (the cold path) has none: it
+    /// (`[python] zygote`; see [`crate::inside::zygote`]). A one-run shell (the cold path) has none: it
     /// would import the preload list for a single run.
     pub zygote: bool,
 }
@@ -182,7 +182,7 @@ pub struct Enforcement {
     pub cgroup: String,
     pub swap_limited: bool,
     pub loopback: bool,
-    /// One line per limit: what enforces it (see [`crate::limits::describe`]).
+    /// One line per limit: what enforces it (see [`crate::confine::limits::describe`]).
     #[serde(default)]
     pub limits: Vec<String>,
 }
@@ -256,20 +256,20 @@ impl Sandbox {
         &self,
         r: &agentrun_policy::Resources,
         timeout: Option<Duration>,
-    ) -> crate::limits::RlimitFallback {
+    ) -> crate::confine::limits::RlimitFallback {
         match self.cgroup {
             Some(_) => Default::default(),
-            None => crate::limits::RlimitFallback::for_resources(r, timeout),
+            None => crate::confine::limits::RlimitFallback::for_resources(r, timeout),
         }
     }
 
     /// What enforces each limit of a run with `rl` (for the span).
-    pub fn describe_limits(&self, rl: &crate::limits::RlimitFallback) -> Vec<String> {
+    pub fn describe_limits(&self, rl: &crate::confine::limits::RlimitFallback) -> Vec<String> {
         let delegated = match self.cgroup {
             Some(_) => None,
-            None => crate::limits::probe_delegated_v2(nix::unistd::geteuid().as_raw()),
+            None => crate::confine::limits::probe_delegated_v2(nix::unistd::geteuid().as_raw()),
         };
-        crate::limits::describe(self.cgroup, rl, delegated.as_deref())
+        crate::confine::limits::describe(self.cgroup, rl, delegated.as_deref())
     }
 
     /// The image's run configuration.
@@ -311,6 +311,7 @@ impl Sandbox {
         let state = paths.sandboxes().join(&id);
         for d in [paths.sandboxes(), paths.containers()] {
             fs::create_dir_all(&d).map_err(|e| RuntimeError::io("create", &d, e))?;
+            // Dropped: EPERM on a dir another user made (its mode stays); creating it succeeded.
             let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o711));
         }
         if host.privilege.is_root() {
@@ -357,20 +358,20 @@ impl Sandbox {
         stdio: SandboxStdio,
     ) -> Result<(), RuntimeError> {
         let rootless = match &host.privilege {
-            crate::privilege::Privilege::Root => None,
-            crate::privilege::Privilege::Rootless(ids) => Some(ids.clone()),
+            crate::host::privilege::Privilege::Root => None,
+            crate::host::privilege::Privilege::Rootless(ids) => Some(ids.clone()),
         };
         let cgroup = match &rootless {
             None => {
                 // Root, user namespaces, cgroups and their controllers, each a one-line fix.
-                crate::preflight::check(&crate::preflight::HostFacts::probe(host))?;
+                crate::host::preflight::check(&crate::host::preflight::HostFacts::probe(host))?;
                 let Some(cgroup) = host.cgroup else {
-                    return Err(crate::preflight::PreflightError::NoCgroups.into());
+                    return Err(crate::host::preflight::PreflightError::NoCgroups.into());
                 };
                 Some(cgroup)
             }
             Some(_) => {
-                if let Some(b) = crate::privilege::UsernsFacts::probe().blocker() {
+                if let Some(b) = crate::host::privilege::UsernsFacts::probe().blocker() {
                     return Err(RuntimeError::Unsupported(b.to_string()));
                 }
                 None
@@ -467,13 +468,13 @@ impl Sandbox {
             init_caps.extend_from_slice(INIT_ONLY_CAPS);
         }
         if shell {
-            if let Some(missing) = crate::executor::SHELL_CAPS.iter().find(|c| !has(c)) {
+            if let Some(missing) = crate::inside::executor::SHELL_CAPS.iter().find(|c| !has(c)) {
                 return Err(RuntimeError::Unsupported(format!(
                     "{missing} is not in this host's capability bounding set: a shell's init \
                      needs it (in the sandbox's own user namespace) to make a cell per run"
                 )));
             }
-            for c in crate::executor::SHELL_CAPS {
+            for c in crate::inside::executor::SHELL_CAPS {
                 if !init_caps.contains(c) {
                     init_caps.push(*c);
                 }
@@ -524,7 +525,7 @@ impl Sandbox {
             cwd: PathBuf::from("/"),
             resources: profile.resources.clone(),
             binds: prepared.binds.clone(),
-            seccomp: crate::seccomp::default_profile(
+            seccomp: crate::confine::seccomp::default_profile(
                 agentrun_policy::seccomp_denied_syscalls(),
                 &profile.seccomp_sockets,
             )?,
@@ -847,11 +848,13 @@ impl Sandbox {
             cg.thaw_if_frozen(&self.id);
         }
         if let Some(pid) = self.rootless_init.take() {
+            // Dropped: ESRCH/ECHILD only, the init is already gone and reaped.
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
         }
         if let Some(c) = self.container.take() {
             if let Some(pid) = c.pid() {
+                // Dropped: ESRCH/ECHILD only, the container's init is already gone and reaped.
                 let _ = kill(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
             }
@@ -865,6 +868,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        // Dropped: Drop cannot report; callers that care call teardown() themselves.
         let _ = self.teardown();
     }
 }
@@ -884,6 +888,7 @@ pub(crate) fn destroy_leftovers(
                 break;
             }
             for p in pids {
+                // Dropped: ESRCH only, the process already ended.
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -899,12 +904,12 @@ pub(crate) fn destroy_leftovers(
 
 /// The container's init sets up mounts as the sandbox's unprivileged root, so every directory
 /// above the state dir must be searchable by it: by others, or by its group (the state dir
-/// itself, see [`crate::hostdirs`]). A `mktemp -d` parent, mode 0700, is not.
+/// itself, see [`crate::mounts::hostdirs`]). A `mktemp -d` parent, mode 0700, is not.
 fn check_searchable(dir: &Path) -> Result<(), RuntimeError> {
     use std::os::unix::fs::MetadataExt;
     for d in dir.ancestors() {
         let Ok(meta) = fs::metadata(d) else { continue };
-        if !crate::hostdirs::sandbox_root_can_search(&meta) {
+        if !crate::mounts::hostdirs::sandbox_root_can_search(&meta) {
             return Err(RuntimeError::InvalidInput(format!(
                 "state dir {} is not usable: {} (mode {:o}) is not searchable by the sandbox's \
                  uid; use a directory whose parents are world-searchable (chmod o+x)",
@@ -1106,6 +1111,7 @@ fn pump_run(
             end.ran = Some(started.elapsed());
         }
     }
+    // Dropped: the run's outcome does not depend on its output reaching a closed reader.
     let _ = out.flush();
     let _ = err.flush();
     Ok(end)
@@ -1144,6 +1150,7 @@ impl RunTarget for InitTarget {
 
     fn signal(&mut self, signal: i32) {
         if let Ok(sig) = Signal::try_from(signal) {
+            // Dropped: ESRCH only, the init already ended; its end is reported by the run.
             let _ = kill(self.init, sig);
         }
     }
@@ -1204,10 +1211,12 @@ fn with_fd_at<T>(fd: OwnedFd, at: RawFd, f: impl FnOnce() -> T) -> Result<T, Run
     let out = f();
     match saved {
         Some(s) => {
+            // Dropped: restoring the caller's fd on the way out; nothing to return it to.
             let _ = nix::unistd::dup2(s.as_raw_fd(), at);
             let _ = fcntl(at, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
         }
         None => {
+            // Dropped: EBADF only, when `at` was not open before either.
             let _ = nix::unistd::close(at);
         }
     }

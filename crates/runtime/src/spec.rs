@@ -14,9 +14,9 @@ use oci_spec::runtime::{
     RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use crate::cgroup::CgroupMode;
 use crate::error::RuntimeError;
-use crate::idmap::{UID_BASE, UID_COUNT};
+use crate::host::cgroup::CgroupMode;
+use crate::mounts::idmap::{UID_BASE, UID_COUNT};
 
 /// CPU quota period (µs).
 const CPU_PERIOD: u64 = 100_000;
@@ -225,7 +225,7 @@ mod tests {
                 target: "/usr".into(),
                 writable: false,
             }],
-            seccomp: crate::seccomp::default_profile(
+            seccomp: crate::confine::seccomp::default_profile(
                 agentrun_policy::seccomp_denied_syscalls(),
                 &Default::default(),
             )

@@ -58,6 +58,7 @@ impl MappingNamespace {
                 drop(ready_r);
                 drop(done_w);
                 let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+                // Dropped: if the parent is gone nothing reads it; a short write reads as "0" there.
                 let _ = nix::unistd::write(&ready_w, if ok { b"1" } else { b"0" });
                 let mut buf = [0u8; 1];
                 // Blocks until the parent has opened our namespace and closed its end.
@@ -93,6 +94,7 @@ impl MappingNamespace {
                     Ok(MappingNamespace { fd: f.into() })
                 })();
                 drop(done_w);
+                // Dropped: reaps our own child (ECHILD only if already reaped); nothing is left behind.
                 let _ = waitpid(child, None);
                 result
             }
@@ -265,6 +267,17 @@ pub fn move_detached(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> std::io::R
     )
 }
 
+impl crate::host::info::HostInfo {
+    /// The full probe for `agentrun info`: [`HostInfo::probe`](crate::host::info::HostInfo::probe)
+    /// and an idmapped mount of `dir` tried. Here, beside the probe it adds, so the cheap
+    /// probe every run makes does not depend on the mount code.
+    pub fn probe_full(dir: &Path) -> Self {
+        let mut info = Self::probe();
+        info.idmapped_mounts = Some(idmap_supported(dir));
+        info
+    }
+}
+
 /// Whether this host can make idmapped mounts of `dir`'s filesystem.
 pub fn idmap_supported(dir: &Path) -> bool {
     let Ok(ns) = MappingNamespace::sandbox_range() else {
@@ -276,8 +289,10 @@ pub fn idmap_supported(dir: &Path) -> bool {
     }
     let ok = attach_clone(dir, &probe, Some(&ns), true).is_ok();
     if ok {
+        // Dropped: a probe's cleanup (a detached unmount of our own mount).
         let _ = nix::mount::umount2(&probe, nix::mount::MntFlags::MNT_DETACH);
     }
+    // Dropped: a failure leaves an empty probe dir behind, not a wrong answer.
     let _ = std::fs::remove_dir(&probe);
     ok
 }
@@ -425,6 +440,7 @@ pub fn clone_in_userns(
         }
         Ok(())
     })();
+    // Dropped: reaps our own child; the result above is what the caller needs.
     let _ = waitpid(child, None);
     result.map(|()| fds)
 }

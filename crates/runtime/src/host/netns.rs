@@ -43,6 +43,7 @@ impl NetnsSockets {
                 let entered = nix::sched::setns(&netns, CloneFlags::CLONE_NEWNET);
                 drop(netns);
                 let ok = entered.is_ok();
+                // Dropped: the requester gave up waiting (its receiver is gone).
                 let _ = entered_tx.send(entered);
                 if !ok {
                     return;
@@ -75,6 +76,7 @@ impl NetnsSockets {
     pub async fn socket(&self) -> io::Result<OwnedFd> {
         let (tx, rx) = futures_channel::oneshot::channel();
         self.request(move |s| {
+            // Dropped: the caller gave up waiting (its receiver is gone).
             let _ = tx.send(s);
         });
         rx.await
@@ -98,6 +100,7 @@ mod tests {
         let fd = rx.recv().unwrap().unwrap();
         let s = std::net::TcpStream::from(fd);
         s.set_nonblocking(false).unwrap();
+        // Not checked: the test's connect result is read from the socket below.
         let _ = nix::sys::socket::connect(
             std::os::fd::AsRawFd::as_raw_fd(&s),
             &nix::sys::socket::SockaddrIn::from(match addr {

@@ -237,6 +237,7 @@ pub fn abi_guard() -> BpfProgram {
         ]);
     }
     #[cfg(not(target_arch = "x86_64"))]
+    // Not an error: marks NR used on architectures without the x86_64-only rule.
     let _ = NR;
     program.push(op(RET_K, libc::SECCOMP_RET_ALLOW));
     program
@@ -346,7 +347,7 @@ pub fn compile(section: &LinuxSeccomp) -> Result<Vec<BpfProgram>, SeccompError> 
 ///
 /// The kernel runs every filter of a stack and the most restrictive answer wins, so `base`'s
 /// filters plus this section's give each syscall the answer `run`'s would: the rules are the
-/// same set, grouped differently. A shell's cells use it ([`crate::shell`]): they inherit the
+/// same set, grouped differently. A shell's cells use it ([`crate::inside::shell`]): they inherit the
 /// shell's filter, which is the run's less what making a cell needs, and add only that part
 /// (a few rules instead of the whole profile compiled and JIT-compiled again per cell).
 pub fn narrowing(run: &LinuxSeccomp, base: &LinuxSeccomp) -> Option<LinuxSeccomp> {
@@ -928,7 +929,7 @@ mod tests {
         for sockets in [SocketPolicy::default(), widened] {
             let denied = agentrun_policy::seccomp_denied_syscalls();
             let run = default_profile(denied, &sockets).unwrap();
-            let shell = crate::shell::shell_filter(denied, &sockets, false).unwrap();
+            let shell = crate::inside::shell::shell_filter(denied, &sockets, false).unwrap();
             let rest = narrowing(&run, &shell).expect("the shell's rules are the run's");
             // Only what making a cell needs is left to add: a handful of rules.
             let names: Vec<&String> = rest

@@ -372,6 +372,7 @@ fn now_secs() -> u64 {
 fn is_locked(lock: &fs::File) -> bool {
     match rustix::fs::flock(lock.as_fd(), FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {
+            // Dropped: the lock is released on close anyway; we only tested it was free.
             let _ = rustix::fs::flock(lock.as_fd(), FlockOperation::Unlock);
             false
         }
@@ -440,6 +441,8 @@ impl VolumeStore {
             f.sync_all()
         })();
         if let Err(e) = made {
+            // Dropped: the error returned is the one that matters; a leftover tmp dir is swept by
+            // prune (`.removing-`/old tmp names).
             let _ = fs::remove_dir_all(&tmp);
             return Err(VolumeError::io("create", &dest, e));
         }
@@ -453,6 +456,7 @@ impl VolumeStore {
         ) {
             Ok(()) => Ok(meta),
             Err(e) => {
+                // Dropped: as above, the rename's error is returned; the tmp dir is swept later.
                 let _ = fs::remove_dir_all(&tmp);
                 if e == Errno::EXIST || e == Errno::NOTEMPTY {
                     Err(VolumeError::Exists(name.into()))
@@ -593,6 +597,7 @@ impl VolumeStore {
             let n = e.file_name();
             let n = n.to_string_lossy();
             if n.starts_with(".removing-") {
+                // Dropped: sweeping leftovers; what stays is tried again on the next prune.
                 let _ = fs::remove_dir_all(e.path());
             } else if n.starts_with(".new-") {
                 // Older than a minute: no create is still making it.
@@ -601,6 +606,7 @@ impl VolumeStore {
                     .map(|m| now_secs().saturating_sub(m.mtime() as u64) > 60)
                     .unwrap_or(false);
                 if old {
+                    // Dropped: as above, tried again on the next prune.
                     let _ = fs::remove_dir_all(e.path());
                 }
             }

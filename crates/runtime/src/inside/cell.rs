@@ -1,7 +1,7 @@
-//! A cell: what one run sees, made by a shell's init per request (see [`crate::shell`]).
+//! A cell: what one run sees, made by a shell's init per request (see [`crate::inside::shell`]).
 //!
 //! The shell's init clones with new pid, mount and ipc namespaces, usually ahead of the run
-//! (a *spare*, made while the shell waits in its pool; see [`crate::shell`]); the child (the
+//! (a *spare*, made while the shell waits in its pool; see [`crate::inside::shell`]); the child (the
 //! cell's PID 1) runs [`prepare`], which does steps 1 and 2 before the run is known, then takes
 //! the run's request (with the cell's channel, the run's stdio and its mounts) from the init:
 //! 1. keeps only its channel to the init and dies with the shell's init (PDEATHSIG);
@@ -18,7 +18,7 @@
 //!    (`openat2(RESOLVE_IN_ROOT)`), never a path the host resolves;
 //! 4. confines itself: rlimits, the command's capabilities (bounding set included), Landlock,
 //!    the run's seccomp filter (on top of the shell's, which it inherited);
-//! 5. becomes the run's PID 1 ([`crate::reaper`]): starts the command, forwards signals, and
+//! 5. becomes the run's PID 1 ([`crate::inside::reaper`]): starts the command, forwards signals, and
 //!    writes the result on its channel *before* exiting (the cell's teardown, namespaces and
 //!    mounts, happens in its exit, off the host's reply path); or, for a long-lived cell,
 //!    serves the persistent dialect on the channel.
@@ -35,10 +35,12 @@ use caps::Capability;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use seccompiler::BpfProgram;
 
+use crate::confine::landlock::LandlockRules;
 use crate::control::{self, CellMount, CellRequest, CellWork, InitResult, ShellRequest};
-use crate::landlock::{self, LandlockRules};
-use crate::reaper::{self, Command, EXIT_SETUP_FAILED};
-use crate::zygote::{self, CellPlace, Invocation, ZygoteConfig, ZygoteLink};
+use crate::exit::EXIT_SETUP_FAILED;
+use crate::inside::kernel::{Host, Kernel};
+use crate::inside::reaper::{self, Command};
+use crate::inside::zygote::{self, CellPlace, Ineligible, Invocation, ZygoteConfig, ZygoteLink};
 
 /// How long a cell's PID 1 waits, after reporting its result, for the host to close the
 /// channel before it exits (and the cell is torn down). The host closes it once its client
@@ -67,7 +69,7 @@ pub(crate) struct CellTemplate {
     pub proc_readonly: Vec<PathBuf>,
     /// Where the egress proxy's socket is, inside the sandbox.
     pub egress_socket: PathBuf,
-    /// The shell's Python zygote, if its profile asks for one ([`crate::zygote`]).
+    /// The shell's Python zygote, if its profile asks for one ([`crate::inside::zygote`]).
     pub zygote: Option<ZygoteConfig>,
 }
 
@@ -84,7 +86,7 @@ impl SetupError {
 type Setup<T> = Result<T, SetupError>;
 
 /// A cell's PID 1, right after the shell's init cloned it (ahead of its run, or for a run
-/// that came when no spare fitted; see [`crate::shell`]): builds the cell's root for a
+/// that came when no spare fitted; see [`crate::inside::shell`]): builds the cell's root for a
 /// writable layer of `tmpfs_bytes`, then waits on `channel` for the run's request, which the
 /// init hands on as the host sent it (message and fds), and runs it. The init's end of
 /// `channel` closing first (the spare is not wanted, or the shell is going) ends it. `zygote`:
@@ -179,6 +181,7 @@ fn run(
                 CellWork::Run(_) => {}
             }
             confine(
+                &Host,
                 template,
                 &req,
                 matches!(plan, Some(Ok(_))) || live_plan.is_some(),
@@ -198,7 +201,7 @@ fn run(
     if let Some(port) = req.egress_port {
         // Listening before anything runs: the first connection finds the relay up. Its
         // threads inherit the blocked mask, so signals still reach only the PID 1's wait.
-        let bridge = crate::net::EgressBridge {
+        let bridge = crate::inside::net::EgressBridge {
             port,
             socket: template.egress_socket.clone(),
         };
@@ -221,7 +224,7 @@ fn run(
                 nofile: req.nofile,
                 nproc: req.nproc,
             });
-            reaper::serve_live(channel, zygote)
+            crate::inside::live::serve_live(channel, zygote)
         }
         CellWork::Run(cmd) => {
             // The command's stdio becomes ours: its spawn inherits it, and our messages about
@@ -260,6 +263,7 @@ fn run(
                 },
                 None => exec_command(cmd, *req.rlimits),
             };
+            // Dropped: a failed send means the host is gone; we exit next either way.
             let _ = control::send_json(channel.as_fd(), &result, &[]);
             // Wait (bounded) for the host to take the result and let go: whatever the run
             // left running is killed when we exit.
@@ -274,7 +278,7 @@ fn run(
 /// init's).
 fn exec_command(
     cmd: crate::control::CellCommand,
-    rlimits: crate::limits::RlimitFallback,
+    rlimits: crate::confine::limits::RlimitFallback,
 ) -> InitResult {
     match Command::new(cmd.argv, &cmd.env, cmd.cwd, None) {
         Ok(mut cmd) => {
@@ -298,15 +302,15 @@ fn zygote_plan(
     template: &CellTemplate,
     link: Option<ZygoteLink>,
     cmd: &crate::control::CellCommand,
-) -> Result<(Invocation, CellPlace, ZygoteLink), String> {
+) -> Result<(Invocation, CellPlace, ZygoteLink), Ineligible> {
     let Some(config) = &template.zygote else {
-        return Err("the shell has no zygote".into());
+        return Err(Ineligible::NoZygote);
     };
     let Some(link) = link else {
-        return Err("the shell's zygote is not running".into());
+        return Err(Ineligible::NotRunning);
     };
     let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
-    let place = CellPlace::open().map_err(|e| format!("opening the cell's namespaces: {e}"))?;
+    let place = CellPlace::open().map_err(Ineligible::CellNamespaces)?;
     Ok((invocation, place, link))
 }
 
@@ -334,6 +338,7 @@ fn fail_early(channel: Option<BorrowedFd<'_>>, stderr: Option<RawFd>, msg: &str)
             error: Some(msg.to_owned()),
             ..Default::default()
         };
+        // Dropped: as above, the host is gone; we exit next either way.
         let _ = control::send_json(ch, &result, &[]);
         // As after a run: the host takes the report and lets go (bounded). A cell failing the
         // moment its request comes (its root was built ahead) is then still there when the
@@ -421,7 +426,7 @@ fn build_root(t: &CellTemplate, tmpfs_bytes: u64, layers: Vec<OwnedFd>) -> Setup
         let at = scratch.join(format!("layer{n}"));
         mkdir(&at, 0o700)?;
         let target = open_path(&at)?;
-        crate::idmap::move_detached(layer.as_fd(), target.as_fd())
+        crate::mounts::idmap::move_detached(layer.as_fd(), target.as_fd())
             .map_err(|e| SetupError(format!("attaching layer {n}: {e}")))?;
         lowerdir.push_str(&format!("{}:", at.display()));
     }
@@ -699,24 +704,30 @@ fn attach_run_mount(root: &OwnedFd, m: &CellMount, tree: OwnedFd) -> Setup<()> {
         }
     }
     let target = open_in_root(root, &rel).map_err(|e| bad("opening it", e))?;
-    crate::idmap::move_detached(tree.as_fd(), target.as_fd())
+    crate::mounts::idmap::move_detached(tree.as_fd(), target.as_fd())
         .map_err(|e| SetupError(format!("attaching {}: {e}", m.target.display())))
 }
 
 /// Rlimits, capabilities, Landlock, seccomp: after this, the cell's PID 1 can do no more than
 /// the command may (it keeps no_new_privs from the shell). With `share_ruleset`, returns a
 /// copy of the cell's Landlock ruleset (for the zygote's child; `None` without Landlock).
-fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Option<OwnedFd>> {
-    use nix::sys::resource::{setrlimit, Resource};
+fn confine(
+    k: &impl Kernel,
+    t: &CellTemplate,
+    req: &CellRequest,
+    share_ruleset: bool,
+) -> Setup<Option<OwnedFd>> {
+    use nix::sys::resource::Resource;
     for (res, value, name) in [
         (Resource::RLIMIT_NOFILE, req.nofile, "nofile"),
         (Resource::RLIMIT_NPROC, req.nproc, "nproc"),
         (Resource::RLIMIT_CORE, 0, "core"),
     ] {
-        setrlimit(res, value, value).map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
+        k.setrlimit(res, value)
+            .map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
     }
 
-    reaper::narrow_capabilities(&t.command_caps)
+    k.narrow_capabilities(&t.command_caps)
         .map_err(|e| SetupError(format!("capabilities: {e}")))?;
     let mut shared = None;
     if let Some(rules) = &req.landlock {
@@ -724,17 +735,139 @@ fn confine(t: &CellTemplate, req: &CellRequest, share_ruleset: bool) -> Setup<Op
             readable: rules.readable.clone(),
             writable: rules.writable.clone(),
         };
-        shared = landlock::restrict_sharing(&rules, t.landlock_abi, share_ruleset)
-            .map_err(|e| SetupError(e.to_string()))?
-            .1;
+        shared = k
+            .landlock(&rules, t.landlock_abi, share_ruleset)
+            .map_err(|e| SetupError(e.to_string()))?;
     }
-    crate::seccomp::install(&t.run_filters).map_err(|e| SetupError(e.to_string()))?;
+    k.seccomp(&t.run_filters)
+        .map_err(|e| SetupError(e.to_string()))?;
     Ok(shared)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::PathRules;
+    use crate::inside::kernel::{Call, Recorder};
+    use nix::sys::resource::Resource;
+
+    fn template() -> CellTemplate {
+        CellTemplate {
+            command_caps: vec![Capability::CAP_CHOWN, Capability::CAP_KILL],
+            landlock_abi: 6,
+            run_filters: vec![Vec::new(), Vec::new()],
+            scratch: PathBuf::from("/.agentrun/scratch"),
+            moved: Vec::new(),
+            proc_masked: Vec::new(),
+            proc_readonly: Vec::new(),
+            egress_socket: PathBuf::from("/.agentrun/egress.sock"),
+            zygote: None,
+        }
+    }
+
+    fn request(landlock: Option<PathRules>) -> CellRequest {
+        CellRequest {
+            cell: 7,
+            tmpfs_bytes: 1 << 20,
+            nofile: 1024,
+            nproc: 256,
+            rlimits: Box::default(),
+            landlock,
+            mounts: Vec::new(),
+            egress_port: None,
+            work: CellWork::Live,
+            layers: 0,
+        }
+    }
+
+    fn rules() -> PathRules {
+        PathRules {
+            readable: vec![PathBuf::from("/")],
+            writable: vec![PathBuf::from("/tmp"), PathBuf::from("/workspace")],
+        }
+    }
+
+    fn rlimits() -> Vec<Call> {
+        vec![
+            Call::Setrlimit(Resource::RLIMIT_NOFILE, 1024),
+            Call::Setrlimit(Resource::RLIMIT_NPROC, 256),
+            Call::Setrlimit(Resource::RLIMIT_CORE, 0),
+        ]
+    }
+
+    #[test]
+    fn a_cell_is_confined_rlimits_then_capabilities_then_landlock_then_seccomp() {
+        let k = Recorder::default();
+        let shared = confine(&k, &template(), &request(Some(rules())), false).unwrap();
+        assert!(
+            shared.is_none(),
+            "no ruleset copy unless the zygote needs one"
+        );
+        let mut want = rlimits();
+        want.extend([
+            Call::NarrowCapabilities(vec![Capability::CAP_CHOWN, Capability::CAP_KILL]),
+            Call::Landlock {
+                readable: rules().readable,
+                writable: rules().writable,
+                abi: 6,
+                share: false,
+            },
+            Call::Seccomp(2),
+        ]);
+        assert_eq!(*k.calls.borrow(), want);
+    }
+
+    #[test]
+    fn without_landlock_rules_a_cell_still_gets_its_capabilities_and_seccomp() {
+        let k = Recorder::default();
+        confine(&k, &template(), &request(None), false).unwrap();
+        let mut want = rlimits();
+        want.extend([
+            Call::NarrowCapabilities(vec![Capability::CAP_CHOWN, Capability::CAP_KILL]),
+            Call::Seccomp(2),
+        ]);
+        assert_eq!(*k.calls.borrow(), want);
+    }
+
+    #[test]
+    fn a_cell_whose_run_goes_to_the_zygote_keeps_a_copy_of_its_ruleset() {
+        let k = Recorder::default();
+        let shared = confine(&k, &template(), &request(Some(rules())), true).unwrap();
+        assert!(shared.is_some());
+        assert!(k
+            .calls
+            .borrow()
+            .iter()
+            .any(|c| matches!(c, Call::Landlock { share: true, .. })));
+    }
+
+    #[test]
+    fn a_failing_confinement_step_stops_the_rest_and_says_which() {
+        for (fail, says, last) in [
+            ("setrlimit", "rlimit nofile: ", 1),
+            ("capabilities", "capabilities: ", 4),
+            ("landlock", "landlock: ", 5),
+            ("seccomp", "SCMP_ACT_NOTIFY", 6),
+        ] {
+            let k = Recorder {
+                fail: vec![fail],
+                ..Default::default()
+            };
+            let Err(SetupError(msg)) = confine(&k, &template(), &request(Some(rules())), false)
+            else {
+                panic!("{fail} failed but the cell was confined");
+            };
+            assert!(msg.starts_with(says), "{fail}: {msg}");
+            // Nothing runs after the failing call: the cell is not left half confined and
+            // going on.
+            assert_eq!(
+                k.calls.borrow().len(),
+                last,
+                "{fail}: {:?}",
+                k.calls.borrow()
+            );
+        }
+    }
 
     #[test]
     fn in_sandbox_paths_join_under_the_root() {

@@ -31,7 +31,7 @@
 //! as `AUDIT_LANDLOCK_ACCESS` records (with the domain, pid, path and the blocked right) only
 //! while the audit subsystem is enabled on the host (`auditctl -e 1` or `audit=1`); then they
 //! are in the host's audit log (auditd, journald). agentrun does not turn audit on by itself;
-//! when it is on, [`crate::kaudit`] reads the records of a run and `agentrun exec` writes each
+//! when it is on, [`crate::host::kaudit`] reads the records of a run and `agentrun exec` writes each
 //! into agentrun's own audit log and the run's span as a policy decision.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -228,7 +228,7 @@ pub fn restrict(rules: &LandlockRules, host_abi: u32) -> Result<RestrictionStatu
 }
 
 /// [`restrict`], and with `share` a copy of the ruleset it enforced: another process given it
-/// (a cell's Python zygote child, see [`crate::zygote`]) restricts itself to exactly the same
+/// (a cell's Python zygote child, see [`crate::inside::zygote`]) restricts itself to exactly the same
 /// rules with `landlock_restrict_self`.
 pub fn restrict_sharing(
     rules: &LandlockRules,

@@ -25,7 +25,7 @@ pub struct SpawnSpec<'a> {
     /// process group.
     pub new_session: bool,
     /// Rlimits set in the child before the exec (posix_spawn cannot: such a spawn forks).
-    pub rlimits: crate::limits::RlimitFallback,
+    pub rlimits: crate::confine::limits::RlimitFallback,
 }
 
 /// Starts the command in a new process group (or session), with an empty signal mask and every signal at
@@ -184,7 +184,7 @@ pub(crate) fn find_program(name: &str, path: &str) -> Option<std::path::PathBuf>
 /// close-on-exec pipe. `creds` `None`: as this process's user.
 pub fn spawn_as(
     spec: &SpawnSpec<'_>,
-    creds: Option<&crate::user::Credentials>,
+    creds: Option<&crate::inside::user::Credentials>,
 ) -> Result<Pid, (SpawnStep, nix::Error)> {
     let program = lookup(&spec.argv[0]).map_err(|e| (SpawnStep::Exec, e))?;
     let mut argv: Vec<*const libc::c_char> = spec.argv.iter().map(|a| a.as_ptr()).collect();
@@ -232,7 +232,7 @@ pub fn spawn_as(
                 msg[0] = step;
                 msg[1..].copy_from_slice(&errno.to_ne_bytes());
                 libc::write(wfd, msg.as_ptr().cast(), msg.len());
-                libc::_exit(127)
+                libc::_exit(crate::exit::EXIT_NOT_FOUND)
             };
             for sig in 1..=last_signal {
                 if sig != libc::SIGKILL && sig != libc::SIGSTOP {
@@ -293,6 +293,8 @@ pub fn spawn_as(
     if got < msg.len() {
         return Ok(Pid::from_raw(pid)); // the pipe closed on exec: it runs
     }
+    // Dropped: reaps the child that failed before exec (ECHILD only if already reaped); the
+    // step it reported is the error returned.
     let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
     let step = match msg[0] {
         0 => SpawnStep::Credentials,

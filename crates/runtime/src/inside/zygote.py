@@ -1,4 +1,4 @@
-# agentrun's Python zygote (see crates/runtime/src/zygote.rs, which ships this file inside the
+# agentrun's Python zygote (see crates/runtime/src/inside/zygote.rs, which ships this file inside the
 # agentrun binary and starts it as `python3 -c <this file> MODULE...` in a shell).
 #
 # It imports the preload modules, then serves fork requests from the shell's cells on fd 3.

@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::idmap::{UID_BASE, UID_COUNT};
+use crate::mounts::idmap::{UID_BASE, UID_COUNT};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Stat, Uid};
 use rustix::io::Errno;
 
@@ -75,14 +75,30 @@ pub fn sandbox_id(id: u32) -> Option<u32> {
     id.checked_sub(UID_BASE).filter(|n| *n < UID_COUNT)
 }
 
+/// A request path [`relative`] refuses: the front ends answer it as a bad request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadPath {
+    #[error("path contains a NUL byte")]
+    Nul,
+    #[error("path {0:?} must be absolute")]
+    NotAbsolute(String),
+}
+
+impl From<BadPath> for String {
+    /// The one-line message a front end's error body carries.
+    fn from(e: BadPath) -> String {
+        e.to_string()
+    }
+}
+
 /// A request path made relative to the sandbox root, lexically normalised (`.` dropped, `..`
 /// clamped at the root). Must be absolute; empty means the root itself.
-pub fn relative(path: &str) -> Result<PathBuf, String> {
+pub fn relative(path: &str) -> Result<PathBuf, BadPath> {
     if path.as_bytes().contains(&0) {
-        return Err("path contains a NUL byte".into());
+        return Err(BadPath::Nul);
     }
     if !path.starts_with('/') {
-        return Err(format!("path {path:?} must be absolute"));
+        return Err(BadPath::NotAbsolute(path.to_string()));
     }
     let mut out = PathBuf::new();
     for c in Path::new(path).components() {

@@ -1,7 +1,7 @@
 //! Landlock denials as the kernel reports them, read from the audit subsystem.
 //!
 //! On Landlock ABI 7+ the sandbox's ruleset asks for its command's denials to be logged
-//! ([`crate::landlock`]). The kernel then emits, while audit is enabled on the host:
+//! ([`crate::confine::landlock`]). The kernel then emits, while audit is enabled on the host:
 //! - `AUDIT_LANDLOCK_ACCESS` (1423): `domain=<id> blockers=<rights> path="..."` (or other
 //!   object fields), one per denied access;
 //! - `AUDIT_LANDLOCK_DOMAIN` (1424): `domain=<id> status=allocated ... pid=<creator>` the
@@ -379,6 +379,7 @@ impl LandlockWatch {
         let denials = denials_of(&st.records, init_pid);
         drop(st);
         drop(self.wake);
+        // Dropped: the thread's panic is not ours to surface on the way out (it only reads).
         let _ = self.thread.join();
         denials
     }

@@ -10,8 +10,8 @@
 use std::fs;
 use std::time::{Duration, SystemTime};
 
-use crate::cgroup::CgroupMode;
 use crate::error::RuntimeError;
+use crate::host::cgroup::CgroupMode;
 use crate::sandbox::{destroy_leftovers, owner_stamp, RuntimePaths};
 
 /// A state dir without an owner file younger than this may still be being created.
@@ -56,6 +56,7 @@ pub fn collect_before_run(paths: &RuntimePaths) -> GcReport {
         .and_then(|t| SystemTime::now().duration_since(t).ok())
         .is_none_or(|age| age >= CREATION_GRACE);
     if due {
+        // Dropped: without the stamp the next run scans again; it is only a rate limit.
         let _ = fs::write(&stamp, b"");
         collect_orphan_cgroups(paths, &mut report);
     }
@@ -64,7 +65,7 @@ pub fn collect_before_run(paths: &RuntimePaths) -> GcReport {
 
 /// Sandboxes of this state dir whose owner is gone: everything of theirs removed.
 fn collect_dead_state_dirs(paths: &RuntimePaths) -> GcReport {
-    let cgroup = CgroupMode::for_sandboxes(&crate::privilege::Privilege::detect());
+    let cgroup = CgroupMode::for_sandboxes(&crate::host::privilege::Privilege::detect());
     let mut report = GcReport::default();
     if let Ok(rd) = fs::read_dir(paths.sandboxes()) {
         for entry in rd.flatten() {
@@ -92,7 +93,7 @@ fn collect_dead_state_dirs(paths: &RuntimePaths) -> GcReport {
 /// Empty cgroups under `agentrun/` that no sandbox of this state dir owns and that have
 /// been so for [`CREATION_GRACE`].
 fn collect_orphan_cgroups(paths: &RuntimePaths, report: &mut GcReport) {
-    let Some(cg) = CgroupMode::for_sandboxes(&crate::privilege::Privilege::detect()) else {
+    let Some(cg) = CgroupMode::for_sandboxes(&crate::host::privilege::Privilege::detect()) else {
         return;
     };
     for id in cg.sandbox_ids() {

@@ -38,8 +38,11 @@ impl EgressBridge {
                 for conn in listener.incoming() {
                     let Ok(conn) = conn else { continue };
                     let socket = socket.clone();
+                    // Dropped: no thread means this one connection is refused (closed); the relay goes on
+                    // accepting.
                     let _ = std::thread::Builder::new().spawn(move || {
                         if let Ok(up) = UnixStream::connect(&socket) {
+                            // Dropped: the connection ended (either side closed or failed); nothing to report to.
                             let _ = agentrun_egress::relay(conn, up);
                         }
                     });

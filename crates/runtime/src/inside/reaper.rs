@@ -1,6 +1,7 @@
 //! The PID 1 of a cell (and of a build sandbox): starts the command, forwards signals to it,
-//! reaps orphans, and reports how the command ended; or, for a long-lived cell, serves the
-//! persistent dialect (many processes over time, see [`crate::control`]).
+//! reaps orphans, and reports how the command ended. These are the PID-1 building blocks a
+//! cell's PID 1, the zygote's runs and a long-lived cell's server
+//! ([`crate::inside::live`]) share.
 //!
 //! It runs confined (Landlock, seccomp, the command's capabilities), so the command inherits
 //! the confinement from it with its spawn and a run pays for neither. It is non-dumpable and
@@ -9,7 +10,6 @@
 //! forwarded back to the command. Its exit tears down the pid namespace: nothing the command
 //! started survives it.
 
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
@@ -17,11 +17,9 @@ use caps::{CapSet, Capability, CapsHashSet};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
-use crate::control::{self, InitResult, LiveEvent, LiveRequest, ResourceUsage};
-use crate::spawn::{SpawnSpec, SpawnStep};
-
-/// Exit code when the sandbox could not be set up around the command.
-pub const EXIT_SETUP_FAILED: i32 = 125;
+use crate::control::{InitResult, ResourceUsage};
+use crate::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, EXIT_SIGNAL_BASE};
+use crate::inside::spawn::{SpawnSpec, SpawnStep};
 
 /// One command to start.
 pub(crate) struct Command {
@@ -35,7 +33,7 @@ pub(crate) struct Command {
     /// Run it as this user (a Docker `User` spec, resolved inside the sandbox).
     pub user: Option<String>,
     /// Rlimits set on the command itself (a rootless sandbox's memory and CPU limits).
-    pub rlimits: crate::limits::RlimitFallback,
+    pub rlimits: crate::confine::limits::RlimitFallback,
 }
 
 /// Why a [`Command`] could not be made.
@@ -81,7 +79,7 @@ impl Command {
         say_on(self.message_fd(), msg);
     }
 
-    /// Starts the command (see [`crate::spawn`]). On failure, says why on the command's
+    /// Starts the command (see [`crate::inside::spawn`]). On failure, says why on the command's
     /// stderr and returns the exit code a shell would give, and the message.
     pub fn spawn(&self) -> Result<Pid, (i32, String)> {
         let cstr = |v: &str| CString::new(v).unwrap_or_default();
@@ -109,7 +107,7 @@ impl Command {
         if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
             return self.spawn_as(user, argv, env, cwd, stdio);
         }
-        crate::spawn::spawn(&SpawnSpec {
+        crate::inside::spawn::spawn(&SpawnSpec {
             argv: &argv,
             env: &env,
             cwd: &cwd,
@@ -119,8 +117,10 @@ impl Command {
         })
         .map_err(|errno| {
             let (what, code) = match errno {
-                nix::Error::ENOENT | nix::Error::ENOTDIR => ("command not found".into(), 127),
-                e => (e.desc().to_lowercase(), 126),
+                nix::Error::ENOENT | nix::Error::ENOTDIR => {
+                    ("command not found".into(), EXIT_NOT_FOUND)
+                }
+                e => (e.desc().to_lowercase(), EXIT_NOT_EXECUTABLE),
             };
             let msg = format!("{}: {what}", self.argv[0]);
             self.say(&msg);
@@ -140,7 +140,7 @@ impl Command {
         cwd: CString,
         stdio: Option<[RawFd; 3]>,
     ) -> Result<Pid, (i32, String)> {
-        let creds = crate::user::resolve_here(user).map_err(|e| {
+        let creds = crate::inside::user::resolve_here(user).map_err(|e| {
             let msg = e.to_string();
             self.say(&msg);
             (EXIT_SETUP_FAILED, msg)
@@ -157,7 +157,7 @@ impl Command {
             new_session: self.new_session,
             rlimits: self.rlimits,
         };
-        crate::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
+        crate::inside::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
             let why = errno.desc().to_lowercase();
             let (msg, code) = match step {
                 SpawnStep::Credentials => (
@@ -172,10 +172,11 @@ impl Command {
                     EXIT_SETUP_FAILED,
                 ),
                 SpawnStep::Exec => match errno {
-                    nix::Error::ENOENT | nix::Error::ENOTDIR => {
-                        (format!("{}: command not found", self.argv[0]), 127)
-                    }
-                    _ => (format!("{}: {why}", self.argv[0]), 126),
+                    nix::Error::ENOENT | nix::Error::ENOTDIR => (
+                        format!("{}: command not found", self.argv[0]),
+                        EXIT_NOT_FOUND,
+                    ),
+                    _ => (format!("{}: {why}", self.argv[0]), EXIT_NOT_EXECUTABLE),
                 },
             };
             self.say(&msg);
@@ -196,6 +197,7 @@ pub(crate) fn exit_now(code: i32) -> ! {
 pub(crate) fn say_on(fd: RawFd, msg: &str) {
     let line = format!("agentrun: {msg}\n");
     // SAFETY: write(2) of a buffer we own to an fd we hold.
+    // Dropped: nowhere left to report a failed report to (this is PID 1 saying why).
     let _ = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
 }
 
@@ -230,6 +232,7 @@ fn supervise(child: Pid) -> InitResult {
         if sig != Signal::SIGCHLD {
             // Forward to the command's process group (falls back to the pid if it has none).
             if kill(Pid::from_raw(-child.as_raw()), sig).is_err() {
+                // Dropped: ESRCH only, the command is gone; its exit is reaped next.
                 let _ = kill(child, sig);
             }
             continue;
@@ -253,7 +256,7 @@ fn supervise(child: Pid) -> InitResult {
 pub(crate) fn decode_status(status: i32) -> (i32, Option<i32>) {
     if libc::WIFSIGNALED(status) {
         let s = libc::WTERMSIG(status);
-        (128 + s, Some(s))
+        (EXIT_SIGNAL_BASE + s, Some(s))
     } else {
         (libc::WEXITSTATUS(status), None)
     }
@@ -314,7 +317,7 @@ pub(crate) fn wait_either(
 
 /// Blocks until one of `fds` is readable (or hung up; an interrupted wait is retried); says
 /// which are.
-fn wait_readable_any(fds: &[std::os::fd::BorrowedFd<'_>]) -> nix::Result<Vec<bool>> {
+pub(crate) fn wait_readable_any(fds: &[std::os::fd::BorrowedFd<'_>]) -> nix::Result<Vec<bool>> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
@@ -330,173 +333,5 @@ fn wait_readable_any(fds: &[std::os::fd::BorrowedFd<'_>]) -> nix::Result<Vec<boo
             .iter()
             .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
             .collect());
-    }
-}
-
-/// [`wait_either`] for a long-lived PID 1, also over the report sockets of the processes the
-/// zygote forked: (control readable, signals readable, ids of forked processes that ended).
-fn wait_live(
-    control: std::os::fd::BorrowedFd<'_>,
-    signals: &nix::sys::signalfd::SignalFd,
-    forked: &HashMap<u64, crate::zygote::Forked>,
-) -> nix::Result<(bool, bool, Vec<u64>)> {
-    let ids: Vec<u64> = forked.keys().copied().collect();
-    let mut fds = vec![control, signals.as_fd()];
-    fds.extend(ids.iter().map(|id| forked[id].report()));
-    let ready = wait_readable_any(&fds)?;
-    let ended = ids
-        .iter()
-        .zip(&ready[2..])
-        .filter(|(_, r)| **r)
-        .map(|(id, _)| *id)
-        .collect();
-    Ok((ready[0], ready[1], ended))
-}
-
-/// The long-lived PID 1: serves [`LiveRequest`]s until the host closes the channel, reports
-/// every process's start and exit, reaps orphans. Never returns.
-pub(crate) fn serve_live(control: OwnedFd, zygote: Option<crate::zygote::LiveZygote>) -> ! {
-    use nix::sys::signalfd::{SfdFlags, SignalFd};
-    let all = SigSet::all();
-    if sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None).is_err() {
-        exit_now(EXIT_SETUP_FAILED);
-    }
-    let Ok(signals) = SignalFd::with_flags(&all, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-    else {
-        exit_now(EXIT_SETUP_FAILED);
-    };
-    // pid -> id, and id -> pid (= its process group), of the processes still running.
-    let mut by_pid: HashMap<i32, u64> = HashMap::new();
-    let mut by_id: HashMap<u64, i32> = HashMap::new();
-    // Processes the zygote forked (not our children: their end comes on their report socket).
-    let mut forked: HashMap<u64, crate::zygote::Forked> = HashMap::new();
-    let send = |ev: &LiveEvent| {
-        // A failed send means the host is gone; the next recv sees EOF and we exit.
-        let _ = control::send_json(control.as_fd(), ev, &[]);
-    };
-    let handle = |req: LiveRequest,
-                  fds: Vec<OwnedFd>,
-                  by_pid: &mut HashMap<i32, u64>,
-                  by_id: &mut HashMap<u64, i32>,
-                  forked: &mut HashMap<u64, crate::zygote::Forked>| match req {
-        LiveRequest::Spawn(sp) => {
-            let id = sp.id;
-            let stdio: Result<[OwnedFd; 3], _> = fds.try_into();
-            // Through the zygote if it takes it; else (and on any failure of it) exec'd.
-            let stdio = match (stdio, &zygote) {
-                (Ok(stdio), Some(z)) => match z.spawn(&sp, &stdio) {
-                    Ok(child) => {
-                        by_id.insert(id, child.pid());
-                        send(&LiveEvent::Started {
-                            id,
-                            pid: child.pid(),
-                        });
-                        forked.insert(id, child);
-                        return;
-                    }
-                    Err(_) => Ok(stdio),
-                },
-                (stdio, _) => stdio,
-            };
-            let cmd = match stdio {
-                Ok(stdio) => Command::new(sp.argv, &sp.env, sp.cwd, Some(stdio)),
-                Err(_) => Err(BadCommand("a process needs exactly 3 fds (stdio)".into())),
-            };
-            match cmd {
-                Ok(mut cmd) => {
-                    cmd.new_session = sp.new_session;
-                    cmd.user = sp.user;
-                    match cmd.spawn() {
-                        Ok(pid) => {
-                            by_pid.insert(pid.as_raw(), id);
-                            by_id.insert(id, pid.as_raw());
-                            send(&LiveEvent::Started {
-                                id,
-                                pid: pid.as_raw(),
-                            });
-                        }
-                        Err((exit_code, message)) => send(&LiveEvent::Failed {
-                            id,
-                            exit_code,
-                            message,
-                        }),
-                    }
-                }
-                Err(BadCommand(message)) => send(&LiveEvent::Failed {
-                    id,
-                    exit_code: EXIT_SETUP_FAILED,
-                    message,
-                }),
-            }
-        }
-        LiveRequest::Signal { id, signal, group } => {
-            if let Some(child) = forked.get(&id) {
-                child.signal(signal, group);
-            } else if let (Some(&pid), Ok(sig)) = (by_id.get(&id), Signal::try_from(signal)) {
-                let target = if group { -pid } else { pid };
-                let _ = kill(Pid::from_raw(target), sig);
-            }
-        }
-        LiveRequest::SignalAll { signal } => {
-            // From PID 1, kill(-1) reaches every process of the pid namespace but PID 1
-            // itself; a process forking meanwhile cannot leave a child behind (the kernel
-            // refuses forks with a fatal signal pending).
-            if let Ok(sig) = Signal::try_from(signal) {
-                let _ = kill(Pid::from_raw(-1), sig);
-            }
-            // The zygote's children are out of our reach (their own Landlock domains): it
-            // signals them for us.
-            for child in forked.values() {
-                child.signal(signal, true);
-            }
-        }
-    };
-    loop {
-        let Ok((control_ready, signal_ready, ended)) =
-            wait_live(control.as_fd(), &signals, &forked)
-        else {
-            exit_now(EXIT_SETUP_FAILED)
-        };
-        for id in ended {
-            if let Some(child) = forked.remove(&id) {
-                by_id.remove(&id);
-                send(&LiveEvent::Exited {
-                    id,
-                    result: child.end(),
-                });
-            }
-        }
-        if signal_ready {
-            // Only SIGCHLD matters; other signals sent to PID 1 are dropped (the host talks
-            // to processes through the channel).
-            while let Ok(Some(_)) = signals.read_signal() {}
-            while let Some((pid, status, usage)) = reap_one() {
-                let Some(id) = by_pid.remove(&pid) else {
-                    continue; // an orphan
-                };
-                by_id.remove(&id);
-                let (exit_code, signal) = decode_status(status);
-                send(&LiveEvent::Exited {
-                    id,
-                    result: InitResult {
-                        exit_code,
-                        signal,
-                        usage: (&usage).into(),
-                        ..Default::default()
-                    },
-                });
-            }
-        }
-        if control_ready {
-            match control::recv(control.as_fd()) {
-                Ok(Some((bytes, fds))) => match serde_json::from_slice::<LiveRequest>(&bytes) {
-                    Ok(req) => handle(req, fds, &mut by_pid, &mut by_id, &mut forked),
-                    Err(_) => continue,
-                },
-                // The host closed the channel: the sandbox is over. Exiting PID 1 kills every
-                // process in the namespace.
-                Ok(None) | Err(_) => exit_now(0),
-            }
-        }
     }
 }

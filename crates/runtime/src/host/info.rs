@@ -1,8 +1,8 @@
 //! What this host can enforce: probed once, reported by `agentrun info` and on every span.
 
-use crate::cgroup::CgroupMode;
-use crate::landlock;
-use crate::privilege::Privilege;
+use crate::confine::landlock;
+use crate::host::cgroup::CgroupMode;
+use crate::host::privilege::Privilege;
 
 /// The host's sandboxing capabilities.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +15,8 @@ pub struct HostInfo {
     pub cgroup: Option<CgroupMode>,
     /// Memory+swap limits possible (so "no swap" is enforced).
     pub swap_limit: bool,
-    /// Idmapped mounts work for the image store's filesystem (checked only by `probe_full`).
+    /// Idmapped mounts work for the image store's filesystem (checked only by
+    /// `probe_full`, which lives beside the probe in [`crate::mounts::idmap`]).
     pub idmapped_mounts: Option<bool>,
     /// Capabilities in this process's bounding set.
     pub bounding_caps: Vec<caps::Capability>,
@@ -53,13 +54,6 @@ impl HostInfo {
             bounding_caps,
             privilege,
         }
-    }
-
-    /// The full probe for `agentrun info`: also tries an idmapped mount of `dir`.
-    pub fn probe_full(dir: &std::path::Path) -> Self {
-        let mut info = Self::probe();
-        info.idmapped_mounts = Some(crate::idmap::idmap_supported(dir));
-        info
     }
 
     /// Landlock enforcement in words ("full", "partial (ABI n)", "none").

@@ -9,8 +9,8 @@
 
 use std::path::Path;
 
-use crate::cgroup::CgroupMode;
-use crate::host::HostInfo;
+use crate::host::cgroup::CgroupMode;
+use crate::host::info::HostInfo;
 
 /// The cgroup controllers a sandbox's limits are written to (cpu quota, memory, task limit).
 pub const REQUIRED_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];

@@ -36,7 +36,7 @@ impl RlimitFallback {
 /// One line per limit: what enforces it. `cgroup` is the sandbox's cgroup layout (root),
 /// `None` for a rootless sandbox.
 pub fn describe(
-    cgroup: Option<crate::cgroup::CgroupMode>,
+    cgroup: Option<crate::host::cgroup::CgroupMode>,
     rl: &RlimitFallback,
     delegated: Option<&Path>,
 ) -> Vec<String> {
@@ -190,7 +190,7 @@ mod tests {
             "memory: RLIMIT_AS 512 MiB per process (rootless: no delegated cgroup)"
         );
         assert!(lines[2].starts_with("cpu: RLIMIT_CPU 10 s"));
-        let lines = describe(Some(crate::cgroup::CgroupMode::Hybrid), &rl, None);
+        let lines = describe(Some(crate::host::cgroup::CgroupMode::Hybrid), &rl, None);
         assert!(lines[0].contains("cgroup hybrid memory limit"));
         let none = RlimitFallback::for_resources(&r, None);
         assert!(describe(None, &none, None)[2].contains("no limit but the wall-clock timeout"));

@@ -96,7 +96,7 @@ impl Privilege {
     /// The default state dir: `/run/agentrun`, or `$XDG_RUNTIME_DIR/agentrun` for a user.
     /// Without one (`su`, `runuser`, cron): `/run/user/<uid>/agentrun` when that directory is
     /// the user's, else `/tmp/agentrun-<uid>` when /tmp is writable by all, else
-    /// `~/.local/state/agentrun/run`. [`crate::hostdirs`] makes it private (0700).
+    /// `~/.local/state/agentrun/run`. [`crate::mounts::hostdirs`] makes it private (0700).
     pub fn default_state_dir(&self, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
         match self {
             Privilege::Root => PathBuf::from("/run/agentrun"),

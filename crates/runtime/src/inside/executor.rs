@@ -5,13 +5,13 @@
 //! entered the namespaces and cgroups, pivoted into the rootfs, set rlimits, no_new_privs and
 //! the spec's capabilities. From there agentrun takes over, in one of two modes:
 //! - [`InitMode::Shell`] (every `agentrun exec`, the daemon's pool, the API's sandboxes): the
-//!   container is a shell and this process its init ([`crate::shell`]), which makes a cell
-//!   per request ([`crate::cell`]). It brings up loopback, drops what it does not need and
+//!   container is a shell and this process its init ([`crate::inside::shell`]), which makes a cell
+//!   per request ([`crate::inside::cell`]). It brings up loopback, drops what it does not need and
 //!   serves its control channel.
 //! - [`InitMode::Spec`] (`image build`'s RUN steps): runs the spec's `process` once: it brings
 //!   up loopback, confines itself (capabilities, Landlock, the spec's seccomp section compiled
 //!   with seccompiler: libcontainer without libseccomp ignores it) and becomes the command's
-//!   PID 1 ([`crate::reaper`]).
+//!   PID 1 ([`crate::inside::reaper`]).
 //!
 //! Both modes make the init non-dumpable (`PR_SET_DUMPABLE` 0) first thing, rather than rely
 //! on a side effect of libcontainer's setresuid: no process of the sandbox's user namespace
@@ -26,15 +26,15 @@ use caps::Capability;
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 use oci_spec::runtime::Spec;
 
-use crate::cell::CellTemplate;
+use crate::confine::landlock::{self, LandlockRules};
+use crate::confine::seccomp;
 use crate::control::INIT_CONTROL_FD;
-use crate::landlock::{self, LandlockRules};
-use crate::reaper::{self, Command};
-use crate::seccomp;
-use crate::shell::{self, ShellInit};
-use crate::zygote::ZygoteConfig;
+use crate::inside::cell::CellTemplate;
+use crate::inside::reaper::{self, Command};
+use crate::inside::shell::{self, ShellInit};
+use crate::inside::zygote::ZygoteConfig;
 
-pub use crate::reaper::EXIT_SETUP_FAILED;
+use crate::exit::EXIT_SETUP_FAILED;
 
 /// What the init does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ pub struct SandboxExecutor {
     /// The socket families the profile lets a command use (the shell's own filter, which its
     /// cells inherit, must not refuse them).
     pub sockets: agentrun_policy::SocketPolicy,
-    /// The shell's Python zygote (shell mode only; see [`crate::zygote`]).
+    /// The shell's Python zygote (shell mode only; see [`crate::inside::zygote`]).
     pub zygote: Option<ZygoteConfig>,
 }
 
@@ -93,6 +93,7 @@ impl Executor for SandboxExecutor {
             }
         };
         if let Err(e) = err {
+            // Dropped: stderr is the only place to say it; nothing is left if that fails.
             let _ = writeln!(
                 std::io::stderr(),
                 "{}: sandbox setup failed: {e}",
@@ -125,7 +126,8 @@ impl SandboxExecutor {
 
     fn loopback_up(&self) -> Result<(), ExecutorError> {
         if self.loopback {
-            crate::net::loopback_up().map_err(|e| fail(format!("bringing up loopback: {e}")))?;
+            crate::inside::net::loopback_up()
+                .map_err(|e| fail(format!("bringing up loopback: {e}")))?;
         }
         Ok(())
     }
@@ -213,6 +215,8 @@ impl SandboxExecutor {
         }
         // SAFETY: fd 3 was preserved by libcontainer for us and nothing else owns it.
         let control = unsafe { OwnedFd::from_raw_fd(INIT_CONTROL_FD) };
+        // Dropped: F_SETFD on an fd we own cannot fail but for EBADF, and then serve fails
+        // on its first read.
         let _ = nix::fcntl::fcntl(
             control.as_raw_fd(),
             nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),

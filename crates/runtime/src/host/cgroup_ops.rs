@@ -1,124 +1,31 @@
-//! cgroups: where a sandbox's cgroup lives and what it reports after a run.
+//! A sandbox's cgroup, read and written: what it reports after a run and what a killed run
+//! left behind.
 //!
 //! libcontainer's libcgroups creates the cgroup, applies `linux.resources` and removes it on
-//! delete; this module only reads results back (peak memory, OOM kills) and finds what a killed
+//! delete; this module reads results back (peak memory, OOM kills) and finds what a killed
 //! run left behind. One manager per cgroup: what a long-lived sandbox changes after its start
 //! is freezing and reading stats through libcgroups ([`CgroupMode::freeze`],
 //! [`CgroupMode::usage`]) and new cpu/memory limits written to the same files libcgroups
 //! writes ([`CgroupMode::set_limits`], fast enough for a sandbox's creation). A shell's cgroup
 //! outlives its runs: each run's limits are written to it ([`CgroupMode::set_limits`],
 //! [`CgroupMode::set_pids`]) and each run measured on its own ([`CgroupMode::meter`]: its
-//! peak memory and OOM kills, not an earlier run's). Works on v1, v2 and hybrid hosts
-//! (hybrid = v1 controllers plus a cgroup2 mount, managed as v1).
+//! peak memory and OOM kills, not an earlier run's). Where the cgroup lives and the host's
+//! layout are [`crate::host::cgroup`].
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use libcgroups::common::{
-    create_cgroup_manager, get_cgroup_setup, AnyCgroupManager, CgroupConfig, CgroupManager,
-    CgroupSetup, FreezerState,
+    create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, FreezerState,
 };
 
 use crate::error::RuntimeError;
+use crate::host::cgroup::{CgroupMode, CGROUP_ROOT, PARENT};
 
 /// CPU quota period (µs) of limits set on a running sandbox.
 const CPU_PERIOD: u64 = 100_000;
 
-/// Root of the cgroup filesystem(s).
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// Parent cgroup of every sandbox: `/agentrun/<sandbox-id>`.
-pub const PARENT: &str = "agentrun";
-
-/// Whether a cgroup hierarchy is mounted with `favordynmods` (Linux 6.0+). Without it, every
-/// move of a process into a cgroup (each new sandbox's, through libcgroups) first waits an RCU
-/// grace period for the kernel's global `cgroup_threadgroup_rwsem`: up to ~7 ms of a cold run
-/// here when the CPUs are busy (nothing measurable when idle; `hack/bench` has a row). With it, forks and exits take that rwsem's slower path instead.
-/// A host setting (`mount -o remount,favordynmods <cgroup2 mount>`): agentrun only reports it.
-pub fn favordynmods() -> bool {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|line| {
-        // "... - FSTYPE SOURCE SUPER_OPTIONS"
-        let Some((_, fs_part)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mut f = fs_part.split(' ');
-        let fstype = f.next().unwrap_or_default();
-        let super_options = f.nth(1).unwrap_or_default();
-        (fstype == "cgroup" || fstype == "cgroup2")
-            && super_options.split(',').any(|o| o == "favordynmods")
-    })
-}
-
-/// How this host mounts cgroups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupMode {
-    V1,
-    V2,
-    Hybrid,
-}
-
 impl CgroupMode {
-    /// The cgroup layout this process's sandboxes get: the host's for root, none for an
-    /// ordinary user (a rootless sandbox has no cgroup; see [`crate::limits`]).
-    pub fn for_sandboxes(privilege: &crate::privilege::Privilege) -> Option<Self> {
-        if privilege.is_root() {
-            Self::detect()
-        } else {
-            None
-        }
-    }
-
-    /// Detects the host's cgroup layout.
-    pub fn detect() -> Option<Self> {
-        match get_cgroup_setup().ok()? {
-            CgroupSetup::Legacy => Some(CgroupMode::V1),
-            CgroupSetup::Hybrid => Some(CgroupMode::Hybrid),
-            CgroupSetup::Unified => Some(CgroupMode::V2),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CgroupMode::V1 => "v1",
-            CgroupMode::V2 => "v2",
-            CgroupMode::Hybrid => "hybrid",
-        }
-    }
-
-    fn unified(self) -> bool {
-        self == CgroupMode::V2
-    }
-
-    /// The directory of `controller` (ignored on v2) for the sandbox cgroup `id`.
-    pub fn dir(self, controller: &str, id: &str) -> PathBuf {
-        if self.unified() {
-            Path::new(CGROUP_ROOT).join(PARENT).join(id)
-        } else {
-            Path::new(CGROUP_ROOT)
-                .join(controller)
-                .join(PARENT)
-                .join(id)
-        }
-    }
-
-    /// The `linux.cgroupsPath` of a sandbox (absolute, so libcontainer uses it as is).
-    pub fn spec_path(id: &str) -> PathBuf {
-        Path::new("/").join(PARENT).join(id)
-    }
-
-    /// Whether memory+swap can be limited (v1 needs swap accounting).
-    pub fn swap_limit_supported(self) -> bool {
-        if self.unified() {
-            true
-        } else {
-            Path::new(CGROUP_ROOT)
-                .join("memory/memory.memsw.limit_in_bytes")
-                .exists()
-        }
-    }
-
     /// Reads peak memory and the OOM-kill count of a sandbox cgroup.
     pub fn stats(self, id: &str) -> CgroupStats {
         let mem = self.dir("memory", id);
@@ -288,6 +195,8 @@ impl CgroupMode {
                 .ok()
                 .filter(|mut f| std::io::Write::write_all(&mut f, b"reset\n").is_ok())
         } else {
+            // Dropped: if the reset fails, the peak reported also covers the shell's earlier runs (a
+            // report, not a limit).
             let _ = fs::write(mem.join("memory.max_usage_in_bytes"), "0");
             None
         };
@@ -329,6 +238,7 @@ impl CgroupMode {
         };
         let state = state.trim();
         if state == frozen || state == "FREEZING" {
+            // Dropped: thawing on the way out; the next freeze or removal reports a stuck cgroup.
             let _ = fs::write(&file, thawed);
         }
     }
@@ -349,6 +259,7 @@ impl CgroupMode {
     /// Removes a sandbox's (empty) cgroup directories in every controller.
     pub fn remove(self, id: &str) {
         if self.unified() {
+            // Dropped: EBUSY while processes remain, ENOENT if gone; gc removes what stays.
             let _ = fs::remove_dir(self.dir("", id));
             return;
         }
@@ -356,6 +267,7 @@ impl CgroupMode {
             for e in rd.flatten() {
                 let d = e.path().join(PARENT).join(id);
                 if d.is_dir() {
+                    // Dropped: as above; gc removes what stays.
                     let _ = fs::remove_dir(&d);
                 }
             }

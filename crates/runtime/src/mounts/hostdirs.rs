@@ -9,7 +9,7 @@
 //!   sandbox as idmapped mounts cloned by the host process (`open_tree`), never by path from
 //!   inside.
 //! - the state dir: `0710 root:<sandbox gid>` where the sandbox gid is host gid
-//!   [`UID_BASE`](crate::idmap::UID_BASE), the gid of every sandbox's root. The container's
+//!   [`UID_BASE`](crate::mounts::idmap::UID_BASE), the gid of every sandbox's root. The container's
 //!   init runs as the sandbox's root while libcontainer mounts the bundle's rootfs and the
 //!   staged binds by their paths under the state dir, so that gid, and no other, must be able
 //!   to traverse (search, not list) it. Other local users (and sandbox uids other than root,
@@ -24,7 +24,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::RuntimeError;
-use crate::idmap::UID_BASE;
+use crate::mounts::idmap::UID_BASE;
 
 /// Mode of the image store.
 pub const STORE_MODE: u32 = 0o700;

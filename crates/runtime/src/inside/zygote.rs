@@ -33,10 +33,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use seccompiler::BpfProgram;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{self, InitResult, ResourceUsage};
-use crate::reaper;
+use crate::inside::reaper;
 
 /// The bootstrap the zygote runs (`python3 -c`).
 const BOOTSTRAP: &str = include_str!("zygote.py");
@@ -108,17 +109,50 @@ fn startup_variable(key: &str) -> bool {
         || STARTUP_SUFFIXES.iter().any(|s| key.ends_with(s))
 }
 
+/// Why a run does not go through the shell's zygote (the cell execs the command instead):
+/// its text is the short reason the span and the run's report carry.
+#[derive(Debug, thiserror::Error)]
+pub enum Ineligible {
+    #[error("no command")]
+    NoCommand,
+    #[error("not python3: {0}")]
+    NotPython3(String),
+    #[error("{0} without its argument")]
+    MissingArgument(String),
+    #[error("interpreter option {0}")]
+    InterpreterOption(String),
+    #[error("environment variable {0} differs from the zygote's")]
+    EnvironmentDiffers(String),
+    #[error("the shell has no zygote")]
+    NoZygote,
+    #[error("the shell's zygote is not running")]
+    NotRunning,
+    #[error("opening the cell's namespaces: {0}")]
+    CellNamespaces(std::io::Error),
+    #[error("runs as another user")]
+    AnotherUser,
+    #[error("a session of its own (a terminal)")]
+    OwnSession,
+    #[error("the zygote is not ready (still importing)")]
+    NotReady,
+    #[error("the run's request is too large to be forked ({0})")]
+    RequestTooLarge(crate::error::RuntimeError),
+    /// The zygote's own reason, sent back over its channel.
+    #[error("{0}")]
+    Declined(String),
+}
+
 /// Whether the zygote can run `argv` with `env` (`KEY=VALUE`), given the zygote's own
-/// environment: the invocation, or why not (a short reason for the span).
+/// environment: the invocation, or why not.
 pub fn invocation(
     argv: &[String],
     env: &[String],
     zygote_env: &[String],
-) -> Result<Invocation, String> {
+) -> Result<Invocation, Ineligible> {
     match argv.first().map(String::as_str) {
         Some("python3") => {}
-        Some(other) => return Err(format!("not python3: {other}")),
-        None => return Err("no command".into()),
+        Some(other) => return Err(Ineligible::NotPython3(other.to_string())),
+        None => return Err(Ineligible::NoCommand),
     }
     let rest = &argv[1..];
     let inv = match rest.first().map(String::as_str) {
@@ -134,7 +168,7 @@ pub fn invocation(
         },
         Some(flag @ ("-c" | "-m")) => {
             let Some(target) = rest.get(1) else {
-                return Err(format!("{flag} without its argument"));
+                return Err(Ineligible::MissingArgument(flag.to_string()));
             };
             Invocation {
                 mode: if flag == "-c" {
@@ -148,7 +182,7 @@ pub fn invocation(
         }
         Some(flag) if flag.starts_with('-') => {
             let shown: String = flag.chars().take(16).collect();
-            return Err(format!("interpreter option {shown}"));
+            return Err(Ineligible::InterpreterOption(shown));
         }
         Some(file) => Invocation {
             mode: PythonMode::File,
@@ -172,9 +206,7 @@ pub fn invocation(
     };
     for (key, _) in ours.iter().chain(&theirs) {
         if value(&ours, key) != value(&theirs, key) {
-            return Err(format!(
-                "environment variable {key} differs from the zygote's"
-            ));
+            return Err(Ineligible::EnvironmentDiffers(key.clone()));
         }
     }
     Ok(inv)
@@ -200,14 +232,16 @@ pub(crate) struct Zygote {
 }
 
 impl Zygote {
-    /// Starts the zygote (the init is single-threaded: it forks and execs `python3`).
+    /// Starts the zygote (the init is single-threaded: it forks and execs `python3`). Its
+    /// forked runs install `run_filters` (a cell's seccomp programs) and keep `command_caps`,
+    /// as a cell's command does (see [`crate::inside::cell::CellTemplate`]).
     pub(crate) fn start(
         config: &ZygoteConfig,
-        template: &crate::cell::CellTemplate,
-    ) -> Result<Zygote, String> {
+        run_filters: &[BpfProgram],
+        command_caps: &[caps::Capability],
+    ) -> Result<Zygote, ZygoteError> {
         let setup = ZygoteSetup {
-            filters: template
-                .run_filters
+            filters: run_filters
                 .iter()
                 .map(|p| {
                     p.iter()
@@ -223,9 +257,9 @@ impl Zygote {
                         .collect()
                 })
                 .collect(),
-            keep_caps: template.command_caps.iter().map(|c| c.index()).collect(),
+            keep_caps: command_caps.iter().map(|c| c.index()).collect(),
         };
-        let setup = serde_json::to_vec(&setup).map_err(|e| e.to_string())?;
+        let setup = serde_json::to_vec(&setup).map_err(ZygoteError::Setup)?;
         Ok(Zygote {
             process: launch(config, &setup)?,
             config: config.clone(),
@@ -273,12 +307,27 @@ struct Launched {
     ready: OwnedFd,
 }
 
+/// Why a shell has no zygote (the shell's init says so on its stderr and runs without one).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ZygoteError {
+    #[error("no python3 on the image's PATH")]
+    NoPython3,
+    #[error("a NUL byte in the zygote's command")]
+    Nul,
+    #[error("{0}")]
+    Setup(serde_json::Error),
+    #[error("{0}")]
+    Channel(crate::error::RuntimeError),
+    #[error("pipe: {0}")]
+    Pipe(nix::Error),
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+}
+
 /// Forks and execs the zygote. The setup message is waiting on its channel when it starts.
-fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
-    let python =
-        find_in_path("python3", &config.env).ok_or("no python3 on the image's PATH".to_string())?;
-    let cstr =
-        |s: &str| CString::new(s).map_err(|_| "a NUL byte in the zygote's command".to_string());
+fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, ZygoteError> {
+    let python = find_in_path("python3", &config.env).ok_or(ZygoteError::NoPython3)?;
+    let cstr = |s: &str| CString::new(s).map_err(|_| ZygoteError::Nul);
     let mut argv = vec![cstr("python3")?, cstr("-c")?, cstr(BOOTSTRAP)?];
     for m in &config.preload {
         argv.push(cstr(m)?);
@@ -294,16 +343,16 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
     let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_ptrs.push(std::ptr::null());
 
-    let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    let (ours, theirs) = control::seqpacket_pair().map_err(ZygoteError::Channel)?;
     let (ready_r, ready_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    control::send(ours.as_fd(), setup, &[]).map_err(|e| e.to_string())?;
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(ZygoteError::Pipe)?;
+    control::send(ours.as_fd(), setup, &[]).map_err(ZygoteError::Channel)?;
     // SAFETY: the shell's init is single-threaded; the child only makes async-signal-safe
     // calls (fcntl, dup2, close_range, sigprocmask, signal, prctl, chdir, execve, _exit) on
     // data prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(ZygoteError::Fork(std::io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: see above; every pointer is to data owned by this (copied) stack frame.
@@ -315,7 +364,7 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
                 || libc::dup2(chan, ZYGOTE_CHANNEL_FD) < 0
                 || libc::dup2(ready, ZYGOTE_READY_FD) < 0
             {
-                libc::_exit(125);
+                libc::_exit(crate::exit::EXIT_SETUP_FAILED);
             }
             libc::close_range(ZYGOTE_READY_FD as u32 + 1, u32::MAX, 0);
             for sig in 1..libc::SIGRTMIN() {
@@ -327,7 +376,7 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             libc::chdir(c"/".as_ptr());
             libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
-            libc::_exit(127);
+            libc::_exit(crate::exit::EXIT_NOT_FOUND);
         }
     }
     drop(theirs);
@@ -340,14 +389,14 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, String> {
 }
 
 /// `name` looked up in the `PATH` of `env` (`KEY=VALUE`) as a cell's spawn looks up the
-/// run's `python3` ([`crate::spawn::find_program`]).
+/// run's `python3` ([`crate::inside::spawn::find_program`]).
 fn find_in_path(name: &str, env: &[String]) -> Option<PathBuf> {
     let path = env
         .iter()
         .rev()
         .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or(crate::spawn::DEFAULT_PATH);
-    crate::spawn::find_program(name, path)
+        .unwrap_or(crate::inside::spawn::DEFAULT_PATH);
+    crate::inside::spawn::find_program(name, path)
 }
 
 /// A shell's zygote as the host sees it (`agentrun pool status`).
@@ -552,11 +601,11 @@ impl NotForked {
     }
 }
 
-impl From<String> for NotForked {
+impl From<Ineligible> for NotForked {
     /// A run the zygote cannot take: no fault of it.
-    fn from(reason: String) -> Self {
+    fn from(why: Ineligible) -> Self {
         NotForked {
-            reason,
+            reason: why.to_string(),
             fault: false,
         }
     }
@@ -570,9 +619,7 @@ pub(crate) fn fork_run(
     run: &RunParts<'_>,
 ) -> Result<Forked, NotForked> {
     if !link.ready() {
-        return Err("the zygote is not ready (still importing)"
-            .to_string()
-            .into());
+        return Err(Ineligible::NotReady.into());
     }
     let (ours, theirs) = control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
     // The run's request waits on a socket of its own for the forked child (the zygote only
@@ -589,8 +636,7 @@ pub(crate) fn fork_run(
         nofile: run.nofile,
         nproc: run.nproc,
     };
-    control::send_json(request.as_fd(), &req, &[])
-        .map_err(|e| format!("the run's request is too large to be forked ({e})"))?;
+    control::send_json(request.as_fd(), &req, &[]).map_err(Ineligible::RequestTooLarge)?;
     drop(request);
     let mut fds = vec![
         theirs.as_raw_fd(),
@@ -629,7 +675,7 @@ pub(crate) fn fork_run(
                 ..
             },
             _,
-        ))) => Err(why.into()),
+        ))) => Err(Ineligible::Declined(why).into()),
         Ok(Some((
             Report {
                 failed: Some(why), ..
@@ -651,7 +697,7 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
     use nix::sys::signal::{SigSet, Signal};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let gone = |msg: &str| InitResult {
-        exit_code: reaper::EXIT_SETUP_FAILED,
+        exit_code: crate::exit::EXIT_SETUP_FAILED,
         error: Some(msg.to_string()),
         zygote: Some(true),
         zygote_fault: true,
@@ -706,6 +752,8 @@ impl Forked {
             signal: i32,
             group: bool,
         }
+        // Dropped: a failed send means the process already ended; its end is reported on the
+        // same socket.
         let _ = control::send_json(self.report.as_fd(), &SignalRequest { signal, group }, &[]);
     }
 
@@ -749,12 +797,13 @@ impl Forked {
                 }
             }
             _ => {
+                // Dropped: ESRCH at most (the zygote is already gone), which is what this arm reports.
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(self.pid),
                     nix::sys::signal::Signal::SIGKILL,
                 );
                 InitResult {
-                    exit_code: reaper::EXIT_SETUP_FAILED,
+                    exit_code: crate::exit::EXIT_SETUP_FAILED,
                     error: Some("the zygote ended during the run: its exit status is lost".into()),
                     zygote: Some(true),
                     zygote_fault: true,
@@ -786,10 +835,10 @@ impl LiveZygote {
         stdio: &[OwnedFd; 3],
     ) -> Result<Forked, NotForked> {
         if sp.user.as_deref().is_some_and(|u| !u.is_empty()) {
-            return Err("runs as another user".to_string().into());
+            return Err(Ineligible::AnotherUser.into());
         }
         if sp.new_session {
-            return Err("a session of its own (a terminal)".to_string().into());
+            return Err(Ineligible::OwnSession.into());
         }
         let invocation = invocation(&sp.argv, &sp.env, &self.env)?;
         fork_run(
@@ -845,7 +894,7 @@ mod tests {
             (&["sh", "-c", "python3 -c 1"][..], "not python3"),
         ] {
             let err = ok(argv).unwrap_err();
-            assert!(err.contains(why), "{argv:?}: {err}");
+            assert!(err.to_string().contains(why), "{argv:?}: {err}");
         }
     }
 
@@ -877,7 +926,7 @@ mod tests {
             let mut r = zyg.clone();
             r.push(extra.to_string());
             let err = invocation(&argv, &r, &zyg).unwrap_err();
-            assert!(err.contains(key), "{extra}: {err}");
+            assert!(err.to_string().contains(key), "{extra}: {err}");
         }
         // A variable the zygote has and the run lacks.
         let less: Vec<String> = zyg
@@ -887,6 +936,7 @@ mod tests {
             .collect();
         assert!(invocation(&argv, &less, &zyg)
             .unwrap_err()
+            .to_string()
             .contains("PYTHONUNBUFFERED"));
     }
 

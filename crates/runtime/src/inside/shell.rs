@@ -1,4 +1,4 @@
-//! A shell's init: PID 1 of a shell, making a cell per request (see [`crate::cell`]).
+//! A shell's init: PID 1 of a shell, making a cell per request (see [`crate::inside::cell`]).
 //!
 //! A shell is the expensive part of a sandbox, made by libcontainer: user namespace and id
 //! mapping, network namespace (only `lo`), uts, cgroup, the image's layers under an overlay,
@@ -22,7 +22,7 @@
 //!   adds the run's full filter on top before anything of the run executes;
 //! - it is not Landlock-restricted (Landlock forbids mounts and `pivot_root`), and runs no
 //!   network code: a cell's egress relay runs in the cell, as confined as the command
-//!   ([`crate::cell`]), and the shell's network namespace has nothing but `lo`;
+//!   ([`crate::inside::cell`]), and the shell's network namespace has nothing but `lo`;
 //! - it is single-threaded and does little: receive a request, clone, report, reap.
 //!
 //! Cells are cloned ahead of their runs: when the host asks ([`ShellRequest::Prepare`], which
@@ -48,17 +48,18 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompOperator};
 
-use crate::cell::{self, CellTemplate};
+use crate::confine::seccomp::{self, SeccompError};
 use crate::control::{self, ShellEvent};
 use crate::error::RuntimeError;
-use crate::reaper::{self, EXIT_SETUP_FAILED};
-use crate::seccomp::{self, SeccompError};
-use crate::zygote::Zygote;
+use crate::exit::EXIT_SETUP_FAILED;
+use crate::inside::cell::{self, CellTemplate};
+use crate::inside::kernel::{Host, Kernel};
+use crate::inside::reaper;
+use crate::inside::zygote::Zygote;
 
 /// Syscalls of the run's deny list that making a cell needs (allowed to the shell's init,
 /// still denied in every cell by the run's own filter).
@@ -73,7 +74,7 @@ const CELL_NAMESPACES: &[u64] = &[
 
 /// The shell's init's seccomp filter, as an OCI section (see the module doc): the run's
 /// profile for `denied` and `sockets` less what making a cell needs; with `zygote`, less
-/// `setns` too (a Python zygote's child enters its cell's namespaces, see [`crate::zygote`];
+/// `setns` too (a Python zygote's child enters its cell's namespaces, see [`crate::inside::zygote`];
 /// every cell's own filter denies it again).
 pub fn shell_filter(
     denied: &[&str],
@@ -105,7 +106,7 @@ pub fn shell_filter(
     Ok(section)
 }
 
-/// What a shell's init is given (by [`crate::executor`]).
+/// What a shell's init is given (by [`crate::inside::executor`]).
 pub(crate) struct ShellInit {
     pub template: CellTemplate,
     /// The shell's own filter, compiled ([`shell_filter`]).
@@ -142,7 +143,7 @@ pub(crate) fn top_level_mounts() -> std::io::Result<Vec<PathBuf>> {
             let id = f.next()?.parse().ok()?;
             let parent = f.next()?.parse().ok()?;
             let point = f.nth(2)?;
-            Some((id, parent, crate::rootfs::unescape_mountinfo(point)))
+            Some((id, parent, crate::mounts::rootfs::unescape_mountinfo(point)))
         })
         .collect();
     // The topmost mount on "/" is the root (later lines are mounted later).
@@ -169,7 +170,7 @@ pub(crate) fn shed_covered_mounts() -> std::io::Result<()> {
     let proc_dir = Path::new("/proc");
     let dev_fresh = ["/dev/shm", "/dev/mqueue", "/dev/pts"].map(Path::new);
     // Deepest first.
-    let covered = crate::rootfs::mounts_under(Path::new("/"))
+    let covered = crate::mounts::rootfs::mounts_under(Path::new("/"))
         .into_iter()
         .filter(|p| (p.starts_with(proc_dir) && p != proc_dir) || dev_fresh.contains(&p.as_path()));
     for point in covered {
@@ -191,7 +192,8 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
         std::process::exit(EXIT_SETUP_FAILED);
     };
     // Worked out once here, inherited by every cell.
-    let _ = crate::spawn::ignored_signals();
+    // Only for its side effect: the list is computed and cached here, before any cell.
+    let _ = crate::inside::spawn::ignored_signals();
     if seccomp::install(&init.shell_filters).is_err() {
         std::process::exit(EXIT_SETUP_FAILED);
     }
@@ -199,7 +201,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
     // Started under the shell's filter, which it inherits, with the first request (a pooled
     // shell's first spare): by then the host has given the init its final priority and CPUs,
     // which the zygote and the runs it forks inherit. A cell finds it ready (its imports done)
-    // or not by itself (see `crate::zygote`).
+    // or not by itself (see `crate::inside::zygote`).
     let mut zygote: Option<Zygote> = None;
     // The profile's zygote, until it is started.
     let mut zygote_to_start = init.template.zygote.as_ref();
@@ -240,6 +242,8 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         code,
                         changed,
                     };
+                    // Dropped: a failed send means the host is gone; the next recv sees EOF and the shell
+                    // exits.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
             }
@@ -252,9 +256,13 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Ok(None) | Err(_) => std::process::exit(0),
             };
             if let Some(config) = zygote_to_start.take() {
-                zygote = Zygote::start(config, &init.template)
-                    .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
-                    .ok();
+                zygote = Zygote::start(
+                    config,
+                    &init.template.run_filters,
+                    &init.template.command_caps,
+                )
+                .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+                .ok();
             }
             // Only what the init needs is parsed (the rest of a run's request, its argv,
             // environment and paths, is skipped in place, never copied), and the message is
@@ -264,10 +272,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             let req = match serde_json::from_slice::<InitView>(&bytes) {
                 Ok(InitView::Cell(r)) => r,
                 Ok(InitView::Prepare { tmpfs_bytes }) => {
-                    if spare
-                        .as_ref()
-                        .is_none_or(|s| s.tmpfs_bytes != tmpfs_bytes || !s.alive())
-                    {
+                    if !spare.as_ref().is_some_and(|s| s.fits(&Host, tmpfs_bytes)) {
                         // An unwanted spare ends when its channel closes.
                         let link = zygote.as_ref().map(Zygote::link);
                         spare = Spare::make(&init.template, tmpfs_bytes, link).ok();
@@ -285,6 +290,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                             e.column()
                         ),
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                     continue;
                 }
@@ -299,32 +305,31 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             } else {
                 Vec::new()
             };
-            let cell = if req.layers > 0 && layers.len() != req.layers {
-                Err(format!(
-                    "a cell request with {} layers came with {} fds",
-                    req.layers,
-                    fds.len()
-                ))
-            } else if !layers.is_empty() {
-                let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
-                Spare::make_over(
-                    &init.template,
-                    req.tmpfs_bytes,
-                    zygote.as_ref().map(Zygote::link),
-                    &raw,
-                )
-            } else {
-                match spare
-                    .take()
-                    .filter(|s| s.tmpfs_bytes == req.tmpfs_bytes && s.alive())
-                {
-                    Some(s) => Ok(s),
-                    None => Spare::make(
+            let choice = choose(
+                &Host,
+                req.layers,
+                layers.len(),
+                fds.len(),
+                req.tmpfs_bytes,
+                &mut spare,
+            );
+            let cell = match choice {
+                Choice::Refused(e) => Err(e),
+                Choice::Over => {
+                    let raw: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
+                    Spare::make_over(
                         &init.template,
                         req.tmpfs_bytes,
                         zygote.as_ref().map(Zygote::link),
-                    ),
+                        &raw,
+                    )
                 }
+                Choice::Spare(s) => Ok(s),
+                Choice::New => Spare::make(
+                    &init.template,
+                    req.tmpfs_bytes,
+                    zygote.as_ref().map(Zygote::link),
+                ),
             };
             // The cell has its own copies of the layers' fds (cloned with them).
             drop(layers);
@@ -337,6 +342,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         cell: id,
                         pid: cell.pid,
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[cell.pidfd.as_raw_fd()]);
                     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
                     // Should it fail, the cell's channel closes with `fds` unread: the host
@@ -346,8 +352,9 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Err(e) => {
                     let ev = ShellEvent::Failed {
                         cell: id,
-                        message: e,
+                        message: e.to_string(),
                     };
+                    // Dropped: as above, the host is gone and the shell ends on EOF.
                     let _ = control::send_json(control.as_fd(), &ev, &[]);
                 }
             }
@@ -384,6 +391,56 @@ struct Spare {
     tmpfs_bytes: u64,
 }
 
+/// Which cell a request gets.
+enum Choice {
+    /// None: its layers' fds do not match the count it gives.
+    Refused(NoCell),
+    /// One cloned now over its layers (the spare, built before any request, has none).
+    Over,
+    /// The spare: it fits and runs.
+    Spare(Spare),
+    /// One cloned now.
+    New,
+}
+
+/// The init's choice of a cell for a request that says it has `wanted_layers` layers, came
+/// with `layer_fds` of them (split from its `fds` fds) and wants a writable layer of
+/// `tmpfs_bytes`. The spare is taken unless the request has layers; a spare that does not
+/// fit is dropped (it ends when its channel closes).
+fn choose(
+    k: &impl Kernel,
+    wanted_layers: usize,
+    layer_fds: usize,
+    fds: usize,
+    tmpfs_bytes: u64,
+    spare: &mut Option<Spare>,
+) -> Choice {
+    if wanted_layers > 0 && layer_fds != wanted_layers {
+        return Choice::Refused(NoCell::LayerFds {
+            wanted: wanted_layers,
+            fds,
+        });
+    }
+    if layer_fds > 0 {
+        return Choice::Over;
+    }
+    match spare.take().filter(|s| s.fits(k, tmpfs_bytes)) {
+        Some(s) => Choice::Spare(s),
+        None => Choice::New,
+    }
+}
+
+/// Why the init could not make a cell for a request (the host is told, and fails the run).
+#[derive(Debug, thiserror::Error)]
+enum NoCell {
+    #[error("{0}")]
+    Channel(RuntimeError),
+    #[error("clone: {}", .0.desc().to_lowercase())]
+    Clone(nix::Error),
+    #[error("a cell request with {wanted} layers came with {fds} fds")]
+    LayerFds { wanted: usize, fds: usize },
+}
+
 impl Spare {
     /// Clones a spare cell with a writable layer of `tmpfs_bytes` (keeping the zygote's
     /// `link` fds, if any).
@@ -391,7 +448,7 @@ impl Spare {
         template: &CellTemplate,
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
-    ) -> Result<Spare, String> {
+    ) -> Result<Spare, NoCell> {
         Spare::make_over(template, tmpfs_bytes, link, &[])
     }
 
@@ -402,8 +459,8 @@ impl Spare {
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
         layers: &[RawFd],
-    ) -> Result<Spare, String> {
-        let (ours, theirs) = control::seqpacket_pair().map_err(|e| e.to_string())?;
+    ) -> Result<Spare, NoCell> {
+        let (ours, theirs) = control::seqpacket_pair().map_err(NoCell::Channel)?;
         match clone_cell() {
             Ok(Cloned::Child) => {
                 // The cell's PID 1. Nothing here returns; a panic must not unwind into the
@@ -412,6 +469,7 @@ impl Spare {
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     cell::prepare(template, tmpfs_bytes, theirs, link, layers)
                 }));
+                // The cell's PID 1 never returns from prepare; a panic (Err) exits like a failure.
                 let _ = prepared;
                 reaper::exit_now(EXIT_SETUP_FAILED)
             }
@@ -421,14 +479,14 @@ impl Spare {
                 channel: ours,
                 tmpfs_bytes,
             }),
-            Err(e) => Err(format!("clone: {}", e.desc().to_lowercase())),
+            Err(e) => Err(NoCell::Clone(e)),
         }
     }
 
-    /// Whether it still runs (its pidfd is readable once it has exited).
-    fn alive(&self) -> bool {
-        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+    /// Whether it can take a run with a writable layer of `tmpfs_bytes`: that size, and
+    /// still running.
+    fn fits(&self, k: &impl Kernel, tmpfs_bytes: u64) -> bool {
+        self.tmpfs_bytes == tmpfs_bytes && !k.exited(self.pidfd.as_fd())
     }
 
     /// Hands a run's request (the host's message and fds, as they came) to the spare, which
@@ -476,6 +534,7 @@ impl ShellWatch {
 
     /// Drops notifications of what happened so far (the shell's own setup).
     pub(crate) fn settle(&self) {
+        // Only for its side effect: reading the notifications drains them.
         let _ = self.changes();
     }
 
@@ -599,6 +658,81 @@ fn clone_cell() -> nix::Result<Cloned> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inside::kernel::Recorder;
+
+    fn spare(tmpfs_bytes: u64) -> Spare {
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        Spare {
+            pid: 42,
+            pidfd: fd(),
+            channel: fd(),
+            tmpfs_bytes,
+        }
+    }
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn a_request_takes_the_spare_when_it_fits_and_runs() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        let choice = choose(&k, 0, 0, 4, 64 * MB, &mut slot);
+        assert!(matches!(choice, Choice::Spare(ref s) if s.pid == 42));
+        assert!(slot.is_none());
+    }
+
+    #[test]
+    fn a_spare_that_exited_or_has_another_size_is_dropped_for_a_new_cell() {
+        let dead = spare(64 * MB);
+        let k = Recorder {
+            exited: vec![dead.pidfd.as_raw_fd()],
+            ..Default::default()
+        };
+        let mut slot = Some(dead);
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 64 * MB, &mut slot),
+            Choice::New
+        ));
+        assert!(slot.is_none(), "the dead spare is let go");
+
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 128 * MB, &mut slot),
+            Choice::New
+        ));
+        assert!(slot.is_none(), "the spare of another size is let go");
+
+        assert!(matches!(
+            choose(&k, 0, 0, 4, 64 * MB, &mut None),
+            Choice::New
+        ));
+    }
+
+    #[test]
+    fn a_request_with_layers_gets_a_cell_over_them_and_the_spare_stays() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        assert!(matches!(
+            choose(&k, 2, 2, 4, 64 * MB, &mut slot),
+            Choice::Over
+        ));
+        assert!(slot.is_some());
+    }
+
+    #[test]
+    fn a_request_whose_layer_fds_are_missing_is_refused() {
+        let k = Recorder::default();
+        let mut slot = Some(spare(64 * MB));
+        let Choice::Refused(e) = choose(&k, 3, 0, 2, 64 * MB, &mut slot) else {
+            panic!("a request short of its layers' fds got a cell");
+        };
+        assert_eq!(
+            e.to_string(),
+            "a cell request with 3 layers came with 2 fds"
+        );
+        assert!(slot.is_some(), "the spare is kept for the next request");
+    }
 
     #[test]
     fn the_init_reads_only_a_requests_cell_id_and_size() {

@@ -22,7 +22,7 @@ use agentrun_image::Image;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::error::RuntimeError;
-use crate::idmap::{attach_tree, detached_clone_idmapped, MappingNamespace, UID_BASE};
+use crate::mounts::idmap::{attach_tree, detached_clone_idmapped, MappingNamespace, UID_BASE};
 use crate::spec::BindMount;
 
 /// A host path the user asked to mount into the sandbox.
@@ -228,6 +228,8 @@ pub fn unmount_all(dir: &Path) -> Result<(), RuntimeError> {
             return Ok(());
         }
         for m in mounts {
+            // Dropped: teardown of mounts that may already be gone (EINVAL/ENOENT); the state dir's
+            // removal, next, reports what matters.
             let _ = umount2(&m, MntFlags::MNT_DETACH);
         }
     }
