@@ -232,6 +232,84 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     assert!(!dir_text(audit.path()).contains(&secret));
 }
 
+/// What runs in the sandbox for the system-bundle test: clients that ignore the trust
+/// environment (`env -i`: only the proxy's address is passed on, no `SSL_CERT_FILE` and the
+/// like), which read the image's own bundle: Python's `urllib` with its default context
+/// (OpenSSL's default paths) and curl (built with the system bundle, `--cacert` unset).
+const NO_TRUST_ENV: &str = r#"
+set +e
+ne() { env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin "$@"; }
+echo "urllib: $(ne python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode().strip())' "$URL/urllib" 2>&1 | tail -1)"
+echo "curl: $(ne curl -sS "$URL/curl" 2>&1)"
+echo "env: $(ne env | grep -c -e SSL_CERT -e CA_BUNDLE -e CA_CERTS)"
+echo "keys: $(grep -c 'PRIVATE KEY' /etc/ssl/certs/ca-certificates.crt)"
+"#;
+
+/// The interception CA is in the image's system bundle as the run sees it (its cell's
+/// writable layer), so clients that ignore `SSL_CERT_FILE` & co. reach the credential's host
+/// with it added: on the cold path and through the daemon's pool. The image is not changed:
+/// a run without a credential sees the bundle without the CA.
+#[test]
+fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("sysbundle-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let url = format!("https://127.0.0.1:{port}/v1");
+    let opts = [
+        "--credential".to_string(),
+        format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET"),
+        "--egress-upstream-ca".into(),
+        d.join("ca.pem").display().to_string(),
+        "-e".into(),
+        format!("URL={url}"),
+    ];
+    let check = |out: &RunOutput, how: &str| {
+        out.success();
+        let line = |prefix: &str| line_of(out, prefix);
+        assert_eq!(
+            line("urllib:"),
+            "urllib: auth=ok path=/v1/urllib",
+            "{how}: {out}"
+        );
+        assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{how}: {out}");
+        assert_eq!(line("env:"), "env: 0", "{how}: {out}");
+        assert_eq!(line("keys:"), "keys: 0", "{how}: {out}");
+        assert!(!out.stdout().contains(&secret), "{how}: {out}");
+    };
+    let cold = exec_with(opts.clone(), ["sh", "-c", NO_TRUST_ENV])
+        .env("AGENTRUN_NO_DAEMON", "1")
+        .env("AGENTRUN_E2E_SECRET", &secret)
+        .run();
+    check(&cold, "cold");
+    let daemon = agentrun_e2e::Daemon::start(1);
+    let warm = daemon
+        .exec_with(opts.clone(), ["sh", "-c", NO_TRUST_ENV])
+        .env("AGENTRUN_E2E_SECRET", &secret)
+        .run();
+    check(&warm, "through the daemon");
+    // The same pooled image without a credential: its bundle has no agentrun CA.
+    let plain = daemon
+        .exec_with(
+            ["--allow-host".to_string(), format!("127.0.0.1:{port}")],
+            [
+                "sh",
+                "-c",
+                "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
+            ],
+        )
+        .run();
+    let host_count = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+        .unwrap()
+        .matches("BEGIN CERTIFICATE")
+        .count();
+    assert_eq!(plain.success().trim(), host_count.to_string(), "{plain}");
+    drop(server);
+}
+
 /// Bad `--credential` input: one line, non-zero exit, nothing run.
 #[test]
 fn bad_credential_specs_are_refused() {

@@ -41,6 +41,7 @@
 pub mod mitm;
 mod relay;
 pub mod request;
+pub mod system_trust;
 pub mod vault;
 
 #[cfg(test)]
@@ -83,6 +84,8 @@ pub enum EgressError {
     Io(#[from] io::Error),
     #[error(transparent)]
     Mitm(#[from] MitmError),
+    #[error("egress proxy: cannot add the interception CA to the sandbox's system bundles: {0}")]
+    Trust(io::Error),
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
@@ -508,6 +511,15 @@ impl Proxy {
         });
         if now.is_some() && now == self.file {
             let _ = std::fs::remove_file(&self.path);
+        }
+        // Its CA's files beside the socket, if they are still its own: a later run of a
+        // reused shell must not find a CA (a cell installs what it finds there).
+        if let (Some(i), Some(dir)) = (&self.shared.interceptor, self.path.parent()) {
+            let ca = dir.join(mitm::CA_FILE);
+            if std::fs::read_to_string(&ca).is_ok_and(|t| t == i.ca_pem()) {
+                let _ = std::fs::remove_file(dir.join(mitm::BUNDLE_FILE));
+                let _ = std::fs::remove_file(ca);
+            }
         }
     }
 }
