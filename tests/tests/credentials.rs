@@ -487,3 +487,148 @@ fn mcp_sessions_get_credentials_too() {
         "no injection record: {records:#?}"
     );
 }
+
+/// `[network] credentials` in a profile file: the value read by the `agentrun exec` that
+/// loads the profile (its environment), the host allowed by the profile's rule
+/// `network.credentials[0]`, which names the injection in the audit log. A value written in
+/// the profile is refused: one line, non-zero exit, the value not repeated.
+#[test]
+fn a_profile_names_credentials_never_their_values() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("profile-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let profile = d.join("vault.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"vault\"\n[network]\nmode = \"allowlist\"\n\
+             credentials = [\"k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET\"]\n"
+        ),
+    )
+    .unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let client =
+        format!("echo \"in: $(curl -sS {url}/v1/profile)\"; echo \"out: $(curl -sS {url}/other)\"");
+    let out = exec_with(
+        [
+            "--profile".to_string(),
+            profile.display().to_string(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+        ],
+        ["sh", "-c", client.as_str()],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path())
+    .env("AGENTRUN_E2E_SECRET", &secret)
+    .run();
+    drop(server);
+    out.success();
+    assert_eq!(
+        line_of(&out, "in:"),
+        "in: auth=ok path=/v1/profile",
+        "{out}"
+    );
+    assert_eq!(
+        line_of(&out, "out:"),
+        "out: auth=missing path=/other",
+        "{out}"
+    );
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let text = log.success();
+    assert!(!text.contains(&secret), "{text}");
+    assert!(
+        text.lines().any(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            r["rule"] == "network.credentials[0]"
+                && r["reason"] == "credential injected: GET /v1/profile"
+        }),
+        "{text}"
+    );
+
+    // The value itself in the profile: refused before anything runs.
+    std::fs::write(
+        &profile,
+        "[network]\nmode = \"allowlist\"\ncredentials = [\"k@api.example.com=sk-inline-value-42\"]\n",
+    )
+    .unwrap();
+    let out = exec_with(
+        ["--profile".to_string(), profile.display().to_string()],
+        ["true"],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .run();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("network.credentials"), "{out}");
+    assert!(out.stderr().contains("env:VAR or file:PATH"), "{out}");
+    assert!(!out.stderr().contains("sk-inline-value-42"), "{out}");
+}
+
+/// `agentrun serve --mcp --mcp-credential`: the daemon reads the value from its own
+/// environment; a session's sandbox reaches the TLS server with it added, also from a client
+/// that ignores the trust environment (tests/mcp/sdk_client.py `credential` over HTTP); the
+/// injection is audited, the secret nowhere in the audit or the client's output.
+#[test]
+fn serve_mcp_sessions_get_the_daemons_credentials() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("serve-mcp-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let key = "k-vault-e2e";
+    let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
+    let ca = d.join("ca.pem").display().to_string();
+    // The value reaches the daemon through its own environment.
+    let (daemon, url) = agentrun_e2e::mcp::serve_http_with(
+        &env,
+        key,
+        &[
+            "--mcp-profile",
+            "code-interpreter",
+            "--mcp-credential",
+            &cred,
+            "--egress-upstream-ca",
+            &ca,
+        ],
+        &[("MCP_E2E_SECRET", secret.as_str())],
+    );
+    let mut cmd = env.command(agentrun_e2e::mcp::SDK, "credential", &[]);
+    cmd.env("MCP_URL", &url)
+        .env("MCP_API_KEY", key)
+        .env("AGENTRUN_STATE_DIR", daemon.state())
+        .env("MCP_E2E_SECRET", &secret)
+        .env("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp"));
+    let out = agentrun_e2e::run_with_timeout(cmd, None, agentrun_e2e::mcp::SCENARIO_TIMEOUT);
+    drop(server);
+    assert!(
+        out.status.code() == Some(0) && out.stdout().contains("OK credential"),
+        "credential scenario over serve --mcp failed\n{out}\n{}",
+        daemon.log()
+    );
+    assert!(!out.stdout().contains(&secret), "{out}");
+    let records = env.audit_records();
+    assert!(
+        !format!("{records:?}").contains(&secret),
+        "the secret in the audit log"
+    );
+    assert!(
+        records.iter().any(|r| r["rule"] == "cli.credential[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+    assert!(
+        !daemon.log().contains(&secret),
+        "the secret in the daemon's log"
+    );
+    agentrun_e2e::osb::stop_clean(daemon);
+}
