@@ -273,7 +273,30 @@ pub struct ProxyBuilder {
 
 /// Told about every request the proxy added a credential to: the connection's action, the
 /// request's method and path (without the query), and the binding's name. Never the value.
-pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) + Send + Sync>;
+/// Returns whether the use was recorded: a request whose credential use cannot be recorded
+/// is not sent (the sandbox gets 503, the credential goes nowhere).
+pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) -> bool + Send + Sync>;
+
+/// Tells `sink` (if any) that `binding`'s credential is added to `method path`; whether the
+/// request may go (recorded, or nobody to record it).
+fn injection_recorded(
+    sink: Option<&InjectionSink>,
+    action: &Action,
+    method: &str,
+    path: &str,
+    binding: &str,
+) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    sink.is_none_or(|sink| sink(action, method, path, binding))
+}
+
+/// The answer to a request whose credential use could not be recorded.
+fn unrecorded_injection(action: &Action) -> String {
+    format!(
+        "agentrun: {}: the credential's use could not be recorded: request not sent",
+        action.resource()
+    )
+}
 
 impl ProxyBuilder {
     /// Intercepts TLS to the hosts `vault` binds a credential to (with `interceptor`'s CA)
@@ -668,23 +691,31 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         upstream.write_all(&rest)?;
     } else {
-        // A plain-HTTP request to a host the vault binds: the credential added here.
+        // A plain-HTTP request to a host the vault binds: the credential added here, once
+        // its use is on record.
         let injected = head
             .origin
             .clone()
             .filter(|_| shared.vault.binds("http", &head.host, head.port))
             .and_then(|mut o| {
                 let binding = shared.vault.inject("http", &head.host, head.port, &mut o)?;
-                if let Some(sink) = &shared.injections {
-                    let path = o.path.split('?').next().unwrap_or_default().to_owned();
-                    sink(&action, &o.method, &path, &binding);
-                }
-                Some(zeroize::Zeroizing::new(
-                    o.forward(&head.host, head.port, 80),
-                ))
+                let recorded = injection_recorded(
+                    shared.injections.as_ref(),
+                    &action,
+                    &o.method,
+                    &o.path,
+                    &binding,
+                );
+                Some(
+                    recorded.then(|| zeroize::Zeroizing::new(o.forward(&head.host, head.port, 80))),
+                )
             });
         match injected {
-            Some(fwd) => upstream.write_all(&fwd)?,
+            Some(Some(fwd)) => upstream.write_all(&fwd)?,
+            Some(None) => {
+                let msg = unrecorded_injection(&action);
+                return respond(&mut client, 503, "Service Unavailable", &msg);
+            }
             None => upstream.write_all(&head.forward)?,
         }
     }
@@ -842,11 +873,25 @@ fn intercept_tls(
             }
         }
         let u = up.as_mut().expect("made above");
-        // Only now, with the upstream verified, is the credential added.
+        // Only now, with the upstream verified, is the credential added; the request goes
+        // only once that use is on record.
         if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
-            if let Some(sink) = &shared.injections {
-                let path = req.path.split('?').next().unwrap_or_default().to_owned();
-                sink(action, &req.method, &path, &binding);
+            let recorded = injection_recorded(
+                shared.injections.as_ref(),
+                action,
+                &req.method,
+                &req.path,
+                &binding,
+            );
+            if !recorded {
+                drop(req);
+                reply(
+                    &mut tls,
+                    503,
+                    "Service Unavailable",
+                    &unrecorded_injection(action),
+                );
+                return Ok(());
             }
         }
         // `Expect: 100-continue` is answered here (the body is relayed before the upstream's

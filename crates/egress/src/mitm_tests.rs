@@ -54,14 +54,19 @@ fn tls_upstream() -> (TcpListener, u16, Arc<ServerConfig>, String) {
 struct Echo {
     port: u16,
     ca_pem: String,
+    /// Every request head it got.
+    got: Arc<Mutex<Vec<String>>>,
 }
 
 fn echo_server() -> Echo {
     let (l, port, cfg, ca_pem) = tls_upstream();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let got2 = got.clone();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { continue };
             let cfg = cfg.clone();
+            let got = got2.clone();
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                 let conn = rustls::ServerConnection::new(cfg).unwrap();
@@ -75,6 +80,7 @@ fn echo_server() -> Echo {
                     }
                 }
                 let body = String::from_utf8_lossy(&req).into_owned();
+                got.lock().unwrap().push(body.clone());
                 let _ = write!(
                     tls,
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -85,7 +91,7 @@ fn echo_server() -> Echo {
             });
         }
     });
-    Echo { port, ca_pem }
+    Echo { port, ca_pem, got }
 }
 
 /// Accepts any server certificate: the client a hostile sandbox could write.
@@ -222,6 +228,7 @@ fn setup(echo: &Echo, trust_upstream: bool, ports: &[u16]) -> Setup {
             s3.lock()
                 .unwrap()
                 .push(format!("inject {} {m} {p} {b}", a.resource()));
+            true
         }))
         .intercept(interceptor.clone(), vault.clone())
         .start(bind(&sock).unwrap(), &sock);
@@ -702,4 +709,63 @@ fn expect_continue_is_answered_by_the_proxy() {
         "{r}"
     );
     s.proxy.stop();
+}
+
+/// A use that cannot be recorded is not made: a request whose credential use the injection
+/// sink could not record, and a request an HTTP rule allowed whose decision could not be
+/// recorded, are answered 503 and never reach the upstream (the credential goes nowhere).
+#[test]
+fn unrecorded_uses_fail_closed() {
+    use agentrun_policy::{HttpRule, RuleAction};
+    let echo = echo_server();
+    let port = echo.port;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("upstream-ca.pem");
+    std::fs::write(&roots, &echo.ca_pem).unwrap();
+    let interceptor = Arc::new(Interceptor::new("unrecorded", &[roots]).unwrap());
+    let vault = Vault::new();
+    vault
+        .create(
+            serde_json::from_value(serde_json::json!({
+                "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
+                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "paths": ["/v1/*"]},
+                              "auth": {"type": "bearer", "credential": "key"}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+    let mut policy = NetworkPolicy::default();
+    policy
+        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+        .unwrap();
+    policy.http.push(
+        HttpRule::parse("network.http_allow[0]", RuleAction::Allow, "GET 127.0.0.1/").unwrap(),
+    );
+    // The audit "fails" for net.http decisions on /rule paths and for every injection.
+    let sink: DecisionSink = Arc::new(|a, _| !a.resource().contains("/rule"));
+    let sock = dir.path().join("proxy.sock");
+    let proxy = Proxy::builder(policy, sink)
+        .intercept(interceptor.clone(), vault)
+        .injections(Arc::new(|_, _, _, _| false))
+        .start(bind(&sock).unwrap(), &sock);
+    let ca = interceptor.ca_pem().to_owned();
+    let ask = |req: String| through(&sock, port, client_trusting(&ca), "127.0.0.1", &req);
+    let h = format!("Host: 127.0.0.1:{port}");
+    let r = ask(format!("GET /v1/models HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(
+        r.contains("the credential's use could not be recorded"),
+        "{r}"
+    );
+    let r = ask(format!("GET /rule/x HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(r.contains("the decision could not be recorded"), "{r}");
+    // What is recorded and binds nothing still goes.
+    let r = ask(format!("GET /open HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    proxy.stop();
+    let got = echo.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with("GET /open "), "{got:?}");
+    assert!(!got.iter().any(|g| g.contains(SECRET)), "{got:?}");
 }

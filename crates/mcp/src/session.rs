@@ -271,7 +271,7 @@ impl SessionSandbox {
                                     binding,
                                     format!("credential injected: {method} {path}"),
                                 );
-                                inject_sink(a, &d);
+                                inject_sink(a, &d)
                             },
                         ));
                     }

@@ -295,8 +295,9 @@ fn injection_sink(id: String, audit: AuditLog, trace: String) -> InjectionSink {
             );
             let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
             let record = scope(&id, &trace_id).decision(&mut span, action, &d, "egress-proxy");
-            append(&audit, &id, &record);
+            let recorded = append(&audit, &id, &record);
             span.finish_detached("egress-span");
+            recorded
         },
     )
 }
