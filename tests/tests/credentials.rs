@@ -242,6 +242,8 @@ ne() { env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin "$@"; }
 echo "urllib: $(ne python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode().strip())' "$URL/urllib" 2>&1 | tail -1)"
 echo "curl: $(ne curl -sS "$URL/curl" 2>&1)"
 echo "env: $(ne env | grep -c -e SSL_CERT -e CA_BUNDLE -e CA_CERTS)"
+echo "h2: $(curl -sS --http2 -o /dev/null -w '%{http_version}' "$URL/h2")"
+echo "node: $NODE_USE_ENV_PROXY"
 echo "keys: $(grep -c 'PRIVATE KEY' /etc/ssl/certs/ca-certificates.crt)"
 "#;
 
@@ -277,6 +279,10 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         );
         assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{how}: {out}");
         assert_eq!(line("env:"), "env: 0", "{how}: {out}");
+        // curl --http2 offers h2 and http/1.1: the proxy picks HTTP/1 (the test server
+        // answers HTTP/1.0, which curl shows as "1").
+        assert!(line("h2:").starts_with("h2: 1"), "{how}: {out}");
+        assert_eq!(line("node:"), "node: 1", "{how}: {out}");
         assert_eq!(line("keys:"), "keys: 0", "{how}: {out}");
         assert!(!out.stdout().contains(&secret), "{how}: {out}");
     };

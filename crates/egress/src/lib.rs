@@ -146,10 +146,14 @@ pub type SharedPolicy = Arc<RwLock<NetworkPolicy>>;
 /// The environment that points a sandboxed command at the proxy.
 pub fn proxy_env() -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{SANDBOX_PROXY_PORT}");
-    ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
+    let mut env: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
         .iter()
         .map(|k| (k.to_string(), url.clone()))
-        .collect()
+        .collect();
+    // Node's fetch and http(s) honour the variables above only when asked (Node >= 22.21
+    // and >= 24.5; earlier versions ignore this one: see docs/credentials.md).
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    env
 }
 
 /// Binds the proxy's unix socket (mode 0666: the sandbox's uid connects to it through a
@@ -769,6 +773,12 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     result
 }
 
+/// The start of HTTP/2's connection preface (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+/// The answer to it on an intercepted connection.
+const H2_REFUSED: &str = "agentrun: HTTP/2 is not served on intercepted connections (the proxy \
+     reads HTTP/1.1 requests; ALPN offers http/1.1 only): use HTTP/1.1";
+
 /// Serves one request inside a tunnel the proxy intercepts: TLS with the sandbox (a leaf
 /// for the CONNECT host), the request head read and checked (its SNI and `Host` must name
 /// the CONNECT host: 421 otherwise), the credential added, and the request sent over the
@@ -790,7 +800,19 @@ fn intercept_tls(
     let mut tls = rustls::StreamOwned::new(conn, mitm::Prefixed::new(rest, client));
     while tls.conn.is_handshaking() {
         if tls.conn.complete_io(&mut tls.sock).is_err() {
-            // The sandbox did not trust our CA, or went away: nothing to answer.
+            // The sandbox did not trust our CA, went away, or offered only protocols we do
+            // not speak (ALPN `h2` alone): nothing to answer but rustls's alert, which must
+            // reach it before we close (closing with its bytes unread would reset it).
+            while tls.conn.wants_write() {
+                if !matches!(tls.conn.write_tls(&mut tls.sock), Ok(n) if n > 0) {
+                    break;
+                }
+            }
+            let sock = tls.sock.inner();
+            let _ = sock.shutdown(Shutdown::Write);
+            let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut sink = [0u8; 4096];
+            while matches!((&*sock).read(&mut sink), Ok(n) if n > 0) {}
             return Ok(());
         }
     }
@@ -829,6 +851,12 @@ fn intercept_tls(
             match parse_origin_head(&buf, host, head.port, 443) {
                 Ok(Some((h, len))) => break (h, buf.split_off(len)),
                 Ok(None) => {}
+                Err(_) if buf.starts_with(H2_PREFACE) => {
+                    // A client that speaks HTTP/2 without asking (ALPN offers http/1.1 only;
+                    // one that offers only h2 is refused in the handshake).
+                    reply(&mut tls, 505, "HTTP Version Not Supported", H2_REFUSED);
+                    return Ok(());
+                }
                 Err(e) => {
                     reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
                     return Ok(());

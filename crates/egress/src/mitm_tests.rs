@@ -769,3 +769,48 @@ fn unrecorded_uses_fail_closed() {
     assert!(got[0].starts_with("GET /open "), "{got:?}");
     assert!(!got.iter().any(|g| g.contains(SECRET)), "{got:?}");
 }
+
+/// HTTP/2 on an intercepted connection is refused cleanly: a client offering only `h2` in
+/// ALPN gets a `no_application_protocol` alert in the handshake; one that sends HTTP/2's
+/// preface without asking gets a 505 saying why; one offering both gets HTTP/1.1.
+#[test]
+fn http2_is_refused_cleanly() {
+    let echo = echo_server();
+    let s = setup(&echo, true, &[echo.port]);
+    let port = echo.port;
+    let ca = s.interceptor.ca_pem().to_owned();
+    let alpn = |protocols: &[&[u8]]| {
+        let mut cfg = (*client_trusting(&ca)).clone();
+        cfg.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+        Arc::new(cfg)
+    };
+    let r = through(&s.sock, port, alpn(&[b"h2"]), "127.0.0.1", "x");
+    assert!(
+        r.contains("tls error") && r.contains("NoApplicationProtocol"),
+        "{r}"
+    );
+    let r = through(
+        &s.sock,
+        port,
+        client_trusting(&ca),
+        "127.0.0.1",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 505 HTTP Version Not Supported"),
+        "{r}"
+    );
+    assert!(
+        r.contains("HTTP/2 is not served on intercepted connections"),
+        "{r}"
+    );
+    let r = through(
+        &s.sock,
+        port,
+        alpn(&[b"h2", b"http/1.1"]),
+        "127.0.0.1",
+        &format!("GET /v1/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+    );
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    s.proxy.stop();
+}
