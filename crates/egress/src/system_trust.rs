@@ -73,17 +73,24 @@ pub fn install_in_root(root: BorrowedFd<'_>, ca_pem: &str) -> io::Result<Vec<&'s
     let mut changed = Vec::new();
     let mut found = false;
     for rel in SYSTEM_BUNDLES {
-        let f = match open_in(root, rel, OFlags::RDONLY) {
+        // Non-blocking: a FIFO where a bundle should be (a fork's copy of a layer the
+        // sandbox changed) must not hang us; only a regular file is read and written.
+        let f = match open_in(
+            root,
+            rel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+        ) {
             Ok(f) => f,
             Err(e) if absent(e) => continue,
             Err(e) => return Err(e.into()),
         };
         let mut f = std::fs::File::from(f);
         let meta = f.metadata()?;
+        // Something is there: never made anew, changed only if a regular file.
+        found = true;
         if !meta.is_file() || meta.len() > MAX_BUNDLE {
             continue;
         }
-        found = true;
         let mut text = String::new();
         if f.read_to_string(&mut text).is_err() || text.contains(ca) {
             // Not text (left alone), or a path that resolved to a bundle done already.
@@ -94,7 +101,11 @@ pub fn install_in_root(root: BorrowedFd<'_>, ca_pem: &str) -> io::Result<Vec<&'s
         }
         text.push_str(ca);
         text.push('\n');
-        let w = match open_in(root, rel, OFlags::WRONLY | OFlags::TRUNC) {
+        let w = match open_in(
+            root,
+            rel,
+            OFlags::WRONLY | OFlags::TRUNC | OFlags::NONBLOCK | OFlags::NOCTTY,
+        ) {
             Ok(w) => w,
             Err(e) if unwritable(e) => continue,
             Err(e) => return Err(e.into()),
@@ -217,6 +228,23 @@ mod tests {
         assert_eq!(std::fs::read_to_string(outside.path()).unwrap(), "HOST");
         // Again (a fork's copy of the layer): nothing to add.
         assert!(install_in_root(root_fd(r).as_fd(), CA).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_fifo_where_a_bundle_should_be_is_left_alone() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("etc/ssl/certs")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            d.path().join(SYSTEM_BUNDLES[0]),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        // Returns (a blocking open would wait for a writer forever); nothing written.
+        let changed = install_in_root(root_fd(d.path()).as_fd(), CA).unwrap();
+        assert!(changed.is_empty(), "{changed:?}");
     }
 
     #[test]
