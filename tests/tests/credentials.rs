@@ -638,3 +638,50 @@ fn serve_mcp_sessions_get_the_daemons_credentials() {
     );
     agentrun_e2e::osb::stop_clean(daemon);
 }
+
+/// `agentrun mcp --profile FILE` whose profile names a credential: the server reads the value
+/// from its environment when it loads the profile; a session's sandbox reaches the TLS server
+/// with it added (also without the trust environment), audited under the profile's rule.
+#[test]
+fn mcp_sessions_get_the_profiles_credentials() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("mcp-profile-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let profile = d.join("mcp-vault.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"mcp-vault\"\n[network]\nmode = \"allowlist\"\n\
+             credentials = [\"k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET\"]\n"
+        ),
+    )
+    .unwrap();
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let ca = d.join("ca.pem").display().to_string();
+    let profile_arg = profile.display().to_string();
+    let out = env.run_with(
+        agentrun_e2e::mcp::SDK,
+        "credential",
+        &["--profile", &profile_arg, "--egress-upstream-ca", &ca],
+        &[
+            ("MCP_E2E_SECRET", secret.clone()),
+            ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
+        ],
+    );
+    drop(server);
+    assert!(!out.contains(&secret), "{out}");
+    let records = env.audit_records();
+    assert!(
+        !format!("{records:?}").contains(&secret),
+        "the secret in the audit log"
+    );
+    assert!(
+        records.iter().any(|r| r["rule"] == "network.credentials[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+}
