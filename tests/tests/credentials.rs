@@ -244,7 +244,27 @@ echo "curl: $(ne curl -sS "$URL/curl" 2>&1)"
 echo "env: $(ne env | grep -c -e SSL_CERT -e CA_BUNDLE -e CA_CERTS)"
 echo "h2: $(curl -sS --http2 -o /dev/null -w '%{http_version}' "$URL/h2")"
 echo "node: $NODE_USE_ENV_PROXY"
+if command -v node >/dev/null; then node -e "$NODE_CONNECT"; else echo "node-connect: no node"; fi
 echo "keys: $(grep -c 'PRIVATE KEY' /etc/ssl/certs/ca-certificates.crt)"
+"#;
+
+/// Node 20's `fetch` ignores `HTTPS_PROXY` (docs/credentials.md#node); its `http` CONNECT
+/// plus `tls.connect` through the proxy works, trusting the CA through
+/// `NODE_EXTRA_CA_CERTS`: what an agent on an older Node can do without packages.
+const NODE_CONNECT: &str = r#"
+const http = require("http"), tls = require("tls");
+const u = new URL(process.env.URL + "/node"), p = new URL(process.env.HTTPS_PROXY);
+http.request({ host: p.hostname, port: p.port, method: "CONNECT", path: u.host })
+  .on("connect", (res, socket) => {
+    const t = tls.connect({ socket, host: u.hostname }, () =>
+      t.write(`GET ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nConnection: close\r\n\r\n`));
+    let d = "";
+    t.on("data", (c) => (d += c));
+    t.on("end", () => console.log("node-connect: " + d.split("\r\n\r\n")[1].trim()));
+    t.on("error", (e) => console.log("node-connect: error " + (e.code || e.message)));
+  })
+  .on("error", (e) => console.log("node-connect: error " + e.message))
+  .end();
 "#;
 
 /// The interception CA is in the image's system bundle as the run sees it (its cell's
@@ -268,6 +288,8 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         d.join("ca.pem").display().to_string(),
         "-e".into(),
         format!("URL={url}"),
+        "-e".into(),
+        format!("NODE_CONNECT={NODE_CONNECT}"),
     ];
     let check = |out: &RunOutput, how: &str| {
         out.success();
@@ -283,6 +305,13 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         // answers HTTP/1.0, which curl shows as "1").
         assert!(line("h2:").starts_with("h2: 1"), "{how}: {out}");
         assert_eq!(line("node:"), "node: 1", "{how}: {out}");
+        if Path::new("/usr/bin/node").exists() || Path::new("/usr/local/bin/node").exists() {
+            assert_eq!(
+                line("node-connect:"),
+                "node-connect: auth=ok path=/v1/node",
+                "{how}: {out}"
+            );
+        }
         assert_eq!(line("keys:"), "keys: 0", "{how}: {out}");
         assert!(!out.stdout().contains(&secret), "{how}: {out}");
     };
