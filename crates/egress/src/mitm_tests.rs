@@ -814,3 +814,30 @@ fn http2_is_refused_cleanly() {
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
     s.proxy.stop();
 }
+
+/// A stopped proxy removes its CA's files from its socket's directory (a cell of a reused
+/// shell installs whatever CA it finds there), and only its own: not those of a later proxy
+/// that wrote its own since (the next run on the same shell).
+#[test]
+fn a_stopped_proxy_removes_its_own_ca_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink: DecisionSink = Arc::new(|_, _| true);
+    let start = |name: &str, sock: &str| {
+        let i = Arc::new(Interceptor::new(name, &[]).unwrap());
+        i.write_trust(dir.path()).unwrap();
+        let sock = dir.path().join(sock);
+        let p = Proxy::builder(NetworkPolicy::default(), sink.clone())
+            .intercept(i.clone(), Vault::new())
+            .start(bind(&sock).unwrap(), &sock);
+        (p, i)
+    };
+    let ca = dir.path().join(crate::mitm::CA_FILE);
+    let bundle = dir.path().join(crate::mitm::BUNDLE_FILE);
+    let (first, _) = start("first", "a.sock");
+    let (second, i2) = start("second", "b.sock");
+    first.stop();
+    assert_eq!(std::fs::read_to_string(&ca).unwrap(), i2.ca_pem());
+    assert!(bundle.exists());
+    second.stop();
+    assert!(!ca.exists() && !bundle.exists());
+}
