@@ -7,6 +7,7 @@ Usage: sdk_client.py SCENARIO. Driven by tests/tests/mcp_sdk.rs and mcp_policy.r
 import contextlib
 import json
 import os
+import shlex
 import tempfile
 import threading
 import time
@@ -575,6 +576,10 @@ async def credential():
         r = await py(s, f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=20).read().decode().strip())")
         out = expect_run(r)
         eq(out["stdout"], "auth=ok path=/v1/mcp\n", "the request through the proxy")
+        # A client that ignores the trust environment (env -i) reads the image's system
+        # bundle, where the sandbox's CA is too.
+        bare = await s.call_tool("run_shell", {"command": "env -i HTTPS_PROXY=\"$HTTPS_PROXY\" PATH=/usr/bin:/bin python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode().strip())' " + shlex.quote(url)})
+        eq(expect_run(bare)["stdout"], "auth=ok path=/v1/mcp\n", "without the trust environment")
         dump = await s.call_tool("run_shell", {"command": "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'; cat /run/agentrun-egress/*.pem"})
         text = json.dumps(structured(dump)) + text_of(dump) + text_of(r)
         check("SSL_CERT_FILE=/run/agentrun-egress/ca-bundle.pem" in text, "trust env", text[:2000])

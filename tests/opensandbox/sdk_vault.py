@@ -54,8 +54,8 @@ def binding(name, path, auth, scheme="https", port=None):
     )
 
 
-def curl(sbx, url, flags=""):
-    ex = sbx.commands.run(f"curl -sS --max-time 20 {flags} {shlex.quote(url)}")
+def curl(sbx, url, flags="", prefix=""):
+    ex = sbx.commands.run(f"{prefix} curl -sS --max-time 20 {flags} {shlex.quote(url)}")
     check(ex.error is None, f"curl {url}: {ex.error} {ex.logs.stderr}")
     out = "".join(p.text for p in ex.logs.stdout)
     return json.loads(out)
@@ -114,6 +114,11 @@ def vault():
             check(r["case"] == case and r["headers"] == headers, f"{case}: {r}")
         r = curl(sbx, f"http://127.0.0.1:{PLAIN}/plain")
         check(r["headers"] == {"authorization": h("Bearer " + SECRETS["bearer-token"])}, f"plain: {r}")
+        # A client that ignores the trust environment (env -i) reads the image's system
+        # bundle, where the sandbox's CA is too.
+        r = curl(sbx, f"https://127.0.0.1:{TLS}/bearer",
+                 prefix='env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin')
+        check(r["headers"] == want["bearer"], f"without the trust environment: {r}")
         # Not bound: nothing added.
         r = curl(sbx, f"https://127.0.0.1:{TLS}/unbound")
         check(r["headers"] == {}, f"unbound path: {r}")

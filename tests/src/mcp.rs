@@ -335,7 +335,20 @@ pub fn sandbox_ids(spans: &[&ReceivedSpan]) -> BTreeSet<String> {
 /// `agentrun serve --mcp 127.0.0.1:PORT --api-key KEY EXTRA...` with this env's audit dir
 /// and OTLP endpoint; returns the daemon and the MCP URL.
 pub fn serve_http(env: &McpEnv, key: &str, extra: &[&str]) -> (Daemon, String) {
+    serve_http_with(env, key, extra, &[])
+}
+
+/// [`serve_http`] with more environment for the daemon (`daemon_env`).
+pub fn serve_http_with(
+    env: &McpEnv,
+    key: &str,
+    extra: &[&str],
+    daemon_env: &[(&str, &str)],
+) -> (Daemon, String) {
     let mut d = Daemon::unstarted();
+    for (k, v) in daemon_env {
+        d.set_env(k, v);
+    }
     for (k, v) in env.rx.otel_env() {
         d.set_env(k, v);
     }

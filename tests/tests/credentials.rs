@@ -232,6 +232,119 @@ fn a_credential_reaches_its_host_and_never_the_sandbox() {
     assert!(!dir_text(audit.path()).contains(&secret));
 }
 
+/// What runs in the sandbox for the system-bundle test: clients that ignore the trust
+/// environment (`env -i`: only the proxy's address is passed on, no `SSL_CERT_FILE` and the
+/// like), which read the image's own bundle: Python's `urllib` with its default context
+/// (OpenSSL's default paths) and curl (built with the system bundle, `--cacert` unset).
+const NO_TRUST_ENV: &str = r#"
+set +e
+ne() { env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin "$@"; }
+echo "urllib: $(ne python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode().strip())' "$URL/urllib" 2>&1 | tail -1)"
+echo "curl: $(ne curl -sS "$URL/curl" 2>&1)"
+echo "env: $(ne env | grep -c -e SSL_CERT -e CA_BUNDLE -e CA_CERTS)"
+echo "h2: $(curl -sS --http2 -o /dev/null -w '%{http_version}' "$URL/h2")"
+echo "node: $NODE_USE_ENV_PROXY"
+if command -v node >/dev/null; then node -e "$NODE_CONNECT"; else echo "node-connect: no node"; fi
+echo "keys: $(grep -c 'PRIVATE KEY' /etc/ssl/certs/ca-certificates.crt)"
+"#;
+
+/// Node 20's `fetch` ignores `HTTPS_PROXY` (docs/credentials.md#node); its `http` CONNECT
+/// plus `tls.connect` through the proxy works, trusting the CA through
+/// `NODE_EXTRA_CA_CERTS`: what an agent on an older Node can do without packages.
+const NODE_CONNECT: &str = r#"
+const http = require("http"), tls = require("tls");
+const u = new URL(process.env.URL + "/node"), p = new URL(process.env.HTTPS_PROXY);
+http.request({ host: p.hostname, port: p.port, method: "CONNECT", path: u.host })
+  .on("connect", (res, socket) => {
+    const t = tls.connect({ socket, host: u.hostname }, () =>
+      t.write(`GET ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nConnection: close\r\n\r\n`));
+    let d = "";
+    t.on("data", (c) => (d += c));
+    t.on("end", () => console.log("node-connect: " + d.split("\r\n\r\n")[1].trim()));
+    t.on("error", (e) => console.log("node-connect: error " + (e.code || e.message)));
+  })
+  .on("error", (e) => console.log("node-connect: error " + e.message))
+  .end();
+"#;
+
+/// The interception CA is in the image's system bundle as the run sees it (its cell's
+/// writable layer), so clients that ignore `SSL_CERT_FILE` & co. reach the credential's host
+/// with it added: on the cold path and through the daemon's pool. The image is not changed:
+/// a run without a credential sees the bundle without the CA.
+#[test]
+fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("sysbundle-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let url = format!("https://127.0.0.1:{port}/v1");
+    let opts = [
+        "--credential".to_string(),
+        format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET"),
+        "--egress-upstream-ca".into(),
+        d.join("ca.pem").display().to_string(),
+        "-e".into(),
+        format!("URL={url}"),
+        "-e".into(),
+        format!("NODE_CONNECT={NODE_CONNECT}"),
+    ];
+    let check = |out: &RunOutput, how: &str| {
+        out.success();
+        let line = |prefix: &str| line_of(out, prefix);
+        assert_eq!(
+            line("urllib:"),
+            "urllib: auth=ok path=/v1/urllib",
+            "{how}: {out}"
+        );
+        assert_eq!(line("curl:"), "curl: auth=ok path=/v1/curl", "{how}: {out}");
+        assert_eq!(line("env:"), "env: 0", "{how}: {out}");
+        // curl --http2 offers h2 and http/1.1: the proxy picks HTTP/1 (the test server
+        // answers HTTP/1.0, which curl shows as "1").
+        assert!(line("h2:").starts_with("h2: 1"), "{how}: {out}");
+        assert_eq!(line("node:"), "node: 1", "{how}: {out}");
+        if Path::new("/usr/bin/node").exists() || Path::new("/usr/local/bin/node").exists() {
+            assert_eq!(
+                line("node-connect:"),
+                "node-connect: auth=ok path=/v1/node",
+                "{how}: {out}"
+            );
+        }
+        assert_eq!(line("keys:"), "keys: 0", "{how}: {out}");
+        assert!(!out.stdout().contains(&secret), "{how}: {out}");
+    };
+    let cold = exec_with(opts.clone(), ["sh", "-c", NO_TRUST_ENV])
+        .env("AGENTRUN_NO_DAEMON", "1")
+        .env("AGENTRUN_E2E_SECRET", &secret)
+        .run();
+    check(&cold, "cold");
+    let daemon = agentrun_e2e::Daemon::start(1);
+    let warm = daemon
+        .exec_with(opts.clone(), ["sh", "-c", NO_TRUST_ENV])
+        .env("AGENTRUN_E2E_SECRET", &secret)
+        .run();
+    check(&warm, "through the daemon");
+    // The same pooled image without a credential: its bundle has no agentrun CA.
+    let plain = daemon
+        .exec_with(
+            ["--allow-host".to_string(), format!("127.0.0.1:{port}")],
+            [
+                "sh",
+                "-c",
+                "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
+            ],
+        )
+        .run();
+    let host_count = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+        .unwrap()
+        .matches("BEGIN CERTIFICATE")
+        .count();
+    assert_eq!(plain.success().trim(), host_count.to_string(), "{plain}");
+    drop(server);
+}
+
 /// Bad `--credential` input: one line, non-zero exit, nothing run.
 #[test]
 fn bad_credential_specs_are_refused() {
@@ -405,6 +518,198 @@ fn mcp_sessions_get_credentials_too() {
     assert!(!text.contains(&secret), "the secret in the audit log");
     assert!(
         records.iter().any(|r| r["rule"] == "cli.credential[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+}
+
+/// `[network] credentials` in a profile file: the value read by the `agentrun exec` that
+/// loads the profile (its environment), the host allowed by the profile's rule
+/// `network.credentials[0]`, which names the injection in the audit log. A value written in
+/// the profile is refused: one line, non-zero exit, the value not repeated.
+#[test]
+fn a_profile_names_credentials_never_their_values() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let audit = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("profile-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let profile = d.join("vault.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"vault\"\n[network]\nmode = \"allowlist\"\n\
+             credentials = [\"k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET\"]\n"
+        ),
+    )
+    .unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let client =
+        format!("echo \"in: $(curl -sS {url}/v1/profile)\"; echo \"out: $(curl -sS {url}/other)\"");
+    let out = exec_with(
+        [
+            "--profile".to_string(),
+            profile.display().to_string(),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+        ],
+        ["sh", "-c", client.as_str()],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_AUDIT_DIR", audit.path())
+    .env("AGENTRUN_E2E_SECRET", &secret)
+    .run();
+    drop(server);
+    out.success();
+    assert_eq!(
+        line_of(&out, "in:"),
+        "in: auth=ok path=/v1/profile",
+        "{out}"
+    );
+    assert_eq!(
+        line_of(&out, "out:"),
+        "out: auth=missing path=/other",
+        "{out}"
+    );
+    let log = agentrun(["audit", "--json"])
+        .env("AGENTRUN_AUDIT_DIR", audit.path())
+        .run();
+    let text = log.success();
+    assert!(!text.contains(&secret), "{text}");
+    assert!(
+        text.lines().any(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            r["rule"] == "network.credentials[0]"
+                && r["reason"] == "credential injected: GET /v1/profile"
+        }),
+        "{text}"
+    );
+
+    // The value itself in the profile: refused before anything runs.
+    std::fs::write(
+        &profile,
+        "[network]\nmode = \"allowlist\"\ncredentials = [\"k@api.example.com=sk-inline-value-42\"]\n",
+    )
+    .unwrap();
+    let out = exec_with(
+        ["--profile".to_string(), profile.display().to_string()],
+        ["true"],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .run();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("network.credentials"), "{out}");
+    assert!(out.stderr().contains("env:VAR or file:PATH"), "{out}");
+    assert!(!out.stderr().contains("sk-inline-value-42"), "{out}");
+}
+
+/// `agentrun serve --mcp --mcp-credential`: the daemon reads the value from its own
+/// environment; a session's sandbox reaches the TLS server with it added, also from a client
+/// that ignores the trust environment (tests/mcp/sdk_client.py `credential` over HTTP); the
+/// injection is audited, the secret nowhere in the audit or the client's output.
+#[test]
+fn serve_mcp_sessions_get_the_daemons_credentials() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("serve-mcp-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let key = "k-vault-e2e";
+    let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
+    let ca = d.join("ca.pem").display().to_string();
+    // The value reaches the daemon through its own environment.
+    let (daemon, url) = agentrun_e2e::mcp::serve_http_with(
+        &env,
+        key,
+        &[
+            "--mcp-profile",
+            "code-interpreter",
+            "--mcp-credential",
+            &cred,
+            "--egress-upstream-ca",
+            &ca,
+        ],
+        &[("MCP_E2E_SECRET", secret.as_str())],
+    );
+    let mut cmd = env.command(agentrun_e2e::mcp::SDK, "credential", &[]);
+    cmd.env("MCP_URL", &url)
+        .env("MCP_API_KEY", key)
+        .env("AGENTRUN_STATE_DIR", daemon.state())
+        .env("MCP_E2E_SECRET", &secret)
+        .env("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp"));
+    let out = agentrun_e2e::run_with_timeout(cmd, None, agentrun_e2e::mcp::SCENARIO_TIMEOUT);
+    drop(server);
+    assert!(
+        out.status.code() == Some(0) && out.stdout().contains("OK credential"),
+        "credential scenario over serve --mcp failed\n{out}\n{}",
+        daemon.log()
+    );
+    assert!(!out.stdout().contains(&secret), "{out}");
+    let records = env.audit_records();
+    assert!(
+        !format!("{records:?}").contains(&secret),
+        "the secret in the audit log"
+    );
+    assert!(
+        records.iter().any(|r| r["rule"] == "cli.credential[0]"
+            && r["reason"] == "credential injected: GET /v1/mcp"),
+        "no injection record: {records:#?}"
+    );
+    assert!(
+        !daemon.log().contains(&secret),
+        "the secret in the daemon's log"
+    );
+    agentrun_e2e::osb::stop_clean(daemon);
+}
+
+/// `agentrun mcp --profile FILE` whose profile names a credential: the server reads the value
+/// from its environment when it loads the profile; a session's sandbox reaches the TLS server
+/// with it added (also without the trust environment), audited under the profile's rule.
+#[test]
+fn mcp_sessions_get_the_profiles_credentials() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("mcp-profile-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let profile = d.join("mcp-vault.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"mcp-vault\"\n[network]\nmode = \"allowlist\"\n\
+             credentials = [\"k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET\"]\n"
+        ),
+    )
+    .unwrap();
+    let env = agentrun_e2e::mcp::McpEnv::new();
+    let ca = d.join("ca.pem").display().to_string();
+    let profile_arg = profile.display().to_string();
+    let out = env.run_with(
+        agentrun_e2e::mcp::SDK,
+        "credential",
+        &["--profile", &profile_arg, "--egress-upstream-ca", &ca],
+        &[
+            ("MCP_E2E_SECRET", secret.clone()),
+            ("VAULT_URL", format!("https://127.0.0.1:{port}/v1/mcp")),
+        ],
+    );
+    drop(server);
+    assert!(!out.contains(&secret), "{out}");
+    let records = env.audit_records();
+    assert!(
+        !format!("{records:?}").contains(&secret),
+        "the secret in the audit log"
+    );
+    assert!(
+        records.iter().any(|r| r["rule"] == "network.credentials[0]"
             && r["reason"] == "credential injected: GET /v1/mcp"),
         "no injection record: {records:#?}"
     );

@@ -34,7 +34,7 @@ pub(crate) fn parse_all(
 ) -> anyhow::Result<Vec<CliCredential>> {
     let mut creds = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
-        let c = parse(spec, i)?;
+        let c = parse(spec, i, "cli.credential")?;
         let host = if c.host.contains(':') {
             format!("[{}]:{}", c.host, c.port)
         } else {
@@ -48,8 +48,40 @@ pub(crate) fn parse_all(
     Ok(creds)
 }
 
-/// Parses `spec` (see the module docs) and reads its value.
-pub(crate) fn parse(spec: &str, index: usize) -> anyhow::Result<CliCredential> {
+/// The credentials a profile names (`[network] credentials`, see
+/// [`agentrun_policy::network::credential_target`]), their values read here, by the process
+/// that loaded the profile; bindings `network.credentials[i]`. The profile allows their hosts.
+pub(crate) fn from_profile(
+    profile: &agentrun_policy::Profile,
+) -> anyhow::Result<Vec<CliCredential>> {
+    profile
+        .network
+        .credentials
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            parse(spec, i, "network.credentials")
+                .with_context(|| format!("profile {}: network.credentials[{i}]", profile.name))
+        })
+        .collect()
+}
+
+/// The vault of every MCP session's sandbox: the command line's credentials (`cli`), then
+/// the loaded profile's; `None` when there are none (no interception for credentials).
+pub(crate) fn session_vault(
+    mut cli: Vec<CliCredential>,
+    profile: &agentrun_policy::Profile,
+) -> anyhow::Result<Option<Vault>> {
+    cli.extend(from_profile(profile)?);
+    if cli.is_empty() {
+        Ok(None)
+    } else {
+        vault(cli).map(Some)
+    }
+}
+
+/// Parses `spec` (see the module docs) and reads its value; its binding is `{rule}[{index}]`.
+pub(crate) fn parse(spec: &str, index: usize, rule: &str) -> anyhow::Result<CliCredential> {
     let usage = "expected [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH";
     let (left, right) = spec
         .split_once('@')
@@ -118,7 +150,7 @@ pub(crate) fn parse(spec: &str, index: usize) -> anyhow::Result<CliCredential> {
         format!("{path}/*")
     };
     let binding = BindingSpec {
-        name: format!("cli.credential[{index}]"),
+        name: format!("{rule}[{index}]"),
         match_: MatchSpec {
             schemes: vec![if port == 80 { "http" } else { "https" }.into()],
             ports: vec![port],
@@ -173,12 +205,13 @@ mod tests {
         let c = parse(
             "header=X-Api-Key:k@API.example.com:8443/v1=env:AGENTRUN_TEST_CRED",
             0,
+            "cli.credential",
         )
         .unwrap();
         assert_eq!((c.host.as_str(), c.port), ("api.example.com", 8443));
         assert_eq!(c.binding.match_.paths, ["/v1/*"]);
         assert!(matches!(c.binding.auth, AuthSpec::ApiKey { ref name, .. } if name == "X-Api-Key"));
-        let c = parse("k@h.example=env:AGENTRUN_TEST_CRED", 1).unwrap();
+        let c = parse("k@h.example=env:AGENTRUN_TEST_CRED", 1, "cli.credential").unwrap();
         assert!(matches!(c.binding.auth, AuthSpec::Bearer { .. }));
         assert_eq!(c.binding.match_.paths, ["/*"]);
         for bad in [
@@ -190,9 +223,11 @@ mod tests {
             "k@h:0=env:AGENTRUN_TEST_CRED",
             "k@h=env:AGENTRUN_NO_SUCH_VAR_EVER",
         ] {
-            assert!(parse(bad, 0).is_err(), "{bad}");
+            assert!(parse(bad, 0, "cli.credential").is_err(), "{bad}");
         }
-        let e = parse("k@h=env:AGENTRUN_NO_SUCH_VAR_EVER", 0).err().unwrap();
+        let e = parse("k@h=env:AGENTRUN_NO_SUCH_VAR_EVER", 0, "cli.credential")
+            .err()
+            .unwrap();
         assert!(format!("{e:#}").contains("AGENTRUN_NO_SUCH_VAR_EVER"));
     }
 }

@@ -130,21 +130,17 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
         .transpose()?;
     let mut allow = args.allow_host.clone();
     let creds = crate::credential::parse_all(&args.credential, &mut allow)?;
-    let vault = if creds.is_empty() {
-        None
-    } else {
-        Some(crate::credential::vault(creds)?)
-    };
     let options = McpOptions::new(&args.image, &profile, paths.audit_dir())
         .workspace(workspace)
         .allow_hosts(allow)
-        .credentials(vault, args.egress_upstream_ca.clone())
         .one_shot(args.one_shot)
         .idle_timeout(duration(&args.idle_timeout, "idle-timeout")?)
         .call_timeout(duration(&args.timeout, "timeout")?)
         .approval_timeout(duration(&args.approval_timeout, "approval-timeout")?);
     // Every mistake in the options is said now, not at the first call.
-    options.load_profile().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let loaded = options.load_profile().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let vault = crate::credential::session_vault(creds, &loaded)?;
+    let options = options.credentials(vault, args.egress_upstream_ca.clone());
     let (state_dir, _slot) = state_slot(&paths.state_dir)?;
     let (input, output) = take_stdio()?;
     let pools = vec![PoolSpec {

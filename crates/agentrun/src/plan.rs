@@ -175,15 +175,7 @@ impl Plan {
         traceparent: &str,
         recorder: &Recorder,
     ) -> Result<Plan, PlanError> {
-        let creds = crate::credential::parse_all(&args.credential, &mut args.allow_host)?;
-        let mut credentials = if creds.is_empty() {
-            None
-        } else {
-            Some((
-                crate::credential::vault(creds)?,
-                args.egress_upstream_ca.clone(),
-            ))
-        };
+        let mut creds = crate::credential::parse_all(&args.credential, &mut args.allow_host)?;
         let overrides = ResourceOverrides {
             memory_bytes: args
                 .memory
@@ -226,6 +218,17 @@ impl Plan {
             .allow_hosts("cli.allow_host", &args.allow_host)
             .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
         recorder.set_profile(&profile.name);
+        // The profile's credentials: their values read here, from this process's environment
+        // or files, like --credential's.
+        creds.extend(crate::credential::from_profile(&profile)?);
+        let mut credentials = if creds.is_empty() {
+            None
+        } else {
+            Some((
+                crate::credential::vault(creds)?,
+                args.egress_upstream_ca.clone(),
+            ))
+        };
         // HTTP rules are decided per request: the proxy intercepts TLS to their hosts.
         if credentials.is_none() && !profile.network.http.is_empty() {
             credentials = Some((

@@ -253,7 +253,7 @@ pub(crate) fn start_proxy(
                     binding,
                     format!("credential injected: {method} {path}"),
                 );
-                r3.decision_by(a, &d, "egress-proxy", None);
+                r3.decision_by(a, &d, "egress-proxy", None)
             }));
     }
     Ok(builder.start(listener, socket))

@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// Also allow HOST[:PORT] in MCP sessions' sandboxes (repeatable).
     #[arg(long = "mcp-allow-host", value_name = "HOST[:PORT]")]
     mcp_allow_host: Vec<String>,
+    /// A credential the MCP sessions' egress proxies add to requests to one host, as for
+    /// `agentrun exec --credential` (repeatable; its host is allowed; the value is read from
+    /// this daemon's environment or a file, never given to a sandbox).
+    #[arg(long = "mcp-credential", value_name = "SPEC")]
+    mcp_credential: Vec<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (a listener of
     /// its own: scrapers need no OpenSandbox key; the API key, when set, is required as
     /// `Authorization: Bearer KEY`; beyond loopback only with a key or --insecure-no-auth).
@@ -161,6 +166,7 @@ struct ServeConfig {
     mcp_profile: Option<String>,
     mcp_workspace: Option<PathBuf>,
     mcp_allow_host: Option<Vec<String>>,
+    mcp_credential: Option<Vec<String>>,
     metrics: Option<std::net::SocketAddr>,
 }
 
@@ -438,12 +444,24 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         } else {
             args.mcp_allow_host.clone()
         };
+        let mut allow = allow;
+        let specs = if args.mcp_credential.is_empty() {
+            file.mcp_credential.clone().unwrap_or_default()
+        } else {
+            args.mcp_credential.clone()
+        };
+        let creds = crate::credential::parse_all(&specs, &mut allow)
+            .map_err(|e| anyhow::anyhow!("--mcp-credential: {e:#}"))?;
         let options = agentrun_mcp::McpOptions::new(image, profile, paths.audit_dir())
             .workspace(workspace)
             .allow_hosts(allow);
-        options
+        let loaded = options
             .load_profile()
             .map_err(|e| anyhow::anyhow!("--mcp: {e}"))?;
+        // Values are read now, from this daemon's environment or files; its MCP sessions'
+        // proxies inject them (TLS to their hosts intercepted, a CA per sandbox).
+        let vault = crate::credential::session_vault(creds, &loaded)?;
+        let options = options.credentials(vault, upstream_roots.clone());
         frontends.push(Box::new(agentrun_mcp::HttpFrontend {
             options,
             listen,

@@ -41,6 +41,7 @@
 pub mod mitm;
 mod relay;
 pub mod request;
+pub mod system_trust;
 pub mod vault;
 
 #[cfg(test)]
@@ -83,6 +84,8 @@ pub enum EgressError {
     Io(#[from] io::Error),
     #[error(transparent)]
     Mitm(#[from] MitmError),
+    #[error("egress proxy: cannot add the interception CA to the sandbox's system bundles: {0}")]
+    Trust(io::Error),
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
@@ -143,10 +146,14 @@ pub type SharedPolicy = Arc<RwLock<NetworkPolicy>>;
 /// The environment that points a sandboxed command at the proxy.
 pub fn proxy_env() -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{SANDBOX_PROXY_PORT}");
-    ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
+    let mut env: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
         .iter()
         .map(|k| (k.to_string(), url.clone()))
-        .collect()
+        .collect();
+    // Node's fetch and http(s) honour the variables above only when asked (Node >= 22.21
+    // and >= 24.5; earlier versions ignore this one: see docs/credentials.md).
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    env
 }
 
 /// Binds the proxy's unix socket (mode 0666: the sandbox's uid connects to it through a
@@ -270,7 +277,30 @@ pub struct ProxyBuilder {
 
 /// Told about every request the proxy added a credential to: the connection's action, the
 /// request's method and path (without the query), and the binding's name. Never the value.
-pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) + Send + Sync>;
+/// Returns whether the use was recorded: a request whose credential use cannot be recorded
+/// is not sent (the sandbox gets 503, the credential goes nowhere).
+pub type InjectionSink = Arc<dyn Fn(&Action, &str, &str, &str) -> bool + Send + Sync>;
+
+/// Tells `sink` (if any) that `binding`'s credential is added to `method path`; whether the
+/// request may go (recorded, or nobody to record it).
+fn injection_recorded(
+    sink: Option<&InjectionSink>,
+    action: &Action,
+    method: &str,
+    path: &str,
+    binding: &str,
+) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    sink.is_none_or(|sink| sink(action, method, path, binding))
+}
+
+/// The answer to a request whose credential use could not be recorded.
+fn unrecorded_injection(action: &Action) -> String {
+    format!(
+        "agentrun: {}: the credential's use could not be recorded: request not sent",
+        action.resource()
+    )
+}
 
 impl ProxyBuilder {
     /// Intercepts TLS to the hosts `vault` binds a credential to (with `interceptor`'s CA)
@@ -509,6 +539,15 @@ impl Proxy {
         if now.is_some() && now == self.file {
             let _ = std::fs::remove_file(&self.path);
         }
+        // Its CA's files beside the socket, if they are still its own: a later run of a
+        // reused shell must not find a CA (a cell installs what it finds there).
+        if let (Some(i), Some(dir)) = (&self.shared.interceptor, self.path.parent()) {
+            let ca = dir.join(mitm::CA_FILE);
+            if std::fs::read_to_string(&ca).is_ok_and(|t| t == i.ca_pem()) {
+                let _ = std::fs::remove_file(dir.join(mitm::BUNDLE_FILE));
+                let _ = std::fs::remove_file(ca);
+            }
+        }
     }
 }
 
@@ -656,23 +695,31 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
         client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         upstream.write_all(&rest)?;
     } else {
-        // A plain-HTTP request to a host the vault binds: the credential added here.
+        // A plain-HTTP request to a host the vault binds: the credential added here, once
+        // its use is on record.
         let injected = head
             .origin
             .clone()
             .filter(|_| shared.vault.binds("http", &head.host, head.port))
             .and_then(|mut o| {
                 let binding = shared.vault.inject("http", &head.host, head.port, &mut o)?;
-                if let Some(sink) = &shared.injections {
-                    let path = o.path.split('?').next().unwrap_or_default().to_owned();
-                    sink(&action, &o.method, &path, &binding);
-                }
-                Some(zeroize::Zeroizing::new(
-                    o.forward(&head.host, head.port, 80),
-                ))
+                let recorded = injection_recorded(
+                    shared.injections.as_ref(),
+                    &action,
+                    &o.method,
+                    &o.path,
+                    &binding,
+                );
+                Some(
+                    recorded.then(|| zeroize::Zeroizing::new(o.forward(&head.host, head.port, 80))),
+                )
             });
         match injected {
-            Some(fwd) => upstream.write_all(&fwd)?,
+            Some(Some(fwd)) => upstream.write_all(&fwd)?,
+            Some(None) => {
+                let msg = unrecorded_injection(&action);
+                return respond(&mut client, 503, "Service Unavailable", &msg);
+            }
             None => upstream.write_all(&head.forward)?,
         }
     }
@@ -726,6 +773,12 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     result
 }
 
+/// The start of HTTP/2's connection preface (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+/// The answer to it on an intercepted connection.
+const H2_REFUSED: &str = "agentrun: HTTP/2 is not served on intercepted connections (the proxy \
+     reads HTTP/1.1 requests; ALPN offers http/1.1 only): use HTTP/1.1";
+
 /// Serves one request inside a tunnel the proxy intercepts: TLS with the sandbox (a leaf
 /// for the CONNECT host), the request head read and checked (its SNI and `Host` must name
 /// the CONNECT host: 421 otherwise), the credential added, and the request sent over the
@@ -747,7 +800,19 @@ fn intercept_tls(
     let mut tls = rustls::StreamOwned::new(conn, mitm::Prefixed::new(rest, client));
     while tls.conn.is_handshaking() {
         if tls.conn.complete_io(&mut tls.sock).is_err() {
-            // The sandbox did not trust our CA, or went away: nothing to answer.
+            // The sandbox did not trust our CA, went away, or offered only protocols we do
+            // not speak (ALPN `h2` alone): nothing to answer but rustls's alert, which must
+            // reach it before we close (closing with its bytes unread would reset it).
+            while tls.conn.wants_write() {
+                if !matches!(tls.conn.write_tls(&mut tls.sock), Ok(n) if n > 0) {
+                    break;
+                }
+            }
+            let sock = tls.sock.inner();
+            let _ = sock.shutdown(Shutdown::Write);
+            let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut sink = [0u8; 4096];
+            while matches!((&*sock).read(&mut sink), Ok(n) if n > 0) {}
             return Ok(());
         }
     }
@@ -786,6 +851,12 @@ fn intercept_tls(
             match parse_origin_head(&buf, host, head.port, 443) {
                 Ok(Some((h, len))) => break (h, buf.split_off(len)),
                 Ok(None) => {}
+                Err(_) if buf.starts_with(H2_PREFACE) => {
+                    // A client that speaks HTTP/2 without asking (ALPN offers http/1.1 only;
+                    // one that offers only h2 is refused in the handshake).
+                    reply(&mut tls, 505, "HTTP Version Not Supported", H2_REFUSED);
+                    return Ok(());
+                }
                 Err(e) => {
                     reply(&mut tls, e.status, e.reason(), &format!("agentrun: {e}"));
                     return Ok(());
@@ -830,11 +901,25 @@ fn intercept_tls(
             }
         }
         let u = up.as_mut().expect("made above");
-        // Only now, with the upstream verified, is the credential added.
+        // Only now, with the upstream verified, is the credential added; the request goes
+        // only once that use is on record.
         if let Some(binding) = shared.vault.inject("https", host, head.port, &mut req) {
-            if let Some(sink) = &shared.injections {
-                let path = req.path.split('?').next().unwrap_or_default().to_owned();
-                sink(action, &req.method, &path, &binding);
+            let recorded = injection_recorded(
+                shared.injections.as_ref(),
+                action,
+                &req.method,
+                &req.path,
+                &binding,
+            );
+            if !recorded {
+                drop(req);
+                reply(
+                    &mut tls,
+                    503,
+                    "Service Unavailable",
+                    &unrecorded_injection(action),
+                );
+                return Ok(());
             }
         }
         // `Expect: 100-continue` is answered here (the body is relayed before the upstream's

@@ -237,6 +237,13 @@ impl<S> Prefixed<S> {
     }
 }
 
+impl<S> Prefixed<S> {
+    /// The stream under the prefix.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
 impl<S: Read> Read for Prefixed<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if (self.pre.position() as usize) < self.pre.get_ref().len() {

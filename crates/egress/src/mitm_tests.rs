@@ -54,14 +54,19 @@ fn tls_upstream() -> (TcpListener, u16, Arc<ServerConfig>, String) {
 struct Echo {
     port: u16,
     ca_pem: String,
+    /// Every request head it got.
+    got: Arc<Mutex<Vec<String>>>,
 }
 
 fn echo_server() -> Echo {
     let (l, port, cfg, ca_pem) = tls_upstream();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let got2 = got.clone();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { continue };
             let cfg = cfg.clone();
+            let got = got2.clone();
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                 let conn = rustls::ServerConnection::new(cfg).unwrap();
@@ -75,6 +80,7 @@ fn echo_server() -> Echo {
                     }
                 }
                 let body = String::from_utf8_lossy(&req).into_owned();
+                got.lock().unwrap().push(body.clone());
                 let _ = write!(
                     tls,
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -85,7 +91,7 @@ fn echo_server() -> Echo {
             });
         }
     });
-    Echo { port, ca_pem }
+    Echo { port, ca_pem, got }
 }
 
 /// Accepts any server certificate: the client a hostile sandbox could write.
@@ -222,6 +228,7 @@ fn setup(echo: &Echo, trust_upstream: bool, ports: &[u16]) -> Setup {
             s3.lock()
                 .unwrap()
                 .push(format!("inject {} {m} {p} {b}", a.resource()));
+            true
         }))
         .intercept(interceptor.clone(), vault.clone())
         .start(bind(&sock).unwrap(), &sock);
@@ -702,4 +709,135 @@ fn expect_continue_is_answered_by_the_proxy() {
         "{r}"
     );
     s.proxy.stop();
+}
+
+/// A use that cannot be recorded is not made: a request whose credential use the injection
+/// sink could not record, and a request an HTTP rule allowed whose decision could not be
+/// recorded, are answered 503 and never reach the upstream (the credential goes nowhere).
+#[test]
+fn unrecorded_uses_fail_closed() {
+    use agentrun_policy::{HttpRule, RuleAction};
+    let echo = echo_server();
+    let port = echo.port;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("upstream-ca.pem");
+    std::fs::write(&roots, &echo.ca_pem).unwrap();
+    let interceptor = Arc::new(Interceptor::new("unrecorded", &[roots]).unwrap());
+    let vault = Vault::new();
+    vault
+        .create(
+            serde_json::from_value(serde_json::json!({
+                "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
+                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "paths": ["/v1/*"]},
+                              "auth": {"type": "bearer", "credential": "key"}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+    let mut policy = NetworkPolicy::default();
+    policy
+        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
+        .unwrap();
+    policy.http.push(
+        HttpRule::parse("network.http_allow[0]", RuleAction::Allow, "GET 127.0.0.1/").unwrap(),
+    );
+    // The audit "fails" for net.http decisions on /rule paths and for every injection.
+    let sink: DecisionSink = Arc::new(|a, _| !a.resource().contains("/rule"));
+    let sock = dir.path().join("proxy.sock");
+    let proxy = Proxy::builder(policy, sink)
+        .intercept(interceptor.clone(), vault)
+        .injections(Arc::new(|_, _, _, _| false))
+        .start(bind(&sock).unwrap(), &sock);
+    let ca = interceptor.ca_pem().to_owned();
+    let ask = |req: String| through(&sock, port, client_trusting(&ca), "127.0.0.1", &req);
+    let h = format!("Host: 127.0.0.1:{port}");
+    let r = ask(format!("GET /v1/models HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(
+        r.contains("the credential's use could not be recorded"),
+        "{r}"
+    );
+    let r = ask(format!("GET /rule/x HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(r.contains("the decision could not be recorded"), "{r}");
+    // What is recorded and binds nothing still goes.
+    let r = ask(format!("GET /open HTTP/1.1\r\n{h}\r\n\r\n"));
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    proxy.stop();
+    let got = echo.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with("GET /open "), "{got:?}");
+    assert!(!got.iter().any(|g| g.contains(SECRET)), "{got:?}");
+}
+
+/// HTTP/2 on an intercepted connection is refused cleanly: a client offering only `h2` in
+/// ALPN gets a `no_application_protocol` alert in the handshake; one that sends HTTP/2's
+/// preface without asking gets a 505 saying why; one offering both gets HTTP/1.1.
+#[test]
+fn http2_is_refused_cleanly() {
+    let echo = echo_server();
+    let s = setup(&echo, true, &[echo.port]);
+    let port = echo.port;
+    let ca = s.interceptor.ca_pem().to_owned();
+    let alpn = |protocols: &[&[u8]]| {
+        let mut cfg = (*client_trusting(&ca)).clone();
+        cfg.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+        Arc::new(cfg)
+    };
+    let r = through(&s.sock, port, alpn(&[b"h2"]), "127.0.0.1", "x");
+    assert!(
+        r.contains("tls error") && r.contains("NoApplicationProtocol"),
+        "{r}"
+    );
+    let r = through(
+        &s.sock,
+        port,
+        client_trusting(&ca),
+        "127.0.0.1",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 505 HTTP Version Not Supported"),
+        "{r}"
+    );
+    assert!(
+        r.contains("HTTP/2 is not served on intercepted connections"),
+        "{r}"
+    );
+    let r = through(
+        &s.sock,
+        port,
+        alpn(&[b"h2", b"http/1.1"]),
+        "127.0.0.1",
+        &format!("GET /v1/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+    );
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    s.proxy.stop();
+}
+
+/// A stopped proxy removes its CA's files from its socket's directory (a cell of a reused
+/// shell installs whatever CA it finds there), and only its own: not those of a later proxy
+/// that wrote its own since (the next run on the same shell).
+#[test]
+fn a_stopped_proxy_removes_its_own_ca_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink: DecisionSink = Arc::new(|_, _| true);
+    let start = |name: &str, sock: &str| {
+        let i = Arc::new(Interceptor::new(name, &[]).unwrap());
+        i.write_trust(dir.path()).unwrap();
+        let sock = dir.path().join(sock);
+        let p = Proxy::builder(NetworkPolicy::default(), sink.clone())
+            .intercept(i.clone(), Vault::new())
+            .start(bind(&sock).unwrap(), &sock);
+        (p, i)
+    };
+    let ca = dir.path().join(crate::mitm::CA_FILE);
+    let bundle = dir.path().join(crate::mitm::BUNDLE_FILE);
+    let (first, _) = start("first", "a.sock");
+    let (second, i2) = start("second", "b.sock");
+    first.stop();
+    assert_eq!(std::fs::read_to_string(&ca).unwrap(), i2.ca_pem());
+    assert!(bundle.exists());
+    second.stop();
+    assert!(!ca.exists() && !bundle.exists());
 }

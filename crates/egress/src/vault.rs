@@ -556,13 +556,6 @@ impl Vault {
         Vault::default()
     }
 
-    /// A separate vault holding the same contents (to try a change on).
-    pub fn deep_copy(&self) -> Vault {
-        Vault {
-            inner: Arc::new(RwLock::new(self.current())),
-        }
-    }
-
     fn current(&self) -> Option<Arc<Contents>> {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -579,6 +572,18 @@ impl Vault {
         req: VaultCreate,
         source_type: &str,
     ) -> Result<VaultState, VaultError> {
+        self.create_approved(req, source_type, |_| Ok(()))
+    }
+
+    /// [`Vault::create_with_source`], the new state shown to `approve` first (a check, an
+    /// audit record): its error refuses the create. One step under the vault's lock: no
+    /// other change comes between the checks, the approval and the swap.
+    pub fn create_approved<E: From<VaultError>>(
+        &self,
+        req: VaultCreate,
+        source_type: &str,
+        approve: impl FnOnce(&VaultState) -> Result<(), E>,
+    ) -> Result<VaultState, E> {
         let mut c = Contents {
             revision: 1,
             ..Contents::default()
@@ -588,7 +593,8 @@ impl Vault {
                 return Err(VaultError::conflict(format!(
                     "credential {:?} appears twice",
                     cred.name
-                )));
+                ))
+                .into());
             }
             c.put_credential(cred, source_type)?;
         }
@@ -603,9 +609,11 @@ impl Vault {
         if slot.is_some() {
             return Err(VaultError::conflict(
                 "the credential vault exists; PATCH changes it, DELETE removes it",
-            ));
+            )
+            .into());
         }
         let state = c.state();
+        approve(&state)?;
         *slot = Some(Arc::new(c));
         Ok(state)
     }
@@ -621,10 +629,31 @@ impl Vault {
     /// next revision. 409 when `expectedRevision` is not the current one or an added name
     /// exists; 404 when a replaced or deleted one does not.
     pub fn mutate(&self, m: VaultMutation) -> Result<VaultState, VaultError> {
+        self.mutate_approved(m, |_| Ok(()))
+    }
+
+    /// [`Vault::mutate`], the new state shown to `approve` before it is swapped in (a check,
+    /// an audit record): its error refuses the change. The revision check, the approval and
+    /// the swap are one step under the vault's lock: two concurrent changes expecting the
+    /// same revision cannot both be approved (one gets 409 before its approval).
+    pub fn mutate_approved<E: From<VaultError>>(
+        &self,
+        m: VaultMutation,
+        approve: impl FnOnce(&VaultState) -> Result<(), E>,
+    ) -> Result<VaultState, E> {
         let mut slot = self.inner.write().unwrap_or_else(|p| p.into_inner());
         let cur = slot
             .as_ref()
             .ok_or_else(|| VaultError::not_found("no credential vault"))?;
+        let next = Self::next(cur, m)?;
+        let state = next.state();
+        approve(&state)?;
+        *slot = Some(Arc::new(next));
+        Ok(state)
+    }
+
+    /// What `m` makes of `cur` (deletes, then replaces, then adds), or why not.
+    fn next(cur: &Contents, m: VaultMutation) -> Result<Contents, VaultError> {
         if let Some(want) = m.expected_revision {
             if want != cur.revision {
                 return Err(VaultError::conflict(format!(
@@ -686,17 +715,25 @@ impl Vault {
             });
         }
         next.check()?;
-        let state = next.state();
-        *slot = Some(Arc::new(next));
-        Ok(state)
+        Ok(next)
     }
 
     /// `DELETE /credential-vault`: 404 when there is none.
     pub fn delete(&self) -> Result<(), VaultError> {
+        self.delete_approved(|| Ok(()))
+    }
+
+    /// [`Vault::delete`], `approve` asked first under the vault's lock (its error refuses).
+    pub fn delete_approved<E: From<VaultError>>(
+        &self,
+        approve: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut slot = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        if slot.take().is_none() {
-            return Err(VaultError::not_found("no credential vault"));
+        if slot.is_none() {
+            return Err(VaultError::not_found("no credential vault").into());
         }
+        approve()?;
+        *slot = None;
         Ok(())
     }
 

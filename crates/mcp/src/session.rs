@@ -271,11 +271,23 @@ impl SessionSandbox {
                                     binding,
                                     format!("credential injected: {method} {path}"),
                                 );
-                                inject_sink(a, &d);
+                                inject_sink(a, &d)
                             },
                         ));
                     }
                     builder.start(listener, socket)
+                });
+                // The CA in the image's system bundles too, in the sandbox's cell (made
+                // before the CA): clients that ignore the trust environment trust it.
+                let started = started.and_then(|p| {
+                    let dir = socket.parent().unwrap_or(std::path::Path::new("/"));
+                    match agentrun_egress::system_trust::install_for_pid(live.init_pid(), dir) {
+                        Ok(_) => Ok(p),
+                        Err(e) => {
+                            p.stop();
+                            Err(agentrun_egress::EgressError::Trust(e))
+                        }
+                    }
                 });
                 match started {
                     Ok(p) => Some(p),

@@ -28,7 +28,9 @@
 //!
 //! `/credential-vault` serves the sandbox's credential vault ([`agentrun_egress::Vault`]):
 //! `POST` creates it (201), `GET` shows it sanitized, `PATCH` changes it atomically
-//! (`expectedRevision` guards it: 409), `DELETE` removes it (204); `GET
+//! (`expectedRevision` guards it: 409; the revision check, the 412 check, the audit record
+//! and the swap are one step under the vault's lock, so an audited change is the change
+//! made), `DELETE` removes it (204); `GET
 //! /credential-vault/credentials[/{name}]` and `/bindings[/{name}]` list and show metadata.
 //! No answer, error, log line, span or audit record holds a credential's value. A body that
 //! does not parse is refused with the position and kind of the error, never serde's text
@@ -293,8 +295,9 @@ fn injection_sink(id: String, audit: AuditLog, trace: String) -> InjectionSink {
             );
             let mut span = RunSpan::start(POLICY_CHECK, Some(&trace));
             let record = scope(&id, &trace_id).decision(&mut span, action, &d, "egress-proxy");
-            append(&audit, &id, &record);
+            let recorded = append(&audit, &id, &record);
             span.finish_detached("egress-span");
+            recorded
         },
     )
 }
@@ -325,6 +328,12 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/credential-vault/bindings", get(vault_bindings))
         .route("/credential-vault/bindings/{name}", get(vault_binding))
         .with_state(server)
+}
+
+impl From<VaultError> for ApiError {
+    fn from(e: VaultError) -> Self {
+        vault_error(e)
+    }
 }
 
 /// A vault error as the API answers it (its message names no secret).
@@ -378,26 +387,46 @@ async fn vault_create(
 ) -> ApiResult<(StatusCode, Json<VaultState>)> {
     let req: VaultCreate = parse_vault(&body, "{\"credentials\": [...], \"bindings\": [...]}")?;
     let egress = vault_of(&rec)?;
-    // Checked on a scratch vault first: nothing is made unless it is valid, allowed and
-    // audited.
-    let scratch = Vault::new();
-    let state = scratch.create(req.clone()).map_err(vault_error)?;
-    egress.check_https(&state)?;
-    if egress.vault.state().is_ok() {
-        return Err(vault_error(VaultError {
-            status: 409,
-            message: "the credential vault exists; PATCH changes it, DELETE removes it".into(),
-        }));
-    }
-    tokio::task::block_in_place(|| {
-        egress.audit_vault(
-            "credential_vault.create",
-            names(&state),
-            serde_json::to_string(&state).unwrap_or_default(),
-        )
-    })?;
-    let state = egress.vault.create(req).map_err(vault_error)?;
+    let state = tokio::task::block_in_place(|| egress.vault_create(req))?;
     Ok((StatusCode::CREATED, Json(state)))
+}
+
+impl SandboxEgress {
+    /// Creates the vault: nothing is made unless it is valid, allowed (412: an `https`
+    /// binding without the credential proxy) and audited, in one step under the vault's
+    /// lock (blocking: the audit record is synced).
+    pub fn vault_create(&self, req: VaultCreate) -> ApiResult<VaultState> {
+        self.vault.create_approved(req, "inline", |state| {
+            self.check_https(state)?;
+            self.audit_vault(
+                "credential_vault.create",
+                names(state),
+                serde_json::to_string(state).unwrap_or_default(),
+            )
+        })
+    }
+
+    /// Changes the vault, all or nothing: the revision check (409), the https check (412),
+    /// the audit record and the swap are one step under the vault's lock, so a change that
+    /// is audited is the change made, and of two changes expecting one revision exactly
+    /// one is made (blocking: the audit record is synced).
+    pub fn vault_patch(&self, m: VaultMutation) -> ApiResult<VaultState> {
+        self.vault.mutate_approved(m, |state| {
+            self.check_https(state)?;
+            self.audit_vault(
+                "credential_vault.patch",
+                names(state),
+                serde_json::to_string(state).unwrap_or_default(),
+            )
+        })
+    }
+
+    /// Deletes the vault once the deletion is audited (404 when there is none).
+    pub fn vault_delete(&self) -> ApiResult<()> {
+        self.vault.delete_approved(|| {
+            self.audit_vault("credential_vault.delete", String::new(), String::new())
+        })
+    }
 }
 
 /// The names a state holds, as an audit record's resource.
@@ -426,28 +455,13 @@ async fn vault_patch(
         "{\"expectedRevision\", \"credentials\": {add, replace, delete}, \"bindings\": {...}}",
     )?;
     let egress = vault_of(&rec)?;
-    // Tried on a copy: refused changes leave the vault as it was.
-    let trial = egress.vault.deep_copy();
-    let state = trial.mutate(m.clone()).map_err(vault_error)?;
-    egress.check_https(&state)?;
-    tokio::task::block_in_place(|| {
-        egress.audit_vault(
-            "credential_vault.patch",
-            names(&state),
-            serde_json::to_string(&state).unwrap_or_default(),
-        )
-    })?;
-    Ok(Json(egress.vault.mutate(m).map_err(vault_error)?))
+    Ok(Json(tokio::task::block_in_place(|| egress.vault_patch(m))?))
 }
 
 /// `DELETE /credential-vault`: 204.
 async fn vault_delete(EgressSandbox(rec): EgressSandbox) -> ApiResult<StatusCode> {
     let egress = vault_of(&rec)?;
-    egress.vault.state().map_err(vault_error)?;
-    tokio::task::block_in_place(|| {
-        egress.audit_vault("credential_vault.delete", String::new(), String::new())
-    })?;
-    egress.vault.delete().map_err(vault_error)?;
+    tokio::task::block_in_place(|| egress.vault_delete())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -639,4 +653,107 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes, expected: &str) -> ApiRes
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: expected {expected}: {e}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox egress without the credential proxy (https bindings: 412), its audit log in
+    /// a directory of its own, and a vault with one plain-HTTP binding (revision 1).
+    fn egress(tag: &str) -> (SandboxEgress, AuditLog, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("agentrun-vault-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let audit = AuditLog::new(dir.join("audit"));
+        let policy =
+            OpenSandboxPolicy::from_value(json!({"defaultAction": "deny", "egress": []})).unwrap();
+        let e = SandboxEgress::start(
+            "sbx",
+            &dir.join("proxy.sock"),
+            policy,
+            audit.clone(),
+            String::new(),
+            false,
+            &[],
+        )
+        .unwrap();
+        let create: VaultCreate = serde_json::from_value(json!({
+            "credentials": [{"name": "k", "source": {"type": "inline", "value": "v0"}}],
+            "bindings": [{"name": "b", "match": {"schemes": ["http"], "ports": [80],
+                          "hosts": ["h.example"]}, "auth": {"type": "bearer", "credential": "k"}}]
+        }))
+        .unwrap();
+        e.vault_create(create).unwrap();
+        (e, audit, dir)
+    }
+
+    fn audited(audit: &AuditLog, action: &str) -> usize {
+        audit
+            .read_all()
+            .unwrap()
+            .iter()
+            .filter(|r| r.action == action)
+            .count()
+    }
+
+    /// Concurrent PATCHes all expecting revision 1: exactly one is made and audited, every
+    /// other is a 409 and leaves no audit record (an audited change is the change made).
+    #[test]
+    fn concurrent_patches_expecting_one_revision_make_and_audit_exactly_one() {
+        let (e, audit, dir) = egress("race");
+        let n = 8;
+        let barrier = std::sync::Barrier::new(n);
+        let results: Vec<ApiResult<VaultState>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|i| {
+                    let (e, barrier) = (&e, &barrier);
+                    s.spawn(move || {
+                        let m: VaultMutation = serde_json::from_value(json!({
+                            "expectedRevision": 1,
+                            "credentials": {"replace": [{"name": "k", "source": {"value": format!("v{}", i + 1)}}]}
+                        }))
+                        .unwrap();
+                        barrier.wait();
+                        e.vault_patch(m)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let made: Vec<&VaultState> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(made.len(), 1, "{results:?}");
+        assert_eq!(made[0].revision, 2);
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert_eq!(r.status, StatusCode::CONFLICT, "{r}");
+        }
+        assert_eq!(
+            audited(&audit, "credential_vault.patch"),
+            1,
+            "audited changes that were not made"
+        );
+        assert_eq!(e.vault.state().unwrap().revision, 2);
+        e.stop();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// An https binding without the credential proxy: 412, not made, not audited.
+    #[test]
+    fn an_https_binding_without_the_proxy_is_412_and_not_audited() {
+        let (e, audit, dir) = egress("412");
+        let m: VaultMutation = serde_json::from_value(json!({
+            "bindings": {"add": [{"name": "s", "match": {"hosts": ["h.example"]},
+                                  "auth": {"type": "bearer", "credential": "k"}}]}
+        }))
+        .unwrap();
+        let err = e.vault_patch(m).unwrap_err();
+        assert_eq!(err.status, StatusCode::PRECONDITION_FAILED, "{err}");
+        assert_eq!(audited(&audit, "credential_vault.patch"), 0);
+        assert_eq!(e.vault.state().unwrap().revision, 1);
+        e.vault_delete().unwrap();
+        assert_eq!(audited(&audit, "credential_vault.delete"), 1);
+        assert_eq!(e.vault_delete().unwrap_err().status, StatusCode::NOT_FOUND);
+        e.stop();
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -193,6 +193,8 @@ struct RawNetwork {
     http_allow: Vec<String>,
     #[serde(default)]
     http_escalate: Vec<String>,
+    #[serde(default)]
+    credentials: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -369,6 +371,19 @@ impl Profile {
                 );
             }
         }
+        // Each credential's host is allowed (after the allow rules: a deny still wins).
+        for (i, spec) in net.credentials.iter().enumerate() {
+            let bad = |m: String| invalid("network.credentials", format!("[{i}]: {m}"));
+            let target = network::credential_target(spec).map_err(bad)?;
+            rules.push(
+                HostRule::parse(
+                    format!("network.credentials[{i}]"),
+                    RuleAction::Allow,
+                    &target,
+                )
+                .map_err(bad)?,
+            );
+        }
         let mut http = Vec::new();
         for (field, action, list) in [
             ("network.http_deny", RuleAction::Deny, &net.http_deny),
@@ -395,13 +410,17 @@ impl Profile {
         if net.mode == NetworkMode::None && !rules.is_empty() {
             return Err(invalid(
                 "network.mode",
-                "\"none\" cannot have allow/deny/escalate rules (use mode = \"allowlist\")".into(),
+                "\"none\" cannot have allow/deny/escalate rules or credentials (use mode = \"allowlist\")".into(),
             ));
         }
-        if net.mode == NetworkMode::Allowlist && net.allow.is_empty() && net.escalate.is_empty() {
+        if net.mode == NetworkMode::Allowlist
+            && net.allow.is_empty()
+            && net.escalate.is_empty()
+            && net.credentials.is_empty()
+        {
             return Err(invalid(
                 "network.allow",
-                "mode = \"allowlist\" needs at least one HOST[:PORT] entry (in allow or escalate)"
+                "mode = \"allowlist\" needs at least one HOST[:PORT] entry (in allow, escalate or credentials)"
                     .into(),
             ));
         }
@@ -450,6 +469,7 @@ impl Profile {
                 mode: net.mode,
                 rules,
                 http,
+                credentials: net.credentials,
             },
             resources,
             env_defaults: raw.env.defaults,
@@ -776,6 +796,18 @@ mod tests {
                 "\"none\" cannot have allow/deny/escalate rules",
             ),
             ("[network]\nescalat = [\"a.com\"]\n", "escalat"),
+            (
+                "[network]\nmode = \"allowlist\"\ncredentials = [\"k@api.example.com=sk-live-123\"]\n",
+                "field `network.credentials`: [0]: credential \"k\": a profile names where the value comes from",
+            ),
+            (
+                "[network]\nmode = \"allowlist\"\ncredentials = [\"k@a.example:0=env:K\"]\n",
+                "[0]: credential \"k\": bad port",
+            ),
+            (
+                "[network]\ncredentials = [\"k@a.example=env:K\"]\n",
+                "\"none\" cannot have allow/deny/escalate rules or credentials",
+            ),
         ];
         for (text, want) in cases {
             let e = Profile::parse(text, "t").unwrap_err().to_string();
@@ -846,5 +878,35 @@ mod tests {
         assert_eq!(d.seccomp_sockets, SocketPolicy::default());
         let p = Profile::parse("[seccomp]\nallow_socket_families = [\"alg\"]\n", "t").unwrap();
         assert!(p.seccomp_sockets.allows(38, 0));
+    }
+
+    #[test]
+    fn credentials_name_sources_and_allow_their_hosts() {
+        let p = Profile::parse(
+            "[network]\nmode = \"allowlist\"\nallow = [\"pypi.org\"]\ndeny = [\"evil.example\"]\n\
+             credentials = [\"openai@API.openai.com/v1=env:OPENAI_API_KEY\", \
+             \"header=X-Key:k@10.0.0.5:8443=file:/run/keys/k\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.network.credentials.len(), 2);
+        assert_eq!(
+            p.network.check("api.openai.com", 443).rule_id,
+            "network.credentials[0]"
+        );
+        assert!(p.network.check("api.openai.com", 443).allow);
+        assert_eq!(
+            p.network.check("10.0.0.5", 8443).rule_id,
+            "network.credentials[1]"
+        );
+        assert!(!p.network.check("api.openai.com", 80).allow);
+        // A value written in the profile is refused, and the error never quotes it.
+        let e = Profile::parse(
+            "[network]\nmode = \"allowlist\"\ncredentials = [\"k@h.example=sk-live-123\"]\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!e.contains("sk-live-123"), "{e}");
     }
 }

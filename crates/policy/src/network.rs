@@ -365,6 +365,56 @@ pub struct NetworkPolicy {
     /// L7 rules, decided per request ([`crate::http`]); first match wins.
     #[serde(default)]
     pub http: Vec<crate::http::HttpRule>,
+    /// `[network] credentials`: the profile's credential specs as written
+    /// (`[AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH`, checked by [`credential_target`]);
+    /// whoever loads the profile reads the values and holds them (never the sandbox). Each
+    /// one's `HOST:PORT` is allowed by a rule `network.credentials[i]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
+}
+
+/// The `HOST:PORT` a credential spec (`[AUTH:]NAME@HOST[:PORT][/PATH]=SOURCE`, as `agentrun
+/// exec --credential` takes it) is bound to; PORT defaults to 443. A profile's spec must take
+/// its value from `env:VAR` or `file:PATH`: a value written in the profile is refused (a
+/// profile is policy, shared and committed; a secret in it is a leaked secret).
+pub fn credential_target(spec: &str) -> Result<String, String> {
+    let usage = "expected [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH";
+    let (left, right) = spec
+        .split_once('@')
+        .ok_or_else(|| format!("no '@' ({usage})"))?;
+    let (target, source) = right
+        .split_once('=')
+        .ok_or_else(|| format!("no '=' ({usage})"))?;
+    let name = left.rsplit_once(':').map_or(left, |(_, n)| n);
+    if name.is_empty() {
+        return Err(format!("the credential needs a NAME ({usage})"));
+    }
+    let source_ok = source
+        .strip_prefix("env:")
+        .or_else(|| source.strip_prefix("file:"))
+        .is_some_and(|s| !s.is_empty());
+    if !source_ok {
+        // Never quote the source: it may be a value someone pasted in.
+        return Err(format!(
+            "credential {name:?}: a profile names where the value comes from (env:VAR or \
+             file:PATH, read by whoever loads the profile), never the value itself"
+        ));
+    }
+    let hostport = target.split('/').next().unwrap_or(target);
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("credential {name:?}: bad port {p:?}"))?,
+        ),
+        None => (hostport, 443),
+    };
+    if host.is_empty() {
+        return Err(format!("credential {name:?}: no HOST ({usage})"));
+    }
+    Ok(format!("{}:{port}", host.to_ascii_lowercase()))
 }
 
 /// Errors mapping an OpenSandbox `networkPolicy`.
@@ -546,6 +596,7 @@ impl OpenSandboxPolicy {
             mode,
             rules,
             http: Vec::new(),
+            credentials: Vec::new(),
         }
     }
 
@@ -901,6 +952,7 @@ mod tests {
             mode: NetworkMode::All,
             rules: Vec::new(),
             http: Vec::new(),
+            credentials: Vec::new(),
         };
         all.allow_hosts("cli.allow_host", &["192.168.7.7:22".into()])
             .unwrap();
@@ -929,6 +981,7 @@ mod tests {
                 HostRule::parse("network.deny[0]", RuleAction::Deny, "93.184.216.0/24").unwrap(),
             ],
             http: Vec::new(),
+            credentials: Vec::new(),
         };
         let d = reach(&p, "example.com", 443, "93.184.216.34");
         assert_eq!(d.rule_id, "network.deny[0]");

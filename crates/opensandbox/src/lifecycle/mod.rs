@@ -263,7 +263,15 @@ async fn create_sandbox(
                 trace,
                 v.credential_proxy,
                 &server.upstream_roots,
-            );
+            )
+            .and_then(|e| {
+                // The CA in the image's system bundles too, in the sandbox's cell (made
+                // before the CA): clients that ignore the trust environment trust it.
+                let dir = socket.parent().unwrap_or(std::path::Path::new("/"));
+                agentrun_egress::system_trust::install_for_pid(sandbox.init_pid(), dir)
+                    .map_err(agentrun_egress::EgressError::Trust)?;
+                Ok(e)
+            });
             match started {
                 Ok(e) => Some(e),
                 Err(e) => {

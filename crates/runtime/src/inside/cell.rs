@@ -174,6 +174,14 @@ fn run(
     let confined = root
         .and_then(|()| attach_run_mounts(mounts))
         .and_then(|()| {
+            // The run's interception CA (its proxy wrote it beside its socket) in the image's
+            // system bundles, in this cell's writable layer (agentrun_egress::system_trust).
+            let dir = template.egress_socket.parent().unwrap_or(Path::new("/"));
+            agentrun_egress::system_trust::install_from_egress_dir(dir)
+                .map(drop)
+                .map_err(|e| SetupError(format!("the egress CA in the system bundles: {e}")))
+        })
+        .and_then(|()| {
             // The zygote's way in is opened while the cell's PID 1 still can.
             match &req.work {
                 CellWork::Run(cmd) if cmd.zygote => plan = Some(zygote_plan(template, link, cmd)),
