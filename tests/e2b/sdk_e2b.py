@@ -617,8 +617,236 @@ def watch():
     check(sandbox_id, "ran")
 
 
+def raw(method, path, body=None, key=None):
+    """A control plane request as a plain HTTP client sends it: (status, JSON answer)."""
+    r = httpx.request(method, BASE + path, json=body,
+                      headers={"X-API-Key": KEY if key is None else key}, timeout=60)
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, r.text
+
+
+def check_4xx_json(status, answer, code, what):
+    check(status == code and isinstance(answer, dict) and answer.get("code") == code
+          and answer.get("message"), f"{what}: {status} {answer}")
+
+
+def snapshots():
+    """create_snapshot -> list_snapshots -> Sandbox.create(snapshot_id) -> fork ->
+    delete_snapshot, with the files each sandbox sees, and bad input to the routes."""
+    nonce = uuid.uuid4().hex[:8]
+    src = Sandbox.create(timeout=120, metadata={"snap": nonce})
+    other = Sandbox.create(timeout=120)
+    made = []
+    try:
+        src.files.write("/root/kept.txt", "before " + nonce)
+        info = src.create_snapshot(name=f"n-{nonce}")
+        check(info.snapshot_id.startswith("snap-"), f"snapshot id {info}")
+        check(info.names == [f"n-{nonce}"], f"names {info}")
+        # Written after the snapshot: not in it; the source runs on.
+        src.files.write("/root/after.txt", "after")
+        check(src.commands.run("cat /root/kept.txt").stdout == "before " + nonce, "source runs")
+
+        listed = Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items()
+        check([s.snapshot_id for s in listed] == [info.snapshot_id], f"listed {listed}")
+        mine = src.list_snapshots().next_items()
+        check([s.snapshot_id for s in mine] == [info.snapshot_id], f"src.list_snapshots {mine}")
+        by_name = Sandbox.list_snapshots(name=f"n-{nonce}").next_items()
+        check([s.snapshot_id for s in by_name] == [info.snapshot_id], f"by name {by_name}")
+        check(Sandbox.list_snapshots(sandbox_id=other.sandbox_id).next_items() == [],
+              "another sandbox's snapshots")
+
+        new = Sandbox.create(info.snapshot_id, timeout=120)
+        made.append(new)
+        check(new.sandbox_id != src.sandbox_id, "a new sandbox")
+        check(new.files.read("/root/kept.txt") == "before " + nonce, "file from the snapshot")
+        check(not new.files.exists("/root/after.txt"), "a file written after the snapshot")
+        check(new.get_info().template_id == info.snapshot_id, "template of a restored sandbox")
+        check(new.commands.run("echo restored").stdout == "restored\n", "runs")
+        new.files.write("/root/kept.txt", "changed in the copy")
+        check(src.files.read("/root/kept.txt") == "before " + nonce, "copy changed the source")
+        # A sandbox not made from it sees nothing of it.
+        check(not other.files.exists("/root/kept.txt"), "another sandbox sees the file")
+
+        forks = src.fork(count=2, timeout=60)
+        check(len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), f"forks {forks}")
+        made.extend(forks)
+        a, b = forks
+        check(len({a.sandbox_id, b.sandbox_id, src.sandbox_id}) == 3, "fork ids")
+        for f in forks:
+            check(f.files.read("/root/after.txt") == "after", "fork has the files")
+            check(f.get_info().metadata.get("snap") == nonce, "fork keeps metadata")
+            check(f.get_info().end_at < src.get_info().end_at, "fork timeout")
+        a.files.write("/root/only-a", "a")
+        check(not b.files.exists("/root/only-a"), "a fork sees its sibling's file")
+        check(not src.files.exists("/root/only-a"), "the source sees a fork's file")
+
+        # Bad input: 4xx JSON errors.
+        sid = src.sandbox_id
+        for body in ({"memory": True}, {"name": ""}, {"name": "x" * 300}, {"nope": 1}):
+            st, ans = raw("POST", f"/sandboxes/{sid}/snapshots", body)
+            check_4xx_json(st, ans, 400, f"snapshot body {body}")
+        st, ans = raw("POST", "/sandboxes/nosuch/snapshots", {})
+        check_4xx_json(st, ans, 404, "snapshot of no sandbox")
+        try:
+            Sandbox.create_snapshot("nosuch")
+            raise AssertionError("snapshot of no sandbox did not raise")
+        except NotFoundException:
+            pass
+        for body in ({"count": 0}, {"count": 21}, {"count": "2"}, {"timeout": 0}):
+            st, ans = raw("POST", f"/sandboxes/{sid}/fork", body)
+            check_4xx_json(st, ans, 400, f"fork body {body}")
+        st, ans = raw("POST", "/sandboxes/nosuch/fork", {"count": 1})
+        check_4xx_json(st, ans, 404, "fork of no sandbox")
+        for q in ("limit=0", "limit=5000", "nextToken=x"):
+            st, ans = raw("GET", f"/snapshots?{q}")
+            check_4xx_json(st, ans, 400, f"list {q}")
+        st, ans = raw("GET", "/snapshots", key="wrong")
+        check_4xx_json(st, ans, 401, "list with a wrong key")
+        st, ans = raw("POST", f"/sandboxes/{sid}/snapshots", {}, key="wrong")
+        check_4xx_json(st, ans, 401, "snapshot with a wrong key")
+        st, ans = raw("POST", "/v2/sandboxes", {"templateID": "snap-" + "0" * 32})
+        check_4xx_json(st, ans, 404, "create from no such snapshot")
+        # A paused sandbox is not snapshotted or forked (409).
+        other.pause()
+        st, ans = raw("POST", f"/sandboxes/{other.sandbox_id}/snapshots", {})
+        check_4xx_json(st, ans, 409, "snapshot of a paused sandbox")
+        st, ans = raw("POST", f"/sandboxes/{other.sandbox_id}/fork", {})
+        check_4xx_json(st, ans, 409, "fork of a paused sandbox")
+
+        check(Sandbox.delete_snapshot(info.snapshot_id) is True, "delete")
+        check(Sandbox.delete_snapshot(info.snapshot_id) is False, "delete twice")
+        check(Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items() == [],
+              "listed after delete")
+        st, ans = raw("POST", "/v2/sandboxes", {"templateID": info.snapshot_id})
+        check_4xx_json(st, ans, 404, "create from a deleted snapshot")
+        check(new.commands.run("cat /root/kept.txt").stdout == "changed in the copy",
+              "a sandbox made from a deleted snapshot runs on")
+    finally:
+        for s in made + [src, other]:
+            try:
+                s.kill()
+            except Exception:
+                pass
+
+
+def snapshot_for_other_key():
+    """Makes a snapshot with this key; prints its id (SNAPSHOT=...)."""
+    src = Sandbox.create(timeout=120)
+    try:
+        src.files.write("/root/secret.txt", "mine")
+        info = src.create_snapshot()
+        print(f"SNAPSHOT={info.snapshot_id}", flush=True)
+    finally:
+        src.kill()
+
+
+def other_key_snapshot():
+    """Another API key: the snapshot is not listed, not made into a sandbox, not deleted."""
+    sid = os.environ["E2B_SNAPSHOT_ID"]
+    check(Sandbox.list_snapshots().next_items() == [], "listed for another key")
+    st, ans = raw("POST", "/v2/sandboxes", {"templateID": sid})
+    check_4xx_json(st, ans, 404, "create from another key's snapshot")
+    try:
+        Sandbox.create(sid)
+        raise AssertionError("create from another key's snapshot did not raise")
+    except SandboxException:
+        pass
+    check(Sandbox.delete_snapshot(sid) is False, "deleted another key's snapshot")
+
+
+def owner_key_snapshot():
+    """The key that made it: restore (the file is there), then delete it."""
+    sid = os.environ["E2B_SNAPSHOT_ID"]
+    s = Sandbox.create(sid, timeout=60)
+    try:
+        check(s.files.read("/root/secret.txt") == "mine", "owner's restore")
+    finally:
+        s.kill()
+    check(Sandbox.delete_snapshot(sid) is True, "owner deletes")
+
+
+def pause_filesystem():
+    """pause(mode="filesystem"): files kept, processes not; connect brings it back, same id."""
+    from e2b import SandboxState
+
+    sbx = Sandbox.create(timeout=120, metadata={"flow": "pause-fs"})
+    try:
+        sbx.files.write("/root/keep", "kept")
+        h = sbx.commands.run("sleep 600", background=True)
+        check(sbx.pause(mode="filesystem"), "pause to disk")
+        check(not sbx.pause(mode="filesystem"), "pause twice")
+        check(sbx.get_info().state == SandboxState.PAUSED, "paused state")
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        check([s.sandbox_id for s in paused] == [sbx.sandbox_id], f"paused list {paused}")
+        check(Sandbox.list_snapshots().next_items() == [], "a pause's snapshot is listed")
+        back = Sandbox.connect(sbx.sandbox_id)
+        check(back.sandbox_id == sbx.sandbox_id, "same id")
+        check(back.get_info().state == SandboxState.RUNNING, "running again")
+        check(back.files.read("/root/keep") == "kept", "file kept")
+        check(not any(p.pid == h.pid for p in back.commands.list()), "process kept")
+        check(back.commands.run("echo again").stdout == "again\n", "runs again")
+        check(back.get_info().metadata.get("flow") == "pause-fs", "metadata kept")
+        st, ans = raw("POST", f"/sandboxes/{sbx.sandbox_id}/pause", {"memory": "no"})
+        check_4xx_json(st, ans, 400, "pause body")
+    finally:
+        sbx.kill()
+
+
+def metrics():
+    """get_metrics: the sandbox's own CPU and memory, from its cgroup."""
+    busy = Sandbox.create(timeout=120)
+    idle = Sandbox.create(timeout=120)
+    try:
+        busy.commands.run(
+            "python3 -c 'x = bytearray(96 << 20)\nwhile True: x[0] = 1'",
+            background=True)
+        got = {}
+
+        def hot():
+            m = busy.get_metrics()
+            check(len(m) == 1, f"one sample: {m}")
+            got["m"] = m[0]
+            return m[0].cpu_used_pct > 20 and m[0].mem_used > 90 << 20
+
+        wait_until(f"the busy sandbox's metrics ({got})", 30, hot)
+        m = got["m"]
+        check(m.cpu_count >= 1 and m.mem_total >= m.mem_used, f"busy {m}")
+        check(m.disk_total > 0, f"disk {m}")
+        i = idle.get_metrics()[0]
+        check(i.mem_used < 64 << 20, f"idle sandbox charged with the busy one's memory: {i}")
+        # Only this sandbox's CPU (the idle one's since its previous sample).
+        wait_until("an idle sample", 10, lambda: idle.get_metrics()[0].cpu_used_pct < 10)
+        st, ans = raw("GET", f"/sandboxes/metrics?sandbox_ids={busy.sandbox_id},{idle.sandbox_id},nosuch")
+        check(st == 200 and set(ans["sandboxes"]) == {busy.sandbox_id, idle.sandbox_id},
+              f"metrics of many: {st} {ans}")
+        check(ans["sandboxes"][busy.sandbox_id]["memUsed"] > 90 << 20, f"many: {ans}")
+        # Bad input.
+        try:
+            Sandbox.get_metrics("nosuch")
+            raise AssertionError("metrics of no sandbox did not raise")
+        except NotFoundException:
+            pass
+        for q in ("start=10&end=5", "start=x", "end=-1"):
+            st, ans = raw("GET", f"/sandboxes/{busy.sandbox_id}/metrics?{q}")
+            check_4xx_json(st, ans, 400, f"metrics {q}")
+        for q in ("", "sandbox_ids=", "sandbox_ids=" + ",".join(["a"] * 101)):
+            st, ans = raw("GET", f"/sandboxes/metrics?{q}")
+            check_4xx_json(st, ans, 400, f"metrics of many {q!r}")
+        st, ans = raw("GET", f"/sandboxes/{busy.sandbox_id}/metrics", key="wrong")
+        check_4xx_json(st, ans, 401, "metrics with a wrong key")
+        idle.pause()
+        check(idle.get_metrics() == [], "a paused sandbox has no sample")
+    finally:
+        busy.kill()
+        idle.kill()
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
-                                     escape, watch, list_pages)}
+                                     escape, watch, list_pages, snapshots,
+                                     snapshot_for_other_key, other_key_snapshot,
+                                     owner_key_snapshot, pause_filesystem, metrics)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -14,12 +14,14 @@
 //! (state across calls, stderr, an exception's name/value/traceback, contexts, another language
 //! refused), the API key / envd token checks with bad input to the routes, `files.watch_dir`
 //! (sync polled watchers, recursive, the async stream), `Sandbox.list` pages and the file
-//! API's escape attempts; gzip uploads in the sync flow.
+//! API's escape attempts; gzip uploads in the sync flow; snapshots (create, list, restore,
+//! delete, another API key's refused), fork, `pause(mode="filesystem")` and `get_metrics`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use agentrun_e2e::osb::{free_port, stop_clean, SCENARIO_TIMEOUT};
+use agentrun_e2e::snapshots::SnapshotSweep;
 use agentrun_e2e::*;
 
 /// The venv's python; `hack/test` makes it. Missing is a failure, never a skip.
@@ -43,24 +45,46 @@ fn start() -> (Daemon, String) {
 
 /// Runs one scenario; panics with its output and the daemon's log.
 fn scenario(d: &Daemon, addr: &str, name: &str) {
+    scenario_with(d, addr, name, &d.api_key(), &[]);
+}
+
+/// Runs one scenario with this API key and environment; its stdout. Panics with its output
+/// and the daemon's log.
+fn scenario_with(d: &Daemon, addr: &str, name: &str, key: &str, env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(python());
     cmd.arg(workspace_root().join("tests/e2b/sdk_e2b.py"))
         .arg(name)
         .env("E2B_ADDR", addr)
-        .env("E2B_API_KEY", d.api_key())
+        .env("E2B_API_KEY", key)
         .env_remove("E2B_API_URL")
         .env_remove("E2B_SANDBOX_URL")
         .env_remove("E2B_ACCESS_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let out = run_with_timeout(cmd, None, SCENARIO_TIMEOUT);
     assert!(
         out.status.code() == Some(0) && out.stdout().contains(&format!("OK {name}")),
         "scenario {name} failed\n{out}\n{}",
         d.log()
     );
+    out.stdout()
 }
 
 fn run_scenario(name: &str) {
     let Some(_lock) = setup() else { return };
+    let (d, addr) = start();
+    scenario(&d, &addr, name);
+    stop_clean(d);
+}
+
+/// A scenario that makes snapshots in the host's image store: under the exclusive lock, the
+/// snapshots it leaves (a failure's) removed after it.
+fn run_snapshot_scenario(name: &str) {
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
     let (d, addr) = start();
     scenario(&d, &addr, name);
     stop_clean(d);
@@ -163,4 +187,70 @@ fn files_watch_dir_reports_changes() {
 #[test]
 fn list_filters_by_metadata_and_pages() {
     run_scenario("list_pages");
+}
+
+/// `create_snapshot`, `list_snapshots`, `Sandbox.create(snapshot_id)`, `fork`,
+/// `delete_snapshot`: the files each sandbox sees (a snapshot's files in the sandboxes made
+/// from it, not those written after it; forks apart from each other and from their
+/// source; nothing in a sandbox not made from it) and bad input to the routes (4xx JSON).
+#[test]
+fn snapshots_fork_and_create_from_a_snapshot() {
+    run_snapshot_scenario("snapshots");
+}
+
+/// Another API key's snapshot is not listed, restored or deleted (404); the key that made
+/// it restores and deletes it.
+#[test]
+fn another_api_keys_snapshot_is_not_reached() {
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let launch = |key: &str| {
+        let mut d = Daemon::unstarted();
+        let addr = format!("127.0.0.1:{}", free_port());
+        d.launch(["--pool-size", "1", "--api-key", key, "--e2b", addr.as_str()]);
+        (d, addr)
+    };
+    let (k1, k2) = ("e2b-snapshot-owner-key-1", "e2b-snapshot-other-key-2");
+    let (d, addr) = launch(k1);
+    let out = scenario_with(&d, &addr, "snapshot_for_other_key", k1, &[]);
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SNAPSHOT="))
+        .unwrap_or_else(|| panic!("no SNAPSHOT= line in {out}"))
+        .to_owned();
+    stop_clean(d);
+    let (d, addr) = launch(k2);
+    scenario_with(
+        &d,
+        &addr,
+        "other_key_snapshot",
+        k2,
+        &[("E2B_SNAPSHOT_ID", &id)],
+    );
+    stop_clean(d);
+    let (d, addr) = launch(k1);
+    scenario_with(
+        &d,
+        &addr,
+        "owner_key_snapshot",
+        k1,
+        &[("E2B_SNAPSHOT_ID", &id)],
+    );
+    stop_clean(d);
+}
+
+/// `pause(mode="filesystem")`: the sandbox's files kept on disk, its processes gone;
+/// `connect` makes it again with the same id.
+#[test]
+fn pause_to_filesystem_and_connect() {
+    run_snapshot_scenario("pause_filesystem");
+}
+
+/// `get_metrics` and `/sandboxes/metrics`: a busy sandbox's CPU and memory, not charged to
+/// an idle one; bad input 4xx.
+#[test]
+fn get_metrics_reports_the_sandboxs_own_cpu_and_memory() {
+    run_scenario("metrics");
 }

@@ -1,9 +1,10 @@
 //! The control plane (the REST API of `E2B_API_URL`, behind `X-API-Key`): create a sandbox
-//! from a template (`POST /v2/sandboxes`, `POST /sandboxes`), list them with metadata and
-//! state filters and `nextToken` pagination (`GET /v2/sandboxes`, `GET /sandboxes`), get one,
-//! kill it, set its timeout, pause it (its processes frozen) and connect to it (resuming a
-//! paused one). What the SDK may call and agentrun does not serve answers 501 naming it
-//! (snapshots, fork, metrics, logs, network, templates,
+//! from a template or a snapshot (`POST /v2/sandboxes`, `POST /sandboxes`), list them with
+//! metadata and state filters and `nextToken` pagination (`GET /v2/sandboxes`, `GET
+//! /sandboxes`), get one, kill it, set its timeout, pause it (its processes frozen, or its
+//! files kept on disk with `memory: false`) and connect to it (resuming a paused one).
+//! Snapshots and fork are [`crate::snapshots`], metrics [`crate::metrics`]. What the SDK may
+//! call and agentrun does not serve answers 501 naming it (logs, network, templates,
 //! secrets, volumes).
 //!
 //! A template is an image of agentrun's store: `base` and `code-interpreter-v1` (E2B's
@@ -54,16 +55,19 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/refreshes", any(not_served_refresh))
-        .route("/sandboxes/{id}/snapshots", any(not_served_snapshots))
-        .route("/snapshots", any(not_served_snapshots))
-        .route("/sandboxes/{id}/fork", any(not_served_fork))
-        .route("/sandboxes/{id}/metrics", any(not_served_metrics))
-        .route("/sandboxes/metrics", any(not_served_metrics))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(crate::snapshots::create_snapshot),
+        )
+        .route("/snapshots", get(crate::snapshots::list_snapshots))
+        .route("/sandboxes/{id}/fork", post(crate::snapshots::fork))
+        .route("/sandboxes/{id}/metrics", get(crate::metrics::one))
+        .route("/sandboxes/metrics", get(crate::metrics::many))
         .route("/sandboxes/{id}/logs", any(not_served_logs))
         .route("/v2/sandboxes/{id}/logs", any(not_served_logs))
         .route("/sandboxes/{id}/network", any(not_served_network))
         .route("/templates", any(not_served_templates))
-        .route("/templates/{*rest}", any(not_served_templates))
+        .route("/templates/{*rest}", any(templates))
         .route("/v2/templates", any(not_served_templates))
         .route("/v2/templates/{*rest}", any(not_served_templates))
         .route("/v3/templates", any(not_served_templates))
@@ -147,13 +151,18 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
             "volumeMounts are not served by agentrun's E2B API",
         ));
     }
-    let osb = json!({
-        "image": {"uri": template_image(&template)},
+    let mut osb = json!({
         "entrypoint": ["sleep", "infinity"],
         "env": req.env_vars,
         "timeout": timeout,
         "extensions": {TEMPLATE_KEY: template},
     });
+    // `Sandbox.create(snapshot_id)`: made from this API key's snapshot (404 for another's).
+    if crate::snapshots::is_snapshot_id(&template) {
+        osb["snapshotId"] = json!(template);
+    } else {
+        osb["image"] = json!({"uri": template_image(&template)});
+    }
     Ok((osb.to_string().into_bytes(), template, req.metadata))
 }
 
@@ -173,7 +182,7 @@ fn check_metadata(m: &BTreeMap<String, String>) -> E2bResult<()> {
     Ok(())
 }
 
-fn template_of(rec: &Record) -> String {
+pub(crate) fn template_of(rec: &Record) -> String {
     rec.extensions
         .as_ref()
         .and_then(|x| x.get(TEMPLATE_KEY))
@@ -220,7 +229,7 @@ fn sandbox_json(rec: &Record, detail: bool) -> Value {
 }
 
 /// The `Sandbox` JSON create and connect answer.
-fn created_json(rec: &Record, template: &str) -> Value {
+pub(crate) fn created_json(rec: &Record, template: &str) -> Value {
     json!({
         "templateID": template,
         "sandboxID": rec.id,
@@ -233,9 +242,31 @@ fn created_json(rec: &Record, template: &str) -> Value {
     })
 }
 
-/// Pauses a sandbox: every process frozen (its cgroup), nothing new starts in it, and it no
-/// longer expires (E2B keeps paused sandboxes); 409 if it is paused already.
-async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> E2bResult<StatusCode> {
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PauseBody {
+    memory: Option<bool>,
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
+/// Pauses a sandbox (409 if it is paused already); a paused sandbox no longer expires (E2B
+/// keeps paused sandboxes). In memory (the default, `memory: true`): every process frozen
+/// (its cgroup), nothing new starts in it. `memory: false` (`pause(mode="filesystem")`):
+/// its files kept as a snapshot and the sandbox torn down (its processes, memory and shell
+/// given back); connect makes it again from them, with the same id and tokens.
+async fn pause(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> E2bResult<StatusCode> {
+    let req: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PauseBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
+    };
     let rec = record(&server, &id)?;
     rec.check_running()?;
     if rec.state().0 == SandboxState::Paused {
@@ -244,10 +275,18 @@ async fn pause(State(server): State<Arc<Server>>, Path(id): Path<String>) -> E2b
             format!("sandbox {id} is already paused"),
         ));
     }
-    rec.sandbox
-        .pause()
-        .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
-    rec.set_state(SandboxState::Paused);
+    if req.memory == Some(false) {
+        let trace = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        lifecycle::pause_to_disk(&server, &rec, trace).await?;
+    } else {
+        rec.sandbox
+            .pause()
+            .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
+        rec.set_state(SandboxState::Paused);
+    }
     *lock(&rec.expires_at) = None;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -263,6 +302,7 @@ struct ConnectBody {
 async fn connect(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> E2bResult<Response> {
     let rec = record(&server, &id)?;
@@ -281,10 +321,26 @@ async fn connect(
     rec.check_running()?;
     let end = Utc::now() + chrono::Duration::seconds(timeout);
     let status = if rec.state().0 == SandboxState::Paused {
-        rec.sandbox
-            .resume()
-            .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
-        rec.set_state(SandboxState::Running);
+        let on_disk = lock(&rec.on_disk).clone();
+        match on_disk {
+            // Paused to disk: made again from its files (a new record, same id and tokens).
+            Some(snapshot_id) => {
+                lifecycle::resume_from_disk(&server, &rec, &snapshot_id, &headers).await?;
+                let rec = record(&server, &id)?;
+                *lock(&rec.expires_at) = Some(end);
+                return Ok((
+                    StatusCode::CREATED,
+                    Json(created_json(&rec, &template_of(&rec))),
+                )
+                    .into_response());
+            }
+            None => {
+                rec.sandbox
+                    .resume()
+                    .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
+                rec.set_state(SandboxState::Running);
+            }
+        }
         *lock(&rec.expires_at) = Some(end);
         StatusCode::CREATED
     } else {
@@ -334,7 +390,7 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
     Ok(created_json(&rec, &template))
 }
 
-fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
+pub(crate) fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
     server
         .record(id)
         .map_err(|_| E2bError::not_found(format!("sandbox {id} not found")))
@@ -478,7 +534,10 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> E2bRe
     let mut matching: Vec<Arc<Record>> = server
         .all()
         .into_iter()
-        .filter(|r| !r.torn_down.load(std::sync::atomic::Ordering::SeqCst))
+        // Torn down and not paused to disk: being deleted.
+        .filter(|r| {
+            !r.torn_down.load(std::sync::atomic::Ordering::SeqCst) || lock(&r.on_disk).is_some()
+        })
         .filter(|r| q.states.is_empty() || q.states.iter().any(|s| s == state_of(r)))
         .filter(|r| q.template.as_ref().is_none_or(|t| *t == template_of(r)))
         .filter(|r| q.started_after.is_none_or(|t| r.created_at > t))
@@ -510,20 +569,26 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> E2bRe
 async fn not_served_refresh() -> E2bError {
     E2bError::not_served("refreshes are not served: use set_timeout")
 }
-async fn not_served_snapshots() -> E2bError {
-    E2bError::not_served("snapshots are not served by agentrun's E2B API yet")
-}
-async fn not_served_fork() -> E2bError {
-    E2bError::not_served("fork is not served by agentrun's E2B API")
-}
-async fn not_served_metrics() -> E2bError {
-    E2bError::not_served("sandbox metrics are not served by agentrun's E2B API yet (agentrun serve --metrics serves the daemon's)")
-}
 async fn not_served_logs() -> E2bError {
     E2bError::not_served("sandbox logs are not served by agentrun's E2B API yet")
 }
 async fn not_served_network() -> E2bError {
     E2bError::not_served("network updates are not served by agentrun's E2B API yet")
+}
+/// `/templates/...`: `DELETE /templates/{id}` of a snapshot (the SDK's `delete_snapshot`);
+/// the rest is not served.
+async fn templates(
+    server: State<Arc<Server>>,
+    method: axum::http::Method,
+    Path(rest): Path<String>,
+) -> Response {
+    if method == axum::http::Method::DELETE && !rest.contains('/') {
+        return match crate::snapshots::delete_snapshot(server, Path(rest)).await {
+            Ok(s) => s.into_response(),
+            Err(e) => e.into_response(),
+        };
+    }
+    not_served_templates().await.into_response()
 }
 async fn not_served_secrets() -> E2bError {
     E2bError::not_served("secrets are not served by agentrun's E2B API")

@@ -11,6 +11,8 @@
 //!   `/filesystem.Filesystem/...`) in the JSON codec the SDK speaks, framed by [`connect`].
 //! - [`files`]: envd's HTTP `/files` (download and upload) and `/health`.
 //! - [`code`]: the code interpreter's `/execute` (NDJSON stream).
+//! - [`snapshots`] (snapshots, fork) and [`metrics`]: control plane routes on the OpenSandbox
+//!   front end's snapshot, fork and cgroup metrics machinery.
 //!
 //! Behind the envd and code interpreter routes is the sandbox's envd access token
 //! (`X-Access-Token`, handed out by create), which is the sandbox's execd token of the
@@ -28,7 +30,9 @@ pub mod control;
 pub mod error;
 pub mod files;
 pub mod filesystem;
+pub mod metrics;
 pub mod process;
+pub mod snapshots;
 pub mod watch;
 
 use std::sync::Arc;

@@ -54,8 +54,8 @@ async fn watch(ExecdSandbox(rec): ExecdSandbox) -> ApiResult<Response> {
 }
 
 /// The sandbox's metrics now; CPU use since `sample` (wall time, cgroup CPU ns), which is
-/// updated.
-fn metrics_sample(rec: &Record, sample: &mut (Instant, u64)) -> ApiResult<Value> {
+/// updated. Also the E2B API's `get_metrics`.
+pub fn metrics_sample(rec: &Record, sample: &mut (Instant, u64)) -> ApiResult<Value> {
     let usage = rec.sandbox.usage()?;
     let (cpus, mem_limit) = rec.sandbox.limits();
     let now = Instant::now();

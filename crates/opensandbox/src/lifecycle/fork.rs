@@ -215,12 +215,31 @@ pub async fn fork(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let start = Instant::now();
     let count = parse_count(&body)?;
+    let (layer_id, made) = fork_records(&server, &parent_id, count, traceparent(&headers)).await?;
+    let answer = json!({
+        "sandboxId": parent_id,
+        "layerId": layer_id,
+        "carried": ["files"],
+        "sandboxes": made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
+    });
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// Forks sandbox `parent_id` into `count` copies (the OpenSandbox API's fork and the E2B
+/// API's): the id of the shared layer and the copies' records, in order. All or nothing.
+pub async fn fork_records(
+    server: &Arc<Server>,
+    parent_id: &str,
+    count: usize,
+    trace: Option<String>,
+) -> ApiResult<(String, Vec<Arc<Record>>)> {
+    let start = Instant::now();
+    let server = server.clone();
+    let parent_id = parent_id.to_owned();
     let rec = server.record(&parent_id)?;
     rec.check_running()?;
     rec.check_not_paused()?;
-    let trace = traceparent(&headers);
     check_room(&server, &rec, count)?;
 
     let layer_id = format!("fork-{}", crate::random_token()?);
@@ -370,13 +389,7 @@ pub async fn fork(
             error: None,
         },
     );
-    let answer = json!({
-        "sandboxId": parent_id,
-        "layerId": layer_id,
-        "carried": ["files"],
-        "sandboxes": made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
-    });
-    Ok((StatusCode::CREATED, Json(answer)).into_response())
+    Ok((layer_id, made))
 }
 
 #[cfg(test)]

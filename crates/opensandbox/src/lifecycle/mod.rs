@@ -547,17 +547,29 @@ async fn pause(
         rec.set_state(SandboxState::Paused);
         return Ok(StatusCode::ACCEPTED);
     }
+    pause_to_disk(&server, &rec, traceparent(&headers)).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Pauses a running sandbox to disk: its files kept as a snapshot, then it is torn down (its
+/// processes, memory and shell go; the record, with its id, tokens and metadata, stays)
+/// until [`resume_from_disk`]. 409 for a sandbox holding named volumes.
+pub async fn pause_to_disk(
+    server: &Arc<Server>,
+    rec: &Arc<Record>,
+    trace: Option<String>,
+) -> ApiResult<()> {
     if !lock(&rec.volumes).is_empty() {
         return Err(ApiError::conflict(format!(
-            "sandbox {id} holds named volumes: it cannot be paused to disk (pause it in memory)"
+            "sandbox {} holds named volumes: it cannot be paused to disk (pause it in memory)",
+            rec.id
         )));
     }
-    let snapshot_id = snapshots::pause_to_disk(&server, &rec, traceparent(&headers)).await?;
+    let snapshot_id = snapshots::pause_to_disk(server, rec, trace).await?;
     *lock(&rec.on_disk) = Some(snapshot_id);
     rec.set_state(SandboxState::Paused);
-    // Its processes, memory and shell go; the record (id, tokens, metadata) stays.
     rec.tear_down(&server.live);
-    Ok(StatusCode::ACCEPTED)
+    Ok(())
 }
 
 async fn resume(
@@ -582,7 +594,7 @@ async fn resume(
 
 /// Makes a sandbox paused to disk again: its create request, from its snapshot, with its id,
 /// tokens, times and metadata; then its snapshot goes.
-async fn resume_from_disk(
+pub async fn resume_from_disk(
     server: &Arc<Server>,
     rec: &Arc<Record>,
     snapshot_id: &str,

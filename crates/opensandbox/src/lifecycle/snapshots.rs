@@ -407,11 +407,23 @@ pub async fn pause_to_disk(
     rec: &Arc<crate::Record>,
     trace: Option<String>,
 ) -> ApiResult<String> {
+    take_now(server, rec, Some(format!("paused:{}", rec.id)), trace).await
+}
+
+/// Takes a snapshot of a sandbox's files (frozen while they are written) and answers its id
+/// once it is in the store (ready): a pause to disk's, and the E2B API's snapshots (which
+/// answer when it is made). Its span and audit record are a snapshot's.
+pub async fn take_now(
+    server: &Arc<Server>,
+    rec: &Arc<crate::Record>,
+    name: Option<String>,
+    trace: Option<String>,
+) -> ApiResult<String> {
     let id = format!("snap-{}", crate::random_token()?);
     let meta = SnapshotMeta {
         id: id.clone(),
         sandbox_id: rec.id.clone(),
-        name: Some(format!("paused:{}", rec.id)),
+        name,
         owner: server.owner.clone(),
         entrypoint: Some(rec.entrypoint.clone()),
         max_bytes: Some(server.limits.max_snapshot),
