@@ -843,10 +843,125 @@ def metrics():
         idle.kill()
 
 
+FETCH = r"""
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen(sys.argv[1], timeout=15)
+    print("status", r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print("status", e.code, e.read().decode().strip())
+except Exception as e:
+    print("failed", type(e).__name__)
+"""
+
+
+def upstream():
+    """A loopback HTTP server on the host (the test's stand-in for a host on the internet):
+    (its port, the paths it served)."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            body = f"upstream says {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv.server_address[1], seen
+
+
+def network():
+    """network allow_out / deny_out and allow_internet_access onto the egress allowlist
+    proxy: an allowed host answers, a denied one is refused and never reached."""
+    import shlex
+
+    port, seen = upstream()
+
+    def fetch(sbx, url):
+        return sbx.commands.run(f"python3 -c {shlex.quote(FETCH)} {shlex.quote(url)}").stdout.strip()
+
+    made = []
+    try:
+        # Only 127.0.0.1 (by address): the same server by another name is denied.
+        a = Sandbox.create(timeout=120, network={"allow_out": ["127.0.0.1"],
+                                                 "deny_out": ["0.0.0.0/0"]})
+        made.append(a)
+        r = fetch(a, f"http://127.0.0.1:{port}/allowed")
+        check(r == "status 200 upstream says /allowed", f"allowed host: {r!r}")
+        r = fetch(a, f"http://localhost:{port}/denied-a")
+        check(r.startswith("status 403"), f"denied host answered: {r!r}")
+        r = fetch(a, "http://example.com/")
+        check(r.startswith("status 403"), f"a host not in allow_out: {r!r}")
+        check(not a.get_info().allow_internet_access, "allowInternetAccess of an allowlist")
+
+        # Everything but localhost (the host's own addresses only when named: 127.0.0.1).
+        b = Sandbox.create(timeout=120, network={"allow_out": ["127.0.0.1"],
+                                                 "deny_out": ["localhost"]})
+        made.append(b)
+        r = fetch(b, f"http://localhost:{port}/denied-b")
+        check(r.startswith("status 403"), f"deny_out host answered: {r!r}")
+        r = fetch(b, f"http://127.0.0.1:{port}/open")
+        check(r == "status 200 upstream says /open", f"not denied: {r!r}")
+
+        r = fetch(b, "http://example.invalid/")
+        check(r.startswith("status 502") and "cannot resolve" in r,
+              f"not denied, so looked up: {r!r}")
+
+        # allow_internet_access=True: any host, but the host's own addresses only when a
+        # rule names them (agentrun's egress proxy refuses host-internal addresses).
+        c = Sandbox.create(timeout=120, allow_internet_access=True)
+        made.append(c)
+        r = fetch(c, f"http://localhost:{port}/internal")
+        check(r.startswith("status 403") and "host-internal" in r, f"internal address: {r!r}")
+        r = fetch(c, "http://example.invalid/")
+        check(r.startswith("status 502") and "cannot resolve" in r, f"internet access: {r!r}")
+        check(c.get_info().allow_internet_access, "allowInternetAccess")
+        c2 = Sandbox.create(timeout=120, allow_internet_access=True,
+                            network={"allow_out": ["127.0.0.1"]})
+        made.append(c2)
+        r = fetch(c2, f"http://127.0.0.1:{port}/internet")
+        check(r == "status 200 upstream says /internet", f"named internal address: {r!r}")
+
+        # allow_internet_access=False (and agentrun's default): no network at all.
+        for d in (Sandbox.create(timeout=120, allow_internet_access=False), Sandbox.create(timeout=120)):
+            made.append(d)
+            r = fetch(d, f"http://127.0.0.1:{port}/none")
+            check(r.startswith("failed"), f"a sandbox without network reached the host: {r!r}")
+
+        check(not {"/denied-a", "/denied-b", "/none", "/internal"} & set(seen),
+              f"a denied request reached the server: {seen}")
+        check({"/allowed", "/open", "/internet"} <= set(seen), f"served: {seen}")
+
+        # Bad input: 400 JSON.
+        for net in ({"allowOut": ["10.0.0.0/8"]}, {"allowOut": "a.test"},
+                    {"denyOut": [""]}, {"rules": {"a.test": []}}, {"egressProxy": {"url": "x"}},
+                    {"allowOut": [f"h{i}.test" for i in range(300)]}, ["a.test"]):
+            st, ans = raw("POST", "/v2/sandboxes", {"templateID": "base", "network": net})
+            check_4xx_json(st, ans, 400, f"network {net}")
+        try:
+            Sandbox.create(timeout=30, network={"allow_out": ["10.0.0.0/8"]})
+            raise AssertionError("a CIDR allow_out did not raise")
+        except SandboxException as e:
+            check("CIDR" in str(e), f"error names CIDR: {e}")
+    finally:
+        for s in made:
+            s.kill()
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
                                      escape, watch, list_pages, snapshots,
                                      snapshot_for_other_key, other_key_snapshot,
-                                     owner_key_snapshot, pause_filesystem, metrics)}
+                                     owner_key_snapshot, pause_filesystem, metrics, network)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

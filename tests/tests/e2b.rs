@@ -254,3 +254,11 @@ fn pause_to_filesystem_and_connect() {
 fn get_metrics_reports_the_sandboxs_own_cpu_and_memory() {
     run_scenario("metrics");
 }
+
+/// `network` (`allow_out`, `deny_out`) and `allow_internet_access` onto the egress allowlist
+/// proxy: a loopback server answers an allowed name, a denied name is refused (403) and never
+/// reaches it, a sandbox without network reaches nothing; bad rules are 400 JSON.
+#[test]
+fn network_allow_and_deny_lists_are_enforced() {
+    run_scenario("network");
+}

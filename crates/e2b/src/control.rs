@@ -135,12 +135,7 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
             "autoPause is not served by agentrun: a sandbox is killed at its timeout",
         ));
     }
-    if req.allow_internet_access == Some(true) || req.network.as_ref().is_some_and(|n| !n.is_null())
-    {
-        return Err(E2bError::bad_request(
-            "network access is not served by the E2B API of agentrun yet: sandboxes have no network (create them with allow_internet_access=False)",
-        ));
-    }
+    let network_policy = network_policy(req.allow_internet_access, req.network.as_ref())?;
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(E2bError::bad_request(
             "mcp is not served by agentrun's E2B API (agentrun serve --mcp serves MCP itself)",
@@ -157,6 +152,9 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
         "timeout": timeout,
         "extensions": {TEMPLATE_KEY: template},
     });
+    if let Some(p) = network_policy {
+        osb["networkPolicy"] = p;
+    }
     // `Sandbox.create(snapshot_id)`: made from this API key's snapshot (404 for another's).
     if crate::snapshots::is_snapshot_id(&template) {
         osb["snapshotId"] = json!(template);
@@ -164,6 +162,101 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
         osb["image"] = json!({"uri": template_image(&template)});
     }
     Ok((osb.to_string().into_bytes(), template, req.metadata))
+}
+
+/// E2B's "all traffic" selector (`ctx.all_traffic`), and its IPv6 form.
+const ALL_TRAFFIC: [&str; 2] = ["0.0.0.0/0", "::/0"];
+/// Most `allow_out` + `deny_out` entries, and the longest.
+const MAX_NETWORK_ENTRIES: usize = 256;
+const MAX_NETWORK_ENTRY: usize = 253;
+
+/// E2B's `network` (`allowOut`, `denyOut`: the SDK's `allow_out`, `deny_out`) and `allow_internet_access`, as the OpenSandbox
+/// create's `networkPolicy` (agentrun's egress allowlist proxy); `None`: no network at all
+/// (neither asked for: agentrun's default, or `allow_internet_access=False` alone).
+///
+/// As E2B: `allow_out` wins over `deny_out` (its rules come first; the first matching rule
+/// decides); everything else is allowed unless `deny_out` names all traffic (`0.0.0.0/0`) or
+/// `allow_internet_access` is false. Entries are host names, `*.domain` wildcards and IP
+/// addresses; CIDR ranges other than all traffic, `rules` (transforms), `egress_proxy` and
+/// `dns_servers` are 400.
+pub fn network_policy(
+    allow_internet_access: Option<bool>,
+    network: Option<&Value>,
+) -> E2bResult<Option<Value>> {
+    let network = network.filter(|n| !n.is_null());
+    let Some(network) = network else {
+        return Ok(match allow_internet_access {
+            Some(true) => Some(json!({"defaultAction": "allow", "egress": []})),
+            _ => None,
+        });
+    };
+    let Some(obj) = network.as_object() else {
+        return Err(E2bError::bad_request("network must be an object"));
+    };
+    for (k, v) in obj {
+        match k.as_str() {
+            "allowOut" | "denyOut" => {}
+            // Ingress and host masking: agentrun serves no public sandbox URLs.
+            "allowPublicTraffic" | "maskRequestHost" | "httpsPorts" => {}
+            "rules" | "egressProxy" | "dnsServers" if v.is_null() => {}
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "network.{other} is not served by agentrun's E2B API (allowOut and denyOut are)"
+                )))
+            }
+        }
+    }
+    let list = |key: &str| -> E2bResult<Vec<String>> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|e| match e.as_str().map(str::trim) {
+                    Some(t) if !t.is_empty() && t.len() <= MAX_NETWORK_ENTRY => Ok(t.to_owned()),
+                    _ => Err(E2bError::bad_request(format!(
+                        "network.{key}: each entry is a host name, IP address or 0.0.0.0/0 of 1 to {MAX_NETWORK_ENTRY} bytes"
+                    ))),
+                })
+                .collect(),
+            Some(_) => Err(E2bError::bad_request(format!(
+                "network.{key} must be a list"
+            ))),
+        }
+    };
+    let (allow, deny) = (list("allowOut")?, list("denyOut")?);
+    if allow.len() + deny.len() > MAX_NETWORK_ENTRIES {
+        return Err(E2bError::bad_request(format!(
+            "network: at most {MAX_NETWORK_ENTRIES} allowOut and denyOut entries"
+        )));
+    }
+    let all = |t: &String| ALL_TRAFFIC.contains(&t.as_str());
+    for t in allow.iter().chain(&deny).filter(|t| !all(t)) {
+        if t.contains('/') || t.contains(':') {
+            return Err(E2bError::bad_request(format!(
+                "network entry {t:?}: CIDR ranges and IPv6 addresses are not served (host names, *.domain wildcards, IPv4 addresses and 0.0.0.0/0 are)"
+            )));
+        }
+    }
+    if allow.iter().any(all) {
+        return Ok(Some(json!({"defaultAction": "allow", "egress": []})));
+    }
+    let deny_all = allow_internet_access == Some(false) || deny.iter().any(all);
+    let mut egress: Vec<Value> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (action, t) in allow
+        .iter()
+        .map(|t| ("allow", t))
+        .chain(deny.iter().filter(|t| !all(t)).map(|t| ("deny", t)))
+    {
+        // The first per target wins (allow_out's).
+        if seen.insert(t.trim_end_matches('.').to_ascii_lowercase()) {
+            egress.push(json!({"action": action, "target": t}));
+        }
+    }
+    Ok(Some(json!({
+        "defaultAction": if deny_all { "deny" } else { "allow" },
+        "egress": egress,
+    })))
 }
 
 fn check_metadata(m: &BTreeMap<String, String>) -> E2bResult<()> {
@@ -223,7 +316,10 @@ fn sandbox_json(rec: &Record, detail: bool) -> Value {
     });
     if detail {
         v["envdAccessToken"] = json!(rec.execd_token);
-        v["allowInternetAccess"] = json!(false);
+        v["allowInternetAccess"] = json!(rec
+            .network_policy
+            .as_ref()
+            .is_some_and(|p| p["defaultAction"] == "allow"));
     }
     v
 }
@@ -632,7 +728,11 @@ mod tests {
             br#"{"templateID":"base","timeout":0}"#,
             br#"{"templateID":"base","timeout":90000}"#,
             br#"{"templateID":"base","autoPause":true}"#,
-            br#"{"templateID":"base","allow_internet_access":true}"#,
+            br#"{"templateID":"base","network":{"allowOut":["10.0.0.0/8"]}}"#,
+            br#"{"templateID":"base","network":{"denyOut":"0.0.0.0/0"}}"#,
+            br#"{"templateID":"base","network":{"rules":{"a.test":[]}}}"#,
+            br#"{"templateID":"base","network":{"egressProxy":{}}}"#,
+            br#"{"templateID":"base","network":["a"]}"#,
             br#"{"templateID":"base","metadata":{"":"x"}}"#,
         ] {
             let e = parse_create(body).err().unwrap();
@@ -643,6 +743,51 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn network_maps_onto_network_policy() {
+        let p = |a: Option<bool>, n: Value| network_policy(a, Some(&n)).unwrap();
+        assert_eq!(network_policy(None, None).unwrap(), None);
+        assert_eq!(network_policy(Some(false), None).unwrap(), None);
+        assert_eq!(
+            network_policy(Some(true), None).unwrap(),
+            Some(json!({"defaultAction": "allow", "egress": []}))
+        );
+        assert_eq!(
+            p(
+                None,
+                json!({"allowOut": ["a.test", "1.2.3.4"], "denyOut": ["0.0.0.0/0"]})
+            ),
+            Some(json!({"defaultAction": "deny", "egress": [
+                {"action": "allow", "target": "a.test"},
+                {"action": "allow", "target": "1.2.3.4"}]}))
+        );
+        // allow_out wins over deny_out; without all traffic denied the rest is allowed.
+        assert_eq!(
+            p(
+                None,
+                json!({"allowOut": ["a.test"], "denyOut": ["A.test", "b.test"]})
+            ),
+            Some(json!({"defaultAction": "allow", "egress": [
+                {"action": "allow", "target": "a.test"},
+                {"action": "deny", "target": "b.test"}]}))
+        );
+        assert_eq!(
+            p(Some(false), json!({"allowOut": ["a.test"]})).unwrap()["defaultAction"],
+            "deny"
+        );
+        assert_eq!(
+            p(
+                None,
+                json!({"allowOut": ["0.0.0.0/0"], "denyOut": ["b.test"]})
+            ),
+            Some(json!({"defaultAction": "allow", "egress": []}))
+        );
+        let many: Vec<String> = (0..300).map(|i| format!("h{i}.test")).collect();
+        assert!(network_policy(None, Some(&json!({"allowOut": many}))).is_err());
+        assert!(network_policy(None, Some(&json!({"allowOut": [""]}))).is_err());
+        assert!(network_policy(None, Some(&json!({"allowOut": ["::1"]}))).is_err());
     }
 
     #[test]
