@@ -381,7 +381,7 @@ def auth():
         check(r.status_code == 400, f"bad timeout: {r.status_code}")
         r = httpx.get(f"{BASE}/v2/sandboxes", params={"limit": "0"}, headers=h)
         check(r.status_code == 400, f"bad limit: {r.status_code}")
-        r = httpx.post(f"{BASE}/execute", json={"code": "1", "env_vars": {"A": "1"}}, headers=envd)
+        r = httpx.post(f"{BASE}/execute", json={"code": "1", "env_vars": {"A=B": "1"}}, headers=envd)
         check(r.status_code == 400 and "message" in r.json(), f"execute env_vars: {r.text}")
         r = httpx.get(f"{BASE}/files", headers=envd)
         check(r.status_code == 400, f"/files without path: {r.status_code}")
@@ -958,10 +958,66 @@ def network():
             s.kill()
 
 
+def code_env_restart():
+    """run_code(envs=...) for that execution only; restart_code_context clears its state,
+    same id; bad input 4xx."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sbx = CodeSandbox.create(timeout=120, envs={"BASE": "sandbox"})
+    try:
+        ex = sbx.run_code("import os; (os.environ.get('PER_RUN'), os.environ['BASE'])",
+                          envs={"PER_RUN": "yes", "BASE": "overridden"})
+        check(ex.error is None and ex.text == "('yes', 'overridden')", f"envs: {ex}")
+        ex = sbx.run_code("(os.environ.get('PER_RUN'), os.environ['BASE'])")
+        check(ex.text == "(None, 'sandbox')", f"envs after the execution: {ex}")
+        # A subprocess of the execution sees them too.
+        ex = sbx.run_code("import subprocess; subprocess.run(['sh', '-c', 'echo $PER_RUN'], "
+                          "capture_output=True, text=True).stdout", envs={"PER_RUN": "child"})
+        check(ex.text == "'child\\n'", f"a subprocess's env: {ex}")
+
+        ctx = sbx.create_code_context(cwd="/tmp")
+        sbx.run_code("x = 41", context=ctx)
+        check(sbx.run_code("x + 1", context=ctx).text == "42", "context state")
+        sbx.restart_code_context(ctx)
+        ex = sbx.run_code("x", context=ctx)
+        check(ex.error is not None and ex.error.name == "NameError", f"state after restart: {ex}")
+        check(sbx.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'",
+              "cwd after restart")
+        check([c.id for c in sbx.list_code_contexts()].count(ctx.id) == 1, "same id, once")
+        # The default context is untouched by another's restart.
+        sbx.run_code("kept = 1")
+        sbx.restart_code_context(ctx.id)
+        check(sbx.run_code("kept").text == "1", "default context kept")
+
+        # Bad input.
+        tok = sbx._envd_access_token
+        headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999",
+                   "X-Access-Token": tok, "E2B-Traffic-Access-Token": tok}
+        r = httpx.post(f"{BASE}/contexts/nosuch/restart", headers=headers)
+        check_4xx_json(r.status_code, r.json(), 404, "restart of no context")
+        for env in ({"": "x"}, {"A=B": "x"}, {"A": "x\u0000y"}, {f"V{i}": "x" for i in range(300)},
+                    {"A": "x" * (33 << 10)}):
+            r = httpx.post(f"{BASE}/execute", headers=headers, json={"code": "1", "env_vars": env})
+            check_4xx_json(r.status_code, r.json(), 400, f"env_vars {list(env)[:2]}")
+        other = CodeSandbox.create(timeout=60)
+        try:
+            # Another sandbox's context id is not found from this one.
+            r = httpx.post(f"{BASE}/contexts/{ctx.id}/restart",
+                           headers={**headers, "E2b-Sandbox-Id": other.sandbox_id,
+                                    "X-Access-Token": other._envd_access_token,
+                                    "E2B-Traffic-Access-Token": other._envd_access_token})
+            check_4xx_json(r.status_code, r.json(), 404, "another sandbox's context")
+        finally:
+            other.kill()
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
                                      escape, watch, list_pages, snapshots,
                                      snapshot_for_other_key, other_key_snapshot,
-                                     owner_key_snapshot, pause_filesystem, metrics, network)}
+                                     owner_key_snapshot, pause_filesystem, metrics, network,
+                                     code_env_restart)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -262,3 +262,11 @@ fn get_metrics_reports_the_sandboxs_own_cpu_and_memory() {
 fn network_allow_and_deny_lists_are_enforced() {
     run_scenario("network");
 }
+
+/// `run_code(envs=...)` sets them for that execution only (its subprocesses too);
+/// `restart_code_context` gives a fresh interpreter under the same id and cwd; another
+/// sandbox's context is not found; bad `env_vars` 400 JSON.
+#[test]
+fn run_code_envs_and_context_restart() {
+    run_scenario("code_env_restart");
+}

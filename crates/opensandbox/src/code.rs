@@ -46,6 +46,8 @@ pub struct CodeState {
 pub struct CodeContext {
     pub id: String,
     pub language: String,
+    /// Its interpreter's working directory (expanded), where a restart starts the next.
+    pub cwd: String,
     pub python: Arc<PythonContext>,
 }
 
@@ -93,7 +95,7 @@ pub async fn start_context(
     rec.check_not_paused()?;
     let env = crate::execd::envfile::load(rec);
     let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &env)?;
-    let python = match PythonContext::start(&server.output, &rec.sandbox, env, cwd).await {
+    let python = match PythonContext::start(&server.output, &rec.sandbox, env, cwd.clone()).await {
         Ok(p) => Arc::new(p),
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
             return Err(ApiError::new(
@@ -107,9 +109,35 @@ pub async fn start_context(
     let ctx = Arc::new(CodeContext {
         id: random_token()?,
         language: language.to_owned(),
+        cwd,
         python,
     });
     lock(&rec.code).contexts.insert(ctx.id.clone(), ctx.clone());
+    Ok(ctx)
+}
+
+/// Restarts context `id` (the E2B API's `restart_code_context`): a fresh interpreter in its
+/// working directory under the same id, its state gone, the old interpreter killed. 404 if
+/// there is none.
+pub async fn restart_context(
+    server: &Server,
+    rec: &Record,
+    id: &str,
+) -> ApiResult<Arc<CodeContext>> {
+    let old = find(rec, id)?;
+    let fresh = start_context(server, rec, &old.language, Some(old.cwd.clone())).await?;
+    let ctx = Arc::new(CodeContext {
+        id: old.id.clone(),
+        language: old.language.clone(),
+        cwd: old.cwd.clone(),
+        python: fresh.python.clone(),
+    });
+    {
+        let mut st = lock(&rec.code);
+        st.contexts.remove(&fresh.id);
+        st.contexts.insert(ctx.id.clone(), ctx.clone());
+    }
+    stop(rec, &old);
     Ok(ctx)
 }
 

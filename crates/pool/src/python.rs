@@ -95,6 +95,16 @@ impl PythonContext {
     /// Runs `code`; its events arrive on the receiver (which ends after `Done` or `Error`).
     /// Executions of one context run one after the other.
     pub fn execute(self: &Arc<Self>, code: &str) -> mpsc::Receiver<CodeEvent> {
+        self.execute_with_env(code, &std::collections::BTreeMap::new())
+    }
+
+    /// [`PythonContext::execute`] with `env` set in the interpreter's `os.environ` for this
+    /// execution only (the values before it are put back after it).
+    pub fn execute_with_env(
+        self: &Arc<Self>,
+        code: &str,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> mpsc::Receiver<CodeEvent> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let ctx = self.clone();
         // The driver marks this execution's events with a nonce of its own (see the module
@@ -111,7 +121,14 @@ impl PythonContext {
             }
         };
         let marker = format!("\u{1}agentrun-{nonce}:");
-        let request = format!("{}\n", serde_json::json!({ "code": code, "nonce": nonce }));
+        let request = if env.is_empty() {
+            format!("{}\n", serde_json::json!({ "code": code, "nonce": nonce }))
+        } else {
+            format!(
+                "{}\n",
+                serde_json::json!({ "code": code, "nonce": nonce, "env": env })
+            )
+        };
         tokio::spawn(async move { ctx.run(request, marker, tx).await });
         rx
     }

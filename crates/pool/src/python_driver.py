@@ -1,6 +1,7 @@
 # agentrun's Python code-interpreter driver: one per code context, a persistent interpreter
 # whose globals survive between executions (like a Jupyter kernel). Reads one JSON request
-# per line on stdin ({"code": "...", "nonce": "..."}); writes events as lines on stdout, each
+# per line on stdin ({"code": "...", "nonce": "...", "env": {...}}: `env`, optional, is set in
+# os.environ for that execution only and put back after it); writes events as lines on stdout, each
 # prefixed by a marker made of that execution's nonce ("\x01agentrun-NONCE:"):
 # {"t":"count","n":N}, {"t":"stdout"|"stderr","text":line}, {"t":"result","text":repr}, then
 # {"t":"done"} or {"t":"error","ename","evalue","traceback"}. Output written to the fds
@@ -176,6 +177,7 @@ def _driver():
             request = json.loads(request)
             code = request["code"]
             emit = emitter("\x01agentrun-%s:" % request["nonce"])
+            run_env = request.get("env") or {}
         except Exception as e:  # a bad request from agentrun itself (never: it sends JSON)
             sys.__stderr__.write("agentrun driver: bad request: %s\n" % e)
             continue
@@ -183,7 +185,9 @@ def _driver():
         count += 1
         out, err = Lines("stdout", emit, sys.__stdout__), Lines("stderr", emit, sys.__stderr__)
         sys.stdout, sys.stderr = out, err
+        saved = {k: os.environ.get(k) for k in run_env}
         try:
+            os.environ.update(run_env)
             running = True
             emit(t="count", n=count)
             tree = ast.parse(code, "<cell>", "exec")
@@ -219,6 +223,12 @@ def _driver():
         finally:
             running = False
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            saved = run_env = None
             out.emit = err.emit = None
             value = tree = last = out = err = emit = code = frames = tb = bundle = None
 
