@@ -1013,11 +1013,74 @@ def code_env_restart():
         sbx.kill()
 
 
+def auto_pause():
+    """lifecycle on_timeout "pause" (in memory, or "filesystem"): paused at the timeout, not
+    killed; with auto_resume the next envd request resumes it (and it pauses again at its
+    next end); without, envd refuses it until connect."""
+    from e2b import SandboxState
+
+    a = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    b = Sandbox.create(timeout=2, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    c = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        for s, name in ((a, "a"), (b, "b"), (c, "c")):
+            s.files.write(f"/root/{name}", name)
+        h = a.commands.run("sleep 600", background=True)
+        for s in (a, b, c):
+            wait_until(f"{s.sandbox_id} auto-paused", 30,
+                       lambda s=s: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED)
+        paused = {x.sandbox_id for x in Sandbox.list(
+            query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()}
+        check(paused == {a.sandbox_id, b.sandbox_id, c.sandbox_id}, f"paused: {paused}")
+
+        # auto_resume: a request to its envd resumes it, memory and all.
+        check(a.files.read("/root/a") == "a", "auto-resumed read")
+        check(a.get_info().state == SandboxState.RUNNING, "running after the request")
+        check(any(p.pid == h.pid for p in a.commands.list()), "process kept by the pause")
+        # ... for its timeout again: paused again at its next end.
+        wait_until("paused again", 30,
+                   lambda: Sandbox.get_info(a.sandbox_id).state == SandboxState.PAUSED)
+        check(a.commands.run("cat /root/a").stdout == "a", "resumed by a command")
+
+        # Without auto_resume: refused while paused, connect resumes it.
+        try:
+            c.files.read("/root/c")
+            raise AssertionError("a paused sandbox without auto_resume answered")
+        except AssertionError:
+            raise
+        except Exception:
+            pass
+        check(Sandbox.get_info(c.sandbox_id).state == SandboxState.PAUSED, "still paused")
+        back = Sandbox.connect(c.sandbox_id, timeout=60)
+        check(back.files.read("/root/c") == "c", "connect resumes")
+        check(back.get_info().end_at > back.get_info().started_at, "end after connect")
+        # A fork of an auto-pause sandbox is one too: paused (not killed) at its end.
+        (f,) = back.fork(count=1, timeout=2)
+        wait_until("the fork auto-paused", 30,
+                   lambda: Sandbox.get_info(f.sandbox_id).state == SandboxState.PAUSED)
+        f.kill()
+        # Filesystem mode: its files kept on disk, made again by connect.
+        back_b = Sandbox.connect(b.sandbox_id, timeout=60)
+        check(back_b.files.read("/root/b") == "b", "filesystem auto-pause keeps files")
+
+        for body in ({"templateID": "base", "autoResume": {"enabled": True}},
+                     {"templateID": "base", "autoPause": True, "autoResume": {"yes": 1}},
+                     {"templateID": "base", "autoPause": "soon"}):
+            st, ans = raw("POST", "/v2/sandboxes", body)
+            check_4xx_json(st, ans, 400, f"create {body}")
+    finally:
+        for s in (a, b, c):
+            try:
+                s.kill()
+            except Exception:
+                pass
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
                                      escape, watch, list_pages, snapshots,
                                      snapshot_for_other_key, other_key_snapshot,
                                      owner_key_snapshot, pause_filesystem, metrics, network,
-                                     code_env_restart)}
+                                     code_env_restart, auto_pause)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -270,3 +270,11 @@ fn network_allow_and_deny_lists_are_enforced() {
 fn run_code_envs_and_context_restart() {
     run_scenario("code_env_restart");
 }
+
+/// lifecycle `on_timeout: "pause"` (memory and filesystem): paused at the timeout, not
+/// killed; `auto_resume`: the next envd request resumes it, and it pauses again at its next
+/// end; without it, envd refuses until `connect`.
+#[test]
+fn on_timeout_pause_and_auto_resume() {
+    run_snapshot_scenario("auto_pause");
+}

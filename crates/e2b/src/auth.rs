@@ -5,7 +5,8 @@
 //! end; the code interpreter SDK sends only the traffic token on `/contexts`). The sandbox is the one `E2b-Sandbox-Id` names,
 //! or the `{port}-{id}` first label of the `Host` (wildcard DNS). Both are checked by
 //! middleware, in constant time, before anything reads a request's body; the sandbox's
-//! [`Record`] is handed to the handler as a request extension.
+//! [`Record`] is handed to the handler as a request extension (resumed first if it is paused
+//! and was made with `autoResume`: [`crate::autopause`]).
 
 use std::sync::Arc;
 
@@ -97,7 +98,11 @@ pub async fn require_access_token(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authorize(&server, req.headers()) {
+    let rec = match authorize(&server, req.headers()) {
+        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
+        Err(e) => Err(e),
+    };
+    match rec {
         Ok(rec) => {
             req.extensions_mut().insert(rec);
             next.run(req).await
@@ -112,7 +117,11 @@ pub async fn require_access_token_rpc(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authorize(&server, req.headers()) {
+    let rec = match authorize(&server, req.headers()) {
+        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
+        Err(e) => Err(e),
+    };
+    match rec {
         Ok(rec) => {
             req.extensions_mut().insert(rec);
             next.run(req).await

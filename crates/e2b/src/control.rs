@@ -106,12 +106,20 @@ pub struct NewSandbox {
     env_vars: BTreeMap<String, String>,
     #[serde(default)]
     auto_pause: bool,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<AutoResume>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     network: Option<Value>,
     mcp: Option<Value>,
     #[serde(default)]
     volume_mounts: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AutoResume {
+    enabled: bool,
 }
 
 /// A create body, checked: what it asks for as the OpenSandbox front end's create body, its
@@ -130,11 +138,17 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
         )));
     }
     check_metadata(&req.metadata)?;
-    if req.auto_pause {
+    let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
+    if auto_resume && !req.auto_pause {
         return Err(E2bError::bad_request(
-            "autoPause is not served by agentrun: a sandbox is killed at its timeout",
+            "autoResume needs autoPause (lifecycle on_timeout \"pause\")",
         ));
     }
+    let lifecycle = req.auto_pause.then(|| crate::autopause::Lifecycle {
+        memory: req.auto_pause_memory.unwrap_or(true),
+        auto_resume,
+        timeout_s: timeout,
+    });
     let network_policy = network_policy(req.allow_internet_access, req.network.as_ref())?;
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(E2bError::bad_request(
@@ -152,6 +166,11 @@ pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String,
         "timeout": timeout,
         "extensions": {TEMPLATE_KEY: template},
     });
+    // Paused at its end, not killed: no OpenSandbox expiry (its end is kept by autopause).
+    if let Some(l) = lifecycle {
+        osb["timeout"] = Value::Null;
+        osb["extensions"][crate::autopause::LIFECYCLE_KEY] = l.to_value();
+    }
     if let Some(p) = network_policy {
         osb["networkPolicy"] = p;
     }
@@ -284,7 +303,10 @@ pub(crate) fn template_of(rec: &Record) -> String {
         .to_owned()
 }
 
-fn end_of(rec: &Record) -> DateTime<Utc> {
+pub(crate) fn end_of(rec: &Record) -> DateTime<Utc> {
+    if let Some(end) = crate::autopause::end_of(&rec.id) {
+        return end;
+    }
     lock(&rec.expires_at).unwrap_or(rec.created_at + chrono::Duration::seconds(MAX_TIMEOUT_S))
 }
 
@@ -377,7 +399,9 @@ async fn pause(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         lifecycle::pause_to_disk(&server, &rec, trace).await?;
+        crate::autopause::forget(&id);
     } else {
+        crate::autopause::forget(&id);
         rec.sandbox
             .pause()
             .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
@@ -423,7 +447,7 @@ async fn connect(
             Some(snapshot_id) => {
                 lifecycle::resume_from_disk(&server, &rec, &snapshot_id, &headers).await?;
                 let rec = record(&server, &id)?;
-                *lock(&rec.expires_at) = Some(end);
+                set_end(&rec, end);
                 return Ok((
                     StatusCode::CREATED,
                     Json(created_json(&rec, &template_of(&rec))),
@@ -437,12 +461,11 @@ async fn connect(
                 rec.set_state(SandboxState::Running);
             }
         }
-        *lock(&rec.expires_at) = Some(end);
+        set_end(&rec, end);
         StatusCode::CREATED
     } else {
-        let mut e = lock(&rec.expires_at);
-        if e.is_none_or(|cur| cur < end) {
-            *e = Some(end);
+        if end_of(&rec) < end {
+            set_end(&rec, end);
         }
         StatusCode::OK
     };
@@ -483,7 +506,21 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
             }
         })?;
     *lock(&rec.metadata) = metadata;
+    if let Some(l) = crate::autopause::Lifecycle::of(&rec) {
+        set_end(&rec, Utc::now() + chrono::Duration::seconds(l.timeout_s));
+    }
     Ok(created_json(&rec, &template))
+}
+
+/// Sets when a running sandbox ends: killed then (its OpenSandbox expiry), or paused then
+/// if it was made with `autoPause`.
+pub(crate) fn set_end(rec: &Record, end: DateTime<Utc>) {
+    if crate::autopause::Lifecycle::of(rec).is_some() {
+        *lock(&rec.expires_at) = None;
+        crate::autopause::set_end(&rec.id, end);
+    } else {
+        *lock(&rec.expires_at) = Some(end);
+    }
 }
 
 pub(crate) fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
@@ -504,6 +541,7 @@ async fn kill(State(server): State<Arc<Server>>, Path(id): Path<String>) -> E2bR
     lifecycle::delete_sandbox(&server, &id)
         .await
         .map_err(|_| E2bError::not_found(format!("sandbox {id} not found")))?;
+    crate::autopause::forget(&id);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -531,7 +569,9 @@ async fn set_timeout(
 ) -> E2bResult<StatusCode> {
     let rec = record(&server, &id)?;
     let t = parse_timeout(&body)?;
-    *lock(&rec.expires_at) = Some(Utc::now() + chrono::Duration::seconds(t));
+    if rec.state().0 != SandboxState::Paused {
+        set_end(&rec, Utc::now() + chrono::Duration::seconds(t));
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -727,7 +767,8 @@ mod tests {
             br#"{"templateID":""}"#,
             br#"{"templateID":"base","timeout":0}"#,
             br#"{"templateID":"base","timeout":90000}"#,
-            br#"{"templateID":"base","autoPause":true}"#,
+            br#"{"templateID":"base","autoResume":{"enabled":true}}"#,
+            br#"{"templateID":"base","autoPause":true,"autoResume":{"on":true}}"#,
             br#"{"templateID":"base","network":{"allowOut":["10.0.0.0/8"]}}"#,
             br#"{"templateID":"base","network":{"denyOut":"0.0.0.0/0"}}"#,
             br#"{"templateID":"base","network":{"rules":{"a.test":[]}}}"#,
@@ -743,6 +784,20 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn auto_pause_has_no_opensandbox_expiry() {
+        let (osb, _, _) = parse_create(
+            br#"{"templateID":"base","timeout":30,"autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}"#,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&osb).unwrap();
+        assert!(v["timeout"].is_null());
+        assert_eq!(
+            v["extensions"][crate::autopause::LIFECYCLE_KEY],
+            json!({"memory": false, "autoResume": true, "timeout": 30})
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! inside the sandbox ([`agentrun_runtime::fsroot`]) and its Python code contexts.
 
 pub mod auth;
+pub mod autopause;
 pub mod code;
 pub mod connect;
 pub mod control;
@@ -57,6 +58,10 @@ pub const CLIENT_ID: &str = "agentrun";
 /// and the envd token are checked before any body is read; JSON bodies are read within the
 /// server's limit.
 pub fn router(server: Arc<Server>) -> axum::Router {
+    // Auto-pause sandboxes are paused at their end by a loop of the listener's runtime.
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(autopause::pause_loop(server.clone()));
+    }
     let app = axum::Router::new()
         .merge(control::routes(server.clone()))
         .merge(process::routes(

@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use agentrun_opensandbox::{lifecycle, Server};
-use agentrun_pool::lock;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -26,7 +25,7 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::control::{created_json, record, template_of, MAX_TIMEOUT_S};
+use crate::control::{created_json, end_of, record, set_end, template_of, MAX_TIMEOUT_S};
 use crate::error::{E2bError, E2bResult};
 
 /// Longest snapshot name.
@@ -240,8 +239,8 @@ fn parse_fork(body: &[u8]) -> E2bResult<(usize, Option<i64>)> {
 }
 
 /// `POST /sandboxes/{id}/fork` (`{"count"?, "timeout"?}`): 201 with one
-/// `{"sandbox": ...}` a copy (the parent's files; its metadata, template, environment and
-/// limits; `timeout` seconds, else the parent's remaining time). 404 for no such sandbox,
+/// `{"sandbox": ...}` a copy (the parent's files; its metadata, template, environment,
+/// limits, network and lifecycle; `timeout` seconds, else the parent's end). 404 for no such sandbox,
 /// 409 while it is paused.
 pub async fn fork(
     State(server): State<Arc<Server>>,
@@ -250,14 +249,18 @@ pub async fn fork(
     body: Bytes,
 ) -> E2bResult<Response> {
     let (count, timeout) = parse_fork(&body)?;
-    record(&server, &id)?;
+    let parent = record(&server, &id)?;
     let (_, made) = lifecycle::fork::fork_records(&server, &id, count, trace(&headers)).await?;
+    // Its timeout, else the parent's end (an auto-pause parent's is kept apart from its
+    // record: the copies, auto-pause too, get it here).
+    let end = match timeout {
+        Some(t) => Utc::now() + chrono::Duration::seconds(t),
+        None => end_of(&parent),
+    };
     let out: Vec<Value> = made
         .iter()
         .map(|r| {
-            if let Some(t) = timeout {
-                *lock(&r.expires_at) = Some(Utc::now() + chrono::Duration::seconds(t));
-            }
+            set_end(r, end);
             json!({"sandbox": created_json(r, &template_of(r))})
         })
         .collect();
