@@ -903,6 +903,28 @@ def network():
         r = fetch(a, "http://example.com/")
         check(r.startswith("status 403"), f"a host not in allow_out: {r!r}")
         check(not a.get_info().allow_internet_access, "allowInternetAccess of an allowlist")
+        # update_network replaces the rules at once: now only example.invalid.
+        a.update_network({"allow_out": ["example.invalid"], "deny_out": ["0.0.0.0/0"]})
+        r = fetch(a, f"http://127.0.0.1:{port}/denied-a")
+        check(r.startswith("status 403"), f"denied by the update: {r!r}")
+        r = fetch(a, "http://example.invalid/")
+        check(r.startswith("status 502") and "cannot resolve" in r, f"allowed by the update: {r!r}")
+        # A fork carries the rules in force.
+        (fa,) = a.fork(count=1)
+        made.append(fa)
+        r = fetch(fa, f"http://127.0.0.1:{port}/denied-a")
+        check(r.startswith("status 403"), f"fork's denial: {r!r}")
+        r = fetch(fa, "http://example.invalid/")
+        check(r.startswith("status 502"), f"fork's rules: {r!r}")
+        a.update_network({"allow_out": ["127.0.0.1"], "deny_out": ["0.0.0.0/0"]})
+        r = fetch(a, f"http://127.0.0.1:{port}/updated")
+        check(r == "status 200 upstream says /updated", f"allowed again: {r!r}")
+        for body in ({"allowOut": ["10.0.0.0/8"]}, {"allowInternetAccess": "yes"}, [1],
+                     {"denyOut": ["x" * 300]}):
+            st, ans = raw("PUT", f"/sandboxes/{a.sandbox_id}/network", body)
+            check_4xx_json(st, ans, 400, f"update_network {body}")
+        st, ans = raw("PUT", "/sandboxes/nosuch/network", {})
+        check_4xx_json(st, ans, 404, "update_network of no sandbox")
 
         # Everything but localhost (the host's own addresses only when named: 127.0.0.1).
         b = Sandbox.create(timeout=120, network={"allow_out": ["127.0.0.1"],
@@ -937,10 +959,13 @@ def network():
             made.append(d)
             r = fetch(d, f"http://127.0.0.1:{port}/none")
             check(r.startswith("failed"), f"a sandbox without network reached the host: {r!r}")
+            st, ans = raw("PUT", f"/sandboxes/{d.sandbox_id}/network", {"allowOut": ["127.0.0.1"]})
+            check_4xx_json(st, ans, 409, "update_network of a sandbox without network")
 
         check(not {"/denied-a", "/denied-b", "/none", "/internal"} & set(seen),
               f"a denied request reached the server: {seen}")
-        check({"/allowed", "/open", "/internet"} <= set(seen), f"served: {seen}")
+        check({"/allowed", "/open", "/internet", "/updated"} <= set(seen),
+              f"served: {seen}")
 
         # Bad input: 400 JSON.
         for net in ({"allowOut": ["10.0.0.0/8"]}, {"allowOut": "a.test"},

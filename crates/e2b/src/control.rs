@@ -4,8 +4,8 @@
 //! /sandboxes`), get one, kill it, set its timeout, pause it (its processes frozen, or its
 //! files kept on disk with `memory: false`) and connect to it (resuming a paused one).
 //! Snapshots and fork are [`crate::snapshots`], metrics [`crate::metrics`]. What the SDK may
-//! call and agentrun does not serve answers 501 naming it (logs, network, templates,
-//! secrets, volumes).
+//! call and agentrun does not serve answers 501 naming it (logs, templates, secrets,
+//! volumes).
 //!
 //! A template is an image of agentrun's store: `base` and `code-interpreter-v1` (E2B's
 //! default templates) are the built-in `host` image (the host's `/usr`, so bash and python3),
@@ -65,7 +65,10 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/sandboxes/metrics", get(crate::metrics::many))
         .route("/sandboxes/{id}/logs", any(not_served_logs))
         .route("/v2/sandboxes/{id}/logs", any(not_served_logs))
-        .route("/sandboxes/{id}/network", any(not_served_network))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(update_network),
+        )
         .route("/templates", any(not_served_templates))
         .route("/templates/{*rest}", any(templates))
         .route("/v2/templates", any(not_served_templates))
@@ -708,8 +711,52 @@ async fn not_served_refresh() -> E2bError {
 async fn not_served_logs() -> E2bError {
     E2bError::not_served("sandbox logs are not served by agentrun's E2B API yet")
 }
-async fn not_served_network() -> E2bError {
-    E2bError::not_served("network updates are not served by agentrun's E2B API yet")
+/// Most bytes of a network update.
+const MAX_NETWORK_BODY: usize = 64 * 1024;
+
+/// `PUT /sandboxes/{id}/network` (`update_network`): the sandbox's egress rules replaced,
+/// atomically and at once (as create's `network`; what is left out is cleared), on its
+/// egress proxy. 409 for a sandbox made without network (it has no proxy: create it with
+/// `allow_internet_access` or `network`).
+async fn update_network(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> E2bResult<StatusCode> {
+    if body.len() > MAX_NETWORK_BODY {
+        return Err(E2bError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a network update is at most {MAX_NETWORK_BODY} bytes"),
+        ));
+    }
+    let mut v: Value = serde_json::from_slice(&body)
+        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(E2bError::bad_request("the body must be a JSON object"));
+    };
+    let internet = match obj.remove("allowInternetAccess") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(b),
+        Some(_) => {
+            return Err(E2bError::bad_request(
+                "allowInternetAccess must be a boolean",
+            ))
+        }
+    };
+    let policy = network_policy(internet, Some(&v))?
+        .unwrap_or_else(|| json!({"defaultAction": "deny", "egress": []}));
+    let policy = agentrun_policy::OpenSandboxPolicy::from_value(policy)
+        .map_err(|e| E2bError::bad_request(e.to_string()))?;
+    let rec = record(&server, &id)?;
+    rec.check_running()?;
+    let Some(egress) = rec.egress.as_ref() else {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} was made without network: it has no egress proxy to update (create it with allow_internet_access or network)"),
+        ));
+    };
+    tokio::task::block_in_place(|| egress.replace(policy))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 /// `/templates/...`: `DELETE /templates/{id}` of a snapshot (the SDK's `delete_snapshot`);
 /// the rest is not served.

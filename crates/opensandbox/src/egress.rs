@@ -136,6 +136,17 @@ impl SandboxEgress {
         lock(&self.policy).clone()
     }
 
+    /// Replaces the whole policy and puts it in force at once (audited as
+    /// `net.policy.replace`): the E2B API's `PUT /sandboxes/{id}/network`.
+    pub fn replace(&self, next: OpenSandboxPolicy) -> ApiResult<OpenSandboxPolicy> {
+        let resource = next.to_value().to_string();
+        self.change("net.policy.replace", resource, |policy| {
+            *policy = next;
+            Ok(true)
+        })
+        .map(|(p, _)| p)
+    }
+
     /// Applies `change` to the policy and puts the result in force; audited as `action`
     /// (`resource`: what was asked). Nothing changes when `change` fails, and nothing is
     /// audited or applied when it reports that it changed nothing. Returns the policy in

@@ -123,7 +123,10 @@ fn copy_request(rec: &Record) -> Value {
     if !limits.is_empty() {
         body["resourceLimits"] = Value::Object(limits);
     }
-    if let Some(p) = &rec.network_policy {
+    // The policy in force (changed since create, perhaps), else the one asked for.
+    if let Some(e) = &rec.egress {
+        body["networkPolicy"] = e.policy().to_value();
+    } else if let Some(p) = &rec.network_policy {
         body["networkPolicy"] = p.clone();
     }
     // A copy intercepts TLS too (its environment points at a CA bundle), with a CA and an
