@@ -76,15 +76,21 @@ pub fn forget(id: &str) {
     lock(ends()).remove(id);
 }
 
-/// Pauses a sandbox as its lifecycle says (in memory, or to disk).
-pub async fn pause(server: &Arc<Server>, rec: &Arc<Record>, memory: bool) -> E2bResult<()> {
+/// Pauses a running sandbox (in memory: its processes frozen; else its files to disk and
+/// the sandbox torn down); a paused sandbox does not end. `pause` and the auto-pause.
+pub async fn pause(
+    server: &Arc<Server>,
+    rec: &Arc<Record>,
+    memory: bool,
+    trace: Option<String>,
+) -> E2bResult<()> {
     if memory {
         rec.sandbox
             .pause()
             .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
         rec.set_state(SandboxState::Paused);
     } else {
-        lifecycle::pause_to_disk(server, rec, None).await?;
+        lifecycle::pause_to_disk(server, rec, trace).await?;
     }
     forget(&rec.id);
     *lock(&rec.expires_at) = None;
@@ -113,7 +119,7 @@ pub async fn pause_loop(server: Arc<Server>) {
                 forget(&id);
                 continue;
             }
-            if let Err(e) = pause(&server, &rec, memory).await {
+            if let Err(e) = pause(&server, &rec, memory, None).await {
                 tracing::warn!(target: "agentrun::e2b", sandbox = %id, "auto-pause failed, killing it: {}", e.message);
                 forget(&id);
                 let _ = lifecycle::delete_sandbox(&server, &id).await;

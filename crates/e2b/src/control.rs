@@ -396,21 +396,11 @@ async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
-    if req.memory == Some(false) {
-        let trace = headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        lifecycle::pause_to_disk(&server, &rec, trace).await?;
-        crate::autopause::forget(&id);
-    } else {
-        crate::autopause::forget(&id);
-        rec.sandbox
-            .pause()
-            .map_err(|e| E2bError::from(agentrun_opensandbox::ApiError::from(e)))?;
-        rec.set_state(SandboxState::Paused);
-    }
-    *lock(&rec.expires_at) = None;
+    let trace = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    crate::autopause::pause(&server, &rec, req.memory != Some(false), trace).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -572,9 +562,7 @@ async fn set_timeout(
 ) -> E2bResult<StatusCode> {
     let rec = record(&server, &id)?;
     let t = parse_timeout(&body)?;
-    if rec.state().0 != SandboxState::Paused {
-        set_end(&rec, Utc::now() + chrono::Duration::seconds(t));
-    }
+    set_end(&rec, Utc::now() + chrono::Duration::seconds(t));
     Ok(StatusCode::NO_CONTENT)
 }
 
