@@ -790,6 +790,16 @@ def pause_filesystem():
         check(back.get_info().metadata.get("flow") == "pause-fs", "metadata kept")
         st, ans = raw("POST", f"/sandboxes/{sbx.sandbox_id}/pause", {"memory": "no"})
         check_4xx_json(st, ans, 400, "pause body")
+        # Killed while paused to disk: gone, its files with it (the test checks the store).
+        other = Sandbox.create(timeout=120)
+        other.files.write("/root/gone", "x")
+        check(other.pause(mode="filesystem"), "pause another to disk")
+        other.kill()
+        try:
+            Sandbox.get_info(other.sandbox_id)
+            raise AssertionError("a killed paused sandbox is still there")
+        except NotFoundException:
+            pass
     finally:
         sbx.kill()
 

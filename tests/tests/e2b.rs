@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use agentrun_e2e::osb::{free_port, stop_clean, SCENARIO_TIMEOUT};
-use agentrun_e2e::snapshots::SnapshotSweep;
+use agentrun_e2e::snapshots::{snapshot_ids, SnapshotSweep};
 use agentrun_e2e::*;
 
 /// The venv's python; `hack/test` makes it. Missing is a failure, never a skip.
@@ -242,10 +242,23 @@ fn another_api_keys_snapshot_is_not_reached() {
 }
 
 /// `pause(mode="filesystem")`: the sandbox's files kept on disk, its processes gone;
-/// `connect` makes it again with the same id.
+/// `connect` makes it again with the same id; killed while paused, its snapshot goes too.
 #[test]
 fn pause_to_filesystem_and_connect() {
-    run_snapshot_scenario("pause_filesystem");
+    let Some(lock) = setup_exclusive() else {
+        return;
+    };
+    let _sweep = SnapshotSweep::new(&lock);
+    let before = snapshot_ids(None);
+    let (d, addr) = start();
+    scenario(&d, &addr, "pause_filesystem");
+    stop_clean(d);
+    // The snapshots of the pauses went with the resume and the kill.
+    assert_eq!(
+        snapshot_ids(None),
+        before,
+        "a pause's snapshot was left in the store"
+    );
 }
 
 /// `get_metrics` and `/sandboxes/metrics`: a busy sandbox's CPU and memory, not charged to
