@@ -641,7 +641,9 @@ def snapshots():
     made = []
     try:
         src.files.write("/root/kept.txt", "before " + nonce)
+        t0 = time.monotonic()
         info = src.create_snapshot(name=f"n-{nonce}")
+        print(f"SNAPSHOT_MS={(time.monotonic() - t0) * 1000:.1f}", flush=True)
         check(info.snapshot_id.startswith("snap-"), f"snapshot id {info}")
         check(info.names == [f"n-{nonce}"], f"names {info}")
         # Written after the snapshot: not in it; the source runs on.
@@ -657,7 +659,9 @@ def snapshots():
         check(Sandbox.list_snapshots(sandbox_id=other.sandbox_id).next_items() == [],
               "another sandbox's snapshots")
 
+        t0 = time.monotonic()
         new = Sandbox.create(info.snapshot_id, timeout=120)
+        print(f"RESTORE_MS={(time.monotonic() - t0) * 1000:.1f}", flush=True)
         made.append(new)
         check(new.sandbox_id != src.sandbox_id, "a new sandbox")
         check(new.files.read("/root/kept.txt") == "before " + nonce, "file from the snapshot")
@@ -669,7 +673,9 @@ def snapshots():
         # A sandbox not made from it sees nothing of it.
         check(not other.files.exists("/root/kept.txt"), "another sandbox sees the file")
 
+        t0 = time.monotonic()
         forks = src.fork(count=2, timeout=60)
+        print(f"FORK2_MS={(time.monotonic() - t0) * 1000:.1f}", flush=True)
         check(len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), f"forks {forks}")
         made.extend(forks)
         a, b = forks
