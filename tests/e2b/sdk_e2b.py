@@ -668,6 +668,13 @@ def snapshots():
         check(not new.files.exists("/root/after.txt"), "a file written after the snapshot")
         check(new.get_info().template_id == info.snapshot_id, "template of a restored sandbox")
         check(new.commands.run("echo restored").stdout == "restored\n", "runs")
+        # By its name too (the newest of that name).
+        named = Sandbox.create(f"n-{nonce}", timeout=60)
+        made.append(named)
+        check(named.files.read("/root/kept.txt") == "before " + nonce, "made by the name")
+        check(named.get_info().template_id == f"n-{nonce}", "template of a named restore")
+        st, ans = raw("POST", "/v2/sandboxes", {"templateID": f"no-such-{nonce}"})
+        check_4xx_json(st, ans, 400, "create from no image nor snapshot name")
         new.files.write("/root/kept.txt", "changed in the copy")
         check(src.files.read("/root/kept.txt") == "before " + nonce, "copy changed the source")
         # A sandbox not made from it sees nothing of it.

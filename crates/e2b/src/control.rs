@@ -485,24 +485,52 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
     }
     let (osb, template, metadata) = parse_create(body)?;
     let trace = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let rec = lifecycle::create_from_body(server, &Bytes::from(osb), trace)
-        .await
-        .map_err(|e| {
-            if e.status == StatusCode::BAD_REQUEST && e.message.starts_with("image.uri") {
-                E2bError::bad_request(format!(
-                    "template {template:?}: no image {:?} in agentrun's store ({})",
-                    template_image(&template),
-                    e.message
-                ))
-            } else {
-                E2bError::from(e)
+    let rec = match lifecycle::create_from_body(server, &Bytes::from(osb.clone()), trace).await {
+        Ok(rec) => rec,
+        Err(e) if e.status == StatusCode::BAD_REQUEST && e.message.starts_with("image.uri") => {
+            // Not an image: the name of one of this key's snapshots (the newest of it)?
+            match snapshot_named(server, &template).await {
+                Some(id) => {
+                    let mut v: Value = serde_json::from_slice(&osb)
+                        .map_err(|e| E2bError::bad_request(e.to_string()))?;
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("image");
+                        o.insert("snapshotId".into(), json!(id));
+                    }
+                    lifecycle::create_from_body(server, &Bytes::from(v.to_string()), trace)
+                        .await?
+                }
+                None => {
+                    return Err(E2bError::bad_request(format!(
+                        "template {template:?}: no image {:?} in agentrun's store and no snapshot of that name ({})",
+                        template_image(&template),
+                        e.message
+                    )))
+                }
             }
-        })?;
+        }
+        Err(e) => return Err(e.into()),
+    };
     *lock(&rec.metadata) = metadata;
     if let Some(l) = crate::autopause::Lifecycle::of(&rec) {
         set_end(&rec, Utc::now() + chrono::Duration::seconds(l.timeout_s));
     }
     Ok(created_json(&rec, &template))
+}
+
+/// The id of this API key's newest snapshot named `name` (`create_snapshot(name=...)`).
+async fn snapshot_named(server: &Arc<Server>, name: &str) -> Option<String> {
+    let (srv, name) = (server.clone(), name.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let all = srv.store.snapshots(Some(&srv.owner)).ok()?;
+        all.into_iter()
+            .filter(|s| s.name.as_deref() == Some(name.as_str()))
+            .max_by(|a, b| a.created.cmp(&b.created))
+            .map(|s| s.id)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Sets when a running sandbox ends: killed then (its OpenSandbox expiry), or paused then
