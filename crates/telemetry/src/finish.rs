@@ -204,12 +204,12 @@ impl RunFinish {
         }
     }
 
-    /// The `run` audit record's verdict: the CLI's `denied` / `error` (agentrun failed it) /
-    /// `ran`; the other front ends' `ok` (exit 0) / `error`.
+    /// The `run` audit record's verdict: the CLI's `denied` / `error` (exit 125: agentrun
+    /// failed it) / `ran`; the other front ends' `ok` (exit 0) / `error`.
     pub fn audit_verdict(&self) -> &'static str {
         match (self.front_end, &self.ending) {
             (FrontEnd::Cli, Ending::Denied(_)) => "denied",
-            (FrontEnd::Cli, Ending::Failed { .. }) => "error",
+            (FrontEnd::Cli, _) if self.exit_code.is_none_or(|c| c == EXIT_FAILED) => "error",
             (FrontEnd::Cli, _) => "ran",
             (_, Ending::Exited) if self.exit_code == Some(0) => "ok",
             _ => "error",
