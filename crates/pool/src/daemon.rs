@@ -469,7 +469,7 @@ fn same_store(client: &Path, ours: &Path) -> bool {
 
 /// Serves a client's `Exec` message: runs its request in a fresh cell of a pooled shell and
 /// replies with how it ended. The shell goes back to the pool in one place, whatever
-/// happened ([`run_in_shell`] says with which verdict).
+/// happened ([`ShellRun::serve`] says with which verdict).
 fn run_in_pooled_shell(
     shared: &Shared,
     conn: BorrowedFd<'_>,
