@@ -664,8 +664,8 @@ print("OK")
     let out = run_with_timeout(cmd, None, Duration::from_secs(120));
     assert!(out.stdout().contains("OK"), "{out}\n{}", d.log());
     let sandbox = printed(&out.stdout(), "SANDBOX").to_string();
-    // A command's record is written off its client's path: it lands right after the end the
-    // client saw.
+    // A command's record is in the log before its client sees its end; `kill` may still be
+    // on its way.
     let runs = wait_until(Duration::from_secs(10), || {
         let all = d
             .agentrun(["audit", "--json"])

@@ -73,6 +73,7 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
             audit: Some(&audit),
             counter: daemon.as_ref().map(|d| d as &dyn RunCounter),
             violation_metric: true,
+            ..Default::default()
         })
     });
     if let Err(e) = written {

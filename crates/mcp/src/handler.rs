@@ -236,7 +236,7 @@ async fn run_code(
         span: Some(&mut exec),
         audit: Some(&shared.audit),
         counter: Some(agentrun_pool::metrics::global()),
-        violation_metric: false,
+        ..Default::default()
     });
     if let Err(e) = written {
         tracing::error!(target: "agentrun::mcp", "audit log: {e}");

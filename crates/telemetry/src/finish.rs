@@ -78,6 +78,11 @@ pub struct Sinks<'a> {
     pub span: Option<&'a mut RunSpan>,
     /// The audit log the `run` record goes to.
     pub audit: Option<&'a AuditLog>,
+    /// Append the record without waiting for the disk ([`AuditLog::append_written`]: in the
+    /// file at once, on disk with the log's next synced append or the kernel's writeback),
+    /// for a front end whose runs follow each other quickly (an `fdatasync` per OpenSandbox
+    /// command cost its next command ~2 ms p50, ~5 ms p90 here).
+    pub audit_unsynced: bool,
     /// The runs and denials counters.
     pub counter: Option<&'a dyn RunCounter>,
     /// Send the OTLP `sandbox.violation_count` data point (from the span's start) when the
@@ -277,6 +282,7 @@ impl RunFinish {
     /// failed; everything else is written regardless.
     pub fn write(&self, to: Sinks<'_>) -> Result<(), AuditError> {
         let audited = match to.audit {
+            Some(log) if to.audit_unsynced => log.append_written(&self.audit_record()),
             Some(log) => log.append(&self.audit_record()),
             None => Ok(()),
         };
@@ -345,7 +351,7 @@ mod tests {
             span: Some(&mut span),
             audit: Some(&log),
             counter: Some(&counted),
-            violation_metric: false,
+            ..Default::default()
         })
         .unwrap();
         let mut records = log.query(&AuditQuery::default()).unwrap();
