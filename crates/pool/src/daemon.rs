@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use agentrun_runtime::cellrun::{cell_request, CellRun, MappingCache, RunMounts};
 use agentrun_runtime::cgroup::CgroupMode;
-use agentrun_runtime::control::{self, CellCommand, CellWork};
+use agentrun_runtime::control::{self, CellCommand, CellRequest, CellWork};
 use agentrun_runtime::{RunOutcome, RuntimePaths};
 use agentrun_telemetry::{Ending, FrontEnd, RunFinish, Sinks};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -570,15 +570,26 @@ struct ShellRun<'a> {
 }
 
 impl ShellRun<'_> {
-    /// Runs the request in a fresh cell of `shell`: before anything of the run, its egress
-    /// proxy (the client's), its limits and its mounts (a failure there leaves the shell as it
-    /// was); then the cell, waited for, and the reply. Returns how the shell goes back.
+    /// Runs the request in a fresh cell of `shell` ([`Self::prepare`], then
+    /// [`Self::run_cell`]). Returns how the shell goes back.
     fn serve(
         &self,
         shell: &mut PooledShell,
         out: &mut ExecReply,
         stdio: Vec<OwnedFd>,
     ) -> Result<Verdict, NotRun> {
+        let (cell_req, mounts, timeout) = self.prepare(shell, out)?;
+        self.run_cell(shell, out, stdio, cell_req, mounts, timeout)
+    }
+
+    /// Before anything of the run: its egress proxy (the client's), its limits and its
+    /// mounts (a failure there leaves the shell as it was, unless its limits could not be
+    /// set); then the cell's request and the run's time limit.
+    fn prepare(
+        &self,
+        shell: &mut PooledShell,
+        out: &mut ExecReply,
+    ) -> Result<(CellRequest, RunMounts, Option<Duration>), NotRun> {
         let (shared, profile, request) = (self.shared, self.profile, self.request);
         // The client says on which port its command expects the proxy (HTTP_PROXY).
         let egress_port = match (profile.network.needs_proxy(), request.recipe.egress_port) {
@@ -634,6 +645,21 @@ impl ShellRun<'_> {
             out.enforcement.limits =
                 agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
         }
+        Ok((cell_req, mounts, timeout))
+    }
+
+    /// The run itself: the cell started, waited for (at most `timeout`) and its end counted
+    /// and replied; once the client hung up, the cell let go.
+    fn run_cell(
+        &self,
+        shell: &mut PooledShell,
+        out: &mut ExecReply,
+        stdio: Vec<OwnedFd>,
+        cell_req: CellRequest,
+        mounts: RunMounts,
+        timeout: Option<Duration>,
+    ) -> Result<Verdict, NotRun> {
+        let (shared, request) = (self.shared, self.request);
         let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
         let on_board = crate::board::board()
             .register(
