@@ -627,3 +627,80 @@ fn http_get_local(port: u16, path: &str) -> String {
 fn command_logs_of_a_sandbox_share_a_bounded_budget() {
     run_memory_scenario("log_flood", &[], &[]);
 }
+
+/// Every OpenSandbox command is a run in the audit log, as a CLI or MCP run is: a `run` record
+/// with the sandbox, the command line, its exit code, its outcome and the profile of the
+/// sandbox (`serve --opensandbox-profile`).
+#[test]
+fn commands_are_audited_as_runs() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let (d, domain) = start(
+        &[("AGENTRUN_AUDIT_DIR", audit.path().display().to_string())],
+        &["--opensandbox-profile", "strict"],
+    );
+    let script = r#"
+import os
+from opensandbox import SandboxSync
+from opensandbox.config import ConnectionConfigSync
+cfg = ConnectionConfigSync(domain=os.environ["OSB_DOMAIN"], api_key=os.environ["OSB_API_KEY"], protocol="http")
+sbx = SandboxSync.create("host", connection_config=cfg)
+try:
+    assert sbx.commands.run("true").exit_code == 0
+    assert sbx.commands.run("exit 4").exit_code == 4
+    print("SANDBOX", sbx.id)
+finally:
+    sbx.kill()
+print("OK")
+"#;
+    let mut cmd = std::process::Command::new(python());
+    cmd.arg("-c")
+        .arg(script)
+        .env("OSB_DOMAIN", &domain)
+        .env("OSB_API_KEY", d.api_key())
+        .env("OPENSANDBOX_DISABLE_METRICS", "1")
+        .env_remove("OPEN_SANDBOX_API_KEY")
+        .env_remove("OPEN_SANDBOX_DOMAIN");
+    let out = run_with_timeout(cmd, None, Duration::from_secs(120));
+    assert!(out.stdout().contains("OK"), "{out}\n{}", d.log());
+    let sandbox = printed(&out.stdout(), "SANDBOX").to_string();
+    // A command's record is in the log before its client sees its end; `kill` may still be
+    // on its way.
+    let runs = wait_until(Duration::from_secs(10), || {
+        let all = d
+            .agentrun(["audit", "--json"])
+            .env("AGENTRUN_AUDIT_DIR", audit.path())
+            .run()
+            .success();
+        let runs: Vec<serde_json::Value> = all
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["kind"] == "run")
+            .collect();
+        (runs.len() >= 2).then_some(runs)
+    })
+    .unwrap_or_else(|| panic!("no run records in the audit log\n{}", d.log()));
+    let mut seen: Vec<(String, i64, String)> = runs
+        .iter()
+        .map(|r| {
+            assert_eq!(r["sandbox_id"], sandbox.as_str(), "{r}");
+            assert_eq!(r["action"], "exec", "{r}");
+            assert_eq!(r["profile"], "strict", "{r}");
+            assert_eq!(r["trace_id"].as_str().map(str::len), Some(32), "{r}");
+            (
+                r["resource"].as_str().unwrap().to_owned(),
+                r["exit"].as_i64().unwrap(),
+                r["decision"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("exit 4".to_string(), 4, "error".to_string()),
+            ("true".to_string(), 0, "ok".to_string()),
+        ]
+    );
+    stop_clean(d);
+}

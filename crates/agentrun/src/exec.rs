@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use agentrun_pool::client::DaemonClient;
-use agentrun_telemetry::{AuditLog, ExecSpan};
+use agentrun_telemetry::{AuditLog, ExecSpan, RunCounter, Sinks};
 
 use crate::plan::{default_command, ExecArgs, Plan, PlanError};
 use crate::run::RunRecord;
@@ -30,7 +30,7 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     span.set_attribute("container.image.name", args.image.clone());
     span.set_attribute("sandbox.profile", args.profile.clone());
     let recorder = Recorder::new(&span, AuditLog::new(paths.audit_dir()), &args.profile);
-    let command_line = agentrun_telemetry::command_line(&args.command.join(" "));
+    let command_line = args.command.join(" ");
     let keep_bundle = args.keep_bundle;
     let landlock_only = args.isolation == crate::plan::Isolation::LandlockOnly;
     let no_daemon = landlock_only
@@ -54,31 +54,49 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
         let _ = recorder.set_sandbox(id);
     }
     let code = record.exit_code;
-    if let Err(e) = recorder.run(&command_line, code, record.audit_outcome()) {
-        eprintln!("agentrun: {e}");
-    }
-    if !no_daemon && record.cold_reason.is_none() {
-        report_denials(paths, &recorder.denied_rules());
-    }
     record.fill_span(&mut span);
-    let (children, decisions, denials) = recorder.take();
-    span.set_attribute("sandbox.policy_decisions", decisions);
-    span.set_attribute("sandbox.violation_count", denials);
-    span.set_attribute("process.exit.code", i64::from(code));
-    if denials > 0 {
-        let mut attrs = vec![("sandbox.profile", recorder.profile())];
-        if let Some(id) = &record.sandbox_id {
-            attrs.push(("sandbox.id", id.clone()));
-        }
-        agentrun_telemetry::metrics::export_violation_count(denials, span.start_time(), &attrs);
+    let (children, decisions, _) = recorder.take();
+    let mut finish = record
+        .finish()
+        .profile(&recorder.profile())
+        .trace(&span.traceparent())
+        .command(&command_line)
+        .denials(recorder.denied_rules());
+    finish.decisions = Some(decisions);
+    // The daemon counts the denials of the runs it served, and of those denied before any
+    // sandbox; cold runs beside a daemon (`cold_reason`) are not its own.
+    let daemon = (!no_daemon && record.cold_reason.is_none()).then_some(DaemonDenials(paths));
+    let audit = recorder.audit();
+    let written = recorder.flush().and_then(|()| {
+        finish.write(Sinks {
+            span: Some(&mut span),
+            audit: Some(&audit),
+            counter: daemon.as_ref().map(|d| d as &dyn RunCounter),
+            violation_metric: true,
+            ..Default::default()
+        })
+    });
+    if let Err(e) = written {
+        eprintln!("agentrun: {e}");
     }
     span.finish_with(children);
     ExitCode::from(code as u8)
 }
 
-/// The run's denials, to the daemon's metrics (`agentrun_policy_denials_total`), when a
-/// daemon answers: a run it served, or one denied before any sandbox. Cold runs beside a
-/// daemon (`cold_reason`) are not its own and are not reported. Never fails the run.
+/// The daemon's metrics (`agentrun_policy_denials_total`), as a CLI run reaches them: its
+/// denials are reported to the daemon when one answers; its run the daemon counted itself
+/// (it served it) or is not the daemon's. Never fails the run.
+struct DaemonDenials<'a>(&'a Paths);
+
+impl RunCounter for DaemonDenials<'_> {
+    fn run(&self, _outcome: &str, _duration: std::time::Duration) {}
+
+    fn denials(&self, rules: &[String]) {
+        report_denials(self.0, rules);
+    }
+}
+
+/// The run's denials, to the daemon's metrics, when a daemon answers.
 fn report_denials(paths: &Paths, rules: &[String]) {
     if rules.is_empty() {
         return;

@@ -13,7 +13,7 @@ use agentrun_egress::{DecisionSink, FailureSink, Proxy};
 use agentrun_policy::{format_bytes, Action, Decision};
 use agentrun_runtime::kaudit;
 use agentrun_runtime::{Enforcement, RunEnd, RunOutcome};
-use agentrun_telemetry::RunSpan;
+use agentrun_telemetry::{Ending, FrontEnd, RunFinish, RunSpan};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
@@ -22,7 +22,7 @@ use crate::trace::Recorder;
 use crate::{one_line, EXIT_AGENTRUN_ERROR};
 
 /// What one run did, as the path that ran it returns it: the run's span and its audit record
-/// are filled from it ([`RunRecord::fill_span`], [`RunRecord::audit_outcome`]).
+/// are filled from it ([`RunRecord::fill_span`], [`RunRecord::finish`]).
 #[derive(Debug, Default)]
 pub(crate) struct RunRecord {
     /// The code agentrun exits with.
@@ -82,17 +82,6 @@ impl RunRecord {
         self
     }
 
-    /// The run's audit record's verdict: `denied`, `error` (exit 125) or `ran`.
-    pub fn audit_outcome(&self) -> &'static str {
-        if self.denied.is_some() {
-            "denied"
-        } else if self.exit_code == i32::from(EXIT_AGENTRUN_ERROR) {
-            "error"
-        } else {
-            "ran"
-        }
-    }
-
     /// Tells the user why a run ended when agentrun ended it (timeout, OOM, output cut).
     pub fn tell(&self, plan: &Plan) {
         let Some(o) = &self.outcome else { return };
@@ -117,8 +106,43 @@ impl RunRecord {
         }
     }
 
-    /// Puts the run on its `sandbox.exec` span (everything but the policy counts and the
-    /// exit code, which `exec` adds once the audit record is written).
+    /// How the run ended, for [`RunFinish::write`] (which puts the exit code, signal, pid,
+    /// duration, timeout, policy counts and error status on the span and writes the audit
+    /// record); the caller adds the profile, trace, command line and decisions.
+    pub fn finish(&self) -> RunFinish {
+        let end = self.outcome.as_ref().map(RunOutcome::end);
+        // As the span always had it: a refusal first, then the command's own end when a limit
+        // or the sandbox's setup ended it, then agentrun's failure.
+        let ending = match (&self.denied, &end, &self.failure) {
+            (Some(why), _, _) => Ending::Denied(why.clone()),
+            (_, Some(RunEnd::TimedOut), _) => Ending::TimedOut,
+            (_, Some(RunEnd::OutOfMemory), _) => Ending::OutOfMemory,
+            (_, Some(RunEnd::SetupFailed(e)), _) => Ending::Failed {
+                kind: "sandbox_setup".into(),
+                message: e.to_string(),
+            },
+            (_, _, Some((kind, msg))) => Ending::Failed {
+                kind: (*kind).into(),
+                message: msg.clone(),
+            },
+            _ => Ending::Exited,
+        };
+        let mut f = RunFinish::new(FrontEnd::Cli, ending).exit(self.exit_code);
+        if let Some(id) = &self.sandbox_id {
+            f = f.sandbox(id);
+        }
+        if let Some(o) = &self.outcome {
+            f = f.duration(o.run_duration).pid(i64::from(o.init_pid));
+        }
+        if let Some(RunEnd::Signaled(sig)) = end {
+            f.signal = Some(sig);
+        }
+        f
+    }
+
+    /// Puts what only a CLI run knows on its `sandbox.exec` span: the shell it took, what
+    /// that enforces, the zygote, the output counts and resource usage ([`Self::finish`]
+    /// carries the rest).
     pub fn fill_span(&self, span: &mut RunSpan) {
         span.set_attribute("sandbox.pool_hit", self.pool_hit);
         if let Some(reason) = self.cold_reason {
@@ -146,13 +170,6 @@ impl RunRecord {
         if let Some(n) = self.kernel_denials {
             span.set_attribute("sandbox.kernel_denials", n);
         }
-        if let Some(msg) = &self.denied {
-            span.set_attribute("sandbox.blocked", true);
-            span.set_error("policy_denied", msg);
-        }
-        if let Some((kind, msg)) = &self.failure {
-            span.set_error(kind, msg);
-        }
         if let Some(o) = &self.outcome {
             record_outcome(span, o, self.output_counted);
         }
@@ -173,21 +190,10 @@ fn record_enforcement(span: &mut RunSpan, e: &Enforcement) {
     }
 }
 
-/// How the command ended. `output_counted`: the bytes went through agentrun, so the counts
-/// are real.
+/// What the command used and wrote. `output_counted`: the bytes went through agentrun, so
+/// the counts are real.
 fn record_outcome(span: &mut RunSpan, o: &RunOutcome, output_counted: bool) {
-    let end = o.end();
-    match end {
-        RunEnd::TimedOut => span.set_error("timeout", "timed out"),
-        RunEnd::OutOfMemory => span.set_error("oom", "out of memory"),
-        RunEnd::SetupFailed(e) => span.set_error("sandbox_setup", e),
-        RunEnd::Signaled(sig) => span.set_attribute("process.signal", i64::from(sig)),
-        RunEnd::Exited => {}
-    }
-    span.set_attribute("process.pid", i64::from(o.init_pid));
-    span.set_attribute("sandbox.timed_out", o.timed_out);
     span.set_attribute("sandbox.oom_killed", o.oom_killed);
-    span.set_attribute("sandbox.duration_ms", o.run_duration.as_millis() as i64);
     if output_counted {
         span.set_attribute("sandbox.stdout_bytes", o.stdout_bytes as i64);
         span.set_attribute("sandbox.stderr_bytes", o.stderr_bytes as i64);

@@ -77,7 +77,7 @@ impl Recorder {
     }
 
     /// Traces and keeps one decision. Returns whether it is on disk (always false before the
-    /// sandbox id is known: it is held until [`Recorder::set_sandbox`] or [`Recorder::run`]).
+    /// sandbox id is known: it is held until [`Recorder::set_sandbox`] or [`Recorder::flush`]).
     pub fn decision(&self, action: &Action, d: &Decision) -> bool {
         self.decision_by(action, d, "agentrun", None)
     }
@@ -143,22 +143,15 @@ impl Recorder {
         g.flush()
     }
 
-    /// Records the run itself (after its decisions): its command line and exit code.
-    pub fn run(&self, command: &str, exit: i32, outcome: &str) -> Result<(), AuditError> {
-        let mut g = self.lock();
-        g.flush()?;
-        let record = AuditRecord {
-            kind: "run".into(),
-            sandbox_id: g.sandbox_id.clone().unwrap_or_default(),
-            trace_id: g.trace_id.clone(),
-            action: "exec".into(),
-            resource: command.to_owned(),
-            decision: outcome.into(),
-            profile: g.profile.clone(),
-            exit: Some(exit),
-            ..Default::default()
-        };
-        g.audit.append(&record)
+    /// Writes the decisions still held (with the sandbox's id, when it exists): before the
+    /// run's own record, which makes them durable.
+    pub fn flush(&self) -> Result<(), AuditError> {
+        self.lock().flush()
+    }
+
+    /// The audit log the run's decisions (and its `run` record) go to.
+    pub fn audit(&self) -> AuditLog {
+        self.lock().audit.clone()
     }
 
     /// The rule ids of the denials so far.
@@ -195,7 +188,7 @@ impl Inner {
             }
             self.children.push(span.end());
         }
-        // Written now, made durable by the run's own record (`Recorder::run`): the start of
+        // Written now, made durable by the run's own record (`RunFinish::write`): the start of
         // a run waits for no disk flush of its own.
         for mut r in std::mem::take(&mut self.pending) {
             r.sandbox_id = id.clone();

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use agentrun_policy::{Action, Decision};
 use agentrun_telemetry::decision::POLICY_CHECK;
-use agentrun_telemetry::{trace_id_of, AuditRecord, DecisionScope, ExecSpan, RunSpan};
+use agentrun_telemetry::{
+    trace_id_of, DecisionScope, ExecSpan, FrontEnd, RunFinish, RunSpan, Sinks,
+};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
@@ -208,54 +210,40 @@ async fn run_code(
         Code::Python(c) => run::python(shared, &lease.sandbox, c, env, timeout).await,
         Code::Shell(c) => run::shell(shared, &lease.sandbox, c, env, timeout).await,
     };
-    exec.set_attribute("sandbox.duration_ms", started.elapsed().as_millis() as i64);
-    {
-        use agentrun_pool::metrics::{global, outcome};
-        let o = match &result {
-            Ok(out) if out.timed_out => outcome::TIMEOUT,
-            Ok(out) if out.exit_code == 0 => outcome::OK,
-            Ok(_) => outcome::ERROR,
-            Err(_) => outcome::FAILED,
-        };
-        // The daemon's metrics when served by `agentrun serve --mcp` (in `agentrun mcp`
-        // nobody reads them).
-        global().run(o, started.elapsed());
-    }
-    // The run's audit record, as a CLI run's: its command line, exit code and outcome.
-    let record = AuditRecord {
-        time: agentrun_telemetry::audit::now_rfc3339(),
-        kind: "run".into(),
-        sandbox_id: lease.sandbox.id().to_owned(),
-        trace_id: trace_id_of(trace),
-        action: "exec".into(),
-        resource: agentrun_telemetry::command_line(&format!("{executable} {line}")),
-        decision: match &result {
-            Ok(out) if out.exit_code == 0 => "ok",
-            _ => "error",
+    let elapsed = started.elapsed();
+    let finish = match &result {
+        Ok(out) => RunFinish::exited(FrontEnd::Mcp, out.exit_code, out.timed_out, elapsed),
+        Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
+            RunFinish::failed(FrontEnd::Mcp, "spawn", message.as_str()).duration(elapsed)
         }
-        .into(),
-        exit: Some(
-            result
-                .as_ref()
-                .map_or(agentrun_runtime::exit::EXIT_SETUP_FAILED, |o| o.exit_code),
-        ),
-        profile: shared.profile.name.clone(),
-        ..Default::default()
+        Err(e) => RunFinish::failed(FrontEnd::Mcp, "sandbox", e.to_string()).duration(elapsed),
     };
-    if let Err(e) = shared.audit.append(&record) {
+    // The denials the sandbox reported during the run (not the ones explained from the
+    // output below).
+    let reported = match &result {
+        Ok(_) => lease.sandbox.watch.take(),
+        Err(_) => Vec::new(),
+    };
+    let finish = finish
+        .profile(&shared.profile.name)
+        .sandbox(lease.sandbox.id())
+        .trace(trace)
+        .command(&format!("{executable} {line}"))
+        .denials(reported.iter().map(|d| d.rule_id.clone()).collect());
+    // The daemon's metrics count it when served by `agentrun serve --mcp` (in `agentrun mcp`
+    // nobody reads them); its audit record is a CLI run's: command line, exit code, outcome.
+    let written = finish.write(Sinks {
+        span: Some(&mut exec),
+        audit: Some(&shared.audit),
+        counter: Some(agentrun_pool::metrics::global()),
+        ..Default::default()
+    });
+    if let Err(e) = written {
         tracing::error!(target: "agentrun::mcp", "audit log: {e}");
     }
     let r = match result {
         Ok(out) => {
-            exec.set_attribute("process.exit.code", out.exit_code as i64);
-            if out.timed_out {
-                exec.set_attribute("sandbox.timed_out", true);
-            }
-            let mut denials = lease.sandbox.watch.take();
-            // Reported denials only (not the ones explained from the output below).
-            for d in &denials {
-                agentrun_pool::metrics::global().denial(&d.rule_id);
-            }
+            let mut denials = reported;
             for d in explain_output(&shared.profile, &[&out.stderr, &out.stdout]) {
                 if !denials
                     .iter()
@@ -268,13 +256,9 @@ async fn run_code(
             run_result(out, denials, lease.sandbox.id(), lease.note.clone())
         }
         Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
-            exec.set_error("spawn", &message);
             error_result("cannot_start", format!("{executable}: {message}"))
         }
-        Err(e) => {
-            exec.set_error("sandbox", &e.to_string());
-            error_result("sandbox", e.to_string())
-        }
+        Err(e) => error_result("sandbox", e.to_string()),
     };
     exec.finish_detached("mcp-span");
     r

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use agentrun_runtime::cellrun::{cell_request, CellRun, MappingCache, RunMounts};
 use agentrun_runtime::cgroup::CgroupMode;
-use agentrun_runtime::control::{self, CellCommand, CellWork};
+use agentrun_runtime::control::{self, CellCommand, CellRequest, CellWork};
 use agentrun_runtime::{RunOutcome, RuntimePaths};
+use agentrun_telemetry::{Ending, FrontEnd, RunFinish, Sinks};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -352,10 +353,8 @@ fn serve_client(shared: &Shared, conn: OwnedFd) {
             reply(conn.as_fd(), &DaemonReply::PoolStatus(status))
         }
         (ClientMessage::Denials { rules }, _) => {
-            let metrics = crate::metrics::global();
-            for rule in rules.iter().take(MAX_REPORTED_DENIALS) {
-                metrics.denial(rule);
-            }
+            // A CLI run's denials, reported by its client (see `RunFinish::write`).
+            agentrun_telemetry::RunCounter::denials(crate::metrics::global(), &rules);
             reply(conn.as_fd(), &DaemonReply::Ok)
         }
         (ClientMessage::Top, _) => match shared.live.upgrade() {
@@ -417,10 +416,6 @@ fn shutting_down() -> DaemonReply {
     }
 }
 
-/// Most denials one [`ClientMessage::Denials`] counts (a rule id is a label value: a
-/// client cannot grow the daemon's metrics without bound in one message).
-const MAX_REPORTED_DENIALS: usize = 1000;
-
 /// `agentrun snapshot create`: a snapshot of live sandbox `id` (owner: none, the local
 /// root's), with its span and audit record.
 fn snapshot_of(
@@ -473,7 +468,8 @@ fn same_store(client: &Path, ours: &Path) -> bool {
 }
 
 /// Serves a client's `Exec` message: runs its request in a fresh cell of a pooled shell and
-/// replies with how it ended.
+/// replies with how it ended. The shell goes back to the pool in one place, whatever
+/// happened ([`ShellRun::serve`] says with which verdict).
 fn run_in_pooled_shell(
     shared: &Shared,
     conn: BorrowedFd<'_>,
@@ -482,9 +478,11 @@ fn run_in_pooled_shell(
     stdio: Vec<OwnedFd>,
 ) {
     let started = std::time::Instant::now();
-    let metrics = crate::metrics::global();
     let fail = |message: String| {
-        metrics.run(crate::metrics::outcome::FAILED, started.elapsed());
+        count(
+            &RunFinish::failed(FrontEnd::Daemon, "sandbox", message.as_str())
+                .duration(started.elapsed()),
+        );
         reply(
             conn,
             &DaemonReply::Exec(ExecReply {
@@ -514,157 +512,238 @@ fn run_in_pooled_shell(
         memory_limit_bytes: profile.resources.memory_bytes,
         ..Default::default()
     };
-    let failed = |out: &mut ExecReply, message: String| {
-        metrics.run(crate::metrics::outcome::FAILED, started.elapsed());
-        out.exit_code = agentrun_runtime::exit::EXIT_SETUP_FAILED;
-        out.error = Some(message);
-        reply(conn, &DaemonReply::Exec(out.clone()));
+    let run = ShellRun {
+        shared,
+        conn,
+        profile: &profile,
+        request: &request,
+        timeout_ms,
     };
-    // Before anything of the run: its egress proxy (the client's), its limits, its mounts.
-    // A failure here leaves the shell as it was.
-    // The client says on which port its command expects the proxy (HTTP_PROXY).
-    let egress_port = match (profile.network.needs_proxy(), request.recipe.egress_port) {
-        (true, Some(port)) => Some(port),
-        (true, None) => {
-            failed(
-                &mut out,
-                "the run's network policy needs an egress port".into(),
+    let verdict = match run.serve(&mut shell, &mut out, stdio) {
+        Ok(verdict) => verdict,
+        Err(NotRun { message, verdict }) => {
+            count(
+                &RunFinish::failed(FrontEnd::Daemon, "sandbox", message.as_str())
+                    .duration(started.elapsed()),
             );
-            return shared.pool.release(shell, Verdict::Reuse);
-        }
-        (false, _) => None,
-    };
-    if egress_port.is_some() {
-        if let Err(e) = egress_handshake(conn, &shell) {
-            failed(&mut out, e);
-            return shared.pool.release(shell, Verdict::Reuse);
-        }
-    }
-    if let Err(e) = apply_limits(
-        &mut shell,
-        RunLimits::of(&profile),
-        shared.cgroup,
-        shared.swap_limit,
-    ) {
-        failed(&mut out, format!("setting the run's limits: {e}"));
-        return shared.pool.release(shell, Verdict::Discard("init_error"));
-    }
-    let user_mounts = request.recipe.user_mounts();
-    let mounts = {
-        let mut cache = crate::lock(&shared.mappings);
-        let userns = shell.userns.as_ref().map(|f| f.as_fd());
-        RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, userns)
-    };
-    let mounts = match mounts {
-        Ok(m) => m,
-        Err(e) => {
-            failed(&mut out, e.to_string());
-            return shared.pool.release(shell, Verdict::Reuse);
-        }
-    };
-    out.enforcement.idmapped_mounts &= mounts.idmapped;
-    let mut cell_req = cell_request(
-        &profile,
-        shared.landlock_abi,
-        &user_mounts,
-        &mounts,
-        egress_port,
-        CellWork::Run(CellCommand {
-            argv: request.args.clone(),
-            env: request.environment(&profile, &shell.image),
-            cwd: request.working_dir(&shell.image),
-            zygote: profile.python.zygote,
-        }),
-    );
-    if shared.cgroup.is_none() {
-        // No cgroup enforces the profile's limits (rootless): rlimits on the command.
-        let timeout = timeout_ms
-            .map(std::time::Duration::from_millis)
-            .or(profile.resources.timeout);
-        *cell_req.rlimits =
-            agentrun_runtime::limits::RlimitFallback::for_resources(&profile.resources, timeout);
-        out.enforcement.limits = agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
-    }
-    let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
-    let on_board = match crate::board::board().register(
-        &shell.id,
-        &request.recipe.image,
-        &request.recipe.profile,
-        &request.args,
-    ) {
-        Ok(g) => g,
-        Err(e) => {
-            failed(&mut out, e.to_string());
-            return shared.pool.release(shell, Verdict::Reuse);
-        }
-    };
-    let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
-    let mut cell = match CellRun::start(shell.control.as_fd(), &cell_req, &raw, mounts) {
-        Ok(c) => c,
-        Err(e) => {
-            failed(&mut out, e.to_string());
-            return shared.pool.release(shell, Verdict::Discard("cell_failed"));
-        }
-    };
-    // The client's stdio must not stay open here: it would hold the client's pipes open.
-    drop(stdio);
-    out.init_pid = cell.pid;
-    let timeout = timeout_ms
-        .map(Duration::from_millis)
-        .or(profile.resources.timeout);
-    let result = crate::run::wait(&cell, timeout, conn, meter, &on_board);
-    drop(on_board);
-    let verdict = match result {
-        Ok(r) => {
-            let outcome = RunOutcome::of_cell(r.init.clone(), r.timed_out, r.stats, r.duration);
-            out.record(&outcome);
-            if let Some(init) = &r.init {
-                out.zygote = init.zygote;
-                out.zygote_fallback = init.zygote_fallback.clone();
-            }
-            let explained = r.timed_out || outcome.oom_killed || r.client_gone || r.killed;
-            if r.init.is_none() && !explained {
-                out.error = Some("the sandbox's cell died before reporting".into());
-            }
-            if r.killed && r.init.is_none() {
-                // Killed on an operator's request: as a SIGKILL would end the command.
-                out.exit_code = 128 + libc::SIGKILL;
-                out.signal = Some(libc::SIGKILL);
-            }
-            metrics.run(run_outcome(&out), r.duration);
-            if !r.client_gone {
-                reply(conn, &DaemonReply::Exec(out));
-            }
-            // The cell waits for us to let go before it ends (and its teardown starts): after
-            // the client's own end, which comes right after our reply (see await_hangup).
-            await_hangup(conn, CLIENT_EXIT_WAIT);
-            shared.pool.recycling(&mut shell);
-            cell.let_go();
-            crate::run::verdict(&shell, cell.cell, &r, shared.cgroup)
-        }
-        Err(e) => {
-            cell.kill();
-            failed(&mut out, format!("running sandbox: {e}"));
-            Verdict::Discard("init_error")
+            out.exit_code = agentrun_runtime::exit::EXIT_SETUP_FAILED;
+            out.error = Some(message);
+            reply(conn, &DaemonReply::Exec(out));
+            verdict
         }
     };
     shared.pool.release(shell, verdict);
 }
 
-/// How a run that went to its end is counted (`agentrun_runs_total{outcome}`).
-fn run_outcome(out: &ExecReply) -> &'static str {
-    use crate::metrics::outcome;
-    if out.timed_out {
-        outcome::TIMEOUT
-    } else if out.oom_killed {
-        outcome::OOM
-    } else if out.error.is_some() || out.cell_error.is_some() {
-        outcome::FAILED
-    } else if out.exit_code == 0 {
-        outcome::OK
-    } else {
-        outcome::ERROR
+/// A run that did not get to its end in its shell: what the client is told, and what becomes
+/// of the shell.
+struct NotRun {
+    message: String,
+    verdict: Verdict,
+}
+
+impl NotRun {
+    /// The shell is as it was: it serves the next run.
+    fn reuse(message: impl Into<String>) -> Self {
+        NotRun {
+            message: message.into(),
+            verdict: Verdict::Reuse,
+        }
     }
+
+    /// The shell is not fit for another run (`why`).
+    fn discard(message: impl Into<String>, why: &'static str) -> Self {
+        NotRun {
+            message: message.into(),
+            verdict: Verdict::Discard(why),
+        }
+    }
+}
+
+/// One client's run in an acquired shell.
+struct ShellRun<'a> {
+    shared: &'a Shared,
+    conn: BorrowedFd<'a>,
+    profile: &'a agentrun_policy::Profile,
+    request: &'a ExecRequest,
+    timeout_ms: Option<u64>,
+}
+
+impl ShellRun<'_> {
+    /// Runs the request in a fresh cell of `shell` ([`Self::prepare`], then
+    /// [`Self::run_cell`]). Returns how the shell goes back.
+    fn serve(
+        &self,
+        shell: &mut PooledShell,
+        out: &mut ExecReply,
+        stdio: Vec<OwnedFd>,
+    ) -> Result<Verdict, NotRun> {
+        let (cell_req, mounts, timeout) = self.prepare(shell, out)?;
+        self.run_cell(shell, out, stdio, cell_req, mounts, timeout)
+    }
+
+    /// Before anything of the run: its egress proxy (the client's), its limits and its
+    /// mounts (a failure there leaves the shell as it was, unless its limits could not be
+    /// set); then the cell's request and the run's time limit.
+    fn prepare(
+        &self,
+        shell: &mut PooledShell,
+        out: &mut ExecReply,
+    ) -> Result<(CellRequest, RunMounts, Option<Duration>), NotRun> {
+        let (shared, profile, request) = (self.shared, self.profile, self.request);
+        // The client says on which port its command expects the proxy (HTTP_PROXY).
+        let egress_port = match (profile.network.needs_proxy(), request.recipe.egress_port) {
+            (true, Some(port)) => Some(port),
+            (true, None) => {
+                return Err(NotRun::reuse(
+                    "the run's network policy needs an egress port",
+                ))
+            }
+            (false, _) => None,
+        };
+        if egress_port.is_some() {
+            egress_handshake(self.conn, shell).map_err(NotRun::reuse)?;
+        }
+        apply_limits(
+            shell,
+            RunLimits::of(profile),
+            shared.cgroup,
+            shared.swap_limit,
+        )
+        .map_err(|e| NotRun::discard(format!("setting the run's limits: {e}"), "init_error"))?;
+        let user_mounts = request.recipe.user_mounts();
+        let mounts = {
+            let mut cache = crate::lock(&shared.mappings);
+            let userns = shell.userns.as_ref().map(|f| f.as_fd());
+            RunMounts::prepare_for(&user_mounts, &mut cache, &shared.privilege, userns)
+        }
+        .map_err(|e| NotRun::reuse(e.to_string()))?;
+        out.enforcement.idmapped_mounts &= mounts.idmapped;
+        let mut cell_req = cell_request(
+            profile,
+            shared.landlock_abi,
+            &user_mounts,
+            &mounts,
+            egress_port,
+            CellWork::Run(CellCommand {
+                argv: request.args.clone(),
+                env: request.environment(profile, &shell.image),
+                cwd: request.working_dir(&shell.image),
+                zygote: profile.python.zygote,
+            }),
+        );
+        let timeout = self
+            .timeout_ms
+            .map(Duration::from_millis)
+            .or(profile.resources.timeout);
+        if shared.cgroup.is_none() {
+            // No cgroup enforces the profile's limits (rootless): rlimits on the command.
+            *cell_req.rlimits = agentrun_runtime::limits::RlimitFallback::for_resources(
+                &profile.resources,
+                timeout,
+            );
+            out.enforcement.limits =
+                agentrun_runtime::limits::describe(None, &cell_req.rlimits, None);
+        }
+        Ok((cell_req, mounts, timeout))
+    }
+
+    /// The run itself: the cell started, waited for (at most `timeout`) and its end counted
+    /// and replied; once the client hung up, the cell let go.
+    fn run_cell(
+        &self,
+        shell: &mut PooledShell,
+        out: &mut ExecReply,
+        stdio: Vec<OwnedFd>,
+        cell_req: CellRequest,
+        mounts: RunMounts,
+        timeout: Option<Duration>,
+    ) -> Result<Verdict, NotRun> {
+        let (shared, request) = (self.shared, self.request);
+        let meter = shared.cgroup.map(|cg| cg.meter(&shell.id));
+        let on_board = crate::board::board()
+            .register(
+                &shell.id,
+                &request.recipe.image,
+                &request.recipe.profile,
+                &request.args,
+            )
+            .map_err(|e| NotRun::reuse(e.to_string()))?;
+        let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
+        let mut cell = CellRun::start(shell.control.as_fd(), &cell_req, &raw, mounts)
+            .map_err(|e| NotRun::discard(e.to_string(), "cell_failed"))?;
+        // The client's stdio must not stay open here: it would hold the client's pipes open.
+        drop(stdio);
+        out.init_pid = cell.pid;
+        let result = crate::run::wait(&cell, timeout, self.conn, meter, &on_board);
+        drop(on_board);
+        let r = match result {
+            Ok(r) => r,
+            Err(e) => {
+                cell.kill();
+                return Err(NotRun::discard(
+                    format!("running sandbox: {e}"),
+                    "init_error",
+                ));
+            }
+        };
+        let outcome = RunOutcome::of_cell(r.init.clone(), r.timed_out, r.stats, r.duration);
+        out.record(&outcome);
+        if let Some(init) = &r.init {
+            out.zygote = init.zygote;
+            out.zygote_fallback = init.zygote_fallback.clone();
+        }
+        let explained = r.timed_out || outcome.oom_killed || r.client_gone || r.killed;
+        if r.init.is_none() && !explained {
+            out.error = Some("the sandbox's cell died before reporting".into());
+        }
+        if r.killed && r.init.is_none() {
+            // Killed on an operator's request: as a SIGKILL would end the command.
+            out.exit_code = 128 + libc::SIGKILL;
+            out.signal = Some(libc::SIGKILL);
+        }
+        count(&finish_of(out, r.duration));
+        if !r.client_gone {
+            reply(self.conn, &DaemonReply::Exec(out.clone()));
+        }
+        // The cell waits for us to let go before it ends (and its teardown starts): after
+        // the client's own end, which comes right after our reply (see await_hangup).
+        await_hangup(self.conn, CLIENT_EXIT_WAIT);
+        shared.pool.recycling(shell);
+        cell.let_go();
+        Ok(crate::run::verdict(shell, cell.cell, &r, shared.cgroup))
+    }
+}
+
+/// Counts a run of the daemon's (`agentrun_runs_total{outcome}`, the duration histogram):
+/// its client writes the rest of the run's end (span, audit record).
+fn count(finish: &RunFinish) {
+    let _audit_not_asked_for = finish.write(Sinks {
+        counter: Some(crate::metrics::global()),
+        ..Default::default()
+    });
+}
+
+/// How a run that went to its end ends, as the daemon counts it.
+fn finish_of(out: &ExecReply, duration: Duration) -> RunFinish {
+    let ending = if out.timed_out {
+        Ending::TimedOut
+    } else if out.oom_killed {
+        Ending::OutOfMemory
+    } else if let Some(e) = out.error.as_ref().or(out.cell_error.as_ref()) {
+        Ending::Failed {
+            kind: "sandbox".into(),
+            message: e.clone(),
+        }
+    } else {
+        Ending::Exited
+    };
+    let mut f = RunFinish::new(FrontEnd::Daemon, ending)
+        .exit(out.exit_code)
+        .duration(duration)
+        .sandbox(&out.sandbox_id);
+    f.signal = out.signal;
+    f
 }
 
 /// Tells the client where to serve the run's egress proxy and waits until it does.

@@ -22,19 +22,9 @@ pub const DURATION_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
 ];
 
-/// Label values of `agentrun_runs_total{outcome}`.
-pub mod outcome {
-    /// The command exited 0.
-    pub const OK: &str = "ok";
-    /// The command exited non-zero (or was killed by a signal it got from its client).
-    pub const ERROR: &str = "error";
-    /// The run's time limit killed it.
-    pub const TIMEOUT: &str = "timeout";
-    /// The memory limit killed it.
-    pub const OOM: &str = "oom";
-    /// agentrun could not run it (no sandbox, setup failed: exit 125).
-    pub const FAILED: &str = "failed";
-}
+/// Label values of `agentrun_runs_total{outcome}` (how [`agentrun_telemetry::RunFinish`]
+/// counts a run).
+pub use agentrun_telemetry::finish::outcome;
 
 /// Counters the daemon keeps beside the pool's.
 #[derive(Debug, Default)]
@@ -388,6 +378,23 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
+
+/// Where [`agentrun_telemetry::RunFinish`] counts the daemon's runs and their denials.
+impl agentrun_telemetry::RunCounter for Metrics {
+    fn run(&self, outcome: &str, duration: Duration) {
+        Metrics::run(self, outcome, duration);
+    }
+
+    fn denials(&self, rules: &[String]) {
+        for rule in rules.iter().take(MAX_DENIALS_PER_RUN) {
+            self.denial(rule);
+        }
+    }
+}
+
+/// Most denials one run counts (a rule id is a label value: one run, or one client's
+/// message, cannot grow the daemon's metrics without bound).
+pub const MAX_DENIALS_PER_RUN: usize = 1000;
 
 #[cfg(test)]
 mod tests {

@@ -56,6 +56,7 @@ mod context;
 pub mod decision;
 mod exec_span;
 mod export;
+pub mod finish;
 pub mod metrics;
 mod span;
 
@@ -64,4 +65,5 @@ pub use context::TraceContext;
 pub use decision::{trace_id_of, DecisionScope};
 pub use exec_span::{argv_line, command_line, cut, ExecSpan, COMMAND_LINE_MAX, EXEC_SPAN};
 pub use export::export_enabled;
+pub use finish::{Ending, FrontEnd, RunCounter, RunFinish, Sinks};
 pub use span::{AttrValue, FinishedSpan, RunSpan};

@@ -14,9 +14,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentrun_pool::live::ProcessExit;
 use agentrun_pool::output_log::OutputLog;
 use agentrun_pool::{lock, PoolError};
-use agentrun_telemetry::ExecSpan;
+use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish, RunSpan, Sinks};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -270,6 +271,9 @@ pub fn parse_run_command(body: &[u8]) -> ApiResult<(RunCommand, Option<String>)>
     Ok((req, user))
 }
 
+/// `POST .../command`: the command checked and prepared ([`prepare`]), its span started, its
+/// process spawned (a refusal there is an `error` event: [`spawn_failed`]), its output
+/// forwarded, then supervised to its end ([`supervise`]) and finished ([`finish_command`]).
 async fn run(
     ExecdSandbox(rec): ExecdSandbox,
     State(server): State<Arc<Server>>,
@@ -278,23 +282,13 @@ async fn run(
 ) -> ApiResult<Response> {
     let (req, user) = parse_run_command(&body)?;
     rec.check_not_paused()?;
-    let (argv, content) = match (&req.command, &req.argv) {
-        (Some(c), _) => (
-            vec![shell(&rec).to_string(), "-c".into(), c.clone()],
-            c.clone(),
-        ),
-        (None, a) => {
-            let a = a.clone().unwrap_or_default();
-            let content = a.join(" ");
-            (a, content)
-        }
-    };
-    // The env file's variables (`set_env`), under the request's own.
-    let mut env = crate::execd::envfile::load(&rec);
-    env.retain(|(k, _)| !req.envs.contains_key(k));
-    env.extend(req.envs);
-    let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
-    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let Prepared {
+        argv,
+        content,
+        mut env,
+        cwd,
+    } = prepare(&rec, &req)?;
+    let span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
         .sandbox(&rec.id)
         .executable(&argv[0])
         .command_line(&content)
@@ -310,19 +304,13 @@ async fn run(
     } = match spawn(&rec, argv, env, cwd, false, user).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
-            agentrun_pool::metrics::global()
-                .run(agentrun_pool::metrics::outcome::FAILED, started.elapsed());
-            span.set_attribute("process.exit.code", exit_code as i64);
-            span.set_error("spawn", &message);
-            finish_span(span);
-            let id = random_token()?;
-            let (tx, rx) = event_queue();
-            let _ = tx.try_send(event("init", json!({"text": id})));
-            let _ = tx.try_send(event(
-                "error",
-                json!({"error": {"ename": "CommandExecError", "evalue": exit_code.to_string(), "traceback": [message]}}),
-            ));
-            return Ok(stream_response(rx));
+            let ran = Ran {
+                server: &server,
+                rec: &rec,
+                content: &content,
+                started,
+            };
+            return spawn_failed(ran, span, exit_code, message);
         }
         Err(e) => return Err(e.into()),
     };
@@ -337,88 +325,185 @@ async fn run(
         Some(tx)
     };
     let (exited_tx, readers) = pump_outputs(&server, &rec, &cmd, stdout, stderr, live_tx.clone());
-    let sandbox = rec.sandbox.clone();
     let timeout = req.timeout.filter(|t| *t > 0).map(Duration::from_millis);
     tokio::spawn(async move {
-        let mut exit = exit;
-        let mut timed_out = false;
-        let mut ping = tokio::time::interval(PING_EVERY);
-        ping.tick().await;
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let result = loop {
-            tokio::select! {
-                r = &mut exit => break r.unwrap_or_default(),
-                _ = ping.tick() => {
-                    // A keep-alive: not needed (so not waited for) while output queues up.
-                    if let Some(t) = &live_tx {
-                        let _ = t.try_send(event("ping", json!({"text": "pong"})));
-                    }
-                }
-                _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
-                    timed_out = true;
-                    let _ = sandbox.signal(pid, libc::SIGKILL, true);
-                }
-            }
-        };
+        let (result, timed_out) = supervise(&rec, pid, exit, timeout, live_tx.as_ref()).await;
         let _ = exited_tx.send(true);
         for r in readers {
             let _ = r.await;
         }
-        let elapsed = started.elapsed().as_millis() as i64;
-        let error = if timed_out {
-            format!(
-                "timed out after {} ms",
-                timeout.unwrap_or_default().as_millis()
-            )
-        } else if result.exit_code != 0 {
-            format!("exit status {}", result.exit_code)
-        } else {
-            String::new()
+        let ran = Ran {
+            server: &server,
+            rec: &rec,
+            content: &cmd.content,
+            started,
         };
-        cmd.finish(&rec, result.exit_code, error);
-        {
-            use agentrun_pool::metrics::{global, outcome};
-            let o = if timed_out {
-                outcome::TIMEOUT
-            } else if result.exit_code == 0 {
-                outcome::OK
-            } else {
-                outcome::ERROR
-            };
-            global().run(o, started.elapsed());
-        }
-        span.set_attribute("process.exit.code", result.exit_code as i64);
-        span.set_attribute("process.pid", pid as i64);
-        span.set_attribute("sandbox.timed_out", timed_out);
-        span.set_attribute("sandbox.duration_ms", elapsed);
-        if result.exit_code != 0 {
-            span.set_error(
-                if timed_out { "timeout" } else { "exit_code" },
-                &format!("exit status {}", result.exit_code),
-            );
-        }
-        finish_span(span);
+        let last = finish_command(ran, &cmd, span, pid, &result, timed_out, timeout);
         if let Some(t) = live_tx {
-            let last = if result.exit_code == 0 {
-                event("execution_complete", json!({"execution_time": elapsed}))
-            } else {
-                let why = if timed_out {
-                    format!(
-                        "timed out after {} ms",
-                        timeout.unwrap_or_default().as_millis()
-                    )
-                } else {
-                    format!("exit status {}", result.exit_code)
-                };
-                event(
-                    "error",
-                    json!({"error": {"ename": "CommandExecError", "evalue": result.exit_code.to_string(), "traceback": [why]}}),
-                )
-            };
             let _ = t.send(last).await;
         }
     });
     Ok(stream_response(rx))
+}
+
+/// A command as it will run: its argv (a `command` runs under the sandbox's shell), the
+/// content it is known by, its environment and working directory.
+struct Prepared {
+    argv: Vec<String>,
+    content: String,
+    env: Vec<(String, String)>,
+    cwd: String,
+}
+
+/// The argv, environment (the env file's variables, `set_env`, under the request's own) and
+/// working directory of a checked request.
+fn prepare(rec: &Record, req: &RunCommand) -> ApiResult<Prepared> {
+    let (argv, content) = match (&req.command, &req.argv) {
+        (Some(c), _) => (
+            vec![shell(rec).to_string(), "-c".into(), c.clone()],
+            c.clone(),
+        ),
+        (None, a) => {
+            let a = a.clone().unwrap_or_default();
+            let content = a.join(" ");
+            (a, content)
+        }
+    };
+    let mut env = crate::execd::envfile::load(rec);
+    env.retain(|(k, _)| !req.envs.contains_key(k));
+    env.extend(req.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let cwd = crate::process::expand_cwd(rec, req.cwd.as_deref(), &env)?;
+    Ok(Prepared {
+        argv,
+        content,
+        env,
+        cwd,
+    })
+}
+
+/// Waits for a command's exit, sending keep-alives to its live client and killing its process
+/// group at `timeout`. Returns how it exited and whether the timeout killed it.
+async fn supervise(
+    rec: &Record,
+    pid: u64,
+    mut exit: oneshot::Receiver<ProcessExit>,
+    timeout: Option<Duration>,
+    live: Option<&mpsc::Sender<Bytes>>,
+) -> (ProcessExit, bool) {
+    let mut timed_out = false;
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let result = loop {
+        tokio::select! {
+            r = &mut exit => break r.unwrap_or_default(),
+            _ = ping.tick() => {
+                // A keep-alive: not needed (so not waited for) while output queues up.
+                if let Some(t) = live {
+                    let _ = t.try_send(event("ping", json!({"text": "pong"})));
+                }
+            }
+            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
+                timed_out = true;
+                let _ = rec.sandbox.signal(pid, libc::SIGKILL, true);
+            }
+        }
+    };
+    (result, timed_out)
+}
+
+/// What a command's end is written with: its server (audit log), sandbox, content and start.
+struct Ran<'a> {
+    server: &'a Server,
+    rec: &'a Record,
+    content: &'a str,
+    started: Instant,
+}
+
+impl Ran<'_> {
+    /// Writes the run's end ([`RunFinish`]: span, runs counter, `run` audit record) before
+    /// the client sees it, and exports the span off the async threads. The record is written
+    /// unsynced (in the file at once, on disk with the log's next synced append or the
+    /// kernel's writeback): an `fdatasync` per command slowed the next command down.
+    fn finish(&self, finish: RunFinish, mut span: RunSpan) {
+        let finish = finish
+            .profile(self.rec.sandbox.profile())
+            .sandbox(&self.rec.id)
+            .trace(&span.traceparent())
+            .command(self.content);
+        let written = finish.write(Sinks {
+            span: Some(&mut span),
+            audit: Some(&self.server.audit),
+            audit_unsynced: true,
+            counter: Some(agentrun_pool::metrics::global()),
+            violation_metric: false,
+        });
+        if let Err(e) = written {
+            tracing::error!(target: "agentrun::opensandbox", sandbox = %self.rec.id, "audit log: {e}");
+        }
+        finish_span(span);
+    }
+}
+
+/// A command the sandbox refused to start (`exit_code`, `message`): its run finished as
+/// failed, and a stream of its `init` and `error` events.
+fn spawn_failed(
+    ran: Ran<'_>,
+    span: RunSpan,
+    exit_code: i32,
+    message: String,
+) -> ApiResult<Response> {
+    let finish = RunFinish::failed(FrontEnd::OpenSandbox, "spawn", message.as_str())
+        .exit(exit_code)
+        .duration(ran.started.elapsed());
+    ran.finish(finish, span);
+    let id = random_token()?;
+    let (tx, rx) = event_queue();
+    let _ = tx.try_send(event("init", json!({"text": id})));
+    let _ = tx.try_send(event(
+        "error",
+        json!({"error": {"ename": "CommandExecError", "evalue": exit_code.to_string(), "traceback": [message]}}),
+    ));
+    Ok(stream_response(rx))
+}
+
+/// A command's end: its state (status, error), its run finished ([`Ran::finish`]); returns
+/// the last event of its stream (`execution_complete`, or `error` saying why).
+fn finish_command(
+    ran: Ran<'_>,
+    cmd: &Command,
+    span: RunSpan,
+    pid: u64,
+    result: &ProcessExit,
+    timed_out: bool,
+    timeout: Option<Duration>,
+) -> Bytes {
+    let elapsed = ran.started.elapsed();
+    let why = if timed_out {
+        format!(
+            "timed out after {} ms",
+            timeout.unwrap_or_default().as_millis()
+        )
+    } else if result.exit_code != 0 {
+        format!("exit status {}", result.exit_code)
+    } else {
+        String::new()
+    };
+    cmd.finish(ran.rec, result.exit_code, why.clone());
+    let finish = RunFinish::exited(FrontEnd::OpenSandbox, result.exit_code, timed_out, elapsed)
+        .pid(pid as i64);
+    ran.finish(finish, span);
+    if result.exit_code == 0 {
+        event(
+            "execution_complete",
+            json!({"execution_time": elapsed.as_millis() as i64}),
+        )
+    } else {
+        event(
+            "error",
+            json!({"error": {"ename": "CommandExecError", "evalue": result.exit_code.to_string(), "traceback": [why]}}),
+        )
+    }
 }
 
 #[derive(Deserialize)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrun_pool::lock;
-use agentrun_telemetry::ExecSpan;
+use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -196,11 +196,10 @@ async fn run(
             }
         }
         let code = code.unwrap_or(if timed_out { 137 } else { 1 });
-        span.set_attribute("process.exit.code", code as i64);
-        span.set_attribute("sandbox.timed_out", timed_out);
-        if code != 0 {
-            span.set_error("exit_code", &format!("exit status {code}"));
-        }
+        // The span's end as a command's (no counter, no audit record: a session's runs are
+        // scripts fed to one long-lived shell, not processes of their own).
+        RunFinish::exited(FrontEnd::OpenSandbox, code, timed_out, started.elapsed())
+            .fill_span(&mut span);
         finish_span(span);
         let last = if code == 0 {
             event(
