@@ -10,6 +10,7 @@
 
 pub mod approval;
 pub mod decision;
+pub mod exit;
 pub mod http;
 pub mod network;
 pub mod seccomp;

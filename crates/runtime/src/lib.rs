@@ -76,7 +76,7 @@ mod mounts;
 pub mod cellrun;
 pub mod control;
 mod error;
-pub mod exit;
+pub use agentrun_policy::exit;
 pub mod landlock_only;
 pub(crate) mod outcome;
 pub mod random;

@@ -16,6 +16,8 @@
 
 use std::time::Duration;
 
+use agentrun_policy::exit::EXIT_SETUP_FAILED;
+
 use crate::audit::{now_rfc3339, AuditError};
 use crate::{trace_id_of, AuditLog, AuditRecord, RunSpan};
 
@@ -214,7 +216,7 @@ impl RunFinish {
     pub fn audit_verdict(&self) -> &'static str {
         match (self.front_end, &self.ending) {
             (FrontEnd::Cli, Ending::Denied(_)) => "denied",
-            (FrontEnd::Cli, _) if self.exit_code.is_none_or(|c| c == EXIT_FAILED) => "error",
+            (FrontEnd::Cli, _) if self.exit_code.is_none_or(|c| c == EXIT_SETUP_FAILED) => "error",
             (FrontEnd::Cli, _) => "ran",
             (_, Ending::Exited) if self.exit_code == Some(0) => "ok",
             _ => "error",
@@ -232,7 +234,7 @@ impl RunFinish {
             action: "exec".into(),
             resource: self.command_line.clone(),
             decision: self.audit_verdict().into(),
-            exit: Some(self.exit_code.unwrap_or(EXIT_FAILED)),
+            exit: Some(self.exit_code.unwrap_or(EXIT_SETUP_FAILED)),
             profile: self.profile.clone(),
             ..Default::default()
         }
@@ -309,9 +311,6 @@ impl RunFinish {
         audited
     }
 }
-
-/// The exit code of a run agentrun could not run.
-const EXIT_FAILED: i32 = 125;
 
 #[cfg(test)]
 mod tests {
