@@ -966,3 +966,48 @@ fn mcp_stdio_server_as_an_ordinary_user() {
         "host mounts under the user's home"
     );
 }
+
+/// The MCP SDK scenarios of tests/tests/mcp_sdk.rs that need no root-only setup, as the user:
+/// the tools and their schemas (`basics`), Python globals per session (`sessions`),
+/// `--one-shot`, and the policy's denials with their rules (`denials`, a workspace of the
+/// user's).
+#[test]
+fn mcp_sdk_scenarios_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    runtime_dir(u);
+    let ws = u.home.join("mcp-denials-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let ws_s = ws.to_str().unwrap();
+    for (scenario, args) in [
+        ("basics", &[][..]),
+        ("sessions", &[][..]),
+        ("one_shot", &["--one-shot"][..]),
+        ("denials", &["--workspace", ws_s][..]),
+    ] {
+        let out = run_with_timeout(
+            mcp_client(u, scenario, args, &[]),
+            None,
+            Duration::from_secs(240),
+        );
+        assert!(
+            out.status.success() && out.stdout().contains(&format!("OK {scenario}")),
+            "{scenario}: {out}"
+        );
+        if scenario == "denials" {
+            let w: serde_json::Value = out
+                .stdout()
+                .lines()
+                .find_map(|l| l.strip_prefix("WRITE_DENIAL "))
+                .and_then(|j| serde_json::from_str(j).ok())
+                .unwrap_or_else(|| panic!("no WRITE_DENIAL\n{out}"));
+            assert_eq!(w["rule_id"], "filesystem.default", "{w}");
+            assert!(!Path::new("/etc/agentrun-mcp-evil").exists());
+            assert_eq!(fs::read_to_string(ws.join("ok.txt")).unwrap(), "fine");
+        }
+    }
+    let left = wait_until(Duration::from_secs(20), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "processes left: {:?}", u.pids());
+}
