@@ -167,6 +167,13 @@ async def rootless():
         check(r.isError and "root's secret" not in text_of(r), "read_file of root's file fails", r)
         r = await s.call_tool("write_file", {"path": "/usr/bin/planted", "content": "x"})
         check(r.isError, "write_file into the image fails", r)
+        # The egress allowlist (--allow-host): ALLOWED_URL answers "ok", DENIED_URL is refused.
+        fetch = ("import sys, urllib.request\ntry:\n    print(urllib.request.urlopen(sys.argv[1], timeout=10)"
+                 ".read().decode())\nexcept Exception as e:\n    print('refused', e)")
+        for var, want in (("ALLOWED_URL", "ok"), ("DENIED_URL", "refused")):
+            cmd = f"python3 -c {shlex.quote(fetch)} {shlex.quote(os.environ[var])}"
+            o = expect_run(await s.call_tool("run_shell", {"command": cmd}))
+            check(o["stdout"].startswith(want), f"{var}: {want}", o)
         o = expect_run(await s.call_tool("run_shell", {"command": "ls /proc | grep -c '^[0-9]'"}))
         print("PIDS", o["stdout"].strip(), flush=True)
     # A new session starts empty.

@@ -879,7 +879,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// `agentrun mcp` on stdio as an ordinary user, started by the official MCP SDK client as an
 /// MCP host starts it: print(1), a session's state between calls, the file tools inside the
-/// sandbox, the wall-clock and memory limits, escapes refused (root's 0600 file, the user's
+/// sandbox, a workspace, the egress allowlist, the wall-clock and memory limits, escapes refused (root's 0600 file, the user's
 /// own file, a host process of the user's, the image), and nothing left once the client is
 /// gone (no process of the user's, no sandbox state under XDG_RUNTIME_DIR, no host mount).
 #[test]
@@ -901,14 +901,44 @@ fn mcp_stdio_server_as_an_ordinary_user() {
         None,
     );
     let pid = sleeper.pid().to_string();
+    // Two host HTTP servers answering "ok": one allowed (--allow-host), one not.
+    let mut ports = Vec::new();
+    for _ in 0..2 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        ports.push(listener.local_addr().unwrap().port());
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+            }
+        });
+    }
+    let allow = format!("127.0.0.1:{}", ports[0]);
+    let (allowed, denied) = (
+        format!("http://127.0.0.1:{}/", ports[0]),
+        format!("http://127.0.0.1:{}/", ports[1]),
+    );
     let ws = u.home.join("mcp-ws");
     fs::create_dir_all(&ws).unwrap();
     u.chown(&ws);
     let cmd = mcp_client(
         u,
         "rootless",
-        &["--pool-size", "1", "--workspace", ws.to_str().unwrap()],
         &[
+            "--pool-size",
+            "1",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            &allow,
+        ],
+        &[
+            ("ALLOWED_URL", &allowed),
+            ("DENIED_URL", &denied),
             ("ESC_SECRET", secret.to_str().unwrap()),
             ("ESC_OWN", own.to_str().unwrap()),
             ("ESC_PID", &pid),
