@@ -122,6 +122,68 @@ async def sessions():
         check("NameError" in o["stderr"], "a new session starts empty", o)
 
 
+async def rootless():
+    """As an ordinary user (tests/tests/rootless.rs): print(1), a session keeps its state, the
+    file tools work inside the sandbox, the limits hold, escapes fail. ESC_SECRET is a 0600 file
+    of root's, ESC_PID a host process of the same user, ESC_OWN a file of the user's own outside
+    any rule. Prints `PIDS` of the sandbox's view for the Rust side."""
+    secret, pid, own = os.environ["ESC_SECRET"], os.environ["ESC_PID"], os.environ["ESC_OWN"]
+    async with connect() as s:
+        expect_run(await py(s, "print(1)"), stdout="1\n")
+        expect_run(await py(s, "kept = 41"), stdout="")
+        expect_run(await py(s, "print(kept + 1)"), stdout="42\n")
+        expect_run(await s.call_tool("run_shell", {"command": "echo from-shell > /tmp/kept.txt"}), stdout="")
+        # The file tools resolve paths inside the sandbox: the run's file is there.
+        o = structured(await s.call_tool("read_file", {"path": "/tmp/kept.txt"}))
+        eq(o["content"], "from-shell\n", "read_file sees the run's /tmp")
+        r = await s.call_tool("write_file", {"path": "/tmp/tool.txt", "content": "from-tool"})
+        check(not r.isError, "write_file", r)
+        expect_run(await py(s, "print(open('/tmp/tool.txt').read())"), stdout="from-tool\n")
+        # The workspace (--workspace): a relative path lands there, on the host as the user's.
+        o = structured(await s.call_tool("write_file", {"path": "from-mcp.txt", "content": "ws"}))
+        eq(o["path"], "/workspace/from-mcp.txt", "a relative path resolves under /workspace")
+        o = structured(await s.call_tool("list_files", {"path": "/tmp"}))
+        names = {e["name"] for e in o["entries"]}
+        check({"kept.txt", "tool.txt"} <= names, "list_files /tmp", o)
+        # A wall-clock limit still ends a call (the watchdog).
+        t0 = time.monotonic()
+        expect_run(await s.call_tool("run_shell", {"command": "sleep 60", "timeout": 2}),
+                   stdout=None, exit_code=None, timed_out=True)
+        check(time.monotonic() - t0 < 30, "the call ended soon after its timeout")
+        # A memory limit (RLIMIT_AS rootless): a big allocation fails inside, the session lives.
+        o = expect_run(await py(s, "try:\n    b = bytearray(64 << 30)\n    print('ALLOCATED')\n"
+                                   "except MemoryError:\n    print('refused')"), stdout="refused\n")
+        # Escapes: root's file, the user's own file, a host process, the image, /home.
+        script = (f"cat {shlex.quote(secret)} 2>/dev/null && echo READ-ROOT; "
+                  f"cat {shlex.quote(own)} 2>/dev/null && echo READ-OWN; "
+                  "ls /home 2>/dev/null | grep -q . && echo SEE-HOMES; "
+                  f"kill -9 {pid} 2>/dev/null && echo KILLED; "
+                  "echo x > /usr/bin/planted 2>/dev/null && echo WROTE-USR; "
+                  "echo done")
+        expect_run(await s.call_tool("run_shell", {"command": script}), stdout="done\n")
+        o = expect_run(await py(s, f"import os\ntry:\n    os.kill({pid}, 9)\n    print('KILLED')\n"
+                                   "except OSError as e:\n    print('refused')"), stdout="refused\n")
+        r = await s.call_tool("read_file", {"path": secret})
+        check(r.isError and "root's secret" not in text_of(r), "read_file of root's file fails", r)
+        r = await s.call_tool("write_file", {"path": "/usr/bin/planted", "content": "x"})
+        check(r.isError, "write_file into the image fails", r)
+        # The egress allowlist (--allow-host): ALLOWED_URL answers "ok", DENIED_URL is refused.
+        fetch = ("import sys, urllib.request\ntry:\n    print(urllib.request.urlopen(sys.argv[1], timeout=10)"
+                 ".read().decode())\nexcept Exception as e:\n    print('refused', e)")
+        for var, want in (("ALLOWED_URL", "ok"), ("DENIED_URL", "refused")):
+            cmd = f"python3 -c {shlex.quote(fetch)} {shlex.quote(os.environ[var])}"
+            o = expect_run(await s.call_tool("run_shell", {"command": cmd}))
+            check(o["stdout"].startswith(want), f"{var}: {want}", o)
+        o = expect_run(await s.call_tool("run_shell", {"command": "ls /proc | grep -c '^[0-9]'"}))
+        print("PIDS", o["stdout"].strip(), flush=True)
+    # A new session starts empty.
+    async with connect() as c:
+        o = expect_run(await py(c, "print(kept)"), exit_code=1)
+        check("NameError" in o["stderr"], "a new session starts empty", o)
+        r = await c.call_tool("read_file", {"path": "/tmp/kept.txt"})
+        check(r.isError, "a new session has no /tmp/kept.txt", r)
+
+
 async def one_shot():
     """--one-shot: every call is a fresh sandbox (no globals, no /tmp files kept)."""
     async with connect() as s:
@@ -592,6 +654,7 @@ if __name__ == "__main__":
         "credential": run(credential),
         "basics": run(basics),
         "sessions": run(sessions),
+        "rootless": run(rootless),
         "one_shot": run(one_shot),
         "files": run(files),
         "timeout": run(timeout),

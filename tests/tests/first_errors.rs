@@ -76,10 +76,11 @@ fn not_root_gets_one_line_errors_and_nothing_made() {
         (&["serve"][..], denied.as_str()),
         (&["image", "ls"][..], denied.as_str()),
         (&["gc"][..], denied.as_str()),
+        (&["mcp"][..], denied.as_str()),
         (
-            &["mcp"][..],
-            "agentrun: this command needs root (rootless mode covers exec, serve, image, gc and \
-             info): run it with sudo",
+            &["volume", "ls"][..],
+            "agentrun: this command needs root (rootless mode covers exec, serve, mcp, image, gc \
+             and info): run it with sudo",
         ),
     ] {
         let out = run(wrapped(&setpriv, args, &root, &state));

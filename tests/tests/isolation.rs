@@ -34,7 +34,7 @@
 //! `send_stdin`, `run_code` in the default context and in a context of its own; B may not
 //! run in A's context), with both profiles too; Docker containers and `exec`
 //! (docker-py); MCP `run_python`/`run_shell` in sessions (`serve --mcp`, both profiles) and
-//! one-shot (`agentrun mcp --one-shot`).
+//! one-shot (`agentrun mcp --one-shot`, as root and as a fresh ordinary user: rootless).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -1071,10 +1071,17 @@ fn mcp_one_shot_calls_see_nothing_of_each_other() {
 }
 
 fn one_shot_case(profile: &str) -> Case {
+    one_shot_case_as(profile, None)
+}
+
+/// [`one_shot_case`], as root or (`user`) as an ordinary user: then the client and the
+/// server run as that user (`runuser`, a clean environment), rootless.
+fn one_shot_case_as(profile: &str, user: Option<&IsoUser>) -> Case {
     let dir = tempdir();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let state = dir.path().join("state");
-    let mut case = Case::new(&format!("mcp one-shot {profile}"));
+    let who = if user.is_some() { " (rootless)" } else { "" };
+    let mut case = Case::new(&format!("mcp one-shot {profile}{who}"));
     let m = mcp_manifest(&mut case, "MCP one-shot");
     let manifest = dir.path().join("mcp.json");
     fs::write(&manifest, m.to_string()).unwrap();
@@ -1084,6 +1091,14 @@ fn one_shot_case(profile: &str) -> Case {
         "MCP_ARGS",
         json!(["--one-shot", "--pool-size", "0", "--profile", profile]).to_string(),
     );
+    if let Some(u) = user {
+        host(
+            "chown",
+            ["-R", u.name.as_str(), dir.path().to_str().unwrap()],
+        )
+        .success();
+        cmd = u.wrap(&cmd);
+    }
     let out = run_with_timeout(cmd, None, Duration::from_secs(300));
     if out.status.code() != Some(0) || !out.stdout().contains("OK oneshot") {
         case.problems
@@ -1100,7 +1115,152 @@ fn one_shot_case(profile: &str) -> Case {
         case.problems
             .push(format!("agentrun mcp left behind:\n{left}"));
     }
+    if let Some(u) = user {
+        // Rootless sandboxes run as the user: none of its processes outlive the client.
+        if wait_until(Duration::from_secs(20), || {
+            u.pids().is_empty().then_some(())
+        })
+        .is_none()
+        {
+            case.problems
+                .push(format!("processes of the user left: {:?}", u.pids()));
+        }
+    }
     case
+}
+
+/// A fresh `useradd` user (removed with its processes and home when the binary exits) with
+/// a copy of the binary under test in its home, as in tests/tests/rootless.rs.
+struct IsoUser {
+    name: String,
+    uid: u32,
+    home: std::path::PathBuf,
+    bin: std::path::PathBuf,
+}
+
+static ISO_USER: std::sync::Mutex<Option<(String, u32)>> = std::sync::Mutex::new(None);
+
+extern "C" fn delete_iso_user_at_exit() {
+    let made = ISO_USER.lock().ok().and_then(|m| m.clone());
+    if let Some((name, uid)) = made {
+        for pid in pids_of(uid) {
+            // SAFETY: kill(2) of a process of the test's own throwaway user.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let mut cmd = Command::new("userdel");
+        cmd.args(["-r", &name]);
+        let _ = run_with_timeout(cmd, None, Duration::from_secs(30));
+    }
+}
+
+/// Live (non-zombie) processes whose real uid is `uid`.
+fn pids_of(uid: u32) -> Vec<i32> {
+    let uid = uid.to_string();
+    all_processes()
+        .into_iter()
+        .filter(|p| {
+            let status = fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap_or_default();
+            let real = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next().map(String::from));
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'));
+            real.as_deref() == Some(uid.as_str()) && !zombie
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+impl IsoUser {
+    fn make() -> IsoUser {
+        use std::os::unix::fs::MetadataExt;
+        let name = format!("ari{}", std::process::id());
+        let _ = host("userdel", ["-r", &name]);
+        host("useradd", ["-m", "-s", "/bin/sh", &name]).success();
+        // SAFETY: registering a plain extern "C" fn.
+        unsafe { libc::atexit(delete_iso_user_at_exit) };
+        let home = std::path::PathBuf::from(format!("/home/{name}"));
+        let uid = fs::metadata(&home).expect("the new user's home").uid();
+        assert_ne!(uid, 0);
+        *ISO_USER.lock().unwrap() = Some((name.clone(), uid));
+        let bin = home.join("agentrun");
+        fs::copy(agentrun_bin(), &bin).expect("copy the binary under test");
+        host("chown", [name.as_str(), bin.to_str().unwrap()]).success();
+        IsoUser {
+            name,
+            uid,
+            home,
+            bin,
+        }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        pids_of(self.uid)
+    }
+
+    /// `cmd` (an MCP client command) run as the user with only its own environment: the
+    /// host's `/usr/bin/python3` with `.venv/mcp`'s packages (the venv's interpreter is under
+    /// root's private home) and the user's copy of agentrun.
+    fn wrap(&self, cmd: &Command) -> Command {
+        let lib = workspace_root().join(".venv/mcp/lib");
+        let site = fs::read_dir(&lib)
+            .unwrap_or_else(|e| panic!("{}: {e} (hack/test makes .venv/mcp)", lib.display()))
+            .flatten()
+            .map(|e| e.path().join("site-packages"))
+            .find(|p| p.is_dir())
+            .expect(".venv/mcp has a site-packages");
+        let tests = workspace_root().join("tests/mcp");
+        let mut out = Command::new("runuser");
+        out.args(["-u", &self.name, "--", "env", "-i"])
+            .arg(format!("HOME={}", self.home.display()))
+            .arg("PATH=/usr/bin:/bin")
+            .arg(format!("USER={}", self.name))
+            .arg(format!("PYTHONPATH={}:{}", site.display(), tests.display()));
+        for (k, v) in cmd.get_envs() {
+            let (Some(k), Some(v)) = (k.to_str(), v.and_then(|v| v.to_str())) else {
+                continue;
+            };
+            let v = match k {
+                "PYTHONPATH" => continue,
+                "ISO_AGENTRUN" | "MCP_AGENTRUN" => self.bin.to_str().unwrap(),
+                _ => v,
+            };
+            out.arg(format!("{k}={v}"));
+        }
+        out.arg("/usr/bin/python3").args(cmd.get_args());
+        if let Some(d) = cmd.get_current_dir() {
+            out.current_dir(d);
+        }
+        out
+    }
+}
+
+/// `agentrun mcp --one-shot` started by the MCP SDK client as an ordinary user (rootless,
+/// docs/rootless.md): run_python A, run_python B, run_shell A, run_shell B on one rootless
+/// shell, each call a sandbox of its own; with the default profile and `code-interpreter`.
+#[test]
+fn mcp_one_shot_calls_of_an_ordinary_user_see_nothing_of_each_other() {
+    let Some(_l) = setup() else { return };
+    let user = IsoUser::make();
+    let cases: Vec<Case> = ["default", "code-interpreter"]
+        .iter()
+        .map(|p| {
+            let mut case = one_shot_case_as(p, Some(&user));
+            // code-interpreter's run_python: forked by the shell's zygote, as for root.
+            for (label, v) in case.planted.iter().chain(case.verdicts.iter()) {
+                if *p == "code-interpreter" && label.ends_with(".py") && v["ppid"] != 0 {
+                    case.problems.push(format!(
+                        "{label}: not forked by the zygote (ppid {})",
+                        v["ppid"]
+                    ));
+                }
+            }
+            case
+        })
+        .collect();
+    verdict(&cases);
 }
 
 /// The corpus's own negative control: A and B in one cell (one cold run, `A; B`), where

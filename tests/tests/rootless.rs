@@ -810,3 +810,234 @@ fn the_egress_allowlist_works_rootless() {
     );
     assert!(out.success().starts_with("refused"), "{out}");
 }
+
+/// The official MCP SDK client (`tests/mcp/sdk_client.py SCENARIO`) as the user, with the
+/// host's `/usr/bin/python3` and the packages of `.venv/mcp` (the venv's own interpreter is
+/// under root's private home): it starts `agentrun mcp ARGS` on stdio as MCP hosts do. The
+/// user's `XDG_RUNTIME_DIR` is `~/run` (as a login session's would be).
+fn mcp_client(u: &User, scenario: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let lib = workspace_root().join(".venv/mcp/lib");
+    let site = fs::read_dir(&lib)
+        .unwrap_or_else(|e| panic!("{}: {e} (hack/test makes .venv/mcp)", lib.display()))
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .expect(".venv/mcp has a site-packages");
+    let tests = workspace_root().join("tests/mcp");
+    let run_dir = u.home.join("run");
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", &u.name, "--", "env", "-i"])
+        .arg(format!("HOME={}", u.home.display()))
+        .arg("PATH=/usr/bin:/bin")
+        .arg(format!("USER={}", u.name))
+        .arg(format!("XDG_RUNTIME_DIR={}", run_dir.display()))
+        .arg(format!("PYTHONPATH={}:{}", site.display(), tests.display()))
+        .arg("PYTHONDONTWRITEBYTECODE=1")
+        .arg(format!("MCP_AGENTRUN={}", u.bin.display()))
+        .arg(format!(
+            "MCP_ARGS={}",
+            serde_json::to_string(args).expect("JSON args")
+        ));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg("/usr/bin/python3")
+        .arg(tests.join("sdk_client.py"))
+        .arg(scenario)
+        .current_dir(&u.home);
+    cmd
+}
+
+/// The user's `XDG_RUNTIME_DIR` (`~/run`), made 0700 and the user's.
+fn runtime_dir(u: &User) -> PathBuf {
+    let dir = u.home.join("run");
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    u.chown(&dir);
+    dir
+}
+
+/// Everything under `dir` but directories and lock files (`slot.lock`, `daemon.lock`: empty
+/// flock files, kept so that a lock is never taken on a file being removed).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            } else if e.file_name() != "slot.lock" && e.file_name() != "daemon.lock" {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// `agentrun mcp` on stdio as an ordinary user, started by the official MCP SDK client as an
+/// MCP host starts it: print(1), a session's state between calls, the file tools inside the
+/// sandbox, a workspace, the egress allowlist, the wall-clock and memory limits, escapes refused (root's 0600 file, the user's
+/// own file, a host process of the user's, the image), and nothing left once the client is
+/// gone (no process of the user's, no sandbox state under XDG_RUNTIME_DIR, no host mount).
+#[test]
+fn mcp_stdio_server_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    let run_dir = runtime_dir(u);
+    let secret = PathBuf::from(format!("/etc/agentrun-rootless-mcp-{}", std::process::id()));
+    fs::write(&secret, "root's secret\n").unwrap();
+    fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let own = u.home.join("private-mcp.txt");
+    fs::write(&own, "the user's own\n").unwrap();
+    u.chown(&own);
+    let mut sleeper = Running::spawn(
+        {
+            let mut c = Command::new("runuser");
+            c.args(["-u", &u.name, "--", "sleep", "120"]);
+            c
+        },
+        None,
+    );
+    let pid = sleeper.pid().to_string();
+    // Two host HTTP servers answering "ok": one allowed (--allow-host), one not.
+    let mut ports = Vec::new();
+    for _ in 0..2 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        ports.push(listener.local_addr().unwrap().port());
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+            }
+        });
+    }
+    let allow = format!("127.0.0.1:{}", ports[0]);
+    let (allowed, denied) = (
+        format!("http://127.0.0.1:{}/", ports[0]),
+        format!("http://127.0.0.1:{}/", ports[1]),
+    );
+    let ws = u.home.join("mcp-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let cmd = mcp_client(
+        u,
+        "rootless",
+        &[
+            "--pool-size",
+            "1",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            &allow,
+        ],
+        &[
+            ("ALLOWED_URL", &allowed),
+            ("DENIED_URL", &denied),
+            ("ESC_SECRET", secret.to_str().unwrap()),
+            ("ESC_OWN", own.to_str().unwrap()),
+            ("ESC_PID", &pid),
+        ],
+    );
+    let out = run_with_timeout(cmd, None, Duration::from_secs(240));
+    let _ = fs::remove_file(&secret);
+    assert!(
+        out.status.success() && out.stdout().contains("OK rootless"),
+        "{out}"
+    );
+    assert!(
+        !sleeper.exited(),
+        "the host process was killed from the sandbox"
+    );
+    sleeper.stop();
+    // The sandbox sees its own processes only (a handful), not the host's.
+    let pids: usize = out
+        .stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix("PIDS "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no PIDS line\n{out}"));
+    assert!(pids < 10, "the sandbox sees {pids} processes\n{out}");
+    // The workspace's file, written by write_file, is the user's on the host.
+    let written = ws.join("from-mcp.txt");
+    assert_eq!(fs::read_to_string(&written).unwrap(), "ws");
+    assert_eq!(fs::metadata(&written).unwrap().uid(), u.uid);
+    // The image (`host`, the default: the host's /usr) is unchanged by the attempted writes.
+    assert!(
+        !Path::new("/usr/bin/planted").exists(),
+        "a file planted in /usr"
+    );
+    // Nothing left: the servers ended with their client, their sandboxes with them.
+    let left = wait_until(Duration::from_secs(20), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "processes left: {:?}", u.pids());
+    let state = run_dir.join("agentrun");
+    assert!(
+        state.join("mcp").is_dir(),
+        "the state is under XDG_RUNTIME_DIR"
+    );
+    assert_eq!(files_under(&state), Vec::<PathBuf>::new(), "state left");
+    let home = u.home.to_str().unwrap();
+    let mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(home))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        mounts,
+        Vec::<String>::new(),
+        "host mounts under the user's home"
+    );
+}
+
+/// The MCP SDK scenarios of tests/tests/mcp_sdk.rs that need no root-only setup, as the user:
+/// the tools and their schemas (`basics`), Python globals per session (`sessions`),
+/// `--one-shot`, and the policy's denials with their rules (`denials`, a workspace of the
+/// user's).
+#[test]
+fn mcp_sdk_scenarios_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    runtime_dir(u);
+    let ws = u.home.join("mcp-denials-ws");
+    fs::create_dir_all(&ws).unwrap();
+    u.chown(&ws);
+    let ws_s = ws.to_str().unwrap();
+    for (scenario, args) in [
+        ("basics", &[][..]),
+        ("sessions", &[][..]),
+        ("one_shot", &["--one-shot"][..]),
+        ("denials", &["--workspace", ws_s][..]),
+    ] {
+        let out = run_with_timeout(
+            mcp_client(u, scenario, args, &[]),
+            None,
+            Duration::from_secs(240),
+        );
+        assert!(
+            out.status.success() && out.stdout().contains(&format!("OK {scenario}")),
+            "{scenario}: {out}"
+        );
+        if scenario == "denials" {
+            let w: serde_json::Value = out
+                .stdout()
+                .lines()
+                .find_map(|l| l.strip_prefix("WRITE_DENIAL "))
+                .and_then(|j| serde_json::from_str(j).ok())
+                .unwrap_or_else(|| panic!("no WRITE_DENIAL\n{out}"));
+            assert_eq!(w["rule_id"], "filesystem.default", "{w}");
+            assert!(!Path::new("/etc/agentrun-mcp-evil").exists());
+            assert_eq!(fs::read_to_string(ws.join("ok.txt")).unwrap(), "fine");
+        }
+    }
+    let left = wait_until(Duration::from_secs(20), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "processes left: {:?}", u.pids());
+}
