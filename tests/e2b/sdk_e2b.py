@@ -1124,11 +1124,27 @@ def auto_pause():
                 pass
 
 
+def audited_runs():
+    """`true` and `exit 4` through `commands.run`; the test finds their `run` records."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        r = sbx.commands.run("true")
+        check(r.exit_code == 0, f"true: {r}")
+        try:
+            sbx.commands.run("exit 4")
+            raise AssertionError("exit 4 did not raise")
+        except CommandExitException as e:
+            check(e.exit_code == 4, f"exit code {e.exit_code}")
+        print("SANDBOX", sbx.sandbox_id, flush=True)
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
                                      escape, watch, list_pages, snapshots,
                                      snapshot_for_other_key, other_key_snapshot,
                                      owner_key_snapshot, pause_filesystem, metrics, network,
-                                     code_env_restart, auto_pause)}
+                                     code_env_restart, auto_pause, audited_runs)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

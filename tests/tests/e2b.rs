@@ -20,7 +20,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use agentrun_e2e::osb::{free_port, stop_clean, SCENARIO_TIMEOUT};
+use std::time::Duration;
+
+use agentrun_e2e::osb::{free_port, printed, stop_clean, SCENARIO_TIMEOUT};
 use agentrun_e2e::snapshots::{snapshot_ids, SnapshotSweep};
 use agentrun_e2e::*;
 
@@ -303,4 +305,71 @@ fn run_code_envs_and_context_restart() {
 #[test]
 fn on_timeout_pause_and_auto_resume() {
     run_snapshot_scenario("auto_pause");
+}
+
+/// Every E2B process is a run in the audit log, as an OpenSandbox command is: `true` and
+/// `exit 4` through the SDK's `commands.run` are `run` records with the sandbox, the command
+/// line (the SDK runs `/bin/bash -l -c CMD`), the exit code and outcome, the sandbox's profile
+/// (`--opensandbox-profile`) and a trace id.
+#[test]
+fn processes_are_audited_as_runs() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let mut d = Daemon::unstarted();
+    d.set_env("AGENTRUN_AUDIT_DIR", audit.path());
+    let addr = format!("127.0.0.1:{}", free_port());
+    d.launch([
+        "--pool-size",
+        "1",
+        "--opensandbox-profile",
+        "strict",
+        "--e2b",
+        addr.as_str(),
+    ]);
+    let out = scenario_with(&d, &addr, "audited_runs", &d.api_key(), &[]);
+    let sandbox = printed(&out, "SANDBOX").to_string();
+    // A process's record is in the log before its client sees its end.
+    let runs = wait_until(Duration::from_secs(10), || {
+        let all = d
+            .agentrun(["audit", "--json"])
+            .env("AGENTRUN_AUDIT_DIR", audit.path())
+            .run()
+            .success();
+        let runs: Vec<serde_json::Value> = all
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["kind"] == "run")
+            .collect();
+        (runs.len() >= 2).then_some(runs)
+    })
+    .unwrap_or_else(|| panic!("no run records in the audit log\n{}", d.log()));
+    let mut seen: Vec<(String, i64, String)> = runs
+        .iter()
+        .map(|r| {
+            assert_eq!(r["sandbox_id"], sandbox.as_str(), "{r}");
+            assert_eq!(r["action"], "exec", "{r}");
+            assert_eq!(r["profile"], "strict", "{r}");
+            let trace = r["trace_id"].as_str().unwrap_or_default();
+            assert!(
+                trace.len() == 32
+                    && trace.bytes().all(|b| b.is_ascii_hexdigit())
+                    && trace.bytes().any(|b| b != b'0'),
+                "trace id {r}"
+            );
+            (
+                r["resource"].as_str().unwrap().to_owned(),
+                r["exit"].as_i64().unwrap(),
+                r["decision"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("/bin/bash -l -c exit 4".to_string(), 4, "error".to_string()),
+            ("/bin/bash -l -c true".to_string(), 0, "ok".to_string()),
+        ]
+    );
+    stop_clean(d);
 }

@@ -17,16 +17,22 @@
 //! the process wait on its pipe. A `Connect-Timeout-Ms` deadline kills the process group and
 //! ends the stream with `deadline_exceeded`; a keep-alive event goes out every
 //! `Keepalive-Ping-Interval` seconds (default [`KEEPALIVE_DEFAULT`]).
+//!
+//! Every process is a run ([`agentrun_telemetry::RunFinish`], `FrontEnd::E2b`), finished as
+//! an OpenSandbox command is ([`finish_run`]): its `sandbox.exec` span (child of the
+//! request's `traceparent`, whose own `TRACEPARENT` the process gets unless the request sets
+//! one), the runs counter and the `run` audit record, written before the client sees its end.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use agentrun_opensandbox::execd::commands::remember;
+use agentrun_opensandbox::execd::commands::{finish_run, remember};
 use agentrun_opensandbox::execd::Command;
 use agentrun_opensandbox::{Record, Server};
 use agentrun_pool::process::Spawned;
 use agentrun_pool::{lock, PoolError};
+use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -292,7 +298,7 @@ async fn start_inner(
     let user = crate::auth::user_of(headers).map_err(RpcError::invalid)?;
     rec.check_running()?;
     rec.check_not_paused()?;
-    let env: Vec<(String, String)> = p.envs.into_iter().collect();
+    let mut env: Vec<(String, String)> = p.envs.into_iter().collect();
     // No cwd: root's home; another user's is not known here (its /etc/passwd entry may
     // name one it cannot enter), so `/`.
     let default_cwd = if user.is_none() { "~" } else { "/" };
@@ -309,6 +315,15 @@ async fn start_inner(
     let mut argv = vec![p.cmd];
     argv.extend(p.args);
     let content = argv.join(" ");
+    let span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+        .sandbox(&rec.id)
+        .executable(&argv[0])
+        .command_line(&content)
+        .start();
+    if !env.iter().any(|(k, _)| k == "TRACEPARENT") {
+        env.push(("TRACEPARENT".into(), span.traceparent()));
+    }
+    let started = Instant::now();
     let Spawned {
         id,
         stdin,
@@ -317,8 +332,12 @@ async fn start_inner(
         exit,
     } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, want_stdin, user).await {
         Ok(s) => s,
-        Err(PoolError::Spawn { message, .. }) => {
-            return Err(RpcError::new(Code::InvalidArgument, message))
+        Err(PoolError::Spawn { exit_code, message }) => {
+            let finish = RunFinish::failed(FrontEnd::E2b, "spawn", message.as_str())
+                .exit(exit_code)
+                .duration(started.elapsed());
+            finish_run(server, rec, &content, finish, span);
+            return Err(RpcError::new(Code::InvalidArgument, message));
         }
         Err(e) => return Err(RpcError::from(agentrun_opensandbox::ApiError::from(e))),
     };
@@ -356,7 +375,12 @@ async fn start_inner(
         });
     }
     drop(out_done_tx);
-    let (rec, sandbox, processes) = (rec.clone(), rec.sandbox.clone(), processes.clone());
+    let (server, rec, sandbox, processes) = (
+        server.clone(),
+        rec.clone(),
+        rec.sandbox.clone(),
+        processes.clone(),
+    );
     tokio::spawn(async move {
         let mut exit = exit;
         let mut ping = tokio::time::interval(keepalive);
@@ -389,6 +413,15 @@ async fn start_inner(
         };
         lock(&rec.stdin).remove(&id);
         cmd.finish(&rec, result.exit_code, status.clone());
+        let mut finish = RunFinish::exited(
+            FrontEnd::E2b,
+            result.exit_code,
+            timed_out,
+            started.elapsed(),
+        )
+        .pid(id as i64);
+        finish.signal = result.signal;
+        finish_run(&server, &rec, &cmd.content, finish, span);
         let last = if timed_out {
             let err = RpcError::new(
                 Code::DeadlineExceeded,

@@ -1,5 +1,6 @@
 //! The end of a run, written in one place for every front end (the CLI's `agentrun exec`, the
-//! daemon's pooled shells, OpenSandbox commands, sessions and code, MCP's `run_*` tools):
+//! daemon's pooled shells, OpenSandbox commands, sessions and code, E2B's processes, MCP's
+//! `run_*` tools):
 //! a front end says what its run produced in a [`RunFinish`] and hands it the places it
 //! keeps runs in ([`Sinks`]); [`RunFinish::write`] then puts, once each,
 //!
@@ -12,7 +13,8 @@
 //!
 //! What differs between front ends and is kept as it was is said here and nowhere else: the
 //! CLI's audit verdicts are `ran` / `error` / `denied`, the others' `ok` / `error`; only
-//! OpenSandbox marks a command's own non-zero exit as an error on its span.
+//! OpenSandbox and E2B (whose processes are OpenSandbox commands) mark a command's own
+//! non-zero exit as an error on its span.
 
 use std::time::Duration;
 
@@ -32,6 +34,17 @@ pub enum FrontEnd {
     OpenSandbox,
     /// MCP's `run_python` / `run_shell`.
     Mcp,
+    /// The E2B API's processes (envd's `process.Process/Start`: the SDK's `commands.run`).
+    E2b,
+}
+
+impl FrontEnd {
+    /// Whether a command's own non-zero exit is an error on its span: for the API front ends
+    /// whose clients are told it as one (OpenSandbox's `error` event, the E2B SDK's
+    /// `CommandExitException`).
+    fn non_zero_exit_is_error(self) -> bool {
+        matches!(self, FrontEnd::OpenSandbox | FrontEnd::E2b)
+    }
 }
 
 /// How the run ended.
@@ -271,7 +284,7 @@ impl RunFinish {
                 span.set_error("policy_denied", why);
             }
             Ending::Exited => match self.exit_code {
-                Some(code) if code != 0 && self.front_end == FrontEnd::OpenSandbox => {
+                Some(code) if code != 0 && self.front_end.non_zero_exit_is_error() => {
                     span.set_error("exit_code", &format!("exit status {code}"))
                 }
                 _ => {}
@@ -418,12 +431,16 @@ mod tests {
     }
 
     #[test]
-    fn a_non_zero_exit_is_an_error_run_but_a_span_error_for_opensandbox_only() {
-        let osb = RunFinish::exited(FrontEnd::OpenSandbox, 4, false, Duration::ZERO);
-        let (span, r, c) = written(&osb);
-        assert_eq!((r.decision.as_str(), r.exit), ("error", Some(4)));
-        assert_eq!(error_type(&span).as_deref(), Some("exit_code"));
-        assert_eq!(c.runs.lock().unwrap()[0].0, "error");
+    fn a_non_zero_exit_is_an_error_run_but_a_span_error_for_opensandbox_and_e2b_only() {
+        for front_end in [FrontEnd::OpenSandbox, FrontEnd::E2b] {
+            let f = RunFinish::exited(front_end, 4, false, Duration::ZERO);
+            let (span, r, c) = written(&f);
+            assert_eq!((r.decision.as_str(), r.exit), ("error", Some(4)));
+            assert_eq!(error_type(&span).as_deref(), Some("exit_code"));
+            assert_eq!(c.runs.lock().unwrap()[0].0, "error");
+        }
+        let mcp = RunFinish::exited(FrontEnd::Mcp, 4, false, Duration::ZERO);
+        assert_eq!(error_type(&written(&mcp).0), None);
         // The CLI's own non-zero exit is no agentrun error, and its verdict is `ran`.
         let cli = RunFinish::exited(FrontEnd::Cli, 4, false, Duration::ZERO);
         let (span, r, _) = written(&cli);

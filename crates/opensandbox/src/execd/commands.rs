@@ -421,28 +421,41 @@ struct Ran<'a> {
 }
 
 impl Ran<'_> {
-    /// Writes the run's end ([`RunFinish`]: span, runs counter, `run` audit record) before
-    /// the client sees it, and exports the span off the async threads. The record is written
-    /// unsynced (in the file at once, on disk with the log's next synced append or the
-    /// kernel's writeback): an `fdatasync` per command slowed the next command down.
-    fn finish(&self, finish: RunFinish, mut span: RunSpan) {
-        let finish = finish
-            .profile(self.rec.sandbox.profile())
-            .sandbox(&self.rec.id)
-            .trace(&span.traceparent())
-            .command(self.content);
-        let written = finish.write(Sinks {
-            span: Some(&mut span),
-            audit: Some(&self.server.audit),
-            audit_unsynced: true,
-            counter: Some(agentrun_pool::metrics::global()),
-            violation_metric: false,
-        });
-        if let Err(e) = written {
-            tracing::error!(target: "agentrun::opensandbox", sandbox = %self.rec.id, "audit log: {e}");
-        }
-        finish_span(span);
+    /// Writes the run's end: [`finish_run`].
+    fn finish(&self, finish: RunFinish, span: RunSpan) {
+        finish_run(self.server, self.rec, self.content, finish, span);
     }
+}
+
+/// Writes the end of a command of `rec` known by `content` ([`RunFinish`]: span, runs
+/// counter, `run` audit record with the sandbox's profile, id and the span's trace) before
+/// the client sees it, and exports the span off the async threads. The record is written
+/// unsynced (in the file at once, on disk with the log's next synced append or the
+/// kernel's writeback): an `fdatasync` per command slowed the next command down. Also what
+/// the E2B front end's processes (commands of the sandbox) end with.
+pub fn finish_run(
+    server: &Server,
+    rec: &Record,
+    content: &str,
+    finish: RunFinish,
+    mut span: RunSpan,
+) {
+    let finish = finish
+        .profile(rec.sandbox.profile())
+        .sandbox(&rec.id)
+        .trace(&span.traceparent())
+        .command(content);
+    let written = finish.write(Sinks {
+        span: Some(&mut span),
+        audit: Some(&server.audit),
+        audit_unsynced: true,
+        counter: Some(agentrun_pool::metrics::global()),
+        violation_metric: false,
+    });
+    if let Err(e) = written {
+        tracing::error!(target: "agentrun::opensandbox", sandbox = %rec.id, "audit log: {e}");
+    }
+    finish_span(span);
 }
 
 /// A command the sandbox refused to start (`exit_code`, `message`): its run finished as
