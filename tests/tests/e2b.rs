@@ -23,6 +23,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentrun_e2e::osb::{free_port, printed, stop_clean, SCENARIO_TIMEOUT};
+use agentrun_e2e::otlp::{OtlpReceiver, ReceivedSpan};
 use agentrun_e2e::snapshots::{snapshot_ids, SnapshotSweep};
 use agentrun_e2e::*;
 
@@ -310,13 +311,18 @@ fn on_timeout_pause_and_auto_resume() {
 /// Every E2B process is a run in the audit log, as an OpenSandbox command is: `true` and
 /// `exit 4` through the SDK's `commands.run` are `run` records with the sandbox, the command
 /// line (the SDK runs `/bin/bash -l -c CMD`), the exit code and outcome, the sandbox's profile
-/// (`--opensandbox-profile`) and a trace id.
+/// (`--opensandbox-profile`) and a trace id; each with its `sandbox.exec` span in that trace
+/// (exit code, pid, duration; the non-zero exit an error).
 #[test]
 fn processes_are_audited_as_runs() {
     let Some(_lock) = setup() else { return };
     let audit = tempdir();
+    let rx = OtlpReceiver::grpc();
     let mut d = Daemon::unstarted();
     d.set_env("AGENTRUN_AUDIT_DIR", audit.path());
+    for (k, v) in rx.otel_env() {
+        d.set_env(k, v);
+    }
     let addr = format!("127.0.0.1:{}", free_port());
     d.launch([
         "--pool-size",
@@ -343,9 +349,37 @@ fn processes_are_audited_as_runs() {
         (runs.len() >= 2).then_some(runs)
     })
     .unwrap_or_else(|| panic!("no run records in the audit log\n{}", d.log()));
+    let execs = wait_until(Duration::from_secs(20), || {
+        let execs: Vec<ReceivedSpan> = rx
+            .spans()
+            .into_iter()
+            .filter(|s| {
+                s.name == "sandbox.exec"
+                    && s.attributes.get("sandbox.id").map(String::as_str) == Some(sandbox.as_str())
+            })
+            .collect();
+        (execs.len() >= 2).then_some(execs)
+    })
+    .unwrap_or_else(|| panic!("no sandbox.exec spans of {sandbox}: {:#?}", rx.spans()));
     let mut seen: Vec<(String, i64, String)> = runs
         .iter()
         .map(|r| {
+            let exit = r["exit"].as_i64().unwrap();
+            let span = execs
+                .iter()
+                .find(|s| s.trace_id == r["trace_id"].as_str().unwrap_or_default())
+                .unwrap_or_else(|| panic!("no sandbox.exec span in the trace of {r}: {execs:#?}"));
+            assert_eq!(
+                span.typed_attr("process.exit.code", "int"),
+                exit.to_string()
+            );
+            span.typed_attr("process.pid", "int");
+            span.typed_attr("sandbox.duration_ms", "int");
+            assert_eq!(
+                span.status_code == ReceivedSpan::STATUS_ERROR,
+                exit != 0,
+                "{span:#?}"
+            );
             assert_eq!(r["sandbox_id"], sandbox.as_str(), "{r}");
             assert_eq!(r["action"], "exec", "{r}");
             assert_eq!(r["profile"], "strict", "{r}");
