@@ -130,27 +130,42 @@ pub async fn require_access_token_rpc(
     }
 }
 
+/// Why an envd request's `Authorization` header names no user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    #[error("Authorization: not ASCII")]
+    NotAscii,
+    #[error("Authorization: expected Basic")]
+    NotBasic,
+    #[error("Authorization: {0}")]
+    Base64(base64::DecodeError),
+    #[error("Authorization: not UTF-8")]
+    NotUtf8,
+    #[error("Authorization: invalid user name")]
+    BadName,
+}
+
 /// The user an envd request runs as: `Authorization: Basic base64("USER:")` as the SDK sends
 /// it (`None`: no header, the sandbox's root; `root` is root too).
-pub fn user_of(headers: &HeaderMap) -> Result<Option<String>, String> {
+pub fn user_of(headers: &HeaderMap) -> Result<Option<String>, UserError> {
     use base64::Engine;
     let Some(v) = headers.get("authorization") else {
         return Ok(None);
     };
-    let v = v.to_str().map_err(|_| "Authorization: not ASCII")?;
+    let v = v.to_str().map_err(|_| UserError::NotAscii)?;
     let Some(b64) = v.strip_prefix("Basic ") else {
-        return Err("Authorization: expected Basic".into());
+        return Err(UserError::NotBasic);
     };
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
-        .map_err(|e| format!("Authorization: {e}"))?;
-    let raw = String::from_utf8(raw).map_err(|_| "Authorization: not UTF-8")?;
+        .map_err(UserError::Base64)?;
+    let raw = String::from_utf8(raw).map_err(|_| UserError::NotUtf8)?;
     let user = raw.split(':').next().unwrap_or("").to_owned();
     if user.is_empty() || user == "root" {
         return Ok(None);
     }
     if user.contains(['\0', '\n']) {
-        return Err("Authorization: invalid user name".into());
+        return Err(UserError::BadName);
     }
     Ok(Some(user))
 }
