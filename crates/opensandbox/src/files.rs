@@ -546,8 +546,14 @@ async fn download(
     .await?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     // Checked once the file is open, as execd does (a missing file is a 404 first).
-    let window = crate::filestream::line_window(offset.as_deref(), limit.as_deref())
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", m))?;
+    let window =
+        crate::filestream::line_window(offset.as_deref(), limit.as_deref()).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                e.to_string(),
+            )
+        })?;
     if let Some((skip, take)) = window {
         // Lines `offset` (1-based) to `offset + limit - 1`, streamed as they are read.
         let body = produced_body(move |w| {
