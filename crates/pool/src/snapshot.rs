@@ -145,9 +145,12 @@ impl Drop for FrozenLayer {
 /// for it only to make their cells, so that a fork's copying and its shells overlap.
 #[derive(Default)]
 pub struct PendingLayer {
-    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, String>>>,
+    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, LayerNotMade>>>,
     ready: std::sync::Condvar,
 }
+
+/// Why a [`PendingLayer`] will not be made: the maker's own error, shared with every waiter.
+pub type LayerNotMade = Arc<dyn std::error::Error + Send + Sync>;
 
 /// How long a create waits for its [`PendingLayer`].
 const PENDING_TIMEOUT: Duration = Duration::from_secs(120);
@@ -165,7 +168,7 @@ impl PendingLayer {
     }
 
     /// The layer is made (`Ok`) or will not be (`Err`: why); wakes every waiting create.
-    pub fn set(&self, r: Result<Arc<FrozenLayer>, String>) {
+    pub fn set(&self, r: Result<Arc<FrozenLayer>, LayerNotMade>) {
         *crate::lock(&self.slot) = Some(r);
         self.ready.notify_all();
     }
@@ -401,7 +404,9 @@ mod tests {
     #[test]
     fn a_layer_that_was_not_made_fails_the_wait() {
         let pending = PendingLayer::new();
-        pending.set(Err("too large".into()));
+        pending.set(Err(Arc::from(
+            Box::<dyn std::error::Error + Send + Sync>::from("too large"),
+        )));
         let e = pending.wait().unwrap_err().to_string();
         assert!(e.contains("too large"), "{e}");
     }

@@ -350,7 +350,10 @@ pub async fn fork_records(
             (bytes, None)
         }
         Err(e) => {
-            pending.set(Err(e.message.clone()));
+            // The waiting creates say the message (the code is the fork's answer's).
+            pending.set(Err(Arc::from(
+                Box::<dyn std::error::Error + Send + Sync>::from(e.message.clone()),
+            )));
             (0, Some(e))
         }
     };
