@@ -166,11 +166,11 @@ enum SizeValue {
     Text(String),
 }
 
-fn parse_limit_size(s: &str) -> Result<u64, String> {
+fn parse_limit_size(s: &str) -> Result<u64, agentrun_policy::UnitError> {
     if s.trim() == "0" {
         return Ok(0);
     }
-    agentrun_policy::parse_bytes(s).map_err(|e| e.to_string())
+    agentrun_policy::parse_bytes(s)
 }
 
 impl LimitArgs {
