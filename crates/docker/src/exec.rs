@@ -128,7 +128,9 @@ pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> D
     let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
     let pty = crate::pty::Pty::default();
     if let Some((h, w)) = req.console_size {
-        let _ = pty.resize(h, w);
+        if let Err(e) = pty.resize(h, w) {
+            tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+        }
     }
     let exec = Arc::new(Exec {
         id,
@@ -215,7 +217,9 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     }
     let tty = body["Tty"].as_bool().unwrap_or(exec.tty);
     if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
-        let _ = exec.pty.resize(h, w);
+        if let Err(e) = exec.pty.resize(h, w) {
+            tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+        }
     }
     if body["Detach"].as_bool().unwrap_or(false) {
         tokio::spawn(run_detached(exec, tty));
@@ -346,6 +350,7 @@ async fn spawn(
                 st.status != Status::Running || st.exits != exits
             };
             if stopped {
+                // It may have exited already.
                 let _ = sandbox2.signal(p.id, libc::SIGKILL, true);
             }
             lock(&exec.state).pid = p.pid;
@@ -394,6 +399,7 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
         Ok(s) => s,
         Err(e) => {
             let _ = stream::send(&mut wr, 1, e.to_string().as_bytes(), tty).await;
+            // The client may be gone; nothing else to tell.
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
             return;
         }
@@ -413,6 +419,7 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
                 }
                 None => {
                     // Output closed: the exit follows (bounded, the sandbox may be gone).
+                    // Elapsed: the exit code stays unknown, as when the sandbox is gone.
                     let _ = tokio::time::timeout(Duration::from_secs(5), &mut exit_rx).await;
                     break;
                 }
@@ -432,6 +439,7 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
         }
     }
     input.abort();
+    // The client may be gone already.
     let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
     tracing::debug!(
         target: TRACE,

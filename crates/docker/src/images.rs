@@ -332,7 +332,10 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
         Err(e) => Some(DockerError::join(e)),
     };
     if let Some(e) = failed {
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        if let Ok(Err(e)) = removed {
+            tracing::warn!(target: crate::LOG, "docker API: removing a build context: {e}");
+        }
         return Err(e);
     }
     let (reply, tx) = streaming("application/json");
@@ -362,7 +365,9 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
             send(json!({ "stream": text }));
         })
         .map_err(|e| e.to_string());
-        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(target: "agentrun::docker", "docker API: removing a build context: {e}");
+        }
         match result {
             Ok(rec) => {
                 send(json!({"aux": {"ID": rec.id}}));

@@ -44,7 +44,9 @@ impl Pty {
     pub fn set_master(&self, master: Option<File>) {
         let mut st = lock(&self.state);
         if let (Some(m), Some((rows, cols))) = (&master, st.1) {
-            let _ = set_size(m, rows, cols);
+            if let Err(e) = set_size(m, rows, cols) {
+                tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+            }
         }
         st.0 = master;
     }

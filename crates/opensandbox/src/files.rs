@@ -400,6 +400,7 @@ async fn write_parts(
                     let moved = owned
                         .and_then(|()| fs.rename(&partial, &path).map_err(|e| errno(e, &shown)));
                     if moved.is_err() {
+                        // The upload already failed (that error is answered); a partial file left is hidden.
                         let _ = fs.remove_file(&partial);
                     }
                     moved
@@ -508,6 +509,7 @@ fn produced_body(
     let mut writer = tokio_util::io::SyncIoBridge::new(writer);
     tokio::task::spawn_blocking(move || {
         // Dropping the writer ends the body (after what it wrote).
+        // Its error ends the body early; the client sees the body cut, nobody else is told.
         let _ = produce(&mut writer);
     });
     Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
@@ -860,6 +862,7 @@ fn replace_in_file(fs: &SandboxFs, r: &std::path::Path, p: &str, rep: &Replace) 
         Err(crate::filestream::ReplaceError::Io(e)) => Err(io_error(e, p)),
     };
     if !matches!(result, Ok(n) if n > 0) {
+        // The replace failed or changed nothing; its answer says which.
         let _ = fs.remove_file(&partial);
     }
     result

@@ -179,9 +179,11 @@ pub(crate) struct Running {
 impl RunningFrontend for Running {
     fn stop(mut self: Box<Self>) {
         if let Some(tx) = self.shutdown.take() {
+            // Err: the server already stopped.
             let _ = tx.send(());
         }
         if let Some(t) = self.thread.take() {
+            // A panic of the server thread was logged by the panic hook.
             let _ = t.join();
         }
     }
@@ -246,6 +248,7 @@ impl Frontend for OpenSandboxFrontend {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         // Events are small writes: never hold them back for an ACK (Nagle).
                         Ok(l) => l.tap_io(|tcp| {
+                            // Latency only: the connection works without it.
                             let _ = tcp.set_nodelay(true);
                         }),
                         Err(e) => {

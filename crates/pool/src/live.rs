@@ -407,7 +407,9 @@ impl LiveSandbox {
         if pooled.is_some() {
             self.killed.store(true, Ordering::SeqCst);
             if self.is_paused() {
-                let _ = self.resume();
+                if let Err(e) = self.resume() {
+                    tracing::warn!(target: "agentrun::pool", "thawing a killed sandbox (its tasks die once thawed): {e}");
+                }
             }
             // The dying PID 1 tears the cell's namespaces and mounts down itself: background
             // work, done where and as the factory does it (see `factory::background_cpus`).
@@ -415,6 +417,7 @@ impl LiveSandbox {
             if agentrun_runtime::cellrun::pidfd_pid(self.pidfd.as_fd()) == Some(self.init_pid) {
                 let pid = nix::unistd::Pid::from_raw(self.init_pid);
                 if let Some(bg) = crate::factory::background_cpus() {
+                    // A scheduling hint: if it fails, the dying cell keeps every CPU.
                     let _ = nix::sched::sched_setaffinity(pid, &bg);
                 }
                 // SAFETY: setpriority on the cell's PID 1, identified through its pidfd above.
@@ -728,6 +731,7 @@ impl LiveManager {
     /// `<state dir>/frozen`), emptied now: no sandbox of an earlier daemon uses one (its
     /// cells died with it).
     pub fn with_frozen_dir(mut self, dir: std::path::PathBuf) -> Self {
+        // Absent on a first start; what cannot be removed is only stale layers.
         let _ = std::fs::remove_dir_all(&dir);
         self.frozen_dir = dir;
         self
@@ -979,7 +983,9 @@ impl LiveManager {
         sandbox.deleted.store(true, Ordering::SeqCst);
         if sandbox.is_paused() {
             // Frozen tasks would not die until thawed (cgroup v1).
-            let _ = sandbox.resume();
+            if let Err(e) = sandbox.resume() {
+                tracing::warn!(target: "agentrun::pool", "thawing a deleted sandbox (its tasks die once thawed): {e}");
+            }
         }
         let shell = lock(&sandbox.pooled).take();
         if let Some(mut shell) = shell {

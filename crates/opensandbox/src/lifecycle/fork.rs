@@ -372,7 +372,9 @@ pub async fn fork_records(
     if let Some(e) = failed {
         // All or nothing: the copies made go (and the layer with the last of them).
         for (_, r) in made.drain(..) {
-            let _ = super::delete_sandbox(&server, &r.id).await;
+            if let Err(e) = super::delete_sandbox(&server, &r.id).await {
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting fork copy {} after a failed fork: {e}", r.id);
+            }
         }
         fail(&server, &e, bytes, freeze_time, &[]);
         return Err(e);

@@ -277,8 +277,11 @@ async fn create_sandbox(
                 Err(e) => {
                     let live = server.live.clone();
                     let id = sandbox.id().to_owned();
+                    // A JoinHandle: the task logs its own failure.
                     let _ = tokio::task::spawn_blocking(move || {
-                        let _ = live.delete(&id);
+                        if let Err(e) = live.delete(&id) {
+                            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting sandbox {id} after a failed create: {e}");
+                        }
                         volumes::release(held, true);
                     })
                     .await;
@@ -338,11 +341,14 @@ async fn create_sandbox(
         let live = server.live.clone();
         let id = rec.id.clone();
         let rec2 = rec.clone();
+        // A JoinHandle: the task logs its own failure.
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(e) = &rec2.egress {
                 e.stop();
             }
-            let _ = live.delete(&id);
+            if let Err(e) = live.delete(&id) {
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting sandbox {id} after a failed create: {e}");
+            }
             volumes::release(std::mem::take(&mut *lock(&rec2.volumes)), true);
         })
         .await;
@@ -501,7 +507,7 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     let on_disk = lock(&rec.on_disk).take();
     if let Some(sid) = on_disk {
         let srv = server.clone();
-        let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+        remove_snapshot_logged(srv, sid).await;
     }
     Ok(())
 }
@@ -642,8 +648,25 @@ pub async fn resume_from_disk(
     finish_span(restore);
     result?;
     let (srv, sid) = (server.clone(), snapshot_id.to_owned());
-    let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+    remove_snapshot_logged(srv, sid).await;
     Ok(())
+}
+
+/// Removes a sandbox's own snapshot on disk, which nothing uses any more; a failure leaves
+/// the snapshot (listed, removable) and is logged.
+async fn remove_snapshot_logged(server: Arc<Server>, id: String) {
+    let removed =
+        tokio::task::spawn_blocking(move || server.store.remove_snapshot(&id, None).map(drop))
+            .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "removing a used snapshot: {e}")
+        }
+        Err(e) => {
+            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "removing a used snapshot: {e}")
+        }
+    }
 }
 
 async fn renew(
