@@ -342,6 +342,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                 }
                 match ev {
                     agentrun_build::BuildEvent::Step { index, total, text } => {
+                        // Progress lines: a reader that went away (a closed pipe) is not an error of the command.
                         let _ = writeln!(stdout, "Step {index}/{total} : {text}");
                     }
                     agentrun_build::BuildEvent::Output(b) => {
@@ -456,6 +457,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                         .with_context(|| format!("cannot write {}", path.display()))
                 });
                 if result.is_err() {
+                    // The write failed (that error is reported); a temp file left is harmless.
                     let _ = std::fs::remove_file(&tmp);
                 }
                 result?;

@@ -59,6 +59,7 @@ impl ImageStore {
             let staged = temp_path(&self.tmp_dir(), "import");
             let result = extract_archive(path, &staged, &self.budget())
                 .and_then(|()| self.import_dir(&staged, name));
+            // Best effort: a leftover in tmp/ is swept by the next garbage collection.
             let _ = fs::remove_dir_all(&staged);
             result
         })();
@@ -463,6 +464,7 @@ fn extract_tar(
                 fs::create_dir(&target).map_err(at("create"))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
+                // Replacing an earlier entry of the same name; absent is the usual case.
                 let _ = fs::remove_file(&target);
                 let mut out = File::options()
                     .write(true)
@@ -471,6 +473,7 @@ fn extract_tar(
                     .map_err(at("create"))?;
                 io::copy(entry, &mut out).map_err(at("write"))?;
                 use std::os::unix::fs::PermissionsExt;
+                // The file is there with the default mode; a build only reads it.
                 let _ = fs::set_permissions(&target, fs::Permissions::from_mode(mode));
             }
             tar::EntryType::Symlink => {
@@ -481,6 +484,7 @@ fn extract_tar(
                 if link.is_absolute() && !absolute_symlinks {
                     return Err(EntryError::AbsoluteSymlink(raw.to_owned()));
                 }
+                // Replacing an earlier entry of the same name; absent is the usual case.
                 let _ = fs::remove_file(&target);
                 std::os::unix::fs::symlink(&link, &target).map_err(at("symlink"))?;
             }

@@ -423,6 +423,7 @@ fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> 
 
 fn set_mtime(path: &Path, secs: i64) {
     let t = nix::sys::time::TimeSpec::new(secs, 0);
+    // Times are cosmetic for overlayfs and builds; a file keeps the time it was written.
     let _ = nix::sys::stat::utimensat(
         None,
         path,
@@ -494,6 +495,7 @@ impl LayerStore {
                 Err(e) => Err(ImageError::io("rename", &tmp)(e)),
             }
         })();
+        // Best effort: a leftover in tmp/ is swept by the next garbage collection.
         let _ = fs::remove_dir_all(&tmp);
         result
     }

@@ -209,6 +209,7 @@ fn find_executable(name: &str, path_var: &str) -> Option<PathBuf> {
 
 /// Writes `agentrun: <msg>` on the process's stderr (the container's).
 fn say(msg: &str) {
+    // The container's stderr is the only place to say it; if it is closed, nobody can hear.
     let _ = writeln!(std::io::stderr(), "agentrun: {msg}");
 }
 

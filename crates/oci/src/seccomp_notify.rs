@@ -340,6 +340,7 @@ impl Forwarder {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Ok(WaitStatus::StillAlive) => {
+                    // The forwarder may have exited meanwhile; waitpid reaps it either way.
                     let _ = kill(pid, Signal::SIGKILL);
                     let _ = waitpid(pid, None);
                     return None;
@@ -356,6 +357,7 @@ impl Drop for Forwarder {
     /// and reaped.
     fn drop(&mut self) {
         if let Some(pid) = self.pid.take() {
+            // The forwarder may have exited meanwhile; waitpid reaps it either way.
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
         }
@@ -404,6 +406,7 @@ fn forward(
     let result = send_to_agent(plan, state, pid, &listener_fd);
     if result.is_err() {
         // Its notified syscalls could never be answered.
+        // It may be gone already; the error above is what the caller hears.
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     result.map_err(Some)
