@@ -135,6 +135,7 @@ pub async fn ask(
     let response = tokio::select! {
         r = handle.await_response() => r,
         () = stop => {
+            // The client may be gone; the question is over either way.
             let _ = peer
                 .notify_cancelled(CancelledNotificationParam::new(
                     Some(id),

@@ -511,6 +511,7 @@ impl Session {
         ));
         tracing::info!(target: "agentrun::mcp", sandbox = %s.id(), "idle: torn down");
         let live = self.shared.live.clone();
+        // A JoinHandle: destroy logs its own failures.
         let _ = tokio::task::spawn_blocking(move || s.destroy(&live)).await;
     }
 }

@@ -259,11 +259,15 @@ impl Frontend for OpenSandboxFrontend {
                     let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
                     let app = app(server.clone());
                     let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                    let _ = axum::serve(listener, app)
+                    let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {
+                            // Err: the stop handle was dropped: stop as well.
                             let _ = rx.await;
                         })
                         .await;
+                    if let Err(e) = served {
+                        tracing::error!(target: "agentrun::opensandbox", "{name}: {e}");
+                    }
                     expiry.abort();
                     // Sandboxes are deleted by the daemon's LiveManager::shutdown; the named
                     // volumes they made to go with them go now (their processes are being

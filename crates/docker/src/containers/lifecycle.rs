@@ -309,6 +309,7 @@ fn hold_refill_until_exit(refill: Refill, c: &Arc<Container>, exits_before: u64)
                 }
             }
         };
+        // Elapsed is an answer too: the refill goes on after the hold-off.
         let _ = tokio::time::timeout(REFILL_HOLDOFF, exited).await;
     });
 }
@@ -466,6 +467,7 @@ fn wait_not_running(c: &Arc<Container>, limit: Duration) -> bool {
                 }
             }
         };
+        // Elapsed is an answer too: the caller checks the status.
         let _ = tokio::time::timeout_at(deadline.into(), stopped).await;
     });
     c.status() != Status::Running
