@@ -60,53 +60,40 @@ pub fn routes(server: Arc<Server>) -> Router {
 
 /// A file system error on `path` as the API reports it.
 pub fn errno(e: Errno, path: &str) -> ApiError {
-    match e {
-        Errno::NOENT | Errno::NOTDIR => ApiError::not_found(
+    const BAD: StatusCode = StatusCode::BAD_REQUEST;
+    let (status, code, what) = match e {
+        Errno::NOENT | Errno::NOTDIR => (
+            StatusCode::NOT_FOUND,
             "FILE_NOT_FOUND",
-            format!("{path}: no such file or directory"),
+            "no such file or directory",
         ),
-        Errno::ACCESS | Errno::PERM | Errno::ROFS => ApiError::new(
+        Errno::ACCESS | Errno::PERM | Errno::ROFS => (
             StatusCode::FORBIDDEN,
             "PERMISSION_DENIED",
-            format!("{path}: permission denied"),
+            "permission denied",
         ),
-        Errno::INVAL => ApiError::new(
-            StatusCode::BAD_REQUEST,
+        Errno::INVAL => (
+            BAD,
             "INVALID_FILE",
-            format!("{path}: not a regular file, or not allowed here"),
+            "not a regular file, or not allowed here",
         ),
-        Errno::ISDIR => ApiError::new(
-            StatusCode::BAD_REQUEST,
+        Errno::ISDIR => (BAD, "INVALID_FILE", "is a directory"),
+        Errno::LOOP => (
+            BAD,
             "INVALID_FILE",
-            format!("{path}: is a directory"),
+            "symbolic link not allowed here (or too many)",
         ),
-        Errno::LOOP => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: symbolic link not allowed here (or too many)"),
-        ),
-        Errno::XDEV => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: crosses a mount"),
-        ),
-        Errno::NOSPC => ApiError::new(
+        Errno::XDEV => (BAD, "INVALID_FILE", "crosses a mount"),
+        Errno::NOSPC => (
             StatusCode::INSUFFICIENT_STORAGE,
             "RUNTIME_ERROR",
-            format!("{path}: no space left in the sandbox"),
+            "no space left in the sandbox",
         ),
-        Errno::NOTEMPTY => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: directory not empty"),
-        ),
-        Errno::EXIST => ApiError::new(
-            StatusCode::CONFLICT,
-            "INVALID_FILE",
-            format!("{path}: already exists"),
-        ),
-        e => ApiError::internal(format!("{path}: {e}")),
-    }
+        Errno::NOTEMPTY => (BAD, "INVALID_FILE", "directory not empty"),
+        Errno::EXIST => (StatusCode::CONFLICT, "INVALID_FILE", "already exists"),
+        e => return ApiError::internal(format!("{path}: {e}")),
+    };
+    ApiError::new(status, code, format!("{path}: {what}"))
 }
 
 /// A request's path as a path relative to the sandbox's root (400 if it is not absolute).
