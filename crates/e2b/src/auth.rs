@@ -91,34 +91,36 @@ pub fn authorize(server: &Server, headers: &HeaderMap) -> E2bResult<Arc<Record>>
     Ok(rec)
 }
 
-/// Middleware of envd's HTTP API and the code interpreter: [`authorize`], errors as
+/// Middleware of envd's HTTP API and the code interpreter: [`authorized`], errors as
 /// [`E2bError`]s.
 pub async fn require_access_token(
     State(server): State<Arc<Server>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
-    let rec = match authorize(&server, req.headers()) {
-        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
-        Err(e) => Err(e),
-    };
-    match rec {
-        Ok(rec) => {
-            req.extensions_mut().insert(rec);
-            next.run(req).await
-        }
-        Err(e) => e.into_response(),
-    }
+    authorized(&server, req, next, IntoResponse::into_response).await
 }
 
-/// Middleware of envd's RPCs: [`authorize`], errors as Connect errors.
+/// Middleware of envd's RPCs: [`authorized`], errors as Connect errors.
 pub async fn require_access_token_rpc(
     State(server): State<Arc<Server>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
-    let rec = match authorize(&server, req.headers()) {
-        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
+    authorized(&server, req, next, |e| RpcError::from(e).into_response()).await
+}
+
+/// [`authorize`], and a sandbox paused with auto-resume resumed
+/// ([`crate::autopause::resume_if_asked`]): the request goes on with its record in its
+/// extensions, or is answered `refuse(error)`.
+async fn authorized(
+    server: &Arc<Server>,
+    mut req: Request,
+    next: Next,
+    refuse: impl FnOnce(E2bError) -> Response,
+) -> Response {
+    let rec = match authorize(server, req.headers()) {
+        Ok(rec) => crate::autopause::resume_if_asked(server, rec).await,
         Err(e) => Err(e),
     };
     match rec {
@@ -126,7 +128,7 @@ pub async fn require_access_token_rpc(
             req.extensions_mut().insert(rec);
             next.run(req).await
         }
-        Err(e) => RpcError::from(e).into_response(),
+        Err(e) => refuse(e),
     }
 }
 
