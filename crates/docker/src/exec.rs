@@ -398,8 +398,8 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
     let stdin = match spawn(&exec, tty, exec.attach_stdin, out_tx, exit_tx).await {
         Ok(s) => s,
         Err(e) => {
-            let _ = stream::send(&mut wr, 1, e.to_string().as_bytes(), tty).await;
             // The client may be gone; nothing else to tell.
+            let _ = stream::send(&mut wr, 1, e.to_string().as_bytes(), tty).await;
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
             return;
         }

@@ -176,6 +176,7 @@ pub struct Published {
 impl Drop for Published {
     fn drop(&mut self) {
         for fd in &self.listening {
+            // Only a socket that is not listening any more fails: nothing is left to stop.
             let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         }
         for t in &self.tasks {
