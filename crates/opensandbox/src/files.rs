@@ -434,6 +434,17 @@ pub fn io_error(e: std::io::Error, path: &str) -> ApiError {
     }
 }
 
+/// The `path` values of a query, as given (for errors) and as paths in the sandbox ([`rel`]).
+fn query_paths(q: &Option<String>) -> ApiResult<(Vec<String>, Vec<PathBuf>)> {
+    let paths: Vec<String> = query_pairs(q)
+        .into_iter()
+        .filter(|(k, _)| k == "path")
+        .map(|(_, v)| v)
+        .collect();
+    let rels = paths.iter().map(|p| rel(p)).collect::<ApiResult<_>>()?;
+    Ok((paths, rels))
+}
+
 fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
     q.as_deref()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
@@ -594,18 +605,10 @@ async fn info(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
+    let (paths, rels) = query_paths(&q)?;
     if paths.is_empty() {
         return Err(ApiError::missing_query("path"));
     }
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
     with_fs(&rec, move |fs| {
         let accounts = Accounts::read(fs);
         let mut out = serde_json::Map::new();
@@ -623,15 +626,7 @@ async fn delete_files(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
+    let (paths, rels) = query_paths(&q)?;
     with_fs(&rec, move |fs| {
         for (p, r) in paths.iter().zip(rels) {
             if fs.stat(&r).map_err(|e| errno(e, p))?.is_dir() {
@@ -935,15 +930,7 @@ async fn delete_dirs(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
+    let (paths, rels) = query_paths(&q)?;
     with_fs(&rec, move |fs| {
         for (p, r) in paths.iter().zip(rels) {
             fs.remove_all(&r).map_err(|e| errno(e, p))?;

@@ -461,6 +461,13 @@ pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// A `state` query value of a list: comma-separated states, lower-cased.
+pub(super) fn state_list(v: &str) -> impl Iterator<Item = String> + '_ {
+    v.split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+}
+
 async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiResult<Json<Value>> {
     let pairs = query_pairs(&q);
     let mut states: Vec<String> = Vec::new();
@@ -468,11 +475,7 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     let mut paging = Paging::default();
     for (k, v) in &pairs {
         match k.as_str() {
-            "state" => states.extend(
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .filter(|s| !s.is_empty()),
-            ),
+            "state" => states.extend(state_list(v)),
             "metadata" => meta.extend(form_urlencoded::parse(v.as_bytes()).into_owned()),
             _ => {
                 paging.take(k, v)?;
