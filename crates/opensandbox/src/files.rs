@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -626,13 +626,25 @@ async fn delete_files(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let (paths, rels) = query_paths(&q)?;
-    with_fs(&rec, move |fs| {
+    delete_each(&rec, &q, |fs, r| {
+        if fs.stat(r)?.is_dir() {
+            return Err(Errno::ISDIR);
+        }
+        fs.remove_file(r)
+    })
+    .await
+}
+
+/// `remove`s each `path` of the query in turn (the first failure answers, naming its path).
+async fn delete_each(
+    rec: &Record,
+    q: &Option<String>,
+    remove: fn(&SandboxFs, &Path) -> Result<(), Errno>,
+) -> ApiResult<StatusCode> {
+    let (paths, rels) = query_paths(q)?;
+    with_fs(rec, move |fs| {
         for (p, r) in paths.iter().zip(rels) {
-            if fs.stat(&r).map_err(|e| errno(e, p))?.is_dir() {
-                return Err(errno(Errno::ISDIR, p));
-            }
-            fs.remove_file(&r).map_err(|e| errno(e, p))?;
+            remove(fs, &r).map_err(|e| errno(e, p))?;
         }
         Ok(StatusCode::OK)
     })
@@ -930,14 +942,7 @@ async fn delete_dirs(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let (paths, rels) = query_paths(&q)?;
-    with_fs(&rec, move |fs| {
-        for (p, r) in paths.iter().zip(rels) {
-            fs.remove_all(&r).map_err(|e| errno(e, p))?;
-        }
-        Ok(StatusCode::OK)
-    })
-    .await
+    delete_each(&rec, &q, |fs, r| fs.remove_all(r)).await
 }
 
 #[cfg(test)]
