@@ -405,6 +405,7 @@ async fn supervise(
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
                 timed_out = true;
+                // It may have exited already.
                 let _ = rec.sandbox.signal(pid, libc::SIGKILL, true);
             }
         }
