@@ -26,7 +26,6 @@ use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
 use crate::lines::SANDBOX_LOG_BUDGET;
-use crate::process::spawn;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 use request::host_arch;
 pub use request::{
@@ -363,7 +362,16 @@ async fn create_sandbox(
 /// ([`Record::entrypoint_exited`]).
 async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let argv = rec.entrypoint.clone();
-    let p = match spawn(rec, argv, Vec::new(), "/".into(), false, None).await {
+    let p = match agentrun_pool::process::spawn(
+        &rec.sandbox,
+        argv,
+        Vec::new(),
+        "/".into(),
+        false,
+        None,
+    )
+    .await
+    {
         Ok(p) => p,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(ApiError::bad_request(format!("entrypoint: {message}")))
