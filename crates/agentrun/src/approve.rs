@@ -125,6 +125,7 @@ fn ask_on_tty(
     }
     let mut tty = open_tty().ok()?;
     // Type-ahead must not answer a question it was not typed for.
+    // Best effort: without it, type-ahead may answer the question.
     let _ = nix::sys::termios::tcflush(tty.as_fd(), nix::sys::termios::FlushArg::TCIFLUSH);
     let secs = left.as_secs_f64().round();
     write!(
@@ -133,6 +134,7 @@ fn ask_on_tty(
         request.question()
     )
     .ok()?;
+    // A tty that cannot be written to cannot be asked: reading the answer fails too.
     let _ = tty.flush();
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
@@ -141,6 +143,7 @@ fn ask_on_tty(
         if left.is_zero() {
             // The caller's bound (it started first, so it ends just after) decides; this
             // only says so on the screen, in its words.
+            // The question is over either way; a tty that cannot be written to has nobody to tell.
             let _ = write!(
                 tty,
                 "\r\nagentrun: {}: denied\r\n",
@@ -149,6 +152,7 @@ fn ask_on_tty(
             return None;
         }
         if abandoned() {
+            // The question is over either way; a tty that cannot be written to has nobody to tell.
             let _ = write!(tty, "\r\nagentrun: question withdrawn: denied\r\n");
             return None;
         }
@@ -167,6 +171,7 @@ fn ask_on_tty(
     }
     let answer = String::from_utf8_lossy(&line).trim().to_ascii_lowercase();
     let approved = answer == "y" || answer == "yes";
+    // The question is over either way; a tty that cannot be written to has nobody to tell.
     let _ = write!(
         tty,
         "agentrun: {}\r\n",

@@ -48,6 +48,7 @@ pub(crate) fn execute(
     };
     let runtime_paths = RuntimePaths::new(&paths.state_dir);
     // Clean up after runs that were killed; cheap when there is nothing to do.
+    // Best effort: what it cannot clean now is tried again before the next run.
     let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
     let host = HostInfo::probe();
     if host.landlock_abi == 0 {
@@ -87,6 +88,7 @@ pub(crate) fn execute(
     ) {
         Ok(m) => m,
         Err(e) => {
+            // The run fails with the error below; a shell left behind is collected before the next run.
             let _ = sandbox.destroy();
             let kind = e.kind();
             return run.fail(kind, &anyhow::Error::new(e).context("creating sandbox"));
@@ -97,6 +99,7 @@ pub(crate) fn execute(
     run.enforcement = Some(enforcement);
     // Nothing runs unless the decisions so far are on disk.
     if let Err(e) = recorder.set_sandbox(sandbox.id()) {
+        // The run fails with the error below; a shell left behind is collected before the next run.
         let _ = sandbox.destroy();
         return run.fail("audit", &e.into());
     }
@@ -105,6 +108,7 @@ pub(crate) fn execute(
         match start_proxy(&sandbox.egress_socket(), plan, recorder) {
             Ok(p) => Some(p),
             Err(e) => {
+                // The run fails with the error below; a shell left behind is collected before the next run.
                 let _ = sandbox.destroy();
                 return run.fail("egress", &e);
             }

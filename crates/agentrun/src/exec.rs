@@ -51,6 +51,7 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
         Err(PlanError::Denied(msg)) => RunRecord::denied(msg),
     };
     if let Some(id) = &record.sandbox_id {
+        // Held decisions not written now are written by the flush before the run's record, which reports its failure.
         let _ = recorder.set_sandbox(id);
     }
     let code = record.exit_code;
@@ -105,6 +106,7 @@ fn report_denials(paths: &Paths, rules: &[String]) {
         let msg = agentrun_pool::protocol::ClientMessage::Denials {
             rules: rules.to_vec(),
         };
+        // Metrics only: a daemon that does not take them misses a count, nothing else.
         let _ = client.call(&msg);
     }
 }

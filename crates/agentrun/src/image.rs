@@ -166,11 +166,11 @@ enum SizeValue {
     Text(String),
 }
 
-fn parse_limit_size(s: &str) -> Result<u64, String> {
+fn parse_limit_size(s: &str) -> Result<u64, agentrun_policy::UnitError> {
     if s.trim() == "0" {
         return Ok(0);
     }
-    agentrun_policy::parse_bytes(s).map_err(|e| e.to_string())
+    agentrun_policy::parse_bytes(s)
 }
 
 impl LimitArgs {
@@ -342,6 +342,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                 }
                 match ev {
                     agentrun_build::BuildEvent::Step { index, total, text } => {
+                        // Progress lines: a reader that went away (a closed pipe) is not an error of the command.
                         let _ = writeln!(stdout, "Step {index}/{total} : {text}");
                     }
                     agentrun_build::BuildEvent::Output(b) => {
@@ -456,6 +457,7 @@ pub fn run(cmd: ImageCommand, paths: &Paths) -> anyhow::Result<()> {
                         .with_context(|| format!("cannot write {}", path.display()))
                 });
                 if result.is_err() {
+                    // The write failed (that error is reported); a temp file left is harmless.
                     let _ = std::fs::remove_file(&tmp);
                 }
                 result?;

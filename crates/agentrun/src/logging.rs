@@ -69,6 +69,7 @@ pub fn init(mode: Mode, runc_log: Option<agentrun_oci::LogLayer>) {
         return;
     }
     use tracing_subscriber::layer::SubscriberExt;
+    // Fails only if a subscriber is set already (a second call): that one logs.
     let _ = tracing::subscriber::set_global_default(Registry::default().with(layers));
 }
 

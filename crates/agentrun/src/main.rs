@@ -232,6 +232,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
             // --help, --version
+            // --help, --version: a reader that went away (a closed pipe) is not an error of the command.
             let _ = e.print();
             return ExitCode::SUCCESS;
         }

@@ -77,6 +77,7 @@ impl Bars {
         if bars.iter().any(|b| b.summary.is_none()) {
             return;
         }
+        // Drawing on the terminal only: a terminal gone has nothing to clear.
         let _ = self.multi.clear();
         for b in bars.drain(..) {
             self.multi.remove(&b.bar);
@@ -90,6 +91,7 @@ impl Drop for Bars {
     /// error starts a line of its own.
     fn drop(&mut self) {
         if !self.bars().is_empty() {
+            // Drawing on the terminal only: a terminal gone has nothing to clear.
             let _ = self.multi.clear();
         }
     }

@@ -89,16 +89,19 @@ impl RunRecord {
         match o.end() {
             RunEnd::TimedOut => {
                 let t = plan.timeout.unwrap_or_default();
+                // stderr gone (a closed pipe): the exit code still says it.
                 let _ = writeln!(err, "agentrun: timed out after {}", human_duration(t));
             }
             RunEnd::OutOfMemory => {
                 let limit = format_bytes(plan.memory_bytes);
+                // stderr gone (a closed pipe): the exit code still says it.
                 let _ = writeln!(err, "agentrun: out of memory (limit {limit})");
             }
             // The cell said why on the command's stderr already.
             RunEnd::SetupFailed(_) | RunEnd::Signaled(_) | RunEnd::Exited => {}
         }
         if o.output_truncated {
+            // stderr gone (a closed pipe): the exit code still says it.
             let _ = writeln!(
                 err,
                 "agentrun: output over the profile's output cap was dropped"

@@ -46,12 +46,30 @@ pub struct TopArgs {
     once: bool,
 }
 
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = agentrun_policy::parse_duration(s).map_err(|e| e.to_string())?;
+/// A `--interval` that is not a duration of at least 100ms.
+#[derive(Debug, thiserror::Error)]
+enum IntervalError {
+    #[error(transparent)]
+    Unit(#[from] agentrun_policy::UnitError),
+    #[error("{0}: at least 100ms")]
+    TooShort(String),
+}
+
+fn parse_interval(s: &str) -> Result<Duration, IntervalError> {
+    let d = agentrun_policy::parse_duration(s)?;
     if d < Duration::from_millis(100) {
-        return Err(format!("{s}: at least 100ms"));
+        return Err(IntervalError::TooShort(s.into()));
     }
     Ok(d)
+}
+
+/// Why a kill the user asked for did not happen (shown on the status line).
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("the daemon does not answer")]
+    NoDaemon,
+    #[error("{}", one_line(&.0.to_string()))]
+    Daemon(agentrun_pool::PoolError),
 }
 
 /// Where the picture comes from.
@@ -80,20 +98,18 @@ impl Source {
     }
 
     /// The refused decisions of the log's tail, oldest first.
-    fn refused(&self) -> Result<Vec<AuditRecord>, String> {
+    fn refused(&self) -> Result<Vec<AuditRecord>, agentrun_telemetry::audit::AuditError> {
         let refused = AuditQuery {
             refused: true,
             ..AuditQuery::default()
         };
-        self.audit
-            .recent(AUDIT_TAIL_BYTES, &refused)
-            .map_err(|e| e.to_string())
+        self.audit.recent(AUDIT_TAIL_BYTES, &refused)
     }
 
-    fn kill(&self, id: &str) -> Result<(), String> {
+    fn kill(&self, id: &str) -> Result<(), KillError> {
         match self.client() {
-            Err(_) => Err("the daemon does not answer".into()),
-            Ok(c) => c.kill(id).map_err(|e| one_line(&e.to_string())),
+            Err(_) => Err(KillError::NoDaemon),
+            Ok(c) => c.kill(id).map_err(KillError::Daemon),
         }
     }
 

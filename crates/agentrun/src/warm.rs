@@ -111,6 +111,7 @@ pub(crate) fn execute(
         drop(fds);
         if sig_ready {
             if let Some(Ok(Some(info))) = signals.as_ref().map(|s| s.read_signal()) {
+                // A daemon that hung up ends the run; the outcome says so.
                 let _ = client.send(
                     &ClientMessage::Signal {
                         signal: info.ssi_signo as i32,
@@ -143,6 +144,7 @@ pub(crate) fn execute(
                     Ok(p) => proxy = Some(p),
                     Err(e) => return Some(run.fail("egress", &e)),
                 }
+                // A daemon that hung up ends the run; the outcome says so.
                 let _ = client.send(&ClientMessage::EgressReady, &[]);
             }
             other => break other,
@@ -223,6 +225,7 @@ impl OutputPipes {
                 s.pump(buf, sink);
             }
         }
+        // A reader that went away (a closed pipe) is not an error of the command.
         let _ = out.flush();
         let _ = err.flush();
     }

@@ -293,6 +293,7 @@ fn rel(p: &Path) -> PathBuf {
 fn magic(p: &Path) -> [u8; 262] {
     let mut buf = [0u8; 262];
     if let Ok(mut f) = File::open(p) {
+        // A short or failed read leaves zeros: no known archive magic.
         let _ = f.read(&mut buf);
     }
     buf

@@ -155,7 +155,7 @@ pub fn parse(text: &str) -> Result<Vec<Located>, BuildError> {
                     "STOPSIGNAL" => Step::StopSignal(args),
                     "MAINTAINER" => Step::Label(vec![("maintainer".into(), args)]),
                     "ADD" => {
-                        let (chown, rest) = strip_chown(&args).map_err(bad)?;
+                        let (chown, rest) = strip_chown(&args).map_err(|e| bad(e.to_string()))?;
                         let mut words = split_sources(&rest);
                         if words.len() < 2 {
                             return Err(bad("ADD needs a source and a destination".into()));
@@ -205,15 +205,20 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// A flag of ADD other than `--chown`.
+#[derive(Debug, thiserror::Error)]
+#[error("ADD --{0} is not supported")]
+struct UnsupportedAddFlag(String);
+
 /// `--chown=X` at the start of ADD's arguments.
-fn strip_chown(args: &str) -> Result<(Option<String>, String), String> {
+fn strip_chown(args: &str) -> Result<(Option<String>, String), UnsupportedAddFlag> {
     let mut chown = None;
     let mut rest = args.trim();
     while let Some(flag) = rest.strip_prefix("--") {
         let (word, tail) = flag.split_once(char::is_whitespace).unwrap_or((flag, ""));
         match word.split_once('=') {
             Some(("chown", v)) => chown = Some(v.to_owned()),
-            _ => return Err(format!("ADD --{word} is not supported")),
+            _ => return Err(UnsupportedAddFlag(word.to_owned())),
         }
         rest = tail.trim_start();
     }

@@ -202,6 +202,7 @@ pub async fn restart(State(api): Api, Path(key): Key, q: Query) -> DockerResult 
     }
     lock(&c.state).restarting = true;
     let _restarting = Restarting(c.clone());
+    // Graceful or killed, the restart goes on; a panic was logged by the panic hook.
     let _ = tokio::task::spawn_blocking(move || containers::stop(&c2, t)).await;
     // (A failed start removes an AutoRemove container itself.)
     start_container(api, &c.id).await
@@ -231,6 +232,7 @@ pub async fn delete(State(api): Api, Path(key): Key, q: Query) -> DockerResult {
     if c.status() == Status::Running && !q.bool("force") {
         return Err(DockerError::conflict(format!("You cannot remove a running container {}. Stop the container before attempting removal or force remove", c.id)));
     }
+    // A panic was logged by the panic hook; the container is gone from the list either way.
     let _ = tokio::task::spawn_blocking(move || containers::remove(&api, &c)).await;
     Ok(empty(StatusCode::NO_CONTENT))
 }

@@ -224,6 +224,7 @@ pub async fn attach(State(api): Api, Path(key): Key, q: Query, mut req: Request)
         let input = tokio::spawn(client_to_container_stdin(c.clone(), rd, want_in));
         forward_output(&c, live, &mut wr, wanted, exits_at_attach).await;
         input.abort();
+        // The client may be gone already.
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
         tracing::debug!(target: TRACE, "attach {} done", c.id);
     });

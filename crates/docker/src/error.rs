@@ -20,8 +20,9 @@ impl DockerError {
             message: message.into(),
         }
     }
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
+    /// 400 with `message` (a string, or a typed error's words).
+    pub fn bad_request(message: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message.to_string())
     }
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, message)
@@ -29,8 +30,9 @@ impl DockerError {
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, message)
     }
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    /// 500 with `message` (a string, or a typed error's words).
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message.to_string())
     }
     /// 404 with the text the docker CLI and docker-py map to "no such container".
     pub fn no_such_container(key: &str) -> Self {

@@ -128,7 +128,9 @@ pub async fn create(State(api): Api, Path(key): Path<String>, req: Request) -> D
     let id = new_id().map_err(|e| DockerError::internal(e.to_string()))?;
     let pty = crate::pty::Pty::default();
     if let Some((h, w)) = req.console_size {
-        let _ = pty.resize(h, w);
+        if let Err(e) = pty.resize(h, w) {
+            tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+        }
     }
     let exec = Arc::new(Exec {
         id,
@@ -215,7 +217,9 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     }
     let tty = body["Tty"].as_bool().unwrap_or(exec.tty);
     if let Some((h, w)) = crate::pty::console_size(&body["ConsoleSize"]) {
-        let _ = exec.pty.resize(h, w);
+        if let Err(e) = exec.pty.resize(h, w) {
+            tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+        }
     }
     if body["Detach"].as_bool().unwrap_or(false) {
         tokio::spawn(run_detached(exec, tty));
@@ -236,9 +240,9 @@ pub async fn start(State(api): Api, Path(id): Path<String>, req: Request) -> Doc
     tokio::spawn(async move {
         let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
         let (exit_tx, exit_rx) = oneshot::channel();
-        if let Err(msg) = spawn(&exec, tty, false, out_tx, exit_tx).await {
+        if let Err(e) = spawn(&exec, tty, false, out_tx, exit_tx).await {
             let _ = tx
-                .send(Bytes::from(stream::frame(1, msg.as_bytes(), tty)))
+                .send(Bytes::from(stream::frame(1, e.to_string().as_bytes(), tty)))
                 .await;
             return;
         }
@@ -265,6 +269,24 @@ async fn run_detached(exec: Arc<Exec>, tty: bool) {
     }
 }
 
+/// Why an exec's process did not start; the words are what Docker prints to the client.
+#[derive(Debug, thiserror::Error)]
+enum SpawnError {
+    #[error(transparent)]
+    Stdio(std::io::Error),
+    #[error("Container {0} is not running")]
+    NotRunning(String),
+    #[error(transparent)]
+    Join(tokio::task::JoinError),
+    /// A mistake of the user's (a bad working directory, user, ...), said as it is.
+    #[error("{0}\r\n")]
+    User(String),
+    #[error(
+        "OCI runtime exec failed: exec failed: unable to start container process: exec: \"{cmd}\": {why}: unknown\r\n"
+    )]
+    Exec { cmd: String, why: String },
+}
+
 /// Starts the process; output goes to `out`, the exit code to `exit`. On failure to start,
 /// the message Docker prints (and the exit code is recorded as 126, as dockerd does).
 async fn spawn(
@@ -273,14 +295,14 @@ async fn spawn(
     want_stdin: bool,
     out: mpsc::Sender<(u8, Bytes)>,
     exit: oneshot::Sender<i32>,
-) -> Result<Option<mpsc::Sender<Bytes>>, String> {
-    let stdio = Stdio::open(tty, want_stdin).map_err(|e| e.to_string())?;
+) -> Result<Option<mpsc::Sender<Bytes>>, SpawnError> {
+    let stdio = Stdio::open(tty, want_stdin).map_err(SpawnError::Stdio)?;
     // An exited container keeps its sandbox (its files): only a running one takes execs.
     let (sandbox, exits) = {
         let st = lock(&exec.container.state);
         match (&st.sandbox, st.status) {
             (Some(sb), Status::Running) => (sb.clone(), st.exits),
-            _ => return Err(format!("Container {} is not running", exec.container.id)),
+            _ => return Err(SpawnError::NotRunning(exec.container.id.clone())),
         }
     };
     let sandbox2 = sandbox.clone();
@@ -318,7 +340,7 @@ async fn spawn(
     lock(&exec.state).running = true;
     let spawned = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(SpawnError::Join)?;
     match spawned {
         Ok(p) => {
             // The main process ended while this one started (after its stop killed what ran
@@ -328,6 +350,7 @@ async fn spawn(
                 st.status != Status::Running || st.exits != exits
             };
             if stopped {
+                // It may have exited already.
                 let _ = sandbox2.signal(p.id, libc::SIGKILL, true);
             }
             lock(&exec.state).pid = p.pid;
@@ -350,14 +373,14 @@ async fn spawn(
                 agentrun_pool::PoolError::Spawn { message, .. }
                     if crate::containers::is_user_error(message) =>
                 {
-                    return Err(format!("{message}\r\n"));
+                    return Err(SpawnError::User(message.clone()));
                 }
                 other => other.to_string(),
             };
-            Err(format!(
-                "OCI runtime exec failed: exec failed: unable to start container process: exec: \"{}\": {why}: unknown\r\n",
-                exec.cmd[0]
-            ))
+            Err(SpawnError::Exec {
+                cmd: exec.cmd[0].clone(),
+                why,
+            })
         }
     }
 }
@@ -374,8 +397,9 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
     let (exit_tx, mut exit_rx) = oneshot::channel();
     let stdin = match spawn(&exec, tty, exec.attach_stdin, out_tx, exit_tx).await {
         Ok(s) => s,
-        Err(msg) => {
-            let _ = stream::send(&mut wr, 1, msg.as_bytes(), tty).await;
+        Err(e) => {
+            // The client may be gone; nothing else to tell.
+            let _ = stream::send(&mut wr, 1, e.to_string().as_bytes(), tty).await;
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
             return;
         }
@@ -395,6 +419,7 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
                 }
                 None => {
                     // Output closed: the exit follows (bounded, the sandbox may be gone).
+                    // Elapsed: the exit code stays unknown, as when the sandbox is gone.
                     let _ = tokio::time::timeout(Duration::from_secs(5), &mut exit_rx).await;
                     break;
                 }
@@ -414,6 +439,7 @@ async fn session(exec: Arc<Exec>, tty: bool, io: HijackIo, conn: Option<stream::
         }
     }
     input.abort();
+    // The client may be gone already.
     let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
     tracing::debug!(
         target: TRACE,

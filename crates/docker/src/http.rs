@@ -164,9 +164,19 @@ pub fn body_reader(body: RequestBody, limit: u64) -> (impl std::io::Read + Send,
     (reader, over)
 }
 
-/// A request path without its optional `/vX.Y` prefix; `Err(message)` for a version we do not
-/// speak (a 400 for the client).
-pub fn strip_version(path: &str) -> Result<&str, String> {
+/// An API version in a request path that we do not speak (a 400 for the client).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    #[error("client version {0} is too new. Maximum supported API version is {API_VERSION}")]
+    TooNew(String),
+    #[error(
+        "client version {0} is too old. Minimum supported API version is {MIN_API_VERSION}, please upgrade your client to a newer version"
+    )]
+    TooOld(String),
+}
+
+/// A request path without its optional `/vX.Y` prefix; `Err` for a version we do not speak.
+pub fn strip_version(path: &str) -> Result<&str, VersionError> {
     let Some(rest) = path.strip_prefix("/v") else {
         return Ok(path);
     };
@@ -183,14 +193,10 @@ pub fn strip_version(path: &str) -> Result<&str, String> {
     };
     let ours = parse(API_VERSION).expect("valid");
     if asked > ours {
-        return Err(format!(
-            "client version {ver} is too new. Maximum supported API version is {API_VERSION}"
-        ));
+        return Err(VersionError::TooNew(ver.into()));
     }
     if asked < parse(MIN_API_VERSION).expect("valid") {
-        return Err(format!(
-            "client version {ver} is too old. Minimum supported API version is {MIN_API_VERSION}, please upgrade your client to a newer version"
-        ));
+        return Err(VersionError::TooOld(ver.into()));
     }
     Ok(tail)
 }

@@ -262,11 +262,24 @@ fn familiar_repo_and_tag(full: &str) -> (String, String) {
     }
 }
 
+/// Why a `POST /build` query is refused (a 400).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildQueryError {
+    #[error("remote build contexts are not supported: send the context as a tar")]
+    Remote,
+    #[error("dockerfile {0:?}: must be a path inside the build context")]
+    DockerfileOutside(String),
+    #[error("buildargs: {0}")]
+    BuildArgs(serde_json::Error),
+    #[error(transparent)]
+    Tag(agentrun_image::ImageError),
+}
+
 /// The build options `POST /build`'s query asks for (`dockerfile`, `t`, `buildargs`; the
-/// context directory is filled in once the body is unpacked); `Err` is the 400 message.
-pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> {
+/// context directory is filled in once the body is unpacked); `Err` is the 400.
+pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, BuildQueryError> {
     if q.get("remote").is_some_and(|r| !r.is_empty()) {
-        return Err("remote build contexts are not supported: send the context as a tar".into());
+        return Err(BuildQueryError::Remote);
     }
     let mut opts = agentrun_build::BuildOptions::new(PathBuf::new());
     if let Some(f) = q.get("dockerfile").filter(|f| !f.is_empty()) {
@@ -276,16 +289,14 @@ pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> 
             .components()
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
         {
-            return Err(format!(
-                "dockerfile {f:?}: must be a path inside the build context"
-            ));
+            return Err(BuildQueryError::DockerfileOutside(f.into()));
         }
         opts.dockerfile = p;
     }
     opts.tags = q.all("t").into_iter().filter(|t| !t.is_empty()).collect();
     if let Some(args) = q.get("buildargs").filter(|a| !a.is_empty()) {
         let m = serde_json::from_str::<std::collections::BTreeMap<String, Option<String>>>(args)
-            .map_err(|e| format!("buildargs: {e}"))?;
+            .map_err(BuildQueryError::BuildArgs)?;
         for (k, v) in m {
             if let Some(v) = v {
                 opts.build_args.insert(k, v);
@@ -293,7 +304,7 @@ pub fn build_options(q: &Query) -> Result<agentrun_build::BuildOptions, String> 
         }
     }
     for t in &opts.tags {
-        normalize(t).map_err(|e| e.to_string())?;
+        normalize(t).map_err(BuildQueryError::Tag)?;
     }
     Ok(opts)
 }
@@ -321,7 +332,10 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
         Err(e) => Some(DockerError::join(e)),
     };
     if let Some(e) = failed {
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        if let Ok(Err(e)) = removed {
+            tracing::warn!(target: crate::LOG, "docker API: removing a build context: {e}");
+        }
         return Err(e);
     }
     let (reply, tx) = streaming("application/json");
@@ -351,7 +365,9 @@ pub async fn build(api: &ApiState, q: &Query, body: axum::body::Body) -> DockerR
             send(json!({ "stream": text }));
         })
         .map_err(|e| e.to_string());
-        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(target: "agentrun::docker", "docker API: removing a build context: {e}");
+        }
         match result {
             Ok(rec) => {
                 send(json!({"aux": {"ID": rec.id}}));
@@ -438,7 +454,7 @@ mod tests {
     fn the_dockerfile_must_be_inside_the_context() {
         for bad in ["/etc/shadow", "../x", "sub/../../x"] {
             let q = Query::parse(Some(&format!("dockerfile={bad}")));
-            let err = build_options(&q).unwrap_err();
+            let err = build_options(&q).unwrap_err().to_string();
             assert!(err.contains("inside the build context"), "{bad}: {err}");
         }
         let q = Query::parse(Some("dockerfile=./docker/Dockerfile.dev"));

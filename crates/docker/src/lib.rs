@@ -141,6 +141,7 @@ impl DockerServer {
         if let Some(dir) = opts.socket.parent() {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
+        // A stale socket of an earlier server, if any (bind says what else is wrong).
         let _ = std::fs::remove_file(&opts.socket);
         let std_listener = std::os::unix::net::UnixListener::bind(&opts.socket)
             .map_err(io("bind", &opts.socket))?;
@@ -212,9 +213,12 @@ impl DockerServer {
             let _ = tx.send(());
         }
         if let Some(t) = self.thread.take() {
+            // A panic of the server thread was logged by the panic hook.
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.socket);
+        if let Err(e) = std::fs::remove_file(&self.socket) {
+            tracing::debug!(target: "agentrun::docker", "docker API: removing the socket: {e}");
+        }
     }
 }
 

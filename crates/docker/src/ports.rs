@@ -34,41 +34,81 @@ pub struct PortBinding {
     pub host: SocketAddr,
 }
 
+/// Why ports cannot be published: a bad `PortBindings` entry (a 400, in dockerd's words) or
+/// a host port that cannot be bound (a 500).
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    #[error("port {key}: only tcp ports can be published ({proto} is not supported)")]
+    NotTcp { key: String, proto: String },
+    #[error("invalid port specification: \"{0}\"")]
+    Spec(String),
+    #[error("invalid port binding for {key}: {value}")]
+    Binding { key: String, value: Value },
+    #[error("invalid IP address in port binding for {key}: {ip:?}")]
+    Ip { key: String, ip: String },
+    #[error(
+        "cannot publish {key} on {ip}: agentrun publishes container ports on loopback \
+         addresses only (use 127.0.0.1)"
+    )]
+    NotLoopback { key: String, ip: String },
+    #[error("invalid host port {port:?} for {key}: a port number (port ranges are not supported)")]
+    HostPort { key: String, port: String },
+    #[error("publishing ports: no runtime: {0}")]
+    NoRuntime(tokio::runtime::TryCurrentError),
+    #[error("publishing ports: entering the container's network: {0}")]
+    Netns(io::Error),
+    /// The words dockerd gives when a host port cannot be bound.
+    #[error(
+        "driver failed programming external connectivity on endpoint {name}: {}",
+        bind_words(*addr, source)
+    )]
+    Bind {
+        name: String,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+}
+
 /// `"8000/tcp"` or `"8000"` -> 8000; other protocols and ranges are refused.
-fn container_port(key: &str) -> Result<u16, String> {
+fn container_port(key: &str) -> Result<u16, PortError> {
     let (port, proto) = key.split_once('/').unwrap_or((key, "tcp"));
     if !proto.eq_ignore_ascii_case("tcp") {
-        return Err(format!(
-            "port {key}: only tcp ports can be published ({proto} is not supported)"
-        ));
+        return Err(PortError::NotTcp {
+            key: key.into(),
+            proto: proto.into(),
+        });
     }
     port.parse::<u16>()
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("invalid port specification: \"{key}\""))
+        .ok_or_else(|| PortError::Spec(key.into()))
 }
 
 /// The host side of a binding: a loopback address (empty: 127.0.0.1) and a port ("" or "0":
 /// any free one).
-fn host_addr(ip: &str, port: &str, key: &str) -> Result<SocketAddr, String> {
+fn host_addr(ip: &str, port: &str, key: &str) -> Result<SocketAddr, PortError> {
     let addr: IpAddr = if ip.is_empty() {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     } else {
         ip.trim_matches(|c| c == '[' || c == ']')
             .parse()
-            .map_err(|_| format!("invalid IP address in port binding for {key}: {ip:?}"))?
+            .map_err(|_| PortError::Ip {
+                key: key.into(),
+                ip: ip.into(),
+            })?
     };
     if !addr.is_loopback() {
-        return Err(format!(
-            "cannot publish {key} on {ip}: agentrun publishes container ports on loopback \
-             addresses only (use 127.0.0.1)"
-        ));
+        return Err(PortError::NotLoopback {
+            key: key.into(),
+            ip: ip.into(),
+        });
     }
     let port = if port.is_empty() {
         0
     } else {
-        port.parse::<u16>().map_err(|_| {
-            format!("invalid host port {port:?} for {key}: a port number (port ranges are not supported)")
+        port.parse::<u16>().map_err(|_| PortError::HostPort {
+            key: key.into(),
+            port: port.into(),
         })?
     };
     Ok(SocketAddr::new(addr, port))
@@ -76,7 +116,7 @@ fn host_addr(ip: &str, port: &str, key: &str) -> Result<SocketAddr, String> {
 
 /// The bindings a create body asks for: `HostConfig.PortBindings`, plus every exposed port
 /// (the request's and the image's) on a free loopback port with `PublishAllPorts`.
-pub fn bindings(host_config: &Value, exposed: &[String]) -> Result<Vec<PortBinding>, String> {
+pub fn bindings(host_config: &Value, exposed: &[String]) -> Result<Vec<PortBinding>, PortError> {
     let mut out = Vec::new();
     if let Some(map) = host_config["PortBindings"].as_object() {
         for (key, list) in map {
@@ -85,7 +125,12 @@ pub fn bindings(host_config: &Value, exposed: &[String]) -> Result<Vec<PortBindi
                 Value::Array(a) if !a.is_empty() => a.iter().collect(),
                 // `{"8000/tcp": null}` or `[]`: published on any port.
                 Value::Null | Value::Array(_) => vec![&Value::Null],
-                other => return Err(format!("invalid port binding for {key}: {other}")),
+                other => {
+                    return Err(PortError::Binding {
+                        key: key.clone(),
+                        value: other.clone(),
+                    })
+                }
             };
             for e in entries {
                 let ip = e["HostIp"].as_str().unwrap_or("");
@@ -131,6 +176,7 @@ pub struct Published {
 impl Drop for Published {
     fn drop(&mut self) {
         for fd in &self.listening {
+            // Only a socket that is not listening any more fails: nothing is left to stop.
             let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         }
         for t in &self.tasks {
@@ -139,12 +185,21 @@ impl Drop for Published {
     }
 }
 
-/// The error text dockerd gives when a host port cannot be bound.
-fn bind_error(name: &str, addr: SocketAddr, e: &io::Error) -> String {
+/// What dockerd says after "... on endpoint NAME: " when a host port cannot be bound.
+fn bind_words(addr: SocketAddr, e: &io::Error) -> String {
     if e.kind() == io::ErrorKind::AddrInUse {
-        format!("driver failed programming external connectivity on endpoint {name}: Bind for {addr} failed: port is already allocated")
+        format!("Bind for {addr} failed: port is already allocated")
     } else {
-        format!("driver failed programming external connectivity on endpoint {name}: listen {addr}: {e}")
+        format!("listen {addr}: {e}")
+    }
+}
+
+/// Maps a failure to bind or set up the listener of `addr`.
+fn bind_error(name: &str, addr: SocketAddr) -> impl Fn(io::Error) -> PortError + '_ {
+    move |source| PortError::Bind {
+        name: name.into(),
+        addr,
+        source,
     }
 }
 
@@ -155,20 +210,17 @@ pub fn publish(
     name: &str,
     bindings: &[PortBinding],
     init_pid: i32,
-) -> Result<Option<Published>, String> {
+) -> Result<Option<Published>, PortError> {
     if bindings.is_empty() {
         return Ok(None);
     }
-    let rt = tokio::runtime::Handle::try_current()
-        .map_err(|e| format!("publishing ports: no runtime: {e}"))?;
-    let sockets = NetnsSockets::of_process(init_pid)
-        .map_err(|e| format!("publishing ports: entering the container's network: {e}"))?;
+    let rt = tokio::runtime::Handle::try_current().map_err(PortError::NoRuntime)?;
+    let sockets = NetnsSockets::of_process(init_pid).map_err(PortError::Netns)?;
     let mut listeners = Vec::new();
     for b in bindings {
-        let l = std::net::TcpListener::bind(b.host).map_err(|e| bind_error(name, b.host, &e))?;
-        let bound = l.local_addr().map_err(|e| bind_error(name, b.host, &e))?;
-        l.set_nonblocking(true)
-            .map_err(|e| bind_error(name, b.host, &e))?;
+        let l = std::net::TcpListener::bind(b.host).map_err(bind_error(name, b.host))?;
+        let bound = l.local_addr().map_err(bind_error(name, b.host))?;
+        l.set_nonblocking(true).map_err(bind_error(name, b.host))?;
         listeners.push((b.container_port, bound, l));
     }
     let (stop, _) = watch::channel(());
@@ -179,7 +231,7 @@ pub fn publish(
         _stop: stop,
     };
     for (port, bound, l) in listeners {
-        let dup = OwnedFd::from(l.try_clone().map_err(|e| bind_error(name, bound, &e))?);
+        let dup = OwnedFd::from(l.try_clone().map_err(bind_error(name, bound))?);
         let sockets = sockets.clone();
         let stop = published._stop.subscribe();
         let task = rt.spawn(async move {
@@ -333,7 +385,9 @@ mod tests {
                 "invalid IP",
             ),
         ] {
-            let err = bindings(&json!({ "PortBindings": bad }), &[]).unwrap_err();
+            let err = bindings(&json!({ "PortBindings": bad }), &[])
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(why), "{err}");
         }
         let all = bindings(

@@ -44,7 +44,9 @@ impl Pty {
     pub fn set_master(&self, master: Option<File>) {
         let mut st = lock(&self.state);
         if let (Some(m), Some((rows, cols))) = (&master, st.1) {
-            let _ = set_size(m, rows, cols);
+            if let Err(e) = set_size(m, rows, cols) {
+                tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+            }
         }
         st.0 = master;
     }
@@ -74,13 +76,22 @@ pub fn console_size(v: &Value) -> Option<(u16, u16)> {
     }
 }
 
+/// A resize request's `h` or `w` that is missing or not 0..=65535.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid resize {key}: {value:?}")]
+pub struct ResizeError {
+    pub key: &'static str,
+    pub value: String,
+}
+
 /// The `h` and `w` of a resize request (both required, 0..=65535), as dockerd checks them.
-pub fn query_size(q: &Query) -> Result<(u16, u16), String> {
-    let dim = |k: &str| {
-        q.get(k)
-            .unwrap_or("")
-            .parse::<u16>()
-            .map_err(|_| format!("invalid resize {k}: {:?}", q.get(k).unwrap_or("")))
+pub fn query_size(q: &Query) -> Result<(u16, u16), ResizeError> {
+    let dim = |key: &'static str| {
+        let value = q.get(key).unwrap_or("");
+        value.parse::<u16>().map_err(|_| ResizeError {
+            key,
+            value: value.into(),
+        })
     };
     Ok((dim("h")?, dim("w")?))
 }

@@ -197,10 +197,13 @@ pub async fn serve(
                         req.extensions_mut().insert(conn);
                         async move { Ok::<_, Infallible>(handle(router, req).await) }
                     });
-                    let _ = http1::Builder::new()
+                    let served = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
                         .with_upgrades()
                         .await;
+                    if let Err(e) = served {
+                        tracing::debug!(target: crate::LOG, "docker API: a connection: {e}");
+                    }
                 });
             }
         }

@@ -120,6 +120,7 @@ pub async fn answer_read(conn: Option<ConnFd>) {
     if !matches!(unsent(), Some(n) if n > 0) {
         return;
     }
+    // A JoinHandle: the wait is bounded and cannot fail.
     let _ = tokio::task::spawn_blocking(move || {
         let t0 = Instant::now();
         let mut pause = Duration::from_micros(20);

@@ -91,15 +91,36 @@ pub fn authorize(server: &Server, headers: &HeaderMap) -> E2bResult<Arc<Record>>
     Ok(rec)
 }
 
-/// Middleware of envd's HTTP API and the code interpreter: [`authorize`], errors as
+/// Middleware of envd's HTTP API and the code interpreter: [`authorized`], errors as
 /// [`E2bError`]s.
 pub async fn require_access_token(
     State(server): State<Arc<Server>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
-    let rec = match authorize(&server, req.headers()) {
-        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
+    authorized(&server, req, next, IntoResponse::into_response).await
+}
+
+/// Middleware of envd's RPCs: [`authorized`], errors as Connect errors.
+pub async fn require_access_token_rpc(
+    State(server): State<Arc<Server>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    authorized(&server, req, next, |e| RpcError::from(e).into_response()).await
+}
+
+/// [`authorize`], and a sandbox paused with auto-resume resumed
+/// ([`crate::autopause::resume_if_asked`]): the request goes on with its record in its
+/// extensions, or is answered `refuse(error)`.
+async fn authorized(
+    server: &Arc<Server>,
+    mut req: Request,
+    next: Next,
+    refuse: impl FnOnce(E2bError) -> Response,
+) -> Response {
+    let rec = match authorize(server, req.headers()) {
+        Ok(rec) => crate::autopause::resume_if_asked(server, rec).await,
         Err(e) => Err(e),
     };
     match rec {
@@ -107,50 +128,46 @@ pub async fn require_access_token(
             req.extensions_mut().insert(rec);
             next.run(req).await
         }
-        Err(e) => e.into_response(),
+        Err(e) => refuse(e),
     }
 }
 
-/// Middleware of envd's RPCs: [`authorize`], errors as Connect errors.
-pub async fn require_access_token_rpc(
-    State(server): State<Arc<Server>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let rec = match authorize(&server, req.headers()) {
-        Ok(rec) => crate::autopause::resume_if_asked(&server, rec).await,
-        Err(e) => Err(e),
-    };
-    match rec {
-        Ok(rec) => {
-            req.extensions_mut().insert(rec);
-            next.run(req).await
-        }
-        Err(e) => RpcError::from(e).into_response(),
-    }
+/// Why an envd request's `Authorization` header names no user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    #[error("Authorization: not ASCII")]
+    NotAscii,
+    #[error("Authorization: expected Basic")]
+    NotBasic,
+    #[error("Authorization: {0}")]
+    Base64(base64::DecodeError),
+    #[error("Authorization: not UTF-8")]
+    NotUtf8,
+    #[error("Authorization: invalid user name")]
+    BadName,
 }
 
 /// The user an envd request runs as: `Authorization: Basic base64("USER:")` as the SDK sends
 /// it (`None`: no header, the sandbox's root; `root` is root too).
-pub fn user_of(headers: &HeaderMap) -> Result<Option<String>, String> {
+pub fn user_of(headers: &HeaderMap) -> Result<Option<String>, UserError> {
     use base64::Engine;
     let Some(v) = headers.get("authorization") else {
         return Ok(None);
     };
-    let v = v.to_str().map_err(|_| "Authorization: not ASCII")?;
+    let v = v.to_str().map_err(|_| UserError::NotAscii)?;
     let Some(b64) = v.strip_prefix("Basic ") else {
-        return Err("Authorization: expected Basic".into());
+        return Err(UserError::NotBasic);
     };
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
-        .map_err(|e| format!("Authorization: {e}"))?;
-    let raw = String::from_utf8(raw).map_err(|_| "Authorization: not UTF-8")?;
+        .map_err(UserError::Base64)?;
+    let raw = String::from_utf8(raw).map_err(|_| UserError::NotUtf8)?;
     let user = raw.split(':').next().unwrap_or("").to_owned();
     if user.is_empty() || user == "root" {
         return Ok(None);
     }
     if user.contains(['\0', '\n']) {
-        return Err("Authorization: invalid user name".into());
+        return Err(UserError::BadName);
     }
     Ok(Some(user))
 }

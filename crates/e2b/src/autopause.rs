@@ -122,7 +122,9 @@ pub async fn pause_loop(server: Arc<Server>) {
             if let Err(e) = pause(&server, &rec, memory, None).await {
                 tracing::warn!(target: "agentrun::e2b", sandbox = %id, "auto-pause failed, killing it: {}", e.message);
                 forget(&id);
-                let _ = lifecycle::delete_sandbox(&server, &id).await;
+                if let Err(e) = lifecycle::delete_sandbox(&server, &id).await {
+                    tracing::warn!(target: "agentrun::e2b", "deleting sandbox {id} after a failed auto-pause: {e}");
+                }
             }
         }
     }

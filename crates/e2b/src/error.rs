@@ -86,8 +86,9 @@ impl RpcError {
             message: message.into(),
         }
     }
-    pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(Code::InvalidArgument, message)
+    /// `invalid_argument` with `message` (a string, or a typed error's words).
+    pub fn invalid(message: impl std::fmt::Display) -> Self {
+        Self::new(Code::InvalidArgument, message.to_string())
     }
     pub fn unimplemented(message: impl Into<String>) -> Self {
         Self::new(Code::Unimplemented, message)

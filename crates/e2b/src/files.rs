@@ -268,6 +268,7 @@ async fn write_file(
             .map_err(|e| agentrun_opensandbox::ApiError::new(e.status, "UPLOAD", e.message))
             .and_then(|()| fs.rename(&partial, &r).map_err(|e| errno(e, &shown)));
         if moved.is_err() {
+            // The upload already failed (that error is answered); a partial file left is hidden.
             let _ = fs.remove_file(&partial);
         }
         moved

@@ -393,6 +393,7 @@ async fn start_inner(
                 _ = ping.tick() => feed.offer(event(json!({"keepalive": {}}))),
                 _ = async { tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)).await }, if until.is_some() && !timed_out => {
                     timed_out = true;
+                    // It may have exited already.
                     let _ = sandbox.signal(id, libc::SIGKILL, true);
                 }
             }

@@ -882,10 +882,10 @@ fn intercept_tls(
             };
             match connect_upstream_tls(interceptor, host, tcp) {
                 Ok(u) => up = Some(u),
-                Err(message) => {
+                Err(e) => {
                     let f = Failure {
                         kind: FailureKind::Connect,
-                        message,
+                        message: e.to_string(),
                     };
                     if let Some(failures) = &shared.failures {
                         failures(action, decision, &f);
@@ -1071,23 +1071,43 @@ fn copy_flushing(from: &mut impl io::BufRead, to: &mut impl Write, mut n: u64) -
     Ok(())
 }
 
+/// Why TLS to an intercepted connection's upstream was not set up (a 502 to the sandbox).
+#[derive(Debug, thiserror::Error)]
+enum UpstreamTlsError {
+    #[error("{host}: {source}")]
+    Name { host: String, source: io::Error },
+    #[error("TLS to {host} failed: {source}")]
+    Setup { host: String, source: rustls::Error },
+    #[error("TLS to {host} failed: {source}")]
+    Io { host: String, source: io::Error },
+}
+
 /// TLS to the upstream over `tcp` (from [`connect_any`]: TCP_NODELAY set), its certificate
 /// verified for `host`; `Err`: why not.
 fn connect_upstream_tls(
     interceptor: &Interceptor,
     host: &str,
     tcp: TcpStream,
-) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
-    let name = mitm::server_name(host).map_err(|e| format!("{host}: {e}"))?;
-    let conn = rustls::ClientConnection::new(interceptor.upstream_config(), name)
-        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
-    tcp.set_read_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, UpstreamTlsError> {
+    let name = mitm::server_name(host).map_err(|source| UpstreamTlsError::Name {
+        host: host.into(),
+        source,
+    })?;
+    let conn =
+        rustls::ClientConnection::new(interceptor.upstream_config(), name).map_err(|source| {
+            UpstreamTlsError::Setup {
+                host: host.into(),
+                source,
+            }
+        })?;
+    let io_failed = |source| UpstreamTlsError::Io {
+        host: host.into(),
+        source,
+    };
+    tcp.set_read_timeout(Some(IO_TIMEOUT)).map_err(io_failed)?;
     let mut up = rustls::StreamOwned::new(conn, tcp);
     while up.conn.is_handshaking() {
-        up.conn
-            .complete_io(&mut up.sock)
-            .map_err(|e| format!("TLS to {host} failed: {e}"))?;
+        up.conn.complete_io(&mut up.sock).map_err(io_failed)?;
     }
     Ok(up)
 }

@@ -25,9 +25,11 @@ impl Duplex for TcpStream {
     /// server's flight in several reads) waited on Nagle for the peer's delayed ACK, ~40 ms
     /// per new connection through the proxy.
     fn send_at_once(&self) {
+        // Latency only: the connection works without it.
         let _ = self.set_nodelay(true);
     }
     fn shutdown_write(&self) {
+        // The peer may be gone already: nothing is left to end.
         let _ = self.shutdown(Shutdown::Write);
     }
 }
@@ -37,6 +39,7 @@ impl Duplex for UnixStream {
         UnixStream::try_clone(self)
     }
     fn shutdown_write(&self) {
+        // The peer may be gone already: nothing is left to end.
         let _ = self.shutdown(Shutdown::Write);
     }
 }
@@ -51,12 +54,15 @@ pub fn relay<A: Duplex, B: Duplex>(a: A, b: B) -> io::Result<()> {
     let mut b_to = b.try_clone()?;
     let a_to_b = std::thread::spawn(move || {
         let mut from = a;
+        // Ends at EOF or at either side's error: both mean this direction is over.
         let _ = io::copy(&mut from, &mut b_to);
         b_to.shutdown_write();
     });
     let mut from = b;
+    // Ends at EOF or at either side's error: both mean this direction is over.
     let _ = io::copy(&mut from, &mut a_to);
     a_to.shutdown_write();
+    // A JoinHandle of a thread that cannot panic.
     let _ = a_to_b.join();
     Ok(())
 }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::blobs::{read_document, temp_path};
 use crate::digest::hex_of;
-use crate::layer::decompress;
+use crate::layer::{decompress, EntryError};
 use crate::limits::{drain, Budget, TarError, TarGuard, UnpackLimits};
 use crate::progress::Phase;
 use crate::reference;
@@ -59,6 +59,7 @@ impl ImageStore {
             let staged = temp_path(&self.tmp_dir(), "import");
             let result = extract_archive(path, &staged, &self.budget())
                 .and_then(|()| self.import_dir(&staged, name));
+            // Best effort: a leftover in tmp/ is swept by the next garbage collection.
             let _ = fs::remove_dir_all(&staged);
             result
         })();
@@ -388,7 +389,7 @@ pub fn for_each_tar_entry<R: Read>(
     mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>) -> io::Result<()>,
 ) -> Result<(), ImageError> {
     read_guarded(r, &Budget::new(limits), what, |entry, _| {
-        f(entry).map_err(|e| e.to_string())
+        f(entry).map_err(EntryError::Caller)
     })
 }
 
@@ -399,7 +400,7 @@ fn read_guarded<R: Read>(
     r: R,
     budget: &Budget,
     what: &Path,
-    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>, &Path) -> Result<(), String>,
+    mut f: impl FnMut(&mut tar::Entry<'_, Box<dyn Read + '_>>, &Path) -> Result<(), EntryError>,
 ) -> Result<(), ImageError> {
     let guard = TarGuard::new(budget);
     // A limit the guard hit explains any failure better than the error it caused.
@@ -425,7 +426,7 @@ fn read_guarded<R: Read>(
         budget
             .check_depth(&path)
             .map_err(|x| x.into_error(what.display().to_string()))?;
-        f(&mut entry, &path).map_err(bad)?;
+        f(&mut entry, &path).map_err(|e| bad(e.to_string()))?;
         drain(&mut entry).map_err(|e| bad(format!("reading: {e}")))?;
     }
     Ok(())
@@ -449,41 +450,43 @@ fn extract_tar(
     read_guarded(r, budget, what, |entry, raw| {
         // The same path rules as layer entries: no `..`, parents are real directories
         // (never a symlink from the archive).
-        let Some(rel) =
-            crate::layer::relative(raw).map_err(|why| format!("entry {raw:?}: {why}"))?
-        else {
+        let Some(rel) = crate::layer::relative(raw).map_err(EntryError::of_entry(raw))? else {
             return Ok(());
         };
-        let target =
-            crate::layer::safe_parent(dest, &rel).map_err(|why| format!("entry {raw:?}: {why}"))?;
+        let target = crate::layer::safe_parent(dest, &rel).map_err(EntryError::of_entry(raw))?;
+        let at = |op: &'static str| {
+            let path = target.clone();
+            move |source| EntryError::Path { op, path, source }
+        };
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match entry.header().entry_type() {
             tar::EntryType::Directory if !target.is_dir() => {
-                fs::create_dir(&target).map_err(|e| format!("create {}: {e}", target.display()))?;
+                fs::create_dir(&target).map_err(at("create"))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
+                // Replacing an earlier entry of the same name; absent is the usual case.
                 let _ = fs::remove_file(&target);
                 let mut out = File::options()
                     .write(true)
                     .create_new(true)
                     .open(&target)
-                    .map_err(|e| format!("create {}: {e}", target.display()))?;
-                io::copy(entry, &mut out)
-                    .map_err(|e| format!("write {}: {e}", target.display()))?;
+                    .map_err(at("create"))?;
+                io::copy(entry, &mut out).map_err(at("write"))?;
                 use std::os::unix::fs::PermissionsExt;
+                // The file is there with the default mode; a build only reads it.
                 let _ = fs::set_permissions(&target, fs::Permissions::from_mode(mode));
             }
             tar::EntryType::Symlink => {
                 let link = entry
                     .link_name()
-                    .map_err(|e| format!("bad link: {e}"))?
-                    .ok_or_else(|| format!("symlink {raw:?} without target"))?;
+                    .map_err(EntryError::BadLink)?
+                    .ok_or_else(|| EntryError::SymlinkWithoutTarget(raw.to_owned()))?;
                 if link.is_absolute() && !absolute_symlinks {
-                    return Err(format!("entry {raw:?} is an absolute symlink"));
+                    return Err(EntryError::AbsoluteSymlink(raw.to_owned()));
                 }
+                // Replacing an earlier entry of the same name; absent is the usual case.
                 let _ = fs::remove_file(&target);
-                std::os::unix::fs::symlink(&link, &target)
-                    .map_err(|e| format!("symlink {}: {e}", target.display()))?;
+                std::os::unix::fs::symlink(&link, &target).map_err(at("symlink"))?;
             }
             _ => {}
         }

@@ -127,6 +127,7 @@ impl BlobStore {
             Ok((digest, size))
         })();
         if result.is_err() {
+            // Best effort: a leftover in tmp/ is swept by the next garbage collection.
             let _ = fs::remove_file(&tmp);
         }
         result

@@ -185,6 +185,7 @@ pub fn freeze_upper(
     match copy_upper(upper, &dst) {
         Ok(c) => Ok((dst, c)),
         Err(e) => {
+            // Best effort: a leftover in the frozen dir is swept by the daemon at its next start.
             let _ = fs::remove_dir_all(&dst);
             Err(e)
         }

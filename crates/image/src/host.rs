@@ -125,6 +125,7 @@ fn host_binds() -> Vec<HostBind> {
 fn build(dir: &Path, stamp: &str) -> Result<(), ImageError> {
     fs::create_dir_all(dir).map_err(ImageError::io("create", dir))?;
     let tmp = dir.join(format!("rootfs.tmp.{}", std::process::id()));
+    // A leftover of a build that died; absent is the usual case.
     let _ = fs::remove_dir_all(&tmp);
     populate(&tmp)?;
     let rootfs = dir.join("rootfs");
@@ -187,6 +188,7 @@ pub(crate) fn remove_unused_old_trees(dir: &Path) {
                     .any(|w| w[0].as_os_str() == dir_name && w[1].as_os_str() == name)
         });
         if !in_use {
+            // An old, unused rootfs: what cannot be removed now is tried again at the next build.
             let _ = fs::remove_dir_all(entry.path());
         }
     }

@@ -124,15 +124,97 @@ pub fn unpack(
     Ok(report)
 }
 
+/// Why one tar entry (of a layer, or of an archive being extracted) was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EntryError {
+    #[error("'..' in a layer path is not allowed")]
+    ParentDir,
+    #[error("bad path")]
+    Prefix,
+    #[error(
+        "goes through the symlink {} (refused: it could point outside the layer)",
+        .0.display()
+    )]
+    ThroughSymlink(PathBuf),
+    #[error("parent {} is not a directory", .0.display())]
+    ParentNotDir(PathBuf),
+    /// A file system call on the entry failed; `op` says which (`mkdir`, `chmod`, ...).
+    #[error("{op}: {source}")]
+    Io { op: &'static str, source: io::Error },
+    #[error("{op}: {source}")]
+    Sys {
+        op: &'static str,
+        source: nix::errno::Errno,
+    },
+    #[error("xattr {key}: {source}")]
+    Xattr { key: String, source: io::Error },
+    #[error(
+        "whiteout {0:?} does not name an entry of its directory (refused: it would remove a parent directory)"
+    )]
+    WhiteoutParent(std::ffi::OsString),
+    /// `kind` is `symlink` or `hard link`.
+    #[error("{kind} without a target")]
+    NoTarget { kind: &'static str },
+    #[error("hard link to the layer root")]
+    LinkToRoot,
+    #[error("hard link to {} which is not in this layer", .0.display())]
+    LinkOutside(PathBuf),
+    #[error("hard link to a directory")]
+    LinkToDir,
+    #[error("unsupported tar entry type {0:?}")]
+    Unsupported(tar::EntryType),
+    /// An archive entry (`raw` as the archive names it) that failed for `source`.
+    #[error("entry {raw:?}: {source}")]
+    Entry {
+        raw: PathBuf,
+        source: Box<EntryError>,
+    },
+    #[error("entry {0:?} is an absolute symlink")]
+    AbsoluteSymlink(PathBuf),
+    #[error("symlink {0:?} without target")]
+    SymlinkWithoutTarget(PathBuf),
+    /// A call on an extracted path failed (`create`, `write`, `symlink`).
+    #[error("{op} {}: {source}", path.display())]
+    Path {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("bad link: {0}")]
+    BadLink(io::Error),
+    /// What a caller's own entry handler failed with.
+    #[error(transparent)]
+    Caller(io::Error),
+}
+
+impl EntryError {
+    /// Maps an I/O error of the step `op`.
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> Self {
+        move |source| EntryError::Io { op, source }
+    }
+
+    fn sys(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> Self {
+        move |source| EntryError::Sys { op, source }
+    }
+
+    /// This error, said of the archive entry `raw`.
+    pub(crate) fn of_entry(raw: &Path) -> impl FnOnce(Self) -> Self + '_ {
+        move |e| EntryError::Entry {
+            raw: raw.to_owned(),
+            source: Box::new(e),
+        }
+    }
+}
+
 /// The entry's path relative to the layer root; `None` for the root itself.
-pub(crate) fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
+pub(crate) fn relative(p: &Path) -> Result<Option<PathBuf>, EntryError> {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
             Component::Normal(s) => out.push(s),
             Component::RootDir | Component::CurDir => {}
-            Component::ParentDir => return Err("'..' in a layer path is not allowed".into()),
-            Component::Prefix(_) => return Err("bad path".into()),
+            Component::ParentDir => return Err(EntryError::ParentDir),
+            Component::Prefix(_) => return Err(EntryError::Prefix),
         }
     }
     Ok((!out.as_os_str().is_empty()).then_some(out))
@@ -140,7 +222,7 @@ pub(crate) fn relative(p: &Path) -> Result<Option<PathBuf>, String> {
 
 /// Makes sure every parent of `rel` under `root` is a real directory (created if missing),
 /// never a symlink, and returns the full path.
-pub(crate) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
+pub(crate) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, EntryError> {
     let mut cur = root.to_path_buf();
     if let Some(parent) = rel.parent() {
         for c in parent.components() {
@@ -148,18 +230,17 @@ pub(crate) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
             match fs::symlink_metadata(&cur) {
                 Ok(m) if m.is_dir() => {}
                 Ok(m) if m.file_type().is_symlink() => {
-                    return Err(format!(
-                        "goes through the symlink {} (refused: it could point outside the layer)",
-                        cur.strip_prefix(root).unwrap_or(&cur).display()
+                    return Err(EntryError::ThroughSymlink(
+                        cur.strip_prefix(root).unwrap_or(&cur).to_owned(),
                     ))
                 }
-                Ok(_) => return Err(format!("parent {} is not a directory", cur.display())),
+                Ok(_) => return Err(EntryError::ParentNotDir(cur)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    fs::create_dir(&cur).map_err(|e| format!("mkdir: {e}"))?;
+                    fs::create_dir(&cur).map_err(EntryError::io("mkdir"))?;
                     fs::set_permissions(&cur, fs::Permissions::from_mode(0o755))
-                        .map_err(|e| format!("chmod: {e}"))?;
+                        .map_err(EntryError::io("chmod"))?;
                 }
-                Err(e) => return Err(format!("stat: {e}")),
+                Err(e) => return Err(EntryError::io("stat")(e)),
             }
         }
     }
@@ -167,10 +248,10 @@ pub(crate) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
 }
 
 /// Removes whatever is at `path` (not following symlinks).
-fn clear(path: &Path) -> Result<(), String> {
+fn clear(path: &Path) -> Result<(), EntryError> {
     match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path).map_err(|e| format!("replace dir: {e}")),
-        Ok(_) => fs::remove_file(path).map_err(|e| format!("replace: {e}")),
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).map_err(EntryError::io("replace dir")),
+        Ok(_) => fs::remove_file(path).map_err(EntryError::io("replace")),
         Err(_) => Ok(()),
     }
 }
@@ -182,7 +263,7 @@ fn apply_entry<R: Read>(
     report: &mut UnpackReport,
     dir_times: &mut Vec<(PathBuf, i64)>,
     guard: &TarGuard<'_>,
-) -> Result<(), String> {
+) -> Result<(), EntryError> {
     let name = rel.file_name().unwrap_or_default().as_bytes();
     let path = safe_parent(root, rel)?;
     let header = entry.header().clone();
@@ -191,7 +272,7 @@ fn apply_entry<R: Read>(
     // Whiteouts.
     if name == OPAQUE_MARKER.as_bytes() {
         let dir = path.parent().expect("a marker has a parent");
-        xattr::set(dir, OVERLAY_OPAQUE_XATTR, b"y").map_err(|e| format!("opaque xattr: {e}"))?;
+        xattr::set(dir, OVERLAY_OPAQUE_XATTR, b"y").map_err(EntryError::io("opaque xattr"))?;
         return Ok(());
     }
     if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
@@ -202,18 +283,17 @@ fn apply_entry<R: Read>(
         // A whiteout hides one entry of its own directory: `.wh.`, `.wh..` and `.wh...`
         // would name the directory itself or its parent.
         if hidden.is_empty() || hidden == b"." || hidden == b".." || hidden.contains(&b'/') {
-            return Err(format!(
-                "whiteout {:?} does not name an entry of its directory (refused: it would remove a parent directory)",
-                OsStr::from_bytes(name)
+            return Err(EntryError::WhiteoutParent(
+                OsStr::from_bytes(name).to_owned(),
             ));
         }
         let target = path.with_file_name(OsStr::from_bytes(hidden));
         clear(&target)?;
-        mknod(&target, SFlag::S_IFCHR, Mode::empty(), 0).map_err(|e| format!("whiteout: {e}"))?;
+        mknod(&target, SFlag::S_IFCHR, Mode::empty(), 0).map_err(EntryError::sys("whiteout"))?;
         return Ok(());
     }
 
-    let mode = header.mode().map_err(|e| format!("mode: {e}"))? & 0o7777;
+    let mode = header.mode().map_err(EntryError::io("mode"))? & 0o7777;
     // Empty numeric fields mean 0, as Go's archive/tar (which wrote most layers) reads them.
     let uid = header.uid().unwrap_or(0) as u32;
     let gid = header.gid().unwrap_or(0) as u32;
@@ -225,7 +305,7 @@ fn apply_entry<R: Read>(
                 Ok(m) if m.is_dir() => {}
                 _ => {
                     clear(&path)?;
-                    fs::create_dir(&path).map_err(|e| format!("mkdir: {e}"))?;
+                    fs::create_dir(&path).map_err(EntryError::io("mkdir"))?;
                 }
             }
             dir_times.push((path.clone(), mtime));
@@ -238,71 +318,67 @@ fn apply_entry<R: Read>(
                 .custom_flags(libc::O_NOFOLLOW)
                 .mode(0o600)
                 .open(&path)
-                .map_err(|e| format!("create: {e}"))?;
+                .map_err(EntryError::io("create"))?;
             // A sparse file's holes are written as zeros that were never in the stream:
             // they are charged as they are written.
             let mut out = ChargedWriter {
                 inner: f,
                 guard: (kind == tar::EntryType::GNUSparse).then_some(guard),
             };
-            report.content_bytes += io::copy(entry, &mut out).map_err(|e| format!("write: {e}"))?;
+            report.content_bytes += io::copy(entry, &mut out).map_err(EntryError::io("write"))?;
         }
         tar::EntryType::Symlink => {
             let target = entry
                 .link_name()
-                .map_err(|e| format!("link name: {e}"))?
-                .ok_or("symlink without a target")?;
+                .map_err(EntryError::io("link name"))?
+                .ok_or(EntryError::NoTarget { kind: "symlink" })?;
             clear(&path)?;
-            symlink(&target, &path).map_err(|e| format!("symlink: {e}"))?;
+            symlink(&target, &path).map_err(EntryError::io("symlink"))?;
         }
         tar::EntryType::Link => {
             let target = entry
                 .link_name()
-                .map_err(|e| format!("link name: {e}"))?
-                .ok_or("hard link without a target")?;
-            let target_rel = relative(&target)?.ok_or("hard link to the layer root")?;
+                .map_err(EntryError::io("link name"))?
+                .ok_or(EntryError::NoTarget { kind: "hard link" })?;
+            let target_rel = relative(&target)?.ok_or(EntryError::LinkToRoot)?;
             let target_path = safe_parent(root, &target_rel)?;
-            let m = fs::symlink_metadata(&target_path).map_err(|_| {
-                format!(
-                    "hard link to {} which is not in this layer",
-                    target_rel.display()
-                )
-            })?;
+            let m = fs::symlink_metadata(&target_path)
+                .map_err(|_| EntryError::LinkOutside(target_rel.clone()))?;
             if m.is_dir() {
-                return Err("hard link to a directory".into());
+                return Err(EntryError::LinkToDir);
             }
             clear(&path)?;
-            fs::hard_link(&target_path, &path).map_err(|e| format!("link: {e}"))?;
+            fs::hard_link(&target_path, &path).map_err(EntryError::io("link"))?;
             // A hard link shares the target's inode: its metadata is already set.
             return Ok(());
         }
         tar::EntryType::Fifo => {
             clear(&path)?;
             mknod(&path, SFlag::S_IFIFO, Mode::from_bits_truncate(0o600), 0)
-                .map_err(|e| format!("mkfifo: {e}"))?;
+                .map_err(EntryError::sys("mkfifo"))?;
         }
         tar::EntryType::Char | tar::EntryType::Block => {
             report.skipped_devices += 1;
             return Ok(());
         }
         tar::EntryType::XGlobalHeader | tar::EntryType::XHeader => return Ok(()),
-        other => return Err(format!("unsupported tar entry type {other:?}")),
+        other => return Err(EntryError::Unsupported(other)),
     }
 
     let mut xattrs = pax_xattrs(entry);
     // Rootless (an ordinary user's store): every file is the user's own, which a rootless
     // sandbox maps to its root; ownership and the xattrs only root may set are not kept.
     if nix::unistd::geteuid().is_root() {
-        lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("chown: {e}"))?;
+        lchown(&path, Some(uid), Some(gid)).map_err(EntryError::io("chown"))?;
     } else {
         xattrs.retain(|(k, _)| k.starts_with("user."));
     }
     if kind != tar::EntryType::Symlink {
         // After chown, which clears set-id bits.
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("chmod: {e}"))?;
+            .map_err(EntryError::io("chmod"))?;
         for (k, v) in xattrs {
-            xattr::set(&path, &k, &v).map_err(|e| format!("xattr {k}: {e}"))?;
+            xattr::set(&path, &k, &v).map_err(|source| EntryError::Xattr { key: k, source })?;
         }
         if kind != tar::EntryType::Directory {
             set_mtime(&path, mtime);
@@ -347,6 +423,7 @@ fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> 
 
 fn set_mtime(path: &Path, secs: i64) {
     let t = nix::sys::time::TimeSpec::new(secs, 0);
+    // Times are cosmetic for overlayfs and builds; a file keeps the time it was written.
     let _ = nix::sys::stat::utimensat(
         None,
         path,
@@ -418,6 +495,7 @@ impl LayerStore {
                 Err(e) => Err(ImageError::io("rename", &tmp)(e)),
             }
         })();
+        // Best effort: a leftover in tmp/ is swept by the next garbage collection.
         let _ = fs::remove_dir_all(&tmp);
         result
     }

@@ -318,6 +318,7 @@ impl<'b> TarGuard<'b> {
             Err(e) => return Some(Err(self.error(e))),
         };
         if let Err(e) = self.budget.charge_entry() {
+            // Not a dropped failure: trip records the limit, which the next line returns.
             let _ = self.trip(e);
             return Some(Err(TarError::Limit(self.exceeded().expect("tripped"))));
         }

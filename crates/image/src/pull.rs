@@ -248,6 +248,7 @@ impl ImageStore {
             Ok(())
         }
         .await;
+        // Best effort: a leftover in tmp/ is swept by the next garbage collection.
         let _ = std::fs::remove_file(&tmp);
         result
     }

@@ -559,10 +559,12 @@ impl ImageStore {
             };
             if rec.config.labels.contains_key(labels::ID) && !self.in_use(&rec) {
                 if let Ok(p) = self.record_file(&rec.id) {
+                    // Tried again at the next sweep; the record names a snapshot nothing uses.
                     let _ = fs::remove_file(p);
                 }
             }
         }
+        // Garbage collection is best effort here: `image prune` reports its errors.
         let _ = self.collect_garbage(&mut crate::PruneReport::default());
     }
 }

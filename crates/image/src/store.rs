@@ -243,6 +243,7 @@ impl ImageStore {
         let Ok(_gc) = self.lock("gc.lock", FlockArg::LockExclusiveNonblock) else {
             return;
         };
+        // Garbage collection is best effort here: `image prune` reports its errors.
         let _ = self.collect_garbage(&mut PruneReport::default());
     }
 
@@ -787,6 +788,7 @@ impl ImageStore {
                         done.push(format!("Untagged: {}", reference::familiar(n)));
                     }
                     let p = self.record_path(&rec.id)?;
+                    // The reference is gone (the image is untagged); a record left is swept by prune.
                     let _ = fs::remove_file(&p);
                     done.push(format!("Deleted: {}", rec.id));
                 }
@@ -806,6 +808,7 @@ impl ImageStore {
             let named: BTreeSet<String> = self.refs()?.into_values().collect();
             for r in self.records()? {
                 if !named.contains(&r.id) {
+                    // Listed again (and tried again) by the next prune.
                     let _ = fs::remove_file(self.record_path(&r.id)?);
                     report.images.push(r.id);
                 }
@@ -850,6 +853,7 @@ impl ImageStore {
         if let Ok(rd) = fs::read_dir(&tmp) {
             for e in rd.flatten() {
                 let p = e.path();
+                // Tried again at the next garbage collection.
                 let _ = fs::remove_dir_all(&p).or_else(|_| fs::remove_file(&p));
             }
         }
@@ -867,6 +871,7 @@ pub(crate) fn write_atomic(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<
         fs::rename(&tmp, path).map_err(ImageError::io("rename", &tmp))
     })();
     if result.is_err() {
+        // Best effort: a leftover in tmp/ is swept by the next garbage collection.
         let _ = fs::remove_file(&tmp);
     }
     result

@@ -135,6 +135,7 @@ pub async fn ask(
     let response = tokio::select! {
         r = handle.await_response() => r,
         () = stop => {
+            // The client may be gone; the question is over either way.
             let _ = peer
                 .notify_cancelled(CancelledNotificationParam::new(
                     Some(id),
@@ -248,6 +249,35 @@ mod tests {
     struct Server;
     impl ServerHandler for Server {}
 
+    /// The approver that asks `server`'s client.
+    fn approver_of(
+        rt: &tokio::runtime::Runtime,
+        server: &RunningService<RoleServer, Server>,
+    ) -> McpApprover {
+        McpApprover {
+            peer: Arc::new(Mutex::new(Some(server.peer().clone()))),
+            runtime: rt.handle().clone(),
+        }
+    }
+
+    /// A server and a connected client that sees every question and answers none.
+    fn unanswering(
+        rt: &tokio::runtime::Runtime,
+    ) -> (
+        Arc<Seen>,
+        RunningService<RoleServer, Server>,
+        RunningService<RoleClient, Client>,
+    ) {
+        let seen = Arc::new(Seen::default());
+        let client = Client {
+            answer: None,
+            elicitation: true,
+            seen: seen.clone(),
+        };
+        let (server, client) = connect(rt, client);
+        (seen, server, client)
+    }
+
     /// A server and a connected client (over an in-memory pipe) on `rt`.
     fn connect(
         rt: &tokio::runtime::Runtime,
@@ -289,19 +319,8 @@ mod tests {
     #[test]
     fn an_unanswered_question_is_decided_by_the_callers_bound_alone() {
         let rt = runtime();
-        let seen = Arc::new(Seen::default());
-        let (server, _client) = connect(
-            &rt,
-            Client {
-                answer: None,
-                elicitation: true,
-                seen: seen.clone(),
-            },
-        );
-        let approver = McpApprover {
-            peer: Arc::new(Mutex::new(Some(server.peer().clone()))),
-            runtime: rt.handle().clone(),
-        };
+        let (seen, server, _client) = unanswering(&rt);
+        let approver = approver_of(&rt, &server);
         let (action, d) = connect_decision();
         let bound = Duration::from_millis(300);
         let t = Instant::now();
@@ -332,15 +351,7 @@ mod tests {
     #[test]
     fn an_unanswered_write_says_it_in_the_same_words() {
         let rt = runtime();
-        let seen = Arc::new(Seen::default());
-        let (server, _client) = connect(
-            &rt,
-            Client {
-                answer: None,
-                elicitation: true,
-                seen: seen.clone(),
-            },
-        );
+        let (seen, server, _client) = unanswering(&rt);
         let action = Action::Write("/etc/app/x".into());
         let d = Decision::escalate("filesystem.escalate_write[0]", "writing /etc/app/x");
         let settled = rt.block_on(settle(
@@ -399,10 +410,7 @@ mod tests {
                     seen: Arc::default(),
                 },
             );
-            let approver = McpApprover {
-                peer: Arc::new(Mutex::new(Some(server.peer().clone()))),
-                runtime: rt.handle().clone(),
-            };
+            let approver = approver_of(&rt, &server);
             let proxied =
                 Approvals::new().settle_blocking(Some(&approver), "ar-1", &action, d.clone(), bound);
             let written = rt.block_on(settle(Some(server.peer()), "ar-1", &action, d.clone(), bound));

@@ -120,7 +120,7 @@ impl McpServer {
         *agentrun_pool::lock(&self.session.peer) = Some(peer.clone());
         let lease = match self.session.lease().await {
             Ok(l) => l,
-            Err(e) => return error_result("sandbox", e),
+            Err(e) => return error_result("sandbox", e.to_string()),
         };
         span.set_attribute("sandbox.id", lease.sandbox.id().to_owned());
         span.set_attribute("sandbox.pool_hit", lease.sandbox.live.pool_hit());
@@ -372,12 +372,13 @@ impl rmcp::ServerHandler for McpServer {
         span.set_attribute("sandbox.profile", self.shared().profile.name.clone());
         let result = match ToolCall::parse(&request.name, &args) {
             Ok(call) => self.call(call, &mut span, &context.peer).await,
-            Err(e) if e.starts_with("unknown tool") => {
+            Err(e @ crate::tools::ToolError::UnknownTool(_)) => {
+                let e = e.to_string();
                 span.set_error("unknown_tool", &e);
                 span.finish_detached("mcp-span");
                 return Err(ErrorData::invalid_params(e, None));
             }
-            Err(e) => error_result("invalid_arguments", e),
+            Err(e) => error_result("invalid_arguments", e.to_string()),
         };
         if result.is_error == Some(true) {
             let kind = result

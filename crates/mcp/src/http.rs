@@ -123,9 +123,12 @@ impl Frontend for HttpFrontend {
                             return;
                         }
                     };
-                    let _ = axum::serve(listener, app)
+                    let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async move { ct.cancelled().await })
                         .await;
+                    if let Err(e) = served {
+                        tracing::error!(target: "agentrun::mcp", "MCP over HTTP: {e}");
+                    }
                 });
                 // The sessions (dropped with the runtime's tasks) have their sandboxes torn
                 // down before the daemon's shutdown goes on.

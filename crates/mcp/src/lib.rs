@@ -49,6 +49,7 @@ impl agentrun_pool::daemon::RunningFrontend for Running {
     fn stop(mut self: Box<Self>) {
         self.cancel.cancel();
         if let Some(t) = self.thread.take() {
+            // A panic of the server thread was logged by the panic hook.
             let _ = t.join();
         }
     }

@@ -98,6 +98,7 @@ pub async fn capture(
     let writer = match (p.stdin, stdin) {
         (Some(fd), Some(data)) => Some(tokio::spawn(async move {
             if let Ok(mut tx) = StdioStream::new(fd) {
+                // The process may have exited without reading its stdin: its outcome says what happened.
                 let _ = tx.write_all(&data).await;
                 let _ = tx.shutdown().await;
             }
@@ -111,6 +112,7 @@ pub async fn capture(
         Ok(e) => e.ok(),
         Err(_) => {
             timed_out = true;
+            // It may have exited already.
             let _ = sandbox.live.signal(p.id, libc::SIGKILL, true);
             None
         }
@@ -207,11 +209,13 @@ pub async fn python(
             Err(_) if !interrupted => {
                 timed_out = true;
                 interrupted = true;
+                // It may have exited already.
                 let _ = sandbox.live.signal(ctx.interpreter.id, libc::SIGINT, false);
                 deadline = Instant::now() + INTERRUPT_GRACE;
                 continue;
             }
             Err(_) => {
+                // It may have exited already.
                 let _ = sandbox.live.signal(ctx.interpreter.id, libc::SIGKILL, true);
                 *slot = None;
                 exit_code = 137;

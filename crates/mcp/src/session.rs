@@ -188,20 +188,46 @@ pub struct SessionSandbox {
     pub shell: &'static str,
 }
 
+/// Deletes a sandbox whose proxy did not start (the call fails with that error; a failed
+/// delete is only logged).
+fn delete_unstarted(shared: &Shared, id: &str) {
+    if let Err(e) = shared.live.delete(id) {
+        tracing::warn!(target: "agentrun::mcp", "deleting sandbox {id} after its proxy failed: {e}");
+    }
+}
+
+/// Why a call got no sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Join(tokio::task::JoinError),
+    #[error("cannot make a sandbox: {0}")]
+    Create(agentrun_pool::PoolError),
+    #[error("cannot start the sandbox's egress proxy: {0}")]
+    Interceptor(agentrun_egress::MitmError),
+    #[error("cannot start the sandbox's egress proxy: {0}")]
+    Trust(std::io::Error),
+    #[error("cannot start the sandbox's egress proxy: {0}")]
+    Proxy(agentrun_egress::EgressError),
+}
+
 impl SessionSandbox {
     /// Makes a sandbox (on a blocking thread: the pool's calls block) and starts its egress
     /// proxy when its profile needs one.
     pub async fn create(
         shared: &Arc<Shared>,
         peer: &PeerSlot,
-    ) -> Result<Arc<SessionSandbox>, String> {
+    ) -> Result<Arc<SessionSandbox>, SandboxError> {
         let (s, peer) = (shared.clone(), peer.clone());
         tokio::task::spawn_blocking(move || Self::create_blocking(&s, peer))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(SandboxError::Join)?
     }
 
-    fn create_blocking(shared: &Shared, peer: PeerSlot) -> Result<Arc<SessionSandbox>, String> {
+    fn create_blocking(
+        shared: &Shared,
+        peer: PeerSlot,
+    ) -> Result<Arc<SessionSandbox>, SandboxError> {
         let network = &shared.profile.network;
         let mut spec = LiveSpec::new(&shared.options.image)
             .profile(&shared.options.profile)
@@ -222,10 +248,7 @@ impl SessionSandbox {
                 spec = spec.env(k, v);
             }
         }
-        let live = shared
-            .live
-            .create(&spec)
-            .map_err(|e| format!("cannot make a sandbox: {e}"))?;
+        let live = shared.live.create(&spec).map_err(SandboxError::Create)?;
         let watch = Arc::new(RunWatch::default());
         let proxy = match (network.needs_proxy(), live.egress_socket()) {
             (true, Some(socket)) => {
@@ -234,16 +257,16 @@ impl SessionSandbox {
                         live.id(),
                         &shared.options.upstream_roots,
                     )
-                    .map_err(|e| e.to_string())
+                    .map_err(SandboxError::Interceptor)
                     .and_then(|i| match socket.parent() {
-                        Some(dir) => i.write_trust(dir).map(|()| i).map_err(|e| e.to_string()),
+                        Some(dir) => i.write_trust(dir).map(|()| i).map_err(SandboxError::Trust),
                         None => Ok(i),
                     });
                     match made {
                         Ok(i) => Some(Arc::new(i)),
                         Err(e) => {
-                            let _ = shared.live.delete(live.id());
-                            return Err(format!("cannot start the sandbox's egress proxy: {e}"));
+                            delete_unstarted(shared, live.id());
+                            return Err(e);
                         }
                     }
                 } else {
@@ -292,8 +315,8 @@ impl SessionSandbox {
                 match started {
                     Ok(p) => Some(p),
                     Err(e) => {
-                        let _ = shared.live.delete(live.id());
-                        return Err(format!("cannot start the sandbox's egress proxy: {e}"));
+                        delete_unstarted(shared, live.id());
+                        return Err(SandboxError::Proxy(e));
                     }
                 }
             }
@@ -428,7 +451,7 @@ impl Session {
 
     /// The sandbox for a call: the session's (made if it has none), or with `--one-shot` a
     /// fresh one.
-    pub async fn lease(self: &Arc<Self>) -> Result<Lease, String> {
+    pub async fn lease(self: &Arc<Self>) -> Result<Lease, SandboxError> {
         // Idle past the timeout: torn down now, whether or not the reaper's tick came yet
         // (on a busy machine it may be late), so a late call never gets the old sandbox.
         if !self.shared.options.one_shot {
@@ -488,6 +511,7 @@ impl Session {
         ));
         tracing::info!(target: "agentrun::mcp", sandbox = %s.id(), "idle: torn down");
         let live = self.shared.live.clone();
+        // A JoinHandle: destroy logs its own failures.
         let _ = tokio::task::spawn_blocking(move || s.destroy(&live)).await;
     }
 }

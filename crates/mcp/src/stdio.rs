@@ -82,6 +82,7 @@ impl Frontend for StdioFrontend {
                     };
                     match McpServer::new(shared).serve_with_ct(transport, ct).await {
                         Ok(running) => {
+                            // The session ended (client gone or cancelled); a panic was logged by the panic hook.
                             let _ = running.waiting().await;
                         }
                         Err(e) => {

@@ -46,46 +46,44 @@ impl ToolCall {
     }
 
     /// Parses a call of tool `name` with `args`; `Err` says what is wrong in one line.
-    pub fn parse(name: &str, args: &Map<String, Value>) -> Result<ToolCall, String> {
+    pub fn parse(name: &str, args: &Map<String, Value>) -> Result<ToolCall, ToolError> {
         let known: &[&str] = match name {
             "run_python" => &["code", "timeout"],
             "run_shell" => &["command", "timeout"],
             "write_file" => &["path", "content"],
             "read_file" => &["path", "offset", "limit"],
             "list_files" => &["path"],
-            _ => return Err(format!("unknown tool {name:?}")),
+            _ => return Err(ToolError::UnknownTool(name.into())),
         };
         if let Some(k) = args.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(format!(
-                "{name}: unknown argument {k:?} (it takes {})",
-                known.join(", ")
-            ));
+            return Err(ToolError::UnknownArgument {
+                tool: name.into(),
+                arg: k.clone(),
+                known: known.join(", "),
+            });
         }
-        let string = |k: &str| -> Result<String, String> {
-            match args.get(k) {
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(_) => Err(format!("{name}: {k} must be a string")),
-                None => Err(format!("{name}: {k} is required")),
-            }
+        let tool = || name.to_owned();
+        let string = |key: &'static str| match args.get(key) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(ToolError::NotAString { tool: tool(), key }),
+            None => Err(ToolError::Required { tool: tool(), key }),
         };
-        let path = || -> Result<String, String> {
+        let path = || {
             let p = string("path")?;
             if p.is_empty() {
-                return Err(format!("{name}: path is empty"));
+                return Err(ToolError::EmptyPath(tool()));
             }
             if p.contains('\0') {
-                return Err(format!("{name}: path contains a NUL byte"));
+                return Err(ToolError::NulInPath(tool()));
             }
             Ok(p)
         };
-        let count = |k: &str| -> Result<Option<u64>, String> {
-            match args.get(k) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => match v.as_u64() {
-                    Some(n) if n >= 1 => Ok(Some(n)),
-                    _ => Err(format!("{name}: {k} must be an integer of at least 1")),
-                },
-            }
+        let count = |key: &'static str| match args.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= 1 => Ok(Some(n)),
+                _ => Err(ToolError::NotACount { tool: tool(), key }),
+            },
         };
         Ok(match name {
             "run_python" => ToolCall::RunPython {
@@ -110,24 +108,52 @@ impl ToolCall {
     }
 }
 
-fn non_blank(tool: &str, key: &str, s: String) -> Result<String, String> {
+/// Why a tool call's name or arguments are refused (one line for the client).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    #[error("{tool}: unknown argument {arg:?} (it takes {known})")]
+    UnknownArgument {
+        tool: String,
+        arg: String,
+        known: String,
+    },
+    #[error("{tool}: {key} must be a string")]
+    NotAString { tool: String, key: &'static str },
+    #[error("{tool}: {key} is required")]
+    Required { tool: String, key: &'static str },
+    #[error("{0}: path is empty")]
+    EmptyPath(String),
+    #[error("{0}: path contains a NUL byte")]
+    NulInPath(String),
+    #[error("{tool}: {key} must be an integer of at least 1")]
+    NotACount { tool: String, key: &'static str },
+    #[error("{tool}: {key} is empty")]
+    Blank { tool: String, key: &'static str },
+    #[error("{0}: timeout must be a number of seconds, more than 0 and at most 86400")]
+    Timeout(String),
+}
+
+fn non_blank(tool: &str, key: &'static str, s: String) -> Result<String, ToolError> {
     if s.trim().is_empty() {
-        Err(format!("{tool}: {key} is empty"))
+        Err(ToolError::Blank {
+            tool: tool.into(),
+            key,
+        })
     } else {
         Ok(s)
     }
 }
 
-fn timeout(tool: &str, args: &Map<String, Value>) -> Result<Option<Duration>, String> {
+fn timeout(tool: &str, args: &Map<String, Value>) -> Result<Option<Duration>, ToolError> {
     match args.get("timeout") {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_f64() {
             Some(s) if s > 0.0 && s.is_finite() && s <= 86_400.0 => {
                 Ok(Some(Duration::from_secs_f64(s)))
             }
-            _ => Err(format!(
-                "{tool}: timeout must be a number of seconds, more than 0 and at most 86400"
-            )),
+            _ => Err(ToolError::Timeout(tool.into())),
         },
     }
 }
@@ -305,7 +331,7 @@ mod tests {
             ),
             ("rm_rf", json!({}), "unknown tool"),
         ] {
-            let e = ToolCall::parse(name, &args(a)).unwrap_err();
+            let e = ToolCall::parse(name, &args(a)).unwrap_err().to_string();
             assert!(e.contains(why), "{name}: {e}");
         }
     }

@@ -169,6 +169,7 @@ pub fn checkpoint(globals: &Globals, args: Checkpoint) -> Result<(), OciError> {
     let work_path = args.work_path.as_deref().map(absolute).transpose()?;
     let log = work_path.as_ref().unwrap_or(&image_path).join(DUMP_LOG);
     // CRIU appends: a log of an earlier attempt must not name this one's reason.
+    // Absent is the usual case.
     let _ = fs::remove_file(&log);
     let record = Record::load(&container::dir(&globals.root, &args.container_id)?);
     let pid = c.pid().map(nix::unistd::Pid::as_raw);
@@ -188,7 +189,9 @@ pub fn checkpoint(globals: &Globals, args: Checkpoint) -> Result<(), OciError> {
         .map_err(|e| criu_failed("checkpoint", &log, &crate::error::chain(&e)));
     if paused && (args.leave_running || dumped.is_err()) {
         if let Ok(mut again) = container::load(&globals.root, &args.container_id) {
-            let _ = again.pause();
+            if let Err(e) = again.pause() {
+                tracing::warn!("checkpoint: pausing the container again: {e}");
+            }
         }
     }
     dumped?;
@@ -258,8 +261,10 @@ pub fn restore(globals: &Globals, args: Restore) -> Result<i32, OciError> {
     fs::create_dir_all(&criu_root).map_err(|e| OciError::io("criu root", &criu_root, e))?;
     let _root_mount = BindMount::new(&rootfs, &criu_root)?;
     let log = work_path.join(RESTORE_LOG);
+    // Absent is the usual case.
     let _ = fs::remove_file(&log);
     let pid_path = work_path.join("restore.pid");
+    // Absent is the usual case.
     let _ = fs::remove_file(&pid_path);
 
     let mut cmd = Command::new("criu");
@@ -385,7 +390,9 @@ pub fn restore(globals: &Globals, args: Restore) -> Result<i32, OciError> {
         Record::new(&spec, &bundle, None).save(&dir)
     })();
     if let Err(e) = saved {
+        // It may be gone already; the save error is what the caller hears.
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        // Half a state dir is not a container (delete removes it as well).
         let _ = fs::remove_dir_all(&dir);
         return Err(e);
     }
@@ -398,7 +405,9 @@ pub fn restore(globals: &Globals, args: Restore) -> Result<i32, OciError> {
     // Not detached: wait for the restored process (not our child: poll its pidfd), then
     // delete the container, as `run` does.
     let code = wait_foreign(pid);
-    let _ = crate::lifecycle::delete(globals, &id, true);
+    if let Err(e) = crate::lifecycle::delete(globals, &id, true) {
+        tracing::warn!("restore: deleting the container {id} after its exit: {e}");
+    }
     Ok(code)
 }
 
@@ -487,7 +496,9 @@ impl BindMount {
 
 impl Drop for BindMount {
     fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        if let Err(e) = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!("unmounting the restore's root bind mount: {e}");
+        }
     }
 }
 

@@ -52,10 +52,12 @@ pub(crate) fn main(args: Vec<OsString>, install_log: impl FnOnce(crate::LogLayer
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
+            // --help, --version: a reader that went away (a closed pipe) is not an error of the command.
             let _ = e.print();
             return 0;
         }
         Err(e) => {
+            // The parse error is the exit code; a reader that went away (a closed pipe) is not an error of the command.
             let _ = e.print();
             return 1;
         }

@@ -76,7 +76,7 @@ impl Executor for OciExecutor {
         }
         if let Some(notify) = &self.notify {
             // The filter needs no_new_privs without CAP_SYS_ADMIN, as in `confine`.
-            allow_seccomp().map_err(ExecutorSetEnvsError::Other)?;
+            allow_seccomp().map_err(|e| ExecutorSetEnvsError::Other(e.to_string()))?;
             notify.run().map_err(|e| {
                 say(&format!("seccomp notify: {e}"));
                 ExecutorSetEnvsError::Other(format!("seccomp notify: {e}"))
@@ -113,16 +113,31 @@ impl Executor for OciExecutor {
     }
 }
 
+/// Why the container process could not be confined (it then exits with 126).
+#[derive(Debug, thiserror::Error)]
+enum ConfineError {
+    #[error(transparent)]
+    Hardening(crate::OciError),
+    #[error(transparent)]
+    Seccomp(agentrun_runtime::seccomp::SeccompError),
+    #[error("the spec's SCMP_ACT_NOTIFY rules were not installed")]
+    NotifyNotInstalled,
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
+    #[error(transparent)]
+    Landlock(agentrun_runtime::landlock::LandlockError),
+}
+
 /// Applies Landlock and seccomp to the calling process; `notified`: the notify filter was
 /// installed by `setup_envs`.
-fn confine(spec: &Spec, notified: bool) -> Result<(), String> {
-    let hardening = Hardening::from_spec(spec).map_err(|e| e.to_string())?;
+fn confine(spec: &Spec, notified: bool) -> Result<(), ConfineError> {
+    let hardening = Hardening::from_spec(spec).map_err(ConfineError::Hardening)?;
     let filters = match &hardening.seccomp {
         Some(section) => {
             let (filters, notify) = agentrun_runtime::seccomp::compile_with_notify(section)
-                .map_err(|e| e.to_string())?;
+                .map_err(ConfineError::Seccomp)?;
             if notify.is_some() && !notified {
-                return Err("the spec's SCMP_ACT_NOTIFY rules were not installed".into());
+                return Err(ConfineError::NotifyNotInstalled);
             }
             filters
         }
@@ -142,14 +157,15 @@ fn confine(spec: &Spec, notified: bool) -> Result<(), String> {
         allow_seccomp()?;
     }
     if let Some(rules) = landlock {
-        agentrun_runtime::landlock::restrict(rules, landlock_abi).map_err(|e| e.to_string())?;
+        agentrun_runtime::landlock::restrict(rules, landlock_abi)
+            .map_err(ConfineError::Landlock)?;
     }
-    agentrun_runtime::seccomp::install(&filters).map_err(|e| e.to_string())
+    agentrun_runtime::seccomp::install(&filters).map_err(ConfineError::Seccomp)
 }
 
 /// Sets no_new_privs unless the process has CAP_SYS_ADMIN: installing a seccomp filter (or a
 /// Landlock ruleset) needs one or the other.
-fn allow_seccomp() -> Result<(), String> {
+fn allow_seccomp() -> Result<(), ConfineError> {
     let sys_admin =
         caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false);
     if sys_admin {
@@ -157,7 +173,7 @@ fn allow_seccomp() -> Result<(), String> {
     }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) only sets a flag on this process.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(ConfineError::NoNewPrivs(std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -193,6 +209,7 @@ fn find_executable(name: &str, path_var: &str) -> Option<PathBuf> {
 
 /// Writes `agentrun: <msg>` on the process's stderr (the container's).
 fn say(msg: &str) {
+    // The container's stderr is the only place to say it; if it is closed, nobody can hear.
     let _ = writeln!(std::io::stderr(), "agentrun: {msg}");
 }
 

@@ -139,6 +139,7 @@ pub fn ps(globals: &Globals, args: Ps) -> Result<(), OciError> {
                 .position(|h| h == "PID")
                 .ok_or_else(|| OciError::Invalid("couldn't find PID field in ps output".into()))?;
             let mut stdout = std::io::stdout().lock();
+            // A reader that went away (a closed pipe) is not an error of the command.
             let _ = writeln!(stdout, "{header}");
             for line in lines {
                 let pid = line
@@ -171,6 +172,7 @@ pub fn events(globals: &Globals, args: Events) -> Result<(), OciError> {
             .map_err(|e| OciError::Cgroup(e.to_string()))?;
         let event = json!({"type": "stats", "id": c.id(), "data": runc_stats(&stats)});
         let mut stdout = std::io::stdout().lock();
+        // A reader that went away (a closed pipe) is not an error of the command.
         let _ = writeln!(stdout, "{event}");
         let _ = stdout.flush();
         if args.stats {

@@ -98,11 +98,15 @@ pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
             // on most paths; a half-written directory is not a container).
             if let Ok(mut c) = container::load(&globals.root, &id) {
                 if let Some(pid) = c.pid() {
+                    // It may be gone already; wait_gone waits either way.
                     let _ = send_signal(pid, NixSignal::SIGKILL);
                     wait_gone(Some(pid.as_raw()));
                 }
-                let _ = c.delete(true);
+                if let Err(e) = c.delete(true) {
+                    tracing::warn!("deleting the failed container {id}: {e}");
+                }
             }
+            // What is left of a container that failed to be made; its error is what the caller hears.
             let _ = std::fs::remove_dir_all(&dir);
             // A failed handover is the cause (its forwarder killed the init).
             return Err(match (built, forwarded) {
@@ -149,6 +153,7 @@ pub fn delete(globals: &Globals, id: &str, force: bool) -> Result<(), OciError> 
         Ok(c) => c,
         Err(OciError::NotExist) => {
             // An aborted create can leave a directory without a state file (runc does the same).
+            // A directory without a state is no container; delete answers as runc does either way.
             let _ = std::fs::remove_dir_all(&dir);
             return if force {
                 Ok(())
@@ -173,6 +178,7 @@ pub fn delete(globals: &Globals, id: &str, force: bool) -> Result<(), OciError> 
     let pid = c.pid().map(Pid::as_raw);
     if c.status() != ContainerStatus::Stopped {
         // Kill and wait, so that the cgroup is empty when it is removed.
+        // The processes may be gone already; wait_gone waits either way.
         let _ = c.kill(Signal::from(NixSignal::SIGKILL), true);
         wait_gone(pid);
     }
@@ -296,10 +302,12 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
         (pid, forwarded) => {
             if let Ok(p) = &pid {
                 // Its notified syscalls would never be answered.
+                // It may be gone already; waitpid reaps it either way.
                 let _ = send_signal(*p, NixSignal::SIGKILL);
                 let _ = waitpid(*p, None);
             }
             if let Some(f) = &forwarding {
+                // Restoring the mask of this (exiting) command cannot fail with valid arguments.
                 let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&f.previous), None);
             }
             return Err(match (pid, forwarded) {
@@ -339,6 +347,7 @@ fn block_forwarded() -> Forwarding {
     }
     set.add(NixSignal::SIGCHLD);
     let mut previous = SigSet::empty();
+    // Cannot fail with valid arguments (EINVAL only for a bad `how`).
     let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut previous));
     Forwarding { previous, set }
 }
@@ -367,10 +376,12 @@ fn wait_forwarding(pid: Pid, f: &Forwarding) -> Result<i32, OciError> {
         match f.set.wait() {
             Ok(NixSignal::SIGCHLD) | Err(_) => {}
             Ok(sig) => {
+                // The process may have exited meanwhile: the signal had nobody to reach.
                 let _ = send_signal(pid, sig);
             }
         }
     };
+    // Cannot fail with valid arguments (EINVAL only for a bad `how`).
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&f.previous), None);
     Ok(code)
 }
@@ -382,6 +393,7 @@ fn wait_gone(pid: Option<i32>) {
     };
     for _ in 0..500 {
         // Our own child: reap it (a `run` whose start failed).
+        // ECHILD: not our child (or reaped already); the /proc check below decides.
         let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let state = stat

@@ -40,6 +40,7 @@ impl Logger {
     /// The `tracing` layer that writes libcontainer's events through this logger (error level;
     /// debug with `--debug`). The binary adds it to the process's one subscriber.
     pub fn layer(&self) -> crate::LogLayer {
+        // Set once per process; a second logger shares the first one's file.
         let _ = CHILD_LOG.set(child_log());
         let max = if self.debug {
             Level::DEBUG
@@ -205,6 +206,7 @@ impl<S: Subscriber> Layer<S> for RuncLog {
             if let Some(Some(fd)) = CHILD_LOG.get() {
                 let mut line = serde_json::json!({"level": level, "msg": msg}).to_string();
                 line.push('\n');
+                // A log line that cannot be written has nowhere else to go.
                 let _ = nix::unistd::write(fd, line.as_bytes());
             }
             return;

@@ -135,18 +135,46 @@ pub struct Handover {
     socket: RawFd,
 }
 
+/// Why the notify fd did not reach the runtime or the agent (the container process's and the
+/// forwarder's side; the forwarder writes its words to the runtime through a pipe).
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error(transparent)]
+    Install(agentrun_runtime::seccomp::SeccompError),
+    #[error("handing the seccomp notify fd to the runtime: {0}")]
+    HandOver(std::io::Error),
+    #[error("SO_PASSCRED: {0}")]
+    PassCred(nix::Error),
+    #[error("receiving the notify fd: {0}")]
+    Receive(nix::Error),
+    #[error(transparent)]
+    ControlMessages(nix::Error),
+    #[error(transparent)]
+    State(oci_spec::OciSpecError),
+    #[error(transparent)]
+    Json(serde_json::Error),
+    #[error("failed to connect with seccomp agent at {}: {source}", agent.display())]
+    Connect {
+        agent: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Timeout(std::io::Error),
+    #[error("sending the container state to the seccomp agent at {}: {source}", agent.display())]
+    Send { agent: PathBuf, source: nix::Error },
+}
+
 impl Handover {
     /// Installs the notify filter on the calling process and sends the listener fd; closes
     /// both fds afterwards. Nothing between the install and the send allocates or makes
     /// another syscall (a notified one could not be answered before the send).
-    pub fn run(&self) -> Result<(), String> {
+    pub fn run(&self) -> Result<(), NotifyError> {
         // SAFETY: the socket was made by the runtime before libcontainer cloned this process
         // and nothing else in this process owns or closes it.
         let socket = unsafe { OwnedFd::from_raw_fd(self.socket) };
         let listener = agentrun_runtime::seccomp::install_with_listener(&self.program)
-            .map_err(|e| e.to_string())?;
-        send_fd(&socket, &listener)
-            .map_err(|e| format!("handing the seccomp notify fd to the runtime: {e}"))
+            .map_err(NotifyError::Install)?;
+        send_fd(&socket, &listener).map_err(NotifyError::HandOver)
     }
 }
 
@@ -239,8 +267,9 @@ impl Forwarder {
                 let code = match forward(runtime_end, plan, &state) {
                     Ok(()) => FORWARDED,
                     Err(None) => NOTHING_RECEIVED,
-                    Err(Some(msg)) => {
-                        let _ = nix::unistd::write(&errors_w, msg.as_bytes());
+                    Err(Some(e)) => {
+                        // The runtime reads the words; with the pipe gone they go nowhere.
+                        let _ = nix::unistd::write(&errors_w, e.to_string().as_bytes());
                         FAILED
                     }
                 };
@@ -311,6 +340,7 @@ impl Forwarder {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Ok(WaitStatus::StillAlive) => {
+                    // The forwarder may have exited meanwhile; waitpid reaps it either way.
                     let _ = kill(pid, Signal::SIGKILL);
                     let _ = waitpid(pid, None);
                     return None;
@@ -327,6 +357,7 @@ impl Drop for Forwarder {
     /// and reaped.
     fn drop(&mut self) {
         if let Some(pid) = self.pid.take() {
+            // The forwarder may have exited meanwhile; waitpid reaps it either way.
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
         }
@@ -339,8 +370,8 @@ fn forward(
     socket: OwnedFd,
     plan: &NotifyPlan,
     state: &StateTemplate,
-) -> Result<(), Option<String>> {
-    setsockopt(&socket, sockopt::PassCred, &true).map_err(|e| Some(format!("SO_PASSCRED: {e}")))?;
+) -> Result<(), Option<NotifyError>> {
+    setsockopt(&socket, sockopt::PassCred, &true).map_err(|e| Some(NotifyError::PassCred(e)))?;
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
     let mut space = nix::cmsg_space!(RawFd, nix::sys::socket::UnixCredentials);
@@ -350,10 +381,13 @@ fn forward(
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| Some(format!("receiving the notify fd: {e}")))?;
+    .map_err(|e| Some(NotifyError::Receive(e)))?;
     let mut listener_fd = None;
     let mut pid = None;
-    for cmsg in msg.cmsgs().map_err(|e| Some(e.to_string()))? {
+    for cmsg in msg
+        .cmsgs()
+        .map_err(|e| Some(NotifyError::ControlMessages(e)))?
+    {
         match cmsg {
             ControlMessageOwned::ScmRights(fds) => {
                 for fd in fds {
@@ -372,6 +406,7 @@ fn forward(
     let result = send_to_agent(plan, state, pid, &listener_fd);
     if result.is_err() {
         // Its notified syscalls could never be answered.
+        // It may be gone already; the error above is what the caller hears.
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     result.map_err(Some)
@@ -383,7 +418,7 @@ fn send_to_agent(
     state: &StateTemplate,
     pid: i32,
     listener_fd: &OwnedFd,
-) -> Result<(), String> {
+) -> Result<(), NotifyError> {
     let container = StateBuilder::default()
         .version(oci_spec::runtime::VERSION)
         .id(state.id.clone())
@@ -392,7 +427,7 @@ fn send_to_agent(
         .bundle(state.bundle.clone())
         .annotations(state.annotations.clone().unwrap_or_default())
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(NotifyError::State)?;
     let mut process = ContainerProcessStateBuilder::default()
         .version(oci_spec::runtime::VERSION)
         .fds(vec![SECCOMP_FD_NAME.to_owned()])
@@ -401,17 +436,15 @@ fn send_to_agent(
     if let Some(m) = &plan.metadata {
         process = process.metadata(m.clone());
     }
-    let text = serde_json::to_vec(&process.build().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let agent = UnixStream::connect(&plan.listener).map_err(|e| {
-        format!(
-            "failed to connect with seccomp agent at {}: {e}",
-            plan.listener.display()
-        )
+    let text = serde_json::to_vec(&process.build().map_err(NotifyError::State)?)
+        .map_err(NotifyError::Json)?;
+    let agent = UnixStream::connect(&plan.listener).map_err(|source| NotifyError::Connect {
+        agent: plan.listener.clone(),
+        source,
     })?;
     agent
         .set_write_timeout(Some(FORWARD_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(NotifyError::Timeout)?;
     let fds = [listener_fd.as_raw_fd()];
     sendmsg::<UnixAddr>(
         agent.as_raw_fd(),
@@ -420,11 +453,9 @@ fn send_to_agent(
         MsgFlags::MSG_NOSIGNAL,
         None,
     )
-    .map_err(|e| {
-        format!(
-            "sending the container state to the seccomp agent at {}: {e}",
-            plan.listener.display()
-        )
+    .map_err(|source| NotifyError::Send {
+        agent: plan.listener.clone(),
+        source,
     })?;
     Ok(())
 }

@@ -206,6 +206,7 @@ async fn get_context(
 }
 
 fn stop(rec: &Record, ctx: &CodeContext) {
+    // The interpreter may have exited already.
     let _ = rec
         .sandbox
         .signal(ctx.python.interpreter.id, libc::SIGKILL, true);

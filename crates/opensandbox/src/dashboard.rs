@@ -113,6 +113,21 @@ impl Dashboard {
     }
 }
 
+/// A request that may read data: the API key or a dashboard session checked
+/// ([`Dashboard::require`]), the API's 401 JSON otherwise. Every data handler takes it.
+struct Granted;
+
+impl axum::extract::FromRequestParts<Arc<Dashboard>> for Granted {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        d: &Arc<Dashboard>,
+    ) -> ApiResult<Self> {
+        d.require(&parts.headers).map(|()| Granted)
+    }
+}
+
 /// The `/ui` routes.
 pub fn routes(server: Arc<Server>) -> axum::Router {
     let state = Arc::new(Dashboard {
@@ -279,10 +294,7 @@ async fn css() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response()
 }
 
-async fn js(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
-    if let Err(e) = d.require(&headers) {
-        return e.into_response();
-    }
+async fn js(_: Granted) -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         APP_JS,
@@ -310,22 +322,12 @@ fn audit_error(e: agentrun_telemetry::audit::AuditError) -> ApiError {
     ApiError::internal(e.to_string())
 }
 
-async fn snapshot(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
-    if let Err(e) = d.require(&headers) {
-        return e.into_response();
-    }
+async fn snapshot(_: Granted, State(d): State<Arc<Dashboard>>) -> Response {
     let live = d.server.live.clone();
     json_from_blocking(move || Ok(agentrun_pool::observe::snapshot(&live))).await
 }
 
-async fn audit(
-    State(d): State<Arc<Dashboard>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(e) = d.require(&headers) {
-        return e.into_response();
-    }
+async fn audit(_: Granted, State(d): State<Arc<Dashboard>>, RawQuery(query): RawQuery) -> Response {
     let q = match filter::parse(query.as_deref(), chrono::Utc::now()) {
         Ok(q) => q,
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
@@ -335,13 +337,10 @@ async fn audit(
 }
 
 async fn denials(
+    _: Granted,
     State(d): State<Arc<Dashboard>>,
-    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    if let Err(e) = d.require(&headers) {
-        return e.into_response();
-    }
     let mut limit = DENIALS_DEFAULT;
     for (k, v) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match (&*k, v.parse::<usize>()) {

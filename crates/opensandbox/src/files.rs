@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -60,53 +60,40 @@ pub fn routes(server: Arc<Server>) -> Router {
 
 /// A file system error on `path` as the API reports it.
 pub fn errno(e: Errno, path: &str) -> ApiError {
-    match e {
-        Errno::NOENT | Errno::NOTDIR => ApiError::not_found(
+    const BAD: StatusCode = StatusCode::BAD_REQUEST;
+    let (status, code, what) = match e {
+        Errno::NOENT | Errno::NOTDIR => (
+            StatusCode::NOT_FOUND,
             "FILE_NOT_FOUND",
-            format!("{path}: no such file or directory"),
+            "no such file or directory",
         ),
-        Errno::ACCESS | Errno::PERM | Errno::ROFS => ApiError::new(
+        Errno::ACCESS | Errno::PERM | Errno::ROFS => (
             StatusCode::FORBIDDEN,
             "PERMISSION_DENIED",
-            format!("{path}: permission denied"),
+            "permission denied",
         ),
-        Errno::INVAL => ApiError::new(
-            StatusCode::BAD_REQUEST,
+        Errno::INVAL => (
+            BAD,
             "INVALID_FILE",
-            format!("{path}: not a regular file, or not allowed here"),
+            "not a regular file, or not allowed here",
         ),
-        Errno::ISDIR => ApiError::new(
-            StatusCode::BAD_REQUEST,
+        Errno::ISDIR => (BAD, "INVALID_FILE", "is a directory"),
+        Errno::LOOP => (
+            BAD,
             "INVALID_FILE",
-            format!("{path}: is a directory"),
+            "symbolic link not allowed here (or too many)",
         ),
-        Errno::LOOP => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: symbolic link not allowed here (or too many)"),
-        ),
-        Errno::XDEV => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: crosses a mount"),
-        ),
-        Errno::NOSPC => ApiError::new(
+        Errno::XDEV => (BAD, "INVALID_FILE", "crosses a mount"),
+        Errno::NOSPC => (
             StatusCode::INSUFFICIENT_STORAGE,
             "RUNTIME_ERROR",
-            format!("{path}: no space left in the sandbox"),
+            "no space left in the sandbox",
         ),
-        Errno::NOTEMPTY => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE",
-            format!("{path}: directory not empty"),
-        ),
-        Errno::EXIST => ApiError::new(
-            StatusCode::CONFLICT,
-            "INVALID_FILE",
-            format!("{path}: already exists"),
-        ),
-        e => ApiError::internal(format!("{path}: {e}")),
-    }
+        Errno::NOTEMPTY => (BAD, "INVALID_FILE", "directory not empty"),
+        Errno::EXIST => (StatusCode::CONFLICT, "INVALID_FILE", "already exists"),
+        e => return ApiError::internal(format!("{path}: {e}")),
+    };
+    ApiError::new(status, code, format!("{path}: {what}"))
 }
 
 /// A request's path as a path relative to the sandbox's root (400 if it is not absolute).
@@ -400,6 +387,7 @@ async fn write_parts(
                     let moved = owned
                         .and_then(|()| fs.rename(&partial, &path).map_err(|e| errno(e, &shown)));
                     if moved.is_err() {
+                        // The upload already failed (that error is answered); a partial file left is hidden.
                         let _ = fs.remove_file(&partial);
                     }
                     moved
@@ -444,6 +432,17 @@ pub fn io_error(e: std::io::Error, path: &str) -> ApiError {
         Some(n) => errno(Errno::from_raw_os_error(n), path),
         None => ApiError::internal(format!("{path}: {e}")),
     }
+}
+
+/// The `path` values of a query, as given (for errors) and as paths in the sandbox ([`rel`]).
+fn query_paths(q: &Option<String>) -> ApiResult<(Vec<String>, Vec<PathBuf>)> {
+    let paths: Vec<String> = query_pairs(q)
+        .into_iter()
+        .filter(|(k, _)| k == "path")
+        .map(|(_, v)| v)
+        .collect();
+    let rels = paths.iter().map(|p| rel(p)).collect::<ApiResult<_>>()?;
+    Ok((paths, rels))
 }
 
 fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
@@ -508,6 +507,7 @@ fn produced_body(
     let mut writer = tokio_util::io::SyncIoBridge::new(writer);
     tokio::task::spawn_blocking(move || {
         // Dropping the writer ends the body (after what it wrote).
+        // Its error ends the body early; the client sees the body cut, nobody else is told.
         let _ = produce(&mut writer);
     });
     Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
@@ -546,8 +546,14 @@ async fn download(
     .await?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     // Checked once the file is open, as execd does (a missing file is a 404 first).
-    let window = crate::filestream::line_window(offset.as_deref(), limit.as_deref())
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", m))?;
+    let window =
+        crate::filestream::line_window(offset.as_deref(), limit.as_deref()).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                e.to_string(),
+            )
+        })?;
     if let Some((skip, take)) = window {
         // Lines `offset` (1-based) to `offset + limit - 1`, streamed as they are read.
         let body = produced_body(move |w| {
@@ -599,18 +605,10 @@ async fn info(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
+    let (paths, rels) = query_paths(&q)?;
     if paths.is_empty() {
         return Err(ApiError::missing_query("path"));
     }
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
     with_fs(&rec, move |fs| {
         let accounts = Accounts::read(fs);
         let mut out = serde_json::Map::new();
@@ -628,21 +626,25 @@ async fn delete_files(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
-    with_fs(&rec, move |fs| {
+    delete_each(&rec, &q, |fs, r| {
+        if fs.stat(r)?.is_dir() {
+            return Err(Errno::ISDIR);
+        }
+        fs.remove_file(r)
+    })
+    .await
+}
+
+/// `remove`s each `path` of the query in turn (the first failure answers, naming its path).
+async fn delete_each(
+    rec: &Record,
+    q: &Option<String>,
+    remove: fn(&SandboxFs, &Path) -> Result<(), Errno>,
+) -> ApiResult<StatusCode> {
+    let (paths, rels) = query_paths(q)?;
+    with_fs(rec, move |fs| {
         for (p, r) in paths.iter().zip(rels) {
-            if fs.stat(&r).map_err(|e| errno(e, p))?.is_dir() {
-                return Err(errno(Errno::ISDIR, p));
-            }
-            fs.remove_file(&r).map_err(|e| errno(e, p))?;
+            remove(fs, &r).map_err(|e| errno(e, p))?;
         }
         Ok(StatusCode::OK)
     })
@@ -854,6 +856,7 @@ fn replace_in_file(fs: &SandboxFs, r: &std::path::Path, p: &str, rep: &Replace) 
         Err(crate::filestream::ReplaceError::Io(e)) => Err(io_error(e, p)),
     };
     if !matches!(result, Ok(n) if n > 0) {
+        // The replace failed or changed nothing; its answer says which.
         let _ = fs.remove_file(&partial);
     }
     result
@@ -939,22 +942,7 @@ async fn delete_dirs(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let paths: Vec<String> = query_pairs(&q)
-        .into_iter()
-        .filter(|(k, _)| k == "path")
-        .map(|(_, v)| v)
-        .collect();
-    let rels = paths
-        .iter()
-        .map(|p| rel(p))
-        .collect::<ApiResult<Vec<_>>>()?;
-    with_fs(&rec, move |fs| {
-        for (p, r) in paths.iter().zip(rels) {
-            fs.remove_all(&r).map_err(|e| errno(e, p))?;
-        }
-        Ok(StatusCode::OK)
-    })
-    .await
+    delete_each(&rec, &q, |fs, r| fs.remove_all(r)).await
 }
 
 #[cfg(test)]

@@ -60,6 +60,14 @@ pub fn copy_lines(mut r: impl BufRead, mut w: impl Write, skip: u64, take: u64) 
     w.flush()
 }
 
+/// A download's `offset` or `limit` that is not a whole number from 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid query parameter '{name}': {value}")]
+pub struct LineWindowError {
+    pub name: &'static str,
+    pub value: String,
+}
+
 /// The line window of a download's `offset` and `limit` query values, as execd reads them:
 /// `None` when both are absent or empty (the whole file, as bytes); otherwise the lines to
 /// skip and to take. Each must be a whole number from 1 (`+` allowed, as Go's `ParseInt`);
@@ -67,19 +75,22 @@ pub fn copy_lines(mut r: impl BufRead, mut w: impl Write, skip: u64, take: u64) 
 pub fn line_window(
     offset: Option<&str>,
     limit: Option<&str>,
-) -> Result<Option<(u64, u64)>, String> {
+) -> Result<Option<(u64, u64)>, LineWindowError> {
     let offset = offset.filter(|v| !v.is_empty());
     let limit = limit.filter(|v| !v.is_empty());
     if offset.is_none() && limit.is_none() {
         return Ok(None);
     }
-    let parse = |name: &str, v: Option<&str>| -> Result<Option<u64>, String> {
+    let parse = |name: &'static str, v: Option<&str>| {
         v.map(|v| {
             v.parse::<i64>()
                 .ok()
                 .filter(|n| *n >= 1)
                 .map(|n| n as u64)
-                .ok_or_else(|| format!("invalid query parameter '{name}': {v}"))
+                .ok_or_else(|| LineWindowError {
+                    name,
+                    value: v.into(),
+                })
         })
         .transpose()
     };
@@ -261,7 +272,7 @@ mod tests {
             (None, Some("-3"), "limit"),
             (Some("2"), Some("x"), "limit"),
         ] {
-            let e = line_window(o, l).unwrap_err();
+            let e = line_window(o, l).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("invalid query parameter '{name}': ")),
                 "{e}"

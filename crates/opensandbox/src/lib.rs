@@ -179,9 +179,11 @@ pub(crate) struct Running {
 impl RunningFrontend for Running {
     fn stop(mut self: Box<Self>) {
         if let Some(tx) = self.shutdown.take() {
+            // Err: the server already stopped.
             let _ = tx.send(());
         }
         if let Some(t) = self.thread.take() {
+            // A panic of the server thread was logged by the panic hook.
             let _ = t.join();
         }
     }
@@ -246,6 +248,7 @@ impl Frontend for OpenSandboxFrontend {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         // Events are small writes: never hold them back for an ACK (Nagle).
                         Ok(l) => l.tap_io(|tcp| {
+                            // Latency only: the connection works without it.
                             let _ = tcp.set_nodelay(true);
                         }),
                         Err(e) => {
@@ -256,11 +259,15 @@ impl Frontend for OpenSandboxFrontend {
                     let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
                     let app = app(server.clone());
                     let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                    let _ = axum::serve(listener, app)
+                    let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {
+                            // Err: the stop handle was dropped: stop as well.
                             let _ = rx.await;
                         })
                         .await;
+                    if let Err(e) = served {
+                        tracing::error!(target: "agentrun::opensandbox", "{name}: {e}");
+                    }
                     expiry.abort();
                     // Sandboxes are deleted by the daemon's LiveManager::shutdown; the named
                     // volumes they made to go with them go now (their processes are being

@@ -2,8 +2,7 @@
 //! the interactive processes, the shell): the sandbox's shell found once per [`Record`], and
 //! a request's `cwd` expanded as upstream's execd expands it ([`expand_cwd`]).
 
-use agentrun_pool::process::{expand_vars, Spawned};
-use agentrun_pool::PoolError;
+use agentrun_pool::process::expand_vars;
 
 use crate::error::{ApiError, ApiResult};
 use crate::Record;
@@ -12,18 +11,6 @@ use crate::Record;
 pub fn shell(rec: &Record) -> &'static str {
     rec.shell
         .get_or_init(|| agentrun_pool::process::find_shell(&rec.sandbox))
-}
-
-/// [`agentrun_pool::process::spawn`] in the record's sandbox.
-pub async fn spawn(
-    rec: &Record,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
-    stdin: bool,
-    user: Option<String>,
-) -> Result<Spawned, PoolError> {
-    agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, stdin, user).await
 }
 
 /// A request's `cwd` as upstream's execd takes it (`pathutil.ExpandPathWithEnv`): `$VAR` and

@@ -76,11 +76,15 @@ impl Frontend for MetricsFrontend {
                             guard,
                             agentrun_webguard::guard,
                         ));
-                    let _ = axum::serve(listener, app)
+                    let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async move {
+                            // Err: the stop handle was dropped: stop as well.
                             let _ = rx.await;
                         })
                         .await;
+                    if let Err(e) = served {
+                        tracing::error!(target: "agentrun::opensandbox", "metrics endpoint: {e}");
+                    }
                 });
                 runtime.shutdown_timeout(std::time::Duration::from_secs(1));
             })

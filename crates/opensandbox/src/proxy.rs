@@ -134,6 +134,7 @@ async fn proxy(
         let upstream_upgrade = hyper::upgrade::on(&mut upstream);
         tokio::spawn(async move {
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
+                // Ends when either side closes or fails: both end the upgraded connection.
                 let _ =
                     tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
             }

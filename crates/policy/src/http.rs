@@ -25,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::decision::Decision;
-use crate::network::{HostRule, RuleAction};
+use crate::network::{HostRule, HostRuleError, RuleAction};
 
 /// One L7 rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,25 +49,45 @@ fn token_ok(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// Why an HTTP rule does not parse; `spec` is the rule as written.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum HttpRuleError {
+    #[error("{spec:?}: expected \"METHOD HOST[:PORT][/PATH] [HEADER[=VALUE]]\"")]
+    Shape { spec: String },
+    #[error("{spec:?}: {method:?} is not a method or *")]
+    Method { spec: String, method: String },
+    #[error("{spec:?}: the path prefix has a space, control character, '?' or '#'")]
+    Path { spec: String },
+    #[error("{spec:?}: {source}")]
+    Host { spec: String, source: HostRuleError },
+    #[error("{spec:?}: {name:?} is not a header name")]
+    Header { spec: String, name: String },
+}
+
 impl HttpRule {
     /// Parses `METHOD HOST[:PORT][/PATH] [HEADER[=VALUE]]` (see the module docs).
-    pub fn parse(id: impl Into<String>, action: RuleAction, spec: &str) -> Result<Self, String> {
+    pub fn parse(
+        id: impl Into<String>,
+        action: RuleAction,
+        spec: &str,
+    ) -> Result<Self, HttpRuleError> {
         let parts: Vec<&str> = spec.split_whitespace().collect();
         let (method, target, header) = match parts.as_slice() {
             [m, t] => (*m, *t, None),
             [m, t, h] => (*m, *t, Some(*h)),
-            _ => {
-                return Err(format!(
-                    "{spec:?}: expected \"METHOD HOST[:PORT][/PATH] [HEADER[=VALUE]]\""
-                ))
-            }
+            _ => return Err(HttpRuleError::Shape { spec: spec.into() }),
         };
         let method = match method {
             "*" => None,
             m if token_ok(m) && m.bytes().all(|b| b.is_ascii_alphabetic()) => {
                 Some(m.to_ascii_uppercase())
             }
-            m => return Err(format!("{spec:?}: {m:?} is not a method or *")),
+            m => {
+                return Err(HttpRuleError::Method {
+                    spec: spec.into(),
+                    method: m.into(),
+                })
+            }
         };
         // The path starts at the first '/' that is not inside brackets (an IPv6 address).
         let split = match target.find(']') {
@@ -82,11 +102,12 @@ impl HttpRule {
             .bytes()
             .any(|b| b <= b' ' || b == 0x7f || b == b'?' || b == b'#')
         {
-            return Err(format!(
-                "{spec:?}: the path prefix has a space, control character, '?' or '#'"
-            ));
+            return Err(HttpRuleError::Path { spec: spec.into() });
         }
-        let host = HostRule::parse("", action, hostport).map_err(|e| format!("{spec:?}: {e}"))?;
+        let host = HostRule::parse("", action, hostport).map_err(|source| HttpRuleError::Host {
+            spec: spec.into(),
+            source,
+        })?;
         let header = match header {
             None => None,
             Some(h) => {
@@ -95,7 +116,10 @@ impl HttpRule {
                     None => (h, None),
                 };
                 if !token_ok(name) {
-                    return Err(format!("{spec:?}: {name:?} is not a header name"));
+                    return Err(HttpRuleError::Header {
+                        spec: spec.into(),
+                        name: name.into(),
+                    });
                 }
                 Some((name.to_ascii_lowercase(), value))
             }
@@ -339,7 +363,7 @@ mod tests {
             ("GET a..b", ""),
         ] {
             let e = HttpRule::parse("x", RuleAction::Deny, spec).unwrap_err();
-            assert!(e.contains(says), "{spec}: {e}");
+            assert!(e.to_string().contains(says), "{spec}: {e}");
         }
         let r = HttpRule::parse("x", RuleAction::Allow, "get [::1]:8080/v1 X-A=b").unwrap();
         assert_eq!(r.method.as_deref(), Some("GET"));

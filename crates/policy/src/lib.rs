@@ -27,12 +27,15 @@ pub use approval::{
     EscalationRequest, DEFAULT_APPROVAL_TIMEOUT,
 };
 pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
-pub use http::{check_http, HttpRule};
+pub use http::{check_http, HttpRule, HttpRuleError};
 pub use network::{
-    AddressScope, HostRule, IpNet, NetworkMode, NetworkPolicy, NetworkPolicyError,
-    OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
+    AddressScope, CredentialSpecError, HostRule, HostRuleError, IpNet, NetworkMode, NetworkPolicy,
+    NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
 };
-pub use seccomp::{seccomp_denied_syscalls, SocketPolicy, PERSONALITY_ALLOWED, SOCKET_FAMILIES};
+pub use seccomp::{
+    seccomp_denied_syscalls, SocketPolicy, UnknownSocketFamily, PERSONALITY_ALLOWED,
+    SOCKET_FAMILIES,
+};
 pub use units::{format_bytes, parse_bytes, parse_duration, UnitError};
 
 /// Errors from loading or validating a profile.
@@ -355,7 +358,7 @@ impl Profile {
             &fs.hidden,
             workspace_writable,
         )
-        .map_err(|m| invalid("filesystem.escalate_write", m))?;
+        .map_err(|m| invalid("filesystem.escalate_write", m.to_string()))?;
 
         let net = raw.network;
         let mut rules = Vec::new();
@@ -368,21 +371,21 @@ impl Profile {
             for (i, spec) in list.iter().enumerate() {
                 rules.push(
                     HostRule::parse(format!("{field}[{i}]"), action, spec)
-                        .map_err(|m| invalid(field, m))?,
+                        .map_err(|m| invalid(field, m.to_string()))?,
                 );
             }
         }
         // Each credential's host is allowed (after the allow rules: a deny still wins).
         for (i, spec) in net.credentials.iter().enumerate() {
             let bad = |m: String| invalid("network.credentials", format!("[{i}]: {m}"));
-            let target = network::credential_target(spec).map_err(bad)?;
+            let target = network::credential_target(spec).map_err(|e| bad(e.to_string()))?;
             rules.push(
                 HostRule::parse(
                     format!("network.credentials[{i}]"),
                     RuleAction::Allow,
                     &target,
                 )
-                .map_err(bad)?,
+                .map_err(|e| bad(e.to_string()))?,
             );
         }
         let mut http = Vec::new();
@@ -398,7 +401,7 @@ impl Profile {
             for (i, spec) in list.iter().enumerate() {
                 http.push(
                     HttpRule::parse(format!("{field}[{i}]"), action, spec)
-                        .map_err(|m| invalid(field, m))?,
+                        .map_err(|m| invalid(field, m.to_string()))?,
                 );
             }
         }
@@ -434,12 +437,12 @@ impl Profile {
             ));
         }
         let seccomp_sockets = SocketPolicy::with_families(&raw.seccomp.allow_socket_families)
-            .map_err(|m| invalid("seccomp.allow_socket_families", m))?;
+            .map_err(|m| invalid("seccomp.allow_socket_families", m.to_string()))?;
         for key in raw.env.defaults.keys() {
-            validate_env_key(key).map_err(|m| invalid("env.defaults", m))?;
+            validate_env_key(key).map_err(|m| invalid("env.defaults", m.to_string()))?;
         }
         for key in raw.env.allow.iter().flatten() {
-            validate_env_key(key).map_err(|m| invalid("env.allow", m))?;
+            validate_env_key(key).map_err(|m| invalid("env.allow", m.to_string()))?;
         }
         for module in &raw.python.preload {
             let valid = module.split('.').all(|part| {
@@ -485,6 +488,26 @@ impl Profile {
     }
 }
 
+/// Why an `escalate_write` path cannot be kept from processes.
+#[derive(Debug, thiserror::Error)]
+enum EscalateWriteError {
+    #[error(
+        "{} is under writable {}: Landlock cannot take write access back below a \
+         writable path (remove one of them)",
+        path.display(),
+        writable.display()
+    )]
+    UnderWritable { path: PathBuf, writable: PathBuf },
+    #[error(
+        "{} is in the workspace, which is writable (workspace = \"rw\"): Landlock \
+         cannot take write access back below it (set workspace = \"ro\")",
+        path.display()
+    )]
+    InWritableWorkspace { path: PathBuf },
+    #[error("{} is under hidden {}: it can never be written", path.display(), hidden.display())]
+    UnderHidden { path: PathBuf, hidden: PathBuf },
+}
+
 /// Checks that every `escalate_write` path can be kept from processes by Landlock (whose rules
 /// only add access: nothing below a writable path can be taken back) and means something.
 fn validate_escalate_write(
@@ -492,29 +515,22 @@ fn validate_escalate_write(
     writable: &[PathBuf],
     hidden: &[PathBuf],
     workspace_writable: bool,
-) -> Result<(), String> {
+) -> Result<(), EscalateWriteError> {
     for e in escalate {
         if let Some(w) = writable.iter().find(|w| e.starts_with(w)) {
-            return Err(format!(
-                "{} is under writable {}: Landlock cannot take write access back below a \
-                 writable path (remove one of them)",
-                e.display(),
-                w.display()
-            ));
+            return Err(EscalateWriteError::UnderWritable {
+                path: e.clone(),
+                writable: w.clone(),
+            });
         }
         if workspace_writable && e.starts_with(decision::WORKSPACE) {
-            return Err(format!(
-                "{} is in the workspace, which is writable (workspace = \"rw\"): Landlock \
-                 cannot take write access back below it (set workspace = \"ro\")",
-                e.display()
-            ));
+            return Err(EscalateWriteError::InWritableWorkspace { path: e.clone() });
         }
         if let Some(h) = hidden.iter().find(|h| e.starts_with(h)) {
-            return Err(format!(
-                "{} is under hidden {}: it can never be written",
-                e.display(),
-                h.display()
-            ));
+            return Err(EscalateWriteError::UnderHidden {
+                path: e.clone(),
+                hidden: h.clone(),
+            });
         }
     }
     Ok(())
@@ -629,15 +645,20 @@ pub fn validate_resources(r: &Resources) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+/// An environment variable name that is not `[A-Za-z_][A-Za-z0-9_]*`.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("invalid environment variable name {0:?}")]
+pub struct InvalidEnvKey(pub String);
+
 /// Validates an environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
-pub fn validate_env_key(key: &str) -> Result<(), String> {
+pub fn validate_env_key(key: &str) -> Result<(), InvalidEnvKey> {
     let mut chars = key.chars();
     let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid environment variable name {key:?}"))
+        Err(InvalidEnvKey(key.into()))
     }
 }
 

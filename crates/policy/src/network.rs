@@ -71,7 +71,11 @@ pub struct HostRule {
 
 impl HostRule {
     /// Parses `HOST[:PORT]` (`[v6addr]:port` for IPv6). Errors say why in a few words.
-    pub fn parse(id: impl Into<String>, action: RuleAction, spec: &str) -> Result<Self, String> {
+    pub fn parse(
+        id: impl Into<String>,
+        action: RuleAction,
+        spec: &str,
+    ) -> Result<Self, HostRuleError> {
         let spec = spec.trim();
         let (host, port) = split_host_port(spec)?;
         validate_host_pattern(&host)?;
@@ -296,49 +300,71 @@ fn connect_target(host: &str, port: u16) -> String {
     }
 }
 
+/// Why a `HOST[:PORT]` rule does not parse; the words say it, `spec` is the rule as written.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum HostRuleError {
+    #[error("empty host")]
+    Empty,
+    #[error("{spec:?}: missing ']'")]
+    MissingBracket { spec: String },
+    #[error("{spec:?}: expected ':PORT' after ']'")]
+    PortAfterBracket { spec: String },
+    #[error("{spec:?}: write IPv6 addresses as [ADDR]:PORT")]
+    BareIpv6 { spec: String },
+    #[error("{spec:?}: invalid port {port:?} (1-65535)")]
+    Port { spec: String, port: String },
+    #[error("{host:?} is not an address range (ADDR/PREFIX, e.g. 10.0.0.0/8)")]
+    Range { host: String },
+    #[error("{host:?} is not a host name, '*.domain' wildcard, IP address or ADDR/PREFIX range")]
+    Host { host: String },
+}
+
 /// Splits `HOST[:PORT]`; the host is lower-cased.
-fn split_host_port(spec: &str) -> Result<(String, Option<u16>), String> {
+fn split_host_port(spec: &str) -> Result<(String, Option<u16>), HostRuleError> {
     if spec.is_empty() {
-        return Err("empty host".into());
+        return Err(HostRuleError::Empty);
     }
     let (host, port) = if let Some(rest) = spec.strip_prefix('[') {
         let (h, after) = rest
             .split_once(']')
-            .ok_or_else(|| format!("{spec:?}: missing ']'"))?;
+            .ok_or_else(|| HostRuleError::MissingBracket { spec: spec.into() })?;
         match after {
             "" => (h, None),
             p => (
                 h,
                 Some(
                     p.strip_prefix(':')
-                        .ok_or_else(|| format!("{spec:?}: expected ':PORT' after ']'"))?,
+                        .ok_or_else(|| HostRuleError::PortAfterBracket { spec: spec.into() })?,
                 ),
             ),
         }
     } else {
         match spec.rsplit_once(':') {
             Some((h, p)) if !h.contains(':') => (h, Some(p)),
-            Some(_) => return Err(format!("{spec:?}: write IPv6 addresses as [ADDR]:PORT")),
+            Some(_) => return Err(HostRuleError::BareIpv6 { spec: spec.into() }),
             None => (spec, None),
         }
     };
     let port = port
         .map(|p| match p.parse::<u16>() {
-            Ok(0) | Err(_) => Err(format!("{spec:?}: invalid port {p:?} (1-65535)")),
+            Ok(0) | Err(_) => Err(HostRuleError::Port {
+                spec: spec.into(),
+                port: p.into(),
+            }),
             Ok(n) => Ok(n),
         })
         .transpose()?;
     Ok((host.to_ascii_lowercase(), port))
 }
 
-fn validate_host_pattern(host: &str) -> Result<(), String> {
+fn validate_host_pattern(host: &str) -> Result<(), HostRuleError> {
     if host == "*" || host.parse::<std::net::IpAddr>().is_ok() {
         return Ok(());
     }
     if host.contains('/') {
-        return IpNet::parse(host).map(drop).ok_or_else(|| {
-            format!("{host:?} is not an address range (ADDR/PREFIX, e.g. 10.0.0.0/8)")
-        });
+        return IpNet::parse(host)
+            .map(drop)
+            .ok_or_else(|| HostRuleError::Range { host: host.into() });
     }
     let name = host.strip_prefix("*.").unwrap_or(host);
     let label_ok = |l: &str| {
@@ -349,9 +375,7 @@ fn validate_host_pattern(host: &str) -> Result<(), String> {
             && !l.ends_with('-')
     };
     if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
-        return Err(format!(
-            "{host:?} is not a host name, '*.domain' wildcard, IP address or ADDR/PREFIX range"
-        ));
+        return Err(HostRuleError::Host { host: host.into() });
     }
     Ok(())
 }
@@ -373,21 +397,39 @@ pub struct NetworkPolicy {
     pub credentials: Vec<String>,
 }
 
+/// Why a profile's credential spec is refused; the value is never quoted (it may be a
+/// secret pasted in).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum CredentialSpecError {
+    #[error("no '@' ({CREDENTIAL_USAGE})")]
+    NoAt,
+    #[error("no '=' ({CREDENTIAL_USAGE})")]
+    NoEquals,
+    #[error("the credential needs a NAME ({CREDENTIAL_USAGE})")]
+    NoName,
+    #[error(
+        "credential {0:?}: a profile names where the value comes from (env:VAR or \
+         file:PATH, read by whoever loads the profile), never the value itself"
+    )]
+    InlineValue(String),
+    #[error("credential {name:?}: bad port {port:?}")]
+    Port { name: String, port: String },
+    #[error("credential {0:?}: no HOST ({CREDENTIAL_USAGE})")]
+    NoHost(String),
+}
+
+const CREDENTIAL_USAGE: &str = "expected [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH";
+
 /// The `HOST:PORT` a credential spec (`[AUTH:]NAME@HOST[:PORT][/PATH]=SOURCE`, as `agentrun
 /// exec --credential` takes it) is bound to; PORT defaults to 443. A profile's spec must take
 /// its value from `env:VAR` or `file:PATH`: a value written in the profile is refused (a
 /// profile is policy, shared and committed; a secret in it is a leaked secret).
-pub fn credential_target(spec: &str) -> Result<String, String> {
-    let usage = "expected [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH";
-    let (left, right) = spec
-        .split_once('@')
-        .ok_or_else(|| format!("no '@' ({usage})"))?;
-    let (target, source) = right
-        .split_once('=')
-        .ok_or_else(|| format!("no '=' ({usage})"))?;
+pub fn credential_target(spec: &str) -> Result<String, CredentialSpecError> {
+    let (left, right) = spec.split_once('@').ok_or(CredentialSpecError::NoAt)?;
+    let (target, source) = right.split_once('=').ok_or(CredentialSpecError::NoEquals)?;
     let name = left.rsplit_once(':').map_or(left, |(_, n)| n);
     if name.is_empty() {
-        return Err(format!("the credential needs a NAME ({usage})"));
+        return Err(CredentialSpecError::NoName);
     }
     let source_ok = source
         .strip_prefix("env:")
@@ -395,10 +437,7 @@ pub fn credential_target(spec: &str) -> Result<String, String> {
         .is_some_and(|s| !s.is_empty());
     if !source_ok {
         // Never quote the source: it may be a value someone pasted in.
-        return Err(format!(
-            "credential {name:?}: a profile names where the value comes from (env:VAR or \
-             file:PATH, read by whoever loads the profile), never the value itself"
-        ));
+        return Err(CredentialSpecError::InlineValue(name.into()));
     }
     let hostport = target.split('/').next().unwrap_or(target);
     let (host, port) = match hostport.rsplit_once(':') {
@@ -407,12 +446,15 @@ pub fn credential_target(spec: &str) -> Result<String, String> {
             p.parse::<u16>()
                 .ok()
                 .filter(|p| *p != 0)
-                .ok_or_else(|| format!("credential {name:?}: bad port {p:?}"))?,
+                .ok_or_else(|| CredentialSpecError::Port {
+                    name: name.into(),
+                    port: p.into(),
+                })?,
         ),
         None => (hostport, 443),
     };
     if host.is_empty() {
-        return Err(format!("credential {name:?}: no HOST ({usage})"));
+        return Err(CredentialSpecError::NoHost(name.into()));
     }
     Ok(format!("{}:{port}", host.to_ascii_lowercase()))
 }
@@ -634,7 +676,7 @@ impl NetworkPolicy {
     /// Adds `HOST[:PORT]` allow rules (e.g. `--allow-host`), ids `<id_prefix>[i]`, after the
     /// allow rules and before any escalate rule (an explicit allow needs no approval). Turns
     /// `none` into `allowlist`; `all` stays `all`.
-    pub fn allow_hosts(&mut self, id_prefix: &str, hosts: &[String]) -> Result<(), String> {
+    pub fn allow_hosts(&mut self, id_prefix: &str, hosts: &[String]) -> Result<(), HostRuleError> {
         let at = self
             .rules
             .iter()
@@ -1001,7 +1043,7 @@ mod tests {
             "-a.com",
         ] {
             let e = HostRule::parse("x", RuleAction::Allow, bad).unwrap_err();
-            assert!(!e.is_empty(), "{bad}");
+            assert!(!e.to_string().is_empty(), "{bad}");
         }
         let r = HostRule::parse("x", RuleAction::Allow, "[::1]:8080").unwrap();
         assert!(r.matches("::1", 8080));

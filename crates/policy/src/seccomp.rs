@@ -167,19 +167,28 @@ impl Default for SocketPolicy {
     }
 }
 
+/// A socket family name that [`SOCKET_FAMILIES`] does not know.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("unknown socket family {name:?} (known: {known})")]
+pub struct UnknownSocketFamily {
+    pub name: String,
+    /// The known names, comma-separated.
+    pub known: String,
+}
+
 impl SocketPolicy {
     /// The baseline plus the families named in `extra` (see [`SOCKET_FAMILIES`]); naming
     /// `netlink` lifts the netlink protocol restriction. Errors name the unknown family.
-    pub fn with_families<S: AsRef<str>>(extra: &[S]) -> Result<Self, String> {
+    pub fn with_families<S: AsRef<str>>(extra: &[S]) -> Result<Self, UnknownSocketFamily> {
         let mut policy = SocketPolicy::default();
         for name in extra {
             let name = name.as_ref();
             let Some((_, nr)) = SOCKET_FAMILIES.iter().find(|(n, _)| *n == name) else {
                 let known: Vec<&str> = SOCKET_FAMILIES.iter().map(|(n, _)| *n).collect();
-                return Err(format!(
-                    "unknown socket family {name:?} (known: {})",
-                    known.join(", ")
-                ));
+                return Err(UnknownSocketFamily {
+                    name: name.into(),
+                    known: known.join(", "),
+                });
             };
             if *nr == AF_NETLINK {
                 policy.netlink_protocols = None;
@@ -244,6 +253,7 @@ mod tests {
         assert!(p.allows(38, 0) && p.allows(AF_NETLINK, 4));
         assert!(!p.allows(40, 0));
         let e = SocketPolicy::with_families(&["vsok"]).unwrap_err();
+        let e = e.to_string();
         assert!(e.contains("\"vsok\"") && e.contains("vsock"), "{e}");
     }
 }

@@ -204,6 +204,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
         let sig = fds[1].revents().is_some_and(|r| !r.is_empty());
         let conn = fds[0].revents().is_some_and(|r| !r.is_empty());
         if sig {
+            // The signal is why the daemon stops; which one it was does not matter.
             let _ = signals.read_signal();
             break;
         }
@@ -213,9 +214,13 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
                     // SAFETY: accept4 returned a new fd that we own.
                     let conn = unsafe { OwnedFd::from_raw_fd(fd) };
                     let s = shared.clone();
-                    let _ = std::thread::Builder::new()
+                    let spawned = std::thread::Builder::new()
                         .name("client".into())
                         .spawn(move || serve_client(&s, conn));
+                    if let Err(e) = spawned {
+                        // The connection is dropped: the client sees it closed.
+                        tracing::warn!(target: "agentrun::pool", "a client's thread: {e}");
+                    }
                 }
                 Err(nix::Error::EINTR) | Err(nix::Error::ECONNABORTED) => {}
                 Err(e) => tracing::warn!(target: "agentrun::pool", "accept: {e}"),
@@ -225,6 +230,7 @@ pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<()
     tracing::info!(target: "agentrun::pool", "shutting down");
     drop(listener);
     if !socket_activated {
+        // Gone already, or replaced by the next start (a stale socket is removed then).
         let _ = std::fs::remove_file(&opts.socket);
     }
     for r in running_frontends {
@@ -293,6 +299,7 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
 }
 
 fn reply(conn: BorrowedFd<'_>, r: &DaemonReply) {
+    // A client that hung up gets no answer; its request is over either way.
     let _ = control::send_json(conn, r, &[]);
 }
 
@@ -602,7 +609,7 @@ impl ShellRun<'_> {
             (false, _) => None,
         };
         if egress_port.is_some() {
-            egress_handshake(self.conn, shell).map_err(NotRun::reuse)?;
+            egress_handshake(self.conn, shell).map_err(|e| NotRun::reuse(e.to_string()))?;
         }
         apply_limits(
             shell,
@@ -747,22 +754,32 @@ fn finish_of(out: &ExecReply, duration: Duration) -> RunFinish {
 }
 
 /// Tells the client where to serve the run's egress proxy and waits until it does.
-fn egress_handshake(conn: BorrowedFd<'_>, shell: &PooledShell) -> Result<(), String> {
+/// Why a run's egress proxy was not started by its client (the shell serves the next run).
+#[derive(Debug, thiserror::Error)]
+enum EgressHandshakeError {
+    #[error("the shell has no egress socket")]
+    NoSocket,
+    #[error("the client did not start the egress proxy")]
+    NotStarted,
+}
+
+fn egress_handshake(conn: BorrowedFd<'_>, shell: &PooledShell) -> Result<(), EgressHandshakeError> {
     let socket = shell
         .egress_socket
         .clone()
-        .ok_or("the shell has no egress socket")?;
+        .ok_or(EgressHandshakeError::NoSocket)?;
     let reply = DaemonReply::Egress {
         socket,
         sandbox_id: shell.id.clone(),
     };
+    // A failed send shows as a client that does not answer, below.
     let _ = control::send_json(conn, &reply, &[]);
     if !control::wait_readable(conn, Some(EGRESS_WAIT)).unwrap_or(false) {
-        return Err("the client did not start the egress proxy".into());
+        return Err(EgressHandshakeError::NotStarted);
     }
     match control::recv_json::<ClientMessage>(conn) {
         Ok(Some((ClientMessage::EgressReady, _))) => Ok(()),
-        _ => Err("the client did not start the egress proxy".into()),
+        _ => Err(EgressHandshakeError::NotStarted),
     }
 }
 
@@ -782,5 +799,6 @@ const CLIENT_EXIT_WAIT: Duration = Duration::from_millis(50);
 fn await_hangup(conn: BorrowedFd<'_>, limit: Duration) {
     let mut fds = [PollFd::new(conn, PollFlags::POLLIN)];
     let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+    // A bounded wait: an error (EINTR) only starts the teardown sooner.
     let _ = poll(&mut fds, PollTimeout::from(ms));
 }

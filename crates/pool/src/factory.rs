@@ -107,6 +107,7 @@ impl PooledShell {
         let prepare = ShellRequest::Prepare {
             tmpfs_bytes: self.tmpfs_bytes,
         };
+        // A hint: with the request lost, the next shell is made when it is asked for.
         let _ = send_json(self.control.as_fd(), &prepare, &[]);
     }
 }
@@ -276,6 +277,7 @@ impl FactoryClient {
         let pids: Vec<Pid> = factories.iter().map(|f| f.pid).collect();
         drop(factories);
         for pid in pids {
+            // Reaps each factory; one that was reaped already (ECHILD) is no error.
             let _ = waitpid(pid, None);
         }
     }
@@ -332,6 +334,7 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
         };
         if let (Some(bg), Some(all)) = (&bg_cpus, &all_cpus) {
             if background != on_bg {
+                // A scheduling hint: if it fails, the factory runs on every CPU.
                 let _ = nix::sched::sched_setaffinity(
                     Pid::from_raw(0),
                     if background { bg } else { all },
@@ -394,7 +397,9 @@ fn serve(sock: OwnedFd, paths: &FactoryPaths) -> Result<(), PoolError> {
         send_json(sock.as_fd(), &reply, &raw)?;
     }
     for (_, sandbox) in live.drain() {
-        let _ = sandbox.destroy();
+        if let Err(e) = sandbox.destroy() {
+            tracing::warn!(target: "agentrun::pool", "destroying a sandbox of the closing factory: {e}");
+        }
     }
     Ok(())
 }
@@ -416,6 +421,7 @@ fn create(
         // SAFETY: setpriority on the sandbox's init, our child.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, 0) };
         if let Some(all) = all_cpus {
+            // A scheduling hint: if it fails, the sandbox keeps the background CPUs.
             let _ = nix::sched::sched_setaffinity(Pid::from_raw(pid), all);
         }
     }

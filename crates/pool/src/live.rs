@@ -407,7 +407,9 @@ impl LiveSandbox {
         if pooled.is_some() {
             self.killed.store(true, Ordering::SeqCst);
             if self.is_paused() {
-                let _ = self.resume();
+                if let Err(e) = self.resume() {
+                    tracing::warn!(target: "agentrun::pool", "thawing a killed sandbox (its tasks die once thawed): {e}");
+                }
             }
             // The dying PID 1 tears the cell's namespaces and mounts down itself: background
             // work, done where and as the factory does it (see `factory::background_cpus`).
@@ -415,6 +417,7 @@ impl LiveSandbox {
             if agentrun_runtime::cellrun::pidfd_pid(self.pidfd.as_fd()) == Some(self.init_pid) {
                 let pid = nix::unistd::Pid::from_raw(self.init_pid);
                 if let Some(bg) = crate::factory::background_cpus() {
+                    // A scheduling hint: if it fails, the dying cell keeps every CPU.
                     let _ = nix::sched::sched_setaffinity(pid, &bg);
                 }
                 // SAFETY: setpriority on the cell's PID 1, identified through its pidfd above.
@@ -570,31 +573,34 @@ impl LiveSandbox {
     /// Opens the cell's upper directory (`O_PATH`) through its PID 1's fd, checked to be the
     /// cell's (its pidfd still alive after the open: the pid was never reused meanwhile).
     fn open_upper(&self) -> Result<OwnedFd, PoolError> {
-        let path = format!(
-            "/proc/{}/fd/{}",
-            self.init_pid,
-            agentrun_runtime::cell::UPPER_FD
-        );
+        let fd = self
+            .open_init_dir(&format!("fd/{}", agentrun_runtime::cell::UPPER_FD))
+            .map_err(|e| {
+                PoolError::Invalid(format!(
+                    "sandbox {}: its writable layer cannot be reached ({})",
+                    self.id,
+                    e.desc().to_lowercase()
+                ))
+            })?;
+        if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
+            return Err(PoolError::NotFound(self.id.clone()));
+        }
+        Ok(fd)
+    }
+
+    /// Opens the directory `/proc/<init pid>/<what>` (`O_PATH`). Whether it is the cell's is
+    /// for the caller to confirm afterwards, through the pidfd (see [`LiveSandbox::root`]).
+    fn open_init_dir(&self, what: &str) -> nix::Result<OwnedFd> {
+        let path = format!("/proc/{}/{what}", self.init_pid);
         let fd = nix::fcntl::open(
             path.as_str(),
             nix::fcntl::OFlag::O_PATH
                 | nix::fcntl::OFlag::O_DIRECTORY
                 | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| {
-            PoolError::Invalid(format!(
-                "sandbox {}: its writable layer cannot be reached ({})",
-                self.id,
-                e.desc().to_lowercase()
-            ))
-        })?;
+        )?;
         // SAFETY: open returned a new fd that nobody else owns.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
-            return Err(PoolError::NotFound(self.id.clone()));
-        }
-        Ok(fd)
+        Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
     }
 
     /// CPU time and memory of every process in it.
@@ -612,17 +618,9 @@ impl LiveSandbox {
         // to be reused and the root opened is the cell's (the check pidfd_open(2) describes).
         // Asked before the open instead, a cell that died and whose pid went to another
         // process in between would hand out that process's root.
-        let path = format!("/proc/{}/root", self.init_pid);
-        let fd = nix::fcntl::open(
-            path.as_str(),
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| PoolError::Sys("open sandbox root", e))?;
-        // SAFETY: open returned a new fd that nobody else owns.
-        let root = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let root = self
+            .open_init_dir("root")
+            .map_err(|e| PoolError::Sys("open sandbox root", e))?;
         if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
             return Err(PoolError::Invalid(format!("sandbox {} is gone", self.id)));
         }
@@ -728,6 +726,7 @@ impl LiveManager {
     /// `<state dir>/frozen`), emptied now: no sandbox of an earlier daemon uses one (its
     /// cells died with it).
     pub fn with_frozen_dir(mut self, dir: std::path::PathBuf) -> Self {
+        // Absent on a first start; what cannot be removed is only stale layers.
         let _ = std::fs::remove_dir_all(&dir);
         self.frozen_dir = dir;
         self
@@ -979,7 +978,9 @@ impl LiveManager {
         sandbox.deleted.store(true, Ordering::SeqCst);
         if sandbox.is_paused() {
             // Frozen tasks would not die until thawed (cgroup v1).
-            let _ = sandbox.resume();
+            if let Err(e) = sandbox.resume() {
+                tracing::warn!(target: "agentrun::pool", "thawing a deleted sandbox (its tasks die once thawed): {e}");
+            }
         }
         let shell = lock(&sandbox.pooled).take();
         if let Some(mut shell) = shell {

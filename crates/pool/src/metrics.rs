@@ -276,6 +276,7 @@ pub fn resident_memory_bytes() -> Option<u64> {
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    // Writing to a String cannot fail (here and below).
     let _ = writeln!(out, "# HELP {name} {}", help.replace('\\', "\\\\"));
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -288,10 +289,12 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
             if i > 0 {
                 out.push(',');
             }
+            // Writing to a String cannot fail.
             let _ = write!(out, "{k}=\"{}\"", escape(v));
         }
         out.push('}');
     }
+    // Writing to a String cannot fail.
     let _ = writeln!(out, " {value}");
 }
 

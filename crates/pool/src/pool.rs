@@ -296,7 +296,9 @@ impl Pool {
     fn destroy(&self, sh: PooledShell) {
         let (n, id) = (sh.factory, sh.id.clone());
         drop(sh);
-        let _ = self.factories[n].destroy(&id);
+        if let Err(e) = self.factories[n].destroy(&id) {
+            tracing::warn!(target: "agentrun::pool", "destroying shell {id}: {e}");
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -142,6 +142,7 @@ impl InteractiveProcess {
         let d = dead.clone();
         let exit = p.exit;
         tokio::spawn(async move {
+            // Err: the exit hook was dropped without a send: the process is gone either way.
             let _ = exit.await;
             d.store(true, Ordering::SeqCst);
         });

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentrun_image::{CommitOptions, Committed, ImageStore, Snapshot, SnapshotMeta};
+use agentrun_image::{CommitOptions, Committed, ImageStore, Snapshot, SnapshotMeta, StagedLayer};
 
 use crate::live::LiveSandbox;
 use crate::PoolError;
@@ -34,22 +34,8 @@ pub fn take(
     store: &ImageStore,
     meta: &SnapshotMeta,
 ) -> Result<Taken<Snapshot>, PoolError> {
-    let start = Instant::now();
-    let mut frozen = Duration::ZERO;
-    // Frozen only while its layer is read (written as a blob); unpacked and named after.
-    let lowers = sandbox.frozen_dirs();
-    let lowers: Vec<&Path> = lowers.iter().rev().map(PathBuf::as_path).collect();
-    let staged = sandbox.with_writable_layer(|upper| {
-        let t = Instant::now();
-        let r = store.stage_upper_over(&lowers, upper, meta.max_bytes);
-        frozen = t.elapsed();
-        r
-    })??;
-    let made = store.create_snapshot_staged(sandbox.image_ref(), staged, meta)?;
-    Ok(Taken {
-        made,
-        frozen,
-        total: start.elapsed(),
+    staged_then(sandbox, store, meta.max_bytes, |staged| {
+        store.create_snapshot_staged(sandbox.image_ref(), staged, meta)
     })
 }
 
@@ -60,17 +46,30 @@ pub fn commit(
     store: &ImageStore,
     opts: &CommitOptions,
 ) -> Result<Taken<Committed>, PoolError> {
+    staged_then(sandbox, store, opts.max_bytes, |staged| {
+        store.commit_staged(sandbox.image_ref(), staged, opts)
+    })
+}
+
+/// Stages `sandbox`'s writable layer over its frozen lowers (at most `max_bytes`; frozen only
+/// while it is read and written as a blob), then `make`s the image or snapshot of it.
+fn staged_then<T>(
+    sandbox: &LiveSandbox,
+    store: &ImageStore,
+    max_bytes: Option<u64>,
+    make: impl FnOnce(StagedLayer) -> Result<T, agentrun_image::ImageError>,
+) -> Result<Taken<T>, PoolError> {
     let start = Instant::now();
     let mut frozen = Duration::ZERO;
     let lowers = sandbox.frozen_dirs();
     let lowers: Vec<&Path> = lowers.iter().rev().map(PathBuf::as_path).collect();
     let staged = sandbox.with_writable_layer(|upper| {
         let t = Instant::now();
-        let r = store.stage_upper_over(&lowers, upper, opts.max_bytes);
+        let r = store.stage_upper_over(&lowers, upper, max_bytes);
         frozen = t.elapsed();
         r
     })??;
-    let made = store.commit_staged(sandbox.image_ref(), staged, opts)?;
+    let made = make(staged)?;
     Ok(Taken {
         made,
         frozen,
@@ -145,9 +144,12 @@ impl Drop for FrozenLayer {
 /// for it only to make their cells, so that a fork's copying and its shells overlap.
 #[derive(Default)]
 pub struct PendingLayer {
-    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, String>>>,
+    slot: std::sync::Mutex<Option<Result<Arc<FrozenLayer>, LayerNotMade>>>,
     ready: std::sync::Condvar,
 }
+
+/// Why a [`PendingLayer`] will not be made: the maker's own error, shared with every waiter.
+pub type LayerNotMade = Arc<dyn std::error::Error + Send + Sync>;
 
 /// How long a create waits for its [`PendingLayer`].
 const PENDING_TIMEOUT: Duration = Duration::from_secs(120);
@@ -165,7 +167,7 @@ impl PendingLayer {
     }
 
     /// The layer is made (`Ok`) or will not be (`Err`: why); wakes every waiting create.
-    pub fn set(&self, r: Result<Arc<FrozenLayer>, String>) {
+    pub fn set(&self, r: Result<Arc<FrozenLayer>, LayerNotMade>) {
         *crate::lock(&self.slot) = Some(r);
         self.ready.notify_all();
     }
@@ -401,7 +403,9 @@ mod tests {
     #[test]
     fn a_layer_that_was_not_made_fails_the_wait() {
         let pending = PendingLayer::new();
-        pending.set(Err("too large".into()));
+        pending.set(Err(Arc::from(
+            Box::<dyn std::error::Error + Send + Sync>::from("too large"),
+        )));
         let e = pending.wait().unwrap_err().to_string();
         assert!(e.contains("too large"), "{e}");
     }

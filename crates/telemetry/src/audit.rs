@@ -276,6 +276,7 @@ impl AuditLog {
     /// Shifts `audit.jsonl` -> `.1` -> `.2` ..., dropping the oldest. Caller holds the lock.
     fn rotate(&self) -> Result<(), AuditError> {
         let name = |n: usize| self.dir.join(format!("{CURRENT}.{n}"));
+        // Absent until the log has rotated `keep` times.
         let _ = fs::remove_file(name(self.keep));
         for n in (1..self.keep).rev() {
             let from = name(n);
@@ -287,11 +288,13 @@ impl AuditLog {
         // Records appended without a flush (`append_written`) go to disk with the file they
         // are in: the next flush is of the new file.
         if let Ok(f) = File::open(&current) {
+            // Durability only: the records are written; a failed sync leaves them to the page cache.
             let _ = f.sync_data();
         }
         fs::rename(&current, name(1)).map_err(|e| io(&current, e))?;
         // Make the renames durable before new records land in a fresh file.
         if let Ok(d) = File::open(&self.dir) {
+            // Durability only: the renames are done; a failed sync leaves them to the page cache.
             let _ = d.sync_all();
         }
         Ok(())

@@ -154,39 +154,58 @@ fn request(
     }
 }
 
+/// Why a metrics export failed. Only ever shown on stderr with `OTEL_LOG_LEVEL=debug`.
+#[derive(Debug, thiserror::Error)]
+enum MetricsError {
+    /// The export's runtime, or the HTTP connection and its reads and writes.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Connect(tonic::transport::Error),
+    #[error(transparent)]
+    Export(tonic::Status),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("{0}: only http:// is supported for metrics")]
+    Scheme(String),
+    #[error("no address")]
+    NoAddress,
+    #[error("HTTP status {0}")]
+    Status(String),
+}
+
 fn send_grpc(
     endpoint: String,
     request: ExportMetricsServiceRequest,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), MetricsError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let result = runtime.block_on(async {
         let call = async {
             let mut client = MetricsServiceClient::connect(endpoint)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(MetricsError::Connect)?;
             client
                 .export(request)
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(MetricsError::Export)
         };
         tokio::time::timeout(timeout, call)
             .await
-            .unwrap_or_else(|_| Err(format!("timed out after {timeout:?}")))
+            .unwrap_or(Err(MetricsError::Timeout(timeout)))
     });
     runtime.shutdown_background();
     result
 }
 
 /// POSTs the protobuf body to a plaintext `http://host[:port]/path` URL.
-fn send_http(url: &str, body: &[u8], timeout: Duration) -> Result<(), String> {
+fn send_http(url: &str, body: &[u8], timeout: Duration) -> Result<(), MetricsError> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: only http:// is supported for metrics"))?;
+        .ok_or_else(|| MetricsError::Scheme(url.into()))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -200,28 +219,25 @@ fn send_http(url: &str, body: &[u8], timeout: Duration) -> Result<(), String> {
         format!("{authority}:80")
     };
     let addr = with_port
-        .to_socket_addrs()
-        .map_err(|e| e.to_string())?
+        .to_socket_addrs()?
         .next()
-        .ok_or("no address")?;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+        .ok_or(MetricsError::NoAddress)?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
-    s.write_all(body).map_err(|e| e.to_string())?;
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
     let mut status = [0u8; 12];
-    s.read_exact(&mut status).map_err(|e| e.to_string())?;
+    s.read_exact(&mut status)?;
     let line = String::from_utf8_lossy(&status);
     if line.starts_with("HTTP/1.1 2") || line.starts_with("HTTP/1.0 2") {
         Ok(())
     } else {
-        Err(format!("HTTP status {line}"))
+        Err(MetricsError::Status(line.into_owned()))
     }
 }
 

@@ -334,6 +334,7 @@ impl RunSpan {
     /// started when export is off.
     pub fn finish_detached(self, thread: &str) {
         if crate::export::export_enabled() {
+            // A JoinHandle, or no thread: then the span is not exported (telemetry never fails a run).
             let _ = std::thread::Builder::new()
                 .name(thread.into())
                 .spawn(move || self.finish());

@@ -211,6 +211,7 @@ pub fn load_or_create(path: &Path) -> Result<KeyFile, KeyFileError> {
         .write_all(format!("{key}\n").as_bytes())
         .and_then(|()| f.sync_all());
     if let Err(e) = written {
+        // The write error is what the caller hears; a half-written key file must not stay.
         let _ = std::fs::remove_file(path);
         return Err(io(path, e));
     }

@@ -144,7 +144,7 @@ impl TopState {
     }
 
     /// The end of a kill the user asked for.
-    pub fn kill_result(&mut self, id: &str, result: Result<(), String>) {
+    pub fn kill_result(&mut self, id: &str, result: Result<(), super::KillError>) {
         self.status = match result {
             Ok(()) => format!("killed {id}"),
             Err(e) => format!("kill {id}: {e}"),

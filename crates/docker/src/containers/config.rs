@@ -63,6 +63,23 @@ fn cpus(hc: &Value) -> Option<f64> {
     }
 }
 
+/// Why a create body is refused (a 400, in dockerd's words where it has them).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: Image is required")]
+    NoImage,
+    #[error(transparent)]
+    Ports(#[from] crate::ports::PortError),
+    #[error("conflicting options: port publishing and the container type network mode")]
+    PortsWithoutNetwork,
+    #[error("invalid bind {0:?}: expected SRC:DST[:ro|rw]")]
+    BindShape(String),
+    #[error("invalid bind {0:?}: named volumes are not supported, use an absolute host path")]
+    BindVolume(String),
+    #[error("invalid bind {0:?}: the destination must be absolute")]
+    BindDestination(String),
+}
+
 impl ContainerConfig {
     /// Parses a create request's body bytes, checking everything that can be checked without
     /// the image: JSON, `Image`, port bindings, binds. `Err` is the 400 to answer.
@@ -75,12 +92,12 @@ impl ContainerConfig {
     }
 
     /// Parses a create body; unknown fields are ignored (clients send many). `Err` is the
-    /// 400 message.
-    pub fn from_body(body: &Value) -> Result<Self, String> {
+    /// 400.
+    pub fn from_body(body: &Value) -> Result<Self, ConfigError> {
         let image = body["Image"]
             .as_str()
             .filter(|s| !s.is_empty())
-            .ok_or("config: Image is required")?
+            .ok_or(ConfigError::NoImage)?
             .to_owned();
         let hc = &body["HostConfig"];
         let exposed: Vec<String> = body["ExposedPorts"]
@@ -91,9 +108,7 @@ impl ContainerConfig {
         // Checked now; the image's exposed ports join them at start (`PublishAllPorts`).
         let ports = crate::ports::bindings(hc, &exposed)?;
         if !ports.is_empty() && network_mode == "none" {
-            return Err(
-                "conflicting options: port publishing and the container type network mode".into(),
-            );
+            return Err(ConfigError::PortsWithoutNetwork);
         }
         Ok(ContainerConfig {
             image,
@@ -123,7 +138,7 @@ impl ContainerConfig {
 
     /// `HostConfig.Binds` entries (`SRC:DST[:ro|rw]`) as mounts; a source must be an absolute
     /// host path (named volumes are not supported).
-    pub fn mounts(&self) -> Result<Vec<UserMount>, String> {
+    pub fn mounts(&self) -> Result<Vec<UserMount>, ConfigError> {
         self.binds
             .iter()
             .map(|b| {
@@ -131,15 +146,13 @@ impl ContainerConfig {
                 let (src, dst, opts) = match parts.as_slice() {
                     [s, d] => (*s, *d, ""),
                     [s, d, o] => (*s, *d, *o),
-                    _ => return Err(format!("invalid bind {b:?}: expected SRC:DST[:ro|rw]")),
+                    _ => return Err(ConfigError::BindShape(b.clone())),
                 };
                 if !src.starts_with('/') {
-                    return Err(format!(
-                        "invalid bind {b:?}: named volumes are not supported, use an absolute host path"
-                    ));
+                    return Err(ConfigError::BindVolume(b.clone()));
                 }
                 if !dst.starts_with('/') {
-                    return Err(format!("invalid bind {b:?}: the destination must be absolute"));
+                    return Err(ConfigError::BindDestination(b.clone()));
                 }
                 let writable = !opts.split(',').any(|o| o == "ro");
                 Ok(UserMount {

@@ -35,7 +35,9 @@ pub fn ensure_sandbox(api: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
             return Ok(sb);
         }
         lock(&c.state).sandbox = None;
-        let _ = api.live.delete(sb.id());
+        if let Err(e) = api.live.delete(sb.id()) {
+            tracing::warn!(target: "agentrun::docker", "docker API: deleting an unused sandbox: {e}");
+        }
     }
     let mounts = c.config.mounts().map_err(DockerError::bad_request)?;
     let mut spec = LiveSpec::new(c.image_id.clone())
@@ -51,7 +53,9 @@ pub fn ensure_sandbox(api: &ApiState, c: &Arc<Container>) -> Result<Arc<LiveSand
     let mut st = lock(&c.state);
     if st.removed {
         drop(st);
-        let _ = api.live.delete(sandbox.id());
+        if let Err(e) = api.live.delete(sandbox.id()) {
+            tracing::warn!(target: "agentrun::docker", "docker API: deleting the sandbox of a removed container: {e}");
+        }
         return Err(DockerError::no_such_container(&c.id));
     }
     st.sandbox = Some(sandbox.clone());
@@ -232,6 +236,7 @@ fn exit_hook(
         // so it reaches the init before any later start's spawn.
         let sandbox = weak_sandbox.upgrade();
         if let Some(sb) = sandbox.as_ref().filter(|_| !exit.lost) {
+            // The processes may be gone already.
             let _ = sb.signal_all(libc::SIGKILL);
         }
         // As dockerd: the exit is reported once the output is copied, so `logs` after `wait`
@@ -304,6 +309,7 @@ fn hold_refill_until_exit(refill: Refill, c: &Arc<Container>, exits_before: u64)
                 }
             }
         };
+        // Elapsed is an answer too: the refill goes on after the hold-off.
         let _ = tokio::time::timeout(REFILL_HOLDOFF, exited).await;
     });
 }
@@ -400,6 +406,7 @@ pub fn signal(c: &Container, sig: i32) -> bool {
     let st = lock(&c.state);
     match (&st.sandbox, st.main, st.status) {
         (Some(sb), Some((pid_id, _)), Status::Running) => {
+            // It may have exited already (then the signal has nothing to do).
             let _ = sb.signal(pid_id, sig, true);
             true
         }
@@ -423,6 +430,7 @@ pub fn stop(c: &Arc<Container>, timeout: Duration) -> bool {
     let sandbox = || lock(&c.state).sandbox.clone();
     if !wait_not_running(c, timeout) {
         if let Some(sb) = sandbox() {
+            // The processes may be gone already.
             let _ = sb.signal_all(libc::SIGKILL);
         }
         // Wait (bounded) for the exit to be recorded; an init that does not answer is
@@ -459,6 +467,7 @@ fn wait_not_running(c: &Arc<Container>, limit: Duration) -> bool {
                 }
             }
         };
+        // Elapsed is an answer too: the caller checks the status.
         let _ = tokio::time::timeout_at(deadline.into(), stopped).await;
     });
     c.status() != Status::Running

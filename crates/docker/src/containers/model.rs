@@ -98,7 +98,9 @@ impl Container {
     ) -> Self {
         let pty = crate::pty::Pty::default();
         if let Some((h, w)) = crate::pty::console_size(&config.host_config_raw["ConsoleSize"]) {
-            let _ = pty.resize(h, w);
+            if let Err(e) = pty.resize(h, w) {
+                tracing::debug!(target: "agentrun::docker", "docker API: resizing the pty: {e}");
+            }
         }
         Container {
             id,

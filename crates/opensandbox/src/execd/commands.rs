@@ -33,7 +33,7 @@ use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 use crate::lines::{command_log, text_since};
-use crate::process::{shell, spawn};
+use crate::process::shell;
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 use agentrun_pool::lines::PipeLines;
 use agentrun_pool::process::Spawned;
@@ -301,7 +301,7 @@ async fn run(
         stderr,
         exit,
         ..
-    } = match spawn(&rec, argv, env, cwd, false, user).await {
+    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, false, user).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
             let ran = Ran {
@@ -405,6 +405,7 @@ async fn supervise(
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
                 timed_out = true;
+                // It may have exited already.
                 let _ = rec.sandbox.signal(pid, libc::SIGKILL, true);
             }
         }

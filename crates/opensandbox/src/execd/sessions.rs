@@ -89,6 +89,7 @@ async fn delete_session(
     let s = lock(&rec.sessions)
         .remove(ssid)
         .ok_or_else(|| ApiError::not_found("SESSION_NOT_FOUND", format!("no session {ssid}")))?;
+    // The shell may have exited already.
     let _ = rec.sandbox.signal(s.shell.id, libc::SIGKILL, true);
     Ok(StatusCode::OK)
 }
@@ -191,6 +192,7 @@ async fn run(
                 _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
                     timed_out = true;
                     session.shell.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+                    // The shell may have exited already.
                     let _ = sandbox.signal(session.shell.id, libc::SIGKILL, true);
                 }
             }

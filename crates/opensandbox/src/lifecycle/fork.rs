@@ -246,9 +246,10 @@ pub async fn fork_records(
     check_room(&server, &rec, count)?;
 
     let layer_id = format!("fork-{}", crate::random_token()?);
-    let fail = |server: &Server, error: &ApiError, bytes, freeze, ids: &[String]| {
+    // The fork's span and audit record, failed (`error`) or not.
+    let outcome = |bytes, freeze, copies, ids: &[String], error: Option<&ApiError>| {
         report(
-            server,
+            &server,
             trace.as_deref(),
             &Outcome {
                 parent: &parent_id,
@@ -256,13 +257,15 @@ pub async fn fork_records(
                 count,
                 bytes,
                 freeze,
-                copies: Duration::ZERO,
+                copies,
                 total: start.elapsed(),
                 ids,
-                error: Some((error.code, &error.message)),
+                error: error.map(|e| (e.code, e.message.as_str())),
             },
         )
     };
+    let fail =
+        |error: &ApiError, bytes, freeze| outcome(bytes, freeze, Duration::ZERO, &[], Some(error));
     // A first check of the size (not frozen: the freeze holds it again).
     let max = server.limits.max_snapshot;
     let rec2 = rec.clone();
@@ -284,7 +287,7 @@ pub async fn fork_records(
                 max,
             };
             let err = ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)"));
-            fail(&server, &err, 0, start.elapsed(), &[]);
+            fail(&err, 0, start.elapsed());
             return Err(err);
         }
     }
@@ -350,7 +353,10 @@ pub async fn fork_records(
             (bytes, None)
         }
         Err(e) => {
-            pending.set(Err(e.message.clone()));
+            // The waiting creates say the message (the code is the fork's answer's).
+            pending.set(Err(Arc::from(
+                Box::<dyn std::error::Error + Send + Sync>::from(e.message.clone()),
+            )));
             (0, Some(e))
         }
     };
@@ -369,29 +375,17 @@ pub async fn fork_records(
     if let Some(e) = failed {
         // All or nothing: the copies made go (and the layer with the last of them).
         for (_, r) in made.drain(..) {
-            let _ = super::delete_sandbox(&server, &r.id).await;
+            if let Err(e) = super::delete_sandbox(&server, &r.id).await {
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting fork copy {} after a failed fork: {e}", r.id);
+            }
         }
-        fail(&server, &e, bytes, freeze_time, &[]);
+        fail(&e, bytes, freeze_time);
         return Err(e);
     }
     made.sort_by_key(|(n, _)| *n);
     let made: Vec<Arc<Record>> = made.into_iter().map(|(_, r)| r).collect();
     let ids: Vec<String> = made.iter().map(|r| r.id.clone()).collect();
-    report(
-        &server,
-        trace.as_deref(),
-        &Outcome {
-            parent: &parent_id,
-            layer_id: &layer_id,
-            count,
-            bytes,
-            freeze: freeze_time,
-            copies: copies_start.elapsed(),
-            total: start.elapsed(),
-            ids: &ids,
-            error: None,
-        },
-    );
+    outcome(bytes, freeze_time, copies_start.elapsed(), &ids, None);
     Ok((layer_id, made))
 }
 

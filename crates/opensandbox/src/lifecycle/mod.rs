@@ -26,7 +26,6 @@ use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
 use crate::lines::SANDBOX_LOG_BUDGET;
-use crate::process::spawn;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
 use request::host_arch;
 pub use request::{
@@ -277,8 +276,11 @@ async fn create_sandbox(
                 Err(e) => {
                     let live = server.live.clone();
                     let id = sandbox.id().to_owned();
+                    // A JoinHandle: the task logs its own failure.
                     let _ = tokio::task::spawn_blocking(move || {
-                        let _ = live.delete(&id);
+                        if let Err(e) = live.delete(&id) {
+                            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting sandbox {id} after a failed create: {e}");
+                        }
                         volumes::release(held, true);
                     })
                     .await;
@@ -338,11 +340,14 @@ async fn create_sandbox(
         let live = server.live.clone();
         let id = rec.id.clone();
         let rec2 = rec.clone();
+        // A JoinHandle: the task logs its own failure.
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(e) = &rec2.egress {
                 e.stop();
             }
-            let _ = live.delete(&id);
+            if let Err(e) = live.delete(&id) {
+                tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting sandbox {id} after a failed create: {e}");
+            }
             volumes::release(std::mem::take(&mut *lock(&rec2.volumes)), true);
         })
         .await;
@@ -357,7 +362,16 @@ async fn create_sandbox(
 /// ([`Record::entrypoint_exited`]).
 async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let argv = rec.entrypoint.clone();
-    let p = match spawn(rec, argv, Vec::new(), "/".into(), false, None).await {
+    let p = match agentrun_pool::process::spawn(
+        &rec.sandbox,
+        argv,
+        Vec::new(),
+        "/".into(),
+        false,
+        None,
+    )
+    .await
+    {
         Ok(p) => p,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(ApiError::bad_request(format!("entrypoint: {message}")))
@@ -455,6 +469,13 @@ pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// A `state` query value of a list: comma-separated states, lower-cased.
+pub(super) fn state_list(v: &str) -> impl Iterator<Item = String> + '_ {
+    v.split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+}
+
 async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiResult<Json<Value>> {
     let pairs = query_pairs(&q);
     let mut states: Vec<String> = Vec::new();
@@ -462,11 +483,7 @@ async fn list(State(server): State<Arc<Server>>, RawQuery(q): RawQuery) -> ApiRe
     let mut paging = Paging::default();
     for (k, v) in &pairs {
         match k.as_str() {
-            "state" => states.extend(
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .filter(|s| !s.is_empty()),
-            ),
+            "state" => states.extend(state_list(v)),
             "metadata" => meta.extend(form_urlencoded::parse(v.as_bytes()).into_owned()),
             _ => {
                 paging.take(k, v)?;
@@ -501,7 +518,7 @@ pub async fn delete_sandbox(server: &Arc<Server>, id: &str) -> ApiResult<()> {
     let on_disk = lock(&rec.on_disk).take();
     if let Some(sid) = on_disk {
         let srv = server.clone();
-        let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+        remove_snapshot_logged(srv, sid).await;
     }
     Ok(())
 }
@@ -642,8 +659,25 @@ pub async fn resume_from_disk(
     finish_span(restore);
     result?;
     let (srv, sid) = (server.clone(), snapshot_id.to_owned());
-    let _ = tokio::task::spawn_blocking(move || srv.store.remove_snapshot(&sid, None)).await;
+    remove_snapshot_logged(srv, sid).await;
     Ok(())
+}
+
+/// Removes a sandbox's own snapshot on disk, which nothing uses any more; a failure leaves
+/// the snapshot (listed, removable) and is logged.
+async fn remove_snapshot_logged(server: Arc<Server>, id: String) {
+    let removed =
+        tokio::task::spawn_blocking(move || server.store.remove_snapshot(&id, None).map(drop))
+            .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "removing a used snapshot: {e}")
+        }
+        Err(e) => {
+            tracing::warn!(target: "agentrun::opensandbox::lifecycle", "removing a used snapshot: {e}")
+        }
+    }
 }
 
 async fn renew(

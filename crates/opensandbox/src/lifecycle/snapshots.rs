@@ -23,7 +23,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::{query_pairs, Paging};
+use super::{query_pairs, state_list, Paging};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{finish_span, rfc3339, Server};
 
@@ -321,11 +321,7 @@ pub async fn list(
     let pairs = query_pairs(&q);
     for (k, v) in &pairs {
         match k.as_str() {
-            "state" => states.extend(
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .filter(|s| !s.is_empty()),
-            ),
+            "state" => states.extend(state_list(v)),
             "sandboxId" | "sandbox_id" => sandbox = Some(v.clone()),
             "name" => name = Some(v.clone()),
             _ => {
