@@ -68,6 +68,20 @@ fn start(sb: &LiveSandbox, argv: &[&str], env: &[(&str, &str)]) -> Result<Starte
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// Waits (bounded by [`WAIT`]) until `ready` holds: the event a step needs, never a bare sleep.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The host path of `path` inside the sandbox (through its init's root).
+fn inside(sb: &LiveSandbox, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/root{path}", sb.init_pid()))
+}
+
 fn spec() -> LiveSpec {
     LiveSpec::new("host").env("A", "from-create")
 }
@@ -97,9 +111,18 @@ fn processes_over_time(live: &LiveManager) {
 fn signal_kills_the_process_group_only(live: &LiveManager) {
     let sb = live.create(&spec()).unwrap();
     // A grandchild in the same group, and an unrelated process that must survive.
-    let victim = start(&sb, &["/bin/sh", "-c", "sleep 1000 & echo $!; wait"], &[]).unwrap();
+    let victim = start(
+        &sb,
+        &[
+            "/bin/sh",
+            "-c",
+            "sleep 1000 & echo $!; echo $! > /tmp/grandchild; wait",
+        ],
+        &[],
+    )
+    .unwrap();
     let other = start(&sb, &["/bin/sleep", "1000"], &[]).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the grandchild", || inside(&sb, "/tmp/grandchild").exists());
     sb.signal(victim.id, libc::SIGKILL, true).unwrap();
     let e = victim.exit.recv_timeout(WAIT).unwrap();
     assert_eq!((e.exit_code, e.signal, e.lost), (137, Some(9), false));
@@ -229,9 +252,13 @@ fn limits_pause_and_root(live: &LiveManager) {
         &[],
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let root = PathBuf::from(format!("/proc/{}/root/tmp/ticks", sb.init_pid()));
-    let count = || std::fs::read_to_string(&root).unwrap().lines().count();
+    let root = inside(&sb, "/tmp/ticks");
+    let count = || {
+        std::fs::read_to_string(&root)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    wait_until("the first tick", || count() > 0);
     sb.pause().unwrap();
     assert!(sb.is_paused());
     let n1 = count();
@@ -242,8 +269,7 @@ fn limits_pause_and_root(live: &LiveManager) {
         "spawn while paused"
     );
     sb.resume().unwrap();
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(count() > n1, "processes did not resume");
+    wait_until("the processes to resume", || count() > n1);
     // The root fd sees what the processes see.
     let fd = sb.root().unwrap();
     let f = rustix::fs::openat(
@@ -423,12 +449,12 @@ fn python_processes_are_forked_by_the_zygote(live: &LiveManager) {
         &[
             "python3",
             "-c",
-            "import time; print('up', flush=True); time.sleep(100)",
+            "import time; print('up', flush=True); open('/tmp/up1', 'w').close(); time.sleep(100)",
         ],
         &[],
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("python to start", || inside(&sb, "/tmp/up1").exists());
     sb.signal(p.id, libc::SIGTERM, true).unwrap();
     let e = p.exit.recv_timeout(WAIT).unwrap();
     assert_eq!(
@@ -436,8 +462,17 @@ fn python_processes_are_forked_by_the_zygote(live: &LiveManager) {
         (143, Some(libc::SIGTERM), true)
     );
     // Stopping every process (a container's stop) reaches the forked ones too.
-    let p = start(&sb, &["python3", "-c", "import time; time.sleep(100)"], &[]).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let p = start(
+        &sb,
+        &[
+            "python3",
+            "-c",
+            "import time; open('/tmp/up2', 'w').close(); time.sleep(100)",
+        ],
+        &[],
+    )
+    .unwrap();
+    wait_until("python to start", || inside(&sb, "/tmp/up2").exists());
     sb.signal_all(libc::SIGKILL).unwrap();
     let e = p.exit.recv_timeout(WAIT).unwrap();
     assert_eq!((e.signal, e.zygote), (Some(libc::SIGKILL), true));
