@@ -17,6 +17,7 @@
 
 mod archive;
 mod blobs;
+mod config;
 mod digest;
 pub mod frozen;
 pub mod host;
@@ -31,6 +32,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use archive::for_each_tar_entry;
+pub use config::ImageConfig;
 pub use digest::short_id;
 pub use layer::{tar_upper, unpack, LayerLease, UnpackReport};
 pub use limits::{docker_size, Budget, Limit, UnpackLimits};
@@ -38,8 +40,8 @@ pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;
 pub use snapshot::{CommitOptions, Committed, Snapshot, SnapshotMeta, StagedLayer, UpperDir};
 pub use store::{
-    rfc3339_now, ImageConfig, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport,
-    WriteGuard, HOST_IMAGE,
+    rfc3339_now, ImageInfo, ImageRecord, ImageStore, LayerRecord, PruneReport, WriteGuard,
+    HOST_IMAGE,
 };
 
 /// Errors of the image store.

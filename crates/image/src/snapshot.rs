@@ -36,9 +36,7 @@ use crate::{reference, ImageConfig, ImageError, ImageRecord, ImageStore, LayerRe
 /// The repository every snapshot image is named in (`agentrun.local/snapshot:<id>`).
 pub const SNAPSHOT_REPO: &str = "agentrun.local/snapshot";
 
-/// Label of an image made over the built-in `host` image: its value is `host`, and the image's
-/// own layers go over the host image when it is resolved.
-pub const BASE_LABEL: &str = "org.agentrun.base";
+pub use crate::store::BASE_LABEL;
 
 /// The config labels that make an image a snapshot.
 pub mod labels {

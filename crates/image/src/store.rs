@@ -25,6 +25,7 @@ use oci_spec::image::{ImageConfiguration, ImageManifest};
 use serde::{Deserialize, Serialize};
 
 use crate::blobs::{temp_path, BlobStore};
+use crate::config::ImageConfig;
 use crate::digest::hex_of;
 use crate::layer::LayerStore;
 use crate::limits::{Budget, CappedWriter, UnpackLimits};
@@ -35,6 +36,10 @@ use crate::{host, Image, ImageError};
 /// The name of the built-in image.
 pub const HOST_IMAGE: &str = "host";
 
+/// Label of an image made over the built-in `host` image: its value is `host`, and the image's
+/// own layers go over the host image when it is resolved.
+pub const BASE_LABEL: &str = "org.agentrun.base";
+
 pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub(crate) const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -42,77 +47,6 @@ pub(crate) const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 pub(crate) const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-
-/// What an image says about running it (the OCI config's `config` section).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entrypoint: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cmd: Option<Vec<String>>,
-    #[serde(default)]
-    pub env: Vec<String>,
-    #[serde(default)]
-    pub working_dir: String,
-    #[serde(default)]
-    pub user: String,
-    #[serde(default)]
-    pub exposed_ports: Vec<String>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_signal: Option<String>,
-}
-
-impl ImageConfig {
-    /// Entrypoint followed by Cmd: what runs when no command is given.
-    pub fn default_command(&self) -> Vec<String> {
-        let mut v = self.entrypoint.clone().unwrap_or_default();
-        v.extend(self.cmd.clone().unwrap_or_default());
-        v
-    }
-
-    /// The working directory a command starts in when none is asked for: the image's
-    /// `WorkingDir` when it has one and no workspace is mounted, else `/workspace`.
-    pub fn default_cwd(&self, has_workspace: bool) -> String {
-        if has_workspace || self.working_dir.is_empty() {
-            "/workspace".into()
-        } else {
-            self.working_dir.clone()
-        }
-    }
-
-    /// `Env` as (key, value) pairs.
-    pub fn env_pairs(&self) -> Vec<(String, String)> {
-        self.env
-            .iter()
-            .map(|kv| match kv.split_once('=') {
-                Some((k, v)) => (k.to_owned(), v.to_owned()),
-                None => (kv.clone(), String::new()),
-            })
-            .collect()
-    }
-
-    fn from_oci(c: &ImageConfiguration) -> Self {
-        let Some(cfg) = c.config() else {
-            return ImageConfig::default();
-        };
-        ImageConfig {
-            entrypoint: cfg.entrypoint().clone(),
-            cmd: cfg.cmd().clone(),
-            env: cfg.env().clone().unwrap_or_default(),
-            working_dir: cfg.working_dir().clone().unwrap_or_default(),
-            user: cfg.user().clone().unwrap_or_default(),
-            exposed_ports: cfg.exposed_ports().clone().unwrap_or_default(),
-            labels: cfg
-                .labels()
-                .clone()
-                .map(|l| l.into_iter().collect())
-                .unwrap_or_default(),
-            stop_signal: cfg.stop_signal().clone(),
-        }
-    }
-}
 
 /// One layer of an image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -400,13 +334,7 @@ impl ImageStore {
         let mut host_binds = Vec::new();
         // Made over the built-in image (a snapshot or commit of a `host` sandbox): its layers
         // go over the host image's.
-        if rec
-            .config
-            .labels
-            .get(crate::snapshot::BASE_LABEL)
-            .map(String::as_str)
-            == Some(HOST_IMAGE)
-        {
+        if rec.config.labels.get(BASE_LABEL).map(String::as_str) == Some(HOST_IMAGE) {
             let host = host::ensure(&self.root.join("images").join(HOST_IMAGE))?;
             layers.extend(host.layers);
             host_binds = host.host_binds;

@@ -50,6 +50,16 @@ pub fn status_str(status: ContainerStatus) -> &'static str {
     }
 }
 
+impl OciError {
+    /// A container that is not in a status `action` can be done in.
+    pub(crate) fn status(action: &'static str, status: ContainerStatus) -> Self {
+        OciError::Status {
+            action,
+            status: status_str(status).to_owned(),
+        }
+    }
+}
+
 /// A container's state as runc's `state` prints it (and, without annotations, as `list
 /// --format json` prints each entry).
 #[derive(Debug, Serialize)]

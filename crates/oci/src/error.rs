@@ -4,8 +4,6 @@
 
 use std::path::PathBuf;
 
-use libcontainer::container::ContainerStatus;
-
 /// An OCI command failed (exit code 1).
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
@@ -49,13 +47,6 @@ impl OciError {
             what,
             path: path.into(),
             source,
-        }
-    }
-
-    pub(crate) fn status(action: &'static str, status: ContainerStatus) -> Self {
-        OciError::Status {
-            action,
-            status: crate::container::status_str(status).to_owned(),
         }
     }
 }

@@ -25,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::decision::Decision;
-use crate::network::{HostRule, HostRuleError, RuleAction};
+use crate::host::{HostRule, HostRuleError, RuleAction};
 
 /// One L7 rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

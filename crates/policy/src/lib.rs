@@ -11,6 +11,7 @@
 pub mod approval;
 pub mod decision;
 pub mod exit;
+mod host;
 pub mod http;
 pub mod network;
 pub mod seccomp;

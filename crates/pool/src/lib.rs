@@ -22,6 +22,7 @@ pub mod board;
 pub mod client;
 pub mod daemon;
 pub mod factory;
+mod frozen;
 pub mod lines;
 pub mod live;
 pub mod metrics;

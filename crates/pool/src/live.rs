@@ -87,7 +87,7 @@ pub struct LiveSpec {
     /// of the sandbox it was forked from, [`crate::snapshot::freeze`]), possibly still being
     /// made: the create takes its shell first, then waits for them. The sandbox holds them
     /// until its cell is gone. A pooled shell of its image serves it.
-    pub frozen: Option<Arc<crate::snapshot::PendingLayer>>,
+    pub frozen: Option<Arc<crate::frozen::PendingLayer>>,
 }
 
 impl LiveSpec {
@@ -250,7 +250,7 @@ pub struct LiveSandbox {
     egress_socket: Option<std::path::PathBuf>,
     /// The frozen layers of its cell's overlay ([`LiveSpec::frozen`]), let go once the cell
     /// is gone.
-    frozen: Mutex<Option<Arc<crate::snapshot::FrozenLayer>>>,
+    frozen: Mutex<Option<Arc<crate::frozen::FrozenLayer>>>,
 }
 
 impl LiveSandbox {
@@ -512,7 +512,7 @@ impl LiveSandbox {
     }
 
     /// The frozen layers under its writable layer (a fork copy's), if any.
-    pub fn frozen_layer(&self) -> Option<Arc<crate::snapshot::FrozenLayer>> {
+    pub fn frozen_layer(&self) -> Option<Arc<crate::frozen::FrozenLayer>> {
         lock(&self.frozen).clone()
     }
 
@@ -782,7 +782,7 @@ impl LiveManager {
         let frozen = match spec
             .frozen
             .as_deref()
-            .map(crate::snapshot::PendingLayer::wait)
+            .map(crate::frozen::PendingLayer::wait)
         {
             None => None,
             Some(Ok(l)) => Some(l),
