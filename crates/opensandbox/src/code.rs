@@ -30,26 +30,8 @@ use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 use agentrun_pool::python::{CodeEvent, PythonContext};
 
+pub use crate::held::{CodeContext, CodeState};
 use crate::{finish_span, random_token, Record, Server};
-
-/// The code state of one sandbox.
-#[derive(Default)]
-pub struct CodeState {
-    contexts: HashMap<String, Arc<CodeContext>>,
-    /// The context used when a request names none, per language.
-    defaults: HashMap<String, String>,
-    /// Execution id -> context id (for interrupts).
-    executions: HashMap<String, String>,
-}
-
-/// One code context: a persistent interpreter running agentrun's driver.
-pub struct CodeContext {
-    pub id: String,
-    pub language: String,
-    /// Its interpreter's working directory (expanded), where a restart starts the next.
-    pub cwd: String,
-    pub python: Arc<PythonContext>,
-}
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()

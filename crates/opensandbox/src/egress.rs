@@ -66,25 +66,11 @@ use serde_json::{json, Value};
 
 use crate::auth::EgressSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
+pub use crate::held::SandboxEgress;
 use crate::{Record, Server};
 
 /// The profile name decisions are recorded under.
 const PROFILE: &str = "opensandbox.networkPolicy";
-
-/// The enforced network policy of one sandbox and the proxy enforcing it.
-pub struct SandboxEgress {
-    sandbox_id: String,
-    /// The policy as the API shows and changes it.
-    policy: Mutex<OpenSandboxPolicy>,
-    proxy: Mutex<Option<Proxy>>,
-    audit: AuditLog,
-    /// `traceparent` of the sandbox's `sandbox.create` span.
-    trace: String,
-    /// The credential vault its proxy injects from.
-    vault: Vault,
-    /// Whether the proxy intercepts TLS (`credentialProxy.enabled`).
-    credential_proxy: bool,
-}
 
 impl SandboxEgress {
     /// Starts the proxy of sandbox `id` on `socket` (the sandbox's egress socket).
@@ -235,12 +221,6 @@ impl SandboxEgress {
         if let Some(p) = lock(&self.proxy).take() {
             p.stop();
         }
-    }
-
-    /// The proxy, to stop off the async threads (before the sandbox's state dir goes away);
-    /// later changes only update the stored policy.
-    pub fn take_proxy(&self) -> Option<Proxy> {
-        lock(&self.proxy).take()
     }
 }
 

@@ -1,11 +1,9 @@
 //! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects;
 //! [`JsonBody`], a request body read whole within the server's limit (413 above it), and only
-//! as `Content-Type: application/json` (415 otherwise).
-
-use std::sync::Arc;
+//! as `Content-Type: application/json` (415 otherwise; read by its extractor, which lives beside
+//! the [`Server`](crate::Server) whose limit it reads).
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -107,39 +105,4 @@ pub fn not_json() -> ApiError {
         "UNSUPPORTED_MEDIA_TYPE",
         "the request body must be JSON sent as Content-Type: application/json",
     )
-}
-
-impl FromRequest<Arc<crate::Server>> for JsonBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, server: &Arc<crate::Server>) -> Result<Self, ApiError> {
-        let json = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(agentrun_webguard::is_json);
-        let empty = req
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() == b"0");
-        if !json && !empty && req.headers().contains_key(axum::http::header::CONTENT_TYPE) {
-            return Err(not_json());
-        }
-        let body = Bytes::from_request(req, server).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(format!(
-                    "request body larger than {} bytes (agentrun serve --max-request-body)",
-                    server.limits.max_request_body
-                ))
-            } else {
-                ApiError::new(r.status(), "INVALID_REQUEST_BODY", r.body_text())
-            }
-        })?;
-        // No Content-Type at all: only an empty body (a browser always sends one with a
-        // body it posts).
-        if !json && !body.is_empty() {
-            return Err(not_json());
-        }
-        Ok(JsonBody(body))
-    }
 }

@@ -52,6 +52,7 @@ pub mod events;
 pub mod execd;
 pub mod files;
 pub mod filestream;
+mod held;
 pub mod lifecycle;
 mod lines;
 pub mod process;

@@ -10,11 +10,15 @@ use std::time::Instant;
 use agentrun_pool::live::{LiveManager, LiveSandbox};
 use agentrun_pool::lock;
 use agentrun_pool::output_log::LogBudget;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ApiError, ApiResult};
-use crate::{code, egress, execd, Limits};
+use crate::error::{not_json, ApiError, ApiResult, JsonBody};
+use crate::held::{CodeState, Command, PendingSnapshot, SandboxEgress, Session};
+use crate::Limits;
 
 /// A sandbox's lifecycle state, as the lifecycle API spells it (`SandboxState` of the
 /// OpenSandbox spec; agentrun has no transitional states: pause, resume and delete are done
@@ -63,7 +67,7 @@ pub struct Server {
     pub audit: agentrun_telemetry::AuditLog,
     pub(crate) records: Mutex<HashMap<String, Arc<Record>>>,
     /// Snapshots being taken or failed (the ready ones are in the store).
-    pub snapshots: Mutex<HashMap<String, crate::lifecycle::snapshots::PendingSnapshot>>,
+    pub snapshots: Mutex<HashMap<String, PendingSnapshot>>,
     /// Who this server's snapshots belong to: the API key's fingerprint (empty without a
     /// key).
     pub owner: String,
@@ -123,7 +127,7 @@ pub struct Record {
     pub metadata: Mutex<BTreeMap<String, String>>,
     pub network_policy: Option<serde_json::Value>,
     /// The enforced network policy and its proxy (`None`: no networkPolicy, no network).
-    pub egress: Option<egress::SandboxEgress>,
+    pub egress: Option<SandboxEgress>,
     pub extensions: Option<serde_json::Value>,
     /// Its state and when it entered it.
     pub state: Mutex<(SandboxState, DateTime<Utc>)>,
@@ -133,16 +137,16 @@ pub struct Record {
     pub netns: std::sync::OnceLock<agentrun_runtime::netns::NetnsSockets>,
     /// Set once its processes are killed and its teardown is under way.
     pub torn_down: std::sync::atomic::AtomicBool,
-    pub commands: Mutex<HashMap<String, Arc<execd::Command>>>,
+    pub commands: Mutex<HashMap<String, Arc<Command>>>,
     /// What all its command logs hold together (bounded: `SANDBOX_LOG_BUDGET`).
     pub log_budget: Arc<LogBudget>,
     /// How many finished commands (not the entrypoint) `commands` holds.
     pub finished_commands: std::sync::atomic::AtomicUsize,
-    pub sessions: Mutex<HashMap<String, Arc<execd::Session>>>,
+    pub sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// The stdin pipes of its running processes that were started with one, by process id
     /// (the E2B API's `SendInput`; closed by dropping).
     pub stdin: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<agentrun_pool::stdio::StdioStream>>>>,
-    pub code: Mutex<code::CodeState>,
+    pub code: Mutex<CodeState>,
     /// Last CPU sample (wall time, cgroup CPU ns) for `cpu_used_pct`.
     pub cpu_sample: Mutex<(Instant, u64)>,
     /// `extensions["access.renew.extend.seconds"]` ([`Record::renew_on_access`]).
@@ -180,10 +184,7 @@ impl Record {
         {
             return;
         }
-        let proxy = self
-            .egress
-            .as_ref()
-            .and_then(egress::SandboxEgress::take_proxy);
+        let proxy = self.egress.as_ref().and_then(SandboxEgress::take_proxy);
         let volumes = std::mem::take(&mut *lock(&self.volumes));
         // The egress proxy goes first: its socket lives in the state dir the delete removes;
         // the volumes last, once no process of the sandbox has them mounted.
@@ -243,5 +244,42 @@ impl Record {
             ))),
             None => Ok(()),
         }
+    }
+}
+
+/// A [`JsonBody`] is read within this server's `max_request_body` (413 above it), and only as
+/// JSON (415 otherwise).
+impl FromRequest<Arc<Server>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, server: &Arc<Server>) -> Result<Self, ApiError> {
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(agentrun_webguard::is_json);
+        let empty = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() == b"0");
+        if !json && !empty && req.headers().contains_key(axum::http::header::CONTENT_TYPE) {
+            return Err(not_json());
+        }
+        let body = Bytes::from_request(req, server).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(format!(
+                    "request body larger than {} bytes (agentrun serve --max-request-body)",
+                    server.limits.max_request_body
+                ))
+            } else {
+                ApiError::new(r.status(), "INVALID_REQUEST_BODY", r.body_text())
+            }
+        })?;
+        // No Content-Type at all: only an empty body (a browser always sends one with a
+        // body it posts).
+        if !json && !body.is_empty() {
+            return Err(not_json());
+        }
+        Ok(JsonBody(body))
     }
 }

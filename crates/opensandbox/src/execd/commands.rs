@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
+pub use crate::held::{Command, CommandState};
 use crate::lines::{command_log, text_since};
 use crate::process::shell;
 use crate::{finish_span, random_token, rfc3339, Record, Server};
@@ -53,16 +54,6 @@ pub(super) fn routes(server: Arc<Server>) -> Router {
         .route("/command/status/{cid}", get(status))
         .route("/command/{cid}/logs", get(logs))
         .with_state(server)
-}
-
-/// What execd knows about one command.
-pub struct Command {
-    pub id: String,
-    pub content: String,
-    /// Its process (and process group) in the sandbox.
-    pub process: u64,
-    pub started_at: DateTime<Utc>,
-    pub state: Mutex<CommandState>,
 }
 
 impl Command {
@@ -96,16 +87,6 @@ impl Command {
             rec.finished_commands.fetch_add(1, Ordering::SeqCst);
         }
     }
-}
-
-pub struct CommandState {
-    pub running: bool,
-    pub exit_code: Option<i32>,
-    pub error: String,
-    pub finished_at: Option<DateTime<Utc>>,
-    /// stdout and stderr lines, in arrival order (the newest `LOG_CAP_BYTES`, less when its
-    /// sandbox's logs are over their budget).
-    pub log: OutputLog,
 }
 
 /// The id of the sandbox's main process among its commands.

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::auth::ExecdSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
+pub use crate::held::Session;
 use crate::process::shell;
 use crate::{finish_span, random_token, Record, Server};
 use agentrun_pool::process::InteractiveProcess;
@@ -29,13 +30,6 @@ pub(super) fn routes(server: Arc<Server>) -> Router {
         .route("/session/{ssid}", delete(delete_session))
         .route("/session/{ssid}/run", post(run))
         .with_state(server)
-}
-
-/// A persistent shell and the marker that ends each run's output.
-pub struct Session {
-    pub id: String,
-    shell: InteractiveProcess,
-    marker: String,
 }
 
 /// A create-session body (empty: all defaults).

@@ -25,25 +25,11 @@ use serde_json::{json, Value};
 
 use super::{query_pairs, state_list, Paging};
 use crate::error::{ApiError, ApiResult, JsonBody};
+pub use crate::held::PendingSnapshot;
 use crate::{finish_span, rfc3339, Server};
 
 /// Most failed snapshots kept listed (the oldest go first).
 const MAX_FAILED_KEPT: usize = 256;
-
-/// A snapshot not (or not yet) in the store: being taken, or failed.
-#[derive(Debug, Clone)]
-pub struct PendingSnapshot {
-    pub id: String,
-    pub sandbox_id: String,
-    pub name: Option<String>,
-    pub owner: String,
-    pub created_at: DateTime<Utc>,
-    /// `Creating` or `Failed`, with the reason code, message and when.
-    pub state: &'static str,
-    pub reason: &'static str,
-    pub message: String,
-    pub since: DateTime<Utc>,
-}
 
 impl PendingSnapshot {
     fn json(&self) -> Value {
