@@ -17,7 +17,9 @@
 //! - [`egress`]: the `networkPolicy`, enforced by a per-sandbox egress proxy, and the egress
 //!   sidecar's API (under `/egress/{sid}`) that changes it live.
 //! - [`auth`]: the API key and the per-sandbox tokens, one extractor per token.
-//! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`].
+//! - [`sandbox`]: the API's state, one [`Record`] a sandbox, and its [`SandboxState`];
+//!   `held`: the types a [`Record`] holds for the APIs above it (code, commands, sessions,
+//!   egress, snapshots being taken), below both.
 //! - [`dashboard`]: not the OpenSandbox API but served beside it: the web dashboard at
 //!   `/ui` (the daemon's live picture and its audit log), behind the same API key.
 //! - [`prometheus`]: not the OpenSandbox API but served beside it: the daemon's Prometheus

@@ -10,7 +10,9 @@
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
-//! - [`snapshot`]: a live sandbox's writable layer kept as an image layer (snapshots, commit).
+//! - [`snapshot`]: a live sandbox's writable layer kept as an image layer (snapshots, commit),
+//!   or as a fork's frozen layer (`frozen`: the [`snapshot::FrozenLayer`] and
+//!   [`snapshot::PendingLayer`] types, below both [`live`] and [`snapshot`]).
 //! - [`stdio`] / [`output_log`] / [`lines`] / [`process`] / [`python`]: what the front ends
 //!   share about a live sandbox's processes: their pipes or pty (our ends read and written on
 //!   the front ends' tokio runtimes, output pumped), their newest output kept in bounded
