@@ -29,11 +29,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::{E2bError, E2bResult};
+pub use crate::record::MAX_TIMEOUT_S;
+use crate::record::{created_json, end_of, record, set_end, template_of, TEMPLATE_KEY};
 
 /// A sandbox's timeout when create names none (E2B's default).
 pub const DEFAULT_TIMEOUT_S: i64 = 300;
-/// Longest timeout (E2B's: 24 hours).
-pub const MAX_TIMEOUT_S: i64 = 86_400;
 /// Most metadata entries, and longest key and value.
 const MAX_METADATA: usize = 64;
 const MAX_METADATA_KEY: usize = 256;
@@ -41,8 +41,6 @@ const MAX_METADATA_VALUE: usize = 1024;
 /// Default and largest page of a list.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
-/// Where E2B keeps its template id in the record (its `extensions`).
-const TEMPLATE_KEY: &str = "e2b.templateID";
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -297,22 +295,6 @@ fn check_metadata(m: &BTreeMap<String, String>) -> E2bResult<()> {
     Ok(())
 }
 
-pub(crate) fn template_of(rec: &Record) -> String {
-    rec.extensions
-        .as_ref()
-        .and_then(|x| x.get(TEMPLATE_KEY))
-        .and_then(Value::as_str)
-        .unwrap_or(&rec.image)
-        .to_owned()
-}
-
-pub(crate) fn end_of(rec: &Record) -> DateTime<Utc> {
-    if let Some(end) = crate::autopause::end_of(&rec.id) {
-        return end;
-    }
-    lock(&rec.expires_at).unwrap_or(rec.created_at + chrono::Duration::seconds(MAX_TIMEOUT_S))
-}
-
 fn state_of(rec: &Record) -> &'static str {
     match rec.state().0 {
         SandboxState::Paused => "paused",
@@ -347,20 +329,6 @@ fn sandbox_json(rec: &Record, detail: bool) -> Value {
             .is_some_and(|p| p["defaultAction"] == "allow"));
     }
     v
-}
-
-/// The `Sandbox` JSON create and connect answer.
-pub(crate) fn created_json(rec: &Record, template: &str) -> Value {
-    json!({
-        "templateID": template,
-        "sandboxID": rec.id,
-        "clientID": crate::CLIENT_ID,
-        "envdVersion": crate::ENVD_VERSION,
-        "envdAccessToken": rec.execd_token,
-        // The code interpreter SDK authenticates some requests with this one only.
-        "trafficAccessToken": rec.execd_token,
-        "domain": null,
-    })
 }
 
 #[derive(Deserialize, Default)]
@@ -531,23 +499,6 @@ async fn snapshot_named(server: &Arc<Server>, name: &str) -> Option<String> {
     .await
     .ok()
     .flatten()
-}
-
-/// Sets when a running sandbox ends: killed then (its OpenSandbox expiry), or paused then
-/// if it was made with `autoPause`.
-pub(crate) fn set_end(rec: &Record, end: DateTime<Utc>) {
-    if crate::autopause::Lifecycle::of(rec).is_some() {
-        *lock(&rec.expires_at) = None;
-        crate::autopause::set_end(&rec.id, end);
-    } else {
-        *lock(&rec.expires_at) = Some(end);
-    }
-}
-
-pub(crate) fn record(server: &Server, id: &str) -> E2bResult<Arc<Record>> {
-    server
-        .record(id)
-        .map_err(|_| E2bError::not_found(format!("sandbox {id} not found")))
 }
 
 async fn get_one(

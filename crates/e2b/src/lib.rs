@@ -11,6 +11,8 @@
 //!   `/filesystem.Filesystem/...`) in the JSON codec the SDK speaks, framed by [`connect`].
 //! - [`files`]: envd's HTTP `/files` (download and upload) and `/health`.
 //! - [`code`]: the code interpreter's `/execute` (NDJSON stream).
+//! - [`record`]: a sandbox's record as E2B sees it (lookup, template, end, the created answer),
+//!   below the control plane, snapshots and metrics.
 //! - [`snapshots`] (snapshots, fork) and [`metrics`]: control plane routes on the OpenSandbox
 //!   front end's snapshot, fork and cgroup metrics machinery.
 //!
@@ -33,6 +35,7 @@ pub mod files;
 pub mod filesystem;
 pub mod metrics;
 pub mod process;
+mod record;
 pub mod snapshots;
 pub mod watch;
 

@@ -17,8 +17,8 @@ use axum::Json;
 use chrono::Utc;
 use serde_json::{json, Map, Value};
 
-use crate::control::record;
 use crate::error::{E2bError, E2bResult};
+use crate::record::record;
 
 /// Most sandboxes one `/sandboxes/metrics` asks for.
 const MAX_IDS: usize = 100;

@@ -25,8 +25,8 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::control::{created_json, end_of, record, set_end, template_of, MAX_TIMEOUT_S};
 use crate::error::{E2bError, E2bResult};
+use crate::record::{created_json, end_of, record, set_end, template_of, MAX_TIMEOUT_S};
 
 /// Longest snapshot name.
 const MAX_NAME: usize = 256;
