@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
             };
             for tool in TOOLS {
                 if let Err(e) = ToolCall::parse(tool, &args) {
+                    let e = e.to_string();
                     assert!(!e.is_empty() && !e.contains('\n'), "{e:?}");
                 }
             }
