@@ -39,6 +39,7 @@ pub mod osb;
 pub mod otlp;
 pub mod snapshots;
 pub mod tls_server;
+pub mod users;
 
 /// First host uid of the sandbox user namespace mapping: sandbox uid 0 is host uid
 /// `SANDBOX_UID_BASE` (or above); nothing else on a test host runs with such uids.

@@ -44,6 +44,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agentrun_e2e::users;
 use agentrun_e2e::*;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -1138,53 +1139,10 @@ struct IsoUser {
     bin: std::path::PathBuf,
 }
 
-static ISO_USER: std::sync::Mutex<Option<(String, u32)>> = std::sync::Mutex::new(None);
-
-extern "C" fn delete_iso_user_at_exit() {
-    let made = ISO_USER.lock().ok().and_then(|m| m.clone());
-    if let Some((name, uid)) = made {
-        for pid in pids_of(uid) {
-            // SAFETY: kill(2) of a process of the test's own throwaway user.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let mut cmd = Command::new("userdel");
-        cmd.args(["-r", &name]);
-        let _ = run_with_timeout(cmd, None, Duration::from_secs(30));
-    }
-}
-
-/// Live (non-zombie) processes whose real uid is `uid`.
-fn pids_of(uid: u32) -> Vec<i32> {
-    let uid = uid.to_string();
-    all_processes()
-        .into_iter()
-        .filter(|p| {
-            let status = fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap_or_default();
-            let real = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().next().map(String::from));
-            let zombie = status
-                .lines()
-                .any(|l| l.starts_with("State:") && l.contains('Z'));
-            real.as_deref() == Some(uid.as_str()) && !zombie
-        })
-        .map(|p| p.pid)
-        .collect()
-}
-
 impl IsoUser {
     fn make() -> IsoUser {
-        use std::os::unix::fs::MetadataExt;
-        let name = format!("ari{}", std::process::id());
-        let _ = host("userdel", ["-r", &name]);
-        host("useradd", ["-m", "-s", "/bin/sh", &name]).success();
-        // SAFETY: registering a plain extern "C" fn.
-        unsafe { libc::atexit(delete_iso_user_at_exit) };
-        let home = std::path::PathBuf::from(format!("/home/{name}"));
-        let uid = fs::metadata(&home).expect("the new user's home").uid();
-        assert_ne!(uid, 0);
-        *ISO_USER.lock().unwrap() = Some((name.clone(), uid));
+        let users::Throwaway { name, uid, home } =
+            users::make_user(&format!("ari{}", std::process::id()));
         let bin = home.join("agentrun");
         fs::copy(agentrun_bin(), &bin).expect("copy the binary under test");
         host("chown", [name.as_str(), bin.to_str().unwrap()]).success();
@@ -1197,7 +1155,7 @@ impl IsoUser {
     }
 
     fn pids(&self) -> Vec<i32> {
-        pids_of(self.uid)
+        users::pids_of(self.uid)
     }
 
     /// `cmd` (an MCP client command) run as the user with only its own environment: the

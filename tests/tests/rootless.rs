@@ -16,6 +16,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use agentrun_e2e::users::{self, Throwaway};
 use agentrun_e2e::*;
 
 /// The user every test here runs agentrun as.
@@ -28,51 +29,9 @@ struct User {
 
 static USER: OnceLock<User> = OnceLock::new();
 static SERIAL: Mutex<()> = Mutex::new(());
-/// The user made (name, uid), set as soon as it exists: removed at exit even when making
-/// the rest of the fixture failed.
-static MADE: Mutex<Option<(String, u32)>> = Mutex::new(None);
-
-extern "C" fn delete_user_at_exit() {
-    let made = MADE.lock().ok().and_then(|m| m.clone());
-    if let Some((name, uid)) = made {
-        kill_all(uid);
-        let mut cmd = Command::new("userdel");
-        cmd.args(["-r", &name]);
-        let _ = run_with_timeout(cmd, None, Duration::from_secs(30));
-    }
-}
-
-/// Pids of `uid`'s live processes, by real uid in /proc/PID/status (not the owner of
-/// /proc/PID: a non-dumpable process's is root), zombies aside.
-fn pids_of(uid: u32) -> Vec<i32> {
-    let uid = uid.to_string();
-    all_processes()
-        .into_iter()
-        .filter(|p| {
-            let status = fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap_or_default();
-            let real = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().next().map(String::from));
-            let zombie = status
-                .lines()
-                .any(|l| l.starts_with("State:") && l.contains('Z'));
-            real.as_deref() == Some(uid.as_str()) && !zombie
-        })
-        .map(|p| p.pid)
-        .collect()
-}
-
-fn kill_all(uid: u32) {
-    for pid in pids_of(uid) {
-        // SAFETY: kill(2) of a process of the test's own throwaway user.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-}
-
 impl User {
     fn pids(&self) -> Vec<i32> {
-        pids_of(self.uid)
+        users::pids_of(self.uid)
     }
 
     /// `agentrun ARGS` as the user, with a clean environment.
@@ -124,16 +83,7 @@ impl User {
 }
 
 fn make_user() -> User {
-    let name = format!("arl{}", std::process::id());
-    // A user of that name left by a killed binary of the same pid: gone first.
-    let _ = host("userdel", ["-r", &name]);
-    host("useradd", ["-m", "-s", "/bin/sh", &name]).success();
-    // SAFETY: registering a plain extern "C" fn.
-    unsafe { libc::atexit(delete_user_at_exit) };
-    let home = PathBuf::from(format!("/home/{name}"));
-    let uid = fs::metadata(&home).expect("the new user's home").uid();
-    assert_ne!(uid, 0);
-    *MADE.lock().unwrap() = Some((name.clone(), uid));
+    let Throwaway { name, uid, home } = users::make_user(&format!("arl{}", std::process::id()));
     let bin_dir = home.join("bin");
     fs::create_dir_all(&bin_dir).unwrap();
     let bin = bin_dir.join("agentrun");
