@@ -73,6 +73,18 @@ pub const CREWAI: Client = Client {
 
 /// A workspace for the sandboxes: world-accessible (the sandbox's root is an unprivileged
 /// host uid), with `secret.txt`, `host.txt` and a writable `out/`.
+/// `.venv/mcp`'s site-packages: what a throwaway user's `/usr/bin/python3` puts on
+/// PYTHONPATH to run the MCP clients (the venv's own interpreter is under root's private home).
+pub fn venv_site_packages() -> PathBuf {
+    let lib = workspace_root().join(".venv/mcp/lib");
+    std::fs::read_dir(&lib)
+        .unwrap_or_else(|e| panic!("{}: {e} (hack/test makes .venv/mcp)", lib.display()))
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .expect(".venv/mcp has a site-packages")
+}
+
 pub fn workspace() -> tempfile::TempDir {
     let ws = tempdir();
     std::fs::write(ws.path().join("secret.txt"), "s3cr3t-token\n").unwrap();

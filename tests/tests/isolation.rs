@@ -1162,13 +1162,7 @@ impl IsoUser {
     /// host's `/usr/bin/python3` with `.venv/mcp`'s packages (the venv's interpreter is under
     /// root's private home) and the user's copy of agentrun.
     fn wrap(&self, cmd: &Command) -> Command {
-        let lib = workspace_root().join(".venv/mcp/lib");
-        let site = fs::read_dir(&lib)
-            .unwrap_or_else(|e| panic!("{}: {e} (hack/test makes .venv/mcp)", lib.display()))
-            .flatten()
-            .map(|e| e.path().join("site-packages"))
-            .find(|p| p.is_dir())
-            .expect(".venv/mcp has a site-packages");
+        let site = agentrun_e2e::mcp::venv_site_packages();
         let tests = workspace_root().join("tests/mcp");
         let mut out = Command::new("runuser");
         out.args(["-u", &self.name, "--", "env", "-i"])

@@ -766,13 +766,7 @@ fn the_egress_allowlist_works_rootless() {
 /// under root's private home): it starts `agentrun mcp ARGS` on stdio as MCP hosts do. The
 /// user's `XDG_RUNTIME_DIR` is `~/run` (as a login session's would be).
 fn mcp_client(u: &User, scenario: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let lib = workspace_root().join(".venv/mcp/lib");
-    let site = fs::read_dir(&lib)
-        .unwrap_or_else(|e| panic!("{}: {e} (hack/test makes .venv/mcp)", lib.display()))
-        .flatten()
-        .map(|e| e.path().join("site-packages"))
-        .find(|p| p.is_dir())
-        .expect(".venv/mcp has a site-packages");
+    let site = agentrun_e2e::mcp::venv_site_packages();
     let tests = workspace_root().join("tests/mcp");
     let run_dir = u.home.join("run");
     let mut cmd = Command::new("runuser");
