@@ -690,6 +690,24 @@ impl Agentrun {
         self
     }
     pub fn command(&self) -> Command {
+        for (k, v) in &self.envs {
+            let Some(v) = v
+                .as_deref()
+                .filter(|_| k == "AGENTRUN_STATE_DIR" || k == "AGENTRUN_ROOT")
+            else {
+                continue;
+            };
+            if let Some(gone) = removed_harness_dir(Path::new(v)) {
+                panic!(
+                    "{} is in {}, which was removed already (its Daemon or TempDir was dropped): \
+                     `{}` would make it again and leave it behind; keep its owner alive until \
+                     the command has run",
+                    k.to_string_lossy(),
+                    gone.display(),
+                    describe(Command::new("agentrun").args(&self.args))
+                );
+            }
+        }
         let mut cmd = Command::new(agentrun_bin());
         cmd.args(&self.args);
         // Keep the tests' own trace context out unless a test sets one.
@@ -1607,6 +1625,39 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Mounts of sandbox `id` (a mount point under a `sandboxes/<id>/` dir) in any process's
+/// mount namespace, not only the host's: `PID: mountinfo line` each.
+pub fn sandbox_mounts_anywhere(id: &str) -> Vec<String> {
+    let needle = format!("/sandboxes/{id}/");
+    let mut found = Vec::new();
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(info) = fs::read_to_string(e.path().join("mountinfo")) else {
+            continue;
+        };
+        for l in info.lines() {
+            let mp = l
+                .split(' ')
+                .nth(4)
+                .map(unescape_mountinfo)
+                .unwrap_or_default();
+            if mp.to_string_lossy().contains(&needle) {
+                found.push(format!("{pid}: {l}"));
+            }
+        }
+    }
+    found
+}
+
 /// Paths of the `agentrun/<id>` cgroups of sandbox `id` (in every controller).
 pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
     agentrun_cgroup_parents()
@@ -2166,26 +2217,69 @@ impl Drop for Daemon {
             force_cleanup_in(&self.state, &self.before);
         }
         if let Some(root) = self.root.take() {
-            let dir = root.path().to_path_buf();
-            for mp in mounts_under(&dir).iter().rev() {
-                if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
-                    // SAFETY: valid C string.
-                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-                }
-            }
-            if mounts_under(&dir).is_empty() {
-                drop(root);
-            } else {
-                // Never recurse into something still mounted (it could be a workspace).
-                eprintln!(
-                    "leaving {} behind: still mounted: {:?}",
-                    dir.display(),
-                    mounts_under(&dir)
-                );
-                let _ = root.keep();
-            }
+            remove_state_root(root, "the daemon stopped and `agentrun gc` ran");
         }
     }
+}
+
+/// Removes `root`, a harness temp dir holding an agentrun state dir, once agentrun is done
+/// with it (`after`: what has been done to make it so, for the message). A mount still under
+/// it is agentrun's leak: it is detached, and the test fails naming it (a panic in the
+/// caller's drop; only reported when the test is failing already). So does a removal that
+/// fails. Never recurses into something still mounted (it could be a workspace).
+pub fn remove_state_root(root: tempfile::TempDir, after: &str) {
+    let dir = root.path().to_path_buf();
+    let leaked = mounts_under(&dir);
+    for mp in leaked.iter().rev() {
+        if let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_bytes()) {
+            // SAFETY: umount2 with a valid C string.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    let still = mounts_under(&dir);
+    let removed = if still.is_empty() {
+        root.close()
+            .map_err(|e| format!("removing {}: {e}", dir.display()))
+    } else {
+        let _ = root.keep();
+        Err(format!(
+            "{} left behind: still mounted after a lazy unmount: {still:#?}",
+            dir.display()
+        ))
+    };
+    let mut problems = Vec::new();
+    if !leaked.is_empty() {
+        problems.push(format!(
+            "agentrun left {} mount(s) under {} after {after}: {leaked:#?}",
+            leaked.len(),
+            dir.display()
+        ));
+    }
+    if let Err(e) = removed {
+        problems.push(e);
+    }
+    if problems.is_empty() {
+        return;
+    }
+    let msg = problems.join("\n");
+    if thread::panicking() {
+        eprintln!("{msg}");
+    } else {
+        panic!("{msg}");
+    }
+}
+
+/// The harness temp dir (`<tmp>/agentrun-e2e-XXXX`, made by [`tempdir`]) that `p` is in, if
+/// it no longer exists: a command given such a path would make it again (agentrun creates a
+/// missing state dir and its parents) and leave it behind. The usual cause is a temporary,
+/// `Daemon::unstarted().agentrun(...)`: the `Daemon` is dropped, its dir removed, before
+/// the command runs.
+fn removed_harness_dir(p: &Path) -> Option<PathBuf> {
+    let tmp = std::env::temp_dir();
+    let top = p.ancestors().find(|a| a.parent() == Some(tmp.as_path()))?;
+    let name = top.file_name()?.to_string_lossy();
+    let harness = name.starts_with("agentrun-e2e-") && !name.starts_with("agentrun-e2e-root.");
+    (harness && !top.exists()).then(|| top.to_path_buf())
 }
 
 #[cfg(test)]
@@ -2216,6 +2310,22 @@ mod daemon_helper_tests {
                 misses: 5
             }]
         );
+    }
+
+    #[test]
+    fn a_command_into_a_removed_harness_dir_is_refused() {
+        let d = Daemon::unstarted();
+        let state = d.state().to_path_buf();
+        assert_eq!(removed_harness_dir(&state), None);
+        drop(d);
+        let root = state.parent().unwrap().to_path_buf();
+        assert_eq!(removed_harness_dir(&state), Some(root.clone()));
+        assert_eq!(removed_harness_dir(Path::new("/run/agentrun")), None);
+        let r = std::panic::catch_unwind(|| {
+            agentrun(["gc"]).env("AGENTRUN_STATE_DIR", &state).command()
+        });
+        assert!(r.is_err(), "the command was made");
+        assert!(!root.exists(), "{} was made again", root.display());
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub fn workspace() -> tempfile::TempDir {
 
 /// One test's world: a private state dir, audit dir and OTLP receiver.
 pub struct McpEnv {
-    _root: tempfile::TempDir,
+    root: Option<tempfile::TempDir>,
     state: PathBuf,
     pub audit: tempfile::TempDir,
     pub rx: OtlpReceiver,
@@ -122,7 +122,7 @@ impl McpEnv {
         let state = root.path().join("state");
         let before = Leftovers::snapshot_own(&state);
         McpEnv {
-            _root: root,
+            root: Some(root),
             state,
             audit: tempdir(),
             rx: OtlpReceiver::grpc(),
@@ -267,6 +267,9 @@ impl Drop for McpEnv {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.cleanup();
+        }
+        if let Some(root) = self.root.take() {
+            crate::remove_state_root(root, "its MCP clients and servers exited");
         }
     }
 }

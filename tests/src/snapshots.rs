@@ -8,7 +8,10 @@ use crate::{Daemon, TestLock};
 /// The snapshot ids in the image store `root` (`None`: the host's), by `agentrun snapshot ls
 /// --json`.
 pub fn snapshot_ids(root: Option<&Path>) -> BTreeSet<String> {
-    let mut a = Daemon::unstarted().agentrun(["snapshot", "ls", "--json"]);
+    // Bound to a name: it must outlive the command (its drop removes the state dir, which a
+    // command run after it would make again, and leave behind).
+    let d = Daemon::unstarted();
+    let mut a = d.agentrun(["snapshot", "ls", "--json"]);
     if let Some(r) = root {
         a = a.env("AGENTRUN_ROOT", r);
     }
@@ -42,8 +45,9 @@ impl SnapshotSweep {
 
 impl Drop for SnapshotSweep {
     fn drop(&mut self) {
+        let d = Daemon::unstarted();
         for id in snapshot_ids(None).difference(&self.before) {
-            let _ = Daemon::unstarted().agentrun(["snapshot", "rm", id]).run();
+            let _ = d.agentrun(["snapshot", "rm", id]).run();
         }
     }
 }
