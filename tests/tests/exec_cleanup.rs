@@ -1,5 +1,6 @@
 //! Nothing of a run may stay on the host: processes, mounts, cgroups, state dirs — after
-//! normal runs, and after the CLI itself was killed (then `agentrun gc` cleans up).
+//! normal runs, and after the CLI itself was killed (a cold run's own janitor cleans up at
+//! once; `agentrun gc` or the next run collects whatever else was left).
 //!
 //! Every test here holds the exclusive e2e lock, so no other e2e sandbox exists meanwhile
 //! (in this binary or any other) and host-wide counts are meaningful.
@@ -159,6 +160,77 @@ fn killed_cli_then_next_run_works_and_gc_cleans() {
         Duration::from_secs(5),
         &format!("after SIGKILL of the CLI, another run and `agentrun gc`\n{out}"),
     );
+}
+
+/// The sandbox state dirs under `state` (their ids).
+fn sandbox_ids(state: &std::path::Path) -> Vec<String> {
+    fs::read_dir(state.join("sandboxes"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A cold run killed with SIGKILL: no `agentrun gc` and no next run, yet within a bounded
+/// wait none of its mounts remains in any mount namespace, and its state dir, cgroups and
+/// processes are gone (its mounts were in its own mount namespace, its janitor collected
+/// the rest).
+#[test]
+fn killed_cold_run_leaves_nothing_without_gc() {
+    let Some(_l) = setup_exclusive() else { return };
+    let d = Daemon::unstarted();
+    let mut bg = d
+        .exec(["sleep", "30.5"])
+        .env("AGENTRUN_NO_DAEMON", "1")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    let running = wait_until(Duration::from_secs(20), || {
+        let ids = sandbox_ids(d.state());
+        let sleeping = all_processes()
+            .into_iter()
+            .any(|p| p.cmdline == ["sleep", "30.5"] && p.uid >= SANDBOX_UID_BASE);
+        (sleeping && ids.len() == 1).then(|| ids[0].clone())
+    });
+    let Some(id) = running else {
+        let out = bg.wait_or_kill(Duration::from_secs(1));
+        panic!(
+            "the cold run's sleep never showed up (sandboxes: {:?})\n{out}",
+            sandbox_ids(d.state())
+        );
+    };
+    assert!(
+        !sandbox_mounts_anywhere(&id).is_empty(),
+        "the running sandbox {id} shows no mount in any namespace: the check below would \
+         prove nothing"
+    );
+    bg.kill9();
+    drop(bg);
+    let state_dir = d.state().join("sandboxes").join(&id);
+    let left = || {
+        let mounts = sandbox_mounts_anywhere(&id);
+        let cgroups = sandbox_cgroups(&id);
+        let procs: Vec<String> = sandboxed_processes_running(&["sleep", "30.5"])
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        let dir = state_dir.exists();
+        (mounts, cgroups, procs, dir)
+    };
+    let gone = wait_until(Duration::from_secs(10), || {
+        let (m, c, p, dir) = left();
+        (m.is_empty() && c.is_empty() && p.is_empty() && !dir).then_some(())
+    });
+    if gone.is_none() {
+        let (m, c, p, dir) = left();
+        panic!(
+            "10 s after SIGKILL of a cold `agentrun exec` (no gc, no next run), sandbox {id} \
+             still has:\n  mounts: {m:#?}\n  cgroups: {c:?}\n  processes: {p:?}\n  state dir \
+             {} exists: {dir}",
+            state_dir.display()
+        );
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The cold path of a run (`AGENTRUN_NO_DAEMON=1`, no daemon answering, or `--keep-bundle`):
 //! one shell built in this process ([`Sandbox::create`], single-threaded), one cell run in it
 //! ([`Sandbox::run_cell`], the same cell a pooled shell makes), its output pumped here, the
-//! shell destroyed.
+//! shell destroyed. A SIGKILL of this process leaves nothing behind for long
+//! ([`agentrun_runtime::guard`]: the shell's mounts in this process's own mount namespace, a
+//! janitor for the rest).
 
 use std::os::fd::OwnedFd;
 
@@ -50,6 +52,11 @@ pub(crate) fn execute(
     // Clean up after runs that were killed; cheap when there is nothing to do.
     // Best effort: what it cannot clean now is tried again before the next run.
     let _ = agentrun_runtime::gc::collect_before_run(&runtime_paths);
+    // From here on a SIGKILL of this process leaves nothing for the next run: the shell's
+    // mounts live in this process's own mount namespace (they go with it), and a janitor
+    // collects the rest (its state dir, cgroup and container dir) once it has died. Still
+    // single-threaded here, as the janitor's fork needs.
+    let _guard = agentrun_runtime::guard::Guard::start(&runtime_paths);
     let host = HostInfo::probe();
     if host.landlock_abi == 0 {
         eprintln!(

@@ -30,6 +30,8 @@
 //! - `host::cgroup`: the host's cgroup layout and where a sandbox's cgroup lives.
 //! - `host::cgroup_ops`: a sandbox's cgroup read and written (limits, freezer, stats).
 //! - `host::gc`: removes what runs killed with SIGKILL left behind.
+//! - `host::guard`: a cold run's mounts in a namespace of its own, and a janitor that
+//!   collects its sandbox as soon as the run is killed.
 //! - `host::kaudit`: Landlock denials as the kernel's audit subsystem reports them.
 //! - `host::netns`: TCP sockets made from the host inside a sandbox's network namespace.
 //!
@@ -59,7 +61,7 @@
 //! - `confine::limits`: how resource limits are enforced (cgroup, or rlimits when rootless).
 //!
 //! Public, because another crate uses them: `cellrun`, `control`, `exit`, `landlock_only`, `random`,
-//! `sandbox`, `cgroup` (both cgroup modules under one path), `gc`, `kaudit`, `netns`,
+//! `sandbox`, `cgroup` (both cgroup modules under one path), `gc`, `guard`, `kaudit`, `netns`,
 //! `preflight`, `privilege`, `cell`, `zygote`, `fsroot`, `hostdirs`, `idmap`, `rootfs`,
 //! `volume`, `landlock`, `limits`, `seccomp`, re-exported below under their old paths.
 //! Everything else is private to this crate.
@@ -87,7 +89,7 @@ pub(crate) mod spec;
 // The modules other crates use, under the paths they have always used
 // (`agentrun_runtime::fsroot`, ...), wherever their wing is.
 pub use confine::{landlock, limits, seccomp};
-pub use host::{gc, kaudit, netns, preflight, privilege};
+pub use host::{gc, guard, kaudit, netns, preflight, privilege};
 
 /// `agentrun_runtime::cgroup`: the host's cgroup layout ([`host::cgroup`]) and a sandbox's
 /// cgroup read and written ([`host::cgroup_ops`]), under the one path other crates name.

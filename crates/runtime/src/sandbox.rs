@@ -1223,7 +1223,7 @@ fn with_fd_at<T>(fd: OwnedFd, at: RawFd, f: impl FnOnce() -> T) -> Result<T, Run
     Ok(out)
 }
 
-fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+pub(crate) fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::sys("pipe", e))
 }
 

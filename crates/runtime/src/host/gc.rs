@@ -5,7 +5,8 @@
 //! its cgroups, mounts, container state and state dir removed. Empty, old cgroups under
 //! `agentrun/` without a state dir are removed too (one with processes may be another state
 //! dir's live sandbox and is left alone). Run by `agentrun gc`, at the daemon's start and
-//! at the start of every run (there the cgroup scan at most every 30 s).
+//! at the start of every run (there the cgroup scan at most every 30 s), and, for the one
+//! cold run it guards, by that run's janitor as soon as the run dies ([`crate::host::guard`]).
 
 use std::fs;
 use std::time::{Duration, SystemTime};
@@ -85,6 +86,29 @@ fn collect_dead_state_dirs(paths: &RuntimePaths) -> GcReport {
             if dead {
                 record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
             }
+        }
+    }
+    report
+}
+
+/// Sandboxes of this state dir owned by process `pid`, now dead: everything of theirs removed
+/// (what [`crate::host::guard`]'s janitor collects once the run it guards has died).
+pub fn collect_owned_by(paths: &RuntimePaths, pid: u32) -> GcReport {
+    let cgroup = CgroupMode::for_sandboxes(&crate::host::privilege::Privilege::detect());
+    let mut report = GcReport::default();
+    let Ok(rd) = fs::read_dir(paths.sandboxes()) else {
+        return report;
+    };
+    for entry in rd.flatten() {
+        let Ok(id) = entry.file_name().into_string() else {
+            continue;
+        };
+        let Ok(stamp) = fs::read_to_string(entry.path().join("owner")) else {
+            continue;
+        };
+        let owner = stamp.split(' ').next().and_then(|p| p.parse::<u32>().ok());
+        if owner == Some(pid) && !owner_alive(&stamp) {
+            record(&mut report, &id, destroy_leftovers(paths, &id, cgroup));
         }
     }
     report
