@@ -42,15 +42,16 @@ struct VolumeSweep(String);
 
 impl Drop for VolumeSweep {
     fn drop(&mut self) {
-        let ls = Daemon::unstarted()
-            .agentrun(["volume", "ls", "--json"])
-            .run();
+        // Alive until its commands have run (a temporary's state dir would be removed first,
+        // then made again by the command, and left behind).
+        let d = Daemon::unstarted();
+        let ls = d.agentrun(["volume", "ls", "--json"]).run();
         let Ok(all) = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout()) else {
             return;
         };
         for v in all {
             if let Some(name) = v["name"].as_str().filter(|n| n.ends_with(&self.0)) {
-                let _ = Daemon::unstarted().agentrun(["volume", "rm", name]).run();
+                let _ = d.agentrun(["volume", "rm", name]).run();
             }
         }
     }
@@ -131,12 +132,11 @@ fn at_shutdown_volumes_made_to_go_with_their_sandbox_go_and_the_others_stay() {
         "volumes:left_running",
         &[("OSB_SUFFIX", suffix.clone())],
     );
-    let state = d.state().to_path_buf();
     stop_clean(d);
-    let ls = Daemon::unstarted()
-        .agentrun(["volume", "ls", "--json"])
-        .env("AGENTRUN_STATE_DIR", &state)
-        .run();
+    // A state dir of its own, alive until its commands have run: the stopped daemon's was
+    // removed with it.
+    let after = Daemon::unstarted();
+    let ls = after.agentrun(["volume", "ls", "--json"]).run();
     let names: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout())
         .unwrap_or_else(|e| panic!("{e}: {ls}"))
         .iter()
@@ -147,7 +147,7 @@ fn at_shutdown_volumes_made_to_go_with_their_sandbox_go_and_the_others_stay() {
     let kept_entry = serde_json::from_str::<Vec<serde_json::Value>>(&ls.stdout()).unwrap();
     let kept_entry = kept_entry.iter().find(|v| v["name"] == kept.as_str());
     assert!(kept_entry.is_some_and(|v| v["in_use"] == false), "{ls}");
-    let rm = Daemon::unstarted().agentrun(["volume", "rm", &kept]).run();
+    let rm = after.agentrun(["volume", "rm", &kept]).run();
     assert_eq!(rm.status.code(), Some(0), "{rm}");
 }
 
