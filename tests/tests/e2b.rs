@@ -313,6 +313,13 @@ fn on_timeout_pause_and_auto_resume() {
 /// line (the SDK runs `/bin/bash -l -c CMD`), the exit code and outcome, the sandbox's profile
 /// (`--opensandbox-profile`) and a trace id; each with its `sandbox.exec` span in that trace
 /// (exit code, pid, duration; the non-zero exit an error).
+/// Terminals: `pty.create` (bash on a pty of the asked size, its output as `pty` data),
+/// input, resize, connect, kill, `stream_input`; bad sizes and pids are Connect errors.
+#[test]
+fn pty_create_input_resize_connect_and_kill() {
+    run_scenario("pty");
+}
+
 #[test]
 fn processes_are_audited_as_runs() {
     let Some(_lock) = setup() else { return };
