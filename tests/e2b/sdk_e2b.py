@@ -1177,9 +1177,15 @@ def pty():
             await sbx.pty.send_stdin(h.pid, b"echo after-$((1+1)) $?\n")
             await until("the shell after ^C", out, b"after-2 130\r\n", timeout=10)
             check(b"\nslept\r\n" not in out, f"sleep not interrupted: {bytes(out)!r}")
+            # A resize reaches the foreground process as SIGWINCH, and `stty size` shows it.
+            await sbx.pty.send_stdin(
+                h.pid, b"sh -c 'trap \"echo winched \\$(stty size); exit\" WINCH; "
+                       b"echo ready-$((1)); while :; do sleep 0.1; done'\n")
+            await until("the trap set", out, b"ready-1\r\n")
             await sbx.pty.resize(h.pid, PtySize(rows=40, cols=132))
-            await sbx.pty.send_stdin(h.pid, b"stty size\n")
-            await until("the new size", out, b"40 132\r\n")
+            await until("SIGWINCH", out, b"winched 40 132\r\n")
+            await sbx.pty.send_stdin(h.pid, b"echo size=$(stty size)\n")
+            await until("the new size", out, b"size=40 132\r\n")
             # Another stream of the same terminal's output.
             seen = bytearray()
             c = await sbx.pty.connect(h.pid, on_data=seen.extend)
