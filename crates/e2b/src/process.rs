@@ -386,7 +386,7 @@ async fn start_inner(
     let mut argv = vec![p.cmd];
     argv.extend(p.args);
     let content = argv.join(" ");
-    let span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let span = ExecSpan::new(crate::traceparent(headers))
         .sandbox(&rec.id)
         .executable(&argv[0])
         .command_line(&content)
