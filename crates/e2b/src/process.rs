@@ -691,13 +691,15 @@ pub enum Target {
 }
 
 impl Input {
-    /// Its target and bytes (base64 in the message); `invalid_argument` for neither or
-    /// both, or for bad base64.
+    /// Its target and bytes (base64 in the message); `invalid_argument` for both or for bad
+    /// base64. Neither is no bytes for stdin (an empty field may be left out).
     pub fn decode(self) -> RpcResult<(Target, Vec<u8>)> {
         let (target, field, b) = match (self.stdin, self.pty) {
-            (Some(b), None) => (Target::Stdin, "stdin", b),
+            (b, None) => (Target::Stdin, "stdin", b.unwrap_or_default()),
             (None, Some(b)) => (Target::Pty, "pty", b),
-            _ => return Err(RpcError::invalid("input: expected one of stdin or pty")),
+            (Some(_), Some(_)) => {
+                return Err(RpcError::invalid("input: expected one of stdin or pty"))
+            }
         };
         let data = base64::engine::general_purpose::STANDARD
             .decode(b)
@@ -942,9 +944,10 @@ mod tests {
         let r: InputRequest =
             serde_json::from_str(r#"{"process":{"pid":3},"input":{"pty":"aGkK"}}"#).unwrap();
         assert_eq!(check_input(r).unwrap(), (3, Target::Pty, b"hi\n".to_vec()));
+        let r: InputRequest = serde_json::from_str(r#"{"process":{"pid":3},"input":{}}"#).unwrap();
+        assert_eq!(check_input(r).unwrap(), (3, Target::Stdin, vec![]));
         for bad in [
             r#"{"process":{"pid":3},"input":{"stdin":"%%"}}"#,
-            r#"{"process":{"pid":3},"input":{}}"#,
             r#"{"process":{"pid":3},"input":{"stdin":"","pty":""}}"#,
         ] {
             let r: InputRequest = serde_json::from_str(bad).unwrap();
