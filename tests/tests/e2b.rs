@@ -15,7 +15,8 @@
 //! refused), the API key / envd token checks with bad input to the routes, `files.watch_dir`
 //! (sync polled watchers, recursive, the async stream), `Sandbox.list` pages and the file
 //! API's escape attempts; gzip uploads in the sync flow; snapshots (create, list, restore,
-//! delete, another API key's refused), fork, `pause(mode="filesystem")` and `get_metrics`.
+//! delete, another API key's refused), fork, `pause(mode="filesystem")`, `get_metrics` and
+//! terminals (`pty.create`, input, resize, ^C, connect, kill, `stream_input`).
 
 use std::path::PathBuf;
 use std::process::Command;
