@@ -310,3 +310,49 @@ pub fn spawn_as(
     let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
     Err((step, nix::Error::from_raw(errno)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    /// The first line `sh -c script` prints, run by [`spawn`] in a new session on a new pty.
+    fn on_a_pty(script: &str) -> String {
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let s = pty.slave.as_raw_fd();
+        let argv = ["/bin/sh", "-c", script].map(|a| CString::new(a).unwrap());
+        let env = [CString::new("PATH=/usr/bin:/bin").unwrap()];
+        let cwd = CString::new("/").unwrap();
+        let pid = spawn(&SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio: Some([s, s, s]),
+            new_session: true,
+            rlimits: Default::default(),
+        })
+        .unwrap();
+        drop(pty.slave);
+        // Its line, read before it is reaped (a session leader's exit hangs its terminal up),
+        // or what came before the slave closed (EIO).
+        let mut out = Vec::new();
+        let mut master = std::fs::File::from(pty.master);
+        let mut buf = [0u8; 256];
+        while !out.contains(&b'\n') {
+            match master.read(&mut buf) {
+                Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        nix::sys::wait::waitpid(pid, None).unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn a_new_sessions_terminal_is_its_controlling_terminal() {
+        // /dev/tty opens only for a process with a controlling terminal.
+        let script = "if (: </dev/tty) 2>/dev/null; then echo ctty; else echo none; fi";
+        assert_eq!(on_a_pty(script).trim(), "ctty");
+    }
+}
