@@ -6,7 +6,9 @@
 //! - control plane: 1 create (`POST /v2/sandboxes`), 2 set timeout, 3 list query;
 //! - envd: 4 `Start` message, 5 `SendSignal` message, 6 `Authorization: Basic` user,
 //!   7 a path (property: resolved inside the sandbox, never with `..` left in it);
-//! - code interpreter: 8 `/execute` body.
+//! - code interpreter: 8 `/execute` body;
+//! - envd input: 9 a `SendInput` message (and its bytes as a `StreamInput` data message);
+//!   property: a checked `Start`'s terminal is at least 1x1.
 #![no_main]
 
 use agentrun_e2b::{auth, code, connect, control, filesystem, process};
@@ -16,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 9 {
+    match which % 10 {
         0 => {
             if let Ok(env) = connect::single_envelope(rest) {
                 assert_eq!(rest.len(), connect::PREFIX + env.data.len());
@@ -45,7 +47,9 @@ fuzz_target!(|data: &[u8]| {
         }
         4 => {
             if let Ok(req) = serde_json::from_slice::<process::StartRequest>(rest) {
-                let _ = process::check_start(req);
+                if let Ok((_, process::Stdio::Pty(rows, cols))) = process::check_start(req) {
+                    assert!(rows >= 1 && cols >= 1);
+                }
             }
         }
         5 => {
@@ -74,8 +78,18 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        _ => {
+        8 => {
             let _ = code::parse_execute(rest);
+        }
+        _ => {
+            if let Ok(req) = serde_json::from_slice::<process::InputRequest>(rest) {
+                let _ = process::check_input(req);
+            }
+            if let Ok(req) = serde_json::from_slice::<process::StreamInputRequest>(rest) {
+                if let Some(input) = req.data.and_then(|d| d.input) {
+                    let _ = input.decode();
+                }
+            }
         }
     }
 });

@@ -1140,11 +1140,154 @@ def audited_runs():
         sbx.kill()
 
 
+def pty():
+    """pty.create (async with on_data, and sync), pty.send_stdin, pty.resize (stty size shows
+    it), pty.kill, pty.connect and commands.connect to a terminal's process, stream_input to
+    a terminal and to a command's stdin; bad input: a size of 0, an unknown pid, terminal
+    input to a process without one."""
+    import asyncio
+
+    from e2b import AsyncSandbox, InvalidArgumentException, PtySize
+
+    async def until(what, buf, want, timeout=20):
+        """Waits (bounded) until `want` is in the output `buf`."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if want in buf:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what} ({want!r}) in {bytes(buf)!r}")
+
+    async def main():
+        sbx = await AsyncSandbox.create(timeout=120)
+        try:
+            out = bytearray()
+            h = await sbx.pty.create(PtySize(rows=24, cols=80), on_data=out.extend,
+                                     cwd="/tmp", envs={"PTYVAR": "v1"})
+            await sbx.pty.send_stdin(h.pid, b"test -t 0 && test -t 1 && echo on-a-tty\n")
+            await sbx.pty.send_stdin(h.pid, b"echo $((6*7)) $PTYVAR $(pwd) $TERM; stty size\n")
+            await until("42, env, cwd and the size", out, b"42 v1 /tmp xterm-256color\r\n24 80\r\n")
+            check(b"on-a-tty\r\n" in out, f"stdin and stdout a terminal: {bytes(out)!r}")
+            # It is the shell's controlling terminal: job control, and ^C interrupts the
+            # foreground command (not the shell).
+            check(b"no job control" not in out, f"bash without job control: {bytes(out)!r}")
+            await sbx.pty.send_stdin(h.pid, b"sleep 60; echo slept\n")
+            await asyncio.sleep(0.5)
+            await sbx.pty.send_stdin(h.pid, b"\x03")
+            await sbx.pty.send_stdin(h.pid, b"echo after-$((1+1)) $?\n")
+            await until("the shell after ^C", out, b"after-2 130\r\n", timeout=10)
+            check(b"\nslept\r\n" not in out, f"sleep not interrupted: {bytes(out)!r}")
+            # A resize reaches the foreground process as SIGWINCH, and `stty size` shows it.
+            await sbx.pty.send_stdin(
+                h.pid, b"sh -c 'trap \"echo winched \\$(stty size); exit\" WINCH; "
+                       b"echo ready-$((1)); while :; do sleep 0.1; done'\n")
+            await until("the trap set", out, b"ready-1\r\n")
+            await sbx.pty.resize(h.pid, PtySize(rows=40, cols=132))
+            await until("SIGWINCH", out, b"winched 40 132\r\n")
+            await sbx.pty.send_stdin(h.pid, b"echo size=$(stty size)\n")
+            await until("the new size", out, b"size=40 132\r\n")
+            # Another stream of the same terminal's output.
+            seen = bytearray()
+            c = await sbx.pty.connect(h.pid, on_data=seen.extend)
+            await sbx.pty.send_stdin(h.pid, b"echo via-$((2*5))\n")
+            await until("connect's output", seen, b"via-10\r\n")
+            check(b"via-10\r\n" in out, "the creator's stream goes on beside connect's")
+            # Ordered input as a client stream.
+            async with sbx.pty.stream_input(h.pid) as inp:
+                await inp.send("echo str")
+                await inp.send(b"eamed-$((4+1))\n")
+            await until("streamed input", out, b"streamed-5\r\n")
+            await sbx.pty.send_stdin(h.pid, b"exit 3\n")
+            try:
+                await h.wait()
+                raise AssertionError("exit 3 is not a failure")
+            except CommandExitException as e:
+                check(e.exit_code == 3, f"pty exit code {e.exit_code}")
+            try:
+                await c.wait()
+                raise AssertionError("connect's stream saw exit 0")
+            except CommandExitException as e:
+                check(e.exit_code == 3, f"connect's exit code {e.exit_code}")
+
+            # kill: the terminal's bash goes, its stream ends.
+            k = await sbx.pty.create(PtySize(rows=10, cols=20), on_data=lambda _: None)
+            check(await sbx.pty.kill(k.pid), "pty.kill of a running terminal")
+            try:
+                await asyncio.wait_for(k.wait(), 20)
+                raise AssertionError("a killed terminal ended with 0")
+            except CommandExitException as e:
+                check(e.exit_code != 0, f"killed: {e.exit_code}")
+            check(not await sbx.pty.kill(k.pid), "pty.kill of a gone terminal is False")
+
+            # Bad input.
+            for size in (PtySize(rows=0, cols=80), PtySize(rows=24, cols=0)):
+                try:
+                    await sbx.pty.create(size, on_data=lambda _: None)
+                    raise AssertionError(f"size {size} accepted")
+                except InvalidArgumentException as e:
+                    check("pty.size" in str(e), f"size error: {e}")
+            for call in (lambda: sbx.pty.send_stdin(999999, b"x"),
+                         lambda: sbx.pty.resize(999999, PtySize(rows=5, cols=5))):
+                try:
+                    await call()
+                    raise AssertionError("an unknown pid accepted")
+                except NotFoundException:
+                    pass
+            try:
+                await sbx.pty.resize(h.pid, PtySize(rows=0, cols=5))
+                raise AssertionError("a resize to 0 accepted")
+            except InvalidArgumentException:
+                pass
+            # A command started with a stdin pipe has no terminal, and the other way round.
+            cat = await sbx.commands.run("cat", background=True, stdin=True)
+            try:
+                await sbx.pty.send_stdin(cat.pid, b"x")
+                raise AssertionError("terminal input to a process without one")
+            except NotFoundException:
+                pass
+            async with sbx.commands.stream_input(cat.pid) as inp:
+                await inp.send("one ")
+                await inp.send(b"two\n")
+            await sbx.commands.close_stdin(cat.pid)
+            r = await cat.wait()
+            check(r.stdout == "one two\n", f"streamed stdin {r.stdout!r}")
+            bad = sbx.commands.stream_input(999999)
+            try:
+                await bad.send("x")
+                await bad.close()
+                raise AssertionError("stream_input to an unknown pid")
+            except NotFoundException:
+                pass
+        finally:
+            await sbx.kill()
+
+    asyncio.run(main())
+
+    # The sync SDK: create, commands.connect to the terminal's process, stream_input.
+    sbx = Sandbox.create(timeout=120)
+    try:
+        h = sbx.pty.create(PtySize(rows=30, cols=100))
+        c = sbx.commands.connect(h.pid)
+        sbx.pty.stream_input(h.pid, ["stty size; ", b"echo conn-$((3*3)); exit\n"])
+        got = []
+        r = c.wait(on_pty=got.append)
+        data = b"".join(got)
+        check(r.exit_code == 0, f"sync pty exit {r.exit_code}")
+        check(b"30 100\r\nconn-9\r\n" in data, f"sync pty output {data!r}")
+        try:
+            sbx.commands.stream_input(999999, ["x"])
+            raise AssertionError("sync stream_input to an unknown pid")
+        except NotFoundException:
+            pass
+    finally:
+        sbx.kill()
+
+
 SCENARIOS = {f.__name__: f for f in (sync_flow, async_flow, pause_connect, timeout, code, auth,
                                      escape, watch, list_pages, snapshots,
                                      snapshot_for_other_key, other_key_snapshot,
                                      owner_key_snapshot, pause_filesystem, metrics, network,
-                                     code_env_restart, auto_pause, audited_runs)}
+                                     code_env_restart, auto_pause, audited_runs, pty)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

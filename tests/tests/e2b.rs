@@ -15,7 +15,8 @@
 //! refused), the API key / envd token checks with bad input to the routes, `files.watch_dir`
 //! (sync polled watchers, recursive, the async stream), `Sandbox.list` pages and the file
 //! API's escape attempts; gzip uploads in the sync flow; snapshots (create, list, restore,
-//! delete, another API key's refused), fork, `pause(mode="filesystem")` and `get_metrics`.
+//! delete, another API key's refused), fork, `pause(mode="filesystem")`, `get_metrics` and
+//! terminals (`pty.create`, input, resize, ^C, connect, kill, `stream_input`).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -313,6 +314,13 @@ fn on_timeout_pause_and_auto_resume() {
 /// line (the SDK runs `/bin/bash -l -c CMD`), the exit code and outcome, the sandbox's profile
 /// (`--opensandbox-profile`) and a trace id; each with its `sandbox.exec` span in that trace
 /// (exit code, pid, duration; the non-zero exit an error).
+/// Terminals: `pty.create` (bash on a pty of the asked size, its output as `pty` data),
+/// input, resize, connect, kill, `stream_input`; bad sizes and pids are Connect errors.
+#[test]
+fn pty_create_input_resize_connect_and_kill() {
+    run_scenario("pty");
+}
+
 #[test]
 fn processes_are_audited_as_runs() {
     let Some(_lock) = setup() else { return };

@@ -53,13 +53,7 @@ impl Pty {
 }
 
 fn set_size(master: &File, rows: u16, cols: u16) -> std::io::Result<()> {
-    let size = rustix::termios::Winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    rustix::termios::tcsetwinsize(master, size).map_err(std::io::Error::from)
+    agentrun_pool::stdio::set_window_size(master, rows, cols)
 }
 
 /// `ConsoleSize: [height, width]` of a create or exec body; `None` when absent or `[0, 0]`.

@@ -12,6 +12,8 @@
 //!   envelopes; the request is one message (compressed with its `Connect-Content-Encoding`
 //!   if flagged so), the answer messages then an end-of-stream envelope holding `{}` or
 //!   `{"error": {"code","message"}}`.
+//! - client streaming ([`ClientStream`]): the request is envelopes read as they arrive, the
+//!   answer one message then the end-of-stream envelope.
 //!
 //! The binary protobuf codec (`application/proto`, `application/connect+proto`) is refused
 //! (`unimplemented`): the SDKs send JSON, and the message types are serde structs of the
@@ -195,6 +197,101 @@ pub fn stream_request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> 
     }
 }
 
+/// The messages of a client-streaming request (`application/connect+json`), read from its
+/// body as they arrive: each envelope within [`MAX_MESSAGE`], compressed ones by the
+/// request's `Connect-Content-Encoding`; an end-of-stream envelope from the client is a
+/// protocol error.
+pub struct ClientStream {
+    body: axum::body::BodyDataStream,
+    buf: BytesMut,
+    encoding: Option<String>,
+    done: bool,
+}
+
+impl ClientStream {
+    /// The stream of a request with these headers; the codec is checked as for
+    /// [`stream_request`].
+    pub fn new(headers: &HeaderMap, body: Body) -> RpcResult<ClientStream> {
+        match detect(headers) {
+            Some(p) if p.is_streaming && p.codec_format == CodecFormat::Json => {}
+            Some(p) if p.is_streaming => {
+                return Err(RpcError::unimplemented(
+                    "the binary protobuf codec is not served: use JSON (application/connect+json)",
+                ))
+            }
+            _ => return Err(wrong_type(headers, STREAM_JSON)),
+        }
+        Ok(ClientStream {
+            body: body.into_data_stream(),
+            buf: BytesMut::new(),
+            encoding: header(headers, "connect-content-encoding").map(str::to_owned),
+            done: false,
+        })
+    }
+
+    /// The next message; `None` once the body ended after a whole envelope.
+    pub async fn next<T: DeserializeOwned>(&mut self) -> RpcResult<Option<T>> {
+        use futures_util::StreamExt;
+        loop {
+            if let Some(env) = Envelope::decode_with_limit(&mut self.buf, MAX_MESSAGE)? {
+                if env.flags & !FLAG_COMPRESSED != 0 {
+                    return Err(RpcError::invalid(format!(
+                        "request envelope flags {:#04x}: expected a message",
+                        env.flags
+                    )));
+                }
+                let data = if env.is_compressed() {
+                    let Some(enc) = self.encoding.as_deref() else {
+                        return Err(RpcError::invalid(
+                            "a compressed envelope without Connect-Content-Encoding",
+                        ));
+                    };
+                    decompress(Some(enc), env.data)?
+                } else {
+                    env.data
+                };
+                return decode(&data).map(Some);
+            }
+            if self.done {
+                return match self.buf.len() {
+                    0 => Ok(None),
+                    n => Err(RpcError::invalid(format!(
+                        "the request ended inside an envelope ({n} bytes of it)"
+                    ))),
+                };
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    return Err(RpcError::new(
+                        Code::Canceled,
+                        format!("reading the request: {e}"),
+                    ))
+                }
+                None => self.done = true,
+            }
+        }
+    }
+}
+
+/// The answer of a client-streaming RPC: its one message `{}` and the end of the stream, or
+/// only the end carrying `error`.
+pub fn client_stream_response(error: Option<&RpcError>) -> Response {
+    match error {
+        Some(e) => stream_error(e),
+        None => {
+            let mut body = BytesMut::from(&message(&serde_json::json!({}))[..]);
+            body.extend_from_slice(&end_stream(None));
+            (
+                StatusCode::OK,
+                [("content-type", STREAM_JSON)],
+                body.freeze(),
+            )
+                .into_response()
+        }
+    }
+}
+
 /// A unary answer.
 pub fn unary_response<T: Serialize>(msg: &T) -> Response {
     (
@@ -312,6 +409,63 @@ mod tests {
         h.insert("content-type", "application/connect+json".parse().unwrap());
         let m: M = stream_request(&h, &envelope(0, br#"{"path":"/y"}"#)).unwrap();
         assert_eq!(m.path, "/y");
+    }
+
+    fn client_stream(headers: &HeaderMap, chunks: Vec<Vec<u8>>) -> ClientStream {
+        let stream = futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, std::convert::Infallible>(Bytes::from(c))),
+        );
+        ClientStream::new(headers, Body::from_stream(stream)).unwrap()
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_client_stream_reads_envelopes_across_chunks() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/connect+json".parse().unwrap());
+        h.insert("connect-content-encoding", "gzip".parse().unwrap());
+        let mut all = envelope(0, br#"{"path":"/a"}"#).to_vec();
+        all.extend_from_slice(&envelope(FLAG_COMPRESSED, &gzip(br#"{"path":"/b"}"#)));
+        // Split mid-prefix and mid-message.
+        let chunks = vec![all[..3].to_vec(), all[3..9].to_vec(), all[9..].to_vec()];
+        block_on(async {
+            let mut s = client_stream(&h, chunks);
+            assert_eq!(s.next::<M>().await.unwrap().unwrap().path, "/a");
+            assert_eq!(s.next::<M>().await.unwrap().unwrap().path, "/b");
+            assert!(s.next::<M>().await.unwrap().is_none());
+            // Cut inside an envelope, or a client's end-of-stream flag: protocol errors.
+            let cut = envelope(0, b"{}")[..4].to_vec();
+            let mut s = client_stream(&h, vec![cut]);
+            assert_eq!(
+                s.next::<M>().await.err().unwrap().code,
+                Code::InvalidArgument
+            );
+            let mut s = client_stream(&h, vec![envelope(FLAG_END_STREAM, b"{}").to_vec()]);
+            assert_eq!(
+                s.next::<M>().await.err().unwrap().code,
+                Code::InvalidArgument
+            );
+        });
+        h.insert("content-type", "application/json".parse().unwrap());
+        assert!(ClientStream::new(&h, Body::empty()).is_err());
+    }
+
+    #[test]
+    fn a_client_streams_answer_is_one_message_then_its_end() {
+        let r = client_stream_response(None);
+        assert_eq!(r.headers()["content-type"], STREAM_JSON);
+        let body = block_on(axum::body::to_bytes(r.into_body(), 1024)).unwrap();
+        let mut expect = message(&serde_json::json!({})).to_vec();
+        expect.extend_from_slice(&end_stream(None));
+        assert_eq!(&body[..], &expect[..]);
     }
 
     #[test]

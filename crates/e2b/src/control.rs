@@ -28,7 +28,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{E2bError, E2bResult};
+use crate::error::{json_body, json_body_or_default, E2bError, E2bResult};
 pub use crate::record::MAX_TIMEOUT_S;
 use crate::record::{created_json, end_of, record, set_end, template_of, TEMPLATE_KEY};
 
@@ -39,8 +39,23 @@ const MAX_METADATA: usize = 64;
 const MAX_METADATA_KEY: usize = 256;
 const MAX_METADATA_VALUE: usize = 1024;
 /// Default and largest page of a list.
-const DEFAULT_LIMIT: usize = 100;
+/// A page's length when the request names none (sandboxes, snapshots).
+pub(crate) const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
+
+/// A page's `limit`: 1 to [`MAX_LIMIT`], else 400.
+pub(crate) fn page_limit(v: &str) -> E2bResult<usize> {
+    v.parse()
+        .ok()
+        .filter(|l| (1..=MAX_LIMIT).contains(l))
+        .ok_or_else(|| E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}")))
+}
+
+/// A `nextToken` this server handed out (where the next page starts), else 400.
+pub(crate) fn page_start(v: &str) -> E2bResult<usize> {
+    v.parse()
+        .map_err(|_| E2bError::bad_request("nextToken: not a token of this server"))
+}
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -126,8 +141,7 @@ struct AutoResume {
 /// A create body, checked: what it asks for as the OpenSandbox front end's create body, its
 /// template and its metadata.
 pub fn parse_create(body: &[u8]) -> E2bResult<(Vec<u8>, String, BTreeMap<String, String>)> {
-    let req: NewSandbox = serde_json::from_slice(body)
-        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    let req: NewSandbox = json_body(body)?;
     let template = req.template_id.trim().to_owned();
     if template.is_empty() {
         return Err(E2bError::bad_request("templateID is required"));
@@ -350,12 +364,7 @@ async fn pause(
     headers: HeaderMap,
     body: Bytes,
 ) -> E2bResult<StatusCode> {
-    let req: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PauseBody::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
-    };
+    let req: PauseBody = json_body_or_default(&body)?;
     let rec = record(&server, &id)?;
     rec.check_running()?;
     if rec.state().0 == SandboxState::Paused {
@@ -364,10 +373,7 @@ async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
-    let trace = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let trace = crate::traceparent(&headers).map(str::to_owned);
     crate::autopause::pause(&server, &rec, req.memory != Some(false), trace).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -390,8 +396,7 @@ async fn connect(
     let req: ConnectBody = if body.is_empty() {
         ConnectBody::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
+        json_body(&body)?
     };
     let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
     if !(1..=MAX_TIMEOUT_S).contains(&timeout) {
@@ -452,7 +457,7 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
         ));
     }
     let (osb, template, metadata) = parse_create(body)?;
-    let trace = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let trace = crate::traceparent(headers);
     let rec = match lifecycle::create_from_body(server, &Bytes::from(osb.clone()), trace).await {
         Ok(rec) => rec,
         Err(e) if e.status == StatusCode::BAD_REQUEST && e.message.starts_with("image.uri") => {
@@ -524,8 +529,7 @@ struct Timeout {
 
 /// A set-timeout body: the new timeout, in seconds from now.
 pub fn parse_timeout(body: &[u8]) -> E2bResult<i64> {
-    let t: Timeout = serde_json::from_slice(body)
-        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    let t: Timeout = json_body(body)?;
     if !(0..=MAX_TIMEOUT_S).contains(&t.timeout) {
         return Err(E2bError::bad_request(format!(
             "timeout must be between 0 and {MAX_TIMEOUT_S} seconds"
@@ -593,15 +597,7 @@ pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
                     .map(|s| s.trim().to_ascii_lowercase())
                     .filter(|s| !s.is_empty()),
             ),
-            "limit" => {
-                out.limit = v
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=MAX_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}"))
-                    })?
-            }
+            "limit" => out.limit = page_limit(&v)?,
             "template" => out.template = Some(v).filter(|t| !t.is_empty()),
             "startedAfter" => {
                 out.started_after = Some(
@@ -617,11 +613,7 @@ pub fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
                     _ => return Err(E2bError::bad_request("order must be asc or desc")),
                 }
             }
-            "nextToken" => {
-                out.start = v
-                    .parse()
-                    .map_err(|_| E2bError::bad_request("nextToken: not a token of this server"))?
-            }
+            "nextToken" => out.start = page_start(&v)?,
             _ => {}
         }
     }
@@ -696,8 +688,7 @@ async fn update_network(
             format!("a network update is at most {MAX_NETWORK_BODY} bytes"),
         ));
     }
-    let mut v: Value = serde_json::from_slice(&body)
-        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?;
+    let mut v: Value = json_body(&body)?;
     let Some(obj) = v.as_object_mut() else {
         return Err(E2bError::bad_request("the body must be a JSON object"));
     };

@@ -52,6 +52,21 @@ impl IntoResponse for E2bError {
 
 pub type E2bResult<T> = Result<T, E2bError>;
 
+/// A control plane request's JSON body; 400 "invalid request body" naming what is wrong.
+pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
+    serde_json::from_slice(body)
+        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// [`json_body`], a blank body (empty or whitespace) being `T::default()`.
+pub fn json_body_or_default<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        json_body(body)
+    }
+}
+
 /// A Connect error code (the `connectrpc` crate's: its wire names and HTTP statuses).
 pub use connectrpc::error::ErrorCode as Code;
 
@@ -136,6 +151,20 @@ pub type RpcResult<T> = Result<T, RpcError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_bodies_blank_or_bad() {
+        #[derive(serde::Deserialize, Default, Debug, PartialEq)]
+        struct B {
+            n: Option<u8>,
+        }
+        assert_eq!(json_body_or_default::<B>(b" \n").unwrap(), B::default());
+        assert_eq!(json_body_or_default::<B>(br#"{"n":3}"#).unwrap().n, Some(3));
+        let e = json_body::<B>(b"").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("invalid request body: "), "{e}");
+        assert!(json_body_or_default::<B>(br#"{"n":300}"#).is_err());
+    }
 
     #[test]
     fn api_errors_keep_their_meaning_as_rpc_codes() {

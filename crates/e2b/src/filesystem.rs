@@ -96,6 +96,12 @@ fn permissions(mode: u32) -> String {
 }
 
 /// The `EntryInfo` JSON of an entry (proto3 JSON: `size` an int64, so a string).
+/// The `EntryInfo` of the entry at `r` (shown as `shown` in errors), as it is now.
+fn entry_at(fs: &SandboxFs, r: &std::path::Path, shown: &str) -> Result<Value, ApiError> {
+    let e = fs.stat(r).map_err(|e| errno(e, shown))?;
+    Ok(entry_info(fs, &e, &Accounts::read(fs)))
+}
+
 fn entry_info(fs: &SandboxFs, e: &Entry, accounts: &Accounts) -> Value {
     let mode = e.stat.st_mode;
     let kind = match FileType::from_raw_mode(mode) {
@@ -148,11 +154,7 @@ async fn stat(
 ) -> RpcResult<Response> {
     let req: PathRequest = connect::unary_request(&headers, &body)?;
     let (shown, r) = resolve(&req.path, &headers)?;
-    let entry = fs_call(&rec, move |fs| {
-        let e = fs.stat(&r).map_err(|e| errno(e, &shown))?;
-        Ok(entry_info(fs, &e, &Accounts::read(fs)))
-    })
-    .await?;
+    let entry = fs_call(&rec, move |fs| entry_at(fs, &r, &shown)).await?;
     Ok(connect::unary_response(&json!({ "entry": entry })))
 }
 
@@ -195,8 +197,7 @@ async fn make_dir(
             Err(e) => return Err(errno(e, &shown)),
         }
         fs.mkdir_p(&r, 0o755).map_err(|e| errno(e, &shown))?;
-        let e = fs.stat(&r).map_err(|e| errno(e, &shown))?;
-        Ok(entry_info(fs, &e, &Accounts::read(fs)))
+        entry_at(fs, &r, &shown)
     })
     .await?;
     Ok(connect::unary_response(&json!({ "entry": entry })))
@@ -220,8 +221,7 @@ async fn move_entry(
     let (to_shown, to) = resolve(&req.destination, &headers)?;
     let entry = fs_call(&rec, move |fs| {
         fs.rename(&from, &to).map_err(|e| errno(e, &from_shown))?;
-        let e = fs.stat(&to).map_err(|e| errno(e, &to_shown))?;
-        Ok(entry_info(fs, &e, &Accounts::read(fs)))
+        entry_at(fs, &to, &to_shown)
     })
     .await?;
     Ok(connect::unary_response(&json!({ "entry": entry })))

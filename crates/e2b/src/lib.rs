@@ -56,6 +56,11 @@ pub const ENVD_VERSION: &str = "0.5.7";
 /// The `clientID` of every sandbox (E2B's is the node's).
 pub const CLIENT_ID: &str = "agentrun";
 
+/// The request's W3C `traceparent`, if it has one (the parent of the spans it makes).
+pub(crate) fn traceparent(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get("traceparent").and_then(|v| v.to_str().ok())
+}
+
 /// The whole E2B app: control plane, envd and code interpreter on one listener. The `Host`
 /// and `Origin` checks ([`agentrun_webguard::guard`]) come first on every route; the API key
 /// and the envd token are checked before any body is read; JSON bodies are read within the

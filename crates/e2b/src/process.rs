@@ -1,14 +1,18 @@
 //! envd's `process.Process` service: `Start` (a process in the sandbox, its stdout and
 //! stderr streamed as they come, raw bytes, then its end; with `stdin`, a pipe as its
-//! stdin), `List` (the processes started here and still running), `SendSignal` (SIGTERM or
-//! SIGKILL to its whole process group: the SDK's `commands.kill`), `SendInput` and
-//! `CloseStdin` (the SDK's `send_stdin`, `close_stdin`), `Connect` (another stream of a
-//! running process's events from then on: the SDK's `commands.connect`, [`Feed`]).
-//! `StreamInput`, `Update` and PTYs answer `unimplemented`.
+//! stdin; with `pty`, a terminal of that size as its stdin, stdout and stderr, whose output
+//! comes as `pty` data: the SDK's `pty.create`), `List` (the processes started here and
+//! still running), `SendSignal` (SIGTERM or SIGKILL to its whole process group: the SDK's
+//! `commands.kill`, `pty.kill`), `SendInput` and `CloseStdin` (the SDK's `send_stdin`,
+//! `close_stdin`, `pty.send_stdin`), `StreamInput` (the same input as a client stream of
+//! messages, written as they come: `stream_input`), `Update` (a terminal's new size:
+//! `pty.resize`), `Connect` (another stream of a running process's events from then on: the
+//! SDK's `commands.connect`, `pty.connect`, [`Feed`]).
 //!
 //! A process is a command of the sandbox in the OpenSandbox front end's sense
 //! ([`agentrun_opensandbox::execd::Command`], id = its pid here), started by
-//! [`agentrun_pool::process::spawn`] with the request's argv, env over the sandbox's, cwd
+//! [`agentrun_pool::process::spawn`] (a terminal: [`agentrun_pool::process::spawn_terminal`],
+//! the pty machinery of the Docker front end) with the request's argv, env over the sandbox's, cwd
 //! (default: root's home, `/` for another user) and user (`Authorization: Basic`). Its pid is agentrun's id of
 //! the process in the sandbox (what signals name), not the kernel's.
 //!
@@ -24,19 +28,21 @@
 //! one), the runs counter and the `run` audit record, written before the client sees its end.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrun_opensandbox::execd::commands::{finish_run, remember};
 use agentrun_opensandbox::execd::Command;
 use agentrun_opensandbox::{Record, Server};
-use agentrun_pool::process::Spawned;
+use agentrun_pool::process::{Spawned, SpawnedTerminal};
+use agentrun_pool::stdio::StdioStream;
 use agentrun_pool::{lock, PoolError};
 use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Extension, Router};
 use base64::Engine;
@@ -60,9 +66,9 @@ pub fn routes(server: Arc<Server>, processes: Arc<Processes>) -> Router {
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/Connect", post(connect_process))
         .route("/process.Process/SendInput", post(send_input))
-        .route("/process.Process/StreamInput", post(unimplemented))
+        .route("/process.Process/StreamInput", post(stream_input))
         .route("/process.Process/CloseStdin", post(close_stdin))
-        .route("/process.Process/Update", post(unimplemented))
+        .route("/process.Process/Update", post(update))
         .route_layer(axum::middleware::from_fn_with_state(
             server.clone(),
             crate::auth::require_access_token_rpc,
@@ -130,11 +136,33 @@ impl Feed {
     }
 }
 
-/// The running processes of a listener's sandboxes that `Connect` can reach, by (sandbox,
-/// pid).
+/// The running processes of a listener's sandboxes that `Connect` can reach, and the
+/// terminals of those started on one, by (sandbox, pid).
 #[derive(Default)]
 pub struct Processes {
     feeds: std::sync::Mutex<HashMap<(String, u32), Arc<Feed>>>,
+    ptys: std::sync::Mutex<HashMap<(String, u32), Arc<Terminal>>>,
+}
+
+/// Our end of a process's terminal: its input written here, its size set here.
+struct Terminal {
+    input: Arc<tokio::sync::Mutex<StdioStream>>,
+    master: std::fs::File,
+}
+
+impl Processes {
+    /// The terminal of running process `pid` of sandbox `rec`.
+    fn pty(&self, rec: &Record, pid: u32) -> RpcResult<Arc<Terminal>> {
+        lock(&self.ptys)
+            .get(&(rec.id.clone(), pid))
+            .cloned()
+            .ok_or_else(|| {
+                RpcError::new(
+                    Code::NotFound,
+                    format!("process {pid} not found, or not started with a pty"),
+                )
+            })
+    }
 }
 
 /// `ConnectRequest`.
@@ -212,21 +240,64 @@ pub struct StartRequest {
     #[serde(default)]
     pub process: Option<ProcessConfig>,
     #[serde(default)]
-    pub pty: Option<serde_json::Value>,
+    pub pty: Option<Pty>,
     #[serde(default)]
     pub tag: Option<String>,
     #[serde(default)]
     pub stdin: Option<bool>,
 }
 
-/// A `StartRequest`, checked: its process config (a command is required, PTYs are not
-/// served) and whether it gets a stdin pipe (else it reads `/dev/null`).
-pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, bool)> {
-    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
-        return Err(RpcError::unimplemented(
-            "PTYs are not served by agentrun's envd yet",
-        ));
+/// `PTY`: a terminal's size.
+#[derive(Deserialize, Debug)]
+pub struct Pty {
+    #[serde(default)]
+    pub size: Option<PtySize>,
+}
+
+/// `PTY.Size`.
+#[derive(Deserialize, Debug)]
+pub struct PtySize {
+    #[serde(default)]
+    pub rows: u32,
+    #[serde(default)]
+    pub cols: u32,
+}
+
+impl Pty {
+    /// Its (rows, cols): each 1 to 65535, else `invalid_argument`.
+    pub fn rows_cols(&self) -> RpcResult<(u16, u16)> {
+        let (rows, cols) = self.size.as_ref().map_or((0, 0), |s| (s.rows, s.cols));
+        let dim = |n: u32| u16::try_from(n).ok().filter(|n| *n > 0);
+        match (dim(rows), dim(cols)) {
+            (Some(r), Some(c)) => Ok((r, c)),
+            _ => Err(RpcError::invalid(format!(
+                "pty.size {rows}x{cols}: rows and cols must be 1 to 65535"
+            ))),
+        }
     }
+}
+
+/// A process's stdio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdio {
+    /// Pipes: stdout and stderr apart; stdin a pipe when `stdin`, else `/dev/null`.
+    Pipes { stdin: bool },
+    /// A terminal of (rows, cols).
+    Pty(u16, u16),
+}
+
+/// A `StartRequest`, checked: its process config (a command is required) and its stdio (a
+/// terminal of a valid size, or pipes with or without stdin).
+pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, Stdio)> {
+    let stdio = match &req.pty {
+        Some(pty) => {
+            let (rows, cols) = pty.rows_cols()?;
+            Stdio::Pty(rows, cols)
+        }
+        None => Stdio::Pipes {
+            stdin: req.stdin.unwrap_or(false),
+        },
+    };
     let p = req
         .process
         .ok_or_else(|| RpcError::invalid("process is required"))?;
@@ -243,7 +314,7 @@ pub fn check_start(req: StartRequest) -> RpcResult<(ProcessConfig, bool)> {
             return Err(RpcError::invalid(format!("envs {k:?}: invalid variable")));
         }
     }
-    Ok((p, req.stdin.unwrap_or(false)))
+    Ok((p, stdio))
 }
 
 fn b64(data: &[u8]) -> String {
@@ -294,7 +365,7 @@ async fn start_inner(
     body: &[u8],
 ) -> RpcResult<Response> {
     let req: StartRequest = connect::stream_request(headers, body)?;
-    let (p, want_stdin) = check_start(req)?;
+    let (p, stdio) = check_start(req)?;
     let user = crate::auth::user_of(headers).map_err(RpcError::invalid)?;
     rec.check_running()?;
     rec.check_not_paused()?;
@@ -315,7 +386,7 @@ async fn start_inner(
     let mut argv = vec![p.cmd];
     argv.extend(p.args);
     let content = argv.join(" ");
-    let span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let span = ExecSpan::new(crate::traceparent(headers))
         .sandbox(&rec.id)
         .executable(&argv[0])
         .command_line(&content)
@@ -324,13 +395,13 @@ async fn start_inner(
         env.push(("TRACEPARENT".into(), span.traceparent()));
     }
     let started = Instant::now();
-    let Spawned {
+    let Started {
         id,
         stdin,
-        stdout,
-        stderr,
+        outputs,
+        pty,
         exit,
-    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, want_stdin, user).await {
+    } = match spawn(&rec.sandbox, argv, env, cwd, stdio, user).await {
         Ok(s) => s,
         Err(PoolError::Spawn { exit_code, message }) => {
             let finish = RunFinish::failed(FrontEnd::E2b, "spawn", message.as_str())
@@ -345,22 +416,31 @@ async fn start_inner(
         .map_err(|_| RpcError::new(Code::Internal, "process id out of the pid range"))?;
     let cmd = Arc::new(Command::running(rec, pid.to_string(), content, id));
     remember(rec, &cmd);
+    let key = (rec.id.clone(), pid);
     if let Some(fd) = stdin {
-        let stream = agentrun_pool::stdio::StdioStream::new(fd)
+        let stream = StdioStream::new(fd)
             .map_err(|e| RpcError::new(Code::Internal, format!("stdin: {e}")))?;
-        lock(&rec.stdin).insert(id, Arc::new(tokio::sync::Mutex::new(stream)));
+        let input = Arc::new(tokio::sync::Mutex::new(stream));
+        match pty {
+            Some(master) => {
+                lock(&processes.ptys).insert(key.clone(), Arc::new(Terminal { input, master }));
+            }
+            None => {
+                lock(&rec.stdin).insert(id, input);
+            }
+        }
     }
     let (keepalive, deadline) = stream_params(headers);
     let (tx, rx) = connect::stream_queue();
     let _ = tx.try_send(event(json!({"start": {"pid": pid}})));
     let feed = Arc::new(Feed::default());
     feed.subscribe(tx);
-    let key = (rec.id.clone(), pid);
     lock(&processes.feeds).insert(key.clone(), feed.clone());
     // The output readers: each chunk an event, waiting on the clients' queues (with no
     // client, output is read and dropped, and a later Connect gets what comes next).
+    let readers = outputs.len();
     let (out_done_tx, mut out_done) = mpsc::channel::<()>(2);
-    for (fd, kind) in [(stdout, "stdout"), (stderr, "stderr")] {
+    for (fd, kind) in outputs {
         let (feed, done) = (feed.clone(), out_done_tx.clone());
         server.output.spawn(async move {
             agentrun_pool::stdio::pump(fd, |chunk| {
@@ -402,7 +482,7 @@ async fn start_inner(
         // hold the pipes open are not waited for past the grace.
         let grace = tokio::time::sleep(OUTPUT_GRACE);
         tokio::pin!(grace);
-        for _ in 0..2 {
+        for _ in 0..readers {
             tokio::select! {
                 _ = out_done.recv() => {}
                 _ = &mut grace => break,
@@ -413,6 +493,7 @@ async fn start_inner(
             None => format!("exit status {}", result.exit_code),
         };
         lock(&rec.stdin).remove(&id);
+        lock(&processes.ptys).remove(&key);
         cmd.finish(&rec, result.exit_code, status.clone());
         let mut finish = RunFinish::exited(
             FrontEnd::E2b,
@@ -442,6 +523,63 @@ async fn start_inner(
     Ok(connect::stream_response(rx))
 }
 
+/// A process just started: our ends of its stdio (its stdin writer, its outputs with the
+/// data field each is sent as, the pty master of a terminal) and its exit.
+struct Started {
+    id: u64,
+    stdin: Option<OwnedFd>,
+    outputs: Vec<(OwnedFd, &'static str)>,
+    pty: Option<std::fs::File>,
+    exit: tokio::sync::oneshot::Receiver<agentrun_pool::live::ProcessExit>,
+}
+
+/// Starts `argv` in the sandbox on pipes or a terminal ([`Stdio`]).
+async fn spawn(
+    sandbox: &Arc<agentrun_pool::live::LiveSandbox>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    stdio: Stdio,
+    user: Option<String>,
+) -> Result<Started, PoolError> {
+    match stdio {
+        Stdio::Pipes { stdin } => {
+            let Spawned {
+                id,
+                stdin,
+                stdout,
+                stderr,
+                exit,
+            } = agentrun_pool::process::spawn(sandbox, argv, env, cwd, stdin, user).await?;
+            Ok(Started {
+                id,
+                stdin,
+                outputs: vec![(stdout, "stdout"), (stderr, "stderr")],
+                pty: None,
+                exit,
+            })
+        }
+        Stdio::Pty(rows, cols) => {
+            let SpawnedTerminal { id, master, exit } =
+                agentrun_pool::process::spawn_terminal(sandbox, argv, env, cwd, (rows, cols), user)
+                    .await?;
+            let clone = |what| {
+                master
+                    .try_clone()
+                    .map(OwnedFd::from)
+                    .map_err(|e| PoolError::Io(what, e))
+            };
+            Ok(Started {
+                id,
+                stdin: Some(clone("pty input")?),
+                outputs: vec![(clone("pty output")?, "pty")],
+                pty: Some(master),
+                exit,
+            })
+        }
+    }
+}
+
 fn signal_name(s: i32) -> String {
     match s {
         libc::SIGKILL => "killed".into(),
@@ -449,10 +587,6 @@ fn signal_name(s: i32) -> String {
         libc::SIGINT => "interrupt".into(),
         n => format!("signal {n}"),
     }
-}
-
-async fn unimplemented() -> Response {
-    RpcError::unimplemented("this RPC is not served by agentrun's envd yet").into_response()
 }
 
 async fn list(
@@ -549,28 +683,43 @@ fn pid_of(sel: Option<Selector>) -> RpcResult<u32> {
         .ok_or_else(|| RpcError::invalid("process.pid is required"))
 }
 
-/// A `SendInputRequest`, checked: the pid and the bytes for its stdin.
-pub fn check_input(req: InputRequest) -> RpcResult<(u32, Vec<u8>)> {
-    let pid = pid_of(req.process)?;
-    let input = req
-        .input
-        .ok_or_else(|| RpcError::invalid("input is required"))?;
-    if input.pty.is_some() {
-        return Err(RpcError::unimplemented(
-            "PTYs are not served by agentrun's envd yet",
-        ));
+/// Where input goes: a process's stdin pipe or its terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Stdin,
+    Pty,
+}
+
+impl Input {
+    /// Its target and bytes (base64 in the message); `invalid_argument` for both or for bad
+    /// base64. Neither is no bytes for stdin (an empty field may be left out).
+    pub fn decode(self) -> RpcResult<(Target, Vec<u8>)> {
+        let (target, field, b) = match (self.stdin, self.pty) {
+            (b, None) => (Target::Stdin, "stdin", b.unwrap_or_default()),
+            (None, Some(b)) => (Target::Pty, "pty", b),
+            (Some(_), Some(_)) => {
+                return Err(RpcError::invalid("input: expected one of stdin or pty"))
+            }
+        };
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map_err(|e| RpcError::invalid(format!("input.{field}: {e}")))?;
+        Ok((target, data))
     }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(input.stdin.unwrap_or_default())
-        .map_err(|e| RpcError::invalid(format!("input.stdin: {e}")))?;
-    Ok((pid, data))
+}
+
+/// A `SendInputRequest`, checked: the pid, where the bytes go and the bytes.
+pub fn check_input(req: InputRequest) -> RpcResult<(u32, Target, Vec<u8>)> {
+    let pid = pid_of(req.process)?;
+    let (target, data) = req
+        .input
+        .ok_or_else(|| RpcError::invalid("input is required"))?
+        .decode()?;
+    Ok((pid, target, data))
 }
 
 /// The stdin of process `pid`, if it runs and was started with one.
-fn stdin_of(
-    rec: &Record,
-    pid: u32,
-) -> RpcResult<Arc<tokio::sync::Mutex<agentrun_pool::stdio::StdioStream>>> {
+fn stdin_of(rec: &Record, pid: u32) -> RpcResult<Arc<tokio::sync::Mutex<StdioStream>>> {
     lock(&rec.stdin)
         .get(&u64::from(pid))
         .cloned()
@@ -582,20 +731,129 @@ fn stdin_of(
         })
 }
 
+/// The writer of `pid`'s stdin or terminal.
+fn input_of(
+    rec: &Record,
+    processes: &Processes,
+    pid: u32,
+    target: Target,
+) -> RpcResult<Arc<tokio::sync::Mutex<StdioStream>>> {
+    match target {
+        Target::Stdin => stdin_of(rec, pid),
+        Target::Pty => Ok(processes.pty(rec, pid)?.input.clone()),
+    }
+}
+
+/// Writes `data` to `pid`'s stdin or terminal.
+async fn write_input(
+    rec: &Record,
+    processes: &Processes,
+    pid: u32,
+    target: Target,
+    data: &[u8],
+) -> RpcResult<()> {
+    use tokio::io::AsyncWriteExt;
+    let w = input_of(rec, processes, pid, target)?;
+    let mut w = w.lock().await;
+    w.write_all(data)
+        .await
+        .map_err(|e| RpcError::new(Code::FailedPrecondition, format!("input of {pid}: {e}")))
+}
+
 async fn send_input(
     Extension(rec): Extension<Arc<Record>>,
+    Extension(processes): Extension<Arc<Processes>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<Response> {
-    use tokio::io::AsyncWriteExt;
     let req: InputRequest = connect::unary_request(&headers, &body)?;
-    let (pid, data) = check_input(req)?;
-    let stdin = stdin_of(&rec, pid)?;
-    let mut w = stdin.lock().await;
-    w.write_all(&data)
-        .await
-        .map_err(|e| RpcError::new(Code::FailedPrecondition, format!("stdin of {pid}: {e}")))?;
+    let (pid, target, data) = check_input(req)?;
+    write_input(&rec, &processes, pid, target, &data).await?;
     Ok(connect::unary_response(&json!({})))
+}
+
+/// `UpdateRequest`.
+#[derive(Deserialize, Debug)]
+pub struct UpdateRequest {
+    pub process: Option<Selector>,
+    pub pty: Option<Pty>,
+}
+
+/// `Update`: the terminal's new size (TIOCSWINSZ on its master; the process gets SIGWINCH).
+/// Without `pty`, nothing to change (as envd).
+async fn update(
+    Extension(rec): Extension<Arc<Record>>,
+    Extension(processes): Extension<Arc<Processes>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> RpcResult<Response> {
+    let req: UpdateRequest = connect::unary_request(&headers, &body)?;
+    let pid = pid_of(req.process)?;
+    let size = req.pty.as_ref().map(Pty::rows_cols).transpose()?;
+    let terminal = processes.pty(&rec, pid)?;
+    if let Some((rows, cols)) = size {
+        agentrun_pool::stdio::set_window_size(&terminal.master, rows, cols).map_err(|e| {
+            RpcError::new(Code::Internal, format!("resizing the pty of {pid}: {e}"))
+        })?;
+    }
+    Ok(connect::unary_response(&json!({})))
+}
+
+/// `StreamInputRequest`: a `start` naming the process first, then `data` and `keepalive`
+/// in any number.
+#[derive(Deserialize, Debug)]
+pub struct StreamInputRequest {
+    pub start: Option<StreamInputStart>,
+    pub data: Option<StreamInputData>,
+    pub keepalive: Option<serde_json::Value>,
+}
+
+/// `StreamInputRequest.StartEvent`.
+#[derive(Deserialize, Debug)]
+pub struct StreamInputStart {
+    pub process: Option<Selector>,
+}
+
+/// `StreamInputRequest.DataEvent`.
+#[derive(Deserialize, Debug)]
+pub struct StreamInputData {
+    pub input: Option<Input>,
+}
+
+/// `StreamInput` (client streaming): each `data` message written to the process's stdin or
+/// terminal as it comes, in order; then `{}`. The request's envelopes are read from the body
+/// as they arrive (each within [`connect::MAX_MESSAGE`]); an error ends the stream with it.
+async fn stream_input(
+    Extension(rec): Extension<Arc<Record>>,
+    Extension(processes): Extension<Arc<Processes>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let result = async {
+        let mut messages = connect::ClientStream::new(&headers, body)?;
+        let first: StreamInputRequest = messages
+            .next()
+            .await?
+            .ok_or_else(|| RpcError::invalid("the input stream ended before its start"))?;
+        let start = first.start.ok_or_else(|| {
+            RpcError::invalid("the input stream's first message must be its start")
+        })?;
+        let pid = pid_of(start.process)?;
+        while let Some(msg) = messages.next::<StreamInputRequest>().await? {
+            if msg.start.is_some() {
+                return Err(RpcError::invalid("the input stream has one start"));
+            }
+            let Some(data) = msg.data else { continue };
+            let (target, bytes) = data
+                .input
+                .ok_or_else(|| RpcError::invalid("data.input is required"))?
+                .decode()?;
+            write_input(&rec, &processes, pid, target, &bytes).await?;
+        }
+        Ok(())
+    }
+    .await;
+    connect::client_stream_response(result.err().as_ref())
 }
 
 #[derive(Deserialize, Debug)]
@@ -633,10 +891,25 @@ mod tests {
         let pty: StartRequest =
             serde_json::from_str(r#"{"process":{"cmd":"x"},"pty":{"size":{"cols":80,"rows":24}}}"#)
                 .unwrap();
-        assert_eq!(check_start(pty).unwrap_err().code, Code::Unimplemented);
+        assert_eq!(check_start(pty).unwrap().1, Stdio::Pty(24, 80));
+        for bad in [
+            r#"{"process":{"cmd":"x"},"pty":{"size":{"cols":0,"rows":24}}}"#,
+            r#"{"process":{"cmd":"x"},"pty":{"size":{"cols":80,"rows":70000}}}"#,
+            r#"{"process":{"cmd":"x"},"pty":{}}"#,
+        ] {
+            let r: StartRequest = serde_json::from_str(bad).unwrap();
+            assert_eq!(
+                check_start(r).unwrap_err().code,
+                Code::InvalidArgument,
+                "{bad}"
+            );
+        }
         let with_stdin: StartRequest =
             serde_json::from_str(r#"{"process":{"cmd":"cat"},"stdin":true}"#).unwrap();
-        assert!(check_start(with_stdin).unwrap().1);
+        assert_eq!(
+            check_start(with_stdin).unwrap().1,
+            Stdio::Pipes { stdin: true }
+        );
         let none: StartRequest = serde_json::from_str(r#"{}"#).unwrap();
         assert_eq!(check_start(none).unwrap_err().code, Code::InvalidArgument);
         let bad_env: StartRequest =
@@ -664,9 +937,25 @@ mod tests {
     fn input_is_base64() {
         let r: InputRequest =
             serde_json::from_str(r#"{"process":{"pid":3},"input":{"stdin":"aGkK"}}"#).unwrap();
-        assert_eq!(check_input(r).unwrap(), (3, b"hi\n".to_vec()));
+        assert_eq!(
+            check_input(r).unwrap(),
+            (3, Target::Stdin, b"hi\n".to_vec())
+        );
         let r: InputRequest =
-            serde_json::from_str(r#"{"process":{"pid":3},"input":{"stdin":"%%"}}"#).unwrap();
-        assert_eq!(check_input(r).unwrap_err().code, Code::InvalidArgument);
+            serde_json::from_str(r#"{"process":{"pid":3},"input":{"pty":"aGkK"}}"#).unwrap();
+        assert_eq!(check_input(r).unwrap(), (3, Target::Pty, b"hi\n".to_vec()));
+        let r: InputRequest = serde_json::from_str(r#"{"process":{"pid":3},"input":{}}"#).unwrap();
+        assert_eq!(check_input(r).unwrap(), (3, Target::Stdin, vec![]));
+        for bad in [
+            r#"{"process":{"pid":3},"input":{"stdin":"%%"}}"#,
+            r#"{"process":{"pid":3},"input":{"stdin":"","pty":""}}"#,
+        ] {
+            let r: InputRequest = serde_json::from_str(bad).unwrap();
+            assert_eq!(
+                check_input(r).unwrap_err().code,
+                Code::InvalidArgument,
+                "{bad}"
+            );
+        }
     }
 }

@@ -25,7 +25,7 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{E2bError, E2bResult};
+use crate::error::{json_body_or_default, E2bError, E2bResult};
 use crate::record::{created_json, end_of, record, set_end, template_of, MAX_TIMEOUT_S};
 
 /// Longest snapshot name.
@@ -33,8 +33,6 @@ const MAX_NAME: usize = 256;
 /// Most copies of one fork (the SDK's own bound).
 pub const MAX_FORK_COUNT: u64 = 20;
 /// Default and largest page of the snapshot list.
-const DEFAULT_LIMIT: usize = 100;
-const MAX_LIMIT: usize = 1000;
 /// The name a pause to disk gives its snapshot (not one of the user's: not listed).
 const PAUSED_PREFIX: &str = "paused:";
 
@@ -44,10 +42,7 @@ pub fn is_snapshot_id(template: &str) -> bool {
 }
 
 fn trace(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    crate::traceparent(headers).map(str::to_owned)
 }
 
 #[derive(Deserialize, Default)]
@@ -59,12 +54,7 @@ struct SnapshotRequest {
 
 /// A snapshot request's name, checked; `memory: true` (a full snapshot) is refused.
 fn parse_snapshot_request(body: &[u8]) -> E2bResult<Option<String>> {
-    let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        SnapshotRequest::default()
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
-    };
+    let req: SnapshotRequest = json_body_or_default(body)?;
     if req.memory == Some(true) {
         return Err(E2bError::bad_request(
             "memory snapshots are not served by agentrun: a snapshot keeps the sandbox's files (mode=\"filesystem\")",
@@ -111,25 +101,14 @@ pub async fn list_snapshots(
     State(server): State<Arc<Server>>,
     RawQuery(q): RawQuery,
 ) -> E2bResult<Response> {
-    let (mut sandbox, mut name, mut limit, mut start) = (None, None, DEFAULT_LIMIT, 0usize);
+    let (mut sandbox, mut name, mut limit, mut start) =
+        (None, None, crate::control::DEFAULT_LIMIT, 0usize);
     for (k, v) in form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes()) {
         match k.as_ref() {
             "sandboxID" | "sandboxId" => sandbox = Some(v.into_owned()),
             "name" => name = Some(v.into_owned()),
-            "limit" => {
-                limit = v
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=MAX_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}"))
-                    })?
-            }
-            "nextToken" => {
-                start = v
-                    .parse()
-                    .map_err(|_| E2bError::bad_request("nextToken: not a token of this server"))?
-            }
+            "limit" => limit = crate::control::page_limit(&v)?,
+            "nextToken" => start = crate::control::page_start(&v)?,
             _ => {}
         }
     }
@@ -216,12 +195,7 @@ struct ForkRequest {
 
 /// A fork body: (copies, their timeout in seconds if given).
 fn parse_fork(body: &[u8]) -> E2bResult<(usize, Option<i64>)> {
-    let req: ForkRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        ForkRequest::default()
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))?
-    };
+    let req: ForkRequest = json_body_or_default(body)?;
     let count = req.count.unwrap_or(1);
     if !(1..=MAX_FORK_COUNT).contains(&count) {
         return Err(E2bError::bad_request(format!(

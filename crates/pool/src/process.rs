@@ -1,12 +1,13 @@
 //! Processes in a long-lived sandbox as the API front ends start them: with stdout and
 //! stderr pipes (and a stdin pipe or `/dev/null`: [`Pipes`]) whose other ends are passed into
-//! the sandbox ([`spawn`]), under the image's shell ([`find_shell`]); and the interactive ones
+//! the sandbox ([`spawn`]), or on a terminal of their own ([`spawn_terminal`]), under the image's shell ([`find_shell`]); and the interactive ones
 //! that stay between runs (an OpenSandbox session's shell, a Python context's interpreter:
 //! [`InteractiveProcess`]), whose output is read through a queue of [`LINE_QUEUE`] lines that
 //! only a run in progress drains: output written between runs (`yes &`) waits there, then in
 //! the pipe, and then the writer blocks until the next run reads it. Also the `$VAR`
 //! expansion the front ends apply to a request's working directory ([`expand_vars`]).
 
+use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::lines::PipeLines;
 use crate::live::{LiveSandbox, ProcessExit, ProcessSpec};
-use crate::stdio::{Pipes, StdioStream};
+use crate::stdio::{set_window_size, Pipes, StdioStream, Terminal};
 use crate::PoolError;
 
 /// Lines of an interactive process's stdout (and as many of its stderr) held until a run
@@ -70,14 +71,61 @@ pub async fn spawn(
         stdout,
         stderr,
     } = Pipes::open(stdin).map_err(|e| PoolError::Io("pipes", e))?;
+    let (id, exit) = start(sandbox, argv, env, cwd, child, false, user).await?;
+    Ok(Spawned {
+        id,
+        stdin,
+        stdout,
+        stderr,
+        exit,
+    })
+}
+
+/// A process just started in a sandbox on a terminal ([`spawn_terminal`]).
+pub struct SpawnedTerminal {
+    /// Its id in the sandbox (what [`LiveSandbox::signal`] takes).
+    pub id: u64,
+    /// The pty master: its input written here, its output (stdout and stderr as one) read
+    /// here, its window size set here ([`set_window_size`]); `try_clone` it for each.
+    pub master: File,
+    /// Fires once it exited.
+    pub exit: oneshot::Receiver<ProcessExit>,
+}
+
+/// Starts a process in the sandbox on a new terminal ([`Terminal`]) of `rows` x `cols`, in a
+/// session of its own, as [`spawn`] does otherwise.
+pub async fn spawn_terminal(
+    sandbox: &Arc<LiveSandbox>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    (rows, cols): (u16, u16),
+    user: Option<String>,
+) -> Result<SpawnedTerminal, PoolError> {
+    let Terminal { child, master } = Terminal::open().map_err(|e| PoolError::Io("pty", e))?;
+    set_window_size(&master, rows, cols).map_err(|e| PoolError::Io("pty size", e))?;
+    let (id, exit) = start(sandbox, argv, env, cwd, child, true, user).await?;
+    Ok(SpawnedTerminal { id, master, exit })
+}
+
+/// Starts `argv` with `stdio` (passed into the sandbox, closed here): its id and exit.
+async fn start(
+    sandbox: &Arc<LiveSandbox>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    stdio: [OwnedFd; 3],
+    new_session: bool,
+    user: Option<String>,
+) -> Result<(u64, oneshot::Receiver<ProcessExit>), PoolError> {
     let (tx, rx) = oneshot::channel();
     let sandbox = sandbox.clone();
     let spec = ProcessSpec {
         argv,
         env,
         cwd,
-        stdio: child,
-        new_session: false,
+        stdio,
+        new_session,
         user,
         on_exit: Box::new(move |e| {
             let _ = tx.send(e);
@@ -86,13 +134,7 @@ pub async fn spawn(
     let p = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
         .await
         .map_err(|e| PoolError::Invalid(e.to_string()))??;
-    Ok(Spawned {
-        id: p.id,
-        stdin,
-        stdout,
-        stderr,
-        exit: rx,
-    })
+    Ok((p.id, rx))
 }
 
 /// The lines of a pipe (an interactive process's output), read into a queue of

@@ -1,12 +1,12 @@
 //! A process's stdio as the API front ends give it to [`LiveSandbox::spawn`]: pipes
 //! ([`Pipes`]: stdout and stderr apart, stdin a pipe or `/dev/null`) or a terminal
-//! ([`Terminal`]: a pty, one stream), the child's ends passed into the sandbox and ours kept;
-//! our ends read and written on tokio ([`StdioStream`]), and a process's output read to its
-//! end chunk by chunk ([`pump`]).
+//! ([`Terminal`]: a pty, one stream, its window size set with [`set_window_size`]), the
+//! child's ends passed into the sandbox and ours kept; our ends read and written on tokio
+//! ([`StdioStream`]), and a process's output read to its end chunk by chunk ([`pump`]).
 //!
-//! The Docker API and the OpenSandbox API both start their processes with these: one way to
-//! make a process's pipes, one way to read its output (on the caller's tokio runtime, no
-//! thread per stream), one way to write its stdin.
+//! The Docker, OpenSandbox and E2B APIs all start their processes with these: one way to
+//! make a process's pipes or terminal, one way to read its output (on the caller's tokio
+//! runtime, no thread per stream), one way to write its stdin.
 //!
 //! [`LiveSandbox::spawn`]: crate::live::LiveSandbox::spawn
 
@@ -94,6 +94,19 @@ impl Terminal {
             master: File::from(pty.master),
         })
     }
+}
+
+/// Sets the window size of the pty whose master is `master` to `rows` x `cols` (TIOCSWINSZ):
+/// what `stty size` or `os.get_terminal_size()` report inside, and SIGWINCH to the
+/// terminal's foreground process group.
+pub fn set_window_size(master: impl AsFd, rows: u16, cols: u16) -> io::Result<()> {
+    let size = rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    rustix::termios::tcsetwinsize(master, size).map_err(io::Error::from)
 }
 
 /// Our end of a process's stdin, stdout or stderr (a pipe's end or a pty master), read or
@@ -300,5 +313,13 @@ mod tests {
             }
             assert_eq!(got, b"hi\r\n");
         });
+    }
+
+    #[test]
+    fn a_terminals_window_size_is_set_on_its_master() {
+        let Terminal { child, master } = Terminal::open().unwrap();
+        set_window_size(&master, 33, 121).unwrap();
+        let got = rustix::termios::tcgetwinsize(&child[0]).unwrap();
+        assert_eq!((got.ws_row, got.ws_col), (33, 121));
     }
 }

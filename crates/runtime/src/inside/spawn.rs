@@ -22,7 +22,8 @@ pub struct SpawnSpec<'a> {
     /// Fds to install as the command's stdin, stdout, stderr (`None`: inherit).
     pub stdio: Option<[RawFd; 3]>,
     /// A new session (`setsid`, which also makes a new process group) instead of only a new
-    /// process group.
+    /// process group; when its stdin is a terminal, that terminal becomes the session's
+    /// controlling terminal (job control, ^C, SIGWINCH), as a login on it would have it.
     pub new_session: bool,
     /// Rlimits set in the child before the exec (posix_spawn cannot: such a spawn forks).
     pub rlimits: crate::confine::limits::RlimitFallback,
@@ -31,7 +32,8 @@ pub struct SpawnSpec<'a> {
 /// Starts the command in a new process group (or session), with an empty signal mask and every signal at
 /// its default disposition. Returns the pid, or the errno of what failed (exec included).
 pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
-    if spec.rlimits != Default::default() {
+    // posix_spawn can set neither rlimits nor a controlling terminal.
+    if spec.rlimits != Default::default() || spec.new_session {
         return spawn_as(spec, None).map_err(|(_, e)| e);
     }
     let check = |rc: libc::c_int| {
@@ -63,12 +65,10 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Pid, nix::Error> {
         let attr_ptr = attr.as_mut_ptr();
         let actions_ptr = actions.as_mut_ptr();
         let result = (|| {
-            let group = if spec.new_session {
-                libc::POSIX_SPAWN_SETSID as libc::c_int
-            } else {
-                libc::POSIX_SPAWN_SETPGROUP as libc::c_int
-            };
-            let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF | group;
+            // A new session goes through `spawn_as` (above): here, a new process group.
+            let flags = libc::POSIX_SPAWN_SETSIGMASK
+                | libc::POSIX_SPAWN_SETSIGDEF
+                | libc::POSIX_SPAWN_SETPGROUP as libc::c_int;
             check(libc::posix_spawnattr_setflags(
                 attr_ptr,
                 flags as libc::c_short,
@@ -176,10 +176,10 @@ pub(crate) fn find_program(name: &str, path: &str) -> Option<std::path::PathBuf>
     })
 }
 
-/// [`spawn`] as another user: the same process group/session, signal state, stdio and
-/// working directory, with `creds` (supplementary groups, gid, uid, in that order) set before
-/// the working directory is entered and the program executed, and the spec's rlimits set.
-/// `posix_spawn` can do neither, so this forks; the child makes only raw system calls
+/// [`spawn`] as another user: the same process group/session (and controlling terminal),
+/// signal state, stdio and working directory, with `creds` (supplementary groups, gid, uid,
+/// in that order) set before the working directory is entered and the program executed, and
+/// the spec's rlimits set. `posix_spawn` can do none of that, so this forks; the child makes only raw system calls
 /// (everything it needs is prepared before the fork) and reports a failure through a
 /// close-on-exec pipe. `creds` `None`: as this process's user.
 pub fn spawn_as(
@@ -254,6 +254,12 @@ pub fn spawn_as(
                     }
                 }
             }
+            // A session leader's terminal becomes its controlling terminal (best effort: a
+            // process that is not on one, or whose terminal is another session's, goes on
+            // without).
+            if spec.new_session && libc::isatty(0) == 1 {
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+            }
             if let Some(creds) = creds {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || libc::setgid(creds.gid) < 0
@@ -303,4 +309,50 @@ pub fn spawn_as(
     };
     let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
     Err((step, nix::Error::from_raw(errno)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    /// The first line `sh -c script` prints, run by [`spawn`] in a new session on a new pty.
+    fn on_a_pty(script: &str) -> String {
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let s = pty.slave.as_raw_fd();
+        let argv = ["/bin/sh", "-c", script].map(|a| CString::new(a).unwrap());
+        let env = [CString::new("PATH=/usr/bin:/bin").unwrap()];
+        let cwd = CString::new("/").unwrap();
+        let pid = spawn(&SpawnSpec {
+            argv: &argv,
+            env: &env,
+            cwd: &cwd,
+            stdio: Some([s, s, s]),
+            new_session: true,
+            rlimits: Default::default(),
+        })
+        .unwrap();
+        drop(pty.slave);
+        // Its line, read before it is reaped (a session leader's exit hangs its terminal up),
+        // or what came before the slave closed (EIO).
+        let mut out = Vec::new();
+        let mut master = std::fs::File::from(pty.master);
+        let mut buf = [0u8; 256];
+        while !out.contains(&b'\n') {
+            match master.read(&mut buf) {
+                Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        nix::sys::wait::waitpid(pid, None).unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn a_new_sessions_terminal_is_its_controlling_terminal() {
+        // /dev/tty opens only for a process with a controlling terminal.
+        let script = "if (: </dev/tty) 2>/dev/null; then echo ctty; else echo none; fi";
+        assert_eq!(on_a_pty(script).trim(), "ctty");
+    }
 }
