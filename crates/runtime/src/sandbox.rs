@@ -415,12 +415,7 @@ impl Sandbox {
             });
         }
         for m in &mounts {
-            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
-                return Err(RuntimeError::InvalidInput(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
+            m.check_target()?;
         }
         self.image_lease = Some(config.image.lease()?);
         let prepared = if rootless.is_some() {
