@@ -1127,7 +1127,13 @@ fn decide_http(
         .policy
         .read()
         .unwrap_or_else(|p| p.into_inner())
-        .check_http(host, port, &req.method, &req.path, &req.fields);
+        .check_http(&agentrun_policy::HttpRequest {
+            method: &req.method,
+            host,
+            port,
+            path: &req.path,
+            fields: &req.fields,
+        });
     let Some(d) = d else { return Ok(()) };
     let action = Action::Http {
         method: req.method.clone(),
