@@ -301,6 +301,21 @@ impl Pool {
         }
     }
 
+    /// Destroys `sh` with the lock `st` released (counted in `destroying` meanwhile); returns
+    /// the lock taken again.
+    fn destroy_released<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        sh: PooledShell,
+    ) -> MutexGuard<'a, State> {
+        st.destroying += 1;
+        drop(st);
+        self.destroy(sh);
+        let mut st = self.lock();
+        st.destroying -= 1;
+        st
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::lock(&self.state)
     }
@@ -362,11 +377,7 @@ impl Pool {
             }
             // Room comes from a finished run, or from a ready shell we may sacrifice.
             if let Some(sh) = st.sacrifice() {
-                st.destroying += 1;
-                drop(st);
-                self.destroy(sh);
-                st = self.lock();
-                st.destroying -= 1;
+                st = self.destroy_released(st, sh);
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -506,11 +517,7 @@ impl Pool {
                     return;
                 }
                 if let Some(old) = self.expired(&mut st) {
-                    st.destroying += 1;
-                    drop(st);
-                    self.destroy(old);
-                    st = self.lock();
-                    st.destroying -= 1;
+                    st = self.destroy_released(st, old);
                     continue;
                 }
                 match st.neediest() {
