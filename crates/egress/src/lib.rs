@@ -632,12 +632,7 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     let decision = shared.escalation.settle(&action, decision);
     let recorded = (shared.sink)(&action, &decision);
     if !decision.allow {
-        let msg = format!(
-            "agentrun: {} denied by rule {}: {}",
-            action.resource(),
-            decision.rule_id,
-            decision.reason
-        );
+        let msg = denied(&action, &decision);
         return respond(&mut client, 403, "Forbidden", &msg);
     }
     if !recorded {
@@ -676,12 +671,7 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
             ),
         );
         (shared.sink)(&action, &d);
-        let msg = format!(
-            "agentrun: {} denied by rule {}: {}",
-            action.resource(),
-            d.rule_id,
-            d.reason
-        );
+        let msg = denied(&action, &d);
         return respond(&mut client, 403, "Forbidden", &msg);
     }
     if !head.connect {
@@ -1144,16 +1134,7 @@ fn decide_http(
     let d = shared.escalation.settle(&action, d);
     let recorded = (shared.sink)(&action, &d);
     if !d.allow {
-        return Err((
-            403,
-            "Forbidden",
-            format!(
-                "agentrun: {} denied by rule {}: {}",
-                action.resource(),
-                d.rule_id,
-                d.reason
-            ),
-        ));
+        return Err((403, "Forbidden", denied(&action, &d)));
     }
     if !recorded {
         return Err((
@@ -1234,6 +1215,16 @@ fn connect_any(addrs: &[SocketAddr], host: &str) -> Result<TcpStream, Failure> {
     })
 }
 
+/// What the sandbox is told when `d` denies `action`.
+fn denied(action: &Action, d: &Decision) -> String {
+    format!(
+        "agentrun: {} denied by rule {}: {}",
+        action.resource(),
+        d.rule_id,
+        d.reason
+    )
+}
+
 fn respond(c: &mut UnixStream, code: u16, text: &str, body: &str) -> io::Result<()> {
     let body = format!("{body}\n");
     let msg = format!(
@@ -1268,7 +1259,7 @@ fn forward(client: UnixStream, upstream: TcpStream, body: Body, rest: Vec<u8>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{allowing, answer_closing, ask, tunnel, upstream};
+    use crate::test_support::{allowing, ask, closing, serving, tunnel, upstream};
     use std::sync::Mutex;
 
     /// A resolver from a table (a name missing from it does not resolve).
@@ -1458,14 +1449,8 @@ mod tests {
     /// time, no approver); every decision reaches the sink as `escalate` with its outcome.
     #[test]
     fn escalate_asks_the_approver_and_remembers_approvals() {
-        let (upstream, port) = upstream();
-        let server = std::thread::spawn(move || {
-            for _ in 0..2 {
-                let (mut s, _) = upstream.accept().unwrap();
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf);
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-            }
+        let (server, port) = serving(2, |_| {
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into()
         });
         let policy = |port: u16| {
             agentrun_policy::Profile::parse(
@@ -1638,16 +1623,9 @@ mod tests {
     /// A real proxy on a unix socket in front of a real loopback HTTP server.
     #[test]
     fn proxy_allows_denies_and_reports() {
-        let (upstream, port) = upstream();
-        let server = std::thread::spawn(move || {
-            for _ in 0..2 {
-                let (mut s, _) = upstream.accept().unwrap();
-                let mut buf = [0u8; 1024];
-                let n = s.read(&mut buf).unwrap();
-                let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                let first = req.lines().next().unwrap_or_default().to_string();
-                answer_closing(&mut s, &format!("hello {first}")).unwrap();
-            }
+        let (server, port) = serving(2, |req| {
+            let first = req.lines().next().unwrap_or_default();
+            closing(&format!("hello {first}"))
         });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("proxy.sock");
@@ -1702,14 +1680,7 @@ mod tests {
     /// Replacing the shared policy decides the next connection with the new one.
     #[test]
     fn policy_swaps_take_effect_on_the_next_connection() {
-        let (upstream, port) = upstream();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = upstream.accept().unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
-            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
-                .unwrap();
-        });
+        let (server, port) = serving(1, |_| closing("hi"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("proxy.sock");
         let policy: SharedPolicy = Arc::new(RwLock::new(

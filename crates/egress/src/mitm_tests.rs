@@ -12,9 +12,7 @@ use agentrun_policy::NetworkPolicy;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::test_support::{
-    allowing, answer_closing, ask, mutate, read_head, tunnel, upstream, vault_of,
-};
+use crate::test_support::{allowing, ask, closing, mutate, read_head, tunnel, upstream, vault_of};
 use crate::*;
 
 const SECRET: &str = "sk-live-7d1f0e9a42c8";
@@ -77,7 +75,7 @@ fn echo_server() -> Echo {
                     return;
                 };
                 got.lock().unwrap().push(body.clone());
-                let _ = answer_closing(&mut tls, &body);
+                let _ = tls.write_all(closing(&body).as_bytes());
                 tls.conn.send_close_notify();
                 let _ = tls.flush();
             });
@@ -349,7 +347,7 @@ fn plain_http_requests_to_bound_paths_get_the_credential() {
         for s in upstream.incoming() {
             let Ok(mut s) = s else { continue };
             if let Some(head) = read_head(&mut s) {
-                let _ = answer_closing(&mut s, &head);
+                let _ = s.write_all(closing(&head).as_bytes());
             }
         }
     });

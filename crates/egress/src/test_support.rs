@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use agentrun_policy::NetworkPolicy;
@@ -76,11 +77,30 @@ pub(crate) fn read_head(s: &mut impl Read) -> Option<String> {
     Some(String::from_utf8_lossy(&req).into_owned())
 }
 
-/// Answers `200 OK` with `body`, and `Connection: close`.
-pub(crate) fn answer_closing(s: &mut impl Write, body: &str) -> std::io::Result<()> {
-    write!(
-        s,
+/// A `200 OK` response with `body`, and `Connection: close`.
+pub(crate) fn closing(body: &str) -> String {
+    format!(
         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
+}
+
+/// An upstream on a free loopback port serving `n` connections one after another: each
+/// reads one request (one read) and is answered `answer(request)`. Its thread, and the port.
+pub(crate) fn serving(
+    n: usize,
+    answer: impl Fn(&str) -> String + Send + 'static,
+) -> (JoinHandle<()>, u16) {
+    let (l, port) = upstream();
+    let server = std::thread::spawn(move || {
+        for _ in 0..n {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let got = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..got]);
+            // The client may have gone already (a test that stopped reading).
+            let _ = s.write_all(answer(&req).as_bytes());
+        }
+    });
+    (server, port)
 }
