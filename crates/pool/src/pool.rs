@@ -351,11 +351,7 @@ impl Pool {
                         break;
                     }
                     st.pools[i].waiting += 1;
-                    st = self
-                        .changed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    st = crate::wait(&self.changed, st, left);
                     st.pools[i].waiting -= 1;
                 }
                 st.pools[i].misses += 1;
@@ -384,11 +380,7 @@ impl Pool {
             if left.is_zero() {
                 return Err(PoolError::Busy(self.limits.max_sandboxes));
             }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = crate::wait(&self.changed, st, left);
         }
         st.creating += 1;
         drop(st);
@@ -534,22 +526,10 @@ impl Pool {
                             // Made on the background CPUs only while the pool is
                             // comfortable: otherwise production must keep up.
                             None => break (i, comfortable),
-                            Some(d) => {
-                                st = self
-                                    .changed
-                                    .wait_timeout(st, d)
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .0
-                            }
+                            Some(d) => st = crate::wait(&self.changed, st, d),
                         }
                     }
-                    _ => {
-                        st = self
-                            .changed
-                            .wait_timeout(st, LENT_GRACE)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0
-                    }
+                    _ => st = crate::wait(&self.changed, st, LENT_GRACE),
                 }
             };
             st.pools[pick].creating += 1;
@@ -640,11 +620,7 @@ impl Pool {
             if left.is_zero() {
                 break;
             }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = crate::wait(&self.changed, st, left);
         }
     }
 

@@ -165,6 +165,20 @@ impl RunSpan {
         }
     }
 
+    /// [`RunSpan::start`] for work that began `ago` before now (a span written once the
+    /// work is done).
+    pub fn started_ago(
+        name: &'static str,
+        parent_traceparent: Option<&str>,
+        ago: std::time::Duration,
+    ) -> Self {
+        let mut span = RunSpan::start(name, parent_traceparent);
+        span.start_time = SystemTime::now()
+            .checked_sub(ago)
+            .unwrap_or_else(SystemTime::now);
+        span
+    }
+
     /// Continues, in another process, a span started earlier with [`RunSpan::start`]: its own
     /// `context`, its `parent` and its `start_time`, as that process recorded them (e.g. an
     /// OCI container's lifetime span, started at `create` and finished at `delete`).
