@@ -4,7 +4,7 @@
 //! deciding any request with it never panics.
 #![no_main]
 
-use agentrun_policy::{check_http, HttpRule, RuleAction};
+use agentrun_policy::{check_http, HttpRequest, HttpRule, RuleAction};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,7 +28,14 @@ fuzz_target!(|data: &[u8]| {
     if let [method, host, port, path] = parts.as_slice() {
         let port = port.parse().unwrap_or(443);
         let fields = vec![("X-A".to_owned(), b"1".to_vec())];
-        if let Some(d) = check_http(&[rule], host, port, method, path, &fields) {
+        let req = HttpRequest {
+            method,
+            host,
+            port,
+            path,
+            fields: &fields,
+        };
+        if let Some(d) = check_http(&[rule], &req) {
             assert!(!d.rule_id.is_empty());
         }
     }

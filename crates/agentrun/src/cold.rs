@@ -154,15 +154,13 @@ pub(crate) fn execute(
     }
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
-    let result = sandbox.run_cell(
-        &cell_req,
-        mounts,
-        stdin,
-        &mut stdout.lock(),
-        &mut stderr.lock(),
-        plan.timeout,
-        signals.as_ref(),
-    );
+    let io = agentrun_runtime::RunIo {
+        out: &mut stdout.lock(),
+        err: &mut stderr.lock(),
+        timeout: plan.timeout,
+        signals: signals.as_ref(),
+    };
+    let result = sandbox.run_cell(&cell_req, mounts, stdin, io);
     if let Some(p) = proxy {
         p.stop();
     }

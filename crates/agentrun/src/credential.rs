@@ -25,6 +25,26 @@ pub(crate) struct CliCredential {
     source_type: &'static str,
 }
 
+/// The egress flags `exec` and `mcp` share: hosts allowed on top of the profile, credentials
+/// the proxy adds, and the roots trusted for upstreams when TLS is intercepted.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct EgressArgs {
+    /// Allow connections to HOST[:PORT] (or *.DOMAIN[:PORT]) through the egress proxy, on top
+    /// of the profile's rules (repeatable). Turns on the proxy for a profile without network.
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    pub(crate) allow_host: Vec<String>,
+    /// A credential the egress proxy adds to requests to one host; the sandbox never holds
+    /// it: [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH, AUTH bearer (default), basic,
+    /// header=FIELD, query=PARAM or placeholder=TEXT (repeatable). Allows the host, and
+    /// intercepts TLS to it with a CA made for the run (trusted in the sandbox only).
+    #[arg(long = "credential", value_name = "SPEC")]
+    pub(crate) credential: Vec<String>,
+    /// A PEM bundle of roots also trusted for upstream servers when TLS is intercepted
+    /// (repeatable; the system's roots always are).
+    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
+    pub(crate) egress_upstream_ca: Vec<PathBuf>,
+}
+
 /// Parses every `--credential` of `specs` (in order: a spec's index names it in errors), adding
 /// each one's `HOST:PORT` to `allow` when missing: a credential is of use only where the
 /// sandbox may connect. `exec` and `mcp` take the same flags this way.

@@ -189,6 +189,11 @@ impl LimitArgs {
                 })
                 .transpose()
         };
+        // The flag, else AGENTRUN_IMAGE_MAX_<name>, else the config file's, else the default.
+        let pick = |flag: Option<u64>, name: &str, config: Option<u64>, default: u64| {
+            let env = number(&format!("AGENTRUN_IMAGE_MAX_{name}"))?;
+            anyhow::Ok(flag.or(env).or(config).unwrap_or(default))
+        };
         let config_bytes = match config.max_bytes {
             Some(SizeValue::Bytes(b)) => Some(b),
             Some(SizeValue::Text(t)) => Some(
@@ -207,21 +212,14 @@ impl LimitArgs {
                 .or(env_bytes)
                 .or(config_bytes)
                 .unwrap_or(d.max_bytes),
-            max_entries: self
-                .max_entries
-                .or(number("AGENTRUN_IMAGE_MAX_ENTRIES")?)
-                .or(config.max_entries)
-                .unwrap_or(d.max_entries),
-            max_ratio: self
-                .max_ratio
-                .or(number("AGENTRUN_IMAGE_MAX_RATIO")?)
-                .or(config.max_ratio)
-                .unwrap_or(d.max_ratio),
-            max_depth: self
-                .max_depth
-                .or(number("AGENTRUN_IMAGE_MAX_DEPTH")?)
-                .or(config.max_depth)
-                .unwrap_or(d.max_depth),
+            max_entries: pick(
+                self.max_entries,
+                "ENTRIES",
+                config.max_entries,
+                d.max_entries,
+            )?,
+            max_ratio: pick(self.max_ratio, "RATIO", config.max_ratio, d.max_ratio)?,
+            max_depth: pick(self.max_depth, "DEPTH", config.max_depth, d.max_depth)?,
         })
     }
 }

@@ -25,17 +25,9 @@ pub struct McpArgs {
     /// Host directory mounted at /workspace (the working directory of runs and relative paths).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
-    /// Also allow HOST[:PORT] (repeatable), as for `agentrun exec`.
-    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
-    allow_host: Vec<String>,
-    /// A credential the sandboxes' egress proxies add to requests to one host, as for
-    /// `agentrun exec --credential` (repeatable).
-    #[arg(long = "credential", value_name = "SPEC")]
-    credential: Vec<String>,
-    /// A PEM bundle of roots also trusted for upstream servers when TLS is intercepted
-    /// (repeatable).
-    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
-    egress_upstream_ca: Vec<PathBuf>,
+    /// The sandboxes' egress flags, as for `agentrun exec`.
+    #[command(flatten)]
+    egress: crate::credential::EgressArgs,
     /// A fresh sandbox for every tool call (default: one per MCP session, whose files and
     /// Python variables persist between calls).
     #[arg(long)]
@@ -128,8 +120,8 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
         .as_deref()
         .map(|w| crate::plan::check_dir(w, true, "--workspace"))
         .transpose()?;
-    let mut allow = args.allow_host.clone();
-    let creds = crate::credential::parse_all(&args.credential, &mut allow)?;
+    let mut allow = args.egress.allow_host.clone();
+    let creds = crate::credential::parse_all(&args.egress.credential, &mut allow)?;
     let options = McpOptions::new(&args.image, &profile, paths.audit_dir())
         .workspace(workspace)
         .allow_hosts(allow)
@@ -140,7 +132,7 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
     // Every mistake in the options is said now, not at the first call.
     let loaded = options.load_profile().map_err(|e| anyhow::anyhow!("{e}"))?;
     let vault = crate::credential::session_vault(creds, &loaded)?;
-    let options = options.credentials(vault, args.egress_upstream_ca.clone());
+    let options = options.credentials(vault, args.egress.egress_upstream_ca.clone());
     let (state_dir, _slot) = state_slot(&paths.state_dir)?;
     let (input, output) = take_stdio()?;
     let pools = vec![PoolSpec {

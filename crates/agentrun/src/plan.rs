@@ -28,20 +28,8 @@ pub struct ExecArgs {
     /// Profile: a built-in name (default, strict, code-interpreter) or a TOML file.
     #[arg(long, default_value = "default")]
     pub(crate) profile: String,
-    /// Allow connections to HOST[:PORT] (or *.DOMAIN[:PORT]) through the egress proxy, on top
-    /// of the profile's rules (repeatable). Turns on the proxy for a profile without network.
-    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
-    allow_host: Vec<String>,
-    /// A credential the egress proxy adds to requests to one host; the sandbox never holds
-    /// it: [AUTH:]NAME@HOST[:PORT][/PATH]=env:VAR|file:PATH, AUTH bearer (default), basic,
-    /// header=FIELD, query=PARAM or placeholder=TEXT (repeatable). Allows the host, and
-    /// intercepts TLS to it with a CA made for the run (trusted in the sandbox only).
-    #[arg(long = "credential", value_name = "SPEC")]
-    credential: Vec<String>,
-    /// A PEM bundle of roots also trusted for upstream servers when TLS is intercepted
-    /// (repeatable; the system's roots always are).
-    #[arg(long = "egress-upstream-ca", value_name = "FILE")]
-    egress_upstream_ca: Vec<PathBuf>,
+    #[command(flatten)]
+    egress: crate::credential::EgressArgs,
     /// Host directory mounted read-write at /workspace (the default working directory).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
@@ -175,7 +163,8 @@ impl Plan {
         traceparent: &str,
         recorder: &Recorder,
     ) -> Result<Plan, PlanError> {
-        let mut creds = crate::credential::parse_all(&args.credential, &mut args.allow_host)?;
+        let mut creds =
+            crate::credential::parse_all(&args.egress.credential, &mut args.egress.allow_host)?;
         let overrides = ResourceOverrides {
             memory_bytes: args
                 .memory
@@ -215,7 +204,7 @@ impl Plan {
             })?;
         profile
             .network
-            .allow_hosts("cli.allow_host", &args.allow_host)
+            .allow_hosts("cli.allow_host", &args.egress.allow_host)
             .map_err(|why| anyhow::anyhow!("--allow-host: {why}"))?;
         recorder.set_profile(&profile.name);
         // The profile's credentials: their values read here, from this process's environment
@@ -226,14 +215,14 @@ impl Plan {
         } else {
             Some((
                 crate::credential::vault(creds)?,
-                args.egress_upstream_ca.clone(),
+                args.egress.egress_upstream_ca.clone(),
             ))
         };
         // HTTP rules are decided per request: the proxy intercepts TLS to their hosts.
         if credentials.is_none() && !profile.network.http.is_empty() {
             credentials = Some((
                 agentrun_egress::Vault::new(),
-                args.egress_upstream_ca.clone(),
+                args.egress.egress_upstream_ca.clone(),
             ));
         }
         // A profile file is passed on by absolute path (the daemon has another working directory).
@@ -361,7 +350,7 @@ impl Plan {
                     overrides,
                     workspace,
                     mounts,
-                    allow_hosts: args.allow_host,
+                    allow_hosts: args.egress.allow_host,
                     // The proxy's port inside the sandbox, which HTTP(S)_PROXY point at.
                     egress_port: profile
                         .network

@@ -301,16 +301,8 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         agentrun_docker::containers::CONTAINER_PROFILE,
         "docker",
     )?;
-    let upstream_roots = if !args.egress_upstream_ca.is_empty() {
-        args.egress_upstream_ca.clone()
-    } else {
-        file.egress_upstream_ca.clone().unwrap_or_default()
-    };
-    let volume_roots = if !args.volume_roots.is_empty() {
-        args.volume_roots.clone()
-    } else {
-        file.volume_roots.clone().unwrap_or_default()
-    };
+    let upstream_roots = listed(&args.egress_upstream_ca, &file.egress_upstream_ca);
+    let volume_roots = listed(&args.volume_roots, &file.volume_roots);
     let volume_roots = agentrun_runtime::volume::VolumeRoots::new(&volume_roots)
         .map_err(|e| anyhow::anyhow!("--volume-root: {e}"))?;
     for w in volume_roots.warnings() {
@@ -329,11 +321,7 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         [listen, metrics, mcp, e2b].iter().any(Option::is_some),
         paths,
     )?;
-    let allowed_hosts = if args.allowed_hosts.is_empty() {
-        file.allowed_hosts.clone().unwrap_or_default()
-    } else {
-        args.allowed_hosts.clone()
-    };
+    let allowed_hosts = listed(&args.allowed_hosts, &file.allowed_hosts);
     let guard = |addr: std::net::SocketAddr| {
         agentrun_webguard::HostGuard::new(addr, &allowed_hosts).map_err(anyhow::Error::from)
     };
@@ -439,17 +427,9 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
             .or(file.mcp_workspace.clone())
             .map(|w| crate::plan::check_dir(&w, true, "--mcp-workspace"))
             .transpose()?;
-        let allow = if args.mcp_allow_host.is_empty() {
-            file.mcp_allow_host.clone().unwrap_or_default()
-        } else {
-            args.mcp_allow_host.clone()
-        };
+        let allow = listed(&args.mcp_allow_host, &file.mcp_allow_host);
         let mut allow = allow;
-        let specs = if args.mcp_credential.is_empty() {
-            file.mcp_credential.clone().unwrap_or_default()
-        } else {
-            args.mcp_credential.clone()
-        };
+        let specs = listed(&args.mcp_credential, &file.mcp_credential);
         let creds = crate::credential::parse_all(&specs, &mut allow)
             .map_err(|e| anyhow::anyhow!("--mcp-credential: {e:#}"))?;
         let options = agentrun_mcp::McpOptions::new(image, profile, paths.audit_dir())
@@ -679,4 +659,13 @@ pub fn pool(cmd: PoolCommand, paths: &Paths) -> anyhow::Result<()> {
         status.shell_max_age_s
     );
     Ok(())
+}
+
+/// A list flag's values when it was given, else the config file's list (none if absent).
+fn listed<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
+    if flag.is_empty() {
+        file.clone().unwrap_or_default()
+    } else {
+        flag.to_vec()
+    }
 }

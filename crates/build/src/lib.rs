@@ -386,7 +386,12 @@ fn run_step(
     let outcome = {
         let mut out = Forward { on: &mut *on };
         let mut sink = Vec::new();
-        let r = sandbox.run(&mut out, &mut sink, profile.resources.timeout, None);
+        let r = sandbox.run(agentrun_runtime::RunIo {
+            out: &mut out,
+            err: &mut sink,
+            timeout: profile.resources.timeout,
+            signals: None,
+        });
         (out.on)(BuildEvent::Output(&sink));
         r.map_err(|e| sandbox_err(e.to_string()))?
     };

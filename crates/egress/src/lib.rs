@@ -46,6 +46,8 @@ pub mod vault;
 
 #[cfg(test)]
 mod mitm_tests;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -630,12 +632,7 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
     let decision = shared.escalation.settle(&action, decision);
     let recorded = (shared.sink)(&action, &decision);
     if !decision.allow {
-        let msg = format!(
-            "agentrun: {} denied by rule {}: {}",
-            action.resource(),
-            decision.rule_id,
-            decision.reason
-        );
+        let msg = denied(&action, &decision);
         return respond(&mut client, 403, "Forbidden", &msg);
     }
     if !recorded {
@@ -674,12 +671,7 @@ fn handle(mut client: UnixStream, shared: &Shared) -> io::Result<()> {
             ),
         );
         (shared.sink)(&action, &d);
-        let msg = format!(
-            "agentrun: {} denied by rule {}: {}",
-            action.resource(),
-            d.rule_id,
-            d.reason
-        );
+        let msg = denied(&action, &d);
         return respond(&mut client, 403, "Forbidden", &msg);
     }
     if !head.connect {
@@ -1125,7 +1117,13 @@ fn decide_http(
         .policy
         .read()
         .unwrap_or_else(|p| p.into_inner())
-        .check_http(host, port, &req.method, &req.path, &req.fields);
+        .check_http(&agentrun_policy::HttpRequest {
+            method: &req.method,
+            host,
+            port,
+            path: &req.path,
+            fields: &req.fields,
+        });
     let Some(d) = d else { return Ok(()) };
     let action = Action::Http {
         method: req.method.clone(),
@@ -1136,16 +1134,7 @@ fn decide_http(
     let d = shared.escalation.settle(&action, d);
     let recorded = (shared.sink)(&action, &d);
     if !d.allow {
-        return Err((
-            403,
-            "Forbidden",
-            format!(
-                "agentrun: {} denied by rule {}: {}",
-                action.resource(),
-                d.rule_id,
-                d.reason
-            ),
-        ));
+        return Err((403, "Forbidden", denied(&action, &d)));
     }
     if !recorded {
         return Err((
@@ -1226,6 +1215,16 @@ fn connect_any(addrs: &[SocketAddr], host: &str) -> Result<TcpStream, Failure> {
     })
 }
 
+/// What the sandbox is told when `d` denies `action`.
+fn denied(action: &Action, d: &Decision) -> String {
+    format!(
+        "agentrun: {} denied by rule {}: {}",
+        action.resource(),
+        d.rule_id,
+        d.reason
+    )
+}
+
 fn respond(c: &mut UnixStream, code: u16, text: &str, body: &str) -> io::Result<()> {
     let body = format!("{body}\n");
     let msg = format!(
@@ -1260,7 +1259,7 @@ fn forward(client: UnixStream, upstream: TcpStream, body: Body, rest: Vec<u8>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use crate::test_support::{allowing, ask, closing, serving, tunnel, upstream};
     use std::sync::Mutex;
 
     /// A resolver from a table (a name missing from it does not resolve).
@@ -1321,15 +1320,6 @@ mod tests {
         (proxy, path, seen, dir)
     }
 
-    fn ask(path: &Path, req: &str) -> String {
-        let mut c = UnixStream::connect(path).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        c.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        out
-    }
-
     /// A shell's proxy socket path serves one run after another: a proxy stopped after the
     /// next one was bound at its path (a slow client of the previous run) leaves the next
     /// one's socket file and listener alone, and makes no connection to it.
@@ -1363,8 +1353,7 @@ mod tests {
     /// upstream that refuses are errors (502), not denials.
     #[test]
     fn resolved_addresses_are_checked_and_failures_are_errors_not_denials() {
-        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
-        let closed_port = closed.local_addr().unwrap().port();
+        let (closed, closed_port) = upstream();
         drop(closed);
         let mut policy = NetworkPolicy::default();
         policy
@@ -1460,15 +1449,8 @@ mod tests {
     /// time, no approver); every decision reaches the sink as `escalate` with its outcome.
     #[test]
     fn escalate_asks_the_approver_and_remembers_approvals() {
-        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = upstream.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            for _ in 0..2 {
-                let (mut s, _) = upstream.accept().unwrap();
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf);
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-            }
+        let (server, port) = serving(2, |_| {
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".into()
         });
         let policy = |port: u16| {
             agentrun_policy::Profile::parse(
@@ -1569,8 +1551,7 @@ mod tests {
     /// the upstream; a chunked body arrives re-framed, and what follows it is dropped.
     #[test]
     fn smuggling_attempts_never_reach_the_upstream() {
-        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = upstream.local_addr().unwrap().port();
+        let (upstream, port) = upstream();
         let got: Seen = Arc::default();
         let g2 = got.clone();
         let server = std::thread::spawn(move || {
@@ -1600,10 +1581,7 @@ mod tests {
                 .unwrap()
                 .push(String::from_utf8_lossy(&req).into_owned());
         });
-        let mut policy = NetworkPolicy::default();
-        policy
-            .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-            .unwrap();
+        let policy = allowing(&[port]);
         let (proxy, path, seen, _dir) = proxy_with("smuggle", policy, TableResolver(Vec::new()));
         let a = format!("127.0.0.1:{port}");
         let hostile = [
@@ -1645,31 +1623,13 @@ mod tests {
     /// A real proxy on a unix socket in front of a real loopback HTTP server.
     #[test]
     fn proxy_allows_denies_and_reports() {
-        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = upstream.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            for _ in 0..2 {
-                let (mut s, _) = upstream.accept().unwrap();
-                let mut buf = [0u8; 1024];
-                let n = s.read(&mut buf).unwrap();
-                let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                let first = req.lines().next().unwrap_or_default().to_string();
-                let body = format!("hello {first}");
-                write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-                .unwrap();
-            }
+        let (server, port) = serving(2, |req| {
+            let first = req.lines().next().unwrap_or_default();
+            closing(&format!("hello {first}"))
         });
-        let dir = std::env::temp_dir().join(format!("agentrun-egress-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("proxy.sock");
-        let mut policy = NetworkPolicy::default();
-        policy
-            .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        let policy = allowing(&[port]);
         let seen: Arc<Mutex<Vec<(String, Decision)>>> = Arc::default();
         let s2 = seen.clone();
         let sink: DecisionSink = Arc::new(move |a, d| {
@@ -1677,13 +1637,7 @@ mod tests {
             true
         });
         let proxy = Proxy::start(bind(&path).unwrap(), &path, policy, sink);
-        let ask = |req: String| {
-            let mut c = UnixStream::connect(&path).unwrap();
-            c.write_all(req.as_bytes()).unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).unwrap();
-            out
-        };
+        let ask = |req: String| ask(&path, &req);
         let r = ask(format!(
             "GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
         ));
@@ -1721,24 +1675,14 @@ mod tests {
                 ("evil.example:443".into(), false, "network.default".into()),
             ]
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Replacing the shared policy decides the next connection with the new one.
     #[test]
     fn policy_swaps_take_effect_on_the_next_connection() {
-        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = upstream.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = upstream.accept().unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
-            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
-                .unwrap();
-        });
-        let dir = std::env::temp_dir().join(format!("agentrun-egress-swap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("proxy.sock");
+        let (server, port) = serving(1, |_| closing("hi"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
         let policy: SharedPolicy = Arc::new(RwLock::new(
             NetworkPolicy::from_opensandbox(r#"{"defaultAction":"deny"}"#).unwrap(),
         ));
@@ -1751,17 +1695,9 @@ mod tests {
             true
         });
         let proxy = Proxy::start_shared(bind(&path).unwrap(), &path, policy.clone(), sink);
-        let ask = || {
-            let mut c = UnixStream::connect(&path).unwrap();
-            write!(
-                c,
-                "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-            )
-            .unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).unwrap();
-            out
-        };
+        let req =
+            format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        let ask = || ask(&path, &req);
         assert!(ask().starts_with("HTTP/1.1 403"));
         proxy.set_policy(
             NetworkPolicy::from_opensandbox(
@@ -1786,14 +1722,12 @@ mod tests {
                 "deny networkPolicy.egress[0]"
             ]
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A policy change cuts the open tunnels it denies, and keeps the ones it still allows.
     #[test]
     fn policy_change_cuts_open_connections_it_denies() {
-        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = upstream.local_addr().unwrap().port();
+        let (upstream, port) = upstream();
         // Echoes every byte back until the client goes away.
         let server = std::thread::spawn(move || {
             let mut handlers = Vec::new();
@@ -1812,9 +1746,8 @@ mod tests {
                 h.join().unwrap();
             }
         });
-        let dir = std::env::temp_dir().join(format!("agentrun-egress-cut-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("proxy.sock");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
         let allow_ip = |extra: &str| {
             NetworkPolicy::from_opensandbox(&format!(
                 r#"{{"defaultAction":"deny","egress":[{extra}{{"action":"allow","target":"127.0.0.1"}}]}}"#
@@ -1831,12 +1764,7 @@ mod tests {
         });
         let proxy = Proxy::start(bind(&path).unwrap(), &path, allow_ip(""), sink);
         let tunnel = || {
-            let mut c = UnixStream::connect(&path).unwrap();
-            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
-            let mut head = [0u8; 39];
-            c.read_exact(&mut head).unwrap();
-            assert!(head.starts_with(b"HTTP/1.1 200 Connection established"));
+            let mut c = tunnel(&path, port);
             c.write_all(b"ping").unwrap();
             let mut echo = [0u8; 4];
             c.read_exact(&mut echo).unwrap();
@@ -1885,6 +1813,5 @@ mod tests {
                 "{seen:?}"
             );
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use agentrun_policy::NetworkPolicy;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use crate::test_support::{allowing, ask, closing, mutate, read_head, tunnel, upstream, vault_of};
 use crate::*;
 
 const SECRET: &str = "sk-live-7d1f0e9a42c8";
@@ -45,8 +46,7 @@ fn tls_upstream() -> (TcpListener, u16, Arc<ServerConfig>, String) {
             )
             .unwrap(),
     );
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
+    let (l, port) = upstream();
     (l, port, cfg, ca.pem())
 }
 
@@ -71,21 +71,11 @@ fn echo_server() -> Echo {
                 s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                 let conn = rustls::ServerConnection::new(cfg).unwrap();
                 let mut tls = rustls::StreamOwned::new(conn, s);
-                let mut req = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => req.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = String::from_utf8_lossy(&req).into_owned();
+                let Some(body) = read_head(&mut tls) else {
+                    return;
+                };
                 got.lock().unwrap().push(body.clone());
-                let _ = write!(
-                    tls,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
+                let _ = tls.write_all(closing(&body).as_bytes());
                 tls.conn.send_close_notify();
                 let _ = tls.flush();
             });
@@ -159,13 +149,8 @@ fn client_any() -> Arc<ClientConfig> {
 
 /// CONNECTs through the proxy at `sock` to `127.0.0.1:port`, speaks TLS with `cfg` naming
 /// `sni`, sends `req`; returns what came back (or the TLS error).
-fn through(sock: &PathBuf, port: u16, cfg: Arc<ClientConfig>, sni: &str, req: &str) -> String {
-    let mut c = UnixStream::connect(sock).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
-    let mut head = [0u8; 39];
-    c.read_exact(&mut head).unwrap();
-    assert!(head.starts_with(b"HTTP/1.1 200 Connection established"));
+fn through(sock: &Path, port: u16, cfg: Arc<ClientConfig>, sni: &str, req: &str) -> String {
+    let c = tunnel(sock, port);
     let name = ServerName::try_from(sni.to_owned()).unwrap();
     let conn = rustls::ClientConnection::new(cfg, name).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, c);
@@ -180,6 +165,25 @@ fn through(sock: &PathBuf, port: u16, cfg: Arc<ClientConfig>, sni: &str, req: &s
     }
 }
 
+/// An interceptor named `name` trusting `upstream_ca` (a PEM; none if empty) as an operator's
+/// extra root, and the temporary directory holding that file (the test's scratch directory).
+fn interceptor_trusting(name: &str, upstream_ca: &str) -> (tempfile::TempDir, Arc<Interceptor>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = Vec::new();
+    if !upstream_ca.is_empty() {
+        let roots = dir.path().join("upstream-ca.pem");
+        std::fs::write(&roots, upstream_ca).unwrap();
+        extra.push(roots);
+    }
+    let interceptor = Arc::new(Interceptor::new(name, &extra).unwrap());
+    (dir, interceptor)
+}
+
+/// `through` with a client trusting `ca` (a PEM) and naming `127.0.0.1`.
+fn through_trusting(sock: &Path, port: u16, ca: &str, req: &str) -> String {
+    through(sock, port, client_trusting(ca), "127.0.0.1", req)
+}
+
 struct Setup {
     proxy: Proxy,
     sock: PathBuf,
@@ -190,25 +194,14 @@ struct Setup {
 }
 
 fn setup(echo: &Echo, trust_upstream: bool, ports: &[u16]) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let roots = dir.path().join("upstream-ca.pem");
-    std::fs::write(&roots, &echo.ca_pem).unwrap();
-    let extra = if trust_upstream { vec![roots] } else { vec![] };
-    let interceptor = Arc::new(Interceptor::new("test", &extra).unwrap());
-    let vault = Vault::new();
-    vault
-        .create(
-            serde_json::from_value(serde_json::json!({
-                "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
-                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [echo.port]},
-                              "auth": {"type": "bearer", "credential": "key"}}]
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-    let mut policy = NetworkPolicy::default();
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    policy.allow_hosts("cli.allow_host", &hosts).unwrap();
+    let trusted = if trust_upstream { &echo.ca_pem[..] } else { "" };
+    let (dir, interceptor) = interceptor_trusting("test", trusted);
+    let vault = vault_of(serde_json::json!({
+        "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
+        "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [echo.port]},
+                      "auth": {"type": "bearer", "credential": "key"}}]
+    }));
+    let policy = allowing(ports);
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let (s1, s2, s3) = (seen.clone(), seen.clone(), seen.clone());
     let sink: DecisionSink = Arc::new(move |a, d| {
@@ -242,19 +235,17 @@ fn setup(echo: &Echo, trust_upstream: bool, ports: &[u16]) -> Setup {
     }
 }
 
+/// `setup` for one echo server whose certificate the interceptor trusts; and its port.
+fn setup_trusted() -> (Setup, u16) {
+    let echo = echo_server();
+    (setup(&echo, true, &[echo.port]), echo.port)
+}
+
 #[test]
 fn bound_host_gets_the_credential_and_the_client_never_sees_it() {
-    let echo = echo_server();
-    let s = setup(&echo, true, &[echo.port]);
-    let port = echo.port;
+    let (s, port) = setup_trusted();
     let ca = s.interceptor.ca_pem().to_owned();
-    let r = through(
-        &s.sock,
-        port,
-        client_trusting(&ca),
-        "127.0.0.1",
-        &format!("GET /v1/models?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer placeholder\r\n\r\n"),
-    );
+    let r = through_trusting(&s.sock, port, &ca, &format!("GET /v1/models?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer placeholder\r\n\r\n"));
     // The echo shows what the upstream got: the real credential, once; the sandbox's own
     // Authorization replaced.
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
@@ -265,19 +256,16 @@ fn bound_host_gets_the_credential_and_the_client_never_sees_it() {
     assert!(!r.contains("placeholder"), "{r}");
     assert!(r.contains("GET /v1/models?x=1 HTTP/1.1\r\n"), "{r}");
     // Rotation takes effect on the next request.
-    s.vault
-        .mutate(
-            serde_json::from_value(serde_json::json!({
-                "credentials": {"replace": [{"name": "key", "source": {"type": "inline", "value": "rotated-value-2"}}]}
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-    let r = through(
+    mutate(
+        &s.vault,
+        serde_json::json!({
+            "credentials": {"replace": [{"name": "key", "source": {"type": "inline", "value": "rotated-value-2"}}]}
+        }),
+    );
+    let r = through_trusting(
         &s.sock,
         port,
-        client_trusting(&ca),
-        "127.0.0.1",
+        &ca,
         &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
     );
     assert!(
@@ -295,9 +283,7 @@ fn bound_host_gets_the_credential_and_the_client_never_sees_it() {
 
 #[test]
 fn sni_or_host_naming_another_host_is_refused() {
-    let echo = echo_server();
-    let s = setup(&echo, true, &[echo.port]);
-    let port = echo.port;
+    let (s, port) = setup_trusted();
     let r = through(
         &s.sock,
         port,
@@ -308,11 +294,10 @@ fn sni_or_host_naming_another_host_is_refused() {
     assert!(r.starts_with("HTTP/1.1 421 Misdirected Request"), "{r}");
     assert!(r.contains("\"evil.example\" is not 127.0.0.1"), "{r}");
     assert!(!r.contains(SECRET));
-    let r = through(
+    let r = through_trusting(
         &s.sock,
         port,
-        client_trusting(s.interceptor.ca_pem()),
-        "127.0.0.1",
+        s.interceptor.ca_pem(),
         "GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n",
     );
     assert!(r.starts_with("HTTP/1.1 421 Misdirected Request"), "{r}");
@@ -326,22 +311,20 @@ fn unbound_hosts_are_tunnelled_untouched_and_bad_upstream_certs_refused() {
     let other = echo_server();
     let s = setup(&bound, false, &[bound.port, other.port]);
     // Not bound: the client talks TLS to the real server (its own CA verifies), no credential.
-    let r = through(
+    let r = through_trusting(
         &s.sock,
         other.port,
-        client_trusting(&other.ca_pem),
-        "127.0.0.1",
+        &other.ca_pem,
         &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", other.port),
     );
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
     assert!(!r.contains("Authorization"), "{r}");
     // Bound, but the upstream's certificate is not trusted (no operator root this time): 502,
     // nothing sent.
-    let r = through(
+    let r = through_trusting(
         &s.sock,
         bound.port,
-        client_trusting(s.interceptor.ca_pem()),
-        "127.0.0.1",
+        s.interceptor.ca_pem(),
         &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", bound.port),
     );
     assert!(r.starts_with("HTTP/1.1 502 Bad Gateway"), "{r}");
@@ -359,63 +342,36 @@ fn unbound_hosts_are_tunnelled_untouched_and_bad_upstream_certs_refused() {
 /// the paths it names only (upstream's e2e shape: schemes http, port 80, exact paths).
 #[test]
 fn plain_http_requests_to_bound_paths_get_the_credential() {
-    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = upstream.local_addr().unwrap().port();
+    let (upstream, port) = upstream();
     std::thread::spawn(move || {
         for s in upstream.incoming() {
             let Ok(mut s) = s else { continue };
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => req.extend_from_slice(&buf[..n]),
-                }
+            if let Some(head) = read_head(&mut s) {
+                let _ = s.write_all(closing(&head).as_bytes());
             }
-            let body = String::from_utf8_lossy(&req).into_owned();
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let vault = Vault::new();
-    vault
-        .create(
-            serde_json::from_value(serde_json::json!({
-                "credentials": [{"name": "b", "source": {"value": "dXNlcjpwYXNz"}}],
-                "bindings": [{"name": "basic", "match": {"schemes": ["http"], "ports": [port], "hosts": ["127.0.0.1"],
-                              "methods": ["GET"], "paths": ["/basic"]},
-                              "auth": {"type": "basic", "credential": "b"}}]
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-    let mut policy = NetworkPolicy::default();
-    policy
-        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-        .unwrap();
+    let vault = vault_of(serde_json::json!({
+        "credentials": [{"name": "b", "source": {"value": "dXNlcjpwYXNz"}}],
+        "bindings": [{"name": "basic", "match": {"schemes": ["http"], "ports": [port], "hosts": ["127.0.0.1"],
+                      "methods": ["GET"], "paths": ["/basic"]},
+                      "auth": {"type": "basic", "credential": "b"}}]
+    }));
+    let policy = allowing(&[port]);
     let sock = dir.path().join("proxy.sock");
     let interceptor = Arc::new(Interceptor::new("t", &[]).unwrap());
     let proxy = Proxy::builder(policy, Arc::new(|_, _| true))
         .intercept(interceptor, vault)
         .start(bind(&sock).unwrap(), &sock);
-    let ask = |path: &str| {
-        let mut c = UnixStream::connect(&sock).unwrap();
-        write!(
-            c,
-            "GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-        )
-        .unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        out
+    let get = |path: &str| {
+        let req =
+            format!("GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        ask(&sock, &req)
     };
-    let r = ask("/basic");
+    let r = get("/basic");
     assert!(r.contains("Authorization: Basic dXNlcjpwYXNz\r\n"), "{r}");
-    let r = ask("/basic/more");
+    let r = get("/basic/more");
     assert!(
         r.starts_with("HTTP/1.1 200 OK") && !r.contains("Authorization"),
         "{r}"
@@ -432,14 +388,8 @@ fn http_rules_decide_each_request_inside_tls() {
     use agentrun_policy::{HttpRule, RuleAction};
     let echo = echo_server();
     let port = echo.port;
-    let dir = tempfile::tempdir().unwrap();
-    let roots = dir.path().join("upstream-ca.pem");
-    std::fs::write(&roots, &echo.ca_pem).unwrap();
-    let interceptor = Arc::new(Interceptor::new("l7", &[roots]).unwrap());
-    let mut policy = NetworkPolicy::default();
-    policy
-        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-        .unwrap();
+    let (dir, interceptor) = interceptor_trusting("l7", &echo.ca_pem);
+    let mut policy = allowing(&[port]);
     for (id, action, spec) in [
         (
             "network.http_deny[0]",
@@ -476,7 +426,7 @@ fn http_rules_decide_each_request_inside_tls() {
         .intercept(interceptor.clone(), Vault::new())
         .start(bind(&sock).unwrap(), &sock);
     let ca = interceptor.ca_pem().to_owned();
-    let ask = |req: String| through(&sock, port, client_trusting(&ca), "127.0.0.1", &req);
+    let ask = |req: String| through_trusting(&sock, port, &ca, &req);
     let h = format!("Host: 127.0.0.1:{port}");
     let r = ask(format!("GET /v1/items?q=1 HTTP/1.1\r\n{h}\r\n\r\n"));
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
@@ -512,10 +462,10 @@ fn http_rules_decide_each_request_inside_tls() {
     // The same rules on a proxy that does not intercept: the CONNECT is refused.
     let sock2 = dir.path().join("plain.sock");
     let proxy = Proxy::builder(policy, sink).start(bind(&sock2).unwrap(), &sock2);
-    let mut c = UnixStream::connect(&sock2).unwrap();
-    write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
+    let out = crate::test_support::ask(
+        &sock2,
+        &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
+    );
     assert!(
         out.starts_with("HTTP/1.1 403") && out.contains("network.http_intercept"),
         "{out}"
@@ -575,34 +525,18 @@ fn intercepted_connections_are_kept_alive() {
             });
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let roots = dir.path().join("upstream-ca.pem");
-    std::fs::write(&roots, &ca_pem).unwrap();
-    let interceptor = Arc::new(Interceptor::new("keep", &[roots]).unwrap());
-    let vault = Vault::new();
-    vault
-        .create(
-            serde_json::from_value(serde_json::json!({
-                "credentials": [{"name": "key", "source": {"value": "first-value"}}],
-                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "methods": ["GET", "HEAD"]},
-                              "auth": {"type": "bearer", "credential": "key"}}]
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-    let mut policy = NetworkPolicy::default();
-    policy
-        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-        .unwrap();
+    let (dir, interceptor) = interceptor_trusting("keep", &ca_pem);
+    let vault = vault_of(serde_json::json!({
+        "credentials": [{"name": "key", "source": {"value": "first-value"}}],
+        "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "methods": ["GET", "HEAD"]},
+                      "auth": {"type": "bearer", "credential": "key"}}]
+    }));
+    let policy = allowing(&[port]);
     let sock = dir.path().join("proxy.sock");
     let proxy = Proxy::builder(policy, Arc::new(|_, _| true))
         .intercept(interceptor.clone(), vault.clone())
         .start(bind(&sock).unwrap(), &sock);
-    let mut c = UnixStream::connect(&sock).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
-    let mut head = [0u8; 39];
-    c.read_exact(&mut head).unwrap();
+    let c = tunnel(&sock, port);
     let conn = rustls::ClientConnection::new(
         client_trusting(interceptor.ca_pem()),
         ServerName::try_from("127.0.0.1".to_owned()).unwrap(),
@@ -656,14 +590,12 @@ fn intercepted_connections_are_kept_alive() {
         r.ends_with("Bearer first-value") && !r.contains("Connection: close"),
         "{r}"
     );
-    vault
-        .mutate(
-            serde_json::from_value(serde_json::json!({
-                "credentials": {"replace": [{"name": "key", "source": {"value": "second-value"}}]}
-            }))
-            .unwrap(),
-        )
-        .unwrap();
+    mutate(
+        &vault,
+        serde_json::json!({
+            "credentials": {"replace": [{"name": "key", "source": {"value": "second-value"}}]}
+        }),
+    );
     let r = one(&mut tls, &format!("GET /chunked HTTP/1.1\r\n{h}\r\n\r\n"));
     assert!(r.contains("Bearer second-value\r\n0\r\n\r\n"), "{r}");
     let r = one(&mut tls, &format!("HEAD /h HTTP/1.1\r\n{h}\r\n\r\n"));
@@ -690,16 +622,8 @@ fn intercepted_connections_are_kept_alive() {
 /// still arrives.
 #[test]
 fn expect_continue_is_answered_by_the_proxy() {
-    let echo = echo_server();
-    let s = setup(&echo, true, &[echo.port]);
-    let port = echo.port;
-    let r = through(
-        &s.sock,
-        port,
-        client_trusting(s.interceptor.ca_pem()),
-        "127.0.0.1",
-        &format!("POST /v1/up HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello"),
-    );
+    let (s, port) = setup_trusted();
+    let r = through_trusting(&s.sock, port, s.interceptor.ca_pem(), &format!("POST /v1/up HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello"));
     assert!(
         r.starts_with("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"),
         "{r}"
@@ -719,25 +643,13 @@ fn unrecorded_uses_fail_closed() {
     use agentrun_policy::{HttpRule, RuleAction};
     let echo = echo_server();
     let port = echo.port;
-    let dir = tempfile::tempdir().unwrap();
-    let roots = dir.path().join("upstream-ca.pem");
-    std::fs::write(&roots, &echo.ca_pem).unwrap();
-    let interceptor = Arc::new(Interceptor::new("unrecorded", &[roots]).unwrap());
-    let vault = Vault::new();
-    vault
-        .create(
-            serde_json::from_value(serde_json::json!({
-                "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
-                "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "paths": ["/v1/*"]},
-                              "auth": {"type": "bearer", "credential": "key"}}]
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-    let mut policy = NetworkPolicy::default();
-    policy
-        .allow_hosts("cli.allow_host", &[format!("127.0.0.1:{port}")])
-        .unwrap();
+    let (dir, interceptor) = interceptor_trusting("unrecorded", &echo.ca_pem);
+    let vault = vault_of(serde_json::json!({
+        "credentials": [{"name": "key", "source": {"type": "inline", "value": SECRET}}],
+        "bindings": [{"name": "api", "match": {"hosts": ["127.0.0.1"], "ports": [port], "paths": ["/v1/*"]},
+                      "auth": {"type": "bearer", "credential": "key"}}]
+    }));
+    let mut policy = allowing(&[port]);
     policy.http.push(
         HttpRule::parse("network.http_allow[0]", RuleAction::Allow, "GET 127.0.0.1/").unwrap(),
     );
@@ -749,7 +661,7 @@ fn unrecorded_uses_fail_closed() {
         .injections(Arc::new(|_, _, _, _| false))
         .start(bind(&sock).unwrap(), &sock);
     let ca = interceptor.ca_pem().to_owned();
-    let ask = |req: String| through(&sock, port, client_trusting(&ca), "127.0.0.1", &req);
+    let ask = |req: String| through_trusting(&sock, port, &ca, &req);
     let h = format!("Host: 127.0.0.1:{port}");
     let r = ask(format!("GET /v1/models HTTP/1.1\r\n{h}\r\n\r\n"));
     assert!(r.starts_with("HTTP/1.1 503"), "{r}");
@@ -775,9 +687,7 @@ fn unrecorded_uses_fail_closed() {
 /// preface without asking gets a 505 saying why; one offering both gets HTTP/1.1.
 #[test]
 fn http2_is_refused_cleanly() {
-    let echo = echo_server();
-    let s = setup(&echo, true, &[echo.port]);
-    let port = echo.port;
+    let (s, port) = setup_trusted();
     let ca = s.interceptor.ca_pem().to_owned();
     let alpn = |protocols: &[&[u8]]| {
         let mut cfg = (*client_trusting(&ca)).clone();
@@ -789,11 +699,10 @@ fn http2_is_refused_cleanly() {
         r.contains("tls error") && r.contains("NoApplicationProtocol"),
         "{r}"
     );
-    let r = through(
+    let r = through_trusting(
         &s.sock,
         port,
-        client_trusting(&ca),
-        "127.0.0.1",
+        &ca,
         "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0",
     );
     assert!(

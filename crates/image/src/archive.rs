@@ -497,21 +497,15 @@ fn extract_tar(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("agentrun-archive-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::test_dir;
 
     /// An index whose entry names itself (the file name is the digest; what the file holds is
     /// only checked when it is stored, after the recursion): refused, not a stack overflow
     /// that takes the importing process down.
     #[test]
     fn an_index_that_contains_itself_is_refused() {
-        let layout = tempdir("selfindex");
-        let store_root = tempdir("selfindex-store");
+        let layout = test_dir("archive-selfindex");
+        let store_root = test_dir("archive-selfindex-store");
         let hex = "a".repeat(64);
         let entry = serde_json::json!({
             "mediaType": OCI_INDEX, "digest": format!("sha256:{hex}"), "size": 1,

@@ -700,17 +700,19 @@ impl TreeTar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    /// The limit `err` says was hit, if it is a limit's error.
+    fn limit_of(err: &ImageError) -> Option<crate::Limit> {
+        match err {
+            ImageError::Limit { limit, .. } => Some(*limit),
+            _ => None,
+        }
+    }
 
     fn up(tar: &[u8], dest: &Path) -> Result<UnpackReport, ImageError> {
         unpack(tar, dest, "t", &Budget::new(Default::default()))
-    }
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("agentrun-layer-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
     }
 
     /// A tar built entry by entry (paths set raw, so malicious names survive).
@@ -778,7 +780,7 @@ mod tests {
 
     #[test]
     fn whiteouts_become_overlay_whiteouts() {
-        let d = tempdir("wh");
+        let d = test_dir("layer-wh");
         let tar = TarBuilder::new()
             .dir("etc/")
             .file("etc/.wh.motd", "")
@@ -827,7 +829,7 @@ mod tests {
                     .file("d/.wh.", ""),
             ),
         ] {
-            let base = tempdir("badwh");
+            let base = test_dir("layer-badwh");
             let dest = base.join("fs");
             fs::create_dir(&dest).unwrap();
             fs::write(base.join("sentinel"), "s").unwrap();
@@ -888,18 +890,9 @@ mod tests {
         // 1 TiB declared; refused once it has unpacked 64 MiB.
         let bomb = zstd_bomb(1 << 40);
         assert!(bomb.len() < 40 << 20);
-        let d = tempdir("zbomb");
+        let d = test_dir("layer-zbomb");
         let err = up(&bomb, &d).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ImageError::Limit {
-                    limit: crate::Limit::Ratio,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(limit_of(&err), Some(crate::Limit::Ratio), "{err}");
         let msg = err.to_string();
         assert!(
             msg.contains("max_ratio") && msg.contains("--max-ratio"),
@@ -913,21 +906,12 @@ mod tests {
             max_bytes: 96 << 20,
             ..Default::default()
         };
-        let d2 = tempdir("zbomb2");
+        let d2 = test_dir("layer-zbomb2");
         let err = unpack(&bomb[..], &d2, "t", &Budget::new(limits)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ImageError::Limit {
-                    limit: crate::Limit::Bytes,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(limit_of(&err), Some(crate::Limit::Bytes), "{err}");
         // A legitimate zero-filled file under the floor unpacks (and hashes) fine.
         let small = zstd_bomb(8 << 20);
-        let d3 = tempdir("zsmall");
+        let d3 = test_dir("layer-zsmall");
         up(&small, &d3).unwrap();
         assert_eq!(fs::metadata(d3.join("zeros")).unwrap().len(), 8 << 20);
         for p in [d, d2, d3] {
@@ -946,18 +930,9 @@ mod tests {
             max_entries: 20,
             ..Default::default()
         };
-        let d = tempdir("entries");
+        let d = test_dir("layer-entries");
         let err = unpack(&tar[..], &d, "t", &Budget::new(limits)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ImageError::Limit {
-                    limit: crate::Limit::Entries,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(limit_of(&err), Some(crate::Limit::Entries), "{err}");
         let deep = "a/".repeat(40) + "f";
         let tar = TarBuilder::new().file_long(&deep, "x").bytes();
         let limits = crate::UnpackLimits {
@@ -965,22 +940,13 @@ mod tests {
             ..Default::default()
         };
         let err = unpack(&tar[..], &d, "t", &Budget::new(limits)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ImageError::Limit {
-                    limit: crate::Limit::Depth,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(limit_of(&err), Some(crate::Limit::Depth), "{err}");
         fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn dotdot_paths_are_refused() {
-        let d = tempdir("dotdot");
+        let d = test_dir("layer-dotdot");
         let tar = TarBuilder::new().file("../../escaped", "x").bytes();
         let err = up(&tar, &d).unwrap_err().to_string();
         assert!(err.contains("'..'"), "{err}");
@@ -990,8 +956,8 @@ mod tests {
 
     #[test]
     fn writes_through_symlinks_are_refused() {
-        let d = tempdir("symlink");
-        let outside = tempdir("symlink-outside");
+        let d = test_dir("layer-symlink");
+        let outside = test_dir("layer-symlink-outside");
         let tar = TarBuilder::new()
             .link(tar::EntryType::Symlink, "evil", outside.to_str().unwrap())
             .file("evil/pwned", "x")
@@ -1003,7 +969,7 @@ mod tests {
         let tar = TarBuilder::new()
             .link(tar::EntryType::Symlink, "abs", "/etc/passwd")
             .bytes();
-        let d2 = tempdir("symlink2");
+        let d2 = test_dir("layer-symlink2");
         up(&tar, &d2).unwrap();
         assert_eq!(
             fs::read_link(d2.join("abs")).unwrap(),
@@ -1016,7 +982,7 @@ mod tests {
 
     #[test]
     fn hard_links_stay_inside_the_layer_and_devices_are_skipped() {
-        let d = tempdir("hard");
+        let d = test_dir("layer-hard");
         let tar = TarBuilder::new()
             .file("a", "data")
             .link(tar::EntryType::Link, "b", "a")
@@ -1033,7 +999,7 @@ mod tests {
         let tar = TarBuilder::new()
             .link(tar::EntryType::Link, "shadow", "/etc/shadow")
             .bytes();
-        let d2 = tempdir("hard2");
+        let d2 = test_dir("layer-hard2");
         let err = up(&tar, &d2).unwrap_err().to_string();
         assert!(err.contains("not in this layer"), "{err}");
         let tar = TarBuilder::new()
@@ -1047,7 +1013,7 @@ mod tests {
     #[test]
     fn tar_upper_turns_overlay_markers_into_oci_whiteouts() {
         use std::os::unix::fs::lchown;
-        let upper = tempdir("upper");
+        let upper = test_dir("layer-upper");
         fs::write(upper.join("new"), "n").unwrap();
         lchown(upper.join("new"), Some(100_000_007), Some(100_000_008)).unwrap();
         fs::write(upper.join("foreign"), "f").unwrap();
@@ -1078,7 +1044,7 @@ mod tests {
             ]
         );
         // Unpacked again, the markers are overlay markers.
-        let d = tempdir("upper-back");
+        let d = test_dir("layer-upper-back");
         up(&tar, &d).unwrap();
         assert!(fs::symlink_metadata(d.join("gone"))
             .unwrap()
@@ -1090,7 +1056,7 @@ mod tests {
 
     #[test]
     fn tar_dir_round_trips_with_the_same_diff_id() {
-        let src = tempdir("src");
+        let src = test_dir("layer-src");
         fs::create_dir_all(src.join("bin")).unwrap();
         fs::write(src.join("bin/tool"), "#!/bin/sh\n").unwrap();
         fs::set_permissions(src.join("bin/tool"), fs::Permissions::from_mode(0o4755)).unwrap();
@@ -1098,7 +1064,7 @@ mod tests {
         symlink("tool", src.join("bin/alias")).unwrap();
         let mut tar = Vec::new();
         tar_dir(&src, &mut tar).unwrap();
-        let dst = tempdir("dst");
+        let dst = test_dir("layer-dst");
         let r = up(&tar, &dst).unwrap();
         assert_eq!(r.diff_id, crate::digest::of_bytes(&tar));
         let m = fs::metadata(dst.join("bin/tool")).unwrap();

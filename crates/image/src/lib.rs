@@ -141,3 +141,14 @@ impl Image {
         LayerLease::take(&self.layers)
     }
 }
+
+/// A fresh, empty directory for a test, named `tag` (unique per test process; tags begin with
+/// the test's module).
+#[cfg(test)]
+fn test_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("agentrun-{tag}-{}", std::process::id()));
+    // A directory left by an earlier process of the same pid, if any.
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

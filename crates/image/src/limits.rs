@@ -115,15 +115,21 @@ impl std::fmt::Display for Exceeded {
     }
 }
 
+/// `b` in the largest of `units` units (each `step` times the last, the first a byte) that it
+/// reaches: the value in that unit, and the unit's index.
+fn scale(b: u64, step: f64, units: usize) -> (f64, usize) {
+    let (mut v, mut u) = (b as f64, 0);
+    while v >= step && u + 1 < units {
+        v /= step;
+        u += 1;
+    }
+    (v, u)
+}
+
 /// `b` bytes as `12.3 MiB`.
 pub fn human_size(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
+    let (v, u) = scale(b, 1024.0, UNITS.len());
     if u == 0 {
         format!("{b} B")
     } else {
@@ -136,12 +142,7 @@ pub fn human_size(b: u64) -> String {
 /// `4MB`, `52.3MB`).
 pub fn docker_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
+    let (v, u) = scale(bytes, 1000.0, UNITS.len());
     let digits = if v < 10.0 {
         2
     } else if v < 100.0 {

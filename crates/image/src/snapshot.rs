@@ -600,14 +600,7 @@ pub fn owner_of_secret(secret: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("agentrun-snap-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::test_dir;
 
     fn upper(p: &Path) -> UpperDir<'_> {
         // The test's own ids are outside the range: written as 65534.
@@ -620,14 +613,14 @@ mod tests {
 
     #[test]
     fn snapshots_are_named_images_over_their_base_owned_and_removable() {
-        let root = tempdir("root");
-        let base_dir = tempdir("base");
+        let root = test_dir("snap-root");
+        let base_dir = test_dir("snap-base");
         fs::write(base_dir.join("base.txt"), "base").unwrap();
         let store = ImageStore::open(&root).unwrap();
         store
             .add_dir("snapbase", &base_dir, &ImageConfig::default())
             .unwrap();
-        let up = tempdir("upper");
+        let up = test_dir("snap-upper");
         fs::create_dir_all(up.join("work")).unwrap();
         fs::write(up.join("work/new.txt"), "new").unwrap();
         let meta = SnapshotMeta {
@@ -718,8 +711,8 @@ mod tests {
 
     #[test]
     fn interrupted_snapshots_are_collected_at_start() {
-        let root = tempdir("interrupted");
-        let up = tempdir("interrupted-upper");
+        let root = test_dir("snap-interrupted");
+        let up = test_dir("snap-interrupted-upper");
         fs::write(up.join("f"), "x").unwrap();
         let store = ImageStore::open(&root).unwrap();
         let s = store
@@ -752,7 +745,7 @@ mod tests {
 
     #[test]
     fn tree_bytes_follows_the_top_symlink_only() {
-        let d = tempdir("bytes");
+        let d = test_dir("snap-bytes");
         fs::create_dir_all(d.join("real/sub")).unwrap();
         fs::write(d.join("real/sub/a"), "12345").unwrap();
         std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();

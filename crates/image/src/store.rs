@@ -820,19 +820,13 @@ pub fn rfc3339_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir;
     use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("agentrun-store-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
-    }
 
     #[test]
     fn add_resolve_tag_remove_prune() {
-        let root = tempdir("root");
-        let src = tempdir("src");
+        let root = test_dir("store-root");
+        let src = test_dir("store-src");
         fs::create_dir_all(src.join("bin")).unwrap();
         fs::write(src.join("bin/tool"), "#!/bin/sh\n").unwrap();
         fs::set_permissions(src.join("bin/tool"), fs::Permissions::from_mode(0o755)).unwrap();

@@ -214,58 +214,29 @@ mod tests {
         })
     }
 
+    /// Whether `line` (words separated by one space) is a runc-style invocation.
+    fn runc_style(line: &str) -> bool {
+        check(&line.split(' ').collect::<Vec<_>>()).is_some()
+    }
+
     #[test]
     fn shim_invocations_are_runc_style() {
-        let create = [
-            "/usr/bin/agentrun",
-            "--root",
-            "/run/containerd/runc/k8s.io",
-            "--log",
-            "/run/x/log.json",
-            "--log-format",
-            "json",
-            "create",
-            "--bundle",
-            "/b",
-            "--pid-file",
-            "/b/init.pid",
-            "abc",
-        ];
-        assert_eq!(check(&create).unwrap().len(), create.len());
+        let create = "/usr/bin/agentrun --root /run/containerd/runc/k8s.io --log /run/x/log.json \
+                      --log-format json create --bundle /b --pid-file /b/init.pid abc";
+        let args = create.split(' ').collect::<Vec<_>>();
+        assert_eq!(check(&args).unwrap().len(), args.len());
         assert!(check(&["agentrun", "--root", "/r", "state", "abc"]).is_some());
         // containerd's checkpoint and restore (go-runc).
-        assert!(check(&[
-            "agentrun",
-            "--root",
-            "/r",
-            "checkpoint",
-            "--image-path",
-            "/i",
-            "abc"
-        ])
-        .is_some());
-        assert!(check(&[
-            "agentrun",
-            "restore",
-            "--detach",
-            "-no-subreaper",
-            "--bundle",
-            "/b",
-            "abc"
-        ])
-        .is_some());
+        assert!(runc_style(
+            "agentrun --root /r checkpoint --image-path /i abc"
+        ));
+        assert!(runc_style(
+            "agentrun restore --detach -no-subreaper --bundle /b abc"
+        ));
         assert!(check(&["agentrun", "--root=/r", "delete", "--force", "abc"]).is_some());
-        assert!(check(&[
-            "agentrun",
-            "--root",
-            "/r",
-            "exec",
-            "--process",
-            "/p.json",
-            "--detach",
-            "abc"
-        ])
-        .is_some());
+        assert!(runc_style(
+            "agentrun --root /r exec --process /p.json --detach abc"
+        ));
         assert!(check(&["agentrun", "ps", "--format", "json", "abc"]).is_some());
         assert!(check(&["agentrun", "features"]).is_some());
     }

@@ -63,19 +63,12 @@ pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
         return Err(OciError::Exists(id));
     }
     make_root(&globals.root)?;
-    let (forwarder, handover) = match &notify_plan {
-        Some(plan) => {
-            let state = StateTemplate {
-                id: id.clone(),
-                status: ContainerState::Creating,
-                bundle: bundle.clone(),
-                annotations: spec.annotations().clone(),
-            };
-            let (f, h) = Forwarder::spawn(plan, state)?;
-            (Some(f), Some(h))
-        }
-        None => (None, None),
-    };
+    let (forwarder, handover) = Forwarder::spawn_for(notify_plan.as_ref(), || StateTemplate {
+        id: id.clone(),
+        status: ContainerState::Creating,
+        bundle: bundle.clone(),
+        annotations: spec.annotations().clone(),
+    })?;
     let built = ContainerBuilder::new(id.clone(), SyscallType::default())
         .with_executor(OciExecutor::with_notify(handover))
         .with_pid_file(args.pid_file.as_ref())?
@@ -90,10 +83,9 @@ pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
         .build();
     globals.logger.relay_children();
     // The agent must have the notify fd before `create` returns, as with runc.
-    let forwarded = forwarder.map_or(Ok(()), |f| f.finish(built.is_ok()));
-    let container = match (built, forwarded) {
-        (Ok(c), Ok(())) => c,
-        (built, forwarded) => {
+    let container = match seccomp_notify::handed_over(built, forwarder) {
+        Ok(c) => c,
+        Err((_, cause)) => {
             // Nothing of a failed create may stay behind (libcontainer removes what it made
             // on most paths; a half-written directory is not a container).
             if let Ok(mut c) = container::load(&globals.root, &id) {
@@ -108,12 +100,7 @@ pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
             }
             // What is left of a container that failed to be made; its error is what the caller hears.
             let _ = std::fs::remove_dir_all(&dir);
-            // A failed handover is the cause (its forwarder killed the init).
-            return Err(match (built, forwarded) {
-                (_, Err(e)) => e,
-                (Err(e), _) => e.into(),
-                (Ok(_), Ok(())) => unreachable!("handled above"),
-            });
+            return Err(cause);
         }
     };
     Record::new(&spec, &bundle, hardening.profile).save(&container.root)
@@ -260,19 +247,12 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
         OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
     })?;
     let notify_plan = seccomp_notify::plan(Hardening::from_spec(&spec)?.seccomp.as_ref())?;
-    let (forwarder, handover) = match &notify_plan {
-        Some(plan) => {
-            let state = StateTemplate {
-                id: c.id().to_owned(),
-                status: ContainerState::Running,
-                bundle: c.bundle().clone(),
-                annotations: c.state.annotations.clone(),
-            };
-            let (f, h) = Forwarder::spawn(plan, state)?;
-            (Some(f), Some(h))
-        }
-        None => (None, None),
-    };
+    let (forwarder, handover) = Forwarder::spawn_for(notify_plan.as_ref(), || StateTemplate {
+        id: c.id().to_owned(),
+        status: ContainerState::Running,
+        bundle: c.bundle().clone(),
+        annotations: c.state.annotations.clone(),
+    })?;
     let forwarding = (!args.detach).then(block_forwarded);
     let pid = ContainerBuilder::new(args.container_id.clone(), SyscallType::default())
         .with_executor(OciExecutor::with_notify(handover))
@@ -296,11 +276,10 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
         .with_sub_cgroup(args.cgroup)
         .build();
     globals.logger.relay_children();
-    let forwarded = forwarder.map_or(Ok(()), |f| f.finish(pid.is_ok()));
-    let pid = match (pid, forwarded) {
-        (Ok(p), Ok(())) => p,
-        (pid, forwarded) => {
-            if let Ok(p) = &pid {
+    let pid = match seccomp_notify::handed_over(pid, forwarder) {
+        Ok(p) => p,
+        Err((pid, cause)) => {
+            if let Some(p) = &pid {
                 // Its notified syscalls would never be answered.
                 // It may be gone already; waitpid reaps it either way.
                 let _ = send_signal(*p, NixSignal::SIGKILL);
@@ -310,11 +289,7 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
                 // Restoring the mask of this (exiting) command cannot fail with valid arguments.
                 let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&f.previous), None);
             }
-            return Err(match (pid, forwarded) {
-                (_, Err(e)) => e,
-                (Err(e), _) => e.into(),
-                (Ok(_), Ok(())) => unreachable!("handled above"),
-            });
+            return Err(cause);
         }
     };
     match forwarding {

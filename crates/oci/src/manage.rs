@@ -84,41 +84,29 @@ fn resources(args: &Update) -> Result<LinuxResources, OciError> {
             }
         }
     };
-    if let Some(v) = args.blkio_weight {
-        set("blockIO", "weight", v.into());
-    }
-    if let Some(v) = args.cpu_period {
-        set("cpu", "period", v.into());
-    }
-    if let Some(v) = args.cpu_quota {
-        set("cpu", "quota", v.into());
-    }
-    if let Some(v) = args.cpu_rt_period {
-        set("cpu", "realtimePeriod", v.into());
-    }
-    if let Some(v) = args.cpu_rt_runtime {
-        set("cpu", "realtimeRuntime", v.into());
-    }
-    if let Some(v) = args.cpu_share {
-        set("cpu", "shares", v.into());
-    }
-    if let Some(v) = &args.cpuset_cpus {
-        set("cpu", "cpus", v.clone().into());
-    }
-    if let Some(v) = &args.cpuset_mems {
-        set("cpu", "mems", v.clone().into());
-    }
-    if let Some(v) = args.memory {
-        set("memory", "limit", v.into());
-    }
-    if let Some(v) = args.memory_reservation {
-        set("memory", "reservation", v.into());
-    }
-    if let Some(v) = args.memory_swap {
-        set("memory", "swap", v.into());
-    }
-    if let Some(v) = args.pids_limit {
-        set("pids", "limit", v.into());
+    // Each flag given: (section, key, value).
+    for (section, key, v) in [
+        ("blockIO", "weight", json(args.blkio_weight)),
+        ("cpu", "period", json(args.cpu_period)),
+        ("cpu", "quota", json(args.cpu_quota)),
+        ("cpu", "realtimePeriod", json(args.cpu_rt_period)),
+        ("cpu", "realtimeRuntime", json(args.cpu_rt_runtime)),
+        ("cpu", "shares", json(args.cpu_share)),
+        ("cpu", "cpus", json(args.cpuset_cpus.clone())),
+        ("cpu", "mems", json(args.cpuset_mems.clone())),
+        ("memory", "limit", json(args.memory)),
+        ("memory", "reservation", json(args.memory_reservation)),
+        ("memory", "swap", json(args.memory_swap)),
+        ("pids", "limit", json(args.pids_limit)),
+    ] {
+        if let Some(v) = v {
+            set(section, key, v);
+        }
     }
     serde_json::from_value(value).map_err(|e| OciError::Invalid(format!("invalid resources: {e}")))
+}
+
+/// `v` as a JSON value.
+fn json<T: Into<Value>>(v: Option<T>) -> Option<Value> {
+    v.map(Into::into)
 }

@@ -234,6 +234,21 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
+    /// [`Forwarder::spawn`] when there is a `plan` (the state it reports made by `state`);
+    /// neither a forwarder nor a handover without one.
+    pub fn spawn_for(
+        plan: Option<&NotifyPlan>,
+        state: impl FnOnce() -> StateTemplate,
+    ) -> Result<(Option<Self>, Option<Handover>), OciError> {
+        match plan {
+            Some(plan) => {
+                let (f, h) = Self::spawn(plan, state())?;
+                Ok((Some(f), Some(h)))
+            }
+            None => Ok((None, None)),
+        }
+    }
+
     /// Forks the forwarder; the [`Handover`] goes to the executor. Call before libcontainer
     /// clones, from a single-threaded process.
     pub fn spawn(plan: &NotifyPlan, state: StateTemplate) -> Result<(Self, Handover), OciError> {
@@ -458,6 +473,21 @@ fn send_to_agent(
         source,
     })?;
     Ok(())
+}
+
+/// What libcontainer `built`, once `forwarder` (if any) has finished the handover: the result
+/// when both succeeded; else what was built, if anything (to undo), and the cause: a failed
+/// handover (its forwarder killed the init), else libcontainer's error.
+pub fn handed_over<T>(
+    built: Result<T, libcontainer::error::LibcontainerError>,
+    forwarder: Option<Forwarder>,
+) -> Result<T, (Option<T>, OciError)> {
+    let forwarded = forwarder.map_or(Ok(()), |f| f.finish(built.is_ok()));
+    match (built, forwarded) {
+        (Ok(t), Ok(())) => Ok(t),
+        (built, Err(e)) => Err((built.ok(), e)),
+        (Err(e), Ok(())) => Err((None, e.into())),
+    }
 }
 
 #[cfg(test)]

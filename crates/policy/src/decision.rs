@@ -242,7 +242,13 @@ impl Profile {
                 path,
             } => self
                 .network
-                .check_http(host, *port, method, path, &[])
+                .check_http(&crate::http::HttpRequest {
+                    method,
+                    host,
+                    port: *port,
+                    path,
+                    fields: &[],
+                })
                 .unwrap_or_else(|| {
                     Decision::allow("network.http_default", "no HTTP rule names the host")
                 }),
@@ -403,6 +409,12 @@ mod tests {
         Profile::parse(text, "t.toml").unwrap()
     }
 
+    /// What `p` lets processes write, with read-write mounts at `mounts`.
+    fn writable(p: &Profile, mounts: &[&str]) -> Vec<String> {
+        let paths = p.landlock_writable(mounts.iter().map(PathBuf::from));
+        paths.iter().map(|p| p.display().to_string()).collect()
+    }
+
     #[test]
     fn normalize_resolves_dots() {
         assert_eq!(
@@ -443,12 +455,8 @@ hidden = ["/usr/secret"]
         assert!(!write("/usr/bin/x").allow);
         assert!(!write("relative").allow);
         assert_eq!(
-            p.landlock_writable(["/data".into()]),
-            vec![
-                PathBuf::from("/data"),
-                "/tmp".into(),
-                "/workspace/out".into()
-            ]
+            writable(&p, &["/data"]),
+            ["/data", "/tmp", "/workspace/out"]
         );
     }
 
@@ -473,6 +481,10 @@ escalate = ["*.github.com:443", "127.0.0.1:8080", "10.0.0.0/8:5432"]
         let c = |h: &str, port: u16| Action::Connect {
             host: h.into(),
             port,
+        };
+        let m = |target: &str, writable: bool| Action::Mount {
+            target: target.into(),
+            writable,
         };
         let cases: Vec<(Action, &str, &str)> = vec![
             (
@@ -518,29 +530,12 @@ escalate = ["*.github.com:443", "127.0.0.1:8080", "10.0.0.0/8:5432"]
             (c("example.com", 443), "deny", "network.default"),
             // a read-write mount over or under an escalate_write path: no one could be asked
             (
-                Action::Mount {
-                    target: "/etc/app/data".into(),
-                    writable: true,
-                },
+                m("/etc/app/data", true),
                 "deny",
                 "filesystem.escalate_write[0]",
             ),
-            (
-                Action::Mount {
-                    target: "/etc".into(),
-                    writable: true,
-                },
-                "deny",
-                "filesystem.escalate_write[0]",
-            ),
-            (
-                Action::Mount {
-                    target: "/etc/app/data".into(),
-                    writable: false,
-                },
-                "allow",
-                "filesystem.mounts",
-            ),
+            (m("/etc", true), "deny", "filesystem.escalate_write[0]"),
+            (m("/etc/app/data", false), "allow", "filesystem.mounts"),
         ];
         for (action, verdict, rule) in &cases {
             let d = p.check(action);
@@ -569,19 +564,8 @@ escalate = ["*.github.com:443", "127.0.0.1:8080", "10.0.0.0/8:5432"]
         );
         // Processes are never given write access to an escalate_write path, not even through
         // a read-write mount over or under one.
-        assert_eq!(
-            p.landlock_writable([
-                "/etc/app/data".into(),
-                "/etc".into(),
-                "/srv".into(),
-                "/etc/app/../app/x".into()
-            ]),
-            vec![
-                PathBuf::from("/etc/app/cache"),
-                "/srv".into(),
-                "/tmp".into()
-            ]
-        );
+        let mounts = ["/etc/app/data", "/etc", "/srv", "/etc/app/../app/x"];
+        assert_eq!(writable(&p, &mounts), ["/etc/app/cache", "/srv", "/tmp"]);
     }
 
     /// An allowed name that resolves to an address an escalate rule names needs approval; a

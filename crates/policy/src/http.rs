@@ -142,22 +142,17 @@ impl HttpRule {
         self.host.matches(host, port)
     }
 
-    fn matches(
-        &self,
-        host: &str,
-        port: u16,
-        method: &str,
-        path: &str,
-        fields: &[(String, Vec<u8>)],
-    ) -> bool {
-        self.matches_host(host, port)
+    /// Whether the rule matches `req` (its host lowercased without a trailing dot, its path
+    /// without the query).
+    fn matches(&self, req: &HttpRequest<'_>) -> bool {
+        self.matches_host(req.host, req.port)
             && self
                 .method
                 .as_deref()
-                .is_none_or(|m| m.eq_ignore_ascii_case(method))
-            && path.starts_with(&self.path)
+                .is_none_or(|m| m.eq_ignore_ascii_case(req.method))
+            && req.path.starts_with(&self.path)
             && self.header.as_ref().is_none_or(|(name, value)| {
-                fields
+                req.fields
                     .iter()
                     .filter(|(n, _)| n.eq_ignore_ascii_case(name))
                     .any(|(_, v)| value.as_ref().is_none_or(|want| want.as_bytes() == v))
@@ -195,17 +190,25 @@ fn ambiguous_path(path: &str) -> bool {
         || path.split('/').any(|seg| seg == "." || seg == "..")
 }
 
-/// Decides one request against `rules`; `None` when no rule names `host:port` (the request
-/// is not an L7 decision).
-pub fn check_http(
-    rules: &[HttpRule],
-    host: &str,
-    port: u16,
-    method: &str,
-    path: &str,
-    fields: &[(String, Vec<u8>)],
-) -> Option<Decision> {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
+/// One HTTP request as L7 rules see it.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpRequest<'a> {
+    pub method: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    /// The path as sent (with its query, if any).
+    pub path: &'a str,
+    /// The head's fields: names, and values as sent.
+    pub fields: &'a [(String, Vec<u8>)],
+}
+
+/// Decides one request against `rules`; `None` when no rule names its `host:port` (the
+/// request is not an L7 decision).
+pub fn check_http(rules: &[HttpRule], req: &HttpRequest<'_>) -> Option<Decision> {
+    let HttpRequest {
+        method, port, path, ..
+    } = *req;
+    let host = req.host.trim_end_matches('.').to_ascii_lowercase();
     if !rules.iter().any(|r| r.matches_host(&host, port)) {
         return None;
     }
@@ -217,10 +220,12 @@ pub fn check_http(
         ));
     }
     let what = format!("{method} {host}:{port}{path}");
-    if let Some(r) = rules
-        .iter()
-        .find(|r| r.matches(&host, port, method, path, fields))
-    {
+    let normal = HttpRequest {
+        host: &host,
+        path,
+        ..*req
+    };
+    if let Some(r) = rules.iter().find(|r| r.matches(&normal)) {
         return Some(match r.action {
             RuleAction::Allow => {
                 Decision::allow(r.id.clone(), format!("{what} allowed by {}", r.target()))
@@ -252,104 +257,60 @@ mod tests {
     use super::*;
 
     fn rules() -> Vec<HttpRule> {
-        vec![
-            HttpRule::parse(
-                "network.http_deny[0]",
-                RuleAction::Deny,
-                "DELETE api.example.com/repos/",
-            )
-            .unwrap(),
-            HttpRule::parse(
-                "network.http_deny[1]",
-                RuleAction::Deny,
-                "* api.example.com X-Admin",
-            )
-            .unwrap(),
-            HttpRule::parse(
-                "network.http_allow[0]",
-                RuleAction::Allow,
-                "GET api.example.com",
-            )
-            .unwrap(),
-            HttpRule::parse(
-                "network.http_allow[1]",
-                RuleAction::Allow,
-                "POST api.example.com:443/graphql",
-            )
-            .unwrap(),
-            HttpRule::parse(
-                "network.http_escalate[0]",
-                RuleAction::Escalate,
-                "PUT *.example.com/ X-Mode=write",
-            )
-            .unwrap(),
-        ]
+        let profile = r#"
+[network]
+mode = "allowlist"
+allow = ["*.example.com:443"]
+http_deny = ["DELETE api.example.com/repos/", "* api.example.com X-Admin"]
+http_allow = ["GET api.example.com", "POST api.example.com:443/graphql"]
+http_escalate = ["PUT *.example.com/ X-Mode=write"]
+"#;
+        crate::Profile::parse(profile, "t").unwrap().network.http
     }
 
-    fn rule_of(
-        method: &str,
-        host: &str,
-        path: &str,
-        fields: &[(&str, &str)],
-    ) -> Option<(String, String)> {
-        let f: Vec<(String, Vec<u8>)> = fields
-            .iter()
+    /// The verdict and rule deciding `request` (`METHOD host/path [field=value]`) sent to
+    /// port 443, `none` when no rule names the host.
+    fn decided(request: &str) -> String {
+        let mut words = request.split(' ');
+        let (method, target) = (words.next().unwrap(), words.next().unwrap());
+        let (host, path) = target.split_at(target.find('/').unwrap());
+        let fields: Vec<(String, Vec<u8>)> = words
+            .map(|f| f.split_once('=').unwrap())
             .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
             .collect();
-        check_http(&rules(), host, 443, method, path, &f)
-            .map(|d| (d.verdict().to_string(), d.rule_id))
+        let req = HttpRequest {
+            method,
+            host,
+            port: 443,
+            path,
+            fields: &fields,
+        };
+        check_http(&rules(), &req)
+            .map_or("none".into(), |d| format!("{} {}", d.verdict(), d.rule_id))
     }
 
     #[test]
     fn first_match_decides_and_allowlisted_hosts_default_deny() {
-        let r = |v: &str, id: &str| Some((v.to_string(), id.to_string()));
-        assert_eq!(
-            rule_of("GET", "api.example.com", "/repos/x?y=1", &[]),
-            r("allow", "network.http_allow[0]")
-        );
-        assert_eq!(
-            rule_of("DELETE", "api.example.com", "/repos/x", &[]),
-            r("deny", "network.http_deny[0]")
-        );
-        assert_eq!(
-            rule_of("GET", "API.example.com.", "/", &[("x-admin", "1")]),
-            r("deny", "network.http_deny[1]")
-        );
-        assert_eq!(
-            rule_of("POST", "api.example.com", "/graphql", &[]),
-            r("allow", "network.http_allow[1]")
-        );
-        assert_eq!(
-            rule_of("POST", "api.example.com", "/other", &[]),
-            r("deny", "network.http_default")
-        );
-        assert_eq!(
-            rule_of("PUT", "w.example.com", "/a", &[("X-Mode", "write")]),
-            r("escalate", "network.http_escalate[0]")
-        );
-        assert_eq!(
-            rule_of("PUT", "w.example.com", "/a", &[("X-Mode", "read")]),
-            r("allow", "network.http_default")
-        );
-        assert_eq!(rule_of("GET", "other.test", "/", &[]), None);
-        for p in [
-            "/repos/../admin",
-            "/a/./b",
-            "/a//b",
-            "/a/%2e%2e/b",
-            "/a%2Fb",
-            "/a\\b",
+        for case in [
+            "GET api.example.com/repos/x?y=1 -> allow network.http_allow[0]",
+            "DELETE api.example.com/repos/x -> deny network.http_deny[0]",
+            "GET API.example.com./ x-admin=1 -> deny network.http_deny[1]",
+            "POST api.example.com/graphql -> allow network.http_allow[1]",
+            "POST api.example.com/other -> deny network.http_default",
+            "PUT w.example.com/a X-Mode=write -> escalate network.http_escalate[0]",
+            "PUT w.example.com/a X-Mode=read -> allow network.http_default",
+            "GET other.test/ -> none",
+            "GET api.example.com/repos/../admin -> deny network.http_path",
+            "GET api.example.com/a/./b -> deny network.http_path",
+            "GET api.example.com/a//b -> deny network.http_path",
+            "GET api.example.com/a/%2e%2e/b -> deny network.http_path",
+            "GET api.example.com/a%2Fb -> deny network.http_path",
+            "GET api.example.com/a\\b -> deny network.http_path",
+            "GET api.example.com/a/b/ -> allow network.http_allow[0]",
         ] {
-            assert_eq!(
-                rule_of("GET", "api.example.com", p, &[]),
-                r("deny", "network.http_path"),
-                "{p}"
-            );
+            let (request, want) = case.split_once(" -> ").unwrap();
+            assert_eq!(decided(request), want, "{request}");
         }
-        assert_eq!(
-            rule_of("GET", "api.example.com", "/a/b/", &[]),
-            r("allow", "network.http_allow[0]")
-        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use approval::{
     EscalationRequest, DEFAULT_APPROVAL_TIMEOUT,
 };
 pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
-pub use http::{check_http, HttpRule, HttpRuleError};
+pub use http::{check_http, HttpRequest, HttpRule, HttpRuleError};
 pub use network::{
     AddressScope, CredentialSpecError, HostRule, HostRuleError, IpNet, NetworkMode, NetworkPolicy,
     NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
@@ -738,43 +738,31 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let e = Profile::parse("[resources]\nmemory = \"lots\"\n", "t.toml").unwrap_err();
-        assert!(e.to_string().contains("resources.memory"), "{e}");
-        let e = Profile::parse("[resources]\nmemry = \"1G\"\n", "t.toml").unwrap_err();
-        assert!(e.to_string().contains("memry"), "{e}");
-        let e = Profile::parse("[filesystem]\nwritable = [\"tmp\"]\n", "t").unwrap_err();
-        assert!(e.to_string().contains("absolute"), "{e}");
-        let e = Profile::parse("[env]\ndefaults = { \"A-B\" = \"x\" }\n", "t").unwrap_err();
-        assert!(e.to_string().contains("A-B"), "{e}");
-        let e = Profile::parse("[network]\nmode = \"some\"\n", "t").unwrap_err();
-        assert!(e.to_string().contains("line 2"), "{e}");
-        let e = Profile::parse("[network]\nmode = \"allowlist\"\n", "t").unwrap_err();
-        assert!(e.to_string().contains("network.allow"), "{e}");
-        let e = Profile::parse(
-            "name = \"x\"\n\n[network]\nmode = \"allowlist\"\nallow = [\"a b\"]\n",
-            "t",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("line 5") && e.contains("network.allow") && e.contains("a b"),
-            "{e}"
-        );
-        let e = Profile::parse("[filesystem]\nworkspace = \"wo\"\n", "t").unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("line 2: field `filesystem.workspace`"),
-            "{e}"
-        );
-        let e = Profile::parse("[filesystem]\nhidden = [\"/a/../b\"]\n", "t").unwrap_err();
-        assert!(e.to_string().contains("'..'"), "{e}");
-        let e = Profile::parse("[seccomp]\nallow_socket_families = [\"vsok\"]\n", "t")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("line 2: field `seccomp.allow_socket_families`") && e.contains("vsok"),
-            "{e}"
-        );
+        // Each profile's error names all of `says` (separated by `|`).
+        for (text, says) in [
+            ("[resources]\nmemory = \"lots\"\n", "resources.memory"),
+            ("[resources]\nmemry = \"1G\"\n", "memry"),
+            ("[filesystem]\nwritable = [\"tmp\"]\n", "absolute"),
+            ("[env]\ndefaults = { \"A-B\" = \"x\" }\n", "A-B"),
+            ("[network]\nmode = \"some\"\n", "line 2"),
+            ("[network]\nmode = \"allowlist\"\n", "network.allow"),
+            (
+                "name = \"x\"\n\n[network]\nmode = \"allowlist\"\nallow = [\"a b\"]\n",
+                "line 5|network.allow|a b",
+            ),
+            (
+                "[filesystem]\nworkspace = \"wo\"\n",
+                "line 2: field `filesystem.workspace`",
+            ),
+            ("[filesystem]\nhidden = [\"/a/../b\"]\n", "'..'"),
+            (
+                "[seccomp]\nallow_socket_families = [\"vsok\"]\n",
+                "line 2: field `seccomp.allow_socket_families`|vsok",
+            ),
+        ] {
+            let e = Profile::parse(text, "t.toml").unwrap_err().to_string();
+            assert!(says.split('|').all(|s| e.contains(s)), "{text}: {e}");
+        }
     }
 
     /// Escalate fields: parsed, and refused with line, field and why when Landlock could not

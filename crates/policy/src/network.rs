@@ -444,16 +444,9 @@ impl NetworkPolicy {
         self.http.iter().any(|r| r.host.matches(&host, port))
     }
 
-    /// Decides one request by the L7 rules; `None` when none names `host:port`.
-    pub fn check_http(
-        &self,
-        host: &str,
-        port: u16,
-        method: &str,
-        path: &str,
-        fields: &[(String, Vec<u8>)],
-    ) -> Option<Decision> {
-        crate::http::check_http(&self.http, host, port, method, path, fields)
+    /// Decides one request by the L7 rules; `None` when none names its `host:port`.
+    pub fn check_http(&self, req: &crate::http::HttpRequest<'_>) -> Option<Decision> {
+        crate::http::check_http(&self.http, req)
     }
 
     /// Whether traffic leaves through the egress proxy at all.
@@ -741,26 +734,35 @@ mod tests {
         ]);
         // A wildcard reaches public addresses only.
         assert!(reach(&p, "www.corp.example", 443, "93.184.216.34").allow);
-        for ip in [
-            "10.0.0.1",
-            "fd00::1",
-            "64:ff9b::a00:1",
-            "::ffff:192.168.1.1",
+        for (host, port, ip, why) in [
+            ("www.corp.example", 443, "10.0.0.1", "private"),
+            ("www.corp.example", 443, "fd00::1", "private"),
+            ("www.corp.example", 443, "64:ff9b::a00:1", "private"),
+            ("www.corp.example", 443, "::ffff:192.168.1.1", "private"),
+            (
+                "metadata.corp.example",
+                80,
+                "169.254.169.254",
+                "host-internal",
+            ),
+            ("metadata.corp.example", 80, "127.0.0.1", "host-internal"),
+            (
+                "metadata.corp.example",
+                80,
+                "168.63.129.16",
+                "host-internal",
+            ),
+            ("metadata.corp.example", 80, "::1", "host-internal"),
+            (
+                "metadata.corp.example",
+                80,
+                "fd00:ec2::254",
+                "host-internal",
+            ),
         ] {
-            let d = reach(&p, "www.corp.example", 443, ip);
+            let d = reach(&p, host, port, ip);
             assert_eq!(d.rule_id, "network.resolved_address", "{ip}: {d:?}");
-            assert!(d.reason.contains("private"), "{d:?}");
-        }
-        for ip in [
-            "169.254.169.254",
-            "127.0.0.1",
-            "168.63.129.16",
-            "::1",
-            "fd00:ec2::254",
-        ] {
-            let d = reach(&p, "metadata.corp.example", 80, ip);
-            assert_eq!(d.rule_id, "network.resolved_address", "{ip}: {d:?}");
-            assert!(d.reason.contains("host-internal"), "{d:?}");
+            assert!(d.reason.contains(why), "{d:?}");
         }
         // A rule naming the exact host reaches a private address, not a host-internal one.
         // (the wildcard before it decided the name; the exact rule still counts)

@@ -120,11 +120,7 @@ impl PendingLayer {
                     "the fork's layer was not made in time".into(),
                 ));
             }
-            slot = self
-                .ready
-                .wait_timeout(slot, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            slot = crate::wait(&self.ready, slot, left);
         }
     }
 

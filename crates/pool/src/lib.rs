@@ -48,6 +48,18 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Waits on `cv` with `guard` until notified or `timeout` has passed (a poisoned lock is
+/// taken as it is, as [`lock`] does).
+pub(crate) fn wait<'a, T>(
+    cv: &std::sync::Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, timeout)
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+}
+
 /// The host's cgroup mode, detected once (what the operators' views read usage with).
 pub(crate) fn cgroup_mode() -> Option<agentrun_runtime::cgroup::CgroupMode> {
     static MODE: std::sync::OnceLock<Option<agentrun_runtime::cgroup::CgroupMode>> =

@@ -134,20 +134,13 @@ impl Metrics {
             &[],
             g.duration_count as f64,
         );
-        family(
+        counters_by(
             &mut out,
             "agentrun_policy_denials_total",
-            "counter",
             "Policy decisions that denied an action in the daemon's runs, by rule id.",
+            "rule",
+            &g.denials,
         );
-        for (rule, n) in &g.denials {
-            sample(
-                &mut out,
-                "agentrun_policy_denials_total",
-                &[("rule", rule)],
-                *n as f64,
-            );
-        }
         drop(g);
         for (name, help, value) in [
             (
@@ -203,20 +196,13 @@ impl Metrics {
             &[],
             status.create_failures as f64,
         );
-        family(
+        counters_by(
             &mut out,
             "agentrun_shells_discarded_total",
-            "counter",
             "Shells discarded, by reason (timeout, oom, max_runs, max_age, idle, ...).",
+            "reason",
+            &status.discarded,
         );
-        for (reason, n) in &status.discarded {
-            sample(
-                &mut out,
-                "agentrun_shells_discarded_total",
-                &[("reason", reason)],
-                *n as f64,
-            );
-        }
         family(
             &mut out,
             "agentrun_sandboxes",
@@ -279,6 +265,20 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     // Writing to a String cannot fail (here and below).
     let _ = writeln!(out, "# HELP {name} {}", help.replace('\\', "\\\\"));
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A counter family `name` with one sample per entry of `counts`, its key as label `label`.
+fn counters_by(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    counts: &BTreeMap<String, u64>,
+) {
+    family(out, name, "counter", help);
+    for (key, n) in counts {
+        sample(out, name, &[(label, key)], *n as f64);
+    }
 }
 
 fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {

@@ -301,6 +301,21 @@ impl Pool {
         }
     }
 
+    /// Destroys `sh` with the lock `st` released (counted in `destroying` meanwhile); returns
+    /// the lock taken again.
+    fn destroy_released<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        sh: PooledShell,
+    ) -> MutexGuard<'a, State> {
+        st.destroying += 1;
+        drop(st);
+        self.destroy(sh);
+        let mut st = self.lock();
+        st.destroying -= 1;
+        st
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::lock(&self.state)
     }
@@ -336,11 +351,7 @@ impl Pool {
                         break;
                     }
                     st.pools[i].waiting += 1;
-                    st = self
-                        .changed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    st = crate::wait(&self.changed, st, left);
                     st.pools[i].waiting -= 1;
                 }
                 st.pools[i].misses += 1;
@@ -362,22 +373,14 @@ impl Pool {
             }
             // Room comes from a finished run, or from a ready shell we may sacrifice.
             if let Some(sh) = st.sacrifice() {
-                st.destroying += 1;
-                drop(st);
-                self.destroy(sh);
-                st = self.lock();
-                st.destroying -= 1;
+                st = self.destroy_released(st, sh);
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(PoolError::Busy(self.limits.max_sandboxes));
             }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = crate::wait(&self.changed, st, left);
         }
         st.creating += 1;
         drop(st);
@@ -506,11 +509,7 @@ impl Pool {
                     return;
                 }
                 if let Some(old) = self.expired(&mut st) {
-                    st.destroying += 1;
-                    drop(st);
-                    self.destroy(old);
-                    st = self.lock();
-                    st.destroying -= 1;
+                    st = self.destroy_released(st, old);
                     continue;
                 }
                 match st.neediest() {
@@ -527,22 +526,10 @@ impl Pool {
                             // Made on the background CPUs only while the pool is
                             // comfortable: otherwise production must keep up.
                             None => break (i, comfortable),
-                            Some(d) => {
-                                st = self
-                                    .changed
-                                    .wait_timeout(st, d)
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .0
-                            }
+                            Some(d) => st = crate::wait(&self.changed, st, d),
                         }
                     }
-                    _ => {
-                        st = self
-                            .changed
-                            .wait_timeout(st, LENT_GRACE)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0
-                    }
+                    _ => st = crate::wait(&self.changed, st, LENT_GRACE),
                 }
             };
             st.pools[pick].creating += 1;
@@ -633,11 +620,7 @@ impl Pool {
             if left.is_zero() {
                 break;
             }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = crate::wait(&self.changed, st, left);
         }
     }
 

@@ -168,15 +168,7 @@ pub fn report(
     r: &Report<'_>,
 ) -> agentrun_telemetry::RunSpan {
     // Started when the work did (`r.duration` ago).
-    let fresh = agentrun_telemetry::RunSpan::start(name, r.traceparent);
-    let mut span = agentrun_telemetry::RunSpan::resume(
-        name,
-        fresh.context(),
-        fresh.parent(),
-        std::time::SystemTime::now()
-            .checked_sub(r.duration)
-            .unwrap_or_else(std::time::SystemTime::now),
-    );
+    let mut span = agentrun_telemetry::RunSpan::started_ago(name, r.traceparent, r.duration);
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.id", r.sandbox_id);
     span.set_attribute("sandbox.snapshot.id", r.snapshot_id);

@@ -36,6 +36,13 @@ struct Started {
     exit: mpsc::Receiver<ProcessExit>,
 }
 
+/// Asserts that `/tmp/f`, which an earlier process of `sb` wrote, still says `kept`.
+fn assert_kept(sb: &LiveSandbox) {
+    let c = start(sb, &["/bin/cat", "/tmp/f"], &[]).unwrap();
+    assert_eq!(c.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
+    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "kept\n");
+}
+
 fn start(sb: &LiveSandbox, argv: &[&str], env: &[(&str, &str)]) -> Result<Started, PoolError> {
     let (r, w) = pipe();
     let (tx, exit) = mpsc::channel();
@@ -102,9 +109,7 @@ fn processes_over_time(live: &LiveManager) {
     // Later processes share the sandbox's filesystem.
     let b = start(&sb, &["/bin/sh", "-c", "echo kept > /tmp/f"], &[]).unwrap();
     assert_eq!(b.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
-    let c = start(&sb, &["/bin/cat", "/tmp/f"], &[]).unwrap();
-    assert_eq!(c.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
-    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "kept\n");
+    assert_kept(&sb);
     live.delete(sb.id()).unwrap();
 }
 
@@ -202,9 +207,7 @@ fn signal_all_keeps_the_init_and_the_files(live: &LiveManager) {
     // The init and the sandbox stay: same files, new processes.
     assert!(!sb.is_dead());
     assert!(PathBuf::from(format!("/proc/{init}")).exists());
-    let c = start(&sb, &["/bin/cat", "/tmp/f"], &[]).unwrap();
-    assert_eq!(c.exit.recv_timeout(WAIT).unwrap().exit_code, 0);
-    assert_eq!(c.out.recv_timeout(WAIT).unwrap(), "kept\n");
+    assert_kept(&sb);
     live.delete(sb.id()).unwrap();
 }
 

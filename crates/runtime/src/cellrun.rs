@@ -109,18 +109,8 @@ impl RunMounts {
         let mut out = RunMounts::default();
         let mut sources = Vec::new();
         for m in user {
-            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
-                return Err(RuntimeError::InvalidInput(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
-            let meta = fs::metadata(&m.source)
-                .map_err(|e| RuntimeError::io("cannot mount", &m.source, e))?;
-            out.mounts.push(CellMount {
-                target: m.target.clone(),
-                directory: meta.is_dir(),
-            });
+            let (entry, _) = cell_mount(m)?;
+            out.mounts.push(entry);
             sources.push((
                 std::ffi::CString::new(m.source.as_os_str().as_encoded_bytes()).map_err(|_| {
                     RuntimeError::InvalidInput(format!("path contains NUL: {}", m.source.display()))
@@ -138,14 +128,7 @@ impl RunMounts {
             ..Default::default()
         };
         for m in user {
-            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
-                return Err(RuntimeError::InvalidInput(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
-            let meta = fs::metadata(&m.source)
-                .map_err(|e| RuntimeError::io("cannot mount", &m.source, e))?;
+            let (entry, meta) = cell_mount(m)?;
             let owner = (meta.uid(), meta.gid());
             let ns = if owner == (0, 0) {
                 cache.range()?
@@ -155,14 +138,23 @@ impl RunMounts {
             // A file system that cannot be idmapped gets a plain bind.
             let (fd, mapped) = detached_clone_idmapped(&m.source, ns, !m.writable)?;
             out.idmapped &= mapped;
-            out.mounts.push(CellMount {
-                target: m.target.clone(),
-                directory: meta.is_dir(),
-            });
+            out.mounts.push(entry);
             out.fds.push(fd);
         }
         Ok(out)
     }
+}
+
+/// `m`'s entry in a cell request, once its target is checked, and its source's metadata.
+fn cell_mount(m: &UserMount) -> Result<(CellMount, fs::Metadata), RuntimeError> {
+    m.check_target()?;
+    let meta =
+        fs::metadata(&m.source).map_err(|e| RuntimeError::io("cannot mount", &m.source, e))?;
+    let entry = CellMount {
+        target: m.target.clone(),
+        directory: meta.is_dir(),
+    };
+    Ok((entry, meta))
 }
 
 /// The cell's Landlock rules, from the same profile `Profile::check` decides with: read (and

@@ -105,5 +105,5 @@ pub use host::info::HostInfo;
 pub use outcome::{RunEnd, RunOutcome};
 pub use privilege::Privilege;
 pub use sandbox::{
-    Enforcement, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder, SandboxStdio,
+    Enforcement, RunIo, RuntimePaths, Sandbox, SandboxConfig, SandboxConfigBuilder, SandboxStdio,
 };

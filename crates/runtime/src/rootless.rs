@@ -31,6 +31,7 @@ use oci_spec::runtime::Spec;
 use crate::error::RuntimeError;
 use crate::host::privilege::{mapping, UserIds, NEWGIDMAP, NEWUIDMAP};
 use crate::inside::executor::SandboxExecutor;
+use crate::mounts::{mount_fs, NOSUID_NODEV};
 use crate::spec::BindMount;
 
 /// Host devices a rootless sandbox's /dev gets (bound: an unprivileged user cannot mknod).
@@ -287,12 +288,11 @@ fn child(
         fs::create_dir_all(d)
             .map_err(|err| ChildError::Io(format!("creating {}", d.display()), err))?;
     }
-    mount(
-        Some("tmpfs"),
+    mount_fs(
+        "tmpfs",
         &rw,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("size={},mode=0700", s.tmpfs_bytes).as_str()),
+        NOSUID_NODEV,
+        &format!("size={},mode=0700", s.tmpfs_bytes),
     )
     .map_err(e("mounting the writable layer's tmpfs"))?;
     let upper = rw.join("upper");
@@ -309,14 +309,7 @@ fn child(
         upper.display(),
         work.display()
     );
-    mount(
-        Some("overlay"),
-        &rootfs,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(e("mounting the overlay rootfs"))?;
+    mount_fs("overlay", &rootfs, NOSUID_NODEV, &opts).map_err(e("mounting the overlay rootfs"))?;
 
     let at = |p: &str| rootfs.join(p.trim_start_matches('/'));
     let dir = |p: &Path| {
@@ -324,21 +317,13 @@ fn child(
     };
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     dir(&at("proc"))?;
-    mount(
-        Some("proc"),
-        &at("proc"),
-        Some("proc"),
-        nosuid_nodev_noexec,
-        None::<&str>,
-    )
-    .map_err(e("mounting /proc"))?;
+    mount_fs("proc", &at("proc"), nosuid_nodev_noexec, "").map_err(e("mounting /proc"))?;
     dir(&at("dev"))?;
-    mount(
-        Some("tmpfs"),
+    mount_fs(
+        "tmpfs",
         &at("dev"),
-        Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
-        Some("mode=755,size=65536k"),
+        "mode=755,size=65536k",
     )
     .map_err(e("mounting /dev"))?;
     for d in DEVICES {
@@ -411,14 +396,8 @@ fn child(
     {
         let dst = at(p);
         match fs::symlink_metadata(&dst) {
-            Ok(m) if m.is_dir() => mount(
-                Some("tmpfs"),
-                &dst,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY,
-                None::<&str>,
-            )
-            .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
+            Ok(m) if m.is_dir() => mount_fs("tmpfs", &dst, MsFlags::MS_RDONLY, "")
+                .map_err(|err| ChildError::Sys(format!("masking {p}"), err))?,
             Ok(_) => mount(
                 Some(at("dev/null").as_path()),
                 &dst,

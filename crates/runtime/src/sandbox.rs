@@ -415,12 +415,7 @@ impl Sandbox {
             });
         }
         for m in &mounts {
-            if !m.target.is_absolute() || m.target.components().any(|c| c.as_os_str() == "..") {
-                return Err(RuntimeError::InvalidInput(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
+            m.check_target()?;
         }
         self.image_lease = Some(config.image.lease()?);
         let prepared = if rootless.is_some() {
@@ -710,20 +705,16 @@ impl Sandbox {
     }
 
     /// Runs one cell in this shell (the cold path: one shell, one cell) with `stdin` and its
-    /// output pumped to `out`/`err` (so it is counted, previewed and capped), until the
+    /// output pumped to `io`'s writers (so it is counted, previewed and capped), until the
     /// command exits, the timeout passes (the whole cell is killed: exit 124), or a signal
-    /// arrives on `signals` (forwarded; a second one kills the cell). `req`'s work must be a
-    /// command; `mounts` are the run's, made with [`crate::cellrun::RunMounts::prepare`].
-    #[allow(clippy::too_many_arguments)]
+    /// arrives (forwarded; a second one kills the cell). `req`'s work must be a command;
+    /// `mounts` are the run's, made with [`crate::cellrun::RunMounts::prepare`].
     pub fn run_cell(
         &mut self,
         req: &crate::control::CellRequest,
         mounts: crate::cellrun::RunMounts,
         stdin: OwnedFd,
-        out: &mut dyn Write,
-        err: &mut dyn Write,
-        timeout: Option<Duration>,
-        signals: Option<&SignalFd>,
+        io: RunIo<'_>,
     ) -> Result<RunOutcome, RuntimeError> {
         use crate::cellrun::{CellError, CellRun};
         let started = Instant::now();
@@ -741,40 +732,23 @@ impl Sandbox {
             Err(e) => return Err(RuntimeError::Container(e.to_string())),
         };
         drop((stdin, out_w, err_w));
-        let mut streams = [
-            OutputStream::new(Some(out_r), self.output_cap),
-            OutputStream::new(Some(err_r), self.output_cap),
-        ];
-        let mut result = None;
-        let end = pump_run(
-            &mut CellTarget {
-                cell: &mut cell,
-                result: &mut result,
-            },
-            &mut streams,
-            out,
-            err,
-            timeout.map(|t| started + t),
-            signals,
-        )?;
-        let stats = meter.map(|m| m.finish()).unwrap_or_default();
-        let ran = end.ran.unwrap_or_else(|| started.elapsed());
-        let mut outcome = RunOutcome::of_cell(result, end.timed_out, stats, ran);
-        outcome.init_pid = cell.pid;
-        outcome.count_output(&mut streams);
-        Ok(outcome)
+        let mut target = CellTarget {
+            cell: &mut cell,
+            result: None,
+        };
+        let output = [Some(out_r), Some(err_r)];
+        self.pump(&mut target, output, io, started, |t, timed_out, ran| {
+            let stats = meter.map(|m| m.finish()).unwrap_or_default();
+            let mut outcome = RunOutcome::of_cell(t.result.take(), timed_out, stats, ran);
+            outcome.init_pid = t.cell.pid;
+            outcome
+        })
     }
 
-    /// Starts the command and pumps its output to `out`/`err` until it exits, the timeout
-    /// passes (the whole sandbox is killed: exit 124), or a signal arrives on `signals`
-    /// (forwarded; a second one kills the sandbox).
-    pub fn run(
-        &mut self,
-        out: &mut dyn Write,
-        err: &mut dyn Write,
-        timeout: Option<Duration>,
-        signals: Option<&SignalFd>,
-    ) -> Result<RunOutcome, RuntimeError> {
+    /// Starts the command and pumps its output to `io`'s writers until it exits, the timeout
+    /// passes (the whole sandbox is killed: exit 124), or a signal arrives (forwarded; a
+    /// second one kills the sandbox).
+    pub fn run(&mut self, io: RunIo<'_>) -> Result<RunOutcome, RuntimeError> {
         let started = Instant::now();
         self.start()?;
         let init = self
@@ -782,30 +756,39 @@ impl Sandbox {
             .map(Pid::from_raw)
             .ok_or_else(|| RuntimeError::Container("container has no init pid".into()))?;
         let pidfd = pidfd_open(init)?;
-        let mut streams = [
-            OutputStream::new(self.stdout.take(), self.output_cap),
-            OutputStream::new(self.stderr.take(), self.output_cap),
-        ];
         let mut target = InitTarget {
             init,
             pidfd,
             status: None,
             usage: None,
         };
-        let end = pump_run(
-            &mut target,
-            &mut streams,
-            out,
-            err,
-            timeout.map(|t| started + t),
-            signals,
-        )?;
-        let stats = self.cgroup.map(|cg| cg.stats(&self.id)).unwrap_or_default();
+        let output = [self.stdout.take(), self.stderr.take()];
+        self.pump(&mut target, output, io, started, |t, timed_out, ran| {
+            let stats = self.cgroup.map(|cg| cg.stats(&self.id)).unwrap_or_default();
+            // The init's usage includes the command's and every child it reaped.
+            let mut outcome = RunOutcome::of_init(t.status, t.usage, timed_out, stats, ran);
+            outcome.init_pid = init.as_raw();
+            outcome
+        })
+    }
+
+    /// Pumps `output` (the run's stdout and stderr pipes, each capped at the output cap) to
+    /// `io` until `target` ends (see [`pump_streams`]; `io.timeout` counts from `started`),
+    /// then makes the run's outcome with `finish` (given the target, whether it timed out,
+    /// and how long it ran) and counts the output into it.
+    fn pump<T: RunTarget>(
+        &self,
+        target: &mut T,
+        output: [Option<OwnedFd>; 2],
+        io: RunIo<'_>,
+        started: Instant,
+        finish: impl FnOnce(&mut T, bool, Duration) -> RunOutcome,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let mut streams = output.map(|fd| OutputStream::new(fd, self.output_cap));
+        let deadline = io.timeout.map(|t| started + t);
+        let end = pump_streams(target, &mut streams, io, deadline)?;
         let ran = end.ran.unwrap_or_else(|| started.elapsed());
-        // The init's usage includes the command's and every child it reaped.
-        let mut outcome =
-            RunOutcome::of_init(target.status, target.usage, end.timed_out, stats, ran);
-        outcome.init_pid = init.as_raw();
+        let mut outcome = finish(target, end.timed_out, ran);
         outcome.count_output(&mut streams);
         Ok(outcome)
     }
@@ -997,7 +980,7 @@ impl OutputStream {
     }
 }
 
-/// What [`pump_run`] waits on: a run that ends, and can be signalled.
+/// What [`pump_streams`] waits on: a run that ends, and can be signalled.
 trait RunTarget {
     /// Readable when the run has ended (`None`: done).
     fn done_fd(&self) -> Option<BorrowedFd<'_>>;
@@ -1006,24 +989,38 @@ trait RunTarget {
     fn signal(&mut self, signal: i32);
 }
 
-/// How [`pump_run`] ended.
+/// How [`pump_streams`] ended.
 struct PumpEnd {
     timed_out: bool,
     /// Time from the first poll to the run's end, when it ended.
     ran: Option<Duration>,
 }
 
-/// Pumps `streams` to `out`/`err` until `target` has ended and its output reached EOF (at
+/// Where a run's output goes and what ends it early: the terms [`Sandbox::run`] and
+/// [`Sandbox::run_cell`] share.
+pub struct RunIo<'a> {
+    /// Where the command's stdout goes.
+    pub out: &'a mut dyn Write,
+    /// Where the command's stderr goes.
+    pub err: &'a mut dyn Write,
+    /// Past it the whole run is killed (exit 124).
+    pub timeout: Option<Duration>,
+    /// Signals to forward to the run (a second one kills it).
+    pub signals: Option<&'a SignalFd>,
+}
+
+/// Pumps `streams` to `io`'s writers until `target` has ended and its output reached EOF (at
 /// most 2 s after the end: never hang on a pipe someone else holds), the deadline passes (the
-/// target is killed) or a signal arrives on `signals` (forwarded; a second one kills).
-fn pump_run(
+/// target is killed) or a signal arrives on `io.signals` (forwarded; a second one kills).
+fn pump_streams(
     target: &mut dyn RunTarget,
     streams: &mut [OutputStream; 2],
-    out: &mut dyn Write,
-    err: &mut dyn Write,
+    io: RunIo<'_>,
     deadline: Option<Instant>,
-    signals: Option<&SignalFd>,
 ) -> Result<PumpEnd, RuntimeError> {
+    let RunIo {
+        out, err, signals, ..
+    } = io;
     let started = Instant::now();
     let mut end = PumpEnd {
         timed_out: false,
@@ -1159,7 +1156,7 @@ impl RunTarget for InitTarget {
 /// A cell run (the cold path's): its channel says when it ended.
 struct CellTarget<'a> {
     cell: &'a mut crate::cellrun::CellRun,
-    result: &'a mut Option<crate::control::InitResult>,
+    result: Option<crate::control::InitResult>,
 }
 
 impl RunTarget for CellTarget<'_> {
@@ -1170,7 +1167,7 @@ impl RunTarget for CellTarget<'_> {
     fn ended(&mut self) -> Result<bool, RuntimeError> {
         // The result, or EOF: the cell's PID 1 died without one. Then the cell may end: the
         // rest of its output comes with its teardown.
-        *self.result = self.cell.result();
+        self.result = self.cell.result();
         self.cell.let_go();
         Ok(true)
     }

@@ -459,6 +459,13 @@ mod tests {
         assert!(AuditLog::new(&dir).recent(100, &any).unwrap().is_empty());
     }
 
+    /// Appends records 0 to `n` - 1 to `log`.
+    fn append(log: &AuditLog, n: usize) {
+        for i in 0..n {
+            log.append(&rec(i)).unwrap();
+        }
+    }
+
     fn tmp() -> PathBuf {
         let d = std::env::temp_dir().join(format!(
             "agentrun-audit-test-{}-{}",
@@ -480,9 +487,7 @@ mod tests {
     fn append_and_read_back_in_order() {
         let dir = tmp();
         let log = AuditLog::new(&dir);
-        for i in 0..3 {
-            log.append(&rec(i)).unwrap();
-        }
+        append(&log, 3);
         let all = log.read_all().unwrap();
         assert_eq!(all.len(), 3);
         assert_eq!(all[2].sandbox_id, "ar-2");
@@ -514,9 +519,7 @@ mod tests {
     fn rotates_by_size_and_keeps_order() {
         let dir = tmp();
         let log = AuditLog::new(&dir).with_rotation(300, 3);
-        for i in 0..20 {
-            log.append(&rec(i)).unwrap();
-        }
+        append(&log, 20);
         assert!(dir.join("audit.jsonl.1").exists());
         assert!(
             !dir.join("audit.jsonl.4").exists(),

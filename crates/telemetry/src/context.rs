@@ -154,22 +154,6 @@ mod tests {
     }
 
     #[test]
-    fn rejects_invalid_version() {
-        assert!(TraceContext::from_traceparent(
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        )
-        .is_none());
-        assert!(TraceContext::from_traceparent(
-            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        )
-        .is_none());
-        assert!(TraceContext::from_traceparent(
-            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        )
-        .is_none());
-    }
-
-    #[test]
     fn version_00_must_have_exactly_four_fields() {
         assert!(TraceContext::from_traceparent(&format!("{VALID}-extra")).is_none());
     }
@@ -184,20 +168,16 @@ mod tests {
     }
 
     #[test]
-    fn rejects_all_zero_ids() {
-        assert!(TraceContext::from_traceparent(
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
-        )
-        .is_none());
-        assert!(TraceContext::from_traceparent(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"
-        )
-        .is_none());
-    }
-
-    #[test]
-    fn rejects_wrong_lengths() {
+    fn rejects_malformed_values() {
         for bad in [
+            // an invalid version
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            // an all-zero trace or span id
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            // a field of the wrong length
             "",
             "00",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
@@ -207,14 +187,7 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b77-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-001",
-        ] {
-            assert!(TraceContext::from_traceparent(bad).is_none(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn rejects_uppercase_and_non_hex() {
-        for bad in [
+            // uppercase, non-hex, or other separators
             "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A",

@@ -165,6 +165,20 @@ impl RunSpan {
         }
     }
 
+    /// [`RunSpan::start`] for work that began `ago` before now (a span written once the
+    /// work is done).
+    pub fn started_ago(
+        name: &'static str,
+        parent_traceparent: Option<&str>,
+        ago: std::time::Duration,
+    ) -> Self {
+        let mut span = RunSpan::start(name, parent_traceparent);
+        span.start_time = SystemTime::now()
+            .checked_sub(ago)
+            .unwrap_or_else(SystemTime::now);
+        span
+    }
+
     /// Continues, in another process, a span started earlier with [`RunSpan::start`]: its own
     /// `context`, its `parent` and its `start_time`, as that process recorded them (e.g. an
     /// OCI container's lifetime span, started at `create` and finished at `delete`).
@@ -257,14 +271,20 @@ impl RunSpan {
         self.set_attribute("sandbox.decision", d.verdict());
         self.set_attribute("sandbox.rule_id", d.rule_id.clone());
         self.set_attribute("sandbox.reason", d.reason.clone());
-        self.set_attribute("sandbox.action", action.name());
-        self.set_attribute("sandbox.resource", action.resource());
+        self.set_action(action);
         self.set_attribute("sandbox.blocked", !d.allow);
         if let Some(outcome) = d.escalation {
             self.set_attribute("sandbox.escalation.outcome", outcome.as_str());
         }
         self.set_attribute("sandbox.profile", profile.to_owned());
         self.set_attribute("sandbox.enforced_by", enforced_by.to_owned());
+    }
+
+    /// The attributes naming `action`: its name and resource, and for a connection the
+    /// server's address and port.
+    fn set_action(&mut self, action: &agentrun_policy::Action) {
+        self.set_attribute("sandbox.action", action.name());
+        self.set_attribute("sandbox.resource", action.resource());
         if let agentrun_policy::Action::Connect { host, port } = action {
             self.set_attribute("server.address", host.clone());
             self.set_attribute("server.port", i64::from(*port));
@@ -281,13 +301,8 @@ impl RunSpan {
         error_type: &str,
         message: &str,
     ) {
-        self.set_attribute("sandbox.action", action.name());
-        self.set_attribute("sandbox.resource", action.resource());
+        self.set_action(action);
         self.set_attribute("sandbox.rule_id", rule_id.to_owned());
-        if let agentrun_policy::Action::Connect { host, port } = action {
-            self.set_attribute("server.address", host.clone());
-            self.set_attribute("server.port", i64::from(*port));
-        }
         self.set_error(error_type, message);
     }
 

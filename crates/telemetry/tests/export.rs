@@ -64,6 +64,14 @@ fn emit(env: &[(&str, String)]) -> (RunOutput, String, Duration) {
     (out, traceparent, finish)
 }
 
+/// [`emit`] exporting to `rx` (its endpoint as `OTEL_EXPORTER_OTLP_ENDPOINT`), with `more`
+/// set after it (a variable named again there replaces it).
+fn emit_to(rx: &OtlpReceiver, more: &[(&str, &str)]) -> (RunOutput, String, Duration) {
+    let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())];
+    env.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
+    emit(&env)
+}
+
 fn one_span(rx: &OtlpReceiver, out: &RunOutput) -> ReceivedSpan {
     // finish() exports synchronously: the span is there when the child has exited.
     let spans = rx.spans();
@@ -95,7 +103,7 @@ fn check_span(span: &ReceivedSpan, traceparent: &str) {
 #[test]
 fn grpc_is_the_default_protocol() {
     let rx = OtlpReceiver::grpc();
-    let (out, tp, _) = emit(&[("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())]);
+    let (out, tp, _) = emit_to(&rx, &[]);
     let span = one_span(&rx, &out);
     check_span(&span, &tp);
     assert_eq!(span.parent_span_id, "", "no TRACEPARENT: root span");
@@ -108,45 +116,37 @@ fn grpc_is_the_default_protocol() {
 #[test]
 fn http_protobuf_appends_v1_traces_to_the_generic_endpoint() {
     let rx = OtlpReceiver::http();
-    let (out, tp, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into()),
-    ]);
+    let (out, tp, _) = emit_to(&rx, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]);
     check_span(&one_span(&rx, &out), &tp);
 }
 
 #[test]
 fn http_json_is_supported() {
     let rx = OtlpReceiver::http();
-    let (out, tp, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json".into()),
-    ]);
+    let (out, tp, _) = emit_to(&rx, &[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")]);
     check_span(&one_span(&rx, &out), &tp);
 }
 
 #[test]
 fn traces_endpoint_is_used_as_is_and_wins() {
     let rx = OtlpReceiver::http();
-    let (out, tp, _) = emit(&[
-        // The generic endpoint points nowhere useful; the traces one must win.
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9".into()),
-        (
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            format!("{}/v1/traces", rx.endpoint()),
-        ),
-        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf".into()),
-    ]);
+    let traces = format!("{}/v1/traces", rx.endpoint());
+    let (out, tp, _) = emit_to(
+        &rx,
+        &[
+            // The generic endpoint points nowhere useful; the traces one must win.
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ],
+    );
     check_span(&one_span(&rx, &out), &tp);
 }
 
 #[test]
 fn traceparent_makes_a_child_span() {
     let rx = OtlpReceiver::grpc();
-    let (out, tp, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        ("TRACEPARENT", PARENT.into()),
-    ]);
+    let (out, tp, _) = emit_to(&rx, &[("TRACEPARENT", PARENT)]);
     let span = one_span(&rx, &out);
     check_span(&span, &tp);
     let parent = TraceContext::from_traceparent(PARENT).unwrap();
@@ -158,13 +158,13 @@ fn traceparent_makes_a_child_span() {
 #[test]
 fn unsampled_parent_is_not_exported() {
     let rx = OtlpReceiver::grpc();
-    let (out, tp, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        (
+    let (out, tp, _) = emit_to(
+        &rx,
+        &[(
             "TRACEPARENT",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00".into(),
-        ),
-    ]);
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        )],
+    );
     assert!(tp.ends_with("-00"), "{tp}");
     assert_eq!(rx.request_count(), 0, "{:#?}\n{out}", rx.spans());
 }
@@ -172,14 +172,16 @@ fn unsampled_parent_is_not_exported() {
 #[test]
 fn resource_comes_from_otel_env() {
     let rx = OtlpReceiver::grpc();
-    let (out, _, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        ("OTEL_SERVICE_NAME", "my-agent".into()),
-        (
-            "OTEL_RESOURCE_ATTRIBUTES",
-            "deployment.environment=ci,service.name=ignored".into(),
-        ),
-    ]);
+    let (out, _, _) = emit_to(
+        &rx,
+        &[
+            ("OTEL_SERVICE_NAME", "my-agent"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=ci,service.name=ignored",
+            ),
+        ],
+    );
     let span = one_span(&rx, &out);
     let res = |k: &str| span.resource.get(k).map(String::as_str);
     assert_eq!(res("service.name"), Some("my-agent"));
@@ -196,10 +198,7 @@ fn headers_and_disabling_variables_are_honoured() {
         ("OTEL_TRACES_EXPORTER", "none"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
     ] {
-        let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())];
-        env.retain(|(k, _)| *k != extra.0);
-        env.push((extra.0, extra.1.into()));
-        let (out, _, finish) = emit(&env);
+        let (out, _, finish) = emit_to(&rx, &[extra]);
         assert!(
             finish < Duration::from_millis(50),
             "{extra:?}: finish took {finish:?}"
@@ -207,13 +206,10 @@ fn headers_and_disabling_variables_are_honoured() {
         assert_eq!(rx.request_count(), 0, "{extra:?}\n{out}");
     }
     // A malformed header list does not break the export.
-    let (out, tp, _) = emit(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint()),
-        (
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "x-team=agents,garbage,=x".into(),
-        ),
-    ]);
+    let (out, tp, _) = emit_to(
+        &rx,
+        &[("OTEL_EXPORTER_OTLP_HEADERS", "x-team=agents,garbage,=x")],
+    );
     check_span(&one_span(&rx, &out), &tp);
 }
 

@@ -418,6 +418,12 @@ mod tests {
         }
     }
 
+    /// A snapshot at 0 of `run-1` (profile default) and `run-2` (profile `second`).
+    fn two_runs(second: &str) -> Snapshot {
+        let runs = vec![cmd("run-1", "default", 1, 0), cmd("run-2", second, 2, 0)];
+        snap(0, runs)
+    }
+
     fn snap(at: u64, commands: Vec<RunningCommand>) -> Snapshot {
         Snapshot {
             unix_ms: at,
@@ -477,10 +483,7 @@ mod tests {
     fn p_cycles_the_pool_filter_through_every_pool_and_back_to_all() {
         let mut s = TopState::new("sock");
         s.update(
-            snap(
-                0,
-                vec![cmd("run-1", "default", 1, 0), cmd("run-2", "strict", 2, 0)],
-            ),
+            two_runs("strict"),
             vec![denial("default", "a"), denial("strict", "b")],
         );
         assert_eq!(s.commands().len(), 2);
@@ -501,13 +504,7 @@ mod tests {
     #[test]
     fn profile_filter_is_typed_and_applied_on_enter_esc_cancels() {
         let mut s = TopState::new("sock");
-        s.update(
-            snap(
-                0,
-                vec![cmd("run-1", "default", 1, 0), cmd("run-2", "strict", 2, 0)],
-            ),
-            vec![],
-        );
+        s.update(two_runs("strict"), vec![]);
         s.on_key(key(KeyCode::Char('/')));
         for c in "strx".chars() {
             s.on_key(key(KeyCode::Char(c)));
@@ -534,13 +531,7 @@ mod tests {
         s.update(snap(0, vec![]), vec![]);
         assert_eq!(s.on_key(key(KeyCode::Char('k'))), Action::None);
         assert_eq!(s.status, "no running command selected");
-        s.update(
-            snap(
-                0,
-                vec![cmd("run-1", "default", 1, 0), cmd("run-2", "default", 2, 0)],
-            ),
-            vec![],
-        );
+        s.update(two_runs("default"), vec![]);
         assert_eq!(s.selected.as_deref(), Some("run-1"));
         s.on_key(key(KeyCode::Down));
         s.on_key(key(KeyCode::Down));
@@ -574,13 +565,7 @@ mod tests {
     #[test]
     fn a_gone_selection_moves_to_the_first_command() {
         let mut s = TopState::new("sock");
-        s.update(
-            snap(
-                0,
-                vec![cmd("run-1", "default", 1, 0), cmd("run-2", "default", 2, 0)],
-            ),
-            vec![],
-        );
+        s.update(two_runs("default"), vec![]);
         s.on_key(key(KeyCode::Down));
         s.update(snap(0, vec![cmd("run-1", "default", 1, 0)]), vec![]);
         assert_eq!(s.selected.as_deref(), Some("run-1"));

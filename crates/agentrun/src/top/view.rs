@@ -228,31 +228,9 @@ fn render_pools(s: &TopState, area: Rect, buf: &mut Buffer) {
         _ => "none".into(),
     };
     let unpooled = s.snapshot.as_ref().map_or(0, |snap| snap.status.unpooled);
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Length(24),
-            Constraint::Length(24),
-            Constraint::Length(14),
-            Constraint::Length(8),
-            Constraint::Length(8),
-            Constraint::Length(8),
-            Constraint::Length(10),
-        ],
-    )
-    .header(
-        Row::new([
-            "IMAGE",
-            "PROFILE",
-            "READY",
-            "RUNNING",
-            "HITS",
-            "MISSES",
-            "DISCARDED",
-        ])
-        .style(bold()),
-    )
-    .block(
+    let headers = "IMAGE, PROFILE, READY, RUNNING, HITS, MISSES, DISCARDED";
+    let widths = [24, 24, 14, 8, 8, 8, 10];
+    let table = table(rows, headers, widths).block(
         Block::bordered()
             .title(format!(" pools ({}) ", pool_filter_label(s)))
             .title_bottom(format!(
@@ -282,47 +260,21 @@ fn render_commands(s: &TopState, area: Rect, buf: &mut Buffer) {
         })
         .collect();
     // Ids of processes of long-lived sandboxes (`SANDBOX/PROCESS`) are longer than `run-N`.
-    let id_width = commands
-        .iter()
-        .map(|c| c.id.chars().count())
-        .max()
-        .unwrap_or(0)
-        .clamp(8, 48) as u16;
-    let sandbox_width = commands
-        .iter()
-        .map(|c| c.sandbox.chars().count())
-        .max()
-        .unwrap_or(0)
-        .clamp(16, 40) as u16;
+    let id_width = fit(commands.iter().map(|c| c.id.as_str()), 8, 48);
+    let sandbox_width = fit(commands.iter().map(|c| c.sandbox.as_str()), 16, 40);
     let mut state = TableState::default().with_selected(s.selected_index());
     let title = if commands.is_empty() {
         " running commands: none ".to_string()
     } else {
         format!(" running commands ({}) ", commands.len())
     };
+    let headers = "ID, SANDBOX, PROFILE, ELAPSED, CPU, CPU TIME, MEMORY, COMMAND";
+    let widths = [id_width, sandbox_width, 16, 8, 5, 8, 10, 0];
     StatefulWidget::render(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(id_width),
-                Constraint::Length(sandbox_width),
-                Constraint::Length(16),
-                Constraint::Length(8),
-                Constraint::Length(5),
-                Constraint::Length(8),
-                Constraint::Length(10),
-                Constraint::Fill(1),
-            ],
-        )
-        .header(
-            Row::new([
-                "ID", "SANDBOX", "PROFILE", "ELAPSED", "CPU", "CPU TIME", "MEMORY", "COMMAND",
-            ])
-            .style(bold()),
-        )
-        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-        .highlight_symbol("> ")
-        .block(Block::bordered().title(title)),
+        table(rows, headers, widths)
+            .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+            .highlight_symbol("> ")
+            .block(Block::bordered().title(title)),
         area,
         buf,
         &mut state,
@@ -358,30 +310,30 @@ fn render_denials(s: &TopState, area: Rect, buf: &mut Buffer) {
             ])
         })
         .collect();
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Length(12),
-            Constraint::Length(22),
-            Constraint::Length(10),
-            Constraint::Length(12),
-            Constraint::Length(24),
-            Constraint::Fill(1),
-        ],
-    )
-    .header(
-        Row::new([
-            "TIME (UTC)",
-            "SANDBOX",
-            "DECISION",
-            "ACTION",
-            "RULE",
-            "RESOURCE",
-        ])
-        .style(bold()),
-    )
-    .block(Block::bordered().title(" denials, newest first "));
+    let headers = "TIME (UTC), SANDBOX, DECISION, ACTION, RULE, RESOURCE";
+    let widths = [12, 22, 10, 12, 24, 0];
+    let table =
+        table(rows, headers, widths).block(Block::bordered().title(" denials, newest first "));
     Widget::render(table, area, buf);
+}
+
+/// A table of `rows` under a bold header of `headers` (separated by ", "), its columns
+/// `widths` wide (0: the rest of the width).
+fn table<'a, const N: usize>(rows: Vec<Row<'a>>, headers: &'a str, widths: [u16; N]) -> Table<'a> {
+    let widths = widths.map(|w| match w {
+        0 => Constraint::Fill(1),
+        w => Constraint::Length(w),
+    });
+    Table::new(rows, widths).header(Row::new(headers.split(", ")).style(bold()))
+}
+
+/// The width of a column showing `values`: the longest one's, within `min..=max`.
+fn fit<'a>(values: impl Iterator<Item = &'a str>, min: usize, max: usize) -> u16 {
+    values
+        .map(|v| v.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(min, max) as u16
 }
 
 fn render_status(s: &TopState, area: Rect, buf: &mut Buffer) {

@@ -125,49 +125,35 @@ mod tests {
     const USER_CGROUP: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n";
     const V2_MOUNTS: &str = "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
 
+    /// [`delegated_v2`] for uid 1000, every cgroup owned by `owner` and offering `controllers`.
+    fn delegated(cgroup: &str, mounts: &str, owner: u32, controllers: &str) -> Option<PathBuf> {
+        let ctl = |_: &Path| Some(controllers.to_string());
+        delegated_v2(cgroup, mounts, 1000, &|_| Some(owner), &ctl)
+    }
+
     #[test]
     fn no_delegation_on_this_kind_of_host() {
+        let all = "cpu memory pids";
         // Hybrid, the process in the root cgroup owned by root: nothing for uid 1000.
-        let owner = |_: &Path| Some(0);
-        let ctl = |_: &Path| Some("cpu memory pids".to_string());
-        assert_eq!(
-            delegated_v2(HYBRID_CGROUP, MOUNTS, 1000, &owner, &ctl),
-            None
-        );
+        assert_eq!(delegated(HYBRID_CGROUP, MOUNTS, 0, all), None);
         // No cgroup2 mount at all.
-        assert_eq!(
-            delegated_v2(
-                USER_CGROUP,
-                "31 25 0:27 / /x rw - cgroup cgroup rw\n",
-                1000,
-                &owner,
-                &ctl
-            ),
-            None
-        );
+        let v1_only = "31 25 0:27 / /x rw - cgroup cgroup rw\n";
+        assert_eq!(delegated(USER_CGROUP, v1_only, 0, all), None);
     }
 
     #[test]
     fn a_systemd_user_slice_is_found() {
-        let owner = |_: &Path| Some(1000);
-        let ctl = |_: &Path| Some("cpu memory pids".to_string());
+        let all = "cpu memory pids";
         assert_eq!(
-            delegated_v2(USER_CGROUP, V2_MOUNTS, 1000, &owner, &ctl),
+            delegated(USER_CGROUP, V2_MOUNTS, 1000, all),
             Some(PathBuf::from(
                 "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice"
             ))
         );
         // Owned by the user but without the memory controller: not enough.
-        let no_mem = |_: &Path| Some("cpu pids".to_string());
-        assert_eq!(
-            delegated_v2(USER_CGROUP, V2_MOUNTS, 1000, &owner, &no_mem),
-            None
-        );
+        assert_eq!(delegated(USER_CGROUP, V2_MOUNTS, 1000, "cpu pids"), None);
         // Someone else's.
-        assert_eq!(
-            delegated_v2(USER_CGROUP, V2_MOUNTS, 1001, &owner, &ctl),
-            None
-        );
+        assert_eq!(delegated(USER_CGROUP, V2_MOUNTS, 1001, all), None);
     }
 
     #[test]

@@ -728,25 +728,17 @@ mod tests {
     fn socket_families_outside_the_policy_are_refused() {
         let stack = default_stack();
         let arch = AUDIT_ARCH_NATIVE;
-        let socket = |stack: &[BpfProgram], family: u64, protocol: u64| {
-            run_stack(
-                stack,
-                libc::SYS_socket,
-                arch,
-                [family, 1, protocol, 0, 0, 0],
-            )
+        // socket(2) or socketpair(2) with `family`, SOCK_STREAM and `protocol`.
+        let call = |stack: &[BpfProgram], nr: i64, family: u64, protocol: u64| {
+            run_stack(stack, nr, arch, [family, 1, protocol, 0, 0, 0])
         };
+        let socket = |stack: &[BpfProgram], family: u64, protocol: u64| {
+            call(stack, libc::SYS_socket, family, protocol)
+        };
+        let pair = |family: i32| call(&stack, libc::SYS_socketpair, family as u64, 0);
         for family in [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6] {
             assert_eq!(socket(&stack, family as u64, 0), ALLOW);
-            assert_eq!(
-                run_stack(
-                    &stack,
-                    libc::SYS_socketpair,
-                    arch,
-                    [family as u64, 1, 0, 0, 0, 0]
-                ),
-                ALLOW
-            );
+            assert_eq!(pair(family), ALLOW);
         }
         let refused = errno(libc::EAFNOSUPPORT);
         for family in [
@@ -757,15 +749,7 @@ mod tests {
             libc::AF_BLUETOOTH,
         ] {
             assert_eq!(socket(&stack, family as u64, 0), refused, "{family}");
-            assert_eq!(
-                run_stack(
-                    &stack,
-                    libc::SYS_socketpair,
-                    arch,
-                    [family as u64, 1, 0, 0, 0, 0]
-                ),
-                refused
-            );
+            assert_eq!(pair(family), refused);
         }
         // An allowed family with upper bits (the kernel reads an int): refused.
         assert_eq!(socket(&stack, (1 << 32) | 1, 0), refused);

@@ -106,20 +106,11 @@ fn recv(
     if r == 0 || pfds.get(1).is_some_and(|w| w.revents != 0) {
         return Ok(None);
     }
-    // SAFETY: recv into a buffer we own, of its length. Non-blocking: a wake-up must never
-    // wait behind a recv (poll said readable; EAGAIN would mean the datagram went away).
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Some(n as usize))
+    // Non-blocking: a wake-up must never wait behind a recv (poll said readable; EAGAIN
+    // would mean the datagram went away).
+    let flags = nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+    let n = nix::sys::socket::recv(fd.as_raw_fd(), buf, flags).map_err(io::Error::from)?;
+    Ok(Some(n))
 }
 
 /// Whether the host's audit subsystem is enabled (so Landlock denials are emitted at all).

@@ -176,6 +176,15 @@ mod tests {
         s
     }
 
+    /// The error a host like [`good`] but for `change` is refused with, and its one line.
+    fn refused(change: impl FnOnce(&mut HostFacts)) -> (PreflightError, String) {
+        let mut facts = good();
+        change(&mut facts);
+        let e = check(&facts).unwrap_err();
+        let s = one_line(&e);
+        (e, s)
+    }
+
     #[test]
     fn a_good_host_passes_without_warnings() {
         assert_eq!(check(&good()), Ok(vec![]));
@@ -183,54 +192,40 @@ mod tests {
 
     #[test]
     fn not_root_says_to_use_sudo() {
-        let facts = HostFacts {
-            euid: 1000,
-            ..good()
-        };
-        let e = check(&facts).unwrap_err();
+        let (e, s) = refused(|f| f.euid = 1000);
         assert_eq!(e, PreflightError::NotRoot { uid: 1000 });
-        let s = one_line(&e);
         assert!(s.starts_with("needs root") && s.contains("sudo"), "{s}");
     }
 
     #[test]
     fn no_user_namespaces_says_which_sysctl() {
-        let facts = HostFacts {
-            user_namespaces: false,
-            ..good()
-        };
-        let e = check(&facts).unwrap_err();
+        let (e, s) = refused(|f| f.user_namespaces = false);
         assert_eq!(e, PreflightError::NoUserNamespaces);
-        assert!(one_line(&e).contains("sysctl -w user.max_user_namespaces="));
+        assert!(s.contains("sysctl -w user.max_user_namespaces="));
     }
 
     #[test]
     fn no_cgroups_says_how_to_mount() {
-        let facts = HostFacts {
-            cgroup: None,
-            controllers: vec![],
-            ..good()
-        };
-        let e = check(&facts).unwrap_err();
+        let (e, s) = refused(|f| {
+            f.cgroup = None;
+            f.controllers = vec![];
+        });
         assert_eq!(e, PreflightError::NoCgroups);
-        assert!(one_line(&e).contains("mount -t cgroup2"));
+        assert!(s.contains("mount -t cgroup2"));
     }
 
     #[test]
     fn a_missing_controller_is_named_with_its_fix() {
         for mode in [CgroupMode::V1, CgroupMode::Hybrid, CgroupMode::V2] {
             for missing in REQUIRED_CONTROLLERS {
-                let facts = HostFacts {
-                    cgroup: Some(mode),
-                    controllers: REQUIRED_CONTROLLERS
+                let (_, s) = refused(|f| {
+                    f.cgroup = Some(mode);
+                    f.controllers = REQUIRED_CONTROLLERS
                         .iter()
                         .filter(|c| *c != missing)
                         .map(|c| (*c).to_owned())
-                        .collect(),
-                    ..good()
-                };
-                let e = check(&facts).unwrap_err();
-                let s = one_line(&e);
+                        .collect();
+                });
                 assert!(
                     s.contains(&format!("cgroup controller '{missing}' is missing")),
                     "{s}"

@@ -84,12 +84,8 @@ impl Privilege {
     pub fn default_root(&self, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
         match self {
             Privilege::Root => PathBuf::from("/var/lib/agentrun"),
-            Privilege::Rootless(ids) => {
-                if let Some(d) = env("XDG_DATA_HOME").filter(|d| d.starts_with('/')) {
-                    return Path::new(&d).join("agentrun");
-                }
-                home(env, ids.uid).join(".local/share/agentrun")
-            }
+            Privilege::Rootless(ids) => under(env, "XDG_DATA_HOME")
+                .unwrap_or_else(|| home(env, ids.uid).join(".local/share/agentrun")),
         }
     }
 
@@ -101,8 +97,8 @@ impl Privilege {
         match self {
             Privilege::Root => PathBuf::from("/run/agentrun"),
             Privilege::Rootless(ids) => {
-                if let Some(d) = env("XDG_RUNTIME_DIR").filter(|d| d.starts_with('/')) {
-                    return Path::new(&d).join("agentrun");
+                if let Some(d) = under(env, "XDG_RUNTIME_DIR") {
+                    return d;
                 }
                 use std::os::unix::fs::MetadataExt;
                 let run_user = PathBuf::from(format!("/run/user/{}", ids.uid));
@@ -220,6 +216,12 @@ pub enum UsernsBlocker {
 /// The way out that needs no user namespace, said in every [`UsernsBlocker`].
 pub const LANDLOCK_ONLY_HINT: &str = "or run with `--isolation landlock-only` (Landlock + \
                                       seccomp + rlimits, no namespaces: weaker)";
+
+/// `agentrun` under the directory the variable `var` names, when it names an absolute path.
+fn under(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<PathBuf> {
+    let dir = env(var).filter(|d| d.starts_with('/'))?;
+    Some(Path::new(&dir).join("agentrun"))
+}
 
 #[cfg(test)]
 mod tests {

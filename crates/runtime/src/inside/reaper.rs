@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use crate::control::{InitResult, ResourceUsage};
 use crate::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, EXIT_SIGNAL_BASE};
 use crate::inside::spawn::{SpawnSpec, SpawnStep};
+use crate::inside::user::Credentials;
 
 /// One command to start.
 pub(crate) struct Command {
@@ -84,7 +85,7 @@ impl Command {
     pub fn spawn(&self) -> Result<Pid, (i32, String)> {
         let cstr = |v: &str| CString::new(v).unwrap_or_default();
         let argv: Vec<CString> = self.argv.iter().map(|a| cstr(a)).collect();
-        let env: Vec<CString> = self
+        let mut env: Vec<CString> = self
             .env
             .iter()
             .map(|(k, v)| cstr(&format!("{k}={v}")))
@@ -104,18 +105,23 @@ impl Command {
             .stdio
             .as_ref()
             .map(|s| [s[0].as_raw_fd(), s[1].as_raw_fd(), s[2].as_raw_fd()]);
-        if let Some(user) = self.user.as_deref().filter(|u| !u.is_empty()) {
-            return self.spawn_as(user, argv, env, cwd, stdio);
-        }
-        crate::inside::spawn::spawn(&SpawnSpec {
+        let user = self.user.as_deref().filter(|u| !u.is_empty());
+        let creds = match user {
+            Some(user) => Some(self.credentials(user, &mut env)?),
+            None => None,
+        };
+        let spec = SpawnSpec {
             argv: &argv,
             env: &env,
             cwd: &cwd,
             stdio,
             new_session: self.new_session,
             rlimits: self.rlimits,
-        })
-        .map_err(|errno| {
+        };
+        if let (Some(user), Some(creds)) = (user, creds) {
+            return self.spawn_as(user, &spec, &creds);
+        }
+        crate::inside::spawn::spawn(&spec).map_err(|errno| {
             let (what, code) = match errno {
                 nix::Error::ENOENT | nix::Error::ENOTDIR => {
                     ("command not found".into(), EXIT_NOT_FOUND)
@@ -128,18 +134,15 @@ impl Command {
         })
     }
 
-    /// [`Command::spawn`] as `user`, resolved from the sandbox's own /etc/passwd and
-    /// /etc/group (this runs inside the sandbox's root). `HOME` comes from the user's passwd
-    /// entry unless the environment sets it to something non-empty (the Docker API sends an
-    /// empty `HOME` when neither the image nor the request set one).
-    fn spawn_as(
+    /// `user`, resolved from the sandbox's own /etc/passwd and /etc/group (this runs inside
+    /// the sandbox's root). `HOME` in `env` becomes the user's passwd entry's unless the
+    /// environment sets it to something non-empty (the Docker API sends an empty `HOME` when
+    /// neither the image nor the request set one).
+    fn credentials(
         &self,
         user: &str,
-        argv: Vec<CString>,
-        mut env: Vec<CString>,
-        cwd: CString,
-        stdio: Option<[RawFd; 3]>,
-    ) -> Result<Pid, (i32, String)> {
+        env: &mut Vec<CString>,
+    ) -> Result<Credentials, (i32, String)> {
         let creds = crate::inside::user::resolve_here(user).map_err(|e| {
             let msg = e.to_string();
             self.say(&msg);
@@ -149,15 +152,17 @@ impl Command {
             env.retain(|kv| !kv.as_bytes().starts_with(b"HOME="));
             env.push(CString::new(format!("HOME={}", creds.home)).unwrap_or_default());
         }
-        let spec = SpawnSpec {
-            argv: &argv,
-            env: &env,
-            cwd: &cwd,
-            stdio,
-            new_session: self.new_session,
-            rlimits: self.rlimits,
-        };
-        crate::inside::spawn::spawn_as(&spec, Some(&creds)).map_err(|(step, errno)| {
+        Ok(creds)
+    }
+
+    /// [`Command::spawn`] as `user`, whose [`Self::credentials`] are `creds`.
+    fn spawn_as(
+        &self,
+        user: &str,
+        spec: &SpawnSpec<'_>,
+        creds: &Credentials,
+    ) -> Result<Pid, (i32, String)> {
+        crate::inside::spawn::spawn_as(spec, Some(creds)).map_err(|(step, errno)| {
             let why = errno.desc().to_lowercase();
             let (msg, code) = match step {
                 SpawnStep::Credentials => (

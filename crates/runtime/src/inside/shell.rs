@@ -547,17 +547,10 @@ impl ShellWatch {
         let mut buf = [0u8; 8192];
         for fd in &self.netlink {
             loop {
-                // SAFETY: recv into a buffer we own, non-blocking.
-                let n = unsafe {
-                    libc::recv(
-                        fd.as_raw_fd(),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                if n <= 0 {
-                    break;
+                let flags = nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+                match nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, flags) {
+                    Ok(n) if n > 0 => {}
+                    _ => break,
                 }
                 let kind = u16::from_ne_bytes([buf[4], buf[5]]);
                 let name = match kind {

@@ -7,3 +7,19 @@ pub mod hostdirs;
 pub mod idmap;
 pub mod rootfs;
 pub mod volume;
+
+/// Mounts a new `fstype` file system (one with no source device: tmpfs, overlay, proc) at
+/// `at` with `flags` and its options `data` (none if empty).
+pub(crate) fn mount_fs(
+    fstype: &str,
+    at: &std::path::Path,
+    flags: nix::mount::MsFlags,
+    data: &str,
+) -> nix::Result<()> {
+    let data = (!data.is_empty()).then_some(data);
+    nix::mount::mount(Some(fstype), at, Some(fstype), flags, data)
+}
+
+/// The flags of every file system a sandbox's rootfs is built from: no set-id, no devices.
+pub(crate) const NOSUID_NODEV: nix::mount::MsFlags =
+    nix::mount::MsFlags::MS_NOSUID.union(nix::mount::MsFlags::MS_NODEV);

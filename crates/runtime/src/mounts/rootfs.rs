@@ -19,10 +19,11 @@ use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use agentrun_image::Image;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{umount2, MntFlags};
 
 use crate::error::RuntimeError;
 use crate::mounts::idmap::{attach_tree, detached_clone_idmapped, MappingNamespace, UID_BASE};
+use crate::mounts::{mount_fs, NOSUID_NODEV};
 use crate::spec::BindMount;
 
 /// A host path the user asked to mount into the sandbox.
@@ -31,6 +32,20 @@ pub struct UserMount {
     pub source: PathBuf,
     pub target: PathBuf,
     pub writable: bool,
+}
+
+impl UserMount {
+    /// Refuses a target that is not an absolute path, or that climbs with `..`.
+    pub fn check_target(&self) -> Result<(), RuntimeError> {
+        let t = &self.target;
+        if !t.is_absolute() || t.components().any(|c| c.as_os_str() == "..") {
+            return Err(RuntimeError::InvalidInput(format!(
+                "mount target {} must be an absolute path without '..'",
+                t.display()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What [`prepare`] produced.
@@ -66,12 +81,11 @@ pub fn prepare(
     for d in [&rw, &lower, &rootfs] {
         mkdir(d)?;
     }
-    mount(
-        Some("tmpfs"),
+    mount_fs(
+        "tmpfs",
         &rw,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("size={tmpfs_bytes},mode=0700").as_str()),
+        NOSUID_NODEV,
+        &format!("size={tmpfs_bytes},mode=0700"),
     )
     .map_err(|e| RuntimeError::sys("mount tmpfs for the writable layer", e))?;
     let upper = upper_dir(state);
@@ -124,14 +138,8 @@ pub fn prepare(
             image.layers.len()
         )));
     }
-    mount(
-        Some("overlay"),
-        &rootfs,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| RuntimeError::sys("mount overlay rootfs", e))?;
+    mount_fs("overlay", &rootfs, NOSUID_NODEV, &opts)
+        .map_err(|e| RuntimeError::sys("mount overlay rootfs", e))?;
     // /workspace is the default working directory: every image has one (in the upper layer
     // when the image lacks it), owned by the sandbox's root.
     let ws = rootfs.join("workspace");
