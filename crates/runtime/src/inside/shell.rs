@@ -226,7 +226,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     }
                     if let Some(old) = spare.take() {
                         let link = zygote.as_ref().map(Zygote::link);
-                        spare = Spare::make(&init.template, old.tmpfs_bytes, link).ok();
+                        spare = Spare::make(&init.template, old.tmpfs_bytes, link, false).ok();
                     }
                     continue;
                 }
@@ -271,11 +271,14 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             let bytes = zeroize::Zeroizing::new(bytes);
             let req = match serde_json::from_slice::<InitView>(&bytes) {
                 Ok(InitView::Cell(r)) => r,
-                Ok(InitView::Prepare { tmpfs_bytes }) => {
+                Ok(InitView::Prepare {
+                    tmpfs_bytes,
+                    zygote_ahead,
+                }) => {
                     if !spare.as_ref().is_some_and(|s| s.fits(&Host, tmpfs_bytes)) {
                         // An unwanted spare ends when its channel closes.
                         let link = zygote.as_ref().map(Zygote::link);
-                        spare = Spare::make(&init.template, tmpfs_bytes, link).ok();
+                        spare = Spare::make(&init.template, tmpfs_bytes, link, zygote_ahead).ok();
                     }
                     continue;
                 }
@@ -322,6 +325,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         req.tmpfs_bytes,
                         zygote.as_ref().map(Zygote::link),
                         &raw,
+                        false,
                     )
                 }
                 Choice::Spare(s) => Ok(s),
@@ -329,6 +333,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     &init.template,
                     req.tmpfs_bytes,
                     zygote.as_ref().map(Zygote::link),
+                    false,
                 ),
             };
             // The cell has its own copies of the layers' fds (cloned with them).
@@ -368,7 +373,11 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
 #[serde(rename_all = "snake_case")]
 enum InitView {
     Cell(CellView),
-    Prepare { tmpfs_bytes: u64 },
+    Prepare {
+        tmpfs_bytes: u64,
+        #[serde(default)]
+        zygote_ahead: bool,
+    },
 }
 
 #[derive(serde::Deserialize)]
@@ -443,13 +452,15 @@ enum NoCell {
 
 impl Spare {
     /// Clones a spare cell with a writable layer of `tmpfs_bytes` (keeping the zygote's
-    /// `link` fds, if any).
+    /// `link` fds, if any; `zygote_ahead`: the cell has the zygote fork its run's process
+    /// as soon as its root is built, see [`cell::prepare`]).
     fn make(
         template: &CellTemplate,
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
+        zygote_ahead: bool,
     ) -> Result<Spare, NoCell> {
-        Spare::make_over(template, tmpfs_bytes, link, &[])
+        Spare::make_over(template, tmpfs_bytes, link, &[], zygote_ahead)
     }
 
     /// [`Spare::make`] of a cell whose overlay has `layers` (detached mounts, top first)
@@ -459,6 +470,7 @@ impl Spare {
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
         layers: &[RawFd],
+        zygote_ahead: bool,
     ) -> Result<Spare, NoCell> {
         let (ours, theirs) = control::seqpacket_pair().map_err(NoCell::Channel)?;
         match clone_cell() {
@@ -467,7 +479,7 @@ impl Spare {
                 // copy of the shell's loop. `ours` is closed with every other fd of the init.
                 std::mem::forget(ours);
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    cell::prepare(template, tmpfs_bytes, theirs, link, layers)
+                    cell::prepare(template, tmpfs_bytes, theirs, link, layers, zygote_ahead)
                 }));
                 // The cell's PID 1 never returns from prepare; a panic (Err) exits like a failure.
                 let _ = prepared;
@@ -762,11 +774,17 @@ mod tests {
             InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2)),
             InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
         }
-        let prepare = serde_json::to_vec(&ShellRequest::Prepare { tmpfs_bytes: 5 }).unwrap();
-        assert!(matches!(
-            serde_json::from_slice::<InitView>(&prepare).unwrap(),
-            InitView::Prepare { tmpfs_bytes: 5 }
-        ));
+        for ahead in [false, true] {
+            let prepare = serde_json::to_vec(&ShellRequest::Prepare {
+                tmpfs_bytes: 5,
+                zygote_ahead: ahead,
+            })
+            .unwrap();
+            assert!(matches!(
+                serde_json::from_slice::<InitView>(&prepare).unwrap(),
+                InitView::Prepare { tmpfs_bytes: 5, zygote_ahead } if zygote_ahead == ahead
+            ));
+        }
     }
 
     #[test]
