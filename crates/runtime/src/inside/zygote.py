@@ -18,6 +18,10 @@
 # request is the fixed bytes b"go" and fds; the run's request waits, written by the cell, on
 # one of those fds, which only the forked child reads (see _Run.read_request). What the zygote
 # itself reads is the cell's signal requests and its children's wait status.
+#
+# A spare cell may ask ahead of its run (b"ahead" and three fds: report socket, request
+# socket, pid namespace): the child is forked into the cell's pid namespace at once and waits
+# for the run's request, which then brings the other fds (namespaces, root, stdio, ruleset).
 import sys
 import os
 
