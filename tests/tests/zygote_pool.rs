@@ -284,6 +284,34 @@ fn a_run_after_a_forked_one_takes_the_child_forked_ahead() {
 }
 
 #[test]
+fn a_pool_miss_shell_starts_no_zygote() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    // The one pooled shell is busy: the next run misses and gets a shell made for it alone,
+    // which must not pay the preload list's imports for a run that is exec'd anyway.
+    let mut busy =
+        s.d.exec_with(
+            ["--profile".to_string(), s.profile.clone()],
+            ["sh", "-c", "echo busy; sleep 30"],
+        )
+        .spawn();
+    wait_until(Duration::from_secs(20), || {
+        (s.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
+    })
+    .expect("the pooled shell is running");
+    let (out, span) = s.python("print('missed')");
+    assert_eq!(out.stdout(), "missed\n", "{out}");
+    assert_eq!(span.attr("sandbox.pool_hit"), "false", "{span:#?}");
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert!(
+        span.attr("sandbox.zygote_fallback").contains("not running"),
+        "a one-run shell starts no zygote: {span:#?}"
+    );
+    busy.kill9();
+}
+
+#[test]
 fn a_killed_zygote_fails_no_run_and_is_started_again() {
     let Some(_l) = setup_exclusive() else { return };
     // An empty preload list is a zygote too.

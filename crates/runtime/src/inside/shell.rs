@@ -255,21 +255,32 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 // cell.
                 Ok(None) | Err(_) => std::process::exit(0),
             };
-            if let Some(config) = zygote_to_start.take() {
-                zygote = Zygote::start(
-                    config,
-                    &init.template.run_filters,
-                    &init.template.command_caps,
-                )
-                .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
-                .ok();
-            }
             // Only what the init needs is parsed (the rest of a run's request, its argv,
             // environment and paths, is skipped in place, never copied), and the message is
             // zeroed once handed on: every later cell is a clone of this process, so nothing
             // of a run may stay in its memory.
             let bytes = zeroize::Zeroizing::new(bytes);
-            let req = match serde_json::from_slice::<InitView>(&bytes) {
+            let view = serde_json::from_slice::<InitView>(&bytes);
+            // The zygote starts with a pooled shell's first spare (Prepare) or a long-lived
+            // cell: a shell made for one run (a pool miss) would pay its imports (~1 s of CPU
+            // for numpy, pandas and matplotlib) for nothing: its run is exec'd before they end.
+            let wants_zygote = match &view {
+                Ok(InitView::Prepare { .. }) => true,
+                Ok(InitView::Cell(c)) => matches!(c.work, WorkView::Live),
+                Err(_) => false,
+            };
+            if wants_zygote {
+                if let Some(config) = zygote_to_start.take() {
+                    zygote = Zygote::start(
+                        config,
+                        &init.template.run_filters,
+                        &init.template.command_caps,
+                    )
+                    .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+                    .ok();
+                }
+            }
+            let req = match view {
                 Ok(InitView::Cell(r)) => r,
                 Ok(InitView::Prepare {
                     tmpfs_bytes,
@@ -384,10 +395,20 @@ enum InitView {
 struct CellView {
     cell: u64,
     tmpfs_bytes: u64,
+    /// One run or a long-lived cell (the run's command is skipped, not copied).
+    work: WorkView,
     /// Read-only layers over the shell's root (the request's last fds): the cell is cloned
     /// with them (a spare's root is built without).
     #[serde(default)]
     layers: usize,
+}
+
+/// What a cell is for, as the init reads it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WorkView {
+    Run(serde::de::IgnoredAny),
+    Live,
 }
 
 /// A cell cloned ahead of its run, building its root while the shell is idle
@@ -771,7 +792,21 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&req).unwrap();
         match serde_json::from_slice::<InitView>(&bytes).unwrap() {
-            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2)),
+            InitView::Cell(c) => {
+                assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2));
+                assert!(matches!(c.work, WorkView::Run(_)));
+            }
+            InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
+        }
+        let live = ShellRequest::Cell(CellRequest {
+            work: CellWork::Live,
+            ..match req {
+                ShellRequest::Cell(r) => r,
+                ShellRequest::Prepare { .. } => unreachable!(),
+            }
+        });
+        match serde_json::from_slice::<InitView>(&serde_json::to_vec(&live).unwrap()).unwrap() {
+            InitView::Cell(c) => assert!(matches!(c.work, WorkView::Live)),
             InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
         }
         for ahead in [false, true] {

@@ -125,7 +125,9 @@ pub enum Ineligible {
     EnvironmentDiffers(String),
     #[error("the shell has no zygote")]
     NoZygote,
-    #[error("the shell's zygote is not running")]
+    #[error(
+        "the shell's zygote is not running (a shell made for one run, a pool miss, starts none)"
+    )]
     NotRunning,
     #[error("opening the cell's namespaces: {0}")]
     CellNamespaces(std::io::Error),
