@@ -456,6 +456,7 @@ mod tests {
                 zygote: Some(false),
                 zygote_fallback: Some("interpreter option -I".into()),
                 zygote_fault: false,
+                zygote_ahead: false,
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
