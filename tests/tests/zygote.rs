@@ -655,7 +655,9 @@ fn judge(expect: &Expect, run: &Run) -> Verdict {
             run.describe_span()
         ));
     }
-    let not_ready = reason.contains("not ready");
+    // Not ready (still importing), or a pool miss's one-run shell (it starts no zygote):
+    // the run is retried on a pooled shell.
+    let not_ready = reason.contains("not ready") || reason.contains("not running");
     match (expect, run.zygote()) {
         (Expect::Zygote, Some("true")) if reason.is_empty() => Verdict::Ok,
         (Expect::Zygote, Some("true")) => Verdict::Bad(format!(

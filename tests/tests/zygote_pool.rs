@@ -154,7 +154,10 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 print("unshare", libc.unshare(0x00020000), ctypes.get_errno())
 print("setns", libc.setns(os.open("/proc/self/ns/mnt", os.O_RDONLY), 0), ctypes.get_errno())
-print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+# How many, not which: a run after a forked one finds pid 2 taken by the child the zygote
+# forked ahead (which an exec'd run waits out).
+print("pids", len(pids), pids[0] == 1, os.getpid() in pids)
 print("ids", os.getuid(), os.getgid(), os.getgroups(), os.getpgrp() == os.getpid(), os.getsid(0) == os.getsid(1))
 print("cwd", os.getcwd())
 for r in ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"):
@@ -203,13 +206,109 @@ fn a_forked_run_is_confined_exactly_like_an_exec_d_one() {
         "setns denied in the run: {lines}"
     );
     assert!(
-        lines.contains("pids [1, 2]"),
+        lines.contains("pids 2 True True"),
         "only its cell's processes: {lines}"
     );
     assert!(
         lines.contains("fds ['0', '1', '2', '3']"),
         "only 0, 1, 2 (and the listing's): {lines}"
     );
+}
+
+/// The zygote's children (its pid's `children` list, every thread's).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    out
+}
+
+#[test]
+fn a_run_after_a_forked_one_takes_the_child_forked_ahead() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    let zygote = s.zygote_status()["pid"].as_i64().expect("a zygote pid") as i32;
+    // The last run was forked: the shell's next spare cell has the zygote fork its run's
+    // process as soon as its root is built.
+    let ahead = wait_until(Duration::from_secs(20), || {
+        (children_of(zygote).len() == 1).then_some(())
+    });
+    assert!(
+        ahead.is_some(),
+        "no child forked ahead: {:?}\n{}",
+        children_of(zygote),
+        s.d.log()
+    );
+    let (out, span) =
+        s.python("import os, sys; print(os.getpid(), 'json' in sys.modules, sys.argv)");
+    assert_eq!(out.stdout(), "2 True ['-c']\n", "{out}");
+    assert_eq!(span.attr("sandbox.zygote"), "true", "{span:#?}");
+    assert_eq!(span.attr("sandbox.zygote_ahead"), "true", "{span:#?}");
+    // The next run is exec'd (an interpreter option): the child forked ahead for it ends
+    // unused before the command starts, which sees only its cell's PID 1 and itself.
+    wait_until(Duration::from_secs(20), || {
+        (children_of(zygote).len() == 1).then_some(())
+    })
+    .expect("a child forked ahead again");
+    let (out, span) = s.run_with(
+        &[],
+        &[
+            "python3",
+            "-X",
+            "utf8=0",
+            "-c",
+            "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))",
+        ],
+    );
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert_eq!(out.stdout(), "2\n", "only PID 1 and the command: {out}");
+    // Nothing of it is left: the zygote has no child once no spare has one.
+    let (out, span) = s.run_with(&[], &["/bin/true"]);
+    assert_eq!(out.code(), 0, "{out}");
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert_eq!(
+        children_of(zygote),
+        Vec::<i32>::new(),
+        "the exec'd runs' spares fork nothing ahead"
+    );
+}
+
+#[test]
+fn a_pool_miss_shell_starts_no_zygote() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    // The one pooled shell is busy: the next run misses and gets a shell made for it alone,
+    // which must not pay the preload list's imports for a run that is exec'd anyway.
+    let mut busy =
+        s.d.exec_with(
+            ["--profile".to_string(), s.profile.clone()],
+            ["sh", "-c", "echo busy; sleep 30"],
+        )
+        .spawn();
+    wait_until(Duration::from_secs(20), || {
+        (s.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
+    })
+    .expect("the pooled shell is running");
+    let (out, span) = s.python("print('missed')");
+    assert_eq!(out.stdout(), "missed\n", "{out}");
+    assert_eq!(span.attr("sandbox.pool_hit"), "false", "{span:#?}");
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert!(
+        span.attr("sandbox.zygote_fallback").contains("not running"),
+        "a one-run shell starts no zygote: {span:#?}"
+    );
+    busy.kill9();
 }
 
 #[test]

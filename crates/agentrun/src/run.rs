@@ -52,6 +52,8 @@ pub(crate) struct RunRecord {
     /// A run whose profile has a Python zygote: whether the zygote forked it, and if not why.
     pub zygote: Option<bool>,
     pub zygote_fallback: Option<String>,
+    /// The zygote forked the run's process before the run came.
+    pub zygote_ahead: bool,
 }
 
 impl RunRecord {
@@ -159,6 +161,9 @@ impl RunRecord {
         }
         if let Some(why) = &self.zygote_fallback {
             span.set_attribute("sandbox.zygote_fallback", why.clone());
+        }
+        if self.zygote == Some(true) {
+            span.set_attribute("sandbox.zygote_ahead", self.zygote_ahead);
         }
         if let Some(id) = &self.sandbox_id {
             span.set_attribute("sandbox.id", id.clone());

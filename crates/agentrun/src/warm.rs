@@ -237,6 +237,7 @@ fn finish(mut run: RunRecord, r: ExecReply, pumps: Option<OutputPipes>) -> RunRe
     run.shell_runs = Some(r.shell_runs);
     run.zygote = r.zygote;
     run.zygote_fallback = r.zygote_fallback.clone();
+    run.zygote_ahead = r.zygote_ahead;
     if !r.sandbox_id.is_empty() {
         run.sandbox_id = Some(r.sandbox_id.clone());
         run.enforcement = Some(r.enforcement.clone());

@@ -699,7 +699,9 @@ impl ShellRun<'_> {
         if let Some(init) = &r.init {
             out.zygote = init.zygote;
             out.zygote_fallback = init.zygote_fallback.clone();
+            out.zygote_ahead = init.zygote_ahead;
         }
+        shell.zygote_ahead = out.zygote == Some(true);
         let explained = r.timed_out || outcome.oom_killed || r.client_gone || r.killed;
         if r.init.is_none() && !explained {
             out.error = Some("the sandbox's cell died before reporting".into());

@@ -97,6 +97,9 @@ pub struct PooledShell {
     pub home: Option<usize>,
     /// Its run is over and it is being checked for reuse ([`crate::pool::Pool::recycling`]).
     pub recycling: bool,
+    /// Its last run was forked by its Python zygote: its next spare cell has the zygote fork
+    /// the next run's process ahead ([`ShellRequest::Prepare`]).
+    pub zygote_ahead: bool,
 }
 
 impl PooledShell {
@@ -106,6 +109,7 @@ impl PooledShell {
     pub fn prepare_spare(&self) {
         let prepare = ShellRequest::Prepare {
             tmpfs_bytes: self.tmpfs_bytes,
+            zygote_ahead: self.zygote_ahead,
         };
         // A hint: with the request lost, the next shell is made when it is asked for.
         let _ = send_json(self.control.as_fd(), &prepare, &[]);
@@ -255,6 +259,7 @@ impl FactoryClient {
                     tmpfs_bytes: profile.resources.tmpfs_bytes,
                     home: None,
                     recycling: false,
+                    zygote_ahead: false,
                 })
             }
             FactoryReply::Error { message } => Err(PoolError::Factory(message)),

@@ -718,15 +718,29 @@ fn same_image_id(id: &str, wanted: &str) -> bool {
 /// The most recently used ready shell of a pool that runs what `recipe` asks for (its pages
 /// are the warmest): any, when asked by the pool's image name; when asked by image id, one of
 /// that id (after a re-tag a pool of a name may still hold shells of the name's old image).
+/// But a shell back for less than [`AHEAD_SETTLE`] whose zygote is forking the next run's
+/// process ahead is passed over for another that fits, if there is one: its spare cell and
+/// that fork are still under way, and the run would wait for them.
 fn take_ready(
     ready: &mut VecDeque<(PooledShell, Instant)>,
     recipe: &SandboxRecipe,
 ) -> Option<PooledShell> {
-    let i = ready.iter().position(|(sh, _)| {
+    let fits = |sh: &PooledShell| {
         !is_image_id_request(recipe) || same_image_id(&sh.image_id, &recipe.image)
-    })?;
+    };
+    let settled = |(sh, back): &(PooledShell, Instant)| {
+        !sh.zygote_ahead || back.elapsed() >= AHEAD_SETTLE
+    };
+    let i = ready
+        .iter()
+        .position(|e| fits(&e.0) && settled(e))
+        .or_else(|| ready.iter().position(|e| fits(&e.0)))?;
     ready.remove(i).map(|(sh, _)| sh)
 }
+
+/// How long a shell's spare cell and its zygote's fork ahead take after the shell is back
+/// (a clone, the cell's root, a fork of the preloaded interpreter: a few ms on 2 cores).
+const AHEAD_SETTLE: Duration = Duration::from_millis(10);
 
 fn is_image_id_request(recipe: &SandboxRecipe) -> bool {
     let hex = recipe

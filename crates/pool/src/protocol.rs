@@ -92,6 +92,9 @@ pub struct ExecReply {
     pub zygote: Option<bool>,
     #[serde(default)]
     pub zygote_fallback: Option<String>,
+    /// The zygote had forked the run's process before the run came (off its path).
+    #[serde(default)]
+    pub zygote_ahead: bool,
 }
 
 impl ExecReply {

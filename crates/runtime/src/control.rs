@@ -50,7 +50,14 @@ pub enum ShellRequest {
     Cell(CellRequest),
     /// Have a spare cell ready for the next run, its root built with a writable layer of
     /// `tmpfs_bytes` (no answer; a request of another size gets a cell made for it then).
-    Prepare { tmpfs_bytes: u64 },
+    /// `zygote_ahead`: the shell's Python zygote (if it has one, ready) forks the next run's
+    /// process into the spare now, off the run's path (the host asks when the shell's last
+    /// run was forked: a run that is exec'd instead wastes that fork).
+    Prepare {
+        tmpfs_bytes: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        zygote_ahead: bool,
+    },
 }
 
 /// One cell for a shell's init to make (see the module doc for the fds that come with it).
@@ -231,6 +238,10 @@ pub struct InitResult {
     /// Why the zygote did not run it (it was exec'd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zygote_fallback: Option<String>,
+    /// The run took the child the zygote forked into its cell before it came (the fork was
+    /// off its path; see `Prepare`'s `zygote_ahead`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zygote_ahead: bool,
     /// The zygote failed (gone, silent, its child failing): the shell is replaced.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zygote_fault: bool,
@@ -445,6 +456,7 @@ mod tests {
                 zygote: Some(false),
                 zygote_fallback: Some("interpreter option -I".into()),
                 zygote_fault: false,
+                zygote_ahead: false,
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();

@@ -90,14 +90,17 @@ type Setup<T> = Result<T, SetupError>;
 /// writable layer of `tmpfs_bytes`, then waits on `channel` for the run's request, which the
 /// init hands on as the host sent it (message and fds), and runs it. The init's end of
 /// `channel` closing first (the spare is not wanted, or the shell is going) ends it. `zygote`:
-/// the fds of the shell's zygote's channel and ready pipe, which the cell keeps. Never
-/// returns.
+/// the fds of the shell's zygote's channel and ready pipe, which the cell keeps;
+/// `zygote_ahead`: once its root is built, the cell has the zygote (if ready) fork a child
+/// into it for its run ([`zygote::fork_ahead`]), which the run takes if it can be forked and
+/// which ends unused otherwise. Never returns.
 pub(crate) fn prepare(
     template: &CellTemplate,
     tmpfs_bytes: u64,
     channel: OwnedFd,
     zygote: Option<(RawFd, RawFd)>,
     layers: &[RawFd],
+    zygote_ahead: bool,
 ) -> ! {
     let mut keep = vec![channel.as_raw_fd()];
     keep.extend(zygote.iter().flat_map(|(a, b)| [*a, *b]));
@@ -116,6 +119,12 @@ pub(crate) fn prepare(
     // dies, the cell dies with it.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let root = build_root(template, tmpfs_bytes, layers);
+    let ahead = match (&root, &link) {
+        (Ok(()), Some(link)) if zygote_ahead && template.zygote.is_some() => {
+            zygote::fork_ahead(link)
+        }
+        _ => None,
+    };
     let (bytes, fds) = match control::recv(channel.as_fd()) {
         Ok(Some(m)) => m,
         Ok(None) | Err(_) => reaper::exit_now(0),
@@ -123,7 +132,7 @@ pub(crate) fn prepare(
     drop(channel);
     match serde_json::from_slice::<ShellRequest>(&bytes) {
         Ok(ShellRequest::Cell(req)) if req.tmpfs_bytes == tmpfs_bytes => {
-            run(template, root, req, fds, link)
+            run(template, root, req, fds, link, ahead)
         }
         Ok(_) => fail_early(
             fds.first().map(|f| f.as_fd()),
@@ -146,6 +155,7 @@ fn run(
     req: CellRequest,
     fds: Vec<OwnedFd>,
     link: Option<ZygoteLink>,
+    mut ahead: Option<zygote::Ahead>,
 ) -> ! {
     let fixed = req.fixed_fds();
     if fds.len() != fixed + req.mounts.len() {
@@ -220,6 +230,10 @@ fn run(
     }
     match req.work {
         CellWork::Live => {
+            // A child forked ahead is for one run: it ends unused.
+            if let Some(a) = ahead {
+                a.dismiss();
+            }
             let zygote = live_plan.map(|(link, place)| zygote::LiveZygote {
                 link,
                 place,
@@ -243,6 +257,7 @@ fn run(
                     unsafe { libc::dup2(fd.as_raw_fd(), n as RawFd) };
                 }
             }
+            let mut took_ahead = false;
             let forked = match (plan, &stdio) {
                 (Some(Ok((invocation, place, link))), Some(stdio)) => {
                     let parts = zygote::RunParts {
@@ -255,14 +270,32 @@ fn run(
                         stdio,
                         landlock: ruleset.as_ref(),
                     };
-                    Some(zygote::fork_run(&link, &place, &parts))
+                    // The child forked ahead takes the run; gone before it took it (nothing
+                    // of the run ran), a fork is asked for as usual.
+                    let taken = match ahead.take().map(|a| zygote::start_ahead(a, &place, &parts)) {
+                        Some(Ok(child)) => {
+                            took_ahead = true;
+                            Some(Ok(child))
+                        }
+                        Some(Err(Some(not))) => Some(Err(not)),
+                        Some(Err(None)) | None => None,
+                    };
+                    Some(taken.unwrap_or_else(|| zygote::fork_run(&link, &place, &parts)))
                 }
                 (Some(Err(why)), _) => Some(Err(why.into())),
                 (Some(Ok(_)), None) | (None, _) => None,
             };
+            // Unused (the run is exec'd), the child forked ahead ends before the command
+            // starts.
+            if let Some(a) = ahead {
+                a.dismiss();
+            }
             drop(ruleset);
             let result = match forked {
-                Some(Ok(child)) => zygote::supervise(child),
+                Some(Ok(child)) => InitResult {
+                    zygote_ahead: took_ahead,
+                    ..zygote::supervise(child)
+                },
                 Some(Err(not)) => InitResult {
                     zygote: Some(false),
                     zygote_fallback: Some(not.reason),

@@ -226,7 +226,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     }
                     if let Some(old) = spare.take() {
                         let link = zygote.as_ref().map(Zygote::link);
-                        spare = Spare::make(&init.template, old.tmpfs_bytes, link).ok();
+                        spare = Spare::make(&init.template, old.tmpfs_bytes, link, false).ok();
                     }
                     continue;
                 }
@@ -255,27 +255,41 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 // cell.
                 Ok(None) | Err(_) => std::process::exit(0),
             };
-            if let Some(config) = zygote_to_start.take() {
-                zygote = Zygote::start(
-                    config,
-                    &init.template.run_filters,
-                    &init.template.command_caps,
-                )
-                .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
-                .ok();
-            }
             // Only what the init needs is parsed (the rest of a run's request, its argv,
             // environment and paths, is skipped in place, never copied), and the message is
             // zeroed once handed on: every later cell is a clone of this process, so nothing
             // of a run may stay in its memory.
             let bytes = zeroize::Zeroizing::new(bytes);
-            let req = match serde_json::from_slice::<InitView>(&bytes) {
+            let view = serde_json::from_slice::<InitView>(&bytes);
+            // The zygote starts with a pooled shell's first spare (Prepare) or a long-lived
+            // cell: a shell made for one run (a pool miss) would pay its imports (~1 s of CPU
+            // for numpy, pandas and matplotlib) for nothing: its run is exec'd before they end.
+            let wants_zygote = match &view {
+                Ok(InitView::Prepare { .. }) => true,
+                Ok(InitView::Cell(c)) => matches!(c.work, WorkView::Live),
+                Err(_) => false,
+            };
+            if wants_zygote {
+                if let Some(config) = zygote_to_start.take() {
+                    zygote = Zygote::start(
+                        config,
+                        &init.template.run_filters,
+                        &init.template.command_caps,
+                    )
+                    .map_err(|e| reaper::say_on(2, &format!("no Python zygote in this shell: {e}")))
+                    .ok();
+                }
+            }
+            let req = match view {
                 Ok(InitView::Cell(r)) => r,
-                Ok(InitView::Prepare { tmpfs_bytes }) => {
+                Ok(InitView::Prepare {
+                    tmpfs_bytes,
+                    zygote_ahead,
+                }) => {
                     if !spare.as_ref().is_some_and(|s| s.fits(&Host, tmpfs_bytes)) {
                         // An unwanted spare ends when its channel closes.
                         let link = zygote.as_ref().map(Zygote::link);
-                        spare = Spare::make(&init.template, tmpfs_bytes, link).ok();
+                        spare = Spare::make(&init.template, tmpfs_bytes, link, zygote_ahead).ok();
                     }
                     continue;
                 }
@@ -322,6 +336,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                         req.tmpfs_bytes,
                         zygote.as_ref().map(Zygote::link),
                         &raw,
+                        false,
                     )
                 }
                 Choice::Spare(s) => Ok(s),
@@ -329,6 +344,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                     &init.template,
                     req.tmpfs_bytes,
                     zygote.as_ref().map(Zygote::link),
+                    false,
                 ),
             };
             // The cell has its own copies of the layers' fds (cloned with them).
@@ -368,17 +384,31 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
 #[serde(rename_all = "snake_case")]
 enum InitView {
     Cell(CellView),
-    Prepare { tmpfs_bytes: u64 },
+    Prepare {
+        tmpfs_bytes: u64,
+        #[serde(default)]
+        zygote_ahead: bool,
+    },
 }
 
 #[derive(serde::Deserialize)]
 struct CellView {
     cell: u64,
     tmpfs_bytes: u64,
+    /// One run or a long-lived cell (the run's command is skipped, not copied).
+    work: WorkView,
     /// Read-only layers over the shell's root (the request's last fds): the cell is cloned
     /// with them (a spare's root is built without).
     #[serde(default)]
     layers: usize,
+}
+
+/// What a cell is for, as the init reads it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WorkView {
+    Run(serde::de::IgnoredAny),
+    Live,
 }
 
 /// A cell cloned ahead of its run, building its root while the shell is idle
@@ -443,13 +473,15 @@ enum NoCell {
 
 impl Spare {
     /// Clones a spare cell with a writable layer of `tmpfs_bytes` (keeping the zygote's
-    /// `link` fds, if any).
+    /// `link` fds, if any; `zygote_ahead`: the cell has the zygote fork its run's process
+    /// as soon as its root is built, see [`cell::prepare`]).
     fn make(
         template: &CellTemplate,
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
+        zygote_ahead: bool,
     ) -> Result<Spare, NoCell> {
-        Spare::make_over(template, tmpfs_bytes, link, &[])
+        Spare::make_over(template, tmpfs_bytes, link, &[], zygote_ahead)
     }
 
     /// [`Spare::make`] of a cell whose overlay has `layers` (detached mounts, top first)
@@ -459,6 +491,7 @@ impl Spare {
         tmpfs_bytes: u64,
         link: Option<(RawFd, RawFd)>,
         layers: &[RawFd],
+        zygote_ahead: bool,
     ) -> Result<Spare, NoCell> {
         let (ours, theirs) = control::seqpacket_pair().map_err(NoCell::Channel)?;
         match clone_cell() {
@@ -467,7 +500,7 @@ impl Spare {
                 // copy of the shell's loop. `ours` is closed with every other fd of the init.
                 std::mem::forget(ours);
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    cell::prepare(template, tmpfs_bytes, theirs, link, layers)
+                    cell::prepare(template, tmpfs_bytes, theirs, link, layers, zygote_ahead)
                 }));
                 // The cell's PID 1 never returns from prepare; a panic (Err) exits like a failure.
                 let _ = prepared;
@@ -752,14 +785,34 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&req).unwrap();
         match serde_json::from_slice::<InitView>(&bytes).unwrap() {
-            InitView::Cell(c) => assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2)),
+            InitView::Cell(c) => {
+                assert_eq!((c.cell, c.tmpfs_bytes, c.layers), (7, 1 << 20, 2));
+                assert!(matches!(c.work, WorkView::Run(_)));
+            }
             InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
         }
-        let prepare = serde_json::to_vec(&ShellRequest::Prepare { tmpfs_bytes: 5 }).unwrap();
-        assert!(matches!(
-            serde_json::from_slice::<InitView>(&prepare).unwrap(),
-            InitView::Prepare { tmpfs_bytes: 5 }
-        ));
+        let live = ShellRequest::Cell(CellRequest {
+            work: CellWork::Live,
+            ..match req {
+                ShellRequest::Cell(r) => r,
+                ShellRequest::Prepare { .. } => unreachable!(),
+            }
+        });
+        match serde_json::from_slice::<InitView>(&serde_json::to_vec(&live).unwrap()).unwrap() {
+            InitView::Cell(c) => assert!(matches!(c.work, WorkView::Live)),
+            InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
+        }
+        for ahead in [false, true] {
+            let prepare = serde_json::to_vec(&ShellRequest::Prepare {
+                tmpfs_bytes: 5,
+                zygote_ahead: ahead,
+            })
+            .unwrap();
+            assert!(matches!(
+                serde_json::from_slice::<InitView>(&prepare).unwrap(),
+                InitView::Prepare { tmpfs_bytes: 5, zygote_ahead } if zygote_ahead == ahead
+            ));
+        }
     }
 
     #[test]

@@ -18,6 +18,10 @@
 # request is the fixed bytes b"go" and fds; the run's request waits, written by the cell, on
 # one of those fds, which only the forked child reads (see _Run.read_request). What the zygote
 # itself reads is the cell's signal requests and its children's wait status.
+#
+# A spare cell may ask ahead of its run (b"ahead" and three fds: report socket, request
+# socket, pid namespace): the child is forked into the cell's pid namespace at once and waits
+# for the run's request, which then brings the other fds (namespaces, root, stdio, ruleset).
 import sys
 import os
 
@@ -169,6 +173,8 @@ with open("/proc/sys/kernel/cap_last_cap") as f:
     _LAST_CAP = int(f.read())
 _BOUNDING = _status_bits("CapBnd:")
 _OWN_PIDNS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+with open("/proc/self/oom_score_adj") as f:
+    _OOM_SCORE_ADJ = str(min(1000, int(f.read()) + 500))
 # -u / PYTHONUNBUFFERED (sys.flags does not say): the interpreter made stdout write-through.
 _UNBUFFERED = sys.stdout.write_through
 
@@ -192,24 +198,57 @@ gc.freeze()
 # run's stdin, stdout and stderr, and the cell's Landlock ruleset if it has one.
 _GO = b"go"
 _RUN_FDS = 9
+# A spare cell's request for a child ahead of its run: these bytes and 3 fds (report socket,
+# request socket, pid namespace); the other 6 or 7 (_PLACE_FDS) come with the request.
+_AHEAD = b"ahead"
+_AHEAD_FDS = 3
+_PLACE_FDS = 6
 # Largest run request the child reads (the cell's socket buffer bounds it well below).
 _MAX_REQUEST = 1 << 20
 
 
 class _Run:
-    """One fork request, as the cell sent it: fds only."""
+    """One fork request, as the cell sent it: fds only. `go`: every fd of the run (its request
+    is already queued on its request socket). `ahead` (a spare cell's, before it has a run):
+    the report and request sockets and the cell's pid namespace; the rest of the fds come
+    with the request, which the child waits for."""
 
-    def __init__(self, fds):
-        (self.report, self.request, self.pidns, self.mntns, self.ipcns, self.root,
-         self.stdin, self.stdout, self.stderr) = fds[:_RUN_FDS]
-        self.landlock = fds[_RUN_FDS] if len(fds) > _RUN_FDS else None
+    def __init__(self, fds, ahead=False):
+        self.ahead = ahead
         self.fds = fds
         self.req = None
+        if ahead:
+            self.report, self.request, self.pidns = fds
+        else:
+            self._place(fds[3:])
+            self.report, self.request, self.pidns = fds[:3]
+
+    def _place(self, fds):
+        (self.mntns, self.ipcns, self.root, self.stdin, self.stdout,
+         self.stderr) = fds[:_PLACE_FDS]
+        self.landlock = fds[_PLACE_FDS] if len(fds) > _PLACE_FDS else None
 
     def read_request(self):
         """In the forked child only: the run's request (JSON), which its cell wrote on the
-        request socket before it asked for the fork. One read."""
-        self.req = json.loads(os.read(self.request, _MAX_REQUEST))
+        request socket (before it asked for the fork; an `ahead` child waits for it, with the
+        cell's namespaces, root, the run's stdio and the ruleset as its fds). One read. The
+        cell hanging up instead (its spare was not wanted, or its run is exec'd) ends the
+        child: it ran nothing."""
+        if not self.ahead:
+            self.req = json.loads(os.read(self.request, _MAX_REQUEST))
+            return
+        sock = socket.socket(fileno=self.request)
+        try:
+            msg, fds, flags, _addr = socket.recv_fds(sock, _MAX_REQUEST, _PLACE_FDS + 1)
+        finally:
+            sock.detach()
+        if not msg:
+            os._exit(0)
+        self.fds = self.fds + fds
+        if flags & socket.MSG_TRUNC or len(fds) not in (_PLACE_FDS, _PLACE_FDS + 1):
+            raise OSError(0, "a request with %d fds" % len(fds))
+        self._place(fds)
+        self.req = json.loads(msg)
 
     def close_all(self, keep=()):
         for fd in self.fds:
@@ -234,6 +273,18 @@ def _hung_up(fd):
     return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
 
 
+def _reseed():
+    """Draws numpy's global generator afresh for the next child (os.fork reseeds `random` in
+    each child; numpy's would be the zygote's). Done in the zygote right after each fork, off
+    the run's path: each child starts from a state drawn after the previous one was forked."""
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is not None:
+        try:
+            nprandom.seed()
+        except Exception:
+            pass
+
+
 def _serve():
     """The zygote's loop. Returns only in a forked child, with its run."""
     sel = selectors.DefaultSelector()
@@ -244,20 +295,24 @@ def _serve():
         for key, _ in sel.select():
             if key.data == "request":
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(_chan, len(_GO), 16)
+                    msg, fds, _flags, _addr = socket.recv_fds(_chan, len(_AHEAD), 16)
                 except OSError:
                     os._exit(0)
                 if not msg:
                     os._exit(0)  # the shell's init is gone
-                if (msg != _GO or _flags & socket.MSG_TRUNC
-                        or len(fds) not in (_RUN_FDS, _RUN_FDS + 1)):
+                go = msg == _GO and len(fds) in (_RUN_FDS, _RUN_FDS + 1)
+                ahead = msg == _AHEAD and len(fds) == _AHEAD_FDS
+                if _flags & socket.MSG_TRUNC or not (go or ahead):
                     for fd in fds:
                         os.close(fd)
                     continue
-                run = _Run(fds)
+                run = _Run(fds, ahead)
                 if _hung_up(run.report):
                     run.close_all()  # a request its cell stopped waiting for
                     continue
+                # What the zygote made since its last fork stays out of the child's
+                # collections and its exit's scan for open files (which would copy its pages).
+                gc.freeze()
                 try:
                     _setns(run.pidns, _CLONE_NEWPID, "pid")
                     pid = os.fork()
@@ -272,6 +327,7 @@ def _serve():
                     _chan.detach()
                     return run
                 _setns(_OWN_PIDNS, _CLONE_NEWPID, "pid (back)")
+                _reseed()
                 run.close_all(keep=(run.report,))
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = (pid, run.report)
@@ -289,6 +345,11 @@ def _serve():
                     msg = None
                 if pid is None or not isinstance(msg, dict):
                     sel.unregister(key.fd)  # the cell closed its end: nothing more to send
+                    continue
+                if msg.get("ping"):
+                    # A cell about to hand its run to a child forked ahead checks that the
+                    # zygote (which reports the child's end) still answers.
+                    _send(key.fd, {"pong": True})
                     continue
                 try:
                     if msg.get("group"):
@@ -326,6 +387,13 @@ def _enter(run):
                        (resource.RLIMIT_NPROC, req["nproc"]),
                        (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
+    try:
+        # The zygote is in the shell's cgroup too: under memory pressure the run goes first.
+        # (Before Landlock, which gives no write access to /proc.)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(_OOM_SCORE_ADJ)
+    except OSError:
+        pass
     _narrow_capabilities(_KEEP_CAPS, _LAST_CAP)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if run.landlock is not None:
@@ -333,14 +401,6 @@ def _enter(run):
     for program in _FILTERS:
         _install_filter(program)
     # From here on the process can do no more than an exec'd command of the run.
-    try:
-        # The zygote is in the shell's cgroup too: under memory pressure the run goes first.
-        with open("/proc/self/oom_score_adj") as f:
-            adj = int(f.read())
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(min(1000, adj + 500)))
-    except OSError:
-        pass
     for n, fd in enumerate((run.stdin, run.stdout, run.stderr)):
         os.dup2(fd, n)
     os.chdir(req["cwd"])
@@ -439,7 +499,6 @@ def _fresh_signals():
 
 def _reset_interpreter(req):
     """What a fresh interpreter would have that the zygote's copy does not."""
-    import importlib
     import warnings
     _fresh_signals()
     os.environ.clear()
@@ -447,16 +506,8 @@ def _reset_interpreter(req):
         k, _, v = kv.partition("=")
         os.environ[k] = v
     sys.orig_argv = list(req["orig_argv"])
-    importlib.invalidate_caches()
     warnings._filters_mutated()
     warnings.onceregistry.clear()
-    # os.fork reseeded `random`; numpy's global generator is the zygote's until reseeded.
-    nprandom = sys.modules.get("numpy.random")
-    if nprandom is not None:
-        try:
-            nprandom.seed()
-        except Exception:
-            pass
     _fresh_stdio()
     # The modules this file imported are the zygote's, not the run's: a fresh interpreter
     # has only its own and (here) the preload list's. Ours keep working for this file. (A
@@ -525,6 +576,13 @@ def _run(req):
 
 _SIGNAL_FIXES = _signal_fixes()
 _OWN_MODULES = tuple(set(sys.modules) - _FRESH_MODULES - _PRELOADED_MODULES)
+# A fresh interpreter has no import caches: the zygote's are marked stale once, here, so that
+# every child looks at its cell's own files on its first import from each directory (the
+# zygote imports nothing from now on).
+import importlib  # noqa: E402
+
+importlib.invalidate_caches()
+del importlib
 os.close(_READY_FD)  # readers of the ready pipe see its end: the zygote serves from now on
 _run_req = _serve()
 try:

@@ -125,7 +125,9 @@ pub enum Ineligible {
     EnvironmentDiffers(String),
     #[error("the shell has no zygote")]
     NoZygote,
-    #[error("the shell's zygote is not running")]
+    #[error(
+        "the shell's zygote is not running (a shell made for one run, a pool miss, starts none)"
+    )]
     NotRunning,
     #[error("opening the cell's namespaces: {0}")]
     CellNamespaces(std::io::Error),
@@ -536,6 +538,11 @@ impl CellPlace {
 /// what every later run starts from.
 const FORK_GO: &[u8] = b"go";
 
+/// What a spare cell sends the zygote to have a child forked into it ahead of its run (see
+/// [`fork_ahead`]): these bytes, fixed, and three fds (report socket, request socket, the
+/// cell's pid namespace).
+const FORK_AHEAD: &[u8] = b"ahead";
+
 /// The run's request, which only the zygote's forked child reads, from a socket of its own
 /// (the zygote passes it on unread).
 #[derive(Serialize)]
@@ -554,6 +561,7 @@ struct RunRequest<'a> {
 #[derive(Deserialize, Default)]
 struct Report {
     started: Option<i32>,
+    pong: Option<bool>,
     failed: Option<String>,
     fallback: Option<String>,
     exit: Option<i32>,
@@ -611,6 +619,38 @@ impl From<Ineligible> for NotForked {
     }
 }
 
+impl RunParts<'_> {
+    fn request(&self) -> RunRequest<'_> {
+        RunRequest {
+            mode: &self.invocation.mode,
+            target: self.invocation.target.as_deref(),
+            args: &self.invocation.args,
+            orig_argv: self.argv,
+            env: self.env,
+            cwd: self.cwd,
+            nofile: self.nofile,
+            nproc: self.nproc,
+        }
+    }
+
+    /// The fds a child needs besides its sockets and pid namespace: the cell's mount and ipc
+    /// namespaces and root, the run's stdio, the cell's Landlock ruleset if it has one.
+    fn place_fds(&self, place: &CellPlace) -> Vec<RawFd> {
+        let mut fds = vec![
+            place.mntns.as_raw_fd(),
+            place.ipcns.as_raw_fd(),
+            place.root.as_raw_fd(),
+            self.stdio[0].as_raw_fd(),
+            self.stdio[1].as_raw_fd(),
+            self.stdio[2].as_raw_fd(),
+        ];
+        if let Some(l) = self.landlock {
+            fds.push(l.as_raw_fd());
+        }
+        fds
+    }
+}
+
 /// Asks the zygote for a child in this cell running `run`; waits (bounded) until the child
 /// says it runs.
 pub(crate) fn fork_run(
@@ -626,36 +666,119 @@ pub(crate) fn fork_run(
     // passes the fd on); queued before the fork is asked for, so the child's one read finds it.
     let (request, request_theirs) =
         control::seqpacket_pair().map_err(|e| NotForked::fault(e.to_string()))?;
-    let req = RunRequest {
-        mode: &run.invocation.mode,
-        target: run.invocation.target.as_deref(),
-        args: &run.invocation.args,
-        orig_argv: run.argv,
-        env: run.env,
-        cwd: run.cwd,
-        nofile: run.nofile,
-        nproc: run.nproc,
-    };
-    control::send_json(request.as_fd(), &req, &[]).map_err(Ineligible::RequestTooLarge)?;
+    control::send_json(request.as_fd(), &run.request(), &[])
+        .map_err(Ineligible::RequestTooLarge)?;
     drop(request);
     let mut fds = vec![
         theirs.as_raw_fd(),
         request_theirs.as_raw_fd(),
         place.pidns.as_raw_fd(),
-        place.mntns.as_raw_fd(),
-        place.ipcns.as_raw_fd(),
-        place.root.as_raw_fd(),
-        run.stdio[0].as_raw_fd(),
-        run.stdio[1].as_raw_fd(),
-        run.stdio[2].as_raw_fd(),
     ];
-    if let Some(l) = run.landlock {
-        fds.push(l.as_raw_fd());
-    }
+    fds.extend(run.place_fds(place));
     control::send(link.channel.as_fd(), FORK_GO, &fds)
         .map_err(|_| NotForked::fault("the zygote is gone"))?;
     drop(theirs);
     drop(request_theirs);
+    await_start(ours)
+}
+
+/// A child the zygote forked into this spare cell before its run came ([`fork_ahead`]),
+/// waiting for the run's request. Dropped unused (the run is exec'd, or the spare ends), it
+/// reads the end of its request socket and exits, having run nothing.
+pub(crate) struct Ahead {
+    report: OwnedFd,
+    request: OwnedFd,
+}
+
+/// In a spare cell whose shell's zygote is ready: asks it for a child in this cell's pid
+/// namespace now, so that the fork (~1.5 ms of a preloaded interpreter's page tables and
+/// CPython's fork handlers) is off the next run's path. Nothing of a run exists yet; the
+/// child gets the run's request, stdio and the cell's namespaces only when the run comes
+/// ([`start_ahead`]). None: no zygote ready, or it could not be asked (the run then asks for
+/// its fork as usual).
+pub(crate) fn fork_ahead(link: &ZygoteLink) -> Option<Ahead> {
+    if !link.ready() {
+        return None;
+    }
+    let pidns = std::fs::File::open("/proc/self/ns/pid").ok()?;
+    let (report, report_theirs) = control::seqpacket_pair().ok()?;
+    let (request, request_theirs) = control::seqpacket_pair().ok()?;
+    let fds = [
+        report_theirs.as_raw_fd(),
+        request_theirs.as_raw_fd(),
+        pidns.as_raw_fd(),
+    ];
+    control::send(link.channel.as_fd(), FORK_AHEAD, &fds).ok()?;
+    Some(Ahead { report, request })
+}
+
+impl Ahead {
+    /// Ends the child unused (the run is exec'd, or the cell is long-lived): it reads the end
+    /// of its request socket and exits, having run nothing. Waits (bounded) until the zygote
+    /// has reaped it, so that the command exec'd next is alone in the cell with its PID 1, as
+    /// in a cell that never had one.
+    pub(crate) fn dismiss(self) {
+        drop(self.request);
+        // Dropped: the zygote gone (EOF) or slow means the child goes with the cell anyway.
+        let _ = control::wait_readable(self.report.as_fd(), Some(AHEAD_END_WAIT));
+    }
+}
+
+/// How long [`Ahead::dismiss`] waits for the unused child's end.
+const AHEAD_END_WAIT: Duration = Duration::from_secs(1);
+
+/// Hands `run` to the child forked [`fork_ahead`]: its request, with the cell's namespaces,
+/// root, the run's stdio and ruleset as fds, on its own socket (the zygote sees none of it);
+/// waits (bounded) until the child says it runs. `Err(None)`: the child is gone before it
+/// took the run (nothing of it ran): ask for a fork as usual.
+pub(crate) fn start_ahead(
+    ahead: Ahead,
+    place: &CellPlace,
+    run: &RunParts<'_>,
+) -> Result<Forked, Option<NotForked>> {
+    use crate::error::RuntimeError;
+    // The zygote reports the child's end: it must still answer before the run is handed on
+    // (a hung one fails no run: the run is exec'd, as when it does not fork).
+    #[derive(Serialize)]
+    struct Ping {
+        ping: bool,
+    }
+    if control::send_json(ahead.report.as_fd(), &Ping { ping: true }, &[]).is_err() {
+        return Err(None);
+    }
+    if !control::wait_readable(ahead.report.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
+        return Err(Some(NotForked::fault(format!(
+            "the zygote did not answer within {} s",
+            FORK_WAIT.as_secs()
+        ))));
+    }
+    match control::recv_json::<Report>(ahead.report.as_fd()) {
+        Ok(Some((
+            Report {
+                pong: Some(true), ..
+            },
+            _,
+        ))) => {}
+        // The child ended before it took the run (its end reported), or the zygote is gone.
+        _ => return Err(None),
+    }
+    match control::send_json(ahead.request.as_fd(), &run.request(), &run.place_fds(place)) {
+        Ok(()) => {}
+        Err(
+            e @ RuntimeError::Sys {
+                errno: nix::Error::EMSGSIZE,
+                ..
+            },
+        ) => return Err(Some(Ineligible::RequestTooLarge(e).into())),
+        Err(_) => return Err(None),
+    }
+    drop(ahead.request);
+    await_start(ahead.report).map_err(Some)
+}
+
+/// Waits (bounded) on a run's report socket until the zygote's child says it runs (or falls
+/// back, or failed).
+fn await_start(ours: OwnedFd) -> Result<Forked, NotForked> {
     if !control::wait_readable(ours.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
         return Err(NotForked::fault(format!(
             "the zygote did not answer within {} s",
