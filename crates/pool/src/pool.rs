@@ -728,9 +728,8 @@ fn take_ready(
     let fits = |sh: &PooledShell| {
         !is_image_id_request(recipe) || same_image_id(&sh.image_id, &recipe.image)
     };
-    let settled = |(sh, back): &(PooledShell, Instant)| {
-        !sh.zygote_ahead || back.elapsed() >= AHEAD_SETTLE
-    };
+    let settled =
+        |(sh, back): &(PooledShell, Instant)| !sh.zygote_ahead || back.elapsed() >= AHEAD_SETTLE;
     let i = ready
         .iter()
         .position(|e| fits(&e.0) && settled(e))
