@@ -5,7 +5,7 @@
 //! Every secret is compared in constant time and checked from the headers before anything
 //! reads a request's body: by middleware on the routes ([`require_api_key`],
 //! [`require_execd_token`], [`require_egress_token`]), then by the extractor a handler takes
-//! its sandbox with ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`EgressSandbox`]).
+//! its sandbox with ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`ExecdRun`], [`EgressSandbox`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,6 +98,24 @@ impl FromRequestParts<Arc<Server>> for ExecdSandbox {
         let rec = sandbox_of(parts, server, Token::Execd).await?;
         rec.check_running()?;
         Ok(ExecdSandbox(rec))
+    }
+}
+
+/// An execd request that starts a run (a command, code, a session's command): its sandbox as
+/// [`ExecdSandbox`] takes it, and the caller's `traceparent` header, which the run's span
+/// continues.
+pub struct ExecdRun(pub Arc<Record>, pub Option<String>);
+
+impl FromRequestParts<Arc<Server>> for ExecdRun {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Arc<Server>) -> ApiResult<Self> {
+        let ExecdSandbox(rec) = ExecdSandbox::from_request_parts(parts, server).await?;
+        let trace = parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
+        Ok(ExecdRun(rec, trace.map(str::to_owned)))
     }
 }
 
