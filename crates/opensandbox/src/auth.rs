@@ -4,8 +4,8 @@
 //!
 //! Every secret is compared in constant time and checked from the headers before anything
 //! reads a request's body: by middleware on the routes ([`require_api_key`],
-//! [`require_execd_token`], [`require_egress_token`]), then by the extractor a handler takes
-//! its sandbox with ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`ExecdRun`], [`EgressSandbox`]).
+//! [`require_token`]), then by the extractor a handler takes its sandbox with
+//! ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`ExecdRun`], [`EgressSandbox`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -176,36 +176,17 @@ pub async fn require_api_key(
     next.run(req).await
 }
 
-/// Middleware of `/execd/{sid}/...`: the sandbox's execd token must be in the headers before
-/// anything reads the request's body (401, or 404 for no such sandbox, having read none of
-/// it). Handlers check it again with the extractor they take the sandbox with.
-pub async fn require_execd_token(
-    State(server): State<Arc<Server>>,
+/// Middleware of `/execd/{sid}/...` and `/egress/{sid}/...` (its state: the server and the
+/// route's [`Token`]): the sandbox's token must be in the headers before anything reads the
+/// request's body (401, or 404 for no such sandbox, having read none of it). Handlers check
+/// it again with the extractor they take the sandbox with.
+pub async fn require_token(
+    State((server, token)): State<(Arc<Server>, Token)>,
     Path(p): Path<HashMap<String, String>>,
     req: Request,
     next: Next,
 ) -> Response {
-    require_token(&server, &p, Token::Execd, req, next).await
-}
-
-/// [`require_execd_token`] for `/egress/{sid}/...` and its token.
-pub async fn require_egress_token(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    require_token(&server, &p, Token::Egress, req, next).await
-}
-
-async fn require_token(
-    server: &Server,
-    p: &HashMap<String, String>,
-    token: Token,
-    req: Request,
-    next: Next,
-) -> Response {
-    match authorize(server, sid_of(p), req.headers(), token) {
+    match authorize(&server, sid_of(&p), req.headers(), token) {
         Ok(_) => next.run(req).await,
         Err(e) => e.into_response(),
     }

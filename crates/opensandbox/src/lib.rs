@@ -345,14 +345,16 @@ fn sandbox_apis(server: Arc<Server>) -> axum::Router {
                 .merge(code::routes(server.clone()))
                 .merge(proxy::routes(server.clone()))
                 .route_layer(from_fn_with_state(
-                    server.clone(),
-                    auth::require_execd_token,
+                    (server.clone(), auth::Token::Execd),
+                    auth::require_token,
                 )),
         )
         .nest(
             "/egress/{sid}",
-            egress::routes(server.clone())
-                .route_layer(from_fn_with_state(server, auth::require_egress_token)),
+            egress::routes(server.clone()).route_layer(from_fn_with_state(
+                (server, auth::Token::Egress),
+                auth::require_token,
+            )),
         )
 }
 
