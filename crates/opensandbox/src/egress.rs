@@ -65,7 +65,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::auth::EgressSandbox;
-use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::error::{segment, ApiError, ApiResult, JsonBody};
 pub use crate::held::SandboxEgress;
 use crate::{Record, Server};
 
@@ -311,13 +311,22 @@ pub fn routes(server: Arc<Server>) -> Router {
                 .patch(vault_patch)
                 .delete(vault_delete),
         )
-        .route("/credential-vault/credentials", get(vault_credentials))
+        .route(
+            "/credential-vault/credentials",
+            get(|sb| vault_list(sb, VaultList::Credentials)),
+        )
         .route(
             "/credential-vault/credentials/{name}",
-            get(vault_credential),
+            get(|sb, name| vault_entry(sb, name, VaultList::Credentials)),
         )
-        .route("/credential-vault/bindings", get(vault_bindings))
-        .route("/credential-vault/bindings/{name}", get(vault_binding))
+        .route(
+            "/credential-vault/bindings",
+            get(|sb| vault_list(sb, VaultList::Bindings)),
+        )
+        .route(
+            "/credential-vault/bindings/{name}",
+            get(|sb, name| vault_entry(sb, name, VaultList::Bindings)),
+        )
         .with_state(server)
 }
 
@@ -456,52 +465,62 @@ async fn vault_delete(EgressSandbox(rec): EgressSandbox) -> ApiResult<StatusCode
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn vault_credentials(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
+/// The two lists of a vault the API also shows on their own, each entry keyed by its `name`.
+#[derive(Clone, Copy)]
+enum VaultList {
+    Credentials,
+    Bindings,
+}
+
+impl VaultList {
+    /// Its key in the vault's JSON, and what one entry is called.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            VaultList::Credentials => ("credentials", "credential"),
+            VaultList::Bindings => ("bindings", "binding"),
+        }
+    }
+
+    /// Its entries in `s`: name and JSON.
+    fn entries(self, s: &VaultState) -> Vec<(&str, Value)> {
+        match self {
+            VaultList::Credentials => s
+                .credentials
+                .iter()
+                .map(|c| (c.name.as_str(), json!(c)))
+                .collect(),
+            VaultList::Bindings => s
+                .bindings
+                .iter()
+                .map(|b| (b.name.as_str(), json!(b)))
+                .collect(),
+        }
+    }
+}
+
+/// `GET /credential-vault/credentials` or `/bindings`: that list, with the vault's revision.
+async fn vault_list(EgressSandbox(rec): EgressSandbox, list: VaultList) -> ApiResult<Json<Value>> {
     let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    let entries: Vec<Value> = list.entries(&s).into_iter().map(|(_, v)| v).collect();
     Ok(Json(
-        json!({"revision": s.revision, "credentials": s.credentials}),
+        json!({"revision": s.revision, (list.names().0): entries}),
     ))
 }
 
-async fn vault_credential(
+/// `GET /credential-vault/credentials/{name}` or `/bindings/{name}`: that entry (404 when the
+/// list has none of that name).
+async fn vault_entry(
     EgressSandbox(rec): EgressSandbox,
     UrlPath(p): UrlPath<HashMap<String, String>>,
+    list: VaultList,
 ) -> ApiResult<Json<Value>> {
     let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let c = s
-        .credentials
-        .iter()
-        .find(|c| c.name == name)
-        .ok_or_else(|| {
-            ApiError::not_found(
-                "CREDENTIAL_VAULT::NOT_FOUND",
-                format!("no credential {name:?}"),
-            )
-        })?;
-    Ok(Json(json!(c)))
-}
-
-async fn vault_bindings(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
-    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    Ok(Json(
-        json!({"revision": s.revision, "bindings": s.bindings}),
-    ))
-}
-
-async fn vault_binding(
-    EgressSandbox(rec): EgressSandbox,
-    UrlPath(p): UrlPath<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let b = s.bindings.iter().find(|b| b.name == name).ok_or_else(|| {
-        ApiError::not_found(
-            "CREDENTIAL_VAULT::NOT_FOUND",
-            format!("no binding {name:?}"),
-        )
-    })?;
-    Ok(Json(json!(b)))
+    let name = segment(&p, "name");
+    let entry = list.entries(&s).into_iter().find(|(n, _)| *n == name);
+    entry.map(|(_, v)| Json(v)).ok_or_else(|| {
+        let what = list.names().1;
+        ApiError::not_found("CREDENTIAL_VAULT::NOT_FOUND", format!("no {what} {name:?}"))
+    })
 }
 
 /// What the sidecar reports as its `enforcementMode` (upstream: `dns` or `dns+nft`): every
