@@ -295,7 +295,7 @@ fn injection_sink(id: String, audit: AuditLog, trace: String) -> InjectionSink {
 
 /// The egress sidecar's API of one sandbox, served under `/egress/{sid}`.
 pub fn routes(server: Arc<Server>) -> Router {
-    Router::new()
+    let mut r = Router::new()
         .route(
             "/policy",
             get(get_policy)
@@ -310,24 +310,15 @@ pub fn routes(server: Arc<Server>) -> Router {
                 .post(vault_create)
                 .patch(vault_patch)
                 .delete(vault_delete),
-        )
-        .route(
-            "/credential-vault/credentials",
-            get(|sb| vault_list(sb, VaultList::Credentials)),
-        )
-        .route(
-            "/credential-vault/credentials/{name}",
-            get(|sb, name| vault_entry(sb, name, VaultList::Credentials)),
-        )
-        .route(
-            "/credential-vault/bindings",
-            get(|sb| vault_list(sb, VaultList::Bindings)),
-        )
-        .route(
-            "/credential-vault/bindings/{name}",
-            get(|sb, name| vault_entry(sb, name, VaultList::Bindings)),
-        )
-        .with_state(server)
+        );
+    for list in [VaultList::Credentials, VaultList::Bindings] {
+        let path = format!("/credential-vault/{}", list.names().0);
+        r = r.route(&path, get(move |sb| vault_list(sb, list))).route(
+            &format!("{path}/{{name}}"),
+            get(move |sb, name| vault_entry(sb, name, list)),
+        );
+    }
+    r.with_state(server)
 }
 
 impl From<VaultError> for ApiError {

@@ -27,7 +27,7 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, UnknownName};
 use crate::auth::ExecdSandboxAnyState;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{rfc3339, Record, Server};
@@ -116,6 +116,11 @@ pub async fn with_fs<T: Send + 'static>(
     .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
+/// The 400 of a file's owner, group or mode that cannot be.
+fn invalid_metadata(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE_METADATA", message)
+}
+
 /// execd's mode: decimal digits that read as octal (755 = 0o755); 0 leaves the mode as it is.
 fn mode_from_digits(m: u32) -> ApiResult<Option<u32>> {
     if m == 0 {
@@ -125,13 +130,7 @@ fn mode_from_digits(m: u32) -> ApiResult<Option<u32>> {
         .ok()
         .filter(|v| *v <= 0o7777)
         .map(Some)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_FILE_METADATA",
-                format!("mode {m}: expected octal digits such as 644"),
-            )
-        })
+        .ok_or_else(|| invalid_metadata(format!("mode {m}: expected octal digits such as 644")))
 }
 
 fn mode_to_digits(m: u32) -> u32 {
@@ -177,35 +176,20 @@ impl Ownership {
     /// The sandbox uid and gid asked (`None`: unchanged), names looked up in the sandbox's
     /// tables; an unknown name is a 400 naming it.
     fn ids(&self, accounts: &Accounts) -> ApiResult<(Option<u32>, Option<u32>)> {
-        let bad = |e: crate::accounts::UnknownName| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_FILE_METADATA",
-                e.to_string(),
-            )
+        let id = |name: &Option<String>, of: fn(&Accounts, &str) -> Result<u32, UnknownName>| {
+            let id = name.as_deref().map(|n| of(accounts, n)).transpose();
+            id.map_err(|e| invalid_metadata(e.to_string()))
         };
-        let uid = self
-            .owner
-            .as_deref()
-            .map(|o| accounts.uid(o))
-            .transpose()
-            .map_err(bad)?;
-        let gid = self
-            .group
-            .as_deref()
-            .map(|g| accounts.gid(g))
-            .transpose()
-            .map_err(bad)?;
+        let (uid, gid) = (
+            id(&self.owner, Accounts::uid)?,
+            id(&self.group, Accounts::gid)?,
+        );
         for id in [uid, gid].into_iter().flatten() {
             if agentrun_runtime::fsroot::host_id(id).is_err() {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_FILE_METADATA",
-                    format!(
-                        "id {id}: not an id of the sandbox (0 to {})",
-                        agentrun_runtime::idmap::UID_COUNT - 1
-                    ),
-                ));
+                return Err(invalid_metadata(format!(
+                    "id {id}: not an id of the sandbox (0 to {})",
+                    agentrun_runtime::idmap::UID_COUNT - 1
+                )));
             }
         }
         Ok((uid, gid))
@@ -232,11 +216,7 @@ fn set_owner_and_mode(
 /// A chown or chmod error: a file the sandbox's root cannot change is a 403.
 fn chown_error(e: Errno, shown: &str) -> ApiError {
     match e {
-        Errno::OVERFLOW => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE_METADATA",
-            format!("{shown}: this mount cannot store that owner"),
-        ),
+        Errno::OVERFLOW => invalid_metadata(format!("{shown}: this mount cannot store that owner")),
         e => errno(e, shown),
     }
 }
@@ -262,13 +242,8 @@ pub struct FileMeta {
 
 /// Parses and checks an upload's `metadata` part (mode in octal digits, default (or 0) 755).
 pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
-    let m: RawFileMeta = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE_METADATA",
-            format!("metadata: {e}"),
-        )
-    })?;
+    let m: RawFileMeta =
+        serde_json::from_slice(bytes).map_err(|e| invalid_metadata(format!("metadata: {e}")))?;
     Ok(FileMeta {
         rel: rel(&m.path)?,
         mode: mode_from_digits(m.mode.unwrap_or(0))?.unwrap_or(0o755),
