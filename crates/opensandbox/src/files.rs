@@ -672,8 +672,7 @@ async fn permissions(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let todo = parse_permissions(&body)?;
-    with_fs(&rec, move |fs| {
+    change_each(&rec, parse_permissions(&body)?, |fs, todo| {
         // Every name is looked up before anything changes.
         let accounts = Accounts::read(fs);
         let ids = todo
@@ -684,9 +683,19 @@ async fn permissions(
             fs.stat(&c.rel).map_err(|e| errno(e, &c.path))?;
             set_owner_and_mode(fs, &c.rel, &c.path, ids, c.mode)?;
         }
-        Ok(StatusCode::OK)
+        Ok(())
     })
     .await
+}
+
+/// Makes the changes of a body (checked before: `todo`) in the sandbox's files: 200 once
+/// `apply` made them all, else its error.
+async fn change_each<T: Send + 'static>(
+    rec: &Record,
+    todo: T,
+    apply: fn(&SandboxFs, T) -> ApiResult<()>,
+) -> ApiResult<StatusCode> {
+    with_fs(rec, move |fs| apply(fs, todo).map(|()| StatusCode::OK)).await
 }
 
 #[derive(Deserialize)]
@@ -707,12 +716,11 @@ async fn mv(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let todo = parse_moves(&body)?;
-    with_fs(&rec, move |fs| {
+    change_each(&rec, parse_moves(&body)?, |fs, todo| {
         for (a, b, shown) in todo {
             fs.rename(&a, &b).map_err(|e| errno(e, &shown))?;
         }
-        Ok(StatusCode::OK)
+        Ok(())
     })
     .await
 }
