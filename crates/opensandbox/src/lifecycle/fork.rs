@@ -35,7 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{create_sandbox, parse_create, sandbox_json, traceparent};
+use super::{create_sandbox, only_field, parse_create, sandbox_json, traceparent};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::{finish_span, Record, Server};
 
@@ -44,15 +44,7 @@ pub const FORK_SPAN: &str = "sandbox.fork";
 
 /// `count`, checked: an integer from 1.
 fn parse_count(body: &[u8]) -> ApiResult<usize> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    if let Some(k) = obj.keys().find(|k| *k != "count") {
-        return Err(ApiError::bad_request(format!("unknown field {k:?}")));
-    }
-    match obj.get("count") {
+    match only_field(body, "count")? {
         None => Err(ApiError::bad_request("count is required")),
         Some(c) => match c.as_u64() {
             Some(n) if n >= 1 => Ok(n as usize),

@@ -27,7 +27,7 @@ use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
 use crate::lines::SANDBOX_LOG_BUDGET;
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
-use request::host_arch;
+use request::{host_arch, only_field};
 pub use request::{
     parse_cpu, parse_create, parse_memory, parse_renew, patch_metadata_body, CreateRequest,
     Validated,
