@@ -26,8 +26,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::auth::{ExecdRun, ExecdSandbox};
-use crate::error::{found, segment, ApiError, ApiResult, JsonBody};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
+use crate::params::segment;
 use agentrun_pool::python::{CodeEvent, PythonContext};
 
 pub use crate::held::{CodeContext, CodeState};

@@ -65,8 +65,9 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::auth::EgressSandbox;
-use crate::error::{segment, ApiError, ApiResult, JsonBody};
+use crate::error::{ApiError, ApiResult, JsonBody};
 pub use crate::held::SandboxEgress;
+use crate::params::segment;
 use crate::{Record, Server};
 
 /// The profile name decisions are recorded under.

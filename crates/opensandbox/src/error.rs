@@ -111,11 +111,6 @@ pub fn found<T: Clone>(
         .ok_or_else(|| ApiError::no_such(code, what, id))
 }
 
-/// The `{name}` segment of a request's path ("" when the route has none).
-pub fn segment<'a>(path: &'a HashMap<String, String>, name: &str) -> &'a str {
-    path.get(name).map(String::as_str).unwrap_or("")
-}
-
 /// A request body (JSON), read whole: at most the server's `--max-request-body` bytes, else
 /// a 413 JSON error and nothing more is read (axum's [`axum::extract::DefaultBodyLimit`], set
 /// by [`crate::router`], bounds the read). A body that is not empty must come as

@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 use crate::accounts::{Accounts, UnknownName};
 use crate::auth::ExecdSandboxAnyState;
 use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::params::query_pairs;
 use crate::{rfc3339, Record, Server};
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, sandbox_id, Entry, SandboxFs};
 
@@ -418,12 +419,6 @@ fn query_paths(q: &Option<String>) -> ApiResult<(Vec<String>, Vec<PathBuf>)> {
         .collect();
     let rels = paths.iter().map(|p| rel(p)).collect::<ApiResult<_>>()?;
     Ok((paths, rels))
-}
-
-fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
-    q.as_deref()
-        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default()
 }
 
 fn query_one(pairs: &[(String, String)], key: &str) -> Option<String> {

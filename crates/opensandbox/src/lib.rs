@@ -57,6 +57,7 @@ pub mod filestream;
 mod held;
 pub mod lifecycle;
 mod lines;
+pub mod params;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;

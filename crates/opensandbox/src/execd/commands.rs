@@ -30,10 +30,11 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::auth::{ExecdRun, ExecdSandbox, ExecdSandboxAnyState};
-use crate::error::{found, segment, ApiError, ApiResult, JsonBody};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 pub use crate::held::{Command, CommandState};
 use crate::lines::{command_log, text_since};
+use crate::params::segment;
 use crate::process::shell;
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 use agentrun_pool::lines::PipeLines;

@@ -17,9 +17,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::auth::{ExecdRun, ExecdSandbox};
-use crate::error::{found, segment, ApiError, ApiResult, JsonBody};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 pub use crate::held::Session;
+use crate::params::segment;
 use crate::process::shell;
 use crate::{finish_span, random_token, Record, Server};
 use agentrun_pool::process::InteractiveProcess;

@@ -35,8 +35,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{create_sandbox, only_field, parse_create, sandbox_json, traceparent};
+use super::{create_sandbox, only_field, parse_create, sandbox_json};
 use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::params::traceparent;
 use crate::{finish_span, Record, Server};
 
 /// The span of a fork.

@@ -23,9 +23,10 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::{only_field, query_pairs, state_list, Paging};
+use super::{only_field, state_list, Paging};
 use crate::error::{ApiError, ApiResult, JsonBody};
 pub use crate::held::PendingSnapshot;
+use crate::params::{query_pairs, traceparent};
 use crate::{finish_span, rfc3339, Server};
 
 /// Most failed snapshots kept listed (the oldest go first).
@@ -100,13 +101,6 @@ pub fn restore_image(server: &Server, id: &str) -> ApiResult<(String, Option<Vec
         .snapshot(id, Some(&server.owner))
         .map_err(|_| snapshot_not_found(id))?;
     Ok((s.image, s.entrypoint))
-}
-
-fn traceparent(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// `POST /sandboxes/{id}/snapshots` (`{"name": ...}`, optional).
