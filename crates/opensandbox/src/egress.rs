@@ -149,21 +149,9 @@ impl SandboxEgress {
         if !change(&mut next).map_err(policy_error)? {
             return Ok((next, false));
         }
-        let record = AuditRecord {
-            kind: "policy".into(),
-            sandbox_id: self.sandbox_id.clone(),
-            trace_id: trace_id_of(&self.trace),
-            action: action.into(),
-            resource,
-            decision: "applied".into(),
-            reason: next.to_value().to_string(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
         // A change nobody can later account for is not made.
-        self.audit
-            .append(&record)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let reason = next.to_value().to_string();
+        self.audit_change("policy", action, resource, reason)?;
         if let Some(p) = lock(&self.proxy).as_ref() {
             p.set_policy(next.to_network_policy());
         }
@@ -174,8 +162,20 @@ impl SandboxEgress {
     /// Audits a vault change (`action`; `reason`: the sanitized state after it). A change
     /// that cannot be audited is refused before it is made (see [`Self::vault_change`]).
     fn audit_vault(&self, action: &str, resource: String, reason: String) -> ApiResult<()> {
+        self.audit_change("credential-vault", action, resource, reason)
+    }
+
+    /// Appends the audit record of an applied change of the sandbox's `kind` (`policy`,
+    /// `credential-vault`): `resource` what was asked, `reason` the state after it.
+    fn audit_change(
+        &self,
+        kind: &str,
+        action: &str,
+        resource: String,
+        reason: String,
+    ) -> ApiResult<()> {
         let record = AuditRecord {
-            kind: "credential-vault".into(),
+            kind: kind.into(),
             sandbox_id: self.sandbox_id.clone(),
             trace_id: trace_id_of(&self.trace),
             action: action.into(),
