@@ -425,8 +425,11 @@ fn query_one(pairs: &[(String, String)], key: &str) -> Option<String> {
     pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }
 
-fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
-    query_one(pairs, key).ok_or_else(|| ApiError::missing_query(key))
+/// A query that must name a `path`: its pairs and that path (as sent).
+fn with_path(q: &Option<String>) -> ApiResult<(Vec<(String, String)>, String)> {
+    let pairs = query_pairs(q);
+    let path = query_one(&pairs, "path").ok_or_else(|| ApiError::missing_query("path"))?;
+    Ok((pairs, path))
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
@@ -491,8 +494,7 @@ async fn download(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let pairs = query_pairs(&q);
-    let path = required(&pairs, "path")?;
+    let (pairs, path) = with_path(&q)?;
     let relp = rel(&path)?;
     let (offset, limit) = (query_one(&pairs, "offset"), query_one(&pairs, "limit"));
     let lines_asked = [&offset, &limit]
@@ -733,8 +735,7 @@ async fn search(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let pairs = query_pairs(&q);
-    let dir = required(&pairs, "path")?;
+    let (pairs, dir) = with_path(&q)?;
     let pattern = query_one(&pairs, "pattern")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "**".into());
@@ -844,8 +845,7 @@ async fn list_dir(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let pairs = query_pairs(&q);
-    let dir = required(&pairs, "path")?;
+    let (pairs, dir) = with_path(&q)?;
     let depth: usize = query_one(&pairs, "depth")
         .map(|d| {
             d.parse()
