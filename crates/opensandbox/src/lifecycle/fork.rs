@@ -154,15 +154,7 @@ struct Outcome<'a> {
 }
 
 fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
-    let fresh = agentrun_telemetry::RunSpan::start(FORK_SPAN, trace);
-    let mut span = agentrun_telemetry::RunSpan::resume(
-        FORK_SPAN,
-        fresh.context(),
-        fresh.parent(),
-        std::time::SystemTime::now()
-            .checked_sub(o.total)
-            .unwrap_or_else(std::time::SystemTime::now),
-    );
+    let mut span = agentrun_pool::snapshot::span_of_work(FORK_SPAN, trace, o.total);
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.id", o.parent);
     span.set_attribute("sandbox.fork.layer.id", o.layer_id);
@@ -177,27 +169,21 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
     if let Some((kind, msg)) = o.error {
         span.set_error(kind, msg);
     }
-    let record = agentrun_telemetry::AuditRecord {
-        time: agentrun_telemetry::audit::now_rfc3339(),
-        kind: "fork".into(),
-        sandbox_id: o.parent.into(),
-        trace_id: span.context().trace_id_hex(),
-        action: FORK_SPAN.into(),
-        resource: o.layer_id.into(),
-        decision: if o.error.is_some() { "error" } else { "ok" }.into(),
-        reason: match o.error {
-            Some((_, msg)) => msg.to_owned(),
-            None => format!(
-                "{} copies ({}) of {} bytes of files in {} ms",
-                o.count,
-                o.ids.join(","),
-                o.bytes,
-                o.total.as_millis()
-            ),
-        },
-        profile: server.profile.clone(),
-        ..Default::default()
+    let work = agentrun_pool::snapshot::WorkDone {
+        kind: "fork",
+        action: FORK_SPAN,
+        sandbox_id: o.parent,
+        resource: o.layer_id,
+        error: o.error,
+        profile: &server.profile,
     };
+    let record = work.record(&span, || {
+        let (count, ids, ms) = (o.count, o.ids.join(","), o.total.as_millis());
+        format!(
+            "{count} copies ({ids}) of {} bytes of files in {ms} ms",
+            o.bytes
+        )
+    });
     if let Err(e) = server.audit.append(&record) {
         tracing::error!(target: "agentrun::opensandbox::fork", sandbox = %o.parent, "audit log: {e}");
     }
