@@ -152,28 +152,24 @@ pub async fn require_api_key(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &server.api_key {
-        match req.headers().get("open-sandbox-api-key") {
-            None => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "MISSING_API_KEY",
-                    "missing OPEN-SANDBOX-API-KEY header",
-                )
-                .into_response()
-            }
-            Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "INVALID_API_KEY",
-                    "invalid API key",
-                )
-                .into_response()
-            }
-            Some(_) => {}
-        }
+    match api_key_error(&server, req.headers()) {
+        None => next.run(req).await,
+        Some(e) => e.into_response(),
     }
-    next.run(req).await
+}
+
+/// The 401 of a request whose `OPEN-SANDBOX-API-KEY` is missing or wrong (none when no key
+/// is configured).
+fn api_key_error(server: &Server, headers: &HeaderMap) -> Option<ApiError> {
+    let key = server.api_key.as_ref()?;
+    let (code, message) = match headers.get("open-sandbox-api-key") {
+        None => ("MISSING_API_KEY", "missing OPEN-SANDBOX-API-KEY header"),
+        Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
+            ("INVALID_API_KEY", "invalid API key")
+        }
+        Some(_) => return None,
+    };
+    Some(ApiError::new(StatusCode::UNAUTHORIZED, code, message))
 }
 
 /// Middleware of `/execd/{sid}/...` and `/egress/{sid}/...` (its state: the server and the
