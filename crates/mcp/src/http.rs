@@ -12,7 +12,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::daemon::{
+    frontend_runtime, tcp_listener, Frontend, RunningFrontend, ServingThread,
+};
 use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use axum::extract::Request;
@@ -72,17 +74,8 @@ impl Frontend for HttpFrontend {
         self: Box<Self>,
         live: Arc<LiveManager>,
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
-        let listener = std::net::TcpListener::bind(self.listen)
-            .map_err(|e| PoolError::Invalid(format!("--mcp {}: {e}", self.listen)))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| PoolError::Io("listen", e))?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.workers.max(1))
-            .thread_name("mcp-http")
-            .enable_all()
-            .build()
-            .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let runtime = frontend_runtime("mcp-http", self.workers.max(1))?;
+        let listener = tcp_listener("--mcp", self.listen, &runtime)?;
         let idle = self.options.idle_timeout;
         let shared = crate::session::Shared::new(live, self.options, runtime.handle().clone())?;
         let cancel = CancellationToken::new();
@@ -112,34 +105,22 @@ impl Frontend for HttpFrontend {
         ));
         let ct = cancel.clone();
         let listen = self.listen;
-        let thread = std::thread::Builder::new()
-            .name("mcp-http".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(target: "agentrun::mcp", "MCP over HTTP: the listener: {e}");
-                            return;
-                        }
-                    };
-                    let served = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move { ct.cancelled().await })
-                        .await;
-                    if let Err(e) = served {
-                        tracing::error!(target: "agentrun::mcp", "MCP over HTTP: {e}");
-                    }
-                });
-                // The sessions (dropped with the runtime's tasks) have their sandboxes torn
-                // down before the daemon's shutdown goes on.
-                runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-                server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
-            })
-            .map_err(|e| PoolError::Io("spawn thread", e))?;
+        let serve = move || {
+            runtime.block_on(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { ct.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(target: "agentrun::mcp", "MCP over HTTP: {e}");
+                }
+            });
+            // The sessions (dropped with the runtime's tasks) have their sandboxes torn
+            // down before the daemon's shutdown goes on.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
+        };
+        let running = ServingThread::spawn("mcp-http", serve, move || cancel.cancel())?;
         tracing::info!(target: "agentrun::mcp", "MCP server on http://{listen}{MCP_PATH}");
-        Ok(Box::new(crate::Running {
-            cancel,
-            thread: Some(thread),
-        }))
+        Ok(running)
     }
 }

@@ -39,22 +39,6 @@ pub use handler::McpServer;
 pub use http::HttpFrontend;
 pub use stdio::StdioFrontend;
 
-/// A started front end (stdio or HTTP): its thread, stopped by cancelling its token.
-struct Running {
-    cancel: tokio_util::sync::CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl agentrun_pool::daemon::RunningFrontend for Running {
-    fn stop(mut self: Box<Self>) {
-        self.cancel.cancel();
-        if let Some(t) = self.thread.take() {
-            // A panic of the server thread was logged by the panic hook.
-            let _ = t.join();
-        }
-    }
-}
-
 /// Errors of the MCP server's set-up (a tool's failure is a tool result, not one of these).
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {

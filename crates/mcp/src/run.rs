@@ -40,6 +40,31 @@ pub struct RunOutput {
     pub notes: Vec<String>,
 }
 
+impl RunOutput {
+    /// A run's result from its two streams as kept; one stopped at its time limit
+    /// (`limit`: what was done to it, and the limit) says so after the other `notes`.
+    fn new(
+        out: &Kept,
+        err: &Kept,
+        exit_code: i32,
+        limit: Option<(&str, Duration)>,
+        mut notes: Vec<String>,
+    ) -> Self {
+        if let Some((done, limit)) = limit {
+            let secs = limit.as_secs_f64();
+            notes.push(format!("{done} after {secs:.1}s (its time limit)"));
+        }
+        RunOutput {
+            stdout: out.text(),
+            stderr: err.text(),
+            exit_code,
+            timed_out: limit.is_some(),
+            truncated: out.cut > 0 || err.cut > 0,
+            notes,
+        }
+    }
+}
+
 /// One stream's kept bytes and how many were cut.
 #[derive(Default)]
 struct Kept {
@@ -128,22 +153,9 @@ pub async fn capture(
     }
     let stdout = stdout.ok().and_then(Result::ok).unwrap_or_default();
     let stderr = stderr.ok().and_then(Result::ok).unwrap_or_default();
-    let mut notes = Vec::new();
-    if timed_out {
-        notes.push(format!(
-            "the command was killed after {:.1}s (its time limit)",
-            timeout.as_secs_f64()
-        ));
-    }
+    let limit = timed_out.then_some(("the command was killed", timeout));
     Ok(Captured {
-        output: RunOutput {
-            stdout: stdout.text(),
-            stderr: stderr.text(),
-            exit_code,
-            timed_out,
-            truncated: stdout.cut > 0 || stderr.cut > 0,
-            notes,
-        },
+        output: RunOutput::new(&stdout, &stderr, exit_code, limit, Vec::new()),
         stdout: stdout.bytes,
     })
 }
@@ -251,20 +263,8 @@ pub async fn python(
             }
         }
     }
-    if timed_out {
-        notes.push(format!(
-            "the execution was interrupted after {:.1}s (its time limit)",
-            timeout.as_secs_f64()
-        ));
-    }
-    Ok(RunOutput {
-        stdout: out.text(),
-        stderr: err.text(),
-        exit_code,
-        timed_out,
-        truncated: out.cut > 0 || err.cut > 0,
-        notes,
-    })
+    let limit = timed_out.then_some(("the execution was interrupted", timeout));
+    Ok(RunOutput::new(&out, &err, exit_code, limit, notes))
 }
 
 #[cfg(test)]

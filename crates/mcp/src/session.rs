@@ -236,17 +236,13 @@ impl SessionSandbox {
         let intercept = network.needs_proxy()
             && (shared.options.credentials.is_some() || !network.http.is_empty());
         if network.needs_proxy() {
-            spec = spec.egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT));
-            for (k, v) in agentrun_egress::proxy_env() {
-                spec = spec.env(k, v);
-            }
+            spec = spec
+                .egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT))
+                .envs(agentrun_egress::proxy_env());
         }
         if intercept {
-            for (k, v) in
-                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
-            {
-                spec = spec.env(k, v);
-            }
+            let dir = agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX;
+            spec = spec.envs(agentrun_egress::mitm::trust_env(dir));
         }
         let live = shared.live.create(&spec).map_err(SandboxError::Create)?;
         let watch = Arc::new(RunWatch::default());

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
-use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::daemon::{frontend_runtime, Frontend, RunningFrontend, ServingThread};
 use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use rmcp::ServiceExt;
@@ -58,52 +58,42 @@ impl Frontend for StdioFrontend {
         self: Box<Self>,
         live: Arc<LiveManager>,
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("mcp")
-            .enable_all()
-            .build()
-            .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let runtime = frontend_runtime("mcp", 2)?;
         let shared = Shared::new(live, self.options, runtime.handle().clone())?;
         let cancel = CancellationToken::new();
         let ct = cancel.clone();
         let (input, output) = (self.input, self.output);
         let server_state = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("mcp-stdio".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let transport = match (reader(input), writer(output)) {
-                        (Ok(r), Ok(w)) => (r, w),
-                        (Err(e), _) | (_, Err(e)) => {
-                            tracing::error!(target: "agentrun::mcp", "stdio: {e}");
-                            return;
-                        }
-                    };
-                    match McpServer::new(shared).serve_with_ct(transport, ct).await {
-                        Ok(running) => {
-                            // The session ended (client gone or cancelled); a panic was logged by the panic hook.
-                            let _ = running.waiting().await;
-                        }
-                        Err(e) => {
-                            tracing::error!(target: "agentrun::mcp", "MCP session: {e}")
-                        }
+        let serve = move || {
+            runtime.block_on(async move {
+                let transport = match (reader(input), writer(output)) {
+                    (Ok(r), Ok(w)) => (r, w),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::error!(target: "agentrun::mcp", "stdio: {e}");
+                        return;
                     }
-                });
-                // The session ended: its server (dropped with the runtime's tasks) has its
-                // sandbox torn down, and once that is done the daemon is asked to stop.
-                // Every thread blocks SIGTERM and the daemon takes it from its signalfd, as
-                // it takes one sent by anyone else.
-                runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-                server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
-                // SAFETY: kill(2) on our own pid with a valid signal number.
-                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
-            })
-            .map_err(|e| PoolError::Io("spawn thread", e))?;
+                };
+                match McpServer::new(shared).serve_with_ct(transport, ct).await {
+                    Ok(running) => {
+                        // The session ended (client gone or cancelled); a panic was logged by the panic hook.
+                        let _ = running.waiting().await;
+                    }
+                    Err(e) => {
+                        tracing::error!(target: "agentrun::mcp", "MCP session: {e}")
+                    }
+                }
+            });
+            // The session ended: its server (dropped with the runtime's tasks) has its
+            // sandbox torn down, and once that is done the daemon is asked to stop.
+            // Every thread blocks SIGTERM and the daemon takes it from its signalfd, as
+            // it takes one sent by anyone else.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            server_state.wait_for_teardowns(std::time::Duration::from_secs(30));
+            // SAFETY: kill(2) on our own pid with a valid signal number.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+        };
+        let running = ServingThread::spawn("mcp-stdio", serve, move || cancel.cancel())?;
         tracing::info!(target: "agentrun::mcp", "MCP server on stdio");
-        Ok(Box::new(crate::Running {
-            cancel,
-            thread: Some(thread),
-        }))
+        Ok(running)
     }
 }

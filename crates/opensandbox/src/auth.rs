@@ -4,8 +4,8 @@
 //!
 //! Every secret is compared in constant time and checked from the headers before anything
 //! reads a request's body: by middleware on the routes ([`require_api_key`],
-//! [`require_execd_token`], [`require_egress_token`]), then by the extractor a handler takes
-//! its sandbox with ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`EgressSandbox`]).
+//! [`require_token`]), then by the extractor a handler takes its sandbox with
+//! ([`ExecdSandbox`], [`ExecdSandboxAnyState`], [`ExecdRun`], [`EgressSandbox`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -101,6 +101,24 @@ impl FromRequestParts<Arc<Server>> for ExecdSandbox {
     }
 }
 
+/// An execd request that starts a run (a command, code, a session's command): its sandbox as
+/// [`ExecdSandbox`] takes it, and the caller's `traceparent` header, which the run's span
+/// continues.
+pub struct ExecdRun(pub Arc<Record>, pub Option<String>);
+
+impl FromRequestParts<Arc<Server>> for ExecdRun {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Arc<Server>) -> ApiResult<Self> {
+        let ExecdSandbox(rec) = ExecdSandbox::from_request_parts(parts, server).await?;
+        let trace = parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
+        Ok(ExecdRun(rec, trace.map(str::to_owned)))
+    }
+}
+
 /// [`ExecdSandbox`] for what still answers after the sandbox ended (files, command status and
 /// logs).
 pub struct ExecdSandboxAnyState(pub Arc<Record>);
@@ -134,60 +152,37 @@ pub async fn require_api_key(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &server.api_key {
-        match req.headers().get("open-sandbox-api-key") {
-            None => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "MISSING_API_KEY",
-                    "missing OPEN-SANDBOX-API-KEY header",
-                )
-                .into_response()
-            }
-            Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "INVALID_API_KEY",
-                    "invalid API key",
-                )
-                .into_response()
-            }
-            Some(_) => {}
-        }
+    match api_key_error(&server, req.headers()) {
+        None => next.run(req).await,
+        Some(e) => e.into_response(),
     }
-    next.run(req).await
 }
 
-/// Middleware of `/execd/{sid}/...`: the sandbox's execd token must be in the headers before
-/// anything reads the request's body (401, or 404 for no such sandbox, having read none of
-/// it). Handlers check it again with the extractor they take the sandbox with.
-pub async fn require_execd_token(
-    State(server): State<Arc<Server>>,
+/// The 401 of a request whose `OPEN-SANDBOX-API-KEY` is missing or wrong (none when no key
+/// is configured).
+fn api_key_error(server: &Server, headers: &HeaderMap) -> Option<ApiError> {
+    let key = server.api_key.as_ref()?;
+    let (code, message) = match headers.get("open-sandbox-api-key") {
+        None => ("MISSING_API_KEY", "missing OPEN-SANDBOX-API-KEY header"),
+        Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
+            ("INVALID_API_KEY", "invalid API key")
+        }
+        Some(_) => return None,
+    };
+    Some(ApiError::new(StatusCode::UNAUTHORIZED, code, message))
+}
+
+/// Middleware of `/execd/{sid}/...` and `/egress/{sid}/...` (its state: the server and the
+/// route's [`Token`]): the sandbox's token must be in the headers before anything reads the
+/// request's body (401, or 404 for no such sandbox, having read none of it). Handlers check
+/// it again with the extractor they take the sandbox with.
+pub async fn require_token(
+    State((server, token)): State<(Arc<Server>, Token)>,
     Path(p): Path<HashMap<String, String>>,
     req: Request,
     next: Next,
 ) -> Response {
-    require_token(&server, &p, Token::Execd, req, next).await
-}
-
-/// [`require_execd_token`] for `/egress/{sid}/...` and its token.
-pub async fn require_egress_token(
-    State(server): State<Arc<Server>>,
-    Path(p): Path<HashMap<String, String>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    require_token(&server, &p, Token::Egress, req, next).await
-}
-
-async fn require_token(
-    server: &Server,
-    p: &HashMap<String, String>,
-    token: Token,
-    req: Request,
-    next: Next,
-) -> Response {
-    match authorize(server, sid_of(p), req.headers(), token) {
+    match authorize(&server, sid_of(&p), req.headers(), token) {
         Ok(_) => next.run(req).await,
         Err(e) => e.into_response(),
     }

@@ -18,20 +18,24 @@ use std::time::Instant;
 use agentrun_pool::lock;
 use agentrun_telemetry::ExecSpan;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::auth::ExecdSandbox;
-use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::auth::{ExecdRun, ExecdSandbox};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
+use crate::params::segment;
 use agentrun_pool::python::{CodeEvent, PythonContext};
 
 pub use crate::held::{CodeContext, CodeState};
 use crate::{finish_span, random_token, Record, Server};
+
+/// The 404 code of a missing code context.
+const NOT_FOUND: &str = "CONTEXT_NOT_FOUND";
 
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -172,18 +176,14 @@ async fn list_contexts(
 }
 
 fn find(rec: &Record, id: &str) -> ApiResult<Arc<CodeContext>> {
-    lock(&rec.code)
-        .contexts
-        .get(id)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found("CONTEXT_NOT_FOUND", format!("no code context {id}")))
+    found(&lock(&rec.code).contexts, id, NOT_FOUND, "code context")
 }
 
 async fn get_context(
     ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    let ctx = find(&rec, p.get("ctx").map(String::as_str).unwrap_or(""))?;
+    let ctx = find(&rec, segment(&p, "ctx"))?;
     Ok(Json(json!({"id": ctx.id, "language": ctx.language})))
 }
 
@@ -208,7 +208,7 @@ pub fn remove_context(rec: &Record, id: &str) -> ApiResult<()> {
         st.defaults.retain(|_, v| v != id);
         st.contexts.remove(id)
     }
-    .ok_or_else(|| ApiError::not_found("CONTEXT_NOT_FOUND", format!("no code context {id}")))?;
+    .ok_or_else(|| ApiError::no_such(NOT_FOUND, "code context", id))?;
     stop(rec, &ctx);
     Ok(())
 }
@@ -217,7 +217,7 @@ async fn delete_context(
     ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
-    remove_context(&rec, p.get("ctx").map(String::as_str).unwrap_or(""))?;
+    remove_context(&rec, segment(&p, "ctx"))?;
     Ok(StatusCode::OK)
 }
 
@@ -318,9 +318,8 @@ struct ContextRef {
 }
 
 async fn run(
-    ExecdSandbox(rec): ExecdSandbox,
+    ExecdRun(rec, trace): ExecdRun,
     State(server): State<Arc<Server>>,
-    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let req = parse_run_code(&body)?;
@@ -333,7 +332,7 @@ async fn run(
     lock(&rec.code)
         .executions
         .insert(execution_id.clone(), ctx.id.clone());
-    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let mut span = ExecSpan::new(trace.as_deref())
         .sandbox(&rec.id)
         .executable("python3")
         .command_line(&req.code)

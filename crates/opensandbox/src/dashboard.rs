@@ -150,25 +150,23 @@ pub fn routes(server: Arc<Server>) -> axum::Router {
         .with_state(state)
 }
 
-async fn security_headers(mut res: Response) -> Response {
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+/// The headers of every dashboard response.
+const SECURITY_HEADERS: [(header::HeaderName, &str); 5] = [
+    (header::CONTENT_SECURITY_POLICY, CSP),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::X_FRAME_OPTIONS, "DENY"),
     // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null`
     // with the page's own form posts, which the Origin check refuses as it must (sandboxed
     // content sends it too). Nothing leaves for other origins either way.
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    (header::REFERRER_POLICY, "same-origin"),
+    (header::CACHE_CONTROL, "no-store"),
+];
+
+async fn security_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    for (name, value) in SECURITY_HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
     res
 }
 

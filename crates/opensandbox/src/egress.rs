@@ -67,6 +67,7 @@ use serde_json::{json, Value};
 use crate::auth::EgressSandbox;
 use crate::error::{ApiError, ApiResult, JsonBody};
 pub use crate::held::SandboxEgress;
+use crate::params::segment;
 use crate::{Record, Server};
 
 /// The profile name decisions are recorded under.
@@ -148,21 +149,9 @@ impl SandboxEgress {
         if !change(&mut next).map_err(policy_error)? {
             return Ok((next, false));
         }
-        let record = AuditRecord {
-            kind: "policy".into(),
-            sandbox_id: self.sandbox_id.clone(),
-            trace_id: trace_id_of(&self.trace),
-            action: action.into(),
-            resource,
-            decision: "applied".into(),
-            reason: next.to_value().to_string(),
-            profile: PROFILE.into(),
-            ..Default::default()
-        };
         // A change nobody can later account for is not made.
-        self.audit
-            .append(&record)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let reason = next.to_value().to_string();
+        self.audit_change("policy", action, resource, reason)?;
         if let Some(p) = lock(&self.proxy).as_ref() {
             p.set_policy(next.to_network_policy());
         }
@@ -173,8 +162,20 @@ impl SandboxEgress {
     /// Audits a vault change (`action`; `reason`: the sanitized state after it). A change
     /// that cannot be audited is refused before it is made (see [`Self::vault_change`]).
     fn audit_vault(&self, action: &str, resource: String, reason: String) -> ApiResult<()> {
+        self.audit_change("credential-vault", action, resource, reason)
+    }
+
+    /// Appends the audit record of an applied change of the sandbox's `kind` (`policy`,
+    /// `credential-vault`): `resource` what was asked, `reason` the state after it.
+    fn audit_change(
+        &self,
+        kind: &str,
+        action: &str,
+        resource: String,
+        reason: String,
+    ) -> ApiResult<()> {
         let record = AuditRecord {
-            kind: "credential-vault".into(),
+            kind: kind.into(),
             sandbox_id: self.sandbox_id.clone(),
             trace_id: trace_id_of(&self.trace),
             action: action.into(),
@@ -295,7 +296,7 @@ fn injection_sink(id: String, audit: AuditLog, trace: String) -> InjectionSink {
 
 /// The egress sidecar's API of one sandbox, served under `/egress/{sid}`.
 pub fn routes(server: Arc<Server>) -> Router {
-    Router::new()
+    let mut r = Router::new()
         .route(
             "/policy",
             get(get_policy)
@@ -310,15 +311,15 @@ pub fn routes(server: Arc<Server>) -> Router {
                 .post(vault_create)
                 .patch(vault_patch)
                 .delete(vault_delete),
-        )
-        .route("/credential-vault/credentials", get(vault_credentials))
-        .route(
-            "/credential-vault/credentials/{name}",
-            get(vault_credential),
-        )
-        .route("/credential-vault/bindings", get(vault_bindings))
-        .route("/credential-vault/bindings/{name}", get(vault_binding))
-        .with_state(server)
+        );
+    for list in [VaultList::Credentials, VaultList::Bindings] {
+        let path = format!("/credential-vault/{}", list.names().0);
+        r = r.route(&path, get(move |sb| vault_list(sb, list))).route(
+            &format!("{path}/{{name}}"),
+            get(move |sb, name| vault_entry(sb, name, list)),
+        );
+    }
+    r.with_state(server)
 }
 
 impl From<VaultError> for ApiError {
@@ -456,52 +457,62 @@ async fn vault_delete(EgressSandbox(rec): EgressSandbox) -> ApiResult<StatusCode
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn vault_credentials(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
+/// The two lists of a vault the API also shows on their own, each entry keyed by its `name`.
+#[derive(Clone, Copy)]
+enum VaultList {
+    Credentials,
+    Bindings,
+}
+
+impl VaultList {
+    /// Its key in the vault's JSON, and what one entry is called.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            VaultList::Credentials => ("credentials", "credential"),
+            VaultList::Bindings => ("bindings", "binding"),
+        }
+    }
+
+    /// Its entries in `s`: name and JSON.
+    fn entries(self, s: &VaultState) -> Vec<(&str, Value)> {
+        match self {
+            VaultList::Credentials => s
+                .credentials
+                .iter()
+                .map(|c| (c.name.as_str(), json!(c)))
+                .collect(),
+            VaultList::Bindings => s
+                .bindings
+                .iter()
+                .map(|b| (b.name.as_str(), json!(b)))
+                .collect(),
+        }
+    }
+}
+
+/// `GET /credential-vault/credentials` or `/bindings`: that list, with the vault's revision.
+async fn vault_list(EgressSandbox(rec): EgressSandbox, list: VaultList) -> ApiResult<Json<Value>> {
     let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
+    let entries: Vec<Value> = list.entries(&s).into_iter().map(|(_, v)| v).collect();
     Ok(Json(
-        json!({"revision": s.revision, "credentials": s.credentials}),
+        json!({"revision": s.revision, (list.names().0): entries}),
     ))
 }
 
-async fn vault_credential(
+/// `GET /credential-vault/credentials/{name}` or `/bindings/{name}`: that entry (404 when the
+/// list has none of that name).
+async fn vault_entry(
     EgressSandbox(rec): EgressSandbox,
     UrlPath(p): UrlPath<HashMap<String, String>>,
+    list: VaultList,
 ) -> ApiResult<Json<Value>> {
     let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let c = s
-        .credentials
-        .iter()
-        .find(|c| c.name == name)
-        .ok_or_else(|| {
-            ApiError::not_found(
-                "CREDENTIAL_VAULT::NOT_FOUND",
-                format!("no credential {name:?}"),
-            )
-        })?;
-    Ok(Json(json!(c)))
-}
-
-async fn vault_bindings(EgressSandbox(rec): EgressSandbox) -> ApiResult<Json<Value>> {
-    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    Ok(Json(
-        json!({"revision": s.revision, "bindings": s.bindings}),
-    ))
-}
-
-async fn vault_binding(
-    EgressSandbox(rec): EgressSandbox,
-    UrlPath(p): UrlPath<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    let s = vault_of(&rec)?.vault.state().map_err(vault_error)?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let b = s.bindings.iter().find(|b| b.name == name).ok_or_else(|| {
-        ApiError::not_found(
-            "CREDENTIAL_VAULT::NOT_FOUND",
-            format!("no binding {name:?}"),
-        )
-    })?;
-    Ok(Json(json!(b)))
+    let name = segment(&p, "name");
+    let entry = list.entries(&s).into_iter().find(|(n, _)| *n == name);
+    entry.map(|(_, v)| Json(v)).ok_or_else(|| {
+        let what = list.names().1;
+        ApiError::not_found("CREDENTIAL_VAULT::NOT_FOUND", format!("no {what} {name:?}"))
+    })
 }
 
 /// What the sidecar reports as its `enforcementMode` (upstream: `dns` or `dns+nft`): every

@@ -1,7 +1,10 @@
-//! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects;
+//! API errors: a status and the `{"code","message"}` body every OpenSandbox client expects,
+//! with the 404 of a missing command, session or code context ([`found`]);
 //! [`JsonBody`], a request body read whole within the server's limit (413 above it), and only
 //! as `Content-Type: application/json` (415 otherwise; read by its extractor, which lives beside
 //! the [`Server`](crate::Server) whose limit it reads).
+
+use std::collections::HashMap;
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
@@ -52,6 +55,11 @@ impl ApiError {
     pub fn invalid_body(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
     }
+    /// The 404 `code` of a thing a sandbox holds (a command, session, code context):
+    /// "no {what} {id}".
+    pub fn no_such(code: &'static str, what: &str, id: &str) -> Self {
+        Self::not_found(code, format!("no {what} {id}"))
+    }
     /// A required query parameter is absent (400).
     pub fn missing_query(name: &str) -> Self {
         Self::new(
@@ -89,6 +97,19 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// `table[id]` of a sandbox's commands, sessions or code contexts, or [`ApiError::no_such`].
+pub fn found<T: Clone>(
+    table: &HashMap<String, T>,
+    id: &str,
+    code: &'static str,
+    what: &str,
+) -> ApiResult<T> {
+    table
+        .get(id)
+        .cloned()
+        .ok_or_else(|| ApiError::no_such(code, what, id))
+}
 
 /// A request body (JSON), read whole: at most the server's `--max-request-body` bytes, else
 /// a 413 JSON error and nothing more is read (axum's [`axum::extract::DefaultBodyLimit`], set

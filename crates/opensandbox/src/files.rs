@@ -27,9 +27,10 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, UnknownName};
 use crate::auth::ExecdSandboxAnyState;
 use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::params::query_pairs;
 use crate::{rfc3339, Record, Server};
 use agentrun_runtime::fsroot::{as_sandbox_root, relative, sandbox_id, Entry, SandboxFs};
 
@@ -116,6 +117,11 @@ pub async fn with_fs<T: Send + 'static>(
     .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
+/// The 400 of a file's owner, group or mode that cannot be.
+fn invalid_metadata(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_FILE_METADATA", message)
+}
+
 /// execd's mode: decimal digits that read as octal (755 = 0o755); 0 leaves the mode as it is.
 fn mode_from_digits(m: u32) -> ApiResult<Option<u32>> {
     if m == 0 {
@@ -125,13 +131,7 @@ fn mode_from_digits(m: u32) -> ApiResult<Option<u32>> {
         .ok()
         .filter(|v| *v <= 0o7777)
         .map(Some)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_FILE_METADATA",
-                format!("mode {m}: expected octal digits such as 644"),
-            )
-        })
+        .ok_or_else(|| invalid_metadata(format!("mode {m}: expected octal digits such as 644")))
 }
 
 fn mode_to_digits(m: u32) -> u32 {
@@ -177,35 +177,20 @@ impl Ownership {
     /// The sandbox uid and gid asked (`None`: unchanged), names looked up in the sandbox's
     /// tables; an unknown name is a 400 naming it.
     fn ids(&self, accounts: &Accounts) -> ApiResult<(Option<u32>, Option<u32>)> {
-        let bad = |e: crate::accounts::UnknownName| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_FILE_METADATA",
-                e.to_string(),
-            )
+        let id = |name: &Option<String>, of: fn(&Accounts, &str) -> Result<u32, UnknownName>| {
+            let id = name.as_deref().map(|n| of(accounts, n)).transpose();
+            id.map_err(|e| invalid_metadata(e.to_string()))
         };
-        let uid = self
-            .owner
-            .as_deref()
-            .map(|o| accounts.uid(o))
-            .transpose()
-            .map_err(bad)?;
-        let gid = self
-            .group
-            .as_deref()
-            .map(|g| accounts.gid(g))
-            .transpose()
-            .map_err(bad)?;
+        let (uid, gid) = (
+            id(&self.owner, Accounts::uid)?,
+            id(&self.group, Accounts::gid)?,
+        );
         for id in [uid, gid].into_iter().flatten() {
             if agentrun_runtime::fsroot::host_id(id).is_err() {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_FILE_METADATA",
-                    format!(
-                        "id {id}: not an id of the sandbox (0 to {})",
-                        agentrun_runtime::idmap::UID_COUNT - 1
-                    ),
-                ));
+                return Err(invalid_metadata(format!(
+                    "id {id}: not an id of the sandbox (0 to {})",
+                    agentrun_runtime::idmap::UID_COUNT - 1
+                )));
             }
         }
         Ok((uid, gid))
@@ -232,11 +217,7 @@ fn set_owner_and_mode(
 /// A chown or chmod error: a file the sandbox's root cannot change is a 403.
 fn chown_error(e: Errno, shown: &str) -> ApiError {
     match e {
-        Errno::OVERFLOW => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE_METADATA",
-            format!("{shown}: this mount cannot store that owner"),
-        ),
+        Errno::OVERFLOW => invalid_metadata(format!("{shown}: this mount cannot store that owner")),
         e => errno(e, shown),
     }
 }
@@ -262,13 +243,8 @@ pub struct FileMeta {
 
 /// Parses and checks an upload's `metadata` part (mode in octal digits, default (or 0) 755).
 pub fn parse_file_meta(bytes: &[u8]) -> ApiResult<FileMeta> {
-    let m: RawFileMeta = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_FILE_METADATA",
-            format!("metadata: {e}"),
-        )
-    })?;
+    let m: RawFileMeta =
+        serde_json::from_slice(bytes).map_err(|e| invalid_metadata(format!("metadata: {e}")))?;
     Ok(FileMeta {
         rel: rel(&m.path)?,
         mode: mode_from_digits(m.mode.unwrap_or(0))?.unwrap_or(0o755),
@@ -445,18 +421,15 @@ fn query_paths(q: &Option<String>) -> ApiResult<(Vec<String>, Vec<PathBuf>)> {
     Ok((paths, rels))
 }
 
-fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
-    q.as_deref()
-        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default()
-}
-
 fn query_one(pairs: &[(String, String)], key: &str) -> Option<String> {
     pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }
 
-fn required(pairs: &[(String, String)], key: &str) -> ApiResult<String> {
-    query_one(pairs, key).ok_or_else(|| ApiError::missing_query(key))
+/// A query that must name a `path`: its pairs and that path (as sent).
+fn with_path(q: &Option<String>) -> ApiResult<(Vec<(String, String)>, String)> {
+    let pairs = query_pairs(q);
+    let path = query_one(&pairs, "path").ok_or_else(|| ApiError::missing_query("path"))?;
+    Ok((pairs, path))
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a size; `None` if unsatisfiable.
@@ -521,8 +494,7 @@ async fn download(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let pairs = query_pairs(&q);
-    let path = required(&pairs, "path")?;
+    let (pairs, path) = with_path(&q)?;
     let relp = rel(&path)?;
     let (offset, limit) = (query_one(&pairs, "offset"), query_one(&pairs, "limit"));
     let lines_asked = [&offset, &limit]
@@ -697,8 +669,7 @@ async fn permissions(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let todo = parse_permissions(&body)?;
-    with_fs(&rec, move |fs| {
+    change_each(&rec, parse_permissions(&body)?, |fs, todo| {
         // Every name is looked up before anything changes.
         let accounts = Accounts::read(fs);
         let ids = todo
@@ -709,9 +680,19 @@ async fn permissions(
             fs.stat(&c.rel).map_err(|e| errno(e, &c.path))?;
             set_owner_and_mode(fs, &c.rel, &c.path, ids, c.mode)?;
         }
-        Ok(StatusCode::OK)
+        Ok(())
     })
     .await
+}
+
+/// Makes the changes of a body (checked before: `todo`) in the sandbox's files: 200 once
+/// `apply` made them all, else its error.
+async fn change_each<T: Send + 'static>(
+    rec: &Record,
+    todo: T,
+    apply: fn(&SandboxFs, T) -> ApiResult<()>,
+) -> ApiResult<StatusCode> {
+    with_fs(rec, move |fs| apply(fs, todo).map(|()| StatusCode::OK)).await
 }
 
 #[derive(Deserialize)]
@@ -732,12 +713,11 @@ async fn mv(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     JsonBody(body): JsonBody,
 ) -> ApiResult<StatusCode> {
-    let todo = parse_moves(&body)?;
-    with_fs(&rec, move |fs| {
+    change_each(&rec, parse_moves(&body)?, |fs, todo| {
         for (a, b, shown) in todo {
             fs.rename(&a, &b).map_err(|e| errno(e, &shown))?;
         }
-        Ok(StatusCode::OK)
+        Ok(())
     })
     .await
 }
@@ -755,8 +735,7 @@ async fn search(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let pairs = query_pairs(&q);
-    let dir = required(&pairs, "path")?;
+    let (pairs, dir) = with_path(&q)?;
     let pattern = query_one(&pairs, "pattern")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "**".into());
@@ -866,8 +845,7 @@ async fn list_dir(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let pairs = query_pairs(&q);
-    let dir = required(&pairs, "path")?;
+    let (pairs, dir) = with_path(&q)?;
     let depth: usize = query_one(&pairs, "depth")
         .map(|d| {
             d.parse()

@@ -57,6 +57,7 @@ pub mod filestream;
 mod held;
 pub mod lifecycle;
 mod lines;
+pub mod params;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;
@@ -68,7 +69,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::daemon::{
+    frontend_runtime, tcp_listener, Frontend, RunningFrontend, ServingThread, Stopped,
+};
 use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -172,54 +175,19 @@ impl OpenSandboxFrontend {
     }
 }
 
-/// A started HTTP front end (the API, the metrics endpoint): its server's shutdown signal and
-/// the thread its runtime runs on.
-pub(crate) struct Running {
-    pub(crate) shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    pub(crate) thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RunningFrontend for Running {
-    fn stop(mut self: Box<Self>) {
-        if let Some(tx) = self.shutdown.take() {
-            // Err: the server already stopped.
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            // A panic of the server thread was logged by the panic hook.
-            let _ = t.join();
-        }
-    }
-}
-
 impl Frontend for OpenSandboxFrontend {
     fn start(
         self: Box<Self>,
         live: Arc<LiveManager>,
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
         let (opts, app, name) = (self.options, self.app, self.name);
-        let listener = std::net::TcpListener::bind(opts.listen)
-            .map_err(|e| PoolError::Invalid(format!("--listen {}: {e}", opts.listen)))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| PoolError::Io("listen", e))?;
+        let runtime = frontend_runtime("opensandbox", opts.workers.max(1))?;
+        let listener = tcp_listener("--listen", opts.listen, &runtime)?;
         let store = agentrun_image::ImageStore::open(&opts.image_root)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(opts.workers.max(1))
-            .thread_name("opensandbox")
-            .enable_all()
-            .build()
-            .map_err(|e| PoolError::Io("tokio runtime", e))?;
         // Process output is read on a runtime of its own: a sandbox flooding its pipes
         // keeps this thread busy, not the workers answering every other sandbox's requests
         // (the kernel shares the CPU between the threads).
-        let output = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("opensandbox-output")
-            .enable_all()
-            .build()
-            .map_err(|e| PoolError::Io("tokio runtime", e))?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let output = frontend_runtime("opensandbox-output", 1)?;
         let server = Arc::new(Server {
             output: output.handle().clone(),
             live,
@@ -243,52 +211,37 @@ impl Frontend for OpenSandboxFrontend {
                 .unwrap_or_default(),
         });
         tracing::info!(target: "agentrun::opensandbox", "{name} on http://{}", opts.listen);
-        let thread = std::thread::Builder::new()
-            .name("opensandbox".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    use axum::serve::ListenerExt;
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        // Events are small writes: never hold them back for an ACK (Nagle).
-                        Ok(l) => l.tap_io(|tcp| {
-                            // Latency only: the connection works without it.
-                            let _ = tcp.set_nodelay(true);
-                        }),
-                        Err(e) => {
-                            tracing::error!(target: "agentrun::opensandbox", "{name}: the listener: {e}");
-                            return;
-                        }
-                    };
-                    let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
-                    let app = app(server.clone());
-                    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                    let served = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            // Err: the stop handle was dropped: stop as well.
-                            let _ = rx.await;
-                        })
-                        .await;
-                    if let Err(e) = served {
-                        tracing::error!(target: "agentrun::opensandbox", "{name}: {e}");
-                    }
-                    expiry.abort();
-                    // Sandboxes are deleted by the daemon's LiveManager::shutdown; the named
-                    // volumes they made to go with them go now (their processes are being
-                    // killed), the others are let go.
-                    let records: Vec<_> = server.records_lock().drain().map(|(_, r)| r).collect();
-                    for rec in records {
-                        let held = std::mem::take(&mut *agentrun_pool::lock(&rec.volumes));
-                        lifecycle::volumes::release(held, false);
-                    }
+        let serve = move |stopped: Stopped| {
+            runtime.block_on(async move {
+                use axum::serve::ListenerExt;
+                // Events are small writes: never hold them back for an ACK (Nagle).
+                let listener = listener.tap_io(|tcp| {
+                    // Latency only: the connection works without it.
+                    let _ = tcp.set_nodelay(true);
                 });
-                runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-                output.shutdown_timeout(std::time::Duration::from_secs(2));
-            })
-            .map_err(|e| PoolError::Io("spawn thread", e))?;
-        Ok(Box::new(Running {
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }))
+                let expiry = tokio::spawn(lifecycle::expiry_loop(server.clone()));
+                let app = app(server.clone());
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped.wait())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(target: "agentrun::opensandbox", "{name}: {e}");
+                }
+                expiry.abort();
+                // Sandboxes are deleted by the daemon's LiveManager::shutdown; the named
+                // volumes they made to go with them go now (their processes are being
+                // killed), the others are let go.
+                let records: Vec<_> = server.records_lock().drain().map(|(_, r)| r).collect();
+                for rec in records {
+                    let held = std::mem::take(&mut *agentrun_pool::lock(&rec.volumes));
+                    lifecycle::volumes::release(held, false);
+                }
+            });
+            runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+            output.shutdown_timeout(std::time::Duration::from_secs(2));
+        };
+        ServingThread::spawn_stoppable("opensandbox", serve)
     }
 }
 
@@ -345,14 +298,16 @@ fn sandbox_apis(server: Arc<Server>) -> axum::Router {
                 .merge(code::routes(server.clone()))
                 .merge(proxy::routes(server.clone()))
                 .route_layer(from_fn_with_state(
-                    server.clone(),
-                    auth::require_execd_token,
+                    (server.clone(), auth::Token::Execd),
+                    auth::require_token,
                 )),
         )
         .nest(
             "/egress/{sid}",
-            egress::routes(server.clone())
-                .route_layer(from_fn_with_state(server, auth::require_egress_token)),
+            egress::routes(server.clone()).route_layer(from_fn_with_state(
+                (server, auth::Token::Egress),
+                auth::require_token,
+            )),
         )
 }
 

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use agentrun_pool::daemon::{Frontend, RunningFrontend};
+use agentrun_pool::daemon::{tcp_listener, Frontend, RunningFrontend, ServingThread, Stopped};
 use agentrun_pool::live::LiveManager;
 use agentrun_pool::PoolError;
 use axum::extract::State;
@@ -42,57 +42,36 @@ impl Frontend for MetricsFrontend {
         self: Box<Self>,
         live: Arc<LiveManager>,
     ) -> Result<Box<dyn RunningFrontend>, PoolError> {
-        let listener = std::net::TcpListener::bind(self.listen)
-            .map_err(|e| PoolError::Invalid(format!("--metrics {}: {e}", self.listen)))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| PoolError::Io("listen", e))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| PoolError::Io("tokio runtime", e))?;
+        let listener = tcp_listener("--metrics", self.listen, &runtime)?;
         let endpoint = Arc::new(Endpoint {
             live,
             api_key: self.api_key.filter(|k| !k.is_empty()),
         });
         let guard = Arc::new(self.guard);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tracing::info!(target: "agentrun::metrics", "Prometheus metrics on http://{}/metrics", self.listen);
-        let thread = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(target: "agentrun::metrics", "metrics: the listener: {e}");
-                            return;
-                        }
-                    };
-                    let app = axum::Router::new()
-                        .route("/metrics", get(scrape))
-                        .with_state(endpoint)
-                        .layer(axum::middleware::from_fn_with_state(
-                            guard,
-                            agentrun_webguard::guard,
-                        ));
-                    let served = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            // Err: the stop handle was dropped: stop as well.
-                            let _ = rx.await;
-                        })
-                        .await;
-                    if let Err(e) = served {
-                        tracing::error!(target: "agentrun::opensandbox", "metrics endpoint: {e}");
-                    }
-                });
-                runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-            })
-            .map_err(|e| PoolError::Io("spawn thread", e))?;
-        Ok(Box::new(crate::Running {
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }))
+        let serve = move |stopped: Stopped| {
+            runtime.block_on(async move {
+                let app = axum::Router::new()
+                    .route("/metrics", get(scrape))
+                    .with_state(endpoint)
+                    .layer(axum::middleware::from_fn_with_state(
+                        guard,
+                        agentrun_webguard::guard,
+                    ));
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped.wait())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(target: "agentrun::opensandbox", "metrics endpoint: {e}");
+                }
+            });
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        };
+        ServingThread::spawn_stoppable("metrics", serve)
     }
 }
 

@@ -159,44 +159,34 @@ mod tests {
 
     #[test]
     fn splits_the_raw_path() {
-        assert_eq!(
-            split_path("/v1/sandboxes/ab/proxy/44772/files/download").unwrap(),
-            ("ab", 44772, "/files/download")
-        );
-        assert_eq!(
-            split_path("/v1/sandboxes/ab/proxy/8000").unwrap(),
-            ("ab", 8000, "")
-        );
-        assert_eq!(
-            split_path("/v1/sandboxes/ab/proxy/8000/").unwrap(),
-            ("ab", 8000, "/")
-        );
-        assert_eq!(
-            split_path("/v1/sandboxes/ab/proxy/8000/a%2Fb").unwrap(),
-            ("ab", 8000, "/a%2Fb")
-        );
-        assert!(split_path("/v1/sandboxes/ab/proxy/0/x").is_err());
-        assert!(split_path("/v1/sandboxes/ab/proxy/70000").is_err());
-        assert!(split_path("/v1/sandboxes/ab/proxy/http/x").is_err());
+        let p = "/v1/sandboxes/ab/proxy";
+        for (rest, port, tail) in [
+            ("/44772/files/download", 44772, "/files/download"),
+            ("/8000", 8000, ""),
+            ("/8000/", 8000, "/"),
+            ("/8000/a%2Fb", 8000, "/a%2Fb"),
+        ] {
+            let path = format!("{p}{rest}");
+            assert_eq!(split_path(&path).unwrap(), ("ab", port, tail), "{path}");
+        }
+        for rest in ["/0/x", "/70000", "/http/x"] {
+            assert!(split_path(&format!("{p}{rest}")).is_err(), "{rest}");
+        }
     }
 
     #[test]
     fn each_port_goes_to_its_direct_route() {
-        assert_eq!(
-            target("ab", 44772, "/command"),
-            ("/execd/ab/command".into(), Token::Execd)
-        );
-        assert_eq!(
-            target("ab", 18080, "/policy"),
-            ("/egress/ab/policy".into(), Token::Egress)
-        );
-        assert_eq!(
-            target("ab", 8000, "/x?"),
-            ("/execd/ab/proxy/8000/x?".into(), Token::Execd)
-        );
-        assert_eq!(
-            target("ab", 8000, ""),
-            ("/execd/ab/proxy/8000".into(), Token::Execd)
-        );
+        for (port, rest, route, token) in [
+            (44772, "/command", "/execd/ab/command", Token::Execd),
+            (18080, "/policy", "/egress/ab/policy", Token::Egress),
+            (8000, "/x?", "/execd/ab/proxy/8000/x?", Token::Execd),
+            (8000, "", "/execd/ab/proxy/8000", Token::Execd),
+        ] {
+            assert_eq!(
+                target("ab", port, rest),
+                (route.into(), token),
+                "{port}{rest}"
+            );
+        }
     }
 }

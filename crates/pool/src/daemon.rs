@@ -85,6 +85,93 @@ pub trait RunningFrontend: Send {
     fn stop(self: Box<Self>);
 }
 
+/// A [`RunningFrontend`] serving on a thread of its own: stopping it asks the thread to end
+/// (its `stop`) and joins it.
+pub struct ServingThread {
+    stop: Option<Box<dyn FnOnce() + Send>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServingThread {
+    /// Thread `name` running `serve`; `stop` asks `serve` to return.
+    pub fn spawn(
+        name: &str,
+        serve: impl FnOnce() + Send + 'static,
+        stop: impl FnOnce() + Send + 'static,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(serve)
+            .map_err(|e| PoolError::Io("spawn thread", e))?;
+        Ok(Box::new(ServingThread {
+            stop: Some(Box::new(stop)),
+            thread: Some(thread),
+        }))
+    }
+
+    /// [`Self::spawn`] for a `serve` that ends when its [`Stopped`] resolves.
+    pub fn spawn_stoppable(
+        name: &str,
+        serve: impl FnOnce(Stopped) + Send + 'static,
+    ) -> Result<Box<dyn RunningFrontend>, PoolError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stop = move || {
+            // Err: the server already stopped.
+            let _ = tx.send(());
+        };
+        Self::spawn(name, move || serve(Stopped(rx)), stop)
+    }
+}
+
+/// What a front end served by [`ServingThread::spawn_stoppable`] waits on: asked to stop.
+pub struct Stopped(tokio::sync::oneshot::Receiver<()>);
+
+impl Stopped {
+    /// Resolves once the front end is asked to stop, or its handle is dropped.
+    pub async fn wait(self) {
+        // Err: the handle was dropped: stop as well.
+        let _ = self.0.await;
+    }
+}
+
+impl RunningFrontend for ServingThread {
+    fn stop(mut self: Box<Self>) {
+        if let Some(stop) = self.stop.take() {
+            stop();
+        }
+        if let Some(t) = self.thread.take() {
+            // A panic of the server thread was logged by the panic hook.
+            let _ = t.join();
+        }
+    }
+}
+
+/// The TCP listener of a front end's `flag` (`--listen`, `--mcp`, `--metrics`) on `addr`:
+/// bound now (a bad address fails the daemon's start), on the front end's `runtime`.
+pub fn tcp_listener(
+    flag: &str,
+    addr: std::net::SocketAddr,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<tokio::net::TcpListener, PoolError> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| PoolError::Invalid(format!("{flag} {addr}: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| PoolError::Io("listen", e))?;
+    let _on = runtime.enter();
+    tokio::net::TcpListener::from_std(listener).map_err(|e| PoolError::Io("listen", e))
+}
+
+/// A front end's multi-threaded tokio runtime: `workers` threads named `name`.
+pub fn frontend_runtime(name: &str, workers: usize) -> Result<tokio::runtime::Runtime, PoolError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| PoolError::Io("tokio runtime", e))
+}
+
 /// Runs the daemon until SIGTERM/SIGINT. Must be called while single-threaded.
 pub fn run(opts: &DaemonOptions, frontends: Vec<Box<dyn Frontend>>) -> Result<(), PoolError> {
     // One daemon per state dir, for its whole life (a daemon that is still shutting down has

@@ -130,6 +130,11 @@ impl LiveSpec {
         self.env.push((k.into(), v.into()));
         self
     }
+    /// [`Self::env`] for each pair of `vars`, in order.
+    pub fn envs(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.env.extend(vars);
+        self
+    }
 }
 
 /// How a process ended.

@@ -158,6 +158,46 @@ pub struct Report<'a> {
     pub profile: &'a str,
 }
 
+/// Work reported once done (a snapshot, a restore, a fork), as its audit record says it.
+pub struct WorkDone<'a> {
+    /// The record's kind: `snapshot`, `restore`, `fork`.
+    pub kind: &'a str,
+    /// Its span's name.
+    pub action: &'a str,
+    pub sandbox_id: &'a str,
+    /// What was made or used (a snapshot's id, a fork's layer).
+    pub resource: &'a str,
+    /// Why it failed.
+    pub error: Option<(&'a str, &'a str)>,
+    pub profile: &'a str,
+}
+
+impl WorkDone<'_> {
+    /// Its audit record, under `span`: decision `ok` and `done()` as the reason, or `error`
+    /// and the failure's message.
+    pub fn record(
+        &self,
+        span: &agentrun_telemetry::RunSpan,
+        done: impl FnOnce() -> String,
+    ) -> agentrun_telemetry::AuditRecord {
+        agentrun_telemetry::AuditRecord {
+            time: agentrun_telemetry::audit::now_rfc3339(),
+            kind: self.kind.into(),
+            sandbox_id: self.sandbox_id.into(),
+            trace_id: span.context().trace_id_hex(),
+            action: self.action.into(),
+            resource: self.resource.into(),
+            decision: if self.error.is_some() { "error" } else { "ok" }.into(),
+            reason: match self.error {
+                Some((_, msg)) => msg.to_owned(),
+                None => done(),
+            },
+            profile: self.profile.into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// Makes the span (`sandbox.snapshot` or `sandbox.restore`: `name`) of what `r` says, with
 /// its sizes and durations, and appends its audit record (kind `snapshot` or `restore`,
 /// decision `ok` or `error`) to `audit`. The span is returned unfinished (the caller exports
@@ -185,31 +225,22 @@ pub fn report(
         span.set_error(kind, msg);
     }
     if let Some(audit) = audit {
-        let record = agentrun_telemetry::AuditRecord {
-            time: agentrun_telemetry::audit::now_rfc3339(),
+        let work = WorkDone {
             kind: if name == SNAPSHOT_SPAN {
                 "snapshot"
             } else {
                 "restore"
-            }
-            .into(),
-            sandbox_id: r.sandbox_id.into(),
-            trace_id: span.context().trace_id_hex(),
-            action: name.into(),
-            resource: r.snapshot_id.into(),
-            decision: if r.error.is_some() { "error" } else { "ok" }.into(),
-            reason: match r.error {
-                Some((_, msg)) => msg.to_owned(),
-                None => format!(
-                    "image {} bytes {} in {} ms",
-                    r.image,
-                    r.bytes,
-                    r.duration.as_millis()
-                ),
             },
-            profile: r.profile.into(),
-            ..Default::default()
+            action: name,
+            sandbox_id: r.sandbox_id,
+            resource: r.snapshot_id,
+            error: r.error,
+            profile: r.profile,
         };
+        let record = work.record(&span, || {
+            let ms = r.duration.as_millis();
+            format!("image {} bytes {} in {ms} ms", r.image, r.bytes)
+        });
         if let Err(e) = audit.append(&record) {
             tracing::error!(target: "agentrun::pool::snapshot", sandbox = %r.sandbox_id, "audit log: {e}");
         }

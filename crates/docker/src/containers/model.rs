@@ -143,18 +143,14 @@ impl Container {
 
     /// Blocks until every output pump of the main process reached EOF, or until `deadline`.
     pub(super) fn wait_outputs(&self, deadline: Instant) {
-        let mut open = lock(&self.open_outputs);
-        while *open > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            open = self
-                .outputs_done
-                .wait_timeout(open, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let open = lock(&self.open_outputs);
+        // The lock is let go at once; timed out or not, the caller goes on.
+        drop(
+            self.outputs_done
+                .wait_timeout_while(open, left, |open| *open > 0)
+                .unwrap_or_else(|p| p.into_inner()),
+        );
     }
 
     pub fn bump(&self) {

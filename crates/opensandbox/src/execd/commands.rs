@@ -20,7 +20,7 @@ use agentrun_pool::{lock, PoolError};
 use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish, RunSpan, Sinks};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -29,11 +29,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::auth::{ExecdSandbox, ExecdSandboxAnyState};
-use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::auth::{ExecdRun, ExecdSandbox, ExecdSandboxAnyState};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 pub use crate::held::{Command, CommandState};
 use crate::lines::{command_log, text_since};
+use crate::params::segment;
 use crate::process::shell;
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 use agentrun_pool::lines::PipeLines;
@@ -256,9 +257,8 @@ pub fn parse_run_command(body: &[u8]) -> ApiResult<(RunCommand, Option<String>)>
 /// process spawned (a refusal there is an `error` event: [`spawn_failed`]), its output
 /// forwarded, then supervised to its end ([`supervise`]) and finished ([`finish_command`]).
 async fn run(
-    ExecdSandbox(rec): ExecdSandbox,
+    ExecdRun(rec, trace): ExecdRun,
     State(server): State<Arc<Server>>,
-    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let (req, user) = parse_run_command(&body)?;
@@ -269,7 +269,7 @@ async fn run(
         mut env,
         cwd,
     } = prepare(&rec, &req)?;
-    let span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let span = ExecSpan::new(trace.as_deref())
         .sandbox(&rec.id)
         .executable(&argv[0])
         .command_line(&content)
@@ -553,17 +553,14 @@ fn forget_finished(rec: &Record, incoming: usize) {
 }
 
 fn find_command(rec: &Record, cid: &str) -> ApiResult<Arc<Command>> {
-    lock(&rec.commands)
-        .get(cid)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found("COMMAND_NOT_FOUND", format!("no command {cid}")))
+    found(&lock(&rec.commands), cid, "COMMAND_NOT_FOUND", "command")
 }
 
 async fn status(
     ExecdSandboxAnyState(rec): ExecdSandboxAnyState,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
+    let cmd = find_command(&rec, segment(&p, "cid"))?;
     let st = lock(&cmd.state);
     Ok(Json(json!({
         "id": cmd.id,
@@ -586,7 +583,7 @@ async fn logs(
     Path(p): Path<HashMap<String, String>>,
     Query(q): Query<CursorQuery>,
 ) -> ApiResult<Response> {
-    let cmd = find_command(&rec, p.get("cid").map(String::as_str).unwrap_or(""))?;
+    let cmd = find_command(&rec, segment(&p, "cid"))?;
     let st = lock(&cmd.state);
     let text = text_since(&st.log, q.cursor.unwrap_or(0));
     Ok((

@@ -9,20 +9,24 @@ use std::time::{Duration, Instant};
 use agentrun_pool::lock;
 use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{delete, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::auth::ExecdSandbox;
-use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::auth::{ExecdRun, ExecdSandbox};
+use crate::error::{found, ApiError, ApiResult, JsonBody};
 use crate::events::{event, event_queue, stream_response};
 pub use crate::held::Session;
+use crate::params::segment;
 use crate::process::shell;
 use crate::{finish_span, random_token, Record, Server};
 use agentrun_pool::process::InteractiveProcess;
+
+/// The 404 code of a missing session.
+const NOT_FOUND: &str = "SESSION_NOT_FOUND";
 
 pub(super) fn routes(server: Arc<Server>) -> Router {
     Router::new()
@@ -69,20 +73,17 @@ async fn create(
 }
 
 fn find_session(rec: &Record, ssid: &str) -> ApiResult<Arc<Session>> {
-    lock(&rec.sessions)
-        .get(ssid)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found("SESSION_NOT_FOUND", format!("no session {ssid}")))
+    found(&lock(&rec.sessions), ssid, NOT_FOUND, "session")
 }
 
 async fn delete_session(
     ExecdSandbox(rec): ExecdSandbox,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
-    let ssid = p.get("ssid").map(String::as_str).unwrap_or("");
+    let ssid = segment(&p, "ssid");
     let s = lock(&rec.sessions)
         .remove(ssid)
-        .ok_or_else(|| ApiError::not_found("SESSION_NOT_FOUND", format!("no session {ssid}")))?;
+        .ok_or_else(|| ApiError::no_such(NOT_FOUND, "session", ssid))?;
     // The shell may have exited already.
     let _ = rec.sandbox.signal(s.shell.id, libc::SIGKILL, true);
     Ok(StatusCode::OK)
@@ -107,12 +108,11 @@ fn shell_quote(s: &str) -> String {
 }
 
 async fn run(
-    ExecdSandbox(rec): ExecdSandbox,
+    ExecdRun(rec, trace): ExecdRun,
     Path(p): Path<HashMap<String, String>>,
-    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let session = find_session(&rec, p.get("ssid").map(String::as_str).unwrap_or(""))?;
+    let session = find_session(&rec, segment(&p, "ssid"))?;
     let req = parse_run_in_session(&body)?;
     if session.shell.is_dead() {
         return Err(ApiError::new(
@@ -132,7 +132,7 @@ async fn run(
         req.command,
         m = session.marker
     ));
-    let mut span = ExecSpan::new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
+    let mut span = ExecSpan::new(trace.as_deref())
         .sandbox(&rec.id)
         .command_line(&req.command)
         .start();

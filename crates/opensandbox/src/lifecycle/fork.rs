@@ -35,8 +35,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{create_sandbox, parse_create, sandbox_json, traceparent};
+use super::{create_sandbox, only_field, parse_create, sandbox_json};
 use crate::error::{ApiError, ApiResult, JsonBody};
+use crate::params::traceparent;
 use crate::{finish_span, Record, Server};
 
 /// The span of a fork.
@@ -44,15 +45,7 @@ pub const FORK_SPAN: &str = "sandbox.fork";
 
 /// `count`, checked: an integer from 1.
 fn parse_count(body: &[u8]) -> ApiResult<usize> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    if let Some(k) = obj.keys().find(|k| *k != "count") {
-        return Err(ApiError::bad_request(format!("unknown field {k:?}")));
-    }
-    match obj.get("count") {
+    match only_field(body, "count")? {
         None => Err(ApiError::bad_request("count is required")),
         Some(c) => match c.as_u64() {
             Some(n) if n >= 1 => Ok(n as usize),
@@ -161,15 +154,7 @@ struct Outcome<'a> {
 }
 
 fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
-    let fresh = agentrun_telemetry::RunSpan::start(FORK_SPAN, trace);
-    let mut span = agentrun_telemetry::RunSpan::resume(
-        FORK_SPAN,
-        fresh.context(),
-        fresh.parent(),
-        std::time::SystemTime::now()
-            .checked_sub(o.total)
-            .unwrap_or_else(std::time::SystemTime::now),
-    );
+    let mut span = agentrun_telemetry::RunSpan::started_ago(FORK_SPAN, trace, o.total);
     span.set_attribute("openinference.span.kind", "TOOL");
     span.set_attribute("sandbox.id", o.parent);
     span.set_attribute("sandbox.fork.layer.id", o.layer_id);
@@ -184,27 +169,21 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
     if let Some((kind, msg)) = o.error {
         span.set_error(kind, msg);
     }
-    let record = agentrun_telemetry::AuditRecord {
-        time: agentrun_telemetry::audit::now_rfc3339(),
-        kind: "fork".into(),
-        sandbox_id: o.parent.into(),
-        trace_id: span.context().trace_id_hex(),
-        action: FORK_SPAN.into(),
-        resource: o.layer_id.into(),
-        decision: if o.error.is_some() { "error" } else { "ok" }.into(),
-        reason: match o.error {
-            Some((_, msg)) => msg.to_owned(),
-            None => format!(
-                "{} copies ({}) of {} bytes of files in {} ms",
-                o.count,
-                o.ids.join(","),
-                o.bytes,
-                o.total.as_millis()
-            ),
-        },
-        profile: server.profile.clone(),
-        ..Default::default()
+    let work = agentrun_pool::snapshot::WorkDone {
+        kind: "fork",
+        action: FORK_SPAN,
+        sandbox_id: o.parent,
+        resource: o.layer_id,
+        error: o.error,
+        profile: &server.profile,
     };
+    let record = work.record(&span, || {
+        let (count, ids, ms) = (o.count, o.ids.join(","), o.total.as_millis());
+        format!(
+            "{count} copies ({ids}) of {} bytes of files in {ms} ms",
+            o.bytes
+        )
+    });
     if let Err(e) = server.audit.append(&record) {
         tracing::error!(target: "agentrun::opensandbox::fork", sandbox = %o.parent, "audit log: {e}");
     }

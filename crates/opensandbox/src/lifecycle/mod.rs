@@ -26,8 +26,9 @@ use crate::auth::require_api_key;
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::execd::commands::{pump_outputs, remember, Command, ENTRYPOINT};
 use crate::lines::SANDBOX_LOG_BUDGET;
+use crate::params::{query_flag, query_pairs, traceparent};
 use crate::{finish_span, random_token, rfc3339, Record, SandboxState, Server};
-use request::host_arch;
+use request::{host_arch, only_field};
 pub use request::{
     parse_cpu, parse_create, parse_memory, parse_renew, patch_metadata_body, CreateRequest,
     Validated,
@@ -39,10 +40,13 @@ pub fn routes(server: Arc<Server>) -> Router {
         .route("/sandboxes/{id}", get(get_one).delete(delete))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/renew-expiration", post(renew))
+        .route(
+            "/sandboxes/{id}/renew-expiration",
+            post(|s, id, body| change(s, id, body, renew)),
+        )
         .route(
             "/sandboxes/{id}/metadata",
-            axum::routing::patch(patch_metadata),
+            axum::routing::patch(|s, id, body| change(s, id, body, patch_metadata)),
         )
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
@@ -134,13 +138,6 @@ fn sandbox_json(rec: &Record) -> Value {
         v["extensions"] = x.clone();
     }
     v
-}
-
-fn traceparent(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 async fn create(
@@ -404,7 +401,6 @@ async fn get_one(
     Ok(Json(sandbox_json(&rec)))
 }
 
-/// Parses `a=1&a=2&b=3` into pairs.
 /// The `page` and `pageSize` of a list request (the sandbox and the snapshot lists), and the
 /// page of items answered, in the spec's `{items, pagination}` shape.
 pub(crate) struct Paging {
@@ -461,12 +457,6 @@ impl Paging {
             }
         }))
     }
-}
-
-pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
-    q.as_deref()
-        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default()
 }
 
 /// A `state` query value of a list: comma-separated states, lower-cased.
@@ -542,16 +532,7 @@ async fn pause(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let mut to_disk = false;
-    for (k, v) in query_pairs(&q) {
-        if k == "toDisk" || k == "to_disk" {
-            to_disk = match v.to_ascii_lowercase().as_str() {
-                "true" | "1" => true,
-                "false" | "0" | "" => false,
-                _ => return Err(ApiError::bad_request("toDisk must be true or false")),
-            };
-        }
-    }
+    let to_disk = query_flag(&q, &["toDisk", "to_disk"])?;
     let rec = server.record(&id)?;
     rec.check_running()?;
     if rec.state().0 == SandboxState::Paused {
@@ -680,27 +661,30 @@ async fn remove_snapshot_logged(server: Arc<Server>, id: String) {
     }
 }
 
-async fn renew(
+/// A change of sandbox `{id}` that its JSON body asks for (`POST .../renew-expiration`,
+/// `PATCH .../metadata`): the body read, the sandbox found (404), then `change` checks and
+/// makes it and gives the answer.
+async fn change(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody,
+    change: fn(&Record, &[u8]) -> ApiResult<Value>,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
-    let t = parse_renew(&body, Utc::now())?;
-    *lock(&rec.expires_at) = Some(t);
-    Ok(Json(json!({"expiresAt": rfc3339(t)})))
+    change(&rec, &body).map(Json)
 }
 
-async fn patch_metadata(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    JsonBody(body): JsonBody,
-) -> ApiResult<Json<Value>> {
-    let rec = server.record(&id)?;
+fn renew(rec: &Record, body: &[u8]) -> ApiResult<Value> {
+    let t = parse_renew(body, Utc::now())?;
+    *lock(&rec.expires_at) = Some(t);
+    Ok(json!({"expiresAt": rfc3339(t)}))
+}
+
+fn patch_metadata(rec: &Record, body: &[u8]) -> ApiResult<Value> {
     let current = lock(&rec.metadata).clone();
-    let next = patch_metadata_body(current, &body)?;
+    let next = patch_metadata_body(current, body)?;
     *lock(&rec.metadata) = next;
-    Ok(Json(sandbox_json(&rec)))
+    Ok(sandbox_json(rec))
 }
 
 async fn endpoint(
@@ -710,20 +694,7 @@ async fn endpoint(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let rec = server.record(&id)?;
-    let mut use_server_proxy = false;
-    for (k, v) in query_pairs(&q) {
-        if k == "use_server_proxy" {
-            use_server_proxy = match v.to_ascii_lowercase().as_str() {
-                "true" | "1" => true,
-                "false" | "0" | "" => false,
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "use_server_proxy must be true or false",
-                    ))
-                }
-            };
-        }
-    }
+    let use_server_proxy = query_flag(&q, &["use_server_proxy"])?;
     // The address the client reached us by is the one it can reach execd by.
     let host = headers
         .get("host")

@@ -1,7 +1,8 @@
 //! The lifecycle API's request bodies, parsed and checked without a sandbox (the handlers'
 //! first step; the `opensandbox_api` fuzz target drives them): a create request (image,
 //! entrypoint, env, metadata, timeout, resource limits, `networkPolicy`, `volumes`, and the fields
-//! agentrun refuses), a renew, a metadata patch.
+//! agentrun refuses), a renew, a metadata patch; the one field of a fork's or a snapshot's
+//! ([`only_field`]).
 
 use std::collections::BTreeMap;
 
@@ -307,17 +308,13 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     };
     if network.is_some() {
         // Every process reaches the network only through the egress bridge and proxy.
-        spec = spec.egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT));
-        for (k, v) in agentrun_egress::proxy_env() {
-            spec = spec.env(k, v);
-        }
+        spec = spec
+            .egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT))
+            .envs(agentrun_egress::proxy_env());
         if credential_proxy {
             // The proxy's CA, next to its socket: TLS libraries in the sandbox trust it.
-            for (k, v) in
-                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
-            {
-                spec = spec.env(k, v);
-            }
+            let dir = agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX;
+            spec = spec.envs(agentrun_egress::mitm::trust_env(dir));
         }
     }
     Ok(Validated {
@@ -374,6 +371,18 @@ pub fn patch_metadata_body(
     }
     check_metadata(&metadata)?;
     Ok(metadata)
+}
+
+/// A body that must be a JSON object with no field but `name` (400 otherwise): that field's
+/// value, if it is there.
+pub(crate) fn only_field(body: &[u8], name: &str) -> ApiResult<Option<Value>> {
+    let Value::Object(mut obj) = parse_json(body)? else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    if let Some(k) = obj.keys().find(|k| *k != name) {
+        return Err(ApiError::bad_request(format!("unknown field {k:?}")));
+    }
+    Ok(obj.remove(name))
 }
 
 #[cfg(test)]

@@ -23,9 +23,10 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::{query_pairs, state_list, Paging};
+use super::{only_field, state_list, Paging};
 use crate::error::{ApiError, ApiResult, JsonBody};
 pub use crate::held::PendingSnapshot;
+use crate::params::{query_pairs, traceparent};
 use crate::{finish_span, rfc3339, Server};
 
 /// Most failed snapshots kept listed (the oldest go first).
@@ -102,13 +103,6 @@ pub fn restore_image(server: &Server, id: &str) -> ApiResult<(String, Option<Vec
     Ok((s.image, s.entrypoint))
 }
 
-fn traceparent(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 /// `POST /sandboxes/{id}/snapshots` (`{"name": ...}`, optional).
 pub async fn create(
     State(server): State<Arc<Server>>,
@@ -119,17 +113,9 @@ pub async fn create(
     let name = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let v: Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-        let Some(obj) = v.as_object() else {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
-        };
-        if let Some(k) = obj.keys().find(|k| *k != "name") {
-            return Err(ApiError::bad_request(format!("unknown field {k:?}")));
-        }
-        match obj.get("name") {
+        match only_field(&body, "name")? {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s),
             Some(_) => {
                 return Err(ApiError::bad_request(
                     "name must be a string of 1 to 256 characters",

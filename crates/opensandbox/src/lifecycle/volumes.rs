@@ -328,61 +328,49 @@ mod tests {
         assert_eq!(ok[1].target, Path::new("/data"));
         assert_eq!(ok[1].sub_path, Path::new("a/b"));
         assert!(ok[1].read_only);
+        // Each case changes a good volume's top-level fields (null: removes it).
+        let good = json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/m"});
         let cases = [
+            (json!({"name": "A"}), "VOLUME::INVALID_NAME"),
+            (json!({"host": null}), "VOLUME::INVALID_BACKEND"),
             (
-                json!({"name": "A", "host": {"path": "/x"}, "mountPath": "/m"}),
-                "VOLUME::INVALID_NAME",
-            ),
-            (
-                json!({"name": "a", "mountPath": "/m"}),
+                json!({"pvc": {"claimName": "c"}}),
                 "VOLUME::INVALID_BACKEND",
             ),
+            (json!({"mountPath": "m"}), "VOLUME::INVALID_MOUNT_PATH"),
+            (json!({"mountPath": "/"}), "VOLUME::INVALID_MOUNT_PATH"),
             (
-                json!({"name": "a", "host": {"path": "/x"}, "pvc": {"claimName": "c"}, "mountPath": "/m"}),
-                "VOLUME::INVALID_BACKEND",
-            ),
-            (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "m"}),
+                json!({"mountPath": "/m/../etc"}),
                 "VOLUME::INVALID_MOUNT_PATH",
             ),
             (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/"}),
+                json!({"mountPath": "/proc/x"}),
                 "VOLUME::INVALID_MOUNT_PATH",
             ),
+            (json!({"subPath": "../x"}), "VOLUME::INVALID_SUB_PATH"),
+            (json!({"subPath": "/x"}), "VOLUME::INVALID_SUB_PATH"),
+            (json!({"host": {"path": "x"}}), "VOLUME::INVALID_HOST_PATH"),
             (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/m/../etc"}),
-                "VOLUME::INVALID_MOUNT_PATH",
-            ),
-            (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/proc/x"}),
-                "VOLUME::INVALID_MOUNT_PATH",
-            ),
-            (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/m", "subPath": "../x"}),
-                "VOLUME::INVALID_SUB_PATH",
-            ),
-            (
-                json!({"name": "a", "host": {"path": "/x"}, "mountPath": "/m", "subPath": "/x"}),
-                "VOLUME::INVALID_SUB_PATH",
-            ),
-            (
-                json!({"name": "a", "host": {"path": "x"}, "mountPath": "/m"}),
+                json!({"host": {"path": "/srv/../etc"}}),
                 "VOLUME::INVALID_HOST_PATH",
             ),
             (
-                json!({"name": "a", "host": {"path": "/srv/../etc"}, "mountPath": "/m"}),
-                "VOLUME::INVALID_HOST_PATH",
-            ),
-            (
-                json!({"name": "a", "pvc": {"claimName": "Bad_Name"}, "mountPath": "/m"}),
+                json!({"host": null, "pvc": {"claimName": "Bad_Name"}}),
                 "VOLUME::INVALID_PVC_NAME",
             ),
             (
-                json!({"name": "a", "ossfs": {"bucket": "b"}, "mountPath": "/m"}),
+                json!({"host": null, "ossfs": {"bucket": "b"}}),
                 "VOLUME::UNSUPPORTED_BACKEND",
             ),
         ];
-        for (v, code) in cases {
+        for (change, code) in cases {
+            let mut v = good.clone();
+            for (k, x) in change.as_object().unwrap() {
+                match x {
+                    Value::Null => v.as_object_mut().unwrap().remove(k),
+                    x => v.as_object_mut().unwrap().insert(k.clone(), x.clone()),
+                };
+            }
             let e = err(v.clone());
             assert_eq!(e.code, code, "{v}: {e}");
         }
