@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::{json_body, json_body_or_default, E2bError, E2bResult};
+use crate::paging::{page_limit, page_start, DEFAULT_LIMIT};
 pub use crate::record::MAX_TIMEOUT_S;
 use crate::record::{created_json, end_of, record, set_end, template_of, TEMPLATE_KEY};
 
@@ -38,25 +39,6 @@ pub const DEFAULT_TIMEOUT_S: i64 = 300;
 const MAX_METADATA: usize = 64;
 const MAX_METADATA_KEY: usize = 256;
 const MAX_METADATA_VALUE: usize = 1024;
-/// Default and largest page of a list.
-/// A page's length when the request names none (sandboxes, snapshots).
-pub(crate) const DEFAULT_LIMIT: usize = 100;
-const MAX_LIMIT: usize = 1000;
-
-/// A page's `limit`: 1 to [`MAX_LIMIT`], else 400.
-pub(crate) fn page_limit(v: &str) -> E2bResult<usize> {
-    v.parse()
-        .ok()
-        .filter(|l| (1..=MAX_LIMIT).contains(l))
-        .ok_or_else(|| E2bError::bad_request(format!("limit must be between 1 and {MAX_LIMIT}")))
-}
-
-/// A `nextToken` this server handed out (where the next page starts), else 400.
-pub(crate) fn page_start(v: &str) -> E2bResult<usize> {
-    v.parse()
-        .map_err(|_| E2bError::bad_request("nextToken: not a token of this server"))
-}
-
 pub fn routes(server: Arc<Server>) -> Router {
     Router::new()
         .route("/v2/sandboxes", post(create).get(list))

@@ -15,6 +15,7 @@
 //!   below the control plane, snapshots and metrics.
 //! - [`snapshots`] (snapshots, fork) and [`metrics`]: control plane routes on the OpenSandbox
 //!   front end's snapshot, fork and cgroup metrics machinery.
+//! - `paging`: a list's `limit` and `nextToken` (sandboxes, snapshots).
 //!
 //! Behind the envd and code interpreter routes is the sandbox's envd access token
 //! (`X-Access-Token`, handed out by create), which is the sandbox's execd token of the
@@ -34,6 +35,7 @@ pub mod error;
 pub mod files;
 pub mod filesystem;
 pub mod metrics;
+mod paging;
 pub mod process;
 mod record;
 pub mod snapshots;

@@ -102,13 +102,13 @@ pub async fn list_snapshots(
     RawQuery(q): RawQuery,
 ) -> E2bResult<Response> {
     let (mut sandbox, mut name, mut limit, mut start) =
-        (None, None, crate::control::DEFAULT_LIMIT, 0usize);
+        (None, None, crate::paging::DEFAULT_LIMIT, 0usize);
     for (k, v) in form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes()) {
         match k.as_ref() {
             "sandboxID" | "sandboxId" => sandbox = Some(v.into_owned()),
             "name" => name = Some(v.into_owned()),
-            "limit" => limit = crate::control::page_limit(&v)?,
-            "nextToken" => start = crate::control::page_start(&v)?,
+            "limit" => limit = crate::paging::page_limit(&v)?,
+            "nextToken" => start = crate::paging::page_start(&v)?,
             _ => {}
         }
     }

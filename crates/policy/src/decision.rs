@@ -242,7 +242,7 @@ impl Profile {
                 path,
             } => self
                 .network
-                .check_http(&crate::http::HttpRequest {
+                .check_http(&crate::request::HttpRequest {
                     method,
                     host,
                     port: *port,

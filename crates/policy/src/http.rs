@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::Decision;
 use crate::host::{HostRule, HostRuleError, RuleAction};
+use crate::request::HttpRequest;
 
 /// One L7 rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,18 +189,6 @@ fn ambiguous_path(path: &str) -> bool {
         || path.contains('\\')
         || path.contains("//")
         || path.split('/').any(|seg| seg == "." || seg == "..")
-}
-
-/// One HTTP request as L7 rules see it.
-#[derive(Debug, Clone, Copy)]
-pub struct HttpRequest<'a> {
-    pub method: &'a str,
-    pub host: &'a str,
-    pub port: u16,
-    /// The path as sent (with its query, if any).
-    pub path: &'a str,
-    /// The head's fields: names, and values as sent.
-    pub fields: &'a [(String, Vec<u8>)],
 }
 
 /// Decides one request against `rules`; `None` when no rule names its `host:port` (the

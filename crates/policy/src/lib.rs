@@ -14,6 +14,7 @@ pub mod exit;
 mod host;
 pub mod http;
 pub mod network;
+mod request;
 pub mod seccomp;
 mod units;
 
@@ -28,11 +29,12 @@ pub use approval::{
     EscalationRequest, DEFAULT_APPROVAL_TIMEOUT,
 };
 pub use decision::{normalize, Action, Decision, EscalationOutcome, NEEDS_APPROVAL, WORKSPACE};
-pub use http::{check_http, HttpRequest, HttpRule, HttpRuleError};
+pub use http::{check_http, HttpRule, HttpRuleError};
 pub use network::{
     AddressScope, CredentialSpecError, HostRule, HostRuleError, IpNet, NetworkMode, NetworkPolicy,
     NetworkPolicyError, OpenSandboxPolicy, OpenSandboxRule, RuleAction, MAX_OPENSANDBOX_RULES,
 };
+pub use request::HttpRequest;
 pub use seccomp::{
     seccomp_denied_syscalls, SocketPolicy, UnknownSocketFamily, PERSONALITY_ALLOWED,
     SOCKET_FAMILIES,

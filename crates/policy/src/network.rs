@@ -445,7 +445,7 @@ impl NetworkPolicy {
     }
 
     /// Decides one request by the L7 rules; `None` when none names its `host:port`.
-    pub fn check_http(&self, req: &crate::http::HttpRequest<'_>) -> Option<Decision> {
+    pub fn check_http(&self, req: &crate::request::HttpRequest<'_>) -> Option<Decision> {
         crate::http::check_http(&self.http, req)
     }
 
