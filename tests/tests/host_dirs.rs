@@ -122,9 +122,22 @@ fn store_and_state_dir_are_unreachable_for_other_users() {
         .chain(named("suid2/true"))
         .collect();
     assert!(
-        suid.iter().any(|p| p.starts_with(&root)) && suid.iter().any(|p| p.starts_with(&state)),
-        "setuid files expected in the image's layer and the shell's rootfs: {suid:?}"
+        suid.iter().any(|p| p.starts_with(&root)),
+        "a setuid file expected in the image's layer: {suid:?}"
     );
+    // The cold run's shell mounts its rootfs in a mount namespace of its own: nothing of it is
+    // under the state dir as the host sees it. The same file is still reachable through
+    // /proc/PID/root of the sandbox's processes, which the probe below tries too.
+    assert!(
+        !suid.iter().any(|p| p.starts_with(&state)),
+        "the shell's rootfs is reachable under the state dir on the host: {suid:?}"
+    );
+    let in_rootfs = cell_roots_holding("suid/true", "");
+    assert!(
+        !in_rootfs.is_empty(),
+        "the image's setuid file expected through the sandbox's /proc/PID/root"
+    );
+    let suid: Vec<PathBuf> = suid.into_iter().chain(in_rootfs).collect();
     // The run's own files live in its cell's writable layer, a tmpfs mounted only in the
     // cell's mount namespace: no path under the state dir leads there (before cells, the
     // upper dir was). A host user could still try the cell's root through /proc.
