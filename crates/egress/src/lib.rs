@@ -771,6 +771,22 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 const H2_REFUSED: &str = "agentrun: HTTP/2 is not served on intercepted connections (the proxy \
      reads HTTP/1.1 requests; ALPN offers http/1.1 only): use HTTP/1.1";
 
+
+/// Closes a connection to the sandbox gracefully once our last bytes are written: our side
+/// shut for writing, then what the sandbox still sends is read and dropped (for at most 200
+/// ms) until it closes too. Closing with its bytes unread would reset the connection, and a
+/// reset can reach the sandbox before the answer it was sent.
+fn linger_close(sock: &std::os::unix::net::UnixStream) {
+    let _ = sock.shutdown(Shutdown::Write);
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    // At most 256 KiB (64 reads): a sandbox that keeps sending is closed on anyway.
+    for _ in 0..64 {
+        if !matches!((&*sock).read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
+}
 /// Serves one request inside a tunnel the proxy intercepts: TLS with the sandbox (a leaf
 /// for the CONNECT host), the request head read and checked (its SNI and `Host` must name
 /// the CONNECT host: 421 otherwise), the credential added, and the request sent over the
@@ -800,15 +816,14 @@ fn intercept_tls(
                     break;
                 }
             }
-            let sock = tls.sock.inner();
-            let _ = sock.shutdown(Shutdown::Write);
-            let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
-            let mut sink = [0u8; 4096];
-            while matches!((&*sock).read(&mut sink), Ok(n) if n > 0) {}
+            linger_close(tls.sock.inner());
             return Ok(());
         }
     }
-    let reply = |tls: &mut rustls::StreamOwned<rustls::ServerConnection, _>,
+    let reply = |tls: &mut rustls::StreamOwned<
+        rustls::ServerConnection,
+        mitm::Prefixed<std::os::unix::net::UnixStream>,
+    >,
                  status: u16,
                  text: &str,
                  body: &str| {
@@ -820,6 +835,9 @@ fn intercept_tls(
         let _ = tls.write_all(msg.as_bytes());
         tls.conn.send_close_notify();
         let _ = tls.flush();
+        // What the sandbox sent and we did not read (a request after a refused name) would
+        // reset the connection at close, and the reset can overtake the answer.
+        linger_close(tls.sock.inner());
     };
     if let Some(sni) = tls.conn.server_name() {
         if !sni.eq_ignore_ascii_case(host) {
