@@ -771,7 +771,6 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 const H2_REFUSED: &str = "agentrun: HTTP/2 is not served on intercepted connections (the proxy \
      reads HTTP/1.1 requests; ALPN offers http/1.1 only): use HTTP/1.1";
 
-
 /// Closes a connection to the sandbox gracefully once our last bytes are written: our side
 /// shut for writing, then what the sandbox still sends is read and dropped (for at most 200
 /// ms) until it closes too. Closing with its bytes unread would reset the connection, and a
