@@ -217,11 +217,9 @@ class _Run:
         self.ahead = ahead
         self.fds = fds
         self.req = None
-        if ahead:
-            self.report, self.request, self.pidns = fds
-        else:
-            self._place(fds[3:])
-            self.report, self.request, self.pidns = fds[:3]
+        self.report, self.request, self.pidns = fds[:_AHEAD_FDS]
+        if not ahead:
+            self._place(fds[_AHEAD_FDS:])
 
     def _place(self, fds):
         (self.mntns, self.ipcns, self.root, self.stdin, self.stdout,

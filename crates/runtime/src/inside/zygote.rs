@@ -746,19 +746,10 @@ pub(crate) fn start_ahead(
     if control::send_json(ahead.report.as_fd(), &Ping { ping: true }, &[]).is_err() {
         return Err(None);
     }
-    if !control::wait_readable(ahead.report.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
-        return Err(Some(NotForked::fault(format!(
-            "the zygote did not answer within {} s",
-            FORK_WAIT.as_secs()
-        ))));
-    }
-    match control::recv_json::<Report>(ahead.report.as_fd()) {
-        Ok(Some((
-            Report {
-                pong: Some(true), ..
-            },
-            _,
-        ))) => {}
+    match answer(ahead.report.as_fd()).map_err(Some)? {
+        Some(Report {
+            pong: Some(true), ..
+        }) => {}
         // The child ended before it took the run (its end reported), or the zygote is gone.
         _ => return Err(None),
     }
@@ -776,39 +767,40 @@ pub(crate) fn start_ahead(
     await_start(ahead.report).map_err(Some)
 }
 
-/// Waits (bounded) on a run's report socket until the zygote's child says it runs (or falls
-/// back, or failed).
-fn await_start(ours: OwnedFd) -> Result<Forked, NotForked> {
-    if !control::wait_readable(ours.as_fd(), Some(FORK_WAIT)).unwrap_or(false) {
+/// The next message on a run's report socket, waited for at most [`FORK_WAIT`] (a zygote
+/// silent that long is at fault). `Ok(None)`: the socket's other ends are gone, or it sent
+/// something unreadable.
+fn answer(report: BorrowedFd<'_>) -> Result<Option<Report>, NotForked> {
+    if !control::wait_readable(report, Some(FORK_WAIT)).unwrap_or(false) {
         return Err(NotForked::fault(format!(
             "the zygote did not answer within {} s",
             FORK_WAIT.as_secs()
         )));
     }
-    match control::recv_json::<Report>(ours.as_fd()) {
-        Ok(Some((
-            Report {
-                started: Some(pid), ..
-            },
-            _,
-        ))) => Ok(Forked { pid, report: ours }),
-        Ok(Some((
-            Report {
-                fallback: Some(why),
-                ..
-            },
-            _,
-        ))) => Err(Ineligible::Declined(why).into()),
-        Ok(Some((
-            Report {
-                failed: Some(why), ..
-            },
-            _,
-        ))) => Err(NotForked::fault(format!(
+    Ok(control::recv_json::<Report>(report)
+        .ok()
+        .flatten()
+        .map(|(r, _)| r))
+}
+
+/// Waits (bounded) on a run's report socket until the zygote's child says it runs (or falls
+/// back, or failed).
+fn await_start(ours: OwnedFd) -> Result<Forked, NotForked> {
+    match answer(ours.as_fd())? {
+        Some(Report {
+            started: Some(pid), ..
+        }) => Ok(Forked { pid, report: ours }),
+        Some(Report {
+            fallback: Some(why),
+            ..
+        }) => Err(Ineligible::Declined(why).into()),
+        Some(Report {
+            failed: Some(why), ..
+        }) => Err(NotForked::fault(format!(
             "the zygote's child failed: {why}"
         ))),
-        Ok(Some(_)) => Err(NotForked::fault("the zygote sent something else")),
-        Ok(None) | Err(_) => Err(NotForked::fault("the zygote is gone")),
+        Some(_) => Err(NotForked::fault("the zygote sent something else")),
+        None => Err(NotForked::fault("the zygote is gone")),
     }
 }
 
