@@ -1191,7 +1191,8 @@ def pty():
             c = await sbx.pty.connect(h.pid, on_data=seen.extend)
             await sbx.pty.send_stdin(h.pid, b"echo via-$((2*5))\n")
             await until("connect's output", seen, b"via-10\r\n")
-            check(b"via-10\r\n" in out, "the creator's stream goes on beside connect's")
+            # The two streams are delivered independently: wait on the creator's too.
+            await until("the creator's stream beside connect's", out, b"via-10\r\n")
             # Ordered input as a client stream.
             async with sbx.pty.stream_input(h.pid) as inp:
                 await inp.send("echo str")
