@@ -730,11 +730,20 @@ fn take_ready(
     };
     let settled =
         |(sh, back): &(PooledShell, Instant)| !sh.zygote_ahead || back.elapsed() >= AHEAD_SETTLE;
-    let i = ready
-        .iter()
-        .position(|e| fits(&e.0) && settled(e))
-        .or_else(|| ready.iter().position(|e| fits(&e.0)))?;
+    let i = pick(ready, |e| fits(&e.0), settled)?;
     ready.remove(i).map(|(sh, _)| sh)
+}
+
+/// [`take_ready`]'s rule: the first entry that fits and has settled, else the first that fits.
+fn pick<T>(
+    entries: &VecDeque<T>,
+    fits: impl Fn(&T) -> bool,
+    settled: impl Fn(&T) -> bool,
+) -> Option<usize> {
+    entries
+        .iter()
+        .position(|e| fits(e) && settled(e))
+        .or_else(|| entries.iter().position(&fits))
 }
 
 /// How long a shell's spare cell and its zygote's fork ahead take after the shell is back
@@ -768,5 +777,21 @@ mod tests {
         assert!(is_image_id_request(&by_id(&format!("sha256:{id}"))));
         assert!(!is_image_id_request(&by_id("busybox")));
         assert!(!is_image_id_request(&by_id(&"g".repeat(64))));
+    }
+
+    /// Entries are (fits, settled): a settled shell that fits is taken before an unsettled
+    /// one ahead of it; with none settled, the first that fits; none that fits, none.
+    #[test]
+    fn a_settled_shell_is_taken_before_one_still_forking_ahead() {
+        let q = |v: &[(bool, bool)]| v.iter().copied().collect::<VecDeque<_>>();
+        let take = |v: &[(bool, bool)]| pick(&q(v), |e| e.0, |e| e.1);
+        assert_eq!(take(&[(true, false), (true, true)]), Some(1));
+        assert_eq!(take(&[(true, true), (true, false)]), Some(0));
+        assert_eq!(
+            take(&[(false, true), (true, false), (true, false)]),
+            Some(1)
+        );
+        assert_eq!(take(&[(false, true), (false, false)]), None);
+        assert_eq!(take(&[]), None);
     }
 }
