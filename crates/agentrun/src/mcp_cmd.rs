@@ -8,7 +8,7 @@ use std::time::Duration;
 use agentrun_mcp::{McpOptions, StdioFrontend};
 use agentrun_pool::daemon::{self, DaemonOptions};
 use agentrun_pool::pool::{PoolLimits, PoolSpec};
-use agentrun_pool::recipe::{DEFAULT_IMAGE, DEFAULT_PROFILE};
+use agentrun_pool::recipe::{SandboxRecipe, DEFAULT_IMAGE, DEFAULT_PROFILE};
 use anyhow::{bail, Context};
 use clap::Args;
 
@@ -122,15 +122,23 @@ pub fn run(args: McpArgs, paths: &Paths) -> anyhow::Result<()> {
         .transpose()?;
     let mut allow = args.egress.allow_host.clone();
     let creds = crate::credential::parse_all(&args.egress.credential, &mut allow)?;
-    let options = McpOptions::new(&args.image, &profile, paths.audit_dir())
-        .workspace(workspace)
-        .allow_hosts(allow)
+    let recipe = SandboxRecipe {
+        image: args.image.clone(),
+        profile: profile.clone(),
+        workspace,
+        allow_hosts: allow,
+        ..SandboxRecipe::default()
+    };
+    let options = McpOptions::new(recipe, paths.audit_dir())
         .one_shot(args.one_shot)
         .idle_timeout(duration(&args.idle_timeout, "idle-timeout")?)
         .call_timeout(duration(&args.timeout, "timeout")?)
         .approval_timeout(duration(&args.approval_timeout, "approval-timeout")?);
     // Every mistake in the options is said now, not at the first call.
-    let loaded = options.load_profile().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let loaded = options
+        .recipe
+        .profile()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let vault = crate::credential::session_vault(creds, &loaded)?;
     let options = options.credentials(vault, args.egress.egress_upstream_ca.clone());
     let (state_dir, _slot) = state_slot(&paths.state_dir)?;

@@ -432,11 +432,17 @@ pub fn serve(args: ServeArgs, paths: &Paths) -> anyhow::Result<()> {
         let specs = listed(&args.mcp_credential, &file.mcp_credential);
         let creds = crate::credential::parse_all(&specs, &mut allow)
             .map_err(|e| anyhow::anyhow!("--mcp-credential: {e:#}"))?;
-        let options = agentrun_mcp::McpOptions::new(image, profile, paths.audit_dir())
-            .workspace(workspace)
-            .allow_hosts(allow);
+        let recipe = agentrun_pool::recipe::SandboxRecipe {
+            image,
+            profile,
+            workspace,
+            allow_hosts: allow,
+            ..Default::default()
+        };
+        let options = agentrun_mcp::McpOptions::new(recipe, paths.audit_dir());
         let loaded = options
-            .load_profile()
+            .recipe
+            .profile()
             .map_err(|e| anyhow::anyhow!("--mcp: {e}"))?;
         // Values are read now, from this daemon's environment or files; its MCP sessions'
         // proxies inject them (TLS to their hosts intercepted, a CA per sandbox).

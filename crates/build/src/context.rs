@@ -207,12 +207,8 @@ impl CopyLayer<'_> {
         dir: &Path,
         at: &Path,
     ) -> io::Result<()> {
-        let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let path = e.path();
-            let name = at.join(e.file_name());
-            let m = fs::symlink_metadata(&path)?;
+        for entry in agentrun_image::sorted_entries(dir, at)? {
+            let (path, name, m) = entry?;
             let ft = m.file_type();
             if ft.is_dir() {
                 let mut h = self.header(&m, tar::EntryType::Directory);

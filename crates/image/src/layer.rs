@@ -596,6 +596,24 @@ pub fn tar_upper(upper: &Path, base: u32, len: u32, out: &mut dyn io::Write) -> 
     .write(upper, out)
 }
 
+/// The entries of `dir` in name order, each as its path, its name under `rel` and its own
+/// metadata (a symlink's, not its target's), read as the caller reaches it: the order a tree
+/// is written into a tar in, so that the same tree always makes the same bytes (and digest),
+/// whatever order the filesystem lists it in.
+pub fn sorted_entries(
+    dir: &Path,
+    rel: &Path,
+) -> io::Result<impl Iterator<Item = io::Result<(PathBuf, PathBuf, fs::Metadata)>>> {
+    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    let rel = rel.to_owned();
+    Ok(entries.into_iter().map(move |e| {
+        let path = e.path();
+        let m = fs::symlink_metadata(&path)?;
+        Ok((path, rel.join(e.file_name()), m))
+    }))
+}
+
 /// One way of turning a directory tree into a layer tar.
 struct TreeTar {
     /// Shift owners from this host range down to 0.
@@ -651,16 +669,12 @@ impl TreeTar {
         hardlinks: &mut HashMap<(u64, u64), PathBuf>,
     ) -> io::Result<()> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let path = e.path();
-            let name = rel.join(e.file_name());
-            let m = fs::symlink_metadata(&path)?;
+        for entry in sorted_entries(dir, rel)? {
+            let (path, name, m) = entry?;
             let ft = m.file_type();
             if self.overlay && ft.is_char_device() && m.rdev() == 0 {
                 let mut wh = std::ffi::OsString::from(WHITEOUT_PREFIX);
-                wh.push(e.file_name());
+                wh.push(name.file_name().unwrap_or_default());
                 Self::empty_file(b, &rel.join(wh))?;
             } else if ft.is_dir() {
                 let mut h = self.header(&m, tar::EntryType::Directory);

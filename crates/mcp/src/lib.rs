@@ -35,18 +35,11 @@ pub mod tools;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentrun_pool::recipe::SandboxRecipe;
+
 pub use handler::McpServer;
 pub use http::HttpFrontend;
 pub use stdio::StdioFrontend;
-
-/// Errors of the MCP server's set-up (a tool's failure is a tool result, not one of these).
-#[derive(Debug, thiserror::Error)]
-pub enum McpError {
-    #[error(transparent)]
-    Policy(#[from] agentrun_policy::PolicyError),
-    #[error("{0}")]
-    Invalid(String),
-}
 
 /// Default of [`McpOptions::idle_timeout`].
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -59,14 +52,11 @@ pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// [`McpOptions::new`] and the setters.
 #[derive(Debug, Clone)]
 pub struct McpOptions {
-    /// Image of every sandbox.
-    pub image: String,
-    /// Profile (built-in name or file) of every sandbox.
-    pub profile: String,
-    /// Host directory mounted at `/workspace` (read-write unless the profile says `ro`).
-    pub workspace: Option<PathBuf>,
-    /// Hosts allowed besides the profile's (`--allow-host`, as for `agentrun exec`).
-    pub allow_hosts: Vec<String>,
+    /// What every sandbox is made from, as an `agentrun exec` run's: its image, profile
+    /// (built-in name or file), host directory mounted at `/workspace` (read-write unless the
+    /// profile says `ro`) and hosts allowed besides the profile's (`--allow-host`);
+    /// [`SandboxRecipe::profile`] is the profile every decision is made by.
+    pub recipe: SandboxRecipe,
     /// A fresh sandbox for every call (else one per MCP session).
     pub one_shot: bool,
     /// A session's sandbox idle this long is torn down (the next call makes a new one).
@@ -86,12 +76,9 @@ pub struct McpOptions {
 }
 
 impl McpOptions {
-    pub fn new(image: impl Into<String>, profile: impl Into<String>, audit_dir: PathBuf) -> Self {
+    pub fn new(recipe: SandboxRecipe, audit_dir: PathBuf) -> Self {
         McpOptions {
-            image: image.into(),
-            profile: profile.into(),
-            workspace: None,
-            allow_hosts: Vec::new(),
+            recipe,
             one_shot: false,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
@@ -110,14 +97,6 @@ impl McpOptions {
         self.upstream_roots = roots;
         self
     }
-    pub fn workspace(mut self, dir: Option<PathBuf>) -> Self {
-        self.workspace = dir;
-        self
-    }
-    pub fn allow_hosts(mut self, hosts: Vec<String>) -> Self {
-        self.allow_hosts = hosts;
-        self
-    }
     pub fn one_shot(mut self, yes: bool) -> Self {
         self.one_shot = yes;
         self
@@ -133,16 +112,5 @@ impl McpOptions {
     pub fn approval_timeout(mut self, d: Duration) -> Self {
         self.approval_timeout = d;
         self
-    }
-
-    /// The profile the sandboxes run under, with `--allow-host` added: what every decision
-    /// is made by. Fails on a profile that does not load or a bad host.
-    pub fn load_profile(&self) -> Result<agentrun_policy::Profile, McpError> {
-        let mut profile = agentrun_policy::Profile::load(&self.profile)?;
-        profile
-            .network
-            .allow_hosts("cli.allow_host", &self.allow_hosts)
-            .map_err(|why| McpError::Invalid(format!("--allow-host: {why}")))?;
-        Ok(profile)
     }
 }

@@ -96,9 +96,7 @@ impl Shared {
         options: McpOptions,
         output: tokio::runtime::Handle,
     ) -> Result<Arc<Shared>, agentrun_pool::PoolError> {
-        let profile = options
-            .load_profile()
-            .map_err(|e| agentrun_pool::PoolError::Invalid(e.to_string()))?;
+        let profile = options.recipe.profile()?;
         Ok(Arc::new(Shared {
             live,
             profile,
@@ -116,7 +114,7 @@ impl Shared {
 
     /// The working directory of runs and the base of relative paths.
     pub fn workdir(&self) -> &'static str {
-        if self.options.workspace.is_some() {
+        if self.options.recipe.workspace.is_some() {
             agentrun_policy::WORKSPACE
         } else {
             "/root"
@@ -130,7 +128,7 @@ impl Shared {
         } else {
             "Files and Python variables persist between calls of this session"
         };
-        let workspace = match &self.options.workspace {
+        let workspace = match &self.options.recipe.workspace {
             Some(_) if self.profile.filesystem.workspace_writable => {
                 "; /workspace is the user's project directory (read-write)"
             }
@@ -229,9 +227,10 @@ impl SessionSandbox {
         peer: PeerSlot,
     ) -> Result<Arc<SessionSandbox>, SandboxError> {
         let network = &shared.profile.network;
-        let mut spec = LiveSpec::new(&shared.options.image)
-            .profile(&shared.options.profile)
-            .workspace(shared.options.workspace.clone());
+        let recipe = &shared.options.recipe;
+        let mut spec = LiveSpec::new(&recipe.image)
+            .profile(&recipe.profile)
+            .workspace(recipe.workspace.clone());
         // TLS is intercepted for credentials and HTTP rules (a CA per sandbox).
         let intercept = network.needs_proxy()
             && (shared.options.credentials.is_some() || !network.http.is_empty());
