@@ -1,5 +1,6 @@
 //! Who may call what: the control plane wants the API key in `X-API-Key` (when one is set:
-//! always, unless `serve --insecure-no-auth`); envd and the code interpreter want the
+//! always, unless `serve --insecure-no-auth`; `e2b_` and the key is taken too, for the SDK
+//! releases that check a key's form on the client); envd and the code interpreter want the
 //! sandbox's access token in `X-Access-Token` or `E2B-Traffic-Access-Token` (handed out by
 //! create under both names, and by get: the sandbox's execd token of the OpenSandbox front
 //! end; the code interpreter SDK sends only the traffic token on `/contexts`). The sandbox is the one `E2b-Sandbox-Id` names,
@@ -30,7 +31,20 @@ pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The header of a sandbox's traffic access token (the same token here).
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
-/// Middleware of the control plane: `X-API-Key` must be the API key, when one is set.
+/// E2B's prefix of an API key. Some e2b SDK releases (2.31.0: the one `openai-agents[e2b]`
+/// 0.24.0 pins) refuse, on the client, a key that is not `e2b_` and hex digits; the daemon's
+/// generated key is hex digits, so `e2b_` + it passes that check.
+pub const KEY_PREFIX: &[u8] = b"e2b_";
+
+/// Whether an `X-API-Key` value is the API key `key`: the key itself, or the key after E2B's
+/// `e2b_` prefix. Both compared in constant time.
+pub fn key_matches(given: &[u8], key: &[u8]) -> bool {
+    let bare = given.strip_prefix(KEY_PREFIX).unwrap_or(given);
+    constant_time_eq(given, key) | constant_time_eq(bare, key)
+}
+
+/// Middleware of the control plane: `X-API-Key` must be the API key (or `e2b_` and the API
+/// key: [`key_matches`]), when one is set.
 pub async fn require_api_key(
     State(server): State<Arc<Server>>,
     req: Request,
@@ -40,7 +54,7 @@ pub async fn require_api_key(
         let ok = req
             .headers()
             .get(API_KEY_HEADER)
-            .is_some_and(|v| constant_time_eq(v.as_bytes(), key.as_bytes()));
+            .is_some_and(|v| key_matches(v.as_bytes(), key.as_bytes()));
         if !ok {
             return E2bError::unauthorized("invalid or missing X-API-Key").into_response();
         }
@@ -186,6 +200,23 @@ mod tests {
         let mut plain = HeaderMap::new();
         plain.insert("host", "127.0.0.1:3000".parse().unwrap());
         assert_eq!(sandbox_id(&plain), None);
+    }
+
+    #[test]
+    fn the_key_is_taken_bare_or_after_e2bs_prefix() {
+        let key = b"0123abcd";
+        assert!(key_matches(b"0123abcd", key));
+        assert!(key_matches(b"e2b_0123abcd", key));
+        assert!(!key_matches(b"e2b_0123abc", key));
+        assert!(!key_matches(b"e2b_", key));
+        assert!(!key_matches(b"", key));
+        assert!(!key_matches(b"x2b_0123abcd", key));
+        assert!(!key_matches(b"0123abcde2b_", key));
+        // A key that itself begins with the prefix is taken as it is, and not without it.
+        let prefixed = b"e2b_feed";
+        assert!(key_matches(b"e2b_feed", prefixed));
+        assert!(key_matches(b"e2b_e2b_feed", prefixed));
+        assert!(!key_matches(b"feed", prefixed));
     }
 
     #[test]

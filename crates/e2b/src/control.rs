@@ -82,12 +82,38 @@ pub fn routes(server: Arc<Server>) -> Router {
         .with_state(server)
 }
 
-/// The image of a template: E2B's default templates are the `host` image.
+/// Whether `template` names one of E2B's own templates (`base`, the code interpreter's).
+pub fn is_e2b_template(template: &str) -> bool {
+    matches!(
+        template,
+        "base" | "code-interpreter-v1" | "code-interpreter"
+    )
+}
+
+/// The image of a template: E2B's own templates are the `host` image.
 pub fn template_image(template: &str) -> &str {
-    match template {
-        "base" | "code-interpreter-v1" | "code-interpreter" => "host",
-        other => other,
+    if is_e2b_template(template) {
+        "host"
+    } else {
+        template
     }
+}
+
+/// The home directory of E2B's templates (their user `user`'s), which the frameworks' E2B
+/// integrations use as their working directory (langchain-e2b's default `cwd`, ...). A
+/// sandbox of one of E2B's templates has it (empty, made at create: the `host` image has no
+/// `/home/user`); commands still run as root, in `/root` by default.
+pub const TEMPLATE_HOME: &str = "/home/user";
+
+/// Makes [`TEMPLATE_HOME`] in a new sandbox of one of E2B's templates.
+async fn make_template_home(rec: &Arc<agentrun_opensandbox::Record>) -> E2bResult<()> {
+    let dir = agentrun_opensandbox::files::rel(TEMPLATE_HOME)?;
+    agentrun_opensandbox::files::with_fs(rec, move |fs| {
+        fs.mkdir_p(&dir, 0o755)
+            .map_err(|e| agentrun_opensandbox::files::errno(e, TEMPLATE_HOME))
+    })
+    .await?;
+    Ok(())
 }
 
 /// A `POST /v2/sandboxes` body as sent (what is not listed is ignored, as E2B ignores fields
@@ -466,6 +492,13 @@ async fn create_inner(server: &Arc<Server>, headers: &HeaderMap, body: &[u8]) ->
         }
         Err(e) => return Err(e.into()),
     };
+    if is_e2b_template(&template) {
+        if let Err(e) = make_template_home(&rec).await {
+            // Not handed out half made.
+            let _ = lifecycle::delete_sandbox(server, &rec.id).await;
+            return Err(e);
+        }
+    }
     *lock(&rec.metadata) = metadata;
     if let Some(l) = crate::autopause::Lifecycle::of(&rec) {
         set_end(&rec, Utc::now() + chrono::Duration::seconds(l.timeout_s));
