@@ -41,6 +41,7 @@
 pub mod mitm;
 mod relay;
 pub mod request;
+pub mod subject_hash;
 pub mod system_trust;
 pub mod vault;
 
