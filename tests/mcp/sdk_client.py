@@ -642,6 +642,10 @@ async def credential():
         # bundle, where the sandbox's CA is too.
         bare = await s.call_tool("run_shell", {"command": "env -i HTTPS_PROXY=\"$HTTPS_PROXY\" PATH=/usr/bin:/bin python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode().strip())' " + shlex.quote(url)})
         eq(expect_run(bare)["stdout"], "auth=ok path=/v1/mcp\n", "without the trust environment")
+        # OpenSSL's hashed directory (capath alone): the CA filed under its subject hash from
+        # the host, owned by the sandbox's root.
+        capath = await s.call_tool("run_shell", {"command": "env -i HTTPS_PROXY=\"$HTTPS_PROXY\" PATH=/usr/bin:/bin python3 -c 'import ssl, sys, urllib.request; c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); c.load_verify_locations(capath=\"/etc/ssl/certs\"); print(urllib.request.urlopen(sys.argv[1], timeout=20, context=c).read().decode().strip())' " + shlex.quote(url)})
+        eq(expect_run(capath)["stdout"], "auth=ok path=/v1/mcp\n", "capath alone")
         dump = await s.call_tool("run_shell", {"command": "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'; cat /run/agentrun-egress/*.pem"})
         text = json.dumps(structured(dump)) + text_of(dump) + text_of(r)
         check("SSL_CERT_FILE=/run/agentrun-egress/ca-bundle.pem" in text, "trust env", text[:2000])

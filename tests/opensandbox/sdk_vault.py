@@ -119,6 +119,15 @@ def vault():
         r = curl(sbx, f"https://127.0.0.1:{TLS}/bearer",
                  prefix='env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin')
         check(r["headers"] == want["bearer"], f"without the trust environment: {r}")
+        # OpenSSL's hashed directory alone (capath): the CA filed there from the host.
+        py = ("import ssl, sys, urllib.request; c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); "
+              "c.load_verify_locations(capath='/etc/ssl/certs'); "
+              "print(urllib.request.urlopen(sys.argv[1], timeout=20, context=c).read().decode())")
+        ex = sbx.commands.run('env -i HTTPS_PROXY="$HTTPS_PROXY" PATH=/usr/bin:/bin python3 -c '
+                              + shlex.quote(py) + " " + shlex.quote(f"https://127.0.0.1:{TLS}/bearer"))
+        check(ex.error is None, f"capath: {ex.error} {ex.logs.stderr}")
+        r = json.loads("".join(p.text for p in ex.logs.stdout))
+        check(r["headers"] == want["bearer"], f"capath alone: {r}")
         # Not bound: nothing added.
         r = curl(sbx, f"https://127.0.0.1:{TLS}/unbound")
         check(r["headers"] == {}, f"unbound path: {r}")

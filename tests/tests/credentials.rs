@@ -246,6 +246,20 @@ echo "h2: $(curl -sS --http2 -o /dev/null -w '%{http_version}' "$URL/h2")"
 echo "node: $NODE_USE_ENV_PROXY"
 if command -v node >/dev/null; then node -e "$NODE_CONNECT"; else echo "node-connect: no node"; fi
 echo "keys: $(grep -c 'PRIVATE KEY' /etc/ssl/certs/ca-certificates.crt)"
+echo "capath-python: $(ne python3 -c "$CAPATH_PY" "$URL/capath" 2>&1 | tail -1)"
+host=${URL#https://}; host=${host%%/*}
+echo "capath-s_client: $(printf 'GET /v1/s_client HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$host" \
+  | ne openssl s_client -quiet -verify_return_error -no-CAfile -no-CAstore -CApath /etc/ssl/certs \
+    -verify_ip 127.0.0.1 -proxy "${HTTPS_PROXY#http://}" -connect "$host" 2>&1 | grep -e '^auth=' -e error | head -1)"
+"#;
+
+/// Python with a context that trusts only OpenSSL's hashed directory (`capath`: the CA is
+/// looked up there by its subject hash; no bundle file is read).
+const CAPATH_PY: &str = r#"
+import ssl, sys, urllib.request
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(capath="/etc/ssl/certs")
+print(urllib.request.urlopen(sys.argv[1], context=ctx).read().decode().strip())
 "#;
 
 /// Node 20's `fetch` ignores `HTTPS_PROXY` (docs/credentials.md#node); its `http` CONNECT
@@ -290,6 +304,8 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         format!("URL={url}"),
         "-e".into(),
         format!("NODE_CONNECT={NODE_CONNECT}"),
+        "-e".into(),
+        format!("CAPATH_PY={CAPATH_PY}"),
     ];
     let check = |out: &RunOutput, how: &str| {
         out.success();
@@ -312,6 +328,17 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
             "{how}: {out}"
         );
         assert_eq!(line("keys:"), "keys: 0", "{how}: {out}");
+        // OpenSSL's hashed directory (-CApath / capath) holds the CA under its subject hash.
+        assert_eq!(
+            line("capath-python:"),
+            "capath-python: auth=ok path=/v1/capath",
+            "{how}: {out}"
+        );
+        assert_eq!(
+            line("capath-s_client:"),
+            "capath-s_client: auth=ok path=/v1/s_client",
+            "{how}: {out}"
+        );
         assert!(!out.stdout().contains(&secret), "{how}: {out}");
     };
     let cold = exec_with(opts.clone(), ["sh", "-c", NO_TRUST_ENV])
@@ -325,14 +352,16 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         .env("AGENTRUN_E2E_SECRET", &secret)
         .run();
     check(&warm, "through the daemon");
-    // The same pooled image without a credential: its bundle has no agentrun CA.
+    // The same pooled image without a credential: its bundle has no agentrun CA, its
+    // hashed directory no file of ours.
     let plain = daemon
         .exec_with(
             ["--allow-host".to_string(), format!("127.0.0.1:{port}")],
             [
                 "sh",
                 "-c",
-                "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
+                "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; \
+                 ls -A /etc/ssl/certs | wc -l",
             ],
         )
         .run();
@@ -340,7 +369,153 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
         .unwrap()
         .matches("BEGIN CERTIFICATE")
         .count();
-    assert_eq!(plain.success().trim(), host_count.to_string(), "{plain}");
+    let host_files = std::fs::read_dir("/etc/ssl/certs").unwrap().count();
+    assert_eq!(
+        plain.success().split_whitespace().collect::<Vec<_>>(),
+        [host_count.to_string(), host_files.to_string()],
+        "{plain}"
+    );
+    drop(server);
+}
+
+/// Node's own `fetch` in the sandbox: Node 20 ignores the proxy variables (fails closed);
+/// with agentrun's preload (`NODE_OPTIONS=--require=/run/agentrun-egress/node-proxy.cjs`) it
+/// goes through the proxy: the credential is added, and a host the sandbox may not reach is
+/// still refused by the proxy (403).
+const NODE_FETCH: &str = r#"
+const show = (label, url) =>
+  fetch(url).then((r) => r.text()).then(
+    (t) => console.log(label + ": " + t.trim()),
+    (e) => console.log(label + ": error " + (e.cause ? `${e.cause.code} ${e.cause.message}` : e.message)));
+(async () => {
+  await show("fetch", process.env.URL + "/fetch");
+  await show("fetch-again", process.env.URL + "/again");
+  await show("fetch-unlisted", process.env.UNLISTED);
+})();
+"#;
+
+#[test]
+fn node_fetch_goes_through_the_proxy_with_the_preload() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("node-preload-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let (unlisted_port, unlisted) = loopback_server(d, &secret);
+    let script = "echo \"node: $(node --version)\"; \
+        echo \"plain: $(node -e \"$NODE_FETCH\" | grep '^fetch:')\"; \
+        NODE_OPTIONS=--require=/run/agentrun-egress/node-proxy.cjs node -e \"$NODE_FETCH\"";
+    let out = exec_with(
+        [
+            "--credential".to_string(),
+            format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET"),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "-e".into(),
+            format!("URL=https://127.0.0.1:{port}/v1"),
+            "-e".into(),
+            format!("UNLISTED=https://127.0.0.1:{unlisted_port}/v1/x"),
+            "-e".into(),
+            format!("NODE_FETCH={NODE_FETCH}"),
+        ],
+        ["sh", "-c", script],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_E2E_SECRET", &secret)
+    .run();
+    out.success();
+    // hack/test installs Debian's nodejs (20): the version whose fetch ignores the variables.
+    assert!(line_of(&out, "node:").starts_with("node: v20."), "{out}");
+    assert!(
+        line_of(&out, "plain:").starts_with("plain: fetch: error"),
+        "{out}"
+    );
+    assert_eq!(
+        line_of(&out, "fetch:"),
+        "fetch: auth=ok path=/v1/fetch",
+        "{out}"
+    );
+    assert_eq!(
+        line_of(&out, "fetch-again:"),
+        "fetch-again: auth=ok path=/v1/again",
+        "{out}"
+    );
+    let refused = line_of(&out, "fetch-unlisted:");
+    assert!(
+        refused.starts_with("fetch-unlisted: error") && refused.contains("403"),
+        "{out}"
+    );
+    assert!(!out.stdout().contains(&secret), "{out}");
+    drop((server, unlisted));
+}
+
+/// Java in the sandbox: `HttpClient` and `HttpURLConnection`, with the environment agentrun
+/// gives an intercepting sandbox (`JAVA_TOOL_OPTIONS`: the proxy, and the PKCS#12 trust store
+/// the proxy wrote), reach the credential's host with it added.
+const JAVA_FETCH: &str = r#"
+import java.net.URI;
+import java.net.http.*;
+public class Fetch {
+  public static void main(String[] a) throws Exception {
+    try {
+      var r = HttpClient.newHttpClient().send(
+          HttpRequest.newBuilder(URI.create(a[0] + "/httpclient")).build(),
+          HttpResponse.BodyHandlers.ofString());
+      System.out.println("java-httpclient: " + r.body().trim());
+    } catch (Exception e) { System.out.println("java-httpclient: error " + e); }
+    try {
+      var u = (java.net.HttpURLConnection) new java.net.URL(a[0] + "/urlconnection").openConnection();
+      System.out.println("java-urlconnection: " + new String(u.getInputStream().readAllBytes()).trim());
+    } catch (Exception e) { System.out.println("java-urlconnection: error " + e); }
+  }
+}
+"#;
+
+#[test]
+fn java_trusts_the_ca_and_uses_the_proxy() {
+    let Some(_l) = setup() else { return };
+    let dir = tempdir();
+    let d = dir.path();
+    certs(d, "IP:127.0.0.1");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    let secret = format!("java-secret-{}", std::process::id());
+    let (port, server) = loopback_server(d, &secret);
+    let out = exec_with(
+        [
+            "--credential".to_string(),
+            format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET"),
+            "--egress-upstream-ca".into(),
+            d.join("ca.pem").display().to_string(),
+            "-e".into(),
+            format!("URL=https://127.0.0.1:{port}/v1"),
+            "-e".into(),
+            format!("JAVA_FETCH={JAVA_FETCH}"),
+        ],
+        [
+            "sh",
+            "-c",
+            "mkdir -p /tmp/j && printf '%s' \"$JAVA_FETCH\" > /tmp/j/Fetch.java && \
+             java /tmp/j/Fetch.java \"$URL\"",
+        ],
+    )
+    .env("AGENTRUN_NO_DAEMON", "1")
+    .env("AGENTRUN_E2E_SECRET", &secret)
+    .run();
+    out.success();
+    // hack/test's host has a JDK (17): a missing java fails here, never skips.
+    assert_eq!(
+        line_of(&out, "java-httpclient:"),
+        "java-httpclient: auth=ok path=/v1/httpclient",
+        "{out}"
+    );
+    assert_eq!(
+        line_of(&out, "java-urlconnection:"),
+        "java-urlconnection: auth=ok path=/v1/urlconnection",
+        "{out}"
+    );
+    assert!(!out.stdout().contains(&secret), "{out}");
     drop(server);
 }
 

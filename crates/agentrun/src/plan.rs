@@ -318,9 +318,14 @@ impl Plan {
             env.extend(agentrun_egress::proxy_env());
         }
         if credentials.is_some() {
-            env.extend(agentrun_egress::mitm::trust_env(
-                agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX,
-            ));
+            // A JAVA_TOOL_OPTIONS of the caller's (-e) is kept, ours not added (a JVM would
+            // read only one of the two).
+            let java_set = env.iter().any(|(k, _)| k == "JAVA_TOOL_OPTIONS");
+            env.extend(
+                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
+                    .into_iter()
+                    .filter(|(k, _)| !(java_set && k == "JAVA_TOOL_OPTIONS")),
+            );
         }
 
         // Escalate decisions are made by the run's egress proxy, which runs in this process on

@@ -38,9 +38,11 @@
 //! change, connections already relaying are decided again and those the new policy denies
 //! are cut (and the denial reported).
 
+pub mod java_trust;
 pub mod mitm;
 mod relay;
 pub mod request;
+pub mod subject_hash;
 pub mod system_trust;
 pub mod vault;
 
@@ -88,6 +90,8 @@ pub enum EgressError {
     Mitm(#[from] MitmError),
     #[error("egress proxy: cannot add the interception CA to the sandbox's system bundles: {0}")]
     Trust(io::Error),
+    #[error("egress proxy: cannot write {path}: {source}")]
+    Preload { path: PathBuf, source: io::Error },
 }
 
 /// Receives every decision the proxy makes (to trace and audit it), before it acts on it.
@@ -158,9 +162,29 @@ pub fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// A preload for Node versions whose `fetch` ignores the proxy variables (Node 20, 22 before
+/// 22.21): `NODE_OPTIONS=--require=/run/agentrun-egress/node-proxy.cjs` routes `fetch` for
+/// `https` URLs through `HTTPS_PROXY` with the undici Node bundles (docs/credentials.md).
+/// [`bind`] writes it beside the socket, where every sandbox with a proxy sees it.
+pub const NODE_PRELOAD_FILE: &str = "node-proxy.cjs";
+const NODE_PRELOAD: &str = include_str!("node-proxy.cjs");
+
 /// Binds the proxy's unix socket (mode 0666: the sandbox's uid connects to it through a
-/// read-only bind mount of its directory). No thread is started.
+/// read-only bind mount of its directory) and writes [`NODE_PRELOAD_FILE`] (0644) beside it.
+/// No thread is started.
 pub fn bind(path: &Path) -> Result<UnixListener, EgressError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        use std::os::unix::fs::PermissionsExt;
+        let preload = dir.join(NODE_PRELOAD_FILE);
+        std::fs::write(&preload, NODE_PRELOAD)
+            .and_then(|()| {
+                std::fs::set_permissions(&preload, std::fs::Permissions::from_mode(0o644))
+            })
+            .map_err(|source| EgressError::Preload {
+                path: preload.clone(),
+                source,
+            })?;
+    }
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).map_err(|source| EgressError::Bind {
         path: path.to_owned(),

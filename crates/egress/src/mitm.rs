@@ -176,7 +176,9 @@ const SYSTEM_BUNDLES: &[&str] = &[
 /// The environment that makes TLS libraries in the sandbox trust the CA, the files under
 /// `dir` (the socket directory as the sandbox sees it): OpenSSL (`SSL_CERT_FILE`: curl,
 /// Python's `ssl`, httpx), `requests` (`REQUESTS_CA_BUNDLE`), curl (`CURL_CA_BUNDLE`),
-/// pip, git, and Node (`NODE_EXTRA_CA_CERTS`, added to its own roots).
+/// pip, git, Node (`NODE_EXTRA_CA_CERTS`, added to its own roots) and Java
+/// (`JAVA_TOOL_OPTIONS`: the trust store [`crate::java_trust`] and the proxy, which Java
+/// does not take from `HTTPS_PROXY`).
 pub fn trust_env(dir: &str) -> Vec<(String, String)> {
     let bundle = format!("{dir}/{BUNDLE_FILE}");
     let mut env: Vec<(String, String)> = [
@@ -190,11 +192,20 @@ pub fn trust_env(dir: &str) -> Vec<(String, String)> {
     .map(|k| (k.to_string(), bundle.clone()))
     .collect();
     env.push(("NODE_EXTRA_CA_CERTS".into(), format!("{dir}/{CA_FILE}")));
+    env.push((
+        "JAVA_TOOL_OPTIONS".into(),
+        crate::java_trust::java_tool_options(
+            "127.0.0.1",
+            crate::SANDBOX_PROXY_PORT,
+            &format!("{dir}/{}", crate::java_trust::TRUSTSTORE_FILE),
+        ),
+    ));
     env
 }
 
 impl Interceptor {
-    /// Writes [`CA_FILE`] and [`BUNDLE_FILE`] (the host's system bundle, then the CA) into
+    /// Writes [`CA_FILE`], [`BUNDLE_FILE`] (the host's system bundle, then the CA) and the
+    /// same certificates as a Java trust store ([`crate::java_trust::TRUSTSTORE_FILE`]) into
     /// `dir`, mode 0644. The key is never written.
     pub fn write_trust(&self, dir: &std::path::Path) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
@@ -207,9 +218,14 @@ impl Interceptor {
             bundle.push('\n');
         }
         bundle.push_str(&self.ca_pem);
-        for (name, text) in [(CA_FILE, self.ca_pem.as_str()), (BUNDLE_FILE, &bundle)] {
+        let java = crate::java_trust::truststore(&bundle).unwrap_or_default();
+        for (name, bytes) in [
+            (CA_FILE, self.ca_pem.as_bytes()),
+            (BUNDLE_FILE, bundle.as_bytes()),
+            (crate::java_trust::TRUSTSTORE_FILE, &java),
+        ] {
             let path = dir.join(name);
-            std::fs::write(&path, text)?;
+            std::fs::write(&path, bytes)?;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
         }
         Ok(())

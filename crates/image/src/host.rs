@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::{HostBind, Image, ImageConfig, ImageError};
 
 /// Bumped whenever the synthesized layout changes, so old caches are rebuilt.
-const LAYOUT_VERSION: u32 = 2;
+const LAYOUT_VERSION: u32 = 3;
 
 /// Top-level host directories that carry programs and libraries.
 const PROGRAM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
@@ -40,6 +40,13 @@ const ETC_ALLOWLIST: &[&str] = &[
     "timezone",
     "bash.bashrc",
     "profile",
+    // Debian's and Ubuntu's OpenJDK keep their configuration here (`java.security`,
+    // `jvm.cfg`, ...): without it every JVM stops at start ("Error loading java.security
+    // file"). A JMX password file is owner-only, so never copied (copy_public).
+    "java-11-openjdk",
+    "java-17-openjdk",
+    "java-21-openjdk",
+    "java-25-openjdk",
 ];
 
 /// Generated `/etc` files: (path, mode, contents).
@@ -317,6 +324,10 @@ mod tests {
             .is_none());
         assert!(!img.layers[0].join("home").exists());
         assert!(img.host_binds.iter().any(|b| b.target == Path::new("/usr")));
+        // A JVM's configuration, when the host has one (Debian's OpenJDK 17 here).
+        if Path::new("/etc/java-17-openjdk/security/java.security").exists() {
+            assert!(etc.join("java-17-openjdk/security/java.security").is_file());
+        }
         // Idempotent: a second call keeps the same tree.
         let again = ensure(&dir).unwrap();
         assert_eq!(again, img);
