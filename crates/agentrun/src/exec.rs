@@ -36,7 +36,7 @@ pub fn run(mut args: ExecArgs, paths: &Paths) -> ExitCode {
     let no_daemon = landlock_only
         || args.no_daemon
         || std::env::var("AGENTRUN_NO_DAEMON").is_ok_and(|v| v == "1");
-    let record = match Plan::new(args, &span.traceparent(), &recorder) {
+    let record = match Plan::new(args, &span.traceparent(), &recorder, &paths.root) {
         Ok(plan) if landlock_only => {
             let record = crate::landlock_only::execute(&plan, &recorder);
             record.tell(&plan);

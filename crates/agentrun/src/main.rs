@@ -205,7 +205,7 @@ impl Paths {
 
 /// Why `agentrun oci ...` (and runc-style invocations) refuse as an ordinary user.
 const OCI_NEEDS_ROOT: &str = "the OCI runtime (containerd/RuntimeClass) needs root: rootless \
-                              mode covers exec, serve, mcp, image, gc and info";
+                              mode covers exec, serve, mcp, image, volume, snapshot, gc and info";
 
 fn main() -> ExitCode {
     // Errors are printed as one line and never with a backtrace, so anyhow need not capture
@@ -277,23 +277,6 @@ fn main() -> ExitCode {
             | Command::Volume(_)
             | Command::Snapshot(_)
     ) {
-        // Not root: the commands that work rootless go on, the others say so before anything
-        // fails on a permission (the store, the state dir).
-        let rootless_ok = matches!(
-            cli.command,
-            Command::Exec(_)
-                | Command::Gc
-                | Command::Image(_)
-                | Command::Serve(_)
-                | Command::Mcp(_)
-        );
-        if !rootless_ok && !privilege.is_root() {
-            eprintln!(
-                "agentrun: this command needs root (rootless mode covers exec, serve, mcp, \
-                 image, gc and info): run it with sudo"
-            );
-            return ExitCode::from(EXIT_AGENTRUN_ERROR);
-        }
         match agentrun_runtime::hostdirs::secure(&paths.root, &paths.state_dir) {
             Ok(repairs) => {
                 for line in repairs {

@@ -14,6 +14,7 @@ use agentrun_policy::{
 };
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_runtime::rootfs::UserMount;
+use agentrun_runtime::volume::{VolumeLease, VolumeStore};
 use anyhow::{bail, Context};
 use clap::Args;
 
@@ -39,6 +40,10 @@ pub struct ExecArgs {
     /// Extra read-write mount, HOST[:SANDBOX] (repeatable).
     #[arg(long = "rw", value_name = "HOST[:SANDBOX]")]
     rw: Vec<String>,
+    /// A named volume (`agentrun volume`) mounted at SANDBOX, read-write unless `:ro`; made
+    /// when missing, kept after the run (repeatable).
+    #[arg(long = "volume", value_name = "NAME:SANDBOX[:ro]")]
+    volume: Vec<String>,
     /// Set an environment variable, KEY=VALUE (or KEY to pass the host's value) (repeatable).
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -105,6 +110,8 @@ pub(crate) struct Plan {
     /// intercepted), and `--egress-upstream-ca`; also (with an empty vault) when the profile
     /// has HTTP rules, whose hosts' TLS is intercepted.
     pub(crate) credentials: Option<(agentrun_egress::Vault, Vec<PathBuf>)>,
+    /// `--volume`: the named volumes the run mounts, held (not removable) until it ends.
+    pub(crate) _volumes: Vec<VolumeLease>,
 }
 
 /// `agentrun exec --isolation`.
@@ -162,6 +169,7 @@ impl Plan {
         mut args: ExecArgs,
         traceparent: &str,
         recorder: &Recorder,
+        root: &Path,
     ) -> Result<Plan, PlanError> {
         let mut creds =
             crate::credential::parse_all(&args.egress.credential, &mut args.egress.allow_host)?;
@@ -262,6 +270,11 @@ impl Plan {
                 writable,
             });
         }
+        let volume_specs = args
+            .volume
+            .iter()
+            .map(|spec| parse_volume(spec).map(|(n, t, w)| (spec, n, t, w)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
 
         let mut env: Vec<(String, String)> = Vec::new();
         for file in &args.env_file {
@@ -294,6 +307,10 @@ impl Plan {
             target: m.target.clone(),
             writable: m.writable,
         }));
+        actions.extend(volume_specs.iter().map(|(_, _, t, w)| Action::Mount {
+            target: t.clone(),
+            writable: *w,
+        }));
         let mut denied = None;
         for a in &actions {
             let d = profile.check(a);
@@ -310,6 +327,26 @@ impl Plan {
         }
         if let Some(msg) = denied {
             return Err(PlanError::Denied(msg));
+        }
+        // Named volumes, allowed: leased now (the lease makes one that is missing) and held
+        // until the run ends, mounted by their data directory's path like --rw/--ro (the
+        // warm path's daemon mounts them by path).
+        let mut volumes = Vec::new();
+        let store = VolumeStore::new(root);
+        for (spec, name, target, writable) in volume_specs {
+            let lease = store
+                .lease(name, true)
+                .map_err(|e| anyhow::anyhow!("--volume {spec}: {e}"))?;
+            let source = store
+                .inspect(name)
+                .map_err(|e| anyhow::anyhow!("--volume {spec}: {e}"))?
+                .mountpoint;
+            volumes.push(lease);
+            mounts.push(UserMount {
+                source,
+                target,
+                writable,
+            });
         }
 
         // The sandboxed process continues this trace under the sandbox.exec span.
@@ -341,6 +378,7 @@ impl Plan {
             .map(|a| Arc::new(a) as Arc<dyn Approver>);
 
         Ok(Plan {
+            _volumes: volumes,
             approver,
             approval_timeout,
             credentials,
@@ -368,6 +406,28 @@ impl Plan {
             },
         })
     }
+}
+
+/// `--volume NAME:SANDBOX[:ro]`: the name, the absolute sandbox path, and whether writable.
+fn parse_volume(spec: &str) -> anyhow::Result<(&str, PathBuf, bool)> {
+    let mut parts = spec.split(':');
+    let (Some(name), Some(target)) = (parts.next(), parts.next()) else {
+        bail!("--volume {spec}: expected NAME:SANDBOX[:ro]");
+    };
+    let writable = match parts.next() {
+        None | Some("rw") => true,
+        Some("ro") => false,
+        Some(other) => bail!("--volume {spec}: {other:?} is neither ro nor rw"),
+    };
+    if parts.next().is_some() {
+        bail!("--volume {spec}: expected NAME:SANDBOX[:ro]");
+    }
+    agentrun_runtime::volume::check_name(name).with_context(|| format!("--volume {spec}"))?;
+    let target = PathBuf::from(target);
+    if !target.is_absolute() {
+        bail!("--volume {spec}: the sandbox path must be absolute");
+    }
+    Ok((name, target, writable))
 }
 
 fn parse_env(s: &str) -> anyhow::Result<(String, String)> {

@@ -11,10 +11,11 @@ use crate::Paths;
 
 #[derive(Subcommand, Debug)]
 pub enum VolumeCommand {
-    /// Make a named volume (an empty directory, owned by root unless --owner).
+    /// Make a named volume (an empty directory, owned by you unless --owner: root's, or in
+    /// rootless mode yours, which your sandboxes see as their root).
     Create {
         name: String,
-        /// Host owner of its files, UID:GID: files a sandbox writes land owned by it.
+        /// Host owner of its files, UID:GID: files a sandbox writes land owned by it (root only).
         #[arg(long, value_name = "UID:GID")]
         owner: Option<String>,
     },

@@ -584,13 +584,55 @@ pub fn tar_dir(src: &Path, out: &mut dyn io::Write) -> io::Result<()> {
     .write(src, out)
 }
 
+/// How a sandbox's host ids become image ids: `(inside, host, count)` ranges (a user
+/// namespace's `uid_map`/`gid_map` lines), for uids and for gids. Any other host id is
+/// written as 65534 (nobody).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<(u32, u32, u32)>,
+    pub gids: Vec<(u32, u32, u32)>,
+}
+
+impl IdMap {
+    /// Host ids `[base, base + count)` are `0..count` (root's sandboxes), for both.
+    pub fn range(base: u32, count: u32) -> IdMap {
+        IdMap {
+            uids: vec![(0, base, count)],
+            gids: vec![(0, base, count)],
+        }
+    }
+
+    fn map(ranges: &[(u32, u32, u32)], host: u32) -> u64 {
+        ranges
+            .iter()
+            .find(|(_, h, n)| host >= *h && host - h < *n)
+            .map_or(65534, |(inside, h, _)| u64::from(inside + (host - h)))
+    }
+
+    /// The image uid of host uid `host`.
+    pub fn uid(&self, host: u32) -> u64 {
+        Self::map(&self.uids, host)
+    }
+
+    /// The image gid of host gid `host`.
+    pub fn gid(&self, host: u32) -> u64 {
+        Self::map(&self.gids, host)
+    }
+}
+
 /// Writes an overlayfs upper directory (what a sandbox changed) as an OCI layer tar:
 /// whiteouts (0:0 char devices) become `.wh.NAME`, opaque directories get `.wh..wh..opq`,
 /// overlayfs' own xattrs are dropped, and owners in the sandbox's id range
 /// `[base, base+len)` are shifted back to image ids (anything else becomes 65534, nobody).
 pub fn tar_upper(upper: &Path, base: u32, len: u32, out: &mut dyn io::Write) -> io::Result<()> {
+    tar_upper_mapped(upper, &IdMap::range(base, len), out)
+}
+
+/// [`tar_upper`] with the sandbox's id mapping given whole (a rootless sandbox's: the user
+/// is root, its subordinate ids `1..`).
+pub fn tar_upper_mapped(upper: &Path, ids: &IdMap, out: &mut dyn io::Write) -> io::Result<()> {
     TreeTar {
-        ids: Some((base, len)),
+        ids: Some(ids.clone()),
         overlay: true,
     }
     .write(upper, out)
@@ -616,8 +658,8 @@ pub fn sorted_entries(
 
 /// One way of turning a directory tree into a layer tar.
 struct TreeTar {
-    /// Shift owners from this host range down to 0.
-    ids: Option<(u32, u32)>,
+    /// Shift owners from the sandbox's host ids back to image ids.
+    ids: Option<IdMap>,
     /// The tree is an overlayfs upper dir.
     overlay: bool,
 }
@@ -631,12 +673,12 @@ impl TreeTar {
         b.finish()
     }
 
-    fn id(&self, host: u32) -> u64 {
-        match self.ids {
-            None => u64::from(host),
-            Some((base, len)) if host >= base && host - base < len => u64::from(host - base),
-            Some(_) => 65534,
-        }
+    fn uid(&self, host: u32) -> u64 {
+        self.ids.as_ref().map_or(u64::from(host), |m| m.uid(host))
+    }
+
+    fn gid(&self, host: u32) -> u64 {
+        self.ids.as_ref().map_or(u64::from(host), |m| m.gid(host))
     }
 
     fn header(&self, m: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
@@ -644,8 +686,8 @@ impl TreeTar {
         let mut h = tar::Header::new_gnu();
         h.set_metadata_in_mode(m, tar::HeaderMode::Complete);
         h.set_entry_type(kind);
-        h.set_uid(self.id(m.uid()));
-        h.set_gid(self.id(m.gid()));
+        h.set_uid(self.uid(m.uid()));
+        h.set_gid(self.gid(m.gid()));
         h.set_size(0);
         h
     }
@@ -716,6 +758,26 @@ mod tests {
     use super::*;
     use crate::test_dir;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    #[test]
+    fn id_maps_shift_each_range_and_the_rest_is_nobody() {
+        // A rootless sandbox's: the user (1000) is root, its subordinate ids are 1..
+        let m = IdMap {
+            uids: vec![(0, 1000, 1), (1, 100000, 65536)],
+            gids: vec![(0, 1001, 1)],
+        };
+        assert_eq!((m.uid(1000), m.uid(100000), m.uid(100999)), (0, 1, 1000));
+        assert_eq!(
+            (m.uid(0), m.uid(1001), m.uid(165536)),
+            (65534, 65534, 65534)
+        );
+        assert_eq!((m.gid(1001), m.gid(1000)), (0, 65534));
+        let r = IdMap::range(2_000_000, 65536);
+        assert_eq!(
+            (r.uid(2_000_000), r.gid(2_065_535), r.uid(2_065_536)),
+            (0, 65535, 65534)
+        );
+    }
 
     /// The limit `err` says was hit, if it is a limit's error.
     fn limit_of(err: &ImageError) -> Option<crate::Limit> {

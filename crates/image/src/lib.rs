@@ -34,7 +34,9 @@ use std::path::PathBuf;
 pub use archive::for_each_tar_entry;
 pub use config::ImageConfig;
 pub use digest::short_id;
-pub use layer::{sorted_entries, tar_upper, unpack, LayerLease, UnpackReport};
+pub use layer::{
+    sorted_entries, tar_upper, tar_upper_mapped, unpack, IdMap, LayerLease, UnpackReport,
+};
 pub use limits::{docker_size, Budget, Limit, UnpackLimits};
 pub use progress::{NoProgress, Phase, Progress};
 pub use pull::PullOptions;

@@ -74,14 +74,14 @@ pub fn valid_snapshot_id(id: &str) -> bool {
 }
 
 /// An overlayfs upper directory to make a layer of.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct UpperDir<'a> {
     /// The directory (for a live sandbox, a path through `/proc/<pid>/fd/<n>`).
     pub path: &'a Path,
-    /// Host ids `[uid_base, uid_base + uid_count)` are the sandbox's `0..uid_count`; anything
-    /// else is written as 65534.
-    pub uid_base: u32,
-    pub uid_count: u32,
+    /// The sandbox's host ids and the image ids they are (root's: its uid range from 0; a
+    /// rootless sandbox's: the user is 0, its subordinate ids 1..); anything else is written
+    /// as 65534.
+    pub ids: crate::layer::IdMap,
 }
 
 /// How [`ImageStore::commit_upper`] makes the image.
@@ -259,13 +259,12 @@ impl ImageStore {
         let blob = (|| {
             let mut below = Vec::with_capacity(lowers.len());
             for l in lowers {
-                below.push(self.put_layer_blob(|w| {
-                    crate::layer::tar_upper(l, upper.uid_base, upper.uid_count, w)
-                })?);
+                below.push(
+                    self.put_layer_blob(|w| crate::layer::tar_upper_mapped(l, &upper.ids, w))?,
+                );
             }
-            let top = self.put_layer_blob(|w| {
-                crate::layer::tar_upper(upper.path, upper.uid_base, upper.uid_count, w)
-            })?;
+            let top =
+                self.put_layer_blob(|w| crate::layer::tar_upper_mapped(upper.path, &upper.ids, w))?;
             Ok::<_, ImageError>((top, below))
         })();
         match blob {
@@ -606,8 +605,7 @@ mod tests {
         // The test's own ids are outside the range: written as 65534.
         UpperDir {
             path: p,
-            uid_base: 0,
-            uid_count: 65536,
+            ids: crate::layer::IdMap::range(0, 65536),
         }
     }
 

@@ -36,6 +36,7 @@ pub mod protocol;
 pub mod python;
 pub mod recipe;
 pub mod run;
+mod sigstop;
 pub mod snapshot;
 pub mod stdio;
 

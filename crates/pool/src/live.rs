@@ -248,6 +248,9 @@ pub struct LiveSandbox {
     freezing: Mutex<()>,
     deleted: AtomicBool,
     cgroup: Option<CgroupMode>,
+    /// An ordinary user's sandbox: no cgroup freezer (a snapshot stops it with SIGSTOP,
+    /// [`crate::sigstop`]), and its files' owners are the user and its subordinate ids.
+    rootless: bool,
     swap_limit: bool,
     limits: Mutex<(f64, u64)>,
     /// Handed back to the pool on delete.
@@ -545,6 +548,18 @@ impl LiveSandbox {
         if self.is_dead() {
             return Err(PoolError::NotFound(self.id.clone()));
         }
+        if self.rootless {
+            // No cgroup freezer: every process stopped (SIGSTOP) while the layer is read;
+            // the owners are the user namespace's (the user is root, its subordinate ids 1..).
+            let ids = self.id_map()?;
+            let upper = self.open_upper()?;
+            let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
+            self.taint("paused");
+            let stopped = crate::sigstop::stop_all(self.init_pid)?;
+            let result = read(&agentrun_image::UpperDir { path: &path, ids });
+            drop(stopped);
+            return Ok(result);
+        }
         let cgroup = self.cgroup()?;
         let upper = self.open_upper()?;
         let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
@@ -555,13 +570,40 @@ impl LiveSandbox {
         }
         let result = read(&agentrun_image::UpperDir {
             path: &path,
-            uid_base: agentrun_runtime::idmap::UID_BASE,
-            uid_count: agentrun_runtime::idmap::UID_COUNT,
+            ids: agentrun_image::IdMap::range(
+                agentrun_runtime::idmap::UID_BASE,
+                agentrun_runtime::idmap::UID_COUNT,
+            ),
         });
         if !was_paused {
             cgroup.freeze(&self.shell_id, false)?;
         }
         Ok(result)
+    }
+
+    /// A rootless sandbox's id mapping as its user namespace has it (`/proc/PID/uid_map`
+    /// and `gid_map` of its init: `inside host count` lines).
+    fn id_map(&self) -> Result<agentrun_image::IdMap, PoolError> {
+        let read = |what: &str| -> Result<Vec<(u32, u32, u32)>, PoolError> {
+            let path = format!("/proc/{}/{what}", self.init_pid);
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| PoolError::Io("read id map", e))?;
+            Ok(text
+                .lines()
+                .filter_map(|l| {
+                    let mut f = l.split_whitespace().map(|n| n.parse::<u32>().ok());
+                    Some((f.next()??, f.next()??, f.next()??))
+                })
+                .collect())
+        };
+        let ids = agentrun_image::IdMap {
+            uids: read("uid_map")?,
+            gids: read("gid_map")?,
+        };
+        if !agentrun_runtime::cellrun::pidfd_exists(self.pidfd.as_fd()) {
+            return Err(PoolError::NotFound(self.id.clone()));
+        }
+        Ok(ids)
     }
 
     /// Bytes of the files in the sandbox's writable layer now (not frozen: a first check of a
@@ -878,6 +920,7 @@ impl LiveManager {
             freezing: Mutex::new(()),
             deleted: AtomicBool::new(false),
             cgroup: self.cgroup,
+            rootless: !self.privilege.is_root(),
             swap_limit: self.swap_limit,
             limits: Mutex::new((limits.cpus, limits.memory_bytes)),
             pooled: Mutex::new(None),

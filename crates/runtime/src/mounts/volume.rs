@@ -18,6 +18,9 @@
 //! root-owned directory is mapped like the image (the sandbox's root writes as the host's
 //! root, which is why `$AGENTRUN_ROOT` is `0700`), any other owner to the sandbox's root, so
 //! files written land owned by the directory's owner. Mounts are `nosuid,nodev` inside.
+//! Rootless (an ordinary user's store under `$XDG_DATA_HOME/agentrun`): a volume is the
+//! user's own directory, cloned into the sandbox's user namespace like a workspace (not
+//! idmapped): the sandbox's root writes it as the user.
 
 use std::fs;
 use std::io::Write;
@@ -398,8 +401,10 @@ impl VolumeStore {
             .map_err(|e| VolumeError::io("chmod", &self.dir, e))
     }
 
-    /// Makes volume `name` (its data directory owned by `owner`, default root), or
-    /// [`VolumeError::Exists`]. Made complete under a temporary name, then renamed into place.
+    /// Makes volume `name` (its data directory owned by `owner`, default the caller: root,
+    /// or in rootless mode the user, whose sandboxes see it as their root), or
+    /// [`VolumeError::Exists`]. Only root may give it another owner. Made complete under a
+    /// temporary name, then renamed into place.
     pub fn create(
         &self,
         name: &str,
@@ -412,7 +417,18 @@ impl VolumeStore {
         if dest.exists() {
             return Err(VolumeError::Exists(name.into()));
         }
-        let (uid, gid) = owner.unwrap_or((0, 0));
+        let caller = (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
+        let (uid, gid) = owner.unwrap_or(caller);
+        if caller.0 != 0 && (uid, gid) != caller {
+            return Err(VolumeError::Invalid(format!(
+                "volume {name}: only root may give a volume another owner ({uid}:{gid}); \
+                 yours are {}:{}",
+                caller.0, caller.1
+            )));
+        }
         let meta = VolumeMeta {
             name: name.into(),
             created: now_secs(),
