@@ -497,15 +497,21 @@ fn nothing_is_left_behind() {
 #[test]
 fn what_needs_root_refuses_in_one_line() {
     let Some((u, _s, _l)) = user() else { return };
-    for args in [
-        &["volume", "ls"][..],
-        &["snapshot", "ls"][..],
-        &["oci", "state", "x"][..],
-    ] {
-        let out = u.run(args, &[]);
-        out.assert_agentrun_error();
-        assert!(out.stderr().contains("needs root"), "{out}");
-    }
+    let out = u.run(&["oci", "state", "x"], &[]);
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("needs root"), "{out}");
+    // `image build` with a RUN step (its steps' sandboxes are not rootless yet).
+    let ctx = u.home.join("build-ctx");
+    fs::create_dir_all(&ctx).unwrap();
+    fs::write(ctx.join("Dockerfile"), "FROM busybox\nRUN true\n").unwrap();
+    u.chown(&ctx);
+    let out = u.run(
+        &["image", "build", "-t", "built", ctx.to_str().unwrap()],
+        &[],
+    );
+    fs::remove_dir_all(&ctx).unwrap();
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("needs root"), "{out}");
 }
 
 #[test]
@@ -984,4 +990,352 @@ fn mcp_sdk_scenarios_as_an_ordinary_user() {
         u.pids().is_empty().then_some(())
     });
     assert!(left.is_some(), "processes left: {:?}", u.pids());
+}
+
+/// No process of the user's, no host mount under its home, no sandbox state dir left.
+fn assert_nothing_left(u: &User) {
+    let left = wait_until(Duration::from_secs(10), || {
+        u.pids().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "processes left: {:?}", u.pids());
+    let home = u.home.to_str().unwrap();
+    let mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(home))
+        .map(String::from)
+        .collect();
+    assert_eq!(mounts, Vec::<String>::new(), "host mounts under the home");
+    let sandboxes: Vec<_> = fs::read_dir(u.state_dir().join("sandboxes"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(sandboxes.is_empty(), "state dirs left: {sandboxes:?}");
+}
+
+/// `agentrun volume` and `exec --volume` as the user: the volume's files are the user's on
+/// the host and root's inside, they persist from a cold run to a warm one, `:ro` holds, bad
+/// input is one line, root's volumes and this user's store stay out of reach of others.
+#[test]
+fn named_volumes_are_the_users_and_persist_across_runs() {
+    let Some((u, _s, _l)) = user() else { return };
+    assert_eq!(
+        u.run(&["volume", "create", "data"], &[]).success(),
+        "data\n"
+    );
+    let out = u.run(&["volume", "inspect", "data"], &[]);
+    let v: serde_json::Value = serde_json::from_str(&out.success()).expect("inspect JSON");
+    let mountpoint = PathBuf::from(v[0]["mountpoint"].as_str().unwrap());
+    assert_eq!(v[0]["uid"], u.uid, "{out}");
+    assert!(mountpoint.starts_with(u.store().join("volumes")), "{out}");
+    let m = fs::metadata(&mountpoint).unwrap();
+    assert_eq!(m.uid(), u.uid, "the volume's directory is the user's");
+    // Written cold as the sandbox's root; on the host the file is the user's.
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--volume",
+            "data:/data",
+            "--",
+            "sh",
+            "-c",
+            "echo one > /data/f && stat -c %u /data/f",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "0\n", "{out}");
+    let f = mountpoint.join("f");
+    assert_eq!(fs::read_to_string(&f).unwrap(), "one\n");
+    assert_eq!(fs::metadata(&f).unwrap().uid(), u.uid);
+    // Read again by a warm run (the user's daemon), which appends.
+    {
+        let _d = Daemon::start(u, "busybox:default=1");
+        let out = u.run(
+            &[
+                "exec",
+                "--image",
+                "busybox",
+                "--volume",
+                "data:/v",
+                "--",
+                "sh",
+                "-c",
+                "cat /v/f && echo two >> /v/f",
+            ],
+            &[],
+        );
+        assert_eq!(out.success(), "one\n", "{out}");
+        let shells = Daemon::shells(u);
+        assert!(
+            shells.contains(&last_run_sandbox(u)),
+            "the run was not the daemon's: {shells:?}"
+        );
+    }
+    assert_eq!(fs::read_to_string(&f).unwrap(), "one\ntwo\n");
+    // Read-only stays read-only; a volume named first by exec is made and kept.
+    let out = u.run(
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--volume",
+            "data:/v:ro",
+            "--volume",
+            "fresh:/w",
+            "--",
+            "sh",
+            "-c",
+            "cat /v/f; echo x > /v/g 2>/dev/null && echo WROTE; echo w > /w/w; echo done",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert_eq!(out.success(), "one\ntwo\ndone\n", "{out}");
+    assert!(!mountpoint.join("g").exists());
+    let out = u.run(&["volume", "ls", "--json"], &[]);
+    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&out.success())
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["data", "fresh"], "{out}");
+    // Bad input: one line, exit 125, nothing made.
+    for args in [
+        &["volume", "create", "../x"][..],
+        &["volume", "create", "other", "--owner", "0:0"][..],
+        &["volume", "create", "data"][..],
+        &["volume", "inspect", "nosuch"][..],
+        &["volume", "rm", "nosuch"][..],
+        &[
+            "exec", "--image", "busybox", "--volume", "data", "--", "true",
+        ][..],
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--volume",
+            "Bad_Name:/x",
+            "--",
+            "true",
+        ][..],
+        &[
+            "exec", "--image", "busybox", "--volume", "data:rel", "--", "true",
+        ][..],
+        &[
+            "exec",
+            "--image",
+            "busybox",
+            "--volume",
+            "data:/x:rx",
+            "--",
+            "true",
+        ][..],
+    ] {
+        let out = u.run(args, &[("AGENTRUN_NO_DAEMON", "1")]);
+        out.assert_agentrun_error();
+    }
+    assert!(!u.store().join("volumes/other").exists());
+    // Root's volumes: neither its store nor a volume's directory is reachable.
+    let root_store = tempdir();
+    let rs = root_store.path().to_str().unwrap();
+    agentrun(["--root", rs, "volume", "create", "secret"])
+        .run()
+        .success();
+    let secret_dir = root_store.path().join("volumes/secret/data");
+    fs::write(secret_dir.join("s"), "root's\n").unwrap();
+    fs::set_permissions(
+        root_store.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let out = u.run(&["--root", rs, "volume", "ls"], &[]);
+    out.assert_agentrun_error();
+    let spec = format!("{}:/x", secret_dir.display());
+    let out = u.run(
+        &[
+            "exec", "--image", "busybox", "--ro", &spec, "--", "cat", "/x/s",
+        ],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    );
+    assert!(!out.stdout().contains("root's"), "{out}");
+    assert_ne!(out.code(), 0, "{out}");
+    // Another user (nobody) cannot reach this user's volumes.
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(agentrun_bin())
+        .args(["--root", u.store().to_str().unwrap(), "volume", "ls"])
+        .env_clear()
+        .env("HOME", "/nonexistent")
+        .env("PATH", "/usr/bin:/bin");
+    let out = run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
+    out.assert_agentrun_error();
+    assert!(!out.stdout().contains("data"), "{out}");
+    // rm removes a volume and its files.
+    for n in ["data", "fresh"] {
+        assert_eq!(u.run(&["volume", "rm", n], &[]).success(), format!("{n}\n"));
+    }
+    assert!(!mountpoint.exists());
+    assert_eq!(
+        u.run(&["volume", "ls"], &[]).success(),
+        "NAME\tIN USE\tCREATED\tBY\n"
+    );
+    assert_nothing_left(u);
+}
+
+/// The command line of process `pid` (NUL-separated arguments joined by spaces).
+fn cmdline(pid: i32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// `curl` as root against the user's daemon: (status, body).
+fn api(domain: &str, key: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut args = vec![
+        "-sS".to_string(),
+        "-o".into(),
+        "/dev/stdout".into(),
+        "-w".into(),
+        "\n%{http_code}".into(),
+        "-X".into(),
+        method.into(),
+        "-H".into(),
+        format!("OPEN-SANDBOX-API-KEY: {key}"),
+    ];
+    if let Some(b) = body {
+        args.extend([
+            "-H".into(),
+            "Content-Type: application/json".into(),
+            "--data".into(),
+            b.into(),
+        ]);
+    }
+    args.push(format!("http://{domain}{path}"));
+    let out = host("curl", &args);
+    let text = out.stdout();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// `agentrun snapshot` as the user: a snapshot of a long-lived sandbox of the user's daemon
+/// (stopped while it is read, running on after), listed by `snapshot ls` and `image ls`, run
+/// cold with its files, modes, owners, symlink and removed file as they were, removed by
+/// `snapshot rm`; bad ids one line; root's store out of reach; nothing left.
+#[test]
+fn snapshots_of_a_users_sandbox_run_with_their_files() {
+    let Some((u, _s, _l)) = user() else { return };
+    // The base image has the file the sandbox removes.
+    let out = u.cold("busybox", &["ls", "/bin/yes"]);
+    assert_eq!(out.success(), "/bin/yes\n", "{out}");
+    let key = "rootless-snap-key";
+    let domain = format!("127.0.0.1:{}", agentrun_e2e::osb::free_port());
+    let cmd = u.command(
+        &["serve", "--pool", "busybox:default=1", "--listen", &domain],
+        &[("AGENTRUN_API_KEY", key)],
+    );
+    let mut running = Running::spawn(cmd, None);
+    let up = wait_until(Duration::from_secs(60), || {
+        let (status, _) = api(&domain, key, "GET", "/v1/sandboxes", None);
+        (status == 200).then_some(())
+    });
+    if up.is_none() {
+        let out = running.wait_or_kill(Duration::from_secs(5));
+        panic!("the user's daemon did not serve\n{out}");
+    }
+    let entry = "mkdir -p /work && echo snap > /work/f && chmod 640 /work/f && \
+                 ln -s f /work/l && rm /bin/yes && touch /work/ready && exec sleep 600";
+    let body = serde_json::json!({
+        "image": {"uri": "busybox"},
+        "entrypoint": ["sh", "-c", entry],
+        "timeout": 600,
+        "resourceLimits": {},
+    })
+    .to_string();
+    let (status, created) = api(&domain, key, "POST", "/v1/sandboxes", Some(&body));
+    assert!((200..300).contains(&status), "create: {status} {created}");
+    let id = serde_json::from_str::<serde_json::Value>(&created).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The entrypoint is done when its sleep runs with /work/ready in its root.
+    let sleeper = wait_until(Duration::from_secs(60), || {
+        u.pids().into_iter().find(|p| {
+            cmdline(*p).trim() == "sleep 600"
+                && Path::new(&format!("/proc/{p}/root/work/ready")).exists()
+        })
+    })
+    .unwrap_or_else(|| panic!("the sandbox's entrypoint did not finish"));
+    let out = u.run(&["snapshot", "create", &id, "--name", "mine"], &[]);
+    let snap = out.success().trim().to_string();
+    assert!(snap.starts_with("snap-"), "{out}");
+    // The sandbox runs on (its sleep not left stopped).
+    let state = fs::read_to_string(format!("/proc/{sleeper}/stat")).unwrap();
+    let state = state
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .trim_start()
+        .chars()
+        .next();
+    assert_eq!(state, Some('S'), "the sandbox's process after the snapshot");
+    let out = u.run(&["snapshot", "ls"], &[]);
+    assert!(
+        out.success().contains(&snap) && out.stdout().contains("mine"),
+        "{out}"
+    );
+    let image = format!("agentrun.local/snapshot:{snap}");
+    let out = u.run(&["image", "ls"], &[]);
+    assert!(out.success().contains(&snap), "{out}");
+    let out = u.run(&["snapshot", "inspect", &snap], &[]);
+    let v: serde_json::Value = serde_json::from_str(&out.success()).unwrap();
+    assert_eq!(v[0]["image"], image.as_str(), "{out}");
+    // Bad ids: one line each.
+    for args in [
+        &["snapshot", "create", "nosuch"][..],
+        &["snapshot", "inspect", "nosuch"][..],
+        &["snapshot", "rm", "nosuch"][..],
+    ] {
+        u.run(args, &[]).assert_agentrun_error();
+    }
+    let (status, _) = api(&domain, key, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!((200..300).contains(&status), "delete: {status}");
+    running.signal(libc::SIGTERM);
+    let _ = running.wait_or_kill(Duration::from_secs(30));
+    // Run cold from the snapshot: its files as they were.
+    let out = u.cold(
+        &image,
+        &[
+            "sh",
+            "-c",
+            "cat /work/f; stat -c '%u:%g %a' /work/f; readlink /work/l; \
+             ls /bin/yes 2>/dev/null || echo removed",
+        ],
+    );
+    assert_eq!(out.success(), "snap\n0:0 640\nf\nremoved\n", "{out}");
+    // Root's store (and so its snapshots) is not the user's.
+    let root_store = tempdir();
+    fs::set_permissions(
+        root_store.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let rs = root_store.path().to_str().unwrap();
+    agentrun(["--root", rs, "image", "ls"]).run().success();
+    u.run(&["--root", rs, "snapshot", "ls"], &[])
+        .assert_agentrun_error();
+    // Removed: gone from the store's images too.
+    assert_eq!(
+        u.run(&["snapshot", "rm", &snap], &[]).success(),
+        format!("{snap}\n")
+    );
+    let out = u.run(&["image", "ls"], &[]);
+    assert!(!out.success().contains(&snap), "{out}");
+    u.run(
+        &["exec", "--image", &image, "--", "true"],
+        &[("AGENTRUN_NO_DAEMON", "1")],
+    )
+    .assert_agentrun_error();
+    assert_nothing_left(u);
 }
