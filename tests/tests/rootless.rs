@@ -1093,14 +1093,18 @@ fn named_volumes_are_the_users_and_persist_across_runs() {
     assert_eq!(out.success(), "one\ntwo\ndone\n", "{out}");
     assert!(!mountpoint.join("g").exists());
     let out = u.run(&["volume", "ls", "--json"], &[]);
-    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&out.success())
+    let listed: Vec<(String, String)> = serde_json::from_str::<serde_json::Value>(&out.success())
         .unwrap()
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| v["name"].as_str().unwrap().to_string())
+        .map(|v| {
+            let s = |k: &str| v[k].as_str().unwrap().to_string();
+            (s("name"), s("created_by"))
+        })
         .collect();
-    assert_eq!(names, ["data", "fresh"], "{out}");
+    let want = [("data", "cli"), ("fresh", "cli")].map(|(n, b)| (n.to_string(), b.to_string()));
+    assert_eq!(listed, want, "{out}");
     // Bad input: one line, exit 125, nothing made.
     for args in [
         &["volume", "create", "../x"][..],
@@ -1337,5 +1341,132 @@ fn snapshots_of_a_users_sandbox_run_with_their_files() {
         &[("AGENTRUN_NO_DAEMON", "1")],
     )
     .assert_agentrun_error();
+    assert_nothing_left(u);
+}
+
+/// `agentrun serve --mcp` (Streamable HTTP) as the user: the SDK client's `http` scenario
+/// (the tools, a session's state, sessions apart, the API key required) against the user's
+/// daemon; nothing left when it stops.
+#[test]
+fn serve_mcp_over_http_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    let key = "rootless-mcp-key";
+    let addr = format!("127.0.0.1:{}", agentrun_e2e::osb::free_port());
+    let cmd = u.command(&["serve", "--mcp", &addr], &[("AGENTRUN_API_KEY", key)]);
+    let mut running = Running::spawn(cmd, None);
+    let url = format!("http://{addr}/mcp");
+    let up = wait_until(Duration::from_secs(60), || {
+        std::net::TcpStream::connect(&addr).ok().map(|_| ())
+    });
+    if up.is_none() {
+        let out = running.wait_or_kill(Duration::from_secs(5));
+        panic!("the user's daemon did not listen on {addr}\n{out}");
+    }
+    let out = run_with_timeout(
+        mcp_client(u, "http", &[], &[("MCP_URL", &url), ("MCP_API_KEY", key)]),
+        None,
+        Duration::from_secs(240),
+    );
+    running.signal(libc::SIGTERM);
+    let daemon = running.wait_or_kill(Duration::from_secs(30));
+    assert!(
+        out.status.success() && out.stdout().contains("OK http"),
+        "{out}\n{daemon}"
+    );
+    assert_nothing_left(u);
+}
+
+/// `exec --credential` as the user, cold and warm: the proxy (the user's) adds the
+/// credential to requests to its host and path only; the sandbox never sees the secret.
+#[test]
+fn exec_credential_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
+    let d = u.home.join("cred");
+    fs::create_dir_all(&d).unwrap();
+    agentrun_e2e::tls_server::certs(&d, "IP:127.0.0.1");
+    u.chown(&d);
+    let secret = format!("rootless-cred-{}", std::process::id());
+    let server_py = r#"
+import http.server, os, ssl, sys
+secret = os.environ["E2E_SECRET"]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer " + secret
+        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("server.pem", "server.key")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+    fs::write(d.join("server.py"), server_py).unwrap();
+    let port = agentrun_e2e::osb::free_port();
+    let mut cmd = Command::new("python3");
+    cmd.args(["server.py", &port.to_string()])
+        .current_dir(&d)
+        .env("E2E_SECRET", &secret);
+    let server = agentrun_e2e::tls_server::Server::start(cmd, &[port]);
+    let spec = format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET");
+    let ca = d.join("ca.pem");
+    let script = format!(
+        "echo \"bound: $(curl -sS https://127.0.0.1:{port}/v1/x)\"; \
+         echo \"unbound: $(curl -sS https://127.0.0.1:{port}/other)\"; \
+         env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"
+    );
+    let args = [
+        "exec",
+        "--image",
+        "host",
+        "--credential",
+        &spec,
+        "--egress-upstream-ca",
+        ca.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let check = |out: &RunOutput, how: &str| {
+        let stdout = out.success();
+        assert!(
+            stdout.contains("bound: auth=ok path=/v1/x\n"),
+            "{how}: {out}"
+        );
+        assert!(
+            stdout.contains("unbound: auth=missing path=/other\n"),
+            "{how}: {out}"
+        );
+        assert!(
+            !stdout.contains(&secret),
+            "{how}: the secret reached the sandbox"
+        );
+    };
+    let cold = u.run(
+        &args,
+        &[
+            ("AGENTRUN_NO_DAEMON", "1"),
+            ("AGENTRUN_E2E_SECRET", &secret),
+        ],
+    );
+    check(&cold, "cold");
+    {
+        let _d = Daemon::start(u, "host:default=1");
+        let warm = u.run(&args, &[("AGENTRUN_E2E_SECRET", &secret)]);
+        check(&warm, "warm");
+        let shells = Daemon::shells(u);
+        assert!(
+            shells.contains(&last_run_sandbox(u)),
+            "the run was not the daemon's: {shells:?}"
+        );
+    }
+    drop(server);
+    fs::remove_dir_all(&d).unwrap();
     assert_nothing_left(u);
 }

@@ -14,7 +14,7 @@ use agentrun_policy::{
 };
 use agentrun_pool::recipe::{ExecRequest, SandboxRecipe};
 use agentrun_runtime::rootfs::UserMount;
-use agentrun_runtime::volume::{VolumeLease, VolumeStore};
+use agentrun_runtime::volume::{Creator, VolumeLease, VolumeStore};
 use anyhow::{bail, Context};
 use clap::Args;
 
@@ -335,7 +335,7 @@ impl Plan {
         let store = VolumeStore::new(root);
         for (spec, name, target, writable) in volume_specs {
             let lease = store
-                .lease(name, true)
+                .lease_or_make(name, Some(Creator::Cli))
                 .map_err(|e| anyhow::anyhow!("--volume {spec}: {e}"))?;
             let source = store
                 .inspect(name)

@@ -545,6 +545,16 @@ impl VolumeStore {
     /// Takes volume `name` for a sandbox, making it first when it does not exist and
     /// `create_if_missing` (else [`VolumeError::NotFound`]).
     pub fn lease(&self, name: &str, create_if_missing: bool) -> Result<VolumeLease, VolumeError> {
+        self.lease_or_make(name, create_if_missing.then_some(Creator::Api))
+    }
+
+    /// [`VolumeStore::lease`], making a missing volume as made `by` when given (`exec
+    /// --volume`: the CLI's).
+    pub fn lease_or_make(
+        &self,
+        name: &str,
+        by: Option<Creator>,
+    ) -> Result<VolumeLease, VolumeError> {
         check_name(name)?;
         // A remove may be between its lock and its rename: then the lock file is gone once we
         // hold it, and the volume is looked up again.
@@ -552,8 +562,8 @@ impl VolumeStore {
             let mut created = false;
             let lock = match self.open_lock(name) {
                 Ok(l) => l,
-                Err(VolumeError::NotFound(_)) if create_if_missing => {
-                    match self.create(name, None, Creator::Api) {
+                Err(VolumeError::NotFound(_)) if by.is_some() => {
+                    match self.create(name, None, by.unwrap_or(Creator::Api)) {
                         Ok(_) => created = true,
                         Err(VolumeError::Exists(_)) => {}
                         Err(e) => return Err(e),
