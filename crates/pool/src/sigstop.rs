@@ -109,3 +109,68 @@ pub fn stop_all(init_pid: i32) -> Result<Stopped, PoolError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first child of `pid`, once it has one (bounded).
+    fn child_of(pid: u32) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let children =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+            if let Some(c) = children.split_whitespace().next() {
+                return c.parse().unwrap();
+            }
+            assert!(Instant::now() < deadline, "no child of {pid}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn every_process_of_the_pid_namespace_stops_and_continues() {
+        // A pid namespace of its own (a user namespace makes it possible for any user): its
+        // PID 1 is a shell with two children; this process is outside it.
+        let mut ns = std::process::Command::new("unshare")
+            .args(["--user", "--pid", "--fork", "--kill-child", "sh", "-c"])
+            .arg("sleep 30 & sleep 30 & wait")
+            .spawn()
+            .expect("unshare");
+        let init = child_of(ns.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .count()
+            < 2
+        {
+            assert!(Instant::now() < deadline, "the sleeps did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let members: Vec<i32> = std::iter::once(init)
+            .chain(
+                std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+                    .unwrap()
+                    .split_whitespace()
+                    .map(|p| p.parse().unwrap()),
+            )
+            .collect();
+        let stopped = stop_all(init).expect("stopped");
+        for p in &members {
+            assert_eq!(state(*p), Some('T'), "process {p} while stopped");
+        }
+        assert_ne!(state(std::process::id() as i32), Some('T'), "this process");
+        assert_eq!(stopped.pidfds.len(), members.len());
+        drop(stopped);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for p in &members {
+            while state(*p) == Some('T') {
+                assert!(Instant::now() < deadline, "process {p} still stopped after");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = ns.kill();
+        let _ = ns.wait();
+    }
+}
