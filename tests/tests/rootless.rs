@@ -1156,6 +1156,7 @@ fn named_volumes_are_the_users_and_persist_across_runs() {
     .unwrap();
     let out = u.run(&["--root", rs, "volume", "ls"], &[]);
     out.assert_agentrun_error();
+    assert!(out.stderr().contains("not by you"), "{out}");
     let spec = format!("{}:/x", secret_dir.display());
     let out = u.run(
         &[
@@ -1175,6 +1176,7 @@ fn named_volumes_are_the_users_and_persist_across_runs() {
         .env("PATH", "/usr/bin:/bin");
     let out = run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
     out.assert_agentrun_error();
+    assert!(out.stderr().contains("not by you"), "{out}");
     assert!(!out.stdout().contains("data"), "{out}");
     // rm removes a volume and its files.
     for n in ["data", "fresh"] {
@@ -1327,8 +1329,9 @@ fn snapshots_of_a_users_sandbox_run_with_their_files() {
     .unwrap();
     let rs = root_store.path().to_str().unwrap();
     agentrun(["--root", rs, "image", "ls"]).run().success();
-    u.run(&["--root", rs, "snapshot", "ls"], &[])
-        .assert_agentrun_error();
+    let out = u.run(&["--root", rs, "snapshot", "ls"], &[]);
+    out.assert_agentrun_error();
+    assert!(out.stderr().contains("not by you"), "{out}");
     // Removed: gone from the store's images too.
     assert_eq!(
         u.run(&["snapshot", "rm", &snap], &[]).success(),
