@@ -500,18 +500,72 @@ fn what_needs_root_refuses_in_one_line() {
     let out = u.run(&["oci", "state", "x"], &[]);
     out.assert_agentrun_error();
     assert!(out.stderr().contains("needs root"), "{out}");
-    // `image build` with a RUN step (its steps' sandboxes are not rootless yet).
+}
+
+/// `agentrun image build` as the user: RUN steps in rootless sandboxes, their changes
+/// (files, modes, a removed file) as layers over the base, COPY and ENV; a failing RUN is one
+/// line; nothing left.
+#[test]
+fn image_build_with_run_steps_as_an_ordinary_user() {
+    let Some((u, _s, _l)) = user() else { return };
     let ctx = u.home.join("build-ctx");
     fs::create_dir_all(&ctx).unwrap();
-    fs::write(ctx.join("Dockerfile"), "FROM busybox\nRUN true\n").unwrap();
+    fs::write(
+        ctx.join("Dockerfile"),
+        "FROM busybox\n\
+         RUN mkdir /built && echo made > /built/f && chmod 600 /built/f && rm /bin/yes\n\
+         COPY in.txt /built/in.txt\n\
+         ENV X=set\n\
+         RUN cat /built/f /built/in.txt > /built/g && echo \"$X\" >> /built/g\n",
+    )
+    .unwrap();
+    fs::write(ctx.join("in.txt"), "copied\n").unwrap();
+    fs::write(
+        ctx.join("Fail"),
+        "FROM busybox\nRUN echo no > /x && false\n",
+    )
+    .unwrap();
     u.chown(&ctx);
+    let c = ctx.to_str().unwrap();
+    let out = u.run(&["image", "build", "-t", "built", c], &[]);
+    assert!(out.success().contains("Successfully tagged"), "{out}");
+    let out = u.cold(
+        "built",
+        &[
+            "sh",
+            "-c",
+            "cat /built/g; stat -c '%u:%g %a' /built/f; ls /bin/yes 2>/dev/null || echo removed",
+        ],
+    );
+    assert_eq!(
+        out.success(),
+        "made\ncopied\nset\n0:0 600\nremoved\n",
+        "{out}"
+    );
+    // The base is unchanged.
+    let out = u.cold("busybox", &["ls", "/bin/yes", "/built"]);
+    assert!(
+        out.stdout().contains("/bin/yes") && !out.status.success(),
+        "{out}"
+    );
+    // A failing RUN: one line, nothing tagged.
     let out = u.run(
-        &["image", "build", "-t", "built", ctx.to_str().unwrap()],
+        &["image", "build", "-q", "-f", "Fail", "-t", "failed", c],
         &[],
     );
-    fs::remove_dir_all(&ctx).unwrap();
     out.assert_agentrun_error();
-    assert!(out.stderr().contains("needs root"), "{out}");
+    assert!(
+        out.stderr().contains("returned a non-zero code: 1"),
+        "{out}"
+    );
+    let out = u.run(&["image", "ls"], &[]);
+    assert!(
+        out.success().contains("built") && !out.stdout().contains("failed"),
+        "{out}"
+    );
+    u.run(&["image", "rm", "built"], &[]).success();
+    fs::remove_dir_all(&ctx).unwrap();
+    assert_nothing_left(u);
 }
 
 #[test]

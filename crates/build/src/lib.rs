@@ -5,7 +5,9 @@
 //! FROM takes an image from the store; RUN runs in a sandbox (the same cold path as
 //! `agentrun exec`, with the `build` profile: rootfs writable, no network) over the layers so
 //! far, and what
-//! it changed (the overlay's upper directory) becomes the next layer; COPY/ADD write a layer
+//! it changed (the overlay's upper directory) becomes the next layer (as an ordinary user: a
+//! cell of a rootless shell, its upper kept open from its start, see `run_step_rootless`);
+//! COPY/ADD write a layer
 //! from the context; the other instructions change the image config. See [`dockerfile`] for
 //! what is accepted and [`context`] for how sources are resolved.
 
@@ -14,7 +16,7 @@ pub mod dockerfile;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use agentrun_image::{ImageConfig, ImageError, ImageRecord, ImageStore, LayerRecord};
@@ -372,6 +374,14 @@ fn run_step(
     let stdin: OwnedFd = std::fs::File::open("/dev/null")
         .map_err(|e| sandbox_err(e.to_string()))?
         .into();
+    if !host.host.privilege.is_root() {
+        return run_step_rootless(store, host, profile, &config, form, stdin, on).map_err(
+            |e| match e {
+                RootlessStepError::Build(b) => b,
+                RootlessStepError::Sandbox(m) => sandbox_err(m),
+            },
+        );
+    }
     let mut sandbox = Sandbox::create(
         &config,
         host.paths,
@@ -414,6 +424,121 @@ fn run_step(
         None
     };
     sandbox.destroy().map_err(|e| sandbox_err(e.to_string()))?;
+    Ok(layer)
+}
+
+/// Why a rootless RUN step failed: the builder's own error, or the sandbox's (its message).
+enum RootlessStepError {
+    Build(BuildError),
+    Sandbox(String),
+}
+
+impl From<agentrun_runtime::RuntimeError> for RootlessStepError {
+    fn from(e: agentrun_runtime::RuntimeError) -> Self {
+        RootlessStepError::Sandbox(e.to_string())
+    }
+}
+
+impl From<ImageError> for RootlessStepError {
+    fn from(e: ImageError) -> Self {
+        RootlessStepError::Build(e.into())
+    }
+}
+
+/// A RUN step as an ordinary user: a rootless shell (as `agentrun exec`'s cold path makes)
+/// and one cell running the command, whose writable layer (the cell overlay's upper
+/// directory) is kept open from the cell's start ([`Sandbox::keep_cell_upper`]) and written
+/// as the layer after the command ended, its owners shifted back through the shell's user
+/// namespace mapping (the user is 0, its subordinate ids 1..), as root's build shifts its
+/// sandbox uid range.
+fn run_step_rootless(
+    store: &ImageStore,
+    host: &BuildHost<'_>,
+    profile: &Profile,
+    config: &SandboxConfig,
+    form: &CommandForm,
+    stdin: OwnedFd,
+    on: &mut dyn FnMut(BuildEvent<'_>),
+) -> Result<Option<LayerRecord>, RootlessStepError> {
+    use agentrun_runtime::cellrun::{cell_request, MappingCache, RunMounts};
+    use agentrun_runtime::control::{CellCommand, CellWork};
+    let mut sandbox = Sandbox::create(config, host.paths, host.host, SandboxStdio::Shell)?;
+    sandbox.start()?;
+    on(BuildEvent::Note(format!(
+        " ---> Running in {}",
+        agentrun_image::short_id(sandbox.id())
+    )));
+    let mounts = RunMounts::prepare_for(
+        &[],
+        &mut MappingCache::new(),
+        &host.host.privilege,
+        sandbox.userns(),
+    )?;
+    let mut req = cell_request(
+        profile,
+        host.host.landlock_abi,
+        &[],
+        &mounts,
+        None,
+        CellWork::Run(CellCommand {
+            argv: config.args.clone(),
+            env: agentrun_runtime::cellrun::environment(
+                profile,
+                sandbox.image_config(),
+                &config.env,
+            ),
+            cwd: config
+                .cwd
+                .as_ref()
+                .map_or_else(|| "/".to_string(), |c| c.to_string_lossy().into_owned()),
+            zygote: false,
+        }),
+    );
+    *req.rlimits = sandbox.rlimit_fallback(&profile.resources, profile.resources.timeout);
+    sandbox.keep_cell_upper();
+    let outcome = {
+        let mut out = Forward { on: &mut *on };
+        let mut sink = Vec::new();
+        let r = sandbox.run_cell(
+            &req,
+            mounts,
+            stdin,
+            agentrun_runtime::RunIo {
+                out: &mut out,
+                err: &mut sink,
+                timeout: profile.resources.timeout,
+                signals: None,
+            },
+        );
+        (out.on)(BuildEvent::Output(&sink));
+        r?
+    };
+    if outcome.exit_code != 0 {
+        return Err(RootlessStepError::Build(BuildError::RunFailed {
+            command: match form {
+                CommandForm::Shell(s) => format!("/bin/sh -c {s}"),
+                CommandForm::Exec(v) => format!("{v:?}"),
+            },
+            code: outcome.exit_code,
+        }));
+    }
+    let ids = sandbox
+        .rootless_id_map()
+        .ok_or_else(|| RootlessStepError::Sandbox("the shell's id mapping is unreadable".into()))?;
+    let upper = sandbox.take_cell_upper().ok_or_else(|| {
+        RootlessStepError::Sandbox("the cell's writable layer was not kept".into())
+    })?;
+    let upper_path = PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
+    let changed = std::fs::read_dir(&upper_path)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    let layer = if changed {
+        Some(store.put_layer(|w| agentrun_image::tar_upper_mapped(&upper_path, &ids, w))?)
+    } else {
+        None
+    };
+    drop(upper);
+    sandbox.destroy()?;
     Ok(layer)
 }
 

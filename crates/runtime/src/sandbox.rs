@@ -211,6 +211,10 @@ pub struct Sandbox {
     image_id: String,
     /// The profile's output cap (bytes per stream, cold path).
     output_cap: Option<u64>,
+    /// Set by [`Sandbox::keep_cell_upper`]: the next cell's upper directory is opened as
+    /// soon as the cell exists and kept here (the tmpfs holding it outlives the cell).
+    keep_upper: bool,
+    kept_upper: Option<OwnedFd>,
     destroyed: bool,
 }
 
@@ -338,6 +342,8 @@ impl Sandbox {
             image_config: Default::default(),
             image_id: String::new(),
             output_cap: config.profile.resources.output_cap,
+            keep_upper: false,
+            kept_upper: None,
             destroyed: false,
         };
         // From here on, dropping `sandbox` cleans up whatever exists.
@@ -379,7 +385,9 @@ impl Sandbox {
         };
         if rootless.is_some() && !matches!(stdio, SandboxStdio::Shell) {
             return Err(RuntimeError::Unsupported(
-                "`image build` needs root (its RUN steps' sandboxes are not rootless yet)".into(),
+                "a sandbox whose command is its init needs root (rootless sandboxes are shells: \
+                 run the command in a cell, as `exec` and `image build` do)"
+                    .into(),
             ));
         }
         let shell = matches!(stdio, SandboxStdio::Shell);
@@ -668,6 +676,40 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Keep the next cell's writable layer (the overlay's upper directory) for
+    /// [`Sandbox::take_cell_upper`]: how a rootless `image build` RUN step's changes are
+    /// read after its command ended (a rootless shell's own upper is in its own mount
+    /// namespace, out of the host's reach).
+    pub fn keep_cell_upper(&mut self) {
+        self.keep_upper = true;
+    }
+
+    /// The kept cell's upper directory (`O_PATH`; read it at `/proc/self/fd/N`).
+    pub fn take_cell_upper(&mut self) -> Option<OwnedFd> {
+        self.kept_upper.take()
+    }
+
+    /// A rootless shell's id mapping, `(inside, host, count)` lines of its init's
+    /// `uid_map` and `gid_map` (the user is 0, its subordinate ids 1..); `None` for root's.
+    pub fn rootless_id_map(&self) -> Option<agentrun_image::IdMap> {
+        let pid = self.rootless_init?;
+        let read = |what: &str| -> Option<Vec<(u32, u32, u32)>> {
+            let text = fs::read_to_string(format!("/proc/{pid}/{what}")).ok()?;
+            Some(
+                text.lines()
+                    .filter_map(|l| {
+                        let mut f = l.split_whitespace().map(|n| n.parse::<u32>().ok());
+                        Some((f.next()??, f.next()??, f.next()??))
+                    })
+                    .collect(),
+            )
+        };
+        Some(agentrun_image::IdMap {
+            uids: read("uid_map")?,
+            gids: read("gid_map")?,
+        })
+    }
+
     /// The host end of a shell's control channel (once).
     pub fn take_control(&mut self) -> Option<OwnedFd> {
         self.control.take()
@@ -732,6 +774,25 @@ impl Sandbox {
             Err(e) => return Err(RuntimeError::Container(e.to_string())),
         };
         drop((stdin, out_w, err_w));
+        if self.keep_upper {
+            // Opened while the cell's PID 1 lives (it holds the upper at UPPER_FD until
+            // it exits, after its result); our fd keeps the tmpfs after the cell is gone.
+            let path = format!("/proc/{}/fd/{}", cell.pid, crate::inside::cell::UPPER_FD);
+            let fd = rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| RuntimeError::io("open", &path, e.into()))?;
+            if !crate::cellrun::pidfd_exists(cell.pidfd()) {
+                return Err(RuntimeError::Container(
+                    "the cell ended before its writable layer was opened".into(),
+                ));
+            }
+            self.kept_upper = Some(fd);
+        }
         let mut target = CellTarget {
             cell: &mut cell,
             result: None,
