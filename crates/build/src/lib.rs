@@ -447,7 +447,7 @@ impl From<ImageError> for RootlessStepError {
 
 /// A RUN step as an ordinary user: a rootless shell (as `agentrun exec`'s cold path makes)
 /// and one cell running the command, whose writable layer (the cell overlay's upper
-/// directory) is kept open from the cell's start ([`Sandbox::keep_cell_upper`]) and written
+/// directory) the cell sends as it starts (`CellRequest::send_upper`) and is written
 /// as the layer after the command ended, its owners shifted back through the shell's user
 /// namespace mapping (the user is 0, its subordinate ids 1..), as root's build shifts its
 /// sandbox uid range.
@@ -495,7 +495,7 @@ fn run_step_rootless(
         }),
     );
     *req.rlimits = sandbox.rlimit_fallback(&profile.resources, profile.resources.timeout);
-    sandbox.keep_cell_upper();
+    req.send_upper = true;
     let outcome = {
         let mut out = Forward { on: &mut *on };
         let mut sink = Vec::new();

@@ -251,6 +251,8 @@ pub struct LiveSandbox {
     /// An ordinary user's sandbox: no cgroup freezer (a snapshot stops it with SIGSTOP,
     /// [`crate::sigstop`]), and its files' owners are the user and its subordinate ids.
     rootless: bool,
+    /// A rootless sandbox's writable layer as its cell sent it (`O_PATH`).
+    upper: Option<OwnedFd>,
     swap_limit: bool,
     limits: Mutex<(f64, u64)>,
     /// Handed back to the pool on delete.
@@ -620,6 +622,11 @@ impl LiveSandbox {
     /// Opens the cell's upper directory (`O_PATH`) through its PID 1's fd, checked to be the
     /// cell's (its pidfd still alive after the open: the pid was never reused meanwhile).
     fn open_upper(&self) -> Result<OwnedFd, PoolError> {
+        if let Some(fd) = &self.upper {
+            return fd
+                .try_clone()
+                .map_err(|e| PoolError::Io("dup the writable layer", e));
+        }
         let fd = self
             .open_init_dir(&format!("fd/{}", agentrun_runtime::cell::UPPER_FD))
             .map_err(|e| {
@@ -864,7 +871,7 @@ impl LiveManager {
         };
         let mut enforcement = shell.enforcement.clone();
         enforcement.idmapped_mounts &= mounts.idmapped;
-        let req = cell_request(
+        let mut req = cell_request(
             &profile,
             self.landlock_abi,
             &user_mounts,
@@ -872,7 +879,10 @@ impl LiveManager {
             spec.egress_port,
             CellWork::Live,
         );
-        let cell = match CellRun::start(shell.control.as_fd(), &req, &[], mounts) {
+        // Rootless: the daemon may not open /proc/<pid>/fd of the cell's (non-dumpable) PID 1:
+        // the cell sends its writable layer, kept for snapshots.
+        req.send_upper = !self.privilege.is_root();
+        let mut cell = match CellRun::start(shell.control.as_fd(), &req, &[], mounts) {
             Ok(c) => c,
             Err(e) => {
                 self.pool.release(shell, Verdict::Discard("cell_failed"));
@@ -880,6 +890,7 @@ impl LiveManager {
             }
         };
         let (cell_pid, cell_no) = (cell.pid, cell.cell);
+        let upper = cell.take_upper();
         let (channel, pidfd) = cell.into_parts();
         let Some(control) = channel else {
             self.pool.release(shell, Verdict::Discard("cell_failed"));
@@ -921,6 +932,7 @@ impl LiveManager {
             deleted: AtomicBool::new(false),
             cgroup: self.cgroup,
             rootless: !self.privilege.is_root(),
+            upper,
             swap_limit: self.swap_limit,
             limits: Mutex::new((limits.cpus, limits.memory_bytes)),
             pooled: Mutex::new(None),

@@ -3,19 +3,20 @@
 //! snapshot of a rootless sandbox reads its writable layer under (root's sandboxes use their
 //! cgroup's freezer: [`crate::live::LiveSandbox::with_writable_layer`]).
 //!
-//! The caller (the daemon, the owner of the sandbox's user namespace, so it may signal and
-//! inspect every process in it) lists `/proc`, keeps the processes whose pid namespace is the
-//! cell's, and stops each through a pidfd opened before its namespace is checked (a reused
-//! pid is never signalled). A process that forked meanwhile is found by the next pass; the
-//! stop is complete when a pass, after every stopped process is seen stopped (`T` in
-//! `/proc/PID/stat`), finds no new one. Weaker than the freezer, and said so in
-//! docs/rootless.md: the stop is visible to the sandbox (a parent waiting with `WUNTRACED`
-//! sees it), and processes of a pid namespace nested in the cell's are not stopped.
-//! Processes stopped already (by the sandbox itself) are left stopped afterwards.
+//! The caller (the daemon, the owner of the sandbox's user namespace, so it may signal every
+//! process in it; it may not open their `/proc/PID/ns` links: they are non-dumpable) lists
+//! `/proc/*/stat`, keeps the cell's PID 1 and every process descending from it (the pid
+//! namespace's orphans are reparented to that PID 1), and stops each through a pidfd opened
+//! before its parent is checked again (a reused pid is never signalled). A process that
+//! forked meanwhile is found by the next pass; the stop is complete when a pass, after every
+//! stopped process is seen stopped (`T` in `/proc/PID/stat`), finds no new one. Weaker than
+//! the freezer, and said so in docs/rootless.md: the stop is visible to the sandbox (a parent
+//! waiting with `WUNTRACED` sees it), and a process of the cell whose parent is outside it (a
+//! Python zygote's child) is not stopped. Processes stopped already (by the sandbox itself)
+//! are left stopped afterwards.
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use crate::PoolError;
@@ -42,37 +43,68 @@ fn state(pid: i32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-fn pid_ns(pid: i32) -> Option<u64> {
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
-}
-
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     agentrun_runtime::sandbox::pidfd_open(nix::unistd::Pid::from_raw(pid)).ok()
 }
 
-/// Stops every process in the pid namespace of `init_pid` (the cell's PID 1, itself too).
+/// The parent pid of `pid` (`/proc/PID/stat`, readable without ptrace access).
+fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `init` and every process descending from it now (orphans of its pid namespace are
+/// reparented to it, its PID 1).
+fn family(init: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
+                if let Some(pp) = ppid(pid) {
+                    parent_of.push((pid, pp));
+                }
+            }
+        }
+    }
+    let mut members = vec![init];
+    let mut i = 0;
+    while i < members.len() {
+        let p = members[i];
+        members.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    members
+}
+
+/// Stops the cell's PID 1 (`init_pid`) and every process descending from it.
 pub fn stop_all(init_pid: i32) -> Result<Stopped, PoolError> {
-    let gone = || PoolError::Invalid(format!("the sandbox's init ({init_pid}) is gone"));
-    let ns = pid_ns(init_pid).ok_or_else(gone)?;
     let mut seen: HashSet<i32> = HashSet::new();
     let mut stopped = Stopped { pidfds: Vec::new() };
     let deadline = Instant::now() + STOP_DEADLINE;
+    let init_fd = pidfd_open(init_pid)
+        .ok_or_else(|| PoolError::Invalid(format!("the sandbox's init ({init_pid}) is gone")))?;
     loop {
         let mut new = Vec::new();
-        let entries = std::fs::read_dir("/proc").map_err(|e| PoolError::Io("list /proc", e))?;
-        for e in entries.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue;
-            };
+        let members = family(init_pid);
+        for &pid in &members {
             if seen.contains(&pid) {
                 continue;
             }
-            // The pidfd first: if the namespace checked next is the cell's, the pidfd is
-            // that process (a pid reused before the open is the process checked).
-            let Some(fd) = pidfd_open(pid) else { continue };
-            if pid_ns(pid) != Some(ns) {
+            // The pidfd first: if the process checked next still descends from the cell,
+            // the pidfd is that process (a pid reused before the open is the one checked).
+            let Some(fd) = (if pid == init_pid {
+                init_fd.try_clone().ok()
+            } else {
+                pidfd_open(pid)
+            }) else {
+                continue;
+            };
+            if pid != init_pid && !ppid(pid).is_some_and(|pp| members.contains(&pp)) {
                 continue;
             }
             seen.insert(pid);

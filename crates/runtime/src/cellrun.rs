@@ -232,6 +232,7 @@ pub fn cell_request(
         egress_port,
         work,
         layers: mounts.layers.len(),
+        send_upper: false,
     }
 }
 
@@ -263,6 +264,9 @@ pub struct CellRun {
     pidfd: OwnedFd,
     /// The host's end of the cell's own channel (`None` once let go).
     channel: Option<OwnedFd>,
+    /// The cell's writable layer (`O_PATH`), when its request asked for it
+    /// ([`CellRequest::send_upper`]).
+    upper: Option<OwnedFd>,
 }
 
 impl CellRun {
@@ -311,11 +315,17 @@ impl CellRun {
                     // It failed at once (a setup error): its report on its channel says why.
                     return Err(CellError::NotMade(early_failure(host_end.as_fd())));
                 };
+                let upper = if req.send_upper {
+                    Some(receive_upper(host_end.as_fd())?)
+                } else {
+                    None
+                };
                 Ok(CellRun {
                     cell,
                     pid,
                     pidfd,
                     channel: Some(host_end),
+                    upper,
                 })
             }
             Ok(Some((ShellEvent::Failed { message, .. }, _))) => Err(CellError::NotMade(message)),
@@ -324,6 +334,12 @@ impl CellRun {
             ))),
             Ok(None) | Err(_) => Err(CellError::ShellGone),
         }
+    }
+
+    /// The cell's writable layer (`O_PATH`; read it at `/proc/self/fd/N`), once, when its
+    /// request asked for it. The fd keeps the tmpfs holding it after the cell is gone.
+    pub fn take_upper(&mut self) -> Option<OwnedFd> {
+        self.upper.take()
     }
 
     /// The host's end of the cell's channel: readable when the result (or, for a long-lived
@@ -389,6 +405,19 @@ fn early_failure(channel: BorrowedFd<'_>) -> String {
 /// How long [`early_failure`] waits for the report of a cell already gone (it is written
 /// before the cell's PID 1 exits: normally there at once).
 const EARLY_REPORT_WAIT: Duration = Duration::from_millis(200);
+
+/// The cell's first message when asked for its writable layer: the upper directory's fd
+/// (else why it failed: its early report).
+fn receive_upper(channel: BorrowedFd<'_>) -> Result<OwnedFd, CellError> {
+    let none = || CellError::NotMade("the cell sent no writable layer".into());
+    if !control::wait_readable(channel, Some(START_TIMEOUT))? {
+        return Err(none());
+    }
+    match control::recv_json::<control::CellUpper>(channel) {
+        Ok(Some((_, mut fds))) => fds.pop().ok_or_else(none),
+        _ => Err(none()),
+    }
+}
 
 /// Sends `signal` through a pidfd.
 pub fn pidfd_signal(pidfd: BorrowedFd<'_>, signal: i32) {

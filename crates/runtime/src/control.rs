@@ -87,6 +87,19 @@ pub struct CellRequest {
     /// its request (a spare's overlay is built before any request).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub layers: usize,
+    /// Send the cell's writable layer (its overlay's upper directory, `O_PATH`) as the
+    /// first message on the cell's channel ([`CellUpper`]): what a rootless host reads a
+    /// snapshot or a build step from (it may not open `/proc/<pid>/fd` of the cell's
+    /// non-dumpable PID 1, whose memory was never exec'd in the sandbox's user namespace).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub send_upper: bool,
+}
+
+/// The first message of a cell asked to [`CellRequest::send_upper`]: its upper directory's
+/// fd comes with it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellUpper {
+    pub upper: bool,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -419,6 +432,7 @@ mod tests {
                 zygote: true,
             }),
             layers: 0,
+            send_upper: false,
         };
         let v = serde_json::to_value(&cell).unwrap();
         assert!(v.get("op").is_none(), "{v}");

@@ -211,9 +211,8 @@ pub struct Sandbox {
     image_id: String,
     /// The profile's output cap (bytes per stream, cold path).
     output_cap: Option<u64>,
-    /// Set by [`Sandbox::keep_cell_upper`]: the next cell's upper directory is opened as
-    /// soon as the cell exists and kept here (the tmpfs holding it outlives the cell).
-    keep_upper: bool,
+    /// The writable layer of the last cell whose request asked for it
+    /// ([`crate::control::CellRequest::send_upper`]; the tmpfs holding it outlives the cell).
     kept_upper: Option<OwnedFd>,
     destroyed: bool,
 }
@@ -342,7 +341,6 @@ impl Sandbox {
             image_config: Default::default(),
             image_id: String::new(),
             output_cap: config.profile.resources.output_cap,
-            keep_upper: false,
             kept_upper: None,
             destroyed: false,
         };
@@ -676,15 +674,10 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Keep the next cell's writable layer (the overlay's upper directory) for
-    /// [`Sandbox::take_cell_upper`]: how a rootless `image build` RUN step's changes are
-    /// read after its command ended (a rootless shell's own upper is in its own mount
-    /// namespace, out of the host's reach).
-    pub fn keep_cell_upper(&mut self) {
-        self.keep_upper = true;
-    }
-
-    /// The kept cell's upper directory (`O_PATH`; read it at `/proc/self/fd/N`).
+    /// The writable layer of the last cell run with
+    /// [`crate::control::CellRequest::send_upper`] (`O_PATH`; read it at
+    /// `/proc/self/fd/N`): how a rootless `image build` RUN step's changes are read after its
+    /// command ended.
     pub fn take_cell_upper(&mut self) -> Option<OwnedFd> {
         self.kept_upper.take()
     }
@@ -774,24 +767,8 @@ impl Sandbox {
             Err(e) => return Err(RuntimeError::Container(e.to_string())),
         };
         drop((stdin, out_w, err_w));
-        if self.keep_upper {
-            // Opened while the cell's PID 1 lives (it holds the upper at UPPER_FD until
-            // it exits, after its result); our fd keeps the tmpfs after the cell is gone.
-            let path = format!("/proc/{}/fd/{}", cell.pid, crate::inside::cell::UPPER_FD);
-            let fd = rustix::fs::open(
-                path.as_str(),
-                rustix::fs::OFlags::PATH
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| RuntimeError::io("open", &path, e.into()))?;
-            if !crate::cellrun::pidfd_exists(cell.pidfd()) {
-                return Err(RuntimeError::Container(
-                    "the cell ended before its writable layer was opened".into(),
-                ));
-            }
-            self.kept_upper = Some(fd);
+        if req.send_upper {
+            self.kept_upper = cell.take_upper();
         }
         let mut target = CellTarget {
             cell: &mut cell,

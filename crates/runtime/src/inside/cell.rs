@@ -228,6 +228,21 @@ fn run(
             fail_early(Some(channel.as_fd()), stderr, &msg);
         }
     }
+    if req.send_upper {
+        // Asked for by a rootless host (see CellRequest::send_upper), before anything runs.
+        let sent = control::send_json(
+            channel.as_fd(),
+            &control::CellUpper { upper: true },
+            &[UPPER_FD],
+        );
+        if sent.is_err() {
+            fail_early(
+                Some(channel.as_fd()),
+                stderr,
+                "cannot make the cell: its writable layer cannot be sent",
+            );
+        }
+    }
     match req.work {
         CellWork::Live => {
             // A child forked ahead is for one run: it ends unused.
@@ -818,6 +833,7 @@ mod tests {
             egress_port: None,
             work: CellWork::Live,
             layers: 0,
+            send_upper: false,
         }
     }
 

@@ -782,6 +782,7 @@ mod tests {
                 zygote: true,
             }),
             layers: 2,
+            send_upper: false,
         });
         let bytes = serde_json::to_vec(&req).unwrap();
         match serde_json::from_slice::<InitView>(&bytes).unwrap() {
