@@ -459,3 +459,28 @@ pub fn check_dir(p: &Path, writable: bool, flag: &str) -> anyhow::Result<PathBuf
     }
     Ok(abs)
 }
+
+#[cfg(test)]
+mod volume_spec_tests {
+    use super::parse_volume;
+    use std::path::Path;
+
+    #[test]
+    fn volume_specs_name_a_volume_and_an_absolute_path() {
+        let (n, t, w) = parse_volume("data:/data").unwrap();
+        assert_eq!((n, t.as_path(), w), ("data", Path::new("/data"), true));
+        assert!(!parse_volume("data:/d:ro").unwrap().2);
+        assert!(parse_volume("data:/d:rw").unwrap().2);
+        for bad in [
+            "data",
+            "data:rel",
+            "Bad_Name:/x",
+            "d:/x:rx",
+            "d:/x:ro:more",
+            ":/x",
+        ] {
+            let e = parse_volume(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--volume {bad}")), "{bad}: {e}");
+        }
+    }
+}
