@@ -213,3 +213,50 @@ fn volume_cli_creates_lists_inspects_and_removes_named_volumes() {
     assert_eq!(out.stdout().trim(), "cli-vol", "{out}");
     assert!(!root.path().join("volumes/cli-vol").exists());
 }
+
+/// `agentrun exec --volume NAME:SANDBOX[:ro]` as root: a volume made on first use (the
+/// CLI's), a root-owned one written as root, one of another owner written as that owner on
+/// the host (root inside), `:ro` read-only, files kept from one run to the next.
+#[test]
+fn exec_volume_mounts_named_volumes_as_root() {
+    let Some(_lock) = setup() else { return };
+    use std::os::unix::fs::MetadataExt;
+    let root = tempdir();
+    let d = Daemon::unstarted();
+    let cli = |args: &[&str]| d.agentrun(args).env("AGENTRUN_ROOT", root.path()).run();
+    cli(&["volume", "create", "owned", "--owner", "1234:1235"]).success();
+    let out = cli(&[
+        "exec",
+        "--no-daemon",
+        "--volume",
+        "made:/m",
+        "--volume",
+        "owned:/o",
+        "--",
+        "sh",
+        "-c",
+        "echo m > /m/f && echo o > /o/f && stat -c %u /m/f /o/f",
+    ]);
+    assert_eq!(out.success(), "0\n0\n", "{out}");
+    let vols = root.path().join("volumes");
+    let m = std::fs::metadata(vols.join("made/data/f")).unwrap();
+    let o = std::fs::metadata(vols.join("owned/data/f")).unwrap();
+    assert_eq!((m.uid(), o.uid(), o.gid()), (0, 1234, 1235));
+    let out = cli(&["volume", "inspect", "made"]);
+    let v: serde_json::Value = serde_json::from_str(&out.success()).unwrap();
+    assert_eq!(v[0]["created_by"], "cli", "{out}");
+    let out = cli(&[
+        "exec",
+        "--no-daemon",
+        "--volume",
+        "made:/m:ro",
+        "--",
+        "sh",
+        "-c",
+        "cat /m/f; echo x > /m/g 2>/dev/null && echo WROTE; echo done",
+    ]);
+    assert_eq!(out.success(), "m\ndone\n", "{out}");
+    assert!(!vols.join("made/data/g").exists());
+    let out = cli(&["exec", "--no-daemon", "--volume", "made", "--", "true"]);
+    out.assert_agentrun_error();
+}
