@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentrun_pool::live::ProcessSpec;
 use agentrun_pool::lock;
+use agentrun_pool::process::StartCommand;
 use axum::extract::{Path, Request, State};
 use bytes::Bytes;
 use hyper::StatusCode;
@@ -328,15 +328,9 @@ async fn spawn(
     if exec.container.home_from_passwd(&exec.user, &env) {
         env.push(("HOME".into(), String::new()));
     }
-    let spec = ProcessSpec {
-        argv: exec.cmd.clone(),
-        env,
-        cwd: exec.working_dir.clone(),
-        stdio: child,
-        new_session: tty,
-        user: exec.user.clone(),
-        on_exit,
-    };
+    let spec = StartCommand::new(exec.cmd.clone(), env, exec.working_dir.clone())
+        .user(exec.user.clone())
+        .into_spec(child, tty, on_exit);
     lock(&exec.state).running = true;
     let spawned = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
         .await

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use agentrun_opensandbox::execd::commands::{finish_run, remember};
 use agentrun_opensandbox::execd::Command;
 use agentrun_opensandbox::{Record, Server};
-use agentrun_pool::process::{Spawned, SpawnedTerminal};
+use agentrun_pool::process::{Spawned, SpawnedTerminal, StartCommand};
 use agentrun_pool::stdio::StdioStream;
 use agentrun_pool::{lock, PoolError};
 use agentrun_telemetry::{ExecSpan, FrontEnd, RunFinish};
@@ -394,6 +394,7 @@ async fn start_inner(
     if !env.iter().any(|(k, _)| k == "TRACEPARENT") {
         env.push(("TRACEPARENT".into(), span.traceparent()));
     }
+    let cmd = StartCommand::new(argv, env, cwd).user(user);
     let started = Instant::now();
     let Started {
         id,
@@ -401,7 +402,7 @@ async fn start_inner(
         outputs,
         pty,
         exit,
-    } = match spawn(&rec.sandbox, argv, env, cwd, stdio, user).await {
+    } = match spawn(&rec.sandbox, cmd, stdio).await {
         Ok(s) => s,
         Err(PoolError::Spawn { exit_code, message }) => {
             let finish = RunFinish::failed(FrontEnd::E2b, "spawn", message.as_str())
@@ -533,14 +534,11 @@ struct Started {
     exit: tokio::sync::oneshot::Receiver<agentrun_pool::live::ProcessExit>,
 }
 
-/// Starts `argv` in the sandbox on pipes or a terminal ([`Stdio`]).
+/// Starts `cmd` in the sandbox on pipes or a terminal ([`Stdio`]).
 async fn spawn(
     sandbox: &Arc<agentrun_pool::live::LiveSandbox>,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
+    cmd: StartCommand,
     stdio: Stdio,
-    user: Option<String>,
 ) -> Result<Started, PoolError> {
     match stdio {
         Stdio::Pipes { stdin } => {
@@ -550,7 +548,7 @@ async fn spawn(
                 stdout,
                 stderr,
                 exit,
-            } = agentrun_pool::process::spawn(sandbox, argv, env, cwd, stdin, user).await?;
+            } = agentrun_pool::process::spawn(sandbox, cmd, stdin).await?;
             Ok(Started {
                 id,
                 stdin,
@@ -561,8 +559,7 @@ async fn spawn(
         }
         Stdio::Pty(rows, cols) => {
             let SpawnedTerminal { id, master, exit } =
-                agentrun_pool::process::spawn_terminal(sandbox, argv, env, cwd, (rows, cols), user)
-                    .await?;
+                agentrun_pool::process::spawn_terminal(sandbox, cmd, (rows, cols)).await?;
             let clone = |what| {
                 master
                     .try_clone()

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrun_pool::process::spawn;
+use agentrun_pool::process::{spawn, StartCommand};
 use agentrun_pool::python::{CodeEvent, PythonContext};
 use agentrun_pool::stdio::StdioStream;
 use agentrun_pool::PoolError;
@@ -119,7 +119,12 @@ pub async fn capture(
     stdin: Option<Vec<u8>>,
     timeout: Duration,
 ) -> Result<Captured, PoolError> {
-    let p = spawn(&sandbox.live, argv, env, cwd, stdin.is_some(), None).await?;
+    let p = spawn(
+        &sandbox.live,
+        StartCommand::new(argv, env, cwd),
+        stdin.is_some(),
+    )
+    .await?;
     let writer = match (p.stdin, stdin) {
         (Some(fd), Some(data)) => Some(tokio::spawn(async move {
             if let Ok(mut tx) = StdioStream::new(fd) {

@@ -235,13 +235,7 @@ impl SessionSandbox {
         let intercept = network.needs_proxy()
             && (shared.options.credentials.is_some() || !network.http.is_empty());
         if network.needs_proxy() {
-            spec = spec
-                .egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT))
-                .envs(agentrun_egress::proxy_env());
-        }
-        if intercept {
-            let dir = agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX;
-            spec = spec.envs(agentrun_egress::mitm::trust_env(dir));
+            spec = spec.through_egress_proxy(intercept);
         }
         let live = shared.live.create(&spec).map_err(SandboxError::Create)?;
         let watch = Arc::new(RunWatch::default());

@@ -1,4 +1,5 @@
-//! Processes in a long-lived sandbox as the API front ends start them: with stdout and
+//! Processes in a long-lived sandbox as the API front ends start them, each a
+//! [`StartCommand`] (argv, env, cwd, user) the front end builds from its request: with stdout and
 //! stderr pipes (and a stdin pipe or `/dev/null`: [`Pipes`]) whose other ends are passed into
 //! the sandbox ([`spawn`]), or on a terminal of their own ([`spawn_terminal`]), under the image's shell ([`find_shell`]); and the interactive ones
 //! that stay between runs (an OpenSandbox session's shell, a Python context's interpreter:
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::lines::PipeLines;
-use crate::live::{LiveSandbox, ProcessExit, ProcessSpec};
+use crate::live::{ExitHook, LiveSandbox, ProcessExit, ProcessSpec};
 use crate::stdio::{set_window_size, Pipes, StdioStream, Terminal};
 use crate::PoolError;
 
@@ -41,6 +42,55 @@ pub fn find_shell(sandbox: &LiveSandbox) -> &'static str {
     }
 }
 
+/// A command to start in a sandbox, as a front end (an E2B process, a Docker exec, an
+/// OpenSandbox command or session, an MCP run) builds it from its request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartCommand {
+    pub argv: Vec<String>,
+    /// Over the sandbox's environment.
+    pub env: Vec<(String, String)>,
+    /// A path inside the sandbox, resolved there.
+    pub cwd: String,
+    /// Run it as this user (`uid[:gid]`, `name[:group]`), resolved by the sandbox's init;
+    /// `None`: the sandbox's root.
+    pub user: Option<String>,
+}
+
+impl StartCommand {
+    /// `argv` with `env` in `cwd`, as the sandbox's root.
+    pub fn new(argv: Vec<String>, env: Vec<(String, String)>, cwd: impl Into<String>) -> Self {
+        StartCommand {
+            argv,
+            env,
+            cwd: cwd.into(),
+            user: None,
+        }
+    }
+    /// Run as `user` (`None`: the sandbox's root).
+    pub fn user(mut self, user: Option<String>) -> Self {
+        self.user = user;
+        self
+    }
+    /// The sandbox's spawn request for it: on `stdio` (passed into the sandbox), in a new
+    /// session when `new_session` (terminals), `on_exit` called once it exited.
+    pub fn into_spec(
+        self,
+        stdio: [OwnedFd; 3],
+        new_session: bool,
+        on_exit: ExitHook,
+    ) -> ProcessSpec {
+        ProcessSpec {
+            argv: self.argv,
+            env: self.env,
+            cwd: self.cwd,
+            stdio,
+            new_session,
+            user: self.user,
+            on_exit,
+        }
+    }
+}
+
 /// A process just started in a sandbox.
 pub struct Spawned {
     /// Its id in the sandbox (what [`LiveSandbox::signal`] takes).
@@ -54,16 +104,12 @@ pub struct Spawned {
     pub exit: oneshot::Receiver<ProcessExit>,
 }
 
-/// Starts a process in the sandbox with stdout/stderr pipes ([`Pipes`]), and a stdin pipe
-/// when `stdin` (else `/dev/null`), as `user` (`uid[:gid]`, resolved by the sandbox's init;
-/// `None`: the sandbox's root). `cwd` is a path inside the sandbox, resolved there.
+/// Starts `cmd` in the sandbox with stdout/stderr pipes ([`Pipes`]), and a stdin pipe
+/// when `stdin` (else `/dev/null`).
 pub async fn spawn(
     sandbox: &Arc<LiveSandbox>,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
+    cmd: StartCommand,
     stdin: bool,
-    user: Option<String>,
 ) -> Result<Spawned, PoolError> {
     let Pipes {
         child,
@@ -71,7 +117,7 @@ pub async fn spawn(
         stdout,
         stderr,
     } = Pipes::open(stdin).map_err(|e| PoolError::Io("pipes", e))?;
-    let (id, exit) = start(sandbox, argv, env, cwd, child, false, user).await?;
+    let (id, exit) = start(sandbox, cmd, child, false).await?;
     Ok(Spawned {
         id,
         stdin,
@@ -92,45 +138,35 @@ pub struct SpawnedTerminal {
     pub exit: oneshot::Receiver<ProcessExit>,
 }
 
-/// Starts a process in the sandbox on a new terminal ([`Terminal`]) of `rows` x `cols`, in a
+/// Starts `cmd` in the sandbox on a new terminal ([`Terminal`]) of `rows` x `cols`, in a
 /// session of its own, as [`spawn`] does otherwise.
 pub async fn spawn_terminal(
     sandbox: &Arc<LiveSandbox>,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
+    cmd: StartCommand,
     (rows, cols): (u16, u16),
-    user: Option<String>,
 ) -> Result<SpawnedTerminal, PoolError> {
     let Terminal { child, master } = Terminal::open().map_err(|e| PoolError::Io("pty", e))?;
     set_window_size(&master, rows, cols).map_err(|e| PoolError::Io("pty size", e))?;
-    let (id, exit) = start(sandbox, argv, env, cwd, child, true, user).await?;
+    let (id, exit) = start(sandbox, cmd, child, true).await?;
     Ok(SpawnedTerminal { id, master, exit })
 }
 
-/// Starts `argv` with `stdio` (passed into the sandbox, closed here): its id and exit.
+/// Starts `cmd` with `stdio` (passed into the sandbox, closed here): its id and exit.
 async fn start(
     sandbox: &Arc<LiveSandbox>,
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    cwd: String,
+    cmd: StartCommand,
     stdio: [OwnedFd; 3],
     new_session: bool,
-    user: Option<String>,
 ) -> Result<(u64, oneshot::Receiver<ProcessExit>), PoolError> {
     let (tx, rx) = oneshot::channel();
     let sandbox = sandbox.clone();
-    let spec = ProcessSpec {
-        argv,
-        env,
-        cwd,
+    let spec = cmd.into_spec(
         stdio,
         new_session,
-        user,
-        on_exit: Box::new(move |e| {
+        Box::new(move |e| {
             let _ = tx.send(e);
         }),
-    };
+    );
     let p = tokio::task::spawn_blocking(move || sandbox.spawn(spec))
         .await
         .map_err(|e| PoolError::Invalid(e.to_string()))??;
@@ -171,11 +207,9 @@ impl InteractiveProcess {
     pub async fn start(
         output: &tokio::runtime::Handle,
         sandbox: &Arc<LiveSandbox>,
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: String,
+        cmd: StartCommand,
     ) -> Result<InteractiveProcess, PoolError> {
-        let p = spawn(sandbox, argv, env, cwd, true, None).await?;
+        let p = spawn(sandbox, cmd, true).await?;
         let lines = (
             queued_lines(output, p.stdout),
             queued_lines(output, p.stderr),
@@ -273,7 +307,27 @@ pub fn expand_vars(
 
 #[cfg(test)]
 mod tests {
-    use super::expand_vars;
+    use super::{expand_vars, StartCommand};
+
+    #[test]
+    fn a_start_command_becomes_the_spawn_request_field_for_field() {
+        let null = || std::os::fd::OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let cmd = StartCommand::new(
+            vec!["ls".into(), "-l".into()],
+            vec![("A".into(), "1".into())],
+            "/w",
+        )
+        .user(Some("1000:1000".into()));
+        let spec = cmd
+            .clone()
+            .into_spec([null(), null(), null()], true, Box::new(|_| {}));
+        assert_eq!(spec.argv, cmd.argv);
+        assert_eq!(spec.env, cmd.env);
+        assert_eq!(spec.cwd, "/w");
+        assert_eq!(spec.user.as_deref(), Some("1000:1000"));
+        assert!(spec.new_session);
+        assert_eq!(StartCommand::new(Vec::new(), Vec::new(), "/").user, None);
+    }
 
     #[test]
     fn variables_expand_as_execd_expands_them() {

@@ -83,7 +83,8 @@ impl PythonContext {
         cwd: String,
     ) -> Result<PythonContext, PoolError> {
         let argv = vec!["python3".into(), "-c".into(), DRIVER.into()];
-        let interpreter = InteractiveProcess::start(output, sandbox, argv, env, cwd).await?;
+        let cmd = crate::process::StartCommand::new(argv, env, cwd);
+        let interpreter = InteractiveProcess::start(output, sandbox, cmd).await?;
         Ok(PythonContext { interpreter })
     }
 

@@ -6,9 +6,10 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use agentrun_pool::live::{LiveSandbox, LiveSpec, ProcessSpec};
+use agentrun_pool::live::{LiveSandbox, LiveSpec};
 use agentrun_pool::lock;
 use agentrun_pool::pool::REFILL_HOLDOFF;
+use agentrun_pool::process::StartCommand;
 use agentrun_pool::stdio::pump;
 use bytes::Bytes;
 
@@ -94,15 +95,11 @@ pub fn start(api: &ApiState, c: &Arc<Container>) -> Result<(), DockerError> {
     *lock(&c.open_outputs) = outputs.len();
     let exits_before = lock(&c.state).exits;
     let t_spawn = Instant::now();
-    let spawned = sandbox.spawn(ProcessSpec {
-        argv: argv.clone(),
-        env,
-        cwd: c.working_dir(),
-        stdio: child,
-        new_session: c.config.tty,
-        user,
-        on_exit,
-    });
+    let spawned = sandbox.spawn(
+        StartCommand::new(argv.clone(), env, c.working_dir())
+            .user(user)
+            .into_spec(child, c.config.tty, on_exit),
+    );
     if spawned.is_ok() {
         hold_refill_until_exit(refill, c, exits_before);
     } else {

@@ -38,7 +38,7 @@ use crate::params::segment;
 use crate::process::shell;
 use crate::{finish_span, random_token, rfc3339, Record, Server};
 use agentrun_pool::lines::PipeLines;
-use agentrun_pool::process::Spawned;
+use agentrun_pool::process::{Spawned, StartCommand};
 
 /// How long output is still waited for after a process exited (children may hold the pipes).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
@@ -275,6 +275,7 @@ async fn run(
         .command_line(&content)
         .start();
     env.push(("TRACEPARENT".into(), span.traceparent()));
+    let cmd = StartCommand::new(argv, env, cwd).user(user);
     let started = Instant::now();
     let Spawned {
         id: pid,
@@ -282,7 +283,7 @@ async fn run(
         stderr,
         exit,
         ..
-    } = match agentrun_pool::process::spawn(&rec.sandbox, argv, env, cwd, false, user).await {
+    } = match agentrun_pool::process::spawn(&rec.sandbox, cmd, false).await {
         Ok(p) => p,
         Err(PoolError::Spawn { exit_code, message }) => {
             let ran = Ran {

@@ -62,7 +62,8 @@ async fn create(
     let env = crate::execd::envfile::load(&rec);
     let cwd = crate::process::expand_cwd(&rec, req.cwd.as_deref(), &env)?;
     let argv = vec![shell(&rec).into(), "--noprofile".into(), "--norc".into()];
-    let process = InteractiveProcess::start(&server.output, &rec.sandbox, argv, env, cwd).await?;
+    let cmd = agentrun_pool::process::StartCommand::new(argv, env, cwd);
+    let process = InteractiveProcess::start(&server.output, &rec.sandbox, cmd).await?;
     let session = Arc::new(Session {
         id: random_token()?,
         shell: process,

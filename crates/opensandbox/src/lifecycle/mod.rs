@@ -359,16 +359,8 @@ async fn create_sandbox(
 /// ([`Record::entrypoint_exited`]).
 async fn start_entrypoint(server: &Arc<Server>, rec: &Arc<Record>) -> ApiResult<()> {
     let argv = rec.entrypoint.clone();
-    let p = match agentrun_pool::process::spawn(
-        &rec.sandbox,
-        argv,
-        Vec::new(),
-        "/".into(),
-        false,
-        None,
-    )
-    .await
-    {
+    let cmd = agentrun_pool::process::StartCommand::new(argv, Vec::new(), "/");
+    let p = match agentrun_pool::process::spawn(&rec.sandbox, cmd, false).await {
         Ok(p) => p,
         Err(PoolError::Spawn { message, .. }) => {
             return Err(ApiError::bad_request(format!("entrypoint: {message}")))

@@ -308,14 +308,8 @@ fn validate(req: &CreateRequest) -> ApiResult<Validated> {
     };
     if network.is_some() {
         // Every process reaches the network only through the egress bridge and proxy.
-        spec = spec
-            .egress_port(Some(agentrun_egress::SANDBOX_PROXY_PORT))
-            .envs(agentrun_egress::proxy_env());
-        if credential_proxy {
-            // The proxy's CA, next to its socket: TLS libraries in the sandbox trust it.
-            let dir = agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX;
-            spec = spec.envs(agentrun_egress::mitm::trust_env(dir));
-        }
+        // With the credential proxy, TLS libraries in the sandbox trust the proxy's CA.
+        spec = spec.through_egress_proxy(credential_proxy);
     }
     Ok(Validated {
         spec,
