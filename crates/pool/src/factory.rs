@@ -185,9 +185,10 @@ impl FactoryClient {
                 // channel open, and that one never sees the daemon hang up.
                 let keep = theirs.as_raw_fd() as u32;
                 // SAFETY: close_range on fds of this fresh process; nothing here uses them.
+                // (The raw syscall: musl has no close_range wrapper.)
                 unsafe {
-                    libc::close_range(3, keep.saturating_sub(1), 0);
-                    libc::close_range(keep + 1, u32::MAX, 0);
+                    libc::syscall(libc::SYS_close_range, 3u32, keep.saturating_sub(1), 0u32);
+                    libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
                 }
                 let code = match serve(theirs, &paths) {
                     Ok(()) => 0,

@@ -504,6 +504,8 @@ fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), C
     let locked = nix::sys::statvfs::statvfs(dst)
         .map(|v| {
             use nix::sys::statvfs::FsFlags;
+            // The kernel's ST_RELATIME (statfs f_flags), which nix names on glibc only.
+            const ST_RELATIME: libc::c_ulong = 0x1000;
             let f = v.flags();
             let mut m = MsFlags::MS_NOSUID;
             for (fs_flag, ms) in [
@@ -511,7 +513,7 @@ fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), C
                 (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
                 (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
                 (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-                (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+                (FsFlags::from_bits_retain(ST_RELATIME), MsFlags::MS_RELATIME),
             ] {
                 if f.contains(fs_flag) {
                     m |= ms;

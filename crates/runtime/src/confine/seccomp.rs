@@ -120,7 +120,9 @@ pub fn default_profile(
         let arg = seccomp_arg(0, LinuxSeccompOperator::ScmpCmpMaskedEq, *flag, Some(*flag))?;
         syscalls.push(errno_rule(&["clone"], EPERM, vec![arg])?);
     }
-    for req in [libc::TIOCSTI, libc::TIOCLINUX] {
+    // (`as u64`: libc types the requests c_ulong on glibc, c_int on musl.)
+    #[allow(clippy::unnecessary_cast)]
+    for req in [libc::TIOCSTI as u64, libc::TIOCLINUX as u64] {
         // (request & 0xffffffff) == REQ: the kernel's ioctl takes an unsigned int.
         let arg = seccomp_arg(
             1,

@@ -413,12 +413,12 @@ fn keep_only(keep: &[RawFd]) {
     for fd in raw {
         if fd > next {
             // SAFETY: close_range on fds of this fresh process that nothing here uses.
-            unsafe { libc::close_range(next, fd - 1, 0) };
+            unsafe { crate::inside::close_range(next, fd - 1) };
         }
         next = next.max(fd + 1);
     }
     // SAFETY: as above.
-    unsafe { libc::close_range(next, u32::MAX, 0) };
+    unsafe { crate::inside::close_range(next, u32::MAX) };
 }
 
 fn mnt(

@@ -137,7 +137,7 @@ impl SandboxExecutor {
         // Nothing of the creating process may stay open in the shell: libcontainer only marks
         // these close-on-exec, and this process never execs.
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
-        unsafe { libc::close_range(INIT_CONTROL_FD as u32 + 1, u32::MAX, 0) };
+        unsafe { crate::inside::close_range(INIT_CONTROL_FD as u32 + 1, u32::MAX) };
         let shell_section = shell::shell_filter(
             agentrun_policy::seccomp_denied_syscalls(),
             &self.sockets,
@@ -234,7 +234,7 @@ impl SandboxExecutor {
     /// Spec mode: confines itself, runs the spec's command, exits with its status.
     fn start_spec(&self, spec: &Spec) -> Result<(), ExecutorError> {
         // SAFETY: close_range on fds this process owns; none of them is used past this point.
-        unsafe { libc::close_range(3, u32::MAX, 0) };
+        unsafe { crate::inside::close_range(3, u32::MAX) };
         let filters = self.run_filters(spec)?;
         self.loopback_up()?;
         reaper::narrow_capabilities(&self.command_caps)

@@ -67,13 +67,20 @@ pub fn loopback_up() -> std::io::Result<()> {
         *dst = *src as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS reads the flags of the named interface into ifr.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
+    if unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCGIFFLAGS as libc::Ioctl,
+            &mut ifr,
+        )
+    } < 0
+    {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
     unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS with the ifreq filled above.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &ifr) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

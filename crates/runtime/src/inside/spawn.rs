@@ -192,7 +192,7 @@ pub fn spawn_as(
     let mut envp: Vec<*const libc::c_char> = spec.env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
     let groups: Vec<libc::gid_t> = creds.map(|c| c.groups.clone()).unwrap_or_default();
-    let limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = [
+    let limits: Vec<(_, libc::rlimit)> = [
         (libc::RLIMIT_AS, spec.rlimits.address_space),
         (libc::RLIMIT_CPU, spec.rlimits.cpu_seconds),
     ]

@@ -368,7 +368,7 @@ fn launch(config: &ZygoteConfig, setup: &[u8]) -> Result<Launched, ZygoteError> 
             {
                 libc::_exit(crate::exit::EXIT_SETUP_FAILED);
             }
-            libc::close_range(ZYGOTE_READY_FD as u32 + 1, u32::MAX, 0);
+            crate::inside::close_range(ZYGOTE_READY_FD as u32 + 1, u32::MAX);
             for sig in 1..libc::SIGRTMIN() {
                 libc::signal(sig, libc::SIG_DFL);
             }

@@ -379,11 +379,11 @@ pub fn clone_in_userns(
                 msg.msg_iov = &mut iov;
                 msg.msg_iovlen = 1;
                 msg.msg_control = cbuf.as_mut_ptr().cast();
-                msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                msg.msg_controllen = libc::CMSG_SPACE(4) as _;
                 let cmsg = libc::CMSG_FIRSTHDR(&msg);
                 (*cmsg).cmsg_level = libc::SOL_SOCKET;
                 (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(4) as usize;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
                 std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
                 if libc::sendmsg(sock, &msg, 0) < 0 {
                     fail(5);
