@@ -22,7 +22,6 @@ from selenium.common.exceptions import (
     StaleElementReferenceException,
     WebDriverException,
 )
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -97,7 +96,22 @@ def login(d, key=KEY):
     d.find_element(By.CSS_SELECTOR, "#login button").click()
     # The form posts: wait until its answer has replaced this page, so that what the caller
     # looks for next is on the answer, not on the form being left.
-    WebDriverWait(d, WAIT).until(expected_conditions.staleness_of(page))
+    WebDriverWait(d, WAIT).until(lambda _: gone(page))
+
+
+def gone(element):
+    """Whether `element`'s document has been replaced. chromedriver says so with a stale
+    element error, or, caught mid-navigation, with "Node with given id does not belong to the
+    document" (an unknown error, which selenium's `staleness_of` lets through)."""
+    try:
+        element.is_enabled()
+        return False
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as e:
+        if "does not belong to the document" in str(e):
+            return True
+        raise
 
 
 def logged_in(d):
