@@ -159,3 +159,46 @@ pub fn dir_text(dir: &Path) -> String {
         .map(|p| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned())
         .collect()
 }
+
+/// The TLS server of the credential tests (`python3 server.py ADDR PORT CERT KEY`): answers `auth=ok` when the request carries `Authorization: Bearer
+/// $SECRET`, else `auth=missing`; then the path. Never echoes a header back.
+pub const BEARER_SERVER: &str = r#"
+import http.server, os, ssl, sys
+secret = os.environ["E2E_SECRET"]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer " + secret
+        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+addr, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+srv = http.server.ThreadingHTTPServer((addr, port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+
+/// [`BEARER_SERVER`], written to `d/server.py`, on 127.0.0.1 at a free port with the
+/// certificate [`certs`] made in `d`, answering `auth=ok` to `Bearer {secret}`; up once this
+/// returns.
+pub fn bearer_server(d: &Path, secret: &str) -> (u16, Server) {
+    std::fs::write(d.join("server.py"), BEARER_SERVER).expect("server.py");
+    let port = crate::osb::free_port();
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "server.py",
+        "127.0.0.1",
+        &port.to_string(),
+        "server.pem",
+        "server.key",
+    ])
+    .current_dir(d)
+    .env("E2E_SECRET", secret);
+    (port, Server::start(cmd, &[port]))
+}

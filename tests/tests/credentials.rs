@@ -7,38 +7,13 @@
 //! to gets nothing; a `Host` naming another host is refused (421). The audit log records
 //! each injection and never the value. Root required.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use agentrun_e2e::osb::free_port;
-use agentrun_e2e::tls_server::{certs, dir_text, in_namespaces, Server};
+use agentrun_e2e::tls_server::{
+    bearer_server, certs, dir_text, in_namespaces, BEARER_SERVER as SERVER,
+};
 use agentrun_e2e::{agentrun, exec_with, setup, tempdir, workspace_root, RunOutput};
 use serde_json::Value;
-
-/// The TLS server: answers `auth=ok` when the request carries `Authorization: Bearer
-/// $SECRET`, else `auth=missing`; then the path. Never echoes a header back.
-const SERVER: &str = r#"
-import http.server, os, ssl, sys
-secret = os.environ["E2E_SECRET"]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ok = self.headers.get("Authorization") == "Bearer " + secret
-        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-addr, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-srv = http.server.ThreadingHTTPServer((addr, port), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-srv.serve_forever()
-"#;
 
 /// What runs in the sandbox: every client, then the dumps.
 const CLIENT: &str = r#"
@@ -92,23 +67,6 @@ fn line_of(out: &RunOutput, prefix: &str) -> String {
         .find(|l| l.starts_with(prefix))
         .unwrap_or_else(|| panic!("no {prefix} line: {out}"))
         .to_string()
-}
-
-/// `server.py` (SERVER) on 127.0.0.1 at a free port, its certificate in `d`, answering
-/// `auth=ok` to `Bearer {secret}`; up once this returns.
-fn loopback_server(d: &Path, secret: &str) -> (u16, Server) {
-    let port = free_port();
-    let mut cmd = Command::new("python3");
-    cmd.args([
-        "server.py",
-        "127.0.0.1",
-        &port.to_string(),
-        "server.pem",
-        "server.key",
-    ])
-    .current_dir(d)
-    .env("E2E_SECRET", secret);
-    (port, Server::start(cmd, &[port]))
 }
 
 #[test]
@@ -291,9 +249,8 @@ fn clients_that_ignore_the_trust_environment_trust_the_system_bundle() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("sysbundle-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let url = format!("https://127.0.0.1:{port}/v1");
     let opts = [
         "--credential".to_string(),
@@ -400,10 +357,9 @@ fn node_fetch_goes_through_the_proxy_with_the_preload() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("node-preload-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
-    let (unlisted_port, unlisted) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
+    let (unlisted_port, unlisted) = bearer_server(d, &secret);
     let script = "echo \"node: $(node --version)\"; \
         echo \"plain: $(node -e \"$NODE_FETCH\" | grep '^fetch:')\"; \
         NODE_OPTIONS=--require=/run/agentrun-egress/node-proxy.cjs node -e \"$NODE_FETCH\"";
@@ -479,9 +435,8 @@ fn java_trusts_the_ca_and_uses_the_proxy() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("java-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let out = exec_with(
         [
             "--credential".to_string(),
@@ -552,8 +507,7 @@ fn http_rules_decide_each_request_with_spans_and_audit() {
     // On the host's loopback (no network namespace: the run's spans must reach the test's
     // OTLP receiver), a literal address the profile names.
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
-    let (port, server) = loopback_server(d, "unused");
+    let (port, server) = bearer_server(d, "unused");
     std::fs::write(
         d.join("l7.toml"),
         format!(
@@ -663,9 +617,8 @@ fn mcp_sessions_get_credentials_too() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("mcp-e2e-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let env = agentrun_e2e::mcp::McpEnv::new();
     let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
     let ca = d.join("ca.pem").display().to_string();
@@ -708,9 +661,8 @@ fn a_profile_names_credentials_never_their_values() {
     let audit = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("profile-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let profile = d.join("vault.toml");
     std::fs::write(
         &profile,
@@ -790,9 +742,8 @@ fn serve_mcp_sessions_get_the_daemons_credentials() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("serve-mcp-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let env = agentrun_e2e::mcp::McpEnv::new();
     let key = "k-vault-e2e";
     let cred = format!("k@127.0.0.1:{port}/v1=env:MCP_E2E_SECRET");
@@ -851,9 +802,8 @@ fn mcp_sessions_get_the_profiles_credentials() {
     let dir = tempdir();
     let d = dir.path();
     certs(d, "IP:127.0.0.1");
-    std::fs::write(d.join("server.py"), SERVER).unwrap();
     let secret = format!("mcp-profile-secret-{}", std::process::id());
-    let (port, server) = loopback_server(d, &secret);
+    let (port, server) = bearer_server(d, &secret);
     let profile = d.join("mcp-vault.toml");
     std::fs::write(
         &profile,

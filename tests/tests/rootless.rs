@@ -1452,33 +1452,7 @@ fn exec_credential_as_an_ordinary_user() {
     agentrun_e2e::tls_server::certs(&d, "IP:127.0.0.1");
     u.chown(&d);
     let secret = format!("rootless-cred-{}", std::process::id());
-    let server_py = r#"
-import http.server, os, ssl, sys
-secret = os.environ["E2E_SECRET"]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ok = self.headers.get("Authorization") == "Bearer " + secret
-        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain("server.pem", "server.key")
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-srv.serve_forever()
-"#;
-    fs::write(d.join("server.py"), server_py).unwrap();
-    let port = agentrun_e2e::osb::free_port();
-    let mut cmd = Command::new("python3");
-    cmd.args(["server.py", &port.to_string()])
-        .current_dir(&d)
-        .env("E2E_SECRET", &secret);
-    let server = agentrun_e2e::tls_server::Server::start(cmd, &[port]);
+    let (port, server) = agentrun_e2e::tls_server::bearer_server(&d, &secret);
     let spec = format!("k@127.0.0.1:{port}/v1=env:AGENTRUN_E2E_SECRET");
     let ca = d.join("ca.pem");
     let script = format!(
