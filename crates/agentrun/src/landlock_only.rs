@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use agentrun_runtime::landlock::LandlockRules;
 use agentrun_runtime::landlock_only::{self, LandlockOnly};
-use agentrun_runtime::limits::{describe, RlimitFallback};
+use agentrun_runtime::limits::{describe, RlimitFallback, Rlimits};
 use agentrun_runtime::{Enforcement, HostInfo};
 
 use crate::plan::Plan;
@@ -102,11 +102,6 @@ pub(crate) fn execute(plan: &Plan, _recorder: &Recorder) -> RunRecord {
         .map(|c| to_host(&c))
         .or_else(|| req.recipe.workspace.clone())
         .unwrap_or_else(|| PathBuf::from("/"));
-    let hard = |r| {
-        nix::sys::resource::getrlimit(r)
-            .map(|(_, hard)| hard)
-            .unwrap_or(1024)
-    };
     let confined = LandlockOnly {
         argv: &req.args,
         env: &env,
@@ -115,12 +110,7 @@ pub(crate) fn execute(plan: &Plan, _recorder: &Recorder) -> RunRecord {
         landlock_abi: host.landlock_abi,
         filters,
         rlimits,
-        nproc: u64::from(profile.resources.pids)
-            .min(hard(nix::sys::resource::Resource::RLIMIT_NPROC)),
-        nofile: profile
-            .resources
-            .nofile
-            .min(hard(nix::sys::resource::Resource::RLIMIT_NOFILE)),
+        limits: Rlimits::for_resources(&profile.resources),
     };
     let mut limits = describe(None, &rlimits, None);
     for l in &mut limits {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use agentrun_policy::Profile;
 
+use crate::confine::limits::Rlimits;
 use crate::control::{
     self, CellMount, CellRequest, CellWork, InitResult, PathRules, ShellEvent, ShellRequest,
 };
@@ -211,21 +212,11 @@ pub fn cell_request(
     egress_port: Option<u16>,
     work: CellWork,
 ) -> CellRequest {
-    // A cell cannot raise a limit over its shell's, which is ours (see `Sandbox::create`).
-    let hard = |r| {
-        nix::sys::resource::getrlimit(r)
-            .map(|(_, hard)| hard)
-            .unwrap_or(1024)
-    };
     CellRequest {
         cell: next_cell_id(),
         tmpfs_bytes: profile.resources.tmpfs_bytes,
-        nofile: profile
-            .resources
-            .nofile
-            .min(hard(nix::sys::resource::Resource::RLIMIT_NOFILE)),
-        nproc: u64::from(profile.resources.pids)
-            .min(hard(nix::sys::resource::Resource::RLIMIT_NPROC)),
+        // A cell cannot raise a limit over its shell's, which is ours (see `Sandbox::create`).
+        limits: Rlimits::for_resources(&profile.resources),
         rlimits: Default::default(),
         landlock: (landlock_abi > 0).then(|| cell_rules(profile, user)),
         mounts: mounts.mounts.clone(),

@@ -67,10 +67,8 @@ pub struct CellRequest {
     pub cell: u64,
     /// Size cap of the cell's writable layer (a tmpfs), bytes.
     pub tmpfs_bytes: u64,
-    /// RLIMIT_NOFILE (soft = hard) of everything in the cell.
-    pub nofile: u64,
-    /// RLIMIT_NPROC (soft = hard).
-    pub nproc: u64,
+    /// RLIMIT_NOFILE and RLIMIT_NPROC of everything in the cell.
+    pub limits: crate::confine::limits::Rlimits,
     /// Limits set as rlimits because no cgroup enforces them (a rootless sandbox).
     #[serde(default)]
     pub rlimits: Box<crate::confine::limits::RlimitFallback>,
@@ -419,8 +417,10 @@ mod tests {
         let cell = CellRequest {
             cell: 1,
             tmpfs_bytes: 1 << 20,
-            nofile: 1024,
-            nproc: 64,
+            limits: crate::confine::limits::Rlimits {
+                nofile: 1024,
+                nproc: 64,
+            },
             rlimits: Default::default(),
             landlock: None,
             mounts: vec![],

@@ -25,7 +25,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::confine::landlock::LandlockRules;
-use crate::confine::limits::RlimitFallback;
+use crate::confine::limits::{RlimitFallback, Rlimits};
 use crate::error::RuntimeError;
 use crate::outcome::RunOutcome;
 
@@ -40,8 +40,7 @@ pub struct LandlockOnly<'a> {
     pub landlock_abi: u32,
     pub filters: Vec<seccompiler::BpfProgram>,
     pub rlimits: RlimitFallback,
-    pub nproc: u64,
-    pub nofile: u64,
+    pub limits: Rlimits,
 }
 
 /// Runs the command (stdio inherited) until it exits or `timeout` passes.
@@ -158,8 +157,8 @@ fn confine_and_exec(
     use landlock::{Access, AccessNet, Ruleset, RulesetAttr, ABI};
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(ConfineError::Setpgid)?;
     let lims = [
-        (libc::RLIMIT_NOFILE, Some(c.nofile)),
-        (libc::RLIMIT_NPROC, Some(c.nproc)),
+        (libc::RLIMIT_NOFILE, Some(c.limits.nofile)),
+        (libc::RLIMIT_NPROC, Some(c.limits.nproc)),
         (libc::RLIMIT_CORE, Some(0)),
         (libc::RLIMIT_AS, c.rlimits.address_space),
         (libc::RLIMIT_CPU, c.rlimits.cpu_seconds),

@@ -29,6 +29,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::confine::landlock::LandlockRules;
+use crate::confine::limits::Rlimits;
 use crate::error::RuntimeError;
 use crate::host::cgroup::CgroupMode;
 use crate::host::info::HostInfo;
@@ -505,13 +506,6 @@ impl Sandbox {
         let cwd = config.cwd.clone().unwrap_or_else(|| {
             PathBuf::from(config.image.config.default_cwd(config.workspace.is_some()))
         });
-        let hard = |r| {
-            nix::sys::resource::getrlimit(r)
-                .map(|(_, hard)| hard)
-                .unwrap_or(1024)
-        };
-        let host_nofile_max = hard(nix::sys::resource::Resource::RLIMIT_NOFILE);
-        let host_nproc_max = hard(nix::sys::resource::Resource::RLIMIT_NPROC);
         let spec = spec::build(&SpecInput {
             sandbox_id: self.id.clone(),
             image_name: config.image.name.clone(),
@@ -533,15 +527,10 @@ impl Sandbox {
             init_caps: init_caps.clone(),
             // A shell's are the most a cell may get (raising is not possible in a cell); the
             // most we may set is our own hard limit.
-            nofile: if shell {
-                host_nofile_max
+            limits: if shell {
+                Rlimits::ours()
             } else {
-                profile.resources.nofile.min(host_nofile_max)
-            },
-            nproc: if shell {
-                host_nproc_max
-            } else {
-                u64::from(profile.resources.pids).min(host_nproc_max)
+                Rlimits::for_resources(&profile.resources)
             },
             swap_limit: host.swap_limit,
             masked: profile.filesystem.hidden.clone(),

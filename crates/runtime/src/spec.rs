@@ -43,10 +43,8 @@ pub struct SpecInput {
     pub seccomp: LinuxSeccomp,
     /// Capabilities of the init (the command's set is narrowed from these by the executor).
     pub init_caps: Vec<Capability>,
-    /// RLIMIT_NOFILE and RLIMIT_NPROC of the init (soft = hard). A shell's are the most any
-    /// cell may get (a cell lowers its own; raising needs a capability nobody in it has).
-    pub nofile: u64,
-    pub nproc: u64,
+    /// RLIMIT_NOFILE and RLIMIT_NPROC of the init. A shell's are the most any cell may get.
+    pub limits: crate::confine::limits::Rlimits,
     pub swap_limit: bool,
     /// Paths masked on top of the OCI defaults (the profile's hidden paths).
     pub masked: Vec<PathBuf>,
@@ -65,17 +63,16 @@ pub fn build(input: &SpecInput) -> Result<Spec, RuntimeError> {
         .iter()
         .map(|c| oci_cap(*c))
         .collect::<Result<std::collections::HashSet<OciCap>, _>>()?;
-    let nofile = input.nofile;
     let rlimits = vec![
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNofile)
-            .soft(nofile)
-            .hard(nofile)
+            .soft(input.limits.nofile)
+            .hard(input.limits.nofile)
             .build()?,
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNproc)
-            .soft(input.nproc)
-            .hard(input.nproc)
+            .soft(input.limits.nproc)
+            .hard(input.limits.nproc)
             .build()?,
         PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitCore)
@@ -231,8 +228,10 @@ mod tests {
             )
             .unwrap(),
             init_caps: vec![Capability::CAP_KILL, Capability::CAP_NET_ADMIN],
-            nofile: 512,
-            nproc: 64,
+            limits: crate::confine::limits::Rlimits {
+                nofile: 512,
+                nproc: 64,
+            },
             swap_limit: true,
             masked: vec!["/secret".into()],
         }

@@ -6,12 +6,60 @@
 //! This module owns that choice and its words (for `agentrun info` and the run's span), and
 //! the detection of a delegated cgroup v2 subtree (a systemd user slice): pure functions of
 //! what was read from `/proc/self/cgroup` and `/proc/self/mountinfo`, unit-tested root-free.
+//! It also owns [`Rlimits`], the file and process limits every sandboxed process gets
+//! whatever enforces the rest.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentrun_policy::Resources;
 use serde::{Deserialize, Serialize};
+
+/// RLIMIT_NOFILE and RLIMIT_NPROC (soft = hard), with RLIMIT_CORE 0 beside them: decided on
+/// the host from the profile, set by a cell's PID 1 (and the zygote's child it forks), by a
+/// `--isolation landlock-only` command's child, and in a shell's OCI spec (its init's, the
+/// most any of its cells may get: a cell lowers its own, raising needs a capability nobody in
+/// it has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    pub nofile: u64,
+    pub nproc: u64,
+}
+
+impl Rlimits {
+    /// This process's own hard limits: the most it may set, and what a shell's init gets.
+    pub fn ours() -> Rlimits {
+        use nix::sys::resource::{getrlimit, Resource};
+        let hard = |r| getrlimit(r).map(|(_, hard)| hard).unwrap_or(1024);
+        Rlimits {
+            nofile: hard(Resource::RLIMIT_NOFILE),
+            nproc: hard(Resource::RLIMIT_NPROC),
+        }
+    }
+
+    /// The profile's (`nofile`, `pids` as nproc), no higher than [`Rlimits::ours`].
+    pub fn for_resources(r: &Resources) -> Rlimits {
+        Self::capped(r, Self::ours())
+    }
+
+    /// The profile's, no higher than `max`.
+    fn capped(r: &Resources, max: Rlimits) -> Rlimits {
+        Rlimits {
+            nofile: r.nofile.min(max.nofile),
+            nproc: u64::from(r.pids).min(max.nproc),
+        }
+    }
+
+    /// What a process sets (soft = hard), in this order, with the name its error says.
+    pub fn settings(&self) -> [(nix::sys::resource::Resource, u64, &'static str); 3] {
+        use nix::sys::resource::Resource;
+        [
+            (Resource::RLIMIT_NOFILE, self.nofile, "nofile"),
+            (Resource::RLIMIT_NPROC, self.nproc, "nproc"),
+            (Resource::RLIMIT_CORE, 0, "core"),
+        ]
+    }
+}
 
 /// Per-process limits a cell sets when no cgroup enforces the profile's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +202,47 @@ mod tests {
         assert_eq!(delegated(USER_CGROUP, V2_MOUNTS, 1000, "cpu pids"), None);
         // Someone else's.
         assert_eq!(delegated(USER_CGROUP, V2_MOUNTS, 1001, all), None);
+    }
+
+    #[test]
+    fn rlimits_are_the_profiles_capped_at_ours() {
+        let r = Resources {
+            memory_bytes: 0,
+            pids: 64,
+            cpus: 1.0,
+            tmpfs_bytes: 1 << 20,
+            nofile: 1024,
+            timeout: None,
+            output_cap: None,
+        };
+        let high = Rlimits {
+            nofile: 1 << 20,
+            nproc: 1 << 20,
+        };
+        let low = Rlimits {
+            nofile: 512,
+            nproc: 32,
+        };
+        assert_eq!(
+            Rlimits::capped(&r, high),
+            Rlimits {
+                nofile: 1024,
+                nproc: 64
+            }
+        );
+        assert_eq!(Rlimits::capped(&r, low), low);
+        let ours = Rlimits::ours();
+        assert!(ours.nofile > 0 && ours.nproc > 0);
+        assert_eq!(Rlimits::for_resources(&r), Rlimits::capped(&r, ours));
+        use nix::sys::resource::Resource;
+        assert_eq!(
+            low.settings(),
+            [
+                (Resource::RLIMIT_NOFILE, 512, "nofile"),
+                (Resource::RLIMIT_NPROC, 32, "nproc"),
+                (Resource::RLIMIT_CORE, 0, "core"),
+            ]
+        );
     }
 
     #[test]

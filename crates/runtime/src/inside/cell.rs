@@ -258,8 +258,7 @@ fn run(
                     .as_ref()
                     .map(|z| z.env.clone())
                     .unwrap_or_default(),
-                nofile: req.nofile,
-                nproc: req.nproc,
+                limits: req.limits,
             });
             crate::inside::live::serve_live(channel, zygote)
         }
@@ -280,8 +279,7 @@ fn run(
                         argv: &cmd.argv,
                         env: &cmd.env,
                         cwd: &cmd.cwd,
-                        nofile: req.nofile,
-                        nproc: req.nproc,
+                        limits: req.limits,
                         stdio,
                         landlock: ruleset.as_ref(),
                     };
@@ -773,12 +771,7 @@ fn confine(
     req: &CellRequest,
     share_ruleset: bool,
 ) -> Setup<Option<OwnedFd>> {
-    use nix::sys::resource::Resource;
-    for (res, value, name) in [
-        (Resource::RLIMIT_NOFILE, req.nofile, "nofile"),
-        (Resource::RLIMIT_NPROC, req.nproc, "nproc"),
-        (Resource::RLIMIT_CORE, 0, "core"),
-    ] {
+    for (res, value, name) in req.limits.settings() {
         k.setrlimit(res, value)
             .map_err(|e| SetupError::sys(format!("rlimit {name}"), e))?;
     }
@@ -825,8 +818,10 @@ mod tests {
         CellRequest {
             cell: 7,
             tmpfs_bytes: 1 << 20,
-            nofile: 1024,
-            nproc: 256,
+            limits: crate::confine::limits::Rlimits {
+                nofile: 1024,
+                nproc: 256,
+            },
             rlimits: Box::default(),
             landlock,
             mounts: Vec::new(),

@@ -766,8 +766,10 @@ mod tests {
         let req = ShellRequest::Cell(CellRequest {
             cell: 7,
             tmpfs_bytes: 1 << 20,
-            nofile: 64,
-            nproc: 32,
+            limits: crate::confine::limits::Rlimits {
+                nofile: 64,
+                nproc: 32,
+            },
             rlimits: Default::default(),
             landlock: Some(PathRules {
                 readable: vec!["/".into()],

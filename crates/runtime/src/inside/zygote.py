@@ -381,8 +381,8 @@ def _enter(run):
     os.chroot(".")
     _setns(run.ipcns, _CLONE_NEWIPC, "ipc")
     os.setpgid(0, 0)
-    for res, value in ((resource.RLIMIT_NOFILE, req["nofile"]),
-                       (resource.RLIMIT_NPROC, req["nproc"]),
+    for res, value in ((resource.RLIMIT_NOFILE, req["limits"]["nofile"]),
+                       (resource.RLIMIT_NPROC, req["limits"]["nproc"]),
                        (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
     try:

@@ -36,6 +36,7 @@ use std::time::Duration;
 use seccompiler::BpfProgram;
 use serde::{Deserialize, Serialize};
 
+use crate::confine::limits::Rlimits;
 use crate::control::{self, InitResult, ResourceUsage};
 use crate::inside::reaper;
 
@@ -553,8 +554,7 @@ struct RunRequest<'a> {
     orig_argv: &'a [String],
     env: &'a [String],
     cwd: &'a str,
-    nofile: u64,
-    nproc: u64,
+    limits: Rlimits,
 }
 
 /// What the zygote or its child says on a run's report socket.
@@ -585,8 +585,7 @@ pub(crate) struct RunParts<'a> {
     pub argv: &'a [String],
     pub env: &'a [String],
     pub cwd: &'a str,
-    pub nofile: u64,
-    pub nproc: u64,
+    pub limits: Rlimits,
     pub stdio: &'a [OwnedFd; 3],
     pub landlock: Option<&'a OwnedFd>,
 }
@@ -628,8 +627,7 @@ impl RunParts<'_> {
             orig_argv: self.argv,
             env: self.env,
             cwd: self.cwd,
-            nofile: self.nofile,
-            nproc: self.nproc,
+            limits: self.limits,
         }
     }
 
@@ -937,8 +935,7 @@ pub(crate) struct LiveZygote {
     pub ruleset: Option<OwnedFd>,
     /// The zygote's environment (a process's start-up variables must match it).
     pub env: Vec<String>,
-    pub nofile: u64,
-    pub nproc: u64,
+    pub limits: Rlimits,
 }
 
 impl LiveZygote {
@@ -964,8 +961,7 @@ impl LiveZygote {
                 argv: &sp.argv,
                 env: &sp.env,
                 cwd: &sp.cwd,
-                nofile: self.nofile,
-                nproc: self.nproc,
+                limits: self.limits,
                 stdio,
                 landlock: self.ruleset.as_ref(),
             },
