@@ -351,15 +351,14 @@ impl Plan {
 
         // The sandboxed process continues this trace under the sandbox.exec span.
         env.push(("TRACEPARENT".into(), traceparent.to_owned()));
+        // Credentials (and HTTP rules) are allowed with a proxy only (the profile's check and
+        // --credential's allow-host): TLS is intercepted by the run's proxy.
         if profile.network.needs_proxy() {
-            env.extend(agentrun_egress::proxy_env());
-        }
-        if credentials.is_some() {
             // A JAVA_TOOL_OPTIONS of the caller's (-e) is kept, ours not added (a JVM would
             // read only one of the two).
             let java_set = env.iter().any(|(k, _)| k == "JAVA_TOOL_OPTIONS");
             env.extend(
-                agentrun_egress::mitm::trust_env(agentrun_runtime::sandbox::EGRESS_DIR_IN_SANDBOX)
+                agentrun_pool::egress_route::egress_env(credentials.is_some())
                     .into_iter()
                     .filter(|(k, _)| !(java_set && k == "JAVA_TOOL_OPTIONS")),
             );

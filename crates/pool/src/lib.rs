@@ -9,8 +9,9 @@
 //! - [`live`]: long-lived sandboxes (one shell, one long-lived cell: many processes over
 //!   time, pause/resume, limits), the core of the HTTP front ends.
 //! - [`daemon`] / [`protocol`] / [`client`]: `agentrun serve` and its local socket.
-//! - `egress_route`: [`live::LiveSpec::through_egress_proxy`], a sandbox routed through its
-//!   egress proxy (and trusting its CA when TLS is intercepted).
+//! - [`egress_route`]: a sandbox routed through its egress proxy (and trusting its CA when
+//!   TLS is intercepted): the environment every front end gives its processes, and
+//!   [`live::LiveSpec::through_egress_proxy`].
 //! - [`recipe`]: what a sandbox is made from, shared with the CLI's cold path.
 //! - [`snapshot`]: a live sandbox's writable layer kept as an image layer (snapshots, commit),
 //!   or as a fork's frozen layer (`frozen`: the [`snapshot::FrozenLayer`] and
@@ -25,7 +26,7 @@ pub mod activation;
 pub mod board;
 pub mod client;
 pub mod daemon;
-mod egress_route;
+pub mod egress_route;
 pub mod factory;
 mod frozen;
 pub mod lines;
