@@ -5,7 +5,9 @@
 //! `friendlyName` and Oracle's trusted-key-usage attribute (`anyExtendedKeyUsage`), without
 //! which the JDK does not treat a certificate-only entry as trusted. Nothing in it is secret:
 //! it is neither encrypted nor MACed (the JDK loads such a file when no store password is
-//! given). [`java_tool_options`] is what points the JVM at it and at the proxy.
+//! given). [`Entries`] are a bundle's certificates made into the store's entries once (the
+//! host's roots, the same for every sandbox), so that a sandbox's store costs only its CA's
+//! entry. [`java_tool_options`] is what points the JVM at it and at the proxy.
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -69,18 +71,53 @@ fn cert_bag(alias: &str, der: &[u8]) -> Vec<u8> {
     )
 }
 
+/// The trust store's entries of a PEM bundle's certificates, in order (aliases `agentrun-0`,
+/// `agentrun-1`, ...): what [`Entries::store_with`] puts first in a store.
+#[derive(Debug, Clone, Default)]
+pub struct Entries {
+    bags: Vec<u8>,
+    count: usize,
+}
+
+impl Entries {
+    /// The entries of every certificate in `pem`.
+    pub fn of(pem: &str) -> Entries {
+        Entries::numbered_from(pem, 0)
+    }
+
+    fn numbered_from(pem: &str, first: usize) -> Entries {
+        let mut count = 0;
+        let bags = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .filter_map(Result::ok)
+            .flat_map(|der| {
+                count += 1;
+                cert_bag(&format!("agentrun-{}", first + count - 1), &der)
+            })
+            .collect();
+        Entries { bags, count }
+    }
+
+    /// A PKCS#12 trust store of these entries, then every certificate in `pem` (aliases going
+    /// on): the same bytes as [`truststore`] of the two bundles one after the other. `None`
+    /// when there is no certificate at all.
+    pub fn store_with(&self, pem: &str) -> Option<Vec<u8>> {
+        let more = Entries::numbered_from(pem, self.count);
+        if self.count + more.count == 0 {
+            return None;
+        }
+        Some(store(&[&self.bags[..], &more.bags[..]].concat()))
+    }
+}
+
 /// A PKCS#12 trust store of every certificate in `pem` (aliases `agentrun-0`, `agentrun-1`,
 /// ...); `None` when `pem` holds no certificate.
 pub fn truststore(pem: &str) -> Option<Vec<u8>> {
-    let bags: Vec<u8> = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .filter_map(Result::ok)
-        .enumerate()
-        .flat_map(|(i, der)| cert_bag(&format!("agentrun-{i}"), &der))
-        .collect();
-    if bags.is_empty() {
-        return None;
-    }
-    let safe_contents = tlv(SEQUENCE, &bags);
+    Entries::default().store_with(pem)
+}
+
+/// The PKCS#12 file around the certificate bags `bags`.
+fn store(bags: &[u8]) -> Vec<u8> {
+    let safe_contents = tlv(SEQUENCE, bags);
     let data = |content: &[u8]| {
         tlv(
             SEQUENCE,
@@ -89,10 +126,10 @@ pub fn truststore(pem: &str) -> Option<Vec<u8>> {
     };
     let authenticated_safe = tlv(SEQUENCE, &data(&safe_contents));
     let version = [0x02, 0x01, 0x03];
-    Some(tlv(
+    tlv(
         SEQUENCE,
         &[&version[..], &data(&authenticated_safe)].concat(),
-    ))
+    )
 }
 
 /// `JAVA_TOOL_OPTIONS` for a sandbox whose proxy intercepts: Java's HTTP clients
@@ -143,5 +180,35 @@ mod tests {
     #[test]
     fn no_certificate_no_store() {
         assert!(truststore("nothing here").is_none());
+        assert!(Entries::of("nothing").store_with("here").is_none());
+    }
+
+    /// A store made from entries built earlier (the host's roots, once) and one more
+    /// certificate (a sandbox's CA) is the store of the whole bundle, byte for byte.
+    #[test]
+    fn entries_built_once_and_a_ca_added_make_the_whole_bundles_store() {
+        let [a, b, c] = ["roots-a", "roots-b", "ca"].map(|n| {
+            crate::mitm::Interceptor::new(n, &[])
+                .unwrap()
+                .ca_pem()
+                .to_owned()
+        });
+        let roots = format!("{a}{b}");
+        let once = Entries::of(&roots);
+        assert_eq!(once.count, 2);
+        let store = once.store_with(&c).unwrap();
+        assert_eq!(store, truststore(&format!("{roots}{c}")).unwrap());
+        // Aliases go on from the roots' (the CA is agentrun-2), and nothing of the roots is
+        // lost when the extra bundle is empty or holds no certificate.
+        let alias = |i: usize| -> Vec<u8> {
+            format!("agentrun-{i}")
+                .encode_utf16()
+                .flat_map(u16::to_be_bytes)
+                .collect()
+        };
+        assert!(store.windows(alias(2).len()).any(|w| w == alias(2)));
+        assert!(!store.windows(alias(3).len()).any(|w| w == alias(3)));
+        assert_eq!(once.store_with(""), truststore(&roots));
+        assert_eq!(Entries::default().store_with(&c), truststore(&c));
     }
 }

@@ -162,6 +162,30 @@ pub fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// Writes [`NODE_PRELOAD_FILE`] (0644) into `dir` unless it is there: once per directory (a
+/// pooled shell's directory, whose proxy is bound again at every run), and again in one made
+/// anew (a wiped state dir). What is there is taken as written by this function when it is a
+/// file of the preload's length and mode: only root writes the directory (the sandbox sees it
+/// read-only), and a binary with another preload makes its sandboxes' directories anew.
+fn write_preload(dir: &Path) -> Result<(), EgressError> {
+    use std::os::unix::fs::PermissionsExt;
+    let preload = dir.join(NODE_PRELOAD_FILE);
+    let written = std::fs::symlink_metadata(&preload).is_ok_and(|m| {
+        m.is_file()
+            && m.len() == NODE_PRELOAD.len() as u64
+            && m.permissions().mode() & 0o7777 == 0o644
+    });
+    if written {
+        return Ok(());
+    }
+    std::fs::write(&preload, NODE_PRELOAD)
+        .and_then(|()| std::fs::set_permissions(&preload, std::fs::Permissions::from_mode(0o644)))
+        .map_err(|source| EgressError::Preload {
+            path: preload,
+            source,
+        })
+}
+
 /// A preload for Node versions whose `fetch` ignores the proxy variables (Node 20, 22 before
 /// 22.21): `NODE_OPTIONS=--require=/run/agentrun-egress/node-proxy.cjs` routes `fetch` for
 /// `https` URLs through `HTTPS_PROXY` with the undici Node bundles (docs/credentials.md).
@@ -170,20 +194,11 @@ pub const NODE_PRELOAD_FILE: &str = "node-proxy.cjs";
 const NODE_PRELOAD: &str = include_str!("node-proxy.cjs");
 
 /// Binds the proxy's unix socket (mode 0666: the sandbox's uid connects to it through a
-/// read-only bind mount of its directory) and writes [`NODE_PRELOAD_FILE`] (0644) beside it.
-/// No thread is started.
+/// read-only bind mount of its directory) and writes [`NODE_PRELOAD_FILE`] (0644) beside it
+/// unless it is there already. No thread is started.
 pub fn bind(path: &Path) -> Result<UnixListener, EgressError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        use std::os::unix::fs::PermissionsExt;
-        let preload = dir.join(NODE_PRELOAD_FILE);
-        std::fs::write(&preload, NODE_PRELOAD)
-            .and_then(|()| {
-                std::fs::set_permissions(&preload, std::fs::Permissions::from_mode(0o644))
-            })
-            .map_err(|source| EgressError::Preload {
-                path: preload.clone(),
-                source,
-            })?;
+        write_preload(dir)?;
     }
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).map_err(|source| EgressError::Bind {
@@ -1321,6 +1336,53 @@ mod tests {
     }
 
     type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// The Node preload is written at the first bind in a directory, not at every one, and
+    /// again when the directory was wiped (or the file is not what was written).
+    #[test]
+    fn the_node_preload_is_written_once_per_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("egress");
+        std::fs::create_dir(&dir).unwrap();
+        let sock = dir.join("proxy.sock");
+        let preload = dir.join(NODE_PRELOAD_FILE);
+        let inode = || {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(&preload).unwrap();
+            (
+                m.ino(),
+                m.modified().unwrap(),
+                m.permissions().mode() & 0o7777,
+            )
+        };
+        drop(bind(&sock).unwrap());
+        assert_eq!(std::fs::read_to_string(&preload).unwrap(), NODE_PRELOAD);
+        // An old mtime: a rewrite would show as a new one.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        std::fs::File::options()
+            .write(true)
+            .open(&preload)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let first = inode();
+        assert_eq!(first.2, 0o644);
+        drop(bind(&sock).unwrap());
+        assert_eq!(inode(), first, "rewritten at the second bind");
+        // Wiped: written again.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        drop(bind(&sock).unwrap());
+        assert_eq!(std::fs::read_to_string(&preload).unwrap(), NODE_PRELOAD);
+        // Not what was written (cut short, or another mode): written again.
+        std::fs::write(&preload, "x").unwrap();
+        drop(bind(&sock).unwrap());
+        assert_eq!(std::fs::read_to_string(&preload).unwrap(), NODE_PRELOAD);
+        std::fs::set_permissions(&preload, std::fs::Permissions::from_mode(0o600)).unwrap();
+        drop(bind(&sock).unwrap());
+        assert_eq!(inode().2, 0o644);
+    }
 
     /// A proxy with `policy`, a table resolver, and sinks writing what they get to `seen`.
     fn proxy_with(

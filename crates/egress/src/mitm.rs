@@ -203,22 +203,39 @@ pub fn trust_env(dir: &str) -> Vec<(String, String)> {
     env
 }
 
+/// The host's system bundle (a newline at its end) and its certificates as Java trust store
+/// entries: read and built once per process, when a sandbox's trust is first written (each
+/// sandbox adds only its own CA to both). A bundle the host changes later is seen by the
+/// next daemon.
+struct SystemTrust {
+    bundle: String,
+    java: crate::java_trust::Entries,
+}
+
+fn system_trust() -> &'static SystemTrust {
+    static SYSTEM: std::sync::OnceLock<SystemTrust> = std::sync::OnceLock::new();
+    SYSTEM.get_or_init(|| {
+        let mut bundle = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        let java = crate::java_trust::Entries::of(&bundle);
+        SystemTrust { bundle, java }
+    })
+}
+
 impl Interceptor {
     /// Writes [`CA_FILE`], [`BUNDLE_FILE`] (the host's system bundle, then the CA) and the
     /// same certificates as a Java trust store ([`crate::java_trust::TRUSTSTORE_FILE`]) into
     /// `dir`, mode 0644. The key is never written.
     pub fn write_trust(&self, dir: &std::path::Path) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        let system = SYSTEM_BUNDLES
-            .iter()
-            .find_map(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default();
-        let mut bundle = system;
-        if !bundle.is_empty() && !bundle.ends_with('\n') {
-            bundle.push('\n');
-        }
-        bundle.push_str(&self.ca_pem);
-        let java = crate::java_trust::truststore(&bundle).unwrap_or_default();
+        let system = system_trust();
+        let bundle = format!("{}{}", system.bundle, self.ca_pem);
+        let java = system.java.store_with(&self.ca_pem).unwrap_or_default();
         for (name, bytes) in [
             (CA_FILE, self.ca_pem.as_bytes()),
             (BUNDLE_FILE, bundle.as_bytes()),
@@ -291,6 +308,31 @@ mod tests {
         let b = i.server_config("api.example.com").unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         i.server_config("10.0.0.1").unwrap();
+    }
+
+    /// What a sandbox is given to trust: the host's bundle then its CA, as PEM and as the Java
+    /// store of the same certificates, though the host's part is built once per process.
+    #[test]
+    fn trust_written_twice_is_the_host_bundle_and_each_ca() {
+        let host = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        for name in ["one", "two"] {
+            let i = Interceptor::new(name, &[]).unwrap();
+            let d = tempfile::tempdir().unwrap();
+            i.write_trust(d.path()).unwrap();
+            let read = |f: &str| std::fs::read(d.path().join(f)).unwrap();
+            let bundle = String::from_utf8(read(BUNDLE_FILE)).unwrap();
+            assert!(bundle.starts_with(host.trim_end()), "{name}");
+            assert!(bundle.ends_with(i.ca_pem()), "{name}");
+            assert_eq!(read(CA_FILE), i.ca_pem().as_bytes());
+            assert_eq!(
+                read(crate::java_trust::TRUSTSTORE_FILE),
+                crate::java_trust::truststore(&bundle).unwrap(),
+                "{name}"
+            );
+        }
     }
 
     #[test]
