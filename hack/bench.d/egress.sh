@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `hack/bench egress`: what the egress proxy costs an HTTPS client, in one session. A TLS
-# server on the host's loopback (Python's http.server, HTTP/1.1 keep-alive, a certificate
-# from a CA made here with openssl) answers GET /; a client (hack/bench.d/egress_client.py)
-# sends REQUESTS requests to it and reports p50/p95 per request and requests/s:
+# server on the host's loopback (tests/src/bearer_server.py, the credential tests' server:
+# Python's http.server, HTTP/1.1 keep-alive, a certificate from a CA made here with openssl)
+# answers GET / (15 bytes); a client (hack/bench.d/egress_client.py) sends REQUESTS
+# requests to it and reports p50/p95 per request and requests/s:
 #
 #   - direct: from the host, no sandbox, no proxy;
 #   - tunnelled: from a sandbox (`agentrun exec --allow-host`), through the proxy's plain
@@ -52,36 +53,19 @@ ossl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out serv
     -extfile ext.cnf
 cp "$repo/hack/bench.d/egress_client.py" client.py
 chmod 644 ./*.pem client.py
+export BENCH_TOKEN=bench-token-not-a-secret
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-python3 - "$port" <<'PY' &
-import http.server, ssl, sys
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # One write per response, no Nagle: otherwise a kept-alive connection waits for the
-    # delayed ACK (40 ms) between the head and the body.
-    wbufsize = 65536
-    disable_nagle_algorithm = True
-    def do_GET(self):
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain("server.pem", "server.key")
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-srv.serve_forever()
-PY
+# The credential tests' server (one copy), its connections kept alive, each response in one
+# write; it says auth=ok when the bearer token came (the intercepted rows).
+E2E_SECRET=$BENCH_TOKEN python3 "$repo/tests/src/bearer_server.py" 127.0.0.1 "$port" \
+    server.pem server.key --keep-alive &
 server_pid=$!
 for _ in $(seq 100); do
     python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1).close()" 2>/dev/null && break
     sleep 0.1
 done
 url="https://127.0.0.1:$port/"
-export AGENTRUN_NO_DAEMON=1 BENCH_TOKEN=bench-token-not-a-secret
+export AGENTRUN_NO_DAEMON=1
 row() {
     local name=$1 mode=$2 out
     shift 2
@@ -101,7 +85,7 @@ intercepted() {
 }
 echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); REQUESTS=$n${SMOKE:+ SMOKE=1} hack/bench egress"
 echo
-echo "### HTTPS through the egress proxy (Python http.client, GET of 3 bytes, 127.0.0.1)"
+echo "### HTTPS through the egress proxy (Python http.client, GET of 15 bytes, 127.0.0.1)"
 echo
 echo "| path | connection | p50 ms | p95 ms | requests/s | statuses |"
 echo "|---|---|---|---|---|---|"

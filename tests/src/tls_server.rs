@@ -160,29 +160,11 @@ pub fn dir_text(dir: &Path) -> String {
         .collect()
 }
 
-/// The TLS server of the credential tests (`python3 server.py ADDR PORT CERT KEY`): answers `auth=ok` when the request carries `Authorization: Bearer
-/// $SECRET`, else `auth=missing`; then the path. Never echoes a header back.
-pub const BEARER_SERVER: &str = r#"
-import http.server, os, ssl, sys
-secret = os.environ["E2E_SECRET"]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ok = self.headers.get("Authorization") == "Bearer " + secret
-        body = ("auth=%s path=%s\n" % ("ok" if ok else "missing", self.path)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-addr, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-srv = http.server.ThreadingHTTPServer((addr, port), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-srv.serve_forever()
-"#;
+/// The TLS server of the credential tests (`python3 server.py ADDR PORT CERT KEY`,
+/// `E2E_SECRET` in its environment): answers `auth=ok` when the request carries
+/// `Authorization: Bearer $E2E_SECRET`, else `auth=missing`; then the path. Never echoes a
+/// header back. The file `tests/src/bearer_server.py`, which `hack/bench egress` runs too.
+pub const BEARER_SERVER: &str = include_str!("bearer_server.py");
 
 /// [`BEARER_SERVER`], written to `d/server.py`, on 127.0.0.1 at a free port with the
 /// certificate [`certs`] made in `d`, answering `auth=ok` to `Bearer {secret}`; up once this
