@@ -204,17 +204,22 @@ mod tests {
         assert_eq!(delegated(USER_CGROUP, V2_MOUNTS, 1001, all), None);
     }
 
-    #[test]
-    fn rlimits_are_the_profiles_capped_at_ours() {
-        let r = Resources {
-            memory_bytes: 0,
+    /// 512 MiB, 64 tasks, one CPU, 1024 files.
+    fn resources() -> Resources {
+        Resources {
+            memory_bytes: 512 << 20,
             pids: 64,
             cpus: 1.0,
             tmpfs_bytes: 1 << 20,
             nofile: 1024,
             timeout: None,
             output_cap: None,
-        };
+        }
+    }
+
+    #[test]
+    fn rlimits_are_the_profiles_capped_at_ours() {
+        let r = resources();
         let high = Rlimits {
             nofile: 1 << 20,
             nproc: 1 << 20,
@@ -247,15 +252,7 @@ mod tests {
 
     #[test]
     fn the_words_say_which_mechanism() {
-        let r = Resources {
-            memory_bytes: 512 << 20,
-            pids: 64,
-            cpus: 1.0,
-            tmpfs_bytes: 1 << 20,
-            nofile: 1024,
-            timeout: None,
-            output_cap: None,
-        };
+        let r = resources();
         let rl = RlimitFallback::for_resources(&r, Some(Duration::from_secs(10)));
         assert_eq!(rl.address_space, Some(512 << 20));
         assert_eq!(rl.cpu_seconds, Some(10));
