@@ -11,7 +11,8 @@
 //! subject alternative name) and cached with their rustls server configuration. Upstream,
 //! the proxy verifies the real host's certificate against the host's root store
 //! (`rustls-native-certs`: the system bundle) plus any roots the operator adds
-//! ([`Interceptor::new`]'s `extra_roots`, e.g. an internal CA); the server name it verifies is
+//! ([`Interceptor::new`]'s `extra_roots`, e.g. an internal CA), read once per process and list
+//! of extra roots and shared by every interceptor; the server name it verifies is
 //! the host the sandbox's CONNECT named and the policy allowed. ALPN offers `http/1.1` on
 //! both sides: the proxy reads HTTP/1 requests inside.
 
@@ -63,6 +64,57 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// The upstream TLS configuration verifying against the host's roots and the PEM bundles in
+/// `extra_roots`: built (the roots read and parsed, ~150 certificates) once per process and
+/// list of extra roots, then shared by every interceptor made with that list, since the roots
+/// are the daemon's, not a sandbox's. A bad extra roots file is an error every time (never
+/// cached); roots the host changes later are seen by the next daemon.
+fn upstream_config(extra_roots: &[PathBuf]) -> Result<Arc<ClientConfig>, MitmError> {
+    type Configs = HashMap<Vec<PathBuf>, Arc<ClientConfig>>;
+    static UPSTREAM: std::sync::OnceLock<Mutex<Configs>> = std::sync::OnceLock::new();
+    let configs = UPSTREAM.get_or_init(Mutex::default);
+    if let Some(c) = configs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(extra_roots)
+    {
+        return Ok(c.clone());
+    }
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    for path in extra_roots {
+        let bad = |why: String| MitmError::Roots {
+            path: path.clone(),
+            why,
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("no certificate in it".into()));
+        }
+        for c in certs {
+            roots.add(c).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(MitmError::NoRoots);
+    }
+    let mut upstream = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let upstream = Arc::new(upstream);
+    configs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(extra_roots.to_vec(), upstream.clone());
+    Ok(upstream)
+}
+
 impl Interceptor {
     /// A new CA; upstream certificates verified against the system's roots and the PEM
     /// bundles in `extra_roots`.
@@ -80,39 +132,13 @@ impl Interceptor {
         params.not_after = now + time::Duration::days(365);
         let ca = params.self_signed(&ca_key)?;
 
-        let mut roots = RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        roots.add_parsable_certificates(native.certs);
-        for path in extra_roots {
-            let bad = |why: String| MitmError::Roots {
-                path: path.clone(),
-                why,
-            };
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .map_err(|e| bad(e.to_string()))?
-                .collect::<Result<_, _>>()
-                .map_err(|e| bad(e.to_string()))?;
-            if certs.is_empty() {
-                return Err(bad("no certificate in it".into()));
-            }
-            for c in certs {
-                roots.add(c).map_err(|e| bad(e.to_string()))?;
-            }
-        }
-        if roots.is_empty() {
-            return Err(MitmError::NoRoots);
-        }
-        let mut upstream = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let upstream = upstream_config(extra_roots)?;
         Ok(Interceptor {
             ca_pem: ca.pem(),
             ca,
             ca_key,
             leaves: Mutex::default(),
-            upstream: Arc::new(upstream),
+            upstream,
         })
     }
 
@@ -333,6 +359,21 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// The roots are the daemon's: interceptors made with the same extra roots share one
+    /// upstream configuration; another list gets its own; each keeps its own CA.
+    #[test]
+    fn interceptors_share_the_upstream_roots_and_not_their_ca() {
+        let a = Interceptor::new("a", &[]).unwrap();
+        let b = Interceptor::new("b", &[]).unwrap();
+        assert!(Arc::ptr_eq(&a.upstream, &b.upstream));
+        assert_ne!(a.ca_pem(), b.ca_pem());
+        let d = tempfile::tempdir().unwrap();
+        let extra = d.path().join("extra.pem");
+        std::fs::write(&extra, a.ca_pem()).unwrap();
+        let c = Interceptor::new("c", std::slice::from_ref(&extra)).unwrap();
+        assert!(!Arc::ptr_eq(&a.upstream, &c.upstream));
     }
 
     #[test]
