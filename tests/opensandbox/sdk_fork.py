@@ -2,16 +2,23 @@
 SDK around it: a live sandbox copied into N sandboxes that start with its files. Run as
 `sdk_e2e.py fork:SCENARIO` by tests/tests/opensandbox_fork.rs.
 
-- big_context: a code context computes a 100 MB object and keeps it in a file; the sandbox is
-  forked into 10; every copy has the file (checksum), is a sandbox of its own (its own shell,
+- big_context: a code context computes a 100 MB numpy array (and keeps it in a file too), a
+  small dict, a module alias and a function; the sandbox is forked into 10; every copy's
+  context (the same id, the copy's default context as the parent's) has the array, the
+  dict, the alias and the function (a semantic fork: `carried == ["files", "contexts"]`), a
+  write in one copy's context is seen by no other nor the parent; every copy has the file
+  (checksum), is a sandbox of its own (its own shell,
   pid namespace, writable layer), and the copies are independent (a write in one is seen by
   no other copy nor the parent, a write in the parent after the fork by no copy). The
   copies outlive the parent; a copy forked again (its frozen layer over the first) carries
   both, and its deletions of the first layer's files (a whiteout, a directory replaced: an
   opaque one) stay deleted in its copy and in no other. One frozen
   layer per fork under the daemon's `<state>/frozen`, gone once its last sandbox is. The
-  context's memory is not carried (a copy's context has no `big`): said by the API
-  (`carried == ["files"]`) and checked here, so that the day it is carried this fails.
+  saved state is in neither the parent nor a copy once the fork is answered.
+- contexts: what a context's globals cannot carry (an open file, a generator, a class of the
+  context and its instance) is named with its reason, the rest carried (a lambda and a
+  closure by value among it); two contexts, each its own state, and a busy one; a fork of
+  a sandbox with no context answers as before (`carried == ["files"]`, no `contexts`).
 - bad_input: counts that are not an integer >= 1, unknown fields, a count over the room under
   --max-sandboxes (the daemon runs with a small one), over the host's memory, a layer over
   --max-snapshot, an unknown sandbox, a paused one: 400 / 404 / 409 JSON errors, and nothing
@@ -23,6 +30,7 @@ SDK around it: a live sandbox copied into N sandboxes that start with its files.
 """
 
 import hashlib
+import json
 import os
 import subprocess
 import time
@@ -59,26 +67,56 @@ def sandbox_ids():
     return {e["sandbox"] for e in ps() if e.get("sandbox")}
 
 
+# What a copy's context prints of the parent's state (the array's checksum computed in it).
+STATE = (
+    "print(__import__('json').dumps([hl.sha256(big).hexdigest(), big.nbytes, str(big.dtype), small, scaled(2),"
+    " hl.__name__, np.__name__, big.flags.writeable]))"
+)
+
+
+def context_state(ci):
+    """The parent's state as a context shows it ([STATE])."""
+    r = ci.codes.run(STATE)
+    check(r.error is None, f"{r.error}")
+    return json.loads(r.logs.stdout[0].text)
+
+
+def state_dirs(sbx):
+    """The saved-state directories of a fork in `sbx` (none once a fork is answered)."""
+    code, out, _ = run(sbx, "ls -a /tmp | grep agentrun-fork || true")
+    check(code == 0, out)
+    return out
+
+
 def big_context():
     from code_interpreter.sync.code_interpreter import CodeInterpreterSync
 
     cfg = sync_config()
     parent = SandboxSync.create(
-        "host", connection_config=cfg, timeout=timedelta(minutes=10), resource={"cpu": "1", "memory": "512Mi"}
+        "host", connection_config=cfg, timeout=timedelta(minutes=10), resource={"cpu": "1", "memory": "768Mi"}
     )
     copies = []
     try:
         ci = CodeInterpreterSync.create(sandbox=parent, skip_health_check=True)
-        # The state: 100 MB computed once (a pattern no file of the image has).
+        # The state: 100 MB computed once (a pattern no file of the image has), a small dict,
+        # a module alias and a function of the context's.
         r = ci.codes.run(
-            "import hashlib\n"
-            f"big = bytes((i * 7 + 3) % 251 for i in range(256)) * ({BIG_MB} * 4096)\n"
-            "open('/tmp/big.bin', 'wb').write(big)\n"
-            "hashlib.sha256(big).hexdigest()"
+            "import hashlib as hl\n"
+            "import numpy as np\n"
+            f"big = np.frombuffer(bytes((i * 7 + 3) % 251 for i in range(256)) * ({BIG_MB} * 4096), dtype=np.uint8).copy()\n"
+            "big.tofile('/tmp/big.bin')\n"
+            "small = {'answer': 42, 'names': ['a', 'b']}\n"
+            "def scaled(x, k=3):\n    return x * k + small['answer']\n"
+            "hl.sha256(big).hexdigest()"
         )
         check(r.error is None, f"parent's context: {r.error}")
         digest = r.result[0].text.strip("'")
         check(len(digest) == 64, f"digest {r.result}")
+        parent_state = context_state(ci)
+        want_state = [digest, BIG_MB << 20, "uint8", {"answer": 42, "names": ["a", "b"]}, 48, "hashlib", "numpy", True]
+        check(parent_state == want_state, f"the parent's context: {parent_state}")
+        parent_ctx = ci.codes.list_contexts("python")
+        check(len(parent_ctx) == 1, f"the parent's contexts: {parent_ctx}")
         want = hashlib.sha256(bytes((i * 7 + 3) % 251 for i in range(256)) * (BIG_MB * 4096)).hexdigest()
         check(digest == want, "the parent's object is what the test computes")
         code, out, _ = run(parent, "echo parent > /tmp/who; readlink /proc/self/ns/pid")
@@ -91,7 +129,12 @@ def big_context():
         answer = fork(parent.id, 10)
         took = time.monotonic() - t
         check(answer["sandboxId"] == parent.id, f"{answer}")
-        check(answer["carried"] == ["files"], f"what is carried: {answer}")
+        check(answer["carried"] == ["files", "contexts"], f"what is carried: {answer}")
+        ctxs = answer.get("contexts", [])
+        check(len(ctxs) == 1 and ctxs[0]["id"] == parent_ctx[0].id, f"contexts: {ctxs} / {parent_ctx}")
+        check(sorted(ctxs[0]["carried"]) == ["big", "hl", "np", "scaled", "small"], f"carried: {ctxs}")
+        check(ctxs[0]["notCarried"] == [] and "error" not in ctxs[0], f"not carried: {ctxs}")
+        check(state_dirs(parent) == "", f"the saved state is left in the parent: {state_dirs(parent)}")
         ids = [s["id"] for s in answer["sandboxes"]]
         check(len(ids) == 10 and len(set(ids)) == 10 and parent.id not in ids, f"ids {ids}")
         for s in answer["sandboxes"]:
@@ -99,6 +142,28 @@ def big_context():
         # One frozen layer, shared by the copies (nothing copied per copy).
         check(frozen_layers() == [answer["layerId"]], f"frozen layers {frozen_layers()} / {answer}")
         copies = [SandboxSync.connect(i, connection_config=cfg) for i in ids]
+        # Each copy's context: the parent's (same id, the default one), its state there, the
+        # first execution's time included.
+        first_exec = []
+        cis = []
+        for c in copies:
+            cc = CodeInterpreterSync.create(sandbox=c, skip_health_check=True)
+            t0 = time.monotonic()
+            got = context_state(cc)
+            first_exec.append(time.monotonic() - t0)
+            check(got == want_state, f"copy {c.id}'s context: {got}")
+            listed = [x.id for x in cc.codes.list_contexts("python")]
+            check(listed == [parent_ctx[0].id], f"copy {c.id}'s contexts: {listed}")
+            check(state_dirs(c) == "", f"the saved state is left in copy {c.id}: {state_dirs(c)}")
+            cis.append(cc)
+        # A write in copy 0's context is seen by no other copy nor the parent.
+        r = cis[0].codes.run("small['answer'] = -1\nbig[:] = 0\nscaled = None")
+        check(r.error is None, f"copy 0's write: {r.error}")
+        for cc in cis[1:]:
+            check(context_state(cc) == want_state, "a copy sees copy 0's write")
+        check(context_state(ci) == want_state, "the parent sees copy 0's write")
+        r = cis[0].codes.run("print(small['answer'], int(big.sum()), scaled)")
+        check(r.logs.stdout[0].text == "-1 0 None", f"copy 0: {r.logs.stdout}")
         # Each copy's state, first print included.
         first = []
         pidns, shells = set(), set()
@@ -126,10 +191,6 @@ def big_context():
         check(out.split("\n")[0] == "parent" and "only-0" not in out, f"parent: {out}")
         code, out, _ = run(copies[0], "cat /tmp/who; ls /tmp")
         check(out.split("\n")[0] == "changed" and "after-fork" not in out, f"copy 0: {out}")
-        # The context's memory is not carried (see docs/opensandbox-compat.md#fork).
-        cc = CodeInterpreterSync.create(sandbox=copies[1], skip_health_check=True)
-        r = cc.codes.run("big")
-        check(r.error is not None and r.error.name == "NameError", f"a copy's context has the parent's memory?! {r.result} {r.error}")
         # The copies outlive the parent.
         parent.kill()
         code, out, _ = run(copies[2], "sha256sum /tmp/big.bin | cut -d' ' -f1")
@@ -144,6 +205,13 @@ def big_context():
         again = fork(copies[0].id, 1)
         g = SandboxSync.connect(again["sandboxes"][0]["id"], connection_config=cfg)
         copies.append(g)
+        # ... with copy 0's context as it is now (its array mapped from the first layer and
+        # written to, saved again).
+        check(again["carried"] == ["files", "contexts"], f"the copy of a copy: {again}")
+        r = CodeInterpreterSync.create(sandbox=g, skip_health_check=True).codes.run(
+            "print(small['answer'], int(big.sum()), scaled, big.nbytes)"
+        )
+        check(r.error is None and r.logs.stdout[0].text == f"-1 0 None {BIG_MB << 20}", f"{r.logs.stdout} {r.error}")
         check(sorted(frozen_layers()) == sorted([answer["layerId"], again["layerId"]]), f"frozen layers {frozen_layers()}")
         code, out, err = run(g, "test ! -e /tmp/big.bin && echo gone; cat /tmp/who /tmp/gen2; ls /tmp/d")
         check(out == "gone\nchanged\ntwo\nc", f"the copy of a copy: {out} {err}")
@@ -151,6 +219,7 @@ def big_context():
         check(out == "kept\na\nb", f"copy 1 keeps the first layer's files: {out}")
         print("FORK_S", f"{took:.3f}", flush=True)
         print("FIRST_PRINT_MAX_S", f"{max(first):.3f}", flush=True)
+        print("FIRST_EXEC_MAX_S", f"{max(first_exec):.3f}", flush=True)
         print("LAYER", answer["layerId"], flush=True)
     finally:
         for c in copies:
@@ -167,6 +236,87 @@ def big_context():
     while frozen_layers() and time.monotonic() < deadline:
         time.sleep(0.05)
     check(frozen_layers() == [], f"frozen layers left after every sandbox was killed: {frozen_layers()}")
+
+
+def contexts():
+    import threading
+
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+
+    cfg = sync_config()
+    parent = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+    made = []
+    try:
+        ci = CodeInterpreterSync.create(sandbox=parent, skip_health_check=True)
+        a = ci.codes.create_context("python")
+        b = ci.codes.create_context("python")
+        r = ci.codes.run(
+            "fh = open('/etc/hostname')\n"
+            "gen = (i for i in range(3))\n"
+            "class C:\n    pass\n"
+            "c = C()\n"
+            "lam = lambda z: z * 3\n"
+            "def outer():\n    k = 5\n    def inner():\n        return k\n    return inner\n"
+            "clo = outer()\n"
+            "kept = [1, 2, 3]\n"
+            "ba = bytearray(b'q' * 300000)\n",
+            context=a,
+        )
+        check(r.error is None, f"context a: {r.error}")
+        check(ci.codes.run("mine = 'b'", context=b).error is None, "context b")
+        answer = fork(parent.id, 2)
+        made += [SandboxSync.connect(x["id"], connection_config=cfg) for x in answer["sandboxes"]]
+        check(answer["carried"] == ["files", "contexts"], f"{answer}")
+        by = {x["id"]: x for x in answer["contexts"]}
+        check(set(by) == {a.id, b.id}, f"contexts {answer['contexts']} / {a.id} {b.id}")
+        not_carried = {x["name"]: x["reason"] for x in by[a.id]["notCarried"]}
+        check(set(not_carried) == {"fh", "gen", "C", "c"}, f"not carried: {by[a.id]}")
+        check("pickle" in not_carried["fh"] and "generator" in not_carried["gen"], f"reasons: {not_carried}")
+        check(sorted(by[a.id]["carried"]) == ["ba", "clo", "kept", "lam", "outer"], f"carried: {by[a.id]}")
+        check(by[b.id]["carried"] == ["mine"] and by[b.id]["notCarried"] == [], f"b: {by[b.id]}")
+        for c in made:
+            cc = CodeInterpreterSync.create(sandbox=c, skip_health_check=True)
+            r = cc.codes.run(
+                "print(lam(2), clo(), outer()(), kept, len(ba), ba[:2], [n in globals() for n in ('fh', 'gen', 'C', 'c', 'mine')])",
+                context=cc.codes.get_context(a.id),
+            )
+            check(r.error is None, f"copy {c.id}'s context a: {r.error}")
+            check(r.logs.stdout[0].text == "6 5 5 [1, 2, 3] 300000 bytearray(b'qq') [False, False, False, False, False]",
+                  f"copy {c.id}'s context a: {r.logs.stdout}")
+            r = cc.codes.run("print(mine, 'kept' in globals())", context=cc.codes.get_context(b.id))
+            check(r.error is None and r.logs.stdout[0].text == "b False", f"copy {c.id}'s context b: {r.logs.stdout} {r.error}")
+        # A context busy with an execution longer than the fork waits for (10 s): forked
+        # without its state, said so; the other one carried.
+        busy = threading.Thread(
+            target=lambda: ci.codes.run("import time\nopen('/tmp/busy', 'w').close()\ntime.sleep(20)", context=b)
+        )
+        busy.start()
+        deadline = time.monotonic() + 30
+        while run(parent, "test -e /tmp/busy && echo yes")[1] != "yes":
+            check(time.monotonic() < deadline, "the busy execution did not start")
+            time.sleep(0.05)
+        answer = fork(parent.id, 1)
+        made += [SandboxSync.connect(x["id"], connection_config=cfg) for x in answer["sandboxes"]]
+        busy.join(60)
+        by = {x["id"]: x for x in answer["contexts"]}
+        check(answer["carried"] == ["files", "contexts"] and "lam" in by[a.id]["carried"], f"{answer}")
+        check("still running" in by[b.id].get("error", "") and by[b.id]["carried"] == [], f"busy b: {by[b.id]}")
+        cc = CodeInterpreterSync.create(sandbox=made[-1], skip_health_check=True)
+        r = cc.codes.run("print('mine' in globals())", context=cc.codes.get_context(b.id))
+        check(r.error is None and r.logs.stdout[0].text == "False", f"the busy context's copy: {r.logs.stdout} {r.error}")
+        # A sandbox with no context: the answer as before.
+        plain = SandboxSync.create("host", connection_config=cfg, timeout=timedelta(minutes=5))
+        made.append(plain)
+        answer = fork(plain.id, 1)
+        made += [SandboxSync.connect(x["id"], connection_config=cfg) for x in answer["sandboxes"]]
+        check(answer["carried"] == ["files"] and "contexts" not in answer, f"no contexts: {answer}")
+    finally:
+        for c in made:
+            try:
+                c.kill()
+            except Exception:
+                pass
+        parent.kill()
 
 
 def bad_input():
@@ -294,6 +444,7 @@ def leave_copies():
 
 SCENARIOS = {
     "big_context": big_context,
+    "contexts": contexts,
     "bad_input": bad_input,
     "cli": cli,
     "copy_snapshot": copy_snapshot,

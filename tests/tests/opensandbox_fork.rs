@@ -1,8 +1,10 @@
 //! Fork, agentrun's extension of the OpenSandbox API (`POST /v1/sandboxes/{id}/fork`) and its
 //! CLI (`agentrun fork`), driven around the official SDK (`tests/opensandbox/sdk_fork.py`):
-//! a code context's 100 MB object kept in a file, the sandbox forked into 10 copies that
-//! each have it, each a sandbox of its own and independent of the others and of the parent;
-//! what is not carried (the context's memory) checked as not carried; the bad counts, the
+//! a code context holding a 100 MB numpy array (kept in a file too), a dict, a module alias
+//! and a function, the sandbox forked into 10 copies whose contexts each have them (a
+//! semantic fork of the context) as they have the file, each a sandbox of its own and
+//! independent of the others and of the parent; what a context cannot carry named (and the
+//! rest carried), a busy context, a fork with no context as before; the bad counts, the
 //! bounds (--max-sandboxes, memory), unknown and paused sandboxes; the span and audit
 //! record. Each test ends with the daemon stopped and nothing left on the host.
 
@@ -29,6 +31,10 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         printed(&out, "FORK_S"),
         printed(&out, "FIRST_PRINT_MAX_S")
     );
+    println!(
+        "slowest first execution of a copy's context (its state checked): {} s",
+        printed(&out, "FIRST_EXEC_MAX_S")
+    );
     let layer = printed(&out, "LAYER").to_owned();
     let span = wait_until(Duration::from_secs(30), || {
         rx.spans()
@@ -48,6 +54,9 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         span.typed_attr("sandbox.fork.copies_ms", "int")
     );
     assert_eq!(span.attr("sandbox.fork.ids").split(',').count(), 10);
+    assert_eq!(span.attr("sandbox.fork.carried"), "files,contexts");
+    assert_eq!(span.typed_attr("sandbox.fork.contexts", "int"), "1");
+    assert_eq!(span.attr("sandbox.fork.contexts.not_carried"), "");
     let records = d
         .agentrun(["audit", "--json"])
         .env("AGENTRUN_AUDIT_DIR", audit.path())
@@ -59,7 +68,17 @@ fn a_code_contexts_sandbox_forked_into_ten_copies_each_with_its_100_mb_state() {
         .find(|r| r["kind"] == "fork" && r["resource"] == layer.as_str())
         .unwrap_or_else(|| panic!("no fork audit record of {layer}: {records}"));
     assert_eq!(fork["decision"], "ok", "{fork}");
+    let text = fork.to_string();
+    assert!(
+        text.contains("and 1 of 1 code contexts (not carried: none)"),
+        "{fork}"
+    );
     stop_clean(d);
+}
+
+#[test]
+fn what_a_context_cannot_carry_is_named_and_the_rest_carried() {
+    swept_scenario("fork:contexts", &["--max-sandboxes", "8"]);
 }
 
 #[test]

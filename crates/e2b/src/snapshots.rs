@@ -224,7 +224,9 @@ pub async fn fork(
 ) -> E2bResult<Response> {
     let (count, timeout) = parse_fork(&body)?;
     let parent = record(&server, &id)?;
-    let (_, made) = lifecycle::fork::fork_records(&server, &id, count, trace(&headers)).await?;
+    let made = lifecycle::fork::fork_records(&server, &id, count, trace(&headers))
+        .await?
+        .made;
     // Its timeout, else the parent's end (an auto-pause parent's is kept apart from its
     // record: the copies, auto-pause too, get it here).
     let end = match timeout {

@@ -81,17 +81,7 @@ pub async fn start_context(
     rec.check_not_paused()?;
     let env = crate::execd::envfile::load(rec);
     let cwd = crate::process::expand_cwd(rec, cwd.as_deref(), &env)?;
-    let python = match PythonContext::start(&server.output, &rec.sandbox, env, cwd.clone()).await {
-        Ok(p) => Arc::new(p),
-        Err(agentrun_pool::PoolError::Spawn { message, .. }) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "RUNTIME_ERROR",
-                format!("cannot start a python context (the image needs python3): {message}"),
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let python = spawn_python(server, rec, cwd.clone()).await?;
     let ctx = Arc::new(CodeContext {
         id: random_token()?,
         language: language.to_owned(),
@@ -100,6 +90,25 @@ pub async fn start_context(
     });
     lock(&rec.code).contexts.insert(ctx.id.clone(), ctx.clone());
     Ok(ctx)
+}
+
+/// A context's interpreter started in `rec` in `cwd` (expanded), not registered; 400 if the
+/// image has no python3.
+pub(crate) async fn spawn_python(
+    server: &Server,
+    rec: &Record,
+    cwd: String,
+) -> ApiResult<Arc<PythonContext>> {
+    let env = crate::execd::envfile::load(rec);
+    match PythonContext::start(&server.output, &rec.sandbox, env, cwd).await {
+        Ok(p) => Ok(Arc::new(p)),
+        Err(agentrun_pool::PoolError::Spawn { message, .. }) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "RUNTIME_ERROR",
+            format!("cannot start a python context (the image needs python3): {message}"),
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Restarts context `id` (the E2B API's `restart_code_context`): a fresh interpreter in its

@@ -18,6 +18,13 @@
 //! code runs in the driver's process, so it can still find the current nonce in the
 //! interpreter's memory and fake events of its own execution (only its own context's client
 //! sees them); docs/opensandbox.md says so.
+//!
+//! A semantic fork of a context (docs/opensandbox-compat.md, "What a fork carries"): while a
+//! caller holds the context ([`PythonContext::exclusive`]: no execution runs), it asks the
+//! driver to save its globals in a directory of the sandbox ([`Exclusive::save`]) and later
+//! to remove them ([`Exclusive::discard`]); a copy's new context loads them before any
+//! execution ([`Exclusive::load`]). What the driver answers is the sandbox's word, read as
+//! such: bounded in time and size, names only reported, never a path the daemon follows.
 
 use std::sync::Arc;
 
@@ -64,6 +71,163 @@ pub enum CodeEvent {
     Error(CodeError),
 }
 
+/// What a context's driver said of its globals in a save or a load: the names carried, and
+/// those not carried with why.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateReport {
+    pub carried: Vec<String>,
+    /// (name, reason).
+    pub skipped: Vec<(String, String)>,
+    /// Names left out of both lists (the driver reports [`MAX_NAMES`] of each).
+    pub more: u64,
+}
+
+/// Most names of a [`StateReport`] list taken from a driver.
+pub const MAX_NAMES: usize = 100;
+/// Longest name or reason taken from a driver (characters).
+const MAX_TEXT: usize = 200;
+
+/// Why a save, load or discard of a context's state failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("the interpreter exited")]
+    Dead,
+    #[error("no answer within {0:?}")]
+    TimedOut(std::time::Duration),
+    /// The driver's own error (its exception).
+    #[error("{ename}: {evalue}")]
+    Driver { ename: String, evalue: String },
+    #[error("no random nonce for the request: {0}")]
+    Random(String),
+}
+
+/// A context held for agentrun's own requests: no execution runs until it is dropped.
+pub struct Exclusive<'a> {
+    lines: tokio::sync::MutexGuard<'a, (mpsc::Receiver<String>, mpsc::Receiver<String>)>,
+    stdin: tokio::sync::MutexGuard<'a, crate::stdio::StdioStream>,
+}
+
+/// Grace after an interrupt for a late answer.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Exclusive<'_> {
+    /// Saves the globals in `dir` (an absolute path in the sandbox, made by the driver; it
+    /// must not exist). `interrupt` is called once `within` is over (it should SIGINT the
+    /// interpreter: the save stops and answers an error).
+    pub async fn save(
+        &mut self,
+        dir: &str,
+        within: std::time::Duration,
+        interrupt: impl FnOnce(),
+    ) -> Result<StateReport, StateError> {
+        let ev = self.request("save", dir, within, interrupt).await?;
+        Ok(state_report(&ev))
+    }
+
+    /// Loads the globals saved in `dir` and removes it (a fork copy's new context, before
+    /// any execution).
+    pub async fn load(
+        &mut self,
+        dir: &str,
+        within: std::time::Duration,
+        interrupt: impl FnOnce(),
+    ) -> Result<StateReport, StateError> {
+        let ev = self.request("load", dir, within, interrupt).await?;
+        Ok(state_report(&ev))
+    }
+
+    /// Removes `dir` (and its parent directory once empty).
+    pub async fn discard(
+        &mut self,
+        dir: &str,
+        within: std::time::Duration,
+    ) -> Result<(), StateError> {
+        self.request("drop", dir, within, || ()).await.map(|_| ())
+    }
+
+    /// Sends `{kind: dir}` and reads the answer: the last marked event before `done`.
+    /// The interpreter's unmarked output meanwhile (its threads', or the code's own
+    /// `__reduce__` printing) is dropped.
+    async fn request(
+        &mut self,
+        kind: &str,
+        dir: &str,
+        within: std::time::Duration,
+        interrupt: impl FnOnce(),
+    ) -> Result<serde_json::Value, StateError> {
+        let nonce =
+            agentrun_runtime::random::hex(16).map_err(|e| StateError::Random(e.to_string()))?;
+        let marker = format!("\u{1}agentrun-{nonce}:");
+        let request = format!("{}\n", serde_json::json!({ kind: dir, "nonce": nonce }));
+        let (out, err) = &mut *self.lines;
+        let write = tokio::io::AsyncWriteExt::write_all(&mut *self.stdin, request.as_bytes());
+        tokio::pin!(write);
+        let mut writing = true;
+        let mut err_open = true;
+        let mut interrupt = Some(interrupt);
+        let mut deadline = tokio::time::Instant::now() + within;
+        let mut answer = serde_json::Value::Null;
+        loop {
+            tokio::select! {
+                w = &mut write, if writing => {
+                    writing = false;
+                    if w.is_err() {
+                        return Err(StateError::Dead);
+                    }
+                }
+                l = out.recv() => match l {
+                    None => return Err(StateError::Dead),
+                    Some(l) => {
+                        let Some(j) = l.strip_prefix(marker.as_str()) else { continue };
+                        let ev: serde_json::Value = serde_json::from_str(j).unwrap_or_default();
+                        match ev["t"].as_str().unwrap_or("") {
+                            "done" => return Ok(answer),
+                            "error" => {
+                                return Err(StateError::Driver {
+                                    ename: text(&ev["ename"]),
+                                    evalue: text(&ev["evalue"]),
+                                })
+                            }
+                            _ => answer = ev,
+                        }
+                    }
+                },
+                l = err.recv(), if err_open => err_open = l.is_some(),
+                _ = tokio::time::sleep_until(deadline) => match interrupt.take() {
+                    Some(i) => {
+                        i();
+                        deadline = tokio::time::Instant::now() + GRACE;
+                    }
+                    None => return Err(StateError::TimedOut(within)),
+                },
+            }
+        }
+    }
+}
+
+/// A JSON string of the driver's, bounded.
+fn text(v: &serde_json::Value) -> String {
+    v.as_str()
+        .unwrap_or_default()
+        .chars()
+        .take(MAX_TEXT)
+        .collect()
+}
+
+/// A `saved`/`loaded` event as a [`StateReport`] (bounded: the driver is the sandbox's).
+fn state_report(ev: &serde_json::Value) -> StateReport {
+    let list = |k: &str| ev[k].as_array().cloned().unwrap_or_default();
+    StateReport {
+        carried: list("carried").iter().take(MAX_NAMES).map(text).collect(),
+        skipped: list("skipped")
+            .iter()
+            .take(MAX_NAMES)
+            .map(|s| (text(&s["name"]), text(&s["reason"])))
+            .collect(),
+        more: ev["more"].as_u64().unwrap_or(0),
+    }
+}
+
 /// One persistent interpreter.
 pub struct PythonContext {
     /// The interpreter (signal it by `interpreter.id`).
@@ -86,6 +250,15 @@ impl PythonContext {
         let cmd = crate::process::StartCommand::new(argv, env, cwd);
         let interpreter = InteractiveProcess::start(output, sandbox, cmd).await?;
         Ok(PythonContext { interpreter })
+    }
+
+    /// The context held for agentrun's own requests (once the execution running, if any,
+    /// has ended).
+    pub async fn exclusive(&self) -> Exclusive<'_> {
+        // The order an execution takes them in.
+        let lines = self.interpreter.output.lock().await;
+        let stdin = self.interpreter.stdin.lock().await;
+        Exclusive { lines, stdin }
     }
 
     /// Whether the interpreter exited.
@@ -279,6 +452,154 @@ mod tests {
         );
         assert_eq!(display_line(r#"{"t": "stdout", "text": "display"}"#), None);
         assert_eq!(display_line(r#"{"t": "count", "n": 1}"#), None);
+    }
+
+    #[test]
+    fn state_reports_are_bounded() {
+        let long = "n".repeat(5000);
+        let ev = serde_json::json!({
+            "t": "saved",
+            "carried": (0..500).map(|i| format!("v{i}")).chain([long.clone()]).collect::<Vec<_>>(),
+            "skipped": [{"name": "fh", "reason": "TypeError: cannot pickle"}, {"name": long, "reason": 7}],
+            "more": 3,
+        });
+        let r = state_report(&ev);
+        assert_eq!(r.carried.len(), MAX_NAMES);
+        assert_eq!(r.carried[0], "v0");
+        assert_eq!(
+            r.skipped[0],
+            ("fh".into(), "TypeError: cannot pickle".into())
+        );
+        assert_eq!(r.skipped[1].0.len(), MAX_TEXT);
+        assert_eq!(r.skipped[1].1, "");
+        assert_eq!(r.more, 3);
+        // Not a report at all (never from the driver): empty, not a panic.
+        assert_eq!(
+            state_report(&serde_json::json!("x")),
+            StateReport::default()
+        );
+    }
+
+    /// The driver run as a plain `python3` (no sandbox): its requests, one JSON line each,
+    /// and its marked answers until `done`/`error`.
+    struct Driver(
+        std::process::Child,
+        std::io::BufReader<std::process::ChildStdout>,
+    );
+
+    impl Driver {
+        fn start() -> Driver {
+            let mut c = std::process::Command::new("python3")
+                .args(["-c", DRIVER])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3");
+            let out = std::io::BufReader::new(c.stdout.take().unwrap());
+            Driver(c, out)
+        }
+
+        fn ask(&mut self, req: serde_json::Value) -> Vec<serde_json::Value> {
+            use std::io::{BufRead, Write};
+            let mut req = req;
+            req["nonce"] = "t".into();
+            let stdin = self.0.stdin.as_mut().unwrap();
+            writeln!(stdin, "{req}").unwrap();
+            stdin.flush().unwrap();
+            let mut evs = Vec::new();
+            loop {
+                let mut line = String::new();
+                assert!(
+                    self.1.read_line(&mut line).unwrap() > 0,
+                    "the driver exited"
+                );
+                if let Some(j) = line.trim_end().strip_prefix("\u{1}agentrun-t:") {
+                    let ev: serde_json::Value = serde_json::from_str(j).unwrap();
+                    let end = ev["t"] == "done" || ev["t"] == "error";
+                    evs.push(ev);
+                    if end {
+                        return evs;
+                    }
+                }
+            }
+        }
+    }
+
+    impl Drop for Driver {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_drivers_globals_saved_are_loaded_by_another_and_the_unpicklable_named() {
+        let root = std::env::temp_dir().join(format!("agentrun-ctxfork-{}", std::process::id()));
+        let dir = root.join("ctx").display().to_string();
+        let mut parent = Driver::start();
+        let code = "import json as j\n\
+            d = {'a': 1, 'b': [1, 2]}\n\
+            ba = bytearray(b'x' * 200000)\n\
+            mv = memoryview(bytearray(b'y' * 100000)).cast('B', (1000, 100))\n\
+            def f(x, y=2):\n    return x + y + d['a']\n\
+            lam = lambda z: z * 3\n\
+            def outer():\n    k = 5\n    def inner():\n        return k\n    return inner\n\
+            clo = outer()\n\
+            fh = open('/dev/null')\n\
+            gen = (i for i in range(3))\n";
+        let run = parent.ask(serde_json::json!({ "code": code }));
+        assert_eq!(run.last().unwrap()["t"], "done", "{run:?}");
+        let saved = parent.ask(serde_json::json!({ "save": dir }));
+        assert_eq!(saved.last().unwrap()["t"], "done", "{saved:?}");
+        let r = state_report(&saved[0]);
+        for n in ["j", "d", "ba", "mv", "f", "lam", "outer", "clo"] {
+            assert!(r.carried.contains(&n.to_string()), "{n}: {r:?}");
+        }
+        let skipped: Vec<&str> = r.skipped.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(skipped, ["fh", "gen"], "{r:?}");
+        assert!(r.skipped[0].1.contains("pickle"), "{r:?}");
+        // Large buffers out of band: the side file holds them, the pickle does not.
+        let side = std::fs::metadata(root.join("ctx/buffers.bin"))
+            .unwrap()
+            .len();
+        let data = std::fs::metadata(root.join("ctx/globals.pickle"))
+            .unwrap()
+            .len();
+        assert!(side >= 300_000 && data < 50_000, "{side} {data}");
+        // A second save into the same directory is refused (it must not exist).
+        let again = parent.ask(serde_json::json!({ "save": dir }));
+        assert_eq!(
+            again.last().unwrap()["ename"],
+            "FileExistsError",
+            "{again:?}"
+        );
+
+        let mut copy = Driver::start();
+        let loaded = copy.ask(serde_json::json!({ "load": dir }));
+        assert_eq!(loaded.last().unwrap()["t"], "done", "{loaded:?}");
+        assert_eq!(state_report(&loaded[0]).carried, r.carried);
+        assert!(!root.exists(), "the state is removed once loaded");
+        let check = "print(j.dumps(d), len(ba), mv.tobytes()[-2:], mv.shape, f(1), lam(2), clo(), 'fh' in globals())";
+        let out = copy.ask(serde_json::json!({ "code": check }));
+        assert_eq!(
+            out[1]["text"], "{\"a\": 1, \"b\": [1, 2]} 200000 b'yy' (1000, 100) 4 6 5 False",
+            "{out:?}"
+        );
+        // Its own from then on: a write in the copy is not the parent's.
+        copy.ask(serde_json::json!({ "code": "d['a'] = 9" }));
+        let p = parent.ask(serde_json::json!({ "code": "print(d['a'], f(1))" }));
+        assert_eq!(p[1]["text"], "1 4", "{p:?}");
+        // Nothing to load: an error, and the driver lives on.
+        let none = copy.ask(serde_json::json!({ "load": dir }));
+        assert_eq!(
+            none.last().unwrap()["ename"],
+            "FileNotFoundError",
+            "{none:?}"
+        );
+        let after = copy.ask(serde_json::json!({ "code": "d['a']" }));
+        assert_eq!(after[1]["text"], "9", "{after:?}");
+        parent.ask(serde_json::json!({ "drop": dir }));
+        assert!(!root.exists());
     }
 
     #[test]

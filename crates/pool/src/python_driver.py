@@ -17,6 +17,12 @@
 # An interrupt (SIGINT) raises KeyboardInterrupt in the running execution only, from its
 # "count" event on (agentrun hands out the execution's id then); between executions it is
 # dropped, as a Jupyter kernel's idle interrupt, so no interrupt ever ends the driver.
+# agentrun's other requests, for a semantic fork of the context: {"save": DIR, "nonce"} saves
+# the globals in DIR (made; it must not exist) and answers {"t":"saved","carried":[names],
+# "skipped":[{"name","reason"}],"more":N}; {"load": DIR, "nonce"} loads them (before any
+# execution of a fork's copy), removes DIR and answers {"t":"loaded",...} alike;
+# {"drop": DIR, "nonce"} removes DIR. Each ends with {"t":"done"} or {"t":"error",...}. These
+# come only from agentrun (on stdin): the context's code can do all they do by itself.
 #
 # The marker is new for every execution and lives only in _driver's frame and the closures
 # made for that execution: no global, no environment variable (which /proc/self/environ would
@@ -171,12 +177,201 @@ def _driver():
             return None  # a form JSON cannot carry: the repr alone
 
     env = {"__name__": "__main__", "__builtins__": __builtins__}
+
+    # The semantic fork of a context (docs/opensandbox-compat.md, "What a fork carries"):
+    # agentrun asks the parent's driver to save its globals in a directory of its writable
+    # layer (`save`), freezes the layer, asks it to remove them (`drop`); each copy's driver
+    # loads them before any execution (`load`) and removes them. One global at a time (one
+    # that cannot be pickled is named, the rest carried), pickle protocol 5 with its large
+    # buffers (numpy arrays, bytearray, memoryview) out of band in a side file that a copy
+    # maps copy-on-write (mmap ACCESS_COPY: the copies share its pages until they write);
+    # modules by name; functions defined in the context by value (their code marshalled).
+    names = 100  # most names reported per list (the event stays a line of agentrun's)
+    big = 1 << 16  # a buffer this large goes out of band
+    page = 4096  # out-of-band buffers start on a page of their own
+
+    def reason(e):
+        return ("%s: %s" % (type(e).__name__, e))[:150]
+
+    def report(kind, carried, skipped, emit):
+        emit(t=kind, carried=[n[:100] for n in carried[:names]], skipped=skipped[:names],
+             more=max(0, len(carried) - names) + max(0, len(skipped) - names))
+
+    def save_state(path, emit):
+        nonlocal running
+        import marshal
+        import pickle
+        import types
+
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+        carried, skipped, index = [], [], []
+        bufs = []  # the out-of-band buffers of the global being saved: [offset, bytes]
+
+        class StatePickler(pickle.Pickler):
+            def persistent_id(self, obj):
+                t = type(obj)
+                if t is types.ModuleType:
+                    return ("module", obj.__name__)
+                if t is types.FunctionType and obj.__globals__ is env:
+                    cells = None
+                    if obj.__closure__ is not None:
+                        cells = tuple(c.cell_contents for c in obj.__closure__)
+                    return ("function", marshal.dumps(obj.__code__), obj.__name__,
+                            obj.__qualname__, obj.__defaults__, obj.__kwdefaults__,
+                            obj.__doc__, obj.__dict__ or None, cells,
+                            obj.__annotations__ or None)
+                if t is memoryview:
+                    return ("memoryview", pickle.PickleBuffer(obj), obj.format, obj.shape)
+                if t is bytearray and len(obj) >= big:  # pickle keeps a bytearray in band
+                    return ("bytearray", pickle.PickleBuffer(obj))
+                return None
+
+        with open(os.path.join(path, "globals.pickle"), "wb") as data, \
+                open(os.path.join(path, "buffers.bin"), "wb") as side:
+            def out_of_band(buf):
+                try:
+                    raw = buf.raw()
+                except BufferError:  # not contiguous: in the pickle
+                    return True
+                if raw.nbytes < big:
+                    return True
+                at = -(-side.tell() // page) * page
+                side.seek(at)
+                side.write(raw)
+                bufs.append([at, raw.nbytes])
+                return False
+
+            running = True  # an interrupt (agentrun's, on a save too slow) ends the save
+            try:
+                for name, value in list(env.items()):
+                    if name in ("__builtins__", "__name__"):
+                        continue
+                    if not isinstance(name, str):
+                        skipped.append({"name": repr(name)[:100], "reason": "not a name"})
+                        continue
+                    if isinstance(value, types.ModuleType):
+                        index.append({"name": name, "module": value.__name__})
+                        carried.append(name)
+                        continue
+                    at, side_at = data.tell(), side.tell()
+                    bufs.clear()
+                    try:
+                        StatePickler(data, protocol=5, buffer_callback=out_of_band).dump(value)
+                        index.append({"name": name, "at": at, "buffers": list(bufs)})
+                        carried.append(name)
+                    except Exception as e:  # this global only (an interrupt ends the save)
+                        data.seek(at)
+                        data.truncate()
+                        side.seek(side_at)
+                        side.truncate()
+                        skipped.append({"name": name[:100], "reason": reason(e)})
+            finally:
+                running = False
+                name = value = None
+        with open(os.path.join(path, "index.json"), "w") as f:
+            json.dump(index, f)
+        report("saved", carried, skipped, emit)
+
+    def load_state(path, emit):
+        import importlib
+        import marshal
+        import mmap
+        import pickle
+        import types
+
+        carried, skipped = [], []
+        try:
+            with open(os.path.join(path, "index.json")) as f:
+                index = json.load(f)
+            view = None
+            with open(os.path.join(path, "buffers.bin"), "rb") as side:
+                if os.fstat(side.fileno()).st_size > 0:
+                    # Private and copy-on-write: a copy's pages are the file's (the page
+                    # cache, shared by all copies) until it writes to them.
+                    view = memoryview(mmap.mmap(side.fileno(), 0, access=mmap.ACCESS_COPY))
+
+            class StateUnpickler(pickle.Unpickler):
+                def persistent_load(self, pid):
+                    if pid[0] == "module":
+                        return importlib.import_module(pid[1])
+                    if pid[0] == "function":
+                        _, code, name, qualname, defaults, kwdefaults, doc, attrs, cells, ann = pid
+                        closure = None
+                        if cells is not None:
+                            closure = tuple(types.CellType(c) for c in cells)
+                        f = types.FunctionType(marshal.loads(code), env, name, defaults, closure)
+                        f.__qualname__ = qualname
+                        f.__kwdefaults__ = kwdefaults
+                        f.__doc__ = doc
+                        if attrs:
+                            f.__dict__.update(attrs)
+                        if ann:
+                            f.__annotations__ = ann
+                        return f
+                    if pid[0] == "memoryview":
+                        _, buf, fmt, shape = pid
+                        m = memoryview(buf)
+                        return m if (fmt == "B" and len(shape) == 1) else m.cast("B").cast(fmt, shape)
+                    if pid[0] == "bytearray":
+                        return bytearray(pid[1])  # a bytearray owns its bytes: copied
+                    raise pickle.UnpicklingError("unknown persistent id %r" % (pid[0],))
+
+            with open(os.path.join(path, "globals.pickle"), "rb") as data:
+                for entry in index:
+                    name = entry["name"]
+                    try:
+                        if "module" in entry:
+                            value = importlib.import_module(entry["module"])
+                        else:
+                            data.seek(entry["at"])
+                            buffers = [view[at:at + n] for at, n in entry["buffers"]]
+                            value = StateUnpickler(data, buffers=buffers).load()
+                        env[name] = value
+                        carried.append(name)
+                    except Exception as e:
+                        skipped.append({"name": name[:100], "reason": reason(e)})
+            value = buffers = view = None
+        finally:
+            drop_state(path)
+        report("loaded", carried, skipped, emit)
+
+    def drop_state(path):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))  # the fork's directory, once every context's is gone
+        except OSError:
+            pass
+
+    def control(request, emit):
+        """A request of agentrun's that is not an execution: save, load or drop the state
+        of a semantic fork (in `path`, a directory agentrun chose)."""
+        for kind, act in (("save", save_state), ("load", load_state), ("drop", None)):
+            path = request.get(kind)
+            if path is None:
+                continue
+            try:
+                if act is None:
+                    drop_state(path)
+                else:
+                    act(path, emit)
+                emit(t="done")
+            except BaseException as e:
+                emit(t="error", ename=type(e).__name__, evalue=str(e)[:150], traceback=[])
+            return True
+        return False
+
     count = 0
     for request in requests:
         try:
             request = json.loads(request)
-            code = request["code"]
             emit = emitter("\x01agentrun-%s:" % request["nonce"])
+            if control(request, emit):
+                request = emit = None
+                continue
+            code = request["code"]
             run_env = request.get("env") or {}
         except Exception as e:  # a bad request from agentrun itself (never: it sends JSON)
             sys.__stderr__.write("agentrun driver: bad request: %s\n" % e)

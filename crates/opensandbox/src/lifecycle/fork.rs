@@ -14,11 +14,17 @@
 //! All or nothing: a copy that cannot be made removes those made before it (and with them
 //! the layer).
 //!
-//! What is not carried: processes and their memory (a code context's interpreter state),
-//! the parent's volumes. CRIU cannot dump a process of an agentrun cell (its Landlock domain
-//! refuses CRIU's parasite: docs/opensandbox-compat.md#fork says what was measured), and no
-//! process that can still make namespaces holds a context's memory (the zygote never holds
-//! run data). The answer says so (`"carried": ["files"]`).
+//! Code contexts are carried by a *semantic* fork, not a memory fork
+//! ([`super::fork_contexts`]): each live context's driver saves its globals into the parent's
+//! writable layer before it is frozen, and each copy gets contexts of the same ids that load
+//! them before any execution. The answer says `"carried": ["files", "contexts"]` then, with
+//! per context the names carried and those not (`contexts`), else `["files"]`.
+//!
+//! What is not carried: processes and their memory (threads, open files, sockets, what a
+//! context's globals cannot pickle), the parent's volumes. CRIU cannot dump a process of an
+//! agentrun cell (its Landlock domain refuses CRIU's parasite: docs/opensandbox-compat.md#fork
+//! says what was measured), and no process that can still make namespaces holds a context's
+//! memory (the zygote never holds run data).
 //!
 //! Bounds (400 JSON): `count` from 1 to the room under `--max-sandboxes` (shells not lent
 //! out), and to what the host's available memory holds of copies as large as the parent's
@@ -35,6 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::fork_contexts::{self, ContextFork};
 use super::{create_sandbox, only_field, parse_create, sandbox_json};
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::params::traceparent;
@@ -150,7 +157,31 @@ struct Outcome<'a> {
     copies: Duration,
     total: Duration,
     ids: &'a [String],
+    contexts: &'a [ContextFork],
     error: Option<(&'a str, &'a str)>,
+}
+
+/// What a fork made: the shared layer, the copies (in order) and the parent's contexts as
+/// carried into each copy.
+pub struct Forked {
+    pub layer_id: String,
+    pub made: Vec<Arc<Record>>,
+    pub contexts: Vec<ContextFork>,
+}
+
+impl Forked {
+    /// What the copies carry: `files`, and `contexts` when a context's globals were.
+    pub fn carried(&self) -> Vec<&'static str> {
+        carried(&self.contexts)
+    }
+}
+
+fn carried(contexts: &[ContextFork]) -> Vec<&'static str> {
+    if contexts.iter().any(ContextFork::saved) {
+        vec!["files", "contexts"]
+    } else {
+        vec!["files"]
+    }
 }
 
 fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
@@ -165,6 +196,13 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
     span.set_attribute("sandbox.fork.copies_ms", o.copies.as_millis() as i64);
     span.set_attribute("sandbox.duration_ms", o.total.as_millis() as i64);
     span.set_attribute("sandbox.fork.memory", false);
+    span.set_attribute("sandbox.fork.carried", carried(o.contexts).join(","));
+    let not_carried = fork_contexts::not_carried(o.contexts);
+    if !o.contexts.is_empty() {
+        let saved = o.contexts.iter().filter(|c| c.saved()).count();
+        span.set_attribute("sandbox.fork.contexts", saved as i64);
+        span.set_attribute("sandbox.fork.contexts.not_carried", not_carried.join(","));
+    }
     span.set_attribute("sandbox.profile", server.profile.as_str());
     if let Some((kind, msg)) = o.error {
         span.set_error(kind, msg);
@@ -179,10 +217,23 @@ fn report(server: &Server, trace: Option<&str>, o: &Outcome<'_>) {
     };
     let record = work.record(&span, || {
         let (count, ids, ms) = (o.count, o.ids.join(","), o.total.as_millis());
-        format!(
+        let mut text = format!(
             "{count} copies ({ids}) of {} bytes of files in {ms} ms",
             o.bytes
-        )
+        );
+        if !o.contexts.is_empty() {
+            let saved = o.contexts.iter().filter(|c| c.saved()).count();
+            text.push_str(&format!(
+                " and {saved} of {} code contexts (not carried: {})",
+                o.contexts.len(),
+                if not_carried.is_empty() {
+                    "none".to_string()
+                } else {
+                    not_carried.join(",")
+                }
+            ));
+        }
+        text
     });
     if let Err(e) = server.audit.append(&record) {
         tracing::error!(target: "agentrun::opensandbox::fork", sandbox = %o.parent, "audit log: {e}");
@@ -198,24 +249,28 @@ pub async fn fork(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let count = parse_count(&body)?;
-    let (layer_id, made) = fork_records(&server, &parent_id, count, traceparent(&headers)).await?;
-    let answer = json!({
+    let forked = fork_records(&server, &parent_id, count, traceparent(&headers)).await?;
+    let mut answer = json!({
         "sandboxId": parent_id,
-        "layerId": layer_id,
-        "carried": ["files"],
-        "sandboxes": made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
+        "layerId": forked.layer_id,
+        "carried": forked.carried(),
+        "sandboxes": forked.made.iter().map(|r| sandbox_json(r)).collect::<Vec<_>>(),
     });
+    if !forked.contexts.is_empty() {
+        answer["contexts"] = forked.contexts.iter().map(ContextFork::to_json).collect();
+    }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// Forks sandbox `parent_id` into `count` copies (the OpenSandbox API's fork and the E2B
-/// API's): the id of the shared layer and the copies' records, in order. All or nothing.
+/// API's): the id of the shared layer, the copies' records, in order, and the contexts
+/// carried. All or nothing.
 pub async fn fork_records(
     server: &Arc<Server>,
     parent_id: &str,
     count: usize,
     trace: Option<String>,
-) -> ApiResult<(String, Vec<Arc<Record>>)> {
+) -> ApiResult<Forked> {
     let start = Instant::now();
     let server = server.clone();
     let parent_id = parent_id.to_owned();
@@ -226,7 +281,12 @@ pub async fn fork_records(
 
     let layer_id = format!("fork-{}", crate::random_token()?);
     // The fork's span and audit record, failed (`error`) or not.
-    let outcome = |bytes, freeze, copies, ids: &[String], error: Option<&ApiError>| {
+    let outcome = |bytes,
+                   freeze,
+                   copies,
+                   ids: &[String],
+                   contexts: &[ContextFork],
+                   error: Option<&ApiError>| {
         report(
             &server,
             trace.as_deref(),
@@ -239,12 +299,14 @@ pub async fn fork_records(
                 copies,
                 total: start.elapsed(),
                 ids,
+                contexts,
                 error: error.map(|e| (e.code, e.message.as_str())),
             },
         )
     };
-    let fail =
-        |error: &ApiError, bytes, freeze| outcome(bytes, freeze, Duration::ZERO, &[], Some(error));
+    let fail = |error: &ApiError, bytes, freeze, contexts: &[ContextFork]| {
+        outcome(bytes, freeze, Duration::ZERO, &[], contexts, Some(error))
+    };
     // A first check of the size (not frozen: the freeze holds it again).
     let max = server.limits.max_snapshot;
     let rec2 = rec.clone();
@@ -266,7 +328,7 @@ pub async fn fork_records(
                 max,
             };
             let err = ApiError::bad_request(format!("{e} (agentrun serve --max-snapshot)"));
-            fail(&err, 0, start.elapsed());
+            fail(&err, 0, start.elapsed(), &[]);
             return Err(err);
         }
     }
@@ -308,6 +370,12 @@ pub async fn fork_records(
         });
     }
 
+    // The parent's code contexts: held (no execution until the freeze is done), each
+    // driver saving its globals into the writable layer about to be frozen.
+    let contexts = crate::code::contexts(&rec);
+    let defaults = lock(&rec.code).defaults.clone();
+    let held = fork_contexts::save(&rec, &contexts, &layer_id).await;
+
     // The parent's files, frozen while they are copied, as one read-only layer.
     let (srv, rec2, id2) = (server.clone(), rec.clone(), layer_id.clone());
     let taken = tokio::task::spawn_blocking(move || {
@@ -324,6 +392,8 @@ pub async fn fork_records(
             e => ApiError::from(e),
         })
     });
+    // The saved globals out of the parent (the frozen layer has them), its contexts let go.
+    let mut forks = held.release().await;
     let freeze_time = start.elapsed();
     let (bytes, freeze_failed) = match taken {
         Ok(t) => {
@@ -351,6 +421,36 @@ pub async fn fork_records(
     }
     // The copies hold the layer now (or failed): it goes with the last of them.
     pending.clear();
+    made.sort_by_key(|(n, _)| *n);
+    // Each copy's contexts, loaded before any execution (side by side).
+    if failed.is_none() && !forks.is_empty() {
+        let mut loading = tokio::task::JoinSet::new();
+        for (n, r) in &made {
+            let (server, r, f, d, n) = (
+                server.clone(),
+                r.clone(),
+                forks.clone(),
+                defaults.clone(),
+                *n,
+            );
+            loading.spawn(async move {
+                fork_contexts::restore(&server, &r, &f, &d)
+                    .await
+                    .map(|l| (n, l))
+            });
+        }
+        let mut loads = Vec::with_capacity(made.len());
+        while let Some(joined) = loading.join_next().await {
+            match joined {
+                Ok(Ok(l)) => loads.push(l),
+                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Err(e) => failed = failed.or(Some(ApiError::internal(e.to_string()))),
+            }
+        }
+        loads.sort_by_key(|(n, _)| *n);
+        let loads: Vec<_> = loads.into_iter().map(|(_, l)| l).collect();
+        fork_contexts::merge_loads(&mut forks, &loads);
+    }
     if let Some(e) = failed {
         // All or nothing: the copies made go (and the layer with the last of them).
         for (_, r) in made.drain(..) {
@@ -358,14 +458,24 @@ pub async fn fork_records(
                 tracing::warn!(target: "agentrun::opensandbox::lifecycle", "deleting fork copy {} after a failed fork: {e}", r.id);
             }
         }
-        fail(&e, bytes, freeze_time);
+        fail(&e, bytes, freeze_time, &forks);
         return Err(e);
     }
-    made.sort_by_key(|(n, _)| *n);
     let made: Vec<Arc<Record>> = made.into_iter().map(|(_, r)| r).collect();
     let ids: Vec<String> = made.iter().map(|r| r.id.clone()).collect();
-    outcome(bytes, freeze_time, copies_start.elapsed(), &ids, None);
-    Ok((layer_id, made))
+    outcome(
+        bytes,
+        freeze_time,
+        copies_start.elapsed(),
+        &ids,
+        &forks,
+        None,
+    );
+    Ok(Forked {
+        layer_id,
+        made,
+        contexts: forks,
+    })
 }
 
 #[cfg(test)]

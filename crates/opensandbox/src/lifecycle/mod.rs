@@ -3,6 +3,7 @@
 //! TTL expiry; a sandbox's entrypoint, its main process (when it exits, the sandbox ends).
 
 pub mod fork;
+pub mod fork_contexts;
 mod request;
 pub mod snapshots;
 pub mod volumes;
