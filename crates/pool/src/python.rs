@@ -481,14 +481,12 @@ mod tests {
     }
 
     /// The driver run as a plain `python3` (no sandbox): its requests, one JSON line each,
-    /// and its marked answers until `done`/`error`.
-    struct Driver(
-        std::process::Child,
-        std::io::BufReader<std::process::ChildStdout>,
-    );
+    /// and its marked answers until `done`/`error` (30 s at most).
+    struct Driver(std::process::Child, std::sync::mpsc::Receiver<String>);
 
     impl Driver {
         fn start() -> Driver {
+            use std::io::BufRead;
             let mut c = std::process::Command::new("python3")
                 .args(["-c", DRIVER])
                 .stdin(std::process::Stdio::piped())
@@ -496,11 +494,19 @@ mod tests {
                 .spawn()
                 .expect("python3");
             let out = std::io::BufReader::new(c.stdout.take().unwrap());
-            Driver(c, out)
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for l in out.lines().map_while(Result::ok) {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+            Driver(c, rx)
         }
 
         fn ask(&mut self, req: serde_json::Value) -> Vec<serde_json::Value> {
-            use std::io::{BufRead, Write};
+            use std::io::Write;
             let mut req = req;
             req["nonce"] = "t".into();
             let stdin = self.0.stdin.as_mut().unwrap();
@@ -508,12 +514,11 @@ mod tests {
             stdin.flush().unwrap();
             let mut evs = Vec::new();
             loop {
-                let mut line = String::new();
-                assert!(
-                    self.1.read_line(&mut line).unwrap() > 0,
-                    "the driver exited"
-                );
-                if let Some(j) = line.trim_end().strip_prefix("\u{1}agentrun-t:") {
+                let line = self
+                    .1
+                    .recv_timeout(std::time::Duration::from_secs(30))
+                    .unwrap_or_else(|e| panic!("no answer to {req}: {e}; so far {evs:?}"));
+                if let Some(j) = line.strip_prefix("\u{1}agentrun-t:") {
                     let ev: serde_json::Value = serde_json::from_str(j).unwrap();
                     let end = ev["t"] == "done" || ev["t"] == "error";
                     evs.push(ev);
