@@ -174,10 +174,13 @@ def osb_snapshot():
 
 
 def osb_fork():
-    """Sandbox A plants and is deleted; sandbox P, on A's shell, writes the carried marker and
+    """Sandbox A plants (commands, a bash session, a code context) and is deleted; sandbox P,
+    on A's shell, writes the carried marker in files and in a global of its code context and
     is forked (agentrun's `POST /v1/sandboxes/{id}/fork`, count 1); B, the copy, scans
-    (commands and a bash session) while P still runs, and finds P's file and nothing of A."""
+    (commands, a bash session, and its copy of P's context) while P still runs, and finds P's
+    file and global and nothing of A."""
     import httpx
+    from code_interpreter.sync.code_interpreter import CodeInterpreterSync
     from opensandbox import SandboxSync
 
     from sdk_e2e import BASE, lifecycle_headers
@@ -192,6 +195,8 @@ def osb_fork():
         result("a.cmd", lines(a.commands.run(command(*m["a"]["cmd"]))))
         s = a.commands.create_session()
         result("a.session", lines(a.commands.run_in_session(s, command(*m["a"]["session"]))))
+        ci = CodeInterpreterSync.create(sandbox=a, skip_health_check=True)
+        result("a.code", lines(ci.codes.run(m["a"]["code"])))
     finally:
         a.kill()
         a.close()
@@ -205,9 +210,14 @@ def osb_fork():
         carried = m["carried"]
         ex = p.commands.run(f"echo {carried} > /workspace/carried.txt && echo {carried} > /tmp/carried.txt")
         check(ex.exit_code == 0, f"P's write: {lines(ex)}")
+        pci = CodeInterpreterSync.create(sandbox=p, skip_health_check=True)
+        ex = pci.codes.run(f"carried_global = {carried!r}")
+        check(ex.error is None, f"P's context: {lines(ex)}")
         r = httpx.post(f"{BASE}/sandboxes/{p.id}/fork", json={"count": 1}, headers=lifecycle_headers(), timeout=300)
         check(r.status_code == 201, f"fork: {r.status_code} {r.text}")
         answer = r.json()
+        check(answer["carried"] == ["files", "contexts"], f"fork: {answer}")
+        check(answer["contexts"][0]["carried"] == ["carried_global"], f"fork: {answer}")
         b = SandboxSync.connect(answer["sandboxes"][0]["id"], connection_config=cfg)
         check(shell_of(b.id) != shell, "the copy runs in P's shell")
         ex = b.commands.run("cat /workspace/carried.txt /tmp/carried.txt")
@@ -216,6 +226,13 @@ def osb_fork():
         result("b.cmd", lines(b.commands.run(command(*m["b"]["cmd"]))))
         s = b.commands.create_session()
         result("b.session", lines(b.commands.run_in_session(s, command(*m["b"]["session"]))))
+        # B's copy of P's context (its default one): P's global, and nothing else of P's
+        # (the scan's code runs there).
+        bci = CodeInterpreterSync.create(sandbox=b, skip_health_check=True)
+        ex = bci.codes.run("print(carried_global, sorted(k for k in globals() if not k.startswith('__')))")
+        got = [x.text for x in ex.logs.stdout]
+        check(got == [f"{carried} ['carried_global']"], f"B's context: {lines(ex)}")
+        result("b.code", lines(bci.codes.run(m["b"]["code"])))
     finally:
         if b is not None:
             b.kill()

@@ -887,12 +887,14 @@ fn osb_snapshot_case(apis: &Apis) -> Case {
 }
 
 /// The fork pair: as [`osb_snapshot_case`], with B a fork copy of P (`POST .../fork`) made
-/// while P runs.
+/// while P runs, and code contexts too: A's plants; P's holds the carried marker in a global;
+/// B's copy of P's context (the semantic fork of contexts) has it, and scans.
 fn osb_fork_case(apis: &Apis) -> Case {
     let mut case = Case::new("opensandbox fork copy");
     let a_cmd = case.a_mark("OpenSandbox command before the forked sandbox: env, argv, upload");
     let a_session = case.a_mark("OpenSandbox bash session before the forked sandbox");
-    let (b_cmd, b_session) = (case.b_mark(), case.b_mark());
+    let a_code = case.a_mark("OpenSandbox code context before the forked sandbox: code");
+    let (b_cmd, b_session, b_code) = (case.b_mark(), case.b_mark(), case.b_mark());
     // P's marker is carried into B by design: B may see it.
     let carried = case.b_mark();
     let upload = "/tmp/iso-upload.txt";
@@ -907,19 +909,21 @@ fn osb_fork_case(apis: &Apis) -> Case {
             "upload": [upload, format!("{a_cmd}\n")],
             "cmd": [probe("plant", &a_cmd, &["env", "argv"], json!({"read": [upload]})), a_cmd],
             "session": [probe("plant", &a_session, &["argv"], json!({})), a_session],
+            "code": probe("plant", &a_code, &[], json!({})),
         },
         "b": {
             "env": {"ISO_MARK": b_cmd},
             "cmd": [probe("scan", &b_cmd, &["env", "argv"], json!({})), b_cmd],
             "session": [probe("scan", &b_session, &["argv"], json!({})), b_session],
+            "code": probe("scan", &b_code, &[], json!({})),
         },
     });
     apis.sdk(&mut case, "osb_fork", &m);
     case
 }
 
-/// A fork copy sees its parent's files (carried by design) and nothing of the runs before the
-/// parent on its shell.
+/// A fork copy sees its parent's files and its contexts' globals (carried by design) and
+/// nothing of the runs before the parent on its shell.
 #[test]
 fn a_fork_copy_sees_its_parents_files_and_nothing_of_other_runs() {
     let Some(_l) = setup() else { return };
