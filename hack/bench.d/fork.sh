@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `hack/bench fork`: fork (agentrun's `POST /v1/sandboxes/{id}/fork`) of a sandbox whose code
-# context holds a 100 MB object into 10 copies: the POST, and the POST to the last copy's
-# first print; memory (PSS, memory cgroups) of the 10 copies against 10 independent sandboxes
-# that each computed the object (hack/bench.d/fork.py). A fork carries files, not a context's
-# memory (docs/opensandbox-compat.md#fork): the copies hold the object's file, not the object.
+# context holds a 100 MB numpy array into 10 copies: the POST, and the POST to the last copy's
+# first print and to its first execution in its context (the state carried, checked); memory
+# (PSS, memory cgroups) of the 10 copies against 10 independent sandboxes that each computed
+# the array (hack/bench.d/fork.py). A fork carries files and its contexts' globals (a
+# semantic fork, not a memory fork: docs/opensandbox-compat.md#fork): the copies' arrays are
+# mapped copy-on-write from the fork's frozen layer.
 #
 #   hack/bench fork                       # 10 copies of 100 MB
 #   SMOKE=1 hack/bench fork               # 2 copies of 10 MB: that the script works
