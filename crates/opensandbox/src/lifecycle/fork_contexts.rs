@@ -77,9 +77,10 @@ impl ContextFork {
         v
     }
 
-    /// Whether its globals were saved (the copies load them).
+    /// Whether its globals were saved (the copies load them) and, once the copies are made,
+    /// loaded by every copy.
     pub fn saved(&self) -> bool {
-        self.report.is_some()
+        self.report.is_some() && self.error.is_none()
     }
 }
 
@@ -346,6 +347,7 @@ mod tests {
         assert_eq!(forks[1].report, Some(report(&[], &[("z", "not loaded")])));
         assert!(forks[1].error.as_deref().unwrap().contains("did not load"));
         assert_eq!(forks[2].report, None);
+        assert!(forks[0].saved() && !forks[1].saved() && !forks[2].saved());
     }
 
     #[test]
