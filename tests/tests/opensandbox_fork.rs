@@ -117,3 +117,19 @@ fn a_daemon_killed_with_fork_copies_restarts_with_no_frozen_layer_left() {
     assert!(left.is_empty(), "frozen layers after a restart: {left:?}");
     stop_clean(d);
 }
+
+/// The same with the `code-interpreter` profile, whose contexts are forked from its shells'
+/// Python zygote (numpy preloaded): a copy's context, forked from its own shell's zygote,
+/// loads the parent's globals as well.
+#[test]
+fn contexts_forked_from_a_zygote_carry_their_globals_too() {
+    swept_scenario(
+        "fork:contexts",
+        &[
+            "--max-sandboxes",
+            "8",
+            "--opensandbox-profile",
+            "code-interpreter",
+        ],
+    );
+}
