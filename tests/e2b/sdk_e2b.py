@@ -312,6 +312,21 @@ def auth():
             r = httpx.post(url, json=stat, headers={"E2b-Sandbox-Id": b.sandbox_id, **h})
             check(r.status_code == 401, f"token {h}: {r.status_code} {r.text}")
             check(r.json()["code"] == "unauthenticated", f"connect error {r.text}")
+        # Every envd RPC (unary and streaming), with another sandbox's token: 401 before its body.
+        for rpc in ("process.Process/Start", "process.Process/List",
+                    "process.Process/SendSignal", "process.Process/Connect",
+                    "process.Process/SendInput", "process.Process/StreamInput",
+                    "process.Process/CloseStdin", "process.Process/Update",
+                    "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir",
+                    "filesystem.Filesystem/Move", "filesystem.Filesystem/Remove",
+                    "filesystem.Filesystem/WatchDir", "filesystem.Filesystem/CreateWatcher",
+                    "filesystem.Filesystem/GetWatcherEvents",
+                    "filesystem.Filesystem/RemoveWatcher"):
+            r = httpx.post(f"{BASE}/{rpc}", json={},
+                           headers={"E2b-Sandbox-Id": b.sandbox_id,
+                                    "X-Access-Token": a._envd_access_token})
+            check(r.status_code == 401 and r.json()["code"] == "unauthenticated",
+                  f"{rpc} with another token: {r.status_code} {r.text}")
         r = httpx.get(f"{BASE}/files", params={"path": "/etc/hostname"},
                       headers={"E2b-Sandbox-Id": b.sandbox_id,
                                "X-Access-Token": a._envd_access_token})

@@ -22,6 +22,7 @@
 use std::sync::LazyLock;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
@@ -171,6 +172,50 @@ pub fn unary_request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> R
         )),
         _ => Err(wrong_type(headers, UNARY_JSON)),
     }
+}
+
+/// A unary RPC's request message, as a handler's last argument: [`unary_request`] of the
+/// body ([`read`]); an error answered as the [`RpcError`].
+pub struct Unary<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Unary<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        Ok(Unary(
+            read(req, state, unary_request, IntoResponse::into_response).await?,
+        ))
+    }
+}
+
+/// A server-streaming RPC's request message, as a handler's last argument: [`stream_request`]
+/// of the body ([`read`]); an error answered as the stream's end ([`stream_error`]).
+pub struct Streamed<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Streamed<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        Ok(Streamed(
+            read(req, state, stream_request, |e| stream_error(&e)).await?,
+        ))
+    }
+}
+
+/// A request's message: its whole body read as axum reads [`Bytes`] (within the body limit;
+/// a rejection answered as axum answers it), then `decode`d with the request's headers (an
+/// error answered by `refuse`).
+async fn read<T, S: Send + Sync>(
+    req: Request,
+    state: &S,
+    decode: fn(&HeaderMap, &[u8]) -> RpcResult<T>,
+    refuse: fn(RpcError) -> Response,
+) -> Result<T, Response> {
+    let headers = req.headers().clone();
+    let body = Bytes::from_request(req, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    decode(&headers, &body).map_err(refuse)
 }
 
 /// A server-streaming request's message (`application/connect+json`, one envelope).
@@ -386,6 +431,59 @@ mod tests {
     struct M {
         #[serde(default)]
         path: String,
+    }
+
+    /// A request of `content_type` and `body`, as a handler gets it.
+    fn request(content_type: &str, body: &'static [u8]) -> Request {
+        Request::builder()
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap()
+    }
+
+    /// What the client reads of a rejection: (status, content type, body).
+    async fn answer(r: Response) -> (StatusCode, String, Vec<u8>) {
+        let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, ct, body.to_vec())
+    }
+
+    #[tokio::test]
+    async fn handlers_get_the_decoded_message_or_the_connect_error() {
+        let Unary(m) = Unary::<M>::from_request(request(UNARY_JSON, br#"{"path":"/u"}"#), &())
+            .await
+            .unwrap_or_else(|_| panic!("a unary JSON message"));
+        assert_eq!(m.path, "/u");
+        // A unary RPC's error is a Connect error JSON with its code's status.
+        let Err(r) = Unary::<M>::from_request(request(STREAM_JSON, b"{}"), &()).await else {
+            panic!("a streaming content type taken by a unary RPC");
+        };
+        let (status, ct, body) = answer(r).await;
+        assert_eq!((status, ct.as_str()), (StatusCode::BAD_REQUEST, UNARY_JSON));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], "invalid_argument", "{v}");
+
+        let body = envelope(0, br#"{"path":"/s"}"#);
+        let req = Request::builder()
+            .header("content-type", STREAM_JSON)
+            .body(Body::from(body))
+            .unwrap();
+        let Streamed(m) = Streamed::<M>::from_request(req, &())
+            .await
+            .unwrap_or_else(|_| panic!("a streaming JSON message"));
+        assert_eq!(m.path, "/s");
+        // A streaming RPC's error is the end of the stream (200), carrying the error.
+        let Err(r) = Streamed::<M>::from_request(request(UNARY_JSON, b"{}"), &()).await else {
+            panic!("a unary content type taken by a streaming RPC");
+        };
+        let (status, ct, body) = answer(r).await;
+        assert_eq!((status, ct.as_str()), (StatusCode::OK, STREAM_JSON));
+        assert_eq!(body[0], FLAG_END_STREAM);
+        let v: serde_json::Value = serde_json::from_slice(&body[PREFIX..]).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
     }
 
     #[test]

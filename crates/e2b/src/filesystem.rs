@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use agentrun_opensandbox::accounts::Accounts;
 use agentrun_opensandbox::files::{errno, rel, with_fs};
-use agentrun_opensandbox::{ApiError, Record, Server};
+use agentrun_opensandbox::{ApiError, Record};
 use agentrun_runtime::fsroot::{sandbox_id, Entry, SandboxFs};
-use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
@@ -25,7 +24,7 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::connect;
+use crate::connect::{self, Unary};
 use crate::error::{RpcError, RpcResult};
 
 /// Deepest `ListDir`.
@@ -35,18 +34,14 @@ const MAX_ENTRIES: usize = 100_000;
 /// The id the kernel shows inside the sandbox for a host id it does not map.
 const OVERFLOW_ID: u32 = 65534;
 
-pub fn routes(server: Arc<Server>) -> Router {
+/// The service's routes; [`crate::router`] puts them behind the sandbox's access token.
+pub fn routes() -> Router {
     Router::new()
         .route("/filesystem.Filesystem/Stat", post(stat))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route_layer(axum::middleware::from_fn_with_state(
-            server.clone(),
-            crate::auth::require_access_token_rpc,
-        ))
-        .with_state(server)
 }
 
 /// `path` as an absolute path in the sandbox: a relative one is relative to `user`'s home.
@@ -150,9 +145,8 @@ struct PathRequest {
 async fn stat(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<PathRequest>,
 ) -> RpcResult<Response> {
-    let req: PathRequest = connect::unary_request(&headers, &body)?;
     let (shown, r) = resolve(&req.path, &headers)?;
     let entry = fs_call(&rec, move |fs| entry_at(fs, &r, &shown)).await?;
     Ok(connect::unary_response(&json!({ "entry": entry })))
@@ -161,9 +155,8 @@ async fn stat(
 async fn list_dir(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<PathRequest>,
 ) -> RpcResult<Response> {
-    let req: PathRequest = connect::unary_request(&headers, &body)?;
     let depth = (req.depth.max(1) as usize).min(MAX_DEPTH);
     let (shown, r) = resolve(&req.path, &headers)?;
     let entries = fs_call(&rec, move |fs| {
@@ -186,9 +179,8 @@ async fn list_dir(
 async fn make_dir(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<PathRequest>,
 ) -> RpcResult<Response> {
-    let req: PathRequest = connect::unary_request(&headers, &body)?;
     let (shown, r) = resolve(&req.path, &headers)?;
     let entry = fs_call(&rec, move |fs| {
         match fs.stat(&r) {
@@ -214,9 +206,8 @@ struct MoveRequest {
 async fn move_entry(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<MoveRequest>,
 ) -> RpcResult<Response> {
-    let req: MoveRequest = connect::unary_request(&headers, &body)?;
     let (from_shown, from) = resolve(&req.source, &headers)?;
     let (to_shown, to) = resolve(&req.destination, &headers)?;
     let entry = fs_call(&rec, move |fs| {
@@ -230,9 +221,8 @@ async fn move_entry(
 async fn remove(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<PathRequest>,
 ) -> RpcResult<Response> {
-    let req: PathRequest = connect::unary_request(&headers, &body)?;
     let (shown, r) = resolve(&req.path, &headers)?;
     fs_call(&rec, move |fs| {
         fs.stat(&r).map_err(|e| errno(e, &shown))?;

@@ -63,6 +63,23 @@ pub(crate) fn traceparent(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers.get("traceparent").and_then(|v| v.to_str().ok())
 }
 
+/// envd's Connect-RPC services ([`process`], [`filesystem`], [`watch`]), each route behind
+/// the sandbox's access token, refused with a Connect error
+/// ([`auth::require_access_token_rpc`]).
+fn envd_rpc(server: &Arc<Server>) -> axum::Router {
+    axum::Router::new()
+        .merge(process::routes(
+            server.clone(),
+            Arc::new(process::Processes::default()),
+        ))
+        .merge(filesystem::routes())
+        .merge(watch::routes(Arc::new(watch::Watchers::default())))
+        .route_layer(axum::middleware::from_fn_with_state(
+            server.clone(),
+            auth::require_access_token_rpc,
+        ))
+}
+
 /// The whole E2B app: control plane, envd and code interpreter on one listener. The `Host`
 /// and `Origin` checks ([`agentrun_webguard::guard`]) come first on every route; the API key
 /// and the envd token are checked before any body is read; JSON bodies are read within the
@@ -74,15 +91,7 @@ pub fn router(server: Arc<Server>) -> axum::Router {
     }
     let app = axum::Router::new()
         .merge(control::routes(server.clone()))
-        .merge(process::routes(
-            server.clone(),
-            Arc::new(process::Processes::default()),
-        ))
-        .merge(filesystem::routes(server.clone()))
-        .merge(watch::routes(
-            server.clone(),
-            Arc::new(watch::Watchers::default()),
-        ))
+        .merge(envd_rpc(&server))
         .merge(files::routes(server.clone()))
         .merge(code::routes(server.clone()))
         .fallback(|uri: axum::http::Uri| async move {

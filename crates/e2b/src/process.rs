@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::connect;
+use crate::connect::{self, Streamed, Unary};
 use crate::error::{Code, RpcError, RpcResult};
 
 /// Keep-alive interval when the request names none.
@@ -59,6 +59,7 @@ pub const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(50);
 /// pipes open).
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
 
+/// The service's routes; [`crate::router`] puts them behind the sandbox's access token.
 pub fn routes(server: Arc<Server>, processes: Arc<Processes>) -> Router {
     Router::new()
         .route("/process.Process/Start", post(start))
@@ -69,10 +70,6 @@ pub fn routes(server: Arc<Server>, processes: Arc<Processes>) -> Router {
         .route("/process.Process/StreamInput", post(stream_input))
         .route("/process.Process/CloseStdin", post(close_stdin))
         .route("/process.Process/Update", post(update))
-        .route_layer(axum::middleware::from_fn_with_state(
-            server.clone(),
-            crate::auth::require_access_token_rpc,
-        ))
         .layer(Extension(processes))
         .with_state(server)
 }
@@ -175,9 +172,9 @@ async fn connect_process(
     Extension(rec): Extension<Arc<Record>>,
     Extension(processes): Extension<Arc<Processes>>,
     headers: HeaderMap,
-    body: Bytes,
+    Streamed(req): Streamed<ConnectRequest>,
 ) -> Response {
-    match connect_inner(&rec, &processes, &headers, &body) {
+    match connect_inner(&rec, &processes, &headers, req) {
         Ok(r) => r,
         Err(e) => connect::stream_error(&e),
     }
@@ -187,9 +184,8 @@ fn connect_inner(
     rec: &Record,
     processes: &Processes,
     headers: &HeaderMap,
-    body: &[u8],
+    req: ConnectRequest,
 ) -> RpcResult<Response> {
-    let req: ConnectRequest = connect::stream_request(headers, body)?;
     let pid = pid_of(req.process)?;
     let feed = lock(&processes.feeds)
         .get(&(rec.id.clone(), pid))
@@ -349,9 +345,9 @@ async fn start(
     Extension(rec): Extension<Arc<Record>>,
     Extension(processes): Extension<Arc<Processes>>,
     headers: HeaderMap,
-    body: Bytes,
+    Streamed(req): Streamed<StartRequest>,
 ) -> Response {
-    match start_inner(&server, &rec, &processes, &headers, &body).await {
+    match start_inner(&server, &rec, &processes, &headers, req).await {
         Ok(r) => r,
         Err(e) => connect::stream_error(&e),
     }
@@ -362,9 +358,8 @@ async fn start_inner(
     rec: &Arc<Record>,
     processes: &Arc<Processes>,
     headers: &HeaderMap,
-    body: &[u8],
+    req: StartRequest,
 ) -> RpcResult<Response> {
-    let req: StartRequest = connect::stream_request(headers, body)?;
     let (p, stdio) = check_start(req)?;
     let user = crate::auth::user_of(headers).map_err(RpcError::invalid)?;
     rec.check_running()?;
@@ -588,10 +583,8 @@ fn signal_name(s: i32) -> String {
 
 async fn list(
     Extension(rec): Extension<Arc<Record>>,
-    headers: HeaderMap,
-    body: Bytes,
+    _: Unary<serde_json::Value>,
 ) -> RpcResult<Response> {
-    let _: serde_json::Value = connect::unary_request(&headers, &body)?;
     let processes: Vec<serde_json::Value> = lock(&rec.commands)
         .values()
         .filter(|c| c.id.parse::<u32>().is_ok() && lock(&c.state).running)
@@ -639,10 +632,8 @@ pub fn check_signal(req: SignalRequest) -> RpcResult<(u32, i32)> {
 
 async fn send_signal(
     Extension(rec): Extension<Arc<Record>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<SignalRequest>,
 ) -> RpcResult<Response> {
-    let req: SignalRequest = connect::unary_request(&headers, &body)?;
     let (pid, signal) = check_signal(req)?;
     let cmd = lock(&rec.commands)
         .get(&pid.to_string())
@@ -760,10 +751,8 @@ async fn write_input(
 async fn send_input(
     Extension(rec): Extension<Arc<Record>>,
     Extension(processes): Extension<Arc<Processes>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<InputRequest>,
 ) -> RpcResult<Response> {
-    let req: InputRequest = connect::unary_request(&headers, &body)?;
     let (pid, target, data) = check_input(req)?;
     write_input(&rec, &processes, pid, target, &data).await?;
     Ok(connect::unary_response(&json!({})))
@@ -781,10 +770,8 @@ pub struct UpdateRequest {
 async fn update(
     Extension(rec): Extension<Arc<Record>>,
     Extension(processes): Extension<Arc<Processes>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<UpdateRequest>,
 ) -> RpcResult<Response> {
-    let req: UpdateRequest = connect::unary_request(&headers, &body)?;
     let pid = pid_of(req.process)?;
     let size = req.pty.as_ref().map(Pty::rows_cols).transpose()?;
     let terminal = processes.pty(&rec, pid)?;
@@ -860,10 +847,8 @@ struct CloseRequest {
 
 async fn close_stdin(
     Extension(rec): Extension<Arc<Record>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<CloseRequest>,
 ) -> RpcResult<Response> {
-    let req: CloseRequest = connect::unary_request(&headers, &body)?;
     let pid = pid_of(req.process)?;
     // The process sees EOF once the last handle goes (a write in flight holds one).
     lock(&rec.stdin)

@@ -23,10 +23,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use agentrun_opensandbox::files::errno;
-use agentrun_opensandbox::{Record, Server};
+use agentrun_opensandbox::Record;
 use agentrun_pool::lock;
 use agentrun_runtime::fsroot::SandboxFs;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -40,7 +39,7 @@ use serde_json::{json, Value};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
-use crate::connect;
+use crate::connect::{self, Streamed, Unary};
 use crate::error::{Code, RpcError, RpcResult};
 
 /// Polled watchers a sandbox may hold at once.
@@ -95,7 +94,8 @@ impl Drop for Polled {
     }
 }
 
-pub fn routes(server: Arc<Server>, watchers: Arc<Watchers>) -> Router {
+/// The watch RPCs' routes; [`crate::router`] puts them behind the sandbox's access token.
+pub fn routes(watchers: Arc<Watchers>) -> Router {
     Router::new()
         .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
         .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
@@ -104,10 +104,6 @@ pub fn routes(server: Arc<Server>, watchers: Arc<Watchers>) -> Router {
             post(get_watcher_events),
         )
         .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
-        .route_layer(axum::middleware::from_fn_with_state(
-            server.clone(),
-            crate::auth::require_access_token_rpc,
-        ))
         .with_state(watchers)
 }
 
@@ -320,12 +316,8 @@ fn kind(flags: ReadFlags) -> Option<&'static str> {
 async fn watch_dir(
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Streamed(req): Streamed<WatchRequest>,
 ) -> Response {
-    let req: WatchRequest = match connect::stream_request(&headers, &body) {
-        Ok(r) => r,
-        Err(e) => return connect::stream_error(&e),
-    };
     let watch = match Watch::start(rec, &headers, &req.path, req.recursive).await {
         Ok(w) => w,
         Err(e) => return connect::stream_error(&e),
@@ -375,9 +367,8 @@ async fn create_watcher(
     State(watchers): State<Arc<Watchers>>,
     Extension(rec): Extension<Arc<Record>>,
     headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<WatchRequest>,
 ) -> RpcResult<Response> {
-    let req: WatchRequest = connect::unary_request(&headers, &body)?;
     let sandbox = rec.id.clone();
     let weak = Arc::downgrade(&rec);
     {
@@ -425,10 +416,8 @@ async fn create_watcher(
 async fn get_watcher_events(
     State(watchers): State<Arc<Watchers>>,
     Extension(rec): Extension<Arc<Record>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<WatcherRequest>,
 ) -> RpcResult<Response> {
-    let req: WatcherRequest = connect::unary_request(&headers, &body)?;
     let queue = watchers.queue_of(&rec, &req.watcher_id)?;
     let events: Vec<Value> = lock(&queue).drain(..).collect();
     Ok(connect::unary_response(&json!({ "events": events })))
@@ -437,10 +426,8 @@ async fn get_watcher_events(
 async fn remove_watcher(
     State(watchers): State<Arc<Watchers>>,
     Extension(rec): Extension<Arc<Record>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Unary(req): Unary<WatcherRequest>,
 ) -> RpcResult<Response> {
-    let req: WatcherRequest = connect::unary_request(&headers, &body)?;
     watchers.queue_of(&rec, &req.watcher_id)?;
     lock(&watchers.map).remove(&req.watcher_id);
     Ok(connect::unary_response(&json!({})))
