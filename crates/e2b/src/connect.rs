@@ -434,52 +434,47 @@ mod tests {
     }
 
     /// A request of `content_type` and `body`, as a handler gets it.
-    fn request(content_type: &str, body: &'static [u8]) -> Request {
+    fn request(content_type: &str, body: impl Into<Body>) -> Request {
         Request::builder()
             .header("content-type", content_type)
-            .body(Body::from(body))
+            .body(body.into())
             .unwrap()
     }
 
-    /// What the client reads of a rejection: (status, content type, body).
-    async fn answer(r: Response) -> (StatusCode, String, Vec<u8>) {
+    /// What the client reads when extractor `T` refuses `req`: (status, content type, body).
+    async fn refusal<T: FromRequest<(), Rejection = Response>>(
+        req: Request,
+    ) -> (StatusCode, String, Bytes) {
+        let Err(r) = T::from_request(req, &()).await else {
+            panic!("the request was taken")
+        };
         let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
         let status = r.status();
         let body = axum::body::to_bytes(r.into_body(), usize::MAX)
             .await
             .unwrap();
-        (status, ct, body.to_vec())
+        (status, ct, body)
     }
 
     #[tokio::test]
     async fn handlers_get_the_decoded_message_or_the_connect_error() {
-        let Unary(m) = Unary::<M>::from_request(request(UNARY_JSON, br#"{"path":"/u"}"#), &())
-            .await
-            .unwrap_or_else(|_| panic!("a unary JSON message"));
-        assert_eq!(m.path, "/u");
-        // A unary RPC's error is a Connect error JSON with its code's status.
-        let Err(r) = Unary::<M>::from_request(request(STREAM_JSON, b"{}"), &()).await else {
-            panic!("a streaming content type taken by a unary RPC");
+        let req = request(UNARY_JSON, r#"{"path":"/u"}"#);
+        let Ok(Unary(m)) = Unary::<M>::from_request(req, &()).await else {
+            panic!("a unary JSON message refused");
         };
-        let (status, ct, body) = answer(r).await;
+        assert_eq!(m.path, "/u");
+        let req = request(STREAM_JSON, envelope(0, br#"{"path":"/s"}"#));
+        let Ok(Streamed(m)) = Streamed::<M>::from_request(req, &()).await else {
+            panic!("a streaming JSON message refused");
+        };
+        assert_eq!(m.path, "/s");
+        // A unary RPC's error is a Connect error JSON with its code's status.
+        let (status, ct, body) = refusal::<Unary<M>>(request(STREAM_JSON, "{}")).await;
         assert_eq!((status, ct.as_str()), (StatusCode::BAD_REQUEST, UNARY_JSON));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["code"], "invalid_argument", "{v}");
-
-        let body = envelope(0, br#"{"path":"/s"}"#);
-        let req = Request::builder()
-            .header("content-type", STREAM_JSON)
-            .body(Body::from(body))
-            .unwrap();
-        let Streamed(m) = Streamed::<M>::from_request(req, &())
-            .await
-            .unwrap_or_else(|_| panic!("a streaming JSON message"));
-        assert_eq!(m.path, "/s");
         // A streaming RPC's error is the end of the stream (200), carrying the error.
-        let Err(r) = Streamed::<M>::from_request(request(UNARY_JSON, b"{}"), &()).await else {
-            panic!("a unary content type taken by a streaming RPC");
-        };
-        let (status, ct, body) = answer(r).await;
+        let (status, ct, body) = refusal::<Streamed<M>>(request(UNARY_JSON, "{}")).await;
         assert_eq!((status, ct.as_str()), (StatusCode::OK, STREAM_JSON));
         assert_eq!(body[0], FLAG_END_STREAM);
         let v: serde_json::Value = serde_json::from_slice(&body[PREFIX..]).unwrap();
