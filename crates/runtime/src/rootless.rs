@@ -272,14 +272,8 @@ fn child(
         .clone()
         .unwrap_or_else(|| "sandbox".into());
     nix::unistd::sethostname(&hostname).map_err(e("sethostname"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(e("making / private"))?;
+    crate::mounts::remount("/", MsFlags::MS_REC | MsFlags::MS_PRIVATE)
+        .map_err(e("making / private"))?;
 
     // The writable layer and the overlay root.
     let rw = s.state.join("rw");
@@ -522,12 +516,7 @@ fn bind(src: &Path, dst: &Path, writable: bool, recursive: bool) -> Result<(), C
             m
         })
         .unwrap_or(MsFlags::MS_NOSUID);
-    mount(
-        None::<&str>,
-        dst,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked,
-        None::<&str>,
-    )
-    .map_err(|err| ChildError::Sys(format!("making {} read-only", dst.display()), err))
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked;
+    crate::mounts::remount(dst, flags)
+        .map_err(|err| ChildError::Sys(format!("making {} read-only", dst.display()), err))
 }

@@ -23,7 +23,7 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use nix::mount::{mount, MsFlags};
+use nix::mount::MsFlags;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
@@ -64,14 +64,8 @@ impl Guard {
 /// the host's later mounts still show here, nothing made here shows on the host.
 fn private_mount_namespace() -> Result<(), RuntimeError> {
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| RuntimeError::sys("unshare(CLONE_NEWNS)", e))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-        None::<&str>,
-    )
-    .map_err(|e| RuntimeError::sys("make the run's mounts slaves of the host's", e))
+    crate::mounts::remount("/", MsFlags::MS_REC | MsFlags::MS_SLAVE)
+        .map_err(|e| RuntimeError::sys("make the run's mounts slaves of the host's", e))
 }
 
 fn spawn_janitor(paths: &RuntimePaths) -> Result<(), RuntimeError> {

@@ -157,15 +157,12 @@ impl SandboxExecutor {
         let watch = shell::ShellWatch::start();
         // The shell's /dev is read-only: no cell can leave a file in it for the next one (its
         // own /dev/shm, /dev/mqueue and /dev/pts are mounted over it per cell).
-        nix::mount::mount(
-            None::<&str>,
+        crate::mounts::remount(
             "/dev",
-            None::<&str>,
             nix::mount::MsFlags::MS_BIND
                 | nix::mount::MsFlags::MS_REMOUNT
                 | nix::mount::MsFlags::MS_RDONLY
                 | nix::mount::MsFlags::MS_NOSUID,
-            None::<&str>,
         )
         .map_err(|e| fail(format!("making /dev read-only: {e}")))?;
         let scratch = shell::scratch_dir().map_err(|e| fail(format!("cell scratch dir: {e}")))?;

@@ -20,6 +20,15 @@ pub(crate) fn mount_fs(
     nix::mount::mount(Some(fstype), at, Some(fstype), flags, data)
 }
 
+/// Changes the mount at `at` in place: its flags (`MS_BIND | MS_REMOUNT | ...`) or its
+/// propagation (`MS_REC | MS_SLAVE`, `MS_PRIVATE`); no source, type or options.
+pub(crate) fn remount<P: ?Sized + nix::NixPath>(
+    at: &P,
+    flags: nix::mount::MsFlags,
+) -> nix::Result<()> {
+    nix::mount::mount(None::<&str>, at, None::<&str>, flags, None::<&str>)
+}
+
 /// The flags of every file system a sandbox's rootfs is built from: no set-id, no devices.
 pub(crate) const NOSUID_NODEV: nix::mount::MsFlags =
     nix::mount::MsFlags::MS_NOSUID.union(nix::mount::MsFlags::MS_NODEV);
