@@ -50,12 +50,7 @@ pub fn create(globals: &Globals, args: Create) -> Result<(), OciError> {
     }
     let bundle =
         std::fs::canonicalize(&args.bundle).map_err(|e| OciError::io("bundle", &args.bundle, e))?;
-    let config = bundle.join("config.json");
-    // oci-spec's own message is "serde failed": the cause (e.g. "no variant for CAP_FOO") is
-    // in its source.
-    let spec = Spec::load(&config).map_err(|e| {
-        OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
-    })?;
+    let spec = bundle_spec(&bundle)?;
     // Bad annotations and notify rules that cannot work fail here, before anything exists.
     let hardening = Hardening::from_spec(&spec)?;
     let notify_plan = seccomp_notify::plan(hardening.seccomp.as_ref())?;
@@ -242,10 +237,7 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
     };
     // The container's notify rules apply to the new process too: its listener goes to the
     // agent as well (state "running").
-    let config = c.bundle().join("config.json");
-    let spec = Spec::load(&config).map_err(|e| {
-        OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
-    })?;
+    let spec = bundle_spec(c.bundle())?;
     let notify_plan = seccomp_notify::plan(Hardening::from_spec(&spec)?.seccomp.as_ref())?;
     let (forwarder, handover) = Forwarder::spawn_for(notify_plan.as_ref(), || StateTemplate {
         id: c.id().to_owned(),
@@ -296,6 +288,15 @@ pub fn exec(globals: &Globals, args: Exec) -> Result<i32, OciError> {
         None => Ok(0),
         Some(f) => wait_forwarding(pid, &f),
     }
+}
+
+/// The spec of the bundle at `bundle` (its `config.json`). oci-spec's own message is "serde
+/// failed": the cause (e.g. "no variant for CAP_FOO") is in its source, so it is said too.
+fn bundle_spec(bundle: &Path) -> Result<Spec, OciError> {
+    let config = bundle.join("config.json");
+    Spec::load(&config).map_err(|e| {
+        OciError::Invalid(format!("{}: {}", config.display(), crate::error::chain(&e)))
+    })
 }
 
 /// Creates `--root` (owner-only) if it does not exist.
