@@ -311,6 +311,67 @@ fn a_pool_miss_shell_starts_no_zygote() {
     busy.kill9();
 }
 
+/// A shell a burst of other commands grew the pool by (a miss's shell, which then stays in
+/// the pool) imports nothing until a Python run asks for its zygote: under a burst of
+/// `/bin/true` on `code-interpreter`, every grown shell importing numpy, pandas and
+/// matplotlib (~1 s of CPU each) halved the runs/s (issue 30).
+#[test]
+fn a_shell_grown_by_other_commands_starts_its_zygote_only_when_a_python_run_asks() {
+    let Some(_l) = setup_exclusive() else { return };
+    let s = start(&["json"], 1);
+    s.wait_zygote();
+    // The one pooled shell is busy: the next run misses, and its shell joins the pool.
+    let mut busy =
+        s.d.exec_with(
+            ["--profile".to_string(), s.profile.clone()],
+            ["sh", "-c", "echo busy; sleep 60"],
+        )
+        .spawn();
+    wait_until(Duration::from_secs(20), || {
+        (s.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
+    })
+    .expect("the pooled shell is running");
+    let (out, missed) = s.run_with(&[], &["/bin/true"]);
+    assert_eq!(out.code(), 0, "{out}");
+    assert_eq!(missed.attr("sandbox.pool_hit"), "false", "{missed:#?}");
+    assert!(
+        missed
+            .attr("sandbox.zygote_fallback")
+            .contains("not python3"),
+        "what the run is decides first: {missed:#?}"
+    );
+    let grown = missed.attr("sandbox.id").to_string();
+    // Another command on it (the busy shell is still out): no import was started for it.
+    let (out, span) = s.run_with(&[], &["/bin/true"]);
+    assert_eq!(out.code(), 0, "{out}");
+    assert_eq!(span.attr("sandbox.id"), grown, "{span:#?}");
+    assert_eq!(span.attr("sandbox.pool_hit"), "true", "{span:#?}");
+    // The first Python run on it finds no zygote started (nor one importing): exec'd.
+    let (out, span) = s.python("print('grown')");
+    assert_eq!(out.stdout(), "grown\n", "{out}");
+    assert_eq!(span.attr("sandbox.id"), grown, "{span:#?}");
+    assert_eq!(span.attr("sandbox.zygote"), "false", "{span:#?}");
+    assert!(
+        span.attr("sandbox.zygote_fallback").contains("not running"),
+        "a shell grown by /bin/true runs must not have started its zygote: {span:#?}\n{}",
+        s.d.log()
+    );
+    // It asked: the shell starts its zygote, which takes its next Python runs (the most
+    // recently used ready shell serves each run).
+    let used = wait_until(READY, || {
+        let (out, span) = s.python("print(2)");
+        assert_eq!(out.stdout(), "2\n", "{out}");
+        assert_eq!(span.attr("sandbox.id"), grown, "{span:#?}");
+        (span.attr("sandbox.zygote") == "true").then_some(())
+    });
+    assert!(
+        used.is_some(),
+        "the grown shell's zygote never took a run\n{}",
+        s.d.log()
+    );
+    busy.kill9();
+}
+
 #[test]
 fn a_killed_zygote_fails_no_run_and_is_started_again() {
     let Some(_l) = setup_exclusive() else { return };

@@ -787,6 +787,10 @@ impl ShellRun<'_> {
             out.zygote = init.zygote;
             out.zygote_fallback = init.zygote_fallback.clone();
             out.zygote_ahead = init.zygote_ahead;
+            if init.zygote_not_started {
+                // A Python run the zygote could have taken: the shell starts it now.
+                shell.start_zygote = true;
+            }
         }
         shell.zygote_ahead = out.zygote == Some(true);
         let explained = r.timed_out || outcome.oom_killed || r.client_gone || r.killed;

@@ -100,6 +100,13 @@ pub struct PooledShell {
     /// Its last run was forked by its Python zygote: its next spare cell has the zygote fork
     /// the next run's process ahead ([`ShellRequest::Prepare`]).
     pub zygote_ahead: bool,
+    /// Its next spare starts the shell's Python zygote, if its profile has one
+    /// ([`ShellRequest::Prepare`]'s `start_zygote`): set for the shells the pool makes for its
+    /// target, and for a shell made on demand once one of its runs could have used the
+    /// zygote. A shell a burst of other commands grew the pool by never imports the preload
+    /// list (~1 s of CPU each for numpy, pandas and matplotlib, which under that burst is CPU
+    /// its runs wait for).
+    pub start_zygote: bool,
 }
 
 impl PooledShell {
@@ -110,6 +117,7 @@ impl PooledShell {
         let prepare = ShellRequest::Prepare {
             tmpfs_bytes: self.tmpfs_bytes,
             zygote_ahead: self.zygote_ahead,
+            start_zygote: self.start_zygote,
         };
         // A hint: with the request lost, the next shell is made when it is asked for.
         let _ = send_json(self.control.as_fd(), &prepare, &[]);
@@ -261,6 +269,7 @@ impl FactoryClient {
                     home: None,
                     recycling: false,
                     zygote_ahead: false,
+                    start_zygote: false,
                 })
             }
             FactoryReply::Error { message } => Err(PoolError::Factory(message)),

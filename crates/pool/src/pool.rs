@@ -548,6 +548,9 @@ impl Pool {
                         return;
                     }
                     st.pools[pick].image_id.clone_from(&sh.image_id);
+                    // Made for the pool's target: its zygote (if any) starts with its
+                    // first spare, ready for the pool's first Python runs.
+                    sh.start_zygote = true;
                     sh.prepare_spare();
                     st.pools[pick].ready.push_back((sh, Instant::now()));
                     backoff = Duration::from_millis(50);

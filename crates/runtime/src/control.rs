@@ -53,10 +53,17 @@ pub enum ShellRequest {
     /// `zygote_ahead`: the shell's Python zygote (if it has one, ready) forks the next run's
     /// process into the spare now, off the run's path (the host asks when the shell's last
     /// run was forked: a run that is exec'd instead wastes that fork).
+    /// `start_zygote`: the shell starts its Python zygote now (if its profile has one and it
+    /// is not started yet). The pool asks it of the shells it makes for its target, and of a
+    /// shell made on demand (a pool miss, which then stays in the pool) only once one of its
+    /// runs asked for the zygote: a shell grown by a burst of other commands never pays the
+    /// preload list's imports (~1 s of CPU for numpy, pandas and matplotlib).
     Prepare {
         tmpfs_bytes: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         zygote_ahead: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        start_zygote: bool,
     },
 }
 
@@ -256,6 +263,11 @@ pub struct InitResult {
     /// The zygote failed (gone, silent, its child failing): the shell is replaced.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zygote_fault: bool,
+    /// The zygote could have forked the run but the shell has not started it (a shell made
+    /// on demand starts it only once a run asks: the host then asks for it with the shell's
+    /// next spare, see `Prepare`'s `start_zygote`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zygote_not_started: bool,
 }
 
 /// CPU time and peak RSS of a command and the children it waited for (`getrusage`).
@@ -471,6 +483,7 @@ mod tests {
                 zygote_fallback: Some("interpreter option -I".into()),
                 zygote_fault: false,
                 zygote_ahead: false,
+                zygote_not_started: true,
             },
         };
         let back: LiveEvent = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();

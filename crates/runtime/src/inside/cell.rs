@@ -272,6 +272,7 @@ fn run(
                 }
             }
             let mut took_ahead = false;
+            let not_started = matches!(plan, Some(Err(Ineligible::NotRunning)));
             let forked = match (plan, &stdio) {
                 (Some(Ok((invocation, place, link))), Some(stdio)) => {
                     let parts = zygote::RunParts {
@@ -313,6 +314,7 @@ fn run(
                     zygote: Some(false),
                     zygote_fallback: Some(not.reason),
                     zygote_fault: not.fault,
+                    zygote_not_started: not_started,
                     ..exec_command(cmd, *req.rlimits)
                 },
                 None => exec_command(cmd, *req.rlimits),
@@ -360,10 +362,12 @@ fn zygote_plan(
     let Some(config) = &template.zygote else {
         return Err(Ineligible::NoZygote);
     };
+    // Whether the run could use a zygote first: "not running" then says that it could, and
+    // the host starts the shell's zygote for the next one (`Prepare`'s `start_zygote`).
+    let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
     let Some(link) = link else {
         return Err(Ineligible::NotRunning);
     };
-    let invocation = zygote::invocation(&cmd.argv, &cmd.env, &config.env)?;
     let place = CellPlace::open().map_err(Ineligible::CellNamespaces)?;
     Ok((invocation, place, link))
 }

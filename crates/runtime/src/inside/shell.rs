@@ -261,11 +261,13 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
             // of a run may stay in its memory.
             let bytes = zeroize::Zeroizing::new(bytes);
             let view = serde_json::from_slice::<InitView>(&bytes);
-            // The zygote starts with a pooled shell's first spare (Prepare) or a long-lived
+            // The zygote starts with a spare (Prepare) the host asks it for, or a long-lived
             // cell: a shell made for one run (a pool miss) would pay its imports (~1 s of CPU
-            // for numpy, pandas and matplotlib) for nothing: its run is exec'd before they end.
+            // for numpy, pandas and matplotlib) for nothing: its run is exec'd before they
+            // end; and one that stays in the pool after that starts it only once a run asked
+            // for it (see `ShellRequest::Prepare`).
             let wants_zygote = match &view {
-                Ok(InitView::Prepare { .. }) => true,
+                Ok(InitView::Prepare { start_zygote, .. }) => *start_zygote,
                 Ok(InitView::Cell(c)) => matches!(c.work, WorkView::Live),
                 Err(_) => false,
             };
@@ -285,6 +287,7 @@ pub(crate) fn serve(init: ShellInit, control: OwnedFd) -> ! {
                 Ok(InitView::Prepare {
                     tmpfs_bytes,
                     zygote_ahead,
+                    ..
                 }) => {
                     if !spare.as_ref().is_some_and(|s| s.fits(&Host, tmpfs_bytes)) {
                         // An unwanted spare ends when its channel closes.
@@ -388,6 +391,8 @@ enum InitView {
         tmpfs_bytes: u64,
         #[serde(default)]
         zygote_ahead: bool,
+        #[serde(default)]
+        start_zygote: bool,
     },
 }
 
@@ -805,15 +810,17 @@ mod tests {
             InitView::Cell(c) => assert!(matches!(c.work, WorkView::Live)),
             InitView::Prepare { .. } => panic!("a cell request read as a prepare"),
         }
-        for ahead in [false, true] {
+        for (ahead, start) in [(false, false), (true, false), (false, true), (true, true)] {
             let prepare = serde_json::to_vec(&ShellRequest::Prepare {
                 tmpfs_bytes: 5,
                 zygote_ahead: ahead,
+                start_zygote: start,
             })
             .unwrap();
             assert!(matches!(
                 serde_json::from_slice::<InitView>(&prepare).unwrap(),
-                InitView::Prepare { tmpfs_bytes: 5, zygote_ahead } if zygote_ahead == ahead
+                InitView::Prepare { tmpfs_bytes: 5, zygote_ahead, start_zygote }
+                    if zygote_ahead == ahead && start_zygote == start
             ));
         }
     }

@@ -127,7 +127,7 @@ pub enum Ineligible {
     #[error("the shell has no zygote")]
     NoZygote,
     #[error(
-        "the shell's zygote is not running (a shell made for one run, a pool miss, starts none)"
+        "the shell's zygote is not running (a shell made on demand starts it after a run that asks for it)"
     )]
     NotRunning,
     #[error("opening the cell's namespaces: {0}")]
