@@ -1379,3 +1379,51 @@ for url in ["http://localhost:{p}/", "http://10.0.0.1/", "http://169.254.169.254
         "{d:#?}"
     );
 }
+
+/// A warm run's egress relay (in its cell's PID 1) starts its thread with the run's first
+/// connection: a run that connects to nothing leaves its PID 1 single-threaded (a thread
+/// started and torn down in every cell was most of the CPU a network policy added to a run,
+/// issue 30), and one that connects is relayed as before, through a run forked by the
+/// zygote (`code-interpreter`) and an exec'd one alike.
+#[test]
+fn a_warm_runs_egress_relay_starts_its_thread_with_the_first_connection() {
+    let Some(_lock) = setup() else { return };
+    let audit = tempdir();
+    let mut d = agentrun_e2e::Daemon::unstarted().with_env("AGENTRUN_AUDIT_DIR", audit.path());
+    d.launch(["--pool", "host:code-interpreter=1"]);
+    let up = Upstream::start();
+    let allowed = format!("127.0.0.1:{}", up.port);
+    let url = format!("http://{allowed}/x");
+    let tasks = "len(os.listdir('/proc/1/task'))";
+    for python in [&["python3"][..], &["python3", "-I"][..]] {
+        let run = |code: &str| {
+            let mut cmd: Vec<&str> = python.to_vec();
+            cmd.extend(["-c", code]);
+            d.exec_with(
+                [
+                    "--profile",
+                    "code-interpreter",
+                    "--allow-host",
+                    allowed.as_str(),
+                ],
+                cmd,
+            )
+            .run()
+        };
+        let out = run(&format!("import os; print({tasks})"));
+        assert_eq!(
+            out.success(),
+            "1\n",
+            "{python:?}: no relay thread before a connection: {out}"
+        );
+        let out = run(&format!(
+            "import os, urllib.request\nprint(urllib.request.urlopen('{url}').read().decode())\nprint({tasks} > 1)"
+        ));
+        assert_eq!(
+            out.success(),
+            format!("{UPSTREAM_BODY}\nTrue\n"),
+            "{python:?}: relayed once connected: {out}\n{}",
+            d.log()
+        );
+    }
+}

@@ -223,7 +223,13 @@ fn run(
             port,
             socket: template.egress_socket.clone(),
         };
-        if let Err(e) = bridge.start() {
+        // A run's relay thread starts with its first connection (most runs make none); a
+        // long-lived cell's at once (its wait loop is not the one that hands the wake-up on).
+        let started = match req.work {
+            CellWork::Run(_) => bridge.listen_lazily(),
+            CellWork::Live => bridge.start(),
+        };
+        if let Err(e) = started {
             let msg = format!("cannot make the cell: egress relay: {e}");
             fail_early(Some(channel.as_fd()), stderr, &msg);
         }

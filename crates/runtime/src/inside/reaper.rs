@@ -230,9 +230,16 @@ pub(crate) fn run_to_end(cmd: &Command) -> InitResult {
 fn supervise(child: Pid) -> InitResult {
     let all = SigSet::all();
     loop {
-        let sig = match all.wait() {
-            Ok(s) => s,
-            Err(_) => continue,
+        // SAFETY: siginfo_t is plain old data; sigwaitinfo fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: sigwaitinfo(2) with a full set (every signal is blocked) and an out-pointer.
+        let signo = unsafe { libc::sigwaitinfo(all.as_ref(), &mut info) };
+        if signo < 0 || crate::inside::net::woken(signo, info.si_code) {
+            continue;
+        }
+        // Real-time signals are not forwarded (as before: `Signal` has none of them).
+        let Ok(sig) = Signal::try_from(signo) else {
+            continue;
         };
         if sig != Signal::SIGCHLD {
             // Forward to the command's process group (falls back to the pid if it has none).

@@ -829,6 +829,9 @@ pub(crate) fn supervise(forked: Forked) -> InitResult {
         };
         if signal_ready {
             while let Ok(Some(info)) = signals.read_signal() {
+                if crate::inside::net::woken(info.ssi_signo as i32, info.ssi_code) {
+                    continue;
+                }
                 let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
                     continue;
                 };
