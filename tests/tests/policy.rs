@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentrun_e2e::otlp::{OtlpReceiver, ReceivedSpan};
-use agentrun_e2e::{agentrun, exec_with, setup, tempdir, Agentrun, LoopbackServer, RunOutput};
+use agentrun_e2e::{
+    agentrun, exec_with, setup, tempdir, wait_until, Agentrun, LoopbackServer, RunOutput,
+};
 use serde_json::Value;
 
 /// A tiny HTTP/1.1 server on the host's loopback: answers every request with a fixed body and
@@ -1426,4 +1428,26 @@ fn a_warm_runs_egress_relay_starts_its_thread_with_the_first_connection() {
             d.log()
         );
     }
+    // The client's side: its proxy's thread starts with the first connection too. While a
+    // run that connects to nothing sleeps, its client has as many threads as one of a run
+    // without a network policy.
+    let client_threads = |opts: &[&str]| {
+        let mut run = d.exec_with(opts, ["sh", "-c", "echo up; sleep 30"]).spawn();
+        wait_until(Duration::from_secs(30), || {
+            run.stdout_so_far().contains("up").then_some(())
+        })
+        .unwrap_or_else(|| panic!("the run never started: {}", run.stderr_so_far()));
+        let n = std::fs::read_dir(format!("/proc/{}/task", run.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        run.kill9();
+        n
+    };
+    let plain = client_threads(&["--profile", "default"]);
+    let proxied = client_threads(&["--profile", "code-interpreter", "--allow-host", &allowed]);
+    assert!(plain >= 1, "the client's threads could not be read");
+    assert_eq!(
+        proxied, plain,
+        "no proxy thread in the client before a connection"
+    );
 }

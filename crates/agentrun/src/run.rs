@@ -241,6 +241,16 @@ pub(crate) fn start_proxy(
     recorder: &Recorder,
 ) -> anyhow::Result<Proxy> {
     let listener = agentrun_egress::bind(socket)?;
+    start_proxy_on(listener, socket, plan, recorder)
+}
+
+/// [`start_proxy`] on a listener bound at `socket` already.
+pub(crate) fn start_proxy_on(
+    listener: std::os::unix::net::UnixListener,
+    socket: &Path,
+    plan: &Plan,
+    recorder: &Recorder,
+) -> anyhow::Result<Proxy> {
     let (r, r2) = (recorder.clone(), recorder.clone());
     let sink: DecisionSink = Arc::new(move |a, d| r.decision_by(a, d, "egress-proxy", None));
     let failures: FailureSink = Arc::new(move |a, d, f| r2.failure(a, d, f));

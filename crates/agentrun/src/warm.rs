@@ -20,7 +20,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use crate::plan::Plan;
 use crate::run::{
     block_signals, landlock_subscribe, landlock_watch, record_kernel_denials, start_proxy,
-    RunRecord,
+    start_proxy_on, RunRecord,
 };
 use crate::trace::Recorder;
 
@@ -67,6 +67,10 @@ pub(crate) fn execute(
     let watch = landlock_watch(subscription);
     run.landlock_audit = Some(watch.is_some());
     let mut proxy: Option<Proxy> = None;
+    // The run's proxy bound but not started: its thread starts with the first connection
+    // (most runs make none; its start and join were a part of what a network policy added
+    // to every run).
+    let mut idle_proxy: Option<IdleProxy> = None;
     let mut buf = vec![0u8; 64 * 1024];
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
@@ -91,6 +95,13 @@ pub(crate) fn execute(
                     .collect()
             })
             .unwrap_or_default();
+        let idle_slot = idle_proxy
+            .as_ref()
+            .and_then(|p| p.listener.as_ref())
+            .map(|l| {
+                fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::Error::EINTR) => continue,
@@ -103,12 +114,21 @@ pub(crate) fn execute(
         };
         let reply_ready = ready(0);
         let sig_ready = sig_slot.is_some_and(ready);
+        let connected = idle_slot.is_some_and(ready);
         let ready_pumps: Vec<usize> = pump_slots
             .iter()
             .filter(|(slot, _)| ready(*slot))
             .map(|(_, i)| *i)
             .collect();
         drop(fds);
+        if connected {
+            if let Some((listener, socket)) = idle_proxy.take().and_then(IdleProxy::take) {
+                match start_proxy_on(listener, &socket, plan, recorder) {
+                    Ok(p) => proxy = Some(p),
+                    Err(e) => return Some(run.fail("egress", &e)),
+                }
+            }
+        }
         if sig_ready {
             if let Some(Ok(Some(info))) = signals.as_ref().map(|s| s.read_signal()) {
                 // A daemon that hung up ends the run; the outcome says so.
@@ -140,9 +160,16 @@ pub(crate) fn execute(
                 if let Err(e) = recorder.set_sandbox(&sandbox_id) {
                     return Some(run.fail("audit", &e.into()));
                 }
-                match start_proxy(&socket, plan, recorder) {
-                    Ok(p) => proxy = Some(p),
-                    Err(e) => return Some(run.fail("egress", &e)),
+                // With credentials to inject, the proxy's CA must be beside the socket
+                // before the cell starts: started now. Else bound now (connections wait in
+                // its backlog) and started with the first.
+                let started = if plan.credentials.is_some() {
+                    start_proxy(&socket, plan, recorder).map(|p| proxy = Some(p))
+                } else {
+                    IdleProxy::bind(socket).map(|p| idle_proxy = Some(p))
+                };
+                if let Err(e) = started {
+                    return Some(run.fail("egress", &e));
                 }
                 // A daemon that hung up ends the run; the outcome says so.
                 let _ = client.send(&ClientMessage::EgressReady, &[]);
@@ -159,6 +186,7 @@ pub(crate) fn execute(
     if let Some(p) = proxy {
         p.stop();
     }
+    drop(idle_proxy);
     Some(match reply {
         Ok(DaemonReply::Exec(r)) => {
             if let Some(w) = watch {
@@ -174,6 +202,47 @@ pub(crate) fn execute(
         Ok(other) => run.fail("daemon", &anyhow::anyhow!("unexpected reply {other:?}")),
         Err(e) => run.fail("daemon", &anyhow::Error::new(e)),
     })
+}
+
+/// A run's egress proxy bound at the shell's socket and not started (no connection yet).
+/// Dropped unused, it removes its socket file, as a stopped proxy does (a file left there
+/// would have the shell discarded).
+struct IdleProxy {
+    listener: Option<std::os::unix::net::UnixListener>,
+    socket: std::path::PathBuf,
+    /// The socket file's identity (dev, inode): only ours is removed.
+    file: Option<(u64, u64)>,
+}
+
+impl IdleProxy {
+    fn bind(socket: std::path::PathBuf) -> anyhow::Result<Self> {
+        let listener = agentrun_egress::bind(&socket)?;
+        Ok(IdleProxy {
+            listener: Some(listener),
+            file: file_id(&socket),
+            socket,
+        })
+    }
+
+    /// The listener and its path, for the proxy that takes them over (and their file).
+    fn take(mut self) -> Option<(std::os::unix::net::UnixListener, std::path::PathBuf)> {
+        self.file = None;
+        let socket = std::mem::take(&mut self.socket);
+        self.listener.take().map(|l| (l, socket))
+    }
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl Drop for IdleProxy {
+    fn drop(&mut self) {
+        if self.file.is_some() && file_id(&self.socket) == self.file {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
 }
 
 /// The pipes of a run whose output is capped.
