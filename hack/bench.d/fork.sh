@@ -11,6 +11,8 @@
 #   SMOKE=1 hack/bench fork               # 2 copies of 10 MB: that the script works
 #   POOL_SIZE=12 hack/bench fork          # ready shells kept (default 2: 8 of the 10 copies
 #                                         # then wait for a shell made on demand)
+#   PROFILE=code-interpreter hack/bench fork   # the sandboxes' profile (default `default`); one
+#                                         # with a Python zygote forks the copies' contexts
 #   AGENTRUN_BIN=path hack/bench fork
 #
 # The daemon gets a private state dir (tmpfs) and image root under a temp dir and a free
@@ -34,7 +36,8 @@ venv=$repo/.venv/test
 }
 bench_setup fork
 pool_size=${POOL_SIZE:-2}
-bench_serve --listen "127.0.0.1:$port" --pool-size "$pool_size" --max-sandboxes $((2 * copies + pool_size + 2))
+profile=${PROFILE:-default}
+bench_serve --listen "127.0.0.1:$port" --pool "host:$profile=$pool_size" --opensandbox-profile "$profile" --max-sandboxes $((2 * copies + pool_size + 2))
 for _ in $(seq 600); do
     [ -s "$AGENTRUN_STATE_DIR/api-key" ] && "$tmp/agentrun" pool status --json >/dev/null 2>&1 && break
     sleep 0.1
@@ -47,7 +50,7 @@ table=$(OSB_API_KEY=$(cat "$AGENTRUN_STATE_DIR/api-key") "$venv/bin/python" "$re
 }
 bench_serve_stop
 bench_leftovers
-echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); ${SMOKE:+SMOKE=1 }POOL_SIZE=$pool_size hack/bench fork"
+echo "Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg); ${SMOKE:+SMOKE=1 }POOL_SIZE=$pool_size PROFILE=$profile hack/bench fork"
 echo
 echo "### Fork of a sandbox whose code context holds ${mb} MB into ${copies} copies"
 echo
