@@ -543,6 +543,85 @@ fn a_shell_serves_at_most_its_max_runs() {
     assert_eq!(v["shell_max_runs"].as_u64(), Some(2), "{v}");
 }
 
+/// A pool grown past its target by concurrent runs keeps its size when one of the shells its
+/// runs use retires (`max_runs`): the refill replaces it ahead, not a later run on its path
+/// (a miss). Before, a pool at or above its target was never refilled, so under load every
+/// retirement became a miss.
+#[test]
+fn a_grown_pool_replaces_a_retired_shell_ahead_of_its_runs() {
+    let Some(_l) = setup_exclusive() else { return };
+    let d = one_shell("default", &["--shell-max-runs", "2"]);
+    let gate = tempdir();
+    fs::set_permissions(gate.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let ro = format!("{}:/gate", gate.path().display());
+    // Run A holds the one shell until the gate opens; run B meanwhile grows the pool (a miss).
+    let mut a = d
+        .exec_with(
+            ["--ro", ro.as_str()],
+            [
+                "sh",
+                "-c",
+                "echo running; while [ ! -e /gate/go ]; do sleep 0.02; done",
+            ],
+        )
+        .timeout(Duration::from_secs(120))
+        .spawn();
+    wait_running(&mut a);
+    d.exec(["true"]).run().assert_code(0);
+    fs::write(gate.path().join("go"), "").unwrap();
+    a.wait_or_kill(Duration::from_secs(60)).assert_code(0);
+    let grown = |want: u64| {
+        let mut last = None;
+        let ok = wait_until(FILL, || {
+            let p = d.default_pool();
+            let ok = p.ready == want && !d.ps().iter().any(|e| e.state == "running");
+            last = Some(p);
+            ok.then_some(())
+        });
+        (ok.is_some(), last)
+    };
+    let (ok, last) = grown(2);
+    assert!(
+        ok,
+        "two shells after two concurrent runs: {last:?}\n{}",
+        d.log()
+    );
+    let before = d.default_pool();
+    // Runs go to the shell that came back last: within two runs, one serves its second.
+    for _ in 0..2 {
+        d.exec(["true"]).run().assert_code(0);
+        // The shell is back (or gone) once nothing is listed running.
+        let settled = wait_until(FILL, || {
+            (!d.ps().iter().any(|e| e.state == "running")).then_some(())
+        });
+        assert!(
+            settled.is_some(),
+            "a run's shell never came back: {:?}",
+            d.ps()
+        );
+        if d.discarded().contains_key("max_runs") {
+            break;
+        }
+    }
+    assert_eq!(
+        d.discarded().get("max_runs"),
+        Some(&1),
+        "{:?}",
+        d.discarded()
+    );
+    let (ok, last) = grown(2);
+    assert!(
+        ok,
+        "the retired shell of a pool grown to 2 (target 1) is replaced: {last:?}\n{}",
+        d.log()
+    );
+    let after = d.default_pool();
+    assert_eq!(
+        after.misses, before.misses,
+        "no run made a shell: {after:?}"
+    );
+}
+
 /// The `cgroup.procs` file of shell `id`'s cgroup (a v1 controller's, or the unified one).
 fn shell_procs_file(id: &str) -> String {
     ["pids", "memory", "cpu"]

@@ -131,6 +131,11 @@ struct Keyed {
     misses: u64,
     /// Its shells discarded (for any reason).
     discarded: u64,
+    /// Its shells retired after a run (`max_runs`, `max_age`) while it held at least its
+    /// target without them and no more than its target idle: shells its runs were using,
+    /// which the refill replaces ahead (a pool grown by demand keeps its size while the
+    /// demand lasts) instead of a later run making one on its path (a miss).
+    owed: usize,
 }
 
 #[derive(Default)]
@@ -200,11 +205,14 @@ impl State {
         p.ready.len() + p.creating + returning
     }
 
-    /// The pool furthest below its target, if any is below.
+    /// The pool furthest below its target (or owed a retired shell's replacement), if any.
     fn neediest(&self) -> Option<usize> {
+        let short = |i: usize| {
+            self.pools[i].spec.target.saturating_sub(self.present(i)) + self.pools[i].owed
+        };
         (0..self.pools.len())
-            .filter(|&i| self.present(i) < self.pools[i].spec.target)
-            .max_by_key(|&i| self.pools[i].spec.target - self.present(i))
+            .filter(|&i| short(i) > 0)
+            .max_by_key(|&i| short(i))
     }
 
     /// Takes a ready shell from any pool (to make room), the fullest first; counted as
@@ -252,6 +260,7 @@ impl Pool {
                 hits: 0,
                 misses: 0,
                 discarded: 0,
+                owed: 0,
             })
             .collect();
         Pool {
@@ -355,6 +364,8 @@ impl Pool {
                     st.pools[i].waiting -= 1;
                 }
                 st.pools[i].misses += 1;
+                // The shell this run makes joins the pool: it replaces a retired one.
+                st.pools[i].owed = st.pools[i].owed.saturating_sub(1);
             }
             None => st.unpooled += 1,
         }
@@ -489,6 +500,15 @@ impl Pool {
                     l.home = None;
                     l.recycling = false;
                 }
+                if let (Some(i), "max_runs" | "max_age") = (home, reason) {
+                    // Worn out, not in doubt. A pool that keeps its target without it grew
+                    // with its runs; unless it has more than its target idle (its runs shrank
+                    // back, and it may shrink with them), the refill replaces it ahead.
+                    let p = &st.pools[i];
+                    if st.present(i) >= p.spec.target && p.ready.len() <= p.spec.target {
+                        st.pools[i].owed += 1;
+                    }
+                }
                 drop(st);
                 self.changed.notify_all();
                 self.destroy(shell);
@@ -532,6 +552,10 @@ impl Pool {
                     _ => st = crate::wait(&self.changed, st, LENT_GRACE),
                 }
             };
+            if st.present(pick) >= st.pools[pick].spec.target {
+                // Only a debt makes a pool at its target needy.
+                st.pools[pick].owed = st.pools[pick].owed.saturating_sub(1);
+            }
             st.pools[pick].creating += 1;
             let recipe = st.pools[pick].spec.recipe();
             drop(st);
