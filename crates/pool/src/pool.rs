@@ -132,9 +132,8 @@ struct Keyed {
     /// Its shells discarded (for any reason).
     discarded: u64,
     /// Its shells retired after a run (`max_runs`, `max_age`) while it held at least its
-    /// target without them and no more than its target idle: shells its runs were using,
-    /// which the refill replaces ahead (a pool grown by demand keeps its size while the
-    /// demand lasts) instead of a later run making one on its path (a miss).
+    /// target without them: shells its runs were using, which the refill replaces ahead (a
+    /// pool grown by demand keeps its size) instead of a later run making one on its path.
     owed: usize,
 }
 
@@ -501,11 +500,10 @@ impl Pool {
                     l.recycling = false;
                 }
                 if let (Some(i), "max_runs" | "max_age") = (home, reason) {
-                    // Worn out, not in doubt. A pool that keeps its target without it grew
-                    // with its runs; unless it has more than its target idle (its runs shrank
-                    // back, and it may shrink with them), the refill replaces it ahead.
-                    let p = &st.pools[i];
-                    if st.present(i) >= p.spec.target && p.ready.len() <= p.spec.target {
+                    // Worn out, not in doubt: a pool that keeps its target without it grew
+                    // with its runs, and the refill replaces it ahead of them. (Extra shells
+                    // left idle when the runs drop off are trimmed as before, after IDLE_TRIM.)
+                    if st.present(i) >= st.pools[i].spec.target {
                         st.pools[i].owed += 1;
                     }
                 }
