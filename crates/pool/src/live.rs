@@ -683,7 +683,7 @@ impl LiveSandbox {
 }
 
 /// The reader of a sandbox's events: dispatches starts and exits until the init is gone.
-fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
+fn event_loop(id: &str, control: OwnedFd, events: Arc<Mutex<Events>>) {
     loop {
         let msg = control::recv_json::<LiveEvent>(control.as_fd());
         let mut ev = lock(&events);
@@ -719,6 +719,11 @@ fn event_loop(control: OwnedFd, events: Arc<Mutex<Events>>) {
                 }
             }
             Ok(None) | Err(_) => {
+                if let Err(e) = &msg {
+                    // Not an end the sandbox's own exit explains (that is EOF): say it, as
+                    // every later use of the sandbox answers only "is gone".
+                    tracing::warn!(target: "agentrun::pool", "sandbox {id}: its control channel failed: {e}");
+                }
                 ev.dead = true;
                 let starting: Vec<_> = ev.starting.drain().collect();
                 let exits: Vec<_> = ev.exits.drain().collect();
@@ -945,7 +950,10 @@ impl LiveManager {
             .and_then(|fd| {
                 std::thread::Builder::new()
                     .name(format!("live-{}", sandbox.id))
-                    .spawn(move || event_loop(fd, events))
+                    .spawn({
+                        let id = sandbox.id.clone();
+                        move || event_loop(&id, fd, events)
+                    })
                     .map_err(|e| PoolError::Io("spawn thread", e))
             });
         if let Err(e) = started {
