@@ -23,11 +23,24 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// A free loopback port (free when asked).
+///
+/// Never the same port twice in one test process: the listener is closed before the daemon
+/// binds, so the kernel may hand the same port to the next call, and a daemon given it for
+/// two front ends (`--e2b` and `--mcp`) failed to start ("Address already in use").
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A daemon serving the OpenSandbox API on a fresh loopback port.
