@@ -57,6 +57,16 @@ def run(sbx, cmd):
     return ex.exit_code, out, err
 
 
+def kill_all(sandboxes):
+    """Kills each of `sandboxes` that is still there (a test's clean-up: one already gone is
+    no error)."""
+    for c in sandboxes:
+        try:
+            c.kill()
+        except Exception:
+            pass
+
+
 def frozen_layers():
     """The fork layers the daemon keeps (`<state dir>/frozen/<layerId>`)."""
     d = os.path.join(os.environ["AGENTRUN_STATE_DIR"], "frozen")
@@ -311,11 +321,7 @@ def contexts():
         made += [SandboxSync.connect(x["id"], connection_config=cfg) for x in answer["sandboxes"]]
         check(answer["carried"] == ["files"] and "contexts" not in answer, f"no contexts: {answer}")
     finally:
-        for c in made:
-            try:
-                c.kill()
-            except Exception:
-                pass
+        kill_all(made)
         parent.kill()
 
 
@@ -422,11 +428,7 @@ def copy_snapshot():
         code, out, err = run(c1, "cat /tmp/p; ls /tmp/d")
         check(out == "p\na\nb", f"a copy resumed from disk: {out!r} {err}")
     finally:
-        for c in made:
-            try:
-                c.kill()
-            except Exception:
-                pass
+        kill_all(made)
         parent.kill()
         mgr.close()
 

@@ -81,6 +81,23 @@ impl Setup {
         self.run_with(&[], &["python3", "-c", code])
     }
 
+    /// Takes the one pooled shell with a command that runs for `secs` seconds (the caller
+    /// kills it), and waits until the daemon counts it running: the next run misses.
+    fn hold_the_pooled_shell(&self, secs: u32) -> Running {
+        let busy = self
+            .d
+            .exec_with(
+                ["--profile".to_string(), self.profile.clone()],
+                ["sh", "-c", &format!("echo busy; sleep {secs}")],
+            )
+            .spawn();
+        wait_until(Duration::from_secs(20), || {
+            (self.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
+        })
+        .expect("the pooled shell is running");
+        busy
+    }
+
     fn run_with(&self, opts: &[&str], cmd: &[&str]) -> (RunOutput, ReceivedSpan) {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -290,16 +307,7 @@ fn a_pool_miss_shell_starts_no_zygote() {
     s.wait_zygote();
     // The one pooled shell is busy: the next run misses and gets a shell made for it alone,
     // which must not pay the preload list's imports for a run that is exec'd anyway.
-    let mut busy =
-        s.d.exec_with(
-            ["--profile".to_string(), s.profile.clone()],
-            ["sh", "-c", "echo busy; sleep 30"],
-        )
-        .spawn();
-    wait_until(Duration::from_secs(20), || {
-        (s.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
-    })
-    .expect("the pooled shell is running");
+    let mut busy = s.hold_the_pooled_shell(30);
     let (out, span) = s.python("print('missed')");
     assert_eq!(out.stdout(), "missed\n", "{out}");
     assert_eq!(span.attr("sandbox.pool_hit"), "false", "{span:#?}");
@@ -321,16 +329,7 @@ fn a_shell_grown_by_other_commands_starts_its_zygote_only_when_a_python_run_asks
     let s = start(&["json"], 1);
     s.wait_zygote();
     // The one pooled shell is busy: the next run misses, and its shell joins the pool.
-    let mut busy =
-        s.d.exec_with(
-            ["--profile".to_string(), s.profile.clone()],
-            ["sh", "-c", "echo busy; sleep 60"],
-        )
-        .spawn();
-    wait_until(Duration::from_secs(20), || {
-        (s.d.pool_status_json()["running"].as_u64() == Some(1)).then_some(())
-    })
-    .expect("the pooled shell is running");
+    let mut busy = s.hold_the_pooled_shell(60);
     let (out, missed) = s.run_with(&[], &["/bin/true"]);
     assert_eq!(out.code(), 0, "{out}");
     assert_eq!(missed.attr("sandbox.pool_hit"), "false", "{missed:#?}");
