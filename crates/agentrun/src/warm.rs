@@ -219,7 +219,7 @@ impl IdleProxy {
         let listener = agentrun_egress::bind(&socket)?;
         Ok(IdleProxy {
             listener: Some(listener),
-            file: file_id(&socket),
+            file: agentrun_egress::socket_file_id(&socket),
             socket,
         })
     }
@@ -232,16 +232,9 @@ impl IdleProxy {
     }
 }
 
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
 impl Drop for IdleProxy {
     fn drop(&mut self) {
-        if self.file.is_some() && file_id(&self.socket) == self.file {
-            let _ = std::fs::remove_file(&self.socket);
-        }
+        agentrun_egress::remove_socket_file(&self.socket, self.file);
     }
 }
 

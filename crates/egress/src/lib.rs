@@ -215,6 +215,22 @@ pub fn bind(path: &Path) -> Result<UnixListener, EgressError> {
     Ok(l)
 }
 
+/// The (device, inode) of the socket file at `path`, taken right after [`bind`]: what
+/// [`remove_socket_file`] checks before it removes the file.
+pub fn socket_file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes the socket file at `path` if it is still the one `ours` identified: a later proxy
+/// may have bound the same path since (the next run on a reused shell), and its file is not
+/// ours to remove.
+pub fn remove_socket_file(path: &Path, ours: Option<(u64, u64)>) {
+    if ours.is_some() && socket_file_id(path) == ours {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// A running proxy. [`Proxy::stop`] (or dropping it) stops accepting connections.
 pub struct Proxy {
     path: PathBuf,
@@ -419,10 +435,7 @@ impl ProxyBuilder {
             injections: self.injections,
         });
         let shared2 = shared.clone();
-        let file = std::fs::metadata(path).ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (m.dev(), m.ino())
-        });
+        let file = socket_file_id(path);
         // A socket fd the std types can shut down (`shutdown(2)` on a listening socket
         // makes a blocked `accept` fail at once).
         let waker = listener
@@ -573,13 +586,7 @@ impl Proxy {
             }
         }
         // Our socket file only: another proxy may have been bound at the path since.
-        let now = std::fs::metadata(&self.path).ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (m.dev(), m.ino())
-        });
-        if now.is_some() && now == self.file {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        remove_socket_file(&self.path, self.file);
         // Its CA's files beside the socket, if they are still its own: a later run of a
         // reused shell must not find a CA (a cell installs what it finds there).
         if let (Some(i), Some(dir)) = (&self.shared.interceptor, self.path.parent()) {
